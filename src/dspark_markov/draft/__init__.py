@@ -1,0 +1,1 @@
+"""Sequential Markov draft sampling: reference, Triton designs, and the sampler that holds them."""

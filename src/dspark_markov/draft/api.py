@@ -1,0 +1,43 @@
+"""``sample_drafts``: the functional entry point (SPEC.md sections 1-5)."""
+
+from __future__ import annotations
+
+import torch
+
+from .sampler import DraftOutput, MarkovSampler
+
+
+def sample_drafts(head, base_logits, anchor, idx_mapping, positions, temperature, seeds, *, draft_tokens=None,
+                  logits_cache=None, method: str = "gumbel", impl: str = "reference", cache_dtype=None,
+                  fp64: bool = False, check_values: bool | None = None) -> DraftOutput:
+    """Draw N Markov draft tokens per row, one step at a time, and cache the biased logits.
+
+    Parameters
+    ----------
+    head : :class:`~dspark_markov.MarkovHead` (W1 ``[V_t, R_k]``, W2 ``[V, R_k]``, scale).
+    base_logits : ``[R, N, V]`` bf16 or fp32, last stride 1.
+    anchor : ``[R]`` int32/int64, the previous token of step 0.
+    idx_mapping : ``[R*N]`` int32/int64 request-state slot per (row, step); -1 marks padding.
+    positions : ``[R*N]`` int32/int64, the position ``P`` each sample predicts.
+    temperature : ``[S]`` fp32 per slot (0 = greedy). seeds : ``[S]`` int64 per slot.
+    draft_tokens : optional ``[R, N]`` int64 output. logits_cache : optional ``[S, N, V]`` output
+        (bf16 or fp32); rows of padding samples are never written.
+    method : ``"gumbel"`` or ``"inverse_cdf"``. impl : see :class:`MarkovSampler`.
+    cache_dtype : dtype of an allocated cache (default bf16; ignored when ``logits_cache`` is given).
+    fp64 : fp64 Gumbel noise (reference only).
+    check_values : read the inputs back to range-check them (default: unless capturing a graph).
+
+    Returns
+    -------
+    ``DraftOutput(draft_tokens, logits_cache)``. Builds a :class:`MarkovSampler` per call; engines
+    should keep one sampler and call :meth:`MarkovSampler.sample`.
+    """
+    if cache_dtype is None:
+        cache_dtype = logits_cache.dtype if isinstance(logits_cache, torch.Tensor) else torch.bfloat16
+    if not isinstance(base_logits, torch.Tensor) or base_logits.dim() != 3:
+        raise ValueError(f"base_logits: expected a 3-D tensor [R, N, V], got "
+                         f"{tuple(base_logits.shape) if isinstance(base_logits, torch.Tensor) else type(base_logits).__name__}")
+    rows, steps, _ = base_logits.shape
+    sampler = MarkovSampler(head, steps, max(rows, 1), cache_dtype, method, impl, fp64=fp64)
+    return sampler.sample(base_logits, anchor, idx_mapping, positions, temperature, seeds,
+                          draft_tokens=draft_tokens, logits_cache=logits_cache, check_values=check_values)

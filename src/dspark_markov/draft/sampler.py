@@ -1,0 +1,106 @@
+"""``MarkovSampler``: a chosen implementation with its scratch buffers allocated once."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ..validate import CACHE_DTYPES, check_draft_inputs
+from .backends import backend_class, resolve_auto
+
+METHODS = ("gumbel", "inverse_cdf")
+
+
+class DraftOutput(NamedTuple):
+    draft_tokens: torch.Tensor  # [R, N] int64
+    logits_cache: torch.Tensor  # [S, N, V] bf16 or fp32
+
+
+def _check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"{name}: expected one of {', '.join(repr(c) for c in choices)}, got {value!r}")
+
+
+class MarkovSampler:
+    """Sequential Markov draft sampler with persistent buffers (SPEC.md sections 1-5).
+
+    Parameters
+    ----------
+    head : :class:`~dspark_markov.MarkovHead` on the device the sampler runs on.
+    num_steps : N, the draft steps per row.
+    max_rows : the largest batch ``R`` that :meth:`sample` will be given.
+    cache_dtype : ``torch.bfloat16`` (default) or ``torch.float32``.
+    method : ``"gumbel"`` (SPEC.md section 4) or ``"inverse_cdf"`` (section 5).
+    impl : ``"reference"``, ``"loop"``, ``"gumbel_fused"``, ``"inverse_cdf"``, ``"fused"``,
+        ``"chain"`` or ``"auto"`` (the fastest measured design for ``max_rows``). An implementation
+        that cannot run the request raises ``ValueError``; nothing falls back silently.
+    fp64 : fp64 Gumbel noise (reference only).
+
+    CUDA graphs: with a Triton implementation, :meth:`sample` allocates nothing when the outputs
+    are passed, does no host synchronisation when ``check_values=False`` (the default while a
+    stream is capturing), and reads every per-call value (anchor, slots, positions, temperature,
+    seeds) from the given tensors at replay time: capture once, then refill the same input tensors
+    and replay.
+    """
+
+    def __init__(self, head, num_steps: int, max_rows: int, cache_dtype=torch.bfloat16, method: str = "gumbel",
+                 impl: str = "auto", *, fp64: bool = False):
+        _check_choice("method", method, METHODS)
+        if cache_dtype not in CACHE_DTYPES:
+            raise ValueError(f"cache_dtype: expected torch.bfloat16 or torch.float32, got {cache_dtype}")
+        if int(num_steps) < 1:
+            raise ValueError(f"num_steps: expected >= 1, got {num_steps}")
+        if int(max_rows) < 1:
+            raise ValueError(f"max_rows: expected >= 1, got {max_rows}")
+        device = head.device
+        if impl == "auto":
+            impl = resolve_auto(method, int(max_rows), device)
+        cls = backend_class(impl)
+        if method not in cls.METHODS:
+            raise ValueError(f"method: impl {impl!r} supports {', '.join(repr(m) for m in cls.METHODS)}, got {method!r}")
+        if device.type not in cls.DEVICES:
+            raise ValueError(f"impl: {impl!r} runs on {', '.join(cls.DEVICES)}, but the head is on {device}")
+        if cls.MAX_ROWS is not None and max_rows > cls.MAX_ROWS:
+            raise ValueError(f"max_rows: impl {impl!r} takes at most {cls.MAX_ROWS} rows, got {max_rows}")
+        if fp64 and impl != "reference":
+            raise ValueError(f"fp64: fp64 noise is only implemented by impl='reference', got impl={impl!r}")
+        self.head = head
+        self.num_steps = int(num_steps)
+        self.max_rows = int(max_rows)
+        self.cache_dtype = cache_dtype
+        self.method = method
+        self.impl = impl
+        if impl == "reference":
+            self.backend = cls(head, self.num_steps, self.max_rows, method, cache_dtype, device, fp64=fp64)
+        else:
+            self.backend = cls(head, self.num_steps, self.max_rows, method, cache_dtype, device)
+
+    def sample(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, *, draft_tokens=None,
+               logits_cache=None, check_values: bool | None = None) -> DraftOutput:
+        """Draw ``draft_tokens`` ``[R, N]`` and fill ``logits_cache`` ``[S, N, V]`` (SPEC.md section 2).
+
+        base_logits ``[R, N, V]`` bf16/fp32 (last stride 1, any row/step strides); anchor ``[R]``
+        int32/int64; idx_mapping and positions ``[R*N]`` int32/int64, ordered (row, step), slot -1
+        = padding; temperature ``[S]`` fp32; seeds ``[S]`` int64. Missing outputs are allocated
+        (``logits_cache`` zero-filled), which is not CUDA-graph safe.
+        """
+        if check_values is None:
+            check_values = not (base_logits.is_cuda and torch.cuda.is_current_stream_capturing())
+        dims = check_draft_inputs(self.head, base_logits, anchor, idx_mapping, positions, temperature, seeds,
+                                  draft_tokens, logits_cache, check_values=check_values)
+        if dims.steps != self.num_steps:
+            raise ValueError(f"base_logits: expected N = {self.num_steps} steps (num_steps), got shape {tuple(base_logits.shape)}")
+        if dims.rows > self.max_rows:
+            raise ValueError(f"base_logits: expected at most max_rows = {self.max_rows} rows, got {dims.rows}")
+        device = base_logits.device
+        if logits_cache is None:
+            logits_cache = torch.zeros(dims.slots, dims.steps, dims.vocab, dtype=self.cache_dtype, device=device)
+        elif logits_cache.dtype != self.cache_dtype:
+            raise ValueError(f"logits_cache: expected dtype {self.cache_dtype} (the sampler's cache_dtype), got {logits_cache.dtype}")
+        if draft_tokens is None:
+            draft_tokens = torch.empty(dims.rows, dims.steps, dtype=torch.int64, device=device)
+        if dims.rows > 0:
+            self.backend.run(base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens,
+                             logits_cache)
+        return DraftOutput(draft_tokens, logits_cache)

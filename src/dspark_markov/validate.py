@@ -1,0 +1,105 @@
+"""Input checks shared by every entry point (SPEC.md section 7).
+
+Every violation raises ``ValueError`` naming the argument and what was expected, before any
+kernel runs. Shape/dtype/device/stride checks never synchronise with the device; value-range
+checks (``check_values=True``) read the tensors back and so are skipped inside CUDA-graph capture.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+LOGIT_DTYPES = (torch.bfloat16, torch.float32)
+CACHE_DTYPES = (torch.bfloat16, torch.float32)
+
+
+def check_tensor(name, x, *, dim=None, shape=None, dtypes=None, device=None, last_stride_one=False):
+    """Raise ``ValueError`` unless ``x`` is a tensor of the given rank/shape/dtypes/device."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if dim is not None and x.dim() != dim:
+        raise ValueError(f"{name}: expected a {dim}-D tensor, got shape {tuple(x.shape)}")
+    if shape is not None and tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(x.shape)}")
+    if dtypes is not None and x.dtype not in dtypes:
+        names = " or ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise ValueError(f"{name}: expected dtype {names}, got {str(x.dtype).replace('torch.', '')}")
+    if device is not None and x.device != torch.device(device):
+        raise ValueError(f"{name}: expected a tensor on {device}, got one on {x.device}")
+    if last_stride_one and x.numel() > 0 and x.stride(-1) != 1:
+        raise ValueError(f"{name}: expected the last dimension contiguous (stride 1), got strides {x.stride()}")
+
+
+def check_range(name, x, low, high):
+    """Raise ``ValueError`` unless every value of ``x`` lies in ``[low, high)`` (synchronises)."""
+    if x.numel() == 0:
+        return
+    lo, hi = int(x.min()), int(x.max())
+    if lo < low or hi >= high:
+        raise ValueError(f"{name}: expected values in [{low}, {high}), got values in [{lo}, {hi}]")
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    if a.type != b.type:
+        return False
+    if a.type != "cuda":
+        return True
+    ai = a.index if a.index is not None else torch.cuda.current_device()
+    bi = b.index if b.index is not None else torch.cuda.current_device()
+    return ai == bi
+
+
+class DraftDims(NamedTuple):
+    rows: int
+    steps: int
+    vocab: int
+    slots: int
+
+
+def check_draft_inputs(
+    head,
+    base_logits,
+    anchor,
+    idx_mapping,
+    positions,
+    temperature,
+    seeds,
+    draft_tokens=None,
+    logits_cache=None,
+    *,
+    check_values: bool = True,
+) -> DraftDims:
+    """Validate the arguments of ``sample_drafts`` (SPEC.md section 2); return the dimensions."""
+    check_tensor("base_logits", base_logits, dim=3, dtypes=LOGIT_DTYPES, last_stride_one=True)
+    device = base_logits.device
+    if not _same_device(head.device, device):
+        raise ValueError(f"base_logits: expected a tensor on the head's device {head.device}, got one on {device}")
+    rows, steps, vocab = base_logits.shape
+    if vocab != head.vocab_size:
+        raise ValueError(f"base_logits: expected V = {head.vocab_size} (head_weight rows), got shape {tuple(base_logits.shape)}")
+    if steps < 1:
+        raise ValueError(f"base_logits: expected N >= 1 draft steps, got shape {tuple(base_logits.shape)}")
+    check_tensor("anchor", anchor, shape=(rows,), dtypes=INDEX_DTYPES, device=device)
+    check_tensor("idx_mapping", idx_mapping, shape=(rows * steps,), dtypes=INDEX_DTYPES, device=device)
+    check_tensor("positions", positions, shape=(rows * steps,), dtypes=INDEX_DTYPES, device=device)
+    check_tensor("temperature", temperature, dim=1, dtypes=(torch.float32,), device=device)
+    slots = temperature.shape[0]
+    check_tensor("seeds", seeds, shape=(slots,), dtypes=(torch.int64,), device=device)
+    if draft_tokens is not None:
+        check_tensor("draft_tokens", draft_tokens, shape=(rows, steps), dtypes=(torch.int64,), device=device,
+                     last_stride_one=True)
+    if logits_cache is not None:
+        check_tensor("logits_cache", logits_cache, shape=(slots, steps, vocab), dtypes=CACHE_DTYPES,
+                     device=device, last_stride_one=True)
+        if logits_cache.numel() > 0 and logits_cache.stride(1) != vocab:
+            raise ValueError(f"logits_cache: expected step stride {vocab} (V), got strides {logits_cache.stride()}")
+    if check_values:
+        check_range("anchor", anchor, 0, head.embed_vocab_size)
+        check_range("idx_mapping", idx_mapping, -1, slots)
+        if slots > 0:
+            if bool(torch.isnan(temperature).any()) or bool((temperature < 0).any()) or bool(torch.isinf(temperature).any()):
+                raise ValueError("temperature: expected finite values >= 0 (0 means greedy), got NaN, inf or a negative value")
+    return DraftDims(rows, steps, vocab, slots)
