@@ -12,25 +12,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .rng import ATANH_COEFFS, LN2, LOG1M_COEFFS, SQRT2
+from .rng import LN2_HIGH, LN2_LOW, LOG1M_COEFFS, LOG_COEFFS, SQRT_HALF
 
 # Constants as fp32-exact Python floats (see rng.py), bound as module globals for the JIT.
-_A0, _A1, _A2, _A3, _A4 = ATANH_COEFFS
-_L0, _L1, _L2, _L3, _L4, _L5, _L6 = LOG1M_COEFFS
-_LN2 = tl.constexpr(LN2)
-_SQRT2 = tl.constexpr(SQRT2)
-A0 = tl.constexpr(_A0)
-A1 = tl.constexpr(_A1)
-A2 = tl.constexpr(_A2)
-A3 = tl.constexpr(_A3)
-A4 = tl.constexpr(_A4)
-L0 = tl.constexpr(_L0)
-L1 = tl.constexpr(_L1)
-L2 = tl.constexpr(_L2)
-L3 = tl.constexpr(_L3)
-L4 = tl.constexpr(_L4)
-L5 = tl.constexpr(_L5)
-L6 = tl.constexpr(_L6)
+P0, P1, P2, P3, P4, P5, P6, P7, P8 = (tl.constexpr(c) for c in LOG_COEFFS)
+L0, L1, L2, L3, L4, L5, L6 = (tl.constexpr(c) for c in LOG1M_COEFFS)
+_LN2_HIGH = tl.constexpr(LN2_HIGH)
+_LN2_LOW = tl.constexpr(LN2_LOW)
+_SQRT_HALF = tl.constexpr(SQRT_HALF)
 
 
 @triton.jit
@@ -74,30 +63,40 @@ def hash_finish(prefix, token):
 
 @triton.jit
 def uniform32(h):
-    """fp32 uniform in (0, 1] from a uint32 hash (SPEC.md section 4)."""
-    high = (h >> 16).to(tl.float32) * 1.52587890625e-05  # 2^-16
-    low = ((h & 0xFFFF).to(tl.float32) + 0.5) * 2.3283064365386963e-10  # 2^-32
-    return high + low
+    """fp32 uniform in (0, 1] from a uint32 hash (SPEC.md section 4).
+
+    A 16-bit integer k converts exactly as ``bits(2^23 + k) - 2^23`` (OR into the mantissa of
+    2^23, then one exact subtraction): the same values as an int-to-float conversion, without the
+    quarter-rate conversion instruction.
+    """
+    high = ((h >> 16) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+    low = ((h & 0xFFFF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+    return high * 1.52587890625e-05 + (low + 0.5) * 2.3283064365386963e-10  # 2^-16, 2^-32
 
 
 @triton.jit
 def log_f32(x):
-    """Natural log of positive normal fp32 values, bit-identical to ``rng.log_f32``."""
+    """Natural log of positive normal fp32 values, bit-identical to ``rng.log_f32`` (no division)."""
     bits = x.to(tl.int32, bitcast=True)
-    exponent = ((bits >> 23) & 0xFF) - 127
-    mantissa = ((bits & 0x7FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)
-    high = mantissa > _SQRT2
-    mantissa = tl.where(high, mantissa * 0.5, mantissa)
-    exponent = exponent + high.to(tl.int32)
-    f = mantissa - 1.0
-    s = tl.math.div_rn(f, f + 2.0)
-    s2 = s * s
-    p = s2 * A0 + A1
-    p = s2 * p + A2
-    p = s2 * p + A3
-    p = s2 * p + A4
-    log1p_f = s * (s2 * p) + (s + s)
-    return exponent.to(tl.float32) * _LN2 + log1p_f
+    exponent = ((bits >> 23) & 0xFF) - 126
+    mantissa = ((bits & 0x7FFFFF) | 0x3F000000).to(tl.float32, bitcast=True)  # in [1/2, 1)
+    low = mantissa < _SQRT_HALF
+    exponent = exponent - low.to(tl.int32)
+    f = tl.where(low, mantissa + mantissa, mantissa) - 1.0
+    f2 = f * f
+    p = f * P0 + P1
+    p = p * f + P2
+    p = p * f + P3
+    p = p * f + P4
+    p = p * f + P5
+    p = p * f + P6
+    p = p * f + P7
+    p = p * f + P8
+    e = exponent.to(tl.float32)
+    y = (f * f2) * p
+    y = y + e * _LN2_LOW
+    y = y - f2 * 0.5
+    return (f + y) + e * _LN2_HIGH
 
 
 @triton.jit
