@@ -1,0 +1,115 @@
+"""The ``dspark-markov`` console script: ``demo``, ``bench`` and ``info``.
+
+Subcommand modules are imported only when their subcommand runs, so ``dspark-markov --help`` and
+``dspark-markov info`` work on a machine without Triton or a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module with a ``main(argv) -> int``, one-line help); ``info`` is implemented here.
+_DELEGATED = {
+    "demo": ("dspark_markov.demo", "run the end-to-end demo (draft, verify, check the output distribution)"),
+    "bench": ("dspark_markov.bench.cli", "benchmark the draft-sampler implementations"),
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dspark-markov",
+        description="DSpark sequential Markov draft sampling: exact PyTorch reference, Triton samplers.",
+        epilog="Arguments after a subcommand go to it: `dspark-markov bench --help`.",
+    )
+    parser.add_argument("--version", action="store_true", help="print the package version and exit")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in _DELEGATED.items():
+        # add_help=False: `dspark-markov demo --help` is answered by the demo's own parser.
+        commands.add_parser(name, help=help_text, add_help=False)
+    commands.add_parser("info", help="print versions, the device and the available implementations")
+    return parser
+
+
+def _version(module_name: str) -> str:
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # noqa: BLE001 - any import failure means "not usable here"
+        return f"not available ({type(error).__name__}: {error})"
+    return str(getattr(module, "__version__", "unknown"))
+
+
+def _impl_status(impl: str) -> str:
+    """Whether ``impl`` can be imported here (its module exists and its dependencies import)."""
+    from .draft.backends import backend_class
+
+    try:
+        cls = backend_class(impl)
+    except ValueError as error:
+        return f"unavailable: {str(error).split('(', 1)[-1].rstrip(')')}"
+    devices = ", ".join(getattr(cls, "DEVICES", ()))
+    methods = ", ".join(getattr(cls, "METHODS", ()))
+    return f"available (devices: {devices}; methods: {methods})"
+
+
+def info(out=None) -> int:
+    """Print the package, torch and Triton versions, the device and each implementation's status."""
+    import torch
+
+    from . import __version__
+    from .draft.backends import IMPLS
+
+    out = out or sys.stdout
+    print(f"dspark-markov {__version__}", file=out)
+    print(f"python        {sys.version.split()[0]}", file=out)
+    print(f"torch         {torch.__version__}", file=out)
+    print(f"triton        {_version('triton')}", file=out)
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        device = f"cuda:0 {props.name} ({props.total_memory / 2**30:.0f} GiB), CUDA {torch.version.cuda}"
+    else:
+        device = "cpu (no CUDA GPU; Triton implementations run in the interpreter with TRITON_INTERPRET=1)"
+    print(f"device        {device}", file=out)
+    print("implementations (impl=):", file=out)
+    for impl in IMPLS:
+        if impl == "auto":
+            status = "picks an implementation from the committed benchmarks (reference on CPU)"
+        else:
+            status = _impl_status(impl)
+        print(f"  {impl:<13} {status}", file=out)
+    return 0
+
+
+def main(argv=None) -> int:
+    """Entry point of ``dspark-markov``; returns the process exit status.
+
+    Parameters
+    ----------
+    argv : list of str, the arguments after the program name (default: ``sys.argv[1:]``).
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    # Split at the subcommand so that everything after it reaches the delegated parser untouched.
+    if argv and argv[0] in _DELEGATED:
+        module_name = _DELEGATED[argv[0]][0]
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as error:  # a missing optional dependency (Triton, matplotlib) or module
+            print(f"dspark-markov {argv[0]}: cannot import {module_name}: {error}", file=sys.stderr)
+            return 1
+        return int(module.main(argv[1:]) or 0)
+    args = parser.parse_args(argv)  # exits 2 with a message for an unknown subcommand
+    if args.version:
+        from . import __version__
+
+        print(f"dspark-markov {__version__}")
+        return 0
+    if args.command == "info":
+        return info()
+    parser.print_help(sys.stderr)  # no subcommand: a usage error
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""The ``dspark-markov`` console script: help, info, errors, lazy imports."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dspark_markov import __version__, cli
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def _run_python(code: str) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter with the package's src on the path."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+def test_help_lists_the_subcommands(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for name in ("demo", "bench", "info"):
+        assert name in out
+
+
+def test_version(capsys):
+    assert cli.main(["--version"]) == 0
+    assert __version__ in capsys.readouterr().out
+
+
+def test_info_reports_versions_device_and_impls(capsys):
+    import torch
+
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert f"dspark-markov {__version__}" in out
+    assert torch.__version__ in out
+    assert "device" in out
+    for impl in ("reference", "loop", "gumbel_fused", "inverse_cdf", "fused", "chain", "auto"):
+        assert f"  {impl} " in out
+    # The reference always runs: its line must say so.
+    reference_line = next(line for line in out.splitlines() if line.strip().startswith("reference"))
+    assert "available (" in reference_line and "unavailable" not in reference_line
+
+
+def test_unknown_subcommand_fails_with_a_message(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["frobnicate"])
+    assert exit_info.value.code != 0
+    err = capsys.readouterr().err
+    assert "frobnicate" in err and "invalid choice" in err
+
+
+def test_no_subcommand_is_a_usage_error(capsys):
+    assert cli.main([]) != 0
+    assert "usage" in capsys.readouterr().err
+
+
+def test_subcommand_arguments_are_passed_through(monkeypatch):
+    """Everything after ``demo``/``bench`` reaches that module's ``main``, untouched."""
+    import types
+
+    seen = {}
+    fake = types.ModuleType("dspark_markov.demo")
+
+    def fake_main(argv=None):
+        seen["argv"] = argv
+        return 3
+
+    fake.main = fake_main
+    monkeypatch.setitem(sys.modules, "dspark_markov.demo", fake)
+    assert cli.main(["demo", "--rows", "4", "--help"]) == 3
+    assert seen["argv"] == ["--rows", "4", "--help"]
+
+
+def test_help_and_info_work_without_triton():
+    """With ``triton`` unimportable, ``--help`` and ``info`` still work and ``info`` says so."""
+    result = _run_python("""
+        import sys
+        sys.modules["triton"] = None  # makes `import triton` raise ImportError
+        from dspark_markov import cli
+        try:
+            cli.main(["--help"])
+        except SystemExit as e:
+            assert e.code == 0, e.code
+        assert cli.main(["info"]) == 0
+        assert "triton" not in {m.split(".")[0] for m in sys.modules if sys.modules[m] is not None}
+    """)
+    assert result.returncode == 0, result.stderr
+    assert "usage: dspark-markov" in result.stdout
+    assert "triton        not available" in result.stdout
+    assert "reference     available" in result.stdout
+
+
+def test_console_script_entry_point_is_cli_main():
+    """pyproject's ``[project.scripts]`` points at this module's ``main``."""
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    assert 'dspark-markov = "dspark_markov.cli:main"' in pyproject.read_text()
+
+
+def test_module_runs_as_a_program():
+    result = _run_python("import runpy, sys; sys.argv = ['dspark-markov', 'info']; "
+                         "runpy.run_module('dspark_markov.cli', run_name='__main__')")
+    assert result.returncode == 0, result.stderr
+    assert "implementations" in result.stdout
