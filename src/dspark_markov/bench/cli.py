@@ -1,0 +1,125 @@
+"""``dspark-markov bench``: time the draft-sampler designs over a grid of batch sizes.
+
+Run as ``dspark-markov bench [...]`` or ``python -m dspark_markov.bench.cli [...]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from . import grid, report, roofline
+
+DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
+
+
+def _int_list(text: str) -> tuple:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _name_list(text: str) -> tuple:
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [name for name in names if name not in grid.KNOWN_DESIGNS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"expected names among {', '.join(grid.KNOWN_DESIGNS)}, got {text!r}")
+    return names
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dspark-markov bench",
+        description="Time one whole MarkovSampler.sample call (all steps) per design as a CUDA-graph replay with "
+                    "a cold L2; report speedups over `loop`, the minimal bytes and the fraction of the measured "
+                    "HBM read bandwidth.")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="cpu: a small reference run (V=2048, rank 32, rows 1,4) timed with perf_counter")
+    parser.add_argument("--vocab", type=int, help="V (default 129280; cpu: 2048)")
+    parser.add_argument("--rank", type=int, help="R_k (default 256; cpu: 32)")
+    parser.add_argument("--steps", type=int, help="N draft steps (default 5)")
+    parser.add_argument("--rows", type=_int_list, help="batch sizes (default 1,16,32,64,128,253; cpu: 1,4)")
+    parser.add_argument("--designs", type=_name_list,
+                        help=f"designs to time (default {','.join(grid.DESIGNS)}; cpu: reference, plus the Triton "
+                             "designs when TRITON_INTERPRET=1)")
+    parser.add_argument("--temperature", choices=("1", "mixed", "both"), default="both",
+                        help="all slots at T=1, mixed T=0/0.6/1 per slot, or both")
+    parser.add_argument("--cache-dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    parser.add_argument("--logits-dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    parser.add_argument("--rounds", type=int, help="timed rounds (default 5; cpu: 3)")
+    parser.add_argument("--replays", type=int, help="timed replays per design and round (default 30; cpu: 5)")
+    parser.add_argument("--eager-calls", type=int, help="eager calls per design and round (default 10)")
+    parser.add_argument("--seed", type=int, help="seed of the random inputs (default 2026)")
+    parser.add_argument("--out", default="benchmarks/results", help="directory of the JSON/CSV/PNG files")
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    parser.add_argument("--markdown", action="store_true", help="also print the table as markdown")
+    parser.add_argument("--targets", action="store_true", help="print the issue-5 targets met or missed")
+    parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+    return parser
+
+
+def _config(args) -> grid.BenchConfig:
+    overrides = {name: getattr(args, name) for name in ("vocab", "rank", "steps", "rows", "designs", "rounds",
+                                                         "replays", "eager_calls", "seed")
+                 if getattr(args, name) is not None}
+    overrides["temperatures"] = grid.TEMPERATURE_MODES if args.temperature == "both" else (args.temperature,)
+    overrides["cache_dtype"] = DTYPES[args.cache_dtype]
+    overrides["logits_dtype"] = DTYPES[args.logits_dtype]
+    if args.device == "cpu":
+        return grid.cpu_config(**overrides)
+    return grid.BenchConfig(device="cuda", **overrides)
+
+
+def main(argv=None) -> int:
+    """Run the benchmark; 0 on success, 2 on bad arguments, 1 without a CUDA GPU (unless --device cpu)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("dspark-markov bench: needs a CUDA GPU (none found); `--device cpu` runs a small reference benchmark",
+              file=sys.stderr)
+        return 1
+    try:
+        config = _config(args)
+    except ValueError as error:
+        print(f"dspark-markov bench: {error}", file=sys.stderr)
+        return 2
+
+    env = report.environment(config.device, argv)
+    device = torch.device(config.device)
+    bandwidth = roofline.measure_bandwidth(device)
+    records = grid.run_grid(config, bandwidth, progress=not args.no_progress)
+    checks = report.check_targets(records)
+
+    print(f"{env['gpu'] or 'cpu'} | torch {env['torch']} | triton {env['triton']} | CUDA {env['cuda']} | "
+          f"driver {env['driver']} | V={config.vocab} rank {config.rank} N={config.steps} "
+          f"cache {args.cache_dtype} logits {args.logits_dtype}")
+    print(report.format_table(records, bandwidth))
+    if args.markdown:
+        print(report.format_table(records, bandwidth, markdown=True))
+    if args.targets:
+        print(report.format_targets(checks))
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = report.file_stem(env, config)
+    written = [report.write_json(out / f"{stem}.json", env, config, bandwidth, records, checks),
+               report.write_csv(out / f"{stem}.csv", env, config, bandwidth, records)]
+    if not args.no_plot:
+        written.append(report.write_png(out / f"{stem}.png", env, config, records))
+    print("wrote " + ", ".join(str(path) for path in written if path is not None))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

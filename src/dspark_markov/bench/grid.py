@@ -1,0 +1,266 @@
+"""The benchmark grid: inputs, one timed runner per design, and the round-robin over designs.
+
+For every (rows, temperature mode) case all designs share the same inputs and outputs; each gets
+its own :class:`~dspark_markov.MarkovSampler` sized for the case, is called once eagerly (which
+compiles its kernels and checks its inputs), then captured in a CUDA graph. The timed rounds go
+round-robin over the designs -- every round visits every design, starting one design later than
+the previous round -- so clock or thermal drift lands on all designs alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+import torch
+
+from ..draft.backends import backend_class
+from ..draft.sampler import MarkovSampler
+from ..head import MarkovHead
+from . import harness, roofline
+
+DESIGNS = ("loop", "gumbel_fused", "inverse_cdf", "fused", "chain")
+KNOWN_DESIGNS = ("reference",) + DESIGNS
+TEMPERATURE_MODES = ("1", "mixed")
+MIXED_TEMPERATURES = (0.0, 0.6, 1.0)  # slot s gets MIXED_TEMPERATURES[s % 3]
+BASELINE = "loop"
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    device: str = "cuda"  # "cuda" or "cpu"
+    vocab: int = 129_280
+    rank: int = 256
+    steps: int = 5
+    rows: tuple = (1, 16, 32, 64, 128, 253)
+    designs: tuple = DESIGNS
+    temperatures: tuple = TEMPERATURE_MODES
+    cache_dtype: torch.dtype = torch.bfloat16
+    logits_dtype: torch.dtype = torch.bfloat16
+    weight_dtype: torch.dtype = torch.bfloat16
+    rounds: int = 5
+    replays: int = 30
+    eager_calls: int = 10
+    seed: int = 2026
+
+    def __post_init__(self):
+        if self.device not in ("cuda", "cpu"):
+            raise ValueError(f"device: expected 'cuda' or 'cpu', got {self.device!r}")
+        for name in ("vocab", "rank", "steps", "rounds", "replays", "eager_calls"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name}: expected >= 1, got {getattr(self, name)}")
+        if not self.rows or any(int(r) < 1 for r in self.rows):
+            raise ValueError(f"rows: expected a non-empty list of positive row counts, got {self.rows}")
+        for design in self.designs:
+            if design not in KNOWN_DESIGNS:
+                raise ValueError(f"designs: expected names among {', '.join(KNOWN_DESIGNS)}, got {design!r}")
+        for mode in self.temperatures:
+            if mode not in TEMPERATURE_MODES:
+                raise ValueError(f"temperatures: expected '1' or 'mixed', got {mode!r}")
+
+
+def cpu_config(**overrides) -> BenchConfig:
+    """The small ``--device cpu`` reference run: V = 2048, rank 32, rows {1, 4}, no graphs."""
+    designs = ("reference",)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        designs = designs + DESIGNS
+    values = dict(device="cpu", vocab=2048, rank=32, rows=(1, 4), designs=designs, rounds=3, replays=5)
+    values.update(overrides)
+    return BenchConfig(**values)
+
+
+def element_bytes(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def design_method(cls) -> str:
+    """The draw method a design is benchmarked with: Gumbel where it has it, else its first method."""
+    return "gumbel" if "gumbel" in cls.METHODS else cls.METHODS[0]
+
+
+def make_head(config: BenchConfig, generator: torch.Generator) -> MarkovHead:
+    """W1 ``[V, R_k]`` and W2 ``[V, R_k]`` ~ N(0, 0.05^2) in the weight dtype."""
+    shape = (config.vocab, config.rank)
+    embed = torch.randn(shape, generator=generator, device=config.device) * 0.05
+    head = torch.randn(shape, generator=generator, device=config.device) * 0.05
+    return MarkovHead(embed.to(config.weight_dtype), head.to(config.weight_dtype))
+
+
+class Inputs:
+    """Inputs and outputs of one case (``rows`` rows, one temperature mode), slices of shared buffers.
+
+    Slots are distinct per row (``idx_mapping`` = row index repeated over the steps, ``S = rows``);
+    anchors and seeds are random; positions are consecutive from a random start per row.
+    """
+
+    def __init__(self, config: BenchConfig, rows: int, mode: str, logits_all: torch.Tensor, cache_all: torch.Tensor,
+                 generator: torch.Generator):
+        device, steps, vocab = config.device, config.steps, config.vocab
+        self.base_logits = logits_all[:rows]  # [R, N, V]
+        self.logits_cache = cache_all[:rows]  # [S = R, N, V]
+        self.anchor = torch.randint(0, vocab, (rows,), generator=generator, device=device)  # [R]
+        self.idx_mapping = torch.arange(rows, device=device).repeat_interleave(steps)  # [R*N]
+        start = torch.randint(1, 1 << 20, (rows, 1), generator=generator, device=device)
+        self.positions = (start + torch.arange(steps, device=device)).reshape(-1)  # [R*N]
+        if mode == "1":
+            self.temperature = torch.ones(rows, dtype=torch.float32, device=device)  # [S]
+        else:
+            table = torch.tensor(MIXED_TEMPERATURES, dtype=torch.float32, device=device)
+            self.temperature = table[torch.arange(rows, device=device) % len(MIXED_TEMPERATURES)]
+        self.seeds = torch.randint(-(1 << 62), 1 << 62, (rows,), generator=generator, device=device)  # [S]
+        self.draft_tokens = torch.empty(rows, steps, dtype=torch.int64, device=device)  # [R, N]
+
+
+class DesignRun:
+    """One design set up on one case: a sampler, its first (checked) call and, on CUDA, its graph.
+
+    Raises ``ValueError`` when the design is not available here or refuses the case.
+    """
+
+    def __init__(self, design: str, head: MarkovHead, inputs: Inputs, config: BenchConfig):
+        cls = backend_class(design)  # ValueError when the module is missing or fails to import
+        cuda = config.device == "cuda"
+        if cuda and not getattr(cls, "GRAPH_SAFE", False):
+            raise ValueError(f"designs: {design!r} is not CUDA-graph safe, so it cannot be timed as a graph replay")
+        if not cuda and design != "reference" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(f"designs: {design!r} needs a GPU, or TRITON_INTERPRET=1 for the CPU interpreter")
+        self.design = design
+        self.method = design_method(cls)
+        self.inputs = inputs
+        rows = inputs.base_logits.shape[0]
+        self.sampler = MarkovSampler(head, config.steps, rows, config.cache_dtype, self.method, impl=design)
+        self.call(check_values=True)
+        tokens = inputs.draft_tokens
+        if int(tokens.min()) < 0 or int(tokens.max()) >= config.vocab:
+            raise RuntimeError(f"{design} drew a token outside [0, {config.vocab})")
+        self.graph = None
+        self.graph_tokens_match = None
+        if cuda:
+            eager_tokens = tokens.clone()
+            self.graph = harness.capture_graph(self.call)
+            tokens.fill_(-1)
+            self.graph.replay()
+            torch.cuda.synchronize()
+            # Same inputs and seeds: a replay must draw exactly what the eager call drew.
+            self.graph_tokens_match = bool(torch.equal(tokens, eager_tokens))
+
+    def call(self, check_values: bool = False):
+        i = self.inputs
+        self.sampler.sample(i.base_logits, i.anchor, i.idx_mapping, i.positions, i.temperature, i.seeds,
+                            draft_tokens=i.draft_tokens, logits_cache=i.logits_cache, check_values=check_values)
+
+
+def _record(config: BenchConfig, design: str, rows: int, mode: str) -> dict:
+    nbytes = roofline.minimal_bytes(config.vocab, config.rank, config.steps, rows,
+                                    weight_bytes=element_bytes(config.weight_dtype),
+                                    logit_bytes=element_bytes(config.logits_dtype),
+                                    cache_bytes=element_bytes(config.cache_dtype))
+    return {"design": design, "method": None, "rows": rows, "temperature": mode, "status": "ok", "reason": "",
+            "time_us": None, "time_us_low": None, "time_us_high": None, "eager_us": None,
+            "speedup_vs_loop": None, "minimal_bytes": nbytes, "floor_us": None, "bandwidth_fraction": None,
+            "graph_tokens_match": None}
+
+
+def _set_up(design, head, inputs, config, record):
+    """A :class:`DesignRun`, or ``None`` with the record marked n/a (refused) or error (anything else)."""
+    try:
+        run = DesignRun(design, head, inputs, config)
+    except ValueError as error:
+        record.update(status="n/a", reason=str(error))
+        return None
+    except Exception as error:  # noqa: BLE001 - one broken design must not lose the whole run
+        record.update(status="error", reason=f"{type(error).__name__}: {error}")
+        print(f"warning: {design} at {record['rows']} rows, T={record['temperature']}: {record['reason']}",
+              file=sys.stderr)
+        return None
+    record["method"] = run.method
+    record["graph_tokens_match"] = run.graph_tokens_match
+    if run.graph_tokens_match is False:
+        print(f"warning: {design} at {record['rows']} rows: the graph replay drew other tokens than the eager call",
+              file=sys.stderr)
+    return run
+
+
+def run_grid(config: BenchConfig, bandwidth: roofline.Bandwidth, *, progress: bool = True) -> list:
+    """Time every (rows, temperature mode, design) of ``config``; one dict per combination.
+
+    Records hold ``time_us`` (median of round medians; CUDA-graph replay with a cold L2 on CUDA,
+    ``perf_counter`` on the CPU), ``time_us_low``/``time_us_high`` (lowest/highest round median),
+    ``eager_us`` (CUDA: wall time of an eager call, synchronised), ``speedup_vs_loop``,
+    ``minimal_bytes``, ``floor_us`` and ``bandwidth_fraction`` (against ``bandwidth.read_gbps``).
+    """
+    from tqdm import tqdm
+
+    cuda = config.device == "cuda"
+    generator = torch.Generator(device=config.device).manual_seed(config.seed)
+    head = make_head(config, generator)
+    max_rows = max(config.rows)
+    shape = (max_rows, config.steps, config.vocab)
+    logits_all = (torch.randn(shape, generator=generator, device=config.device) * 2.0).to(config.logits_dtype)
+    cache_all = torch.empty(shape, dtype=config.cache_dtype, device=config.device)
+    flush = harness.L2Flusher(torch.device(config.device)) if cuda else None
+
+    cases = [(rows, mode) for mode in config.temperatures for rows in config.rows]
+    bar = tqdm(total=len(cases) * len(config.designs) * (1 + config.rounds), disable=not progress, file=sys.stderr,
+               desc="bench", unit="step")
+    records = []
+    for rows, mode in cases:
+        inputs = Inputs(config, rows, mode, logits_all, cache_all, generator)
+        case_records, runs = {}, {}
+        for design in config.designs:
+            bar.set_postfix_str(f"{design} R={rows} T={mode} setup")
+            record = case_records[design] = _record(config, design, rows, mode)
+            run = _set_up(design, head, inputs, config, record)
+            if run is not None:
+                runs[design] = run
+            bar.update(1)
+        times = {design: [] for design in runs}
+        eager = {design: [] for design in runs}
+        order = list(runs)
+        for round_index in range(config.rounds):
+            shift = round_index % max(len(order), 1)
+            for design in order[shift:] + order[:shift]:
+                bar.set_postfix_str(f"{design} R={rows} T={mode} round {round_index + 1}")
+                bar.update(1)
+                if case_records[design]["status"] != "ok":  # failed in an earlier round
+                    continue
+                run = runs[design]
+                try:
+                    if cuda:
+                        times[design].append(harness.time_graph_replays(run.graph, config.replays, flush))
+                        eager[design].append(harness.time_eager_cuda(run.call, config.eager_calls, flush))
+                    else:
+                        times[design].append(harness.time_host(run.call, config.replays))
+                except Exception as error:  # noqa: BLE001
+                    case_records[design].update(status="error", reason=f"{type(error).__name__}: {error}")
+                    print(f"warning: {design} at {rows} rows, T={mode}: {case_records[design]['reason']}",
+                          file=sys.stderr)
+            bar.update(len(config.designs) - len(order))
+        for design, run in runs.items():
+            record = case_records[design]
+            if record["status"] != "ok":
+                continue
+            timing = harness.summarize(times[design])
+            record.update(time_us=timing.median, time_us_low=timing.low, time_us_high=timing.high)
+            if eager[design]:
+                record["eager_us"] = harness.summarize(eager[design]).median
+        del runs
+        records.extend(case_records[design] for design in config.designs)
+    bar.close()
+    add_derived(records, bandwidth)
+    return records
+
+
+def add_derived(records: list, bandwidth: roofline.Bandwidth) -> None:
+    """Fill ``speedup_vs_loop``, ``floor_us`` and ``bandwidth_fraction`` of every record in place."""
+    baseline = {(r["rows"], r["temperature"]): r["time_us"] for r in records
+                if r["design"] == BASELINE and r["time_us"] is not None}
+    for record in records:
+        record["floor_us"] = roofline.floor_us(record["minimal_bytes"], bandwidth.read_gbps)
+        if record["time_us"] is None:
+            continue
+        record["bandwidth_fraction"] = record["floor_us"] / record["time_us"]
+        base = baseline.get((record["rows"], record["temperature"]))
+        if base is not None:
+            record["speedup_vs_loop"] = base / record["time_us"]

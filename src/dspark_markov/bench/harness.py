@@ -1,0 +1,139 @@
+"""Timing: CUDA-graph replays with a cold L2, eager host cost, and the median/spread of rounds.
+
+How a replay is timed, and why that way
+---------------------------------------
+Each timed replay is enqueued as ``flush; start event; graph replay; end event``. The flush is a
+``zero_()`` of a scratch buffer of at least twice the L2 (256 MB by default) launched *outside*
+the graph, so the events bracket the sampler alone and stream order guarantees that the flush has
+finished (and has evicted W2, the logits and the cache from L2) before the start event fires.
+The alternative -- capturing flush + sample and subtracting a separately timed flush-only graph --
+is not sound: the two times are not additive (the flush's tail overlaps the sampler's first
+kernel, and the sampler's first reads pay for writing back the flush's dirty lines either way),
+and a difference of two noisy medians is noisier than either. The host never waits between
+replays: the flush takes ~0.1 ms on the GPU, long enough for the host to enqueue the events and
+the replay behind it, so the GPU does not idle inside the timed interval.
+
+The times of a round are reduced to their median; a measurement is the median of the round
+medians, with the lowest and highest round median as its spread (:func:`summarize`).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, NamedTuple, Sequence
+
+import torch
+
+FLUSH_BYTES = 256 << 20  # >= 2x the L2 of any current NVIDIA GPU (H200: 60 MB)
+
+
+class Summary(NamedTuple):
+    median: float  # median of the round medians
+    low: float  # lowest round median
+    high: float  # highest round median
+    round_medians: tuple  # one per round, in order
+    samples: int  # number of individual timings
+
+
+def summarize(rounds: Sequence[Sequence[float]]) -> Summary:
+    """Median of the per-round medians, and their min/max as the spread.
+
+    ``rounds`` holds one non-empty sequence of times per round. Round medians resist the odd slow
+    replay; the spread across rounds shows drift (clocks, other work) that a single round hides.
+    """
+    if len(rounds) == 0:
+        raise ValueError("rounds: expected at least one round of timings, got none")
+    medians = []
+    for index, times in enumerate(rounds):
+        if len(times) == 0:
+            raise ValueError(f"rounds: round {index} holds no timings")
+        medians.append(float(statistics.median(times)))
+    return Summary(float(statistics.median(medians)), min(medians), max(medians), tuple(medians),
+                   sum(len(times) for times in rounds))
+
+
+class L2Flusher:
+    """Evicts the L2 by writing a scratch buffer of ``max(FLUSH_BYTES, 2 x L2 size)`` bytes."""
+
+    def __init__(self, device: torch.device, nbytes: int | None = None):
+        props = torch.cuda.get_device_properties(device)
+        l2_bytes = int(getattr(props, "L2_cache_size", 0) or 0)
+        self.nbytes = int(nbytes or max(FLUSH_BYTES, 2 * l2_bytes))
+        self.buffer = torch.empty(self.nbytes, dtype=torch.uint8, device=device)
+
+    def __call__(self) -> None:
+        self.buffer.zero_()
+
+
+def capture_graph(fn: Callable[[], object], warmup: int = 2) -> "torch.cuda.CUDAGraph":
+    """Capture ``fn`` into a CUDA graph after ``warmup`` calls on a side stream (PyTorch's recipe)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    torch.cuda.synchronize()
+    return graph
+
+
+def time_graph_replays(graph, count: int, flush: Callable[[], None]) -> list:
+    """Microseconds of ``count`` replays of ``graph``, each after a flush and timed by its own events."""
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+    for start, end in zip(starts, ends):
+        flush()
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) * 1e3 for start, end in zip(starts, ends)]  # ms -> us
+
+
+def time_eager_cuda(fn: Callable[[], object], count: int, flush: Callable[[], None]) -> list:
+    """Wall microseconds of ``count`` eager calls, synchronised before and after each (host cost + GPU)."""
+    times = []
+    for _ in range(count):
+        flush()
+        torch.cuda.synchronize()
+        begin = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - begin) * 1e6)
+    return times
+
+
+def time_host(fn: Callable[[], object], count: int) -> list:
+    """Wall microseconds of ``count`` calls of ``fn`` by ``time.perf_counter`` (CPU runs)."""
+    times = []
+    for _ in range(count):
+        begin = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - begin) * 1e6)
+    return times
+
+
+def median_time_us(fn: Callable[[], object], device: torch.device, *, repeats: int = 10, warmup: int = 2) -> float:
+    """Median microseconds of ``repeats`` calls of ``fn`` after ``warmup`` calls.
+
+    CUDA: each call bracketed by its own events (GPU time); CPU: ``time.perf_counter``.
+    """
+    if int(repeats) < 1:
+        raise ValueError(f"repeats: expected >= 1, got {repeats}")
+    for _ in range(warmup):
+        fn()
+    if torch.device(device).type != "cuda":
+        return float(statistics.median(time_host(fn, repeats)))
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    for start, end in zip(starts, ends):
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return float(statistics.median(start.elapsed_time(end) * 1e3 for start, end in zip(starts, ends)))

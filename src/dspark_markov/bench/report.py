@@ -1,0 +1,267 @@
+"""Reports of a benchmark run: terminal and markdown tables, JSON, CSV, a PNG plot, the targets.
+
+Every file carries the environment it was measured in (GPU, driver, torch, Triton, CUDA, date,
+command line), so committed results stay interpretable.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import importlib.metadata
+import json
+import platform
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from .. import __version__
+
+TARGET_DESIGNS = ("fused", "chain")
+ENV_FIELDS = ("gpu", "driver", "torch", "triton", "cuda", "python", "date", "command")
+RECORD_FIELDS = ("design", "method", "rows", "temperature", "status", "time_us", "time_us_low", "time_us_high",
+                 "eager_us", "speedup_vs_loop", "minimal_bytes", "floor_us", "bandwidth_fraction",
+                 "graph_tokens_match", "reason")
+CONFIG_FIELDS = ("device", "vocab", "rank", "steps", "cache_dtype", "logits_dtype", "weight_dtype", "rounds",
+                 "replays", "eager_calls", "seed")
+
+
+def _package_version(name: str):
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _driver_version():
+    """The NVIDIA driver version from ``nvidia-smi``, or ``None`` where it cannot be asked."""
+    try:
+        answer = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=20, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = answer.stdout.strip().splitlines()
+    return lines[0].strip() if lines else None
+
+
+def environment(device: str, argv) -> dict:
+    """GPU, driver, torch, Triton, CUDA and Python versions, the UTC date and the command line."""
+    cuda = device == "cuda"
+    env = {
+        "gpu": torch.cuda.get_device_name(0) if cuda else None,
+        "driver": _driver_version() if cuda else None,
+        "torch": torch.__version__,
+        "triton": _package_version("triton"),
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": shlex.join(["dspark-markov", "bench", *argv]),
+        "dspark_markov": __version__,
+        "cpu": platform.processor() or platform.machine(),
+    }
+    if cuda:
+        props = torch.cuda.get_device_properties(0)
+        env.update(sm_count=props.multi_processor_count, memory_bytes=props.total_memory,
+                   l2_bytes=int(getattr(props, "L2_cache_size", 0) or 0) or None)
+    return env
+
+
+def config_dict(config) -> dict:
+    values = {}
+    for field in CONFIG_FIELDS:
+        value = getattr(config, field)
+        values[field] = str(value).replace("torch.", "") if isinstance(value, torch.dtype) else value
+    values.update(rows=list(config.rows), designs=list(config.designs), temperatures=list(config.temperatures))
+    return values
+
+
+def file_stem(env: dict, config) -> str:
+    """``<gpu>_<date>_<cache dtype>`` (plus the shape when it is not DeepSeek-V4.1's)."""
+    name = re.sub(r"[^A-Za-z0-9]+", "-", env["gpu"] or "cpu").strip("-")
+    cache = {torch.bfloat16: "bf16", torch.float32: "fp32"}.get(config.cache_dtype, str(config.cache_dtype))
+    stem = f"{name}_{env['date'][:10]}_{cache}"
+    if (config.vocab, config.rank, config.steps) != (129_280, 256, 5):
+        stem += f"_v{config.vocab}_r{config.rank}_n{config.steps}"
+    if config.logits_dtype != torch.bfloat16:
+        stem += "_fp32-logits"
+    return stem
+
+
+# ----------------------------------------------------------------------------------------------
+# Tables
+
+
+def _fmt(value, spec):
+    return "-" if value is None else format(value, spec)
+
+
+def _row_cells(record) -> list:
+    if record["status"] != "ok":
+        time_cell = record["status"]
+    else:
+        time_cell = f"{record['time_us']:.1f} ({record['time_us_low']:.1f}-{record['time_us_high']:.1f})"
+    fraction = record["bandwidth_fraction"]
+    return [record["design"], str(record["rows"]), record["temperature"], time_cell, _fmt(record["eager_us"], ".1f"),
+            _fmt(record["speedup_vs_loop"], ".2f"), f"{record['floor_us']:.1f}",
+            "-" if fraction is None else f"{100 * fraction:.1f}"]
+
+
+HEADER = ["design", "rows", "T", "time us (round range)", "eager us", "x loop", "floor us", "% read BW"]
+
+
+def format_table(records, bandwidth, *, markdown: bool = False) -> str:
+    """The results as an aligned text table, or a markdown table when ``markdown``."""
+    rows = [_row_cells(r) for r in records]
+    notes = [f"{r['design']} at {r['rows']} rows, T={r['temperature']}: {r['status']}: {r['reason']}"
+             for r in records if r["status"] != "ok" and r["reason"]]
+    footer = (f"bandwidth: copy {bandwidth.copy_gbps:.0f} GB/s, read {bandwidth.read_gbps:.0f} GB/s; "
+              "floor = minimal bytes / read bandwidth")
+    if markdown:
+        lines = ["| " + " | ".join(HEADER) + " |", "|" + "|".join("---" for _ in HEADER) + "|"]
+        lines += ["| " + " | ".join(cells) + " |" for cells in rows]
+        return "\n".join(lines + ["", footer]) + "\n"
+    widths = [max(len(h), *(len(cells[i]) for cells in rows)) if rows else len(h) for i, h in enumerate(HEADER)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(HEADER, widths))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(cells, widths)) for cells in rows]
+    lines += ["", footer]
+    if notes:
+        lines += ["", "not measured:"] + [f"  {note}" for note in dict.fromkeys(notes)]
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------
+# Targets (issue 5)
+
+
+def check_targets(records) -> list:
+    """Issue-5 targets for the designs fused and chain, per temperature mode.
+
+    1 row <= 50 us; every measured row count in 16..253 at >= 85 % of the measured read bandwidth
+    over the minimal bytes; >= 3x loop at 1 row; >= 5x loop at 253 rows. ``met`` is ``None`` when
+    the grid did not measure the case (a design n/a, a row count not in the grid, no loop).
+    """
+    by_key = {(r["design"], r["rows"], r["temperature"]): r for r in records}
+    modes = list(dict.fromkeys(r["temperature"] for r in records))
+    grid_rows = sorted({r["rows"] for r in records})
+    checks = []
+    for design in TARGET_DESIGNS:
+        for mode in modes:
+            def add(target, rows, field, required, at_least):
+                record = by_key.get((design, rows, mode))
+                value = None if record is None else record[field]
+                met = None if value is None else (value >= required if at_least else value <= required)
+                checks.append({"design": design, "temperature": mode, "target": target, "rows": rows,
+                               "value": value, "required": required, "met": met})
+
+            add("time at 1 row <= 50 us", 1, "time_us", 50.0, False)
+            for rows in [r for r in grid_rows if 16 <= r <= 253] or [16]:
+                add(f"read bandwidth at {rows} rows >= 85 %", rows, "bandwidth_fraction", 0.85, True)
+            add("speedup over loop at 1 row >= 3x", 1, "speedup_vs_loop", 3.0, True)
+            add("speedup over loop at 253 rows >= 5x", 253, "speedup_vs_loop", 5.0, True)
+    return checks
+
+
+def format_targets(checks) -> str:
+    lines = ["issue-5 targets (fused, chain):"]
+    for check in checks:
+        verdict = {True: "met", False: "MISSED", None: "not measured"}[check["met"]]
+        value = check["value"]
+        if value is None:
+            shown = "-"
+        elif "bandwidth" in check["target"]:
+            shown = f"{100 * value:.1f} %"
+        elif "speedup" in check["target"]:
+            shown = f"{value:.2f}x"
+        else:
+            shown = f"{value:.1f} us"
+        lines.append(f"  {check['design']:<6} T={check['temperature']:<5} {check['target']:<40} {shown:>10}  {verdict}")
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------
+# Files
+
+
+def write_json(path, env, config, bandwidth, records, checks) -> Path:
+    payload = {"environment": env, "config": config_dict(config), "bandwidth": bandwidth._asdict(),
+               "bandwidth_used_for_fraction": "read_gbps", "timing": _timing_note(config),
+               "results": records, "targets": checks}
+    path = Path(path)
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path
+
+
+def _timing_note(config) -> str:
+    if config.device == "cuda":
+        return ("time_us: CUDA-graph replay of one MarkovSampler.sample call (all steps), L2 flushed before each "
+                "replay, median of the round medians; eager_us: wall time of an eager call (check_values=False), "
+                "synchronised before and after")
+    return "time_us: time.perf_counter of eager calls on the CPU (no graphs, no L2 flush)"
+
+
+def write_csv(path, env, config, bandwidth, records) -> Path:
+    """One line per result; each line repeats the environment, the shape and the bandwidth."""
+    fixed = {field: env.get(field) for field in ENV_FIELDS}
+    fixed.update({field: value for field, value in config_dict(config).items()
+                  if field in ("device", "vocab", "rank", "steps", "cache_dtype", "logits_dtype")})
+    fixed.update(copy_gbps=bandwidth.copy_gbps, read_gbps=bandwidth.read_gbps)
+    path = Path(path)
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(fixed) + list(RECORD_FIELDS))
+        writer.writeheader()
+        for record in records:
+            writer.writerow({**fixed, **{field: record[field] for field in RECORD_FIELDS}})
+    return path
+
+
+def write_png(path, env, config, records):
+    """Time against rows per design (log-log), one panel per temperature mode, with the floor.
+
+    Returns the path, or ``None`` when matplotlib is not installed (``pip install dspark-markov[bench]``).
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("note: matplotlib is not installed; no PNG written", file=sys.stderr)
+        return None
+    modes = list(dict.fromkeys(r["temperature"] for r in records))
+    figure, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 4.5), squeeze=False, sharey=True)
+    for axis, mode in zip(axes[0], modes):
+        subset = [r for r in records if r["temperature"] == mode]
+        for design in dict.fromkeys(r["design"] for r in subset):
+            points = [r for r in subset if r["design"] == design and r["time_us"] is not None]
+            if not points:
+                continue
+            rows = [r["rows"] for r in points]
+            times = [r["time_us"] for r in points]
+            spread = [[t - r["time_us_low"] for t, r in zip(times, points)],
+                      [r["time_us_high"] - t for t, r in zip(times, points)]]
+            axis.errorbar(rows, times, yerr=spread, marker="o", capsize=3, label=design)
+        floor = sorted({(r["rows"], r["floor_us"]) for r in subset})
+        axis.plot([f[0] for f in floor], [f[1] for f in floor], "k--", label="bandwidth floor")
+        axis.set_xscale("log")
+        axis.set_yscale("log")
+        axis.minorticks_off()
+        axis.set_xticks([f[0] for f in floor])
+        axis.set_xticklabels([str(f[0]) for f in floor])
+        axis.set_xlabel("rows")
+        axis.set_title("T = 1" if mode == "1" else "mixed T (0 / 0.6 / 1)")
+        axis.grid(True, which="both", alpha=0.3)
+        axis.legend(fontsize=8)
+    axes[0][0].set_ylabel("microseconds per call (all steps)")
+    cache = str(config.cache_dtype).replace("torch.", "")
+    figure.suptitle(f"{env['gpu'] or 'cpu'}: V={config.vocab}, rank {config.rank}, N={config.steps}, "
+                    f"{cache} cache")
+    figure.tight_layout()
+    path = Path(path)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
