@@ -1,0 +1,346 @@
+"""Inverse-CDF Markov drafting (SPEC.md section 5): per step one bias GEMM and two Triton kernels.
+
+Per draft step ``i``:
+
+1. ``bias = scale * (W2 @ W1[prev])`` through torch: a cuBLAS GEMM in the weight dtype on CUDA
+   (fp32 accumulation), or on the CPU an fp32 GEMM rounded once to the weight dtype, exactly as
+   :meth:`MarkovHead.bias` computes it. ``scale != 1`` is applied inside kernel 1 (fp32 product,
+   rounded to the weight dtype again), so the bias is never re-read for it.
+2. :func:`_logits_partials_kernel` (grid ``rows x vocabulary blocks``): ``z = round(U + bias)`` to
+   the cache dtype, written to the cache for live samples, and per block the NaN-aware argmax of
+   ``z`` (first NaN, else first maximum) and the softmax partials ``m_b = max z/T``,
+   ``s_b = sum exp(z/T - m_b)`` in fp32.
+3. :func:`_pick_token_kernel` (one program per row): greedy rows (``T == 0``, padding, or a row
+   whose maximum of ``z/T`` is not finite) take the combined argmax, bit-identical to
+   :func:`~dspark_markov.draft.reference.argmax_first`; the others draw one uniform, pick the
+   block by the prefix sum of block masses ``s_b exp(m_b - M)`` and the token inside it by the
+   prefix sum of ``exp(z/T - m_b)`` re-read from the cache. It writes the token and gathers the
+   next step's code ``W1[token]``.
+
+The tokens follow ``softmax(cache / T)`` in distribution (fp32 rounding aside); they are not the
+Gumbel path's tokens. A zero-probability token (``z = -inf`` or ``exp`` underflow to 0) is never
+drawn: both scans only stop on entries of positive weight.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import rng_triton
+
+# Vocabulary block per device. On the GPU the kernels stream ~6 bytes per logit; 4096-wide blocks
+# with 8 warps keep the loads 16-byte vectorised, and a 1-16 row batch uses 2048-wide blocks so
+# that kernel 1 still spreads over the 132 SMs. The interpreter (CPU) pays per program, not per
+# element, so a modest block keeps several blocks per row in the tests.
+GPU_BLOCK_LARGE = 4096
+GPU_BLOCK_SMALL = 2048
+CPU_BLOCK = 256
+
+
+@triton.jit
+def _round_to(x, DTYPE: tl.constexpr):
+    """Round fp32 ``x`` to ``DTYPE`` to nearest, ties to even (as torch's ``Tensor.to``).
+
+    bf16 is rounded on the bits: Triton's interpreter truncates fp32 -> bf16 casts, so a native
+    cast would make the CPU tests disagree with the GPU. The integer form is exact on both (NaN
+    becomes a quiet NaN; only its payload may differ from torch's).
+    """
+    if DTYPE == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        rounded = tl.where(x != x, 0x7FC0, rounded)
+        return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        return x.to(DTYPE)
+
+
+@triton.jit
+def _to_f32(x):
+    """Exact fp32 value of ``x``; bf16 is widened on the bits (the interpreter flushes subnormals)."""
+    if x.dtype == tl.bfloat16:
+        bits = x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16
+        return bits.to(tl.float32, bitcast=True)
+    else:
+        return x.to(tl.float32)
+
+
+@triton.jit
+def _gather_code(embed_ptr, stride_embed, token, embed_vocab, codes_ptr, row, stride_codes, rank,
+                 RANK_BLOCK: tl.constexpr):
+    """codes[row, :] = W1[clamp(token, 0, V_t - 1), :] (converted to the codes buffer's dtype)."""
+    token = tl.minimum(tl.maximum(token.to(tl.int64), 0), embed_vocab - 1)
+    k = tl.arange(0, RANK_BLOCK)
+    in_rank = k < rank
+    code = tl.load(embed_ptr + token * stride_embed + k, mask=in_rank, other=0.0)
+    if codes_ptr.dtype.element_ty == tl.float32:
+        code = _to_f32(code)
+    tl.store(codes_ptr + row * stride_codes + k, code.to(codes_ptr.dtype.element_ty), mask=in_rank)
+
+
+@triton.jit
+def _gather_anchor_kernel(
+    anchor_ptr,  # [R] int32/int64
+    embed_ptr, stride_embed,  # [V_t, R_k] weight dtype
+    codes_ptr, stride_codes,  # [max_rows, R_k] weight dtype (CUDA) or fp32 (CPU)
+    embed_vocab, rank,
+    RANK_BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    anchor = tl.load(anchor_ptr + row)
+    _gather_code(embed_ptr, stride_embed, anchor, embed_vocab, codes_ptr, row, stride_codes, rank, RANK_BLOCK)
+
+
+@triton.jit(do_not_specialize=["step"])
+def _logits_partials_kernel(
+    base_ptr, stride_base_row, stride_base_step,  # [R, N, V] bf16/fp32, last stride 1
+    bias_ptr, stride_bias,  # [max_rows, V] weight dtype
+    idx_ptr,  # [R*N] int32/int64 slots, -1 = padding
+    temp_ptr,  # [S] fp32
+    cache_ptr, stride_cache_slot,  # [S, N, V] bf16/fp32, step stride V
+    arg_value_ptr, arg_index_ptr, block_max_ptr, block_mass_ptr, stride_part,  # [max_rows, max_blocks]
+    step, num_steps, vocab, num_slots, scale,
+    HAS_SCALE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    block = tl.program_id(1)
+    slot = tl.load(idx_ptr + row * num_steps + step).to(tl.int64)
+    live = (slot >= 0) & (slot < num_slots)  # out-of-range slots count as padding
+    slot = tl.where(live, slot, 0)
+    temp = tl.load(temp_ptr + slot, mask=live, other=0.0)
+
+    cols = block * BLOCK + tl.arange(0, BLOCK)
+    in_vocab = cols < vocab
+    base = tl.load(base_ptr + row * stride_base_row + step * stride_base_step + cols, mask=in_vocab, other=0.0)
+    bias = tl.load(bias_ptr + row * stride_bias + cols, mask=in_vocab, other=0.0)
+    if HAS_SCALE:  # MarkovHead.round_scaled: fp32 product, rounded to the weight dtype again
+        bias = _round_to(_to_f32(bias) * scale, bias_ptr.dtype.element_ty)
+    z = _round_to(_to_f32(base) + _to_f32(bias), cache_ptr.dtype.element_ty)  # one rounding
+    write_limit = tl.where(live, vocab, 0)  # padding samples never write the cache
+    tl.store(cache_ptr + slot * stride_cache_slot + step * vocab + cols, z, mask=cols < write_limit)
+    z = _to_f32(z)
+
+    # NaN-aware argmax of the block: (NaN, first NaN index) or (max, first index of the max).
+    is_nan = z != z
+    has_nan = tl.max(is_nan.to(tl.int32), axis=0) > 0
+    first_nan = tl.min(tl.where(is_nan & in_vocab, cols, vocab), axis=0)
+    clean = tl.where(in_vocab & ~is_nan, z, float("-inf"))
+    block_top = tl.max(clean, axis=0)
+    first_top = tl.min(tl.where(in_vocab & (clean == block_top), cols, vocab), axis=0)
+    arg_value = tl.where(has_nan, float("nan"), block_top)
+    arg_index = tl.where(has_nan, first_nan, first_top)
+
+    # Softmax partials of z / T (division in fp32, correctly rounded); T == 0 rows never use them.
+    safe_temp = tl.where(temp > 0.0, temp, 1.0)
+    scaled = tl.where(in_vocab, tl.math.div_rn(z, tl.zeros_like(z) + safe_temp), float("-inf"))
+    block_max = tl.max(scaled, axis=0)
+    finite_max = (block_max > float("-inf")) & (block_max < float("inf"))
+    shift = tl.where(finite_max, block_max, 0.0)
+    block_mass = tl.sum(tl.where(in_vocab, tl.exp(scaled - shift), 0.0), axis=0)
+
+    part = row * stride_part + block
+    tl.store(arg_value_ptr + part, arg_value)
+    tl.store(arg_index_ptr + part, arg_index)
+    tl.store(block_max_ptr + part, block_max)
+    tl.store(block_mass_ptr + part, block_mass)
+
+
+@triton.jit(do_not_specialize=["step"])
+def _pick_token_kernel(
+    arg_value_ptr, arg_index_ptr, block_max_ptr, block_mass_ptr, stride_part,  # [max_rows, max_blocks]
+    idx_ptr, pos_ptr,  # [R*N] int32/int64
+    temp_ptr, seed_ptr,  # [S] fp32, [S] int64
+    cache_ptr, stride_cache_slot,  # [S, N, V] bf16/fp32
+    tokens_ptr, stride_tokens_row, stride_tokens_step,  # [R, N] int64
+    embed_ptr, stride_embed,  # [V_t, R_k]
+    codes_ptr, stride_codes,  # [max_rows, R_k]
+    step, num_steps, vocab, num_slots, num_blocks, embed_vocab, rank,
+    BLOCKS_P2: tl.constexpr,
+    BLOCK: tl.constexpr,
+    RANK_BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    sample = row * num_steps + step
+    slot = tl.load(idx_ptr + sample).to(tl.int64)
+    live = (slot >= 0) & (slot < num_slots)
+    slot = tl.where(live, slot, 0)
+    temp = tl.load(temp_ptr + slot, mask=live, other=0.0)
+    seed = tl.load(seed_ptr + slot, mask=live, other=0)
+    position = tl.load(pos_ptr + sample).to(tl.int64)
+
+    blocks = tl.arange(0, BLOCKS_P2)
+    in_row = blocks < num_blocks
+    part = row * stride_part + blocks
+    arg_value = tl.load(arg_value_ptr + part, mask=in_row, other=float("-inf"))
+    arg_index = tl.load(arg_index_ptr + part, mask=in_row, other=vocab)
+    block_max = tl.load(block_max_ptr + part, mask=in_row, other=float("-inf"))
+    block_mass = tl.load(block_mass_ptr + part, mask=in_row, other=0.0)
+
+    # Combined argmax_first: the blocks are in vocabulary order, so the smallest index wins ties.
+    is_nan = arg_value != arg_value
+    row_has_nan = tl.max(is_nan.to(tl.int32), axis=0) > 0
+    first_nan = tl.min(tl.where(is_nan, arg_index, vocab), axis=0)
+    clean = tl.where(is_nan, float("-inf"), arg_value)
+    row_top = tl.max(clean, axis=0)
+    first_top = tl.min(tl.where(in_row & (clean == row_top), arg_index, vocab), axis=0)
+    greedy = tl.where(row_has_nan, first_nan, first_top)
+
+    row_max = tl.max(block_max, axis=0)  # max of z / T (the division is monotone)
+    draw = live & (temp > 0.0) & ~row_has_nan & (row_max > float("-inf")) & (row_max < float("inf"))
+    token = greedy
+    if draw:
+        block_scale = tl.exp(block_max - row_max)  # 0 for an all -inf block
+        mass = tl.where(in_row, block_mass * block_scale, 0.0)
+        cumulative = tl.cumsum(mass, axis=0)
+        total = tl.max(cumulative, axis=0)
+        prefix = rng_triton.draft_prefix(seed, step, position)
+        u = rng_triton.uniform32(rng_triton.hash_finish(prefix, prefix * 0 + 0xFFFFFFFF))
+        target = u * total
+        hit = (cumulative > target) & (mass > 0.0)
+        chosen = tl.min(tl.where(hit, blocks, BLOCKS_P2), axis=0)
+        last_positive = tl.max(tl.where(mass > 0.0, blocks, -1), axis=0)
+        chosen = tl.where(chosen < BLOCKS_P2, chosen, last_positive)
+        remaining = target - tl.sum(tl.where(blocks < chosen, mass, 0.0), axis=0)
+        chosen_scale = tl.sum(tl.where(blocks == chosen, block_scale, 0.0), axis=0)
+        chosen_max = tl.max(tl.where(blocks == chosen, block_max, float("-inf")), axis=0)
+
+        cols = chosen * BLOCK + tl.arange(0, BLOCK)
+        in_vocab = cols < vocab
+        z = tl.load(cache_ptr + slot * stride_cache_slot + step * vocab + cols, mask=in_vocab, other=0.0)
+        z = _to_f32(z)
+        scaled = tl.math.div_rn(z, tl.zeros_like(z) + temp)
+        weight = tl.where(in_vocab, tl.exp(scaled - chosen_max), 0.0)  # relative to the block max
+        inside = tl.cumsum(weight, axis=0) * chosen_scale
+        hit_token = (inside > remaining) & (weight > 0.0)
+        picked = tl.min(tl.where(hit_token, cols, vocab), axis=0)
+        last_token = tl.max(tl.where(weight > 0.0, cols, -1), axis=0)
+        token = tl.where(picked < vocab, picked, last_token)
+
+    tl.store(tokens_ptr + row * stride_tokens_row + step * stride_tokens_step, token.to(tl.int64))
+    _gather_code(embed_ptr, stride_embed, token, embed_vocab, codes_ptr, row, stride_codes, rank, RANK_BLOCK)
+
+
+class InverseCdfBackend:
+    """Inverse-CDF drafting: per step a torch bias GEMM and two Triton kernels (SPEC.md section 5).
+
+    Parameters
+    ----------
+    head : :class:`~dspark_markov.MarkovHead` (W1 ``[V_t, R_k]``, W2 ``[V, R_k]``), on ``device``.
+    num_steps : N. max_rows : the largest batch ``R`` given to :meth:`run`.
+    method : ``"inverse_cdf"``. cache_dtype : bf16 or fp32 (the cache passed to :meth:`run`).
+    device : the head's device (``cpu`` runs the kernels in Triton's interpreter).
+    block_size : vocabulary block (a power of two >= 16); default: 2048/4096 by batch on CUDA,
+        256 on the CPU. A fixed value is mainly for tests.
+
+    Scratch allocated here, once: the codes ``[max_rows, R_k]`` (weight dtype; fp32 on the CPU),
+    the bias ``[max_rows, V]`` (weight dtype; plus an fp32 accumulator and an fp32 copy of W2 on the
+    CPU), and four per-block partials ``[max_rows, ceil(V / smallest block)]``. :meth:`run` only
+    launches work, so it is CUDA-graph capturable: capture once, refill the input tensors, replay.
+    """
+
+    METHODS = ("inverse_cdf",)
+    DEVICES = ("cpu", "cuda")
+    GRAPH_SAFE = True
+    MAX_ROWS = None
+
+    def __init__(self, head, num_steps, max_rows, method, cache_dtype, device, *, block_size=None):
+        if method not in self.METHODS:
+            raise ValueError(f"method: impl 'inverse_cdf' supports 'inverse_cdf', got {method!r}")
+        device = torch.device(device)
+        if block_size is not None:
+            block_size = int(block_size)
+            if block_size < 16 or block_size & (block_size - 1):
+                raise ValueError(f"block_size: expected a power of two >= 16, got {block_size}")
+        self.head = head
+        self.num_steps = int(num_steps)
+        self.max_rows = int(max_rows)
+        self.cache_dtype = cache_dtype
+        self.device = device
+        self.on_cuda = device.type == "cuda"
+        self.block_size = block_size
+        vocab, rank, dtype = head.vocab_size, head.rank, head.dtype
+        smallest = block_size or (GPU_BLOCK_SMALL if self.on_cuda else CPU_BLOCK)
+        self.max_blocks = triton.cdiv(vocab, smallest)
+        rows = self.max_rows
+        codes_dtype = dtype if self.on_cuda else torch.float32
+        self.codes = torch.zeros(rows, rank, dtype=codes_dtype, device=device)
+        self.bias = torch.zeros(rows, vocab, dtype=dtype, device=device)
+        if not self.on_cuda:  # the reference's fp32 GEMM: W2 in fp32 and an fp32 accumulator
+            self.head_f32 = head.head_weight.float()
+            self.accumulator = self.bias if dtype == torch.float32 else torch.zeros(rows, vocab, device=device)
+        self.arg_value = torch.zeros(rows, self.max_blocks, dtype=torch.float32, device=device)
+        self.arg_index = torch.zeros(rows, self.max_blocks, dtype=torch.int32, device=device)
+        self.block_max = torch.zeros(rows, self.max_blocks, dtype=torch.float32, device=device)
+        self.block_mass = torch.zeros(rows, self.max_blocks, dtype=torch.float32, device=device)
+        self.rank_block = triton.next_power_of_2(rank)
+
+    def _block_for(self, rows: int) -> int:
+        if self.block_size is not None:
+            return self.block_size
+        if not self.on_cuda:
+            return CPU_BLOCK
+        return GPU_BLOCK_SMALL if rows <= 16 else GPU_BLOCK_LARGE
+
+    def _compute_bias(self, rows: int) -> None:
+        """bias[:rows] = W2 @ codes[:rows] rounded to the weight dtype (``scale`` is applied in kernel 1)."""
+        codes = self.codes[:rows]  # [rows, R_k]
+        if self.on_cuda:
+            torch.matmul(codes, self.head.head_weight.t(), out=self.bias[:rows])
+        else:
+            torch.matmul(codes, self.head_f32.t(), out=self.accumulator[:rows])
+            if self.accumulator is not self.bias:
+                self.bias[:rows].copy_(self.accumulator[:rows])  # one rounding, as Tensor.to does
+
+    def run(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens, logits_cache):
+        """Draw ``draft_tokens`` ``[R, N]`` int64 and fill ``logits_cache`` ``[S, N, V]``.
+
+        Inputs as validated by :func:`~dspark_markov.validate.check_draft_inputs`: base_logits
+        ``[R, N, V]`` bf16/fp32 (last stride 1); anchor ``[R]``; idx_mapping/positions ``[R*N]``
+        int32/int64; temperature ``[S]`` fp32; seeds ``[S]`` int64. ``R <= max_rows``. No
+        allocation and no host synchronisation (CUDA-graph safe).
+
+        Bytes per step (kernel 1): ``R V (|U| + |w| + |cache|)`` plus 16 bytes per block and row;
+        kernel 2: ``R (BLOCK |cache| + 16 blocks + 2 |w| R_k)``. The GEMM reads W2 once (``V R_k |w|``).
+        """
+        rows, steps, vocab = base_logits.shape
+        head = self.head
+        block = self._block_for(rows)
+        num_blocks = triton.cdiv(vocab, block)
+        num_slots = temperature.shape[0]
+        num_warps = 8 if block >= 4096 else 4
+        embed = head.embed_weight
+        scale = float(head.scale)
+
+        _gather_anchor_kernel[(rows,)](
+            anchor,  # [R]
+            embed, embed.stride(0),  # [V_t, R_k]
+            self.codes, self.codes.stride(0),  # [max_rows, R_k]
+            head.embed_vocab_size, head.rank,
+            RANK_BLOCK=self.rank_block, num_warps=1 if self.rank_block <= 128 else 2, enable_fp_fusion=False,
+        )
+        for step in range(steps):
+            self._compute_bias(rows)
+            _logits_partials_kernel[(rows, num_blocks)](
+                base_logits, base_logits.stride(0), base_logits.stride(1),  # [R, N, V]
+                self.bias, self.bias.stride(0),  # [max_rows, V]
+                idx_mapping,  # [R*N]
+                temperature,  # [S]
+                logits_cache, logits_cache.stride(0),  # [S, N, V]
+                self.arg_value, self.arg_index, self.block_max, self.block_mass, self.max_blocks,  # [max_rows, max_blocks]
+                step, steps, vocab, num_slots, scale,
+                HAS_SCALE=scale != 1.0, BLOCK=block, num_warps=num_warps, enable_fp_fusion=False,
+            )
+            _pick_token_kernel[(rows,)](
+                self.arg_value, self.arg_index, self.block_max, self.block_mass, self.max_blocks,  # [max_rows, max_blocks]
+                idx_mapping, positions,  # [R*N]
+                temperature, seeds,  # [S]
+                logits_cache, logits_cache.stride(0),  # [S, N, V]
+                draft_tokens, draft_tokens.stride(0), draft_tokens.stride(1),  # [R, N]
+                embed, embed.stride(0),  # [V_t, R_k]
+                self.codes, self.codes.stride(0),  # [max_rows, R_k]
+                step, steps, vocab, num_slots, num_blocks, head.embed_vocab_size, head.rank,
+                BLOCKS_P2=triton.next_power_of_2(num_blocks), BLOCK=block, RANK_BLOCK=self.rank_block,
+                num_warps=num_warps, enable_fp_fusion=False,
+            )
