@@ -32,8 +32,13 @@ def sample_drafts(head, base_logits, anchor, idx_mapping, positions, temperature
     ``DraftOutput(draft_tokens, logits_cache)``. Builds a :class:`MarkovSampler` per call; engines
     should keep one sampler and call :meth:`MarkovSampler.sample`.
     """
-    if cache_dtype is None:
-        cache_dtype = logits_cache.dtype if isinstance(logits_cache, torch.Tensor) else torch.bfloat16
+    if isinstance(logits_cache, torch.Tensor):
+        # The given cache's dtype wins (as documented); name it, not cache_dtype, when it is wrong.
+        if logits_cache.dtype not in (torch.bfloat16, torch.float32):
+            raise ValueError(f"logits_cache: expected dtype bfloat16 or float32, got {logits_cache.dtype}")
+        cache_dtype = logits_cache.dtype
+    elif cache_dtype is None:
+        cache_dtype = torch.bfloat16
     if not isinstance(base_logits, torch.Tensor) or base_logits.dim() != 3:
         raise ValueError(f"base_logits: expected a 3-D tensor [R, N, V], got "
                          f"{tuple(base_logits.shape) if isinstance(base_logits, torch.Tensor) else type(base_logits).__name__}")
