@@ -117,7 +117,7 @@ def gumbel32(u):
 @triton.jit
 def draft_prefix(seed, step, position):
     """Hash prefix of draft step ``step`` predicting ``position`` (int64 scalars or tensors)."""
-    key_seed = seed ^ (step.to(tl.int64) << 32)
+    key_seed = seed ^ ((tl.zeros([], tl.int64) + step) << 32)  # step may be a constexpr
     key_pos = position - 1 + 1073741824  # + 2^30, the drafting salt
     return hash_prefix(key_seed, key_pos, 0)
 

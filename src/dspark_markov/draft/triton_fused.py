@@ -1,0 +1,310 @@
+"""``impl="fused"``: one sampling launch per step with the bias computed on tensor cores.
+
+Per step, :func:`_fused_step_kernel` runs one program per vocabulary tile of ``BLOCK_V`` rows of
+W2. The program loads its W2 tile once, then for every chunk of ``BLOCK_R`` request rows computes
+``bias = codes @ W2_tile^T`` with ``tl.dot`` (fp32 accumulation, rounded once to the weight dtype),
+adds the base logits, writes the cache and reduces the tile to one partial per row: the Gumbel key
+maximum and its first index (``method="gumbel"``), or the argmax, the max and the exp-sum of
+``z / T`` (``method="inverse_cdf"``). A small combine kernel (one program per row) then picks the
+row's token from the partials with torch.argmax semantics (or by inverse CDF over tile masses, then
+inside the chosen tile), writes ``draft_tokens[:, step]`` and gathers the next step's code row
+``W1[token]``. W2 is read once per step whatever the batch; the bias never goes to memory.
+
+Bytes per step (minimal design): ``V * R_k * w`` (W2) + ``R * V * u`` (base logits) +
+``R * V * c`` (cache) + ``O(R * V / BLOCK_V)`` partials; the codes are re-read from L2 per tile.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import rng_triton
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+_INT_MAX = 2147483647
+
+
+@triton.jit
+def _gather_codes_kernel(
+    anchor_ptr,  # [R] int32/int64, previous token of step 0
+    embed_ptr,  # [V_t, R_k] weight dtype
+    codes_ptr,  # [max_rows, R_k] weight dtype, output
+    embed_rows,
+    RK: tl.constexpr,
+):
+    """codes[r] = W1[clamp(anchor[r], 0, V_t - 1)]. Moves ``R * R_k * w * 2`` bytes."""
+    row = tl.program_id(0)
+    token = tl.load(anchor_ptr + row).to(tl.int64)
+    token = tl.minimum(tl.maximum(token, 0), embed_rows - 1)
+    cols = tl.arange(0, RK)
+    tl.store(codes_ptr + row * RK + cols, tl.load(embed_ptr + token * RK + cols))
+
+
+@triton.jit
+def _tile_argmax(key, valid, cols):
+    """NaN-aware first argmax along axis 1: (value, index); a NaN row gives (NaN, first NaN)."""
+    isnan = (key != key) & valid
+    has_nan = tl.max(isnan.to(tl.int32), axis=1) > 0
+    first_nan = tl.min(tl.where(isnan, cols, _INT_MAX), axis=1)
+    clean = tl.where(valid & (key == key), key, float("-inf"))
+    best = tl.max(clean, axis=1)
+    first_best = tl.min(tl.where(valid & (clean == best[:, None]), cols, _INT_MAX), axis=1)
+    value = tl.where(has_nan, float("nan"), best)
+    index = tl.where(has_nan, first_nan, first_best)
+    return value, index
+
+
+@triton.jit(do_not_specialize=["step"])
+def _fused_step_kernel(
+    base_ptr,  # [R, N, V] bf16/fp32, strides (stride_br, stride_bn, 1)
+    codes_ptr,  # [max_rows, R_k] weight dtype, this step's codes W1[prev]
+    head_ptr,  # [V, R_k] weight dtype (W2)
+    cache_ptr,  # [S, N, V] cache dtype
+    idx_ptr,  # [R * N] slot per (row, step), -1 = padding
+    pos_ptr,  # [R * N] position each sample predicts
+    temp_ptr,  # [S] fp32
+    seed_ptr,  # [S] int64
+    part_val_ptr,  # [max_rows, num_tiles] fp32: Gumbel key max, or argmax value of z
+    part_idx_ptr,  # [max_rows, num_tiles] int32: its first index
+    part_max_ptr,  # [max_rows, num_tiles] fp32: max of z / T (inverse CDF only)
+    part_sum_ptr,  # [max_rows, num_tiles] fp32: sum exp(z / T - max) (inverse CDF only)
+    num_rows,
+    vocab,
+    num_slots,
+    step,
+    num_steps,
+    num_tiles,
+    stride_br,
+    stride_bn,
+    stride_cs,
+    scale,
+    RK: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    SCALED: tl.constexpr,
+    INVERSE_CDF: tl.constexpr,
+    UPCAST: tl.constexpr,
+    IEEE_DOT: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    cols = tile * BLOCK_V + tl.arange(0, BLOCK_V)
+    col_ok = cols < vocab
+    ks = tl.arange(0, RK)
+    w_tile = tl.load(head_ptr + cols[:, None].to(tl.int64) * RK + ks[None, :], mask=col_ok[:, None], other=0.0)
+    w_dtype = w_tile.dtype
+    if UPCAST:
+        w_tile = w_tile.to(tl.float32)
+    w_tile_t = tl.trans(w_tile)  # [RK, BLOCK_V]
+    for row_start in range(0, num_rows, BLOCK_R):
+        rows = row_start + tl.arange(0, BLOCK_R)
+        row_ok = rows < num_rows
+        codes = tl.load(codes_ptr + rows[:, None] * RK + ks[None, :], mask=row_ok[:, None], other=0.0)
+        if UPCAST:
+            codes = codes.to(tl.float32)
+        if IEEE_DOT:
+            acc = tl.dot(codes, w_tile_t, input_precision="ieee")
+        else:
+            acc = tl.dot(codes, w_tile_t)
+        bias = acc.to(w_dtype)
+        if SCALED:
+            bias = (bias.to(tl.float32) * scale).to(w_dtype)
+        # Per-row keys: padding and out-of-range slots are greedy (T = 0, seed 0) and write nothing.
+        sample = rows * num_steps + step
+        slot = tl.load(idx_ptr + sample, mask=row_ok, other=-1).to(tl.int64)
+        live = row_ok & (slot >= 0) & (slot < num_slots)
+        safe_slot = tl.where(live, slot, 0)
+        temp = tl.where(live, tl.load(temp_ptr + safe_slot, mask=live, other=0.0), 0.0)
+        seed = tl.where(live, tl.load(seed_ptr + safe_slot, mask=live, other=0), 0)
+        position = tl.load(pos_ptr + sample, mask=row_ok, other=0).to(tl.int64)
+        mask = row_ok[:, None] & col_ok[None, :]
+        base = tl.load(base_ptr + rows[:, None].to(tl.int64) * stride_br + step * stride_bn + cols[None, :],
+                       mask=mask, other=0.0)
+        z = (base.to(tl.float32) + bias.to(tl.float32)).to(cache_ptr.dtype.element_ty)
+        cache_rows = cache_ptr + safe_slot * stride_cs + step * vocab
+        tl.store(cache_rows[:, None] + cols[None, :], z, mask=live[:, None] & col_ok[None, :])
+        logits = z.to(tl.float32)
+        greedy = temp == 0.0
+        scaled = tl.math.div_rn(logits, tl.where(greedy, 1.0, temp)[:, None])
+        part = rows * num_tiles + tile
+        if INVERSE_CDF:
+            value, index = _tile_argmax(logits, mask, cols[None, :])
+            clean = tl.where(mask & (scaled == scaled), scaled, float("-inf"))
+            tile_max = tl.max(clean, axis=1)
+            shift = tl.where(tile_max == float("-inf"), 0.0, tile_max)
+            tile_sum = tl.sum(tl.exp(clean - shift[:, None]), axis=1)
+            tl.store(part_max_ptr + part, tile_max, mask=row_ok)
+            tl.store(part_sum_ptr + part, tile_sum, mask=row_ok)
+        else:
+            prefix = rng_triton.draft_prefix(seed, step, position)
+            noise = rng_triton.draft_noise(prefix[:, None], cols[None, :])
+            key = tl.where(greedy[:, None], logits, scaled + noise)
+            value, index = _tile_argmax(key, mask, cols[None, :])
+        tl.store(part_val_ptr + part, value, mask=row_ok)
+        tl.store(part_idx_ptr + part, index, mask=row_ok)
+
+
+@triton.jit
+def _combine_argmax(part_val_ptr, part_idx_ptr, row, num_tiles, BLOCK_T: tl.constexpr):
+    """torch.argmax over a row's tile partials: first NaN tile, else first maximal tile."""
+    tiles = tl.arange(0, BLOCK_T)
+    ok = tiles < num_tiles
+    value = tl.load(part_val_ptr + row * num_tiles + tiles, mask=ok, other=float("-inf"))
+    index = tl.load(part_idx_ptr + row * num_tiles + tiles, mask=ok, other=0)
+    isnan = (value != value) & ok
+    has_nan = tl.max(isnan.to(tl.int32), axis=0) > 0
+    first_nan_tile = tl.min(tl.where(isnan, tiles, _INT_MAX), axis=0)
+    clean = tl.where(ok & (value == value), value, float("-inf"))
+    best = tl.max(clean, axis=0)
+    first_best_tile = tl.min(tl.where(ok & (clean == best), tiles, _INT_MAX), axis=0)
+    tile = tl.where(has_nan, first_nan_tile, first_best_tile)
+    token = tl.sum(tl.where(tiles == tile, index, 0), axis=0)
+    return token, has_nan, best
+
+
+@triton.jit(do_not_specialize=["step"])
+def _combine_kernel(
+    part_val_ptr,  # [max_rows, num_tiles] fp32
+    part_idx_ptr,  # [max_rows, num_tiles] int32
+    part_max_ptr,  # [max_rows, num_tiles] fp32 (inverse CDF)
+    part_sum_ptr,  # [max_rows, num_tiles] fp32 (inverse CDF)
+    cache_ptr,  # [S, N, V] cache dtype (inverse CDF re-reads the chosen tile)
+    idx_ptr,  # [R * N]
+    pos_ptr,  # [R * N]
+    temp_ptr,  # [S] fp32
+    seed_ptr,  # [S] int64
+    embed_ptr,  # [V_t, R_k] weight dtype
+    codes_ptr,  # [max_rows, R_k] weight dtype, output: next step's codes
+    tokens_ptr,  # [R, N] int64 output, row stride stride_tr
+    vocab,
+    embed_rows,
+    num_slots,
+    step,
+    num_steps,
+    num_tiles,
+    stride_tr,
+    stride_cs,
+    RK: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    INVERSE_CDF: tl.constexpr,
+):
+    """Token of one row from its tile partials; writes it and the next codes row.
+
+    Moves ``num_tiles * 8`` (+ ``num_tiles * 8 + BLOCK_V * c`` for inverse CDF) ``+ 2 R_k w``
+    bytes per row.
+    """
+    row = tl.program_id(0)
+    token, has_nan, best = _combine_argmax(part_val_ptr, part_idx_ptr, row, num_tiles, BLOCK_T)
+    if INVERSE_CDF:
+        sample = row * num_steps + step
+        slot = tl.load(idx_ptr + sample).to(tl.int64)
+        live = (slot >= 0) & (slot < num_slots)
+        safe_slot = tl.where(live, slot, 0)
+        temp = tl.where(live, tl.load(temp_ptr + safe_slot), 0.0)
+        sampled = (temp > 0.0) & (has_nan == 0) & (best < float("inf")) & (best > float("-inf"))
+        if sampled:
+            seed = tl.load(seed_ptr + safe_slot)
+            position = tl.load(pos_ptr + sample).to(tl.int64)
+            prefix = rng_triton.draft_prefix(seed, step, position)
+            u = rng_triton.uniform32(rng_triton.hash_finish(prefix, tl.full([], 0xFFFFFFFF, tl.uint32)))
+            tiles = tl.arange(0, BLOCK_T)
+            ok = tiles < num_tiles
+            tile_max = tl.load(part_max_ptr + row * num_tiles + tiles, mask=ok, other=float("-inf"))
+            tile_sum = tl.load(part_sum_ptr + row * num_tiles + tiles, mask=ok, other=0.0)
+            row_max = tl.max(tile_max, axis=0)
+            mass = tl.where(tile_sum > 0.0, tile_sum * tl.exp(tile_max - row_max), 0.0)
+            cumulative = tl.cumsum(mass, axis=0)
+            target = u * tl.sum(mass, axis=0)
+            beyond = (cumulative > target) & ok
+            last_positive = tl.max(tl.where(mass > 0.0, tiles, -1), axis=0)
+            chosen = tl.where(tl.max(beyond.to(tl.int32), axis=0) > 0,
+                              tl.min(tl.where(beyond, tiles, _INT_MAX), axis=0), last_positive)
+            before = tl.sum(tl.where(tiles < chosen, mass, 0.0), axis=0)
+            remaining = target - before
+            cols = chosen * BLOCK_V + tl.arange(0, BLOCK_V)
+            col_ok = cols < vocab
+            z = tl.load(cache_ptr + safe_slot * stride_cs + step * vocab + cols, mask=col_ok, other=0.0)
+            scaled = tl.math.div_rn(z.to(tl.float32), temp)
+            weight = tl.where(col_ok & (scaled == scaled), tl.exp(scaled - row_max), 0.0)
+            inner = tl.cumsum(weight, axis=0)
+            hit = (inner > remaining) & col_ok
+            last_col = tl.max(tl.where(weight > 0.0, cols, -1), axis=0)
+            picked = tl.where(tl.max(hit.to(tl.int32), axis=0) > 0, tl.min(tl.where(hit, cols, _INT_MAX), axis=0),
+                              last_col)
+            token = tl.where(picked >= 0, picked, token)
+    token = tl.minimum(tl.maximum(token, 0), vocab - 1).to(tl.int64)
+    tl.store(tokens_ptr + row * stride_tr + step, token)
+    ks = tl.arange(0, RK)
+    safe = tl.minimum(token, embed_rows - 1)
+    tl.store(codes_ptr + row * RK + ks, tl.load(embed_ptr + safe * RK + ks))
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+class FusedBackend:
+    """One fused sampling launch + one combine launch per step (both methods).
+
+    Scratch (allocated once): codes ``[max_rows, R_k]`` and four partial buffers
+    ``[max_rows, ceil(V / BLOCK_V)]``. ``run`` allocates nothing and is CUDA-graph safe.
+    """
+
+    METHODS = ("gumbel", "inverse_cdf")
+    DEVICES = ("cpu", "cuda")
+    GRAPH_SAFE = True
+    MAX_ROWS = None
+
+    def __init__(self, head, num_steps, max_rows, method, cache_dtype, device, *, block_v=None, block_r=None,
+                 num_warps=None):
+        if head.rank & (head.rank - 1) or head.rank < 16:
+            raise ValueError(f"head_weight: impl 'fused' needs a power-of-two rank >= 16, got {head.rank}")
+        self.head = head
+        self.method = method
+        interpret = _INTERPRET or torch.device(device).type == "cpu"
+        self.upcast = interpret or head.dtype == torch.float32
+        self.block_v = block_v or (64 if interpret else 128)
+        rows_pow2 = max(16, _next_pow2(max_rows))
+        self.block_r = block_r or min(rows_pow2, 64)
+        self.num_warps = num_warps or (4 if self.block_r <= 16 else 8)
+        vocab = head.vocab_size
+        self.num_tiles = triton.cdiv(vocab, self.block_v)
+        self.block_t = max(16, _next_pow2(self.num_tiles))
+        if self.block_t > 8192:
+            raise ValueError(f"head_weight: V = {vocab} needs {self.num_tiles} tiles of {self.block_v}; "
+                             "pass a larger block_v")
+        shape = (max_rows, self.num_tiles)
+        self.codes = torch.empty(max_rows, head.rank, dtype=head.dtype, device=device)
+        self.part_val = torch.empty(shape, dtype=torch.float32, device=device)
+        self.part_idx = torch.empty(shape, dtype=torch.int32, device=device)
+        inverse = method == "inverse_cdf"
+        self.part_max = torch.empty(shape if inverse else (1, 1), dtype=torch.float32, device=device)
+        self.part_sum = torch.empty(shape if inverse else (1, 1), dtype=torch.float32, device=device)
+
+    def run(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens, logits_cache):
+        head = self.head
+        rows, steps, vocab = base_logits.shape
+        inverse = self.method == "inverse_cdf"
+        common = dict(enable_fp_fusion=False)
+        _gather_codes_kernel[(rows,)](anchor, head.embed_weight, self.codes, head.embed_vocab_size, RK=head.rank,
+                                      **common)
+        for step in range(steps):
+            _fused_step_kernel[(self.num_tiles,)](
+                base_logits, self.codes, head.head_weight, logits_cache, idx_mapping, positions, temperature, seeds,
+                self.part_val, self.part_idx, self.part_max, self.part_sum,
+                rows, vocab, temperature.shape[0], step, steps, self.num_tiles,
+                base_logits.stride(0), base_logits.stride(1), logits_cache.stride(0), head.scale,
+                RK=head.rank, BLOCK_V=self.block_v, BLOCK_R=self.block_r, SCALED=head.scale != 1.0,
+                INVERSE_CDF=inverse, UPCAST=self.upcast, IEEE_DOT=head.dtype == torch.float32,
+                num_warps=self.num_warps, **common)
+            _combine_kernel[(rows,)](
+                self.part_val, self.part_idx, self.part_max, self.part_sum, logits_cache, idx_mapping, positions,
+                temperature, seeds, head.embed_weight, self.codes, draft_tokens,
+                vocab, head.embed_vocab_size, temperature.shape[0], step, steps, self.num_tiles,
+                draft_tokens.stride(0), logits_cache.stride(0),
+                RK=head.rank, BLOCK_T=self.block_t, BLOCK_V=self.block_v, INVERSE_CDF=inverse,
+                num_warps=4, **common)

@@ -1,0 +1,124 @@
+"""``impl="fused"`` in Triton's interpreter at small shapes, against the reference."""
+
+import pytest
+import torch
+
+import dspark_markov as dm
+from draft_checks import check_against_reference
+
+pytest.importorskip("triton")
+
+
+def make_problem(vocab, rank, rows, steps, *, weight_dtype=torch.bfloat16, logit_dtype=torch.bfloat16,
+                 scale=1.0, temps=(1.0, 0.6, 0.0, 1.0, 1.0, 0.7, 0.0), padding_row=2, seed=0, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    embed = torch.randn(vocab + 3, rank, generator=gen).to(weight_dtype)
+    head_w = (torch.randn(vocab, rank, generator=gen) * 0.3).to(weight_dtype)
+    head = dm.MarkovHead(embed.to(device), head_w.to(device), scale=scale)
+    base = (torch.randn(rows, steps, vocab, generator=gen) * 2).to(logit_dtype)
+    num_slots = rows + 1  # distinct slots per row, one slot never used
+    slots = torch.arange(rows)
+    if padding_row is not None and padding_row < rows:
+        slots[padding_row] = -1
+    idx = slots[:, None].expand(rows, steps).reshape(-1).clone()
+    positions = torch.randint(1, 10_000, (rows * steps,), generator=gen)
+    temperature = torch.tensor([temps[i % len(temps)] for i in range(num_slots)], dtype=torch.float32)
+    seeds = torch.randint(-(2**62), 2**62, (num_slots,), generator=gen)
+    anchor = torch.randint(0, vocab + 3, (rows,), generator=gen)
+    args = [base, anchor, idx, positions, temperature, seeds]
+    return head, [a.to(device) for a in args]
+
+
+@pytest.mark.parametrize("weight_dtype,logit_dtype,cache_dtype,scale", [
+    (torch.bfloat16, torch.bfloat16, torch.bfloat16, 1.0),
+    (torch.bfloat16, torch.float32, torch.float32, 0.75),
+    (torch.float32, torch.float32, torch.bfloat16, 1.0),
+])
+def test_gumbel_exact_against_reference(weight_dtype, logit_dtype, cache_dtype, scale, device):
+    head, args = make_problem(1000, 32, 5, 3, weight_dtype=weight_dtype, logit_dtype=logit_dtype, scale=scale,
+                              device=device)
+    cache = torch.full((6, 3, 1000), float("nan"), dtype=cache_dtype, device=device)
+    out = dm.sample_drafts(head, *args, impl="fused", logits_cache=cache)
+    check_against_reference(head, *args, out)
+    untouched = torch.ones(6, dtype=torch.bool)
+    untouched[args[2].view(5, 3)[:, 0].clamp_min(0).unique()] = False
+    assert bool(torch.isnan(cache[untouched.to(cache.device)].float()).all()), "padding or unused slots were written"
+
+
+def test_strided_base_logits_and_odd_vocab(device):
+    head, args = make_problem(301, 16, 3, 2, device=device)
+    wide = torch.randn(3, 4, 301, device=device).bfloat16()
+    base = wide[:, 1:3]  # row stride 4 * V, not N * V
+    args[0] = base
+    out = dm.sample_drafts(head, *args, impl="fused")
+    check_against_reference(head, *args, out)
+
+
+def test_nan_inf_rows_give_defined_tokens(device):
+    head, args = make_problem(300, 16, 4, 1, temps=(1.0,), padding_row=None, device=device)
+    base = args[0].float()
+    base[0, 0, 17] = float("nan")
+    base[0, 0, 40] = float("nan")
+    base[1, 0, :] = float("-inf")
+    base[2, 0, 123] = float("inf")
+    base[3, 0, 7] = 1e30
+    args[0] = base
+    for method in ("gumbel", "inverse_cdf"):
+        out = dm.sample_drafts(head, *args, impl="fused", method=method, cache_dtype=torch.float32)
+        assert out.draft_tokens[:, 0].tolist() == [17, 0, 123, 7], method
+
+
+def test_inverse_cdf_greedy_identical_and_cache_exactness(device):
+    head, args = make_problem(700, 16, 6, 2, temps=(0.0, 1.0, 0.6), device=device)
+    out = dm.sample_drafts(head, *args, impl="fused", method="inverse_cdf")
+    check_against_reference(head, *args, out, method="inverse_cdf")
+
+
+def test_inverse_cdf_follows_softmax(device):
+    """Tokens of identical rows with distinct seeds follow softmax(cache / T): chi-square."""
+    vocab, rows, calls, temp = 32, 128, 5, 0.8
+    gen = torch.Generator().manual_seed(3)
+    head = dm.MarkovHead(torch.randn(vocab, 16, generator=gen).bfloat16().to(device),
+                         (torch.randn(vocab, 16, generator=gen) * 0.2).bfloat16().to(device))
+    base = (torch.randn(1, 1, vocab, generator=gen) * 1.5).bfloat16().expand(rows, 1, vocab).contiguous().to(device)
+    base[:, :, 5] = float("-inf")  # a zero-probability token
+    counts = torch.zeros(vocab, dtype=torch.float64)
+    cache = None
+    for call in range(calls):
+        seeds = torch.arange(rows, dtype=torch.int64) * 1_000_003 + call * 7_777
+        out = dm.sample_drafts(head, base, torch.full((rows,), 3, device=device), torch.arange(rows, device=device),
+                               torch.full((rows,), 50, device=device), torch.full((rows,), temp, device=device),
+                               seeds.to(device), impl="fused", method="inverse_cdf")
+        counts += torch.bincount(out.draft_tokens[:, 0].cpu(), minlength=vocab).double()
+        cache = out.logits_cache[0, 0].float().cpu()
+    probs = torch.softmax(cache.double() / torch.tensor(temp, dtype=torch.float32).double(), dim=0)
+    assert counts[5] == 0
+    keep = probs > 0
+    expected = probs[keep] * counts.sum()
+    chi2 = float(((counts[keep] - expected) ** 2 / expected).sum())
+    df = int(keep.sum()) - 1
+    assert chi2 < df + 10 * (2 * df) ** 0.5, f"chi2 {chi2:.1f} with df {df}"
+
+
+def test_graph_free_buffers_are_reused(device):
+    """Two runs of one sampler give identical results: all state lives in persistent buffers."""
+    head, args = make_problem(500, 16, 4, 2, device=device)
+    sampler = dm.MarkovSampler(head, 2, 4, impl="fused")
+    first = sampler.sample(*args)
+    codes_ptr = sampler.backend.codes.data_ptr()
+    second = sampler.sample(*args)
+    assert sampler.backend.codes.data_ptr() == codes_ptr
+    assert torch.equal(first.draft_tokens, second.draft_tokens)
+    assert torch.equal(first.logits_cache, second.logits_cache)
+
+
+def test_out_of_range_values_stay_in_bounds_without_checks(device):
+    """check_values=False: a bad anchor is clamped and a bad slot is padding; no write outside."""
+    head, args = make_problem(300, 16, 3, 1, temps=(1.0, 1.0), padding_row=None, device=device)
+    args[1] = torch.tensor([10**6, -5, 2], device=device)
+    args[2] = torch.tensor([0, 99, 1], device=device)
+    cache = torch.full((4, 1, 300), float("nan"), dtype=torch.bfloat16, device=device)
+    out = dm.sample_drafts(head, *args, impl="fused", logits_cache=cache, check_values=False)
+    assert bool(((out.draft_tokens >= 0) & (out.draft_tokens < 300)).all())
+    written = ~torch.isnan(cache[:, 0].float()).all(dim=-1)
+    assert written.tolist() == [True, True, False, False]
