@@ -206,50 +206,61 @@ def run_grid(config: BenchConfig, bandwidth: roofline.Bandwidth, *, progress: bo
                desc="bench", unit="step")
     records = []
     for rows, mode in cases:
-        inputs = Inputs(config, rows, mode, logits_all, cache_all, generator)
-        case_records, runs = {}, {}
-        for design in config.designs:
-            bar.set_postfix_str(f"{design} R={rows} T={mode} setup")
-            record = case_records[design] = _record(config, design, rows, mode)
-            run = _set_up(design, head, inputs, config, record)
-            if run is not None:
-                runs[design] = run
-            bar.update(1)
-        times = {design: [] for design in runs}
-        eager = {design: [] for design in runs}
-        order = list(runs)
-        for round_index in range(config.rounds):
-            shift = round_index % max(len(order), 1)
-            for design in order[shift:] + order[:shift]:
-                bar.set_postfix_str(f"{design} R={rows} T={mode} round {round_index + 1}")
-                bar.update(1)
-                if case_records[design]["status"] != "ok":  # failed in an earlier round
-                    continue
-                run = runs[design]
-                try:
-                    if cuda:
-                        times[design].append(harness.time_graph_replays(run.graph, config.replays, flush))
-                        eager[design].append(harness.time_eager_cuda(run.call, config.eager_calls, flush))
-                    else:
-                        times[design].append(harness.time_host(run.call, config.replays))
-                except Exception as error:  # noqa: BLE001
-                    case_records[design].update(status="error", reason=f"{type(error).__name__}: {error}")
-                    print(f"warning: {design} at {rows} rows, T={mode}: {case_records[design]['reason']}",
-                          file=sys.stderr)
-            bar.update(len(config.designs) - len(order))
-        for design, run in runs.items():
-            record = case_records[design]
-            if record["status"] != "ok":
-                continue
-            timing = harness.summarize(times[design])
-            record.update(time_us=timing.median, time_us_low=timing.low, time_us_high=timing.high)
-            if eager[design]:
-                record["eager_us"] = harness.summarize(eager[design]).median
-        del runs
-        records.extend(case_records[design] for design in config.designs)
+        try:
+            inputs = Inputs(config, rows, mode, logits_all, cache_all, generator)
+            records += _time_case(config, head, inputs, rows, mode, flush, bar)
+        except Exception as error:  # noqa: BLE001 - e.g. out of memory: keep the other cases and the reports
+            print(f"warning: case {rows} rows, T={mode} failed: {type(error).__name__}: {error}", file=sys.stderr)
+            for design in config.designs:
+                record = _record(config, design, rows, mode)
+                record.update(status="error", reason=f"{type(error).__name__}: {error}")
+                records.append(record)
     bar.close()
     add_derived(records, bandwidth)
     return records
+
+
+def _time_case(config, head, inputs, rows, mode, flush, bar) -> list:
+    """Set up every design on one case, then time them round-robin; the case's records."""
+    cuda = config.device == "cuda"
+    case_records, runs = {}, {}
+    for design in config.designs:
+        bar.set_postfix_str(f"{design} R={rows} T={mode} setup")
+        record = case_records[design] = _record(config, design, rows, mode)
+        run = _set_up(design, head, inputs, config, record)
+        if run is not None:
+            runs[design] = run
+        bar.update(1)
+    times = {design: [] for design in runs}
+    eager = {design: [] for design in runs}
+    order = list(runs)
+    for round_index in range(config.rounds):
+        shift = round_index % max(len(order), 1)
+        for design in order[shift:] + order[:shift]:
+            bar.set_postfix_str(f"{design} R={rows} T={mode} round {round_index + 1}")
+            if case_records[design]["status"] != "ok":  # failed in an earlier round
+                continue
+            run = runs[design]
+            try:
+                if cuda:
+                    times[design].append(harness.time_graph_replays(run.graph, config.replays, flush))
+                    eager[design].append(harness.time_eager_cuda(run.call, config.eager_calls, flush))
+                else:
+                    times[design].append(harness.time_host(run.call, config.replays))
+            except Exception as error:  # noqa: BLE001
+                case_records[design].update(status="error", reason=f"{type(error).__name__}: {error}")
+                print(f"warning: {design} at {rows} rows, T={mode}: {case_records[design]['reason']}",
+                      file=sys.stderr)
+        bar.update(len(config.designs))
+    for design in runs:
+        record = case_records[design]
+        if record["status"] != "ok":
+            continue
+        timing = harness.summarize(times[design])
+        record.update(time_us=timing.median, time_us_low=timing.low, time_us_high=timing.high)
+        if eager[design]:
+            record["eager_us"] = harness.summarize(eager[design]).median
+    return [case_records[design] for design in config.designs]
 
 
 def add_derived(records: list, bandwidth: roofline.Bandwidth) -> None:

@@ -116,8 +116,12 @@ HEADER = ["design", "rows", "T", "time us (round range)", "eager us", "x loop", 
 def format_table(records, bandwidth, *, markdown: bool = False) -> str:
     """The results as an aligned text table, or a markdown table when ``markdown``."""
     rows = [_row_cells(r) for r in records]
-    notes = [f"{r['design']} at {r['rows']} rows, T={r['temperature']}: {r['status']}: {r['reason']}"
-             for r in records if r["status"] != "ok" and r["reason"]]
+    grouped = {}  # (design, status, reason) -> the cases it applies to
+    for r in records:
+        if r["status"] != "ok":
+            grouped.setdefault((r["design"], r["status"], r["reason"]), []).append(f"{r['rows']}/{r['temperature']}")
+    notes = [f"{design} ({status}) at rows/T {', '.join(cases)}: {reason}"
+             for (design, status, reason), cases in grouped.items()]
     footer = (f"bandwidth: copy {bandwidth.copy_gbps:.0f} GB/s, read {bandwidth.read_gbps:.0f} GB/s; "
               "floor = minimal bytes / read bandwidth")
     if markdown:
@@ -130,7 +134,7 @@ def format_table(records, bandwidth, *, markdown: bool = False) -> str:
     lines += ["  ".join(c.ljust(w) for c, w in zip(cells, widths)) for cells in rows]
     lines += ["", footer]
     if notes:
-        lines += ["", "not measured:"] + [f"  {note}" for note in dict.fromkeys(notes)]
+        lines += ["", "not measured:"] + [f"  {note}" for note in notes]
     return "\n".join(lines) + "\n"
 
 
