@@ -1,0 +1,103 @@
+"""The draft sampler as a torch custom op, ``torch.ops.dspark_markov.sample_drafts_``.
+
+The op mutates ``draft_tokens`` ``[R, N]`` and ``logits_cache`` ``[S, N, V]`` in place and returns
+nothing, so ``torch.compile(fullgraph=True)`` traces it as one opaque call (its fake
+implementation does nothing: the outputs already have their shapes). Behind it, a module-level
+cache keeps one :class:`~dspark_markov.draft.sampler.MarkovSampler` per (weights, shapes, dtypes,
+impl, method, rows), so a compiled call reuses the sampler's persistent buffers instead of
+rebuilding them; with a graph-safe ``impl`` ("loop", "gumbel_fused", ...) the op can also run
+inside a captured CUDA graph (the sampler must then already exist: call the op once eagerly
+before capturing, which building the graph's warm-up does anyway).
+
+Signature of the op::
+
+    sample_drafts_(base_logits, anchor, idx_mapping, positions, temperature, seeds,
+                   embed_weight, head_weight, draft_tokens!, logits_cache!,
+                   scale: float, impl: str, method: str) -> ()
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+from ..head import MarkovHead
+from .sampler import MarkovSampler
+
+OP_NAME = "dspark_markov::sample_drafts_"
+_MAX_CACHED_SAMPLERS = 32
+_SAMPLERS: "OrderedDict[tuple, MarkovSampler]" = OrderedDict()
+
+
+def _sampler_key(embed_weight, head_weight, scale, num_steps, rows, cache_dtype, impl, method):
+    # The version counters make an in-place weight update build a new sampler (the interpreter
+    # path keeps fp32 copies of the weights).
+    return (embed_weight.data_ptr(), head_weight.data_ptr(), embed_weight._version, head_weight._version,
+            tuple(embed_weight.shape), tuple(head_weight.shape), embed_weight.dtype, str(embed_weight.device),
+            float(scale), int(num_steps), int(rows), cache_dtype, impl, method)
+
+
+def cached_sampler(embed_weight, head_weight, scale, num_steps, rows, cache_dtype, impl, method) -> MarkovSampler:
+    """The cached :class:`MarkovSampler` for these weights and shapes (built on first use).
+
+    At most 32 samplers are kept (least recently used evicted). Keys include the weights'
+    ``data_ptr`` and version counters, so new or updated weights get a new sampler.
+    """
+    key = _sampler_key(embed_weight, head_weight, scale, num_steps, rows, cache_dtype, impl, method)
+    sampler = _SAMPLERS.get(key)
+    if sampler is None:
+        head = MarkovHead(embed_weight, head_weight, scale)
+        sampler = MarkovSampler(head, num_steps, max(int(rows), 1), cache_dtype, method, impl)
+        _SAMPLERS[key] = sampler
+        while len(_SAMPLERS) > _MAX_CACHED_SAMPLERS:
+            _SAMPLERS.popitem(last=False)
+    else:
+        _SAMPLERS.move_to_end(key)
+    return sampler
+
+
+def clear_sampler_cache() -> None:
+    """Drop every cached sampler (and the buffers it holds)."""
+    _SAMPLERS.clear()
+
+
+@torch.library.custom_op(OP_NAME, mutates_args=("draft_tokens", "logits_cache"))
+def _sample_drafts_op(base_logits: torch.Tensor, anchor: torch.Tensor, idx_mapping: torch.Tensor,
+                      positions: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
+                      embed_weight: torch.Tensor, head_weight: torch.Tensor, draft_tokens: torch.Tensor,
+                      logits_cache: torch.Tensor, scale: float, impl: str, method: str) -> None:
+    if base_logits.dim() != 3:
+        raise ValueError(f"base_logits: expected a 3-D tensor [R, N, V], got shape {tuple(base_logits.shape)}")
+    rows, steps, _ = base_logits.shape
+    sampler = cached_sampler(embed_weight, head_weight, scale, steps, rows, logits_cache.dtype, impl, method)
+    sampler.sample(base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens=draft_tokens,
+                   logits_cache=logits_cache)
+
+
+@_sample_drafts_op.register_fake
+def _sample_drafts_fake(base_logits, anchor, idx_mapping, positions, temperature, seeds, embed_weight, head_weight,
+                        draft_tokens, logits_cache, scale, impl, method) -> None:
+    return None
+
+
+def sample_drafts_(head: MarkovHead, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens,
+                   logits_cache, *, impl: str = "gumbel_fused", method: str = "gumbel") -> None:
+    """Sample drafts in place through the custom op (usable under ``torch.compile(fullgraph=True)``).
+
+    Parameters
+    ----------
+    head : MarkovHead (its weights and ``scale`` are passed to the op).
+    base_logits : ``[R, N, V]`` bf16/fp32, last stride 1. anchor : ``[R]`` int32/int64.
+    idx_mapping, positions : ``[R*N]`` int32/int64 (slot -1 = padding).
+    temperature : ``[S]`` fp32. seeds : ``[S]`` int64.
+    draft_tokens : ``[R, N]`` int64, written. logits_cache : ``[S, N, V]`` bf16/fp32, written for
+        live samples; its dtype is the sampler's cache dtype.
+    impl, method : as for :class:`MarkovSampler` (``"auto"`` is resolved once per cached sampler).
+
+    Validation is that of :meth:`MarkovSampler.sample` (value checks skipped while a CUDA stream
+    is capturing). CUDA-graph safe for graph-safe implementations once the sampler is cached.
+    """
+    torch.ops.dspark_markov.sample_drafts_(base_logits, anchor, idx_mapping, positions, temperature, seeds,
+                                           head.embed_weight, head.head_weight, draft_tokens, logits_cache,
+                                           float(head.scale), impl, method)
