@@ -69,6 +69,7 @@ class ShardedMarkovSampler:
                  _fail_setup_for_test: bool = False):
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("group: torch.distributed is not initialised (call init_process_group first)")
+        group = group if group is not None else dist.group.WORLD
         self.group = group
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
