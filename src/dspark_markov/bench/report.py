@@ -106,11 +106,11 @@ def _row_cells(record) -> list:
         time_cell = f"{record['time_us']:.1f} ({record['time_us_low']:.1f}-{record['time_us_high']:.1f})"
     fraction = record["bandwidth_fraction"]
     return [record["design"], str(record["rows"]), record["temperature"], time_cell, _fmt(record["eager_us"], ".1f"),
-            _fmt(record["speedup_vs_loop"], ".2f"), f"{record['floor_us']:.1f}",
+            _fmt(record["speedup_vs_loop"], ".2f"), f"{record['minimal_bytes'] / 1e6:.1f}", f"{record['floor_us']:.1f}",
             "-" if fraction is None else f"{100 * fraction:.1f}"]
 
 
-HEADER = ["design", "rows", "T", "time us (round range)", "eager us", "x loop", "floor us", "% read BW"]
+HEADER = ["design", "rows", "T", "time us (round range)", "eager us", "x loop", "min MB", "floor us", "% read BW"]
 
 
 def format_table(records, bandwidth, *, markdown: bool = False) -> str:
@@ -123,7 +123,8 @@ def format_table(records, bandwidth, *, markdown: bool = False) -> str:
     notes = [f"{design} ({status}) at rows/T {', '.join(cases)}: {reason}"
              for (design, status, reason), cases in grouped.items()]
     footer = (f"bandwidth: copy {bandwidth.copy_gbps:.0f} GB/s, read {bandwidth.read_gbps:.0f} GB/s; "
-              "floor = minimal bytes / read bandwidth")
+              "min MB = bytes a minimal design moves (all steps); floor = min MB / read bandwidth; "
+              "% read BW = floor / time")
     if markdown:
         lines = ["| " + " | ".join(HEADER) + " |", "|" + "|".join("---" for _ in HEADER) + "|"]
         lines += ["| " + " | ".join(cells) + " |" for cells in rows]
@@ -250,7 +251,7 @@ def write_png(path, env, config, records):
                       [r["time_us_high"] - t for t, r in zip(times, points)]]
             axis.errorbar(rows, times, yerr=spread, marker="o", capsize=3, label=design)
         floor = sorted({(r["rows"], r["floor_us"]) for r in subset})
-        axis.plot([f[0] for f in floor], [f[1] for f in floor], "k--", label="bandwidth floor")
+        axis.plot([f[0] for f in floor], [f[1] for f in floor], "k--", label="floor: minimal bytes / read BW")
         axis.set_xscale("log")
         axis.set_yscale("log")
         axis.minorticks_off()
