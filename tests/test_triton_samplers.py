@@ -191,6 +191,8 @@ def test_nan_inf_and_huge_logits_give_defined_tokens():
     base = inputs["base_logits"]
     base[0, 0, 650] = float("nan")  # a NaN in the last (ragged) block only...
     base[0, 0, 300] = float("nan")  # ...and an earlier one in another block: 300 must win
+    base[0, 1, 140] = float("nan")  # two NaNs in one block: the first (135) wins
+    base[0, 1, 135] = float("nan")
     base[1, :, :] = float("-inf")  # all -inf (row 1 is live in step 0): token 0 at any T
     base[3, 0, :] = 3.0e38  # rounds to +inf in a bf16 cache: the first +inf key wins
     base[3, 1, 400] = float("inf")
@@ -199,7 +201,7 @@ def test_nan_inf_and_huge_logits_give_defined_tokens():
     results = {impl: run_sampler(impl, head, inputs, torch.bfloat16, block=128) for impl in IMPLS}
     for impl, (tokens, cache) in results.items():
         check_draws(head, inputs, tokens, cache, exact=True)
-        assert tokens[0, 0] == 300 and tokens[1, 0] == 0 and tokens[1, 1] == 0
+        assert tokens[0, 0] == 300 and tokens[0, 1] == 135 and tokens[1, 0] == 0 and tokens[1, 1] == 0
         assert tokens[3, 1] == 400
     assert torch.equal(results["loop"][0], results["gumbel_fused"][0])
     assert same_values(results["loop"][1], results["gumbel_fused"][1])
