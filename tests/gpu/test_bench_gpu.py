@@ -17,19 +17,21 @@ def test_bandwidth_measurement_is_in_physical_range():
     assert 500 < bandwidth.read_gbps < 10_000 and 500 < bandwidth.copy_gbps < 10_000
 
 
-def test_flushed_replay_is_slower_than_warm_replay():
-    # A 32 MB read fits the H200's L2: warm replays hit it, flushed replays go to HBM.
-    data = torch.ones(8 << 20, dtype=torch.float32, device="cuda")
+def test_flush_and_replay_timing():
+    flush = harness.L2Flusher(torch.device("cuda"))
+    l2_bytes = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0)
+    assert flush.nbytes >= max(harness.FLUSH_BYTES, 2 * l2_bytes)
+    flush.buffer.fill_(7)
+    flush()
+    torch.cuda.synchronize()
+    assert int(flush.buffer.max()) == 0  # the flush really writes the whole buffer
+    data = torch.ones(8 << 20, dtype=torch.float32, device="cuda")  # 32 MB
     total = torch.empty((), dtype=torch.float32, device="cuda")
     graph = harness.capture_graph(lambda: torch.sum(data, dim=0, out=total))
-    flush = harness.L2Flusher(torch.device("cuda"))
-    cold = harness.summarize([harness.time_graph_replays(graph, 20, flush) for _ in range(3)]).median
-    # The warm "flush" spins the GPU without touching memory, so the host still runs ahead of the
-    # GPU and the events do not time the host's launch gap.
-    spin = lambda: torch.cuda._sleep(200_000)  # noqa: E731 - about 0.1 ms of clock cycles
-    warm = harness.summarize([harness.time_graph_replays(graph, 20, spin) for _ in range(3)]).median
-    assert warm < cold
-    assert total.item() == 8 << 20
+    times = harness.time_graph_replays(graph, 20, flush)
+    assert len(times) == 20 and total.item() == 8 << 20
+    # Reading 32 MB takes at least 32 MB / 10 TB/s = 3.4 us and, on any GPU, far less than 10 ms.
+    assert all(3.0 < t < 10_000 for t in times)
 
 
 def test_grid_at_full_shapes():
