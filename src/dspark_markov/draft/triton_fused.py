@@ -25,7 +25,7 @@ import triton.language as tl
 from .. import rng_triton
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-_INT_MAX = 2147483647
+_INT_MAX = tl.constexpr(2147483647)  # jitted code reads only constexpr globals
 
 
 @triton.jit
