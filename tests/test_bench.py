@@ -109,7 +109,7 @@ def test_cpu_run_writes_reports(tmp_path, capsys, small_bandwidth_buffers):
             "--targets"]
     assert cli.main(argv) == 0
     printed = capsys.readouterr().out
-    assert "| design | rows |" in printed and "issue-5 targets" in printed
+    assert "| design | method | rows |" in printed and "issue-5 targets" in printed
 
     (json_path,) = tmp_path.glob("*.json")
     assert json_path.name.startswith("cpu_") and "_bf16_v512_r8_n2" in json_path.name
@@ -189,3 +189,14 @@ def test_failing_design_shows_as_error(monkeypatch):
                              rounds=3, replays=1)
     (record,) = grid.run_grid(config, FAKE_BANDWIDTH, progress=False)
     assert record["status"] == "error" and "kernel exploded" in record["reason"] and record["time_us"] is None
+
+
+def test_preferred_method_where_a_design_has_it(monkeypatch):
+    monkeypatch.setattr(ReferenceBackend, "METHODS", ("gumbel",))
+    config = grid.cpu_config(vocab=300, rank=4, steps=1, rows=(1,), designs=("reference",), temperatures=("1",),
+                             rounds=3, replays=1, method="inverse_cdf")
+    (record,) = grid.run_grid(config, FAKE_BANDWIDTH, progress=False)
+    assert record["status"] == "ok" and record["method"] == "gumbel"  # kept its own, and says so
+    monkeypatch.setattr(ReferenceBackend, "METHODS", ("gumbel", "inverse_cdf"))
+    (record,) = grid.run_grid(config, FAKE_BANDWIDTH, progress=False)
+    assert record["status"] == "ok" and record["method"] == "inverse_cdf"

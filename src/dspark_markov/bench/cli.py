@@ -51,6 +51,9 @@ def _parser() -> argparse.ArgumentParser:
                              "designs when TRITON_INTERPRET=1)")
     parser.add_argument("--temperature", choices=("1", "mixed", "both"), default="both",
                         help="all slots at T=1, mixed T=0/0.6/1 per slot, or both")
+    parser.add_argument("--method", choices=("gumbel", "inverse_cdf"),
+                        help="preferred draw method; a design without it (loop: gumbel only) keeps its own, and the "
+                             "method column says which ran (default: gumbel where a design has it)")
     parser.add_argument("--cache-dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--logits-dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--rounds", type=int, help="timed rounds (default 5; cpu: 3)")
@@ -67,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _config(args) -> grid.BenchConfig:
     overrides = {name: getattr(args, name) for name in ("vocab", "rank", "steps", "rows", "designs", "rounds",
-                                                         "replays", "eager_calls", "seed")
+                                                         "replays", "eager_calls", "seed", "method")
                  if getattr(args, name) is not None}
     overrides["temperatures"] = grid.TEMPERATURE_MODES if args.temperature == "both" else (args.temperature,)
     overrides["cache_dtype"] = DTYPES[args.cache_dtype]

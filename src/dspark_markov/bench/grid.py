@@ -43,6 +43,7 @@ class BenchConfig:
     replays: int = 30
     eager_calls: int = 10
     seed: int = 2026
+    method: str | None = None  # preferred draw method; designs without it keep theirs (see design_method)
 
     def __post_init__(self):
         if self.device not in ("cuda", "cpu"):
@@ -55,6 +56,8 @@ class BenchConfig:
         for design in self.designs:
             if design not in KNOWN_DESIGNS:
                 raise ValueError(f"designs: expected names among {', '.join(KNOWN_DESIGNS)}, got {design!r}")
+        if self.method not in (None, "gumbel", "inverse_cdf"):
+            raise ValueError(f"method: expected 'gumbel' or 'inverse_cdf', got {self.method!r}")
         for mode in self.temperatures:
             if mode not in TEMPERATURE_MODES:
                 raise ValueError(f"temperatures: expected '1' or 'mixed', got {mode!r}")
@@ -74,9 +77,13 @@ def element_bytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def design_method(cls) -> str:
-    """The draw method a design is benchmarked with: Gumbel where it has it, else its first method."""
-    return "gumbel" if "gumbel" in cls.METHODS else cls.METHODS[0]
+def design_method(cls, preferred: str | None = None) -> str:
+    """The draw method a design is benchmarked with: ``preferred`` where the design has it, else
+    Gumbel where it has it, else its first method (the record's ``method`` says which ran)."""
+    for method in (preferred, "gumbel"):
+        if method in cls.METHODS:
+            return method
+    return cls.METHODS[0]
 
 
 def make_head(config: BenchConfig, generator: torch.Generator) -> MarkovHead:
@@ -126,7 +133,7 @@ class DesignRun:
         if not cuda and design != "reference" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError(f"designs: {design!r} needs a GPU, or TRITON_INTERPRET=1 for the CPU interpreter")
         self.design = design
-        self.method = design_method(cls)
+        self.method = design_method(cls, config.method)
         self.inputs = inputs
         rows = inputs.base_logits.shape[0]
         self.sampler = MarkovSampler(head, config.steps, rows, config.cache_dtype, self.method, impl=design)

@@ -27,7 +27,7 @@ RECORD_FIELDS = ("design", "method", "rows", "temperature", "status", "time_us",
                  "eager_us", "speedup_vs_loop", "minimal_bytes", "floor_us", "bandwidth_fraction",
                  "graph_tokens_match", "reason")
 CONFIG_FIELDS = ("device", "vocab", "rank", "steps", "cache_dtype", "logits_dtype", "weight_dtype", "rounds",
-                 "replays", "eager_calls", "seed")
+                 "replays", "eager_calls", "seed", "method")
 
 
 def _package_version(name: str):
@@ -86,6 +86,8 @@ def file_stem(env: dict, config) -> str:
     stem = f"{name}_{env['date'][:10]}_{cache}"
     if (config.vocab, config.rank, config.steps) != (129_280, 256, 5):
         stem += f"_v{config.vocab}_r{config.rank}_n{config.steps}"
+    if config.method is not None:
+        stem += f"_{config.method}"
     if config.logits_dtype != torch.bfloat16:
         stem += "_fp32-logits"
     return stem
@@ -105,12 +107,12 @@ def _row_cells(record) -> list:
     else:
         time_cell = f"{record['time_us']:.1f} ({record['time_us_low']:.1f}-{record['time_us_high']:.1f})"
     fraction = record["bandwidth_fraction"]
-    return [record["design"], str(record["rows"]), record["temperature"], time_cell, _fmt(record["eager_us"], ".1f"),
+    return [record["design"], record["method"] or "-", str(record["rows"]), record["temperature"], time_cell, _fmt(record["eager_us"], ".1f"),
             _fmt(record["speedup_vs_loop"], ".2f"), f"{record['minimal_bytes'] / 1e6:.1f}", f"{record['floor_us']:.1f}",
             "-" if fraction is None else f"{100 * fraction:.1f}"]
 
 
-HEADER = ["design", "rows", "T", "time us (round range)", "eager us", "x loop", "min MB", "floor us", "% read BW"]
+HEADER = ["design", "method", "rows", "T", "time us (round range)", "eager us", "x loop", "min MB", "floor us", "% read BW"]
 
 
 def format_table(records, bandwidth, *, markdown: bool = False) -> str:
