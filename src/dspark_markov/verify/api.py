@@ -1,0 +1,133 @@
+"""``verify_drafts``: lossless verification of Markov drafts (SPEC.md section 6)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ..validate import CACHE_DTYPES, INDEX_DTYPES, _same_device, check_range, check_tensor
+from .reference import verify_reference
+
+METHODS = ("standard", "block")
+IMPLS = ("reference", "auto")
+
+
+class VerifyOutput(NamedTuple):
+    tokens: torch.Tensor  # [B, K+1] int64, the emitted tokens, -1 after the last one
+    num_emitted: torch.Tensor  # [B] int64, accepted drafts + 1 (0 for padding requests)
+
+
+def _check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"{name}: expected one of {', '.join(repr(c) for c in choices)}, got {value!r}")
+
+
+def check_verify_inputs(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions, temperature,
+                        seeds, target_greedy, *, check_values: bool = True):
+    """Validate the arguments of :func:`verify_drafts`; return ``(B, K, V, S)``."""
+    check_tensor("target_logits", target_logits, dim=3, dtypes=(torch.float32,), last_stride_one=True)
+    device = target_logits.device
+    batch, k_plus_1, vocab = target_logits.shape
+    if k_plus_1 < 1:
+        raise ValueError(f"target_logits: expected K + 1 >= 1 rows per request, got shape {tuple(target_logits.shape)}")
+    if vocab < 1:
+        raise ValueError(f"target_logits: expected V >= 1, got shape {tuple(target_logits.shape)}")
+    k = k_plus_1 - 1
+    check_tensor("draft_tokens", draft_tokens, shape=(batch, k), dtypes=INDEX_DTYPES)
+    check_tensor("logits_cache", logits_cache, dim=3, dtypes=CACHE_DTYPES, last_stride_one=True)
+    slots, steps, cache_vocab = logits_cache.shape
+    if cache_vocab != vocab:
+        raise ValueError(f"logits_cache: expected V = {vocab} (target_logits.shape[2]), got shape {tuple(logits_cache.shape)}")
+    if steps < k:
+        raise ValueError(f"logits_cache: expected N >= K = {k} cached draft steps (target_logits.shape[1] - 1), "
+                         f"got shape {tuple(logits_cache.shape)}")
+    for name, x in (("num_drafts", num_drafts), ("idx_mapping", idx_mapping), ("positions", positions)):
+        check_tensor(name, x, shape=(batch,), dtypes=INDEX_DTYPES)
+    check_tensor("temperature", temperature, shape=(slots,), dtypes=(torch.float32,))
+    check_tensor("seeds", seeds, shape=(slots,), dtypes=(torch.int64,))
+    if target_greedy is not None:
+        check_tensor("target_greedy", target_greedy, shape=(batch,), dtypes=(torch.bool,))
+    named = [("draft_tokens", draft_tokens), ("logits_cache", logits_cache), ("num_drafts", num_drafts),
+             ("idx_mapping", idx_mapping), ("positions", positions), ("temperature", temperature), ("seeds", seeds)]
+    if target_greedy is not None:
+        named.append(("target_greedy", target_greedy))
+    for name, x in named:
+        if not _same_device(x.device, device):
+            raise ValueError(f"{name}: expected a tensor on {device} (the device of target_logits), got one on {x.device}")
+    if check_values:
+        check_range("idx_mapping", idx_mapping, -1, slots)
+        live = idx_mapping >= 0
+        check_range("num_drafts", num_drafts[live], 0, k + 1)
+        if k > 0 and batch > 0:
+            used = live[:, None] & (torch.arange(k, device=device)[None, :] < num_drafts[:, None])
+            check_range("draft_tokens", draft_tokens[used], 0, vocab)
+        if slots > 0:
+            if bool(torch.isnan(temperature).any()) or bool((temperature < 0).any()) or bool(torch.isinf(temperature).any()):
+                raise ValueError("temperature: expected finite values >= 0 (0 means greedy drafts), got NaN, inf or a negative value")
+    return batch, k, vocab, slots
+
+
+def verify_drafts(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions, temperature, seeds,
+                  *, target_greedy=None, method: str = "standard", impl: str = "reference",
+                  check_values: bool = True) -> VerifyOutput:
+    """Verify Markov drafts against the target model by rejection sampling (lossless).
+
+    Parameters
+    ----------
+    target_logits : ``[B, K+1, V]`` fp32 (last stride 1), the target's logits with its temperature
+        already applied; row ``j`` is the distribution ``p_j`` of the token at ``positions[b] + j``
+        given the prefix and drafts ``0 .. j-1``. Rows after ``num_drafts[b]`` are ignored.
+    draft_tokens : ``[B, K]`` int32/int64, the drafts (entries at or after ``num_drafts[b]``, and
+        all entries of padding requests, are ignored and may hold anything, e.g. -1).
+    logits_cache : ``[S, N, V]`` bf16/fp32 with ``N >= K``, the draft cache written by
+        :func:`~dspark_markov.sample_drafts`; row ``[slot, i]`` holds the logits draft ``i`` was
+        drawn from, before temperature.
+    num_drafts : ``[B]`` int32/int64, drafts to verify per request, in ``[0, K]``.
+    idx_mapping : ``[B]`` int32/int64, the request-state slot of each request; ``-1`` marks a
+        padding request, which emits nothing: its tokens are all -1 and its count is 0.
+    positions : ``[B]`` int32/int64, the position ``P`` of the token the first draft predicts;
+        draft ``j`` (and the row-``j`` resample or bonus) predicts ``P + j``.
+    temperature : ``[S]`` fp32 per slot, the DRAFT temperature ``T``: ``q_i = softmax(cache / T)``
+        with the fp32 division of SPEC.md section 4; ``T == 0`` means the drafts were greedy and
+        ``q_i`` is one-hot at the cached row's ``argmax_first``.
+    seeds : ``[S]`` int64 per slot, the key of the acceptance uniforms and resampling noise
+        (:mod:`dspark_markov.verify.keys`: its own hash domains, keyed by ``(seed, P - 1)``).
+    target_greedy : optional ``[B]`` bool, requests whose target samples greedily. Default
+        ``None``: a request is greedy iff its slot's temperature is 0 (engines use one temperature
+        for drafting and target sampling). A greedy request accepts draft ``i`` iff it equals
+        ``argmax_first(target_logits[b, i])`` and then emits that argmax (also as the bonus).
+    method : ``"standard"`` (token by token: accept ``x_i`` iff ``u_i < p_i(x_i) / q_i(x_i)``; on
+        the first rejection draw from ``normalize(max(p_i - q_i, 0))``; after ``n`` acceptances
+        draw the bonus from ``p_n``) or ``"block"`` (block verification, Sun et al. 2024: the
+        same guarantee, never fewer accepted tokens on average).
+    impl : ``"reference"`` (or ``"auto"``, which resolves to it): torch, CPU and CUDA.
+    check_values : read the inputs back to range-check them (synchronises; default True).
+
+    Returns
+    -------
+    ``VerifyOutput(tokens, num_emitted)``: ``tokens`` ``[B, K+1]`` int64, the accepted drafts then
+    the resampled or bonus token, -1 after them; ``num_emitted`` ``[B]`` int64 = accepted + 1
+    (0 for padding requests). Every emitted token is in ``[0, V)``.
+
+    Notes
+    -----
+    Emitted sequences are distributed exactly as the target's (up to fp32 rounding), given drafts
+    drawn from ``q``. A draft with ``q_i(x_i) = 0`` is rejected; a residual that is all zero in
+    fp32 is replaced by ``p_i``. Randomness is counter-based, so a call is reproducible and does not
+    depend on the batch composition. The reference allocates its outputs and temporaries
+    (``O(B K V)`` fp32) and is not CUDA-graph safe.
+    """
+    _check_choice("method", method, METHODS)
+    _check_choice("impl", impl, IMPLS)
+    check_verify_inputs(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions, temperature,
+                        seeds, target_greedy, check_values=check_values)
+    if target_greedy is None:
+        slot = idx_mapping.long().clamp_min(0)
+        if temperature.numel() > 0:
+            target_greedy = temperature[slot] == 0
+        else:
+            target_greedy = torch.zeros(idx_mapping.shape, dtype=torch.bool, device=target_logits.device)
+    tokens, num_emitted = verify_reference(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping,
+                                           positions, temperature, seeds, target_greedy, method=method)
+    return VerifyOutput(tokens, num_emitted)
