@@ -83,7 +83,8 @@ def same_values(a, b):
 def bias_bracket(head, prev):
     """Reference bias and a bound on how far any fp32-accumulated GEMM may round away from it.
 
-    One bf16/fp16 ulp of the bias (the two fp32 sums may straddle a rounding boundary) plus twice
+    One bf16/fp16 ulp of the bias (the two fp32 sums may straddle a rounding boundary; three when
+    ``scale != 1`` rounds the scaled bias again) plus twice
     the worst-case fp32 accumulation error, ``rank * 2^-23 * sum_k |W1[prev, k] W2[v, k]|`` (both
     sums err; only visible where the bias nearly cancels).
     """
@@ -94,9 +95,13 @@ def bias_bracket(head, prev):
         mantissa_bits = 7 if head.dtype == torch.bfloat16 else 10
         _, exponent = torch.frexp(bias)
         ulp = torch.ldexp(torch.ones_like(bias), (exponent - 1 - mantissa_bits).clamp_min(-133))
+    if head.scale != 1.0:
+        # The scaled bias is rounded again on both sides: |s b' - s b| <= s ulp(b) <= 2 ulp(s b),
+        # plus half an ulp of each of the two roundings.
+        ulp = 3 * ulp
     codes = head.embed_weight.index_select(0, prev.long()).float()
     magnitude = codes.abs() @ head.head_weight.float().abs().t()
-    slack = (ulp + head.rank * 2.0**-23 * magnitude) * abs(head.scale)
+    slack = ulp + head.rank * 2.0**-23 * magnitude * abs(head.scale)
     return bias, slack
 
 
