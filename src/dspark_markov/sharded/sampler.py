@@ -79,7 +79,7 @@ class ShardedMarkovSampler:
         try:
             self._setup_local(embed_weight, head_weight, num_steps, max_rows, cache_dtype, scale, vocab_size,
                               cache_layout, transport, replicated_head_weight, fallback_impl, fallback_max_rows)
-        except ValueError as caught:
+        except Exception as caught:  # noqa: BLE001 - voted on, then re-raised on this rank
             error = caught
         device = embed_weight.device if isinstance(embed_weight, torch.Tensor) else torch.device("cpu")
         flags_on = flag_device(group, device)
@@ -168,7 +168,10 @@ class ShardedMarkovSampler:
         """Draw ``draft_tokens`` ``[R, N]`` (identical on every rank) and fill this rank's cache.
 
         Collective: every rank calls it with the same R and the same anchor/slots/positions/
-        temperature/seeds (the batch size alone picks the path, so ranks never diverge).
+        temperature/seeds (the batch size alone picks the path, so ranks never diverge). Inputs are
+        validated on each rank without a vote (a vote would cost a collective per call): a rank
+        whose call raises ``ValueError`` leaves its peers in the step's collective until the
+        process group's timeout.
 
         base_logits : ``[R, N, V]`` (full; each rank reads its columns) or ``[R, N, V_shard]`` (this
             rank's columns), bf16/fp32, last stride 1. Above ``max_rows`` the full one is needed.
