@@ -110,3 +110,27 @@ def test_module_runs_as_a_program():
                          "runpy.run_module('dspark_markov.cli', run_name='__main__')")
     assert result.returncode == 0, result.stderr
     assert "implementations" in result.stdout
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_readme_python_example_runs():
+    """The API example in README.md runs as written (CPU, reference implementation)."""
+    readme = (ROOT / "README.md").read_text()
+    blocks = readme.split("```python\n")[1:]
+    assert blocks, "README.md has no python example"
+    for block in blocks:
+        code = block.split("```", 1)[0]
+        exec(compile(code, "README.md", "exec"), {})
+
+
+def test_readme_commands_match_ci():
+    """README's test command is `bash .ci/run`, which installs torch 2.13.0 before the package."""
+    readme = (ROOT / "README.md").read_text()
+    script = (ROOT / ".ci" / "run").read_text()
+    assert "\nbash .ci/run\n" in readme
+    assert "set -euo pipefail" in script
+    assert script.index("torch==2.13.0") < script.index("-e '.[test]'")
+    assert 'pytest -q -m "not gpu"' in script
+    assert "dspark-markov demo" in readme
