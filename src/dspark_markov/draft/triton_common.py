@@ -36,7 +36,7 @@ from .. import rng_triton
 GPU_BLOCK = 2048
 # On the CPU (Triton's interpreter) a small block keeps several blocks per row at test sizes.
 CPU_BLOCK = 256
-_BIG_INDEX = 2147483647  # larger than any token id; loses every "first index" minimum
+_BIG_INDEX = tl.constexpr(2147483647)  # (constexpr: triton 3.6 jit reads only constexpr globals) larger than any token id; loses every "first index" minimum
 
 
 def default_block(device: torch.device) -> int:
@@ -327,4 +327,6 @@ class BiasGemm:
 
 def clamp_anchor(anchor: torch.Tensor, prev: torch.Tensor, embed_vocab: int) -> None:
     """``prev[:R] = clamp(anchor, 0, V_t - 1)`` as int64 (no out-of-bounds gather, ever)."""
-    torch.clamp(anchor, 0, embed_vocab - 1, out=prev[: anchor.shape[0]])
+    rows = prev[: anchor.shape[0]]
+    rows.copy_(anchor)  # int32 or int64 anchor -> int64 (clamp's out= cannot change the dtype)
+    rows.clamp_(0, embed_vocab - 1)
