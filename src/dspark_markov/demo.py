@@ -265,11 +265,11 @@ def pair_counts(language: BigramLanguage, anchor, start, tokens, temperature: fl
 # --------------------------------------------------------------------------- command line
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dspark-markov demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--vocab", type=int, default=256, help="vocabulary size V (default 256)")
+    parser.add_argument("--vocab", type=int, default=128, help="vocabulary size V (default 128)")
     parser.add_argument("--rank", type=int, default=16, help="rank of the fitted Markov head (default 16)")
     parser.add_argument("--num-drafts", type=int, default=5, help="drafts per round K = N (default 5)")
-    parser.add_argument("--requests", type=int, default=192, help="sequences generated in parallel (default 192)")
-    parser.add_argument("--length", type=int, default=64, help="tokens generated per sequence (default 64)")
+    parser.add_argument("--requests", type=int, default=128, help="sequences generated in parallel (default 128)")
+    parser.add_argument("--length", type=int, default=48, help="tokens generated per sequence (default 48)")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature > 0 (default 1.0)")
     parser.add_argument("--period", type=int, default=3, help="period of the position component (default 3)")
     parser.add_argument("--method", choices=("standard", "block"), default="standard", help="verification method")

@@ -125,7 +125,7 @@ def verify_reference(target_logits, draft_tokens, logits_cache, num_drafts, idx_
     p = torch.softmax(logits, dim=-1)  # [B, K+1, V]
     q = draft_distribution(logits_cache[slot, :k], temp)  # [B, K, V]
     ratio = _acceptance_ratio(p[:, :k], q, drafts)  # [B, K]
-    u = keys.accept_uniform(seed[:, None], position[:, :k])  # [B, K]
+    u = keys.accept_uniforms(seed[:, None], base_pos[:, None], k)  # [B, K]
 
     if method == "block":
         accepted, weights = _block_index(ratio, u, p, q, n)
