@@ -80,16 +80,36 @@ def _gather_code(embed_ptr, stride_embed, token, embed_vocab, codes_ptr, row, st
 
 
 @triton.jit
-def _gather_anchor_kernel(
+def _prepare_rows_kernel(
     anchor_ptr,  # [R] int32/int64
+    idx_ptr, pos_ptr,  # [R*N] int32/int64
+    seed_ptr,  # [S] int64
     embed_ptr, stride_embed,  # [V_t, R_k] weight dtype
     codes_ptr, stride_codes,  # [max_rows, R_k] weight dtype (CUDA) or fp32 (CPU)
-    embed_vocab, rank,
+    uniform_ptr,  # [max_rows, N] fp32
+    num_steps, num_slots, embed_vocab, rank,
+    STEPS_P2: tl.constexpr,
     RANK_BLOCK: tl.constexpr,
 ):
+    """Per row, once per call: the step-0 code W1[anchor] and the N inverse-CDF uniforms.
+
+    The uniform of step i is ``uniform32(hash(seed ^ (i << 32), (P - 1) + 2^30, 0xFFFFFFFF))``;
+    hashing all N keys of the row here, vectorised, keeps the per-step kernels free of it.
+    """
     row = tl.program_id(0).to(tl.int64)
     anchor = tl.load(anchor_ptr + row)
     _gather_code(embed_ptr, stride_embed, anchor, embed_vocab, codes_ptr, row, stride_codes, rank, RANK_BLOCK)
+
+    steps = tl.arange(0, STEPS_P2)
+    in_row = steps < num_steps
+    sample = row * num_steps + steps
+    slot = tl.load(idx_ptr + sample, mask=in_row, other=-1).to(tl.int64)
+    live = (slot >= 0) & (slot < num_slots)
+    seed = tl.load(seed_ptr + tl.where(live, slot, 0), mask=live, other=0)  # padding: seed 0
+    position = tl.load(pos_ptr + sample, mask=in_row, other=0).to(tl.int64)
+    prefix = rng_triton.draft_prefix(seed, steps, position)
+    uniform = rng_triton.uniform32(rng_triton.hash_finish(prefix, prefix * 0 + 0xFFFFFFFF))
+    tl.store(uniform_ptr + row * num_steps + steps, uniform, mask=in_row)
 
 
 @triton.jit(do_not_specialize=["step"])
@@ -150,8 +170,9 @@ def _logits_partials_kernel(
 @triton.jit(do_not_specialize=["step"])
 def _pick_token_kernel(
     arg_value_ptr, arg_index_ptr, block_max_ptr, block_mass_ptr, stride_part,  # [max_rows, max_blocks]
-    idx_ptr, pos_ptr,  # [R*N] int32/int64
-    temp_ptr, seed_ptr,  # [S] fp32, [S] int64
+    idx_ptr,  # [R*N] int32/int64
+    temp_ptr,  # [S] fp32
+    uniform_ptr,  # [max_rows, N] fp32, from _prepare_rows_kernel
     cache_ptr, stride_cache_slot,  # [S, N, V] bf16/fp32
     tokens_ptr, stride_tokens_row, stride_tokens_step,  # [R, N] int64
     embed_ptr, stride_embed,  # [V_t, R_k]
@@ -167,8 +188,6 @@ def _pick_token_kernel(
     live = (slot >= 0) & (slot < num_slots)
     slot = tl.where(live, slot, 0)
     temp = tl.load(temp_ptr + slot, mask=live, other=0.0)
-    seed = tl.load(seed_ptr + slot, mask=live, other=0)
-    position = tl.load(pos_ptr + sample).to(tl.int64)
 
     blocks = tl.arange(0, BLOCKS_P2)
     in_row = blocks < num_blocks
@@ -195,9 +214,7 @@ def _pick_token_kernel(
         mass = tl.where(in_row, block_mass * block_scale, 0.0)
         cumulative = tl.cumsum(mass, axis=0)
         total = tl.max(cumulative, axis=0)
-        prefix = rng_triton.draft_prefix(seed, step, position)
-        u = rng_triton.uniform32(rng_triton.hash_finish(prefix, prefix * 0 + 0xFFFFFFFF))
-        target = u * total
+        target = tl.load(uniform_ptr + sample) * total
         hit = (cumulative > target) & (mass > 0.0)
         chosen = tl.min(tl.where(hit, blocks, BLOCKS_P2), axis=0)
         last_positive = tl.max(tl.where(mass > 0.0, blocks, -1), axis=0)
@@ -274,7 +291,12 @@ class InverseCdfBackend:
         self.arg_index = torch.zeros(rows, self.max_blocks, dtype=torch.int32, device=device)
         self.block_max = torch.zeros(rows, self.max_blocks, dtype=torch.float32, device=device)
         self.block_mass = torch.zeros(rows, self.max_blocks, dtype=torch.float32, device=device)
+        self.uniforms = torch.zeros(rows, self.num_steps, dtype=torch.float32, device=device)
         self.rank_block = triton.next_power_of_2(rank)
+        # Stand-ins for the per-slot tensors when S == 0 (never read: every load is masked off).
+        self.no_temperature = torch.zeros(1, dtype=torch.float32, device=device)
+        self.no_seeds = torch.zeros(1, dtype=torch.int64, device=device)
+        self.no_cache = torch.zeros(1, self.num_steps, vocab, dtype=cache_dtype, device=device)
 
     def _block_for(self, rows: int) -> int:
         if self.block_size is not None:
@@ -309,16 +331,22 @@ class InverseCdfBackend:
         block = self._block_for(rows)
         num_blocks = triton.cdiv(vocab, block)
         num_slots = temperature.shape[0]
+        if num_slots == 0:  # every row is padding: point the per-slot loads (all masked) at scratch
+            temperature, seeds, logits_cache = self.no_temperature, self.no_seeds, self.no_cache
         num_warps = 8 if block >= 4096 else 4
         embed = head.embed_weight
         scale = float(head.scale)
 
-        _gather_anchor_kernel[(rows,)](
+        _prepare_rows_kernel[(rows,)](
             anchor,  # [R]
+            idx_mapping, positions,  # [R*N]
+            seeds,  # [S]
             embed, embed.stride(0),  # [V_t, R_k]
             self.codes, self.codes.stride(0),  # [max_rows, R_k]
-            head.embed_vocab_size, head.rank,
-            RANK_BLOCK=self.rank_block, num_warps=1 if self.rank_block <= 128 else 2, enable_fp_fusion=False,
+            self.uniforms,  # [max_rows, N]
+            steps, num_slots, head.embed_vocab_size, head.rank,
+            STEPS_P2=triton.next_power_of_2(steps), RANK_BLOCK=self.rank_block,
+            num_warps=1 if self.rank_block <= 128 else 2, enable_fp_fusion=False,
         )
         for step in range(steps):
             self._compute_bias(rows)
@@ -334,8 +362,9 @@ class InverseCdfBackend:
             )
             _pick_token_kernel[(rows,)](
                 self.arg_value, self.arg_index, self.block_max, self.block_mass, self.max_blocks,  # [max_rows, max_blocks]
-                idx_mapping, positions,  # [R*N]
-                temperature, seeds,  # [S]
+                idx_mapping,  # [R*N]
+                temperature,  # [S]
+                self.uniforms,  # [max_rows, N]
                 logits_cache, logits_cache.stride(0),  # [S, N, V]
                 draft_tokens, draft_tokens.stride(0), draft_tokens.stride(1),  # [R, N]
                 embed, embed.stride(0),  # [V_t, R_k]
