@@ -14,7 +14,10 @@ import torch
 import dspark_markov as dm
 from dspark_markov.draft.reference import argmax_first, draw_gumbel, row_keys
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
+
+from dspark_markov.draft import triton_common  # noqa: E402
 
 IMPLS = ("loop", "gumbel_fused")
 SENTINEL = -7.0  # initial cache value: entries no live sample wrote must keep it
@@ -302,3 +305,29 @@ def test_custom_op_under_torch_compile_fullgraph():
     assert len(custom_op._SAMPLERS) == 1  # the compiled call reused the eager call's sampler
     want_tokens, want_cache = run_sampler("reference", head, inputs, torch.bfloat16)
     assert torch.equal(tokens, want_tokens) and same_values(cache, want_cache)
+
+
+@triton.jit
+def _round_kernel(x_ptr, out_ptr, back_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    rounded = triton_common.round_to(x, tl.bfloat16)
+    tl.store(out_ptr + offs, rounded, mask=offs < n)
+    tl.store(back_ptr + offs, triton_common.to_float32(rounded), mask=offs < n)
+
+
+def test_round_to_bf16_matches_torch_bit_for_bit():
+    """The shared software RTNE rounding (the interpreter's own cast truncates) equals torch's."""
+    g = torch.Generator().manual_seed(3)
+    ties = torch.tensor([0x3F808000, 0x3F818000, 0x3F80C000, 0x7F7F8000, 0xFF7FFFFF, 0x00008000, 0x00018000,
+                         0x807F8000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00001, 0x00000001, 0x80000000],
+                        dtype=torch.int64).to(torch.int32).view(torch.float32)
+    x = torch.cat([ties, torch.randn(1000, generator=g) * 10.0 ** torch.randint(-40, 38, (1000,), generator=g)])
+    out = torch.empty(x.shape[0], dtype=torch.bfloat16)
+    back = torch.empty(x.shape[0], dtype=torch.float32)
+    _round_kernel[(1,)](x, out, back, x.shape[0], BLOCK=2048)
+    want = x.to(torch.bfloat16)
+    nan = torch.isnan(want)
+    assert bool(torch.isnan(out)[nan].all())
+    assert torch.equal(out[~nan].view(torch.int16), want[~nan].view(torch.int16))
+    assert torch.equal(back[~nan], want[~nan].float())
