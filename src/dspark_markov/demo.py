@@ -44,12 +44,15 @@ def chi_square(observed: torch.Tensor, expected: torch.Tensor, min_expected: flo
     observed, expected : ``[G, C]`` (or ``[C]``) tensors; each row is one multinomial group whose
     observed and expected totals agree. Within a row, cells expected below ``min_expected`` are
     pooled into one cell (added to the smallest kept cell if the pool is still below it). Returns
-    ``(statistic, degrees_of_freedom)`` as Python numbers (df = sum over rows of cells - 1).
+    ``(statistic, degrees_of_freedom)`` as Python numbers (df = sum over rows of cells - 1); the
+    statistic is ``inf`` if any cell expected to be empty (expectation 0) has a count.
     """
     observed = torch.as_tensor(observed, dtype=torch.float64).cpu()
     expected = torch.as_tensor(expected, dtype=torch.float64).cpu()
     if observed.dim() == 1:
         observed, expected = observed[None], expected[None]
+    if bool(((expected <= 0) & (observed > 0)).any()):
+        return math.inf, max(int((expected > 0).sum()) - 1, 1)  # a count where nothing was expected
     statistic, dof = 0.0, 0
     for obs_row, exp_row in zip(observed, expected):
         keep = exp_row >= min_expected
@@ -69,8 +72,6 @@ def chi_square(observed: torch.Tensor, expected: torch.Tensor, min_expected: flo
         for o, e in zip(obs_cells, exp_cells):
             if e > 0:
                 statistic += (o - e) ** 2 / e
-            elif o > 0:
-                return math.inf, dof + len(exp_cells) - 1  # a count where nothing was expected
         dof += len(exp_cells) - 1
     return statistic, dof
 
