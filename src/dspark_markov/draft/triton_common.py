@@ -31,17 +31,27 @@ import triton.language as tl
 
 from .. import rng_triton
 
-# The block size on the GPU: 2048 bf16 logits = 4 KiB per program, 64 blocks per row at
-# V = 129,280 (enough programs to fill 132 SMs at one row), few partials for the combine.
+# The block size on the GPU: 2048 logits per program (8 per thread at 8 warps, 16-byte bf16
+# loads), 64 blocks per row at V = 129,280, few partials for the combine. When a whole step has
+# fewer such programs than the GPU has SMs (one or two rows), 1024 halves each program's serial
+# work so that every SM gets one.
 GPU_BLOCK = 2048
+GPU_SMALL_BLOCK = 1024
 # On the CPU (Triton's interpreter) a small block keeps several blocks per row at test sizes.
 CPU_BLOCK = 256
 _BIG_INDEX = tl.constexpr(2147483647)  # (constexpr: triton 3.6 jit reads only constexpr globals) larger than any token id; loses every "first index" minimum
 
 
-def default_block(device: torch.device) -> int:
-    """The vocabulary block size used on ``device`` (a power of two)."""
-    return GPU_BLOCK if torch.device(device).type == "cuda" else CPU_BLOCK
+def default_block(device, vocab: int | None = None, max_rows: int | None = None) -> int:
+    """The vocabulary block size used on ``device`` for batches of up to ``max_rows`` rows."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return CPU_BLOCK
+    if vocab is not None and max_rows is not None:
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        if max_rows * num_blocks(vocab, GPU_BLOCK) < sms:
+            return GPU_SMALL_BLOCK
+    return GPU_BLOCK
 
 
 def num_blocks(vocab: int, block: int) -> int:

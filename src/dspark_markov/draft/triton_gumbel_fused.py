@@ -28,7 +28,8 @@ class GumbelFusedBackend:
     head : MarkovHead on ``device``. num_steps : N. max_rows : the largest R of a call.
     method : ``"gumbel"``. cache_dtype : bf16 or fp32. device : ``cuda`` (or ``cpu`` with
         ``TRITON_INTERPRET=1``).
-    block : vocabulary block of the Gumbel kernel (power of two; default 2048 on CUDA, 256 on CPU).
+    block : vocabulary block of the Gumbel kernel (power of two; default 2048 on CUDA, 1024 when
+        ``max_rows`` x blocks would not fill the SMs, 256 on CPU).
 
     :meth:`run` launches kernels only and reads every per-call value from its tensor arguments,
     so it can be captured in a CUDA graph.
@@ -42,7 +43,7 @@ class GumbelFusedBackend:
     def __init__(self, head, num_steps, max_rows, method, cache_dtype, device, *, block=None):
         if method not in self.METHODS:
             raise ValueError(f"method: impl 'gumbel_fused' supports 'gumbel', got {method!r}")
-        block = default_block(device) if block is None else int(block)
+        block = default_block(device, head.vocab_size, max_rows) if block is None else int(block)
         if block < 16 or block & (block - 1):
             raise ValueError(f"block: expected a power of two >= 16, got {block}")
         self.head = head
