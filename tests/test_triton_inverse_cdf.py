@@ -8,7 +8,6 @@ counts pass a chi-square test.
 
 import math
 
-import numpy as np
 import pytest
 import torch
 
