@@ -122,3 +122,14 @@ def test_out_of_range_values_stay_in_bounds_without_checks(device):
     assert bool(((out.draft_tokens >= 0) & (out.draft_tokens < 300)).all())
     written = ~torch.isnan(cache[:, 0].float()).all(dim=-1)
     assert written.tolist() == [True, True, False, False]
+
+
+def test_exact_fallback_path_matches(device):
+    """A huge filter margin sends every tile through the exact path: same tokens and cache."""
+    head, args = make_problem(900, 16, 4, 3, device=device)
+    sampler = dm.MarkovSampler(head, 3, 4, impl="fused")
+    filtered = sampler.sample(*args)
+    sampler.backend.filter_margin = 1e30
+    exact = sampler.sample(*args)
+    assert torch.equal(filtered.draft_tokens, exact.draft_tokens)
+    check_against_reference(head, *args, exact)

@@ -26,6 +26,11 @@ from .. import rng_triton
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 _INT_MAX = tl.constexpr(2147483647)  # jitted code reads only constexpr globals
+_LN2 = tl.constexpr(0.6931471805599453)
+# Bound on |approximate - exact| Gumbel noise (measured over all 2^32 hashes by
+# tests/gpu/test_noise_bound_gpu.py); the filter margin is four times it.
+NOISE_BOUND = 2.5e-5
+FILTER_MARGIN = 4 * NOISE_BOUND
 
 
 @triton.jit
@@ -58,6 +63,54 @@ def _tile_argmax(key, valid, cols):
     return value, index
 
 
+@triton.jit
+def _approx_noise(prefix, token):
+    """Cheap Gumbel noise within ``NOISE_BOUND`` of ``rng_triton.draft_noise`` (hardware log2).
+
+    Used only to rank a tile's candidates; the winner's key is recomputed exactly.
+    """
+    return _approx_gumbel(rng_triton.uniform32(rng_triton.hash_finish(prefix, token)))
+
+
+@triton.jit
+def _approx_gumbel(u):
+    """``-log(-log(1 - u))`` of fp32 uniforms through ``tl.log2``; see :func:`_approx_noise`."""
+    series = u * (u * (u * (u * 0.25 + 0.33333334) + 0.5) + 1.0)  # -log(1 - u), u < 1/16
+    minus_log1m = tl.where(u < 0.0625, series, -tl.log2(tl.maximum(1.0 - u, 5.960464477539063e-08)) * _LN2)
+    return -tl.log2(minus_log1m) * _LN2
+
+
+@triton.jit
+def _gumbel_tile_argmax(logits, greedy, temp, prefix, mask, cols, filter_margin):
+    """Exact per-row ``(max key, first index)`` of a tile of Gumbel keys, at a third of the cost.
+
+    Exact keys ``div_rn(z, T) + g`` cost ~100 instructions per token (hash, two bit-exact logs, a
+    correctly rounded division). The tile is first ranked by approximate keys ``z * (1/T) + g~``
+    (``|g~ - g| <= NOISE_BOUND``). Where a row's approximate best beats its runner-up by more than
+    ``filter_margin`` (twice the worst error of an approximate key, plus rounding slack scaled by
+    the key's size), the exact argmax is the same token, so only that token's exact key is
+    computed. If any row of the chunk is ambiguous (near-ties, NaN-free huge keys, all ``-inf``),
+    the whole chunk is recomputed exactly. Greedy rows (T = 0) use ``z`` itself, exactly.
+    """
+    inv_temp = 1.0 / tl.where(greedy, 1.0, temp)
+    approx = tl.where(greedy[:, None], logits, logits * inv_temp[:, None] + _approx_noise(prefix[:, None], cols))
+    value, index = _tile_argmax(approx, mask, cols)
+    runner_up = tl.max(tl.where(mask & (cols != index[:, None]) & (approx == approx), approx, float("-inf")), axis=1)
+    slack = filter_margin + (tl.abs(value) + 64.0) * 9.5367431640625e-07  # 2^-20 relative
+    decided = greedy | (value != value) | (value - runner_up > slack)
+    row_ok = tl.max(mask.to(tl.int32), axis=1) > 0
+    if tl.max((row_ok & (decided == 0)).to(tl.int32), axis=0) > 0:
+        exact = tl.where(greedy[:, None], logits,
+                         tl.math.div_rn(logits, tl.where(greedy, 1.0, temp)[:, None])
+                         + rng_triton.draft_noise(prefix[:, None], cols))
+        value, index = _tile_argmax(exact, mask, cols)
+    else:
+        winner = tl.sum(tl.where(cols == index[:, None], logits, 0.0), axis=1)
+        exact_winner = tl.math.div_rn(winner, tl.where(greedy, 1.0, temp)) + rng_triton.draft_noise(prefix, index)
+        value = tl.where(greedy | (value != value), value, exact_winner)
+    return value, index
+
+
 @triton.jit(do_not_specialize=["step"])
 def _fused_step_kernel(
     base_ptr,  # [R, N, V] bf16/fp32, strides (stride_br, stride_bn, 1)
@@ -82,6 +135,7 @@ def _fused_step_kernel(
     stride_bn,
     stride_cs,
     scale,
+    filter_margin,
     RK: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -128,9 +182,9 @@ def _fused_step_kernel(
         tl.store(cache_rows[:, None] + cols[None, :], z, mask=live[:, None] & col_ok[None, :])
         logits = z.to(tl.float32)
         greedy = temp == 0.0
-        scaled = tl.math.div_rn(logits, tl.where(greedy, 1.0, temp)[:, None])
         part = rows * num_tiles + tile
         if INVERSE_CDF:
+            scaled = tl.math.div_rn(logits, tl.where(greedy, 1.0, temp)[:, None])
             value, index = _tile_argmax(logits, mask, cols[None, :])
             clean = tl.where(mask & (scaled == scaled), scaled, float("-inf"))
             tile_max = tl.max(clean, axis=1)
@@ -140,9 +194,7 @@ def _fused_step_kernel(
             tl.store(part_sum_ptr + part, tile_sum, mask=row_ok)
         else:
             prefix = rng_triton.draft_prefix(seed, step, position)
-            noise = rng_triton.draft_noise(prefix[:, None], cols[None, :])
-            key = tl.where(greedy[:, None], logits, scaled + noise)
-            value, index = _tile_argmax(key, mask, cols[None, :])
+            value, index = _gumbel_tile_argmax(logits, greedy, temp, prefix, mask, cols[None, :], filter_margin)
         tl.store(part_val_ptr + part, value, mask=row_ok)
         tl.store(part_idx_ptr + part, index, mask=row_ok)
 
@@ -260,16 +312,17 @@ class FusedBackend:
     MAX_ROWS = None
 
     def __init__(self, head, num_steps, max_rows, method, cache_dtype, device, *, block_v=None, block_r=None,
-                 num_warps=None):
+                 num_warps=None, filter_margin=FILTER_MARGIN):
         if head.rank & (head.rank - 1) or head.rank < 16:
             raise ValueError(f"head_weight: impl 'fused' needs a power-of-two rank >= 16, got {head.rank}")
         self.head = head
         self.method = method
+        self.filter_margin = float(filter_margin)  # a huge margin forces the exact path (tests)
         interpret = _INTERPRET or torch.device(device).type == "cpu"
         self.upcast = interpret or head.dtype == torch.float32
         self.block_v = block_v or (64 if interpret else 128)
         rows_pow2 = max(16, _next_pow2(max_rows))
-        self.block_r = block_r or min(rows_pow2, 64)
+        self.block_r = block_r or min(rows_pow2, 32)
         self.num_warps = num_warps or (4 if self.block_r <= 16 else 8)
         vocab = head.vocab_size
         self.num_tiles = triton.cdiv(vocab, self.block_v)
@@ -297,7 +350,7 @@ class FusedBackend:
                 base_logits, self.codes, head.head_weight, logits_cache, idx_mapping, positions, temperature, seeds,
                 self.part_val, self.part_idx, self.part_max, self.part_sum,
                 rows, vocab, temperature.shape[0], step, steps, self.num_tiles,
-                base_logits.stride(0), base_logits.stride(1), logits_cache.stride(0), head.scale,
+                base_logits.stride(0), base_logits.stride(1), logits_cache.stride(0), head.scale, self.filter_margin,
                 RK=head.rank, BLOCK_V=self.block_v, BLOCK_R=self.block_r, SCALED=head.scale != 1.0,
                 INVERSE_CDF=inverse, UPCAST=self.upcast, IEEE_DOT=head.dtype == torch.float32,
                 num_warps=self.num_warps, **common)
