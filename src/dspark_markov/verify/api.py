@@ -91,8 +91,10 @@ def verify_drafts(target_logits, draft_tokens, logits_cache, num_drafts, idx_map
     temperature : ``[S]`` fp32 per slot, the DRAFT temperature ``T``: ``q_i = softmax(cache / T)``
         with the fp32 division of SPEC.md section 4; ``T == 0`` means the drafts were greedy and
         ``q_i`` is one-hot at the cached row's ``argmax_first``.
-    seeds : ``[S]`` int64 per slot, the key of the acceptance uniforms and resampling noise
-        (:mod:`dspark_markov.verify.keys`: its own hash domains, keyed by ``(seed, P - 1)``).
+    seeds : ``[S]`` int64 per slot, the key of the acceptance uniforms (hashed with the round's
+        ``P - 1`` and the draft index) and of the resampling noise (hashed with the emitted token's
+        position minus 1 and the column id), each in its own hash domain, apart from the draft
+        noise (:mod:`dspark_markov.verify.keys`).
     target_greedy : optional ``[B]`` bool, requests whose target samples greedily. Default
         ``None``: a request is greedy iff its slot's temperature is 0 (engines use one temperature
         for drafting and target sampling). A greedy request accepts draft ``i`` iff it equals
