@@ -19,6 +19,7 @@ from .rng import (
     uniform32,
     uniform64,
 )
+from .verify import VerifyOutput, verify_drafts
 
 __version__ = "0.1.0"
 
@@ -28,6 +29,7 @@ __all__ = [
     "DraftOutput",
     "MarkovHead",
     "MarkovSampler",
+    "VerifyOutput",
     "__version__",
     "draft_key_pos",
     "draft_noise",
@@ -39,4 +41,5 @@ __all__ = [
     "sample_drafts",
     "uniform32",
     "uniform64",
+    "verify_drafts",
 ]
