@@ -158,6 +158,7 @@ def test_greedy_is_bit_identical_to_the_reference_gumbel_path():
     assert same_bits(ours.logits_cache, theirs.logits_cache)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's NumPy overflows to inf, as the GPU does
 def test_special_rows():
     """NaN, +inf, all -inf, huge and masked rows; z = base exactly (W2 = 0), three blocks of 256."""
     vocab, rows = 600, 10
@@ -228,12 +229,12 @@ def test_out_of_range_slots_and_anchors_are_contained():
 
 
 def test_tokens_follow_softmax_chi_square():
-    """200 draws per temperature over V = 32 in 2 blocks (one -inf token, never drawn).
+    """300 draws per temperature over V = 32 in 2 blocks (one -inf token, never drawn).
 
     Each draw costs 3 interpreted programs, so the sample is small; the threshold is the
     chi-square's mean plus 10 standard deviations, ``df + 10 sqrt(2 df)``.
     """
-    vocab, rows, steps, calls = 32, 40, 5, 2
+    vocab, rows, steps, calls = 32, 40, 5, 3
     head = make_head(vocab, 8, torch.float32, zero_head=True)
     gen = torch.Generator().manual_seed(4)
     logits = torch.randn(vocab, generator=gen) * 0.5

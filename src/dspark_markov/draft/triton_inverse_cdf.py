@@ -31,11 +31,12 @@ import triton.language as tl
 from .. import rng_triton
 
 # Vocabulary block per device. On the GPU the kernels stream ~6 bytes per logit; 4096-wide blocks
-# with 8 warps keep the loads 16-byte vectorised, and a 1-16 row batch uses 2048-wide blocks so
-# that kernel 1 still spreads over the 132 SMs. The interpreter (CPU) pays per program, not per
-# element, so a modest block keeps several blocks per row in the tests.
+# with 8 warps keep the loads 16-byte vectorised (when V and the strides are multiples of 16), and
+# small batches use narrower blocks so that kernel 1 still spreads over the 132 SMs (1 row:
+# 127 programs of 1024). The interpreter (CPU) pays per program, not per element, so a modest
+# block keeps several blocks per row in the tests.
+GPU_BLOCKS = ((4, 1024), (32, 2048))  # (at most this many rows, block); larger batches: 4096
 GPU_BLOCK_LARGE = 4096
-GPU_BLOCK_SMALL = 2048
 CPU_BLOCK = 256
 
 
@@ -248,8 +249,8 @@ class InverseCdfBackend:
     num_steps : N. max_rows : the largest batch ``R`` given to :meth:`run`.
     method : ``"inverse_cdf"``. cache_dtype : bf16 or fp32 (the cache passed to :meth:`run`).
     device : the head's device (``cpu`` runs the kernels in Triton's interpreter).
-    block_size : vocabulary block (a power of two >= 16); default: 2048/4096 by batch on CUDA,
-        256 on the CPU. A fixed value is mainly for tests.
+    block_size : vocabulary block (a power of two >= 16); default on CUDA: 1024 / 2048 / 4096 for
+        up to 4 / up to 32 / more rows; 256 on the CPU. A fixed value is mainly for tests.
 
     Scratch allocated here, once: the codes ``[max_rows, R_k]`` (weight dtype; fp32 on the CPU),
     the bias ``[max_rows, V]`` (weight dtype; plus an fp32 accumulator and an fp32 copy of W2 on the
@@ -278,7 +279,7 @@ class InverseCdfBackend:
         self.on_cuda = device.type == "cuda"
         self.block_size = block_size
         vocab, rank, dtype = head.vocab_size, head.rank, head.dtype
-        smallest = block_size or (GPU_BLOCK_SMALL if self.on_cuda else CPU_BLOCK)
+        smallest = block_size or (GPU_BLOCKS[0][1] if self.on_cuda else CPU_BLOCK)
         self.max_blocks = triton.cdiv(vocab, smallest)
         rows = self.max_rows
         codes_dtype = dtype if self.on_cuda else torch.float32
@@ -303,7 +304,10 @@ class InverseCdfBackend:
             return self.block_size
         if not self.on_cuda:
             return CPU_BLOCK
-        return GPU_BLOCK_SMALL if rows <= 16 else GPU_BLOCK_LARGE
+        for most_rows, block in GPU_BLOCKS:
+            if rows <= most_rows:
+                return block
+        return GPU_BLOCK_LARGE
 
     def _compute_bias(self, rows: int) -> None:
         """bias[:rows] = W2 @ codes[:rows] rounded to the weight dtype (``scale`` is applied in kernel 1)."""
@@ -333,7 +337,7 @@ class InverseCdfBackend:
         num_slots = temperature.shape[0]
         if num_slots == 0:  # every row is padding: point the per-slot loads (all masked) at scratch
             temperature, seeds, logits_cache = self.no_temperature, self.no_seeds, self.no_cache
-        num_warps = 8 if block >= 4096 else 4
+        num_warps = 8 if block >= 4096 else 4  # 16 elements per thread at 4096 and 2048, 8 at 1024
         embed = head.embed_weight
         scale = float(head.scale)
 
