@@ -287,6 +287,30 @@ def test_nan_logits_stay_in_range():
         assert bool((out.num_emitted >= 1).all())
 
 
+@pytest.mark.parametrize("method", ["standard", "block"])
+def test_masked_target_tokens_are_never_emitted(method):
+    """Exact support: tokens with -inf target logits (e.g. outside a top-k) are never emitted,
+    although the drafts propose them often (they are rejected: p = 0 gives ratio 0)."""
+    batch, vocab, k = 3000, 10, 3
+    g = torch.Generator().manual_seed(13)
+    cache = torch.randn(1, k, vocab, generator=g).expand(batch, k, vocab).contiguous()
+    slots = torch.arange(batch)
+    seeds = slots * 977 + 5
+    position = torch.full((batch,), 50)
+    temp = torch.ones(batch)
+    drafts = torch.stack([dm.draft.reference.draw_gumbel(cache[:, i], temp, seeds, i, position + i)
+                          for i in range(k)], dim=1)
+    target = torch.randn(1, k + 1, vocab, generator=g).expand(batch, k + 1, vocab).clone()
+    target[..., ::2] = float("-inf")  # even tokens are masked
+    assert bool((drafts % 2 == 0).any())
+    out = dm.verify_drafts(target, drafts, cache, torch.full((batch,), k), slots, position, temp, seeds,
+                           method=method)
+    emitted = out.tokens[out.tokens >= 0]
+    assert bool((emitted % 2 == 1).all())
+    first = torch.bincount(out.tokens[:, 0], minlength=vocab).double()
+    _assert_chi_square(first, torch.softmax(target[0, 0].double(), -1) * batch, "first token")
+
+
 # --------------------------------------------------------------------------- keys
 def test_redrafted_position_gets_fresh_noise():
     seed = torch.tensor([[123456789]])
