@@ -96,6 +96,7 @@ def _prepare_rows_kernel(
 
     The uniform of step i is ``uniform32(hash(seed ^ (i << 32), (P - 1) + 2^30, 0xFFFFFFFF))``;
     hashing all N keys of the row here, vectorised, keeps the per-step kernels free of it.
+    Bytes: reads ``R (8 + 24 N + R_k |w|)``, writes ``R (R_k |codes| + 4 N)``.
     """
     row = tl.program_id(0).to(tl.int64)
     anchor = tl.load(anchor_ptr + row)
@@ -125,6 +126,10 @@ def _logits_partials_kernel(
     HAS_SCALE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
+    """z = round(U + bias) into the cache, plus per-block argmax and softmax partials.
+
+    Bytes: reads ``R V (|U| + |w|)``, writes ``R V |cache|`` (live samples) and ``16 R B`` partials.
+    """
     row = tl.program_id(0).to(tl.int64)
     block = tl.program_id(1)
     slot = tl.load(idx_ptr + row * num_steps + step).to(tl.int64)
@@ -183,6 +188,11 @@ def _pick_token_kernel(
     BLOCK: tl.constexpr,
     RANK_BLOCK: tl.constexpr,
 ):
+    """The row's token (argmax or inverse CDF), written out, and the next step's code W1[token].
+
+    Bytes: reads ``16 R B + R BLOCK |cache| + R R_k |w|`` (the cache block only for T > 0 rows),
+    writes ``8 R + R R_k |codes|``.
+    """
     row = tl.program_id(0).to(tl.int64)
     sample = row * num_steps + step
     slot = tl.load(idx_ptr + sample).to(tl.int64)
