@@ -150,8 +150,8 @@ def _logits_partials_kernel(
 
     # NaN-aware argmax of the block: (NaN, first NaN index) or (max, first index of the max).
     is_nan = z != z
-    has_nan = tl.max(is_nan.to(tl.int32), axis=0) > 0
     first_nan = tl.min(tl.where(is_nan & in_vocab, cols, vocab), axis=0)
+    has_nan = first_nan < vocab
     clean = tl.where(in_vocab & ~is_nan, z, float("-inf"))
     block_top = tl.max(clean, axis=0)
     first_top = tl.min(tl.where(in_vocab & (clean == block_top), cols, vocab), axis=0)
@@ -159,9 +159,11 @@ def _logits_partials_kernel(
     arg_index = tl.where(has_nan, first_nan, first_top)
 
     # Softmax partials of z / T (division in fp32, correctly rounded); T == 0 rows never use them.
+    # A correctly rounded division by T > 0 is monotone, so max(z / T) is block_top / T exactly
+    # (a NaN block goes to the argmax anyway).
     safe_temp = tl.where(temp > 0.0, temp, 1.0)
     scaled = tl.where(in_vocab, tl.math.div_rn(z, tl.zeros_like(z) + safe_temp), float("-inf"))
-    block_max = tl.max(scaled, axis=0)
+    block_max = tl.math.div_rn(block_top, safe_temp)
     finite_max = (block_max > float("-inf")) & (block_max < float("inf"))
     shift = tl.where(finite_max, block_max, 0.0)
     block_mass = tl.sum(tl.where(in_vocab, tl.exp(scaled - shift), 0.0), axis=0)
