@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from .. import rng_triton
+from .triton_common import round_to, to_float32
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 _INT_MAX = tl.constexpr(2147483647)  # jitted code reads only constexpr globals
@@ -139,64 +140,69 @@ def _fused_step_kernel(
     RK: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
     SCALED: tl.constexpr,
     INVERSE_CDF: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE_DOT: tl.constexpr,
 ):
-    tile = tl.program_id(0)
+    # Row chunks vary fastest in launch order, so the programs sharing a W2 tile run together and
+    # all but the first read it from L2: W2 comes from HBM about once per step at any batch size.
+    chunk = tl.program_id(0)
+    tile = tl.program_id(1)
     cols = tile * BLOCK_V + tl.arange(0, BLOCK_V)
     col_ok = cols < vocab
-    ks = tl.arange(0, RK)
-    w_tile = tl.load(head_ptr + cols[:, None].to(tl.int64) * RK + ks[None, :], mask=col_ok[:, None], other=0.0)
-    w_dtype = w_tile.dtype
-    if UPCAST:
-        w_tile = w_tile.to(tl.float32)
-    w_tile_t = tl.trans(w_tile)  # [RK, BLOCK_V]
-    for row_start in range(0, num_rows, BLOCK_R):
-        rows = row_start + tl.arange(0, BLOCK_R)
-        row_ok = rows < num_rows
+    rows = chunk * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < num_rows
+    acc = tl.zeros((BLOCK_R, BLOCK_V), dtype=tl.float32)
+    for k in tl.range(0, RK, BLOCK_K, num_stages=NUM_STAGES):
+        ks = k + tl.arange(0, BLOCK_K)
         codes = tl.load(codes_ptr + rows[:, None] * RK + ks[None, :], mask=row_ok[:, None], other=0.0)
+        w_tile = tl.load(head_ptr + cols[:, None].to(tl.int64) * RK + ks[None, :], mask=col_ok[:, None],
+                         other=0.0)
         if UPCAST:
             codes = codes.to(tl.float32)
+            w_tile = w_tile.to(tl.float32)
         if IEEE_DOT:
-            acc = tl.dot(codes, w_tile_t, input_precision="ieee")
+            acc = tl.dot(codes, tl.trans(w_tile), acc, input_precision="ieee")
         else:
-            acc = tl.dot(codes, w_tile_t)
-        bias = acc.to(w_dtype)
-        if SCALED:
-            bias = (bias.to(tl.float32) * scale).to(w_dtype)
-        # Per-row keys: padding and out-of-range slots are greedy (T = 0, seed 0) and write nothing.
-        sample = rows * num_steps + step
-        slot = tl.load(idx_ptr + sample, mask=row_ok, other=-1).to(tl.int64)
-        live = row_ok & (slot >= 0) & (slot < num_slots)
-        safe_slot = tl.where(live, slot, 0)
-        temp = tl.where(live, tl.load(temp_ptr + safe_slot, mask=live, other=0.0), 0.0)
-        seed = tl.where(live, tl.load(seed_ptr + safe_slot, mask=live, other=0), 0)
-        position = tl.load(pos_ptr + sample, mask=row_ok, other=0).to(tl.int64)
-        mask = row_ok[:, None] & col_ok[None, :]
-        base = tl.load(base_ptr + rows[:, None].to(tl.int64) * stride_br + step * stride_bn + cols[None, :],
-                       mask=mask, other=0.0)
-        z = (base.to(tl.float32) + bias.to(tl.float32)).to(cache_ptr.dtype.element_ty)
-        cache_rows = cache_ptr + safe_slot * stride_cs + step * vocab
-        tl.store(cache_rows[:, None] + cols[None, :], z, mask=live[:, None] & col_ok[None, :])
-        logits = z.to(tl.float32)
-        greedy = temp == 0.0
-        part = rows * num_tiles + tile
-        if INVERSE_CDF:
-            scaled = tl.math.div_rn(logits, tl.where(greedy, 1.0, temp)[:, None])
-            value, index = _tile_argmax(logits, mask, cols[None, :])
-            clean = tl.where(mask & (scaled == scaled), scaled, float("-inf"))
-            tile_max = tl.max(clean, axis=1)
-            shift = tl.where(tile_max == float("-inf"), 0.0, tile_max)
-            tile_sum = tl.sum(tl.exp(clean - shift[:, None]), axis=1)
-            tl.store(part_max_ptr + part, tile_max, mask=row_ok)
-            tl.store(part_sum_ptr + part, tile_sum, mask=row_ok)
-        else:
-            prefix = rng_triton.draft_prefix(seed, step, position)
-            value, index = _gumbel_tile_argmax(logits, greedy, temp, prefix, mask, cols[None, :], filter_margin)
-        tl.store(part_val_ptr + part, value, mask=row_ok)
-        tl.store(part_idx_ptr + part, index, mask=row_ok)
+            acc = tl.dot(codes, tl.trans(w_tile), acc)
+    w_dtype = head_ptr.dtype.element_ty
+    bias = to_float32(round_to(acc, w_dtype))
+    if SCALED:
+        bias = to_float32(round_to(bias * scale, w_dtype))
+    # Per-row keys: padding and out-of-range slots are greedy (T = 0, seed 0) and write nothing.
+    sample = rows * num_steps + step
+    slot = tl.load(idx_ptr + sample, mask=row_ok, other=-1).to(tl.int64)
+    live = row_ok & (slot >= 0) & (slot < num_slots)
+    safe_slot = tl.where(live, slot, 0)
+    temp = tl.where(live, tl.load(temp_ptr + safe_slot, mask=live, other=0.0), 0.0)
+    seed = tl.where(live, tl.load(seed_ptr + safe_slot, mask=live, other=0), 0)
+    position = tl.load(pos_ptr + sample, mask=row_ok, other=0).to(tl.int64)
+    mask = row_ok[:, None] & col_ok[None, :]
+    base = tl.load(base_ptr + rows[:, None].to(tl.int64) * stride_br + step * stride_bn + cols[None, :],
+                   mask=mask, other=0.0)
+    z = round_to(to_float32(base) + bias, cache_ptr.dtype.element_ty)  # one rounding (SPEC.md 3)
+    cache_rows = cache_ptr + safe_slot * stride_cs + step * vocab
+    tl.store(cache_rows[:, None] + cols[None, :], z, mask=live[:, None] & col_ok[None, :])
+    logits = to_float32(z)
+    greedy = temp == 0.0
+    part = rows * num_tiles + tile
+    if INVERSE_CDF:
+        scaled = tl.math.div_rn(logits, tl.where(greedy, 1.0, temp)[:, None])
+        value, index = _tile_argmax(logits, mask, cols[None, :])
+        clean = tl.where(mask & (scaled == scaled), scaled, float("-inf"))
+        tile_max = tl.max(clean, axis=1)
+        shift = tl.where(tile_max == float("-inf"), 0.0, tile_max)
+        tile_sum = tl.sum(tl.exp(clean - shift[:, None]), axis=1)
+        tl.store(part_max_ptr + part, tile_max, mask=row_ok)
+        tl.store(part_sum_ptr + part, tile_sum, mask=row_ok)
+    else:
+        prefix = rng_triton.draft_prefix(seed, step, position)
+        value, index = _gumbel_tile_argmax(logits, greedy, temp, prefix, mask, cols[None, :], filter_margin)
+    tl.store(part_val_ptr + part, value, mask=row_ok)
+    tl.store(part_idx_ptr + part, index, mask=row_ok)
 
 
 @triton.jit
@@ -312,7 +318,7 @@ class FusedBackend:
     MAX_ROWS = None
 
     def __init__(self, head, num_steps, max_rows, method, cache_dtype, device, *, block_v=None, block_r=None,
-                 num_warps=None, filter_margin=FILTER_MARGIN):
+                 num_warps=None, num_stages=None, filter_margin=FILTER_MARGIN):
         if head.rank & (head.rank - 1) or head.rank < 16:
             raise ValueError(f"head_weight: impl 'fused' needs a power-of-two rank >= 16, got {head.rank}")
         self.head = head
@@ -322,8 +328,10 @@ class FusedBackend:
         self.upcast = interpret or head.dtype == torch.float32
         self.block_v = block_v or (64 if interpret else 128)
         rows_pow2 = max(16, _next_pow2(max_rows))
-        self.block_r = block_r or min(rows_pow2, 32)
-        self.num_warps = num_warps or (4 if self.block_r <= 16 else 8)
+        self.block_r = block_r or min(rows_pow2, 64)
+        self.num_warps = num_warps or 4
+        self.num_stages = num_stages or 3
+        self.block_k = min(64, head.rank)
         vocab = head.vocab_size
         self.num_tiles = triton.cdiv(vocab, self.block_v)
         self.block_t = max(16, _next_pow2(self.num_tiles))
@@ -346,12 +354,13 @@ class FusedBackend:
         _gather_codes_kernel[(rows,)](anchor, head.embed_weight, self.codes, head.embed_vocab_size, RK=head.rank,
                                       **common)
         for step in range(steps):
-            _fused_step_kernel[(self.num_tiles,)](
+            _fused_step_kernel[(triton.cdiv(rows, self.block_r), self.num_tiles)](
                 base_logits, self.codes, head.head_weight, logits_cache, idx_mapping, positions, temperature, seeds,
                 self.part_val, self.part_idx, self.part_max, self.part_sum,
                 rows, vocab, temperature.shape[0], step, steps, self.num_tiles,
                 base_logits.stride(0), base_logits.stride(1), logits_cache.stride(0), head.scale, self.filter_margin,
-                RK=head.rank, BLOCK_V=self.block_v, BLOCK_R=self.block_r, SCALED=head.scale != 1.0,
+                RK=head.rank, BLOCK_V=self.block_v, BLOCK_R=self.block_r, BLOCK_K=self.block_k,
+                NUM_STAGES=self.num_stages, SCALED=head.scale != 1.0,
                 INVERSE_CDF=inverse, UPCAST=self.upcast, IEEE_DOT=head.dtype == torch.float32,
                 num_warps=self.num_warps, **common)
             _combine_kernel[(rows,)](
