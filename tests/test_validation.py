@@ -335,3 +335,26 @@ def test_errors_come_before_any_write():
     with raises_naming("idx_mapping"):
         call(inputs, draft_tokens=tokens, logits_cache=cache)
     assert bool((tokens == -5).all()) and bool((cache == 7.0).all())
+
+
+@pytest.mark.parametrize("name", ["anchor", "idx_mapping", "positions", "temperature", "seeds"])
+def test_strided_1d_inputs_are_rejected(name):
+    """The Triton launchers read the 1-D inputs with unit stride, so a strided view must not pass."""
+    inputs = good_inputs()
+    value = inputs[name]
+    spread = torch.zeros(value.numel() * 2, dtype=value.dtype)
+    spread[::2] = value
+    inputs[name] = spread[::2]
+    with raises_naming(name):
+        call(inputs)
+
+
+def test_strided_outputs_are_accepted():
+    """Outputs need a unit last stride (and step stride V for the cache), not contiguity."""
+    inputs = good_inputs()
+    expected = call(inputs)
+    tokens = torch.full((ROWS, STEPS + 1), -1, dtype=torch.int64)[:, :STEPS]
+    cache = torch.zeros(SLOTS, STEPS + 1, VOCAB, dtype=torch.bfloat16)[:, 1:]
+    out = call(inputs, draft_tokens=tokens, logits_cache=cache)
+    assert torch.equal(out.draft_tokens, expected.draft_tokens)
+    assert torch.equal(out.logits_cache, expected.logits_cache)

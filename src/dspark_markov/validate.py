@@ -82,12 +82,15 @@ def check_draft_inputs(
         raise ValueError(f"base_logits: expected V = {head.vocab_size} (head_weight rows), got shape {tuple(base_logits.shape)}")
     if steps < 1:
         raise ValueError(f"base_logits: expected N >= 1 draft steps, got shape {tuple(base_logits.shape)}")
-    check_tensor("anchor", anchor, shape=(rows,), dtypes=INDEX_DTYPES, device=device)
-    check_tensor("idx_mapping", idx_mapping, shape=(rows * steps,), dtypes=INDEX_DTYPES, device=device)
-    check_tensor("positions", positions, shape=(rows * steps,), dtypes=INDEX_DTYPES, device=device)
-    check_tensor("temperature", temperature, dim=1, dtypes=(torch.float32,), device=device)
+    # The Triton launchers index the 1-D inputs with unit stride: a strided view is rejected, not misread.
+    check_tensor("anchor", anchor, shape=(rows,), dtypes=INDEX_DTYPES, device=device, last_stride_one=True)
+    check_tensor("idx_mapping", idx_mapping, shape=(rows * steps,), dtypes=INDEX_DTYPES, device=device,
+                 last_stride_one=True)
+    check_tensor("positions", positions, shape=(rows * steps,), dtypes=INDEX_DTYPES, device=device,
+                 last_stride_one=True)
+    check_tensor("temperature", temperature, dim=1, dtypes=(torch.float32,), device=device, last_stride_one=True)
     slots = temperature.shape[0]
-    check_tensor("seeds", seeds, shape=(slots,), dtypes=(torch.int64,), device=device)
+    check_tensor("seeds", seeds, shape=(slots,), dtypes=(torch.int64,), device=device, last_stride_one=True)
     if draft_tokens is not None:
         check_tensor("draft_tokens", draft_tokens, shape=(rows, steps), dtypes=(torch.int64,), device=device,
                      last_stride_one=True)
