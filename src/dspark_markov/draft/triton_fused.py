@@ -82,33 +82,62 @@ def _approx_gumbel(u):
 
 
 @triton.jit
-def _gumbel_tile_argmax(logits, greedy, temp, prefix, mask, cols, filter_margin):
-    """Exact per-row ``(max key, first index)`` of a tile of Gumbel keys, at a third of the cost.
+def _pack_key(key, index):
+    """int64 word whose order is (fp32 key, then lower index first); for non-NaN keys.
+
+    The fp32 bits are mapped to an int32 of the same order (negative floats flip their magnitude
+    bits), so one integer max finds the best key and its first index together. -0.0 orders
+    below +0.0, unlike the float comparison: a best key of zero is left to the exact path.
+    """
+    bits = key.to(tl.int32, bitcast=True)
+    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    return (ordered.to(tl.int64) << 32) | (0x7FFFFFFF - index).to(tl.int64)
+
+
+@triton.jit
+def _unpack_key(word):
+    """The ``(fp32 key, int32 index)`` of a :func:`_pack_key` word."""
+    ordered = (word >> 32).to(tl.int32)
+    bits = tl.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF)
+    return bits.to(tl.float32, bitcast=True), (0x7FFFFFFF - (word & 0x7FFFFFFF)).to(tl.int32)
+
+
+@triton.jit
+def _gumbel_tile_argmax(logits, greedy, temp, prefix, mask, row_ok, cols, filter_margin):
+    """Exact per-row ``(max key, first index)`` of a tile of Gumbel keys, at a fraction of the cost.
 
     Exact keys ``div_rn(z, T) + g`` cost ~100 instructions per token (hash, two bit-exact logs, a
     correctly rounded division). The tile is first ranked by approximate keys ``z * (1/T) + g~``
-    (``|g~ - g| <= NOISE_BOUND``). Where a row's approximate best beats its runner-up by more than
+    (``|g~ - g| <= NOISE_BOUND``), packed with their index so that one integer max gives the best
+    and a second one the runner-up. Where a row's best beats its runner-up by more than
     ``filter_margin`` (twice the worst error of an approximate key, plus rounding slack scaled by
     the key's size), the exact argmax is the same token, so only that token's exact key is
-    computed. If any row of the chunk is ambiguous (near-ties, NaN-free huge keys, all ``-inf``),
-    the whole chunk is recomputed exactly. Greedy rows (T = 0) use ``z`` itself, exactly.
+    computed. Greedy rows (T = 0) rank ``z`` itself, exactly. If any row of the chunk is left
+    undecided (a near-tie, a NaN, a non-finite or zero best), the whole chunk is recomputed exactly
+    with :func:`_tile_argmax`.
     """
     inv_temp = 1.0 / tl.where(greedy, 1.0, temp)
     approx = tl.where(greedy[:, None], logits, logits * inv_temp[:, None] + _approx_noise(prefix[:, None], cols))
-    value, index = _tile_argmax(approx, mask, cols)
-    runner_up = tl.max(tl.where(mask & (cols != index[:, None]) & (approx == approx), approx, float("-inf")), axis=1)
+    packed = _pack_key(approx, cols)
+    packed = tl.where(approx != approx, 9223372036854775807, packed)  # a NaN wins, then goes exact
+    packed = tl.where(mask, packed, -9223372036854775807 - 1)
+    best = tl.max(packed, axis=1)
+    runner = tl.max(tl.where(packed == best[:, None], -9223372036854775807 - 1, packed), axis=1)
+    value, index = _unpack_key(best)
+    second, _ = _unpack_key(runner)
     slack = filter_margin + (tl.abs(value) + 64.0) * 9.5367431640625e-07  # 2^-20 relative
-    decided = greedy | (value != value) | (value - runner_up > slack)
-    row_ok = tl.max(mask.to(tl.int32), axis=1) > 0
-    if tl.max((row_ok & (decided == 0)).to(tl.int32), axis=0) > 0:
+    clear_best = (best != 9223372036854775807) & (value != 0.0)
+    finite_best = clear_best & (tl.abs(value) < float("inf"))
+    decided = (row_ok == 0) | tl.where(greedy, clear_best, finite_best & (value - second > slack))
+    if tl.max((decided == 0).to(tl.int32), axis=0) > 0:
         exact = tl.where(greedy[:, None], logits,
                          tl.math.div_rn(logits, tl.where(greedy, 1.0, temp)[:, None])
                          + rng_triton.draft_noise(prefix[:, None], cols))
         value, index = _tile_argmax(exact, mask, cols)
     else:
-        winner = tl.sum(tl.where(cols == index[:, None], logits, 0.0), axis=1)
+        winner = tl.max(tl.where(cols == index[:, None], logits, float("-inf")), axis=1)
         exact_winner = tl.math.div_rn(winner, tl.where(greedy, 1.0, temp)) + rng_triton.draft_noise(prefix, index)
-        value = tl.where(greedy | (value != value), value, exact_winner)
+        value = tl.where(greedy, value, exact_winner)
     return value, index
 
 
@@ -200,7 +229,8 @@ def _fused_step_kernel(
         tl.store(part_sum_ptr + part, tile_sum, mask=row_ok)
     else:
         prefix = rng_triton.draft_prefix(seed, step, position)
-        value, index = _gumbel_tile_argmax(logits, greedy, temp, prefix, mask, cols[None, :], filter_margin)
+        value, index = _gumbel_tile_argmax(logits, greedy, temp, prefix, mask, row_ok, cols[None, :],
+                                           filter_margin)
     tl.store(part_val_ptr + part, value, mask=row_ok)
     tl.store(part_idx_ptr + part, index, mask=row_ok)
 
