@@ -39,8 +39,34 @@ class _CompileOnlyDriver(CudaDriver):
 _original_run = JITFunction.run
 
 
+_COMPILED = {}
+
+
+def _resources(kernel):
+    """(registers, spill bytes, shared bytes) of a compiled kernel, from ptxas -v on its PTX."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as handle:
+        handle.write(kernel.asm["ptx"])
+    report = subprocess.run([ptxas, "-arch=sm_90a", "-v", handle.name, "-o", os.devnull],
+                            capture_output=True, text=True).stderr
+    os.unlink(handle.name)
+    registers = re.search(r"Used (\d+) registers", report)
+    spills = re.search(r"(\d+) bytes spill stores", report)
+    return (int(registers.group(1)) if registers else None, int(spills.group(1)) if spills else None,
+            kernel.metadata.shared)
+
+
 def _compile_only(self, *args, grid, warmup, **kwargs):
-    return _original_run(self, *args, grid=grid, warmup=True, **kwargs)
+    kernel = _original_run(self, *args, grid=grid, warmup=True, **kwargs)
+    if kernel is not None:
+        kernel._init_handles = lambda: None  # nothing to load without a GPU
+        _COMPILED[(self.fn.__name__, kwargs.get("num_warps", 4))] = _resources(kernel)
+    return kernel
 
 
 def main(impls):
@@ -77,6 +103,9 @@ def main(impls):
                 sampler.sample(*args, logits_cache=torch.empty(rows, steps, vocab, dtype=cache_dtype, device="meta"),
                                check_values=False)
                 print("ok  ", label)
+                for (name, warps), (regs, spills, shared) in sorted(_COMPILED.items()):
+                    print(f"       {name} warps={warps}: registers {regs} spill bytes {spills} shared {shared}")
+                _COMPILED.clear()
             except Exception as error:  # report every failure, then exit non-zero
                 failures += 1
                 print("FAIL", label, f"{type(error).__name__}: {error}"[:3000])
