@@ -62,3 +62,11 @@ def test_fused_cuda_graph_replay(method):
     eager = sampler.sample(*fresh)
     assert torch.equal(tokens, eager.draft_tokens)
     assert torch.equal(cache, eager.logits_cache)
+
+
+@pytest.mark.parametrize("rows", [1, 16, 64])
+def test_auto_dispatches_by_batch_and_is_exact(rows):
+    head, args = full_problem(rows, seed=3)
+    sampler = dm.MarkovSampler(head, STEPS, 64, impl="auto")
+    out = sampler.sample(*args)
+    check_against_reference(head, *args, out)

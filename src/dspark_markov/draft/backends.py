@@ -11,15 +11,14 @@ Triton backends, so a call can be captured in a CUDA graph). Class attributes:
 - ``GRAPH_SAFE``: whether ``run`` is capturable;
 - ``MAX_ROWS``: the largest batch it takes (``None``: any).
 
-The implementation is chosen explicitly and never falls back silently; ``"auto"`` is resolved by
-:func:`resolve_auto` from measured results.
+The implementation is chosen explicitly and never falls back silently; ``"auto"`` is a backend of
+its own (:mod:`dspark_markov.draft.auto`) that dispatches each call by its batch size to the
+fastest measured design.
 """
 
 from __future__ import annotations
 
 import importlib
-
-import torch
 
 _BACKENDS = {
     "reference": ("dspark_markov.draft.reference_backend", "ReferenceBackend"),
@@ -28,9 +27,10 @@ _BACKENDS = {
     "inverse_cdf": ("dspark_markov.draft.triton_inverse_cdf", "InverseCdfBackend"),
     "fused": ("dspark_markov.draft.triton_fused", "FusedBackend"),
     "chain": ("dspark_markov.draft.triton_chain", "ChainBackend"),
+    "auto": ("dspark_markov.draft.auto", "AutoBackend"),
 }
 
-IMPLS = tuple(_BACKENDS) + ("auto",)
+IMPLS = tuple(_BACKENDS)
 
 
 def backend_class(impl: str):
@@ -43,15 +43,3 @@ def backend_class(impl: str):
     except ImportError as error:
         raise ValueError(f"impl: {impl!r} is not available here ({error})") from error
     return getattr(module, class_name)
-
-
-def resolve_auto(method: str, rows: int, device: torch.device) -> str:
-    """The implementation ``"auto"`` stands for, per batch size, from the committed benchmarks.
-
-    On the CPU the reference is the only sensible choice (Triton's interpreter is for tests).
-    """
-    if device.type != "cuda":
-        return "reference"
-    from . import auto_table
-
-    return auto_table.choose(method, rows)

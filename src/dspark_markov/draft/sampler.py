@@ -7,7 +7,7 @@ from typing import NamedTuple
 import torch
 
 from ..validate import CACHE_DTYPES, check_draft_inputs
-from .backends import backend_class, resolve_auto
+from .backends import backend_class
 
 METHODS = ("gumbel", "inverse_cdf")
 
@@ -33,7 +33,8 @@ class MarkovSampler:
     cache_dtype : ``torch.bfloat16`` (default) or ``torch.float32``.
     method : ``"gumbel"`` (SPEC.md section 4) or ``"inverse_cdf"`` (section 5).
     impl : ``"reference"``, ``"loop"``, ``"gumbel_fused"``, ``"inverse_cdf"``, ``"fused"``,
-        ``"chain"`` or ``"auto"`` (the fastest measured design for ``max_rows``). An implementation
+        ``"chain"`` or ``"auto"`` (per call, the fastest design measured for its batch size; the reference
+        on the CPU). An implementation
         that cannot run the request raises ``ValueError``; nothing falls back silently.
     fp64 : fp64 Gumbel noise (reference only).
 
@@ -54,8 +55,6 @@ class MarkovSampler:
         if int(max_rows) < 1:
             raise ValueError(f"max_rows: expected >= 1, got {max_rows}")
         device = head.device
-        if impl == "auto":
-            impl = resolve_auto(method, int(max_rows), device)
         cls = backend_class(impl)
         if method not in cls.METHODS:
             raise ValueError(f"method: impl {impl!r} supports {', '.join(repr(m) for m in cls.METHODS)}, got {method!r}")

@@ -1,0 +1,62 @@
+"""``impl="auto"``: the fastest measured design per batch size, chosen at every call.
+
+The table below comes from ``benchmarks/results/NVIDIA-H200_2026-11-29_*.json`` (CUDA graph,
+cold L2, V = 129,280, rank 256, N = 5). For each method and cache dtype it lists
+``(largest batch, impl)`` buckets in increasing order. :class:`AutoBackend` builds one backend per
+impl that a batch up to ``max_rows`` can use, at construction, so that switching between them by
+the call's batch size allocates nothing and stays CUDA-graph safe (capture one graph per batch
+size, as engines do). On the CPU, ``auto`` is the reference: Triton's interpreter is for tests.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .backends import backend_class
+
+# (max rows, impl) buckets; the last bucket takes every larger batch.
+AUTO_TABLE = {
+    # bf16 cache, T = 1 (mixed T agrees): gumbel_fused 159 us vs fused 180 at 1 row; fused 184 vs 228
+    # at 16; gumbel_fused from 32 rows on (259-279 vs 265-267 at 32, 1219 vs 1521 at 253).
+    ("gumbel", torch.bfloat16): ((1, "gumbel_fused"), (16, "fused"), (None, "gumbel_fused")),
+    # fp32 cache: fused is never clearly ahead (228 vs 229 us at 16 rows).
+    ("gumbel", torch.float32): ((None, "gumbel_fused"),),
+    # inverse CDF: inverse_cdf 161 us vs fused 174 at 1 row; fused 165 vs 198 at 16, equal at 64;
+    # inverse_cdf 625 vs 781 at 253.
+    ("inverse_cdf", torch.bfloat16): ((1, "inverse_cdf"), (32, "fused"), (None, "inverse_cdf")),
+    ("inverse_cdf", torch.float32): ((None, "inverse_cdf"),),
+}
+
+
+def choose(method: str, cache_dtype: torch.dtype, rows: int, device: torch.device) -> str:
+    """The implementation ``auto`` runs for a batch of ``rows`` rows."""
+    if torch.device(device).type != "cuda":
+        return "reference"
+    for limit, impl in AUTO_TABLE[(method, cache_dtype)]:
+        if limit is None or rows <= limit:
+            return impl
+    raise AssertionError("the last bucket of every AUTO_TABLE entry takes every batch")
+
+
+class AutoBackend:
+    """Dispatches each call to the backend of the fastest measured design for its batch size."""
+
+    METHODS = ("gumbel", "inverse_cdf")
+    DEVICES = ("cpu", "cuda")
+    GRAPH_SAFE = True
+    MAX_ROWS = None
+
+    def __init__(self, head, num_steps, max_rows, method, cache_dtype, device):
+        self.method = method
+        self.cache_dtype = cache_dtype
+        self.device = torch.device(device)
+        needed = {choose(method, cache_dtype, rows, self.device) for rows in range(1, max_rows + 1)}
+        self.backends = {impl: backend_class(impl)(head, num_steps, max_rows, method, cache_dtype, device)
+                         for impl in sorted(needed)}
+
+    def choice(self, rows: int) -> str:
+        return choose(self.method, self.cache_dtype, rows, self.device)
+
+    def run(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens, logits_cache):
+        backend = self.backends[self.choice(base_logits.shape[0])]
+        backend.run(base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens, logits_cache)
