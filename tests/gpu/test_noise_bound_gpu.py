@@ -1,4 +1,4 @@
-"""The approximate noise of ``impl="fused"``'s filter is within NOISE_BOUND of the exact noise.
+"""The approximate noise of the Gumbel filter (``impl="fused"``, ``"gumbel_fused"``) is within NOISE_BOUND of the exact noise.
 
 Exhaustive: every one of the 2^32 hashes, so the filter's exactness argument holds for every
 token on this GPU (hardware log2 is deterministic per architecture).
@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from dspark_markov import rng_triton
-from dspark_markov.draft.triton_fused import NOISE_BOUND, _approx_gumbel
+from dspark_markov.draft.gumbel_filter import NOISE_BOUND, approx_gumbel
 
 pytestmark = pytest.mark.gpu
 
@@ -20,7 +20,7 @@ def _noise_error_kernel(error_ptr, BLOCK: tl.constexpr):
     start = tl.program_id(0).to(tl.int64) * BLOCK
     h = (start + tl.arange(0, BLOCK)).to(tl.uint32)
     u = rng_triton.uniform32(h)
-    error = tl.abs(_approx_gumbel(u) - rng_triton.gumbel32(u))
+    error = tl.abs(approx_gumbel(u) - rng_triton.gumbel32(u))
     # non-negative fp32 values order like their int32 bit patterns
     tl.atomic_max(error_ptr, tl.max(error, axis=0).to(tl.int32, bitcast=True))
 

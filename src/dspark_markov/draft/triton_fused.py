@@ -23,15 +23,12 @@ import triton
 import triton.language as tl
 
 from .. import rng_triton
+from .gumbel_filter import FILTER_MARGIN, INT64_MAX, INT64_MIN, approx_noise, key_slack, pack_key, unpack_key
 from .triton_common import round_to, to_float32
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 _INT_MAX = tl.constexpr(2147483647)  # jitted code reads only constexpr globals
-_LN2 = tl.constexpr(0.6931471805599453)
-# Bound on |approximate - exact| Gumbel noise (measured over all 2^32 hashes by
-# tests/gpu/test_noise_bound_gpu.py); the filter margin is four times it.
-NOISE_BOUND = 2.5e-5
-FILTER_MARGIN = 4 * NOISE_BOUND
+
 
 
 @triton.jit
@@ -65,50 +62,12 @@ def _tile_argmax(key, valid, cols):
 
 
 @triton.jit
-def _approx_noise(prefix, token):
-    """Cheap Gumbel noise within ``NOISE_BOUND`` of ``rng_triton.draft_noise`` (hardware log2).
-
-    Used only to rank a tile's candidates; the winner's key is recomputed exactly.
-    """
-    return _approx_gumbel(rng_triton.uniform32(rng_triton.hash_finish(prefix, token)))
-
-
-@triton.jit
-def _approx_gumbel(u):
-    """``-log(-log(1 - u))`` of fp32 uniforms through ``tl.log2``; see :func:`_approx_noise`."""
-    series = u * (u * (u * (u * 0.25 + 0.33333334) + 0.5) + 1.0)  # -log(1 - u), u < 1/16
-    minus_log1m = tl.where(u < 0.0625, series, -tl.log2(tl.maximum(1.0 - u, 5.960464477539063e-08)) * _LN2)
-    return -tl.log2(minus_log1m) * _LN2
-
-
-@triton.jit
-def _pack_key(key, index):
-    """int64 word whose order is (fp32 key, then lower index first); for non-NaN keys.
-
-    The fp32 bits are mapped to an int32 of the same order (negative floats flip their magnitude
-    bits), so one integer max finds the best key and its first index together. -0.0 orders
-    below +0.0, unlike the float comparison: a best key of zero is left to the exact path.
-    """
-    bits = key.to(tl.int32, bitcast=True)
-    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-    return (ordered.to(tl.int64) << 32) | (0x7FFFFFFF - index).to(tl.int64)
-
-
-@triton.jit
-def _unpack_key(word):
-    """The ``(fp32 key, int32 index)`` of a :func:`_pack_key` word."""
-    ordered = (word >> 32).to(tl.int32)
-    bits = tl.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF)
-    return bits.to(tl.float32, bitcast=True), (0x7FFFFFFF - (word & 0x7FFFFFFF)).to(tl.int32)
-
-
-@triton.jit
 def _gumbel_tile_argmax(logits, greedy, temp, prefix, mask, row_ok, cols, filter_margin):
     """Exact per-row ``(max key, first index)`` of a tile of Gumbel keys, at a fraction of the cost.
 
     Exact keys ``div_rn(z, T) + g`` cost ~100 instructions per token (hash, two bit-exact logs, a
     correctly rounded division). The tile is first ranked by approximate keys ``z * (1/T) + g~``
-    (``|g~ - g| <= NOISE_BOUND``), packed with their index so that one integer max gives the best
+    (``|g~ - g| <= gumbel_filter.NOISE_BOUND``), packed with their index so that one integer max gives the best
     and a second one the runner-up. Where a row's best beats its runner-up by more than
     ``filter_margin`` (twice the worst error of an approximate key, plus rounding slack scaled by
     the key's size), the exact argmax is the same token, so only that token's exact key is
@@ -117,16 +76,16 @@ def _gumbel_tile_argmax(logits, greedy, temp, prefix, mask, row_ok, cols, filter
     with :func:`_tile_argmax`.
     """
     inv_temp = 1.0 / tl.where(greedy, 1.0, temp)
-    approx = tl.where(greedy[:, None], logits, logits * inv_temp[:, None] + _approx_noise(prefix[:, None], cols))
-    packed = _pack_key(approx, cols)
-    packed = tl.where(approx != approx, 9223372036854775807, packed)  # a NaN wins, then goes exact
-    packed = tl.where(mask, packed, -9223372036854775807 - 1)
+    approx = tl.where(greedy[:, None], logits, logits * inv_temp[:, None] + approx_noise(prefix[:, None], cols))
+    packed = pack_key(approx, cols)
+    packed = tl.where(approx != approx, INT64_MAX, packed)  # a NaN wins, then goes exact
+    packed = tl.where(mask, packed, INT64_MIN)
     best = tl.max(packed, axis=1)
-    runner = tl.max(tl.where(packed == best[:, None], -9223372036854775807 - 1, packed), axis=1)
-    value, index = _unpack_key(best)
-    second, _ = _unpack_key(runner)
-    slack = filter_margin + (tl.abs(value) + 64.0) * 9.5367431640625e-07  # 2^-20 relative
-    clear_best = (best != 9223372036854775807) & (value != 0.0)
+    runner = tl.max(tl.where(packed == best[:, None], INT64_MIN, packed), axis=1)
+    value, index = unpack_key(best)
+    second, _ = unpack_key(runner)
+    slack = key_slack(value, filter_margin)
+    clear_best = (best != INT64_MAX) & (value != 0.0)
     finite_best = clear_best & (tl.abs(value) < float("inf"))
     decided = (row_ok == 0) | tl.where(greedy, clear_best, finite_best & (value - second > slack))
     if tl.max((decided == 0).to(tl.int32), axis=0) > 0:
