@@ -1,0 +1,173 @@
+"""Top-k / top-p filtering of target logits: public function, torch reference, Triton kernels.
+
+Semantics (per row of fp32 logits ``x`` of length ``V``; both implementations agree exactly):
+
+- **Order.** Tokens are ranked by logit descending, then index ascending (``-0.0 == +0.0``).
+- **Top-k.** With ``0 < k < V`` the ``k`` best-ranked tokens are kept (ties at the k-th value are
+  resolved in index order, so exactly ``k`` survive); ``k <= 0`` or ``k >= V`` disables top-k.
+- **Top-p.** With ``p < 1``, among the top-k survivors, a token is kept iff the mass of the
+  strictly better-ranked survivors is ``< p``. The mass is order-independent so that a sorted
+  reference and a sort-free kernel agree bit for bit: each token's fp32 weight
+  ``w = exp(x - max)`` (a software ``exp`` with only IEEE fp32 adds and multiplies; ``w = 1`` where
+  ``x == max``, which also covers ``+inf``) is truncated to 2^-32 fixed point, ``q = trunc(w 2^32)``
+  (int64), and the masses are exact integer sums. "Mass before ``< p``" is the fp64 comparison
+  ``float64(sum of q before) < float64(p) * float64(sum of q over survivors)`` (every sum is below
+  2^53, so only the product rounds, once, identically everywhere). Weights below 2^-32 of the
+  maximum count as zero. ``p >= 1`` (or NaN) disables top-p; ``p <= 0`` keeps the top token only.
+- **Never empty.** The best-ranked token (first maximum) always survives, so ``p = 0`` or a ``p``
+  below the resolution of the mass (1e-9, 1e-7) keeps exactly that token, and a huge finite or
+  ``+inf`` logit survives.
+- **NaN rows** (any NaN logit) are left unchanged. An all ``-inf`` row stays all ``-inf``.
+
+Masked entries are set to ``-inf``. The Triton path never sorts: the k-th value and the top-p
+cut are found by bisection over the ordered int32 view of the floats (a count or an integer mass
+per pass), and ties at either boundary are resolved with prefix counts in index order.
+Two layouts: one program per row (many rows or small V) and a split-row path (small batch, large
+V: several programs per row, each pass's per-program partial counts/masses combined by a tiny
+per-row update kernel; a fixed number of launches, so the whole call is CUDA-graph capturable).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..rng import f32
+from ..validate import check_tensor
+
+# 2^f on [0, 1): Taylor coefficients of exp(f ln2), degree 7 (error ~1e-7, well below the 2^-32
+# quantum's effect on any sane threshold); rounded to fp32 once so torch and Triton use the same.
+EXP2_COEFFS = tuple(f32(math.log(2.0) ** i / math.factorial(i)) for i in range(7, -1, -1))
+LOG2E = f32(1.0 / math.log(2.0))
+MASS_ONE = 4294967296.0  # 2^32: weight 1 in fixed point
+EXP2_FLOOR = -64.0  # 2^-64 truncates to q = 0 anyway; keeps the exponent in the normal range
+KEY_FLOOR = -(2**31) - 1  # below every ordered key: "no top-k" / the bottom of a bisection
+
+IMPLS = ("triton", "reference")
+
+
+# --------------------------------------------------------------------------- torch side
+def ordered_key(x: torch.Tensor) -> torch.Tensor:
+    """int64 keys whose order is the fp32 order of ``x`` (``-0.0`` maps to ``+0.0``'s key)."""
+    bits = x.view(torch.int32)
+    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    return torch.where((bits & 0x7FFFFFFF) == 0, 0, key).to(torch.int64)
+
+
+def weight_fixed_point(x: torch.Tensor, row_max: torch.Tensor) -> torch.Tensor:
+    """``q = trunc(exp(x - row_max) 2^32)`` (int64) with the software fp32 ``exp`` of the module doc.
+
+    ``x`` fp32 ``[..., V]``, ``row_max`` fp32 broadcastable (the row maximum, no NaN). Bit-identical
+    to the Triton device function ``_weight_fixed_point``.
+    """
+    d = x - row_max
+    t = torch.clamp_min(d * LOG2E, EXP2_FLOOR)
+    n = torch.floor(t)
+    f = t - n
+    poly = torch.full_like(f, EXP2_COEFFS[0])
+    for c in EXP2_COEFFS[1:]:
+        poly = poly * f + c
+    scale = ((torch.nan_to_num(n).to(torch.int32) + 127) << 23).view(torch.float32)
+    w = torch.where(x == row_max, 1.0, poly * scale)
+    return (w * MASS_ONE).to(torch.int64)
+
+
+def top_k_top_p_reference(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """The kept mask (bool ``[B, V]``) by a stable descending sort; ``k`` int64 ``[B]``, ``p`` fp32 ``[B]``."""
+    rows, vocab = logits.shape
+    values, order = torch.sort(logits, dim=1, descending=True, stable=True)
+    rank = torch.arange(vocab, device=logits.device)
+    use_k = (k > 0) & (k < vocab)
+    keep_k = ~use_k[:, None] | (rank[None, :] < k[:, None])
+    q = torch.where(keep_k, weight_fixed_point(values, values[:, :1]), 0)
+    total = q.sum(dim=1, keepdim=True)
+    before = torch.cumsum(q, dim=1) - q
+    limit = p.double()[:, None] * total.double()
+    keep_p = ~(p < 1.0)[:, None] | (before.double() < limit)
+    keep_sorted = keep_k & keep_p
+    keep_sorted[:, 0] = True  # the best-ranked token always survives
+    keep = torch.zeros_like(keep_sorted).scatter_(1, order, keep_sorted)
+    return keep | torch.isnan(logits).any(dim=1, keepdim=True)
+
+
+# --------------------------------------------------------------------------- validation
+def _per_row(name, value, rows, device, dtypes, kind):
+    if isinstance(value, torch.Tensor):
+        check_tensor(name, value, shape=(rows,), dtypes=dtypes, device=device)
+        return value
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name}: expected an int, a [B] int tensor or None, got {type(value).__name__}")
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name}: expected a float, a [B] float32 tensor or None, got {type(value).__name__}")
+    if math.isnan(value) or value < 0:
+        raise ValueError(f"{name}: expected a float >= 0, got {value}")
+    return float(value)
+
+
+def _check(logits, k, p, impl, out):
+    if impl not in IMPLS:
+        raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
+    check_tensor("logits", logits, dim=2, dtypes=(torch.float32,), last_stride_one=True)
+    rows, vocab = logits.shape
+    if vocab >= 2**31 - 1:
+        raise ValueError(f"logits: expected fewer than 2^31 - 1 columns, got {vocab}")
+    k = None if k is None else _per_row("k", k, rows, logits.device, (torch.int32, torch.int64), int)
+    p = None if p is None else _per_row("p", p, rows, logits.device, (torch.float32,), float)
+    if out is not None:
+        check_tensor("out", out, shape=logits.shape, dtypes=(torch.float32,), device=logits.device,
+                     last_stride_one=True)
+    return k, p
+
+
+# --------------------------------------------------------------------------- public function
+def top_k_top_p(logits, k=None, p=None, *, impl="triton", out=None):
+    """Mask all but the top-k / top-p tokens of each row with ``-inf`` (semantics: module doc).
+
+    Parameters
+    ----------
+    logits : torch.Tensor
+        ``[B, V]`` fp32, last stride 1 (CPU or CUDA). Filtered in place unless ``out`` is given.
+    k : int, torch.Tensor or None
+        Scalar or per-row ``[B]`` int32/int64; ``k <= 0`` or ``k >= V`` means no top-k.
+    p : float, torch.Tensor or None
+        Scalar (``>= 0``) or per-row ``[B]`` fp32; ``p >= 1`` means no top-p (a per-row NaN too;
+        a negative per-row value acts as 0).
+    impl : {"triton", "reference"}
+        ``"triton"``: sort-free kernels (interpreter on CPU); ``"reference"``: a torch sort.
+        Never falls back silently.
+    out : torch.Tensor, optional
+        ``[B, V]`` fp32 output (last stride 1); ``logits`` is then left unchanged.
+
+    Returns
+    -------
+    torch.Tensor
+        ``out`` if given, else ``logits`` (filtered in place).
+
+    Notes
+    -----
+    CUDA graphs: the Triton path launches a fixed sequence of kernels with no host synchronisation
+    (per-row tensors are read on the device); the split-row path takes its small scratch from the
+    caching allocator, which graph capture supports. The reference path sorts and allocates.
+    """
+    k, p = _check(logits, k, p, impl, out)
+    target = logits if out is None else out
+    if k is None and p is None:
+        if out is not None:
+            out.copy_(logits)
+        return target
+    if impl == "reference":
+        rows, vocab = logits.shape
+        k_rows = (k if isinstance(k, torch.Tensor) else torch.full((rows,), 0 if k is None else k)).to(
+            device=logits.device, dtype=torch.int64)
+        p_rows = (p if isinstance(p, torch.Tensor) else torch.full((rows,), 1.0 if p is None else p)).to(
+            device=logits.device, dtype=torch.float32)
+        keep = top_k_top_p_reference(logits, k_rows, p_rows)
+        torch.where(keep, logits, torch.full((), float("-inf"), device=logits.device), out=target)
+        return target
+    from . import filtering_triton  # noqa: PLC0415  (Triton is imported only when used)
+
+    filtering_triton.launch_top_k_top_p(logits, k, p, target)
+    return target
