@@ -10,7 +10,7 @@ from ..validate import CACHE_DTYPES, INDEX_DTYPES, _same_device, check_range, ch
 from .reference import verify_reference
 
 METHODS = ("standard", "block")
-IMPLS = ("reference", "auto")
+IMPLS = ("reference", "triton", "auto")
 
 
 class VerifyOutput(NamedTuple):
@@ -103,7 +103,10 @@ def verify_drafts(target_logits, draft_tokens, logits_cache, num_drafts, idx_map
         the first rejection draw from ``normalize(max(p_i - q_i, 0))``; after ``n`` acceptances
         draw the bonus from ``p_n``) or ``"block"`` (block verification, Sun et al. 2024: the
         same guarantee, never fewer accepted tokens on average).
-    impl : ``"reference"`` (or ``"auto"``, which resolves to it): torch, CPU and CUDA.
+    impl : ``"reference"`` (or ``"auto"``, which resolves to it): torch, CPU and CUDA;
+        ``"triton"``: the kernels of :mod:`dspark_markov.verify.triton_verify` (CUDA, or the CPU
+        under ``TRITON_INTERPRET=1``), equal to the reference except at last-bit ties of the
+        softmax rounding (see that module); for CUDA graphs use its ``Verifier``.
     check_values : read the inputs back to range-check them (synchronises; default True).
 
     Returns
@@ -130,6 +133,12 @@ def verify_drafts(target_logits, draft_tokens, logits_cache, num_drafts, idx_map
             target_greedy = temperature[slot] == 0
         else:
             target_greedy = torch.zeros(idx_mapping.shape, dtype=torch.bool, device=target_logits.device)
+    if impl == "triton":
+        from .triton_verify import verify_triton  # imports Triton
+
+        tokens, num_emitted = verify_triton(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping,
+                                            positions, temperature, seeds, target_greedy, method=method)
+        return VerifyOutput(tokens, num_emitted)
     tokens, num_emitted = verify_reference(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping,
                                            positions, temperature, seeds, target_greedy, method=method)
     return VerifyOutput(tokens, num_emitted)
