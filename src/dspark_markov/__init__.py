@@ -3,6 +3,7 @@
 Importing the package needs only torch; Triton is imported when a Triton implementation is used.
 """
 
+from .block_inputs import prepare_block_inputs
 from .draft.api import sample_drafts
 from .draft.sampler import DraftOutput, MarkovSampler
 from .head import MarkovHead
@@ -20,6 +21,7 @@ from .rng import (
     uniform64,
 )
 from .verify import VerifyOutput, verify_drafts
+from .verify.filtering import top_k_top_p
 
 __version__ = "0.1.0"
 
@@ -38,7 +40,9 @@ __all__ = [
     "gumbel64",
     "inverse_cdf_uniform",
     "murmur3_hash32",
+    "prepare_block_inputs",
     "sample_drafts",
+    "top_k_top_p",
     "uniform32",
     "uniform64",
     "verify_drafts",
