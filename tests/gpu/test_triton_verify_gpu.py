@@ -1,0 +1,131 @@
+"""verify_drafts(impl="triton") on the GPU at DeepSeek-V4.1 shapes (V = 129,280, K = 5).
+
+Equality with the reference on random inputs (decisions within a few ulps of a threshold, the only
+place the two may differ, have probability about 1e-6 each; see ``triton_verify``), a chi-square
+test of every position against the target over many trials, and CUDA-graph capture and replay.
+"""
+
+import pytest
+import torch
+
+import dspark_markov as dm
+from dspark_markov.demo import chi_square, chi_square_threshold
+from dspark_markov.verify.triton_verify import Verifier
+
+pytestmark = pytest.mark.gpu
+
+VOCAB, K = 129_280, 5
+
+
+def _case(rows, seed, cache_dtype=torch.bfloat16, closeness=0.5):
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(seed)
+    slots = rows + 3
+    cache = (torch.randn(slots, K, VOCAB, generator=g, device=dev) * 2).to(cache_dtype)
+    idx = torch.randperm(slots, generator=g, device=dev)[:rows]
+    temperature = torch.rand(slots, generator=g, device=dev) + 0.5
+    if rows > 1:
+        temperature[idx[rows // 2]] = 0.0  # one greedy request
+    seeds = torch.randint(-(2**62), 2**62, (slots,), generator=g, device=dev)
+    positions = torch.randint(1, 1 << 20, (rows,), generator=g, device=dev)
+    num_drafts = torch.randint(0, K + 1, (rows,), generator=g, device=dev)
+    num_drafts[0] = K
+    safe_t = torch.where(temperature == 0, torch.ones_like(temperature), temperature)
+    target = torch.empty(rows, K + 1, VOCAB, device=dev)
+    target[:, :K] = cache[idx].float() / safe_t[idx, None, None]
+    target[:, K] = torch.randn(rows, VOCAB, generator=g, device=dev) * 2
+    target += closeness * torch.randn(rows, K + 1, VOCAB, generator=g, device=dev)
+    drafts = torch.zeros(rows, K, dtype=torch.int64, device=dev)
+    for i in range(K):
+        drafts[:, i] = dm.draft.reference.draw_gumbel(cache[idx, i], temperature[idx], seeds[idx], i, positions + i)
+    if rows > 2:
+        idx[1] = -1  # a padding request
+    return [target, drafts, cache, num_drafts, idx, positions, temperature, seeds]
+
+
+@pytest.mark.parametrize("method", ["standard", "block"])
+@pytest.mark.parametrize("rows", [1, 16, 64, 253])
+def test_equals_reference_at_full_shapes(rows, method):
+    for seed in range(2):
+        args = _case(rows, seed)
+        ref = dm.verify_drafts(*args, method=method)
+        out = dm.verify_drafts(*args, method=method, impl="triton")
+        assert torch.equal(out.num_emitted, ref.num_emitted)
+        assert torch.equal(out.tokens, ref.tokens)
+
+
+def test_fp32_cache_and_explicit_greedy_flags():
+    args = _case(64, 7, cache_dtype=torch.float32)
+    flags = torch.zeros(64, dtype=torch.bool, device="cuda")
+    flags[::3] = True
+    for method in ("standard", "block"):
+        ref = dm.verify_drafts(*args, target_greedy=flags, method=method)
+        out = dm.verify_drafts(*args, target_greedy=flags, method=method, impl="triton")
+        assert torch.equal(out.tokens, ref.tokens) and torch.equal(out.num_emitted, ref.num_emitted)
+
+
+@pytest.mark.parametrize("method", ["standard", "block"])
+def test_every_position_follows_the_target(method):
+    """Many trials of one round: each position (completed by the target where not emitted) ~ p_j.
+
+    The target rows do not depend on the drafts, so a lossless verifier makes position ``j``
+    distributed as ``p_j``; the support is 24 tokens with mass (the rest of V is -inf for the target
+    and near-zero for the drafts, which are drawn from a different distribution over 40 tokens).
+    """
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(3)
+    rows, calls, support = 253, 48, 24
+    target_row = torch.full((K + 1, VOCAB), float("-inf"), device=dev)
+    target_row[:, :support] = torch.randn(K + 1, support, generator=g, device=dev)
+    cache_row = torch.full((K, VOCAB), -30.0, device=dev)
+    cache_row[:, :40] = torch.randn(K, 40, generator=g, device=dev) * 1.5
+    p = torch.softmax(target_row.double(), dim=-1)
+    verifier = Verifier(rows, K, VOCAB, dev)
+    temp = torch.full((rows,), 0.9, device=dev)
+    cache = cache_row.to(torch.bfloat16).expand(rows, K, VOCAB).contiguous()
+    target = target_row.expand(rows, K + 1, VOCAB).contiguous()
+    slots = torch.arange(rows, device=dev)
+    counts = torch.zeros(K + 1, VOCAB, dtype=torch.float64, device=dev)
+    accepted = 0.0
+    for call in range(calls):
+        seeds = slots * 1_000_003 + call * 7919 + 17
+        positions = torch.full((rows,), 1000 + 13 * call, device=dev)
+        drafts = torch.stack([dm.draft.reference.draw_gumbel(cache[:, i], temp, seeds, i, positions + i)
+                              for i in range(K)], dim=1)
+        tokens, count = verifier.run(target, drafts, cache, torch.full((rows,), K, device=dev), slots, positions,
+                                     temp, seeds, method=method)
+        accepted += float((count - 1).double().mean())
+        for j in range(K + 1):
+            fresh = torch.multinomial(p[j].float(), rows, replacement=True, generator=g)
+            column = torch.where(j < count, tokens[:, j], fresh)
+            counts[j] += torch.bincount(column, minlength=VOCAB).double()
+    trials = rows * calls
+    statistic, dof = chi_square(counts[:, :support].cpu(), (p[:, :support] * trials).cpu())
+    assert float(counts[:, support:].sum()) == 0  # masked target tokens are never emitted
+    assert statistic <= chi_square_threshold(dof), f"chi-square {statistic:.1f} on {dof} df"
+    assert accepted / calls > 0.3  # drafts are often accepted: every path is used
+
+
+def test_cuda_graph_capture_and_replay_equals_eager():
+    rows = 64
+    verifier = Verifier(rows, K, VOCAB, "cuda")
+    first = _case(rows, 1)
+    static = [x.clone() for x in first]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        verifier.run(*static, method="block")  # warm-up (compiles)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tokens, count = verifier.run(*static, method="block")
+    for seed in (2, 3):
+        fresh = _case(rows, seed)
+        for dst, src in zip(static, fresh):
+            dst.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = dm.verify_drafts(*fresh, method="block", impl="triton")
+        ref = dm.verify_drafts(*fresh, method="block")
+        assert torch.equal(tokens, eager.tokens) and torch.equal(count, eager.num_emitted)
+        assert torch.equal(tokens, ref.tokens) and torch.equal(count, ref.num_emitted)
