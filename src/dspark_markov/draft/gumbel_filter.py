@@ -9,7 +9,9 @@ the approximate best beats the runner-up by more than :func:`key_slack` (twice t
 with margin, plus the rounding of ``z * (1/T)`` against ``z / T`` and of the sum, relative to the
 key's size), the exact argmax is the same token and only its exact key is computed. Otherwise
 (near-ties, NaN, non-finite or zero keys) the block falls back to exact keys for every token.
-Either way the result is bit-identical to the exact computation.
+Either way the result is bit-identical to the exact computation. (Tried in ``gumbel_fused``'s
+one-row-per-program kernel too, where it made large batches slower on the H200: 1384 vs 1219 us
+at 253 rows. There the exact noise is not the bottleneck, so only ``fused`` uses it.)
 
 Keys and indices are packed into one int64 (:func:`pack_key`) so one integer max finds the best
 key and its first index together, and a second one the runner-up.
@@ -72,31 +74,3 @@ def unpack_key(word):
 def key_slack(value, filter_margin):
     """Gap above which an approximate best key is certainly the exact best (``2^-20`` relative)."""
     return filter_margin + (tl.abs(value) + 64.0) * 9.5367431640625e-07
-
-
-@triton.jit
-def filtered_block_argmax(z, temp, prefix, token, valid, filter_margin, exact_argmax: tl.constexpr):
-    """Exact ``(max key, first token)`` of ``div_rn(z, T) + g`` over one block of one row (T > 0).
-
-    ``z`` fp32 ``[BLOCK]``; ``temp`` the row's scalar temperature (> 0); ``prefix`` its
-    ``rng_triton.draft_prefix``; ``token`` the block's token ids; ``valid`` which lanes are in the
-    vocabulary; ``exact_argmax`` the NaN-aware first-argmax used on the exact fallback path.
-    """
-    approx = z * (1.0 / temp) + approx_noise(prefix, token)
-    packed = pack_key(approx, token)
-    packed = tl.where(approx != approx, INT64_MAX, packed)
-    packed = tl.where(valid, packed, INT64_MIN)
-    best = tl.max(packed, axis=0)
-    runner = tl.max(tl.where(packed == best, INT64_MIN, packed), axis=0)
-    value, index = unpack_key(best)
-    second, _ = unpack_key(runner)
-    decided = (best != INT64_MAX) & (value != 0.0) & (tl.abs(value) < float("inf")) & \
-        (value - second > key_slack(value, filter_margin))
-    if decided:
-        winner = tl.max(tl.where(token == index, z, float("-inf")), axis=0)
-        best_key = tl.math.div_rn(winner, temp) + rng_triton.draft_noise(prefix, index)
-        best_token = index
-    else:
-        key = tl.math.div_rn(z, temp) + rng_triton.draft_noise(prefix, token)
-        best_key, best_token = exact_argmax(key, token, valid)
-    return best_key, best_token

@@ -5,15 +5,12 @@ Per step (three launches; before step 0 one clamp and one embedding gather):
 1. ``bias = W2 @ codes`` (cuBLAS into a persistent weight-dtype buffer);
 2. one Triton kernel per (row, vocabulary block): ``z = round_cache(float(U) + float(bias))``
    (``scale`` applied in-kernel), the cache rows of live samples, keys ``z / T + g`` and each
-   block's ``(max key, first index)`` — ranked first by approximate noise
-   (:mod:`.gumbel_filter`), so exact keys are computed only for each block's winner unless the
-   ranking is not conclusive;
+   block's ``(max key, first index)``;
 3. one Triton kernel per row: the ``torch.argmax``-semantics combine of the block partials,
    ``draft_tokens[r, i]``, ``prev[r]`` and the next step's codes ``W1[token]`` (so no separate
    gather before the next GEMM).
 
-Draws and cached logits are bit-identical to ``impl="loop"`` (same GEMM, same rounding, same keys;
-the filter changes the arithmetic, not the result).
+Draws and cached logits are bit-identical to ``impl="loop"`` (same GEMM, same rounding, same keys).
 """
 
 from __future__ import annotations
@@ -70,7 +67,7 @@ class GumbelFusedBackend:
             launch_gumbel_blocks(base_logits, base_logits.stride(0), base_logits.stride(1), bias_rows,
                                  self.head.scale, idx_mapping, positions, temperature, seeds, logits_cache,
                                  self.block_max, self.block_token, rows=rows, step=step,
-                                 num_steps=self.num_steps, block=self.block, add_bias=True, filter=True)
+                                 num_steps=self.num_steps, block=self.block, add_bias=True)
             # The combine writes the codes of the fp32 (CPU) or weight-dtype (CUDA) GEMM input.
             launch_combine(self.block_max, self.block_token, draft_tokens, self.prev, self.gemm.gemm_embed,
                            self.gemm.codes, rows=rows, step=step, vocab=self.head.vocab_size,
