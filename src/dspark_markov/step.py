@@ -1,0 +1,204 @@
+"""``DSparkStep``: one DSpark draft-and-verify step over persistent buffers (CUDA-graph capturable).
+
+A step composes, in order:
+
+``draft``
+    1. :func:`~dspark_markov.block_inputs.prepare_block_inputs` writes the drafter's query block
+       (``input_ids``/``positions`` ``[max_reqs*(N+1)]``) and the samples' layout
+       (``sample_pos``/``sample_idx_mapping`` ``[max_reqs*N]``, ``is_padding``);
+    2. the caller's ``backbone(input_ids, positions)`` returns ``base_logits`` ``[max_reqs, N, V]``;
+    3. :class:`~dspark_markov.MarkovSampler` draws ``draft_tokens`` ``[max_reqs, N]`` and writes the
+       logits cache ``[S, N, V]`` (anchors: the bonus tokens, 0 for padded requests).
+
+``verify``
+    1. optionally :func:`~dspark_markov.verify.filtering.top_k_top_p` on the target logits (in
+       place);
+    2. verification of the drafts (``"triton"``: :class:`~dspark_markov.verify.triton_verify.Verifier`,
+       or the torch reference), against the cache and keys of the last ``draft``.
+
+Every buffer is allocated in ``__init__``. With Triton implementations and ``check_values=False``
+(the default while a stream is capturing) neither method allocates nor synchronises, so each can
+be captured in a CUDA graph once and replayed after refilling its input tensors.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .draft.sampler import MarkovSampler
+from .verify.api import check_verify_inputs
+
+VERIFY_IMPLS = ("triton", "reference")
+BLOCK_INPUT_IMPLS = ("triton", "reference")
+
+
+class StepVerifyOutput(NamedTuple):
+    tokens: torch.Tensor  # [max_reqs, N+1] int64, emitted tokens, -1 after the last one
+    num_emitted: torch.Tensor  # [max_reqs] int64, accepted + 1 (0 for padded requests)
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+class DSparkStep:
+    """Persistent-buffer DSpark step: block inputs, backbone, Markov drafts, verification.
+
+    Parameters
+    ----------
+    head : :class:`~dspark_markov.MarkovHead` (defines ``V``, the device and the weight dtype).
+    backbone : callable ``backbone(input_ids, positions) -> base_logits``; ``input_ids`` and
+        ``positions`` are ``[max_reqs*(N+1)]`` int64 (request-major, the anchor then ``N`` mask
+        rows), ``base_logits`` is ``[max_reqs, N, V]`` bf16/fp32 with last stride 1. It must be
+        capturable itself if the step is captured.
+    num_steps : ``N``, drafts per request. max_reqs : the padded batch of every call.
+    num_slots : ``S``, request-state slots of the logits cache ``[S, N, V]``.
+    mask_token_id, max_model_len : as :func:`~dspark_markov.block_inputs.prepare_block_inputs`.
+    cache_dtype : ``torch.bfloat16`` (default) or ``torch.float32``.
+    draft_method, draft_impl : :class:`~dspark_markov.MarkovSampler`'s ``method`` and ``impl``.
+    verify_method : ``"standard"`` or ``"block"``. verify_impl : ``"triton"`` or ``"reference"``
+        (the reference allocates and is not capturable).
+    block_inputs_impl : ``"triton"`` or ``"reference"``. filter_impl : top-k/top-p implementation.
+
+    Attributes
+    ----------
+    input_ids, positions, is_padding : ``[max_reqs*(N+1)]``; sample_pos, sample_idx_mapping :
+    ``[max_reqs*N]`` int64; anchor : ``[max_reqs]`` int64; draft_tokens : ``[max_reqs, N]`` int64;
+    logits_cache : ``[S, N, V]``; req_slots, req_positions : ``[max_reqs]`` int64, each request's
+    slot (-1 padded) and the position of its first draft, as the last ``draft`` laid them out.
+    """
+
+    def __init__(self, head, backbone, *, num_steps: int, max_reqs: int, num_slots: int, mask_token_id: int,
+                 max_model_len: int, cache_dtype=torch.bfloat16, draft_method: str = "gumbel",
+                 draft_impl: str = "auto", verify_method: str = "standard", verify_impl: str = "triton",
+                 block_inputs_impl: str = "triton", filter_impl: str = "triton"):
+        if not callable(backbone):
+            raise ValueError(f"backbone: expected a callable (input_ids, positions) -> base_logits, got {backbone!r}")
+        for name, value in (("num_steps", num_steps), ("max_reqs", max_reqs), ("num_slots", num_slots),
+                            ("max_model_len", max_model_len)):
+            if int(value) < 1:
+                raise ValueError(f"{name}: expected >= 1, got {value}")
+        if verify_impl not in VERIFY_IMPLS:
+            raise ValueError(f"verify_impl: expected one of {VERIFY_IMPLS}, got {verify_impl!r}")
+        if verify_method not in ("standard", "block"):
+            raise ValueError(f"verify_method: expected 'standard' or 'block', got {verify_method!r}")
+        if block_inputs_impl not in BLOCK_INPUT_IMPLS:
+            raise ValueError(f"block_inputs_impl: expected one of {BLOCK_INPUT_IMPLS}, got {block_inputs_impl!r}")
+        self.head = head
+        self.backbone = backbone
+        self.num_steps = n = int(num_steps)
+        self.max_reqs = r = int(max_reqs)
+        self.num_slots = int(num_slots)
+        self.vocab = head.vocab_size
+        self.mask_token_id = int(mask_token_id)
+        self.max_model_len = int(max_model_len)
+        self.verify_method = verify_method
+        self.verify_impl = verify_impl
+        self.block_inputs_impl = block_inputs_impl
+        self.filter_impl = filter_impl
+        device = self.device = head.device
+        self.sampler = MarkovSampler(head, n, r, cache_dtype, draft_method, draft_impl)
+        self.verifier = None
+        if verify_impl == "triton":
+            from .verify.triton_verify import Verifier  # imports Triton
+
+            self.verifier = Verifier(r, n, self.vocab, device)
+
+        def i64(*shape, fill=0):
+            return torch.full(shape, fill, dtype=torch.int64, device=device)
+
+        self.input_ids, self.positions = i64(r * (n + 1)), i64(r * (n + 1))
+        self.is_padding = torch.ones(r * (n + 1), dtype=torch.bool, device=device)
+        self.sample_pos, self.sample_idx_mapping = i64(r * n), i64(r * n, fill=-1)
+        self.anchor = i64(r)
+        self.draft_tokens = i64(r, n)
+        self.logits_cache = torch.zeros(self.num_slots, n, self.vocab, dtype=cache_dtype, device=device)
+        self.req_slots, self.req_positions = i64(r, fill=-1), i64(r)
+        self.tokens, self.num_emitted = i64(r, n + 1, fill=-1), i64(r)
+
+    def draft(self, last_pos, bonus_tokens, req_slots, temperature, seeds, *, num_reqs=None,
+              check_values: bool | None = None) -> torch.Tensor:
+        """Draft ``N`` tokens for each live request; returns :attr:`draft_tokens` ``[max_reqs, N]``.
+
+        Parameters
+        ----------
+        last_pos, bonus_tokens, req_slots : ``[L]`` int32/int64 (``L <= max_reqs`` read), the
+            bonus token's position, the bonus token (the Markov anchor) and the request's slot.
+        temperature : ``[S]`` fp32, seeds : ``[S]`` int64, per slot (SPEC.md section 2).
+        num_reqs : live requests (``None``: ``L``), an int or a one-element device tensor (read on
+            the device, so a captured graph replays with the current count).
+        check_values : validate by reading values back (synchronises); default: not while capturing.
+
+        Also writes :attr:`logits_cache` rows of live requests and the request layout that
+        :meth:`verify` reads. CUDA-graph safe with Triton implementations and no value checks.
+        """
+        from .block_inputs import prepare_block_inputs
+
+        if check_values is None:
+            check_values = not _capturing(self.device)
+        n, r = self.num_steps, self.max_reqs
+        prepare_block_inputs(last_pos, bonus_tokens, req_slots, num_steps=n, mask_token_id=self.mask_token_id,
+                             max_model_len=self.max_model_len, input_ids=self.input_ids, positions=self.positions,
+                             sample_pos=self.sample_pos, sample_idx_mapping=self.sample_idx_mapping,
+                             is_padding=self.is_padding, num_reqs=num_reqs, impl=self.block_inputs_impl)
+        base_logits = self.backbone(self.input_ids, self.positions)
+        if not isinstance(base_logits, torch.Tensor) or tuple(base_logits.shape) != (r, n, self.vocab):
+            shape = tuple(base_logits.shape) if isinstance(base_logits, torch.Tensor) else type(base_logits)
+            raise ValueError(f"backbone: expected base_logits of shape {(r, n, self.vocab)}, got {shape}")
+        # The anchor of each request is its query block's first input id (the bonus token; 0 if padded).
+        self.anchor.copy_(self.input_ids.view(r, n + 1)[:, 0])
+        self.req_slots.copy_(self.sample_idx_mapping.view(r, n)[:, 0])
+        self.req_positions.copy_(self.sample_pos.view(r, n)[:, 0])
+        self.sampler.sample(base_logits, self.anchor, self.sample_idx_mapping, self.sample_pos, temperature, seeds,
+                            draft_tokens=self.draft_tokens, logits_cache=self.logits_cache,
+                            check_values=check_values)
+        return self.draft_tokens
+
+    def verify(self, target_logits, num_drafts, temperature, seeds, *, target_greedy=None, top_k=None, top_p=None,
+               check_values: bool | None = None) -> StepVerifyOutput:
+        """Verify the last :meth:`draft`'s tokens against the target (SPEC.md section 6).
+
+        Parameters
+        ----------
+        target_logits : ``[max_reqs, N+1, V]`` fp32 (last stride 1), temperature applied; filtered
+            in place when ``top_k``/``top_p`` are given.
+        num_drafts : ``[max_reqs]`` int32/int64, drafts to verify per request (``<= N``).
+        temperature : ``[S]`` fp32, seeds : ``[S]`` int64 (the draft's).
+        target_greedy : optional ``[max_reqs]`` bool (default: greedy iff the slot's T == 0).
+        top_k, top_p : optional filtering of the target rows before verification: a scalar, or a
+            per-row tensor over the ``max_reqs*(N+1)`` rows of ``target_logits`` (request-major).
+
+        Returns ``StepVerifyOutput(tokens [max_reqs, N+1], num_emitted [max_reqs])`` (views of
+        persistent buffers with the Triton verifier). CUDA-graph safe with ``verify_impl="triton"``,
+        a Triton filter and no value checks.
+        """
+        if check_values is None:
+            check_values = not _capturing(self.device)
+        n, r = self.num_steps, self.max_reqs
+        if check_values:
+            check_verify_inputs(target_logits, self.draft_tokens, self.logits_cache, num_drafts, self.req_slots,
+                                self.req_positions, temperature, seeds, target_greedy, check_values=True)
+        if tuple(target_logits.shape) != (r, n + 1, self.vocab):
+            raise ValueError(f"target_logits: expected shape {(r, n + 1, self.vocab)}, got {tuple(target_logits.shape)}")
+        if top_k is not None or top_p is not None:
+            if not target_logits.is_contiguous():
+                raise ValueError("target_logits: expected a contiguous tensor when filtering (filtered in place)")
+            from .verify.filtering import top_k_top_p
+
+            top_k_top_p(target_logits.view(r * (n + 1), self.vocab), top_k, top_p, impl=self.filter_impl)
+        if self.verifier is not None:
+            tokens, count = self.verifier.run(target_logits, self.draft_tokens, self.logits_cache, num_drafts,
+                                              self.req_slots, self.req_positions, temperature, seeds, target_greedy,
+                                              method=self.verify_method, tokens=self.tokens,
+                                              num_emitted=self.num_emitted)
+            return StepVerifyOutput(tokens, count)
+        from .verify.api import verify_drafts
+
+        out = verify_drafts(target_logits, self.draft_tokens, self.logits_cache, num_drafts, self.req_slots,
+                            self.req_positions, temperature, seeds, target_greedy=target_greedy,
+                            method=self.verify_method, impl="reference", check_values=False)
+        self.tokens.copy_(out.tokens)
+        self.num_emitted.copy_(out.num_emitted)
+        return StepVerifyOutput(self.tokens, self.num_emitted)

@@ -1,0 +1,128 @@
+"""DSparkStep end to end on the CPU (V = 300, N = 3) with a tiny deterministic backbone.
+
+The step must equal the composition of its parts (block inputs, backbone, sample_drafts,
+verify_drafts), whatever the implementation chosen for each part.
+"""
+
+import pytest
+import torch
+
+import dspark_markov as dm
+from dspark_markov.block_inputs import prepare_block_inputs_reference
+from dspark_markov.step import DSparkStep
+
+VOCAB, N, MAX_REQS, SLOTS, MASK, MAX_LEN = 300, 3, 4, 6, 299, 4096
+
+
+def _head():
+    g = torch.Generator().manual_seed(1)
+    return dm.MarkovHead(torch.randn(VOCAB, 8, generator=g) * 0.3, torch.randn(VOCAB, 8, generator=g) * 0.3)
+
+
+class _Backbone:
+    """base_logits[r, i] = table[input id of query row i + 1] + 0.1 * cos(position): deterministic."""
+
+    def __init__(self):
+        self.table = torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(2)) * 1.5
+        self.calls = 0
+
+    def __call__(self, input_ids, positions):
+        self.calls += 1
+        ids = input_ids.view(MAX_REQS, N + 1)[:, 1:]
+        pos = positions.view(MAX_REQS, N + 1)[:, 1:, None].float()
+        return (self.table[ids] + 0.1 * torch.cos(pos * torch.arange(VOCAB) / 50)).contiguous()
+
+
+def _inputs(seed):
+    g = torch.Generator().manual_seed(seed)
+    last_pos = torch.randint(10, 1000, (3,), generator=g)
+    bonus = torch.randint(0, VOCAB, (3,), generator=g)
+    slots = torch.randperm(SLOTS, generator=g)[:3]
+    temperature = torch.rand(SLOTS, generator=g) + 0.5
+    temperature[slots[2]] = 0.0  # a greedy request
+    seeds = torch.randint(-(2**62), 2**62, (SLOTS,), generator=g)
+    return last_pos, bonus, slots, temperature, seeds
+
+
+def _expected_draft(head, backbone, last_pos, bonus, slots, temperature, seeds):
+    ids, pos, sample_pos, sample_idx, _ = prepare_block_inputs_reference(
+        last_pos, bonus, slots, 3, num_steps=N, mask_token_id=MASK, max_model_len=MAX_LEN, max_reqs=MAX_REQS)
+    base = backbone(ids, pos)
+    anchor = ids.view(MAX_REQS, N + 1)[:, 0].contiguous()
+    cache = torch.zeros(SLOTS, N, VOCAB, dtype=torch.bfloat16)
+    out = dm.sample_drafts(head, base, anchor, sample_idx, sample_pos, temperature, seeds, logits_cache=cache)
+    return out.draft_tokens, cache, sample_idx.view(MAX_REQS, N)[:, 0], sample_pos.view(MAX_REQS, N)[:, 0]
+
+
+def _target(draft_tokens, cache, req_slots, temperature, seed):
+    g = torch.Generator().manual_seed(seed)
+    slot = req_slots.clamp_min(0)
+    safe_t = torch.where(temperature == 0, torch.ones_like(temperature), temperature)
+    target = torch.randn(MAX_REQS, N + 1, VOCAB, generator=g) * 0.5
+    target[:, :N] += cache[slot].float() / safe_t[slot, None, None]
+    return target
+
+
+@pytest.mark.parametrize("draft_impl,verify_impl,block_impl,verify_method", [
+    ("reference", "reference", "reference", "standard"),
+    ("loop", "triton", "triton", "block"),
+])
+def test_step_equals_its_parts(draft_impl, verify_impl, block_impl, verify_method):
+    head = _head()
+    backbone = _Backbone()
+    step = DSparkStep(head, backbone, num_steps=N, max_reqs=MAX_REQS, num_slots=SLOTS, mask_token_id=MASK,
+                      max_model_len=MAX_LEN, draft_impl=draft_impl, verify_impl=verify_impl,
+                      block_inputs_impl=block_impl, verify_method=verify_method)
+    for seed in (0, 1):  # the same step object, refilled: no state leaks between calls
+        last_pos, bonus, slots, temperature, seeds = _inputs(seed)
+        drafts = step.draft(last_pos, bonus, slots, temperature, seeds)
+        exp_drafts, exp_cache, req_slots, req_pos = _expected_draft(head, backbone, last_pos, bonus, slots,
+                                                                    temperature, seeds)
+        assert torch.equal(drafts, exp_drafts)
+        for r in range(3):
+            assert torch.equal(step.logits_cache[slots[r]], exp_cache[slots[r]])
+        assert torch.equal(step.req_slots, req_slots) and torch.equal(step.req_positions, req_pos)
+        target = _target(drafts, exp_cache, req_slots, temperature, seed + 10)
+        num_drafts = torch.tensor([3, 2, 3, 0])
+        out = step.verify(target.clone(), num_drafts, temperature, seeds)
+        ref = dm.verify_drafts(target, exp_drafts, exp_cache, num_drafts, req_slots, req_pos, temperature, seeds,
+                               method=verify_method)
+        assert torch.equal(out.tokens, ref.tokens) and torch.equal(out.num_emitted, ref.num_emitted)
+        assert int(out.num_emitted[3]) == 0  # the padded request
+        assert int(out.num_emitted[:3].sum()) > 3  # some drafts accepted
+
+
+def test_verify_with_top_k_filters_the_target():
+    head = _head()
+    step = DSparkStep(head, _Backbone(), num_steps=N, max_reqs=MAX_REQS, num_slots=SLOTS, mask_token_id=MASK,
+                      max_model_len=MAX_LEN, draft_impl="reference", verify_impl="reference",
+                      block_inputs_impl="reference", filter_impl="reference")
+    last_pos, bonus, slots, temperature, seeds = _inputs(3)
+    drafts = step.draft(last_pos, bonus, slots, temperature, seeds)
+    target = _target(drafts, step.logits_cache, step.req_slots, temperature, 4)
+    filtered = target.clone()
+    out = step.verify(filtered, torch.full((MAX_REQS,), N), temperature, seeds, top_k=5)
+    keep = target.topk(5, dim=-1).indices
+    assert bool(torch.isfinite(filtered.gather(-1, keep)).all())
+    assert int(torch.isfinite(filtered).sum()) == MAX_REQS * (N + 1) * 5
+    ref = dm.verify_drafts(filtered, drafts, step.logits_cache, torch.full((MAX_REQS,), N), step.req_slots,
+                           step.req_positions, temperature, seeds)
+    assert torch.equal(out.tokens, ref.tokens)
+    for b in range(3):  # every emitted token has target mass: it is in its row's top 5
+        for j in range(int(out.num_emitted[b])):
+            assert int(out.tokens[b, j]) in keep[b, j].tolist()
+
+def test_bad_arguments():
+    head = _head()
+    with pytest.raises(ValueError, match="backbone"):
+        DSparkStep(head, None, num_steps=N, max_reqs=MAX_REQS, num_slots=SLOTS, mask_token_id=MASK,
+                   max_model_len=MAX_LEN)
+    with pytest.raises(ValueError, match="verify_impl"):
+        DSparkStep(head, _Backbone(), num_steps=N, max_reqs=MAX_REQS, num_slots=SLOTS, mask_token_id=MASK,
+                   max_model_len=MAX_LEN, verify_impl="cuda")
+    step = DSparkStep(head, lambda ids, pos: torch.zeros(2, 2), num_steps=N, max_reqs=MAX_REQS, num_slots=SLOTS,
+                      mask_token_id=MASK, max_model_len=MAX_LEN, draft_impl="reference", verify_impl="reference",
+                      block_inputs_impl="reference")
+    last_pos, bonus, slots, temperature, seeds = _inputs(0)
+    with pytest.raises(ValueError, match="backbone"):
+        step.draft(last_pos, bonus, slots, temperature, seeds)
