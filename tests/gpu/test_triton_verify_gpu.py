@@ -129,3 +129,87 @@ def test_cuda_graph_capture_and_replay_equals_eager():
         ref = dm.verify_drafts(*fresh, method="block")
         assert torch.equal(tokens, eager.tokens) and torch.equal(count, eager.num_emitted)
         assert torch.equal(tokens, ref.tokens) and torch.equal(count, ref.num_emitted)
+
+
+# --------------------------------------------------------------------------- DSparkStep in CUDA graphs
+def test_dspark_step_graph_replay_equals_eager():
+    """Draft and verify captured once in two CUDA graphs, replayed with new batches == eager steps."""
+    from dspark_markov.step import DSparkStep
+
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(5)
+    max_reqs, slots, rank = 16, 24, 256
+    head = dm.MarkovHead((torch.randn(VOCAB, rank, generator=g, device=dev) * 0.05).to(torch.bfloat16),
+                         (torch.randn(VOCAB, rank, generator=g, device=dev) * 0.05).to(torch.bfloat16))
+    embed = torch.randn(VOCAB, 64, generator=g, device=dev).to(torch.bfloat16)
+    proj = torch.randn(64, VOCAB, generator=g, device=dev).to(torch.bfloat16) * 0.3
+
+    def backbone(input_ids, positions):  # capturable: a lookup and a GEMM
+        rows = input_ids.view(max_reqs, K + 1)[:, 1:]
+        return embed[rows] @ proj
+
+    def make():
+        return DSparkStep(head, backbone, num_steps=K, max_reqs=max_reqs, num_slots=slots, mask_token_id=1,
+                          max_model_len=1 << 20, verify_method="block")
+
+    def batch(seed):
+        h = torch.Generator(device=dev).manual_seed(seed)
+        temperature = torch.rand(slots, generator=h, device=dev) + 0.5
+        temperature[3] = 0.0
+        return dict(last_pos=torch.randint(1, 1 << 19, (max_reqs,), generator=h, device=dev),
+                    bonus=torch.randint(0, VOCAB, (max_reqs,), generator=h, device=dev),
+                    req_slots=torch.randperm(slots, generator=h, device=dev)[:max_reqs],
+                    temperature=temperature,
+                    seeds=torch.randint(-(2**62), 2**62, (slots,), generator=h, device=dev),
+                    num_reqs=torch.tensor([max_reqs - seed % 4], device=dev),
+                    num_drafts=torch.randint(0, K + 1, (max_reqs,), generator=h, device=dev),
+                    noise=torch.randn(max_reqs, K + 1, VOCAB, generator=h, device=dev))
+
+    def target_of(step, b):
+        slot = step.req_slots.clamp_min(0)
+        t = b["temperature"][slot]
+        target = b["noise"].clone()
+        target[:, :K] += step.logits_cache[slot].float() / torch.where(t == 0, 1.0, t)[:, None, None]
+        return target
+
+    graphed, eager = make(), make()
+    static = batch(0)
+    static_target = torch.zeros(max_reqs, K + 1, VOCAB, device=dev)
+
+    def draft(step, b):
+        return step.draft(b["last_pos"], b["bonus"], b["req_slots"], b["temperature"], b["seeds"],
+                          num_reqs=b["num_reqs"], check_values=False)
+
+    def verify(step, b, target):
+        return step.verify(target, b["num_drafts"], b["temperature"], b["seeds"], check_values=False)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up: compile every kernel outside the capture
+        draft(graphed, static)
+        static_target.copy_(target_of(graphed, static))
+        verify(graphed, static, static_target)
+    torch.cuda.current_stream().wait_stream(stream)
+    draft_graph, verify_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(draft_graph):
+        draft(graphed, static)
+    with torch.cuda.graph(verify_graph):
+        out = verify(graphed, static, static_target)
+    for seed in (1, 2, 3):
+        fresh = batch(seed)
+        for key, value in fresh.items():
+            static[key].copy_(value)
+        draft_graph.replay()
+        expected_drafts = draft(eager, fresh).clone()
+        torch.cuda.synchronize()
+        assert torch.equal(graphed.draft_tokens, expected_drafts)
+        live = int(fresh["num_reqs"])
+        used = fresh["req_slots"][:live]
+        assert torch.equal(graphed.logits_cache[used], eager.logits_cache[used])
+        target = target_of(eager, fresh)
+        static_target.copy_(target)
+        verify_graph.replay()
+        expected = verify(eager, fresh, target.clone())
+        torch.cuda.synchronize()
+        assert torch.equal(out.tokens, expected.tokens) and torch.equal(out.num_emitted, expected.num_emitted)
+        assert bool((out.num_emitted[live:] == 0).all())
