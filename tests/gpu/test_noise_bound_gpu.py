@@ -20,7 +20,7 @@ def _noise_error_kernel(error_ptr, BLOCK: tl.constexpr):
     start = tl.program_id(0).to(tl.int64) * BLOCK
     h = (start + tl.arange(0, BLOCK)).to(tl.uint32)
     u = rng_triton.uniform32(h)
-    error = tl.abs(approx_gumbel(u) - rng_triton.gumbel32(u))
+    error = tl.abs(approx_gumbel(u, True) - rng_triton.gumbel32(u))
     # non-negative fp32 values order like their int32 bit patterns
     tl.atomic_max(error_ptr, tl.max(error, axis=0).to(tl.int32, bitcast=True))
 

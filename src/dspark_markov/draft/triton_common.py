@@ -25,11 +25,14 @@ contraction). Importing this module imports Triton.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 from .. import rng_triton
+from . import gumbel_filter
 
 # The block size on the GPU: 2048 logits per program (8 per thread at 8 warps, 16-byte bf16
 # loads), 64 blocks per row at V = 129,280, few partials for the combine. When a whole step has
@@ -172,9 +175,12 @@ def _gumbel_blocks_kernel(
     cache_ptr, cache_slot_stride,  # [S, N, V] bf16/fp32; step stride V
     block_max_ptr, block_token_ptr, partial_row_stride,  # [max_rows, num_blocks] fp32, int64
     step, num_steps, vocab,
+    filter_margin,  # gumbel_filter slack (used only when FILTER)
     BLOCK: tl.constexpr,
     ADD_BIAS: tl.constexpr,
     HAS_SCALE: tl.constexpr,
+    FILTER: tl.constexpr,
+    HARDWARE_LOG2: tl.constexpr,
 ):
     row = tl.program_id(0)
     block = tl.program_id(1)
@@ -197,8 +203,15 @@ def _gumbel_blocks_kernel(
     store_bound = tl.where(live, vocab, 0)
     tl.store(cache_ptr + slot * cache_slot_stride + step * vocab + token, z, mask=token < store_bound)
     prefix = rng_triton.draft_prefix(seed, step, position)
-    key = gumbel_key(to_float32(z), temp, prefix, token)
-    block_max, block_token = block_argmax(key, token, valid)
+    if FILTER:  # same result, exact keys only where the approximate ranking is not conclusive
+        if temp == 0.0:
+            block_max, block_token = block_argmax(to_float32(z), token, valid)
+        else:
+            block_max, block_token = gumbel_filter.filtered_block_argmax(to_float32(z), temp, prefix, token, valid,
+                                                                        filter_margin, block_argmax, HARDWARE_LOG2)
+    else:
+        key = gumbel_key(to_float32(z), temp, prefix, token)
+        block_max, block_token = block_argmax(key, token, valid)
     partial = row.to(tl.int64) * partial_row_stride + block
     tl.store(block_max_ptr + partial, block_max)
     tl.store(block_token_ptr + partial, block_token.to(tl.int64))
@@ -234,7 +247,7 @@ def _combine_kernel(
 # --------------------------------------------------------------------------- launchers
 def launch_gumbel_blocks(logits, logits_row_stride, logits_step_stride, bias, scale, idx_mapping, positions,
                          temperature, seeds, logits_cache, block_max, block_token, *, rows, step, num_steps,
-                         block, add_bias):
+                         block, add_bias, filter=False):
     """One Gumbel step for ``rows`` rows: cache write of live samples and per-block partials.
 
     Parameters
@@ -247,6 +260,8 @@ def launch_gumbel_blocks(logits, logits_row_stride, logits_step_stride, bias, sc
     idx_mapping, positions : ``[R*N]`` int32/int64. temperature ``[S]`` fp32, seeds ``[S]`` int64.
     logits_cache : ``[S, N, V]`` bf16/fp32 output (rows of live samples of this step).
     block_max, block_token : ``[max_rows, num_blocks]`` fp32 / int64 partials (outputs).
+    filter : rank each block by approximate noise first (:mod:`.gumbel_filter`); bit-identical
+        partials at a fraction of the arithmetic.
 
     Grid ``(rows, cdiv(V, block))``; launches only (CUDA-graph safe).
     Bytes: rows*V*(logit bytes [+ bias bytes]) read + live*V*cache bytes + rows*blocks*12 written.
@@ -261,8 +276,9 @@ def launch_gumbel_blocks(logits, logits_row_stride, logits_step_stride, bias, sc
         temperature, seeds, temperature.shape[0],
         logits_cache, logits_cache.stride(0),
         block_max, block_token, block_max.stride(0),
-        step, num_steps, vocab,
-        BLOCK=block, ADD_BIAS=add_bias, HAS_SCALE=add_bias and float(scale) != 1.0,
+        step, num_steps, vocab, gumbel_filter.FILTER_MARGIN,
+        BLOCK=block, ADD_BIAS=add_bias, HAS_SCALE=add_bias and float(scale) != 1.0, FILTER=filter,
+        HARDWARE_LOG2=logits.device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1",
         num_warps=_num_warps(block), enable_fp_fusion=False,
     )
 

@@ -62,7 +62,8 @@ def _tile_argmax(key, valid, cols):
 
 
 @triton.jit
-def _gumbel_tile_argmax(logits, greedy, temp, prefix, mask, row_ok, cols, filter_margin):
+def _gumbel_tile_argmax(logits, greedy, temp, prefix, mask, row_ok, cols, filter_margin,
+                        HARDWARE_LOG2: tl.constexpr):
     """Exact per-row ``(max key, first index)`` of a tile of Gumbel keys, at a fraction of the cost.
 
     Exact keys ``div_rn(z, T) + g`` cost ~100 instructions per token (hash, two bit-exact logs, a
@@ -76,7 +77,8 @@ def _gumbel_tile_argmax(logits, greedy, temp, prefix, mask, row_ok, cols, filter
     with :func:`_tile_argmax`.
     """
     inv_temp = 1.0 / tl.where(greedy, 1.0, temp)
-    approx = tl.where(greedy[:, None], logits, logits * inv_temp[:, None] + approx_noise(prefix[:, None], cols))
+    noise = approx_noise(prefix[:, None], cols, HARDWARE_LOG2)
+    approx = tl.where(greedy[:, None], logits, logits * inv_temp[:, None] + noise)
     packed = pack_key(approx, cols)
     packed = tl.where(approx != approx, INT64_MAX, packed)  # a NaN wins, then goes exact
     packed = tl.where(mask, packed, INT64_MIN)
@@ -134,6 +136,7 @@ def _fused_step_kernel(
     INVERSE_CDF: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE_DOT: tl.constexpr,
+    HARDWARE_LOG2: tl.constexpr,
 ):
     # Row chunks vary fastest in launch order, so the programs sharing a W2 tile run together and
     # all but the first read it from L2: W2 comes from HBM about once per step at any batch size.
@@ -189,7 +192,7 @@ def _fused_step_kernel(
     else:
         prefix = rng_triton.draft_prefix(seed, step, position)
         value, index = _gumbel_tile_argmax(logits, greedy, temp, prefix, mask, row_ok, cols[None, :],
-                                           filter_margin)
+                                           filter_margin, HARDWARE_LOG2)
     tl.store(part_val_ptr + part, value, mask=row_ok)
     tl.store(part_idx_ptr + part, index, mask=row_ok)
 
@@ -314,6 +317,7 @@ class FusedBackend:
         self.method = method
         self.filter_margin = float(filter_margin)  # a huge margin forces the exact path (tests)
         interpret = _INTERPRET or torch.device(device).type == "cpu"
+        self.interpret = interpret
         self.upcast = interpret or head.dtype == torch.float32
         # Launch shapes measured on the H200 (tools/sweep_fused.py): small batches want wide vocabulary
         # tiles and few rows per program; large ones more rows per program so that W2 is re-read
@@ -361,6 +365,7 @@ class FusedBackend:
                 RK=head.rank, BLOCK_V=self.block_v, BLOCK_R=self.block_r, BLOCK_K=self.block_k,
                 NUM_STAGES=self.num_stages, SCALED=head.scale != 1.0,
                 INVERSE_CDF=inverse, UPCAST=self.upcast, IEEE_DOT=head.dtype == torch.float32,
+                HARDWARE_LOG2=not self.interpret,
                 num_warps=self.num_warps, **common)
             _combine_kernel[(rows,)](
                 self.part_val, self.part_idx, self.part_max, self.part_sum, logits_cache, idx_mapping, positions,
