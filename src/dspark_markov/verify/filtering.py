@@ -20,8 +20,9 @@ Semantics (per row of fp32 logits ``x`` of length ``V``; both implementations ag
 - **NaN rows** (any NaN logit) are left unchanged. An all ``-inf`` row stays all ``-inf``.
 
 Masked entries are set to ``-inf``. The Triton path never sorts: the k-th value and the top-p
-cut are found by bisection over the ordered int32 view of the floats (a count or an integer mass
-per pass), and ties at either boundary are resolved with prefix counts in index order.
+cut are found by a 16-way search over the ordered int32 view of the floats (16 thresholds per
+pass, a count or an integer mass each: 4 bits of the key per pass), and ties at either boundary
+are resolved with prefix counts in index order.
 Two layouts: one program per row (many rows or small V) and a split-row path (small batch, large
 V: several programs per row, each pass's per-program partial counts/masses combined by a tiny
 per-row update kernel; a fixed number of launches, so the whole call is CUDA-graph capturable).
@@ -33,16 +34,18 @@ import math
 
 import torch
 
-from ..rng import f32
+from ..rng import LN2_HIGH, LN2_LOW, f32
 from ..validate import check_tensor
 
-# 2^f on [0, 1): Taylor coefficients of exp(f ln2), degree 7 (error ~1e-7, well below the 2^-32
-# quantum's effect on any sane threshold); rounded to fp32 once so torch and Triton use the same.
-EXP2_COEFFS = tuple(f32(math.log(2.0) ** i / math.factorial(i)) for i in range(7, -1, -1))
+# exp(d), d <= 0, Cody-Waite: n = floor(d log2(e) + 1/2), r = (d - n ln2_high) - n ln2_low in
+# [-0.35, 0.35] (n ln2_high is exact), exp(r) by its Taylor polynomial of degree 7 (truncation
+# error < 3e-9), times 2^n built from the exponent bits. Constants rounded to fp32 once, so torch
+# and Triton compute the same bits (IEEE fp32 adds/multiplies only, no FMA contraction).
+EXP_COEFFS = tuple(f32(1.0 / math.factorial(i)) for i in range(7, -1, -1))
 LOG2E = f32(1.0 / math.log(2.0))
 MASS_ONE = 4294967296.0  # 2^32: weight 1 in fixed point
-EXP2_FLOOR = -64.0  # 2^-64 truncates to q = 0 anyway; keeps the exponent in the normal range
-KEY_FLOOR = -(2**31) - 1  # below every ordered key: "no top-k" / the bottom of a bisection
+EXP_FLOOR = -44.0  # exp(-44) < 2^-63 truncates to q = 0 anyway; keeps 2^n a normal number
+KEY_FLOOR = -(2**31) - 1  # below every ordered key: "no top-k" / the bottom of a search
 
 IMPLS = ("triton", "reference")
 
@@ -61,13 +64,12 @@ def weight_fixed_point(x: torch.Tensor, row_max: torch.Tensor) -> torch.Tensor:
     ``x`` fp32 ``[..., V]``, ``row_max`` fp32 broadcastable (the row maximum, no NaN). Bit-identical
     to the Triton device function ``_weight_fixed_point``.
     """
-    d = x - row_max
-    t = torch.clamp_min(d * LOG2E, EXP2_FLOOR)
-    n = torch.floor(t)
-    f = t - n
-    poly = torch.full_like(f, EXP2_COEFFS[0])
-    for c in EXP2_COEFFS[1:]:
-        poly = poly * f + c
+    d = torch.clamp_min(x - row_max, EXP_FLOOR)
+    n = torch.floor(d * LOG2E + 0.5)
+    r = (d - n * LN2_HIGH) - n * LN2_LOW
+    poly = torch.full_like(r, EXP_COEFFS[0])
+    for c in EXP_COEFFS[1:]:
+        poly = poly * r + c
     scale = ((torch.nan_to_num(n).to(torch.int32) + 127) << 23).view(torch.float32)
     w = torch.where(x == row_max, 1.0, poly * scale)
     return (w * MASS_ONE).to(torch.int64)

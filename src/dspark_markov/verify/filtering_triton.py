@@ -3,10 +3,10 @@
 Kept in its own module so that importing the package never imports Triton. Semantics, weights
 and the fixed-point mass are those of ``filtering.py`` (bit-identical device functions here).
 
-Per row: (1) stats: NaN flag, the maximal ordered key and its first index; (2) top-k: bisection
-for the largest key ``t`` with ``count(key >= t) >= k`` (the k-th value) and the count above it;
+Per row: (1) stats: NaN flag, the maximal ordered key and its first index; (2) top-k: a 16-way
+search (see ``FANOUT``) for the largest key ``t`` with ``count(key >= t) >= k`` (the k-th value) and the count above it;
 (3) the survivors' integer mass ``S`` and the weight/count of the ties at the k-th value;
-(4) top-p: bisection for the largest key ``u`` with ``H(u) >= p S`` (``H(t)``: survivors' mass at
+(4) top-p: a 16-way search for the largest key ``u`` with ``H(u) >= p S`` (``H(t)``: survivors' mass at
 keys ``>= t``); every key above ``u`` survives, none below, and a tie at ``u`` of tie rank ``r``
 survives iff ``H(u + 1) + r q_u < p S``; (5) apply, with prefix counts giving tie ranks.
 """
@@ -17,31 +17,41 @@ import torch
 import triton
 import triton.language as tl
 
-from .filtering import EXP2_COEFFS, EXP2_FLOOR, KEY_FLOOR, LOG2E, MASS_ONE
+from ..rng import LN2_HIGH, LN2_LOW
+from .filtering import EXP_COEFFS, EXP_FLOOR, KEY_FLOOR, LOG2E, MASS_ONE
 
-_C0, _C1, _C2, _C3, _C4, _C5, _C6, _C7 = (tl.constexpr(c) for c in EXP2_COEFFS)
+_C0, _C1, _C2, _C3, _C4, _C5, _C6, _C7 = (tl.constexpr(c) for c in EXP_COEFFS)
+_LN2_HIGH = tl.constexpr(LN2_HIGH)
+_LN2_LOW = tl.constexpr(LN2_LOW)
 _LOG2E = tl.constexpr(LOG2E)
 _MASS_ONE = tl.constexpr(MASS_ONE)
-_EXP2_FLOOR = tl.constexpr(EXP2_FLOOR)
+_EXP_FLOOR = tl.constexpr(EXP_FLOOR)
 _KEY_FLOOR = tl.constexpr(KEY_FLOOR)
-_KEY_MIN = tl.constexpr(-(2**31))  # the smallest int32 key: the bottom of the top-k bisection
+_KEY_MIN = tl.constexpr(-(2**31))  # the smallest int32 key: the bottom of the top-k search
 _BIG_INDEX = tl.constexpr(2**31 - 1)
 
-# Bisections over an int64 range of width <= 2^32 + 1 end after at most 33 halvings; the split
-# path launches that many (idle once converged) so that the launch sequence is fixed.
-BISECTION_STEPS = 33
+# Searches are 16-way: each pass evaluates 16 thresholds spread over the remaining key interval
+# (a [SEARCH_BLOCK, 16] comparison per block), cutting its width w to at most ceil(w / 16) - 1.
+# The widest interval (2^32 + 1 keys) is resolved in 9 passes; the split path launches that many
+# (idle once converged) so that its launch sequence is fixed.
+FANOUT = 16
+_FANOUT = tl.constexpr(FANOUT)
+SEARCH_STEPS = 9
 
 # Split-path state per row (int64 fields) and per-program partials (int64 fields x chunks).
 _USE_K, _USE_P, _KMAX, _AMAX, _LO, _HI, _ABOVE, _TK, _NEED, _QTK, _TOTAL = (tl.constexpr(i) for i in range(11))
 STATE_FIELDS = 16
 _P_COUNT, _P_KEY, _P_INDEX, _P_TIES_TK, _P_QTK, _P_TIES_U = (tl.constexpr(i) for i in range(6))
-PARTIAL_FIELDS = 6
+PARTIAL_FIELDS = 6  # plus a [B, chunks, FANOUT] int64 buffer of per-threshold search partials
 
 # Pass / update phases of the split path.
 _STATS, _COUNT_K, _MASS, _COUNT_P, _TIES_U, _APPLY = range(6)
 
 GPU_BLOCK = 2048
 CPU_BLOCK = 1024
+# The search's block: [SEARCH_BLOCK, FANOUT] comparisons stay in registers (16 per thread at 8 warps).
+GPU_SEARCH_BLOCK = 256
+CPU_SEARCH_BLOCK = 1024
 
 
 # --------------------------------------------------------------------------- device functions
@@ -65,18 +75,17 @@ def _key_value(key):
 @triton.jit
 def _weight_fixed_point(x, row_max):
     """``trunc(exp(x - row_max) 2^32)`` as int64, bit-identical to ``filtering.weight_fixed_point``."""
-    d = x - row_max
-    t = tl.maximum(d * _LOG2E, _EXP2_FLOOR)
-    n = tl.floor(t)
-    f = t - n
-    poly = _C0 + f * 0.0
-    poly = poly * f + _C1
-    poly = poly * f + _C2
-    poly = poly * f + _C3
-    poly = poly * f + _C4
-    poly = poly * f + _C5
-    poly = poly * f + _C6
-    poly = poly * f + _C7
+    d = tl.maximum(x - row_max, _EXP_FLOOR)
+    n = tl.floor(d * _LOG2E + 0.5)
+    r = (d - n * _LN2_HIGH) - n * _LN2_LOW
+    poly = _C0 + r * 0.0
+    poly = poly * r + _C1
+    poly = poly * r + _C2
+    poly = poly * r + _C3
+    poly = poly * r + _C4
+    poly = poly * r + _C5
+    poly = poly * r + _C6
+    poly = poly * r + _C7
     n = tl.where(n == n, n, 0.0)
     scale = ((n.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
     w = tl.where(x == row_max, 1.0, poly * scale)
@@ -103,15 +112,52 @@ def _range_stats(src, start, end, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _range_count_ge(src, start, end, threshold, BLOCK: tl.constexpr):
-    """How many columns of ``[start, end)`` have a key ``>= threshold`` (int64)."""
-    count = tl.zeros([BLOCK], tl.int32)
+def _candidates(lo, hi):
+    """``FANOUT`` increasing thresholds in ``(lo, hi]`` (the last is ``hi``), int64 ``[FANOUT]``."""
+    step = tl.arange(0, _FANOUT).to(tl.int64) + 1
+    return lo + ((hi - lo) * step + _FANOUT - 1) // _FANOUT
+
+
+@triton.jit
+def _range_count_multi(src, start, end, thresholds, BLOCK: tl.constexpr):
+    """``[FANOUT]`` int64: how many columns of ``[start, end)`` have a key ``>= thresholds[c]``."""
+    count = tl.zeros([_FANOUT], tl.int64)
     for offset in range(start, end, BLOCK):
         index = offset + tl.arange(0, BLOCK)
         valid = index < end
         key = _ordered_key(tl.load(src + index, mask=valid, other=0.0))
-        count += (valid & (key >= threshold)).to(tl.int32)
-    return tl.sum(count, axis=0).to(tl.int64)
+        hit = valid[:, None] & (key[:, None] >= thresholds[None, :])
+        count += tl.sum(hit.to(tl.int32), axis=0).to(tl.int64)
+    return count
+
+
+@triton.jit
+def _range_mass_multi(src, start, end, lowers, row_max, BLOCK: tl.constexpr):
+    """``[FANOUT]`` int64: the sum of ``q`` over columns of ``[start, end)`` with key ``>= lowers[c]``."""
+    mass = tl.zeros([_FANOUT], tl.int64)
+    for offset in range(start, end, BLOCK):
+        index = offset + tl.arange(0, BLOCK)
+        valid = index < end
+        x = tl.load(src + index, mask=valid, other=0.0)
+        key = _ordered_key(x)
+        q = _weight_fixed_point(x, row_max)
+        hit = valid[:, None] & (key[:, None] >= lowers[None, :])
+        mass += tl.sum(tl.where(hit, q[:, None], 0), axis=0)
+    return mass
+
+
+@triton.jit
+def _search_step(lo, hi, above, thresholds, values, ok):
+    """Narrow ``[lo, hi]`` from the predicate ``ok`` (a true prefix) at ``thresholds``.
+
+    ``values`` are the searched quantity at the thresholds (nonincreasing); ``above`` tracks its
+    value at ``hi + 1``, i.e. at the first threshold that fails. Returns ``(lo, hi, above)``.
+    """
+    failed = tl.max(tl.where(ok, 0, 1), axis=0) != 0
+    new_lo = tl.maximum(tl.max(tl.where(ok, thresholds, lo), axis=0), lo)
+    first_fail = tl.min(tl.where(ok, hi + 1, thresholds), axis=0)
+    new_above = tl.max(tl.where(ok, -1, values), axis=0)
+    return new_lo, tl.where(failed, first_fail - 1, hi), tl.where(failed, new_above, above)
 
 
 @triton.jit
@@ -184,6 +230,7 @@ def _filter_rows_kernel(
     k_ptr, k_value, p_ptr, p_value,  # [B] int32/int64 or a scalar; [B] fp32 or a scalar
     vocab, write_all,  # write_all: 1 to write every entry (out of place), 0 for masked ones only
     K_PER_ROW: tl.constexpr, P_PER_ROW: tl.constexpr, IN_PLACE: tl.constexpr, BLOCK: tl.constexpr,
+    SEARCH_BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     src = logits_ptr + row * logits_stride
@@ -203,12 +250,9 @@ def _filter_rows_kernel(
         hi = kmax
         above = tl.zeros([], tl.int64)
         while lo < hi:
-            mid = lo + ((hi - lo + 1) >> 1)
-            count = _range_count_ge(src, 0, vocab, mid, BLOCK)
-            take = count >= k
-            above = tl.where(take, above, count)
-            hi = tl.where(take, hi, mid - 1)
-            lo = tl.where(take, mid, lo)
+            thresholds = _candidates(lo, hi)
+            counts = _range_count_multi(src, 0, vocab, thresholds, SEARCH_BLOCK)
+            lo, hi, above = _search_step(lo, hi, above, thresholds, counts, counts >= k)
         tk = lo
         need = k - above
 
@@ -223,13 +267,11 @@ def _filter_rows_kernel(
         lo = tk
         hi = kmax
         while lo < hi:
-            mid = lo + ((hi - lo + 1) >> 1)
-            mass, _, _ = _range_mass(src, 0, vocab, tl.maximum(mid, tk + 1), tk, row_max, BLOCK)
-            mass += tl.where(mid <= tk, need * q_tk, 0)
-            take = mass.to(tl.float64) >= limit
-            mass_above = tl.where(take, mass_above, mass)
-            hi = tl.where(take, hi, mid - 1)
-            lo = tl.where(take, mid, lo)
+            thresholds = _candidates(lo, hi)
+            masses = _range_mass_multi(src, 0, vocab, tl.maximum(thresholds, tk + 1), row_max, SEARCH_BLOCK)
+            masses += tl.where(thresholds <= tk, need * q_tk, 0)
+            lo, hi, mass_above = _search_step(lo, hi, mass_above, thresholds, masses,
+                                              masses.to(tl.float64) >= limit)
         u = lo
     if (use_k.to(tl.int32) | use_p.to(tl.int32) | write_all) != 0:
         _range_apply(src, dst, 0, vocab, use_k.to(tl.int32), use_p.to(tl.int32), tk, need, u, mass_above, limit,
@@ -243,8 +285,10 @@ def _split_pass_kernel(
     out_ptr, out_stride,  # [B, V] fp32 (may alias logits)
     state_ptr,  # [B, STATE_FIELDS] int64
     partial_ptr,  # [B, PARTIAL_FIELDS, chunks] int64
+    search_ptr,  # [B, chunks, FANOUT] int64
     vocab, chunk_len, num_chunks, write_all,
-    PHASE: tl.constexpr, IN_PLACE: tl.constexpr, BLOCK: tl.constexpr, CHUNKS: tl.constexpr,
+    PHASE: tl.constexpr, IN_PLACE: tl.constexpr, BLOCK: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
+    CHUNKS: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
@@ -264,23 +308,20 @@ def _split_pass_kernel(
         lo = tl.load(state + _LO)
         hi = tl.load(state + _HI)
         tk = tl.load(state + _TK)
+        search = search_ptr + (row * num_chunks + chunk) * _FANOUT + tl.arange(0, _FANOUT)
         if PHASE == 1:  # _COUNT_K
-            count = tl.zeros([], tl.int64)
             if lo < hi:
-                count = _range_count_ge(src, start, end, lo + ((hi - lo + 1) >> 1), BLOCK)
-            tl.store(partial + _P_COUNT * num_chunks, count)
-        elif PHASE == 2:  # _MASS (after the top-k bisection: lo is the k-th key)
+                tl.store(search, _range_count_multi(src, start, end, _candidates(lo, hi), SEARCH_BLOCK))
+        elif PHASE == 2:  # _MASS (after the top-k search: lo is the k-th key)
             mass, q_level, ties = _range_mass(src, start, end, lo + 1, lo, row_max, BLOCK)
             tl.store(partial + _P_COUNT * num_chunks, mass)
             tl.store(partial + _P_QTK * num_chunks, q_level)
             tl.store(partial + _P_TIES_TK * num_chunks, ties)
         elif PHASE == 3:  # _COUNT_P
-            mass = tl.zeros([], tl.int64)
             if lo < hi:
-                mid = lo + ((hi - lo + 1) >> 1)
-                mass, _, _ = _range_mass(src, start, end, tl.maximum(mid, tk + 1), tk, row_max, BLOCK)
-            tl.store(partial + _P_COUNT * num_chunks, mass)
-        elif PHASE == 4:  # _TIES_U (after the top-p bisection: lo is u)
+                lowers = tl.maximum(_candidates(lo, hi), tk + 1)
+                tl.store(search, _range_mass_multi(src, start, end, lowers, row_max, SEARCH_BLOCK))
+        elif PHASE == 4:  # _TIES_U (after the top-p search: lo is u)
             _, _, ties = _range_mass(src, start, end, lo, lo, row_max, BLOCK)
             tl.store(partial + _P_TIES_U * num_chunks, ties)
         else:  # _APPLY
@@ -302,6 +343,7 @@ def _split_pass_kernel(
 def _split_update_kernel(
     state_ptr,  # [B, STATE_FIELDS] int64
     partial_ptr,  # [B, PARTIAL_FIELDS, chunks] int64
+    search_ptr,  # [B, chunks, FANOUT] int64
     k_ptr, k_value, p_ptr, p_value,  # [B] int32/int64 or a scalar; [B] fp32 or a scalar
     vocab, num_chunks,
     PHASE: tl.constexpr, K_PER_ROW: tl.constexpr, P_PER_ROW: tl.constexpr, CHUNKS: tl.constexpr,
@@ -312,7 +354,7 @@ def _split_update_kernel(
     chunk = tl.arange(0, CHUNKS)
     valid = chunk < num_chunks
     counts = tl.load(base + _P_COUNT * num_chunks + chunk, mask=valid, other=0)
-    if PHASE == 0:  # _STATS: combine (first maximum across chunks in order), start the top-k bisection
+    if PHASE == 0:  # _STATS: combine (first maximum across chunks in order), start the top-k search
         keys = tl.load(base + _P_KEY * num_chunks + chunk, mask=valid, other=_KEY_FLOOR)
         kmax = tl.max(keys, axis=0)
         first = tl.min(tl.where(valid & (keys == kmax), chunk, CHUNKS), axis=0)
@@ -335,15 +377,17 @@ def _split_update_kernel(
         hi = tl.load(state + _HI)
         above = tl.load(state + _ABOVE)
         total = tl.sum(counts, axis=0)
-        mid = lo + ((hi - lo + 1) >> 1)
+        thresholds = _candidates(lo, hi)
+        search = search_ptr + (row * num_chunks + chunk[:, None]) * _FANOUT + tl.arange(0, _FANOUT)[None, :]
         if PHASE == 1:  # _COUNT_K
             k = _row_k(k_ptr, k_value, row, K_PER_ROW)
             if lo < hi:
-                take = total >= k
-                tl.store(state + _ABOVE, tl.where(take, above, total))
-                tl.store(state + _HI, tl.where(take, hi, mid - 1))
-                tl.store(state + _LO, tl.where(take, mid, lo))
-        elif PHASE == 2:  # _MASS: the k-th key, the survivors' mass, start the top-p bisection
+                found = tl.sum(tl.load(search, mask=valid[:, None], other=0), axis=0)
+                lo, hi, above = _search_step(lo, hi, above, thresholds, found, found >= k)
+                tl.store(state + _ABOVE, above)
+                tl.store(state + _HI, hi)
+                tl.store(state + _LO, lo)
+        elif PHASE == 2:  # _MASS: the k-th key, the survivors' mass, start the top-p search
             use_k = tl.load(state + _USE_K)
             use_p = tl.load(state + _USE_P)
             k = _row_k(k_ptr, k_value, row, K_PER_ROW)
@@ -360,12 +404,13 @@ def _split_update_kernel(
         else:  # _COUNT_P
             if lo < hi:
                 tk = tl.load(state + _TK)
-                total += tl.where(mid <= tk, tl.load(state + _NEED) * tl.load(state + _QTK), 0)
+                found = tl.sum(tl.load(search, mask=valid[:, None], other=0), axis=0)
+                found += tl.where(thresholds <= tk, tl.load(state + _NEED) * tl.load(state + _QTK), 0)
                 limit = tl.load(state + _TOTAL).to(tl.float64, bitcast=True)
-                take = total.to(tl.float64) >= limit
-                tl.store(state + _ABOVE, tl.where(take, above, total))
-                tl.store(state + _HI, tl.where(take, hi, mid - 1))
-                tl.store(state + _LO, tl.where(take, mid, lo))
+                lo, hi, above = _search_step(lo, hi, above, thresholds, found, found.to(tl.float64) >= limit)
+                tl.store(state + _ABOVE, above)
+                tl.store(state + _HI, hi)
+                tl.store(state + _LO, lo)
 
 
 # --------------------------------------------------------------------------- launchers
@@ -393,8 +438,8 @@ def launch_top_k_top_p(logits, k, p, out, *, block=None, chunks=None):
         defaults from :func:`default_layout`.
 
     Row path: grid ``(B,)``, one launch. Split path: grid ``(B, chunks)`` passes interleaved with
-    grid ``(B,)`` updates, ``3 + 2 * 33`` pass launches plus as many updates, fixed (graph safe).
-    Bytes: about ``(3 + bisection passes) * B * V * 4`` read (each pass re-reads the row, from L2
+    grid ``(B,)`` updates, ``4 + 2 * 9`` pass launches and ``2 + 2 * 9`` updates, fixed (graph safe).
+    Bytes: about ``(4 + search passes, <= 22) * B * V * 4`` read (each pass re-reads the row, from L2
     when it fits) plus the masked entries written (all ``B * V * 4`` out of place).
     """
     rows, vocab = logits.shape
@@ -413,10 +458,11 @@ def launch_top_k_top_p(logits, k, p, out, *, block=None, chunks=None):
     in_place = out.data_ptr() == logits.data_ptr() and out.stride() == logits.stride()
     write_all = 0 if in_place else 1
     warps = 8 if block >= 2048 else 4
+    search_block = min(block, CPU_SEARCH_BLOCK if logits.device.type == "cpu" else GPU_SEARCH_BLOCK)
     if chunks == 1:
         _filter_rows_kernel[(rows,)](
             logits, logits.stride(0), out, out.stride(0), k_ptr, k_value, p_ptr, p_value, vocab, write_all,
-            K_PER_ROW=k_per_row, P_PER_ROW=p_per_row, IN_PLACE=in_place, BLOCK=block,
+            K_PER_ROW=k_per_row, P_PER_ROW=p_per_row, IN_PLACE=in_place, BLOCK=block, SEARCH_BLOCK=search_block,
             num_warps=warps, enable_fp_fusion=False,
         )
         return
@@ -424,30 +470,31 @@ def launch_top_k_top_p(logits, k, p, out, *, block=None, chunks=None):
     chunks = triton.cdiv(vocab, chunk_len)
     state = torch.empty(rows, STATE_FIELDS, dtype=torch.int64, device=logits.device)
     partial = torch.zeros(rows, PARTIAL_FIELDS, chunks, dtype=torch.int64, device=logits.device)
+    search = torch.zeros(rows, chunks, FANOUT, dtype=torch.int64, device=logits.device)
     chunks_p2 = triton.next_power_of_2(chunks)
 
     def run_pass(phase):
         _split_pass_kernel[(rows, chunks)](
-            logits, logits.stride(0), out, out.stride(0), state, partial, vocab, chunk_len, chunks, write_all,
-            PHASE=phase, IN_PLACE=in_place, BLOCK=block, CHUNKS=chunks_p2,
+            logits, logits.stride(0), out, out.stride(0), state, partial, search, vocab, chunk_len, chunks, write_all,
+            PHASE=phase, IN_PLACE=in_place, BLOCK=block, SEARCH_BLOCK=search_block, CHUNKS=chunks_p2,
             num_warps=warps, enable_fp_fusion=False,
         )
 
     def run_update(phase):
         _split_update_kernel[(rows,)](
-            state, partial, k_ptr, k_value, p_ptr, p_value, vocab, chunks,
+            state, partial, search, k_ptr, k_value, p_ptr, p_value, vocab, chunks,
             PHASE=phase, K_PER_ROW=k_per_row, P_PER_ROW=p_per_row, CHUNKS=chunks_p2,
             num_warps=1, enable_fp_fusion=False,
         )
 
     run_pass(_STATS)
     run_update(_STATS)
-    for _ in range(BISECTION_STEPS if use_k else 0):
+    for _ in range(SEARCH_STEPS if use_k else 0):
         run_pass(_COUNT_K)
         run_update(_COUNT_K)
     run_pass(_MASS)
     run_update(_MASS)
-    for _ in range(BISECTION_STEPS if use_p else 0):
+    for _ in range(SEARCH_STEPS if use_p else 0):
         run_pass(_COUNT_P)
         run_update(_COUNT_P)
     run_pass(_TIES_U)
