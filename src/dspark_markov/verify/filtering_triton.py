@@ -445,9 +445,10 @@ def launch_top_k_top_p(logits, k, p, out, *, block=None, chunks=None):
     rows, vocab = logits.shape
     if rows == 0 or vocab == 0:
         return
-    default_block, default_chunks = default_layout(logits)
-    block = block or default_block
-    chunks = chunks or default_chunks
+    if block is None or chunks is None:
+        default_block, default_chunks = default_layout(logits)
+        block = block or default_block
+        chunks = chunks or default_chunks
     chunks = max(1, min(chunks, triton.cdiv(vocab, block)))
     use_k, use_p = k is not None, p is not None
     k_per_row, p_per_row = isinstance(k, torch.Tensor), isinstance(p, torch.Tensor)
