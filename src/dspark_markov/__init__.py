@@ -20,6 +20,7 @@ from .rng import (
     uniform32,
     uniform64,
 )
+from .step import DSparkStep
 from .verify import VerifyOutput, verify_drafts
 from .verify.filtering import top_k_top_p
 
@@ -27,6 +28,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DRAFT_POS_SALT",
+    "DSparkStep",
     "GOLDEN_DOMAIN",
     "DraftOutput",
     "MarkovHead",
