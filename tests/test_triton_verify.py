@@ -117,6 +117,8 @@ def test_masked_and_nan_logits_stay_in_range():
     target = args[0]
     target[:, :, 150:] = float("-inf")  # masked target tokens are never emitted
     out = dm.verify_drafts(*args, impl="triton", method="standard")
+    ref = dm.verify_drafts(*args, impl="reference", method="standard")
+    assert torch.equal(out.tokens, ref.tokens) and torch.equal(out.num_emitted, ref.num_emitted)
     emitted = out.tokens[out.tokens >= 0]
     assert bool((emitted < 300).all())
     last = out.tokens.gather(1, (out.num_emitted - 1).clamp_min(0)[:, None])[:, 0]
@@ -136,3 +138,20 @@ def test_validation_and_impl_name():
         Verifier(7, 2, 300, "cpu").run(*args, None)
     with pytest.raises(ValueError, match="max_batch"):
         Verifier(0, 2, 300, "cpu")
+
+
+def test_greedy_ties_across_blocks_follow_torch_argmax():
+    """Greedy targets: the first maximum wins across vocabulary blocks, and a NaN wins over it."""
+    args = _case(12, batch=3, k=2, vocab=600, greedy_slot=False)
+    target = torch.zeros(3, 3, 600)
+    target[:, :, 420] = 5.0
+    target[:, :, 300] = 5.0  # equal maximum in an earlier block: token 300 is the argmax
+    target[2, 1, 550] = float("nan")  # request 2, row 1: the NaN is the argmax
+    args[0] = target
+    args[1] = torch.tensor([[300, 300], [300, 7], [300, 300]])
+    args[3] = torch.tensor([2, 2, 2])
+    args[4] = torch.tensor([0, 1, 2])
+    flags = torch.ones(3, dtype=torch.bool)
+    tokens, count = _assert_same(args, flags, "standard")
+    assert tokens.tolist() == [[300, 300, 300], [300, 300, -1], [300, 550, -1]]
+    assert count.tolist() == [3, 2, 2]
