@@ -22,9 +22,11 @@ bounded whatever the batch):
 Agreement with :func:`~dspark_markov.verify.reference.verify_reference` on the same keys
 -----------------------------------------------------------------------------------------
 Bit-identical by construction: the keys (acceptance uniforms, resampling noise, through
-``rng_triton``), greedy targets (``argmax_first`` of the logits), greedy drafts (``q`` one-hot at
-the cache's ``argmax_first``), the bonus draw and the all-zero-residual fallback (Gumbel-max over
-the logits themselves, ``logits + g`` is one fp32 addition in both), padding and ``K = 0``.
+``rng_triton``), greedy targets (accept/emit by ``argmax_first`` of the logits), the ``q`` of greedy
+drafts (one-hot at the cache's ``argmax_first``), the bonus draw and the all-zero-residual fallback
+(Gumbel-max over the logits themselves: ``logits + g`` is one fp32 addition in both), the output
+layout, padding and ``K = 0``. The bonus token is therefore always the reference's once the accepted
+count agrees.
 
 Equal except at last-bit near-ties: the reference forms ``p = softmax(logits)`` and
 ``q = softmax(cache / T)`` with torch's ``exp`` and summation order; these kernels use ``tl.exp``
