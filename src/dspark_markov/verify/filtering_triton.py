@@ -39,7 +39,7 @@ _FANOUT = tl.constexpr(FANOUT)
 SEARCH_STEPS = 9
 
 # Split-path state per row (int64 fields) and per-program partials (int64 fields x chunks).
-_USE_K, _USE_P, _KMAX, _AMAX, _LO, _HI, _ABOVE, _TK, _NEED, _QTK, _TOTAL = (tl.constexpr(i) for i in range(11))
+_USE_K, _USE_P, _KMAX, _AMAX, _LO, _HI, _ABOVE, _TK, _NEED, _QTK, _LIMIT = (tl.constexpr(i) for i in range(11))
 STATE_FIELDS = 16
 _P_COUNT, _P_KEY, _P_INDEX, _P_TIES_TK, _P_QTK, _P_TIES_U = (tl.constexpr(i) for i in range(6))
 PARTIAL_FIELDS = 6  # plus a [B, chunks, FANOUT] int64 buffer of per-threshold search partials
@@ -332,7 +332,7 @@ def _split_pass_kernel(
             base = partial_ptr + row * (6 * num_chunks)
             ties_tk = tl.sum(tl.load(base + _P_TIES_TK * num_chunks + earlier, mask=earlier_mask, other=0), axis=0)
             ties_u = tl.sum(tl.load(base + _P_TIES_U * num_chunks + earlier, mask=earlier_mask, other=0), axis=0)
-            limit = tl.load(state + _TOTAL).to(tl.float64, bitcast=True)
+            limit = tl.load(state + _LIMIT).to(tl.float64, bitcast=True)
             if (use_k | use_p | write_all) != 0:
                 _range_apply(src, out_ptr + row * out_stride, start, end, use_k, use_p, tk, tl.load(state + _NEED),
                              lo, tl.load(state + _ABOVE), limit, tl.load(state + _AMAX), row_max,
@@ -398,7 +398,7 @@ def _split_update_kernel(
             tl.store(state + _TK, lo)
             tl.store(state + _NEED, need)
             tl.store(state + _QTK, q_tk)
-            tl.store(state + _TOTAL, limit.to(tl.int64, bitcast=True))
+            tl.store(state + _LIMIT, limit.to(tl.int64, bitcast=True))
             tl.store(state + _HI, tl.where(use_p != 0, tl.load(state + _KMAX), lo))
             tl.store(state + _ABOVE, tl.zeros([], tl.int64))
         else:  # _COUNT_P
@@ -406,7 +406,7 @@ def _split_update_kernel(
                 tk = tl.load(state + _TK)
                 found = tl.sum(tl.load(search, mask=valid[:, None], other=0), axis=0)
                 found += tl.where(thresholds <= tk, tl.load(state + _NEED) * tl.load(state + _QTK), 0)
-                limit = tl.load(state + _TOTAL).to(tl.float64, bitcast=True)
+                limit = tl.load(state + _LIMIT).to(tl.float64, bitcast=True)
                 lo, hi, above = _search_step(lo, hi, above, thresholds, found, found.to(tl.float64) >= limit)
                 tl.store(state + _ABOVE, above)
                 tl.store(state + _HI, hi)
