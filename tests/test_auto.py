@@ -27,7 +27,9 @@ def test_table_buckets_are_increasing_and_cover_every_batch(key):
 def test_cuda_choices_follow_the_table():
     cuda = torch.device("cuda")
     assert auto.choose("gumbel", torch.bfloat16, 1, cuda) == "gumbel_fused"
+    assert auto.choose("gumbel", torch.bfloat16, 4, cuda) == "gumbel_fused"
     assert auto.choose("gumbel", torch.bfloat16, 16, cuda) == "fused"
+    assert auto.choose("gumbel", torch.bfloat16, 64, cuda) == "fused"
     assert auto.choose("gumbel", torch.bfloat16, 253, cuda) == "gumbel_fused"
     assert auto.choose("inverse_cdf", torch.bfloat16, 8, cuda) == "fused"
     assert auto.choose("inverse_cdf", torch.float32, 8, cuda) == "inverse_cdf"

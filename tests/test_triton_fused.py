@@ -135,12 +135,9 @@ def test_exact_fallback_path_matches(device):
     check_against_reference(head, *args, exact)
 
 
-@pytest.mark.parametrize("block_r", [1, 2])
-def test_gemv_path_for_small_batches(block_r, device):
-    """block_r < 16 computes the bias with CUDA-core products: same draws as the reference."""
-    head, args = make_problem(700, 32, 3, 2, device=device)
-    sampler = dm.MarkovSampler(head, 2, 3, impl="fused")
-    backend = sampler.backend
-    backend.__init__(head, 2, 3, "gumbel", torch.bfloat16, torch.device(device), block_r=block_r, block_v=64)
-    out = sampler.sample(*args)
-    check_against_reference(head, *args, out)
+
+def test_block_r_below_the_dot_tile_is_refused():
+    head, _ = make_problem(300, 16, 2, 1)
+    with pytest.raises(ValueError, match="block_r"):
+        dm.MarkovSampler(head, 1, 2, impl="fused").backend.__init__(head, 1, 2, "gumbel", torch.bfloat16,
+                                                                   torch.device("cpu"), block_r=8)

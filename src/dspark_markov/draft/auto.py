@@ -16,9 +16,10 @@ from .backends import backend_class
 
 # (max rows, impl) buckets; the last bucket takes every larger batch.
 AUTO_TABLE = {
-    # bf16 cache, T = 1 (mixed T agrees): gumbel_fused 159 us vs fused 180 at 1 row; fused 184 vs 228
-    # at 16; gumbel_fused from 32 rows on (259-279 vs 265-267 at 32, 1219 vs 1521 at 253).
-    ("gumbel", torch.bfloat16): ((1, "gumbel_fused"), (16, "fused"), (None, "gumbel_fused")),
+    # bf16 cache, T = 1 (..._bf16_hwlog2-rerun.json): gumbel_fused 152/156/162 us at 1/2/4 rows, vs
+    # fused 169 at 4 (and ~180 at 1 before the hardware log2); fused 171 vs 217 at 16 and 359 vs
+    # 381 at 64; gumbel_fused 1111 vs 1261 at 253. Mixed T followed the same pattern.
+    ("gumbel", torch.bfloat16): ((4, "gumbel_fused"), (64, "fused"), (None, "gumbel_fused")),
     # fp32 cache: fused is never clearly ahead (228 vs 229 us at 16 rows).
     ("gumbel", torch.float32): ((None, "gumbel_fused"),),
     # inverse CDF: inverse_cdf 161 us vs fused 174 at 1 row; fused 165 vs 198 at 16, equal at 64;

@@ -137,7 +137,6 @@ def _fused_step_kernel(
     UPCAST: tl.constexpr,
     IEEE_DOT: tl.constexpr,
     HARDWARE_LOG2: tl.constexpr,
-    GEMV: tl.constexpr,
 ):
     # Row chunks vary fastest in launch order, so the programs sharing a W2 tile run together and
     # all but the first read it from L2: W2 comes from HBM about once per step at any batch size.
@@ -153,16 +152,13 @@ def _fused_step_kernel(
         codes = tl.load(codes_ptr + rows[:, None] * RK + ks[None, :], mask=row_ok[:, None], other=0.0)
         w_tile = tl.load(head_ptr + cols[:, None].to(tl.int64) * RK + ks[None, :], mask=col_ok[:, None],
                          other=0.0)
-        if GEMV:  # one or two rows: CUDA-core products, no 16-row tensor-core tile to fill
-            acc += tl.sum(to_float32(codes)[:, None, :] * to_float32(w_tile)[None, :, :], axis=2)
+        if UPCAST:
+            codes = codes.to(tl.float32)
+            w_tile = w_tile.to(tl.float32)
+        if IEEE_DOT:
+            acc = tl.dot(codes, tl.trans(w_tile), acc, input_precision="ieee")
         else:
-            if UPCAST:
-                codes = codes.to(tl.float32)
-                w_tile = w_tile.to(tl.float32)
-            if IEEE_DOT:
-                acc = tl.dot(codes, tl.trans(w_tile), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(codes, tl.trans(w_tile), acc)
+            acc = tl.dot(codes, tl.trans(w_tile), acc)
     w_dtype = head_ptr.dtype.element_ty
     bias = to_float32(round_to(acc, w_dtype))
     if SCALED:
@@ -325,11 +321,10 @@ class FusedBackend:
         self.upcast = interpret or head.dtype == torch.float32
         # Launch shapes measured on the H200 (tools/sweep_fused.py): small batches want wide vocabulary
         # tiles and few rows per program; large ones more rows per program so that W2 is re-read
-        # from L2 fewer times.
+        # from L2 fewer times. (A CUDA-core GEMV path for 1-2 rows, which skips the 16-row tensor-core
+        # tile, measured slower: 227 vs ~175 us at 1 row, 379 us at 2; so every batch uses tl.dot.)
         if interpret:
             default = (64, 16, 4)
-        elif max_rows <= 2:
-            default = (128, 1, 4)
         elif max_rows <= 16:
             default = (128, 16, 4)
         elif max_rows <= 64:
@@ -340,9 +335,9 @@ class FusedBackend:
         self.block_r = block_r or default[1]
         self.num_warps = num_warps or default[2]
         self.num_stages = num_stages or 3
-        if self.block_r & (self.block_r - 1):
-            raise ValueError(f"block_r: expected a power of two, got {self.block_r}")
-        self.block_k = min(32 if self.block_r < 16 else 64, head.rank)
+        if self.block_r < 16 or self.block_r & (self.block_r - 1):
+            raise ValueError(f"block_r: expected a power of two >= 16 (tl.dot tile), got {self.block_r}")
+        self.block_k = min(64, head.rank)
         vocab = head.vocab_size
         self.num_tiles = triton.cdiv(vocab, self.block_v)
         self.block_t = max(16, _next_pow2(self.num_tiles))
@@ -373,7 +368,7 @@ class FusedBackend:
                 RK=head.rank, BLOCK_V=self.block_v, BLOCK_R=self.block_r, BLOCK_K=self.block_k,
                 NUM_STAGES=self.num_stages, SCALED=head.scale != 1.0,
                 INVERSE_CDF=inverse, UPCAST=self.upcast, IEEE_DOT=head.dtype == torch.float32,
-                HARDWARE_LOG2=not self.interpret, GEMV=self.block_r < 16,
+                HARDWARE_LOG2=not self.interpret,
                 num_warps=self.num_warps, **common)
             _combine_kernel[(rows,)](
                 self.part_val, self.part_idx, self.part_max, self.part_sum, logits_cache, idx_mapping, positions,
