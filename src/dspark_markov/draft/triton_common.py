@@ -356,3 +356,43 @@ def clamp_anchor(anchor: torch.Tensor, prev: torch.Tensor, embed_vocab: int) -> 
     rows = prev[: anchor.shape[0]]
     rows.copy_(anchor)  # int32 or int64 anchor -> int64 (clamp's out= cannot change the dtype)
     rows.clamp_(0, embed_vocab - 1)
+
+
+class GumbelBlocksBackend:
+    """Shared set-up of the two Gumbel-block designs (``loop`` and ``gumbel_fused``).
+
+    Parameters
+    ----------
+    head : MarkovHead on ``device``. num_steps : N. max_rows : the largest R of a call.
+    method : ``"gumbel"``. cache_dtype : bf16 or fp32. device : ``cuda`` (or ``cpu`` with
+        ``TRITON_INTERPRET=1``).
+    block : vocabulary block of the Gumbel kernel (power of two; default 2048 on CUDA, 1024 when
+        ``max_rows`` x blocks would not fill the SMs, 256 on CPU).
+
+    Allocates the bias GEMM's buffers, the per-block partials ``[max_rows, num_blocks]`` and the
+    previous tokens ``[max_rows]`` once; subclasses' ``run`` launches kernels only and reads every
+    per-call value from its tensor arguments, so it can be captured in a CUDA graph.
+    """
+
+    NAME = ""
+    METHODS = ("gumbel",)
+    DEVICES = ("cpu", "cuda")
+    GRAPH_SAFE = True
+    MAX_ROWS = None
+
+    def __init__(self, head, num_steps, max_rows, method, cache_dtype, device, *, block=None):
+        if method not in self.METHODS:
+            raise ValueError(f"method: impl {self.NAME!r} supports 'gumbel', got {method!r}")
+        block = default_block(device, head.vocab_size, max_rows) if block is None else int(block)
+        if block < 16 or block & (block - 1):
+            raise ValueError(f"block: expected a power of two >= 16, got {block}")
+        self.head = head
+        self.num_steps = int(num_steps)
+        self.max_rows = int(max_rows)
+        self.cache_dtype = cache_dtype
+        self.block = block
+        self.num_blocks = num_blocks(head.vocab_size, block)
+        self.gemm = BiasGemm(head, self.max_rows, device)
+        self.block_max = torch.zeros(self.max_rows, self.num_blocks, dtype=torch.float32, device=device)
+        self.block_token = torch.zeros(self.max_rows, self.num_blocks, dtype=torch.int64, device=device)
+        self.prev = torch.zeros(self.max_rows, dtype=torch.int64, device=device)

@@ -20,46 +20,19 @@ from __future__ import annotations
 
 import torch
 
-from .triton_common import BiasGemm, clamp_anchor, default_block, launch_combine, launch_gumbel_blocks, num_blocks
+from .triton_common import GumbelBlocksBackend, clamp_anchor, launch_combine, launch_gumbel_blocks
 
 
-class GumbelFusedBackend:
-    """Backend of ``impl="gumbel_fused"`` (Gumbel-max only).
+class GumbelFusedBackend(GumbelBlocksBackend):
+    """Backend of ``impl="gumbel_fused"`` (Gumbel-max only); parameters as
+    :class:`~.triton_common.GumbelBlocksBackend`, plus ``noise_filter`` (rank each block by
+    approximate noise first, :mod:`.gumbel_filter`; the draws are the same either way)."""
 
-    Parameters
-    ----------
-    head : MarkovHead on ``device``. num_steps : N. max_rows : the largest R of a call.
-    method : ``"gumbel"``. cache_dtype : bf16 or fp32. device : ``cuda`` (or ``cpu`` with
-        ``TRITON_INTERPRET=1``).
-    block : vocabulary block of the Gumbel kernel (power of two; default 2048 on CUDA, 1024 when
-        ``max_rows`` x blocks would not fill the SMs, 256 on CPU).
-
-    :meth:`run` launches kernels only and reads every per-call value from its tensor arguments,
-    so it can be captured in a CUDA graph.
-    """
-
-    METHODS = ("gumbel",)
-    DEVICES = ("cpu", "cuda")
-    GRAPH_SAFE = True
-    MAX_ROWS = None
+    NAME = "gumbel_fused"
 
     def __init__(self, head, num_steps, max_rows, method, cache_dtype, device, *, block=None, noise_filter=True):
-        if method not in self.METHODS:
-            raise ValueError(f"method: impl 'gumbel_fused' supports 'gumbel', got {method!r}")
-        block = default_block(device, head.vocab_size, max_rows) if block is None else int(block)
-        if block < 16 or block & (block - 1):
-            raise ValueError(f"block: expected a power of two >= 16, got {block}")
-        self.head = head
-        self.num_steps = int(num_steps)
-        self.max_rows = int(max_rows)
-        self.cache_dtype = cache_dtype
-        self.block = block
-        self.noise_filter = bool(noise_filter)  # same draws either way; False = exact keys everywhere
-        self.num_blocks = num_blocks(head.vocab_size, block)
-        self.gemm = BiasGemm(head, self.max_rows, device)
-        self.block_max = torch.zeros(self.max_rows, self.num_blocks, dtype=torch.float32, device=device)
-        self.block_token = torch.zeros(self.max_rows, self.num_blocks, dtype=torch.int64, device=device)
-        self.prev = torch.zeros(self.max_rows, dtype=torch.int64, device=device)
+        super().__init__(head, num_steps, max_rows, method, cache_dtype, device, block=block)
+        self.noise_filter = bool(noise_filter)
 
     def run(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens, logits_cache):
         """Draw ``draft_tokens`` ``[R, N]`` and write ``logits_cache`` ``[S, N, V]`` (see the module)."""

@@ -19,48 +19,20 @@ from __future__ import annotations
 
 import torch
 
-from .triton_common import BiasGemm, clamp_anchor, default_block, launch_gumbel_blocks, num_blocks
+from .triton_common import GumbelBlocksBackend, clamp_anchor, launch_gumbel_blocks
 
 
-class LoopBackend:
-    """Backend of ``impl="loop"`` (Gumbel-max only).
+class LoopBackend(GumbelBlocksBackend):
+    """Backend of ``impl="loop"`` (Gumbel-max only); parameters as
+    :class:`~.triton_common.GumbelBlocksBackend`. Adds the step's logits buffer ``z``
+    ``[max_rows, V]`` and the winning block per row ``[max_rows, 1]``."""
 
-    Parameters
-    ----------
-    head : MarkovHead on ``device``. num_steps : N. max_rows : the largest R of a call.
-    method : ``"gumbel"``. cache_dtype : bf16 or fp32. device : ``cuda`` (or ``cpu`` with
-        ``TRITON_INTERPRET=1``).
-    block : vocabulary block of the Gumbel kernel (power of two; default 2048 on CUDA, 1024 when
-        ``max_rows`` x blocks would not fill the SMs, 256 on CPU).
-
-    :meth:`run` launches kernels only and reads every per-call value from its tensor arguments,
-    so it can be captured in a CUDA graph.
-    """
-
-    METHODS = ("gumbel",)
-    DEVICES = ("cpu", "cuda")
-    GRAPH_SAFE = True
-    MAX_ROWS = None
+    NAME = "loop"
 
     def __init__(self, head, num_steps, max_rows, method, cache_dtype, device, *, block=None):
-        if method not in self.METHODS:
-            raise ValueError(f"method: impl 'loop' supports 'gumbel', got {method!r}")
-        block = default_block(device, head.vocab_size, max_rows) if block is None else int(block)
-        if block < 16 or block & (block - 1):
-            raise ValueError(f"block: expected a power of two >= 16, got {block}")
-        self.head = head
-        self.num_steps = int(num_steps)
-        self.max_rows = int(max_rows)
-        self.cache_dtype = cache_dtype
-        self.block = block
-        vocab = head.vocab_size
-        self.num_blocks = num_blocks(vocab, block)
-        self.gemm = BiasGemm(head, self.max_rows, device)
-        self.z = torch.zeros(self.max_rows, vocab, dtype=cache_dtype, device=device)  # [max_rows, V]
-        self.block_max = torch.zeros(self.max_rows, self.num_blocks, dtype=torch.float32, device=device)
-        self.block_token = torch.zeros(self.max_rows, self.num_blocks, dtype=torch.int64, device=device)
+        super().__init__(head, num_steps, max_rows, method, cache_dtype, device, block=block)
+        self.z = torch.zeros(self.max_rows, head.vocab_size, dtype=cache_dtype, device=device)  # [max_rows, V]
         self.winner = torch.zeros(self.max_rows, 1, dtype=torch.int64, device=device)  # winning block
-        self.prev = torch.zeros(self.max_rows, dtype=torch.int64, device=device)
 
     def _logits(self, base_logits, step, rows):
         """``z[:rows] = round_cache(float(U[:, step]) + float(bias))`` with one rounding."""
