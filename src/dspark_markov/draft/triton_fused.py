@@ -1,17 +1,20 @@
 """``impl="fused"``: one sampling launch per step with the bias computed on tensor cores.
 
-Per step, :func:`_fused_step_kernel` runs one program per vocabulary tile of ``BLOCK_V`` rows of
-W2. The program loads its W2 tile once, then for every chunk of ``BLOCK_R`` request rows computes
-``bias = codes @ W2_tile^T`` with ``tl.dot`` (fp32 accumulation, rounded once to the weight dtype),
-adds the base logits, writes the cache and reduces the tile to one partial per row: the Gumbel key
-maximum and its first index (``method="gumbel"``), or the argmax, the max and the exp-sum of
-``z / T`` (``method="inverse_cdf"``). A small combine kernel (one program per row) then picks the
-row's token from the partials with torch.argmax semantics (or by inverse CDF over tile masses, then
-inside the chosen tile), writes ``draft_tokens[:, step]`` and gathers the next step's code row
-``W1[token]``. W2 is read once per step whatever the batch; the bias never goes to memory.
+Per step, :func:`_fused_step_kernel` runs one program per (chunk of ``BLOCK_R`` request rows,
+tile of ``BLOCK_V`` vocabulary entries), row chunks varying fastest so that the programs sharing a
+W2 tile run together and read it from L2 after the first. Each computes
+``bias = codes @ W2_tile^T`` with ``tl.dot`` over a pipelined K loop (fp32 accumulation, rounded
+once to the weight dtype), adds the base logits, writes the cache and reduces its tile to one
+partial per row: the Gumbel key maximum and its first index (``method="gumbel"``, ranked first by
+approximate noise, :mod:`.gumbel_filter`), or the argmax, the max and the exp-sum of ``z / T``
+(``method="inverse_cdf"``). A small combine kernel (one program per row) then picks the row's token
+from the partials with torch.argmax semantics (or by inverse CDF over tile masses, then inside the
+chosen tile), writes ``draft_tokens[:, step]`` and gathers the next step's code row ``W1[token]``.
+The bias never goes to memory.
 
-Bytes per step (minimal design): ``V * R_k * w`` (W2) + ``R * V * u`` (base logits) +
-``R * V * c`` (cache) + ``O(R * V / BLOCK_V)`` partials; the codes are re-read from L2 per tile.
+Bytes per step: ``V * R_k * w`` of W2 from HBM (plus ``ceil(R / BLOCK_R) - 1`` re-reads from L2),
+``R * V * u`` of base logits read, ``R * V * c`` of cache written, ``R * ceil(V / BLOCK_V) * 8`` of
+partials written and read back; the codes (``R * R_k * w``) are re-read from L2 by every tile.
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ from .triton_common import round_to, to_float32
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 _INT_MAX = tl.constexpr(2147483647)  # jitted code reads only constexpr globals
-
 
 
 @triton.jit
