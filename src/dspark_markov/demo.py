@@ -18,6 +18,16 @@ emitted (prev, next) pairs follow the target's conditional distribution (the And
 test of a Markov chain: per previous token, Pearson's statistic against the expected counts). It
 exits 0 when the Markov head accepts more and both chi-square checks pass.
 
+Two engines run the rounds: ``--engine functional`` (the CPU default) calls ``sample_drafts`` and
+``verify_drafts`` on fresh tensors; ``--engine step`` (the CUDA default,
+:mod:`dspark_markov.demo_step`) drives a :class:`~dspark_markov.step.DSparkStep` per drafter, with
+a backbone returning the marginals' logs from the block inputs, the fastest implementations on
+CUDA (``auto`` drafts, Triton verification and block inputs; the references on CPU) and, with
+``--graphs`` (the CUDA default), draft and verify captured once in CUDA graphs and replayed every
+round. Both print emitted tokens per second (wall clock of the decoding loop, device
+synchronised at both ends; the step engine compiles and captures before the clock starts, the
+functional one does not, so its first round on CUDA includes Triton compilation).
+
 Run it with ``dspark-markov demo`` or ``python -m dspark_markov.demo``; ``--device cuda`` runs on
 a GPU.
 """
@@ -278,6 +288,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--cache-dtype", choices=("bf16", "fp32"), default="bf16", help="draft cache dtype")
     parser.add_argument("--device", default="cpu", help="torch device (cpu or cuda)")
     parser.add_argument("--impl", default=None, help="sample_drafts impl (default: reference on CPU, auto on CUDA)")
+    parser.add_argument("--engine", choices=("step", "functional"), default=None,
+                        help="DSparkStep or sample_drafts/verify_drafts (default: step on CUDA, functional on CPU)")
+    parser.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=None,
+                        help="capture the step's draft and verify in CUDA graphs (default: on with CUDA and "
+                             "--engine step)")
+    parser.add_argument("--verify-impl", choices=("triton", "reference"), default=None,
+                        help="step engine's verify and block-input impl (default: triton on CUDA, else reference)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the language and of the sampling keys")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
@@ -308,6 +325,11 @@ def _resolve_impl(impl, device, head, num_steps, rows, cache_dtype, draft_method
         return "reference"
 
 
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def main(argv=None) -> int:
     """Run the demo; return 0 if the Markov head accepts more and the chi-square checks pass, else 1."""
     parser = _parser()
@@ -316,6 +338,15 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device: CUDA was requested but torch sees no GPU")
+    engine = args.engine or ("step" if device.type == "cuda" else "functional")
+    graphs = args.graphs if args.graphs is not None else (engine == "step" and device.type == "cuda")
+    if graphs and (engine != "step" or device.type != "cuda"):
+        parser.error("--graphs: CUDA graphs need --engine step and --device cuda")
+    verify_impl = args.verify_impl or ("triton" if device.type == "cuda" else "reference")
+    if graphs and verify_impl != "triton":
+        parser.error("--verify-impl: CUDA graphs need the Triton verifier")
+    if engine == "functional" and args.verify_impl is not None:
+        parser.error("--verify-impl: only used by --engine step")
     cache_dtype = torch.bfloat16 if args.cache_dtype == "bf16" else torch.float32
     vocab, k, batch = args.vocab, args.num_drafts, args.requests
     started = time.time()
@@ -347,18 +378,31 @@ def main(argv=None) -> int:
 
     print(f"dspark-markov demo: V = {vocab}, K = N = {k}, {batch} requests x {args.length} tokens, "
           f"T = {temperature_value}, {args.method} verification, {args.draft_method} drafts, "
-          f"{args.cache_dtype} cache, device {device}")
-    results = {}
+          f"{args.cache_dtype} cache, device {device}, engine {engine}{' + CUDA graphs' if graphs else ''}")
+    results, speeds = {}, {}
     passed_all = True
     for name, head in drafters.items():
         impl = _resolve_impl(args.impl, device, head, k, batch, cache_dtype, args.draft_method)
         bar = None
         if tqdm is not None and not args.quiet:
             bar = tqdm(total=batch * args.length, desc=name[:1], unit="tok", leave=False, file=sys.stdout)
-        result = speculative_generate(target_logits_fn, base_logits_fn, head, anchor, start, args.length,
-                                      num_steps=k, temperature=temperature, seeds=seeds, method=args.method,
-                                      draft_method=args.draft_method, impl=impl, cache_dtype=cache_dtype,
-                                      progress=bar)
+        if engine == "step":
+            from .demo_step import StepGenerator, marginal_backbone
+
+            stepper = StepGenerator(target_logits_fn, head, marginal_backbone(log_mu, batch, k), batch=batch,
+                                       num_steps=k, temperature=temperature, seeds=seeds, method=args.method,
+                                       draft_method=args.draft_method, cache_dtype=cache_dtype, draft_impl=impl,
+                                       verify_impl=verify_impl, block_inputs_impl=verify_impl, graphs=graphs)
+            result, seconds = stepper.generate(anchor, start, args.length, progress=bar)
+        else:
+            _synchronize(device)
+            began = time.perf_counter()
+            result = speculative_generate(target_logits_fn, base_logits_fn, head, anchor, start, args.length,
+                                          num_steps=k, temperature=temperature, seeds=seeds, method=args.method,
+                                          draft_method=args.draft_method, impl=impl, cache_dtype=cache_dtype,
+                                          progress=bar)
+            _synchronize(device)
+            seconds = time.perf_counter() - began
         if bar is not None:
             bar.close()
         observed, expected = pair_counts(language, anchor, start, result.tokens, temperature_value)
@@ -367,14 +411,18 @@ def main(argv=None) -> int:
         passed = statistic <= threshold
         passed_all &= passed
         results[name] = result
+        speeds[name] = batch * args.length / max(seconds, 1e-9)
         print(f"{name} [impl {impl}]: mean accepted length {result.accepted:.3f} of {k} "
               f"({result.emitted:.3f} tokens per round, {result.rounds} rounds); "
+              f"{speeds[name]:.0f} tokens/s ({seconds:.3f} s); "
               f"bigram chi-square {statistic:.1f} on {dof} df (threshold {threshold:.1f}): "
               f"{'pass' if passed else 'FAIL'}")
     accepted_a, accepted_b = (r.accepted for r in results.values())
     longer = accepted_b > accepted_a
+    speed_a, speed_b = speeds.values()
     print(f"Markov head: accepted length x{accepted_b / max(accepted_a, 1e-9):.2f} "
-          f"({'longer' if longer else 'NOT longer'}); {time.time() - started:.1f} s")
+          f"({'longer' if longer else 'NOT longer'}), tokens/s x{speed_b / max(speed_a, 1e-9):.2f}; "
+          f"{time.time() - started:.1f} s")
     return 0 if (longer and passed_all) else 1
 
 
