@@ -33,11 +33,14 @@ def main():
                   torch.ones(rows, device="cuda"), torch.randint(0, 1 << 62, (rows,), device="cuda", generator=gen))
         tokens = torch.empty(rows, steps, dtype=torch.int64, device="cuda")
         cache = torch.empty(rows, steps, vocab, dtype=torch.bfloat16, device="cuda")
-        graphs, first = [], None
+        # The graphs are replayed after the loop, so every sampler (whose buffers the graphs use)
+        # must stay alive until then.
+        graphs, samplers, first = [], [], None
         for impl, options in VARIANTS:
             sampler = dm.MarkovSampler(head, steps, rows, impl=impl)
             sampler.backend = type(sampler.backend)(head, steps, rows, "gumbel", torch.bfloat16,
                                                     torch.device("cuda"), **options)
+            samplers.append(sampler)
 
             def call(sampler=sampler):
                 sampler.sample(*inputs, draft_tokens=tokens, logits_cache=cache, check_values=False)
