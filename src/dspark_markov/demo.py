@@ -389,6 +389,10 @@ def main(argv=None) -> int:
         if engine == "step":
             from .demo_step import StepGenerator, marginal_backbone
 
+            if graphs and impl == "reference":
+                parser.error("--graphs: the reference draft impl cannot be captured; pass --no-graphs or a "
+                             "Triton --impl")
+
             stepper = StepGenerator(target_logits_fn, head, marginal_backbone(log_mu, batch, k), batch=batch,
                                        num_steps=k, temperature=temperature, seeds=seeds, method=args.method,
                                        draft_method=args.draft_method, cache_dtype=cache_dtype, draft_impl=impl,

@@ -91,6 +91,10 @@ class StepGenerator:
                                max_model_len=1 << 30, cache_dtype=cache_dtype, draft_method=draft_method,
                                draft_impl=draft_impl, verify_method=method, verify_impl=verify_impl,
                                block_inputs_impl=block_inputs_impl)
+        if graphs and not getattr(self.step.sampler.backend, "GRAPH_SAFE", False):
+            raise ValueError(f"draft_impl: {draft_impl!r} is not CUDA-graph capturable; pass graphs=False")
+        # Eager rounds validate values on the CPU only: on CUDA that would synchronise every round.
+        self._check = None if device.type == "cpu" else False
 
         def i64(*shape):
             return torch.zeros(shape, dtype=torch.int64, device=device)
@@ -142,9 +146,9 @@ class StepGenerator:
             self._fill_target()
             self._verify_graph.replay()
         else:
-            self._draft()
+            self._draft(self._check)
             self._fill_target()
-            self._verify()
+            self._verify(self._check)
         return self.step.tokens, self.step.num_emitted  # [B, K+1], [B] in step row order
 
     # ------------------------------------------------------------------ the loop
