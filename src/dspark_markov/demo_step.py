@@ -118,7 +118,7 @@ class StepGenerator:
 
     def _fill_target(self):
         """Target logits of the anchor + drafts rows, at the drafts' positions (outside the graphs)."""
-        drafts = self.step.draft_tokens.clamp_min(0)  # [B, K]; padded rows' values are not read
+        drafts = self.step.draft_tokens.clamp(0, self.vocab - 1)  # [B, K]; padded rows are not read
         prev = torch.cat([self.bonus[:, None], drafts], dim=1)  # [B, K+1]
         position = self.last_pos[:, None] + 1 + torch.arange(self.k + 1, device=self.device)  # [B, K+1]
         self.target.copy_(self.target_logits_fn(prev, position))
