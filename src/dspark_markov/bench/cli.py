@@ -40,6 +40,10 @@ def _parser() -> argparse.ArgumentParser:
         description="Time one whole MarkovSampler.sample call (all steps) per design as a CUDA-graph replay with "
                     "a cold L2; report speedups over `loop`, the minimal bytes and the fraction of the measured "
                     "HBM read bandwidth.")
+    parser.add_argument("--verify", action="store_true",
+                        help="time verification (standard, block), top-k/top-p filtering and block inputs instead "
+                             "of the samplers (bench/verify_grid.py; files get a _verify suffix; --steps is K = N; "
+                             "--rank, --designs, --method, --targets do not apply; target logits are fp32)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: a small reference run (V=2048, rank 32, rows 1,4) timed with perf_counter")
     parser.add_argument("--vocab", type=int, help="V (default 129280; cpu: 2048)")
@@ -92,6 +96,10 @@ def main(argv=None) -> int:
         print("dspark-markov bench: needs a CUDA GPU (none found); `--device cpu` runs a small reference benchmark",
               file=sys.stderr)
         return 1
+    if args.verify:
+        from . import verify_grid
+
+        return verify_grid.run_cli(args, argv)
     try:
         config = _config(args)
     except ValueError as error:

@@ -1,0 +1,649 @@
+"""``dspark-markov bench --verify``: time verification, top-k/top-p filtering and block inputs.
+
+Kernels timed, per batch size ``B`` (``K = N`` drafts per request):
+
+- ``verify_standard`` / ``verify_block``: one verification of ``B`` requests
+  (:class:`~dspark_markov.verify.triton_verify.Verifier` for ``impl="triton"``, the torch
+  reference :func:`~dspark_markov.verify.api.verify_drafts` for ``impl="reference"``), at T = 1
+  and at mixed T (0 / 0.6 / 1 per slot; T = 0 slots verify greedily);
+- ``filter_row`` / ``filter_split``: :func:`~dspark_markov.verify.filtering.top_k_top_p` on the
+  ``B (K+1)`` target rows ``[B*(K+1), V]`` fp32, ``k = 50`` and ``p = 0.9`` per row (``[B]``
+  tensors), out of place (so every call filters the same input), with the one-program-per-row
+  layout and with the split-row layout forced through
+  :func:`~dspark_markov.verify.filtering_triton.launch_top_k_top_p`'s ``chunks``;
+- ``block_inputs``: :func:`~dspark_markov.block_inputs.prepare_block_inputs` into buffers of
+  ``max_reqs = 256`` requests with ``num_reqs = B`` (a one-element device tensor, as a captured
+  step uses it).
+
+Inputs: random fp32 target logits ``[B, K+1, V]`` (N(0, 2^2)), a bf16 cache ``[S = B, N, V]`` of
+random logits rounded once, uniformly random draft tokens, ``num_drafts = K`` everywhere, distinct
+slots ``idx_mapping = arange(B)``, random positions and seeds. Random drafts are mostly rejected at
+the first draft; the Triton verifier's work does not depend on where the rejection falls (its
+statistics pass reads every row up to ``num_drafts``; the resampling pass reads one row).
+
+Timing is the sampler benchmark's (:mod:`.harness`): on CUDA every kernel is called once eagerly
+(checked), captured in a CUDA graph, and replayed after an L2 flush, round-robin over the kernels of
+a batch size; the time is the median of the round medians and the spread their range. All Triton
+paths here are graph capturable: the Verifier and the block-input kernel allocate nothing, and
+the split-row filter takes its small scratch from the caching allocator, which capture supports
+(a graph replay reuses the captured addresses). The torch references are not timed on CUDA. On
+the CPU calls are timed by ``perf_counter`` (no graphs, no L2 flush).
+
+Minimal bytes (the floor a perfect design could reach at the measured read bandwidth):
+verification reads the ``B (K+1) V`` fp32 target logits once and the ``B K`` cache rows once;
+filtering reads and writes the ``B (K+1) V`` fp32 logits once each; block inputs write their five
+outputs (``max_reqs (N+1)`` int64 ids and positions and bools, ``max_reqs N`` int64 sample
+positions and slots).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+from . import harness, report, roofline
+
+KERNELS = ("verify_standard", "verify_block", "filter_row", "filter_split", "block_inputs")
+IMPLS = ("triton", "reference")
+TEMPERATURE_MODES = ("1", "mixed")
+MIXED_TEMPERATURES = (0.0, 0.6, 1.0)  # slot s gets MIXED_TEMPERATURES[s % 3]
+VERIFY_METHODS = {"verify_standard": "standard", "verify_block": "block"}
+TOP_K = 50
+TOP_P = 0.9
+
+RECORD_FIELDS = ("kernel", "impl", "rows", "temperature", "layout", "work_rows", "status", "time_us", "time_us_low",
+                 "time_us_high", "eager_us", "timing", "minimal_bytes", "floor_us", "bandwidth_fraction",
+                 "graph_output_match", "reason")
+CONFIG_FIELDS = ("device", "vocab", "steps", "cache_dtype", "max_reqs", "top_k", "top_p", "rounds", "replays",
+                 "eager_calls", "seed")
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyBenchConfig:
+    """Shape and timing of a ``--verify`` run; ``steps`` is both ``K`` (drafts verified) and ``N``."""
+
+    device: str = "cuda"
+    vocab: int = 129_280
+    steps: int = 5
+    rows: tuple = (1, 16, 32, 64, 128, 253)
+    kernels: tuple = KERNELS
+    impls: tuple = ("triton",)
+    temperatures: tuple = TEMPERATURE_MODES
+    cache_dtype: torch.dtype = torch.bfloat16
+    max_reqs: int = 256
+    top_k: int = TOP_K
+    top_p: float = TOP_P
+    rounds: int = 5
+    replays: int = 30
+    eager_calls: int = 10
+    seed: int = 2026
+
+    def __post_init__(self):
+        if self.device not in ("cuda", "cpu"):
+            raise ValueError(f"device: expected 'cuda' or 'cpu', got {self.device!r}")
+        for name in ("vocab", "steps", "max_reqs", "rounds", "replays", "eager_calls"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name}: expected >= 1, got {getattr(self, name)}")
+        if not self.rows or any(int(r) < 1 for r in self.rows):
+            raise ValueError(f"rows: expected a non-empty list of positive row counts, got {self.rows}")
+        if max(self.rows) > self.max_reqs:
+            raise ValueError(f"rows: expected at most max_reqs = {self.max_reqs} requests, got {max(self.rows)}")
+        for name, values, known in (("kernels", self.kernels, KERNELS), ("impls", self.impls, IMPLS),
+                                    ("temperatures", self.temperatures, TEMPERATURE_MODES)):
+            if not values or any(value not in known for value in values):
+                raise ValueError(f"{name}: expected names among {', '.join(known)}, got {values}")
+        if self.cache_dtype not in (torch.bfloat16, torch.float32):
+            raise ValueError(f"cache_dtype: expected torch.bfloat16 or torch.float32, got {self.cache_dtype}")
+        if not 0.0 <= float(self.top_p) <= 1.0:
+            raise ValueError(f"top_p: expected a value in [0, 1], got {self.top_p}")
+
+
+def cpu_config(**overrides) -> VerifyBenchConfig:
+    """The small ``--device cpu`` run: V = 2048, rows {1, 4}, the torch references (plus the Triton
+    kernels under ``TRITON_INTERPRET=1``), timed by ``perf_counter``."""
+    impls = ("reference",)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        impls = ("triton",) + impls
+    values = dict(device="cpu", vocab=2048, rows=(1, 4), impls=impls, rounds=3, replays=5)
+    values.update(overrides)
+    return VerifyBenchConfig(**values)
+
+
+# ----------------------------------------------------------------------------------------------
+# Bytes model
+
+
+def _positive(**values):
+    for name, value in values.items():
+        if isinstance(value, bool) or int(value) < 1:
+            raise ValueError(f"{name}: expected an integer >= 1, got {value}")
+
+
+def verify_bytes(rows: int, drafts: int, vocab: int, *, cache_bytes: int = 2) -> int:
+    """Minimal bytes of one verification: target logits ``[B, K+1, V]`` fp32 read once plus the
+    ``B K`` cache rows read once (the outputs, ``B (K+2)`` int64, are left out)."""
+    _positive(rows=rows, drafts=drafts, vocab=vocab)
+    if int(cache_bytes) not in (2, 4):
+        raise ValueError(f"cache_bytes: expected 2 (bf16) or 4 (fp32), got {cache_bytes}")
+    return int(rows) * int(vocab) * ((int(drafts) + 1) * 4 + int(drafts) * int(cache_bytes))
+
+
+def filter_bytes(rows: int, vocab: int) -> int:
+    """Minimal bytes of top-k/top-p over ``[rows, V]`` fp32 logits: read once, written once."""
+    _positive(rows=rows, vocab=vocab)
+    return 2 * int(rows) * int(vocab) * 4
+
+
+def block_inputs_bytes(max_reqs: int, steps: int, *, id_bytes: int = 8) -> int:
+    """Bytes of the block-input outputs: ``input_ids``/``positions`` (``id_bytes`` each) and
+    ``is_padding`` (1 byte) over ``max_reqs (N+1)`` entries, ``sample_pos``/``sample_idx_mapping``
+    (int64) over ``max_reqs N`` (the ``3 num_reqs`` inputs read are left out)."""
+    _positive(max_reqs=max_reqs, steps=steps)
+    if int(id_bytes) not in (4, 8):
+        raise ValueError(f"id_bytes: expected 4 or 8, got {id_bytes}")
+    return int(max_reqs) * ((int(steps) + 1) * (2 * int(id_bytes) + 1) + 16 * int(steps))
+
+
+def kernel_bytes(config: VerifyBenchConfig, kernel: str, rows: int) -> tuple:
+    """``(work_rows, minimal bytes)`` of ``kernel`` at ``rows`` requests."""
+    k = config.steps
+    if kernel in VERIFY_METHODS:
+        cache_bytes = torch.empty((), dtype=config.cache_dtype).element_size()
+        return rows, verify_bytes(rows, k, config.vocab, cache_bytes=cache_bytes)
+    if kernel.startswith("filter_"):
+        return rows * (k + 1), filter_bytes(rows * (k + 1), config.vocab)
+    if kernel == "block_inputs":
+        return config.max_reqs, block_inputs_bytes(config.max_reqs, config.steps)
+    raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Inputs and runners
+
+
+class SharedInputs:
+    """Buffers for the largest batch; a batch of ``B`` requests uses their first ``B`` entries."""
+
+    def __init__(self, config: VerifyBenchConfig):
+        device, k, vocab = config.device, config.steps, config.vocab
+        batch = max(config.rows)
+        generator = torch.Generator(device=device).manual_seed(config.seed)
+        self.generator = generator
+        self.target = torch.randn(batch, k + 1, vocab, generator=generator, device=device) * 2.0  # [B, K+1, V] fp32
+        cache = torch.randn(batch, k, vocab, generator=generator, device=device) * 2.0
+        self.cache = cache.to(config.cache_dtype)  # [S = B, N, V]
+        del cache
+        self.filtered = torch.empty(batch * (k + 1), vocab, dtype=torch.float32, device=device)  # [B*(K+1), V]
+        self.drafts = torch.randint(0, vocab, (batch, k), generator=generator, device=device)  # [B, K]
+        self.positions = torch.randint(1, 1 << 20, (batch,), generator=generator, device=device)  # [B]
+        self.seeds = torch.randint(-(1 << 62), 1 << 62, (batch,), generator=generator, device=device)  # [S]
+
+
+class Runner:
+    """One kernel set up on one batch size: ``call()`` (eager), ``outputs()``, and on CUDA a graph.
+
+    Raises ``ValueError`` when the kernel or implementation is not available here.
+    """
+
+    layout = "-"
+
+    def __init__(self, kernel: str, impl: str, mode: str, rows: int, shared: SharedInputs,
+                 config: VerifyBenchConfig):
+        cuda = config.device == "cuda"
+        if cuda and impl != "triton":
+            raise ValueError(f"impls: {impl!r} allocates per call (not CUDA-graph safe); timed on the CPU only")
+        if not cuda and impl == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("impls: 'triton' needs a GPU, or TRITON_INTERPRET=1 for the CPU interpreter")
+        self.kernel, self.impl, self.mode, self.rows, self.config = kernel, impl, mode, rows, config
+        self.setup(shared)
+        self.call(first=True)
+        self.graph = None
+        self.graph_output_match = None
+        if cuda:
+            eager = [out.clone() for out in self.outputs()]
+            self.graph = harness.capture_graph(self.call)
+            for out in self.outputs():
+                out.zero_()
+            self.graph.replay()
+            torch.cuda.synchronize()
+            # Same inputs and keys: a replay must write exactly what the eager call wrote.
+            self.graph_output_match = all(torch.equal(a, b) for a, b in zip(self.outputs(), eager))
+
+    def setup(self, shared):  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def call(self, first: bool = False):  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def outputs(self) -> list:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+class VerifyRunner(Runner):
+    def setup(self, shared):
+        config, b, k = self.config, self.rows, self.config.steps
+        device = config.device
+        self.method = VERIFY_METHODS[self.kernel]
+        self.target = shared.target[:b]  # [B, K+1, V] fp32
+        self.cache = shared.cache[:b]  # [S = B, N, V]
+        self.drafts = shared.drafts[:b]  # [B, K]
+        self.num_drafts = torch.full((b,), k, dtype=torch.int64, device=device)  # [B]
+        self.idx_mapping = torch.arange(b, device=device)  # [B], distinct slots
+        self.positions = shared.positions[:b]  # [B]
+        if self.mode == "1":
+            self.temperature = torch.ones(b, dtype=torch.float32, device=device)  # [S]
+        else:
+            table = torch.tensor(MIXED_TEMPERATURES, dtype=torch.float32, device=device)
+            self.temperature = table[torch.arange(b, device=device) % len(MIXED_TEMPERATURES)]
+        self.seeds = shared.seeds[:b]  # [S]
+        self.tokens = torch.full((b, k + 1), -1, dtype=torch.int64, device=device)  # [B, K+1]
+        self.num_emitted = torch.zeros(b, dtype=torch.int64, device=device)  # [B]
+        self.verifier = None
+        if self.impl == "triton":
+            from ..verify.triton_verify import Verifier
+
+            self.verifier = Verifier(b, k, config.vocab, device)
+
+    def _args(self):
+        return (self.target, self.drafts, self.cache, self.num_drafts, self.idx_mapping, self.positions,
+                self.temperature, self.seeds)
+
+    def call(self, first: bool = False):
+        if first:
+            from ..verify.api import check_verify_inputs
+
+            check_verify_inputs(*self._args(), None, check_values=True)
+        if self.verifier is not None:
+            self.verifier.run(*self._args(), method=self.method, tokens=self.tokens, num_emitted=self.num_emitted)
+        else:
+            from ..verify.api import verify_drafts
+
+            out = verify_drafts(*self._args(), method=self.method, impl="reference", check_values=False)
+            self.tokens.copy_(out.tokens)
+            self.num_emitted.copy_(out.num_emitted)
+        if first:
+            counts = self.num_emitted
+            if bool((counts < 1).any()) or bool((counts > self.config.steps + 1).any()):
+                raise RuntimeError(f"{self.kernel} emitted counts outside [1, K+1]: {counts.tolist()}")
+            emitted = self.tokens[:, 0]
+            if bool((emitted < 0).any()) or bool((emitted >= self.config.vocab).any()):
+                raise RuntimeError(f"{self.kernel} emitted a token outside [0, {self.config.vocab})")
+
+    def outputs(self):
+        return [self.tokens, self.num_emitted]
+
+
+def split_chunks(rows: int, vocab: int, device) -> tuple:
+    """``(block, chunks)`` of the forced split-row filter layout: the launcher's default where it
+    already splits, else at least two programs per row (about two programs per SM on CUDA)."""
+    from ..verify import filtering_triton
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        block = filtering_triton.GPU_BLOCK
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        blocks = -(-vocab // block)
+        chunks = max(2, min(max(blocks // 2, 2), (2 * sms) // max(rows, 1)))
+    else:
+        block = filtering_triton.CPU_BLOCK
+        blocks = -(-vocab // block)
+        chunks = 2
+    if blocks < 2:
+        raise ValueError(f"kernels: filter_split needs V >= 2 blocks of {block}, got V = {vocab}")
+    return block, min(chunks, blocks)
+
+
+class FilterRunner(Runner):
+    def setup(self, shared):
+        config, k = self.config, self.config.steps
+        device = config.device
+        work = self.rows * (k + 1)
+        self.logits = shared.target[:self.rows].view(work, config.vocab)  # [B*(K+1), V] fp32, read only
+        self.out = shared.filtered[:work]  # [B*(K+1), V] fp32
+        self.k = torch.full((work,), config.top_k, dtype=torch.int64, device=device)  # [B*(K+1)]
+        self.p = torch.full((work,), config.top_p, dtype=torch.float32, device=device)  # [B*(K+1)]
+        self.block = self.chunks = None
+        if self.kernel == "filter_split":
+            if self.impl != "triton":
+                raise ValueError("kernels: filter_split is a layout of the Triton filter (the reference sorts)")
+            self.block, self.chunks = split_chunks(work, config.vocab, device)
+            self.layout = f"split x{self.chunks}"
+        else:
+            self.layout = "row" if self.impl == "triton" else "sort"
+            if self.impl == "triton":
+                from ..verify import filtering_triton
+
+                self.block = filtering_triton.GPU_BLOCK if device == "cuda" else filtering_triton.CPU_BLOCK
+                self.chunks = 1
+
+    def call(self, first: bool = False):
+        if self.impl == "reference":
+            from ..verify.filtering import top_k_top_p
+
+            top_k_top_p(self.logits, self.k, self.p, impl="reference", out=self.out)
+        else:
+            from ..verify import filtering_triton
+
+            if first:  # the public function's argument checks, once
+                from ..verify.filtering import _check
+
+                _check(self.logits, self.k, self.p, "triton", self.out)
+            filtering_triton.launch_top_k_top_p(self.logits, self.k, self.p, self.out, block=self.block,
+                                                chunks=self.chunks)
+        if first:
+            from ..verify.filtering import top_k_top_p_reference
+
+            keep = top_k_top_p_reference(self.logits, self.k, self.p)
+            expected = torch.where(keep, self.logits, torch.full((), float("-inf"), device=self.logits.device))
+            if not torch.equal(self.out, expected):
+                raise RuntimeError(f"{self.kernel} ({self.impl}) disagrees with top_k_top_p_reference")
+
+    def outputs(self):
+        return [self.out]
+
+
+class BlockInputsRunner(Runner):
+    def setup(self, shared):
+        config, n, r = self.config, self.config.steps, self.config.max_reqs
+        device = config.device
+        generator = shared.generator
+        self.last_pos = torch.randint(0, 1 << 20, (r,), generator=generator, device=device)  # [max_reqs]
+        self.bonus = torch.randint(0, config.vocab, (r,), generator=generator, device=device)  # [max_reqs]
+        self.req_slots = torch.arange(r, device=device)  # [max_reqs]
+        self.num_reqs = torch.full((1,), self.rows, dtype=torch.int64, device=device)  # [1], read by the kernel
+        self.input_ids = torch.zeros(r * (n + 1), dtype=torch.int64, device=device)  # [max_reqs*(N+1)]
+        self.positions = torch.zeros(r * (n + 1), dtype=torch.int64, device=device)  # [max_reqs*(N+1)]
+        self.is_padding = torch.zeros(r * (n + 1), dtype=torch.bool, device=device)  # [max_reqs*(N+1)]
+        self.sample_pos = torch.zeros(r * n, dtype=torch.int64, device=device)  # [max_reqs*N]
+        self.mapping = torch.zeros(r * n, dtype=torch.int64, device=device)  # [max_reqs*N]
+
+    def call(self, first: bool = False):
+        from ..block_inputs import prepare_block_inputs
+
+        prepare_block_inputs(self.last_pos, self.bonus, self.req_slots, num_steps=self.config.steps,
+                             mask_token_id=self.config.vocab - 1, max_model_len=1 << 21, input_ids=self.input_ids,
+                             positions=self.positions, sample_pos=self.sample_pos,
+                             sample_idx_mapping=self.mapping, is_padding=self.is_padding, num_reqs=self.num_reqs,
+                             impl=self.impl)
+        if first and int(self.is_padding.view(self.config.max_reqs, -1)[:, 0].logical_not().sum()) != self.rows:
+            raise RuntimeError(f"block_inputs ({self.impl}) did not mark exactly {self.rows} live requests")
+
+    def outputs(self):
+        return [self.input_ids, self.positions, self.is_padding, self.sample_pos, self.mapping]
+
+
+def _runner_class(kernel):
+    if kernel in VERIFY_METHODS:
+        return VerifyRunner
+    return FilterRunner if kernel.startswith("filter_") else BlockInputsRunner
+
+
+# ----------------------------------------------------------------------------------------------
+# The grid
+
+
+def _record(config: VerifyBenchConfig, kernel: str, impl: str, rows: int, mode: str) -> dict:
+    work_rows, nbytes = kernel_bytes(config, kernel, rows)
+    return {"kernel": kernel, "impl": impl, "rows": rows, "temperature": mode, "layout": "-",
+            "work_rows": work_rows, "status": "ok", "time_us": None, "time_us_low": None, "time_us_high": None,
+            "eager_us": None, "timing": "graph" if config.device == "cuda" else "host",
+            "minimal_bytes": nbytes, "floor_us": None, "bandwidth_fraction": None, "graph_output_match": None,
+            "reason": ""}
+
+
+def _cases(config: VerifyBenchConfig) -> list:
+    """``(kernel, impl, mode)`` of one batch size; the filter and block inputs ignore T ("-")."""
+    cases = []
+    for kernel in config.kernels:
+        modes = config.temperatures if kernel in VERIFY_METHODS else ("-",)
+        for impl in config.impls:
+            if kernel == "filter_split" and impl != "triton":
+                continue  # a layout of the Triton filter only
+            cases += [(kernel, impl, mode) for mode in modes]
+    return cases
+
+
+def _set_up(key, rows, shared, config, record):
+    kernel, impl, mode = key
+    try:
+        runner = _runner_class(kernel)(kernel, impl, mode, rows, shared, config)
+    except ValueError as error:
+        record.update(status="n/a", reason=str(error))
+        return None
+    except Exception as error:  # noqa: BLE001 - one broken kernel must not lose the whole run
+        record.update(status="error", reason=f"{type(error).__name__}: {error}")
+        print(f"warning: {kernel} ({impl}) at {rows} rows, T={mode}: {record['reason']}", file=sys.stderr)
+        return None
+    record["layout"] = runner.layout
+    record["graph_output_match"] = runner.graph_output_match
+    if runner.graph_output_match is False:
+        print(f"warning: {kernel} ({impl}) at {rows} rows: the graph replay wrote other outputs than the eager call",
+              file=sys.stderr)
+    return runner
+
+
+def _time_rows(config, rows, shared, flush, bar) -> list:
+    """Set up every kernel at one batch size, then time them round-robin; the records."""
+    cuda = config.device == "cuda"
+    keys = _cases(config)
+    records, runners = {}, {}
+    for key in keys:
+        bar.set_postfix_str(f"{key[0]} {key[1]} B={rows} setup")
+        record = records[key] = _record(config, key[0], key[1], rows, key[2])
+        runner = _set_up(key, rows, shared, config, record)
+        if runner is not None:
+            runners[key] = runner
+        bar.update(1)
+    times = {key: [] for key in runners}
+    eager = {key: [] for key in runners}
+    order = list(runners)
+    for round_index in range(config.rounds):
+        shift = round_index % max(len(order), 1)
+        for key in order[shift:] + order[:shift]:
+            if records[key]["status"] != "ok":  # failed in an earlier round
+                continue
+            runner = runners[key]
+            try:
+                if cuda:
+                    times[key].append(harness.time_graph_replays(runner.graph, config.replays, flush))
+                    eager[key].append(harness.time_eager_cuda(runner.call, config.eager_calls, flush))
+                else:
+                    times[key].append(harness.time_host(runner.call, config.replays))
+            except Exception as error:  # noqa: BLE001
+                records[key].update(status="error", reason=f"{type(error).__name__}: {error}")
+                print(f"warning: {key[0]} ({key[1]}) at {rows} rows: {records[key]['reason']}", file=sys.stderr)
+        bar.update(len(keys))
+    for key in runners:
+        record = records[key]
+        if record["status"] != "ok":
+            continue
+        timing = harness.summarize(times[key])
+        record.update(time_us=timing.median, time_us_low=timing.low, time_us_high=timing.high)
+        if eager[key]:
+            record["eager_us"] = harness.summarize(eager[key]).median
+    return [records[key] for key in keys]
+
+
+def run_grid(config: VerifyBenchConfig, bandwidth: roofline.Bandwidth, *, progress: bool = True) -> list:
+    """Time every (rows, kernel, impl, temperature mode) of ``config``; one dict per combination
+    (fields :data:`RECORD_FIELDS`; ``bandwidth_fraction`` against ``bandwidth.read_gbps``)."""
+    from tqdm import tqdm
+
+    shared = SharedInputs(config)
+    flush = harness.L2Flusher(torch.device(config.device)) if config.device == "cuda" else None
+    per_rows = len(_cases(config))
+    bar = tqdm(total=len(config.rows) * per_rows * (1 + config.rounds), disable=not progress, file=sys.stderr,
+               desc="bench --verify", unit="step")
+    records = []
+    for rows in config.rows:
+        try:
+            records += _time_rows(config, rows, shared, flush, bar)
+        except Exception as error:  # noqa: BLE001 - e.g. out of memory: keep the other batch sizes
+            print(f"warning: {rows} rows failed: {type(error).__name__}: {error}", file=sys.stderr)
+            for kernel, impl, mode in _cases(config):
+                record = _record(config, kernel, impl, rows, mode)
+                record.update(status="error", reason=f"{type(error).__name__}: {error}")
+                records.append(record)
+    bar.close()
+    add_derived(records, bandwidth)
+    return records
+
+
+def add_derived(records: list, bandwidth: roofline.Bandwidth) -> None:
+    """Fill ``floor_us`` and ``bandwidth_fraction`` of every record in place."""
+    for record in records:
+        record["floor_us"] = roofline.floor_us(record["minimal_bytes"], bandwidth.read_gbps)
+        if record["time_us"] is not None:
+            record["bandwidth_fraction"] = record["floor_us"] / record["time_us"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Reports
+
+
+HEADER = ["kernel", "impl", "rows", "T", "layout", "time us (round range)", "eager us", "min MB", "floor us",
+          "% read BW"]
+
+
+def _cells(record) -> list:
+    if record["status"] != "ok":
+        time_cell = record["status"]
+    else:
+        time_cell = f"{record['time_us']:.1f} ({record['time_us_low']:.1f}-{record['time_us_high']:.1f})"
+    fraction = record["bandwidth_fraction"]
+    eager = record["eager_us"]
+    return [record["kernel"], record["impl"], str(record["rows"]), record["temperature"], record["layout"], time_cell,
+            "-" if eager is None else f"{eager:.1f}", f"{record['minimal_bytes'] / 1e6:.3f}",
+            f"{record['floor_us']:.2f}", "-" if fraction is None else f"{100 * fraction:.1f}"]
+
+
+def format_table(records, bandwidth, *, markdown: bool = False) -> str:
+    """The results as an aligned text table, or a markdown table when ``markdown``."""
+    rows = [_cells(r) for r in records]
+    footer = (f"bandwidth: copy {bandwidth.copy_gbps:.0f} GB/s, read {bandwidth.read_gbps:.0f} GB/s; min MB: "
+              "verify = target logits + K cache rows read once, filter = logits read + written once, "
+              "block_inputs = its outputs; floor = min MB / read bandwidth; % read BW = floor / time")
+    if markdown:
+        lines = ["| " + " | ".join(HEADER) + " |", "|" + "|".join("---" for _ in HEADER) + "|"]
+        lines += ["| " + " | ".join(cells) + " |" for cells in rows]
+        return "\n".join(lines + ["", footer]) + "\n"
+    widths = [max(len(h), *(len(cells[i]) for cells in rows)) if rows else len(h) for i, h in enumerate(HEADER)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(HEADER, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(cells, widths)) for cells in rows]
+    lines += ["", footer]
+    notes = {}
+    for r in records:
+        if r["status"] != "ok":
+            notes.setdefault((r["kernel"], r["impl"], r["status"], r["reason"]), []).append(
+                f"{r['rows']}/{r['temperature']}")
+    if notes:
+        lines += ["", "not measured:"]
+        lines += [f"  {kernel} ({impl}, {status}) at rows/T {', '.join(cases)}: {reason}"
+                  for (kernel, impl, status, reason), cases in notes.items()]
+    return "\n".join(lines) + "\n"
+
+
+def config_dict(config: VerifyBenchConfig) -> dict:
+    values = {field: getattr(config, field) for field in CONFIG_FIELDS}
+    values["cache_dtype"] = str(config.cache_dtype).replace("torch.", "")
+    values.update(drafts=config.steps, rows=list(config.rows), kernels=list(config.kernels),
+                  impls=list(config.impls), temperatures=list(config.temperatures))
+    return values
+
+
+def file_stem(env: dict, config: VerifyBenchConfig) -> str:
+    """``<gpu>_<date>_<cache dtype>[_v<V>_n<N>]_verify``."""
+    name = re.sub(r"[^A-Za-z0-9]+", "-", env["gpu"] or "cpu").strip("-")
+    cache = {torch.bfloat16: "bf16", torch.float32: "fp32"}[config.cache_dtype]
+    stem = f"{name}_{env['date'][:10]}_{cache}"
+    if (config.vocab, config.steps) != (129_280, 5):
+        stem += f"_v{config.vocab}_n{config.steps}"
+    return stem + "_verify"
+
+
+def timing_note(config: VerifyBenchConfig) -> str:
+    if config.device == "cuda":
+        return ("time_us: CUDA-graph replay of one call, L2 flushed before each replay, median of the round "
+                "medians (low/high: lowest/highest round median); eager_us: wall time of an eager call, "
+                "synchronised before and after")
+    return "time_us: time.perf_counter of eager calls on the CPU (no graphs, no L2 flush)"
+
+
+def write_json(path, env, config, bandwidth, records) -> Path:
+    payload = {"environment": env, "config": config_dict(config), "bandwidth": bandwidth._asdict(),
+               "bandwidth_used_for_fraction": "read_gbps", "timing": timing_note(config), "results": records}
+    path = Path(path)
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path
+
+
+def write_csv(path, env, config, bandwidth, records) -> Path:
+    """One line per result; each line repeats the environment, the shape and the bandwidth."""
+    fixed = {field: env.get(field) for field in report.ENV_FIELDS}
+    values = config_dict(config)
+    fixed.update({field: values[field] for field in ("device", "vocab", "steps", "cache_dtype", "max_reqs",
+                                                      "top_k", "top_p")})
+    fixed.update(copy_gbps=bandwidth.copy_gbps, read_gbps=bandwidth.read_gbps)
+    path = Path(path)
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(fixed) + list(RECORD_FIELDS))
+        writer.writeheader()
+        for record in records:
+            writer.writerow({**fixed, **{field: record[field] for field in RECORD_FIELDS}})
+    return path
+
+
+# ----------------------------------------------------------------------------------------------
+# Command line (called by ``bench.cli.main`` for ``--verify``)
+
+
+# Options of the sampler benchmark that mean nothing here: refused rather than silently ignored.
+_NOT_FOR_VERIFY = ("rank", "designs", "method")
+
+
+def config_from_args(args) -> VerifyBenchConfig:
+    for name in _NOT_FOR_VERIFY:
+        if getattr(args, name, None) is not None:
+            raise ValueError(f"--{name}: not used by --verify")
+    if getattr(args, "targets", False):
+        raise ValueError("--targets: not used by --verify (the issue-5 targets are the samplers')")
+    overrides = {name: getattr(args, name) for name in ("vocab", "steps", "rows", "rounds", "replays", "eager_calls",
+                                                         "seed") if getattr(args, name, None) is not None}
+    overrides["temperatures"] = TEMPERATURE_MODES if args.temperature == "both" else (args.temperature,)
+    overrides["cache_dtype"] = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.cache_dtype]
+    if args.device == "cpu":
+        return cpu_config(**overrides)
+    return VerifyBenchConfig(device="cuda", **overrides)
+
+
+def run_cli(args, argv) -> int:
+    """The ``--verify`` run of ``dspark-markov bench``: 0 on success, 2 on bad arguments."""
+    try:
+        config = config_from_args(args)
+    except ValueError as error:
+        print(f"dspark-markov bench: {error}", file=sys.stderr)
+        return 2
+    env = report.environment(config.device, argv)
+    bandwidth = roofline.measure_bandwidth(torch.device(config.device))
+    records = run_grid(config, bandwidth, progress=not args.no_progress)
+    cache = str(config.cache_dtype).replace("torch.", "")
+    print(f"{env['gpu'] or 'cpu'} | torch {env['torch']} | triton {env['triton']} | CUDA {env['cuda']} | "
+          f"driver {env['driver']} | V={config.vocab} K=N={config.steps} cache {cache} | top-k {config.top_k} "
+          f"top-p {config.top_p} | block inputs max_reqs {config.max_reqs}")
+    print(format_table(records, bandwidth), end="")
+    if args.markdown:
+        print(format_table(records, bandwidth, markdown=True), end="")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = file_stem(env, config)
+    written = [write_json(out / f"{stem}.json", env, config, bandwidth, records),
+               write_csv(out / f"{stem}.csv", env, config, bandwidth, records)]
+    print("wrote " + ", ".join(str(path) for path in written))
+    return 0
