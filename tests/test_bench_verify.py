@@ -1,0 +1,178 @@
+"""``dspark-markov bench --verify`` on the CPU: bytes model, the grid, the reports and the CLI."""
+
+import csv
+import json
+
+import pytest
+import torch
+
+from dspark_markov.bench import cli, roofline, verify_grid
+from dspark_markov.verify import filtering
+
+FAKE_BANDWIDTH = roofline.Bandwidth(copy_gbps=4300.0, read_gbps=4200.0, copy_bytes=1, read_bytes=1)
+
+
+# ---------------------------------------------------------------------------------------------- bytes model
+
+
+def test_bytes_model_deepseek_shapes():
+    # Verification at 253 rows, K = 5: target 253 * 6 * 129280 * 4 = 784,988,160 bytes, bf16 cache
+    # 253 * 5 * 129280 * 2 = 327,078,400 bytes.
+    assert verify_grid.verify_bytes(253, 5, 129_280) == 784_988_160 + 327_078_400
+    assert verify_grid.verify_bytes(1, 5, 129_280, cache_bytes=4) == 6 * 129_280 * 4 + 5 * 129_280 * 4
+    # Filtering 1518 = 253 * 6 rows: read and written once.
+    assert verify_grid.filter_bytes(1518, 129_280) == 2 * 784_988_160
+    # Block inputs, 256 requests, N = 5: 6 * (8 + 8 + 1) + 5 * (8 + 8) = 182 bytes per request.
+    assert verify_grid.block_inputs_bytes(256, 5) == 46_592
+    assert verify_grid.block_inputs_bytes(256, 5, id_bytes=4) == 256 * (6 * 9 + 80)
+
+    config = verify_grid.VerifyBenchConfig()
+    assert verify_grid.kernel_bytes(config, "verify_block", 253) == (253, 784_988_160 + 327_078_400)
+    assert verify_grid.kernel_bytes(config, "filter_split", 253) == (1518, 2 * 784_988_160)
+    assert verify_grid.kernel_bytes(config, "block_inputs", 1) == (256, 46_592)  # the whole padded batch
+    fp32 = verify_grid.VerifyBenchConfig(cache_dtype=torch.float32)
+    assert verify_grid.kernel_bytes(fp32, "verify_standard", 1)[1] == 6 * 129_280 * 4 + 5 * 129_280 * 4
+    # The floor of the 253-row verification at 4.2 TB/s: about 264.8 us.
+    assert roofline.floor_us(784_988_160 + 327_078_400, 4200.0) == pytest.approx(264.778, abs=1e-3)
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: verify_grid.verify_bytes(0, 5, 100), "rows"),
+    (lambda: verify_grid.verify_bytes(1, 0, 100), "drafts"),
+    (lambda: verify_grid.verify_bytes(1, 5, 100, cache_bytes=1), "cache_bytes"),
+    (lambda: verify_grid.filter_bytes(1, 0), "vocab"),
+    (lambda: verify_grid.block_inputs_bytes(0, 5), "max_reqs"),
+    (lambda: verify_grid.block_inputs_bytes(4, 5, id_bytes=2), "id_bytes"),
+    (lambda: verify_grid.kernel_bytes(verify_grid.VerifyBenchConfig(), "warp_drive", 1), "kernel"),
+    (lambda: verify_grid.VerifyBenchConfig(rows=(300,)), "rows"),
+    (lambda: verify_grid.VerifyBenchConfig(kernels=("verify",)), "kernels"),
+    (lambda: verify_grid.VerifyBenchConfig(impls=("cuda",)), "impls"),
+    (lambda: verify_grid.VerifyBenchConfig(top_p=1.5), "top_p"),
+])
+def test_bad_values_name_the_argument(call, name):
+    with pytest.raises(ValueError, match=name):
+        call()
+
+
+# ---------------------------------------------------------------------------------------------- grid
+
+
+def test_triton_kernels_in_the_interpreter():
+    """Every kernel's Triton path runs, passes its first-call checks (the filter equals the
+    reference bit for bit) and gets a time; the split filter needs two blocks, so it is n/a here."""
+    config = verify_grid.cpu_config(vocab=300, rows=(1,), impls=("triton",), temperatures=("mixed",), rounds=3,
+                                    replays=1)
+    records = verify_grid.run_grid(config, FAKE_BANDWIDTH, progress=False)
+    by_kernel = {r["kernel"]: r for r in records}
+    assert list(by_kernel) == list(verify_grid.KERNELS)
+    for kernel in ("verify_standard", "verify_block", "filter_row", "block_inputs"):
+        record = by_kernel[kernel]
+        assert record["status"] == "ok", record["reason"]
+        assert record["impl"] == "triton" and record["timing"] == "host"
+        assert 0 < record["time_us_low"] <= record["time_us"] <= record["time_us_high"]
+    assert by_kernel["filter_row"]["layout"] == "row" and by_kernel["filter_row"]["work_rows"] == 6
+    split = by_kernel["filter_split"]
+    assert split["status"] == "n/a" and "filter_split needs V >= 2 blocks" in split["reason"]
+
+
+def test_split_filter_layout_in_the_interpreter():
+    config = verify_grid.cpu_config(vocab=1100, rows=(1,), kernels=("filter_split",), impls=("triton",),
+                                    rounds=1, replays=1)
+    (record,) = verify_grid.run_grid(config, FAKE_BANDWIDTH, progress=False)
+    assert record["status"] == "ok", record["reason"]
+    assert record["layout"] == "split x2" and record["minimal_bytes"] == 2 * 6 * 1100 * 4
+
+
+def test_triton_without_interpreter_is_na_and_a_wrong_filter_is_an_error(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(filtering, "top_k_top_p", lambda logits, k, p, **kwargs: kwargs["out"].fill_(0.0))
+    config = verify_grid.VerifyBenchConfig(device="cpu", vocab=300, rows=(2,), kernels=("filter_row", "block_inputs"),
+                                           impls=("triton", "reference"), rounds=3, replays=1)
+    records = verify_grid.run_grid(config, FAKE_BANDWIDTH, progress=False)
+    by_key = {(r["kernel"], r["impl"]): r for r in records}
+    assert len(records) == 4
+    for kernel in ("filter_row", "block_inputs"):
+        assert by_key[(kernel, "triton")]["status"] == "n/a"
+        assert "TRITON_INTERPRET" in by_key[(kernel, "triton")]["reason"]
+    wrong = by_key[("filter_row", "reference")]
+    assert wrong["status"] == "error" and "disagrees with top_k_top_p_reference" in wrong["reason"]
+    assert wrong["time_us"] is None and wrong["bandwidth_fraction"] is None
+    assert by_key[("block_inputs", "reference")]["status"] == "ok"
+    table = verify_grid.format_table(records, FAKE_BANDWIDTH)
+    assert "not measured:" in table and "disagrees" in table
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+
+
+@pytest.fixture
+def small_bandwidth_buffers(monkeypatch):
+    monkeypatch.setattr(roofline, "CPU_COPY_BYTES", 1 << 20)
+    monkeypatch.setattr(roofline, "CPU_READ_BYTES", 1 << 20)
+
+
+def test_cpu_run_writes_reports(tmp_path, capsys, monkeypatch, small_bandwidth_buffers):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the references only: quick
+    argv = ["--verify", "--device", "cpu", "--vocab", "300", "--rows", "1,2", "--rounds", "3", "--replays", "1",
+            "--out", str(tmp_path), "--no-progress", "--markdown"]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "| kernel | impl | rows | T | layout |" in printed and "K=N=5" in printed
+
+    (json_path,) = tmp_path.glob("*.json")
+    (csv_path,) = tmp_path.glob("*.csv")
+    assert json_path.name.startswith("cpu_") and json_path.name.endswith("_bf16_v300_n5_verify.json")
+    assert csv_path.stem == json_path.stem
+    data = json.loads(json_path.read_text())
+    assert data["environment"]["command"].startswith("dspark-markov bench --verify --device cpu")
+    assert data["config"]["vocab"] == 300 and data["config"]["impls"] == ["reference"]
+    assert data["config"]["top_k"] == 50 and data["config"]["top_p"] == 0.9 and data["config"]["max_reqs"] == 256
+    assert data["bandwidth_used_for_fraction"] == "read_gbps" and "perf_counter" in data["timing"]
+
+    results = data["results"]
+    expected_keys = [(rows, kernel, mode) for rows in (1, 2)
+                     for kernel, mode in (("verify_standard", "1"), ("verify_standard", "mixed"),
+                                          ("verify_block", "1"), ("verify_block", "mixed"), ("filter_row", "-"),
+                                          ("block_inputs", "-"))]
+    assert [(r["rows"], r["kernel"], r["temperature"]) for r in results] == expected_keys
+    for r in results:
+        assert set(r) == set(verify_grid.RECORD_FIELDS)
+        assert r["status"] == "ok" and r["impl"] == "reference" and r["graph_output_match"] is None
+        assert 0 < r["time_us_low"] <= r["time_us"] <= r["time_us_high"]
+        assert r["floor_us"] == pytest.approx(r["minimal_bytes"] / (data["bandwidth"]["read_gbps"] * 1e3))
+        assert r["bandwidth_fraction"] == pytest.approx(r["floor_us"] / r["time_us"])
+        if r["kernel"].startswith("verify"):
+            assert r["minimal_bytes"] == r["rows"] * 300 * (6 * 4 + 5 * 2)
+        elif r["kernel"] == "filter_row":
+            assert r["minimal_bytes"] == 2 * 6 * r["rows"] * 300 * 4 and r["layout"] == "sort"
+        else:
+            assert r["minimal_bytes"] == 46_592 and r["work_rows"] == 256
+
+    with csv_path.open() as handle:
+        lines = list(csv.DictReader(handle))
+    assert len(lines) == len(results)
+    for line, r in zip(lines, results):
+        assert line["command"] == data["environment"]["command"] and line["vocab"] == "300"
+        assert line["kernel"] == r["kernel"] and int(line["rows"]) == r["rows"]
+        assert float(line["time_us"]) == pytest.approx(r["time_us"])
+        assert int(line["minimal_bytes"]) == r["minimal_bytes"]
+        assert float(line["read_gbps"]) == pytest.approx(data["bandwidth"]["read_gbps"])
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--rank", "8"], "--rank: not used by --verify"),
+    (["--designs", "reference"], "--designs: not used by --verify"),
+    (["--targets"], "--targets: not used by --verify"),
+    (["--rows", "300"], "rows"),
+    (["--rounds", "0"], "rounds"),
+])
+def test_bad_verify_arguments_exit_2(extra, message, capsys, tmp_path):
+    assert cli.main(["--verify", "--device", "cpu", "--out", str(tmp_path), *extra]) == 2
+    assert message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_verify_refuses_without_gpu(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["--verify", "--rows", "1"]) == 1
+    assert "needs a CUDA GPU" in capsys.readouterr().err
