@@ -176,3 +176,24 @@ def test_verify_refuses_without_gpu(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert cli.main(["--verify", "--rows", "1"]) == 1
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+def test_cuda_grid_at_real_shapes():
+    """V = 129,280, K = N = 5: every kernel is captured, its replay writes what the eager call wrote
+    (same inputs and keys), and it gets a positive graph-replay time and an eager time."""
+    config = verify_grid.VerifyBenchConfig(rows=(1, 16, 64, 253), rounds=2, replays=3, eager_calls=2)
+    bandwidth = roofline.measure_bandwidth(torch.device("cuda"))
+    records = verify_grid.run_grid(config, bandwidth, progress=False)
+    assert len(records) == 4 * (2 * 2 + 2 + 1)
+    for r in records:
+        assert r["status"] == "ok", (r["kernel"], r["rows"], r["reason"])
+        assert r["timing"] == "graph" and r["graph_output_match"] is True
+        assert 0 < r["time_us_low"] <= r["time_us"] <= r["time_us_high"] and r["eager_us"] > 0
+        assert r["bandwidth_fraction"] == pytest.approx(r["floor_us"] / r["time_us"])
+    split = [r for r in records if r["kernel"] == "filter_split"]
+    assert all(r["layout"].startswith("split x") for r in split)
+    assert {r["layout"] for r in records if r["kernel"] == "filter_row"} == {"row"}
