@@ -238,35 +238,18 @@ def _time_case(config, head, inputs, rows, mode, flush, bar) -> list:
         if run is not None:
             runs[design] = run
         bar.update(1)
-    times = {design: [] for design in runs}
-    eager = {design: [] for design in runs}
-    order = list(runs)
-    for round_index in range(config.rounds):
-        shift = round_index % max(len(order), 1)
-        for design in order[shift:] + order[:shift]:
-            bar.set_postfix_str(f"{design} R={rows} T={mode} round {round_index + 1}")
-            if case_records[design]["status"] != "ok":  # failed in an earlier round
-                continue
-            run = runs[design]
-            try:
-                if cuda:
-                    times[design].append(harness.time_graph_replays(run.graph, config.replays, flush))
-                    eager[design].append(harness.time_eager_cuda(run.call, config.eager_calls, flush))
-                else:
-                    times[design].append(harness.time_host(run.call, config.replays))
-            except Exception as error:  # noqa: BLE001
-                case_records[design].update(status="error", reason=f"{type(error).__name__}: {error}")
-                print(f"warning: {design} at {rows} rows, T={mode}: {case_records[design]['reason']}",
-                      file=sys.stderr)
-        bar.update(len(config.designs))
+    def report_error(design, error):
+        case_records[design].update(status="error", reason=f"{type(error).__name__}: {error}")
+        print(f"warning: {design} at {rows} rows, T={mode}: {case_records[design]['reason']}", file=sys.stderr)
+
+    times, eager = harness.time_round_robin(
+        runs, lambda design: case_records[design]["status"] == "ok", report_error,
+        rounds=config.rounds, replays=config.replays, eager_calls=config.eager_calls, cuda=cuda, flush=flush,
+        before=lambda design, index: bar.set_postfix_str(f"{design} R={rows} T={mode} round {index + 1}"),
+        after_round=lambda: bar.update(len(config.designs)))
     for design in runs:
-        record = case_records[design]
-        if record["status"] != "ok":
-            continue
-        timing = harness.summarize(times[design])
-        record.update(time_us=timing.median, time_us_low=timing.low, time_us_high=timing.high)
-        if eager[design]:
-            record["eager_us"] = harness.summarize(eager[design]).median
+        if case_records[design]["status"] == "ok":
+            harness.store_timing(case_records[design], times[design], eager[design])
     return [case_records[design] for design in config.designs]
 
 

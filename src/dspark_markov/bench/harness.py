@@ -137,3 +137,47 @@ def median_time_us(fn: Callable[[], object], device: torch.device, *, repeats: i
         end.record()
     torch.cuda.synchronize()
     return float(statistics.median(start.elapsed_time(end) * 1e3 for start, end in zip(starts, ends)))
+
+
+def time_round_robin(runs: dict, is_ok: Callable[[object], bool], on_error: Callable[[object, Exception], None], *,
+                     rounds: int, replays: int, eager_calls: int, cuda: bool, flush,
+                     before: Callable[[object, int], None] | None = None,
+                     after_round: Callable[[], None] | None = None) -> tuple:
+    """Time every run of ``runs`` (key -> object with ``graph`` and ``call``) in alternating rounds.
+
+    Each round starts one run later than the previous, so drift hits every run alike. On CUDA a
+    round times ``replays`` graph replays (L2 flushed before each) and ``eager_calls`` eager calls;
+    on the CPU ``replays`` host-timed calls. A run whose timing raises is reported to ``on_error``
+    and skipped afterwards (``is_ok`` says which runs still count). Returns ``(times, eager)``:
+    per key, one list of microseconds per round.
+    """
+    times = {key: [] for key in runs}
+    eager = {key: [] for key in runs}
+    order = list(runs)
+    for round_index in range(rounds):
+        shift = round_index % max(len(order), 1)
+        for key in order[shift:] + order[:shift]:
+            if before is not None:
+                before(key, round_index)
+            if not is_ok(key):  # failed in an earlier round
+                continue
+            run = runs[key]
+            try:
+                if cuda:
+                    times[key].append(time_graph_replays(run.graph, replays, flush))
+                    eager[key].append(time_eager_cuda(run.call, eager_calls, flush))
+                else:
+                    times[key].append(time_host(run.call, replays))
+            except Exception as error:  # noqa: BLE001 - reported per run, the others go on
+                on_error(key, error)
+        if after_round is not None:
+            after_round()
+    return times, eager
+
+
+def store_timing(record: dict, times: list, eager: list) -> None:
+    """Fill ``time_us`` (median of round medians), its range and ``eager_us`` of a record."""
+    timing = summarize(times)
+    record.update(time_us=timing.median, time_us_low=timing.low, time_us_high=timing.high)
+    if eager:
+        record["eager_us"] = summarize(eager).median

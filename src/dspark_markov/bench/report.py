@@ -127,12 +127,18 @@ def format_table(records, bandwidth, *, markdown: bool = False) -> str:
     footer = (f"bandwidth: copy {bandwidth.copy_gbps:.0f} GB/s, read {bandwidth.read_gbps:.0f} GB/s; "
               "min MB = bytes a minimal design moves (all steps); floor = min MB / read bandwidth; "
               "% read BW = floor / time")
+    return render_table(HEADER, rows, footer, notes, markdown=markdown)
+
+
+def render_table(header, rows, footer: str, notes, *, markdown: bool = False) -> str:
+    """``rows`` (lists of cell strings) under ``header`` as an aligned text table with ``footer``
+    and the ``notes`` on cases not measured, or as a markdown table with the footer only."""
     if markdown:
-        lines = ["| " + " | ".join(HEADER) + " |", "|" + "|".join("---" for _ in HEADER) + "|"]
+        lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
         lines += ["| " + " | ".join(cells) + " |" for cells in rows]
         return "\n".join(lines + ["", footer]) + "\n"
-    widths = [max(len(h), *(len(cells[i]) for cells in rows)) if rows else len(h) for i, h in enumerate(HEADER)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(HEADER, widths))]
+    widths = [max(len(h), *(len(cells[i]) for cells in rows)) if rows else len(h) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(c.ljust(w) for c, w in zip(cells, widths)) for cells in rows]
     lines += ["", footer]

@@ -441,33 +441,17 @@ def _time_rows(config, rows, shared, flush, bar) -> list:
         if runner is not None:
             runners[key] = runner
         bar.update(1)
-    times = {key: [] for key in runners}
-    eager = {key: [] for key in runners}
-    order = list(runners)
-    for round_index in range(config.rounds):
-        shift = round_index % max(len(order), 1)
-        for key in order[shift:] + order[:shift]:
-            if records[key]["status"] != "ok":  # failed in an earlier round
-                continue
-            runner = runners[key]
-            try:
-                if cuda:
-                    times[key].append(harness.time_graph_replays(runner.graph, config.replays, flush))
-                    eager[key].append(harness.time_eager_cuda(runner.call, config.eager_calls, flush))
-                else:
-                    times[key].append(harness.time_host(runner.call, config.replays))
-            except Exception as error:  # noqa: BLE001
-                records[key].update(status="error", reason=f"{type(error).__name__}: {error}")
-                print(f"warning: {key[0]} ({key[1]}) at {rows} rows: {records[key]['reason']}", file=sys.stderr)
-        bar.update(len(keys))
+    def report_error(key, error):
+        records[key].update(status="error", reason=f"{type(error).__name__}: {error}")
+        print(f"warning: {key[0]} ({key[1]}) at {rows} rows: {records[key]['reason']}", file=sys.stderr)
+
+    times, eager = harness.time_round_robin(
+        runners, lambda key: records[key]["status"] == "ok", report_error,
+        rounds=config.rounds, replays=config.replays, eager_calls=config.eager_calls, cuda=cuda, flush=flush,
+        after_round=lambda: bar.update(len(keys)))
     for key in runners:
-        record = records[key]
-        if record["status"] != "ok":
-            continue
-        timing = harness.summarize(times[key])
-        record.update(time_us=timing.median, time_us_low=timing.low, time_us_high=timing.high)
-        if eager[key]:
-            record["eager_us"] = harness.summarize(eager[key]).median
+        if records[key]["status"] == "ok":
+            harness.store_timing(records[key], times[key], eager[key])
     return [records[key] for key in keys]
 
 
@@ -530,24 +514,14 @@ def format_table(records, bandwidth, *, markdown: bool = False) -> str:
     footer = (f"bandwidth: copy {bandwidth.copy_gbps:.0f} GB/s, read {bandwidth.read_gbps:.0f} GB/s; min MB: "
               "verify = target logits + K cache rows read once, filter = logits read + written once, "
               "block_inputs = its outputs; floor = min MB / read bandwidth; % read BW = floor / time")
-    if markdown:
-        lines = ["| " + " | ".join(HEADER) + " |", "|" + "|".join("---" for _ in HEADER) + "|"]
-        lines += ["| " + " | ".join(cells) + " |" for cells in rows]
-        return "\n".join(lines + ["", footer]) + "\n"
-    widths = [max(len(h), *(len(cells[i]) for cells in rows)) if rows else len(h) for i, h in enumerate(HEADER)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(HEADER, widths)), "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(cells, widths)) for cells in rows]
-    lines += ["", footer]
-    notes = {}
+    grouped = {}  # (kernel, impl, status, reason) -> the cases it applies to
     for r in records:
         if r["status"] != "ok":
-            notes.setdefault((r["kernel"], r["impl"], r["status"], r["reason"]), []).append(
+            grouped.setdefault((r["kernel"], r["impl"], r["status"], r["reason"]), []).append(
                 f"{r['rows']}/{r['temperature']}")
-    if notes:
-        lines += ["", "not measured:"]
-        lines += [f"  {kernel} ({impl}, {status}) at rows/T {', '.join(cases)}: {reason}"
-                  for (kernel, impl, status, reason), cases in notes.items()]
-    return "\n".join(lines) + "\n"
+    notes = [f"{kernel} ({impl}, {status}) at rows/T {', '.join(cases)}: {reason}"
+             for (kernel, impl, status, reason), cases in grouped.items()]
+    return report.render_table(HEADER, rows, footer, notes, markdown=markdown)
 
 
 def config_dict(config: VerifyBenchConfig) -> dict:
