@@ -52,6 +52,16 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
     return ai == bi
 
 
+def check_sampler_sizes(num_steps, max_rows, cache_dtype) -> None:
+    """Construction checks shared by every sampler: ``num_steps``/``max_rows`` >= 1, a cache dtype."""
+    if cache_dtype not in CACHE_DTYPES:
+        raise ValueError(f"cache_dtype: expected torch.bfloat16 or torch.float32, got {cache_dtype}")
+    if int(num_steps) < 1:
+        raise ValueError(f"num_steps: expected >= 1, got {num_steps}")
+    if int(max_rows) < 1:
+        raise ValueError(f"max_rows: expected >= 1, got {max_rows}")
+
+
 class DraftDims(NamedTuple):
     rows: int
     steps: int

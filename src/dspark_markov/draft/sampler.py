@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..validate import CACHE_DTYPES, check_draft_inputs
+from ..validate import check_draft_inputs, check_sampler_sizes
 from .backends import backend_class
 
 METHODS = ("gumbel", "inverse_cdf")
@@ -48,12 +48,7 @@ class MarkovSampler:
     def __init__(self, head, num_steps: int, max_rows: int, cache_dtype=torch.bfloat16, method: str = "gumbel",
                  impl: str = "auto", *, fp64: bool = False):
         _check_choice("method", method, METHODS)
-        if cache_dtype not in CACHE_DTYPES:
-            raise ValueError(f"cache_dtype: expected torch.bfloat16 or torch.float32, got {cache_dtype}")
-        if int(num_steps) < 1:
-            raise ValueError(f"num_steps: expected >= 1, got {num_steps}")
-        if int(max_rows) < 1:
-            raise ValueError(f"max_rows: expected >= 1, got {max_rows}")
+        check_sampler_sizes(num_steps, max_rows, cache_dtype)
         device = head.device
         cls = backend_class(impl)
         if method not in cls.METHODS:

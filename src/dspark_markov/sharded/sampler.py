@@ -17,7 +17,7 @@ import torch.distributed as dist
 from ..draft.reference import row_keys
 from ..draft.sampler import DraftOutput, MarkovSampler
 from ..head import MarkovHead
-from ..validate import CACHE_DTYPES, check_draft_inputs, check_tensor
+from ..validate import CACHE_DTYPES, check_draft_inputs, check_sampler_sizes, check_tensor
 from .partition import all_shard_bounds, max_shard_width, shard_bounds
 from .step import _shard_step
 from .transport import TRANSPORTS, agree, flag_device, install_transport
@@ -98,12 +98,7 @@ class ShardedMarkovSampler:
             raise ValueError(f"cache_layout: expected 'sharded' or 'gathered', got {cache_layout!r}")
         if transport not in TRANSPORTS:
             raise ValueError(f"transport: expected one of {', '.join(repr(t) for t in TRANSPORTS)}, got {transport!r}")
-        if cache_dtype not in CACHE_DTYPES:
-            raise ValueError(f"cache_dtype: expected torch.bfloat16 or torch.float32, got {cache_dtype}")
-        if int(num_steps) < 1:
-            raise ValueError(f"num_steps: expected >= 1, got {num_steps}")
-        if int(max_rows) < 1:
-            raise ValueError(f"max_rows: expected >= 1, got {max_rows}")
+        check_sampler_sizes(num_steps, max_rows, cache_dtype)
         check_tensor("head_weight", head_weight, dim=2)
         if vocab_size is None:
             vocab = head_weight.shape[0]
