@@ -27,7 +27,7 @@ import triton.language as tl
 
 from .. import rng_triton
 from .gumbel_filter import FILTER_MARGIN, INT64_MAX, INT64_MIN, approx_noise, key_slack, pack_key, unpack_key
-from .triton_common import round_to, to_float32
+from .triton_common import block_argmax, round_to, to_float32
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 _INT_MAX = tl.constexpr(2147483647)  # jitted code reads only constexpr globals
@@ -201,19 +201,14 @@ def _fused_step_kernel(
 
 @triton.jit
 def _combine_argmax(part_val_ptr, part_idx_ptr, row, num_tiles, BLOCK_T: tl.constexpr):
-    """torch.argmax over a row's tile partials: first NaN tile, else first maximal tile."""
+    """torch.argmax over a row's tile partials: ``(token, has NaN, best key)``."""
     tiles = tl.arange(0, BLOCK_T)
     ok = tiles < num_tiles
     value = tl.load(part_val_ptr + row * num_tiles + tiles, mask=ok, other=float("-inf"))
     index = tl.load(part_idx_ptr + row * num_tiles + tiles, mask=ok, other=0)
-    isnan = (value != value) & ok
-    has_nan = tl.max(isnan.to(tl.int32), axis=0) > 0
-    first_nan_tile = tl.min(tl.where(isnan, tiles, _INT_MAX), axis=0)
-    clean = tl.where(ok & (value == value), value, float("-inf"))
-    best = tl.max(clean, axis=0)
-    first_best_tile = tl.min(tl.where(ok & (clean == best), tiles, _INT_MAX), axis=0)
-    tile = tl.where(has_nan, first_nan_tile, first_best_tile)
-    token = tl.sum(tl.where(tiles == tile, index, 0), axis=0)
+    # Tile partials are in vocabulary order, so the first index among ties is the first tile's.
+    best, token = block_argmax(value, index, ok)
+    has_nan = best != best
     return token, has_nan, best
 
 
