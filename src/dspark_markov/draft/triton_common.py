@@ -34,6 +34,8 @@ import triton.language as tl
 from .. import rng_triton
 from . import gumbel_filter
 
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"  # read once: set before any kernel is defined
+
 # The block size on the GPU: 2048 logits per program (8 per thread at 8 warps, 16-byte bf16
 # loads), 64 blocks per row at V = 129,280, few partials for the combine. When a whole step has
 # fewer such programs than the GPU has SMs (one or two rows), 1024 halves each program's serial
@@ -278,7 +280,7 @@ def launch_gumbel_blocks(logits, logits_row_stride, logits_step_stride, bias, sc
         block_max, block_token, block_max.stride(0),
         step, num_steps, vocab, gumbel_filter.FILTER_MARGIN,
         BLOCK=block, ADD_BIAS=add_bias, HAS_SCALE=add_bias and float(scale) != 1.0, FILTER=filter,
-        HARDWARE_LOG2=logits.device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1",
+        HARDWARE_LOG2=logits.device.type == "cuda" and not INTERPRET,
         num_warps=_num_warps(block), enable_fp_fusion=False,
     )
 

@@ -19,17 +19,14 @@ partials written and read back; the codes (``R * R_k * w``) are re-read from L2 
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from .. import rng_triton
 from .gumbel_filter import FILTER_MARGIN, INT64_MAX, INT64_MIN, approx_noise, key_slack, pack_key, unpack_key
-from .triton_common import block_argmax, round_to, to_float32
+from .triton_common import INTERPRET, block_argmax, round_to, to_float32
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 _INT_MAX = tl.constexpr(2147483647)  # jitted code reads only constexpr globals
 
 
@@ -313,7 +310,7 @@ class FusedBackend:
         self.head = head
         self.method = method
         self.filter_margin = float(filter_margin)  # a huge margin forces the exact path (tests)
-        interpret = _INTERPRET or torch.device(device).type == "cpu"
+        interpret = INTERPRET or torch.device(device).type == "cpu"
         self.interpret = interpret
         self.upcast = interpret or head.dtype == torch.float32
         # Launch shapes measured on the H200 (tools/sweep_fused.py): small batches want wide vocabulary
