@@ -33,6 +33,12 @@ def check_tensor(name, x, *, dim=None, shape=None, dtypes=None, device=None, las
         raise ValueError(f"{name}: expected the last dimension contiguous (stride 1), got strides {x.stride()}")
 
 
+def check_choice(name, value, choices):
+    """Raise ``ValueError`` unless ``value`` is one of ``choices`` (an option such as ``method``)."""
+    if value not in choices:
+        raise ValueError(f"{name}: expected one of {', '.join(repr(c) for c in choices)}, got {value!r}")
+
+
 def check_range(name, x, low, high):
     """Raise ``ValueError`` unless every value of ``x`` lies in ``[low, high)`` (synchronises)."""
     if x.numel() == 0:

@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..validate import check_draft_inputs, check_sampler_sizes
+from ..validate import check_choice, check_draft_inputs, check_sampler_sizes
 from .backends import backend_class
 
 METHODS = ("gumbel", "inverse_cdf")
@@ -15,11 +15,6 @@ METHODS = ("gumbel", "inverse_cdf")
 class DraftOutput(NamedTuple):
     draft_tokens: torch.Tensor  # [R, N] int64
     logits_cache: torch.Tensor  # [S, N, V] bf16 or fp32
-
-
-def _check_choice(name, value, choices):
-    if value not in choices:
-        raise ValueError(f"{name}: expected one of {', '.join(repr(c) for c in choices)}, got {value!r}")
 
 
 class MarkovSampler:
@@ -47,7 +42,7 @@ class MarkovSampler:
 
     def __init__(self, head, num_steps: int, max_rows: int, cache_dtype=torch.bfloat16, method: str = "gumbel",
                  impl: str = "auto", *, fp64: bool = False):
-        _check_choice("method", method, METHODS)
+        check_choice("method", method, METHODS)
         check_sampler_sizes(num_steps, max_rows, cache_dtype)
         device = head.device
         cls = backend_class(impl)

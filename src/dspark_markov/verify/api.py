@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..validate import CACHE_DTYPES, INDEX_DTYPES, _same_device, check_range, check_tensor
+from ..validate import CACHE_DTYPES, INDEX_DTYPES, _same_device, check_choice, check_range, check_tensor
 from .reference import verify_reference
 
 METHODS = ("standard", "block")
@@ -16,11 +16,6 @@ IMPLS = ("reference", "triton", "auto")
 class VerifyOutput(NamedTuple):
     tokens: torch.Tensor  # [B, K+1] int64, the emitted tokens, -1 after the last one
     num_emitted: torch.Tensor  # [B] int64, accepted drafts + 1 (0 for padding requests)
-
-
-def _check_choice(name, value, choices):
-    if value not in choices:
-        raise ValueError(f"{name}: expected one of {', '.join(repr(c) for c in choices)}, got {value!r}")
 
 
 def check_verify_inputs(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions, temperature,
@@ -123,8 +118,8 @@ def verify_drafts(target_logits, draft_tokens, logits_cache, num_drafts, idx_map
     depend on the batch composition. The reference allocates its outputs and temporaries
     (``O(B K V)`` fp32) and is not CUDA-graph safe.
     """
-    _check_choice("method", method, METHODS)
-    _check_choice("impl", impl, IMPLS)
+    check_choice("method", method, METHODS)
+    check_choice("impl", impl, IMPLS)
     check_verify_inputs(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions, temperature,
                         seeds, target_greedy, check_values=check_values)
     if target_greedy is None:
