@@ -219,16 +219,23 @@ def _timing_note(config) -> str:
 
 def write_csv(path, env, config, bandwidth, records) -> Path:
     """One line per result; each line repeats the environment, the shape and the bandwidth."""
+    values = config_dict(config)
+    shape = {field: values[field] for field in ("device", "vocab", "rank", "steps", "cache_dtype", "logits_dtype")}
+    return write_records_csv(path, env, shape, bandwidth, records, RECORD_FIELDS)
+
+
+def write_records_csv(path, env, shape: dict, bandwidth, records, record_fields) -> Path:
+    """CSV of ``records`` (columns ``record_fields``), each line prefixed by the environment
+    (:data:`ENV_FIELDS`), the ``shape`` columns and the measured bandwidths."""
     fixed = {field: env.get(field) for field in ENV_FIELDS}
-    fixed.update({field: value for field, value in config_dict(config).items()
-                  if field in ("device", "vocab", "rank", "steps", "cache_dtype", "logits_dtype")})
+    fixed.update(shape)
     fixed.update(copy_gbps=bandwidth.copy_gbps, read_gbps=bandwidth.read_gbps)
     path = Path(path)
     with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(fixed) + list(RECORD_FIELDS))
+        writer = csv.DictWriter(handle, fieldnames=list(fixed) + list(record_fields))
         writer.writeheader()
         for record in records:
-            writer.writerow({**fixed, **{field: record[field] for field in RECORD_FIELDS}})
+            writer.writerow({**fixed, **{field: record[field] for field in record_fields}})
     return path
 
 

@@ -38,7 +38,6 @@ positions and slots).
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 import os
@@ -560,18 +559,10 @@ def write_json(path, env, config, bandwidth, records) -> Path:
 
 def write_csv(path, env, config, bandwidth, records) -> Path:
     """One line per result; each line repeats the environment, the shape and the bandwidth."""
-    fixed = {field: env.get(field) for field in report.ENV_FIELDS}
     values = config_dict(config)
-    fixed.update({field: values[field] for field in ("device", "vocab", "steps", "cache_dtype", "max_reqs",
-                                                      "top_k", "top_p")})
-    fixed.update(copy_gbps=bandwidth.copy_gbps, read_gbps=bandwidth.read_gbps)
-    path = Path(path)
-    with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(fixed) + list(RECORD_FIELDS))
-        writer.writeheader()
-        for record in records:
-            writer.writerow({**fixed, **{field: record[field] for field in RECORD_FIELDS}})
-    return path
+    shape = {field: values[field] for field in ("device", "vocab", "steps", "cache_dtype", "max_reqs", "top_k",
+                                                 "top_p")}
+    return report.write_records_csv(path, env, shape, bandwidth, records, RECORD_FIELDS)
 
 
 # ----------------------------------------------------------------------------------------------
