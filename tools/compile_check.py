@@ -89,6 +89,7 @@ def main(impls):
     for impl, method in impls:
         for weight_dtype, cache_dtype, rows in ((torch.bfloat16, torch.bfloat16, 1), (torch.bfloat16, torch.float32, 253),
                                                 (torch.float32, torch.bfloat16, 16)):
+            rows = min(rows, resolve(impl).MAX_ROWS or rows)  # chain takes small batches only
             head = dm.MarkovHead(torch.empty(vocab, rank, dtype=weight_dtype, device="meta"),
                                  torch.empty(vocab, rank, dtype=weight_dtype, device="meta"))
             args = [torch.empty(rows, steps, vocab, dtype=torch.bfloat16, device="meta"),

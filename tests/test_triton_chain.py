@@ -1,0 +1,84 @@
+"""``impl="chain"`` in Triton's interpreter (one program: the interpreter runs programs in turn).
+
+The GPU tests (tests/gpu/test_chain_gpu.py) run it with one program per SM at full shapes.
+"""
+
+import pytest
+import torch
+
+import dspark_markov as dm
+from draft_checks import check_against_reference
+from test_triton_fused import make_problem
+
+pytest.importorskip("triton")
+
+
+@pytest.mark.parametrize("weight_dtype,logit_dtype,cache_dtype,scale", [
+    (torch.bfloat16, torch.bfloat16, torch.bfloat16, 1.0),
+    (torch.bfloat16, torch.float32, torch.float32, 0.75),
+    (torch.float32, torch.float32, torch.bfloat16, 1.0),
+])
+def test_chain_exact_against_reference(weight_dtype, logit_dtype, cache_dtype, scale, device):
+    head, args = make_problem(1000, 32, 5, 3, weight_dtype=weight_dtype, logit_dtype=logit_dtype, scale=scale,
+                              device=device)
+    cache = torch.full((6, 3, 1000), float("nan"), dtype=cache_dtype, device=device)
+    out = dm.sample_drafts(head, *args, impl="chain", logits_cache=cache)
+    check_against_reference(head, *args, out)
+    untouched = torch.ones(6, dtype=torch.bool)
+    untouched[args[2].view(5, 3)[:, 0].clamp_min(0).unique()] = False
+    assert bool(torch.isnan(cache[untouched.to(cache.device)].float()).all()), "padding or unused slots were written"
+
+
+def test_chain_repeated_calls_reset_scratch_and_resident_tiles(device):
+    """Calls in a row reuse the words/counters (reset by the launch) and register-resident tiles."""
+    head, args = make_problem(301, 16, 3, 4, device=device)
+    sampler = dm.MarkovSampler(head, 4, 16, impl="chain")
+    sampler.backend = type(sampler.backend)(head, 4, 16, "gumbel", torch.bfloat16, head.device, resident=2)
+    for seed in range(3):
+        _, args = make_problem(301, 16, 3, 4, seed=seed, device=device)
+        out = sampler.sample(*args)
+        check_against_reference(head, *args, out)
+        assert int(sampler.backend.sync.abs().sum()) == 0
+        assert bool((sampler.backend.words == -(2**63)).all())
+    sampler.backend.check()
+
+
+def test_chain_nan_inf_rows_give_defined_tokens(device):
+    head, args = make_problem(300, 16, 4, 1, temps=(1.0,), padding_row=None, device=device)
+    base = args[0].float()
+    base[0, 0, 17] = float("nan")
+    base[0, 0, 40] = float("nan")
+    base[1, 0, :] = float("-inf")
+    base[2, 0, 123] = float("inf")
+    base[3, 0, 7] = 1e30
+    args[0] = base
+    out = dm.sample_drafts(head, *args, impl="chain", cache_dtype=torch.float32)
+    assert out.draft_tokens[:, 0].tolist() == [17, 0, 123, 7]
+
+
+def test_chain_barrier_gives_up_instead_of_hanging(device):
+    """Two programs in the interpreter: the first waits for a second that runs only after it.
+
+    The bounded wait gives up, the status says so and ``check`` raises; the launch ends, the last
+    program still resets the scratch, and every token is in range.
+    """
+    from dspark_markov.draft.triton_chain import ChainBackend
+
+    head, args = make_problem(300, 16, 2, 2, device=device)
+    backend = ChainBackend(head, 2, 2, "gumbel", torch.bfloat16, head.device, spin_limit=3)
+    backend.programs = 2  # more programs than can run at once here
+    tokens = torch.full((2, 2), -5, dtype=torch.int64, device=device)
+    cache = torch.zeros(3, 2, 300, dtype=torch.bfloat16, device=device)
+    backend.run(*args, tokens, cache)
+    assert bool(((tokens >= 0) & (tokens < 300)).all())
+    with pytest.raises(RuntimeError, match="barrier timed out"):
+        backend.check()
+    assert int(backend.sync.abs().sum()) == 0
+
+
+def test_chain_refuses_what_it_cannot_run(device):
+    head, _ = make_problem(300, 16, 2, 2, device=device)
+    with pytest.raises(ValueError, match="max_rows"):
+        dm.MarkovSampler(head, 2, 17, impl="chain")
+    with pytest.raises(ValueError, match="method"):
+        dm.MarkovSampler(head, 2, 4, impl="chain", method="inverse_cdf")

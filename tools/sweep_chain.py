@@ -1,0 +1,78 @@
+"""Sweep impl="chain" launch configurations on the GPU (CUDA graph, cold L2, median of rounds).
+
+Usage: ``PYTHONPATH=src python3 tools/sweep_chain.py [--rows 1,4,16] [--block-v 64,128] [--resident 0,1,2]
+[--warps 4,8] [--stages 2,3] [--temperature 1|mixed]``. Prints one line per configuration with the
+median microseconds of all N steps, whether the barrier status stayed clean, and whether the
+tokens equal those of impl="fused" on the same inputs (the bias may differ in its last bit, so a
+rare mismatch is possible; the GPU tests check exactness against the reference).
+"""
+
+import argparse
+import itertools
+import statistics
+
+import torch
+
+import dspark_markov as dm
+from dspark_markov.bench import harness
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", default="1,4,16")
+    parser.add_argument("--block-v", default="64,128")
+    parser.add_argument("--resident", default="0,1,2")
+    parser.add_argument("--warps", default="4,8")
+    parser.add_argument("--stages", default="2,3")
+    parser.add_argument("--temperature", default="1", choices=("1", "mixed"))
+    args = parser.parse_args()
+    vocab, rank, steps = 129_280, 256, 5
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    head = dm.MarkovHead((torch.randn(vocab, rank, device="cuda", generator=gen) * 0.05).bfloat16(),
+                         (torch.randn(vocab, rank, device="cuda", generator=gen) * 0.05).bfloat16())
+    flush = harness.L2Flusher(torch.device("cuda"))
+    for rows in (int(r) for r in args.rows.split(",")):
+        base = (torch.randn(rows, steps, vocab, device="cuda", generator=gen) * 2).bfloat16()
+        anchor = torch.randint(0, vocab, (rows,), device="cuda", generator=gen)
+        idx = torch.arange(rows, device="cuda").repeat_interleave(steps)
+        pos = torch.randint(1, 1 << 20, (rows * steps,), device="cuda", generator=gen)
+        if args.temperature == "1":
+            temp = torch.ones(rows, device="cuda")
+        else:
+            temp = torch.tensor([0.0, 0.6, 1.0], device="cuda")[torch.arange(rows, device="cuda") % 3]
+        seeds = torch.randint(0, 1 << 62, (rows,), device="cuda", generator=gen)
+        inputs = (base, anchor, idx, pos, temp, seeds)
+        fused_tokens = dm.sample_drafts(head, *inputs, impl="fused").draft_tokens
+        tokens = torch.empty(rows, steps, dtype=torch.int64, device="cuda")
+        cache = torch.empty(rows, steps, vocab, dtype=torch.bfloat16, device="cuda")
+        results = []
+        grid = itertools.product(*(map(int, s.split(",")) for s in
+                                   (args.block_v, args.resident, args.warps, args.stages)))
+        for block_v, resident, warps, stages in grid:
+            label = f"rows {rows:3d} block_v {block_v:4d} resident {resident} warps {warps} stages {stages}"
+            sampler = dm.MarkovSampler(head, steps, rows, impl="chain")
+            backend = sampler.backend
+            backend.__init__(head, steps, rows, "gumbel", torch.bfloat16, torch.device("cuda"),
+                             block_v=block_v, resident=resident, num_warps=warps, num_stages=stages)
+
+            def call():
+                sampler.sample(*inputs, draft_tokens=tokens, logits_cache=cache, check_values=False)
+            try:
+                graph = harness.capture_graph(call)
+            except Exception as error:  # a configuration that does not compile (e.g. shared memory)
+                print(f"{label}: {type(error).__name__}: {str(error)[:200]}", flush=True)
+                continue
+            rounds = [statistics.median(harness.time_graph_replays(graph, 20, flush)) for _ in range(3)]
+            torch.cuda.synchronize()
+            clean = int(backend.status.item()) == 0
+            same = bool(torch.equal(tokens, fused_tokens))
+            results.append((statistics.median(rounds), label))
+            print(f"{label}: {statistics.median(rounds):8.1f} us  status clean: {clean}  tokens == fused: {same}",
+                  flush=True)
+        if results:
+            best = min(results)
+            print(f"BEST {best[1]}: {best[0]:.1f} us", flush=True)
+
+
+if __name__ == "__main__":
+    main()
