@@ -1,7 +1,7 @@
 """Sweep impl="chain" launch configurations on the GPU (CUDA graph, cold L2, median of rounds).
 
 Usage: ``PYTHONPATH=src python3 tools/sweep_chain.py [--rows 1,4,16] [--block-v 64,128] [--resident 0,1,2]
-[--warps 4,8] [--stages 2,3] [--temperature 1|mixed]``. Prints one line per configuration with the
+[--warps 4,8] [--stages 2,3] [--per-sm 1,2] [--steps 5] [--temperature 1|mixed]``. Prints one line per configuration with the
 median microseconds of all N steps, whether the barrier status stayed clean, and whether the
 tokens equal those of impl="fused" on the same inputs (the bias may differ in its last bit, so a
 rare mismatch is possible; the GPU tests check exactness against the reference).
@@ -24,9 +24,11 @@ def main():
     parser.add_argument("--resident", default="0,1,2")
     parser.add_argument("--warps", default="4,8")
     parser.add_argument("--stages", default="2,3")
+    parser.add_argument("--per-sm", default="1", help="programs per SM (capped at what fits)")
+    parser.add_argument("--steps", type=int, default=5, help="N (1 shows the cost of the first step alone)")
     parser.add_argument("--temperature", default="1", choices=("1", "mixed"))
     args = parser.parse_args()
-    vocab, rank, steps = 129_280, 256, 5
+    vocab, rank, steps = 129_280, 256, args.steps
     gen = torch.Generator(device="cuda").manual_seed(0)
     head = dm.MarkovHead((torch.randn(vocab, rank, device="cuda", generator=gen) * 0.05).bfloat16(),
                          (torch.randn(vocab, rank, device="cuda", generator=gen) * 0.05).bfloat16())
@@ -47,13 +49,15 @@ def main():
         cache = torch.empty(rows, steps, vocab, dtype=torch.bfloat16, device="cuda")
         results = []
         grid = itertools.product(*(map(int, s.split(",")) for s in
-                                   (args.block_v, args.resident, args.warps, args.stages)))
-        for block_v, resident, warps, stages in grid:
-            label = f"rows {rows:3d} block_v {block_v:4d} resident {resident} warps {warps} stages {stages}"
+                                   (args.block_v, args.resident, args.warps, args.stages, args.per_sm)))
+        for block_v, resident, warps, stages, per_sm in grid:
+            label = (f"N {steps} rows {rows:3d} block_v {block_v:4d} resident {resident} warps {warps} stages {stages} "
+                     f"per_sm {per_sm}")
             sampler = dm.MarkovSampler(head, steps, rows, impl="chain")
             backend = sampler.backend
             backend.__init__(head, steps, rows, "gumbel", torch.bfloat16, torch.device("cuda"),
-                             block_v=block_v, resident=resident, num_warps=warps, num_stages=stages)
+                             block_v=block_v, resident=resident, num_warps=warps, num_stages=stages,
+                             programs_per_sm=per_sm)
 
             def call():
                 sampler.sample(*inputs, draft_tokens=tokens, logits_cache=cache, check_values=False)
@@ -67,7 +71,8 @@ def main():
             clean = int(backend.status.item()) == 0
             same = bool(torch.equal(tokens, fused_tokens))
             results.append((statistics.median(rounds), label))
-            print(f"{label}: {statistics.median(rounds):8.1f} us  status clean: {clean}  tokens == fused: {same}",
+            print(f"{label} programs {backend.programs}: {statistics.median(rounds):8.1f} us  status clean: {clean}  "
+                  f"tokens == fused: {same}",
                   flush=True)
         if results:
             best = min(results)

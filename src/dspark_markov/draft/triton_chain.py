@@ -1,6 +1,6 @@
 """``impl="chain"``: all N draft steps of a small batch in one persistent launch (Gumbel-max).
 
-One program per SM (``P`` programs, all resident at once) runs the whole chain. Program ``p`` owns
+``P`` programs, all on the GPU at once (3 per SM by default), run the whole chain. Program ``p`` owns
 the vocabulary tiles ``p, p + P, p + 2P, ...`` of ``BLOCK_V`` tokens. At every step it computes the
 bias of its tiles on tensor cores (``codes @ W2_tile^T``, fp32 accumulation rounded once to the
 weight dtype, as ``impl="fused"``), adds the base logits, writes the cache, and reduces its tiles
@@ -12,12 +12,15 @@ per step in global memory) makes the winner known to every program, which gather
 and goes on to the next step. The last program to finish writes ``draft_tokens`` and resets the
 words and counters for the next call, so a call is one launch and replays in a CUDA graph.
 
-Where W2 lives: its first ``RESIDENT`` tiles per program are loaded once, before the step loop,
-and stay in registers for all N steps; the others are streamed at every step, with an L2
-``evict_last`` hint (base logits and the cache use ``evict_first``) and in alternating directions
-(forward at even steps, backward at odd ones), so that the tiles read last at one step, still in
-the 60 MB L2, are the first read at the next. Triton gives no shared memory that outlives a loop
-iteration, so registers and L2 are what a Triton kernel can keep W2 in.
+Where W2 lives: with ``RESIDENT`` > 0 the first tiles of each program are loaded once, before the
+step loop, and stay in registers for all N steps; the others are streamed at every step, with an
+L2 ``evict_last`` hint (base logits and the cache use ``evict_first``) and in alternating
+directions (forward at even steps, backward at odd ones), so that the tiles read last at one step,
+still in the 60 MB L2, are the first read at the next. Triton gives no shared memory that outlives
+a loop iteration, so registers and L2 are what a Triton kernel can keep W2 in. Measured on the
+H200, the register-resident tiles cost more occupancy than they save (default ``RESIDENT = 0``, 3
+programs per SM), and the later steps take ~28 us against ~40 us for the first (W2 only partly
+hit in L2): far from the ~10 us a kernel holding W2 in shared memory and registers would need.
 
 Waits are bounded: a program that has spun ``SPIN_LIMIT`` times at a barrier (a co-resident program
 never arrived: more programs than fit on the GPU at once, or a fault) stops waiting, sets
@@ -76,7 +79,7 @@ def _grid_barrier(counter_ptr, num_programs, status_ptr, SPIN: tl.constexpr):
     seen = tl.atomic_add(counter_ptr, 1) + 1  # acq_rel, gpu scope
     spins = 0
     while (seen < num_programs) & (spins < SPIN):
-        seen = tl.atomic_add(counter_ptr, 0)
+        seen = tl.load(counter_ptr, volatile=True)  # polls from L2 (no L1), no read-modify-write traffic
         spins += 1
     if seen < num_programs:
         tl.atomic_or(status_ptr, 1)
@@ -210,22 +213,36 @@ def _chain_kernel(
         tl.atomic_xchg(sync_ptr + num_steps, 0)
 
 
-def default_programs(device) -> int:
-    """One program per SM on the GPU (all must be resident at once); one in the interpreter."""
+def default_programs(device, programs_per_sm: int) -> int:
+    """``programs_per_sm`` programs per SM on the GPU (capped at what fits at once); one in the interpreter."""
     device = torch.device(device)
     if INTERPRET or device.type != "cuda":
         return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return programs_per_sm * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def resident_programs_per_sm(kernel, device) -> int:
+    """How many programs of a compiled kernel fit on one SM at once (registers, shared memory, warps)."""
+    props = torch.cuda.get_device_properties(device)
+    kernel._init_handles()
+    warps = kernel.metadata.num_warps
+    regs_per_warp = -(-max(kernel.n_regs, 1) * 32 // 256) * 256  # allocated per warp in units of 256
+    by_regs = (getattr(props, "regs_per_multiprocessor", 65536) // regs_per_warp) // warps
+    smem = getattr(props, "shared_memory_per_multiprocessor", 233472)
+    by_smem = smem // (kernel.metadata.shared + 1024)  # 1 KB reserved per block
+    by_warps = getattr(props, "max_threads_per_multi_processor", 2048) // (32 * warps)
+    return max(0, min(by_regs, by_smem, by_warps, 32))
 
 
 class ChainBackend:
-    """The whole N-step chain in one persistent launch, for batches of up to 16 rows (Gumbel).
+    """The whole N-step chain in one persistent launch, for batches of up to 16 rows (Gumbel only).
 
     Scratch (allocated once): ``words`` ``[N, 16]`` int64, ``sync`` ``[N + 1]`` int32 and ``status``
     ``[1]`` int32. ``run`` allocates nothing, makes one launch and is CUDA-graph safe. The launch
-    needs all its programs on the GPU at once (one per SM by default): work running concurrently
-    on other streams that holds SMs until this launch ends (another persistent kernel) would make
-    a barrier give up; :meth:`check` reports it.
+    needs all its programs on the GPU at once: the first call compiles the kernel and caps the
+    programs at what fits (registers, shared memory) on every SM together. Work running
+    concurrently on other streams that holds SMs until this launch ends (another persistent kernel)
+    would make a barrier give up; :meth:`check` reports it.
     """
 
     METHODS = ("gumbel",)
@@ -234,7 +251,7 @@ class ChainBackend:
     MAX_ROWS = MAX_ROWS
 
     def __init__(self, head, num_steps, max_rows, method, cache_dtype, device, *, block_v=None, resident=None,
-                 num_warps=None, num_stages=None, programs=None, spin_limit=SPIN_LIMIT,
+                 num_warps=None, num_stages=None, programs_per_sm=None, programs=None, spin_limit=SPIN_LIMIT,
                  filter_margin=FILTER_MARGIN):
         if head.rank & (head.rank - 1) or head.rank < 16:
             raise ValueError(f"head_weight: impl 'chain' needs a power-of-two rank >= 16, got {head.rank}")
@@ -242,25 +259,28 @@ class ChainBackend:
             raise ValueError(f"max_rows: impl 'chain' takes at most {MAX_ROWS} rows, got {max_rows}")
         device = torch.device(device)
         self.head = head
+        self.device = device
         self.interpret = INTERPRET or device.type == "cpu"
         self.upcast = self.interpret or head.dtype == torch.float32
-        # GPU defaults: bf16 W2 in tiles of 64 tokens (32 KB), two of them register-resident, 8 warps
-        # (187-198 registers, 78 KB of shared memory for a 3-stage pipeline: one program per SM).
-        # fp32 W2 tiles are twice as large: 32 tokens, 2 stages, none resident.
+        # GPU defaults, measured on the H200 (tools/sweep_chain.py, N = 5, T = 1, us at 1 / 4 / 16 rows):
+        # tiles of 64 tokens, none register-resident, 4 warps, a 2-stage pipeline and 3 programs per SM
+        # (168 registers, 44 KB of shared memory each): 151 / 171 / 170. One program per SM with two
+        # resident tiles (8 warps, 3 stages) took 234 / 272 / 254, with tiles of 128 and one resident
+        # 190 / 220 / 223: occupancy (latency hiding) matters more than the few registers' worth of W2.
+        # fp32 W2 tiles are twice as large: 32 tokens.
         wide = head.dtype == torch.float32
         self.block_v = block_v or (32 if self.interpret or wide else 64)
-        if resident is None:
-            resident = 0 if self.interpret or wide else 2
-        self.resident = resident
+        self.resident = 0 if resident is None else resident
         if self.resident not in (0, 1, 2):
             raise ValueError(f"resident: expected 0, 1 or 2 register-resident tiles, got {self.resident}")
-        self.num_warps = num_warps or (4 if self.interpret else 8)
-        self.num_stages = num_stages or (2 if wide else 3)
+        self.num_warps = num_warps or 4
+        self.num_stages = num_stages or 2
         self.num_tiles = triton.cdiv(head.vocab_size, self.block_v)
-        self.programs = min(int(programs or default_programs(device)), self.num_tiles)
+        self.programs = min(int(programs or default_programs(device, programs_per_sm or 3)), self.num_tiles)
         if self.interpret and self.programs != 1:
             raise ValueError(f"programs: the interpreter runs programs one after another, so the chain's "
                              f"barriers need programs=1 there, got {self.programs}")
+        self.fitted = self.interpret or device.type != "cuda"  # CUDA caps programs at the first call, once compiled
         self.spin_limit = int(spin_limit)
         self.filter_margin = float(filter_margin)
         self.block_r = MAX_ROWS
@@ -277,13 +297,23 @@ class ChainBackend:
     def run(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens, logits_cache):
         head = self.head
         rows, steps, vocab = base_logits.shape
-        _chain_kernel[(self.programs,)](
-            base_logits, anchor, head.embed_weight, head.head_weight, logits_cache, idx_mapping, positions,
-            temperature, seeds, draft_tokens, self.words, self.sync, self.status,
-            rows, vocab, head.embed_vocab_size, temperature.shape[0], steps, self.num_tiles, self.programs,
-            base_logits.stride(0), base_logits.stride(1), logits_cache.stride(0), draft_tokens.stride(0),
-            head.scale, self.filter_margin,
-            RK=head.rank, BLOCK_V=self.block_v, BLOCK_R=self.block_r, RESIDENT=self.resident,
-            NUM_STAGES=self.num_stages, SCALED=head.scale != 1.0, UPCAST=self.upcast,
-            IEEE_DOT=head.dtype == torch.float32, HARDWARE_LOG2=not self.interpret, SPIN=self.spin_limit,
-            num_warps=self.num_warps, enable_fp_fusion=False)
+        args = (base_logits, anchor, head.embed_weight, head.head_weight, logits_cache, idx_mapping, positions,
+                temperature, seeds, draft_tokens, self.words, self.sync, self.status,
+                rows, vocab, head.embed_vocab_size, temperature.shape[0], steps, self.num_tiles, self.programs,
+                base_logits.stride(0), base_logits.stride(1), logits_cache.stride(0), draft_tokens.stride(0),
+                head.scale, self.filter_margin)
+        options = dict(RK=head.rank, BLOCK_V=self.block_v, BLOCK_R=self.block_r, RESIDENT=self.resident,
+                       NUM_STAGES=self.num_stages, SCALED=head.scale != 1.0, UPCAST=self.upcast,
+                       IEEE_DOT=head.dtype == torch.float32, HARDWARE_LOG2=not self.interpret,
+                       SPIN=self.spin_limit, num_warps=self.num_warps, enable_fp_fusion=False)
+        if not self.fitted:
+            kernel = _chain_kernel.warmup(*args, grid=(1,), **options)
+            fits = resident_programs_per_sm(kernel, self.device)
+            sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+            if fits == 0:
+                raise ValueError(f"block_v: impl 'chain' with block_v={self.block_v}, num_warps={self.num_warps}, "
+                                 f"num_stages={self.num_stages} does not fit on one SM")
+            self.programs = min(self.programs, fits * sms)
+            self.fitted = True
+            args = args[:19] + (self.programs,) + args[20:]
+        _chain_kernel[(self.programs,)](*args, **options)
