@@ -1,6 +1,6 @@
 """Sweep impl="chain" launch configurations on the GPU (CUDA graph, cold L2, median of rounds).
 
-Usage: ``PYTHONPATH=src python3 tools/sweep_chain.py [--rows 1,4,16] [--block-v 64,128] [--resident 0,1,2]
+Usage: ``PYTHONPATH=src python3 tools/sweep_chain.py [--rows 1,4,16] [--block-v 64,128]
 [--warps 4,8] [--stages 2,3] [--per-sm 1,2] [--steps 5] [--temperature 1|mixed]``. Prints one line per configuration with the
 median microseconds of all N steps, whether the barrier status stayed clean, and whether the
 tokens equal those of impl="fused" on the same inputs (the bias may differ in its last bit, so a
@@ -21,7 +21,6 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", default="1,4,16")
     parser.add_argument("--block-v", default="64,128")
-    parser.add_argument("--resident", default="0,1,2")
     parser.add_argument("--warps", default="4,8")
     parser.add_argument("--stages", default="2,3")
     parser.add_argument("--per-sm", default="1", help="programs per SM (capped at what fits)")
@@ -49,14 +48,14 @@ def main():
         cache = torch.empty(rows, steps, vocab, dtype=torch.bfloat16, device="cuda")
         results = []
         grid = itertools.product(*(map(int, s.split(",")) for s in
-                                   (args.block_v, args.resident, args.warps, args.stages, args.per_sm)))
-        for block_v, resident, warps, stages, per_sm in grid:
-            label = (f"N {steps} rows {rows:3d} block_v {block_v:4d} resident {resident} warps {warps} stages {stages} "
+                                   (args.block_v, args.warps, args.stages, args.per_sm)))
+        for block_v, warps, stages, per_sm in grid:
+            label = (f"N {steps} rows {rows:3d} block_v {block_v:4d} warps {warps} stages {stages} "
                      f"per_sm {per_sm}")
             sampler = dm.MarkovSampler(head, steps, rows, impl="chain")
             backend = sampler.backend
             backend.__init__(head, steps, rows, "gumbel", torch.bfloat16, torch.device("cuda"),
-                             block_v=block_v, resident=resident, num_warps=warps, num_stages=stages,
+                             block_v=block_v, num_warps=warps, num_stages=stages,
                              programs_per_sm=per_sm)
 
             def call():

@@ -1,7 +1,7 @@
 """``impl="chain"`` on the GPU at DeepSeek-V4.1 shapes (V = 129,280, rank 256, N = 5), one program per SM.
 
-Exact against the reference from the chain's own cache, for every register-resident setting,
-both cache dtypes and fp32 weights; CUDA-graph replays equal eager calls and leave the barrier
+Exact against the reference from the chain's own cache, for several launch layouts, the exact
+fallback, both cache dtypes and fp32 weights; CUDA-graph replays equal eager calls and leave the barrier
 status clean; ``auto`` picks it where the measurements say so.
 """
 
@@ -25,14 +25,23 @@ def test_chain_full_shape(rows):
     sampler.backend.check()
 
 
-@pytest.mark.parametrize("resident", [0, 1, 2])
-@pytest.mark.parametrize("block_v", [64, 128])
-def test_chain_layouts_exact(resident, block_v):
+@pytest.mark.parametrize("block_v,num_warps,per_sm", [(64, 4, 1), (64, 4, 3), (128, 8, 1), (128, 4, 2)])
+def test_chain_layouts_exact(block_v, num_warps, per_sm):
     rows = 5
     head, args = full_problem(rows, seed=4)
     sampler = dm.MarkovSampler(head, STEPS, rows, impl="chain")
     sampler.backend = ChainBackend(head, STEPS, rows, "gumbel", torch.bfloat16, head.device, block_v=block_v,
-                                   resident=resident, num_warps=8 if block_v == 64 else 4)
+                                   num_warps=num_warps, programs_per_sm=per_sm)
+    out = sampler.sample(*args)
+    check_against_reference(head, *args, out)
+    sampler.backend.check()
+
+
+def test_chain_exact_fallback_at_full_shape():
+    """Every row undecided (huge filter margin): the exact recomputation path, all programs."""
+    head, args = full_problem(3, seed=6)
+    sampler = dm.MarkovSampler(head, STEPS, 3, impl="chain")
+    sampler.backend = ChainBackend(head, STEPS, 3, "gumbel", torch.bfloat16, head.device, filter_margin=1e30)
     out = sampler.sample(*args)
     check_against_reference(head, *args, out)
     sampler.backend.check()

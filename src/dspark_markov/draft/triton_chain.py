@@ -3,24 +3,26 @@
 ``P`` programs, all on the GPU at once (3 per SM by default), run the whole chain. Program ``p`` owns
 the vocabulary tiles ``p, p + P, p + 2P, ...`` of ``BLOCK_V`` tokens. At every step it computes the
 bias of its tiles on tensor cores (``codes @ W2_tile^T``, fp32 accumulation rounded once to the
-weight dtype, as ``impl="fused"``), adds the base logits, writes the cache, and reduces its tiles
-to one exact Gumbel key maximum per row (ranked first by approximate noise, :mod:`.gumbel_filter`),
-packed with its index into one int64 word ordered by (key, then lower index; every NaN above
-``+inf``, ``-0.0`` equal to ``+0.0``), which it merges into the step's word with ``atomic_max``:
-the merged word is the ``torch.argmax`` of the whole row. A grid-wide barrier (one arrival counter
-per step in global memory) makes the winner known to every program, which gathers ``W1[token]``
-and goes on to the next step. The last program to finish writes ``draft_tokens`` and resets the
-words and counters for the next call, so a call is one launch and replays in a CUDA graph.
+weight dtype, as ``impl="fused"``), adds the base logits and writes the cache. It ranks its tokens
+by approximate Gumbel keys (:mod:`.gumbel_filter`), keeping per row the two best over all its tiles
+and the winner's logit, and computes one exact key per row and step, the winner's; where the gap to
+the runner-up is too small to be sure (or the best is NaN, infinite or zero) it recomputes its
+tiles with exact keys. The result, packed with its index into one int64 word ordered by (key, then
+lower index; every NaN above ``+inf``, ``-0.0`` equal to ``+0.0``), is merged into the step's word
+with ``atomic_max``: the merged word is the ``torch.argmax`` of the whole row. A grid-wide barrier
+(one arrival counter per step in global memory) makes the winner known to every program, which
+gathers ``W1[token]`` and goes on to the next step. The last program to finish writes
+``draft_tokens`` and resets the words and counters for the next call, so a call is one launch and
+replays in a CUDA graph.
 
-Where W2 lives: with ``RESIDENT`` > 0 the first tiles of each program are loaded once, before the
-step loop, and stay in registers for all N steps; the others are streamed at every step, with an
-L2 ``evict_last`` hint (base logits and the cache use ``evict_first``) and in alternating
-directions (forward at even steps, backward at odd ones), so that the tiles read last at one step,
-still in the 60 MB L2, are the first read at the next. Triton gives no shared memory that outlives
-a loop iteration, so registers and L2 are what a Triton kernel can keep W2 in. Measured on the
-H200, the register-resident tiles cost more occupancy than they save (default ``RESIDENT = 0``, 3
-programs per SM), and the later steps take ~28 us against ~40 us for the first (W2 only partly
-hit in L2): far from the ~10 us a kernel holding W2 in shared memory and registers would need.
+Where W2 lives: it is streamed at every step with an L2 ``evict_last`` hint (base logits and the
+cache use ``evict_first``) and in alternating directions (forward at even steps, backward at odd
+ones), so that the tiles read last at one step, still in the 60 MB L2, are the first read at the
+next. Triton gives no shared memory that outlives a loop iteration, so L2 (and registers) is what
+a Triton kernel can keep W2 in; register-resident tiles were measured on the H200 and cost more
+occupancy than they saved (one program per SM with two resident tiles: 234 us at 1 row against 151
+with 3 programs per SM and none). The later steps take ~28 us against ~40 us for the first (W2
+only partly hit in L2): far from the ~10 us a kernel holding W2 in shared memory would need.
 
 Waits are bounded: a program that has spun ``SPIN_LIMIT`` times at a barrier (a co-resident program
 never arrived: more programs than fit on the GPU at once, or a fault) stops waiting, sets
@@ -28,8 +30,8 @@ never arrived: more programs than fit on the GPU at once, or a fault) stops wait
 but meaningless, and :meth:`ChainBackend.check` raises. Triton's interpreter runs programs one
 after another, so there the chain runs with one program (``P = 1``: no waits).
 
-Bytes per call: ``V * R_k * w`` of W2 from HBM at the first step, and at each later step the
-streamed part again from L2 or HBM (``(V - P * RESIDENT * BLOCK_V) * R_k * w``); ``R * N * V * u``
+Bytes per call: ``V * R_k * w`` of W2 per step (from HBM at the first, partly from L2 after), twice
+for a program that falls back to exact keys; ``R * N * V * u``
 of base logits read; ``R * N * V * c`` of cache written; ``R * N * (R_k * w + 24)`` of codes,
 words and tokens.
 """
@@ -41,9 +43,9 @@ import triton
 import triton.language as tl
 
 from .. import rng_triton
-from .gumbel_filter import FILTER_MARGIN, INT64_MIN
+from .gumbel_filter import FILTER_MARGIN, INT64_MAX, INT64_MIN, approx_noise, key_slack, pack_key, unpack_key
 from .triton_common import INTERPRET, round_to, to_float32
-from .triton_fused import _gumbel_tile_argmax
+from .triton_fused import _tile_argmax
 
 # A barrier gives up after this many polls of its counter (each an L2 round trip, ~1 us): about a
 # second, far beyond any step (tens of microseconds) and short enough to end a faulty launch.
@@ -87,13 +89,18 @@ def _grid_barrier(counter_ptr, num_programs, status_ptr, SPIN: tl.constexpr):
 
 
 @triton.jit
-def _tile_word(w_tile, codes, tile, base_ptr, cache_ptr, rows, row_ok, live, safe_slot, temp, prefix, step,
-               vocab, stride_br, stride_bn, stride_cs, scale, filter_margin,
-               BLOCK_V: tl.constexpr, SCALED: tl.constexpr, UPCAST: tl.constexpr, IEEE_DOT: tl.constexpr,
-               HARDWARE_LOG2: tl.constexpr):
-    """One tile of one step: bias, cache write, and the rows' packed best words ``[BLOCK_R]``."""
+def _tile_logits(head_ptr, codes, tile, base_ptr, rows, row_ok, step, vocab, stride_br, stride_bn, scale,
+                 cache_dtype: tl.constexpr, RK: tl.constexpr, BLOCK_V: tl.constexpr, SCALED: tl.constexpr,
+                 UPCAST: tl.constexpr, IEEE_DOT: tl.constexpr, EVICT: tl.constexpr):
+    """One tile of one step: ``(z in the cache dtype, z as fp32, cols, mask)``, ``[BLOCK_R, BLOCK_V]``.
+
+    The bias ``codes @ W2_tile^T`` is accumulated in fp32 on tensor cores and rounded once to the
+    weight dtype (again after ``scale``); ``z = round(base + bias)`` to the cache dtype.
+    """
     cols = tile * BLOCK_V + tl.arange(0, BLOCK_V)
     col_ok = cols < vocab
+    w_tile = tl.load(head_ptr + cols[:, None].to(tl.int64) * RK + tl.arange(0, RK)[None, :],
+                     mask=col_ok[:, None], other=0.0, eviction_policy=EVICT)
     if UPCAST:
         a = codes.to(tl.float32)
         b = w_tile.to(tl.float32)
@@ -104,19 +111,15 @@ def _tile_word(w_tile, codes, tile, base_ptr, cache_ptr, rows, row_ok, live, saf
         acc = tl.dot(a, tl.trans(b), input_precision="ieee")
     else:
         acc = tl.dot(a, tl.trans(b))
-    w_dtype = w_tile.dtype
+    w_dtype = head_ptr.dtype.element_ty
     bias = to_float32(round_to(acc, w_dtype))
     if SCALED:
         bias = to_float32(round_to(bias * scale, w_dtype))
     mask = row_ok[:, None] & col_ok[None, :]
     base = tl.load(base_ptr + rows[:, None].to(tl.int64) * stride_br + step * stride_bn + cols[None, :],
                    mask=mask, other=0.0, eviction_policy="evict_first")
-    z = round_to(to_float32(base) + bias, cache_ptr.dtype.element_ty)  # one rounding (SPEC.md 3)
-    tl.store(cache_ptr + safe_slot[:, None] * stride_cs + step * vocab + cols[None, :], z,
-             mask=live[:, None] & col_ok[None, :], eviction_policy="evict_first")
-    value, index = _gumbel_tile_argmax(to_float32(z), temp == 0.0, temp, prefix, mask, row_ok, cols[None, :],
-                                       filter_margin, HARDWARE_LOG2)
-    return _pack_word(value, index)
+    z = round_to(to_float32(base) + bias, cache_dtype)  # one rounding (SPEC.md 3)
+    return z, to_float32(z), cols, mask
 
 
 @triton.jit
@@ -136,7 +139,7 @@ def _chain_kernel(
     status_ptr,  # [1] int32: bit 0 set when a barrier gave up waiting
     num_rows, vocab, embed_rows, num_slots, num_steps, num_tiles, num_programs,
     stride_br, stride_bn, stride_cs, stride_tr, scale, filter_margin,
-    RK: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, RESIDENT: tl.constexpr,
+    RK: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
     NUM_STAGES: tl.constexpr, SCALED: tl.constexpr, UPCAST: tl.constexpr, IEEE_DOT: tl.constexpr,
     HARDWARE_LOG2: tl.constexpr, SPIN: tl.constexpr,
 ):
@@ -145,20 +148,9 @@ def _chain_kernel(
     row_ok = rows < num_rows
     ks = tl.arange(0, RK)
     floor = tl.full([BLOCK_R], INT64_MIN, tl.int64)  # below every word
-    # This program's tiles: program + i * num_programs for i < owned.
+    cache_dtype = cache_ptr.dtype.element_ty
+    # This program's tiles: program + j * num_programs for j < owned.
     owned = (num_tiles - program + num_programs - 1) // num_programs
-    streamed = tl.maximum(owned - RESIDENT, 0)
-    # The resident tiles (i = 0 and 1) stay in registers for all the steps.
-    tile0 = program
-    tile1 = program + num_programs
-    if RESIDENT >= 1:
-        cols0 = tile0 * BLOCK_V + tl.arange(0, BLOCK_V)
-        w_res0 = tl.load(head_ptr + cols0[:, None].to(tl.int64) * RK + ks[None, :],
-                         mask=(cols0 < vocab)[:, None], other=0.0)
-    if RESIDENT >= 2:
-        cols1 = tile1 * BLOCK_V + tl.arange(0, BLOCK_V)
-        w_res1 = tl.load(head_ptr + cols1[:, None].to(tl.int64) * RK + ks[None, :],
-                         mask=(cols1 < vocab)[:, None], other=0.0)
     for step in range(num_steps):
         if step == 0:
             prev = tl.load(anchor_ptr + rows, mask=row_ok, other=0).to(tl.int64)
@@ -176,30 +168,55 @@ def _chain_kernel(
         seed = tl.where(live, tl.load(seed_ptr + safe_slot, mask=live, other=0), 0)
         position = tl.load(pos_ptr + sample, mask=row_ok, other=0).to(tl.int64)
         prefix = rng_triton.draft_prefix(seed, step, position)
-        best = floor
-        if RESIDENT >= 1:
-            if tile0 < num_tiles:
-                best = tl.maximum(best, _tile_word(
-                    w_res0, codes, tile0, base_ptr, cache_ptr, rows, row_ok, live, safe_slot, temp, prefix,
-                    step, vocab, stride_br, stride_bn, stride_cs, scale, filter_margin,
-                    BLOCK_V, SCALED, UPCAST, IEEE_DOT, HARDWARE_LOG2))
-        if RESIDENT >= 2:
-            if tile1 < num_tiles:
-                best = tl.maximum(best, _tile_word(
-                    w_res1, codes, tile1, base_ptr, cache_ptr, rows, row_ok, live, safe_slot, temp, prefix,
-                    step, vocab, stride_br, stride_bn, stride_cs, scale, filter_margin,
-                    BLOCK_V, SCALED, UPCAST, IEEE_DOT, HARDWARE_LOG2))
+        greedy = temp == 0.0
+        inv_temp = 1.0 / tl.where(greedy, 1.0, temp)
+        # Rank every tile by approximate keys (gumbel_filter); keep each row's two best packed
+        # approximate keys over all of this program's tiles and the winner's z. The exact key is
+        # computed once per row and step, for the winner only.
+        top1 = floor
+        top2 = floor
+        top1_z = tl.zeros([BLOCK_R], tl.float32)
         forward = step % 2 == 0
-        for i in tl.range(0, streamed, num_stages=NUM_STAGES):
-            j = tl.where(forward, i, streamed - 1 - i) + RESIDENT
-            tile = program + j * num_programs
-            cols = tile * BLOCK_V + tl.arange(0, BLOCK_V)
-            w_tile = tl.load(head_ptr + cols[:, None].to(tl.int64) * RK + ks[None, :],
-                             mask=(cols < vocab)[:, None], other=0.0, eviction_policy="evict_last")
-            best = tl.maximum(best, _tile_word(
-                w_tile, codes, tile, base_ptr, cache_ptr, rows, row_ok, live, safe_slot, temp, prefix,
-                step, vocab, stride_br, stride_bn, stride_cs, scale, filter_margin,
-                BLOCK_V, SCALED, UPCAST, IEEE_DOT, HARDWARE_LOG2))
+        for i in tl.range(0, owned, num_stages=NUM_STAGES):
+            tile = program + tl.where(forward, i, owned - 1 - i) * num_programs
+            z, logits, cols, mask = _tile_logits(head_ptr, codes, tile, base_ptr, rows, row_ok, step, vocab,
+                                                 stride_br, stride_bn, scale, cache_dtype, RK, BLOCK_V, SCALED,
+                                                 UPCAST, IEEE_DOT, "evict_last")
+            tl.store(cache_ptr + safe_slot[:, None] * stride_cs + step * vocab + cols[None, :], z,
+                     mask=live[:, None] & (cols < vocab)[None, :], eviction_policy="evict_first")
+            approx = tl.where(greedy[:, None], logits,
+                              logits * inv_temp[:, None] + approx_noise(prefix[:, None], cols[None, :], HARDWARE_LOG2))
+            packed = pack_key(approx, cols[None, :])
+            packed = tl.where(approx != approx, INT64_MAX, packed)  # a NaN wins, then goes exact
+            packed = tl.where(mask, packed, INT64_MIN)
+            t1 = tl.max(packed, axis=1)
+            t2 = tl.max(tl.where(packed == t1[:, None], INT64_MIN, packed), axis=1)
+            t1_z = tl.max(tl.where(packed == t1[:, None], logits, float("-inf")), axis=1)
+            top2 = tl.maximum(tl.maximum(tl.minimum(top1, t1), top2), t2)
+            top1_z = tl.where(t1 > top1, t1_z, top1_z)
+            top1 = tl.maximum(top1, t1)
+        value, index = unpack_key(top1)
+        second, _ = unpack_key(top2)
+        clear_best = (top1 != INT64_MAX) & (value != 0.0)
+        finite_best = clear_best & (tl.abs(value) < float("inf"))
+        decided = (row_ok == 0) | tl.where(greedy, clear_best, finite_best & (value - second > key_slack(value, filter_margin)))
+        if tl.min(decided.to(tl.int32), axis=0) == 1:
+            exact = tl.math.div_rn(top1_z, tl.where(greedy, 1.0, temp)) + rng_triton.draft_noise(prefix, index)
+            best = _pack_word(tl.where(greedy, value, exact), index)
+        else:
+            # A near-tie, a NaN, a non-finite or zero best: recompute this program's tiles with exact
+            # keys (rare; W2 is read again, the cache is not rewritten).
+            best = floor
+            for i in tl.range(0, owned, num_stages=1):
+                tile = program + i * num_programs
+                z, logits, cols, mask = _tile_logits(head_ptr, codes, tile, base_ptr, rows, row_ok, step, vocab,
+                                                     stride_br, stride_bn, scale, cache_dtype, RK, BLOCK_V, SCALED,
+                                                     UPCAST, IEEE_DOT, "evict_last")
+                keys = tl.where(greedy[:, None], logits,
+                                tl.math.div_rn(logits, tl.where(greedy, 1.0, temp)[:, None])
+                                + rng_triton.draft_noise(prefix[:, None], cols[None, :]))
+                tile_value, tile_index = _tile_argmax(keys, mask, cols[None, :])
+                best = tl.maximum(best, _pack_word(tile_value, tile_index))
         tl.atomic_max(words_ptr + step * BLOCK_R + rows, best, mask=row_ok)
         _grid_barrier(sync_ptr + step, num_programs, status_ptr, SPIN)
     # Exit: the last program to arrive has every step's word; it writes the tokens and resets.
@@ -250,7 +267,7 @@ class ChainBackend:
     GRAPH_SAFE = True
     MAX_ROWS = MAX_ROWS
 
-    def __init__(self, head, num_steps, max_rows, method, cache_dtype, device, *, block_v=None, resident=None,
+    def __init__(self, head, num_steps, max_rows, method, cache_dtype, device, *, block_v=None,
                  num_warps=None, num_stages=None, programs_per_sm=None, programs=None, spin_limit=SPIN_LIMIT,
                  filter_margin=FILTER_MARGIN):
         if head.rank & (head.rank - 1) or head.rank < 16:
@@ -262,17 +279,13 @@ class ChainBackend:
         self.device = device
         self.interpret = INTERPRET or device.type == "cpu"
         self.upcast = self.interpret or head.dtype == torch.float32
-        # GPU defaults, measured on the H200 (tools/sweep_chain.py, N = 5, T = 1, us at 1 / 4 / 16 rows):
-        # tiles of 64 tokens, none register-resident, 4 warps, a 2-stage pipeline and 3 programs per SM
-        # (168 registers, 44 KB of shared memory each): 151 / 171 / 170. One program per SM with two
-        # resident tiles (8 warps, 3 stages) took 234 / 272 / 254, with tiles of 128 and one resident
-        # 190 / 220 / 223: occupancy (latency hiding) matters more than the few registers' worth of W2.
+        # GPU defaults, measured on the H200 (tools/sweep_chain.py, N = 5, T = 1, us at 1 / 4 / 16 rows,
+        # with an exact key per tile): tiles of 64 tokens, 4 warps, a 2-stage pipeline and 3 programs
+        # per SM (168 registers, 44 KB of shared memory each): 151 / 171 / 170; one program per SM
+        # (8 warps, 3 stages) took 228 / 273 / 250: occupancy (latency hiding) is what counts here.
         # fp32 W2 tiles are twice as large: 32 tokens.
         wide = head.dtype == torch.float32
         self.block_v = block_v or (32 if self.interpret or wide else 64)
-        self.resident = 0 if resident is None else resident
-        if self.resident not in (0, 1, 2):
-            raise ValueError(f"resident: expected 0, 1 or 2 register-resident tiles, got {self.resident}")
         self.num_warps = num_warps or 4
         self.num_stages = num_stages or 2
         self.num_tiles = triton.cdiv(head.vocab_size, self.block_v)
@@ -302,7 +315,7 @@ class ChainBackend:
                 rows, vocab, head.embed_vocab_size, temperature.shape[0], steps, self.num_tiles, self.programs,
                 base_logits.stride(0), base_logits.stride(1), logits_cache.stride(0), draft_tokens.stride(0),
                 head.scale, self.filter_margin)
-        options = dict(RK=head.rank, BLOCK_V=self.block_v, BLOCK_R=self.block_r, RESIDENT=self.resident,
+        options = dict(RK=head.rank, BLOCK_V=self.block_v, BLOCK_R=self.block_r,
                        NUM_STAGES=self.num_stages, SCALED=head.scale != 1.0, UPCAST=self.upcast,
                        IEEE_DOT=head.dtype == torch.float32, HARDWARE_LOG2=not self.interpret,
                        SPIN=self.spin_limit, num_warps=self.num_warps, enable_fp_fusion=False)
