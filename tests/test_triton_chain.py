@@ -53,6 +53,29 @@ def test_chain_exact_fallback_on_near_ties(device):
     check_against_reference(head, *args, out)
 
 
+@pytest.mark.parametrize("leaders", [2, 3])
+def test_chain_two_candidate_path(leaders, device):
+    """A few leading tokens per row and a wide margin: the winner is decided between the best two.
+
+    With two leaders the third is far below (the two-candidate path always); with three the third
+    is often within the margin (the exact recomputation). The draws equal the reference either way.
+    """
+    from dspark_markov.draft.triton_chain import ChainBackend
+
+    head, args = make_problem(600, 16, 6, 3, logit_dtype=torch.float32, temps=(1.0, 0.7), padding_row=None,
+                              device=device)
+    base = torch.full_like(args[0], -30.0)
+    gen = torch.Generator().manual_seed(11)
+    for row in range(6):
+        for step in range(3):
+            base[row, step, torch.randperm(600, generator=gen)[:leaders]] = 10.0
+    args[0] = base
+    sampler = dm.MarkovSampler(head, 3, 6, impl="chain", cache_dtype=torch.float32)
+    sampler.backend = ChainBackend(head, 3, 6, "gumbel", torch.float32, head.device, filter_margin=5.0)
+    out = sampler.sample(*args)
+    check_against_reference(head, *args, out)
+
+
 def test_chain_nan_inf_rows_give_defined_tokens(device):
     head, args = make_problem(300, 16, 4, 1, temps=(1.0,), padding_row=None, device=device)
     base = args[0].float()

@@ -4,10 +4,11 @@
 the vocabulary tiles ``p, p + P, p + 2P, ...`` of ``BLOCK_V`` tokens. At every step it computes the
 bias of its tiles on tensor cores (``codes @ W2_tile^T``, fp32 accumulation rounded once to the
 weight dtype, as ``impl="fused"``), adds the base logits and writes the cache. It ranks its tokens
-by approximate Gumbel keys (:mod:`.gumbel_filter`), keeping per row the two best over all its tiles
-and the winner's logit, and computes one exact key per row and step, the winner's; where the gap to
-the runner-up is too small to be sure (or the best is NaN, infinite or zero) it recomputes its
-tiles with exact keys. The result, packed with its index into one int64 word ordered by (key, then
+by approximate Gumbel keys (:mod:`.gumbel_filter`), keeping per row the three best over all its
+tiles and the logits of the first two, and computes two exact keys per row and step (the first two:
+the exact winner is one of them unless the third is within the filter's slack of the first). Where
+that cannot be sure (a near-tie of three, a NaN, an infinite or zero best) it recomputes its tiles
+with exact keys. The result, packed with its index into one int64 word ordered by (key, then
 lower index; every NaN above ``+inf``, ``-0.0`` equal to ``+0.0``), is merged into the step's word
 with ``atomic_max``: the merged word is the ``torch.argmax`` of the whole row. A grid-wide barrier
 (one arrival counter per step in global memory) makes the winner known to every program, which
@@ -72,6 +73,12 @@ def _word_token(word, vocab):
     """The token of a :func:`_pack_word` word, clamped into ``[0, V)``."""
     token = 0x7FFFFFFF - (word & 0x7FFFFFFF)
     return tl.minimum(tl.maximum(token, 0), vocab - 1)
+
+
+@triton.jit
+def _key_token(word):
+    """The token of a :func:`.gumbel_filter.pack_key` word (any int32 pattern for INT64_MIN/MAX)."""
+    return (0x7FFFFFFF - (word & 0x7FFFFFFF)).to(tl.int32)
 
 
 @triton.jit
@@ -170,12 +177,15 @@ def _chain_kernel(
         prefix = rng_triton.draft_prefix(seed, step, position)
         greedy = temp == 0.0
         inv_temp = 1.0 / tl.where(greedy, 1.0, temp)
-        # Rank every tile by approximate keys (gumbel_filter); keep each row's two best packed
-        # approximate keys over all of this program's tiles and the winner's z. The exact key is
-        # computed once per row and step, for the winner only.
+        # Rank every tile by approximate keys (gumbel_filter) and keep, per row over all of this
+        # program's tiles, the three best packed approximate keys and the logits of the first two.
+        # The exact winner is then one of the first two unless the third is within the filter's
+        # slack of the first; only those two exact keys are computed per row and step.
         top1 = floor
         top2 = floor
-        top1_z = tl.zeros([BLOCK_R], tl.float32)
+        top3 = floor
+        z1 = tl.zeros([BLOCK_R], tl.float32)
+        z2 = tl.zeros([BLOCK_R], tl.float32)
         forward = step % 2 == 0
         for i in tl.range(0, owned, num_stages=NUM_STAGES):
             tile = program + tl.where(forward, i, owned - 1 - i) * num_programs
@@ -189,23 +199,39 @@ def _chain_kernel(
             packed = pack_key(approx, cols[None, :])
             packed = tl.where(approx != approx, INT64_MAX, packed)  # a NaN wins, then goes exact
             packed = tl.where(mask, packed, INT64_MIN)
-            t1 = tl.max(packed, axis=1)
-            t2 = tl.max(tl.where(packed == t1[:, None], INT64_MIN, packed), axis=1)
-            t1_z = tl.max(tl.where(packed == t1[:, None], logits, float("-inf")), axis=1)
-            top2 = tl.maximum(tl.maximum(tl.minimum(top1, t1), top2), t2)
-            top1_z = tl.where(t1 > top1, t1_z, top1_z)
-            top1 = tl.maximum(top1, t1)
+            b1 = tl.max(packed, axis=1)
+            packed = tl.where(packed == b1[:, None], INT64_MIN, packed)
+            b2 = tl.max(packed, axis=1)
+            b3 = tl.max(tl.where(packed == b2[:, None], INT64_MIN, packed), axis=1)
+            zb1 = tl.max(tl.where(cols[None, :] == _key_token(b1)[:, None], logits, float("-inf")), axis=1)
+            zb2 = tl.max(tl.where(cols[None, :] == _key_token(b2)[:, None], logits, float("-inf")), axis=1)
+            # Merge two sorted triples (words are distinct): the k-th largest of the union is the
+            # max over i + j = k of min(a_i, b_j), with a_0 = b_0 = +inf.
+            c1 = tl.maximum(top1, b1)
+            c2 = tl.maximum(tl.maximum(top2, b2), tl.minimum(top1, b1))
+            c3 = tl.maximum(tl.maximum(top3, b3), tl.maximum(tl.minimum(top1, b2), tl.minimum(top2, b1)))
+            new_z1 = tl.where(c1 == top1, z1, zb1)
+            z2 = tl.where(c2 == top1, z1, tl.where(c2 == top2, z2, tl.where(c2 == b1, zb1, zb2)))
+            z1 = new_z1
+            top1 = c1
+            top2 = c2
+            top3 = c3
         value, index = unpack_key(top1)
-        second, _ = unpack_key(top2)
+        runner_value, runner_index = unpack_key(top2)
+        third, _ = unpack_key(top3)
         clear_best = (top1 != INT64_MAX) & (value != 0.0)
-        finite_best = clear_best & (tl.abs(value) < float("inf"))
-        decided = (row_ok == 0) | tl.where(greedy, clear_best, finite_best & (value - second > key_slack(value, filter_margin)))
+        finite_best = clear_best & (tl.abs(value) < float("inf")) & (top2 != INT64_MAX) & (top2 != INT64_MIN)
+        decided = (row_ok == 0) | tl.where(greedy, clear_best,
+                                           finite_best & (value - third > key_slack(value, filter_margin)))
         if tl.min(decided.to(tl.int32), axis=0) == 1:
-            exact = tl.math.div_rn(top1_z, tl.where(greedy, 1.0, temp)) + rng_triton.draft_noise(prefix, index)
-            best = _pack_word(tl.where(greedy, value, exact), index)
+            divisor = tl.where(greedy, 1.0, temp)
+            exact1 = tl.math.div_rn(z1, divisor) + rng_triton.draft_noise(prefix, index)
+            exact2 = tl.math.div_rn(z2, divisor) + rng_triton.draft_noise(prefix, runner_index)
+            best = tl.where(greedy, _pack_word(value, index),
+                            tl.maximum(_pack_word(exact1, index), _pack_word(exact2, runner_index)))
         else:
-            # A near-tie, a NaN, a non-finite or zero best: recompute this program's tiles with exact
-            # keys (rare; W2 is read again, the cache is not rewritten).
+            # A near-tie of three, a NaN, a non-finite or zero best: recompute this program's tiles
+            # with exact keys (rare; W2 is read again, the cache is not rewritten).
             best = floor
             for i in tl.range(0, owned, num_stages=1):
                 tile = program + i * num_programs
