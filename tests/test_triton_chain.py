@@ -99,7 +99,7 @@ def test_chain_barrier_gives_up_instead_of_hanging(device):
 
     head, args = make_problem(300, 16, 2, 2, device=device)
     backend = ChainBackend(head, 2, 2, "gumbel", torch.bfloat16, head.device, spin_limit=3)
-    backend.programs = 2  # more programs than can run at once here
+    backend.layout(2).programs = 2  # more programs than can run at once here
     tokens = torch.full((2, 2), -5, dtype=torch.int64, device=device)
     cache = torch.zeros(3, 2, 300, dtype=torch.bfloat16, device=device)
     backend.run(*args, tokens, cache)

@@ -70,7 +70,7 @@ def main():
             clean = int(backend.status.item()) == 0
             same = bool(torch.equal(tokens, fused_tokens))
             results.append((statistics.median(rounds), label))
-            print(f"{label} programs {backend.programs}: {statistics.median(rounds):8.1f} us  status clean: {clean}  "
+            print(f"{label} programs {backend.layout(rows).programs}: {statistics.median(rounds):8.1f} us  status clean: {clean}  "
                   f"tokens == fused: {same}",
                   flush=True)
         if results:

@@ -256,14 +256,6 @@ def _chain_kernel(
         tl.atomic_xchg(sync_ptr + num_steps, 0)
 
 
-def default_programs(device, programs_per_sm: int) -> int:
-    """``programs_per_sm`` programs per SM on the GPU (capped at what fits at once); one in the interpreter."""
-    device = torch.device(device)
-    if INTERPRET or device.type != "cuda":
-        return 1
-    return programs_per_sm * torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def resident_programs_per_sm(kernel, device) -> int:
     """How many programs of a compiled kernel fit on one SM at once (registers, shared memory, warps)."""
     props = torch.cuda.get_device_properties(device)
@@ -277,15 +269,45 @@ def resident_programs_per_sm(kernel, device) -> int:
     return max(0, min(by_regs, by_smem, by_warps, 32))
 
 
+class Layout:
+    """One launch shape of the chain: vocabulary tile, warps, pipeline stages, programs per SM.
+
+    ``programs`` is the grid: ``programs_per_sm`` times the SMs, capped at the first launch by what
+    fits on the GPU at once (:func:`resident_programs_per_sm`); one in the interpreter.
+    """
+
+    def __init__(self, block_v, num_warps, num_stages, programs_per_sm, vocab, device, interpret, programs=None):
+        self.block_v, self.num_warps, self.num_stages = int(block_v), int(num_warps), int(num_stages)
+        self.num_tiles = triton.cdiv(vocab, self.block_v)
+        if interpret or device.type != "cuda":
+            default = 1
+        else:
+            default = int(programs_per_sm) * torch.cuda.get_device_properties(device).multi_processor_count
+        self.programs = min(int(programs or default), self.num_tiles)
+        if interpret and self.programs != 1:
+            raise ValueError(f"programs: the interpreter runs programs one after another, so the chain's "
+                             f"barriers need programs=1 there, got {self.programs}")
+        self.fitted = interpret or device.type != "cuda"
+
+
+# GPU layouts by batch size, measured on the H200 (tools/sweep_chain.py, N = 5, T = 1, bf16):
+# (largest batch, (block_v, num_warps, num_stages, programs per SM)).
+GPU_LAYOUTS = ((1, (32, 2, 3, 4)), (MAX_ROWS, (64, 4, 3, 3)))
+# fp32 W2 tiles are twice as large.
+GPU_LAYOUTS_FP32_WEIGHTS = ((MAX_ROWS, (32, 4, 2, 3)),)
+
+
 class ChainBackend:
     """The whole N-step chain in one persistent launch, for batches of up to 16 rows (Gumbel only).
 
     Scratch (allocated once): ``words`` ``[N, 16]`` int64, ``sync`` ``[N + 1]`` int32 and ``status``
-    ``[1]`` int32. ``run`` allocates nothing, makes one launch and is CUDA-graph safe. The launch
-    needs all its programs on the GPU at once: the first call compiles the kernel and caps the
-    programs at what fits (registers, shared memory) on every SM together. Work running
+    ``[1]`` int32. ``run`` allocates nothing, makes one launch and is CUDA-graph safe (capture one
+    graph per batch size: the launch shape depends on it, :data:`GPU_LAYOUTS`). The launch needs
+    all its programs on the GPU at once: the first call of each shape compiles the kernel and caps
+    the programs at what fits (registers, shared memory) on every SM together. Work running
     concurrently on other streams that holds SMs until this launch ends (another persistent kernel)
-    would make a barrier give up; :meth:`check` reports it.
+    would make a barrier give up; :meth:`check` reports it. ``block_v``, ``num_warps``,
+    ``num_stages``, ``programs_per_sm`` or ``programs`` fix one shape for every batch.
     """
 
     METHODS = ("gumbel",)
@@ -305,27 +327,32 @@ class ChainBackend:
         self.device = device
         self.interpret = INTERPRET or device.type == "cpu"
         self.upcast = self.interpret or head.dtype == torch.float32
-        # GPU defaults, measured on the H200 (tools/sweep_chain.py, N = 5, T = 1, us at 1 / 4 / 16 rows,
-        # with an exact key per tile): tiles of 64 tokens, 4 warps, a 2-stage pipeline and 3 programs
-        # per SM (168 registers, 44 KB of shared memory each): 151 / 171 / 170; one program per SM
-        # (8 warps, 3 stages) took 228 / 273 / 250: occupancy (latency hiding) is what counts here.
-        # fp32 W2 tiles are twice as large: 32 tokens.
-        wide = head.dtype == torch.float32
-        self.block_v = block_v or (32 if self.interpret or wide else 64)
-        self.num_warps = num_warps or 4
-        self.num_stages = num_stages or 2
-        self.num_tiles = triton.cdiv(head.vocab_size, self.block_v)
-        self.programs = min(int(programs or default_programs(device, programs_per_sm or 3)), self.num_tiles)
-        if self.interpret and self.programs != 1:
-            raise ValueError(f"programs: the interpreter runs programs one after another, so the chain's "
-                             f"barriers need programs=1 there, got {self.programs}")
-        self.fitted = self.interpret or device.type != "cuda"  # CUDA caps programs at the first call, once compiled
+        vocab = head.vocab_size
+        if self.interpret:
+            table = ((MAX_ROWS, (32, 4, 2, 1)),)
+        elif head.dtype == torch.float32:
+            table = GPU_LAYOUTS_FP32_WEIGHTS
+        else:
+            table = GPU_LAYOUTS
+        fixed = (block_v, num_warps, num_stages, programs_per_sm, programs)
+        if any(value is not None for value in fixed):
+            shape = table[-1][1]
+            table = ((MAX_ROWS, (block_v or shape[0], num_warps or shape[1], num_stages or shape[2],
+                                 programs_per_sm or shape[3])),)
+        self.layouts = [(limit, Layout(*shape, vocab, device, self.interpret, programs)) for limit, shape in table]
         self.spin_limit = int(spin_limit)
         self.filter_margin = float(filter_margin)
         self.block_r = MAX_ROWS
         self.words = torch.full((num_steps, self.block_r), -(2**63), dtype=torch.int64, device=device)
         self.sync = torch.zeros(num_steps + 1, dtype=torch.int32, device=device)
         self.status = torch.zeros(1, dtype=torch.int32, device=device)
+
+    def layout(self, rows: int) -> Layout:
+        """The launch shape used for a batch of ``rows`` rows."""
+        for limit, layout in self.layouts:
+            if rows <= limit:
+                return layout
+        return self.layouts[-1][1]
 
     def check(self) -> None:
         """Raise ``RuntimeError`` if a launch's barrier gave up waiting (host sync; not in a capture)."""
@@ -336,23 +363,25 @@ class ChainBackend:
     def run(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens, logits_cache):
         head = self.head
         rows, steps, vocab = base_logits.shape
-        args = (base_logits, anchor, head.embed_weight, head.head_weight, logits_cache, idx_mapping, positions,
-                temperature, seeds, draft_tokens, self.words, self.sync, self.status,
-                rows, vocab, head.embed_vocab_size, temperature.shape[0], steps, self.num_tiles, self.programs,
-                base_logits.stride(0), base_logits.stride(1), logits_cache.stride(0), draft_tokens.stride(0),
-                head.scale, self.filter_margin)
-        options = dict(RK=head.rank, BLOCK_V=self.block_v, BLOCK_R=self.block_r,
-                       NUM_STAGES=self.num_stages, SCALED=head.scale != 1.0, UPCAST=self.upcast,
-                       IEEE_DOT=head.dtype == torch.float32, HARDWARE_LOG2=not self.interpret,
-                       SPIN=self.spin_limit, num_warps=self.num_warps, enable_fp_fusion=False)
-        if not self.fitted:
-            kernel = _chain_kernel.warmup(*args, grid=(1,), **options)
+        layout = self.layout(rows)
+
+        def arguments():
+            return (base_logits, anchor, head.embed_weight, head.head_weight, logits_cache, idx_mapping, positions,
+                    temperature, seeds, draft_tokens, self.words, self.sync, self.status,
+                    rows, vocab, head.embed_vocab_size, temperature.shape[0], steps, layout.num_tiles,
+                    layout.programs, base_logits.stride(0), base_logits.stride(1), logits_cache.stride(0),
+                    draft_tokens.stride(0), head.scale, self.filter_margin)
+        options = dict(RK=head.rank, BLOCK_V=layout.block_v, BLOCK_R=self.block_r, NUM_STAGES=layout.num_stages,
+                       SCALED=head.scale != 1.0, UPCAST=self.upcast, IEEE_DOT=head.dtype == torch.float32,
+                       HARDWARE_LOG2=not self.interpret, SPIN=self.spin_limit, num_warps=layout.num_warps,
+                       enable_fp_fusion=False)
+        if not layout.fitted:
+            kernel = _chain_kernel.warmup(*arguments(), grid=(1,), **options)
             fits = resident_programs_per_sm(kernel, self.device)
-            sms = torch.cuda.get_device_properties(self.device).multi_processor_count
             if fits == 0:
-                raise ValueError(f"block_v: impl 'chain' with block_v={self.block_v}, num_warps={self.num_warps}, "
-                                 f"num_stages={self.num_stages} does not fit on one SM")
-            self.programs = min(self.programs, fits * sms)
-            self.fitted = True
-            args = args[:19] + (self.programs,) + args[20:]
-        _chain_kernel[(self.programs,)](*args, **options)
+                raise ValueError(f"block_v: impl 'chain' with block_v={layout.block_v}, num_warps={layout.num_warps}, "
+                                 f"num_stages={layout.num_stages} does not fit on one SM")
+            sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+            layout.programs = min(layout.programs, fits * sms)
+            layout.fitted = True
+        _chain_kernel[(layout.programs,)](*arguments(), **options)
