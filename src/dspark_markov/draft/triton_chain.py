@@ -5,8 +5,9 @@ the vocabulary tiles ``p, p + P, p + 2P, ...`` of ``BLOCK_V`` tokens. At every s
 bias of its tiles on tensor cores (``codes @ W2_tile^T``, fp32 accumulation rounded once to the
 weight dtype, as ``impl="fused"``), adds the base logits and writes the cache. It ranks its tokens
 by approximate Gumbel keys (:mod:`.gumbel_filter`), keeping per row the three best over all its
-tiles and the logits of the first two, and computes two exact keys per row and step (the first two:
-the exact winner is one of them unless the third is within the filter's slack of the first). Where
+tiles, and computes two exact keys per row and step (the first two, from their logits read back
+from the cache: the exact winner is one of them unless the third is within the filter's slack of
+the first). Where
 that cannot be sure (a near-tie of three, a NaN, an infinite or zero best) it recomputes its tiles
 with exact keys. The result, packed with its index into one int64 word ordered by (key, then
 lower index; every NaN above ``+inf``, ``-0.0`` equal to ``+0.0``), is merged into the step's word
@@ -73,12 +74,6 @@ def _word_token(word, vocab):
     """The token of a :func:`_pack_word` word, clamped into ``[0, V)``."""
     token = 0x7FFFFFFF - (word & 0x7FFFFFFF)
     return tl.minimum(tl.maximum(token, 0), vocab - 1)
-
-
-@triton.jit
-def _key_token(word):
-    """The token of a :func:`.gumbel_filter.pack_key` word (any int32 pattern for INT64_MIN/MAX)."""
-    return (0x7FFFFFFF - (word & 0x7FFFFFFF)).to(tl.int32)
 
 
 @triton.jit
@@ -178,14 +173,12 @@ def _chain_kernel(
         greedy = temp == 0.0
         inv_temp = 1.0 / tl.where(greedy, 1.0, temp)
         # Rank every tile by approximate keys (gumbel_filter) and keep, per row over all of this
-        # program's tiles, the three best packed approximate keys and the logits of the first two.
-        # The exact winner is then one of the first two unless the third is within the filter's
-        # slack of the first; only those two exact keys are computed per row and step.
+        # program's tiles, the three best packed approximate keys. The exact winner is then one of
+        # the first two unless the third is within the filter's slack of the first; only those two
+        # exact keys are computed per row and step, from their logits read back from the cache.
         top1 = floor
         top2 = floor
         top3 = floor
-        z1 = tl.zeros([BLOCK_R], tl.float32)
-        z2 = tl.zeros([BLOCK_R], tl.float32)
         forward = step % 2 == 0
         for i in tl.range(0, owned, num_stages=NUM_STAGES):
             tile = program + tl.where(forward, i, owned - 1 - i) * num_programs
@@ -203,19 +196,12 @@ def _chain_kernel(
             packed = tl.where(packed == b1[:, None], INT64_MIN, packed)
             b2 = tl.max(packed, axis=1)
             b3 = tl.max(tl.where(packed == b2[:, None], INT64_MIN, packed), axis=1)
-            zb1 = tl.max(tl.where(cols[None, :] == _key_token(b1)[:, None], logits, float("-inf")), axis=1)
-            zb2 = tl.max(tl.where(cols[None, :] == _key_token(b2)[:, None], logits, float("-inf")), axis=1)
             # Merge two sorted triples (words are distinct): the k-th largest of the union is the
             # max over i + j = k of min(a_i, b_j), with a_0 = b_0 = +inf.
-            c1 = tl.maximum(top1, b1)
             c2 = tl.maximum(tl.maximum(top2, b2), tl.minimum(top1, b1))
-            c3 = tl.maximum(tl.maximum(top3, b3), tl.maximum(tl.minimum(top1, b2), tl.minimum(top2, b1)))
-            new_z1 = tl.where(c1 == top1, z1, zb1)
-            z2 = tl.where(c2 == top1, z1, tl.where(c2 == top2, z2, tl.where(c2 == b1, zb1, zb2)))
-            z1 = new_z1
-            top1 = c1
+            top3 = tl.maximum(tl.maximum(top3, b3), tl.maximum(tl.minimum(top1, b2), tl.minimum(top2, b1)))
+            top1 = tl.maximum(top1, b1)
             top2 = c2
-            top3 = c3
         value, index = unpack_key(top1)
         runner_value, runner_index = unpack_key(top2)
         third, _ = unpack_key(top3)
@@ -224,6 +210,14 @@ def _chain_kernel(
         decided = (row_ok == 0) | tl.where(greedy, clear_best,
                                            finite_best & (value - third > key_slack(value, filter_margin)))
         if tl.min(decided.to(tl.int32), axis=0) == 1:
+            # The sampled rows are live: their two candidates' logits are in the cache, written by
+            # this program (visible to all its threads after the barrier).
+            tl.debug_barrier()
+            sampled = live & (greedy == 0)
+            cache_row = cache_ptr + safe_slot * stride_cs + step * vocab
+            z1 = to_float32(tl.load(cache_row + tl.minimum(tl.maximum(index, 0), vocab - 1), mask=sampled, other=0.0))
+            z2 = to_float32(tl.load(cache_row + tl.minimum(tl.maximum(runner_index, 0), vocab - 1), mask=sampled,
+                                    other=0.0))
             divisor = tl.where(greedy, 1.0, temp)
             exact1 = tl.math.div_rn(z1, divisor) + rng_triton.draft_noise(prefix, index)
             exact2 = tl.math.div_rn(z2, divisor) + rng_triton.draft_noise(prefix, runner_index)
@@ -292,7 +286,7 @@ class Layout:
 
 # GPU layouts by batch size, measured on the H200 (tools/sweep_chain.py, N = 5, T = 1, bf16):
 # (largest batch, (block_v, num_warps, num_stages, programs per SM)).
-GPU_LAYOUTS = ((1, (32, 2, 3, 4)), (MAX_ROWS, (64, 4, 3, 3)))
+GPU_LAYOUTS = ((1, (32, 2, 3, 4)), (MAX_ROWS, (32, 4, 3, 4)))
 # fp32 W2 tiles are twice as large.
 GPU_LAYOUTS_FP32_WEIGHTS = ((MAX_ROWS, (32, 4, 2, 3)),)
 
