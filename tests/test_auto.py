@@ -47,3 +47,27 @@ def test_auto_sampler_on_cpu_matches_reference():
     want = dm.sample_drafts(head, *args)
     assert torch.equal(got.draft_tokens, want.draft_tokens)
     assert torch.equal(got.logits_cache, want.logits_cache)
+
+
+def _record(design, rows, temperature, time_us, method="gumbel", status="ok"):
+    return dict(design=design, method=method, rows=rows, temperature=temperature, status=status, time_us=time_us)
+
+
+def test_table_from_results_picks_the_fastest_per_size_with_a_margin():
+    records = [
+        _record("loop", 1, "1", 200.0), _record("chain", 1, "1", 130.0), _record("fused", 1, "1", 150.0),
+        _record("loop", 1, "mixed", 190.0), _record("chain", 1, "mixed", 140.0), _record("fused", 1, "mixed", 150.0),
+        # 4 rows: chain within the 2% margin of loop's incumbent? no: fused is 10% faster than chain
+        _record("loop", 4, "1", 220.0), _record("chain", 4, "1", 160.0), _record("fused", 4, "1", 144.0),
+        # 16 rows: fused 1% faster than chain only: the earlier design (chain) keeps it
+        _record("loop", 16, "1", 300.0), _record("chain", 16, "1", 170.0), _record("fused", 16, "1", 168.5),
+        # 64 rows: chain cannot run (n/a), fused wins; inverse_cdf records are another method
+        _record("chain", 64, "1", None, status="n/a"), _record("fused", 64, "1", 300.0),
+        _record("loop", 64, "1", 500.0), _record("inverse_cdf", 64, "1", 100.0, method="inverse_cdf"),
+        _record("loop", 253, "1", 1600.0), _record("fused", 253, "1", 1700.0),
+    ]
+    table = auto.table_from_results(records, "gumbel")
+    assert table == ((1, "chain"), (4, "fused"), (16, "chain"), (64, "fused"), (None, "loop"))
+    assert auto.table_from_results(records, "inverse_cdf") == ((None, "inverse_cdf"),)
+    with pytest.raises(ValueError, match="records"):
+        auto.table_from_results(records, "nope")

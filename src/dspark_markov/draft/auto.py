@@ -29,6 +29,43 @@ AUTO_TABLE = {
 }
 
 
+def table_from_results(records, method: str, *, margin: float = 0.02) -> tuple:
+    """``(max rows, impl)`` buckets of the fastest design per measured batch size.
+
+    ``records``: benchmark result dicts (``design``, ``method``, ``rows``, ``temperature``,
+    ``status``, ``time_us``) of one cache dtype, as in ``benchmarks/results/*.json``. A design's
+    time at a batch size is its mean over the temperature modes measured for every candidate;
+    a design beats the incumbent (the fastest so far, in the order of ``records``) only by more than
+    ``margin`` (relative), so that noise does not split buckets. A batch between two measured sizes
+    takes the choice of the larger one; the last bucket (``None``) takes every larger batch.
+    """
+    times = {}
+    for record in records:
+        if record["method"] != method or record["status"] != "ok" or record["time_us"] is None:
+            continue
+        times.setdefault(record["rows"], {}).setdefault(record["design"], []).append(record["time_us"])
+    choices = []
+    for rows in sorted(times):
+        means = {design: sum(values) / len(values) for design, values in times[rows].items()}
+        modes = max(len(values) for values in times[rows].values())
+        means = {design: mean for design, mean in means.items() if len(times[rows][design]) == modes}
+        best = None
+        for design, mean in means.items():
+            if best is None or mean < means[best] * (1.0 - margin):
+                best = design
+        choices.append((rows, best))
+    buckets = []
+    for rows, design in choices:
+        if buckets and buckets[-1][1] == design:
+            buckets[-1] = (rows, design)
+        else:
+            buckets.append((rows, design))
+    if not buckets:
+        raise ValueError(f"records: no successful measurement of method {method!r}")
+    buckets[-1] = (None, buckets[-1][1])
+    return tuple(buckets)
+
+
 def choose(method: str, cache_dtype: torch.dtype, rows: int, device: torch.device) -> str:
     """The implementation ``auto`` runs for a batch of ``rows`` rows."""
     if torch.device(device).type != "cuda":
