@@ -1,7 +1,9 @@
 """top_k_top_p: the sort-free Triton kernels equal the sort reference exactly (CPU interpreter).
 
 Both Triton layouts run: one program per row, and the split-row path (forced with a small block
-and several programs per row). Every comparison is bit for bit on the whole output row.
+and several programs per row), each with the candidate sort (the CPU default bound of 128
+candidates: most rows take the fast path) and with the bound forced down to 16 (most rows take the
+fallback search). Every comparison is bit for bit on the whole output row.
 """
 
 import math
@@ -14,14 +16,17 @@ from dspark_markov.verify import filtering
 from dspark_markov.verify import filtering_triton as ft
 
 NEG_INF = float("-inf")
-# (block, chunks): one program per row; split rows (3 programs of up to 4 blocks of 128 per row).
+# (block, chunks[, sort_size]): one program per row; split rows (3 programs of up to 4 blocks of 128).
 LAYOUTS = [pytest.param((1024, 1), id="row"), pytest.param((128, 3), id="split")]
+FALLBACK = 16  # a sort bound that sends most rows to the fallback search
+ALL_PATHS = LAYOUTS + [pytest.param((1024, 1, FALLBACK), id="row-fallback"),
+                       pytest.param((128, 3, FALLBACK), id="split-fallback")]
 
 
 def run_triton(logits, k, p, layout, out=None):
-    block, chunks = layout
+    block, chunks, *sort_size = layout
     target = logits if out is None else out
-    ft.launch_top_k_top_p(logits, k, p, target, block=block, chunks=chunks)
+    ft.launch_top_k_top_p(logits, k, p, target, block=block, chunks=chunks, sort_size=sort_size[0] if sort_size else None)
     return target
 
 
@@ -60,7 +65,7 @@ def hard_rows(vocab=777, seed=0):
     return x, k, p
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout", ALL_PATHS)
 def test_hard_rows_equal_reference(layout):
     x, k, p = hard_rows()
     expected = reference(x, k, p)
@@ -101,7 +106,7 @@ def test_scalar_k_p_and_grid_of_p(layout):
     assert_same(run_triton(x2.clone(), 33, None, layout), reference(x2, 33, None))
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout", LAYOUTS + [pytest.param((1024, 1, FALLBACK), id="row-fallback")])
 def test_p_exactly_at_a_mass_boundary(layout):
     """p set to (a hair around) the exact mass before a token: the fixed-point masses must agree bit for bit."""
     gen = torch.Generator().manual_seed(2)
@@ -139,6 +144,46 @@ def test_boundary_ties_in_a_late_chunk(layout):
     assert last_one > 512 and not torch.isfinite(expected[:, last_one]).any()
     assert torch.isfinite(expected[:, 512:last_one]).any(dim=1).all()  # both cuts fall in the last chunk
     assert_same(run_triton(x, k, p, layout), expected)
+
+
+@pytest.mark.parametrize("layout", [ALL_PATHS[0], ALL_PATHS[2]])
+def test_extreme_values_at_every_k(layout):
+    """Radix digits across the sign, the exponent and -0.0/+0.0: infinities, fp32 extremes, subnormals."""
+    gen = torch.Generator().manual_seed(5)
+    specials = torch.tensor([float("inf"), NEG_INF, 3.4e38, -3.4e38, 1e-45, -1e-45, 1.2e-38, -1.2e-38, 0.0, -0.0,
+                             1.0, -1.0, 1.0000001, 0.99999994, 2.0, -2.0])
+    vocab = 333
+    row = specials[torch.randint(0, len(specials), (vocab,), generator=gen)]
+    row[::7] = torch.randn(len(row[::7]), generator=gen) * 1e3
+    ks = torch.tensor([1, 2, 3, 7, 16, 31, 50, 100, 160, 200, 250, 300, 332, 0, 17, 64])
+    p = torch.tensor([1.0] * 13 + [0.3, 0.999, 0.5])
+    x = row.expand(len(ks), vocab).contiguous()
+    assert_same(run_triton(x.clone(), ks, p, layout), reference(x, ks, p))
+    finite = torch.where(torch.isinf(x), 0.0, x)  # finite rows: the top-p masses are not all on one +inf
+    assert_same(run_triton(finite.clone(), ks, p.flip(0), layout), reference(finite, ks, p.flip(0)))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_top_p_only_inside_and_beyond_the_candidates(layout):
+    """Top-p without top-k: a peaked row (the cut inside the sorted candidates) and flat rows (beyond them)."""
+    gen = torch.Generator().manual_seed(6)
+    vocab = 1500
+    x = torch.randn(4, vocab, generator=gen)
+    x[0] *= 8  # peaked: p = 0.9 lies within the best 64
+    x[1] *= 0.05  # nearly flat: the cut is far below the candidates
+    x[2, :100] += 30.0  # 100 near-equal leaders hold almost all the mass
+    p = torch.tensor([0.9, 0.9, 0.95, 0.3])
+    expected = reference(x, None, p)
+    kept = torch.isfinite(expected).sum(dim=1)
+    assert kept[0] < 64 and kept[1] > 128 and 64 < kept[2] <= 100
+    assert_same(run_triton(x.clone(), None, p, layout), expected)
+
+
+def test_sort_size_is_checked():
+    x = torch.randn(2, 300)
+    for bad in (8, 100, 0, True):
+        with pytest.raises(ValueError, match=r"^sort_size\b"):
+            ft.launch_top_k_top_p(x, 3, None, x, sort_size=bad)
 
 
 def test_reference_small_cases():

@@ -95,7 +95,7 @@ _P_COUNT, _P_KEY, _P_INDEX, _P_TIES_TK, _P_QTK, _P_TIES_U = (tl.constexpr(i) for
 PARTIAL_FIELDS = 6
 
 # Pass phases of the split path (update phases: _SCAN0, _SCAN, _GATHER = resolve, _COUNT_P).
-_SCAN0, _SCAN, _GATHER, _COUNT_P, _TIES_U, _APPLY = range(6)
+_SCAN0, _SCAN, _GATHER, _COUNT_P, _TIES_U, _APPLY, _APPLY_SLOW = range(7)
 
 GPU_BLOCK = 2048
 CPU_BLOCK = 1024
@@ -372,31 +372,30 @@ def _row_p(p_ptr, p_value, row, P_PER_ROW: tl.constexpr):
 
 # --------------------------------------------------------------------------- one program per row
 @triton.jit(do_not_specialize=["k_value", "p_value"])
-def _filter_rows_kernel(
+def _rows_select_kernel(
     logits_ptr, logits_stride,  # [B, V] fp32
-    out_ptr, out_stride,  # [B, V] fp32 (may alias logits)
+    state_ptr,  # [B, STATE_FIELDS] int64
+    partial_ptr,  # [B, PARTIAL_FIELDS, 1] int64
     scratch_ptr,  # [B, SORT_LARGE] int64 candidates
     k_ptr, k_value, p_ptr, p_value,  # [B] int32/int64 or a scalar; [B] fp32 or a scalar
-    vocab, write_all,  # write_all: 1 to write every entry (out of place), 0 for masked ones only
-    K_PER_ROW: tl.constexpr, P_PER_ROW: tl.constexpr, IN_PLACE: tl.constexpr, BLOCK: tl.constexpr,
-    SEARCH_BLOCK: tl.constexpr, SORT_SMALL: tl.constexpr, SORT_LARGE: tl.constexpr, CANDIDATES: tl.constexpr,
+    vocab,
+    K_PER_ROW: tl.constexpr, P_PER_ROW: tl.constexpr, BLOCK: tl.constexpr, SORT_LARGE: tl.constexpr,
+    CANDIDATES: tl.constexpr,
 ):
+    """Row path, steps 1-2 of the module doc up to the sort: stats, every radix level, the gather."""
     row = tl.program_id(0).to(tl.int64)
     src = logits_ptr + row * logits_stride
-    dst = out_ptr + row * out_stride
-    scratch = scratch_ptr + row * SORT_LARGE
+    state = state_ptr + row * _STATE_FIELDS
+    partial = partial_ptr + row * 6
     zero = tl.zeros([], tl.int64)
     shift = tl.zeros([], tl.int32) + 26
-    hist, nans, kmax, first_best = _range_scan(src, 0, vocab, zero, shift, shift * 0 + 6, True, BLOCK)
-    row_max = _key_value(kmax)
+    hist, nans, kmax, first_best = _range_scan(src, 0, vocab, zero, shift, shift * 0 + _RADIX_BITS, True, BLOCK)
     k = _row_k(k_ptr, k_value, row, K_PER_ROW)
     p = _row_p(p_ptr, p_value, row, P_PER_ROW)
     use_k = (nans == 0) & (k > 0) & (k < vocab)
     use_p = (nans == 0) & (p < 1.0)
     select = use_k | use_p
     ks = tl.where(use_k, k, tl.minimum(zero + CANDIDATES, vocab))
-
-    # Radix select (module doc, step 1); the first level's histogram came with the stats.
     prefix, above, count, done = _radix_step(hist, zero, zero, ks, shift, SORT_LARGE)
     if select:
         while done == 0:
@@ -404,48 +403,52 @@ def _filter_rows_kernel(
             hist, _, _, _ = _range_scan(src, 0, vocab, prefix, shift, width, False, BLOCK)
             prefix, above, count, done = _radix_step(hist, prefix, above, ks, shift, SORT_LARGE)
     fast = select & (count <= SORT_LARGE)
-    lower = prefix + _SIGN  # the threshold as an ordered key (exact t_k when the select ran to the end)
     slow_k = use_k & (fast == 0)
-    tk = tl.where(slow_k, lower, _KEY_FLOOR)
-    need = tl.where(slow_k, ks - above, 0)
-
-    # The survivors' mass where the sort does not give it (top-p only, or the fallback).
-    mass_gt = zero
-    q_tk = zero
-    if use_p & ((use_k & fast) == 0):
-        mass_gt, q_tk, _ = _range_mass(src, 0, vocab, tk + 1, tk, row_max, BLOCK)
-
-    # Fast path (module doc, step 2).
-    p_fast = fast & False
-    cut = zero + _PACK_FLOOR
     if fast:
-        _range_gather(src, 0, vocab, lower.to(tl.int32), scratch, zero, False, BLOCK)
-        if count <= SORT_SMALL:
-            p_fast, cut = _resolve(scratch, count, ks, use_k, use_p, p, mass_gt, vocab, SORT_SMALL)
-        else:
-            p_fast, cut = _resolve(scratch, count, ks, use_k, use_p, p, mass_gt, vocab, SORT_LARGE)
+        _range_gather(src, 0, vocab, (prefix + _SIGN).to(tl.int32), scratch_ptr + row * SORT_LARGE, zero, False,
+                      BLOCK)
+    if slow_k | (use_p & (use_k == 0)):  # the survivors' mass where the sort does not give it
+        tk = tl.where(slow_k, prefix + _SIGN, _KEY_FLOOR)
+        mass, q_level, ties = _range_mass(src, 0, vocab, tk + 1, tk, _key_value(kmax), BLOCK)
+        tl.store(partial + _P_COUNT, mass)
+        tl.store(partial + _P_QTK, q_level)
+    tl.store(state + _USE_K, use_k.to(tl.int64))
+    tl.store(state + _USE_P, use_p.to(tl.int64))
+    tl.store(state + _KS, ks)
+    tl.store(state + _KMAX, kmax)
+    tl.store(state + _AMAX, first_best)
+    tl.store(state + _PREFIX, prefix)
+    tl.store(state + _RABOVE, above)
+    tl.store(state + _COUNT, count)
 
-    # Fallback top-p (module doc, step 3): the largest key u with H(u) >= limit; `mass_above` tracks H(hi + 1).
-    slow_p = use_p & (p_fast == 0)
-    u = zero + _KEY_FLOOR
-    mass_above = zero
-    limit = tl.zeros([], tl.float64)
-    if slow_p:
-        limit = p.to(tl.float64) * (mass_gt + need * q_tk).to(tl.float64)
-        lo = tk
-        hi = kmax
+
+@triton.jit
+def _rows_search_kernel(
+    logits_ptr, logits_stride,  # [B, V] fp32
+    state_ptr,  # [B, STATE_FIELDS] int64
+    vocab,
+    SEARCH_BLOCK: tl.constexpr,
+):
+    """Row path, step 3 of the module doc: the whole 16-way top-p search of a fallback row (idle otherwise)."""
+    row = tl.program_id(0).to(tl.int64)
+    src = logits_ptr + row * logits_stride
+    state = state_ptr + row * _STATE_FIELDS
+    lo = tl.load(state + _LO)
+    hi = tl.load(state + _HI)
+    if lo < hi:
+        row_max = _key_value(tl.load(state + _KMAX))
+        tk = lo
+        tie_mass = tl.load(state + _NEED) * tl.load(state + _QTK)
+        limit = tl.load(state + _LIMIT).to(tl.float64, bitcast=True)
+        above = tl.zeros([], tl.int64)
         while lo < hi:
             thresholds = _candidates(lo, hi)
             masses = _range_mass_multi(src, 0, vocab, tl.maximum(thresholds, tk + 1), row_max, SEARCH_BLOCK)
-            masses += tl.where(thresholds <= tk, need * q_tk, 0)
-            lo, hi, mass_above = _search_step(lo, hi, mass_above, thresholds, masses,
-                                              masses.to(tl.float64) >= limit)
-        u = lo
-    if p_fast:
-        _range_apply_cut(src, dst, 0, vocab, cut, IN_PLACE, BLOCK)
-    elif (slow_k.to(tl.int32) | slow_p.to(tl.int32) | write_all) != 0:
-        _range_apply(src, dst, 0, vocab, slow_k.to(tl.int32), slow_p.to(tl.int32), tk, need, u, mass_above, limit,
-                     first_best, row_max, zero, zero, IN_PLACE, BLOCK)
+            masses += tl.where(thresholds <= tk, tie_mass, 0)
+            lo, hi, above = _search_step(lo, hi, above, thresholds, masses, masses.to(tl.float64) >= limit)
+        tl.store(state + _ABOVE, above)
+        tl.store(state + _HI, hi)
+        tl.store(state + _LO, lo)
 
 
 # --------------------------------------------------------------------------- split-row path
@@ -513,11 +516,12 @@ def _split_pass_kernel(
             if use_p & (tl.load(state + _PFAST) == 0):
                 _, _, ties = _range_mass(src, start, end, lo, lo, row_max, BLOCK)
                 tl.store(partial + _P_TIES_U * num_chunks, ties)
-        else:  # _APPLY
-            dst = out_ptr + row * out_stride
+        elif PHASE == 5:  # _APPLY: rows with a cut (the common case; a lean kernel)
             if tl.load(state + _PFAST) != 0:
-                _range_apply_cut(src, dst, start, end, tl.load(state + _CUT), IN_PLACE, BLOCK)
-            else:
+                _range_apply_cut(src, out_ptr + row * out_stride, start, end, tl.load(state + _CUT), IN_PLACE, BLOCK)
+        else:  # _APPLY_SLOW: every other row (fallback top-k/top-p, disabled or NaN rows out of place)
+            dst = out_ptr + row * out_stride
+            if tl.load(state + _PFAST) == 0:
                 slow_k = tl.load(state + _SLOW_K).to(tl.int32)
                 slow_p = use_p.to(tl.int32)
                 if (slow_k | slow_p | write_all) != 0:
@@ -712,16 +716,11 @@ def launch_top_k_top_p(logits, k, p, out, *, block=None, chunks=None, sort_size=
     search_block = min(block, CPU_SEARCH_BLOCK if logits.device.type == "cpu" else GPU_SEARCH_BLOCK)
     device = logits.device
     scratch = torch.empty(rows, sort_size, dtype=torch.int64, device=device)  # [B, sort_size] candidates
-    if chunks == 1:
-        _filter_rows_kernel[(rows,)](
-            logits, logits.stride(0), out, out.stride(0), scratch, k_ptr, k_value, p_ptr, p_value, vocab, write_all,
-            K_PER_ROW=k_per_row, P_PER_ROW=p_per_row, IN_PLACE=in_place, BLOCK=block, SEARCH_BLOCK=search_block,
-            SORT_SMALL=sort_small, SORT_LARGE=sort_size, CANDIDATES=candidates,
-            num_warps=warps, enable_fp_fusion=False,
-        )
-        return
-    chunk_len = triton.cdiv(triton.cdiv(vocab, chunks), block) * block
-    chunks = triton.cdiv(vocab, chunk_len)
+    if chunks > 1:
+        chunk_len = triton.cdiv(triton.cdiv(vocab, chunks), block) * block
+        chunks = triton.cdiv(vocab, chunk_len)
+    else:
+        chunk_len = vocab
     state = torch.empty(rows, STATE_FIELDS, dtype=torch.int64, device=device)  # [B, STATE_FIELDS]
     partial = torch.empty(rows, PARTIAL_FIELDS, chunks, dtype=torch.int64, device=device)  # [B, 6, chunks]
     hist = torch.empty(rows, chunks, 1 << RADIX_BITS, dtype=torch.int32, device=device)  # [B, chunks, 64]
@@ -744,16 +743,28 @@ def launch_top_k_top_p(logits, k, p, out, *, block=None, chunks=None, sort_size=
             num_warps=8 if phase == _GATHER else 1, enable_fp_fusion=False,
         )
 
-    run_pass(_SCAN0)
-    run_update(_SCAN0)
-    for shift in RADIX_SHIFTS[1:]:
-        run_pass(_SCAN, shift)
-        run_update(_SCAN, shift)
-    run_pass(_GATHER)
-    run_update(_GATHER)
-    if p is not None:
-        for _ in range(SEARCH_STEPS):
-            run_pass(_COUNT_P)
-            run_update(_COUNT_P)
-        run_pass(_TIES_U)
+    if chunks == 1:  # row path: select (all levels + gather), sort, fallback search, apply
+        _rows_select_kernel[(rows,)](
+            logits, logits.stride(0), state, partial, scratch, k_ptr, k_value, p_ptr, p_value, vocab,
+            K_PER_ROW=k_per_row, P_PER_ROW=p_per_row, BLOCK=block, SORT_LARGE=sort_size, CANDIDATES=candidates,
+            num_warps=warps, enable_fp_fusion=False,
+        )
+        run_update(_GATHER)
+        if p is not None:
+            _rows_search_kernel[(rows,)](logits, logits.stride(0), state, vocab, SEARCH_BLOCK=search_block,
+                                         num_warps=warps, enable_fp_fusion=False)
+    else:
+        run_pass(_SCAN0)
+        run_update(_SCAN0)
+        for shift in RADIX_SHIFTS[1:]:
+            run_pass(_SCAN, shift)
+            run_update(_SCAN, shift)
+        run_pass(_GATHER)
+        run_update(_GATHER)
+        if p is not None:
+            for _ in range(SEARCH_STEPS):
+                run_pass(_COUNT_P)
+                run_update(_COUNT_P)
+            run_pass(_TIES_U)
     run_pass(_APPLY)
+    run_pass(_APPLY_SLOW)
