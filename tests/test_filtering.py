@@ -69,7 +69,11 @@ def hard_rows(vocab=777, seed=0):
 def test_hard_rows_equal_reference(layout):
     x, k, p = hard_rows()
     expected = reference(x, k, p)
-    assert_same(run_triton(x.clone(), k, p, layout), expected)  # in place
+    split = layout[1] > 1
+    if not split or len(layout) == 2:  # the split layouts (slow in the interpreter) run one mode each
+        assert_same(run_triton(x.clone(), k, p, layout), expected)  # in place
+    if split and len(layout) == 2:
+        return
     out = torch.full_like(x, 123.0)
     source = x.clone()
     assert_same(run_triton(source, k.to(torch.int32), p, layout, out=out), expected)  # out of place, int32 k

@@ -1,8 +1,9 @@
 """top_k_top_p on the GPU at DeepSeek-V4.1 shapes (V = 129,280): Triton == sort reference, bit for bit.
 
 Both layouts (one program per row; split rows) are checked at every batch size, plus the default
-choice, CPU/GPU agreement of the reference (the software exp is bit-identical across devices) and
-CUDA-graph replay.
+choice, with the default candidate-sort bound and with the bound forced down to 16 (most rows then
+take the fallback search); CPU/GPU agreement of the reference (the software exp is bit-identical
+across devices) and CUDA-graph replay.
 """
 
 import pytest
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.gpu
 VOCAB = 129_280
 ROWS = [1, 16, 64, 253]
 NEG_INF = float("-inf")
-K_CYCLE = [0, 1, 5, 50, 1000, VOCAB, -1, 20]
+K_CYCLE = [0, 1, 5, 50, 1000, VOCAB, -1, 20, 4000, 5000]  # 5000 > SORT_LARGE: the fallback top-k
 P_CYCLE = [0.0, 1e-9, 1e-7, 0.5, 0.9, 0.99, 1.0, 0.95]
 
 
@@ -47,15 +48,27 @@ def assert_same(a, b):
 
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("chunks", [None, 1, 16])
-def test_triton_equals_reference(rows, chunks):
+@pytest.mark.parametrize("sort_size", [None, 16])
+def test_triton_equals_reference(rows, chunks, sort_size):
     x, k, p = batch(rows)
     expected = reference(x, k, p)
     got = x.clone()
-    ft.launch_top_k_top_p(got, k, p, got, chunks=chunks)
+    ft.launch_top_k_top_p(got, k, p, got, chunks=chunks, sort_size=sort_size)
     assert_same(got, expected)
     out = torch.empty_like(x)
-    ft.launch_top_k_top_p(x, k, p, out, chunks=chunks)
+    ft.launch_top_k_top_p(x, k, p, out, chunks=chunks, sort_size=sort_size)
     assert_same(out, expected)
+
+
+@pytest.mark.parametrize("chunks", [1, 16])
+def test_peaked_top_p_only(chunks):
+    """Top-p alone on peaked rows: the cut falls inside the sorted candidates (the fast path)."""
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    x = torch.randn(16, VOCAB, generator=gen, device="cuda") * 9
+    p = torch.tensor(P_CYCLE * 2, device="cuda", dtype=torch.float32)
+    got = x.clone()
+    ft.launch_top_k_top_p(got, None, p, got, chunks=chunks)
+    assert_same(got, reference(x, None, p))
 
 
 @pytest.mark.parametrize("rows", [1, 64])

@@ -27,8 +27,11 @@ Algorithm, per row (both layouts)
 
 Cost model (per element of the row, H200 warp instructions / 32 lanes)
 ----------------------------------------------------------------------
-A 64-bin ``tl.histogram`` costs about 6 ballots + 2 bins x 3 per 32 elements plus the key:
-~1.5 warp instructions per element; the gather and the apply ~0.6 each. The common engine case
+Triton lowers a 64-bin ``tl.histogram`` to, per 32 elements: 6 ballots (3 instructions each), a
+5-step lane mask (10), the input-mask ballot (2) and, for each of the 2 bins a lane owns, 5 more:
+~40 warp instructions, 1.25 per element, plus ~0.4 for the load, key, digit and prefix match
+(64 bins is the cheapest width per resolved bit: 32 bins cost 30, 256 bins ~108). The gather
+(compare, block scan, scatter) and the apply (pack, one int64 compare, store) cost ~0.6 and ~0.4. The common engine case
 (k = 20..1000, p = 0.9) stops after 2 levels on real and Gaussian logits (the 12-bit prefix
 already isolates <= 4096 candidates), so a row is read 4 times (stats+level 0, level 1, gather,
 apply) and written once: ~5 instructions per element. At 1518 x 129,280 elements that is
@@ -38,9 +41,25 @@ and 1 write of 785 MB at ~4.4 TB/s), versus ~82 ms for the previous 16-way int64
 Bytes: ``(passes + 1) * B * V * 4`` with 3 to 7 read passes (4 in the common case) plus the
 candidates (``<= SORT_LARGE * 8`` bytes per row, written and read once).
 
-Two layouts: one program per row (many rows or small V) and a split-row path (small batch, large
-V: several programs per row write per-program partials, a tiny per-row update kernel combines
-them; a fixed number of launches, so the whole call is CUDA-graph capturable).
+Layouts and launches (both fixed per call, no host synchronisation: CUDA-graph capturable)
+-------------------------------------------------------------------------------------------
+- **Row path** (``chunks == 1``; many rows): ``_rows_select_kernel`` (grid ``B``: stats, every radix
+  level, the gather; ~80 registers), the sort (``_split_update_kernel`` phase ``_GATHER``, grid
+  ``B``), ``_rows_search_kernel`` (grid ``B``, only when ``p`` is given: the whole fallback search
+  of a fallback row, idle otherwise), then the two apply phases (grid ``B``: rows with a cut, 30
+  registers; every other row). 4 or 5 launches. The phases are separate kernels so that the
+  streaming passes keep a low register count (the sort needs ~164 at 8 warps) and several
+  programs per SM.
+- **Split path** (``chunks > 1``; small batch, large V): every pass runs on grid ``(B, chunks)``
+  and writes per-program partials (radix histograms, stats, masses), and a grid-``B`` update
+  kernel combines them: 6 radix levels x 2, gather + sort, 9 x 2 fallback-search launches when
+  ``p`` is given, the ties and the two applies (13 to 34 launches; idle ones return at once). The
+  gather claims scratch slots with one atomic per block (the order is restored by the sort).
+
+Expected H200 times (k = 50, p = 0.9, V = 129,280, out of place; by the count above, not yet
+measured): 1518 rows ~1.5 ms (memory ~0.9 ms + compute); 384 rows ~0.4 ms; 96 rows ~0.25 ms
+(row path, one program per row: latency-bound); 6 rows (split x31) ~60 us, mostly the ~35
+launches of which ~26 are idle (fusing each update into its pass would halve that).
 """
 
 from __future__ import annotations
@@ -382,7 +401,11 @@ def _rows_select_kernel(
     K_PER_ROW: tl.constexpr, P_PER_ROW: tl.constexpr, BLOCK: tl.constexpr, SORT_LARGE: tl.constexpr,
     CANDIDATES: tl.constexpr,
 ):
-    """Row path, steps 1-2 of the module doc up to the sort: stats, every radix level, the gather."""
+    """Row path, steps 1-2 of the module doc up to the sort: stats, every radix level, the gather.
+
+    Bytes: ``B * V * 4`` per radix level run (2 typically) + ``B * V * 4`` for the gather of fast
+    rows (or the mass of fallback rows) + the candidates written (``<= SORT_LARGE * 8`` per row).
+    """
     row = tl.program_id(0).to(tl.int64)
     src = logits_ptr + row * logits_stride
     state = state_ptr + row * _STATE_FIELDS
@@ -429,7 +452,10 @@ def _rows_search_kernel(
     vocab,
     SEARCH_BLOCK: tl.constexpr,
 ):
-    """Row path, step 3 of the module doc: the whole 16-way top-p search of a fallback row (idle otherwise)."""
+    """Row path, step 3 of the module doc: the whole 16-way top-p search of a fallback row (idle otherwise).
+
+    Bytes: ``V * 4`` per search pass (<= 9) of each fallback row; 48 bytes of state for the others.
+    """
     row = tl.program_id(0).to(tl.int64)
     src = logits_ptr + row * logits_stride
     state = state_ptr + row * _STATE_FIELDS
@@ -465,6 +491,11 @@ def _split_pass_kernel(
     PHASE: tl.constexpr, SHIFT: tl.constexpr, IN_PLACE: tl.constexpr, BLOCK: tl.constexpr,
     SEARCH_BLOCK: tl.constexpr, CHUNKS: tl.constexpr, SORT_LARGE: tl.constexpr,
 ):
+    """One pass of a split-row phase over a ``chunk_len`` range of one row.
+
+    Bytes: ``B * V * 4`` read per phase that runs (idle programs read ~16 bytes of state), plus
+    ``B * V * 4`` written by the out-of-place applies; partials ``B * chunks * (256 + 48)``.
+    """
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     start = chunk * chunk_len
@@ -560,6 +591,11 @@ def _split_update_kernel(
     PHASE: tl.constexpr, SHIFT: tl.constexpr, K_PER_ROW: tl.constexpr, P_PER_ROW: tl.constexpr,
     CHUNKS: tl.constexpr, SORT_SMALL: tl.constexpr, SORT_LARGE: tl.constexpr, CANDIDATES: tl.constexpr,
 ):
+    """Per-row combine of a phase's partials (and the candidate sort in phase ``_GATHER``).
+
+    Bytes: ``B * chunks * 256`` (histograms) or ``B * chunks * 128`` (search partials) read, the
+    sort ``<= B * SORT_LARGE * 8``; ~200 bytes of state per row.
+    """
     row = tl.program_id(0).to(tl.int64)
     state = state_ptr + row * _STATE_FIELDS
     base = partial_ptr + row * (6 * num_chunks)
@@ -684,12 +720,12 @@ def launch_top_k_top_p(logits, k, p, out, *, block=None, chunks=None, sort_size=
 
     Notes
     -----
-    Row path: grid ``(B,)``, one launch. Split path: grid ``(B, chunks)`` passes and grid ``(B,)``
-    updates: 6 radix levels x 2, the gather and the sort, 9 x 2 fallback-search launches when
-    ``p`` is given, the ties and the apply; the sequence is fixed (idle launches exit at once), no
-    host synchronisation, scratch from the caching allocator: CUDA-graph capturable.
-    Bytes: ``(read passes + 1) * B * V * 4`` with 3 read passes (stats + level 0, level 1,
-    gather) + the apply's read in the common case, up to 7 + 10 with the fallback.
+    Launch sequences: module doc (row path 4-5 launches, split path 13-34); the sequence depends
+    only on the shapes and on which of ``k``/``p`` are given, never on values (idle launches exit
+    at once), there is no host synchronisation, and the scratch (``B * sort_size * 8`` bytes of
+    candidates plus a few per-row fields) comes from the caching allocator: CUDA-graph capturable.
+    Bytes: ``(read passes + 1) * B * V * 4`` (the apply reads and writes) with 3 read passes in the
+    common case (stats + level 0, level 1, gather), up to 7 + 10 on fallback rows.
     """
     rows, vocab = logits.shape
     if rows == 0 or vocab == 0:
