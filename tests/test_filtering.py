@@ -127,6 +127,8 @@ def test_p_exactly_at_a_mass_boundary(layout):
     x = row.expand(len(ps), vocab).contiguous()
     expected = reference(x, None, p)
     assert len(set(torch.isfinite(expected).sum(dim=1).tolist())) > 3  # the cut does move with p
+    if layout[1] > 1:  # the split layout (slow in the interpreter): the three p around j = 10 only
+        x, p, expected = x[3:6], p[3:6], expected[3:6]
     assert_same(run_triton(x, None, p, layout), expected)
 
 
@@ -159,19 +161,20 @@ def test_extreme_values_at_every_k(layout):
     vocab = 333
     row = specials[torch.randint(0, len(specials), (vocab,), generator=gen)]
     row[::7] = torch.randn(len(row[::7]), generator=gen) * 1e3
-    ks = torch.tensor([1, 2, 3, 7, 16, 31, 50, 100, 160, 200, 250, 300, 332, 0, 17, 64])
-    p = torch.tensor([1.0] * 13 + [0.3, 0.999, 0.5])
+    ks = torch.tensor([1, 3, 16, 50, 160, 300, 332, 0, 17, 64])
+    p = torch.tensor([1.0] * 7 + [0.3, 0.999, 0.5])
     x = row.expand(len(ks), vocab).contiguous()
     assert_same(run_triton(x.clone(), ks, p, layout), reference(x, ks, p))
-    finite = torch.where(torch.isinf(x), 0.0, x)  # finite rows: the top-p masses are not all on one +inf
-    assert_same(run_triton(finite.clone(), ks, p.flip(0), layout), reference(finite, ks, p.flip(0)))
+    finite = torch.where(torch.isinf(x[:5]), 0.0, x[:5])  # finite rows: the masses are not all on one +inf
+    ks, p = ks[-5:], p[-5:].flip(0)
+    assert_same(run_triton(finite.clone(), ks, p, layout), reference(finite, ks, p))
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_top_p_only_inside_and_beyond_the_candidates(layout):
     """Top-p without top-k: a peaked row (the cut inside the sorted candidates) and flat rows (beyond them)."""
     gen = torch.Generator().manual_seed(6)
-    vocab = 1500
+    vocab = 1100
     x = torch.randn(4, vocab, generator=gen)
     x[0] *= 8  # peaked: p = 0.9 lies within the best 64
     x[1] *= 0.05  # nearly flat: the cut is far below the candidates
