@@ -286,8 +286,13 @@ def _candidates(lo, hi):
 
 @triton.jit
 def _range_mass_multi(src, start, end, lowers, row_max, BLOCK: tl.constexpr):
-    """``[FANOUT]`` int64: the sum of ``q`` over columns of ``[start, end)`` with key ``>= lowers[c]``."""
-    mass = tl.zeros([_FANOUT], tl.int64)
+    """``[FANOUT]`` int64: the sum of ``q`` over columns of ``[start, end)`` with key ``>= lowers[c]``.
+
+    ``lowers`` (int64, all ``>= -2^31``) are compared as int32; the ``[BLOCK, FANOUT]`` partial sums
+    stay in registers and are reduced across threads once, after the loop.
+    """
+    mass = tl.zeros([BLOCK, _FANOUT], tl.int64)
+    lowers = lowers.to(tl.int32)
     for offset in range(start, end, BLOCK):
         index = offset + tl.arange(0, BLOCK)
         valid = index < end
@@ -295,8 +300,8 @@ def _range_mass_multi(src, start, end, lowers, row_max, BLOCK: tl.constexpr):
         key = _key32(x)
         q = _weight_fixed_point(x, row_max)
         hit = valid[:, None] & (key[:, None] >= lowers[None, :])
-        mass += tl.sum(tl.where(hit, q[:, None], 0), axis=0)
-    return mass
+        mass += tl.where(hit, q[:, None], 0)
+    return tl.sum(mass, axis=0)
 
 
 @triton.jit
