@@ -26,13 +26,27 @@ def test_table_buckets_are_increasing_and_cover_every_batch(key):
 
 def test_cuda_choices_follow_the_table():
     cuda = torch.device("cuda")
-    assert auto.choose("gumbel", torch.bfloat16, 1, cuda) == "gumbel_fused"
+    assert auto.choose("gumbel", torch.bfloat16, 1, cuda) == "chain"
     assert auto.choose("gumbel", torch.bfloat16, 4, cuda) == "gumbel_fused"
     assert auto.choose("gumbel", torch.bfloat16, 16, cuda) == "fused"
     assert auto.choose("gumbel", torch.bfloat16, 64, cuda) == "fused"
     assert auto.choose("gumbel", torch.bfloat16, 253, cuda) == "gumbel_fused"
+    assert auto.choose("gumbel", torch.float32, 16, cuda) == "chain"
     assert auto.choose("inverse_cdf", torch.bfloat16, 8, cuda) == "fused"
     assert auto.choose("inverse_cdf", torch.float32, 8, cuda) == "inverse_cdf"
+
+
+def test_committed_results_give_the_table():
+    """AUTO_TABLE is what table_from_results derives from the committed H200 results."""
+    import json
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    for name, key, method in (("bf16", ("gumbel", torch.bfloat16), "gumbel"),
+                              ("fp32", ("gumbel", torch.float32), "gumbel"),
+                              ("bf16_inverse_cdf", ("inverse_cdf", torch.bfloat16), "inverse_cdf")):
+        records = json.loads((results / f"NVIDIA-H200_2026-11-29_{name}.json").read_text())["results"]
+        assert auto.table_from_results(records, method) == auto.AUTO_TABLE[key], name
 
 
 def test_auto_sampler_on_cpu_matches_reference():

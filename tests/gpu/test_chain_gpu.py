@@ -11,7 +11,7 @@ import torch
 import dspark_markov as dm
 from dspark_markov.draft.triton_chain import ChainBackend
 from draft_checks import check_against_reference
-from test_fused_gpu import RANK, STEPS, VOCAB, full_problem
+from test_fused_gpu import STEPS, VOCAB, full_problem
 
 pytestmark = pytest.mark.gpu
 
@@ -81,11 +81,15 @@ def test_chain_cuda_graph_replays_match_eager():
     sampler.backend.check()
 
 
-def test_auto_uses_chain_for_small_batches_and_is_exact():
+@pytest.mark.parametrize("rows", [1, 4])
+def test_auto_uses_chain_for_small_batches_and_is_exact(rows):
+    """auto with max_rows above chain's limit builds chain for the batches it takes (1 row: chain)."""
     from dspark_markov.draft import auto
 
-    head, args = full_problem(4, seed=5)
+    head, args = full_problem(rows, seed=5)
     sampler = dm.MarkovSampler(head, STEPS, 64, impl="auto")
+    assert "chain" in sampler.backend.backends
     out = sampler.sample(*args)
     check_against_reference(head, *args, out)
-    assert RANK == head.rank and auto.choose("gumbel", torch.bfloat16, 4, head.device) in sampler.backend.backends
+    assert sampler.backend.choice(rows) == auto.choose("gumbel", torch.bfloat16, rows, head.device)
+    sampler.backend.backends["chain"].check()

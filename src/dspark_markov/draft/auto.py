@@ -16,15 +16,17 @@ from .backends import backend_class
 
 # (max rows, impl) buckets; the last bucket takes every larger batch.
 AUTO_TABLE = {
-    # bf16 cache, T = 1 (..._bf16_hwlog2-rerun.json): gumbel_fused 152/156/162 us at 1/2/4 rows, vs
-    # fused 169 at 4 (and ~180 at 1 before the hardware log2); fused 171 vs 217 at 16 and 359 vs
-    # 381 at 64; gumbel_fused 1111 vs 1261 at 253. Mixed T followed the same pattern.
-    ("gumbel", torch.bfloat16): ((4, "gumbel_fused"), (64, "fused"), (None, "gumbel_fused")),
-    # fp32 cache: fused is never clearly ahead (228 vs 229 us at 16 rows).
-    ("gumbel", torch.float32): ((None, "gumbel_fused"),),
-    # inverse CDF: inverse_cdf 161 us vs fused 174 at 1 row; fused 165 vs 198 at 16, equal at 64;
-    # inverse_cdf 625 vs 781 at 253.
-    ("inverse_cdf", torch.bfloat16): ((1, "inverse_cdf"), (32, "fused"), (None, "inverse_cdf")),
+    # Derived with tools/auto_table.py (table_from_results) from ..._bf16.json (chain, T = 1 and
+    # mixed): chain 134/133 us at 1 row vs gumbel_fused 152/146; gumbel_fused 155-163 at 2-4 rows
+    # vs fused 164-170 and chain 176-177; fused 169-218 at 8-32 and 347 at 64 (gumbel_fused 381);
+    # gumbel_fused 628 at 128 and 1114 at 253 (fused 663, 1262).
+    ("gumbel", torch.bfloat16): ((1, "chain"), (4, "gumbel_fused"), (64, "fused"), (None, "gumbel_fused")),
+    # ..._fp32.json (T = 1 and mixed): chain 131 at 1 row and 170 at 16 (gumbel_fused 152, 217;
+    # fused 205); gumbel_fused 162 at 4 (chain 168) and from 64 rows on (383 vs fused 527).
+    ("gumbel", torch.float32): ((1, "chain"), (4, "gumbel_fused"), (16, "chain"), (None, "gumbel_fused")),
+    # ..._bf16_inverse_cdf.json: inverse_cdf 161 us vs fused 174 at 1 row; fused 165 vs 198 at 16,
+    # equal at 64 (273); inverse_cdf 625 vs 781 at 253.
+    ("inverse_cdf", torch.bfloat16): ((1, "inverse_cdf"), (16, "fused"), (None, "inverse_cdf")),
     ("inverse_cdf", torch.float32): ((None, "inverse_cdf"),),
 }
 
@@ -89,8 +91,11 @@ class AutoBackend:
         self.cache_dtype = cache_dtype
         self.device = torch.device(device)
         needed = {choose(method, cache_dtype, rows, self.device) for rows in range(1, max_rows + 1)}
-        self.backends = {impl: backend_class(impl)(head, num_steps, max_rows, method, cache_dtype, device)
-                         for impl in sorted(needed)}
+        self.backends = {}
+        for impl in sorted(needed):
+            cls = backend_class(impl)
+            rows = max_rows if cls.MAX_ROWS is None else min(max_rows, cls.MAX_ROWS)  # chain: small batches
+            self.backends[impl] = cls(head, num_steps, rows, method, cache_dtype, device)
 
     def choice(self, rows: int) -> str:
         return choose(self.method, self.cache_dtype, rows, self.device)
