@@ -8,25 +8,14 @@ import torch
 
 import dspark_markov as dm
 from draft_checks import check_against_reference
-from test_triton_fused import make_problem
+from test_triton_fused import DTYPE_CASES, check_exact_and_untouched, make_problem
 
 pytest.importorskip("triton")
 
 
-@pytest.mark.parametrize("weight_dtype,logit_dtype,cache_dtype,scale", [
-    (torch.bfloat16, torch.bfloat16, torch.bfloat16, 1.0),
-    (torch.bfloat16, torch.float32, torch.float32, 0.75),
-    (torch.float32, torch.float32, torch.bfloat16, 1.0),
-])
+@pytest.mark.parametrize("weight_dtype,logit_dtype,cache_dtype,scale", DTYPE_CASES)
 def test_chain_exact_against_reference(weight_dtype, logit_dtype, cache_dtype, scale, device):
-    head, args = make_problem(1000, 32, 5, 3, weight_dtype=weight_dtype, logit_dtype=logit_dtype, scale=scale,
-                              device=device)
-    cache = torch.full((6, 3, 1000), float("nan"), dtype=cache_dtype, device=device)
-    out = dm.sample_drafts(head, *args, impl="chain", logits_cache=cache)
-    check_against_reference(head, *args, out)
-    untouched = torch.ones(6, dtype=torch.bool)
-    untouched[args[2].view(5, 3)[:, 0].clamp_min(0).unique()] = False
-    assert bool(torch.isnan(cache[untouched.to(cache.device)].float()).all()), "padding or unused slots were written"
+    check_exact_and_untouched("chain", weight_dtype, logit_dtype, cache_dtype, scale, device)
 
 
 def test_chain_repeated_calls_reset_scratch(device):

@@ -29,20 +29,28 @@ def make_problem(vocab, rank, rows, steps, *, weight_dtype=torch.bfloat16, logit
     return head, [a.to(device) for a in args]
 
 
-@pytest.mark.parametrize("weight_dtype,logit_dtype,cache_dtype,scale", [
+DTYPE_CASES = [
     (torch.bfloat16, torch.bfloat16, torch.bfloat16, 1.0),
     (torch.bfloat16, torch.float32, torch.float32, 0.75),
     (torch.float32, torch.float32, torch.bfloat16, 1.0),
-])
-def test_gumbel_exact_against_reference(weight_dtype, logit_dtype, cache_dtype, scale, device):
+]
+
+
+def check_exact_and_untouched(impl, weight_dtype, logit_dtype, cache_dtype, scale, device):
+    """``impl`` draws what the reference draws from its cache and writes no padding or unused slot."""
     head, args = make_problem(1000, 32, 5, 3, weight_dtype=weight_dtype, logit_dtype=logit_dtype, scale=scale,
                               device=device)
     cache = torch.full((6, 3, 1000), float("nan"), dtype=cache_dtype, device=device)
-    out = dm.sample_drafts(head, *args, impl="fused", logits_cache=cache)
+    out = dm.sample_drafts(head, *args, impl=impl, logits_cache=cache)
     check_against_reference(head, *args, out)
     untouched = torch.ones(6, dtype=torch.bool)
     untouched[args[2].view(5, 3)[:, 0].clamp_min(0).unique()] = False
     assert bool(torch.isnan(cache[untouched.to(cache.device)].float()).all()), "padding or unused slots were written"
+
+
+@pytest.mark.parametrize("weight_dtype,logit_dtype,cache_dtype,scale", DTYPE_CASES)
+def test_gumbel_exact_against_reference(weight_dtype, logit_dtype, cache_dtype, scale, device):
+    check_exact_and_untouched("fused", weight_dtype, logit_dtype, cache_dtype, scale, device)
 
 
 def test_strided_base_logits_and_odd_vocab(device):

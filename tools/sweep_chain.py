@@ -15,6 +15,7 @@ import torch
 
 import dspark_markov as dm
 from dspark_markov.bench import harness
+from sweep_fused import sweep_head, sweep_inputs
 
 
 def main():
@@ -27,22 +28,11 @@ def main():
     parser.add_argument("--steps", type=int, default=5, help="N (1 shows the cost of the first step alone)")
     parser.add_argument("--temperature", default="1", choices=("1", "mixed"))
     args = parser.parse_args()
-    vocab, rank, steps = 129_280, 256, args.steps
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    head = dm.MarkovHead((torch.randn(vocab, rank, device="cuda", generator=gen) * 0.05).bfloat16(),
-                         (torch.randn(vocab, rank, device="cuda", generator=gen) * 0.05).bfloat16())
+    vocab, steps = 129_280, args.steps
+    gen, head = sweep_head(vocab)
     flush = harness.L2Flusher(torch.device("cuda"))
     for rows in (int(r) for r in args.rows.split(",")):
-        base = (torch.randn(rows, steps, vocab, device="cuda", generator=gen) * 2).bfloat16()
-        anchor = torch.randint(0, vocab, (rows,), device="cuda", generator=gen)
-        idx = torch.arange(rows, device="cuda").repeat_interleave(steps)
-        pos = torch.randint(1, 1 << 20, (rows * steps,), device="cuda", generator=gen)
-        if args.temperature == "1":
-            temp = torch.ones(rows, device="cuda")
-        else:
-            temp = torch.tensor([0.0, 0.6, 1.0], device="cuda")[torch.arange(rows, device="cuda") % 3]
-        seeds = torch.randint(0, 1 << 62, (rows,), device="cuda", generator=gen)
-        inputs = (base, anchor, idx, pos, temp, seeds)
+        inputs = sweep_inputs(gen, rows, steps, vocab, args.temperature)
         fused_tokens = dm.sample_drafts(head, *inputs, impl="fused").draft_tokens
         tokens = torch.empty(rows, steps, dtype=torch.int64, device="cuda")
         cache = torch.empty(rows, steps, vocab, dtype=torch.bfloat16, device="cuda")

@@ -14,6 +14,28 @@ import dspark_markov as dm
 from dspark_markov.bench import harness
 
 
+def sweep_head(vocab, rank=256):
+    """``(generator, head)``: the seeded generator and a bf16 MarkovHead at DeepSeek-V4.1 shapes."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    head = dm.MarkovHead((torch.randn(vocab, rank, device="cuda", generator=gen) * 0.05).bfloat16(),
+                         (torch.randn(vocab, rank, device="cuda", generator=gen) * 0.05).bfloat16())
+    return gen, head
+
+
+def sweep_inputs(gen, rows, steps, vocab, temperature):
+    """``(base, anchor, idx, pos, temp, seeds)`` of a sweep; ``temperature`` "1" or "mixed" (0/0.6/1)."""
+    base = (torch.randn(rows, steps, vocab, device="cuda", generator=gen) * 2).bfloat16()
+    anchor = torch.randint(0, vocab, (rows,), device="cuda", generator=gen)
+    idx = torch.arange(rows, device="cuda").repeat_interleave(steps)
+    pos = torch.randint(1, 1 << 20, (rows * steps,), device="cuda", generator=gen)
+    if temperature == "1":
+        temp = torch.ones(rows, device="cuda")
+    else:
+        temp = torch.tensor([0.0, 0.6, 1.0], device="cuda")[torch.arange(rows, device="cuda") % 3]
+    seeds = torch.randint(0, 1 << 62, (rows,), device="cuda", generator=gen)
+    return base, anchor, idx, pos, temp, seeds
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", default="1,16,64,253")
@@ -23,21 +45,11 @@ def main():
     parser.add_argument("--warps", default="4,8")
     parser.add_argument("--temperature", default="1", choices=("1", "mixed"))
     args = parser.parse_args()
-    vocab, rank, steps = 129_280, 256, 5
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    head = dm.MarkovHead((torch.randn(vocab, rank, device="cuda", generator=gen) * 0.05).bfloat16(),
-                         (torch.randn(vocab, rank, device="cuda", generator=gen) * 0.05).bfloat16())
+    vocab, steps = 129_280, 5
+    gen, head = sweep_head(vocab)
     flush = harness.L2Flusher(torch.device("cuda"))
     for rows in (int(r) for r in args.rows.split(",")):
-        base = (torch.randn(rows, steps, vocab, device="cuda", generator=gen) * 2).bfloat16()
-        anchor = torch.randint(0, vocab, (rows,), device="cuda", generator=gen)
-        idx = torch.arange(rows, device="cuda").repeat_interleave(steps)
-        pos = torch.randint(1, 1 << 20, (rows * steps,), device="cuda", generator=gen)
-        if args.temperature == "1":
-            temp = torch.ones(rows, device="cuda")
-        else:
-            temp = torch.tensor([0.0, 0.6, 1.0], device="cuda")[torch.arange(rows, device="cuda") % 3]
-        seeds = torch.randint(0, 1 << 62, (rows,), device="cuda", generator=gen)
+        base, anchor, idx, pos, temp, seeds = sweep_inputs(gen, rows, steps, vocab, args.temperature)
         tokens = torch.empty(rows, steps, dtype=torch.int64, device="cuda")
         cache = torch.empty(rows, steps, vocab, dtype=torch.bfloat16, device="cuda")
         reference_tokens = None

@@ -11,7 +11,7 @@ import torch
 import dspark_markov as dm
 from dspark_markov.draft.triton_chain import ChainBackend
 from draft_checks import check_against_reference
-from test_fused_gpu import STEPS, VOCAB, full_problem
+from test_fused_gpu import STEPS, check_graph_replays, full_problem
 
 pytestmark = pytest.mark.gpu
 
@@ -57,27 +57,11 @@ def test_chain_fp32_cache_and_fp32_weights():
 
 
 def test_chain_cuda_graph_replays_match_eager():
+    """Repeated replays with refilled inputs: each launch resets its own scratch."""
     rows = 8
-    head, args = full_problem(rows, seed=1)
+    head, _ = full_problem(rows, seed=1)
     sampler = dm.MarkovSampler(head, STEPS, rows, impl="chain")
-    tokens = torch.empty(rows, STEPS, dtype=torch.int64, device="cuda")
-    cache = torch.zeros(rows, STEPS, VOCAB, dtype=torch.bfloat16, device="cuda")
-    static = [a.clone() for a in args]
-    sampler.sample(*static, draft_tokens=tokens, logits_cache=cache)  # warm-up compiles
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        sampler.sample(*static, draft_tokens=tokens, logits_cache=cache, check_values=False)
-    for seed in (2, 3, 4):
-        _, fresh = full_problem(rows, seed=seed, temps=(0.6, 1.0, 0.0))
-        for dst, src in zip(static, fresh):
-            dst.copy_(src)
-        for _ in range(3):  # repeated replays: the launch resets its own scratch
-            graph.replay()
-        torch.cuda.synchronize()
-        eager = sampler.sample(*fresh)
-        assert torch.equal(tokens, eager.draft_tokens)
-        assert torch.equal(cache, eager.logits_cache)
+    check_graph_replays(sampler, rows, seeds=(2, 3, 4), replays=3)
     sampler.backend.check()
 
 

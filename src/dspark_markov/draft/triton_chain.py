@@ -46,7 +46,7 @@ import triton.language as tl
 
 from .. import rng_triton
 from .gumbel_filter import FILTER_MARGIN, INT64_MAX, INT64_MIN, approx_noise, key_slack, pack_key, unpack_key
-from .triton_common import INTERPRET, round_to, to_float32
+from .triton_common import INTERPRET, draft_rows, round_to, to_float32
 from .triton_fused import _tile_argmax
 
 # A barrier gives up after this many polls of its counter (each an L2 round trip, ~1 us): about a
@@ -163,12 +163,8 @@ def _chain_kernel(
         codes = tl.load(embed_ptr + prev[:, None] * RK + ks[None, :], mask=row_ok[:, None], other=0.0)
         # Per-row keys: padding and out-of-range slots are greedy (T = 0, seed 0) and write nothing.
         sample = rows * num_steps + step
-        slot = tl.load(idx_ptr + sample, mask=row_ok, other=-1).to(tl.int64)
-        live = row_ok & (slot >= 0) & (slot < num_slots)
-        safe_slot = tl.where(live, slot, 0)
-        temp = tl.where(live, tl.load(temp_ptr + safe_slot, mask=live, other=0.0), 0.0)
-        seed = tl.where(live, tl.load(seed_ptr + safe_slot, mask=live, other=0), 0)
-        position = tl.load(pos_ptr + sample, mask=row_ok, other=0).to(tl.int64)
+        live, safe_slot, temp, seed, position = draft_rows(idx_ptr, pos_ptr, temp_ptr, seed_ptr, sample,
+                                                            row_ok, num_slots)
         prefix = rng_triton.draft_prefix(seed, step, position)
         greedy = temp == 0.0
         inv_temp = 1.0 / tl.where(greedy, 1.0, temp)

@@ -4,6 +4,7 @@ Device functions (importable by any design):
 
 - :func:`draft_row` — slot, temperature, seed and position of one (row, step) sample, with
   out-of-range slots treated as padding (T = 0, seed 0, no cache write);
+- :func:`draft_rows` — the same for a vector of samples (the tiles of ``fused`` and ``chain``);
 - :func:`gumbel_key` — the key ``z / T + g`` (``z`` itself when ``T == 0``), fp32;
 - :func:`block_argmax` — ``(max, first index)`` of one vocabulary block with ``torch.argmax``
   semantics (first NaN wins, else the first maximum);
@@ -115,6 +116,23 @@ def draft_row(idx_mapping_ptr, positions_ptr, temperature_ptr, seeds_ptr, sample
     slot = tl.where(live, slot, 0)
     temp = tl.load(temperature_ptr + slot, mask=live, other=0.0)
     seed = tl.load(seeds_ptr + slot, mask=live, other=0)
+    return live, slot, temp, seed, position
+
+
+@triton.jit
+def draft_rows(idx_mapping_ptr, positions_ptr, temperature_ptr, seeds_ptr, sample, valid, num_slots):
+    """:func:`draft_row` for a vector of samples, of which only those where ``valid`` exist.
+
+    Returns ``(live, slot, temp, seed, position)``; samples that are not live (padding, a slot
+    outside ``[0, num_slots)``, or not ``valid``) get ``slot = 0`` (never written), T = 0, seed 0,
+    and position 0 where not ``valid``.
+    """
+    slot = tl.load(idx_mapping_ptr + sample, mask=valid, other=-1).to(tl.int64)
+    live = valid & (slot >= 0) & (slot < num_slots)
+    slot = tl.where(live, slot, 0)
+    temp = tl.where(live, tl.load(temperature_ptr + slot, mask=live, other=0.0), 0.0)
+    seed = tl.where(live, tl.load(seeds_ptr + slot, mask=live, other=0), 0)
+    position = tl.load(positions_ptr + sample, mask=valid, other=0).to(tl.int64)
     return live, slot, temp, seed, position
 
 

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from .. import rng_triton
 from .gumbel_filter import FILTER_MARGIN, INT64_MAX, INT64_MIN, approx_noise, key_slack, pack_key, unpack_key
-from .triton_common import INTERPRET, block_argmax, round_to, to_float32
+from .triton_common import INTERPRET, block_argmax, draft_rows, round_to, to_float32
 
 _INT_MAX = tl.constexpr(2147483647)  # jitted code reads only constexpr globals
 
@@ -164,12 +164,8 @@ def _fused_step_kernel(
         bias = to_float32(round_to(bias * scale, w_dtype))
     # Per-row keys: padding and out-of-range slots are greedy (T = 0, seed 0) and write nothing.
     sample = rows * num_steps + step
-    slot = tl.load(idx_ptr + sample, mask=row_ok, other=-1).to(tl.int64)
-    live = row_ok & (slot >= 0) & (slot < num_slots)
-    safe_slot = tl.where(live, slot, 0)
-    temp = tl.where(live, tl.load(temp_ptr + safe_slot, mask=live, other=0.0), 0.0)
-    seed = tl.where(live, tl.load(seed_ptr + safe_slot, mask=live, other=0), 0)
-    position = tl.load(pos_ptr + sample, mask=row_ok, other=0).to(tl.int64)
+    live, safe_slot, temp, seed, position = draft_rows(idx_ptr, pos_ptr, temp_ptr, seed_ptr, sample,
+                                                        row_ok, num_slots)
     mask = row_ok[:, None] & col_ok[None, :]
     base = tl.load(base_ptr + rows[:, None].to(tl.int64) * stride_br + step * stride_bn + cols[None, :],
                    mask=mask, other=0.0)
