@@ -8,7 +8,7 @@ import torch
 
 import dspark_markov as dm
 from draft_checks import check_against_reference
-from test_triton_fused import DTYPE_CASES, check_exact_and_untouched, make_problem
+from test_triton_fused import NAN_INF_TOKENS, DTYPE_CASES, check_exact_and_untouched, make_problem, nan_inf_problem
 
 pytest.importorskip("triton")
 
@@ -66,16 +66,9 @@ def test_chain_two_candidate_path(leaders, device):
 
 
 def test_chain_nan_inf_rows_give_defined_tokens(device):
-    head, args = make_problem(300, 16, 4, 1, temps=(1.0,), padding_row=None, device=device)
-    base = args[0].float()
-    base[0, 0, 17] = float("nan")
-    base[0, 0, 40] = float("nan")
-    base[1, 0, :] = float("-inf")
-    base[2, 0, 123] = float("inf")
-    base[3, 0, 7] = 1e30
-    args[0] = base
+    head, args = nan_inf_problem(device)
     out = dm.sample_drafts(head, *args, impl="chain", cache_dtype=torch.float32)
-    assert out.draft_tokens[:, 0].tolist() == [17, 0, 123, 7]
+    assert out.draft_tokens[:, 0].tolist() == NAN_INF_TOKENS
 
 
 def test_chain_barrier_gives_up_instead_of_hanging(device):

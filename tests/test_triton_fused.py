@@ -62,7 +62,12 @@ def test_strided_base_logits_and_odd_vocab(device):
     check_against_reference(head, *args, out)
 
 
-def test_nan_inf_rows_give_defined_tokens(device):
+# Rows of nan_inf_problem: two NaNs (the first wins), all -inf (token 0), one +inf, one huge logit.
+NAN_INF_TOKENS = [17, 0, 123, 7]
+
+
+def nan_inf_problem(device):
+    """One step of four rows whose argmax is :data:`NAN_INF_TOKENS` at any temperature and noise."""
     head, args = make_problem(300, 16, 4, 1, temps=(1.0,), padding_row=None, device=device)
     base = args[0].float()
     base[0, 0, 17] = float("nan")
@@ -71,9 +76,14 @@ def test_nan_inf_rows_give_defined_tokens(device):
     base[2, 0, 123] = float("inf")
     base[3, 0, 7] = 1e30
     args[0] = base
+    return head, args
+
+
+def test_nan_inf_rows_give_defined_tokens(device):
+    head, args = nan_inf_problem(device)
     for method in ("gumbel", "inverse_cdf"):
         out = dm.sample_drafts(head, *args, impl="fused", method=method, cache_dtype=torch.float32)
-        assert out.draft_tokens[:, 0].tolist() == [17, 0, 123, 7], method
+        assert out.draft_tokens[:, 0].tolist() == NAN_INF_TOKENS, method
 
 
 def test_inverse_cdf_greedy_identical_and_cache_exactness(device):
