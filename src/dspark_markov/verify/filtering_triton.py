@@ -56,10 +56,12 @@ Layouts and launches (both fixed per call, no host synchronisation: CUDA-graph c
   ``p`` is given, the ties and the two applies (13 to 34 launches; idle ones return at once). The
   gather claims scratch slots with one atomic per block (the order is restored by the sort).
 
-Expected H200 times (k = 50, p = 0.9, V = 129,280, out of place; by the count above, not yet
-measured): 1518 rows ~1.5 ms (memory ~0.9 ms + compute); 384 rows ~0.4 ms; 96 rows ~0.25 ms
-(row path, one program per row: latency-bound); 6 rows (split x31) ~60 us, mostly the ~35
-launches of which ~26 are idle (fusing each update into its pass would halve that).
+Measured on the H200 (``dspark-markov bench --verify``: k = 50, p = 0.9, V = 129,280, out of
+place, CUDA graph, cold L2; ``benchmarks/results/NVIDIA-H200_2026-11-29_bf16_verify.*``), row /
+split layout: 6 rows 278 / 71 us (split x32); 96 rows 372 / 310; 384 rows 646 / 692; 1518 rows
+2271 / 2420 us, i.e. 6-16% of the HBM bandwidth (the count above predicted ~1.5 ms at 1518 rows).
+The previous 16-way search took 291 / 3982 / 8909 / 30171 us at those sizes. At 6 rows the
+launches dominate (~35, of which ~26 idle); fusing each update into its pass would halve them.
 """
 
 from __future__ import annotations
