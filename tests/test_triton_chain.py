@@ -18,10 +18,14 @@ def test_chain_exact_against_reference(weight_dtype, logit_dtype, cache_dtype, s
     check_exact_and_untouched("chain", weight_dtype, logit_dtype, cache_dtype, scale, device)
 
 
-def test_chain_repeated_calls_reset_scratch(device):
-    """Calls in a row reuse the words and counters, which each launch resets."""
+@pytest.mark.parametrize("word_slots", [1, 4])
+def test_chain_repeated_calls_reset_scratch(word_slots, device):
+    """Calls in a row reuse the words and counters, which each launch resets (one or several slots)."""
+    from dspark_markov.draft.triton_chain import ChainBackend
+
     head, args = make_problem(301, 16, 3, 4, device=device)
     sampler = dm.MarkovSampler(head, 4, 16, impl="chain")
+    sampler.backend = ChainBackend(head, 4, 16, "gumbel", torch.bfloat16, head.device, word_slots=word_slots)
     for seed in range(3):
         _, args = make_problem(301, 16, 3, 4, seed=seed, device=device)
         out = sampler.sample(*args)
@@ -80,7 +84,7 @@ def test_chain_barrier_gives_up_instead_of_hanging(device):
     from dspark_markov.draft.triton_chain import ChainBackend
 
     head, args = make_problem(300, 16, 2, 2, device=device)
-    backend = ChainBackend(head, 2, 2, "gumbel", torch.bfloat16, head.device, spin_limit=3)
+    backend = ChainBackend(head, 2, 2, "gumbel", torch.bfloat16, head.device, spin_limit=3, word_slots=2)
     backend.layout(2).programs = 2  # more programs than can run at once here
     tokens = torch.full((2, 2), -5, dtype=torch.int64, device=device)
     cache = torch.zeros(3, 2, 300, dtype=torch.bfloat16, device=device)
@@ -89,6 +93,7 @@ def test_chain_barrier_gives_up_instead_of_hanging(device):
     with pytest.raises(RuntimeError, match="barrier timed out"):
         backend.check()
     assert int(backend.sync.abs().sum()) == 0
+    assert bool((backend.words == -(2**63)).all())
 
 
 def test_chain_refuses_what_it_cannot_run(device):
@@ -97,3 +102,7 @@ def test_chain_refuses_what_it_cannot_run(device):
         dm.MarkovSampler(head, 2, 17, impl="chain")
     with pytest.raises(ValueError, match="method"):
         dm.MarkovSampler(head, 2, 4, impl="chain", method="inverse_cdf")
+    from dspark_markov.draft.triton_chain import ChainBackend
+
+    with pytest.raises(ValueError, match="word_slots"):
+        ChainBackend(head, 2, 4, "gumbel", torch.bfloat16, head.device, word_slots=3)

@@ -1,7 +1,7 @@
 """Sweep impl="chain" launch configurations on the GPU (CUDA graph, cold L2, median of rounds).
 
 Usage: ``PYTHONPATH=src python3 tools/sweep_chain.py [--rows 1,4,16] [--block-v 64,128]
-[--warps 4,8] [--stages 2,3] [--per-sm 1,2] [--steps 5] [--temperature 1|mixed]``. Prints one line per configuration with the
+[--warps 4,8] [--stages 2,3] [--per-sm 1,2] [--slots 1,16] [--steps 5] [--temperature 1|mixed]``. Prints one line per configuration with the
 median microseconds of all N steps, whether the barrier status stayed clean, and whether the
 tokens equal those of impl="fused" on the same inputs (the bias may differ in its last bit, so a
 rare mismatch is possible; the GPU tests check exactness against the reference).
@@ -26,6 +26,7 @@ def main():
     parser.add_argument("--stages", default="2,3")
     parser.add_argument("--per-sm", default="1", help="programs per SM (capped at what fits)")
     parser.add_argument("--steps", type=int, default=5, help="N (1 shows the cost of the first step alone)")
+    parser.add_argument("--slots", default="1", help="word slots per row (ChainBackend word_slots)")
     parser.add_argument("--temperature", default="1", choices=("1", "mixed"))
     args = parser.parse_args()
     vocab, steps = 129_280, args.steps
@@ -38,15 +39,15 @@ def main():
         cache = torch.empty(rows, steps, vocab, dtype=torch.bfloat16, device="cuda")
         results = []
         grid = itertools.product(*(map(int, s.split(",")) for s in
-                                   (args.block_v, args.warps, args.stages, args.per_sm)))
-        for block_v, warps, stages, per_sm in grid:
+                                   (args.block_v, args.warps, args.stages, args.per_sm, args.slots)))
+        for block_v, warps, stages, per_sm, slots in grid:
             label = (f"N {steps} rows {rows:3d} block_v {block_v:4d} warps {warps} stages {stages} "
-                     f"per_sm {per_sm}")
+                     f"per_sm {per_sm} slots {slots}")
             sampler = dm.MarkovSampler(head, steps, rows, impl="chain")
             backend = sampler.backend
             backend.__init__(head, steps, rows, "gumbel", torch.bfloat16, torch.device("cuda"),
                              block_v=block_v, num_warps=warps, num_stages=stages,
-                             programs_per_sm=per_sm)
+                             programs_per_sm=per_sm, word_slots=slots)
 
             def call():
                 sampler.sample(*inputs, draft_tokens=tokens, logits_cache=cache, check_values=False)

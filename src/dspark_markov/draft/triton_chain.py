@@ -91,6 +91,26 @@ def _grid_barrier(counter_ptr, num_programs, status_ptr, SPIN: tl.constexpr):
 
 
 @triton.jit
+def _read_words(step_words, rows, row_ok, counter_ptr, floor, SLOTS: tl.constexpr, BLOCK_R: tl.constexpr):
+    """A finished step's merged word per row ``[BLOCK_R]``, read after its barrier.
+
+    One slot: an atomic read (ordered after the barrier by itself). ``SLOTS`` slots (programs merge
+    into slot ``program % SLOTS`` to spread the same-line atomics): one acquire on the step's counter,
+    then plain L2 reads (``volatile``: no stale L1 line) of every slot, reduced here.
+    """
+    if SLOTS == 1:
+        word = tl.atomic_max(step_words + rows, floor, mask=row_ok)
+    else:
+        tl.atomic_add(counter_ptr, 0, sem="acquire")
+        tl.debug_barrier()
+        slots = tl.arange(0, SLOTS)
+        words = tl.load(step_words + slots[:, None] * BLOCK_R + rows[None, :], mask=row_ok[None, :],
+                        other=INT64_MIN, volatile=True)
+        word = tl.max(words, axis=0)
+    return word
+
+
+@triton.jit
 def _tile_logits(head_ptr, codes, tile, base_ptr, rows, row_ok, step, vocab, stride_br, stride_bn, scale,
                  cache_dtype: tl.constexpr, RK: tl.constexpr, BLOCK_V: tl.constexpr, SCALED: tl.constexpr,
                  UPCAST: tl.constexpr, IEEE_DOT: tl.constexpr, EVICT: tl.constexpr):
@@ -136,14 +156,14 @@ def _chain_kernel(
     temp_ptr,  # [S] fp32
     seed_ptr,  # [S] int64
     tokens_ptr,  # [R, N] int64 output, row stride stride_tr
-    words_ptr,  # [N, BLOCK_R] int64 scratch: each step's packed best word per row (INT64_MIN between calls)
+    words_ptr,  # [N, SLOTS, BLOCK_R] int64 scratch: each step's packed best words (INT64_MIN between calls)
     sync_ptr,  # [N + 1] int32 scratch: arrival counter per step, then the exit counter (0 between calls)
     status_ptr,  # [1] int32: bit 0 set when a barrier gave up waiting
     num_rows, vocab, embed_rows, num_slots, num_steps, num_tiles, num_programs,
     stride_br, stride_bn, stride_cs, stride_tr, scale, filter_margin,
     RK: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
     NUM_STAGES: tl.constexpr, SCALED: tl.constexpr, UPCAST: tl.constexpr, IEEE_DOT: tl.constexpr,
-    HARDWARE_LOG2: tl.constexpr, SPIN: tl.constexpr,
+    HARDWARE_LOG2: tl.constexpr, SPIN: tl.constexpr, SLOTS: tl.constexpr,
 ):
     program = tl.program_id(0)
     rows = tl.arange(0, BLOCK_R)
@@ -157,8 +177,8 @@ def _chain_kernel(
         if step == 0:
             prev = tl.load(anchor_ptr + rows, mask=row_ok, other=0).to(tl.int64)
         else:
-            word = tl.atomic_max(words_ptr + (step - 1) * BLOCK_R + rows, floor, mask=row_ok)  # an ordered read
-            prev = _word_token(word, vocab).to(tl.int64)
+            prev = _word_token(_read_words(words_ptr + (step - 1) * SLOTS * BLOCK_R, rows, row_ok, sync_ptr + step - 1,
+                                           floor, SLOTS, BLOCK_R), vocab).to(tl.int64)
         prev = tl.minimum(tl.maximum(prev, 0), embed_rows - 1)
         codes = tl.load(embed_ptr + prev[:, None] * RK + ks[None, :], mask=row_ok[:, None], other=0.0)
         # Per-row keys: padding and out-of-range slots are greedy (T = 0, seed 0) and write nothing.
@@ -233,14 +253,21 @@ def _chain_kernel(
                                 + rng_triton.draft_noise(prefix[:, None], cols[None, :]))
                 tile_value, tile_index = _tile_argmax(keys, mask, cols[None, :])
                 best = tl.maximum(best, _pack_word(tile_value, tile_index))
-        tl.atomic_max(words_ptr + step * BLOCK_R + rows, best, mask=row_ok)
+        tl.atomic_max(words_ptr + (step * SLOTS + program % SLOTS) * BLOCK_R + rows, best, mask=row_ok)
         _grid_barrier(sync_ptr + step, num_programs, status_ptr, SPIN)
     # Exit: the last program to arrive has every step's word; it writes the tokens and resets.
     tl.debug_barrier()
     done = tl.atomic_add(sync_ptr + num_steps, 1)
     if done == num_programs - 1:
         for step in range(num_steps):
-            word = tl.atomic_xchg(words_ptr + step * BLOCK_R + rows, floor, mask=row_ok)
+            step_words = words_ptr + step * SLOTS * BLOCK_R
+            if SLOTS == 1:
+                word = tl.atomic_xchg(step_words + rows, floor, mask=row_ok)
+            else:
+                word = _read_words(step_words, rows, row_ok, sync_ptr + num_steps, floor, SLOTS, BLOCK_R)
+                slots = tl.arange(0, SLOTS)
+                tl.store(step_words + slots[:, None] * BLOCK_R + rows[None, :],
+                         tl.full([SLOTS, BLOCK_R], INT64_MIN, tl.int64))
             tl.store(tokens_ptr + rows * stride_tr + step, _word_token(word, vocab).to(tl.int64), mask=row_ok)
             tl.atomic_xchg(sync_ptr + step, 0)
         tl.atomic_xchg(sync_ptr + num_steps, 0)
@@ -290,7 +317,7 @@ GPU_LAYOUTS_FP32_WEIGHTS = ((MAX_ROWS, (32, 4, 2, 3)),)
 class ChainBackend:
     """The whole N-step chain in one persistent launch, for batches of up to 16 rows (Gumbel only).
 
-    Scratch (allocated once): ``words`` ``[N, 16]`` int64, ``sync`` ``[N + 1]`` int32 and ``status``
+    Scratch (allocated once): ``words`` ``[N, word_slots, 16]`` int64, ``sync`` ``[N + 1]`` int32 and ``status``
     ``[1]`` int32. ``run`` allocates nothing, makes one launch and is CUDA-graph safe (capture one
     graph per batch size: the launch shape depends on it, :data:`GPU_LAYOUTS`). The launch needs
     all its programs on the GPU at once: the first call of each shape compiles the kernel and caps
@@ -298,6 +325,9 @@ class ChainBackend:
     concurrently on other streams that holds SMs until this launch ends (another persistent kernel)
     would make a barrier give up; :meth:`check` reports it. ``block_v``, ``num_warps``,
     ``num_stages``, ``programs_per_sm`` or ``programs`` fix one shape for every batch.
+    ``word_slots`` > 1 spreads the per-row ``atomic_max`` over that many slots (an experiment
+    against same-line atomic contention, not yet measured on a GPU; the default 1 is what the
+    benchmarks and GPU tests ran).
     """
 
     METHODS = ("gumbel",)
@@ -307,7 +337,7 @@ class ChainBackend:
 
     def __init__(self, head, num_steps, max_rows, method, cache_dtype, device, *, block_v=None,
                  num_warps=None, num_stages=None, programs_per_sm=None, programs=None, spin_limit=SPIN_LIMIT,
-                 filter_margin=FILTER_MARGIN):
+                 filter_margin=FILTER_MARGIN, word_slots=1):
         if head.rank & (head.rank - 1) or head.rank < 16:
             raise ValueError(f"head_weight: impl 'chain' needs a power-of-two rank >= 16, got {head.rank}")
         if max_rows > MAX_ROWS:
@@ -333,7 +363,11 @@ class ChainBackend:
         self.spin_limit = int(spin_limit)
         self.filter_margin = float(filter_margin)
         self.block_r = MAX_ROWS
-        self.words = torch.full((num_steps, self.block_r), -(2**63), dtype=torch.int64, device=device)
+        if word_slots < 1 or word_slots & (word_slots - 1):
+            raise ValueError(f"word_slots: expected a power of two >= 1, got {word_slots}")
+        self.word_slots = int(word_slots)
+        self.words = torch.full((num_steps, self.word_slots, self.block_r), -(2**63), dtype=torch.int64,
+                                device=device)
         self.sync = torch.zeros(num_steps + 1, dtype=torch.int32, device=device)
         self.status = torch.zeros(1, dtype=torch.int32, device=device)
 
@@ -363,7 +397,8 @@ class ChainBackend:
                     draft_tokens.stride(0), head.scale, self.filter_margin)
         options = dict(RK=head.rank, BLOCK_V=layout.block_v, BLOCK_R=self.block_r, NUM_STAGES=layout.num_stages,
                        SCALED=head.scale != 1.0, UPCAST=self.upcast, IEEE_DOT=head.dtype == torch.float32,
-                       HARDWARE_LOG2=not self.interpret, SPIN=self.spin_limit, num_warps=layout.num_warps,
+                       HARDWARE_LOG2=not self.interpret, SPIN=self.spin_limit, SLOTS=self.word_slots,
+                       num_warps=layout.num_warps,
                        enable_fp_fusion=False)
         if not layout.fitted:
             kernel = _chain_kernel.warmup(*arguments(), grid=(1,), **options)
