@@ -1,21 +1,20 @@
 """``impl="chain"``: all N draft steps of a small batch in one persistent launch (Gumbel-max).
 
-``P`` programs, all on the GPU at once (3 per SM by default), run the whole chain. Program ``p`` owns
-the vocabulary tiles ``p, p + P, p + 2P, ...`` of ``BLOCK_V`` tokens. At every step it computes the
-bias of its tiles on tensor cores (``codes @ W2_tile^T``, fp32 accumulation rounded once to the
-weight dtype, as ``impl="fused"``), adds the base logits and writes the cache. It ranks its tokens
-by approximate Gumbel keys (:mod:`.gumbel_filter`), keeping per row the three best over all its
-tiles, and computes two exact keys per row and step (the first two, from their logits read back
-from the cache: the exact winner is one of them unless the third is within the filter's slack of
-the first). Where
-that cannot be sure (a near-tie of three, a NaN, an infinite or zero best) it recomputes its tiles
-with exact keys. The result, packed with its index into one int64 word ordered by (key, then
-lower index; every NaN above ``+inf``, ``-0.0`` equal to ``+0.0``), is merged into the step's word
-with ``atomic_max``: the merged word is the ``torch.argmax`` of the whole row. A grid-wide barrier
-(one arrival counter per step in global memory) makes the winner known to every program, which
-gathers ``W1[token]`` and goes on to the next step. The last program to finish writes
-``draft_tokens`` and resets the words and counters for the next call, so a call is one launch and
-replays in a CUDA graph.
+``P`` programs, all on the GPU at once (2 to 4 per SM, by batch size: :data:`GPU_LAYOUTS`), run
+the whole chain. Program ``p`` owns the vocabulary tiles ``p, p + P, p + 2P, ...`` of ``BLOCK_V``
+tokens. At every step it computes the bias of its tiles on tensor cores (``codes @ W2_tile^T``,
+fp32 accumulation rounded once to the weight dtype, as ``impl="fused"``), adds the base logits and
+writes the cache. It ranks its tokens by approximate Gumbel keys (:mod:`.gumbel_filter`), keeping
+per row the three best over all its tiles, and computes two exact keys per row and step (the first
+two, from their logits read back from the cache: the exact winner is one of them unless the third
+is within the filter's slack of the first). Where that cannot be sure (a near-tie of three, a NaN,
+an infinite or zero best) it recomputes its tiles with exact keys. The result, packed with its
+index into one int64 word ordered by (key, then lower index; every NaN above ``+inf``, ``-0.0``
+equal to ``+0.0``), is merged into the step's word with ``atomic_max``: the merged word is the
+``torch.argmax`` of the whole row. A grid-wide barrier (one arrival counter per step in global
+memory) makes the winner known to every program, which gathers ``W1[token]`` and goes on to the
+next step. The last program to finish writes ``draft_tokens`` and resets the words and counters
+for the next call, so a call is one launch and replays in a CUDA graph.
 
 Where W2 lives: it is streamed at every step with an L2 ``evict_last`` hint (base logits and the
 cache use ``evict_first``) and in alternating directions (forward at even steps, backward at odd
@@ -23,8 +22,9 @@ ones), so that the tiles read last at one step, still in the 60 MB L2, are the f
 next. Triton gives no shared memory that outlives a loop iteration, so L2 (and registers) is what
 a Triton kernel can keep W2 in; register-resident tiles were measured on the H200 and cost more
 occupancy than they saved (one program per SM with two resident tiles: 234 us at 1 row against 151
-with 3 programs per SM and none). The later steps take ~28 us against ~40 us for the first (W2
-only partly hit in L2): far from the ~10 us a kernel holding W2 in shared memory would need.
+with 3 programs per SM and none). Measured (H200, 1 row): ~37 us for a one-step call, ~24 us for
+each later step, 134 us for five: far from the ~10 us per step that a kernel holding W2 in shared
+memory would need.
 
 Waits are bounded: a program that has spun ``SPIN_LIMIT`` times at a barrier (a co-resident program
 never arrived: more programs than fit on the GPU at once, or a fault) stops waiting, sets
@@ -33,9 +33,8 @@ but meaningless, and :meth:`ChainBackend.check` raises. Triton's interpreter run
 after another, so there the chain runs with one program (``P = 1``: no waits).
 
 Bytes per call: ``V * R_k * w`` of W2 per step (from HBM at the first, partly from L2 after), twice
-for a program that falls back to exact keys; ``R * N * V * u``
-of base logits read; ``R * N * V * c`` of cache written; ``R * N * (R_k * w + 24)`` of codes,
-words and tokens.
+for a program that falls back to exact keys; ``R * N * V * u`` of base logits read;
+``R * N * V * c`` of cache written; ``R * N * (R_k * w + 24)`` of codes, words and tokens.
 """
 
 from __future__ import annotations
@@ -308,9 +307,11 @@ class Layout:
 
 
 # GPU layouts by batch size, measured on the H200 (tools/sweep_chain.py, N = 5, T = 1, bf16):
-# (largest batch, (block_v, num_warps, num_stages, programs per SM)).
+# (largest batch, (block_v, num_warps, num_stages, programs per SM)). 32/2/3/4: 134 us at 1 row in
+# the benchmark (sweeps: 64/4/3/2 ~135-156, 128/4/2/2 ~145, one program per SM 178-216);
+# 32/4/3/4: 176-180 us at 2-16 rows (64/4/3/2 183-187, 128/8/2/1 233-238).
 GPU_LAYOUTS = ((1, (32, 2, 3, 4)), (MAX_ROWS, (32, 4, 3, 4)))
-# fp32 W2 tiles are twice as large.
+# fp32 W2 tiles are twice as large (not swept; the GPU test with fp32 weights checks exactness).
 GPU_LAYOUTS_FP32_WEIGHTS = ((MAX_ROWS, (32, 4, 2, 3)),)
 
 
