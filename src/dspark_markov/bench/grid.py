@@ -229,28 +229,11 @@ def run_grid(config: BenchConfig, bandwidth: roofline.Bandwidth, *, progress: bo
 
 def _time_case(config, head, inputs, rows, mode, flush, bar) -> list:
     """Set up every design on one case, then time them round-robin; the case's records."""
-    cuda = config.device == "cuda"
-    case_records, runs = {}, {}
-    for design in config.designs:
-        bar.set_postfix_str(f"{design} R={rows} T={mode} setup")
-        record = case_records[design] = _record(config, design, rows, mode)
-        run = _set_up(design, head, inputs, config, record)
-        if run is not None:
-            runs[design] = run
-        bar.update(1)
-    def report_error(design, error):
-        case_records[design].update(status="error", reason=f"{type(error).__name__}: {error}")
-        print(f"warning: {design} at {rows} rows, T={mode}: {case_records[design]['reason']}", file=sys.stderr)
-
-    times, eager = harness.time_round_robin(
-        runs, lambda design: case_records[design]["status"] == "ok", report_error,
-        rounds=config.rounds, replays=config.replays, eager_calls=config.eager_calls, cuda=cuda, flush=flush,
-        before=lambda design, index: bar.set_postfix_str(f"{design} R={rows} T={mode} round {index + 1}"),
-        after_round=lambda: bar.update(len(config.designs)))
-    for design in runs:
-        if case_records[design]["status"] == "ok":
-            harness.store_timing(case_records[design], times[design], eager[design])
-    return [case_records[design] for design in config.designs]
+    records = {design: _record(config, design, rows, mode) for design in config.designs}
+    return harness.time_cases(
+        records, lambda design, record: _set_up(design, head, inputs, config, record),
+        lambda design: f"{design} at {rows} rows, T={mode}", rounds=config.rounds, replays=config.replays,
+        eager_calls=config.eager_calls, cuda=config.device == "cuda", flush=flush, bar=bar)
 
 
 def add_derived(records: list, bandwidth: roofline.Bandwidth) -> None:

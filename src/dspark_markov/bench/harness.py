@@ -20,6 +20,7 @@ medians, with the lowest and highest round median as its spread (:func:`summariz
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from typing import Callable, NamedTuple, Sequence
 
@@ -173,6 +174,38 @@ def time_round_robin(runs: dict, is_ok: Callable[[object], bool], on_error: Call
         if after_round is not None:
             after_round()
     return times, eager
+
+
+def time_cases(records: dict, set_up: Callable[[object, dict], object], label: Callable[[object], str], *,
+               rounds: int, replays: int, eager_calls: int, cuda: bool, flush, bar) -> list:
+    """Set up every case of ``records`` (key -> record), time them round-robin, store the timings.
+
+    ``set_up(key, record)`` returns the case's run (``graph`` and ``call``) or ``None`` when it
+    cannot run (it then says why in ``record``); ``label(key)`` names the case in the progress bar
+    ``bar`` and in warnings. A run whose timing raises is marked ``status="error"``. Returns the
+    records in the order of ``records``.
+    """
+    runs = {}
+    for key, record in records.items():
+        bar.set_postfix_str(f"{label(key)} setup")
+        run = set_up(key, record)
+        if run is not None:
+            runs[key] = run
+        bar.update(1)
+
+    def report_error(key, error):
+        records[key].update(status="error", reason=f"{type(error).__name__}: {error}")
+        print(f"warning: {label(key)}: {records[key]['reason']}", file=sys.stderr)
+
+    times, eager = time_round_robin(
+        runs, lambda key: records[key]["status"] == "ok", report_error,
+        rounds=rounds, replays=replays, eager_calls=eager_calls, cuda=cuda, flush=flush,
+        before=lambda key, index: bar.set_postfix_str(f"{label(key)} round {index + 1}"),
+        after_round=lambda: bar.update(len(records)))
+    for key in runs:
+        if records[key]["status"] == "ok":
+            store_timing(records[key], times[key], eager[key])
+    return list(records.values())
 
 
 def store_timing(record: dict, times: list, eager: list) -> None:

@@ -430,28 +430,11 @@ def _set_up(key, rows, shared, config, record):
 
 def _time_rows(config, rows, shared, flush, bar) -> list:
     """Set up every kernel at one batch size, then time them round-robin; the records."""
-    cuda = config.device == "cuda"
-    keys = _cases(config)
-    records, runners = {}, {}
-    for key in keys:
-        bar.set_postfix_str(f"{key[0]} {key[1]} B={rows} setup")
-        record = records[key] = _record(config, key[0], key[1], rows, key[2])
-        runner = _set_up(key, rows, shared, config, record)
-        if runner is not None:
-            runners[key] = runner
-        bar.update(1)
-    def report_error(key, error):
-        records[key].update(status="error", reason=f"{type(error).__name__}: {error}")
-        print(f"warning: {key[0]} ({key[1]}) at {rows} rows: {records[key]['reason']}", file=sys.stderr)
-
-    times, eager = harness.time_round_robin(
-        runners, lambda key: records[key]["status"] == "ok", report_error,
-        rounds=config.rounds, replays=config.replays, eager_calls=config.eager_calls, cuda=cuda, flush=flush,
-        after_round=lambda: bar.update(len(keys)))
-    for key in runners:
-        if records[key]["status"] == "ok":
-            harness.store_timing(records[key], times[key], eager[key])
-    return [records[key] for key in keys]
+    records = {key: _record(config, key[0], key[1], rows, key[2]) for key in _cases(config)}
+    return harness.time_cases(
+        records, lambda key, record: _set_up(key, rows, shared, config, record),
+        lambda key: f"{key[0]} ({key[1]}) at {rows} rows", rounds=config.rounds, replays=config.replays,
+        eager_calls=config.eager_calls, cuda=config.device == "cuda", flush=flush, bar=bar)
 
 
 def run_grid(config: VerifyBenchConfig, bandwidth: roofline.Bandwidth, *, progress: bool = True) -> list:
