@@ -112,8 +112,7 @@ def main(argv=None) -> int:
     records = grid.run_grid(config, bandwidth, progress=not args.no_progress)
     checks = report.check_targets(records)
 
-    print(f"{env['gpu'] or 'cpu'} | torch {env['torch']} | triton {env['triton']} | CUDA {env['cuda']} | "
-          f"driver {env['driver']} | V={config.vocab} rank {config.rank} N={config.steps} "
+    print(f"{report.environment_line(env)} | V={config.vocab} rank {config.rank} N={config.steps} "
           f"cache {args.cache_dtype} logits {args.logits_dtype}")
     print(report.format_table(records, bandwidth))
     if args.markdown:

@@ -201,12 +201,24 @@ def format_targets(checks) -> str:
 
 
 def write_json(path, env, config, bandwidth, records, checks) -> Path:
-    payload = {"environment": env, "config": config_dict(config), "bandwidth": bandwidth._asdict(),
-               "bandwidth_used_for_fraction": "read_gbps", "timing": _timing_note(config),
-               "results": records, "targets": checks}
+    return write_results_json(path, env, config_dict(config), bandwidth, records, _timing_note(config),
+                              targets=checks)
+
+
+def write_results_json(path, env, config_values: dict, bandwidth, records, timing: str, **extra) -> Path:
+    """JSON of a run: environment, configuration, bandwidths, how ``time_us`` was taken, the
+    records, then any ``extra`` sections (e.g. the targets)."""
+    payload = {"environment": env, "config": config_values, "bandwidth": bandwidth._asdict(),
+               "bandwidth_used_for_fraction": "read_gbps", "timing": timing, "results": records, **extra}
     path = Path(path)
     path.write_text(json.dumps(payload, indent=2) + "\n")
     return path
+
+
+def environment_line(env: dict) -> str:
+    """``GPU | torch | triton | CUDA | driver`` of a run, the first part of its table header."""
+    return (f"{env['gpu'] or 'cpu'} | torch {env['torch']} | triton {env['triton']} | CUDA {env['cuda']} | "
+            f"driver {env['driver']}")
 
 
 def _timing_note(config) -> str:

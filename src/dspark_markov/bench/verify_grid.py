@@ -39,7 +39,6 @@ positions and slots).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import sys
@@ -533,11 +532,7 @@ def timing_note(config: VerifyBenchConfig) -> str:
 
 
 def write_json(path, env, config, bandwidth, records) -> Path:
-    payload = {"environment": env, "config": config_dict(config), "bandwidth": bandwidth._asdict(),
-               "bandwidth_used_for_fraction": "read_gbps", "timing": timing_note(config), "results": records}
-    path = Path(path)
-    path.write_text(json.dumps(payload, indent=2) + "\n")
-    return path
+    return report.write_results_json(path, env, config_dict(config), bandwidth, records, timing_note(config))
 
 
 def write_csv(path, env, config, bandwidth, records) -> Path:
@@ -582,9 +577,8 @@ def run_cli(args, argv) -> int:
     bandwidth = roofline.measure_bandwidth(torch.device(config.device))
     records = run_grid(config, bandwidth, progress=not args.no_progress)
     cache = str(config.cache_dtype).replace("torch.", "")
-    print(f"{env['gpu'] or 'cpu'} | torch {env['torch']} | triton {env['triton']} | CUDA {env['cuda']} | "
-          f"driver {env['driver']} | V={config.vocab} K=N={config.steps} cache {cache} | top-k {config.top_k} "
-          f"top-p {config.top_p} | block inputs max_reqs {config.max_reqs}")
+    print(f"{report.environment_line(env)} | V={config.vocab} K=N={config.steps} cache {cache} | "
+          f"top-k {config.top_k} top-p {config.top_p} | block inputs max_reqs {config.max_reqs}")
     print(format_table(records, bandwidth), end="")
     if args.markdown:
         print(format_table(records, bandwidth, markdown=True), end="")
