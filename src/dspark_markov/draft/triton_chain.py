@@ -45,8 +45,7 @@ import triton.language as tl
 
 from .. import rng_triton
 from .gumbel_filter import FILTER_MARGIN, INT64_MAX, INT64_MIN, approx_noise, key_slack, pack_key, unpack_key
-from .triton_common import INTERPRET, draft_rows, round_to, to_float32
-from .triton_fused import _tile_argmax
+from .triton_common import INTERPRET, block_argmax, draft_rows, round_to, to_float32
 
 # A barrier gives up after this many polls of its counter (each an L2 round trip, ~1 us): about a
 # second, far beyond any step (tens of microseconds) and short enough to end a faulty launch.
@@ -250,7 +249,7 @@ def _chain_kernel(
                 keys = tl.where(greedy[:, None], logits,
                                 tl.math.div_rn(logits, tl.where(greedy, 1.0, temp)[:, None])
                                 + rng_triton.draft_noise(prefix[:, None], cols[None, :]))
-                tile_value, tile_index = _tile_argmax(keys, mask, cols[None, :])
+                tile_value, tile_index = block_argmax(keys, cols[None, :], mask, 1)
                 best = tl.maximum(best, _pack_word(tile_value, tile_index))
         tl.atomic_max(words_ptr + (step * SLOTS + program % SLOTS) * BLOCK_R + rows, best, mask=row_ok)
         _grid_barrier(sync_ptr + step, num_programs, status_ptr, SPIN)

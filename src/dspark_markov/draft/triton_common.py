@@ -151,18 +151,20 @@ def gumbel_key(z, temp, prefix, token):
 
 
 @triton.jit
-def block_argmax(key, token, valid):
-    """``(max, first index)`` of fp32 ``key`` over the lanes where ``valid`` (at least one).
+def block_argmax(key, token, valid, AXIS: tl.constexpr = 0):
+    """``(max, first index)`` of fp32 ``key`` along ``AXIS`` over the lanes where ``valid`` (at least one).
 
     ``torch.argmax`` semantics: if a valid lane is NaN, the result is (NaN, first NaN token);
     otherwise the maximum and the first token reaching it (an all ``-inf`` block gives its first
-    valid token). ``token`` holds the lanes' token ids (increasing); returns (fp32, int32).
+    valid token). ``token`` holds the lanes' token ids (increasing along ``AXIS``, broadcast against
+    ``key``); returns (fp32, int32). ``AXIS = 1`` reduces each row of a 2-D tile.
     """
     is_nan = (key != key) & valid
     clean = tl.where(valid & (key == key), key, float("-inf"))
-    best = tl.max(clean, axis=0)
-    best_token = tl.min(tl.where(valid & ~is_nan & (clean == best), token, _BIG_INDEX), axis=0)
-    nan_token = tl.min(tl.where(is_nan, token, _BIG_INDEX), axis=0)
+    best = tl.max(clean, axis=AXIS)
+    best_token = tl.min(tl.where(valid & ~is_nan & (clean == tl.expand_dims(best, AXIS)), token, _BIG_INDEX),
+                        axis=AXIS)
+    nan_token = tl.min(tl.where(is_nan, token, _BIG_INDEX), axis=AXIS)
     has_nan = nan_token != _BIG_INDEX
     return tl.where(has_nan, float("nan"), best), tl.where(has_nan, nan_token, best_token)
 
@@ -175,12 +177,7 @@ def combine_blocks(block_max, block_token, valid, vocab):
     row's first maximum), and an all ``-inf`` row gives block 0's first index, 0. The result is
     clamped into ``[0, vocab)`` so no later gather can leave the embedding table. int32 scalar.
     """
-    is_nan = (block_max != block_max) & valid
-    clean = tl.where(valid & ~is_nan, block_max, float("-inf"))
-    best = tl.max(clean, axis=0)
-    best_token = tl.min(tl.where(valid & ~is_nan & (clean == best), block_token, _BIG_INDEX), axis=0)
-    nan_token = tl.min(tl.where(is_nan, block_token, _BIG_INDEX), axis=0)
-    token = tl.where(nan_token != _BIG_INDEX, nan_token, best_token)
+    _, token = block_argmax(block_max, block_token, valid)
     return tl.minimum(tl.maximum(token, 0), vocab - 1)
 
 

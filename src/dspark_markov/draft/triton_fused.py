@@ -47,20 +47,6 @@ def _gather_codes_kernel(
 
 
 @triton.jit
-def _tile_argmax(key, valid, cols):
-    """NaN-aware first argmax along axis 1: (value, index); a NaN row gives (NaN, first NaN)."""
-    isnan = (key != key) & valid
-    has_nan = tl.max(isnan.to(tl.int32), axis=1) > 0
-    first_nan = tl.min(tl.where(isnan, cols, _INT_MAX), axis=1)
-    clean = tl.where(valid & (key == key), key, float("-inf"))
-    best = tl.max(clean, axis=1)
-    first_best = tl.min(tl.where(valid & (clean == best[:, None]), cols, _INT_MAX), axis=1)
-    value = tl.where(has_nan, float("nan"), best)
-    index = tl.where(has_nan, first_nan, first_best)
-    return value, index
-
-
-@triton.jit
 def _gumbel_tile_argmax(logits, greedy, temp, prefix, mask, row_ok, cols, filter_margin,
                         HARDWARE_LOG2: tl.constexpr):
     """Exact per-row ``(max key, first index)`` of a tile of Gumbel keys, at a fraction of the cost.
@@ -73,7 +59,7 @@ def _gumbel_tile_argmax(logits, greedy, temp, prefix, mask, row_ok, cols, filter
     the key's size), the exact argmax is the same token, so only that token's exact key is
     computed. Greedy rows (T = 0) rank ``z`` itself, exactly. If any row of the chunk is left
     undecided (a near-tie, a NaN, a non-finite or zero best), the whole chunk is recomputed exactly
-    with :func:`_tile_argmax`.
+    with :func:`.triton_common.block_argmax`.
     """
     inv_temp = 1.0 / tl.where(greedy, 1.0, temp)
     noise = approx_noise(prefix[:, None], cols, HARDWARE_LOG2)
@@ -93,7 +79,7 @@ def _gumbel_tile_argmax(logits, greedy, temp, prefix, mask, row_ok, cols, filter
         exact = tl.where(greedy[:, None], logits,
                          tl.math.div_rn(logits, tl.where(greedy, 1.0, temp)[:, None])
                          + rng_triton.draft_noise(prefix[:, None], cols))
-        value, index = _tile_argmax(exact, mask, cols)
+        value, index = block_argmax(exact, cols, mask, 1)
     else:
         winner = tl.max(tl.where(cols == index[:, None], logits, float("-inf")), axis=1)
         exact_winner = tl.math.div_rn(winner, tl.where(greedy, 1.0, temp)) + rng_triton.draft_noise(prefix, index)
@@ -177,7 +163,7 @@ def _fused_step_kernel(
     part = rows * num_tiles + tile
     if INVERSE_CDF:
         scaled = tl.math.div_rn(logits, tl.where(greedy, 1.0, temp)[:, None])
-        value, index = _tile_argmax(logits, mask, cols[None, :])
+        value, index = block_argmax(logits, cols[None, :], mask, 1)
         clean = tl.where(mask & (scaled == scaled), scaled, float("-inf"))
         tile_max = tl.max(clean, axis=1)
         shift = tl.where(tile_max == float("-inf"), 0.0, tile_max)
