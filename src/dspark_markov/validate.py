@@ -39,6 +39,12 @@ def check_choice(name, value, choices):
         raise ValueError(f"{name}: expected one of {', '.join(repr(c) for c in choices)}, got {value!r}")
 
 
+def check_power_of_two(name, value, minimum) -> None:
+    """Raise ``ValueError`` unless ``value`` is an int power of two ``>= minimum`` (a block size)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or value & (value - 1):
+        raise ValueError(f"{name}: expected a power of two >= {minimum}, got {value}")
+
+
 def check_range(name, x, low, high):
     """Raise ``ValueError`` unless every value of ``x`` lies in ``[low, high)`` (synchronises)."""
     if x.numel() == 0:

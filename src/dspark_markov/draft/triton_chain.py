@@ -44,6 +44,7 @@ import triton
 import triton.language as tl
 
 from .. import rng_triton
+from ..validate import check_power_of_two
 from .gumbel_filter import FILTER_MARGIN, INT64_MAX, INT64_MIN, approx_noise, key_slack, pack_key, unpack_key
 from .triton_common import INTERPRET, block_argmax, draft_rows, round_to, to_float32
 
@@ -363,8 +364,7 @@ class ChainBackend:
         self.spin_limit = int(spin_limit)
         self.filter_margin = float(filter_margin)
         self.block_r = MAX_ROWS
-        if word_slots < 1 or word_slots & (word_slots - 1):
-            raise ValueError(f"word_slots: expected a power of two >= 1, got {word_slots}")
+        check_power_of_two("word_slots", word_slots, 1)
         self.word_slots = int(word_slots)
         self.words = torch.full((num_steps, self.word_slots, self.block_r), -(2**63), dtype=torch.int64,
                                 device=device)

@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from .. import rng_triton
+from ..validate import check_power_of_two
 from . import gumbel_filter
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"  # read once: set before any kernel is defined
@@ -401,8 +402,7 @@ class GumbelBlocksBackend:
         if method not in self.METHODS:
             raise ValueError(f"method: impl {self.NAME!r} supports 'gumbel', got {method!r}")
         block = default_block(device, head.vocab_size, max_rows) if block is None else int(block)
-        if block < 16 or block & (block - 1):
-            raise ValueError(f"block: expected a power of two >= 16, got {block}")
+        check_power_of_two("block", block, 16)
         self.head = head
         self.num_steps = int(num_steps)
         self.max_rows = int(max_rows)

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from .. import rng_triton
+from ..validate import check_power_of_two
 from .gumbel_filter import FILTER_MARGIN, INT64_MAX, INT64_MIN, approx_noise, key_slack, pack_key, unpack_key
 from .triton_common import INTERPRET, block_argmax, draft_rows, round_to, to_float32
 
@@ -311,8 +312,7 @@ class FusedBackend:
         self.block_r = block_r or default[1]
         self.num_warps = num_warps or default[2]
         self.num_stages = num_stages or 3
-        if self.block_r < 16 or self.block_r & (self.block_r - 1):
-            raise ValueError(f"block_r: expected a power of two >= 16 (tl.dot tile), got {self.block_r}")
+        check_power_of_two("block_r", self.block_r, 16)  # a tl.dot tile
         self.block_k = min(64, head.rank)
         vocab = head.vocab_size
         self.num_tiles = triton.cdiv(vocab, self.block_v)

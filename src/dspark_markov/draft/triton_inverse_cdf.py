@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from .. import rng_triton
+from ..validate import check_power_of_two
 
 # Vocabulary block per device. On the GPU the kernels stream ~6 bytes per logit; 4096-wide blocks
 # with 8 warps keep the loads 16-byte vectorised (when V and the strides are multiples of 16), and
@@ -281,8 +282,7 @@ class InverseCdfBackend:
         device = torch.device(device)
         if block_size is not None:
             block_size = int(block_size)
-            if block_size < 16 or block_size & (block_size - 1):
-                raise ValueError(f"block_size: expected a power of two >= 16, got {block_size}")
+            check_power_of_two("block_size", block_size, 16)
         self.head = head
         self.num_steps = int(num_steps)
         self.max_rows = int(max_rows)

@@ -71,6 +71,7 @@ import triton
 import triton.language as tl
 
 from ..rng import LN2_HIGH, LN2_LOW
+from ..validate import check_power_of_two
 from .filtering import EXP_COEFFS, EXP_FLOOR, KEY_FLOOR, LOG2E, MASS_ONE
 
 _C0, _C1, _C2, _C3, _C4, _C5, _C6, _C7 = (tl.constexpr(c) for c in EXP_COEFFS)
@@ -739,8 +740,7 @@ def launch_top_k_top_p(logits, k, p, out, *, block=None, chunks=None, sort_size=
         return
     if sort_size is None:
         sort_size = SORT_LARGE if logits.device.type == "cuda" else CPU_SORT_SIZE
-    if isinstance(sort_size, bool) or not isinstance(sort_size, int) or sort_size < 16 or sort_size & (sort_size - 1):
-        raise ValueError(f"sort_size: expected a power of two >= 16, got {sort_size}")
+    check_power_of_two("sort_size", sort_size, 16)
     if block is None or chunks is None:
         default_block, default_chunks = default_layout(logits)
         block = block or default_block

@@ -56,6 +56,7 @@ import triton
 import triton.language as tl
 
 from .. import rng_triton
+from ..validate import check_power_of_two
 from ..draft.triton_common import block_argmax, combine_blocks, to_float32
 from . import keys
 
@@ -442,8 +443,7 @@ class Verifier:
         self.k = int(num_drafts)
         self.vocab = int(vocab_size)
         self.block = int(block) if block is not None else default_block(device)
-        if self.block < 16 or self.block & (self.block - 1):
-            raise ValueError(f"block: expected a power of two >= 16, got {block}")
+        check_power_of_two("block", self.block, 16)
         default_chunk = GPU_CHUNK if device.type == "cuda" else CPU_CHUNK
         self.chunk = min(int(chunk) if chunk is not None else default_chunk, self.max_batch)
         if self.chunk < 1:
