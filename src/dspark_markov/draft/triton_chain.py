@@ -59,19 +59,19 @@ MAX_ROWS = 16
 def _pack_word(value, index):
     """int64 word ordered like ``torch.argmax``'s choice: (fp32 key, then lower index first).
 
-    Every NaN maps above ``+inf`` (the first NaN wins, as in ``argmax``) and ``-0.0`` onto ``+0.0``.
+    :func:`.gumbel_filter.pack_key` after canonicalising the key as ``sharded.keys.pack_keys``
+    does: every NaN becomes the largest code (above ``+inf``: the first NaN wins, as in
+    ``argmax``) and ``-0.0`` becomes ``+0.0``.
     """
-    bits = value.to(tl.int32, bitcast=True)
+    bits = tl.where(value == 0.0, 0, value.to(tl.int32, bitcast=True))
     bits = tl.where(value != value, 0x7FFFFFFF, bits)
-    bits = tl.where(value == 0.0, 0, bits)
-    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-    return (ordered.to(tl.int64) << 32) | (0x7FFFFFFF - index).to(tl.int64)
+    return pack_key(bits.to(tl.float32, bitcast=True), index)
 
 
 @triton.jit
 def _word_token(word, vocab):
     """The token of a :func:`_pack_word` word, clamped into ``[0, V)``."""
-    token = 0x7FFFFFFF - (word & 0x7FFFFFFF)
+    _, token = unpack_key(word)
     return tl.minimum(tl.maximum(token, 0), vocab - 1)
 
 
