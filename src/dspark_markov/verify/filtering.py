@@ -7,7 +7,7 @@ Semantics (per row of fp32 logits ``x`` of length ``V``; both implementations ag
   resolved in index order, so exactly ``k`` survive); ``k <= 0`` or ``k >= V`` disables top-k.
 - **Top-p.** With ``p < 1``, among the top-k survivors, a token is kept iff the mass of the
   strictly better-ranked survivors is ``< p``. The mass is order-independent so that a sorted
-  reference and a sort-free kernel agree bit for bit: each token's fp32 weight
+  reference and the Triton kernels agree bit for bit: each token's fp32 weight
   ``w = exp(x - max)`` (a software ``exp`` with only IEEE fp32 adds and multiplies; ``w = 1`` where
   ``x == max``, which also covers ``+inf``) is truncated to 2^-32 fixed point, ``q = trunc(w 2^32)``
   (int64), and the masses are exact integer sums. "Mass before ``< p``" is the fp64 comparison
@@ -138,7 +138,8 @@ def top_k_top_p(logits, k=None, p=None, *, impl="triton", out=None):
         Scalar (``>= 0``) or per-row ``[B]`` fp32; ``p >= 1`` means no top-p (a per-row NaN too;
         a negative per-row value acts as 0).
     impl : {"triton", "reference"}
-        ``"triton"``: sort-free kernels (interpreter on CPU); ``"reference"``: a torch sort.
+        ``"triton"``: radix-select kernels that sort only a few candidates per row (interpreter on
+        CPU); ``"reference"``: a torch sort of every row.
         Never falls back silently.
     out : torch.Tensor, optional
         ``[B, V]`` fp32 output (last stride 1); ``logits`` is then left unchanged.
@@ -151,8 +152,9 @@ def top_k_top_p(logits, k=None, p=None, *, impl="triton", out=None):
     Notes
     -----
     CUDA graphs: the Triton path launches a fixed sequence of kernels with no host synchronisation
-    (per-row tensors are read on the device); the split-row path takes its small scratch from the
-    caching allocator, which graph capture supports. The reference path sorts and allocates.
+    (per-row tensors are read on the device); its scratch (the candidates, ``B * 4096 * 8`` bytes on
+    CUDA, and a few per-row fields) comes from the caching allocator, which graph capture supports.
+    The reference path sorts and allocates.
     """
     k, p = _check(logits, k, p, impl, out)
     target = logits if out is None else out

@@ -1,4 +1,5 @@
-"""Sort-free Triton kernels of :func:`dspark_markov.verify.filtering.top_k_top_p`.
+"""Triton kernels of :func:`dspark_markov.verify.filtering.top_k_top_p`: a radix select, then a sort
+of the few candidates.
 
 Kept in its own module so that importing the package never imports Triton. Semantics, weights
 and the fixed-point mass are those of ``filtering.py`` (bit-identical device functions here).
