@@ -84,7 +84,6 @@ _EXP_FLOOR = tl.constexpr(EXP_FLOOR)
 _KEY_FLOOR = tl.constexpr(KEY_FLOOR)
 _SIGN = tl.constexpr(-(2**31))  # flips the top bit: ordered int32 key <-> unsigned order
 _BIG_INDEX = tl.constexpr(2**31 - 1)
-_LOW_WORD = tl.constexpr(2**32 - 1)
 _PACK_FLOOR = tl.constexpr(-(2**63))  # below every packed candidate
 _PACK_CEIL = tl.constexpr(2**63 - 1)
 
@@ -108,7 +107,7 @@ FANOUT = 16
 _FANOUT = tl.constexpr(FANOUT)
 SEARCH_STEPS = 9
 
-# Split-path state per row (int64 fields).
+# Filter state per row (int64 fields; 20 used of STATE_FIELDS), shared by both layouts.
 (_USE_K, _USE_P, _KMAX, _AMAX, _LO, _HI, _ABOVE, _TK, _NEED, _QTK, _LIMIT, _PREFIX, _RABOVE, _COUNT, _DONE,
  _SLOW_K, _PFAST, _CUT, _CURSOR, _KS) = (tl.constexpr(i) for i in range(20))
 STATE_FIELDS = 24
