@@ -51,13 +51,6 @@ IMPLS = ("triton", "reference")
 
 
 # --------------------------------------------------------------------------- torch side
-def ordered_key(x: torch.Tensor) -> torch.Tensor:
-    """int64 keys whose order is the fp32 order of ``x`` (``-0.0`` maps to ``+0.0``'s key)."""
-    bits = x.view(torch.int32)
-    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-    return torch.where((bits & 0x7FFFFFFF) == 0, 0, key).to(torch.int64)
-
-
 def weight_fixed_point(x: torch.Tensor, row_max: torch.Tensor) -> torch.Tensor:
     """``q = trunc(exp(x - row_max) 2^32)`` (int64) with the software fp32 ``exp`` of the module doc.
 
