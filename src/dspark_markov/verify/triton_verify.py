@@ -572,10 +572,9 @@ def verify_triton(target_logits, draft_tokens, logits_cache, num_drafts, idx_map
     Allocates (not CUDA-graph safe; capture :meth:`Verifier.run` instead).
     """
     batch, k1, vocab = target_logits.shape
-    tokens = torch.full((batch, k1), -1, dtype=torch.int64, device=target_logits.device)
-    num_emitted = torch.zeros(batch, dtype=torch.int64, device=target_logits.device)
     if batch == 0:
-        return tokens, num_emitted
-    verifier = Verifier(batch, k1 - 1, vocab, target_logits.device)
+        return (torch.full((0, k1), -1, dtype=torch.int64, device=target_logits.device),
+                torch.zeros(0, dtype=torch.int64, device=target_logits.device))
+    verifier = Verifier(batch, k1 - 1, vocab, target_logits.device)  # its outputs are this call's
     return verifier.run(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions, temperature,
-                        seeds, target_greedy, method=method, tokens=tokens, num_emitted=num_emitted)
+                        seeds, target_greedy, method=method)
