@@ -46,13 +46,7 @@ class BenchConfig:
     method: str | None = None  # preferred draw method; designs without it keep theirs (see design_method)
 
     def __post_init__(self):
-        if self.device not in ("cuda", "cpu"):
-            raise ValueError(f"device: expected 'cuda' or 'cpu', got {self.device!r}")
-        for name in ("vocab", "rank", "steps", "rounds", "replays", "eager_calls"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name}: expected >= 1, got {getattr(self, name)}")
-        if not self.rows or any(int(r) < 1 for r in self.rows):
-            raise ValueError(f"rows: expected a non-empty list of positive row counts, got {self.rows}")
+        harness.check_config(self, ("vocab", "rank", "steps", "rounds", "replays", "eager_calls"))
         for design in self.designs:
             if design not in KNOWN_DESIGNS:
                 raise ValueError(f"designs: expected names among {', '.join(KNOWN_DESIGNS)}, got {design!r}")

@@ -176,6 +176,17 @@ def time_round_robin(runs: dict, is_ok: Callable[[object], bool], on_error: Call
     return times, eager
 
 
+def check_config(config, positive_fields) -> None:
+    """The checks every benchmark configuration shares: the device, positive sizes, the rows."""
+    if config.device not in ("cuda", "cpu"):
+        raise ValueError(f"device: expected 'cuda' or 'cpu', got {config.device!r}")
+    for name in positive_fields:
+        if int(getattr(config, name)) < 1:
+            raise ValueError(f"{name}: expected >= 1, got {getattr(config, name)}")
+    if not config.rows or any(int(r) < 1 for r in config.rows):
+        raise ValueError(f"rows: expected a non-empty list of positive row counts, got {config.rows}")
+
+
 def time_cases(records: dict, set_up: Callable[[object, dict], object], label: Callable[[object], str], *,
                rounds: int, replays: int, eager_calls: int, cuda: bool, flush, bar) -> list:
     """Set up every case of ``records`` (key -> record), time them round-robin, store the timings.

@@ -84,13 +84,7 @@ class VerifyBenchConfig:
     seed: int = 2026
 
     def __post_init__(self):
-        if self.device not in ("cuda", "cpu"):
-            raise ValueError(f"device: expected 'cuda' or 'cpu', got {self.device!r}")
-        for name in ("vocab", "steps", "max_reqs", "rounds", "replays", "eager_calls"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name}: expected >= 1, got {getattr(self, name)}")
-        if not self.rows or any(int(r) < 1 for r in self.rows):
-            raise ValueError(f"rows: expected a non-empty list of positive row counts, got {self.rows}")
+        harness.check_config(self, ("vocab", "steps", "max_reqs", "rounds", "replays", "eager_calls"))
         if max(self.rows) > self.max_reqs:
             raise ValueError(f"rows: expected at most max_reqs = {self.max_reqs} requests, got {max(self.rows)}")
         for name, values, known in (("kernels", self.kernels, KERNELS), ("impls", self.impls, IMPLS),
