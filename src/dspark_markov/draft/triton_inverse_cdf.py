@@ -30,6 +30,7 @@ import triton.language as tl
 
 from .. import rng_triton
 from ..validate import check_power_of_two
+from .triton_common import BiasGemm
 
 # Vocabulary block per device. On the GPU the kernels stream ~6 bytes per logit; 4096-wide blocks
 # with 8 warps keep the loads 16-byte vectorised (when V and the strides are multiples of 16), and
@@ -265,9 +266,9 @@ class InverseCdfBackend:
     block_size : vocabulary block (a power of two >= 16); default on CUDA: 1024 / 2048 / 4096 for
         up to 4 / up to 32 / more rows; 256 on the CPU. A fixed value is mainly for tests.
 
-    Scratch allocated here, once: the codes ``[max_rows, R_k]`` (weight dtype; fp32 on the CPU),
-    the bias ``[max_rows, V]`` (weight dtype; plus an fp32 accumulator and an fp32 copy of W2 on the
-    CPU), and four per-block partials ``[max_rows, ceil(V / smallest block)]``. :meth:`run` only
+    Scratch allocated here, once: a :class:`~.triton_common.BiasGemm` (codes ``[max_rows, R_k]``,
+    which kernel 0 and the pick kernel fill, and the weight-dtype bias ``[max_rows, V]``), and four
+    per-block partials ``[max_rows, ceil(V / smallest block)]``. :meth:`run` only
     launches work, so it is CUDA-graph capturable: capture once, refill the input tensors, replay.
     """
 
@@ -290,16 +291,11 @@ class InverseCdfBackend:
         self.device = device
         self.on_cuda = device.type == "cuda"
         self.block_size = block_size
-        vocab, rank, dtype = head.vocab_size, head.rank, head.dtype
+        vocab, rank = head.vocab_size, head.rank
         smallest = block_size or (GPU_BLOCKS[0][1] if self.on_cuda else CPU_BLOCK)
         self.max_blocks = triton.cdiv(vocab, smallest)
         rows = self.max_rows
-        codes_dtype = dtype if self.on_cuda else torch.float32
-        self.codes = torch.zeros(rows, rank, dtype=codes_dtype, device=device)
-        self.bias = torch.zeros(rows, vocab, dtype=dtype, device=device)
-        if not self.on_cuda:  # the reference's fp32 GEMM: W2 in fp32 and an fp32 accumulator
-            self.head_f32 = head.head_weight.float()
-            self.accumulator = self.bias if dtype == torch.float32 else torch.zeros(rows, vocab, device=device)
+        self.gemm = BiasGemm(head, rows, device)  # codes [max_rows, R_k] (filled by kernel 0), bias [max_rows, V]
         self.arg_value = torch.zeros(rows, self.max_blocks, dtype=torch.float32, device=device)
         self.arg_index = torch.zeros(rows, self.max_blocks, dtype=torch.int32, device=device)
         self.block_max = torch.zeros(rows, self.max_blocks, dtype=torch.float32, device=device)
@@ -320,16 +316,6 @@ class InverseCdfBackend:
             if rows <= most_rows:
                 return block
         return GPU_BLOCK_LARGE
-
-    def _compute_bias(self, rows: int) -> None:
-        """bias[:rows] = W2 @ codes[:rows] rounded to the weight dtype (``scale`` is applied in kernel 1)."""
-        codes = self.codes[:rows]  # [rows, R_k]
-        if self.on_cuda:
-            torch.matmul(codes, self.head.head_weight.t(), out=self.bias[:rows])
-        else:
-            torch.matmul(codes, self.head_f32.t(), out=self.accumulator[:rows])
-            if self.accumulator is not self.bias:
-                self.bias[:rows].copy_(self.accumulator[:rows])  # one rounding, as Tensor.to does
 
     def run(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens, logits_cache):
         """Draw ``draft_tokens`` ``[R, N]`` int64 and fill ``logits_cache`` ``[S, N, V]``.
@@ -352,23 +338,25 @@ class InverseCdfBackend:
         num_warps = 8 if block >= 4096 else 4  # 16 elements per thread at 4096 and 2048, 8 at 1024
         embed = head.embed_weight
         scale = float(head.scale)
+        gemm = self.gemm
+        codes = gemm.codes
 
         _prepare_rows_kernel[(rows,)](
             anchor,  # [R]
             idx_mapping, positions,  # [R*N]
             seeds,  # [S]
             embed, embed.stride(0),  # [V_t, R_k]
-            self.codes, self.codes.stride(0),  # [max_rows, R_k]
+            codes, codes.stride(0),  # [max_rows, R_k]
             self.uniforms,  # [max_rows, N]
             steps, num_slots, head.embed_vocab_size, head.rank,
             STEPS_P2=triton.next_power_of_2(steps), RANK_BLOCK=self.rank_block,
             num_warps=1 if self.rank_block <= 128 else 2, enable_fp_fusion=False,
         )
         for step in range(steps):
-            self._compute_bias(rows)
+            gemm.compute(rows)  # scale is applied in kernel 1
             _logits_partials_kernel[(rows, num_blocks)](
                 base_logits, base_logits.stride(0), base_logits.stride(1),  # [R, N, V]
-                self.bias, self.bias.stride(0),  # [max_rows, V]
+                gemm.bias, gemm.bias.stride(0),  # [max_rows, V]
                 idx_mapping,  # [R*N]
                 temperature,  # [S]
                 logits_cache, logits_cache.stride(0),  # [S, N, V]
@@ -384,7 +372,7 @@ class InverseCdfBackend:
                 logits_cache, logits_cache.stride(0),  # [S, N, V]
                 draft_tokens, draft_tokens.stride(0), draft_tokens.stride(1),  # [R, N]
                 embed, embed.stride(0),  # [V_t, R_k]
-                self.codes, self.codes.stride(0),  # [max_rows, R_k]
+                codes, codes.stride(0),  # [max_rows, R_k]
                 step, steps, vocab, num_slots, num_blocks, head.embed_vocab_size, head.rank,
                 BLOCKS_P2=triton.next_power_of_2(num_blocks), BLOCK=block, RANK_BLOCK=self.rank_block,
                 num_warps=num_warps, enable_fp_fusion=False,
