@@ -37,14 +37,16 @@ def row_keys(idx_mapping_step, positions_step, temperature, seeds):
     return padding, temp, seed, positions_step.long()
 
 
-def gumbel_keys(z, temp, seed, step: int, position, *, fp64: bool = False) -> torch.Tensor:
+def gumbel_keys(z, temp, seed, step: int, position, *, fp64: bool = False, tokens=None) -> torch.Tensor:
     """Keys ``z / T + g`` of SPEC.md section 4 (``z`` for T = 0 rows), fp32 (or fp64).
 
     z : ``[R, V]`` logits as cached (bf16 or fp32); temp ``[R]`` fp32; seed/position ``[R]`` int64.
+    tokens : int64 ``[V]`` token ids of ``z``'s columns (they key the noise); default ``0..V-1``
+        (a vocabulary shard passes its global ids).
     """
     logits = z.float()
-    vocab = logits.shape[-1]
-    tokens = torch.arange(vocab, device=logits.device)
+    if tokens is None:
+        tokens = torch.arange(logits.shape[-1], device=logits.device)
     noise = rng.draft_noise(seed[:, None], step, position[:, None], tokens, fp64=fp64)
     greedy = (temp == 0)[:, None]
     scaled = logits / torch.where(greedy, torch.ones_like(temp[:, None]), temp[:, None])

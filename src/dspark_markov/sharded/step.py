@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import rng
-from ..draft.reference import argmax_first
+from ..draft.reference import argmax_first, gumbel_keys
 from .keys import pack_keys
 
 
@@ -51,11 +50,7 @@ def _shard_step(shard_head, base_step, prev, temp, seed, position, step: int, sh
     """
     bias = _shard_bias(shard_head, prev)  # [R, V_shard] weight dtype
     z_out.copy_(base_step.float() + bias.float())  # one rounding into the cache dtype
-    logits = z_out.float()
-    noise = rng.draft_noise(seed[:, None], step, position[:, None], shard_tokens)  # [R, V_shard] fp32
-    greedy = (temp == 0)[:, None]
-    scaled = logits / torch.where(greedy, torch.ones_like(temp[:, None]), temp[:, None])  # fp32 division
-    keys = torch.where(greedy, logits, scaled + noise)
+    keys = gumbel_keys(z_out, temp, seed, step, position, tokens=shard_tokens)  # [R, V_shard] fp32
     local = argmax_first(keys)  # [R] first NaN, else first maximum, all -inf -> 0
     best = keys.gather(1, local[:, None])[:, 0]
     packed_out.copy_(pack_keys(best, shard_tokens[local]))
