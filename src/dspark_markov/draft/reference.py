@@ -37,6 +37,16 @@ def row_keys(idx_mapping_step, positions_step, temperature, seeds):
     return padding, temp, seed, positions_step.long()
 
 
+def scaled_logits(z: torch.Tensor, temp: torch.Tensor) -> torch.Tensor:
+    """``z / T`` in fp32 (one IEEE division, SPEC.md sections 4-6); rows with ``T == 0`` unscaled.
+
+    z : ``[R, ...]`` bf16/fp32; temp ``[R]`` fp32, broadcast over ``z``'s trailing dimensions.
+    """
+    logits = z.float()
+    temp = temp.reshape(temp.shape[0], *([1] * (logits.dim() - 1)))
+    return logits / torch.where(temp == 0, torch.ones_like(temp), temp)
+
+
 def gumbel_keys(z, temp, seed, step: int, position, *, fp64: bool = False, tokens=None) -> torch.Tensor:
     """Keys ``z / T + g`` of SPEC.md section 4 (``z`` for T = 0 rows), fp32 (or fp64).
 
@@ -49,7 +59,7 @@ def gumbel_keys(z, temp, seed, step: int, position, *, fp64: bool = False, token
         tokens = torch.arange(logits.shape[-1], device=logits.device)
     noise = rng.draft_noise(seed[:, None], step, position[:, None], tokens, fp64=fp64)
     greedy = (temp == 0)[:, None]
-    scaled = logits / torch.where(greedy, torch.ones_like(temp[:, None]), temp[:, None])
+    scaled = scaled_logits(logits, temp)
     if fp64:
         return torch.where(greedy, logits.double(), scaled.double() + noise)
     return torch.where(greedy, logits, scaled + noise)

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from ..draft.reference import argmax_first
+from ..draft.reference import argmax_first, scaled_logits
 from ..validate import check_tensor
 from .keys import pack_keys, unpack_key, unpack_token, INT32_MAX
 
@@ -30,13 +30,6 @@ class ShardedSoftmaxStats(NamedTuple):
     row_max: torch.Tensor  # [M] fp32, global max of cache / T (NaN if the row has a NaN)
     row_sumexp: torch.Tensor  # [M] fp32, global sum of exp(cache / T - row_max)
     argmax: torch.Tensor  # [M] int64, global torch.argmax of the row (NaN-aware)
-
-
-def _scaled(cache_rows, temperature):
-    """``cache / T`` in fp32 (the fp32 division of SPEC.md section 6); ``T = 0`` rows unscaled."""
-    logits = cache_rows.float()
-    greedy = (temperature == 0)[:, None]
-    return logits / torch.where(greedy, torch.ones_like(temperature[:, None]), temperature[:, None])
 
 
 def _check(cache_rows, temperature, tokens=None):
@@ -69,7 +62,7 @@ def sharded_softmax_stats(cache_rows, temperature, vocab_start: int, group=None)
     so not for CUDA-graph capture as written.
     """
     _check(cache_rows, temperature)
-    scaled = _scaled(cache_rows, temperature)
+    scaled = scaled_logits(cache_rows, temperature)
     word = _global_max_word(scaled, vocab_start, group)
     row_max = unpack_key(word)
     sumexp = torch.exp(scaled - row_max[:, None]).sum(dim=-1)
@@ -95,7 +88,7 @@ def sharded_token_probability(cache_rows, tokens, temperature, vocab_start: int,
     ``torch.softmax`` does. Collective; allocates (not CUDA-graph safe as written).
     """
     _check(cache_rows, temperature, tokens)
-    scaled = _scaled(cache_rows, temperature)
+    scaled = scaled_logits(cache_rows, temperature)
     width = scaled.shape[1]
     word = _global_max_word(scaled, vocab_start, group)
     row_max = unpack_key(word)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ..draft.reference import argmax_first
+from ..draft.reference import argmax_first, scaled_logits
 from . import keys
 
 
@@ -30,8 +30,7 @@ def draft_distribution(cache_rows: torch.Tensor, temp: torch.Tensor) -> torch.Te
     """
     logits = cache_rows.float()
     greedy = temp == 0
-    safe_temp = torch.where(greedy, torch.ones_like(temp), temp)
-    q = torch.softmax(logits / safe_temp[:, None, None], dim=-1)
+    q = torch.softmax(scaled_logits(logits, temp), dim=-1)
     if bool(greedy.any()):
         one_hot = torch.zeros_like(q).scatter_(-1, argmax_first(logits)[..., None], 1.0)
         q = torch.where(greedy[:, None, None], one_hot, q)
