@@ -305,6 +305,15 @@ class Layout:
                              f"barriers need programs=1 there, got {self.programs}")
         self.fitted = interpret or device.type != "cuda"
 
+    def fit(self, kernel, device) -> None:
+        """Cap :attr:`programs` at what fits on the GPU at once, from the compiled ``kernel``."""
+        fits = resident_programs_per_sm(kernel, device)
+        if fits == 0:
+            raise ValueError(f"block_v: impl 'chain' with block_v={self.block_v}, num_warps={self.num_warps}, "
+                             f"num_stages={self.num_stages} does not fit on one SM")
+        self.programs = min(self.programs, fits * torch.cuda.get_device_properties(device).multi_processor_count)
+        self.fitted = True
+
 
 # GPU layouts by batch size, measured on the H200 (tools/sweep_chain.py, N = 5, T = 1, bf16):
 # (largest batch, (block_v, num_warps, num_stages, programs per SM)). 32/2/3/4: 134 us at 1 row in
@@ -401,12 +410,5 @@ class ChainBackend:
                        num_warps=layout.num_warps,
                        enable_fp_fusion=False)
         if not layout.fitted:
-            kernel = _chain_kernel.warmup(*arguments(), grid=(1,), **options)
-            fits = resident_programs_per_sm(kernel, self.device)
-            if fits == 0:
-                raise ValueError(f"block_v: impl 'chain' with block_v={layout.block_v}, num_warps={layout.num_warps}, "
-                                 f"num_stages={layout.num_stages} does not fit on one SM")
-            sms = torch.cuda.get_device_properties(self.device).multi_processor_count
-            layout.programs = min(layout.programs, fits * sms)
-            layout.fitted = True
+            layout.fit(_chain_kernel.warmup(*arguments(), grid=(1,), **options), self.device)
         _chain_kernel[(layout.programs,)](*arguments(), **options)
