@@ -118,8 +118,8 @@ def test_cache_dtype_mismatch():
     with raises_naming("cache_dtype"):
         call(cache_dtype=torch.float16)
     with raises_naming("cache_dtype"):
-        MarkovSampler(head(), STEPS, ROWS, torch.float64, "gumbel", "reference")
-    sampler = MarkovSampler(head(), STEPS, ROWS, torch.bfloat16, "gumbel", "reference")
+        MarkovSampler(head(), STEPS, ROWS, cache_dtype=torch.float64, method="gumbel", impl="reference")
+    sampler = MarkovSampler(head(), STEPS, ROWS, cache_dtype=torch.bfloat16, method="gumbel", impl="reference")
     with raises_naming("logits_cache"):  # the sampler's cache dtype is bf16
         sampler.sample(**good_inputs(), logits_cache=torch.zeros(SLOTS, STEPS, VOCAB))
 
@@ -222,7 +222,7 @@ def test_vocab_mismatch_with_the_head():
 
 
 def test_steps_mismatch():
-    sampler = MarkovSampler(head(), STEPS, ROWS, torch.bfloat16, "gumbel", "reference")
+    sampler = MarkovSampler(head(), STEPS, ROWS, cache_dtype=torch.bfloat16, method="gumbel", impl="reference")
     with raises_naming("base_logits"):
         sampler.sample(**good_inputs(steps=STEPS + 1))
     with raises_naming("logits_cache"):
@@ -232,7 +232,7 @@ def test_steps_mismatch():
 
 
 def test_too_many_rows_for_the_sampler():
-    sampler = MarkovSampler(head(), STEPS, ROWS - 1, torch.bfloat16, "gumbel", "reference")
+    sampler = MarkovSampler(head(), STEPS, ROWS - 1, cache_dtype=torch.bfloat16, method="gumbel", impl="reference")
     with raises_naming("base_logits"):
         sampler.sample(**good_inputs())
 
@@ -252,7 +252,7 @@ def test_bad_impl(impl):
 @pytest.mark.parametrize("name,args", [("num_steps", (0, 4)), ("max_rows", (2, 0))])
 def test_bad_sampler_sizes(name, args):
     with raises_naming(name):
-        MarkovSampler(head(), *args, torch.bfloat16, "gumbel", "reference")
+        MarkovSampler(head(), *args, cache_dtype=torch.bfloat16, method="gumbel", impl="reference")
 
 
 # --------------------------------------------------------------------------- MarkovHead

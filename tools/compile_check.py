@@ -73,16 +73,20 @@ def main(impls):
     driver.set_active(_CompileOnlyDriver())
     JITFunction.run = _compile_only
     import dspark_markov as dm
-    from dspark_markov.draft import sampler as sampler_module
+    from dspark_markov import registry
 
-    resolve = sampler_module.backend_class
+    load = registry.load
 
-    def backend_on_meta(impl):
-        cls = resolve(impl)
-        cls.DEVICES = tuple(cls.DEVICES) + ("meta",)
-        return cls
+    def load_on_meta(family, impl, argument="impl"):
+        found = load(family, impl, argument)
+        if family == "draft" and "meta" not in found.DEVICES:
+            found.DEVICES = tuple(found.DEVICES) + ("meta",)
+        return found
 
-    sampler_module.backend_class = backend_on_meta
+    registry.load = load_on_meta
+
+    def resolve(impl):
+        return load_on_meta("draft", impl)
 
     vocab, rank, steps = 129_280, 256, 5
     failures = 0
@@ -100,7 +104,7 @@ def main(impls):
                     torch.empty(rows, dtype=torch.int64, device="meta")]
             label = f"{impl}/{method} w={weight_dtype} cache={cache_dtype} rows={rows}"
             try:
-                sampler = dm.MarkovSampler(head, steps, rows, cache_dtype, method, impl)
+                sampler = dm.MarkovSampler(head, steps, rows, cache_dtype=cache_dtype, method=method, impl=impl)
                 sampler.sample(*args, logits_cache=torch.empty(rows, steps, vocab, dtype=cache_dtype, device="meta"),
                                check_values=False)
                 print("ok  ", label)

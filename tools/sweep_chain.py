@@ -45,7 +45,7 @@ def main():
                      f"per_sm {per_sm} slots {slots}")
             sampler = dm.MarkovSampler(head, steps, rows, impl="chain")
             backend = sampler.backend
-            backend.__init__(head, steps, rows, "gumbel", torch.bfloat16, torch.device("cuda"),
+            backend.__init__(head, steps, rows, method="gumbel", cache_dtype=torch.bfloat16, device=torch.device("cuda"),
                              block_v=block_v, num_warps=warps, num_stages=stages,
                              programs_per_sm=per_sm, word_slots=slots)
 

@@ -58,7 +58,7 @@ def main():
                                                            (args.block_v, args.block_r, args.warps))):
             sampler = dm.MarkovSampler(head, steps, rows, method=args.method, impl="fused")
             backend = sampler.backend
-            backend.__init__(head, steps, rows, args.method, torch.bfloat16, torch.device("cuda"),
+            backend.__init__(head, steps, rows, method=args.method, cache_dtype=torch.bfloat16, device=torch.device("cuda"),
                              block_v=block_v, block_r=block_r, num_warps=warps)
 
             def call():

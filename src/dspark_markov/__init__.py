@@ -24,7 +24,7 @@ from .step import DSparkStep
 from .verify import VerifyOutput, verify_drafts
 from .verify.filtering import top_k_top_p
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "DRAFT_POS_SALT",

@@ -42,10 +42,10 @@ def _version(module_name: str) -> str:
 
 def _impl_status(impl: str) -> str:
     """Whether ``impl`` can be imported here (its module exists and its dependencies import)."""
-    from .draft.backends import backend_class
+    from . import registry
 
     try:
-        cls = backend_class(impl)
+        cls = registry.load("draft", impl)
     except ValueError as error:
         return f"unavailable: {str(error).split('(', 1)[-1].rstrip(')')}"
     devices = ", ".join(getattr(cls, "DEVICES", ()))
@@ -57,8 +57,8 @@ def info(out=None) -> int:
     """Print the package, torch and Triton versions, the device and each implementation's status."""
     import torch
 
-    from . import __version__
-    from .draft.backends import IMPLS
+    from ._version import __version__
+    from .registry import names
 
     out = out or sys.stdout
     print(f"dspark-markov {__version__}", file=out)
@@ -72,7 +72,7 @@ def info(out=None) -> int:
         device = "cpu (no CUDA GPU; Triton implementations run in the interpreter with TRITON_INTERPRET=1)"
     print(f"device        {device}", file=out)
     print("implementations (impl=):", file=out)
-    for impl in IMPLS:
+    for impl in names("draft"):
         if impl == "auto":
             status = "picks an implementation from the committed benchmarks (reference on CPU)"
         else:
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
         return int(module.main(argv[1:]) or 0)
     args = parser.parse_args(argv)  # exits 2 with a message for an unknown subcommand
     if args.version:
-        from . import __version__
+        from ._version import __version__
 
         print(f"dspark-markov {__version__}")
         return 0

@@ -1,7 +1,7 @@
 """Counter-based keys, uniforms and Gumbel noise (SPEC.md section 4), in plain torch.
 
 Everything here is vectorised, runs on CPU and CUDA tensors alike and is the reference that the
-Triton device functions in :mod:`dspark_markov.rng_triton` reproduce bit for bit.
+Triton device functions in :mod:`dspark_markov.ops.noise` reproduce bit for bit.
 
 Hash values are carried as int64 tensors holding uint32 values (``0 <= h < 2**32``): torch has no
 full uint32 arithmetic, and every product below is split so that no intermediate leaves int64.

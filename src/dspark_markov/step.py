@@ -27,11 +27,9 @@ from typing import NamedTuple
 
 import torch
 
+from . import registry
 from .draft.sampler import MarkovSampler
 from .verify.api import check_verify_inputs
-
-VERIFY_IMPLS = ("triton", "reference")
-BLOCK_INPUT_IMPLS = ("triton", "reference")
 
 
 class StepVerifyOutput(NamedTuple):
@@ -40,7 +38,7 @@ class StepVerifyOutput(NamedTuple):
 
 
 def _capturing(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    return registry.capturing(device)
 
 
 class DSparkStep:
@@ -58,9 +56,10 @@ class DSparkStep:
     mask_token_id, max_model_len : as :func:`~dspark_markov.block_inputs.prepare_block_inputs`.
     cache_dtype : ``torch.bfloat16`` (default) or ``torch.float32``.
     draft_method, draft_impl : :class:`~dspark_markov.MarkovSampler`'s ``method`` and ``impl``.
-    verify_method : ``"standard"`` or ``"block"``. verify_impl : ``"triton"`` or ``"reference"``
-        (the reference allocates and is not capturable).
-    block_inputs_impl : ``"triton"`` or ``"reference"``. filter_impl : top-k/top-p implementation.
+    verify_method : ``"standard"`` or ``"block"``. verify_impl, block_inputs_impl, filter_impl :
+        ``"auto"`` (the default: ``"triton"`` on CUDA, the reference on the CPU;
+        :mod:`dspark_markov.registry`), ``"triton"`` or ``"reference"`` (the references allocate
+        and are not capturable: capturing with one raises ``ValueError``).
 
     Attributes
     ----------
@@ -72,20 +71,20 @@ class DSparkStep:
 
     def __init__(self, head, backbone, *, num_steps: int, max_reqs: int, num_slots: int, mask_token_id: int,
                  max_model_len: int, cache_dtype=torch.bfloat16, draft_method: str = "gumbel",
-                 draft_impl: str = "auto", verify_method: str = "standard", verify_impl: str = "triton",
-                 block_inputs_impl: str = "triton", filter_impl: str = "triton"):
+                 draft_impl: str = registry.DEFAULT_IMPL, verify_method: str = "standard",
+                 verify_impl: str = registry.DEFAULT_IMPL, block_inputs_impl: str = registry.DEFAULT_IMPL,
+                 filter_impl: str = registry.DEFAULT_IMPL):
         if not callable(backbone):
             raise ValueError(f"backbone: expected a callable (input_ids, positions) -> base_logits, got {backbone!r}")
         for name, value in (("num_steps", num_steps), ("max_reqs", max_reqs), ("num_slots", num_slots),
                             ("max_model_len", max_model_len)):
             if int(value) < 1:
                 raise ValueError(f"{name}: expected >= 1, got {value}")
-        if verify_impl not in VERIFY_IMPLS:
-            raise ValueError(f"verify_impl: expected one of {VERIFY_IMPLS}, got {verify_impl!r}")
+        verify_impl = registry.resolve("verify", verify_impl, head.device, "verify_impl")
         if verify_method not in ("standard", "block"):
             raise ValueError(f"verify_method: expected 'standard' or 'block', got {verify_method!r}")
-        if block_inputs_impl not in BLOCK_INPUT_IMPLS:
-            raise ValueError(f"block_inputs_impl: expected one of {BLOCK_INPUT_IMPLS}, got {block_inputs_impl!r}")
+        block_inputs_impl = registry.resolve("block_inputs", block_inputs_impl, head.device, "block_inputs_impl")
+        filter_impl = registry.resolve("top_k_top_p", filter_impl, head.device, "filter_impl")
         self.head = head
         self.backbone = backbone
         self.num_steps = n = int(num_steps)
@@ -99,7 +98,7 @@ class DSparkStep:
         self.block_inputs_impl = block_inputs_impl
         self.filter_impl = filter_impl
         device = self.device = head.device
-        self.sampler = MarkovSampler(head, n, r, cache_dtype, draft_method, draft_impl)
+        self.sampler = MarkovSampler(head, n, r, cache_dtype=cache_dtype, method=draft_method, impl=draft_impl)
         self.verifier = None
         if verify_impl == "triton":
             from .verify.triton_verify import Verifier  # imports Triton
@@ -139,6 +138,7 @@ class DSparkStep:
         if check_values is None:
             check_values = not _capturing(self.device)
         n, r = self.num_steps, self.max_reqs
+        registry.check_capturable("block_inputs", self.block_inputs_impl, self.device, argument="block_inputs_impl")
         prepare_block_inputs(last_pos, bonus_tokens, req_slots, num_steps=n, mask_token_id=self.mask_token_id,
                              max_model_len=self.max_model_len, input_ids=self.input_ids, positions=self.positions,
                              sample_pos=self.sample_pos, sample_idx_mapping=self.sample_idx_mapping,
@@ -183,6 +183,7 @@ class DSparkStep:
         if tuple(target_logits.shape) != (r, n + 1, self.vocab):
             raise ValueError(f"target_logits: expected shape {(r, n + 1, self.vocab)}, got {tuple(target_logits.shape)}")
         if top_k is not None or top_p is not None:
+            registry.check_capturable("top_k_top_p", self.filter_impl, self.device, argument="filter_impl")
             if not target_logits.is_contiguous():
                 raise ValueError("target_logits: expected a contiguous tensor when filtering (filtered in place)")
             from .verify.filtering import top_k_top_p
@@ -194,6 +195,7 @@ class DSparkStep:
                                               method=self.verify_method, tokens=self.tokens,
                                               num_emitted=self.num_emitted)
             return StepVerifyOutput(tokens, count)
+        registry.check_capturable("verify", self.verify_impl, self.device, argument="verify_impl")
         from .verify.api import verify_drafts
 
         out = verify_drafts(target_logits, self.draft_tokens, self.logits_cache, num_drafts, self.req_slots,

@@ -10,8 +10,7 @@ import torch
 
 import dspark_markov as dm
 from dspark_markov.draft.triton_chain import ChainBackend
-from draft_checks import check_against_reference
-from test_fused_gpu import STEPS, check_graph_replays, full_problem
+from tests.helpers import STEPS, check_against_reference, check_graph_replays, full_problem
 
 pytestmark = pytest.mark.gpu
 
@@ -30,7 +29,7 @@ def test_chain_layouts_exact(block_v, num_warps, per_sm):
     rows = 5
     head, args = full_problem(rows, seed=4)
     sampler = dm.MarkovSampler(head, STEPS, rows, impl="chain")
-    sampler.backend = ChainBackend(head, STEPS, rows, "gumbel", torch.bfloat16, head.device, block_v=block_v,
+    sampler.backend = ChainBackend(head, STEPS, rows, method="gumbel", cache_dtype=torch.bfloat16, device=head.device, block_v=block_v,
                                    num_warps=num_warps, programs_per_sm=per_sm)
     out = sampler.sample(*args)
     check_against_reference(head, *args, out)
@@ -41,7 +40,7 @@ def test_chain_exact_fallback_at_full_shape():
     """Every row undecided (huge filter margin): the exact recomputation path, all programs."""
     head, args = full_problem(3, seed=6)
     sampler = dm.MarkovSampler(head, STEPS, 3, impl="chain")
-    sampler.backend = ChainBackend(head, STEPS, 3, "gumbel", torch.bfloat16, head.device, filter_margin=1e30)
+    sampler.backend = ChainBackend(head, STEPS, 3, method="gumbel", cache_dtype=torch.bfloat16, device=head.device, filter_margin=1e30)
     out = sampler.sample(*args)
     check_against_reference(head, *args, out)
     sampler.backend.check()

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import dspark_markov as dm
-from dspark_markov.verify import filtering_triton as ft
+from dspark_markov.verify import triton_filtering as ft
 
 pytestmark = pytest.mark.gpu
 

@@ -9,8 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
-from dspark_markov import rng_triton
-from dspark_markov.draft.gumbel_filter import NOISE_BOUND, approx_gumbel
+from dspark_markov.ops import noise
+from dspark_markov.ops.noise import NOISE_BOUND, approx_gumbel
 
 pytestmark = pytest.mark.gpu
 
@@ -19,8 +19,8 @@ pytestmark = pytest.mark.gpu
 def _noise_error_kernel(error_ptr, BLOCK: tl.constexpr):
     start = tl.program_id(0).to(tl.int64) * BLOCK
     h = (start + tl.arange(0, BLOCK)).to(tl.uint32)
-    u = rng_triton.uniform32(h)
-    error = tl.abs(approx_gumbel(u, True) - rng_triton.gumbel32(u))
+    u = noise.uniform32(h)
+    error = tl.abs(approx_gumbel(u, True) - noise.gumbel32(u))
     # non-negative fp32 values order like their int32 bit patterns
     tl.atomic_max(error_ptr, tl.max(error, axis=0).to(tl.int32, bitcast=True))
 

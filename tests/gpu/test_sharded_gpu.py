@@ -134,7 +134,7 @@ def test_sharded_two_gpus_nccl_all_transports(tmp_path):
 
     import torch.multiprocessing as mp
 
-    import sharded_gpu_worker
+    from tests.sharded import gpu_worker as sharded_gpu_worker
 
     done = tmp_path / "done"
     done.mkdir()

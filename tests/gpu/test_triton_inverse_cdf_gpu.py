@@ -113,7 +113,7 @@ def test_cache_exact_greedy_identical_draws_inverse_cdf(head, rows, cache_dtype,
     base, anchor, idx, positions, temperature, seeds = inputs
     sentinel = torch.full((temperature.shape[0], STEPS, VOCAB), 5.0, dtype=cache_dtype, device="cuda")
     cache = sentinel.clone()
-    sampler = dm.MarkovSampler(head, STEPS, rows, cache_dtype, "inverse_cdf", "inverse_cdf")
+    sampler = dm.MarkovSampler(head, STEPS, rows, cache_dtype=cache_dtype, method="inverse_cdf", impl="inverse_cdf")
     tokens = sampler.sample(*inputs, logits_cache=cache).draft_tokens
     assert ((tokens >= 0) & (tokens < VOCAB)).all()
     fast_cache, keys = replay(head, *inputs, tokens, sentinel, head.bias_fast)
@@ -167,7 +167,7 @@ def test_chi_square_on_a_reduced_vocabulary(vocab, block_size):
     logits[vocab // 3] = NEG_INF
     base = logits.expand(rows, steps, vocab).to(torch.bfloat16)
     temperature = torch.tensor([1.0, 0.6], device="cuda").repeat(rows // 2)
-    backend = InverseCdfBackend(head, steps, rows, "inverse_cdf", torch.bfloat16, torch.device("cuda"),
+    backend = InverseCdfBackend(head, steps, rows, method="inverse_cdf", cache_dtype=torch.bfloat16, device=torch.device("cuda"),
                                 block_size=block_size)
     counts = {1.0: torch.zeros(vocab, device="cuda"), 0.6: torch.zeros(vocab, device="cuda")}
     cache = torch.empty(rows, steps, vocab, dtype=torch.bfloat16, device="cuda")
@@ -199,7 +199,7 @@ def test_cuda_graph_replay_with_new_inputs_equals_eager(head, rows):
     static = [t.clone() for t in problem(rows, seed=11)]
     fresh = problem(rows, seed=12)
     slots = static[4].shape[0]
-    sampler = dm.MarkovSampler(head, STEPS, rows, torch.bfloat16, "inverse_cdf", "inverse_cdf")
+    sampler = dm.MarkovSampler(head, STEPS, rows, cache_dtype=torch.bfloat16, method="inverse_cdf", impl="inverse_cdf")
     tokens = torch.zeros(rows, STEPS, dtype=torch.int64, device="cuda")
     cache = torch.zeros(slots, STEPS, VOCAB, dtype=torch.bfloat16, device="cuda")
     side = torch.cuda.Stream()
@@ -216,7 +216,7 @@ def test_cuda_graph_replay_with_new_inputs_equals_eager(head, rows):
     cache.zero_()
     graph.replay()
     torch.cuda.synchronize()
-    eager = dm.MarkovSampler(head, STEPS, rows, torch.bfloat16, "inverse_cdf", "inverse_cdf").sample(
+    eager = dm.MarkovSampler(head, STEPS, rows, cache_dtype=torch.bfloat16, method="inverse_cdf", impl="inverse_cdf").sample(
         *fresh, logits_cache=torch.zeros_like(cache))
     assert torch.equal(tokens, eager.draft_tokens)
     assert same_bits(cache, eager.logits_cache)

@@ -9,16 +9,11 @@ implementations (same cuBLAS call, same kernels) must agree bit for bit.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_triton_samplers import SENTINEL, check_draws, make_head, make_inputs, new_outputs, same_values  # noqa: E402
-
-import dspark_markov as dm  # noqa: E402
+import dspark_markov as dm
+from tests.helpers import SENTINEL, check_draws, make_head, make_inputs, new_outputs, same_values
 
 pytestmark = pytest.mark.gpu
 
@@ -59,7 +54,7 @@ def test_matches_reference_at_full_shape(head, rows, logit_dtype, cache_dtype):
     inputs = inputs_for(rows, logit_dtype)
     results = {}
     for impl in IMPLS:
-        sampler = dm.MarkovSampler(head, STEPS, rows, cache_dtype, "gumbel", impl)
+        sampler = dm.MarkovSampler(head, STEPS, rows, cache_dtype=cache_dtype, method="gumbel", impl=impl)
         results[impl] = sample(sampler, inputs, cache_dtype)
         check_draws(head, inputs, *results[impl], exact=False)
     assert torch.equal(results["loop"][0], results["gumbel_fused"][0])
@@ -71,7 +66,7 @@ def test_strided_logits_and_scale(head):
     scaled = dm.MarkovHead(head.embed_weight, head.head_weight, 0.8125)
     inputs = make_inputs(16, STEPS, VOCAB, strided=True, device="cuda", seed=13, embed_vocab=VOCAB + 1000)
     assert inputs["base_logits"].stride(0) != STEPS * VOCAB
-    results = [sample(dm.MarkovSampler(scaled, STEPS, 16, torch.bfloat16, "gumbel", impl), inputs, torch.bfloat16)
+    results = [sample(dm.MarkovSampler(scaled, STEPS, 16, cache_dtype=torch.bfloat16, method="gumbel", impl=impl), inputs, torch.bfloat16)
                for impl in IMPLS]
     check_draws(scaled, inputs, *results[0], exact=False)
     assert torch.equal(results[0][0], results[1][0]) and same_values(results[0][1], results[1][1])
@@ -86,7 +81,7 @@ def test_nan_and_all_minus_inf_rows_stay_in_range(head):
     base[1] = float("-inf")
     base[3, 1, :] = 3.0e38
     for impl in IMPLS:
-        sampler = dm.MarkovSampler(head, STEPS, 4, torch.bfloat16, "gumbel", impl)
+        sampler = dm.MarkovSampler(head, STEPS, 4, cache_dtype=torch.bfloat16, method="gumbel", impl=impl)
         tokens, cache = sample(sampler, inputs, torch.bfloat16)
         assert tokens.min() >= 0 and tokens.max() < VOCAB
         assert tokens[0, 0] == 70_000 and bool((tokens[1] == 0).all())
@@ -96,7 +91,7 @@ def test_nan_and_all_minus_inf_rows_stay_in_range(head):
 @pytest.mark.parametrize("rows", [1, 64, 253])
 def test_cuda_graph_capture_and_replay(head, impl, rows):
     """Capture sample() once; refill every input with new values; replay equals eager."""
-    sampler = dm.MarkovSampler(head, STEPS, rows, torch.bfloat16, "gumbel", impl)
+    sampler = dm.MarkovSampler(head, STEPS, rows, cache_dtype=torch.bfloat16, method="gumbel", impl=impl)
     first = inputs_for(rows, torch.bfloat16, seed=7)
     static = {name: tensor.clone() for name, tensor in first.items()}
     tokens, cache = new_outputs(static, torch.bfloat16)
@@ -120,7 +115,7 @@ def test_cuda_graph_capture_and_replay(head, impl, rows):
         graph.replay()
         torch.cuda.synchronize()
         check_draws(head, fresh, tokens, cache, exact=False)
-        eager_tokens, eager_cache = sample(dm.MarkovSampler(head, STEPS, rows, torch.bfloat16, "gumbel", impl),
+        eager_tokens, eager_cache = sample(dm.MarkovSampler(head, STEPS, rows, cache_dtype=torch.bfloat16, method="gumbel", impl=impl),
                                            fresh, torch.bfloat16)
         assert torch.equal(tokens, eager_tokens)
         assert same_values(cache, eager_cache)

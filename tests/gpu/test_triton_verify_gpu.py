@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import dspark_markov as dm
-from dspark_markov.demo import chi_square, chi_square_threshold
+from dspark_markov.demo.generate import chi_square, chi_square_threshold
 from dspark_markov.verify.triton_verify import Verifier
 
 pytestmark = pytest.mark.gpu

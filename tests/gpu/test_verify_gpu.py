@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import dspark_markov as dm
-from dspark_markov import demo
+from dspark_markov.demo import generate as demo
 from dspark_markov.verify import keys
 
 pytestmark = pytest.mark.gpu

@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from ..draft.backends import backend_class
+from .. import registry
 from ..draft.sampler import MarkovSampler
 from ..head import MarkovHead
 from . import harness, roofline
@@ -120,7 +120,7 @@ class DesignRun:
     """
 
     def __init__(self, design: str, head: MarkovHead, inputs: Inputs, config: BenchConfig):
-        cls = backend_class(design)  # ValueError when the module is missing or fails to import
+        cls = registry.load("draft", design, "designs")  # ValueError when the module is missing or fails
         cuda = config.device == "cuda"
         if cuda and not getattr(cls, "GRAPH_SAFE", False):
             raise ValueError(f"designs: {design!r} is not CUDA-graph safe, so it cannot be timed as a graph replay")
@@ -130,7 +130,8 @@ class DesignRun:
         self.method = design_method(cls, config.method)
         self.inputs = inputs
         rows = inputs.base_logits.shape[0]
-        self.sampler = MarkovSampler(head, config.steps, rows, config.cache_dtype, self.method, impl=design)
+        self.sampler = MarkovSampler(head, config.steps, rows, cache_dtype=config.cache_dtype, method=self.method,
+                                     impl=design)
         self.call(check_values=True)
         tokens = inputs.draft_tokens
         if int(tokens.min()) < 0 or int(tokens.max()) >= config.vocab:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .. import __version__
+from .._version import __version__
 
 TARGET_DESIGNS = ("fused", "chain")
 ENV_FIELDS = ("gpu", "driver", "torch", "triton", "cuda", "python", "date", "command")

@@ -10,7 +10,7 @@ Kernels timed, per batch size ``B`` (``K = N`` drafts per request):
   ``B (K+1)`` target rows ``[B*(K+1), V]`` fp32, ``k = 50`` and ``p = 0.9`` per row (``[B]``
   tensors), out of place (so every call filters the same input), with the one-program-per-row
   layout and with the split-row layout forced through
-  :func:`~dspark_markov.verify.filtering_triton.launch_top_k_top_p`'s ``chunks``;
+  :func:`~dspark_markov.verify.triton_filtering.launch_top_k_top_p`'s ``chunks``;
 - ``block_inputs``: :func:`~dspark_markov.block_inputs.prepare_block_inputs` into buffers of
   ``max_reqs = 256`` requests with ``num_reqs = B`` (a one-element device tensor, as a captured
   step uses it).
@@ -275,16 +275,16 @@ class VerifyRunner(Runner):
 def split_chunks(rows: int, vocab: int, device) -> tuple:
     """``(block, chunks)`` of the forced split-row filter layout: the launcher's default where it
     already splits, else at least two programs per row (about two programs per SM on CUDA)."""
-    from ..verify import filtering_triton
+    from ..verify import triton_filtering
 
     device = torch.device(device)
     if device.type == "cuda":
-        block = filtering_triton.GPU_BLOCK
+        block = triton_filtering.GPU_BLOCK
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         blocks = -(-vocab // block)
         chunks = max(2, min(max(blocks // 2, 2), (2 * sms) // max(rows, 1)))
     else:
-        block = filtering_triton.CPU_BLOCK
+        block = triton_filtering.CPU_BLOCK
         blocks = -(-vocab // block)
         chunks = 2
     if blocks < 2:
@@ -310,9 +310,9 @@ class FilterRunner(Runner):
         else:
             self.layout = "row" if self.impl == "triton" else "sort"
             if self.impl == "triton":
-                from ..verify import filtering_triton
+                from ..verify import triton_filtering
 
-                self.block = filtering_triton.GPU_BLOCK if device == "cuda" else filtering_triton.CPU_BLOCK
+                self.block = triton_filtering.GPU_BLOCK if device == "cuda" else triton_filtering.CPU_BLOCK
                 self.chunks = 1
 
     def call(self, first: bool = False):
@@ -321,13 +321,13 @@ class FilterRunner(Runner):
 
             top_k_top_p(self.logits, self.k, self.p, impl="reference", out=self.out)
         else:
-            from ..verify import filtering_triton
+            from ..verify import triton_filtering
 
             if first:  # the public function's argument checks, once
                 from ..verify.filtering import _check
 
                 _check(self.logits, self.k, self.p, "triton", self.out)
-            filtering_triton.launch_top_k_top_p(self.logits, self.k, self.p, self.out, block=self.block,
+            triton_filtering.launch_top_k_top_p(self.logits, self.k, self.p, self.out, block=self.block,
                                                 chunks=self.chunks)
         if first:
             from ..verify.filtering import top_k_top_p_reference

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import torch
 
+from .. import registry
 from .sampler import DraftOutput, MarkovSampler
 
 
 def sample_drafts(head, base_logits, anchor, idx_mapping, positions, temperature, seeds, *, draft_tokens=None,
-                  logits_cache=None, method: str = "gumbel", impl: str = "reference", cache_dtype=None,
+                  logits_cache=None, method: str = "gumbel", impl: str = registry.DEFAULT_IMPL, cache_dtype=None,
                   fp64: bool = False, check_values: bool | None = None) -> DraftOutput:
     """Draw N Markov draft tokens per row, one step at a time, and cache the biased logits.
 
@@ -43,6 +44,6 @@ def sample_drafts(head, base_logits, anchor, idx_mapping, positions, temperature
         raise ValueError(f"base_logits: expected a 3-D tensor [R, N, V], got "
                          f"{tuple(base_logits.shape) if isinstance(base_logits, torch.Tensor) else type(base_logits).__name__}")
     rows, steps, _ = base_logits.shape
-    sampler = MarkovSampler(head, steps, max(rows, 1), cache_dtype, method, impl, fp64=fp64)
+    sampler = MarkovSampler(head, steps, max(rows, 1), cache_dtype=cache_dtype, method=method, impl=impl, fp64=fp64)
     return sampler.sample(base_logits, anchor, idx_mapping, positions, temperature, seeds,
                           draft_tokens=draft_tokens, logits_cache=logits_cache, check_values=check_values)

@@ -5,14 +5,15 @@ cold L2, V = 129,280, rank 256, N = 5). For each method and cache dtype it lists
 ``(largest batch, impl)`` buckets in increasing order. :class:`AutoBackend` builds one backend per
 impl that a batch up to ``max_rows`` can use, at construction, so that switching between them by
 the call's batch size allocates nothing and stays CUDA-graph safe (capture one graph per batch
-size, as engines do). On the CPU, ``auto`` is the reference: Triton's interpreter is for tests.
+size, as engines do). On the CPU, ``auto`` is the reference: Triton's interpreter is for tests (the meaning of ``"auto"``
+everywhere: :mod:`dspark_markov.registry`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .backends import backend_class
+from .. import registry
 
 # (max rows, impl) buckets; the last bucket takes every larger batch.
 AUTO_TABLE = {
@@ -83,19 +84,24 @@ class AutoBackend:
 
     METHODS = ("gumbel", "inverse_cdf")
     DEVICES = ("cpu", "cuda")
-    GRAPH_SAFE = True
     MAX_ROWS = None
 
-    def __init__(self, head, num_steps, max_rows, method, cache_dtype, device):
+    def __init__(self, head, num_steps, max_rows, *, method, cache_dtype, device):
         self.method = method
         self.cache_dtype = cache_dtype
         self.device = torch.device(device)
         needed = {choose(method, cache_dtype, rows, self.device) for rows in range(1, max_rows + 1)}
         self.backends = {}
         for impl in sorted(needed):
-            cls = backend_class(impl)
+            cls = registry.load("draft", impl)
             rows = max_rows if cls.MAX_ROWS is None else min(max_rows, cls.MAX_ROWS)  # chain: small batches
-            self.backends[impl] = cls(head, num_steps, rows, method, cache_dtype, device)
+            registry.check_draft_backend(cls, impl, method=method, device=device, max_rows=rows)
+            self.backends[impl] = cls(head, num_steps, rows, method=method, cache_dtype=cache_dtype, device=device)
+
+    @property
+    def GRAPH_SAFE(self) -> bool:  # noqa: N802  (the protocol's attribute)
+        """Whether every design this dispatcher may run is graph safe (on CUDA: yes; CPU: the reference)."""
+        return all(registry.graph_safe("draft", impl, backend) for impl, backend in self.backends.items())
 
     def choice(self, rows: int) -> str:
         return choose(self.method, self.cache_dtype, rows, self.device)

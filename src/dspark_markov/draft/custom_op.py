@@ -22,6 +22,7 @@ from collections import OrderedDict
 
 import torch
 
+from .. import registry
 from ..head import MarkovHead
 from .sampler import MarkovSampler
 
@@ -48,7 +49,7 @@ def cached_sampler(embed_weight, head_weight, scale, num_steps, rows, cache_dtyp
     sampler = _SAMPLERS.get(key)
     if sampler is None:
         head = MarkovHead(embed_weight, head_weight, scale)
-        sampler = MarkovSampler(head, num_steps, max(int(rows), 1), cache_dtype, method, impl)
+        sampler = MarkovSampler(head, num_steps, max(int(rows), 1), cache_dtype=cache_dtype, method=method, impl=impl)
         _SAMPLERS[key] = sampler
         while len(_SAMPLERS) > _MAX_CACHED_SAMPLERS:
             _SAMPLERS.popitem(last=False)
@@ -82,7 +83,7 @@ def _sample_drafts_fake(base_logits, anchor, idx_mapping, positions, temperature
 
 
 def sample_drafts_(head: MarkovHead, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens,
-                   logits_cache, *, impl: str = "gumbel_fused", method: str = "gumbel") -> None:
+                   logits_cache, *, impl: str = registry.DEFAULT_IMPL, method: str = "gumbel") -> None:
     """Sample drafts in place through the custom op (usable under ``torch.compile(fullgraph=True)``).
 
     Parameters

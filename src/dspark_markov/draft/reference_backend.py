@@ -11,7 +11,7 @@ class ReferenceBackend:
     GRAPH_SAFE = False
     MAX_ROWS = None
 
-    def __init__(self, head, num_steps, max_rows, method, cache_dtype, device, fp64=False):
+    def __init__(self, head, num_steps, max_rows, *, method, cache_dtype, device, fp64=False):
         self.head = head
         self.method = method
         self.fp64 = fp64

@@ -6,8 +6,8 @@ from typing import NamedTuple
 
 import torch
 
+from .. import registry
 from ..validate import check_choice, check_draft_inputs, check_sampler_sizes
-from .backends import backend_class
 
 METHODS = ("gumbel", "inverse_cdf")
 
@@ -27,31 +27,33 @@ class MarkovSampler:
     max_rows : the largest batch ``R`` that :meth:`sample` will be given.
     cache_dtype : ``torch.bfloat16`` (default) or ``torch.float32``.
     method : ``"gumbel"`` (SPEC.md section 4) or ``"inverse_cdf"`` (section 5).
-    impl : ``"reference"``, ``"loop"``, ``"gumbel_fused"``, ``"inverse_cdf"``, ``"fused"``,
-        ``"chain"`` or ``"auto"`` (per call, the fastest design measured for its batch size; the reference
-        on the CPU). An implementation
-        that cannot run the request raises ``ValueError``; nothing falls back silently.
+    impl : ``"auto"`` (the default: per call, the fastest design measured for its batch size; the
+        reference on the CPU, and with ``fp64``, which only the reference implements), or one of
+        ``"reference"``, ``"loop"``, ``"gumbel_fused"``, ``"inverse_cdf"``, ``"fused"``, ``"chain"``
+        (:mod:`dspark_markov.registry`). An implementation that cannot run the request raises
+        ``ValueError``; nothing falls back silently.
     fp64 : fp64 Gumbel noise (reference only).
+
+    ``cache_dtype``, ``method``, ``impl`` and ``fp64`` are keyword-only (a backend's constructor
+    takes ``method``, ``cache_dtype`` and ``device`` by keyword too, so no order can be confused).
 
     CUDA graphs: with a Triton implementation, :meth:`sample` allocates nothing when the outputs
     are passed, does no host synchronisation when ``check_values=False`` (the default while a
     stream is capturing), and reads every per-call value (anchor, slots, positions, temperature,
     seeds) from the given tensors at replay time: capture once, then refill the same input tensors
-    and replay.
+    and replay. Sampling while a stream captures with an implementation that is not graph safe
+    (the reference) raises ``ValueError``.
     """
 
-    def __init__(self, head, num_steps: int, max_rows: int, cache_dtype=torch.bfloat16, method: str = "gumbel",
-                 impl: str = "auto", *, fp64: bool = False):
+    def __init__(self, head, num_steps: int, max_rows: int, *, cache_dtype=torch.bfloat16, method: str = "gumbel",
+                 impl: str = registry.DEFAULT_IMPL, fp64: bool = False):
         check_choice("method", method, METHODS)
         check_sampler_sizes(num_steps, max_rows, cache_dtype)
         device = head.device
-        cls = backend_class(impl)
-        if method not in cls.METHODS:
-            raise ValueError(f"method: impl {impl!r} supports {', '.join(repr(m) for m in cls.METHODS)}, got {method!r}")
-        if device.type not in cls.DEVICES:
-            raise ValueError(f"impl: {impl!r} runs on {', '.join(cls.DEVICES)}, but the head is on {device}")
-        if cls.MAX_ROWS is not None and max_rows > cls.MAX_ROWS:
-            raise ValueError(f"max_rows: impl {impl!r} takes at most {cls.MAX_ROWS} rows, got {max_rows}")
+        if fp64 and impl == registry.AUTO:
+            impl = "reference"  # the only implementation of fp64 noise
+        cls = registry.load("draft", impl)
+        registry.check_draft_backend(cls, impl, method=method, device=device, max_rows=max_rows)
         if fp64 and impl != "reference":
             raise ValueError(f"fp64: fp64 noise is only implemented by impl='reference', got impl={impl!r}")
         self.head = head
@@ -60,10 +62,9 @@ class MarkovSampler:
         self.cache_dtype = cache_dtype
         self.method = method
         self.impl = impl
-        if impl == "reference":
-            self.backend = cls(head, self.num_steps, self.max_rows, method, cache_dtype, device, fp64=fp64)
-        else:
-            self.backend = cls(head, self.num_steps, self.max_rows, method, cache_dtype, device)
+        options = dict(fp64=fp64) if impl == "reference" else {}
+        self.backend = cls(head, self.num_steps, self.max_rows, method=method, cache_dtype=cache_dtype, device=device,
+                           **options)
 
     def sample(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, *, draft_tokens=None,
                logits_cache=None, check_values: bool | None = None) -> DraftOutput:
@@ -74,8 +75,11 @@ class MarkovSampler:
         = padding; temperature ``[S]`` fp32; seeds ``[S]`` int64. Missing outputs are allocated
         (``logits_cache`` zero-filled), which is not CUDA-graph safe.
         """
+        capturing = registry.capturing(base_logits.device)
+        if capturing:
+            registry.check_capturable("draft", self.impl, base_logits.device, self.backend)
         if check_values is None:
-            check_values = not (base_logits.is_cuda and torch.cuda.is_current_stream_capturing())
+            check_values = not capturing
         dims = check_draft_inputs(self.head, base_logits, anchor, idx_mapping, positions, temperature, seeds,
                                   draft_tokens, logits_cache, check_values=check_values)
         if dims.steps != self.num_steps:

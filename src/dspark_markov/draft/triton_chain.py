@@ -4,7 +4,7 @@
 the whole chain. Program ``p`` owns the vocabulary tiles ``p, p + P, p + 2P, ...`` of ``BLOCK_V``
 tokens. At every step it computes the bias of its tiles on tensor cores (``codes @ W2_tile^T``,
 fp32 accumulation rounded once to the weight dtype, as ``impl="fused"``), adds the base logits and
-writes the cache. It ranks its tokens by approximate Gumbel keys (:mod:`.gumbel_filter`), keeping
+writes the cache. It ranks its tokens by approximate Gumbel keys (:mod:`dspark_markov.ops.filter`), keeping
 per row the three best over all its tiles, and computes two exact keys per row and step (the first
 two, from their logits read back from the cache: the exact winner is one of them unless the third
 is within the filter's slack of the first). Where that cannot be sure (a near-tie of three, a NaN,
@@ -43,10 +43,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import rng_triton
+from ..ops.filter import FILTER_MARGIN, approx_words, exact_keys, key_slack
+from ..ops.noise import INTERPRET, draft_noise, draft_prefix
+from ..ops.numerics import (INT64_MAX, INT64_MIN, biased_logits, block_argmax, pack_key, round_to, to_float32,
+                            unpack_key, weight_bias)
+from ..ops.rows import draft_rows
 from ..validate import check_power_of_two
-from .gumbel_filter import FILTER_MARGIN, INT64_MAX, INT64_MIN, approx_noise, key_slack, pack_key, unpack_key
-from .triton_common import INTERPRET, block_argmax, draft_rows, round_to, to_float32
 
 # A barrier gives up after this many polls of its counter (each an L2 round trip, ~1 us): about a
 # second, far beyond any step (tens of microseconds) and short enough to end a faulty launch.
@@ -59,7 +61,7 @@ MAX_ROWS = 16
 def _pack_word(value, index):
     """int64 word ordered like ``torch.argmax``'s choice: (fp32 key, then lower index first).
 
-    :func:`.gumbel_filter.pack_key` after canonicalising the key as ``sharded.keys.pack_keys``
+    :func:`dspark_markov.ops.numerics.pack_key` after canonicalising the key as ``sharded.keys.pack_keys``
     does: every NaN becomes the largest code (above ``+inf``: the first NaN wins, as in
     ``argmax``) and ``-0.0`` becomes ``+0.0``.
     """
@@ -133,13 +135,11 @@ def _tile_logits(head_ptr, codes, tile, base_ptr, rows, row_ok, step, vocab, str
     else:
         acc = tl.dot(a, tl.trans(b))
     w_dtype = head_ptr.dtype.element_ty
-    bias = to_float32(round_to(acc, w_dtype))
-    if SCALED:
-        bias = to_float32(round_to(bias * scale, w_dtype))
+    bias = weight_bias(round_to(acc, w_dtype), scale, w_dtype, SCALED)  # rounded once, again after scale
     mask = row_ok[:, None] & col_ok[None, :]
     base = tl.load(base_ptr + rows[:, None].to(tl.int64) * stride_br + step * stride_bn + cols[None, :],
                    mask=mask, other=0.0, eviction_policy="evict_first")
-    z = round_to(to_float32(base) + bias, cache_dtype)  # one rounding (SPEC.md 3)
+    z = biased_logits(base, bias, cache_dtype)  # one rounding (SPEC.md 3)
     return z, to_float32(z), cols, mask
 
 
@@ -184,10 +184,10 @@ def _chain_kernel(
         sample = rows * num_steps + step
         live, safe_slot, temp, seed, position = draft_rows(idx_ptr, pos_ptr, temp_ptr, seed_ptr, sample,
                                                             row_ok, num_slots)
-        prefix = rng_triton.draft_prefix(seed, step, position)
+        prefix = draft_prefix(seed, step, position)
         greedy = temp == 0.0
         inv_temp = 1.0 / tl.where(greedy, 1.0, temp)
-        # Rank every tile by approximate keys (gumbel_filter) and keep, per row over all of this
+        # Rank every tile by approximate keys (ops.filter) and keep, per row over all of this
         # program's tiles, the three best packed approximate keys. The exact winner is then one of
         # the first two unless the third is within the filter's slack of the first; only those two
         # exact keys are computed per row and step, from their logits read back from the cache.
@@ -202,11 +202,7 @@ def _chain_kernel(
                                                  UPCAST, IEEE_DOT, "evict_last")
             tl.store(cache_ptr + safe_slot[:, None] * stride_cs + step * vocab + cols[None, :], z,
                      mask=live[:, None] & (cols < vocab)[None, :], eviction_policy="evict_first")
-            approx = tl.where(greedy[:, None], logits,
-                              logits * inv_temp[:, None] + approx_noise(prefix[:, None], cols[None, :], HARDWARE_LOG2))
-            packed = pack_key(approx, cols[None, :])
-            packed = tl.where(approx != approx, INT64_MAX, packed)  # a NaN wins, then goes exact
-            packed = tl.where(mask, packed, INT64_MIN)
+            packed = approx_words(logits, greedy, inv_temp, prefix, cols[None, :], mask, 1, HARDWARE_LOG2)
             b1 = tl.max(packed, axis=1)
             packed = tl.where(packed == b1[:, None], INT64_MIN, packed)
             b2 = tl.max(packed, axis=1)
@@ -234,8 +230,8 @@ def _chain_kernel(
             z2 = to_float32(tl.load(cache_row + tl.minimum(tl.maximum(runner_index, 0), vocab - 1), mask=sampled,
                                     other=0.0))
             divisor = tl.where(greedy, 1.0, temp)
-            exact1 = tl.math.div_rn(z1, divisor) + rng_triton.draft_noise(prefix, index)
-            exact2 = tl.math.div_rn(z2, divisor) + rng_triton.draft_noise(prefix, runner_index)
+            exact1 = tl.math.div_rn(z1, divisor) + draft_noise(prefix, index)
+            exact2 = tl.math.div_rn(z2, divisor) + draft_noise(prefix, runner_index)
             best = tl.where(greedy, _pack_word(value, index),
                             tl.maximum(_pack_word(exact1, index), _pack_word(exact2, runner_index)))
         else:
@@ -247,9 +243,7 @@ def _chain_kernel(
                 z, logits, cols, mask = _tile_logits(head_ptr, codes, tile, base_ptr, rows, row_ok, step, vocab,
                                                      stride_br, stride_bn, scale, cache_dtype, RK, BLOCK_V, SCALED,
                                                      UPCAST, IEEE_DOT, "evict_last")
-                keys = tl.where(greedy[:, None], logits,
-                                tl.math.div_rn(logits, tl.where(greedy, 1.0, temp)[:, None])
-                                + rng_triton.draft_noise(prefix[:, None], cols[None, :]))
+                keys = exact_keys(logits, greedy, temp, prefix, cols[None, :], 1)
                 tile_value, tile_index = block_argmax(keys, cols[None, :], mask, 1)
                 best = tl.maximum(best, _pack_word(tile_value, tile_index))
         tl.atomic_max(words_ptr + (step * SLOTS + program % SLOTS) * BLOCK_R + rows, best, mask=row_ok)
@@ -345,7 +339,7 @@ class ChainBackend:
     GRAPH_SAFE = True
     MAX_ROWS = MAX_ROWS
 
-    def __init__(self, head, num_steps, max_rows, method, cache_dtype, device, *, block_v=None,
+    def __init__(self, head, num_steps, max_rows, *, method, cache_dtype, device, block_v=None,
                  num_warps=None, num_stages=None, programs_per_sm=None, programs=None, spin_limit=SPIN_LIMIT,
                  filter_margin=FILTER_MARGIN, word_slots=1):
         if head.rank & (head.rank - 1) or head.rank < 16:

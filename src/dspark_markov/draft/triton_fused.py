@@ -6,7 +6,7 @@ W2 tile run together and read it from L2 after the first. Each computes
 ``bias = codes @ W2_tile^T`` with ``tl.dot`` over a pipelined K loop (fp32 accumulation, rounded
 once to the weight dtype), adds the base logits, writes the cache and reduces its tile to one
 partial per row: the Gumbel key maximum and its first index (``method="gumbel"``, ranked first by
-approximate noise, :mod:`.gumbel_filter`), or the argmax, the max and the exp-sum of ``z / T``
+approximate noise, :mod:`dspark_markov.ops.filter`), or the argmax, the max and the exp-sum of ``z / T``
 (``method="inverse_cdf"``). A small combine kernel (one program per row) then picks the row's token
 from the partials with torch.argmax semantics (or by inverse CDF over tile masses, then inside the
 chosen tile), writes ``draft_tokens[:, step]`` and gathers the next step's code row ``W1[token]``.
@@ -23,12 +23,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import rng_triton
+from ..ops import pick
+from ..ops.filter import FILTER_MARGIN, filtered_argmax
+from ..ops.noise import INTERPRET, draft_prefix, inverse_cdf_uniform
+from ..ops.numerics import biased_logits, block_argmax, round_to, to_float32, weight_bias
+from ..ops.rows import draft_rows, gather_code, sample_slot, slot_seed, slot_temperature
 from ..validate import check_power_of_two
-from .gumbel_filter import FILTER_MARGIN, INT64_MAX, INT64_MIN, approx_noise, key_slack, pack_key, unpack_key
-from .triton_common import INTERPRET, block_argmax, draft_rows, round_to, to_float32
-
-_INT_MAX = tl.constexpr(2147483647)  # jitted code reads only constexpr globals
 
 
 @triton.jit
@@ -41,51 +41,7 @@ def _gather_codes_kernel(
 ):
     """codes[r] = W1[clamp(anchor[r], 0, V_t - 1)]. Moves ``R * R_k * w * 2`` bytes."""
     row = tl.program_id(0)
-    token = tl.load(anchor_ptr + row).to(tl.int64)
-    token = tl.minimum(tl.maximum(token, 0), embed_rows - 1)
-    cols = tl.arange(0, RK)
-    tl.store(codes_ptr + row * RK + cols, tl.load(embed_ptr + token * RK + cols))
-
-
-@triton.jit
-def _gumbel_tile_argmax(logits, greedy, temp, prefix, mask, row_ok, cols, filter_margin,
-                        HARDWARE_LOG2: tl.constexpr):
-    """Exact per-row ``(max key, first index)`` of a tile of Gumbel keys, at a fraction of the cost.
-
-    Exact keys ``div_rn(z, T) + g`` cost ~100 instructions per token (hash, two bit-exact logs, a
-    correctly rounded division). The tile is first ranked by approximate keys ``z * (1/T) + g~``
-    (``|g~ - g| <= gumbel_filter.NOISE_BOUND``), packed with their index so that one integer max gives the best
-    and a second one the runner-up. Where a row's best beats its runner-up by more than
-    ``filter_margin`` (twice the worst error of an approximate key, plus rounding slack scaled by
-    the key's size), the exact argmax is the same token, so only that token's exact key is
-    computed. Greedy rows (T = 0) rank ``z`` itself, exactly. If any row of the chunk is left
-    undecided (a near-tie, a NaN, a non-finite or zero best), the whole chunk is recomputed exactly
-    with :func:`.triton_common.block_argmax`.
-    """
-    inv_temp = 1.0 / tl.where(greedy, 1.0, temp)
-    noise = approx_noise(prefix[:, None], cols, HARDWARE_LOG2)
-    approx = tl.where(greedy[:, None], logits, logits * inv_temp[:, None] + noise)
-    packed = pack_key(approx, cols)
-    packed = tl.where(approx != approx, INT64_MAX, packed)  # a NaN wins, then goes exact
-    packed = tl.where(mask, packed, INT64_MIN)
-    best = tl.max(packed, axis=1)
-    runner = tl.max(tl.where(packed == best[:, None], INT64_MIN, packed), axis=1)
-    value, index = unpack_key(best)
-    second, _ = unpack_key(runner)
-    slack = key_slack(value, filter_margin)
-    clear_best = (best != INT64_MAX) & (value != 0.0)
-    finite_best = clear_best & (tl.abs(value) < float("inf"))
-    decided = (row_ok == 0) | tl.where(greedy, clear_best, finite_best & (value - second > slack))
-    if tl.max((decided == 0).to(tl.int32), axis=0) > 0:
-        exact = tl.where(greedy[:, None], logits,
-                         tl.math.div_rn(logits, tl.where(greedy, 1.0, temp)[:, None])
-                         + rng_triton.draft_noise(prefix[:, None], cols))
-        value, index = block_argmax(exact, cols, mask, 1)
-    else:
-        winner = tl.max(tl.where(cols == index[:, None], logits, float("-inf")), axis=1)
-        exact_winner = tl.math.div_rn(winner, tl.where(greedy, 1.0, temp)) + rng_triton.draft_noise(prefix, index)
-        value = tl.where(greedy, value, exact_winner)
-    return value, index
+    gather_code(embed_ptr, RK, tl.load(anchor_ptr + row), embed_rows, codes_ptr + row * RK, RK, RK)
 
 
 @triton.jit(do_not_specialize=["step"])
@@ -146,9 +102,7 @@ def _fused_step_kernel(
         else:
             acc = tl.dot(codes, tl.trans(w_tile), acc)
     w_dtype = head_ptr.dtype.element_ty
-    bias = to_float32(round_to(acc, w_dtype))
-    if SCALED:
-        bias = to_float32(round_to(bias * scale, w_dtype))
+    bias = weight_bias(round_to(acc, w_dtype), scale, w_dtype, SCALED)  # rounded once, again after scale
     # Per-row keys: padding and out-of-range slots are greedy (T = 0, seed 0) and write nothing.
     sample = rows * num_steps + step
     live, safe_slot, temp, seed, position = draft_rows(idx_ptr, pos_ptr, temp_ptr, seed_ptr, sample,
@@ -156,7 +110,7 @@ def _fused_step_kernel(
     mask = row_ok[:, None] & col_ok[None, :]
     base = tl.load(base_ptr + rows[:, None].to(tl.int64) * stride_br + step * stride_bn + cols[None, :],
                    mask=mask, other=0.0)
-    z = round_to(to_float32(base) + bias, cache_ptr.dtype.element_ty)  # one rounding (SPEC.md 3)
+    z = biased_logits(base, bias, cache_ptr.dtype.element_ty)  # one rounding (SPEC.md 3)
     cache_rows = cache_ptr + safe_slot * stride_cs + step * vocab
     tl.store(cache_rows[:, None] + cols[None, :], z, mask=live[:, None] & col_ok[None, :])
     logits = to_float32(z)
@@ -172,24 +126,10 @@ def _fused_step_kernel(
         tl.store(part_max_ptr + part, tile_max, mask=row_ok)
         tl.store(part_sum_ptr + part, tile_sum, mask=row_ok)
     else:
-        prefix = rng_triton.draft_prefix(seed, step, position)
-        value, index = _gumbel_tile_argmax(logits, greedy, temp, prefix, mask, row_ok, cols[None, :],
-                                           filter_margin, HARDWARE_LOG2)
+        prefix = draft_prefix(seed, step, position)
+        value, index = filtered_argmax(logits, temp, prefix, cols[None, :], mask, filter_margin, 1, HARDWARE_LOG2)
     tl.store(part_val_ptr + part, value, mask=row_ok)
     tl.store(part_idx_ptr + part, index, mask=row_ok)
-
-
-@triton.jit
-def _combine_argmax(part_val_ptr, part_idx_ptr, row, num_tiles, BLOCK_T: tl.constexpr):
-    """torch.argmax over a row's tile partials: ``(token, has NaN, best key)``."""
-    tiles = tl.arange(0, BLOCK_T)
-    ok = tiles < num_tiles
-    value = tl.load(part_val_ptr + row * num_tiles + tiles, mask=ok, other=float("-inf"))
-    index = tl.load(part_idx_ptr + row * num_tiles + tiles, mask=ok, other=0)
-    # Tile partials are in vocabulary order, so the first index among ties is the first tile's.
-    best, token = block_argmax(value, index, ok)
-    has_nan = best != best
-    return token, has_nan, best
 
 
 @triton.jit(do_not_specialize=["step"])
@@ -221,57 +161,44 @@ def _combine_kernel(
 ):
     """Token of one row from its tile partials; writes it and the next codes row.
 
+    The inverse-CDF draw is :mod:`dspark_markov.ops.pick`, shared with ``impl="inverse_cdf"``. (Until
+    the ``ops/`` restructuring this kernel had its own copy: token weights relative to the row max,
+    bf16 widened by a plain cast, no positive-weight guard on the scans, and the draw test on the
+    max of ``z`` instead of ``z / T``. Its T > 0 inverse-CDF tokens can therefore differ from
+    earlier versions where a uniform falls on a rounding boundary, and a row whose ``z / T``
+    overflows is now greedy, as the reference has it. Greedy and Gumbel tokens are unchanged.)
+
     Moves ``num_tiles * 8`` (+ ``num_tiles * 8 + BLOCK_V * c`` for inverse CDF) ``+ 2 R_k w``
     bytes per row.
     """
     row = tl.program_id(0)
-    token, has_nan, best = _combine_argmax(part_val_ptr, part_idx_ptr, row, num_tiles, BLOCK_T)
+    tiles = tl.arange(0, BLOCK_T)
+    ok = tiles < num_tiles
+    value = tl.load(part_val_ptr + row * num_tiles + tiles, mask=ok, other=float("-inf"))
+    index = tl.load(part_idx_ptr + row * num_tiles + tiles, mask=ok, other=0)
+    # Tile partials are in vocabulary order, so the first index among ties is the first tile's.
+    best, token = block_argmax(value, index, ok)
     if INVERSE_CDF:
         sample = row * num_steps + step
-        slot = tl.load(idx_ptr + sample).to(tl.int64)
-        live = (slot >= 0) & (slot < num_slots)
-        safe_slot = tl.where(live, slot, 0)
-        temp = tl.where(live, tl.load(temp_ptr + safe_slot), 0.0)
-        sampled = (temp > 0.0) & (has_nan == 0) & (best < float("inf")) & (best > float("-inf"))
-        if sampled:
-            seed = tl.load(seed_ptr + safe_slot)
+        live, slot = sample_slot(idx_ptr, sample, num_slots)
+        temp = slot_temperature(temp_ptr, slot, live)
+        tile_max = tl.load(part_max_ptr + row * num_tiles + tiles, mask=ok, other=float("-inf"))
+        tile_sum = tl.load(part_sum_ptr + row * num_tiles + tiles, mask=ok, other=0.0)
+        row_max = tl.max(tile_max, axis=0)
+        if pick.draws(live, temp, best != best, row_max):
+            seed = slot_seed(seed_ptr, slot, live)
             position = tl.load(pos_ptr + sample).to(tl.int64)
-            prefix = rng_triton.draft_prefix(seed, step, position)
-            u = rng_triton.uniform32(rng_triton.hash_finish(prefix, tl.full([], 0xFFFFFFFF, tl.uint32)))
-            tiles = tl.arange(0, BLOCK_T)
-            ok = tiles < num_tiles
-            tile_max = tl.load(part_max_ptr + row * num_tiles + tiles, mask=ok, other=float("-inf"))
-            tile_sum = tl.load(part_sum_ptr + row * num_tiles + tiles, mask=ok, other=0.0)
-            row_max = tl.max(tile_max, axis=0)
-            mass = tl.where(tile_sum > 0.0, tile_sum * tl.exp(tile_max - row_max), 0.0)
-            cumulative = tl.cumsum(mass, axis=0)
-            target = u * tl.sum(mass, axis=0)
-            beyond = (cumulative > target) & ok
-            last_positive = tl.max(tl.where(mass > 0.0, tiles, -1), axis=0)
-            chosen = tl.where(tl.max(beyond.to(tl.int32), axis=0) > 0,
-                              tl.min(tl.where(beyond, tiles, _INT_MAX), axis=0), last_positive)
-            before = tl.sum(tl.where(tiles < chosen, mass, 0.0), axis=0)
-            remaining = target - before
+            u = inverse_cdf_uniform(draft_prefix(seed, step, position))
+            chosen, remaining, chosen_scale, chosen_max = pick.pick_block(tile_max, tile_sum, ok, row_max, u,
+                                                                          BLOCK_T)
             cols = chosen * BLOCK_V + tl.arange(0, BLOCK_V)
             col_ok = cols < vocab
-            z = tl.load(cache_ptr + safe_slot * stride_cs + step * vocab + cols, mask=col_ok, other=0.0)
-            scaled = tl.math.div_rn(z.to(tl.float32), temp)
-            weight = tl.where(col_ok & (scaled == scaled), tl.exp(scaled - row_max), 0.0)
-            inner = tl.cumsum(weight, axis=0)
-            hit = (inner > remaining) & col_ok
-            last_col = tl.max(tl.where(weight > 0.0, cols, -1), axis=0)
-            picked = tl.where(tl.max(hit.to(tl.int32), axis=0) > 0, tl.min(tl.where(hit, cols, _INT_MAX), axis=0),
-                              last_col)
+            z = to_float32(tl.load(cache_ptr + slot * stride_cs + step * vocab + cols, mask=col_ok, other=0.0))
+            picked = pick.pick_token(z, temp, cols, col_ok, chosen_scale, chosen_max, remaining, vocab)
             token = tl.where(picked >= 0, picked, token)
     token = tl.minimum(tl.maximum(token, 0), vocab - 1).to(tl.int64)
     tl.store(tokens_ptr + row * stride_tr + step, token)
-    ks = tl.arange(0, RK)
-    safe = tl.minimum(token, embed_rows - 1)
-    tl.store(codes_ptr + row * RK + ks, tl.load(embed_ptr + safe * RK + ks))
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
+    gather_code(embed_ptr, RK, token, embed_rows, codes_ptr + row * RK, RK, RK)
 
 
 class FusedBackend:
@@ -286,7 +213,7 @@ class FusedBackend:
     GRAPH_SAFE = True
     MAX_ROWS = None
 
-    def __init__(self, head, num_steps, max_rows, method, cache_dtype, device, *, block_v=None, block_r=None,
+    def __init__(self, head, num_steps, max_rows, *, method, cache_dtype, device, block_v=None, block_r=None,
                  num_warps=None, num_stages=None, filter_margin=FILTER_MARGIN):
         if head.rank & (head.rank - 1) or head.rank < 16:
             raise ValueError(f"head_weight: impl 'fused' needs a power-of-two rank >= 16, got {head.rank}")
@@ -316,7 +243,7 @@ class FusedBackend:
         self.block_k = min(64, head.rank)
         vocab = head.vocab_size
         self.num_tiles = triton.cdiv(vocab, self.block_v)
-        self.block_t = max(16, _next_pow2(self.num_tiles))
+        self.block_t = max(16, triton.next_power_of_2(self.num_tiles))
         if self.block_t > 8192:
             raise ValueError(f"head_weight: V = {vocab} needs {self.num_tiles} tiles of {self.block_v}; "
                              "pass a larger block_v")

@@ -6,7 +6,7 @@ Per step (three launches; before step 0 one clamp and one embedding gather):
 2. one Triton kernel per (row, vocabulary block): ``z = round_cache(float(U) + float(bias))``
    (``scale`` applied in-kernel), the cache rows of live samples, keys ``z / T + g`` and each
    block's ``(max key, first index)`` — ranked first by approximate noise
-   (:mod:`.gumbel_filter`), so exact keys are computed only for each block's winner unless the
+   (:mod:`dspark_markov.ops.filter`), so exact keys are computed only for each block's winner unless the
    ranking is not conclusive;
 3. one Triton kernel per row: the ``torch.argmax``-semantics combine of the block partials,
    ``draft_tokens[r, i]``, ``prev[r]`` and the next step's codes ``W1[token]`` (so no separate
@@ -20,18 +20,20 @@ from __future__ import annotations
 
 import torch
 
-from .triton_common import GumbelBlocksBackend, clamp_anchor, launch_combine, launch_gumbel_blocks
+from .bias_gemm import clamp_anchor
+from .triton_blocks import GumbelBlocksBackend, launch_combine, launch_gumbel_blocks
 
 
 class GumbelFusedBackend(GumbelBlocksBackend):
     """Backend of ``impl="gumbel_fused"`` (Gumbel-max only); parameters as
-    :class:`~.triton_common.GumbelBlocksBackend`, plus ``noise_filter`` (rank each block by
-    approximate noise first, :mod:`.gumbel_filter`; the draws are the same either way)."""
+    :class:`~.triton_blocks.GumbelBlocksBackend`, plus ``noise_filter`` (rank each block by
+    approximate noise first, :mod:`dspark_markov.ops.filter`; the draws are the same either way)."""
 
     NAME = "gumbel_fused"
 
-    def __init__(self, head, num_steps, max_rows, method, cache_dtype, device, *, block=None, noise_filter=True):
-        super().__init__(head, num_steps, max_rows, method, cache_dtype, device, block=block)
+    def __init__(self, head, num_steps, max_rows, *, method, cache_dtype, device, block=None, noise_filter=True):
+        super().__init__(head, num_steps, max_rows, method=method, cache_dtype=cache_dtype, device=device,
+                         block=block)
         self.noise_filter = bool(noise_filter)
 
     def run(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens, logits_cache):

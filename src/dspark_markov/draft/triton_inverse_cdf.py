@@ -28,9 +28,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import rng_triton
+from ..ops import pick
+from ..ops.noise import draft_prefix, inverse_cdf_uniform
+from ..ops.numerics import biased_logits, block_argmax, to_float32, weight_bias
+from ..ops.rows import gather_code, sample_slot, sample_slots, slot_seed, slot_temperature
 from ..validate import check_power_of_two
-from .triton_common import BiasGemm
+from .bias_gemm import BiasGemm
 
 # Vocabulary block per device. On the GPU the kernels stream ~6 bytes per logit; 4096-wide blocks
 # with 8 warps keep the loads 16-byte vectorised (when V and the strides are multiples of 16), and
@@ -40,46 +43,6 @@ from .triton_common import BiasGemm
 GPU_BLOCKS = ((4, 1024), (32, 2048))  # (at most this many rows, block); larger batches: 4096
 GPU_BLOCK_LARGE = 4096
 CPU_BLOCK = 256
-
-
-@triton.jit
-def _round_to(x, DTYPE: tl.constexpr):
-    """Round fp32 ``x`` to ``DTYPE`` to nearest, ties to even (as torch's ``Tensor.to``).
-
-    bf16 is rounded on the bits: Triton's interpreter truncates fp32 -> bf16 casts, so a native
-    cast would make the CPU tests disagree with the GPU. The integer form is exact on both (NaN
-    becomes a quiet NaN; only its payload may differ from torch's).
-    """
-    if DTYPE == tl.bfloat16:
-        bits = x.to(tl.uint32, bitcast=True)
-        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-        rounded = tl.where(x != x, 0x7FC0, rounded)
-        return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-    else:
-        return x.to(DTYPE)
-
-
-@triton.jit
-def _to_f32(x):
-    """Exact fp32 value of ``x``; bf16 is widened on the bits (the interpreter flushes subnormals)."""
-    if x.dtype == tl.bfloat16:
-        bits = x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16
-        return bits.to(tl.float32, bitcast=True)
-    else:
-        return x.to(tl.float32)
-
-
-@triton.jit
-def _gather_code(embed_ptr, stride_embed, token, embed_vocab, codes_ptr, row, stride_codes, rank,
-                 RANK_BLOCK: tl.constexpr):
-    """codes[row, :] = W1[clamp(token, 0, V_t - 1), :] (converted to the codes buffer's dtype)."""
-    token = tl.minimum(tl.maximum(token.to(tl.int64), 0), embed_vocab - 1)
-    k = tl.arange(0, RANK_BLOCK)
-    in_rank = k < rank
-    code = tl.load(embed_ptr + token * stride_embed + k, mask=in_rank, other=0.0)
-    if codes_ptr.dtype.element_ty == tl.float32:
-        code = _to_f32(code)
-    tl.store(codes_ptr + row * stride_codes + k, code.to(codes_ptr.dtype.element_ty), mask=in_rank)
 
 
 @triton.jit
@@ -102,17 +65,15 @@ def _prepare_rows_kernel(
     """
     row = tl.program_id(0).to(tl.int64)
     anchor = tl.load(anchor_ptr + row)
-    _gather_code(embed_ptr, stride_embed, anchor, embed_vocab, codes_ptr, row, stride_codes, rank, RANK_BLOCK)
+    gather_code(embed_ptr, stride_embed, anchor, embed_vocab, codes_ptr + row * stride_codes, rank, RANK_BLOCK)
 
     steps = tl.arange(0, STEPS_P2)
-    in_row = steps < num_steps
     sample = row * num_steps + steps
-    slot = tl.load(idx_ptr + sample, mask=in_row, other=-1).to(tl.int64)
-    live = (slot >= 0) & (slot < num_slots)
-    seed = tl.load(seed_ptr + tl.where(live, slot, 0), mask=live, other=0)  # padding: seed 0
+    in_row = steps < num_steps
+    live, slot = sample_slots(idx_ptr, sample, in_row, num_slots)
+    seed = slot_seed(seed_ptr, slot, live)  # padding: seed 0
     position = tl.load(pos_ptr + sample, mask=in_row, other=0).to(tl.int64)
-    prefix = rng_triton.draft_prefix(seed, steps, position)
-    uniform = rng_triton.uniform32(rng_triton.hash_finish(prefix, prefix * 0 + 0xFFFFFFFF))
+    uniform = inverse_cdf_uniform(draft_prefix(seed, steps, position))
     tl.store(uniform_ptr + row * num_steps + steps, uniform, mask=in_row)
 
 
@@ -134,31 +95,22 @@ def _logits_partials_kernel(
     """
     row = tl.program_id(0).to(tl.int64)
     block = tl.program_id(1)
-    slot = tl.load(idx_ptr + row * num_steps + step).to(tl.int64)
-    live = (slot >= 0) & (slot < num_slots)  # out-of-range slots count as padding
-    slot = tl.where(live, slot, 0)
-    temp = tl.load(temp_ptr + slot, mask=live, other=0.0)
+    live, slot = sample_slot(idx_ptr, row * num_steps + step, num_slots)  # out-of-range slots count as padding
+    temp = slot_temperature(temp_ptr, slot, live)
 
     cols = block * BLOCK + tl.arange(0, BLOCK)
     in_vocab = cols < vocab
     base = tl.load(base_ptr + row * stride_base_row + step * stride_base_step + cols, mask=in_vocab, other=0.0)
     bias = tl.load(bias_ptr + row * stride_bias + cols, mask=in_vocab, other=0.0)
-    if HAS_SCALE:  # MarkovHead.round_scaled: fp32 product, rounded to the weight dtype again
-        bias = _round_to(_to_f32(bias) * scale, bias_ptr.dtype.element_ty)
-    z = _round_to(_to_f32(base) + _to_f32(bias), cache_ptr.dtype.element_ty)  # one rounding
+    bias = weight_bias(bias, scale, bias_ptr.dtype.element_ty, HAS_SCALE)  # MarkovHead.round_scaled
+    z = biased_logits(base, bias, cache_ptr.dtype.element_ty)  # one rounding
     write_limit = tl.where(live, vocab, 0)  # padding samples never write the cache
     tl.store(cache_ptr + slot * stride_cache_slot + step * vocab + cols, z, mask=cols < write_limit)
-    z = _to_f32(z)
+    z = to_float32(z)
 
     # NaN-aware argmax of the block: (NaN, first NaN index) or (max, first index of the max).
-    is_nan = z != z
-    first_nan = tl.min(tl.where(is_nan & in_vocab, cols, vocab), axis=0)
-    has_nan = first_nan < vocab
-    clean = tl.where(in_vocab & ~is_nan, z, float("-inf"))
-    block_top = tl.max(clean, axis=0)
-    first_top = tl.min(tl.where(in_vocab & (clean == block_top), cols, vocab), axis=0)
-    arg_value = tl.where(has_nan, float("nan"), block_top)
-    arg_index = tl.where(has_nan, first_nan, first_top)
+    arg_value, arg_index = block_argmax(z, cols, in_vocab)
+    block_top = tl.where(arg_value == arg_value, arg_value, float("-inf"))  # the max of z (NaN rows go greedy)
 
     # Softmax partials of z / T (division in fp32, correctly rounded); T == 0 rows never use them.
     # A correctly rounded division by T > 0 is monotone, so max(z / T) is block_top / T exactly
@@ -199,10 +151,8 @@ def _pick_token_kernel(
     """
     row = tl.program_id(0).to(tl.int64)
     sample = row * num_steps + step
-    slot = tl.load(idx_ptr + sample).to(tl.int64)
-    live = (slot >= 0) & (slot < num_slots)
-    slot = tl.where(live, slot, 0)
-    temp = tl.load(temp_ptr + slot, mask=live, other=0.0)
+    live, slot = sample_slot(idx_ptr, sample, num_slots)
+    temp = slot_temperature(temp_ptr, slot, live)
 
     blocks = tl.arange(0, BLOCKS_P2)
     in_row = blocks < num_blocks
@@ -213,45 +163,18 @@ def _pick_token_kernel(
     block_mass = tl.load(block_mass_ptr + part, mask=in_row, other=0.0)
 
     # Combined argmax_first: the blocks are in vocabulary order, so the smallest index wins ties.
-    is_nan = arg_value != arg_value
-    row_has_nan = tl.max(is_nan.to(tl.int32), axis=0) > 0
-    first_nan = tl.min(tl.where(is_nan, arg_index, vocab), axis=0)
-    clean = tl.where(is_nan, float("-inf"), arg_value)
-    row_top = tl.max(clean, axis=0)
-    first_top = tl.min(tl.where(in_row & (clean == row_top), arg_index, vocab), axis=0)
-    greedy = tl.where(row_has_nan, first_nan, first_top)
-
+    row_value, token = block_argmax(arg_value, arg_index, in_row)
     row_max = tl.max(block_max, axis=0)  # max of z / T (the division is monotone)
-    draw = live & (temp > 0.0) & ~row_has_nan & (row_max > float("-inf")) & (row_max < float("inf"))
-    token = greedy
-    if draw:
-        block_scale = tl.exp(block_max - row_max)  # 0 for an all -inf block
-        mass = tl.where(in_row, block_mass * block_scale, 0.0)
-        cumulative = tl.cumsum(mass, axis=0)
-        total = tl.max(cumulative, axis=0)
-        target = tl.load(uniform_ptr + sample) * total
-        hit = (cumulative > target) & (mass > 0.0)
-        chosen = tl.min(tl.where(hit, blocks, BLOCKS_P2), axis=0)
-        last_positive = tl.max(tl.where(mass > 0.0, blocks, -1), axis=0)
-        chosen = tl.where(chosen < BLOCKS_P2, chosen, last_positive)
-        remaining = target - tl.sum(tl.where(blocks < chosen, mass, 0.0), axis=0)
-        chosen_scale = tl.sum(tl.where(blocks == chosen, block_scale, 0.0), axis=0)
-        chosen_max = tl.max(tl.where(blocks == chosen, block_max, float("-inf")), axis=0)
-
+    if pick.draws(live, temp, row_value != row_value, row_max):
+        chosen, remaining, chosen_scale, chosen_max = pick.pick_block(block_max, block_mass, in_row, row_max,
+                                                                      tl.load(uniform_ptr + sample), BLOCKS_P2)
         cols = chosen * BLOCK + tl.arange(0, BLOCK)
         in_vocab = cols < vocab
-        z = tl.load(cache_ptr + slot * stride_cache_slot + step * vocab + cols, mask=in_vocab, other=0.0)
-        z = _to_f32(z)
-        scaled = tl.math.div_rn(z, tl.zeros_like(z) + temp)
-        weight = tl.where(in_vocab, tl.exp(scaled - chosen_max), 0.0)  # relative to the block max
-        inside = tl.cumsum(weight, axis=0) * chosen_scale
-        hit_token = (inside > remaining) & (weight > 0.0)
-        picked = tl.min(tl.where(hit_token, cols, vocab), axis=0)
-        last_token = tl.max(tl.where(weight > 0.0, cols, -1), axis=0)
-        token = tl.where(picked < vocab, picked, last_token)
+        z = to_float32(tl.load(cache_ptr + slot * stride_cache_slot + step * vocab + cols, mask=in_vocab, other=0.0))
+        token = pick.pick_token(z, temp, cols, in_vocab, chosen_scale, chosen_max, remaining, vocab)
 
     tl.store(tokens_ptr + row * stride_tokens_row + step * stride_tokens_step, token.to(tl.int64))
-    _gather_code(embed_ptr, stride_embed, token, embed_vocab, codes_ptr, row, stride_codes, rank, RANK_BLOCK)
+    gather_code(embed_ptr, stride_embed, token, embed_vocab, codes_ptr + row * stride_codes, rank, RANK_BLOCK)
 
 
 class InverseCdfBackend:
@@ -266,7 +189,7 @@ class InverseCdfBackend:
     block_size : vocabulary block (a power of two >= 16); default on CUDA: 1024 / 2048 / 4096 for
         up to 4 / up to 32 / more rows; 256 on the CPU. A fixed value is mainly for tests.
 
-    Scratch allocated here, once: a :class:`~.triton_common.BiasGemm` (codes ``[max_rows, R_k]``,
+    Scratch allocated here, once: a :class:`~.bias_gemm.BiasGemm` (codes ``[max_rows, R_k]``,
     which kernel 0 and the pick kernel fill, and the weight-dtype bias ``[max_rows, V]``), and four
     per-block partials ``[max_rows, ceil(V / smallest block)]``. :meth:`run` only
     launches work, so it is CUDA-graph capturable: capture once, refill the input tensors, replay.
@@ -277,7 +200,7 @@ class InverseCdfBackend:
     GRAPH_SAFE = True
     MAX_ROWS = None
 
-    def __init__(self, head, num_steps, max_rows, method, cache_dtype, device, *, block_size=None):
+    def __init__(self, head, num_steps, max_rows, *, method, cache_dtype, device, block_size=None):
         if method not in self.METHODS:
             raise ValueError(f"method: impl 'inverse_cdf' supports 'inverse_cdf', got {method!r}")
         device = torch.device(device)

@@ -19,18 +19,19 @@ from __future__ import annotations
 
 import torch
 
-from .triton_common import GumbelBlocksBackend, clamp_anchor, launch_gumbel_blocks
+from .bias_gemm import clamp_anchor
+from .triton_blocks import GumbelBlocksBackend, launch_gumbel_blocks
 
 
 class LoopBackend(GumbelBlocksBackend):
     """Backend of ``impl="loop"`` (Gumbel-max only); parameters as
-    :class:`~.triton_common.GumbelBlocksBackend`. Adds the step's logits buffer ``z``
+    :class:`~.triton_blocks.GumbelBlocksBackend`. Adds the step's logits buffer ``z``
     ``[max_rows, V]`` and the winning block per row ``[max_rows, 1]``."""
 
     NAME = "loop"
 
-    def __init__(self, head, num_steps, max_rows, method, cache_dtype, device, *, block=None):
-        super().__init__(head, num_steps, max_rows, method, cache_dtype, device, block=block)
+    def __init__(self, head, num_steps, max_rows, *, method, cache_dtype, device, block=None):
+        super().__init__(head, num_steps, max_rows, method=method, cache_dtype=cache_dtype, device=device, block=block)
         self.z = torch.zeros(self.max_rows, head.vocab_size, dtype=cache_dtype, device=device)  # [max_rows, V]
         self.winner = torch.zeros(self.max_rows, 1, dtype=torch.int64, device=device)  # winning block
 

@@ -256,7 +256,7 @@ class ShardedMarkovSampler:
                              f"need the full [R, N, V = {self.vocab_size}] logits, got shape {tuple(base_logits.shape)}")
         if self._fallback is None:
             self._fallback = MarkovSampler(self.replicated_head, self.num_steps, self.fallback_max_rows,
-                                           self.cache_dtype, "gumbel", self.fallback_impl)
+                                           cache_dtype=self.cache_dtype, method="gumbel", impl=self.fallback_impl)
         if self.cache_layout == "gathered":
             self._fallback.sample(base_logits, anchor, idx_mapping, positions, temperature, seeds,
                                   draft_tokens=draft_tokens, logits_cache=logits_cache, check_values=False)

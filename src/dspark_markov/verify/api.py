@@ -6,11 +6,11 @@ from typing import NamedTuple
 
 import torch
 
+from .. import registry
 from ..validate import CACHE_DTYPES, INDEX_DTYPES, _same_device, check_choice, check_range, check_tensor
-from .reference import verify_reference
 
 METHODS = ("standard", "block")
-IMPLS = ("reference", "triton", "auto")
+IMPLS = registry.names("verify")
 
 
 class VerifyOutput(NamedTuple):
@@ -64,7 +64,7 @@ def check_verify_inputs(target_logits, draft_tokens, logits_cache, num_drafts, i
 
 
 def verify_drafts(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions, temperature, seeds,
-                  *, target_greedy=None, method: str = "standard", impl: str = "reference",
+                  *, target_greedy=None, method: str = "standard", impl: str = registry.DEFAULT_IMPL,
                   check_values: bool = True) -> VerifyOutput:
     """Verify Markov drafts against the target model by rejection sampling (lossless).
 
@@ -98,10 +98,12 @@ def verify_drafts(target_logits, draft_tokens, logits_cache, num_drafts, idx_map
         the first rejection draw from ``normalize(max(p_i - q_i, 0))``; after ``n`` acceptances
         draw the bonus from ``p_n``) or ``"block"`` (block verification, Sun et al. 2024: the
         same guarantee, never fewer accepted tokens on average).
-    impl : ``"reference"`` (or ``"auto"``, which resolves to it): torch, CPU and CUDA;
-        ``"triton"``: the kernels of :mod:`dspark_markov.verify.triton_verify` (CUDA, or the CPU
-        under ``TRITON_INTERPRET=1``), equal to the reference except at last-bit ties of the
-        softmax rounding (see that module); for CUDA graphs use its ``Verifier``.
+    impl : ``"auto"`` (the default; :mod:`dspark_markov.registry`): ``"triton"`` on CUDA, the
+        reference on the CPU. ``"reference"``: torch, CPU and CUDA. ``"triton"``: the kernels of
+        :mod:`dspark_markov.verify.triton_verify` (CUDA, or the CPU under ``TRITON_INTERPRET=1``),
+        equal to the reference except at last-bit ties of the softmax rounding (see that module).
+        Either allocates per call; for CUDA graphs use ``triton_verify.Verifier`` (as
+        :class:`~dspark_markov.DSparkStep` does).
     check_values : read the inputs back to range-check them (synchronises; default True).
 
     Returns
@@ -119,7 +121,7 @@ def verify_drafts(target_logits, draft_tokens, logits_cache, num_drafts, idx_map
     (``O(B K V)`` fp32) and is not CUDA-graph safe.
     """
     check_choice("method", method, METHODS)
-    check_choice("impl", impl, IMPLS)
+    impl = registry.resolve("verify", impl, target_logits.device if isinstance(target_logits, torch.Tensor) else "cpu")
     check_verify_inputs(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions, temperature,
                         seeds, target_greedy, check_values=check_values)
     if target_greedy is None:
@@ -128,12 +130,8 @@ def verify_drafts(target_logits, draft_tokens, logits_cache, num_drafts, idx_map
             target_greedy = temperature[slot] == 0
         else:
             target_greedy = torch.zeros(idx_mapping.shape, dtype=torch.bool, device=target_logits.device)
-    if impl == "triton":
-        from .triton_verify import verify_triton  # imports Triton
-
-        tokens, num_emitted = verify_triton(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping,
-                                            positions, temperature, seeds, target_greedy, method=method)
-        return VerifyOutput(tokens, num_emitted)
-    tokens, num_emitted = verify_reference(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping,
-                                           positions, temperature, seeds, target_greedy, method=method)
+    registry.check_capturable("verify", impl, target_logits.device)
+    verify = registry.load("verify", impl)  # the Triton module is imported only when used
+    tokens, num_emitted = verify(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions,
+                                 temperature, seeds, target_greedy, method=method)
     return VerifyOutput(tokens, num_emitted)

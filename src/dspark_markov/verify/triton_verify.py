@@ -22,7 +22,7 @@ bounded whatever the batch):
 Agreement with :func:`~dspark_markov.verify.reference.verify_reference` on the same keys
 -----------------------------------------------------------------------------------------
 Bit-identical by construction: the keys (acceptance uniforms, resampling noise, through
-``rng_triton``), greedy targets (accept/emit by ``argmax_first`` of the logits), the ``q`` of greedy
+``ops.noise``), greedy targets (accept/emit by ``argmax_first`` of the logits), the ``q`` of greedy
 drafts (one-hot at the cache's ``argmax_first``), the bonus draw and the all-zero-residual fallback
 (Gumbel-max over the logits themselves: ``logits + g`` is one fp32 addition in both), the output
 layout, padding and ``K = 0``. The bonus token is therefore always the reference's once the accepted
@@ -55,9 +55,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import rng_triton
+from ..ops import noise
+from ..ops.numerics import block_argmax, combine_blocks, to_float32
 from ..validate import check_power_of_two
-from ..draft.triton_common import block_argmax, combine_blocks, to_float32
 from . import keys
 
 GPU_BLOCK = 2048  # 64 blocks per row at V = 129,280 (8 warps, 8 values per thread)
@@ -198,7 +198,7 @@ def _accept_kernel(
         greedy_stride, b, num_slots, K, HAS_GREEDY)
     index = tl.arange(0, PARTIALS)
     in_row = index < num_blocks
-    prefix = rng_triton.hash_prefix(seed, position - 1, _ACCEPT_DOMAIN)
+    prefix = noise.hash_prefix(seed, position - 1, _ACCEPT_DOMAIN)
     run_std = live
     run_greedy = live
     count_std = 0
@@ -235,7 +235,7 @@ def _accept_kernel(
             c_x = to_float32(tl.load(cache_ptr + slot * c_slot_stride + j * c_step_stride + x))
             q_x = _draft_prob(c_x, x, temp, q_max, q_sum, q_arg.to(tl.int64))
             ratio = tl.where(q_x > 0.0, tl.math.div_rn(p_x, tl.where(q_x > 0.0, q_x, 1.0)), 0.0)
-            u = rng_triton.uniform32(rng_triton.hash_finish(prefix, tl.full([], j, tl.int32)))
+            u = noise.uniform32(noise.hash_finish(prefix, tl.full([], j, tl.int32)))
             run_std = run_std & draft_ok & (u < ratio)
             count_std += run_std.to(tl.int32)
             run_greedy = run_greedy & draft_ok & (x == t_arg.to(tl.int64))
@@ -298,7 +298,7 @@ def _block_count_kernel(
         idx_ptr, idx_stride, nd_ptr, nd_stride, pos_ptr, pos_stride, temp_ptr, seeds_ptr, greedy_ptr,
         greedy_stride, b, num_slots, K, HAS_GREEDY)
     if live & ~greedy:
-        prefix = rng_triton.hash_prefix(seed, position - 1, _ACCEPT_DOMAIN)
+        prefix = noise.hash_prefix(seed, position - 1, _ACCEPT_DOMAIN)
         index = tl.arange(0, PARTIALS)
         count = 0
         for i in tl.static_range(1, K + 1):
@@ -310,7 +310,7 @@ def _block_count_kernel(
             else:
                 h_inner = 0.0
             h = tl.where(n == i, w, tl.where(n > i, h_inner, 0.0))
-            u = rng_triton.uniform32(rng_triton.hash_finish(prefix, tl.full([], i - 1, tl.int32)))
+            u = noise.uniform32(noise.hash_finish(prefix, tl.full([], i - 1, tl.int32)))
             count = tl.where(u < h, i, count)
         tl.store(accepted_ptr + local, count)
 
@@ -340,8 +340,8 @@ def _resample_kernel(
         token = block * BLOCK + tl.arange(0, BLOCK)
         valid = token < vocab
         x = tl.load(target_ptr + b * t_req_stride + j * t_row_stride + token, mask=valid, other=float("-inf"))
-        prefix = rng_triton.hash_prefix(seed, position + j - 1, _RESAMPLE_DOMAIN)
-        g = rng_triton.gumbel32(rng_triton.uniform32(rng_triton.hash_finish(prefix, token)))
+        prefix = noise.hash_prefix(seed, position + j - 1, _RESAMPLE_DOMAIN)
+        g = noise.gumbel32(noise.uniform32(noise.hash_finish(prefix, token)))
         val, tok = block_argmax(x + g, token, valid)
         out = local * num_blocks + block
         tl.store(bonus_val_ptr + out, val)

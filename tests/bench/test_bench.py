@@ -1,0 +1,202 @@
+"""The benchmark harness on the CPU: bytes model, aggregation, derived columns, targets, reports."""
+
+import csv
+import datetime
+import json
+
+import pytest
+import torch
+
+from dspark_markov.bench import cli, grid, harness, report, roofline
+from dspark_markov import registry
+from dspark_markov.draft.reference_backend import ReferenceBackend
+
+FAKE_BANDWIDTH = roofline.Bandwidth(copy_gbps=4300.0, read_gbps=4200.0, copy_bytes=1, read_bytes=1)
+
+
+# ---------------------------------------------------------------------------------------------- bytes model
+
+
+def test_minimal_bytes_deepseek_shapes():
+    # Per step: W2 129280 * 256 * 2 = 66,191,360; logits 129280 * 2 = 258,560; cache 258,560.
+    assert roofline.minimal_bytes(129_280, 256, 5, 1) == 5 * (66_191_360 + 258_560 + 258_560) == 333_542_400
+    # 253 rows, bf16 logits, fp32 cache: 66,191,360 + 65,415,680 + 130,831,360 = 262,438,400 per step.
+    assert roofline.minimal_bytes(129_280, 256, 5, 253, cache_bytes=4) == 1_312_192_000
+    # Qwen3 shapes, fp32 logits and cache: 151936 * 256 * 2 + 16 * 151936 * (4 + 4), times 7 steps.
+    assert roofline.minimal_bytes(151_936, 256, 7, 16, logit_bytes=4, cache_bytes=4) == 7 * (77_791_232 + 19_447_808)
+
+
+def test_floor_and_fraction():
+    assert roofline.floor_us(4_200_000, 4200.0) == 1.0  # 4.2 MB at 4.2 TB/s is one microsecond
+    assert roofline.bandwidth_fraction(4_200_000, 2.0, 4200.0) == 0.5
+    # One W2 read at the measured H200 read bandwidth (ANCHORS.md: ~15.6 us).
+    assert 15.5 < roofline.floor_us(66_191_360, 4200.0) < 15.9
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: roofline.minimal_bytes(0, 256, 5, 1), "vocab"),
+    (lambda: roofline.minimal_bytes(512, 8, 5, 0), "rows"),
+    (lambda: roofline.minimal_bytes(512, 8, 5, 1, cache_bytes=3), "cache_bytes"),
+    (lambda: roofline.floor_us(100, 0.0), "bandwidth_gbps"),
+    (lambda: roofline.bandwidth_fraction(100, 0.0, 10.0), "time_us"),
+])
+def test_bytes_model_rejects_bad_values(call, name):
+    with pytest.raises(ValueError, match=name):
+        call()
+
+
+# ---------------------------------------------------------------------------------------------- aggregation
+
+
+def test_summarize_median_of_round_medians():
+    summary = harness.summarize([[3.0, 1.0, 2.0], [10.0, 20.0, 30.0, 40.0], [5.0]])
+    assert summary.round_medians == (2.0, 25.0, 5.0)
+    assert (summary.median, summary.low, summary.high, summary.samples) == (5.0, 2.0, 25.0, 8)
+    # One slow outlier replay moves a round median by at most one rank.
+    assert harness.summarize([[1.0, 1.0, 1000.0]] * 3).median == 1.0
+
+
+def test_summarize_rejects_empty():
+    with pytest.raises(ValueError, match="rounds"):
+        harness.summarize([])
+    with pytest.raises(ValueError, match="round 1"):
+        harness.summarize([[1.0], []])
+
+
+def _record(design, rows, mode, time_us, vocab=129_280):
+    record = grid._record(grid.BenchConfig(vocab=vocab), design, rows, mode)
+    if time_us is None:
+        record.update(status="n/a", reason="refused")
+    else:
+        record.update(time_us=time_us, time_us_low=time_us, time_us_high=time_us)
+    return record
+
+
+def test_derived_columns_and_targets():
+    records = [_record("loop", 1, "1", 150.0), _record("fused", 1, "1", 40.0), _record("chain", 1, "1", None),
+               _record("loop", 253, "1", 1400.0), _record("fused", 253, "1", 350.0)]
+    grid.add_derived(records, FAKE_BANDWIDTH)
+    loop1, fused1, chain1, loop253, fused253 = records
+    assert loop1["speedup_vs_loop"] == 1.0 and fused1["speedup_vs_loop"] == 150.0 / 40.0
+    assert fused253["speedup_vs_loop"] == 4.0 and chain1["speedup_vs_loop"] is None
+    # 253 rows, bf16: 5 * (66,191,360 + 2 * 65,415,680) bytes at 4200 GB/s.
+    floor = 5 * (66_191_360 + 2 * 65_415_680) / 4.2e6
+    assert fused253["floor_us"] == pytest.approx(floor, rel=1e-12)
+    assert fused253["bandwidth_fraction"] == pytest.approx(floor / 350.0, rel=1e-12)
+
+    checks = {(c["design"], c["target"]): c for c in report.check_targets(records)}
+    assert checks[("fused", "time at 1 row <= 50 us")]["met"] is True
+    assert checks[("fused", "speedup over loop at 1 row >= 3x")]["met"] is True
+    assert checks[("fused", "speedup over loop at 253 rows >= 5x")]["met"] is False
+    assert checks[("fused", "read bandwidth at 253 rows >= 85 %")]["met"] is (floor / 350.0 >= 0.85)
+    assert checks[("chain", "time at 1 row <= 50 us")]["met"] is None  # n/a: not measured
+    text = report.format_targets(report.check_targets(records))
+    assert "MISSED" in text and "not measured" in text
+
+
+# ---------------------------------------------------------------------------------------------- runs
+
+
+@pytest.fixture
+def small_bandwidth_buffers(monkeypatch):
+    monkeypatch.setattr(roofline, "CPU_COPY_BYTES", 1 << 20)
+    monkeypatch.setattr(roofline, "CPU_READ_BYTES", 1 << 20)
+
+
+def test_cpu_run_writes_reports(tmp_path, capsys, small_bandwidth_buffers):
+    argv = ["--device", "cpu", "--vocab", "512", "--rank", "8", "--steps", "2", "--rows", "1,2", "--designs",
+            "reference", "--rounds", "3", "--replays", "1", "--out", str(tmp_path), "--no-progress", "--markdown",
+            "--targets"]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "| design | method | rows |" in printed and "issue-5 targets" in printed
+
+    (json_path,) = tmp_path.glob("*.json")
+    assert json_path.name.startswith("cpu_") and "_bf16_v512_r8_n2" in json_path.name
+    data = json.loads(json_path.read_text())
+    env = data["environment"]
+    assert env["gpu"] is None and env["driver"] is None and env["cuda"] == torch.version.cuda
+    assert env["torch"] == torch.__version__ and "triton" in env
+    assert env["command"].startswith("dspark-markov bench --device cpu")
+    date = datetime.datetime.fromisoformat(env["date"])
+    assert abs((datetime.datetime.now(datetime.timezone.utc) - date).total_seconds()) < 600
+    assert data["config"]["vocab"] == 512 and data["config"]["cache_dtype"] == "bfloat16"
+    assert data["bandwidth"]["read_gbps"] > 0 and data["bandwidth_used_for_fraction"] == "read_gbps"
+
+    results = data["results"]
+    assert [(r["rows"], r["temperature"]) for r in results] == [(1, "1"), (2, "1"), (1, "mixed"), (2, "mixed")]
+    # Per step: W2 512 * 8 * 2 = 8192 bytes, logits and cache 1024 bytes per row each; two steps.
+    assert [r["minimal_bytes"] for r in results] == [20_480, 24_576, 20_480, 24_576]
+    for r in results:
+        assert r["status"] == "ok" and r["method"] == "gumbel"
+        assert 0 < r["time_us_low"] <= r["time_us"] <= r["time_us_high"]
+        assert r["bandwidth_fraction"] == pytest.approx(r["floor_us"] / r["time_us"])
+        assert r["speedup_vs_loop"] is None  # no loop in this run
+
+    (csv_path,) = tmp_path.glob("*.csv")
+    with csv_path.open() as handle:
+        lines = list(csv.DictReader(handle))
+    assert len(lines) == 4
+    for line, r in zip(lines, results):
+        assert line["torch"] == torch.__version__ and line["command"] == env["command"] and line["date"] == env["date"]
+        assert line["design"] == "reference" and int(line["rows"]) == r["rows"]
+        assert float(line["time_us"]) == pytest.approx(r["time_us"])
+        assert int(line["minimal_bytes"]) == r["minimal_bytes"]
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    (png_path,) = tmp_path.glob("*.png")
+    assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_refuses_without_gpu(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["--rows", "1"]) == 1
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_bad_arguments_exit_2(capsys):
+    assert cli.main(["--device", "cpu", "--designs", "reference,warp_drive"]) == 2
+    assert cli.main(["--device", "cpu", "--rows", "0"]) == 2
+    assert cli.main(["--device", "cpu", "--rounds", "0"]) == 2
+    assert "rounds" in capsys.readouterr().err
+
+
+def test_refused_and_missing_designs_show_as_na(monkeypatch):
+    # A backend module that does not import, and a backend that refuses more than one row.
+    monkeypatch.setitem(registry.REGISTRY["draft"], "chain", registry.Entry("dspark_markov.draft._no_such_backend", "ChainBackend"))
+    monkeypatch.setattr(ReferenceBackend, "MAX_ROWS", 1)
+    config = grid.cpu_config(vocab=300, rank=4, steps=2, rows=(1, 2), designs=("reference", "chain"),
+                             temperatures=("mixed",), rounds=3, replays=1)
+    records = grid.run_grid(config, FAKE_BANDWIDTH, progress=False)
+    by_key = {(r["design"], r["rows"]): r for r in records}
+    assert by_key[("reference", 1)]["status"] == "ok" and by_key[("reference", 1)]["time_us"] > 0
+    assert by_key[("reference", 2)]["status"] == "n/a" and "max_rows" in by_key[("reference", 2)]["reason"]
+    for rows in (1, 2):
+        assert by_key[("chain", rows)]["status"] == "n/a" and "not available" in by_key[("chain", rows)]["reason"]
+        assert by_key[("chain", rows)]["time_us"] is None
+    table = report.format_table(records, FAKE_BANDWIDTH)
+    assert table.count("n/a") >= 3 and "_no_such_backend" in table
+
+
+def test_failing_design_shows_as_error(monkeypatch):
+    def broken_run(self, *args):
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setattr(ReferenceBackend, "run", broken_run)
+    config = grid.cpu_config(vocab=300, rank=4, steps=1, rows=(1,), designs=("reference",), temperatures=("1",),
+                             rounds=3, replays=1)
+    (record,) = grid.run_grid(config, FAKE_BANDWIDTH, progress=False)
+    assert record["status"] == "error" and "kernel exploded" in record["reason"] and record["time_us"] is None
+
+
+def test_preferred_method_where_a_design_has_it(monkeypatch):
+    monkeypatch.setattr(ReferenceBackend, "METHODS", ("gumbel",))
+    config = grid.cpu_config(vocab=300, rank=4, steps=1, rows=(1,), designs=("reference",), temperatures=("1",),
+                             rounds=3, replays=1, method="inverse_cdf")
+    (record,) = grid.run_grid(config, FAKE_BANDWIDTH, progress=False)
+    assert record["status"] == "ok" and record["method"] == "gumbel"  # kept its own, and says so
+    monkeypatch.setattr(ReferenceBackend, "METHODS", ("gumbel", "inverse_cdf"))
+    (record,) = grid.run_grid(config, FAKE_BANDWIDTH, progress=False)
+    assert record["status"] == "ok" and record["method"] == "inverse_cdf"

@@ -1,0 +1,87 @@
+"""``impl="auto"``: the measured table and per-call dispatch."""
+
+import pytest
+import torch
+
+import dspark_markov as dm
+from dspark_markov.draft import auto
+
+
+def test_cpu_auto_is_the_reference():
+    for rows in (1, 5, 300):
+        assert auto.choose("gumbel", torch.bfloat16, rows, torch.device("cpu")) == "reference"
+
+
+@pytest.mark.parametrize("key", sorted(auto.AUTO_TABLE, key=str))
+def test_table_buckets_are_increasing_and_cover_every_batch(key):
+    buckets = auto.AUTO_TABLE[key]
+    limits = [limit for limit, _ in buckets[:-1]]
+    assert limits == sorted(limits) and buckets[-1][0] is None
+    method = key[0]
+    for _, impl in buckets:
+        from dspark_markov import registry
+
+        assert method in registry.load("draft", impl).METHODS
+
+
+def test_cuda_choices_follow_the_table():
+    cuda = torch.device("cuda")
+    assert auto.choose("gumbel", torch.bfloat16, 1, cuda) == "chain"
+    assert auto.choose("gumbel", torch.bfloat16, 4, cuda) == "gumbel_fused"
+    assert auto.choose("gumbel", torch.bfloat16, 16, cuda) == "fused"
+    assert auto.choose("gumbel", torch.bfloat16, 64, cuda) == "fused"
+    assert auto.choose("gumbel", torch.bfloat16, 253, cuda) == "gumbel_fused"
+    assert auto.choose("gumbel", torch.float32, 16, cuda) == "chain"
+    assert auto.choose("inverse_cdf", torch.bfloat16, 8, cuda) == "fused"
+    assert auto.choose("inverse_cdf", torch.float32, 8, cuda) == "inverse_cdf"
+
+
+def test_committed_results_give_the_table():
+    """AUTO_TABLE is what table_from_results derives from the committed H200 results."""
+    import json
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+    for name, key, method in (("bf16", ("gumbel", torch.bfloat16), "gumbel"),
+                              ("fp32", ("gumbel", torch.float32), "gumbel"),
+                              ("bf16_inverse_cdf", ("inverse_cdf", torch.bfloat16), "inverse_cdf")):
+        records = json.loads((results / f"NVIDIA-H200_2026-11-29_{name}.json").read_text())["results"]
+        assert auto.table_from_results(records, method) == auto.AUTO_TABLE[key], name
+
+
+def test_auto_sampler_on_cpu_matches_reference():
+    gen = torch.Generator().manual_seed(0)
+    head = dm.MarkovHead(torch.randn(50, 8, generator=gen), torch.randn(40, 8, generator=gen))
+    base = torch.randn(3, 2, 40, generator=gen)
+    args = (base, torch.tensor([1, 2, 3]), torch.arange(3).repeat_interleave(2), torch.arange(6) + 5,
+            torch.tensor([1.0, 0.0, 0.6]), torch.tensor([3, 4, 5]))
+    sampler = dm.MarkovSampler(head, 2, 4, impl="auto")
+    assert set(sampler.backend.backends) == {"reference"}
+    got = sampler.sample(*args)
+    want = dm.sample_drafts(head, *args)
+    assert torch.equal(got.draft_tokens, want.draft_tokens)
+    assert torch.equal(got.logits_cache, want.logits_cache)
+
+
+def _record(design, rows, temperature, time_us, method="gumbel", status="ok"):
+    return dict(design=design, method=method, rows=rows, temperature=temperature, status=status, time_us=time_us)
+
+
+def test_table_from_results_picks_the_fastest_per_size_with_a_margin():
+    records = [
+        _record("loop", 1, "1", 200.0), _record("chain", 1, "1", 130.0), _record("fused", 1, "1", 150.0),
+        _record("loop", 1, "mixed", 190.0), _record("chain", 1, "mixed", 140.0), _record("fused", 1, "mixed", 150.0),
+        # 4 rows: chain within the 2% margin of loop's incumbent? no: fused is 10% faster than chain
+        _record("loop", 4, "1", 220.0), _record("chain", 4, "1", 160.0), _record("fused", 4, "1", 144.0),
+        # 16 rows: fused 1% faster than chain only: the earlier design (chain) keeps it
+        _record("loop", 16, "1", 300.0), _record("chain", 16, "1", 170.0), _record("fused", 16, "1", 168.5),
+        # 64 rows: chain cannot run (n/a), fused wins; inverse_cdf records are another method
+        _record("chain", 64, "1", None, status="n/a"), _record("fused", 64, "1", 300.0),
+        _record("loop", 64, "1", 500.0), _record("inverse_cdf", 64, "1", 100.0, method="inverse_cdf"),
+        _record("loop", 253, "1", 1600.0), _record("fused", 253, "1", 1700.0),
+    ]
+    table = auto.table_from_results(records, "gumbel")
+    assert table == ((1, "chain"), (4, "fused"), (16, "chain"), (64, "fused"), (None, "loop"))
+    assert auto.table_from_results(records, "inverse_cdf") == ((None, "inverse_cdf"),)
+    with pytest.raises(ValueError, match="records"):
+        auto.table_from_results(records, "nope")

@@ -1,0 +1,306 @@
+"""Shared test factories and checks (imported as ``tests.helpers``; no ``sys.path`` edits).
+
+Factories: :func:`make_head` / :func:`make_inputs` / :func:`new_outputs` (keyword inputs with a
+sentinel-filled cache), :func:`make_problem` (positional inputs), :func:`nan_inf_problem`,
+:func:`full_problem` (GPU, DeepSeek-V4.1 shapes). Checks: :func:`check_against_reference`
+(replay the reference on a sampler's own outputs), :func:`check_draws` (every SPEC.md invariant
+of one call), :func:`check_exact_and_untouched`, :func:`check_graph_replays`.
+
+SPEC.md section 3: the bias may differ from the reference in its last bit, the draw may not. So
+:func:`check_against_reference` walks the steps with the sampler's own tokens as ``prev``, checks
+each cached row against the reference logits within one rounding of the bias, and checks each
+Gumbel token bit for bit against the reference draw from the sampler's own cached row.
+"""
+
+import torch
+
+import dspark_markov as dm
+from dspark_markov.draft import reference
+from dspark_markov.draft.reference import argmax_first, draw_gumbel, row_keys
+
+SENTINEL = -7.0  # initial cache value of new_outputs: entries no live sample wrote must keep it
+
+
+def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """One unit in the last place of ``x`` rounded to ``dtype`` (as fp32)."""
+    mantissa_bits = {torch.bfloat16: 8, torch.float16: 11, torch.float32: 24}[dtype]
+    exponent = torch.frexp(x.float().abs().clamp_min(1e-30))[1]
+    return torch.ldexp(torch.ones_like(x, dtype=torch.float32), exponent - mantissa_bits)
+
+
+def check_against_reference(head, base_logits, anchor, idx_mapping, positions, temperature, seeds, out, *,
+                            method="gumbel", exact_cache=False):
+    """Assert that ``out`` (a DraftOutput) is what the reference draws from its own cache."""
+    rows, steps, _ = base_logits.shape
+    slots = idx_mapping.view(rows, steps)
+    pos = positions.view(rows, steps)
+    cache_dtype = out.logits_cache.dtype
+    prev = anchor.long().clamp(0, head.embed_vocab_size - 1)
+    for step in range(steps):
+        padding, temp, seed, position = reference.row_keys(slots[:, step], pos[:, step], temperature, seeds)
+        bias = head.bias(prev)
+        want = (base_logits[:, step].float() + bias.float()).to(cache_dtype)
+        live = ~padding
+        got = out.logits_cache[slots[live, step].long(), step]
+        if exact_cache:
+            assert torch.equal(got, want[live]), f"step {step}: cache differs from the reference"
+        else:
+            # one rounding of the accumulated bias, possibly doubled by the rounding after scale
+            tolerance = 2 * ulp(bias[live], head.dtype) + ulp(want[live], cache_dtype)
+            both_nan = torch.isnan(got.float()) & torch.isnan(want[live].float())
+            same = (got.float() == want[live].float()) | both_nan
+            close = (got.float() - want[live].float()).abs() <= tolerance
+            assert bool((same | close).all()), f"step {step}: cache off by more than one bias rounding"
+        # The draw is replayed from the sampler's own cached row; padding rows have none, so they
+        # are replayed from the reference row (their draw is the greedy argmax).
+        own = want.clone()
+        own[live] = got
+        if method == "gumbel":
+            expected = reference.draw_gumbel(own, temp, seed, step, position)
+            assert torch.equal(out.draft_tokens[:, step].cpu(), expected.cpu()), f"step {step}: tokens differ"
+        else:
+            greedy = temp == 0
+            expected = reference.argmax_first(own.float())
+            assert torch.equal(out.draft_tokens[greedy, step].cpu(), expected[greedy].cpu()), f"step {step}: greedy tokens differ"
+        assert bool(((out.draft_tokens[:, step] >= 0) & (out.draft_tokens[:, step] < base_logits.shape[-1])).all())
+        prev = out.draft_tokens[:, step].long()
+
+
+# --------------------------------------------------------------------------- inputs and checks
+def make_head(vocab, rank, *, embed_extra=37, dtype=torch.bfloat16, scale=1.0, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    embed = torch.randn(vocab + embed_extra, rank, generator=g) / rank**0.25
+    head = torch.randn(vocab, rank, generator=g) / rank**0.25
+    return dm.MarkovHead(embed.to(dtype).to(device), head.to(dtype).to(device), scale)
+
+
+def make_inputs(rows, steps, vocab, *, logit_dtype=torch.bfloat16, extra_slots=3, strided=False, device="cpu",
+                seed=1, embed_vocab=None):
+    """Inputs of one call: mixed temperatures (0, 0.6, 1), a padding row and a padding sample.
+
+    Each step maps the rows to distinct slots (so no cache row is written twice). With
+    ``strided`` the base logits are a view with row stride != N*V.
+    """
+    g = torch.Generator().manual_seed(seed)
+    slots = rows + extra_slots
+    if strided:  # [N, R, V + 5] storage viewed as [R, N, V]: row stride V + 5, step stride R*(V + 5)
+        storage = torch.randn(steps, rows, vocab + 5, generator=g) * 4
+        base = storage.to(logit_dtype).to(device).transpose(0, 1)[:, :, :vocab]
+    else:
+        base = (torch.randn(rows, steps, vocab, generator=g) * 4).to(logit_dtype).to(device)
+    anchor = torch.randint(0, embed_vocab or vocab, (rows,), generator=g)
+    idx = torch.stack([torch.randperm(slots, generator=g)[:rows] for _ in range(steps)], dim=1)  # [R, N]
+    if rows > 1:
+        idx[rows // 2] = -1  # a padding row
+    idx[0, steps - 1] = -1  # a padding sample in a live row
+    positions = torch.randint(1, 1 << 20, (rows * steps,), generator=g)
+    temperature = torch.tensor([0.0, 0.6, 1.0])[torch.arange(slots) % 3]
+    seeds = torch.randint(-(2**62), 2**62, (slots,), generator=g)
+    return dict(base_logits=base, anchor=anchor.to(device), idx_mapping=idx.reshape(-1).to(device),
+                positions=positions.to(device), temperature=temperature.to(device), seeds=seeds.to(device))
+
+
+def new_outputs(inputs, cache_dtype):
+    rows, steps, vocab = inputs["base_logits"].shape
+    slots = inputs["temperature"].shape[0]
+    device = inputs["base_logits"].device
+    cache = torch.full((slots, steps, vocab), SENTINEL, dtype=cache_dtype, device=device)
+    tokens = torch.full((rows, steps), -1, dtype=torch.int64, device=device)
+    return tokens, cache
+
+
+def run_sampler(impl, head, inputs, cache_dtype, *, block=None, **sample_kwargs):
+    rows, steps, _ = inputs["base_logits"].shape
+    sampler = dm.MarkovSampler(head, steps, rows, cache_dtype=cache_dtype, method="gumbel", impl=impl)
+    if block is not None:
+        backend_cls = type(sampler.backend)
+        sampler.backend = backend_cls(head, steps, rows, method="gumbel", cache_dtype=cache_dtype, device=head.device, block=block)
+    tokens, cache = new_outputs(inputs, cache_dtype)
+    sampler.sample(**inputs, draft_tokens=tokens, logits_cache=cache, **sample_kwargs)
+    return tokens, cache
+
+
+def same_values(a, b):
+    """Equal as floats, NaN equal to NaN."""
+    a, b = a.float(), b.float()
+    return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+
+
+def bias_bracket(head, prev):
+    """Reference bias and a bound on how far any fp32-accumulated GEMM may round away from it.
+
+    One bf16/fp16 ulp of the bias (the two fp32 sums may straddle a rounding boundary; three when
+    ``scale != 1`` rounds the scaled bias again) plus twice
+    the worst-case fp32 accumulation error, ``rank * 2^-23 * sum_k |W1[prev, k] W2[v, k]|`` (both
+    sums err; only visible where the bias nearly cancels).
+    """
+    bias = head.bias(prev).float()
+    if head.dtype == torch.float32:
+        ulp = torch.zeros_like(bias)
+    else:
+        mantissa_bits = 7 if head.dtype == torch.bfloat16 else 10
+        _, exponent = torch.frexp(bias)
+        ulp = torch.ldexp(torch.ones_like(bias), (exponent - 1 - mantissa_bits).clamp_min(-133))
+    if head.scale != 1.0:
+        # The scaled bias is rounded again on both sides: |s b' - s b| <= s ulp(b) <= 2 ulp(s b),
+        # plus half an ulp of each of the two roundings.
+        ulp = 3 * ulp
+    codes = head.embed_weight.index_select(0, prev.long()).float()
+    magnitude = codes.abs() @ head.head_weight.float().abs().t()
+    slack = ulp + head.rank * 2.0**-23 * magnitude * abs(head.scale)
+    return bias, slack
+
+
+def check_draws(head, inputs, tokens, cache, *, exact=True):
+    """Every SPEC.md invariant of one call, given the sampler's tokens ``[R, N]`` and cache.
+
+    - the cache row of each live sample is the reference ``z`` computed with the sampler's own
+      previous tokens (bit-exact with ``exact``, else inside the bracket that a bias within
+      :func:`bias_bracket` allows, rounding being monotone);
+    - each live sample's token is ``draw_gumbel`` of the sampler's own cached row (always exact);
+    - a padding sample's token is ``argmax_first`` of the reference ``z`` (``exact``), or a token
+      whose ``z`` can be the maximum (bias slack);
+    - cache entries that no live sample owns keep their initial value; tokens lie in ``[0, V)``.
+    """
+    base = inputs["base_logits"]
+    rows, steps, vocab = base.shape
+    slots_rs = inputs["idx_mapping"].view(rows, steps)
+    positions = inputs["positions"].view(rows, steps)
+    assert tokens.min() >= 0 and tokens.max() < vocab
+    written = torch.zeros(cache.shape[:2], dtype=torch.bool, device=cache.device)
+    prev = inputs["anchor"].long().clamp(0, head.embed_vocab_size - 1)
+    num_slots = cache.shape[0]
+    for step in range(steps):
+        slot_col = slots_rs[:, step].long()
+        slot_col = torch.where(slot_col >= num_slots, torch.full_like(slot_col, -1), slot_col)
+        padding, temp, seed, pos = row_keys(slot_col, positions[:, step], inputs["temperature"], inputs["seeds"])
+        live = ~padding
+        logits = base[:, step].float()
+        if exact:
+            bias = head.bias(prev).float()
+            z_lo = z_hi = (logits + bias).to(cache.dtype)
+        else:
+            bias, slack = bias_bracket(head, prev)
+            z_lo = (logits.double() + (bias.double() - slack.double())).float().to(cache.dtype)
+            z_hi = (logits.double() + (bias.double() + slack.double())).float().to(cache.dtype)
+        own = cache[slot_col.clamp_min(0), step]  # [R, V]; rows of padding samples are unused
+        if exact:
+            assert same_values(own[live], z_lo[live]), f"step {step}: cached logits differ from the reference"
+        else:
+            got, lo, hi = own[live].float(), z_lo[live].float(), z_hi[live].float()
+            inside = (got >= lo) & (got <= hi) | (torch.isnan(got) & torch.isnan(lo))
+            assert bool(inside.all()), f"step {step}: cached logits outside the one-ulp bias bracket"
+        if bool(live.any()):
+            want = draw_gumbel(own[live], temp[live], seed[live], step, pos[live])
+            assert torch.equal(tokens[live, step], want), f"step {step}: tokens differ from draw_gumbel(own cache)"
+        if bool(padding.any()):
+            got = tokens[padding, step]
+            if exact:
+                assert torch.equal(got, argmax_first(z_lo[padding].float())), f"step {step}: padding argmax"
+            else:
+                best_lo = z_lo[padding].float().amax(dim=-1)
+                assert bool((z_hi[padding].float().gather(1, got[:, None])[:, 0] >= best_lo).all())
+        written[slot_col[live], step] = True
+        prev = tokens[:, step]
+    untouched = cache[~written].float()
+    assert bool((untouched == SENTINEL).all()), "a cache row of a padding sample or unused slot was written"
+
+
+# --------------------------------------------------------------------------- positional problems
+def make_problem(vocab, rank, rows, steps, *, weight_dtype=torch.bfloat16, logit_dtype=torch.bfloat16,
+                 scale=1.0, temps=(1.0, 0.6, 0.0, 1.0, 1.0, 0.7, 0.0), padding_row=2, seed=0, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    embed = torch.randn(vocab + 3, rank, generator=gen).to(weight_dtype)
+    head_w = (torch.randn(vocab, rank, generator=gen) * 0.3).to(weight_dtype)
+    head = dm.MarkovHead(embed.to(device), head_w.to(device), scale=scale)
+    base = (torch.randn(rows, steps, vocab, generator=gen) * 2).to(logit_dtype)
+    num_slots = rows + 1  # distinct slots per row, one slot never used
+    slots = torch.arange(rows)
+    if padding_row is not None and padding_row < rows:
+        slots[padding_row] = -1
+    idx = slots[:, None].expand(rows, steps).reshape(-1).clone()
+    positions = torch.randint(1, 10_000, (rows * steps,), generator=gen)
+    temperature = torch.tensor([temps[i % len(temps)] for i in range(num_slots)], dtype=torch.float32)
+    seeds = torch.randint(-(2**62), 2**62, (num_slots,), generator=gen)
+    anchor = torch.randint(0, vocab + 3, (rows,), generator=gen)
+    args = [base, anchor, idx, positions, temperature, seeds]
+    return head, [a.to(device) for a in args]
+
+
+DTYPE_CASES = [
+    (torch.bfloat16, torch.bfloat16, torch.bfloat16, 1.0),
+    (torch.bfloat16, torch.float32, torch.float32, 0.75),
+    (torch.float32, torch.float32, torch.bfloat16, 1.0),
+]
+
+
+def check_exact_and_untouched(impl, weight_dtype, logit_dtype, cache_dtype, scale, device):
+    """``impl`` draws what the reference draws from its cache and writes no padding or unused slot."""
+    head, args = make_problem(1000, 32, 5, 3, weight_dtype=weight_dtype, logit_dtype=logit_dtype, scale=scale,
+                              device=device)
+    cache = torch.full((6, 3, 1000), float("nan"), dtype=cache_dtype, device=device)
+    out = dm.sample_drafts(head, *args, impl=impl, logits_cache=cache)
+    check_against_reference(head, *args, out)
+    untouched = torch.ones(6, dtype=torch.bool)
+    untouched[args[2].view(5, 3)[:, 0].clamp_min(0).unique()] = False
+    assert bool(torch.isnan(cache[untouched.to(cache.device)].float()).all()), "padding or unused slots were written"
+
+
+# Rows of nan_inf_problem: two NaNs (the first wins), all -inf (token 0), one +inf, one huge logit.
+NAN_INF_TOKENS = [17, 0, 123, 7]
+
+
+def nan_inf_problem(device):
+    """One step of four rows whose argmax is :data:`NAN_INF_TOKENS` at any temperature and noise."""
+    head, args = make_problem(300, 16, 4, 1, temps=(1.0,), padding_row=None, device=device)
+    base = args[0].float()
+    base[0, 0, 17] = float("nan")
+    base[0, 0, 40] = float("nan")
+    base[1, 0, :] = float("-inf")
+    base[2, 0, 123] = float("inf")
+    base[3, 0, 7] = 1e30
+    args[0] = base
+    return head, args
+
+
+# --------------------------------------------------------------------------- GPU problems (full shapes)
+VOCAB, RANK, STEPS = 129_280, 256, 5
+
+
+def full_problem(rows, *, temps=(1.0, 0.6, 0.0), cache_dtype=torch.bfloat16, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    embed = (torch.randn(VOCAB, RANK, device="cuda", generator=gen) * 0.05).bfloat16()
+    head_w = (torch.randn(VOCAB, RANK, device="cuda", generator=gen) * 0.05).bfloat16()
+    head = dm.MarkovHead(embed, head_w)
+    base = (torch.randn(rows, STEPS, VOCAB, device="cuda", generator=gen) * 2).bfloat16()
+    slots = torch.arange(rows, device="cuda")
+    slots[rows // 2] = -1 if rows > 1 else 0
+    idx = slots[:, None].expand(rows, STEPS).reshape(-1).contiguous()
+    positions = torch.randint(1, 1 << 20, (rows * STEPS,), device="cuda", generator=gen)
+    temperature = torch.tensor([temps[i % len(temps)] for i in range(rows)], device="cuda")
+    seeds = torch.randint(-(2**62), 2**62, (rows,), device="cuda", generator=gen)
+    anchor = torch.randint(0, VOCAB, (rows,), device="cuda", generator=gen)
+    return head, [base, anchor, idx, positions, temperature, seeds]
+
+
+def check_graph_replays(sampler, rows, *, seeds=(2,), replays=1):
+    """Capture ``sampler.sample`` once, refill its inputs per seed, replay: equal to eager calls."""
+    _, args = full_problem(rows, seed=1)
+    tokens = torch.empty(rows, STEPS, dtype=torch.int64, device="cuda")
+    cache = torch.zeros(rows, STEPS, VOCAB, dtype=torch.bfloat16, device="cuda")
+    static = [a.clone() for a in args]
+    sampler.sample(*static, draft_tokens=tokens, logits_cache=cache)  # warm-up compiles
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        sampler.sample(*static, draft_tokens=tokens, logits_cache=cache, check_values=False)
+    for seed in seeds:
+        _, fresh = full_problem(rows, seed=seed, temps=(0.6, 1.0, 0.0))
+        for dst, src in zip(static, fresh):
+            dst.copy_(src)
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+        eager = sampler.sample(*fresh)
+        assert torch.equal(tokens, eager.draft_tokens)
+        assert torch.equal(cache, eager.logits_cache)

@@ -1,0 +1,100 @@
+"""The vocabulary-sharded chain on CPU: 2 and 4 gloo processes against the single-process reference.
+
+Each test spawns one process per rank (``torch.multiprocessing``, gloo, a ``file://`` rendezvous in
+a temporary directory) and runs a whole scenario of checks in them (``sharded_worker.py``), so the
+spawn cost is paid once per scenario. Joins have a deadline: a hang fails the test instead of CI.
+The single-process checks at the end need no process group.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from dspark_markov.draft.reference import argmax_first
+from dspark_markov.sharded import all_shard_bounds, max_shard_width, shard_bounds
+from dspark_markov.sharded.keys import pack_keys, unpack_key, unpack_token, winner_token
+
+from tests.sharded import worker as sharded_worker
+
+pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
+
+JOIN_DEADLINE_S = 240
+
+
+def spawn(tmp_path, world, scenarios, vocabs=(301,)):
+    init_file = tmp_path / "rendezvous"
+    done_dir = tmp_path / "done"
+    done_dir.mkdir()
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    context = mp.start_processes(sharded_worker.worker, args=(world, str(init_file), scenarios, str(done_dir), vocabs),
+                                 nprocs=world, join=False, start_method="spawn")
+    deadline = time.monotonic() + JOIN_DEADLINE_S
+    try:
+        while not context.join(timeout=5):
+            if time.monotonic() > deadline:
+                pytest.fail(f"the {world}-rank job {scenarios} did not finish within {JOIN_DEADLINE_S} s (a hang)")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.terminate()
+                process.join(5)
+    assert sorted(os.listdir(done_dir)) == [f"rank{rank}.ok" for rank in range(world)]
+
+
+def test_two_ranks_draws_caches_probability_fallbacks(tmp_path):
+    """world 2: V = 301 (odd) and 512; fp32/bf16; both layouts; q(x); special rows; set-up agreement."""
+    spawn(tmp_path, 2, ["main", "special", "setup"], vocabs=(301, 512))
+
+
+def test_four_ranks_uneven_shards(tmp_path):
+    """world 4: V = 301 = 75 + 75 + 75 + 76; the same checks."""
+    spawn(tmp_path, 4, ["main", "special", "setup"], vocabs=(301,))
+
+
+# --------------------------------------------------------------------------- no process group needed
+@pytest.mark.parametrize("vocab,world", [(301, 2), (301, 4), (129280, 8), (7, 7), (10, 3)])
+def test_shard_bounds_partition_the_vocabulary(vocab, world):
+    bounds = all_shard_bounds(vocab, world)
+    assert bounds[0][0] == 0 and bounds[-1][1] == vocab
+    assert all(bounds[k][1] == bounds[k + 1][0] for k in range(world - 1))
+    widths = [end - start for start, end in bounds]
+    assert min(widths) >= 1 and max(widths) - min(widths) <= 1 and max(widths) == max_shard_width(vocab, world)
+
+
+def test_shard_bounds_reject_bad_arguments():
+    with pytest.raises(ValueError, match="vocab"):
+        shard_bounds(3, 4, 0)
+    with pytest.raises(ValueError, match="rank"):
+        shard_bounds(10, 2, 2)
+    with pytest.raises(ValueError, match="world"):
+        shard_bounds(10, 0, 0)
+
+
+def test_packed_words_order_like_argmax():
+    """The max over packed (key, id) words is torch.argmax of the keys, for random and special rows."""
+    gen = torch.Generator().manual_seed(0)
+    specials = torch.tensor([float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1.0, -1.0, 1e-45, -1e-45, 3.4e38])
+    keys = specials[torch.randint(0, len(specials), (4000, 12), generator=gen)]
+    keys[:1000] = torch.randn(1000, 12, generator=gen).round()  # many exact ties
+    keys[1000:1010] = float("-inf")
+    ids = torch.arange(12).expand_as(keys)
+    packed = pack_keys(keys.reshape(-1), ids.reshape(-1)).view_as(keys)
+    assert torch.equal(unpack_token(packed.amax(dim=1)), argmax_first(keys))
+    assert torch.equal(winner_token(packed.t()), argmax_first(keys))
+    finite = torch.isfinite(keys) | torch.isinf(keys)
+    assert torch.equal(unpack_key(packed)[finite], (keys + 0.0)[finite])
+    assert bool(torch.isnan(unpack_key(packed)[torch.isnan(keys)]).all())
+
+
+def test_package_imports_without_distributed_initialised():
+    import dspark_markov.sharded as sharded
+
+    assert not dist.is_initialized()
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        sharded.ShardedMarkovSampler(torch.zeros(4, 2), torch.zeros(4, 2), None, 1, 1)
