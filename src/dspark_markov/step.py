@@ -177,9 +177,9 @@ class DSparkStep:
         if check_values is None:
             check_values = not _capturing(self.device)
         n, r = self.num_steps, self.max_reqs
-        if check_values:
-            check_verify_inputs(target_logits, self.draft_tokens, self.logits_cache, num_drafts, self.req_slots,
-                                self.req_positions, temperature, seeds, target_greedy, check_values=True)
+        # Shapes, dtypes and strides are checked on every call (no host sync); values only when asked.
+        check_verify_inputs(target_logits, self.draft_tokens, self.logits_cache, num_drafts, self.req_slots,
+                            self.req_positions, temperature, seeds, target_greedy, check_values=check_values)
         if tuple(target_logits.shape) != (r, n + 1, self.vocab):
             raise ValueError(f"target_logits: expected shape {(r, n + 1, self.vocab)}, got {tuple(target_logits.shape)}")
         if top_k is not None or top_p is not None:

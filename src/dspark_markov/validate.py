@@ -3,6 +3,12 @@
 Every violation raises ``ValueError`` naming the argument and what was expected, before any
 kernel runs. Shape/dtype/device/stride checks never synchronise with the device; value-range
 checks (``check_values=True``) read the tensors back and so are skipped inside CUDA-graph capture.
+
+Stride rule (the same for every entry point): a 1-D per-row or per-slot tensor (``anchor``,
+``idx_mapping``, ``positions``, ``temperature``, ``seeds``, ``num_drafts``, ``target_greedy``,
+``k``, ``p``, ``last_pos``, ...) must be contiguous; a strided view raises ``ValueError`` naming
+it (:func:`check_vector`), so kernels index such tensors as ``ptr + row``. Multi-dimensional
+tensors state their own stride needs (usually: last stride 1, other strides free).
 """
 
 from __future__ import annotations
@@ -16,8 +22,9 @@ LOGIT_DTYPES = (torch.bfloat16, torch.float32)
 CACHE_DTYPES = (torch.bfloat16, torch.float32)
 
 
-def check_tensor(name, x, *, dim=None, shape=None, dtypes=None, device=None, last_stride_one=False):
-    """Raise ``ValueError`` unless ``x`` is a tensor of the given rank/shape/dtypes/device."""
+def check_tensor(name, x, *, dim=None, shape=None, dtypes=None, device=None, last_stride_one=False,
+                 contiguous=False):
+    """Raise ``ValueError`` unless ``x`` is a tensor of the given rank/shape/dtypes/device/strides."""
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
     if dim is not None and x.dim() != dim:
@@ -31,6 +38,16 @@ def check_tensor(name, x, *, dim=None, shape=None, dtypes=None, device=None, las
         raise ValueError(f"{name}: expected a tensor on {device}, got one on {x.device}")
     if last_stride_one and x.numel() > 0 and x.stride(-1) != 1:
         raise ValueError(f"{name}: expected the last dimension contiguous (stride 1), got strides {x.stride()}")
+    if contiguous and not x.is_contiguous():
+        what = "1-D tensor (stride 1)" if x.dim() == 1 else "tensor"
+        raise ValueError(f"{name}: expected a contiguous {what}, got strides {x.stride()} "
+                         f"(pass .contiguous())")
+
+
+def check_vector(name, x, *, length=None, dtypes=None, device=None):
+    """A 1-D per-row / per-slot tensor: ``[length]`` (if given), ``dtypes``, ``device``, contiguous."""
+    check_tensor(name, x, dim=1, shape=None if length is None else (length,), dtypes=dtypes, device=device,
+                 contiguous=True)
 
 
 def check_choice(name, value, choices):
@@ -105,14 +122,12 @@ def check_draft_inputs(
     if steps < 1:
         raise ValueError(f"base_logits: expected N >= 1 draft steps, got shape {tuple(base_logits.shape)}")
     # The Triton launchers index the 1-D inputs with unit stride: a strided view is rejected, not misread.
-    check_tensor("anchor", anchor, shape=(rows,), dtypes=INDEX_DTYPES, device=device, last_stride_one=True)
-    check_tensor("idx_mapping", idx_mapping, shape=(rows * steps,), dtypes=INDEX_DTYPES, device=device,
-                 last_stride_one=True)
-    check_tensor("positions", positions, shape=(rows * steps,), dtypes=INDEX_DTYPES, device=device,
-                 last_stride_one=True)
-    check_tensor("temperature", temperature, dim=1, dtypes=(torch.float32,), device=device, last_stride_one=True)
+    check_vector("anchor", anchor, length=rows, dtypes=INDEX_DTYPES, device=device)
+    check_vector("idx_mapping", idx_mapping, length=rows * steps, dtypes=INDEX_DTYPES, device=device)
+    check_vector("positions", positions, length=rows * steps, dtypes=INDEX_DTYPES, device=device)
+    check_vector("temperature", temperature, dtypes=(torch.float32,), device=device)
     slots = temperature.shape[0]
-    check_tensor("seeds", seeds, shape=(slots,), dtypes=(torch.int64,), device=device, last_stride_one=True)
+    check_vector("seeds", seeds, length=slots, dtypes=(torch.int64,), device=device)
     if draft_tokens is not None:
         check_tensor("draft_tokens", draft_tokens, shape=(rows, steps), dtypes=(torch.int64,), device=device,
                      last_stride_one=True)

@@ -1,0 +1,115 @@
+"""Regression tests of issue 14: inputs that used to give silently wrong results or crashes.
+
+Each test names the item of the issue it covers. The package-wide rules they pin down (README,
+"Inputs"): a non-contiguous 1-D per-row / per-slot tensor raises ``ValueError`` naming it, before
+anything is written; a device-side failure (the chain's barrier timeout) is raised as
+:class:`dspark_markov.DeviceStatusError` at the next eager call or ``check()``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dspark_markov as dm
+
+pytest.importorskip("triton")
+
+
+def strided(x: torch.Tensor) -> torch.Tensor:
+    """The same values as a 1-D view with stride 2 (every other element of a twice-as-long tensor)."""
+    wide = torch.empty(2 * x.shape[0], dtype=x.dtype, device=x.device)
+    wide[::2] = x
+    wide[1::2] = x.flip(0) if x.numel() else x  # garbage a stride-blind kernel would read
+    view = wide[::2]
+    assert view.stride(0) == 2 and torch.equal(view, x)
+    return view
+
+
+# --------------------------------------------------------------------------- item 1: verify strides
+def _verify_case(seed=0, batch=6, k=3, vocab=300, slots=8):
+    g = torch.Generator().manual_seed(seed)
+    cache = torch.randn(slots, k, vocab, generator=g)
+    idx = torch.randperm(slots, generator=g)[:batch]
+    temperature = torch.rand(slots, generator=g) + 0.5
+    seeds = torch.randint(-(2**62), 2**62, (slots,), generator=g)
+    positions = torch.randint(1, 10_000, (batch,), generator=g)
+    num_drafts = torch.randint(0, k + 1, (batch,), generator=g)
+    target = cache[idx].float().repeat(1, 2, 1)[:, : k + 1].contiguous() + torch.randn(batch, k + 1, vocab, generator=g)
+    drafts = torch.randint(0, vocab, (batch, k), generator=g)
+    return [target, drafts, cache, num_drafts, idx, positions, temperature, seeds]
+
+
+VERIFY_VECTORS = {"num_drafts": 3, "idx_mapping": 4, "positions": 5, "temperature": 6, "seeds": 7}
+
+
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+@pytest.mark.parametrize("name", sorted(VERIFY_VECTORS) + ["target_greedy"])
+def test_item1_verify_rejects_strided_per_slot_and_per_request_vectors(name, impl):
+    args = _verify_case()
+    kwargs = {}
+    if name == "target_greedy":
+        kwargs["target_greedy"] = strided(torch.tensor([True, False, True, False, False, True]))
+    else:
+        args[VERIFY_VECTORS[name]] = strided(args[VERIFY_VECTORS[name]])
+    with pytest.raises(ValueError, match=rf"^{name}: expected a contiguous"):
+        dm.verify_drafts(*args, impl=impl, **kwargs)
+    with pytest.raises(ValueError, match=rf"^{name}: expected a contiguous"):
+        dm.verify_drafts(*args, impl=impl, check_values=False, **kwargs)
+
+
+def test_item1_contiguous_copies_still_equal_the_reference():
+    args = _verify_case(seed=3)
+    ref = dm.verify_drafts(*args, impl="reference")
+    out = dm.verify_drafts(*args, impl="triton")
+    assert torch.equal(out.tokens, ref.tokens) and torch.equal(out.num_emitted, ref.num_emitted)
+
+
+# --------------------------------------------------------------------------- item 2: top-k/top-p strides
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+@pytest.mark.parametrize("name", ["k", "p"])
+def test_item2_top_k_top_p_rejects_strided_per_row_k_and_p(name, impl):
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(4, 300, generator=g)
+    before = logits.clone()
+    k = torch.tensor([52, 50, 3, 0])
+    p = torch.tensor([0.9, 0.5, 1.0, 0.2])
+    kwargs = {"k": strided(k) if name == "k" else k, "p": strided(p) if name == "p" else p}
+    with pytest.raises(ValueError, match=rf"^{name}: expected a contiguous"):
+        dm.top_k_top_p(logits, impl=impl, **kwargs)
+    assert torch.equal(logits, before), "logits were written before the error"
+
+
+def _step(**kwargs):
+    """A small DSparkStep on the CPU (V = 300, N = 2, 3 requests, 5 slots) with a fixed backbone."""
+    from dspark_markov.step import DSparkStep
+
+    g = torch.Generator().manual_seed(4)
+    head = dm.MarkovHead(torch.randn(300, 16, generator=g) * 0.3, torch.randn(300, 16, generator=g) * 0.3)
+    table = torch.randn(300, 300, generator=g)
+
+    def backbone(input_ids, positions):
+        return table[input_ids.view(3, 3)[:, 1:]].contiguous()
+
+    options = dict(num_steps=2, max_reqs=3, num_slots=5, mask_token_id=299, max_model_len=4096,
+                   draft_impl="reference", verify_impl="triton", block_inputs_impl="reference")
+    options.update(kwargs)
+    step = DSparkStep(head, backbone, **options)
+    inputs = dict(last_pos=torch.tensor([10, 20, 30]), bonus_tokens=torch.tensor([1, 2, 3]),
+                  req_slots=torch.tensor([4, 0, 2]), temperature=torch.tensor([1.0, 0.7, 0.0, 1.0, 0.5]),
+                  seeds=torch.arange(5, dtype=torch.int64) * 7919)
+    return step, inputs
+
+
+@pytest.mark.parametrize("name", ["temperature", "seeds"])
+def test_item1_step_verify_checks_strides_even_without_value_checks(name):
+    """DSparkStep.verify skipped every check with check_values=False (the default in a capture)."""
+    step, inputs = _step()
+    step.draft(**inputs)
+    target = torch.randn(3, 3, 300)
+    values = dict(temperature=inputs["temperature"], seeds=inputs["seeds"])
+    values[name] = strided(values[name])
+    tokens_before = step.tokens.clone()
+    with pytest.raises(ValueError, match=rf"^{name}: expected a contiguous"):
+        step.verify(target, torch.tensor([2, 1, 2]), values["temperature"], values["seeds"], check_values=False)
+    assert torch.equal(step.tokens, tokens_before)
