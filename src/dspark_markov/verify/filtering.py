@@ -35,7 +35,7 @@ import math
 import torch
 
 from ..rng import LN2_HIGH, LN2_LOW, f32
-from ..validate import check_tensor
+from ..validate import check_tensor, check_vector
 
 # exp(d), d <= 0, Cody-Waite: n = floor(d log2(e) + 1/2), r = (d - n ln2_high) - n ln2_low in
 # [-0.35, 0.35] (n ln2_high is exact), exp(r) by its Taylor polynomial of degree 7 (truncation
@@ -89,7 +89,7 @@ def top_k_top_p_reference(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor
 # --------------------------------------------------------------------------- validation
 def _per_row(name, value, rows, device, dtypes, kind):
     if isinstance(value, torch.Tensor):
-        check_tensor(name, value, shape=(rows,), dtypes=dtypes, device=device)
+        check_vector(name, value, length=rows, dtypes=dtypes, device=device)  # contiguous: kernels read ptr + row
         return value
     if kind is int:
         if isinstance(value, bool) or not isinstance(value, int):
