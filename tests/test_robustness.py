@@ -113,3 +113,69 @@ def test_item1_step_verify_checks_strides_even_without_value_checks(name):
     with pytest.raises(ValueError, match=rf"^{name}: expected a contiguous"):
         step.verify(target, torch.tensor([2, 1, 2]), values["temperature"], values["seeds"], check_values=False)
     assert torch.equal(step.tokens, tokens_before)
+
+
+# --------------------------------------------------------------------------- item 4: argument checks
+def _small_head(vocab=300, rank=16):
+    g = torch.Generator().manual_seed(0)
+    return dm.MarkovHead(torch.randn(vocab + 2, rank, generator=g), torch.randn(vocab, rank, generator=g) * 0.3)
+
+
+@pytest.mark.parametrize("head", [None, torch.zeros(3), "head"], ids=["None", "tensor", "str"])
+def test_item4_sampler_rejects_a_head_that_is_not_a_markov_head(head):
+    with pytest.raises(ValueError, match=r"^head: expected a MarkovHead"):
+        dm.MarkovSampler(head, 2, 2)
+
+
+@pytest.mark.parametrize("name", ["num_steps", "max_rows"])
+@pytest.mark.parametrize("value", [2.7, "3", True, None, 2.0])
+def test_item4_sampler_sizes_must_be_ints(name, value):
+    sizes = {"num_steps": 2, "max_rows": 2, name: value}
+    with pytest.raises(ValueError, match=rf"^{name}: expected an int"):
+        dm.MarkovSampler(_small_head(), sizes["num_steps"], sizes["max_rows"])
+
+
+def test_item4_sampler_sizes_accept_integer_scalars():
+    import numpy as np
+
+    sampler = dm.MarkovSampler(_small_head(), np.int64(2), torch.tensor(3))
+    assert (sampler.num_steps, sampler.max_rows) == (2, 3)
+
+
+@pytest.mark.parametrize("scale", [None, "abc", [1.0], float("nan"), float("inf")])
+def test_item4_head_scale_must_be_a_finite_float(scale):
+    g = torch.Generator().manual_seed(0)
+    with pytest.raises(ValueError, match=r"^scale: expected a finite"):
+        dm.MarkovHead(torch.randn(10, 16, generator=g), torch.randn(8, 16, generator=g), scale)
+
+
+def test_item4_sample_drafts_with_no_steps_names_base_logits():
+    head = _small_head()
+    empty = torch.zeros(0, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"^base_logits: expected N >= 1"):
+        dm.sample_drafts(head, torch.zeros(2, 0, 300), torch.zeros(2, dtype=torch.int64), empty, empty,
+                         torch.ones(3), torch.zeros(3, dtype=torch.int64))
+
+
+def test_item4_sample_drafts_rejects_a_head_that_is_not_a_markov_head():
+    with pytest.raises(ValueError, match=r"^head: expected a MarkovHead"):
+        dm.sample_drafts(None, torch.zeros(1, 1, 4), torch.zeros(1, dtype=torch.int64),
+                         torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), torch.ones(1),
+                         torch.zeros(1, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+def test_item4_top_k_top_p_rejects_an_empty_vocabulary_on_every_path(impl):
+    with pytest.raises(ValueError, match=r"^logits: expected V >= 1"):
+        dm.top_k_top_p(torch.zeros(3, 0), 2, 0.5, impl=impl)
+
+
+@pytest.mark.parametrize("name", ["num_steps", "max_reqs", "num_slots", "max_model_len"])
+def test_item4_step_sizes_must_be_ints(name):
+    with pytest.raises(ValueError, match=rf"^{name}: expected an int"):
+        _step(**{name: 2.7})
+    with pytest.raises(ValueError, match=r"^head: expected a MarkovHead"):
+        from dspark_markov.step import DSparkStep
+
+        DSparkStep(None, lambda ids, pos: None, num_steps=2, max_reqs=3, num_slots=5, mask_token_id=1,
+                   max_model_len=10)

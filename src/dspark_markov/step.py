@@ -28,6 +28,7 @@ from typing import NamedTuple
 import torch
 
 from .draft.sampler import MarkovSampler
+from .validate import check_head, check_int
 from .verify.api import check_verify_inputs
 
 VERIFY_IMPLS = ("triton", "reference")
@@ -74,12 +75,13 @@ class DSparkStep:
                  max_model_len: int, cache_dtype=torch.bfloat16, draft_method: str = "gumbel",
                  draft_impl: str = "auto", verify_method: str = "standard", verify_impl: str = "triton",
                  block_inputs_impl: str = "triton", filter_impl: str = "triton"):
+        check_head(head)
         if not callable(backbone):
             raise ValueError(f"backbone: expected a callable (input_ids, positions) -> base_logits, got {backbone!r}")
-        for name, value in (("num_steps", num_steps), ("max_reqs", max_reqs), ("num_slots", num_slots),
-                            ("max_model_len", max_model_len)):
-            if int(value) < 1:
-                raise ValueError(f"{name}: expected >= 1, got {value}")
+        num_steps, max_reqs, num_slots, max_model_len = (
+            check_int(name, value, 1) for name, value in (("num_steps", num_steps), ("max_reqs", max_reqs),
+                                                          ("num_slots", num_slots), ("max_model_len", max_model_len)))
+        mask_token_id = check_int("mask_token_id", mask_token_id, 0)
         if verify_impl not in VERIFY_IMPLS:
             raise ValueError(f"verify_impl: expected one of {VERIFY_IMPLS}, got {verify_impl!r}")
         if verify_method not in ("standard", "block"):

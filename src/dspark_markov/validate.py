@@ -13,6 +13,7 @@ tensors state their own stride needs (usually: last stride 1, other strides free
 
 from __future__ import annotations
 
+import operator
 from typing import NamedTuple
 
 import torch
@@ -81,14 +82,39 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
     return ai == bi
 
 
-def check_sampler_sizes(num_steps, max_rows, cache_dtype) -> None:
-    """Construction checks shared by every sampler: ``num_steps``/``max_rows`` >= 1, a cache dtype."""
+def check_int(name, value, minimum) -> int:
+    """``value`` as an ``int >= minimum``; ``ValueError`` naming ``name`` otherwise.
+
+    Python and numpy ints and one-element integer tensors pass (``operator.index``); floats (even
+    ``2.0``), strings, ``bool`` and ``None`` do not: a size is never truncated or parsed.
+    """
+    try:
+        number = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        number = None
+    if number is None:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {value!r} ({type(value).__name__})")
+    if number < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {number}")
+    return int(number)
+
+
+def check_head(head, name: str = "head") -> None:
+    """Raise ``ValueError`` unless ``head`` is a :class:`~dspark_markov.MarkovHead`."""
+    from .head import MarkovHead
+
+    if not isinstance(head, MarkovHead):
+        raise ValueError(f"{name}: expected a MarkovHead(embed_weight, head_weight, scale), got {type(head).__name__}")
+
+
+def check_sampler_sizes(num_steps, max_rows, cache_dtype) -> tuple[int, int]:
+    """Construction checks shared by every sampler: ``num_steps``/``max_rows`` ints >= 1, a cache dtype.
+
+    Returns ``(num_steps, max_rows)`` as ints.
+    """
     if cache_dtype not in CACHE_DTYPES:
         raise ValueError(f"cache_dtype: expected torch.bfloat16 or torch.float32, got {cache_dtype}")
-    if int(num_steps) < 1:
-        raise ValueError(f"num_steps: expected >= 1, got {num_steps}")
-    if int(max_rows) < 1:
-        raise ValueError(f"max_rows: expected >= 1, got {max_rows}")
+    return check_int("num_steps", num_steps, 1), check_int("max_rows", max_rows, 1)
 
 
 class DraftDims(NamedTuple):

@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..validate import check_choice, check_draft_inputs, check_sampler_sizes
+from ..validate import check_choice, check_draft_inputs, check_head, check_sampler_sizes
 from .backends import backend_class
 
 METHODS = ("gumbel", "inverse_cdf")
@@ -42,8 +42,9 @@ class MarkovSampler:
 
     def __init__(self, head, num_steps: int, max_rows: int, cache_dtype=torch.bfloat16, method: str = "gumbel",
                  impl: str = "auto", *, fp64: bool = False):
+        check_head(head)
         check_choice("method", method, METHODS)
-        check_sampler_sizes(num_steps, max_rows, cache_dtype)
+        num_steps, max_rows = check_sampler_sizes(num_steps, max_rows, cache_dtype)
         device = head.device
         cls = backend_class(impl)
         if method not in cls.METHODS:

@@ -107,6 +107,8 @@ def _check(logits, k, p, impl, out):
         raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
     check_tensor("logits", logits, dim=2, dtypes=(torch.float32,), last_stride_one=True)
     rows, vocab = logits.shape
+    if vocab < 1:
+        raise ValueError(f"logits: expected V >= 1 columns, got shape {tuple(logits.shape)}")
     if vocab >= 2**31 - 1:
         raise ValueError(f"logits: expected fewer than 2^31 - 1 columns, got {vocab}")
     k = None if k is None else _per_row("k", k, rows, logits.device, (torch.int32, torch.int64), int)
