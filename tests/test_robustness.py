@@ -179,3 +179,47 @@ def test_item4_step_sizes_must_be_ints(name):
 
         DSparkStep(None, lambda ids, pos: None, num_steps=2, max_reqs=3, num_slots=5, mask_token_id=1,
                    max_model_len=10)
+
+
+# --------------------------------------------------------------------------- item 5: duplicate slots
+def _draft_case(rows=4, steps=2, vocab=300, slots=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn(rows, steps, vocab, generator=g)
+    anchor = torch.randint(0, vocab, (rows,), generator=g)
+    idx = torch.arange(rows)[:, None].repeat(1, steps).reshape(-1)
+    positions = torch.randint(1, 1000, (rows * steps,), generator=g)
+    temperature = torch.rand(slots, generator=g) + 0.5
+    seeds = torch.randint(-(2**62), 2**62, (slots,), generator=g)
+    return [base, anchor, idx, positions, temperature, seeds]
+
+
+@pytest.mark.parametrize("impl", ["reference", "fused", "chain"])
+def test_item5_two_rows_on_one_slot_are_rejected_before_any_write(impl):
+    head = _small_head()
+    args = _draft_case()
+    args[2] = torch.tensor([0, 0, 3, 3, 2, 2, 3, 3])  # rows 1 and 3 both on slot 3
+    tokens = torch.full((4, 2), -7, dtype=torch.int64)
+    cache = torch.full((6, 2, 300), 5.0, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"^idx_mapping: rows 1 and 3 both use slot 3"):
+        dm.sample_drafts(head, *args, impl=impl, draft_tokens=tokens, logits_cache=cache)
+    assert bool((tokens == -7).all()) and bool((cache == 5.0).all())
+    sampler = dm.MarkovSampler(head, 2, 4, impl=impl)
+    with pytest.raises(ValueError, match=r"^idx_mapping: .*slot 3"):
+        sampler.sample(*args, draft_tokens=tokens, logits_cache=cache)
+
+
+def test_item5_one_row_may_change_slot_between_steps_and_padding_may_repeat():
+    """Only a (slot, step) cache row written twice is an error; -1 (padding) may repeat freely."""
+    head = _small_head()
+    args = _draft_case()
+    args[2] = torch.tensor([0, 1, 1, 0, -1, -1, -1, -1])  # (0,0) (1,1) (1,0) (0,1): all distinct
+    dm.sample_drafts(head, *args)
+
+
+def test_item5_step_rejects_duplicate_request_slots():
+    step, inputs = _step()
+    inputs["req_slots"] = torch.tensor([4, 0, 4])
+    cache_before = step.logits_cache.clone()
+    with pytest.raises(ValueError, match=r"^req_slots: requests 0 and 2 both use slot 4"):
+        step.draft(**inputs)
+    assert torch.equal(step.logits_cache, cache_before)

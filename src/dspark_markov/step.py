@@ -28,7 +28,7 @@ from typing import NamedTuple
 import torch
 
 from .draft.sampler import MarkovSampler
-from .validate import check_head, check_int
+from .validate import check_head, check_int, check_unique_slots
 from .verify.api import check_verify_inputs
 
 VERIFY_IMPLS = ("triton", "reference")
@@ -141,6 +141,9 @@ class DSparkStep:
         if check_values is None:
             check_values = not _capturing(self.device)
         n, r = self.num_steps, self.max_reqs
+        if check_values and isinstance(req_slots, torch.Tensor) and isinstance(num_reqs, (int, type(None))):
+            live = req_slots[: req_slots.shape[0] if num_reqs is None else num_reqs]
+            check_unique_slots("req_slots", live.reshape(-1), what="requests")
         prepare_block_inputs(last_pos, bonus_tokens, req_slots, num_steps=n, mask_token_id=self.mask_token_id,
                              max_model_len=self.max_model_len, input_ids=self.input_ids, positions=self.positions,
                              sample_pos=self.sample_pos, sample_idx_mapping=self.sample_idx_mapping,

@@ -72,6 +72,32 @@ def check_range(name, x, low, high):
         raise ValueError(f"{name}: expected values in [{low}, {high}), got values in [{lo}, {hi}]")
 
 
+def check_unique_slots(name, slots, steps: int = 1, what: str = "rows") -> None:
+    """Raise ``ValueError`` if two live entries of ``slots`` write the same cache row (synchronises).
+
+    ``slots`` ``[R * steps]`` ordered (row, step), ``-1`` (any negative) = padding: a cache row is
+    ``(slot, step)``, so one row may change slot between steps, and padding may repeat.
+    """
+    if slots.numel() < 2:
+        return
+    grid = slots.reshape(-1, steps).long()
+    rows = grid.shape[0]
+    keys = grid * steps + torch.arange(steps, device=slots.device)  # distinct per (slot, step)
+    keys = torch.where(grid >= 0, keys, -1 - torch.arange(grid.numel(), device=slots.device).view(rows, steps))
+    flat = keys.reshape(-1)
+    order = torch.sort(flat, stable=True).indices
+    ordered = flat[order]
+    same = (ordered[1:] == ordered[:-1]).nonzero()
+    if same.numel() == 0:
+        return
+    at = int(same[0, 0])
+    first, second = int(order[at]), int(order[at + 1])
+    slot, step = int(grid.reshape(-1)[first]), first % steps
+    where = f" at step {step}" if steps > 1 else ""
+    raise ValueError(f"{name}: {what} {first // steps} and {second // steps} both use slot {slot}{where}, so "
+                     f"they would write the same logits_cache row; each live {what[:-1]} needs its own slot")
+
+
 def _same_device(a: torch.device, b: torch.device) -> bool:
     if a.type != b.type:
         return False
@@ -165,6 +191,7 @@ def check_draft_inputs(
     if check_values:
         check_range("anchor", anchor, 0, head.embed_vocab_size)
         check_range("idx_mapping", idx_mapping, -1, slots)
+        check_unique_slots("idx_mapping", idx_mapping, steps)
         if slots > 0:
             if bool(torch.isnan(temperature).any()) or bool((temperature < 0).any()) or bool(torch.isinf(temperature).any()):
                 raise ValueError("temperature: expected finite values >= 0 (0 means greedy), got NaN, inf or a negative value")

@@ -18,7 +18,8 @@ def sample_drafts(head, base_logits, anchor, idx_mapping, positions, temperature
     head : :class:`~dspark_markov.MarkovHead` (W1 ``[V_t, R_k]``, W2 ``[V, R_k]``, scale).
     base_logits : ``[R, N, V]`` bf16 or fp32, last stride 1.
     anchor : ``[R]`` int32/int64, the previous token of step 0.
-    idx_mapping : ``[R*N]`` int32/int64 request-state slot per (row, step); -1 marks padding.
+    idx_mapping : ``[R*N]`` int32/int64 request-state slot per (row, step); -1 marks padding. Two
+        live samples may not share a ``(slot, step)`` cache row (``ValueError`` with ``check_values``).
     positions : ``[R*N]`` int32/int64, the position ``P`` each sample predicts.
     temperature : ``[S]`` fp32 per slot (0 = greedy). seeds : ``[S]`` int64 per slot.
     draft_tokens : optional ``[R, N]`` int64 output. logits_cache : optional ``[S, N, V]`` output

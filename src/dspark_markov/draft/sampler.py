@@ -72,8 +72,13 @@ class MarkovSampler:
 
         base_logits ``[R, N, V]`` bf16/fp32 (last stride 1, any row/step strides); anchor ``[R]``
         int32/int64; idx_mapping and positions ``[R*N]`` int32/int64, ordered (row, step), slot -1
-        = padding; temperature ``[S]`` fp32; seeds ``[S]`` int64. Missing outputs are allocated
-        (``logits_cache`` zero-filled), which is not CUDA-graph safe.
+        = padding; temperature ``[S]`` fp32; seeds ``[S]`` int64; every 1-D input contiguous.
+        Missing outputs are allocated (``logits_cache`` zero-filled), which is not CUDA-graph safe.
+
+        ``check_values`` (default: unless a stream is capturing) reads the inputs back: ids in
+        range, finite temperatures, no two live samples on one ``(slot, step)`` cache row (two rows
+        on one slot would overwrite each other's cache), and after the launch the backend's device
+        status (:meth:`check`). Without it those are the caller's promise.
         """
         if check_values is None:
             check_values = not (base_logits.is_cuda and torch.cuda.is_current_stream_capturing())
