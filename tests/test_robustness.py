@@ -223,3 +223,75 @@ def test_item5_step_rejects_duplicate_request_slots():
     with pytest.raises(ValueError, match=r"^req_slots: requests 0 and 2 both use slot 4"):
         step.draft(**inputs)
     assert torch.equal(step.logits_cache, cache_before)
+
+
+# --------------------------------------------------------------------------- item 3: barrier failures
+def _failing_chain(head, steps, rows):
+    """A chain backend whose barriers time out: two programs in the interpreter (which runs them in turn)."""
+    from dspark_markov.draft.triton_chain import ChainBackend
+
+    backend = ChainBackend(head, steps, rows, "gumbel", torch.bfloat16, head.device, spin_limit=3, word_slots=2)
+    for _, layout in backend.layouts:
+        layout.programs = 2  # more programs than can run at once here
+    return backend
+
+
+def _working(backend):
+    for _, layout in backend.layouts:
+        layout.programs = 1
+    return backend
+
+
+def test_item3_eager_sample_raises_when_the_chain_barrier_timed_out():
+    head = _small_head()
+    args = _draft_case(rows=2, steps=2)
+    sampler = dm.MarkovSampler(head, 2, 2, impl="chain")
+    sampler.backend = _failing_chain(head, 2, 2)
+    with pytest.raises(dm.DeviceStatusError, match="barrier timed out"):
+        sampler.sample(*args)
+    assert issubclass(dm.DeviceStatusError, RuntimeError)
+    # reported once: the flag is cleared, and a working launch then passes its checks
+    _working(sampler.backend)
+    sampler.sample(*args)
+    sampler.check()
+
+
+def test_item3_without_value_checks_the_failure_waits_for_check():
+    """check_values=False (as in a CUDA-graph capture): no host sync in sample; check() raises later."""
+    head = _small_head()
+    args = _draft_case(rows=2, steps=2)
+    sampler = dm.MarkovSampler(head, 2, 2, impl="chain")
+    sampler.backend = _failing_chain(head, 2, 2)
+    out = sampler.sample(*args, check_values=False)
+    assert bool(((out.draft_tokens >= 0) & (out.draft_tokens < 300)).all())
+    assert int(sampler.status.sum()) != 0  # the device flag an engine can copy with its outputs
+    with pytest.raises(dm.DeviceStatusError, match="barrier timed out"):
+        sampler.check()
+    sampler.check()  # cleared after it was reported
+    assert int(sampler.status.sum()) == 0
+
+
+def test_item3_auto_dispatcher_checks_the_backends_it_dispatches_to(monkeypatch):
+    from dspark_markov.draft import auto
+
+    head = _small_head()
+    args = _draft_case(rows=1, steps=2)
+    sampler = dm.MarkovSampler(head, 2, 1, impl="auto")
+    sampler.backend.backends["chain"] = _failing_chain(head, 2, 1)
+    monkeypatch.setattr(auto, "choose", lambda method, cache_dtype, rows, device: "chain")
+    with pytest.raises(dm.DeviceStatusError, match="barrier timed out"):
+        sampler.sample(*args)
+    sampler.sample(*args, check_values=False)
+    with pytest.raises(dm.DeviceStatusError):
+        sampler.check()
+
+
+def test_item3_step_reports_a_chain_failure_at_draft_or_check():
+    step, inputs = _step(draft_impl="chain")
+    step.sampler.backend = _failing_chain(step.head, 2, 3)
+    with pytest.raises(dm.DeviceStatusError, match="barrier timed out"):
+        step.draft(**inputs)
+    step.draft(**inputs, check_values=False)
+    with pytest.raises(dm.DeviceStatusError, match="barrier timed out"):
+        step.check()
+    step.check()

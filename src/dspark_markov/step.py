@@ -161,6 +161,20 @@ class DSparkStep:
                             check_values=check_values)
         return self.draft_tokens
 
+    def check(self) -> None:
+        """Raise :class:`~dspark_markov.DeviceStatusError` if a draft launch since the last check failed on
+        the device (``chain``'s barrier timed out; see :meth:`MarkovSampler.check`).
+
+        An eager :meth:`draft` checks by itself; after graph replays call this where the engine
+        synchronises anyway (after reading :attr:`num_emitted`), or copy :attr:`status` with it.
+        """
+        self.sampler.check()
+
+    @property
+    def status(self):
+        """The draft sampler's device status flag (``[1]`` int32, non-zero = failure) or ``None``."""
+        return self.sampler.status
+
     def verify(self, target_logits, num_drafts, temperature, seeds, *, target_greedy=None, top_k=None, top_p=None,
                check_values: bool | None = None) -> StepVerifyOutput:
         """Verify the last :meth:`draft`'s tokens against the target (SPEC.md section 6).

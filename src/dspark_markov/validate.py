@@ -18,6 +18,16 @@ from typing import NamedTuple
 
 import torch
 
+class DeviceStatusError(RuntimeError):
+    """A kernel reported a failure through its device status flag (e.g. a grid barrier timed out).
+
+    The outputs of the launch(es) since the last check are meaningless (tokens stay in ``[0, V)``).
+    Raised by ``check()`` of a sampler or backend, and by an eager :meth:`MarkovSampler.sample`
+    (``check_values=True``) after its launch; see the backend protocol in
+    :mod:`dspark_markov.draft.backends`.
+    """
+
+
 INDEX_DTYPES = (torch.int32, torch.int64)
 LOGIT_DTYPES = (torch.bfloat16, torch.float32)
 CACHE_DTYPES = (torch.bfloat16, torch.float32)

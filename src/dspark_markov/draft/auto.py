@@ -96,6 +96,19 @@ class AutoBackend:
             cls = backend_class(impl)
             rows = max_rows if cls.MAX_ROWS is None else min(max_rows, cls.MAX_ROWS)  # chain: small batches
             self.backends[impl] = cls(head, num_steps, rows, method, cache_dtype, device)
+        # One device status flag for every dispatched backend that has one (backends.py protocol).
+        flagged = [backend for backend in self.backends.values() if hasattr(backend, "status")]
+        if flagged:
+            self.status = flagged[0].status
+            for backend in flagged[1:]:
+                backend.status = self.status
+
+    def check(self) -> None:
+        """``check()`` of every dispatched backend with a device status (raises the first failure)."""
+        for backend in self.backends.values():
+            check = getattr(backend, "check", None)
+            if check is not None:
+                check()
 
     def choice(self, rows: int) -> str:
         return choose(self.method, self.cache_dtype, rows, self.device)

@@ -11,6 +11,25 @@ Triton backends, so a call can be captured in a CUDA graph). Class attributes:
 - ``GRAPH_SAFE``: whether ``run`` is capturable;
 - ``MAX_ROWS``: the largest batch it takes (``None``: any).
 
+Device status (a backend whose kernel can fail without the host knowing, e.g. a persistent kernel
+whose bounded grid barrier gives up; ``chain``, and the CUDA C++ chain, follow this contract):
+
+- ``status``: a ``[1]`` int32 tensor on the device, allocated in ``__init__``, that the kernel
+  ORs a non-zero failure bit into and never clears (sticky across launches and graph replays).
+  ``run`` reads the attribute at every launch, so a dispatcher (``auto``) may point several
+  backends at one shared flag before their first launch.
+- ``check()``: reads ``status`` (one host sync); if non-zero, zeroes it and raises
+  :class:`~dspark_markov.DeviceStatusError` (a ``RuntimeError``) whose message names the impl and
+  says the tokens since the last check are meaningless. Each failure is reported once.
+- The launch must still end (bounded waits) with every token in ``[0, V)`` and no write outside
+  the outputs; the tokens are then simply not the reference's.
+
+Callers: :meth:`MarkovSampler.sample` calls ``check()`` after the launch when ``check_values``
+is on (eager calls; never during a capture); :meth:`MarkovSampler.check`,
+:meth:`~dspark_markov.DSparkStep.check` and ``AutoBackend.check`` call it on request (after
+graph replays, at a point where the engine synchronises anyway). Backends without a device
+status define neither attribute.
+
 The implementation is chosen explicitly and never falls back silently; ``"auto"`` is a backend of
 its own (:mod:`dspark_markov.draft.auto`) that dispatches each call by its batch size to the
 fastest measured design.
@@ -27,6 +46,8 @@ _BACKENDS = {
     "inverse_cdf": ("dspark_markov.draft.triton_inverse_cdf", "InverseCdfBackend"),
     "fused": ("dspark_markov.draft.triton_fused", "FusedBackend"),
     "chain": ("dspark_markov.draft.triton_chain", "ChainBackend"),
+    "cuda_chain": ("dspark_markov.draft.cuda_chain", "CudaChainBackend"),
+    "stream": ("dspark_markov.draft.triton_stream", "StreamBackend"),
     "auto": ("dspark_markov.draft.auto", "AutoBackend"),
 }
 

@@ -38,6 +38,12 @@ class MarkovSampler:
     stream is capturing), and reads every per-call value (anchor, slots, positions, temperature,
     seeds) from the given tensors at replay time: capture once, then refill the same input tensors
     and replay.
+
+    Device failures: a backend with a device status flag (``chain``: a grid barrier that timed out)
+    reports it as :class:`~dspark_markov.DeviceStatusError`, raised by an eager :meth:`sample`
+    (``check_values=True``) right after its launch, or by :meth:`check`. After graph replays call
+    :meth:`check` where the engine synchronises anyway (e.g. after copying the emitted tokens to
+    the host), or copy :attr:`status` along with those outputs (non-zero = failure).
     """
 
     def __init__(self, head, num_steps: int, max_rows: int, cache_dtype=torch.bfloat16, method: str = "gumbel",
@@ -98,4 +104,21 @@ class MarkovSampler:
         if dims.rows > 0:
             self.backend.run(base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens,
                              logits_cache)
+            if check_values:
+                self.check()
         return DraftOutput(draft_tokens, logits_cache)
+
+    @property
+    def status(self):
+        """The backend's device status flag (``[1]`` int32, non-zero = a failure since the last
+        :meth:`check`), or ``None`` for backends that cannot fail on the device. Reading it is free
+        until its value is copied to the host."""
+        return getattr(self.backend, "status", None)
+
+    def check(self) -> None:
+        """Raise :class:`~dspark_markov.DeviceStatusError` if a launch since the last check failed on the
+        device (e.g. ``chain``'s barrier timed out), then clear the flag. One host sync for backends
+        with a device status, none otherwise; not inside a graph capture."""
+        check = getattr(self.backend, "check", None)
+        if check is not None:
+            check()
