@@ -46,8 +46,6 @@ _BACKENDS = {
     "inverse_cdf": ("dspark_markov.draft.triton_inverse_cdf", "InverseCdfBackend"),
     "fused": ("dspark_markov.draft.triton_fused", "FusedBackend"),
     "chain": ("dspark_markov.draft.triton_chain", "ChainBackend"),
-    "cuda_chain": ("dspark_markov.draft.cuda_chain", "CudaChainBackend"),
-    "stream": ("dspark_markov.draft.triton_stream", "StreamBackend"),
     "auto": ("dspark_markov.draft.auto", "AutoBackend"),
 }
 
