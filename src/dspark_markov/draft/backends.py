@@ -46,6 +46,7 @@ _BACKENDS = {
     "inverse_cdf": ("dspark_markov.draft.triton_inverse_cdf", "InverseCdfBackend"),
     "fused": ("dspark_markov.draft.triton_fused", "FusedBackend"),
     "chain": ("dspark_markov.draft.triton_chain", "ChainBackend"),
+    "cuda_chain": ("dspark_markov.draft.cuda_chain", "CudaChainBackend"),
     "auto": ("dspark_markov.draft.auto", "AutoBackend"),
 }
 
