@@ -144,6 +144,13 @@ class CudaChainBackend:
         self.sync = torch.zeros(self.num_steps + 1, dtype=torch.int32, device=self.device)
         self.status = torch.zeros(1, dtype=torch.int32, device=self.device)
 
+    @staticmethod
+    def unavailable_reason() -> str | None:
+        """Why this design cannot run here (no GPU, not sm_90, no NVRTC, a build error), or ``None``."""
+        from .. import cuda
+
+        return cuda.availability()
+
     def kernel_name(self, nt: int) -> str:
         return f"dm_chain_nt{nt}" + ("_reg" if self.reg_tile else "")
 
