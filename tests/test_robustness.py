@@ -295,3 +295,27 @@ def test_item3_step_reports_a_chain_failure_at_draft_or_check():
     with pytest.raises(dm.DeviceStatusError, match="barrier timed out"):
         step.check()
     step.check()
+
+
+# --------------------------------------------------------------------------- item 8: the demo's checks
+def test_item8_demo_says_a_zero_df_check_was_not_run(capsys):
+    from dspark_markov import demo
+
+    code = demo.main(["--vocab", "32", "--rank", "4", "--requests", "2", "--length", "2", "--quiet"])
+    printed = capsys.readouterr().out
+    lines = [line for line in printed.splitlines() if "bigram chi-square" in line]
+    assert len(lines) == 2, printed
+    for line in lines:
+        assert "too few draws for a chi-square" in line and "not run" in line, line
+        assert "pass" not in line.split("chi-square", 1)[1], line
+    assert code == 1, "a run whose distribution check could not run must not report success"
+
+
+def test_item8_verdict_of_the_chi_square():
+    from dspark_markov import demo
+
+    assert demo.chi_square_verdict(0.0, 0) == (None, "not run: too few draws for a chi-square (0 df)")
+    passed, text = demo.chi_square_verdict(3.0, 4)
+    assert passed is True and text.endswith(": pass")
+    passed, text = demo.chi_square_verdict(1e9, 4)
+    assert passed is False and text.endswith(": FAIL")
