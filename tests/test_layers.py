@@ -17,8 +17,8 @@ ROOT = "dspark_markov"
 
 # unit -> level (imports go to lower levels only, or inside the unit)
 LAYERS = {
-    "dspark_markov._version": 0, "dspark_markov.rng": 0, "dspark_markov.validate": 0, "dspark_markov.registry": 0,
-    "dspark_markov.head": 1, "dspark_markov.ops": 1, "dspark_markov.cuda": 1,
+    "dspark_markov._version": 0, "dspark_markov.rng": 0, "dspark_markov.registry": 0, "dspark_markov.head": 0,
+    "dspark_markov.validate": 1, "dspark_markov.ops": 1, "dspark_markov.cuda": 1,
     "dspark_markov.draft": 2,
     "dspark_markov.verify": 3, "dspark_markov.block_inputs": 3, "dspark_markov.sharded": 3,
     "dspark_markov.step": 4,

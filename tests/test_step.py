@@ -51,7 +51,9 @@ def _expected_draft(head, backbone, last_pos, bonus, slots, temperature, seeds):
     anchor = ids.view(MAX_REQS, N + 1)[:, 0].contiguous()
     cache = torch.zeros(SLOTS, N, VOCAB, dtype=torch.bfloat16)
     out = dm.sample_drafts(head, base, anchor, sample_idx, sample_pos, temperature, seeds, logits_cache=cache)
-    return out.draft_tokens, cache, sample_idx.view(MAX_REQS, N)[:, 0], sample_pos.view(MAX_REQS, N)[:, 0]
+    # contiguous copies: 1-D per-request tensors must be contiguous (README, Inputs)
+    return (out.draft_tokens, cache, sample_idx.view(MAX_REQS, N)[:, 0].contiguous(),
+            sample_pos.view(MAX_REQS, N)[:, 0].contiguous())
 
 
 def _target(draft_tokens, cache, req_slots, temperature, seed):

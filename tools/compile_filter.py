@@ -1,7 +1,7 @@
 """Compile the top-k/top-p filter kernels for sm_90 without a GPU and print their resources.
 
 Reuses ``compile_check.py``'s driver stand-in (launches become compile-only warm-ups) and drives
-:func:`dspark_markov.verify.filtering_triton.launch_top_k_top_p` on ``meta`` tensors at
+:func:`dspark_markov.verify.triton_filtering.launch_top_k_top_p` on ``meta`` tensors at
 V = 129,280 in both layouts, every kernel/phase variant the GPU will build (per-row and scalar
 ``k``/``p``, in place and out of place), printing registers, spill bytes and shared memory from
 ``ptxas -v``.
@@ -53,7 +53,7 @@ def _compile_only(self, *args, grid, warmup, **kwargs):
 def main():
     driver.set_active(compile_check._CompileOnlyDriver())
     JITFunction.run = _compile_only
-    from dspark_markov.verify import filtering_triton as ft
+    from dspark_markov.verify import triton_filtering as ft
 
     failures = 0
     for label, logits, k, p, target, chunks in _variants():

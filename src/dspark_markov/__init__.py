@@ -21,6 +21,7 @@ from .rng import (
     uniform64,
 )
 from .step import DSparkStep
+from .validate import DeviceStatusError
 from .verify import VerifyOutput, verify_drafts
 from .verify.filtering import top_k_top_p
 
@@ -29,6 +30,7 @@ from ._version import __version__
 __all__ = [
     "DRAFT_POS_SALT",
     "DSparkStep",
+    "DeviceStatusError",
     "GOLDEN_DOMAIN",
     "DraftOutput",
     "MarkovHead",

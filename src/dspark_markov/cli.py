@@ -48,6 +48,10 @@ def _impl_status(impl: str) -> str:
         cls = registry.load("draft", impl)
     except ValueError as error:
         return f"unavailable: {str(error).split('(', 1)[-1].rstrip(')')}"
+    why_not = getattr(cls, "unavailable_reason", None)  # designs that need more than an import (cuda_chain)
+    reason = why_not() if why_not is not None else None
+    if reason is not None:
+        return f"unavailable: {reason}"
     devices = ", ".join(getattr(cls, "DEVICES", ()))
     methods = ", ".join(getattr(cls, "METHODS", ()))
     return f"available (devices: {devices}; methods: {methods})"

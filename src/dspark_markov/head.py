@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 
 WEIGHT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -48,9 +51,9 @@ class MarkovHead:
                 f"embed_weight: expected at least V = {head_weight.shape[0]} rows (one per draftable token), "
                 f"got shape {tuple(embed_weight.shape)}"
             )
+        if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
+            raise ValueError(f"scale: expected a finite float, got {scale!r} ({type(scale).__name__})")
         scale = float(scale)
-        if not torch.isfinite(torch.tensor(scale)):
-            raise ValueError(f"scale: expected a finite float, got {scale}")
         self.embed_weight = embed_weight.contiguous()
         self.head_weight = head_weight.contiguous()
         self.scale = scale

@@ -17,7 +17,26 @@ The protocol. A **draft backend** is a class constructed once with
 ``(head, num_steps, max_rows, *, method, cache_dtype, device)`` that allocates its scratch there
 and whose ``run(base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens,
 logits_cache)`` launches work only; class attributes ``METHODS``, ``DEVICES``, ``GRAPH_SAFE``,
-``MAX_ROWS`` (checked by :func:`check_draft_backend`). A **function implementation** (the other
+``MAX_ROWS`` (checked by :func:`check_draft_backend`).
+
+Device status (a backend whose kernel can fail without the host knowing, e.g. a persistent kernel
+whose bounded grid barrier gives up; ``chain`` and ``cuda_chain`` follow this contract):
+
+- ``status``: a ``[1]`` int32 tensor on the device, allocated in ``__init__``, that the kernel
+  ORs a non-zero failure bit into and never clears (sticky across launches and graph replays).
+  ``run`` reads the attribute at every launch, so a dispatcher (``auto``) may point several
+  backends at one shared flag before their first launch.
+- ``check()``: reads ``status`` (one host sync); if non-zero, zeroes it and raises
+  :class:`~dspark_markov.DeviceStatusError` (a ``RuntimeError``) whose message names the impl and
+  says the tokens since the last check are meaningless. Each failure is reported once.
+- The launch must still end (bounded waits) with every token in ``[0, V)`` and no write outside
+  the outputs; the tokens are then simply not the reference's.
+
+Callers: :meth:`MarkovSampler.sample` calls ``check()`` after the launch when ``check_values``
+is on (eager calls; never during a capture); :meth:`MarkovSampler.check`,
+:meth:`~dspark_markov.DSparkStep.check` and ``AutoBackend.check`` call it on request (after
+graph replays, at a point where the engine synchronises anyway). Backends without a device
+status define neither attribute. A **function implementation** (the other
 families) has one signature per family, given by the family's public function
 (``verify_drafts``, ``top_k_top_p``, ``prepare_block_inputs``); its devices and graph safety are
 in its :data:`REGISTRY` entry. Modules are imported by name, lazily (importing the package
@@ -51,6 +70,7 @@ REGISTRY = {
         "inverse_cdf": Entry(_DRAFT + "triton_inverse_cdf", "InverseCdfBackend"),
         "fused": Entry(_DRAFT + "triton_fused", "FusedBackend"),
         "chain": Entry(_DRAFT + "triton_chain", "ChainBackend"),
+        "cuda_chain": Entry(_DRAFT + "cuda_chain", "CudaChainBackend"),
         AUTO: Entry(_DRAFT + "auto", "AutoBackend"),
     },
     "verify": {

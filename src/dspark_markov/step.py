@@ -29,6 +29,7 @@ import torch
 
 from . import registry
 from .draft.sampler import MarkovSampler
+from .validate import check_head, check_int, check_unique_slots
 from .verify.api import check_verify_inputs
 
 
@@ -74,12 +75,13 @@ class DSparkStep:
                  draft_impl: str = registry.DEFAULT_IMPL, verify_method: str = "standard",
                  verify_impl: str = registry.DEFAULT_IMPL, block_inputs_impl: str = registry.DEFAULT_IMPL,
                  filter_impl: str = registry.DEFAULT_IMPL):
+        check_head(head)
         if not callable(backbone):
             raise ValueError(f"backbone: expected a callable (input_ids, positions) -> base_logits, got {backbone!r}")
-        for name, value in (("num_steps", num_steps), ("max_reqs", max_reqs), ("num_slots", num_slots),
-                            ("max_model_len", max_model_len)):
-            if int(value) < 1:
-                raise ValueError(f"{name}: expected >= 1, got {value}")
+        num_steps, max_reqs, num_slots, max_model_len = (
+            check_int(name, value, 1) for name, value in (("num_steps", num_steps), ("max_reqs", max_reqs),
+                                                          ("num_slots", num_slots), ("max_model_len", max_model_len)))
+        mask_token_id = check_int("mask_token_id", mask_token_id, 0)
         verify_impl = registry.resolve("verify", verify_impl, head.device, "verify_impl")
         if verify_method not in ("standard", "block"):
             raise ValueError(f"verify_method: expected 'standard' or 'block', got {verify_method!r}")
@@ -139,6 +141,9 @@ class DSparkStep:
             check_values = not _capturing(self.device)
         n, r = self.num_steps, self.max_reqs
         registry.check_capturable("block_inputs", self.block_inputs_impl, self.device, argument="block_inputs_impl")
+        if check_values and isinstance(req_slots, torch.Tensor) and isinstance(num_reqs, (int, type(None))):
+            live = req_slots[: req_slots.shape[0] if num_reqs is None else num_reqs]
+            check_unique_slots("req_slots", live.reshape(-1), what="requests")
         prepare_block_inputs(last_pos, bonus_tokens, req_slots, num_steps=n, mask_token_id=self.mask_token_id,
                              max_model_len=self.max_model_len, input_ids=self.input_ids, positions=self.positions,
                              sample_pos=self.sample_pos, sample_idx_mapping=self.sample_idx_mapping,
@@ -155,6 +160,20 @@ class DSparkStep:
                             draft_tokens=self.draft_tokens, logits_cache=self.logits_cache,
                             check_values=check_values)
         return self.draft_tokens
+
+    def check(self) -> None:
+        """Raise :class:`~dspark_markov.DeviceStatusError` if a draft launch since the last check failed on
+        the device (``chain``'s barrier timed out; see :meth:`MarkovSampler.check`).
+
+        An eager :meth:`draft` checks by itself; after graph replays call this where the engine
+        synchronises anyway (after reading :attr:`num_emitted`), or copy :attr:`status` with it.
+        """
+        self.sampler.check()
+
+    @property
+    def status(self):
+        """The draft sampler's device status flag (``[1]`` int32, non-zero = failure) or ``None``."""
+        return self.sampler.status
 
     def verify(self, target_logits, num_drafts, temperature, seeds, *, target_greedy=None, top_k=None, top_p=None,
                check_values: bool | None = None) -> StepVerifyOutput:
@@ -177,9 +196,9 @@ class DSparkStep:
         if check_values is None:
             check_values = not _capturing(self.device)
         n, r = self.num_steps, self.max_reqs
-        if check_values:
-            check_verify_inputs(target_logits, self.draft_tokens, self.logits_cache, num_drafts, self.req_slots,
-                                self.req_positions, temperature, seeds, target_greedy, check_values=True)
+        # Shapes, dtypes and strides are checked on every call (no host sync); values only when asked.
+        check_verify_inputs(target_logits, self.draft_tokens, self.logits_cache, num_drafts, self.req_slots,
+                            self.req_positions, temperature, seeds, target_greedy, check_values=check_values)
         if tuple(target_logits.shape) != (r, n + 1, self.vocab):
             raise ValueError(f"target_logits: expected shape {(r, n + 1, self.vocab)}, got {tuple(target_logits.shape)}")
         if top_k is not None or top_p is not None:

@@ -3,21 +3,39 @@
 Every violation raises ``ValueError`` naming the argument and what was expected, before any
 kernel runs. Shape/dtype/device/stride checks never synchronise with the device; value-range
 checks (``check_values=True``) read the tensors back and so are skipped inside CUDA-graph capture.
+
+Stride rule (the same for every entry point): a 1-D per-row or per-slot tensor (``anchor``,
+``idx_mapping``, ``positions``, ``temperature``, ``seeds``, ``num_drafts``, ``target_greedy``,
+``k``, ``p``, ``last_pos``, ...) must be contiguous; a strided view raises ``ValueError`` naming
+it (:func:`check_vector`), so kernels index such tensors as ``ptr + row``. Multi-dimensional
+tensors state their own stride needs (usually: last stride 1, other strides free).
 """
 
 from __future__ import annotations
 
+import operator
 from typing import NamedTuple
 
 import torch
+
+class DeviceStatusError(RuntimeError):
+    """A kernel reported a failure through its device status flag (e.g. a grid barrier timed out).
+
+    The outputs of the launch(es) since the last check are meaningless (tokens stay in ``[0, V)``).
+    Raised by ``check()`` of a sampler or backend, and by an eager :meth:`MarkovSampler.sample`
+    (``check_values=True``) after its launch; see the backend protocol in
+    :mod:`dspark_markov.registry`.
+    """
+
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 LOGIT_DTYPES = (torch.bfloat16, torch.float32)
 CACHE_DTYPES = (torch.bfloat16, torch.float32)
 
 
-def check_tensor(name, x, *, dim=None, shape=None, dtypes=None, device=None, last_stride_one=False):
-    """Raise ``ValueError`` unless ``x`` is a tensor of the given rank/shape/dtypes/device."""
+def check_tensor(name, x, *, dim=None, shape=None, dtypes=None, device=None, last_stride_one=False,
+                 contiguous=False):
+    """Raise ``ValueError`` unless ``x`` is a tensor of the given rank/shape/dtypes/device/strides."""
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
     if dim is not None and x.dim() != dim:
@@ -31,6 +49,16 @@ def check_tensor(name, x, *, dim=None, shape=None, dtypes=None, device=None, las
         raise ValueError(f"{name}: expected a tensor on {device}, got one on {x.device}")
     if last_stride_one and x.numel() > 0 and x.stride(-1) != 1:
         raise ValueError(f"{name}: expected the last dimension contiguous (stride 1), got strides {x.stride()}")
+    if contiguous and not x.is_contiguous():
+        what = "1-D tensor (stride 1)" if x.dim() == 1 else "tensor"
+        raise ValueError(f"{name}: expected a contiguous {what}, got strides {x.stride()} "
+                         f"(pass .contiguous())")
+
+
+def check_vector(name, x, *, length=None, dtypes=None, device=None):
+    """A 1-D per-row / per-slot tensor: ``[length]`` (if given), ``dtypes``, ``device``, contiguous."""
+    check_tensor(name, x, dim=1, shape=None if length is None else (length,), dtypes=dtypes, device=device,
+                 contiguous=True)
 
 
 def check_choice(name, value, choices):
@@ -54,6 +82,32 @@ def check_range(name, x, low, high):
         raise ValueError(f"{name}: expected values in [{low}, {high}), got values in [{lo}, {hi}]")
 
 
+def check_unique_slots(name, slots, steps: int = 1, what: str = "rows") -> None:
+    """Raise ``ValueError`` if two live entries of ``slots`` write the same cache row (synchronises).
+
+    ``slots`` ``[R * steps]`` ordered (row, step), ``-1`` (any negative) = padding: a cache row is
+    ``(slot, step)``, so one row may change slot between steps, and padding may repeat.
+    """
+    if slots.numel() < 2:
+        return
+    grid = slots.reshape(-1, steps).long()
+    rows = grid.shape[0]
+    keys = grid * steps + torch.arange(steps, device=slots.device)  # distinct per (slot, step)
+    keys = torch.where(grid >= 0, keys, -1 - torch.arange(grid.numel(), device=slots.device).view(rows, steps))
+    flat = keys.reshape(-1)
+    order = torch.sort(flat, stable=True).indices
+    ordered = flat[order]
+    same = (ordered[1:] == ordered[:-1]).nonzero()
+    if same.numel() == 0:
+        return
+    at = int(same[0, 0])
+    first, second = int(order[at]), int(order[at + 1])
+    slot, step = int(grid.reshape(-1)[first]), first % steps
+    where = f" at step {step}" if steps > 1 else ""
+    raise ValueError(f"{name}: {what} {first // steps} and {second // steps} both use slot {slot}{where}, so "
+                     f"they would write the same logits_cache row; each live {what[:-1]} needs its own slot")
+
+
 def _same_device(a: torch.device, b: torch.device) -> bool:
     if a.type != b.type:
         return False
@@ -64,14 +118,39 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
     return ai == bi
 
 
-def check_sampler_sizes(num_steps, max_rows, cache_dtype) -> None:
-    """Construction checks shared by every sampler: ``num_steps``/``max_rows`` >= 1, a cache dtype."""
+def check_int(name, value, minimum) -> int:
+    """``value`` as an ``int >= minimum``; ``ValueError`` naming ``name`` otherwise.
+
+    Python and numpy ints and one-element integer tensors pass (``operator.index``); floats (even
+    ``2.0``), strings, ``bool`` and ``None`` do not: a size is never truncated or parsed.
+    """
+    try:
+        number = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        number = None
+    if number is None:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {value!r} ({type(value).__name__})")
+    if number < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {number}")
+    return int(number)
+
+
+def check_head(head, name: str = "head") -> None:
+    """Raise ``ValueError`` unless ``head`` is a :class:`~dspark_markov.MarkovHead`."""
+    from .head import MarkovHead
+
+    if not isinstance(head, MarkovHead):
+        raise ValueError(f"{name}: expected a MarkovHead(embed_weight, head_weight, scale), got {type(head).__name__}")
+
+
+def check_sampler_sizes(num_steps, max_rows, cache_dtype) -> tuple[int, int]:
+    """Construction checks shared by every sampler: ``num_steps``/``max_rows`` ints >= 1, a cache dtype.
+
+    Returns ``(num_steps, max_rows)`` as ints.
+    """
     if cache_dtype not in CACHE_DTYPES:
         raise ValueError(f"cache_dtype: expected torch.bfloat16 or torch.float32, got {cache_dtype}")
-    if int(num_steps) < 1:
-        raise ValueError(f"num_steps: expected >= 1, got {num_steps}")
-    if int(max_rows) < 1:
-        raise ValueError(f"max_rows: expected >= 1, got {max_rows}")
+    return check_int("num_steps", num_steps, 1), check_int("max_rows", max_rows, 1)
 
 
 class DraftDims(NamedTuple):
@@ -105,14 +184,12 @@ def check_draft_inputs(
     if steps < 1:
         raise ValueError(f"base_logits: expected N >= 1 draft steps, got shape {tuple(base_logits.shape)}")
     # The Triton launchers index the 1-D inputs with unit stride: a strided view is rejected, not misread.
-    check_tensor("anchor", anchor, shape=(rows,), dtypes=INDEX_DTYPES, device=device, last_stride_one=True)
-    check_tensor("idx_mapping", idx_mapping, shape=(rows * steps,), dtypes=INDEX_DTYPES, device=device,
-                 last_stride_one=True)
-    check_tensor("positions", positions, shape=(rows * steps,), dtypes=INDEX_DTYPES, device=device,
-                 last_stride_one=True)
-    check_tensor("temperature", temperature, dim=1, dtypes=(torch.float32,), device=device, last_stride_one=True)
+    check_vector("anchor", anchor, length=rows, dtypes=INDEX_DTYPES, device=device)
+    check_vector("idx_mapping", idx_mapping, length=rows * steps, dtypes=INDEX_DTYPES, device=device)
+    check_vector("positions", positions, length=rows * steps, dtypes=INDEX_DTYPES, device=device)
+    check_vector("temperature", temperature, dtypes=(torch.float32,), device=device)
     slots = temperature.shape[0]
-    check_tensor("seeds", seeds, shape=(slots,), dtypes=(torch.int64,), device=device, last_stride_one=True)
+    check_vector("seeds", seeds, length=slots, dtypes=(torch.int64,), device=device)
     if draft_tokens is not None:
         check_tensor("draft_tokens", draft_tokens, shape=(rows, steps), dtypes=(torch.int64,), device=device,
                      last_stride_one=True)
@@ -124,6 +201,7 @@ def check_draft_inputs(
     if check_values:
         check_range("anchor", anchor, 0, head.embed_vocab_size)
         check_range("idx_mapping", idx_mapping, -1, slots)
+        check_unique_slots("idx_mapping", idx_mapping, steps)
         if slots > 0:
             if bool(torch.isnan(temperature).any()) or bool((temperature < 0).any()) or bool(torch.isinf(temperature).any()):
                 raise ValueError("temperature: expected finite values >= 0 (0 means greedy), got NaN, inf or a negative value")

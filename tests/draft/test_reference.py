@@ -408,7 +408,7 @@ def test_draws_follow_softmax(method):
     out = dm.sample_drafts(zero_head(vocab), base, torch.zeros(samples, dtype=torch.int64),
                            torch.zeros(samples, dtype=torch.int64), torch.arange(samples) + 11,
                            torch.tensor([temp]), torch.tensor([2024]), method=method, impl="reference",
-                           cache_dtype=torch.float32)
+                           cache_dtype=torch.float32, check_values=False)  # all rows on slot 0 on purpose
     counts = torch.bincount(out.draft_tokens[:, 0], minlength=vocab).double()
     probs = torch.softmax(logits.double() / temp, 0)
     expected = probs * samples

@@ -6,12 +6,13 @@ Run as ``dspark-markov bench [...]`` or ``python -m dspark_markov.bench.cli [...
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 import torch
 
-from . import grid, report, roofline
+from . import grid, report, roofline, vllm_loop
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
 
@@ -38,8 +39,10 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dspark-markov bench",
         description="Time one whole MarkovSampler.sample call (all steps) per design as a CUDA-graph replay with "
-                    "a cold L2; report speedups over `loop`, the minimal bytes and the fraction of the measured "
-                    "HBM read bandwidth.")
+                    "a cold L2; report speedups over vLLM's own speculator loop (design vllm_loop, built from "
+                    "vLLM's gumbel_sample; over our `loop` when that cannot be imported), the minimal bytes, two "
+                    "floors (W2 read once per step / once per call) and the fraction of the measured HBM read "
+                    "bandwidth.")
     parser.add_argument("--verify", action="store_true",
                         help="time verification (standard, block), top-k/top-p filtering and block inputs instead "
                              "of the samplers (bench/verify_grid.py; files get a _verify suffix; --steps is K = N; "
@@ -53,6 +56,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--designs", type=_name_list,
                         help=f"designs to time (default {','.join(grid.DESIGNS)}; cpu: reference, plus the Triton "
                              "designs when TRITON_INTERPRET=1)")
+    parser.add_argument("--vllm-cache", metavar="DIR",
+                        help="folder holding vLLM's gumbel_sample as extracted by `python tools/extract_vllm.py` "
+                             "(default: .vllm-cache in the working directory or the repository root); design "
+                             "vllm_loop uses an installed vLLM first, and shows as n/a when neither is there")
     parser.add_argument("--temperature", choices=("1", "mixed", "both"), default="both",
                         help="all slots at T=1, mixed T=0/0.6/1 per slot, or both")
     parser.add_argument("--method", choices=("gumbel", "inverse_cdf"),
@@ -106,11 +113,20 @@ def main(argv=None) -> int:
         print(f"dspark-markov bench: {error}", file=sys.stderr)
         return 2
 
+    if args.vllm_cache:
+        os.environ[vllm_loop.CACHE_ENV] = str(Path(args.vllm_cache).resolve())
     env = report.environment(config.device, argv)
+    if grid.VLLM_LOOP in config.designs:
+        try:
+            env["vllm_gumbel_sample"] = vllm_loop.load_gumbel_sample()[1]
+        except ImportError as error:
+            env["vllm_gumbel_sample"] = None
+            print(f"note: {grid.VLLM_LOOP} is n/a and speedups are over `loop`: {error}", file=sys.stderr)
     device = torch.device(config.device)
     bandwidth = roofline.measure_bandwidth(device)
     records = grid.run_grid(config, bandwidth, progress=not args.no_progress)
     checks = report.check_targets(records)
+    checks12 = report.check_issue12_targets(records)
 
     print(f"{report.environment_line(env)} | V={config.vocab} rank {config.rank} N={config.steps} "
           f"cache {args.cache_dtype} logits {args.logits_dtype}")
@@ -119,11 +135,12 @@ def main(argv=None) -> int:
         print(report.format_table(records, bandwidth, markdown=True))
     if args.targets:
         print(report.format_targets(checks))
+        print(report.format_issue12_targets(checks12))
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = report.file_stem(env, config)
-    written = [report.write_json(out / f"{stem}.json", env, config, bandwidth, records, checks),
+    written = [report.write_json(out / f"{stem}.json", env, config, bandwidth, records, checks, checks12),
                report.write_csv(out / f"{stem}.csv", env, config, bandwidth, records)]
     if not args.no_plot:
         written.append(report.write_png(out / f"{stem}.png", env, config, records))

@@ -20,11 +20,12 @@ from ..draft.sampler import MarkovSampler
 from ..head import MarkovHead
 from . import harness, roofline
 
-DESIGNS = ("loop", "gumbel_fused", "inverse_cdf", "fused", "chain")
+VLLM_LOOP = "vllm_loop"  # vLLM's own speculator loop (bench/vllm_loop.py): the yardstick when it can run
+DESIGNS = (VLLM_LOOP, "loop", "gumbel_fused", "inverse_cdf", "fused", "chain")
 KNOWN_DESIGNS = ("reference",) + DESIGNS
 TEMPERATURE_MODES = ("1", "mixed")
 MIXED_TEMPERATURES = (0.0, 0.6, 1.0)  # slot s gets MIXED_TEMPERATURES[s % 3]
-BASELINE = "loop"
+BASELINE = "loop"  # our own loop design: speedup_vs_loop
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +62,7 @@ def cpu_config(**overrides) -> BenchConfig:
     """The small ``--device cpu`` reference run: V = 2048, rank 32, rows {1, 4}, no graphs."""
     designs = ("reference",)
     if os.environ.get("TRITON_INTERPRET") == "1":
-        designs = designs + DESIGNS
+        designs = designs + tuple(d for d in DESIGNS if d != VLLM_LOOP)
     values = dict(device="cpu", vocab=2048, rank=32, rows=(1, 4), designs=designs, rounds=3, replays=5)
     values.update(overrides)
     return BenchConfig(**values)
@@ -132,20 +133,7 @@ class DesignRun:
         rows = inputs.base_logits.shape[0]
         self.sampler = MarkovSampler(head, config.steps, rows, cache_dtype=config.cache_dtype, method=self.method,
                                      impl=design)
-        self.call(check_values=True)
-        tokens = inputs.draft_tokens
-        if int(tokens.min()) < 0 or int(tokens.max()) >= config.vocab:
-            raise RuntimeError(f"{design} drew a token outside [0, {config.vocab})")
-        self.graph = None
-        self.graph_tokens_match = None
-        if cuda:
-            eager_tokens = tokens.clone()
-            self.graph = harness.capture_graph(self.call)
-            tokens.fill_(-1)
-            self.graph.replay()
-            torch.cuda.synchronize()
-            # Same inputs and seeds: a replay must draw exactly what the eager call drew.
-            self.graph_tokens_match = bool(torch.equal(tokens, eager_tokens))
+        _first_call_and_graph(self, config, cuda)
 
     def call(self, check_values: bool = False):
         i = self.inputs
@@ -153,21 +141,73 @@ class DesignRun:
                             draft_tokens=i.draft_tokens, logits_cache=i.logits_cache, check_values=check_values)
 
 
+def _first_call_and_graph(run, config: BenchConfig, cuda: bool) -> None:
+    """The run's first (checked) call, its token range check and, on CUDA, its graph with the
+    replay-equals-eager check (``run.graph``, ``run.graph_tokens_match``)."""
+    run.call(check_values=True)
+    tokens = run.inputs.draft_tokens
+    if int(tokens.min()) < 0 or int(tokens.max()) >= config.vocab:
+        raise RuntimeError(f"{run.design} drew a token outside [0, {config.vocab})")
+    run.graph = None
+    run.graph_tokens_match = None
+    if cuda:
+        eager_tokens = tokens.clone()
+        run.graph = harness.capture_graph(run.call)
+        tokens.fill_(-1)
+        run.graph.replay()
+        torch.cuda.synchronize()
+        # Same inputs and seeds: a replay must draw exactly what the eager call drew.
+        run.graph_tokens_match = bool(torch.equal(tokens, eager_tokens))
+
+
+class VllmLoopRun:
+    """vLLM's own speculator loop (:class:`~.vllm_loop.VllmLoop`) on one case, with its graph.
+
+    Raises ``ValueError`` (the design shows as n/a) when vLLM's ``gumbel_sample`` cannot be
+    imported, or when the case has a cache dtype other than the logits' (vLLM's loop needs them equal).
+    """
+
+    def __init__(self, head: MarkovHead, inputs: Inputs, config: BenchConfig):
+        from . import vllm_loop
+
+        try:
+            gumbel_sample, self.origin = vllm_loop.load_gumbel_sample()
+        except ImportError as error:
+            raise ValueError(f"designs: {VLLM_LOOP!r} needs vLLM's gumbel_sample: {error}") from error
+        if config.cache_dtype != config.logits_dtype:
+            raise ValueError(f"designs: {VLLM_LOOP!r} needs the cache in the logits' dtype, as vLLM's gumbel_sample "
+                             f"does (cache {config.cache_dtype}, logits {config.logits_dtype}; for an fp32 cache "
+                             "pass --logits-dtype float32)")
+        if config.device != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(f"designs: {VLLM_LOOP!r} needs a GPU, or TRITON_INTERPRET=1 for the CPU interpreter")
+        self.design = VLLM_LOOP
+        self.method = "gumbel"
+        self.inputs = inputs
+        self.loop = vllm_loop.VllmLoop(head, config.steps, gumbel_sample)
+        _first_call_and_graph(self, config, config.device == "cuda")
+
+    def call(self, check_values: bool = False):
+        i = self.inputs
+        self.loop.run(i.base_logits, i.anchor, i.idx_mapping, i.positions, i.temperature, i.seeds, i.draft_tokens,
+                      i.logits_cache)
+
+
 def _record(config: BenchConfig, design: str, rows: int, mode: str) -> dict:
-    nbytes = roofline.minimal_bytes(config.vocab, config.rank, config.steps, rows,
-                                    weight_bytes=element_bytes(config.weight_dtype),
-                                    logit_bytes=element_bytes(config.logits_dtype),
-                                    cache_bytes=element_bytes(config.cache_dtype))
+    sizes = dict(weight_bytes=element_bytes(config.weight_dtype), logit_bytes=element_bytes(config.logits_dtype),
+                 cache_bytes=element_bytes(config.cache_dtype))
+    nbytes = roofline.minimal_bytes(config.vocab, config.rank, config.steps, rows, **sizes)
+    once = roofline.minimal_bytes_w2_once(config.vocab, config.rank, config.steps, rows, **sizes)
     return {"design": design, "method": None, "rows": rows, "temperature": mode, "status": "ok", "reason": "",
             "time_us": None, "time_us_low": None, "time_us_high": None, "eager_us": None,
-            "speedup_vs_loop": None, "minimal_bytes": nbytes, "floor_us": None, "bandwidth_fraction": None,
+            "speedup_vs_loop": None, "speedup_vs_vllm_loop": None, "minimal_bytes": nbytes, "floor_us": None,
+            "bandwidth_fraction": None, "minimal_bytes_w2_once": once, "floor_w2_once_us": None,
             "graph_tokens_match": None}
 
 
 def _set_up(design, head, inputs, config, record):
     """A :class:`DesignRun`, or ``None`` with the record marked n/a (refused) or error (anything else)."""
     try:
-        run = DesignRun(design, head, inputs, config)
+        run = VllmLoopRun(head, inputs, config) if design == VLLM_LOOP else DesignRun(design, head, inputs, config)
     except ValueError as error:
         record.update(status="n/a", reason=str(error))
         return None
@@ -192,8 +232,6 @@ def run_grid(config: BenchConfig, bandwidth: roofline.Bandwidth, *, progress: bo
     ``eager_us`` (CUDA: wall time of an eager call, synchronised), ``speedup_vs_loop``,
     ``minimal_bytes``, ``floor_us`` and ``bandwidth_fraction`` (against ``bandwidth.read_gbps``).
     """
-    from tqdm import tqdm
-
     cuda = config.device == "cuda"
     generator = torch.Generator(device=config.device).manual_seed(config.seed)
     head = make_head(config, generator)
@@ -204,8 +242,7 @@ def run_grid(config: BenchConfig, bandwidth: roofline.Bandwidth, *, progress: bo
     flush = harness.L2Flusher(torch.device(config.device)) if cuda else None
 
     cases = [(rows, mode) for mode in config.temperatures for rows in config.rows]
-    bar = tqdm(total=len(cases) * len(config.designs) * (1 + config.rounds), disable=not progress, file=sys.stderr,
-               desc="bench", unit="step")
+    bar = _progress_bar(len(cases) * len(config.designs) * (1 + config.rounds), progress)
     records = []
     for rows, mode in cases:
         try:
@@ -222,6 +259,28 @@ def run_grid(config: BenchConfig, bandwidth: roofline.Bandwidth, *, progress: bo
     return records
 
 
+class _NoBar:
+    """What :func:`run_grid` calls on a tqdm bar, doing nothing (``progress=False``)."""
+
+    def set_postfix_str(self, text):
+        pass
+
+    def update(self, count=1):
+        pass
+
+    def close(self):
+        pass
+
+
+def _progress_bar(total: int, progress: bool):
+    """A tqdm bar on stderr, or a silent stand-in when ``progress`` is off (tqdm then not needed)."""
+    if not progress:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, file=sys.stderr, desc="bench", unit="step")
+
+
 def _time_case(config, head, inputs, rows, mode, flush, bar) -> list:
     """Set up every design on one case, then time them round-robin; the case's records."""
     records = {design: _record(config, design, rows, mode) for design in config.designs}
@@ -232,14 +291,21 @@ def _time_case(config, head, inputs, rows, mode, flush, bar) -> list:
 
 
 def add_derived(records: list, bandwidth: roofline.Bandwidth) -> None:
-    """Fill ``speedup_vs_loop``, ``floor_us`` and ``bandwidth_fraction`` of every record in place."""
-    baseline = {(r["rows"], r["temperature"]): r["time_us"] for r in records
-                if r["design"] == BASELINE and r["time_us"] is not None}
+    """Fill ``speedup_vs_loop`` (over our ``loop``), ``speedup_vs_vllm_loop`` (over vLLM's own loop),
+    ``floor_us``, ``floor_w2_once_us`` and ``bandwidth_fraction`` of every record in place."""
+    baselines = {}
+    for name in (BASELINE, VLLM_LOOP):
+        baselines[name] = {(r["rows"], r["temperature"]): r["time_us"] for r in records
+                           if r["design"] == name and r["time_us"] is not None}
     for record in records:
         record["floor_us"] = roofline.floor_us(record["minimal_bytes"], bandwidth.read_gbps)
+        if record.get("minimal_bytes_w2_once") is not None:
+            record["floor_w2_once_us"] = roofline.floor_us(record["minimal_bytes_w2_once"], bandwidth.read_gbps)
         if record["time_us"] is None:
             continue
         record["bandwidth_fraction"] = record["floor_us"] / record["time_us"]
-        base = baseline.get((record["rows"], record["temperature"]))
-        if base is not None:
-            record["speedup_vs_loop"] = base / record["time_us"]
+        key = (record["rows"], record["temperature"])
+        for name, field in ((BASELINE, "speedup_vs_loop"), (VLLM_LOOP, "speedup_vs_vllm_loop")):
+            base = baselines[name].get(key)
+            if base is not None:
+                record[field] = base / record["time_us"]

@@ -24,8 +24,8 @@ from .._version import __version__
 TARGET_DESIGNS = ("fused", "chain")
 ENV_FIELDS = ("gpu", "driver", "torch", "triton", "cuda", "python", "date", "command")
 RECORD_FIELDS = ("design", "method", "rows", "temperature", "status", "time_us", "time_us_low", "time_us_high",
-                 "eager_us", "speedup_vs_loop", "minimal_bytes", "floor_us", "bandwidth_fraction",
-                 "graph_tokens_match", "reason")
+                 "eager_us", "speedup_vs_loop", "speedup_vs_vllm_loop", "minimal_bytes", "floor_us",
+                 "bandwidth_fraction", "minimal_bytes_w2_once", "floor_w2_once_us", "graph_tokens_match", "reason")
 CONFIG_FIELDS = ("device", "vocab", "rank", "steps", "cache_dtype", "logits_dtype", "weight_dtype", "rounds",
                  "replays", "eager_calls", "seed", "method")
 
@@ -101,23 +101,38 @@ def _fmt(value, spec):
     return "-" if value is None else format(value, spec)
 
 
-def _row_cells(record) -> list:
+def _row_cells(record, field: str = "speedup_vs_loop") -> list:
     if record["status"] != "ok":
         time_cell = record["status"]
     else:
         time_cell = f"{record['time_us']:.1f} ({record['time_us_low']:.1f}-{record['time_us_high']:.1f})"
     fraction = record["bandwidth_fraction"]
     return [record["design"], record["method"] or "-", str(record["rows"]), record["temperature"], time_cell, _fmt(record["eager_us"], ".1f"),
-            _fmt(record["speedup_vs_loop"], ".2f"), f"{record['minimal_bytes'] / 1e6:.1f}", f"{record['floor_us']:.1f}",
-            "-" if fraction is None else f"{100 * fraction:.1f}"]
+            _fmt(record.get(field), ".2f"), f"{record['minimal_bytes'] / 1e6:.1f}", f"{record['floor_us']:.1f}",
+            _fmt(record.get("floor_w2_once_us"), ".1f"), "-" if fraction is None else f"{100 * fraction:.1f}"]
 
 
-HEADER = ["design", "method", "rows", "T", "time us (round range)", "eager us", "x loop", "min MB", "floor us", "% read BW"]
+HEADER = ["design", "method", "rows", "T", "time us (round range)", "eager us", "x loop", "min MB", "floor us",
+          "floor W2x1 us", "% read BW"]
+
+
+def speedup_field(records) -> str:
+    """The speedup the tables show: over vLLM's own loop (``vllm_loop``) when the run measured it,
+    else over our ``loop`` design."""
+    if any(r["design"] == "vllm_loop" and r["time_us"] is not None for r in records):
+        return "speedup_vs_vllm_loop"
+    return "speedup_vs_loop"
 
 
 def format_table(records, bandwidth, *, markdown: bool = False) -> str:
-    """The results as an aligned text table, or a markdown table when ``markdown``."""
-    rows = [_row_cells(r) for r in records]
+    """The results as an aligned text table, or a markdown table when ``markdown``.
+
+    The speedup column is over vLLM's own loop when the run has it (header ``x vLLM loop``), else
+    over our ``loop`` (``x loop``)."""
+    field = speedup_field(records)
+    header = list(HEADER)
+    header[header.index("x loop")] = "x vLLM loop" if field == "speedup_vs_vllm_loop" else "x loop"
+    rows = [_row_cells(r, field) for r in records]
     grouped = {}  # (design, status, reason) -> the cases it applies to
     for r in records:
         if r["status"] != "ok":
@@ -126,8 +141,8 @@ def format_table(records, bandwidth, *, markdown: bool = False) -> str:
              for (design, status, reason), cases in grouped.items()]
     footer = (f"bandwidth: copy {bandwidth.copy_gbps:.0f} GB/s, read {bandwidth.read_gbps:.0f} GB/s; "
               "min MB = bytes a minimal design moves (all steps); floor = min MB / read bandwidth; "
-              "% read BW = floor / time")
-    return render_table(HEADER, rows, footer, notes, markdown=markdown)
+              "floor W2x1 = the same with W2 read once per call (not once per step); % read BW = floor / time")
+    return render_table(header, rows, footer, notes, markdown=markdown)
 
 
 def render_table(header, rows, footer: str, notes, *, markdown: bool = False) -> str:
@@ -179,6 +194,43 @@ def check_targets(records) -> list:
     return checks
 
 
+# Issue 12 (T = 1, bf16 cache): (rows, methods, time target us, speedup target over vLLM's loop).
+ISSUE12_TARGETS = ((1, ("gumbel", "inverse_cdf"), 40.0, 4.5), (16, ("gumbel", "inverse_cdf"), 60.0, 5.0),
+                   (64, ("gumbel", "inverse_cdf"), 150.0, 3.3), (253, ("inverse_cdf",), 270.0, 5.0),
+                   (253, ("gumbel",), 420.0, 3.3))
+BASELINE_DESIGNS = ("reference", "loop", "vllm_loop")
+
+
+def check_issue12_targets(records) -> list:
+    """Issue-12 targets: the fastest design (not a baseline) of the given methods at T = 1, its
+    time and its speedup over vLLM's own loop (``met`` is ``None`` when not measured)."""
+    checks = []
+    for rows, methods, time_target, speedup_target in ISSUE12_TARGETS:
+        candidates = [r for r in records if r["rows"] == rows and r["temperature"] == "1" and r["time_us"] is not None
+                      and r["method"] in methods and r["design"] not in BASELINE_DESIGNS]
+        best = min(candidates, key=lambda r: r["time_us"], default=None)
+        label = "/".join(methods)
+        for target, field, required, at_least in (
+                (f"{label} time at {rows} rows <= {time_target:g} us", "time_us", time_target, False),
+                (f"{label} speedup over vLLM's loop at {rows} rows >= {speedup_target:g}x", "speedup_vs_vllm_loop",
+                 speedup_target, True)):
+            value = None if best is None else best.get(field)
+            met = None if value is None else (value >= required if at_least else value <= required)
+            checks.append({"design": None if best is None else best["design"], "temperature": "1", "target": target,
+                           "rows": rows, "value": value, "required": required, "met": met})
+    return checks
+
+
+def format_issue12_targets(checks) -> str:
+    lines = ["issue-12 targets (T = 1, fastest design):"]
+    for check in checks:
+        verdict = {True: "met", False: "MISSED", None: "not measured"}[check["met"]]
+        value = check["value"]
+        shown = "-" if value is None else (f"{value:.2f}x" if "speedup" in check["target"] else f"{value:.1f} us")
+        lines.append(f"  {check['target']:<58} {shown:>10}  {check['design'] or '-':<12} {verdict}")
+    return "\n".join(lines) + "\n"
+
+
 def format_targets(checks) -> str:
     lines = ["issue-5 targets (fused, chain):"]
     for check in checks:
@@ -200,9 +252,10 @@ def format_targets(checks) -> str:
 # Files
 
 
-def write_json(path, env, config, bandwidth, records, checks) -> Path:
+def write_json(path, env, config, bandwidth, records, checks, checks12=None) -> Path:
+    extra = {} if checks12 is None else {"targets_issue12": checks12}
     return write_results_json(path, env, config_dict(config), bandwidth, records, _timing_note(config),
-                              targets=checks)
+                              targets=checks, **extra)
 
 
 def write_results_json(path, env, config_values: dict, bandwidth, records, timing: str, **extra) -> Path:

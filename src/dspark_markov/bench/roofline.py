@@ -5,6 +5,9 @@ logits once (``R * V`` logit bytes) and the cache once (``R * V`` cache bytes); 
 ``N`` times that. W1 rows, the tokens and the per-row scalars are a few kilobytes and are left out.
 A design that writes the bias to memory and reads it back, or that re-reads the logits to draw,
 moves more; the ratio of this floor to a measured time is the fraction of bandwidth it achieves.
+
+A second, lower floor (:func:`minimal_bytes_w2_once`) reads W2 once per *call* instead of once per
+step: the bound of a design that keeps W2 on chip (shared memory, registers, L2) across the steps.
 """
 
 from __future__ import annotations
@@ -38,6 +41,19 @@ def minimal_bytes(vocab: int, rank: int, steps: int, rows: int, *, weight_bytes:
             raise ValueError(f"{name}: expected 1, 2 or 4 bytes per element, got {value}")
     per_step = vocab * rank * weight_bytes + rows * vocab * logit_bytes + rows * vocab * cache_bytes
     return int(steps) * per_step
+
+
+def minimal_bytes_w2_once(vocab: int, rank: int, steps: int, rows: int, *, weight_bytes: int = 2,
+                          logit_bytes: int = 2, cache_bytes: int = 2) -> int:
+    """Bytes of the second floor: W2 read from HBM **once per call** (a chain that keeps it on chip
+    across the steps), the base logits read once and the cache written once at every step.
+
+    ``vocab * rank * weight_bytes + steps * rows * vocab * (logit_bytes + cache_bytes)``. The
+    first step of a call must stream W2 from HBM (the target model evicts it between calls).
+    """
+    per_step = minimal_bytes(vocab, rank, 1, rows, weight_bytes=weight_bytes, logit_bytes=logit_bytes,
+                             cache_bytes=cache_bytes) - vocab * rank * weight_bytes
+    return vocab * rank * weight_bytes + int(steps) * per_step
 
 
 def floor_us(nbytes: int, bandwidth_gbps: float) -> float:

@@ -16,7 +16,8 @@ verifies them:
 The demo prints the mean accepted length per round of each, and a chi-square check that the
 emitted (prev, next) pairs follow the target's conditional distribution (the Anderson-Goodman
 test of a Markov chain: per previous token, Pearson's statistic against the expected counts). It
-exits 0 when the Markov head accepts more and both chi-square checks pass.
+exits 0 when the Markov head accepts more and both chi-square checks pass (a check with too few draws
+to have a degree of freedom is reported as not run, and the exit status is then 1).
 
 Two engines run the rounds: ``--engine functional`` (the CPU default) calls ``sample_drafts`` and
 ``verify_drafts`` on fresh tensors; ``--engine step`` (the CUDA default,
@@ -86,6 +87,19 @@ def chi_square(observed: torch.Tensor, expected: torch.Tensor, min_expected: flo
 def chi_square_threshold(dof: int) -> float:
     """The project's pass threshold ``df + 10 sqrt(2 df)`` (about 7 standard deviations)."""
     return dof + 10.0 * math.sqrt(2.0 * dof)
+
+
+def chi_square_verdict(statistic: float, dof: int):
+    """``(passed, text)`` of a chi-square check; ``passed`` is ``None`` when it could not run.
+
+    With 0 degrees of freedom (every group pooled into one cell: too few draws) the statistic is 0
+    whatever was drawn, a check that cannot fail: it is reported as not run, never as a pass.
+    """
+    if dof < 1:
+        return None, f"not run: too few draws for a chi-square ({dof} df)"
+    threshold = chi_square_threshold(dof)
+    passed = statistic <= threshold
+    return passed, f"{statistic:.1f} on {dof} df (threshold {threshold:.1f}): {'pass' if passed else 'FAIL'}"
 
 
 # --------------------------------------------------------------------------- the language

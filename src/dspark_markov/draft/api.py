@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import registry
+from ..validate import LOGIT_DTYPES, check_head, check_tensor
 from .sampler import DraftOutput, MarkovSampler
 
 
@@ -18,7 +19,8 @@ def sample_drafts(head, base_logits, anchor, idx_mapping, positions, temperature
     head : :class:`~dspark_markov.MarkovHead` (W1 ``[V_t, R_k]``, W2 ``[V, R_k]``, scale).
     base_logits : ``[R, N, V]`` bf16 or fp32, last stride 1.
     anchor : ``[R]`` int32/int64, the previous token of step 0.
-    idx_mapping : ``[R*N]`` int32/int64 request-state slot per (row, step); -1 marks padding.
+    idx_mapping : ``[R*N]`` int32/int64 request-state slot per (row, step); -1 marks padding. Two
+        live samples may not share a ``(slot, step)`` cache row (``ValueError`` with ``check_values``).
     positions : ``[R*N]`` int32/int64, the position ``P`` each sample predicts.
     temperature : ``[S]`` fp32 per slot (0 = greedy). seeds : ``[S]`` int64 per slot.
     draft_tokens : optional ``[R, N]`` int64 output. logits_cache : optional ``[S, N, V]`` output
@@ -33,6 +35,7 @@ def sample_drafts(head, base_logits, anchor, idx_mapping, positions, temperature
     ``DraftOutput(draft_tokens, logits_cache)``. Builds a :class:`MarkovSampler` per call; engines
     should keep one sampler and call :meth:`MarkovSampler.sample`.
     """
+    check_head(head)
     if isinstance(logits_cache, torch.Tensor):
         # The given cache's dtype wins (as documented); name it, not cache_dtype, when it is wrong.
         if logits_cache.dtype not in (torch.bfloat16, torch.float32):
@@ -40,10 +43,12 @@ def sample_drafts(head, base_logits, anchor, idx_mapping, positions, temperature
         cache_dtype = logits_cache.dtype
     elif cache_dtype is None:
         cache_dtype = torch.bfloat16
-    if not isinstance(base_logits, torch.Tensor) or base_logits.dim() != 3:
-        raise ValueError(f"base_logits: expected a 3-D tensor [R, N, V], got "
-                         f"{tuple(base_logits.shape) if isinstance(base_logits, torch.Tensor) else type(base_logits).__name__}")
+    # base_logits defines N and R of the sampler built below: check it here, so that a bad shape
+    # names base_logits, not the num_steps / max_rows the caller never passed.
+    check_tensor("base_logits", base_logits, dim=3, dtypes=LOGIT_DTYPES)
     rows, steps, _ = base_logits.shape
+    if steps < 1:
+        raise ValueError(f"base_logits: expected N >= 1 draft steps, got shape {tuple(base_logits.shape)}")
     sampler = MarkovSampler(head, steps, max(rows, 1), cache_dtype=cache_dtype, method=method, impl=impl, fp64=fp64)
     return sampler.sample(base_logits, anchor, idx_mapping, positions, temperature, seeds,
                           draft_tokens=draft_tokens, logits_cache=logits_cache, check_values=check_values)

@@ -97,11 +97,24 @@ class AutoBackend:
             rows = max_rows if cls.MAX_ROWS is None else min(max_rows, cls.MAX_ROWS)  # chain: small batches
             registry.check_draft_backend(cls, impl, method=method, device=device, max_rows=rows)
             self.backends[impl] = cls(head, num_steps, rows, method=method, cache_dtype=cache_dtype, device=device)
+        # One device status flag for every dispatched backend that has one (the registry's protocol).
+        flagged = [backend for backend in self.backends.values() if hasattr(backend, "status")]
+        if flagged:
+            self.status = flagged[0].status
+            for backend in flagged[1:]:
+                backend.status = self.status
 
     @property
     def GRAPH_SAFE(self) -> bool:  # noqa: N802  (the protocol's attribute)
         """Whether every design this dispatcher may run is graph safe (on CUDA: yes; CPU: the reference)."""
         return all(registry.graph_safe("draft", impl, backend) for impl, backend in self.backends.items())
+
+    def check(self) -> None:
+        """``check()`` of every dispatched backend with a device status (raises the first failure)."""
+        for backend in self.backends.values():
+            check = getattr(backend, "check", None)
+            if check is not None:
+                check()
 
     def choice(self, rows: int) -> str:
         return choose(self.method, self.cache_dtype, rows, self.device)

@@ -7,7 +7,7 @@ from typing import NamedTuple
 import torch
 
 from .. import registry
-from ..validate import check_choice, check_draft_inputs, check_sampler_sizes
+from ..validate import check_choice, check_draft_inputs, check_head, check_sampler_sizes
 
 METHODS = ("gumbel", "inverse_cdf")
 
@@ -43,12 +43,19 @@ class MarkovSampler:
     seeds) from the given tensors at replay time: capture once, then refill the same input tensors
     and replay. Sampling while a stream captures with an implementation that is not graph safe
     (the reference) raises ``ValueError``.
+
+    Device failures: a backend with a device status flag (``chain``: a grid barrier that timed out)
+    reports it as :class:`~dspark_markov.DeviceStatusError`, raised by an eager :meth:`sample`
+    (``check_values=True``) right after its launch, or by :meth:`check`. After graph replays call
+    :meth:`check` where the engine synchronises anyway (e.g. after copying the emitted tokens to
+    the host), or copy :attr:`status` along with those outputs (non-zero = failure).
     """
 
     def __init__(self, head, num_steps: int, max_rows: int, *, cache_dtype=torch.bfloat16, method: str = "gumbel",
                  impl: str = registry.DEFAULT_IMPL, fp64: bool = False):
+        check_head(head)
         check_choice("method", method, METHODS)
-        check_sampler_sizes(num_steps, max_rows, cache_dtype)
+        num_steps, max_rows = check_sampler_sizes(num_steps, max_rows, cache_dtype)
         device = head.device
         if fp64 and impl == registry.AUTO:
             impl = "reference"  # the only implementation of fp64 noise
@@ -72,10 +79,15 @@ class MarkovSampler:
 
         base_logits ``[R, N, V]`` bf16/fp32 (last stride 1, any row/step strides); anchor ``[R]``
         int32/int64; idx_mapping and positions ``[R*N]`` int32/int64, ordered (row, step), slot -1
-        = padding; temperature ``[S]`` fp32; seeds ``[S]`` int64. Missing outputs are allocated
-        (``logits_cache`` zero-filled), which is not CUDA-graph safe.
+        = padding; temperature ``[S]`` fp32; seeds ``[S]`` int64; every 1-D input contiguous.
+        Missing outputs are allocated (``logits_cache`` zero-filled), which is not CUDA-graph safe.
+
+        ``check_values`` (default: unless a stream is capturing) reads the inputs back: ids in
+        range, finite temperatures, no two live samples on one ``(slot, step)`` cache row (two rows
+        on one slot would overwrite each other's cache), and after the launch the backend's device
+        status (:meth:`check`). Without it those are the caller's promise.
         """
-        capturing = registry.capturing(base_logits.device)
+        capturing = isinstance(base_logits, torch.Tensor) and registry.capturing(base_logits.device)
         if capturing:
             registry.check_capturable("draft", self.impl, base_logits.device, self.backend)
         if check_values is None:
@@ -96,4 +108,21 @@ class MarkovSampler:
         if dims.rows > 0:
             self.backend.run(base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens,
                              logits_cache)
+            if check_values:
+                self.check()
         return DraftOutput(draft_tokens, logits_cache)
+
+    @property
+    def status(self):
+        """The backend's device status flag (``[1]`` int32, non-zero = a failure since the last
+        :meth:`check`), or ``None`` for backends that cannot fail on the device. Reading it is free
+        until its value is copied to the host."""
+        return getattr(self.backend, "status", None)
+
+    def check(self) -> None:
+        """Raise :class:`~dspark_markov.DeviceStatusError` if a launch since the last check failed on the
+        device (e.g. ``chain``'s barrier timed out), then clear the flag. One host sync for backends
+        with a device status, none otherwise; not inside a graph capture."""
+        check = getattr(self.backend, "check", None)
+        if check is not None:
+            check()

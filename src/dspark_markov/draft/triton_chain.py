@@ -29,7 +29,9 @@ memory would need.
 Waits are bounded: a program that has spun ``SPIN_LIMIT`` times at a barrier (a co-resident program
 never arrived: more programs than fit on the GPU at once, or a fault) stops waiting, sets
 ``status`` and carries on, so the launch always ends; the tokens of such a call are in ``[0, V)``
-but meaningless, and :meth:`ChainBackend.check` raises. Triton's interpreter runs programs one
+but meaningless, and :meth:`ChainBackend.check` raises :class:`~dspark_markov.DeviceStatusError`
+(called by an eager ``MarkovSampler.sample``, ``MarkovSampler.check`` and ``DSparkStep.check``:
+the device-status protocol of :mod:`.backends`). Triton's interpreter runs programs one
 after another, so there the chain runs with one program (``P = 1``: no waits).
 
 Bytes per call: ``V * R_k * w`` of W2 per step (from HBM at the first, partly from L2 after), twice
@@ -48,7 +50,7 @@ from ..ops.noise import INTERPRET, draft_noise, draft_prefix
 from ..ops.numerics import (INT64_MAX, INT64_MIN, biased_logits, block_argmax, pack_key, round_to, to_float32,
                             unpack_key, weight_bias)
 from ..ops.rows import draft_rows
-from ..validate import check_power_of_two
+from ..validate import DeviceStatusError, check_power_of_two
 
 # A barrier gives up after this many polls of its counter (each an L2 round trip, ~1 us): about a
 # second, far beyond any step (tens of microseconds) and short enough to end a faulty launch.
@@ -382,19 +384,26 @@ class ChainBackend:
         return self.layouts[-1][1]
 
     def check(self) -> None:
-        """Raise ``RuntimeError`` if a launch's barrier gave up waiting (host sync; not in a capture)."""
+        """Raise :class:`~dspark_markov.DeviceStatusError` if a launch's barrier gave up waiting.
+
+        Reads :attr:`status` (a host sync: call it outside a capture, e.g. after the engine's own
+        device-to-host copy of a step's results) and clears it, so each failure is reported once.
+        """
         if int(self.status.item()) != 0:
-            raise RuntimeError("impl 'chain': a grid barrier timed out (not all programs were resident); "
-                               "the tokens of that call are meaningless. Use fewer programs or impl='fused'.")
+            self.status.zero_()
+            raise DeviceStatusError("impl 'chain': a grid barrier timed out (not all programs were resident) in a "
+                                    "launch since the last check; the draft tokens of that call are meaningless "
+                                    "(in [0, V) but not the reference's). Use fewer programs or impl='fused'.")
 
     def run(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens, logits_cache):
         head = self.head
         rows, steps, vocab = base_logits.shape
+        status = self.status  # read at every launch: a dispatcher may point it at a shared flag
         layout = self.layout(rows)
 
         def arguments():
             return (base_logits, anchor, head.embed_weight, head.head_weight, logits_cache, idx_mapping, positions,
-                    temperature, seeds, draft_tokens, self.words, self.sync, self.status,
+                    temperature, seeds, draft_tokens, self.words, self.sync, status,
                     rows, vocab, head.embed_vocab_size, temperature.shape[0], steps, layout.num_tiles,
                     layout.programs, base_logits.stride(0), base_logits.stride(1), logits_cache.stride(0),
                     draft_tokens.stride(0), head.scale, self.filter_margin)

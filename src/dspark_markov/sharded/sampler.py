@@ -17,7 +17,7 @@ import torch.distributed as dist
 from ..draft.reference import row_keys
 from ..draft.sampler import DraftOutput, MarkovSampler
 from ..head import MarkovHead
-from ..validate import CACHE_DTYPES, check_draft_inputs, check_sampler_sizes, check_tensor
+from ..validate import CACHE_DTYPES, DeviceStatusError, check_draft_inputs, check_sampler_sizes, check_tensor
 from .partition import all_shard_bounds, max_shard_width, shard_bounds
 from .step import _shard_step
 from .transport import TRANSPORTS, agree, flag_device, install_transport
@@ -56,6 +56,11 @@ class ShardedMarkovSampler:
         on every rank alike (the choice depends only on the batch size). Without it such batches
         raise ``ValueError``. fallback_max_rows : the largest fallback batch (default 1024).
     timeout_ms : bounded wait of the ``symm_mem`` barrier.
+    agree_checks : agree every call's argument checks across ranks (default ``True``): one
+        all-reduce of three int64 per call (on NCCL it is read back, a host sync), after which a
+        call rejected on any rank raises the same ``ValueError`` on every rank, as does a call
+        with a different batch size on some rank. ``False`` saves that collective; a rank whose
+        call raises then leaves its peers in the step's collective until the group's timeout.
 
     The method is Gumbel-max (SPEC.md section 4). CUDA graphs: this torch version of the shard
     step allocates and uses boolean indexing for the cache write, so it is not capturable; the
@@ -66,7 +71,7 @@ class ShardedMarkovSampler:
                  cache_dtype=torch.bfloat16, *, scale: float = 1.0, vocab_size: int | None = None,
                  cache_layout: str = "sharded", transport: str = "collective", replicated_head_weight=None,
                  fallback_impl: str = "auto", fallback_max_rows: int = 1024, timeout_ms: int = 10_000,
-                 _fail_setup_for_test: bool = False):
+                 agree_checks: bool = True, _fail_setup_for_test: bool = False):
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("group: torch.distributed is not initialised (call init_process_group first)")
         group = group if group is not None else dist.group.WORLD
@@ -86,6 +91,8 @@ class ShardedMarkovSampler:
         if not agree(error is None, group, flags_on):
             raise error if error is not None else ValueError("group: another rank rejected its arguments")
         self._check_same_config(flags_on)
+        self.agree_checks = bool(agree_checks)
+        self._flags_on = flags_on
         self.transport, self.transport_fallback_reason = install_transport(
             transport, group, self.world, self.rank, self.max_rows, self.num_steps, self.device, timeout_ms,
             _fail_setup_for_test=_fail_setup_for_test)
@@ -163,10 +170,11 @@ class ShardedMarkovSampler:
         """Draw ``draft_tokens`` ``[R, N]`` (identical on every rank) and fill this rank's cache.
 
         Collective: every rank calls it with the same R and the same anchor/slots/positions/
-        temperature/seeds (the batch size alone picks the path, so ranks never diverge). Inputs are
-        validated on each rank without a vote (a vote would cost a collective per call): a rank
-        whose call raises ``ValueError`` leaves its peers in the step's collective until the
-        process group's timeout.
+        temperature/seeds (the batch size alone picks the path, so ranks never diverge). Each rank
+        validates its arguments, then (``agree_checks``, the default) the ranks agree in one
+        all-reduce: if any rank rejected its call, or the ranks' batch sizes differ, every rank
+        raises the same ``ValueError`` (naming the argument and the first rank that rejected it)
+        before any rank writes anything or enters the step's collective.
 
         base_logits : ``[R, N, V]`` (full; each rank reads its columns) or ``[R, N, V_shard]`` (this
             rank's columns), bf16/fp32, last stride 1. Above ``max_rows`` the full one is needed.
@@ -177,7 +185,69 @@ class ShardedMarkovSampler:
             never written.
         """
         if check_values is None:
-            check_values = not (base_logits.is_cuda and torch.cuda.is_current_stream_capturing())
+            check_values = not (isinstance(base_logits, torch.Tensor) and base_logits.is_cuda
+                                and torch.cuda.is_current_stream_capturing())
+        error, prepared = None, None
+        try:
+            prepared = self._prepare(base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens,
+                                     logits_cache, check_values)
+        except Exception as caught:  # noqa: BLE001 - voted on, then raised on every rank
+            error = caught
+        rows = prepared[0].shape[0] if prepared is not None else -1
+        self._agree("sample", error, rows)
+        base_logits, draft_tokens, logits_cache = prepared
+        rows = base_logits.shape[0]
+        if rows == 0:
+            return DraftOutput(draft_tokens, logits_cache)
+        if rows > self.max_rows:
+            self._sample_replicated(base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens,
+                                    logits_cache)
+            if check_values:
+                self.check()
+            return DraftOutput(draft_tokens, logits_cache)
+        if base_logits.shape[-1] == self.vocab_size and self.shard_width != self.vocab_size:
+            base_logits = base_logits[:, :, self.vocab_start:self.vocab_end]  # view, last stride 1
+        self._sample_sharded(base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens,
+                             logits_cache)
+        return DraftOutput(draft_tokens, logits_cache)
+
+    def check(self) -> None:
+        """Collective: raise :class:`~dspark_markov.DeviceStatusError` on every rank if the replicated
+        fallback sampler of any rank reported a device failure since the last check (see
+        :meth:`MarkovSampler.check`). The sharded path has no device status of its own."""
+        error = None
+        try:
+            if self._fallback is not None:
+                self._fallback.check()
+        except DeviceStatusError as caught:
+            error = caught
+        self._agree("check", error, 0)
+
+    def _agree(self, what, error, rows) -> None:
+        """One all-reduce (MIN) of ``[failing rank or world, R, -R]``; raise on every rank if needed."""
+        if not self.agree_checks and what == "sample":
+            if error is not None:
+                raise error
+            return
+        votes = torch.tensor([self.rank if error is not None else self.world, rows, -rows], dtype=torch.int64,
+                             device=self._flags_on)
+        dist.all_reduce(votes, op=dist.ReduceOp.MIN, group=self.group)
+        first, low, high = int(votes[0]), int(votes[1]), -int(votes[2])
+        if first < self.world:
+            # The failing rank's message reaches every rank (only on this error path: one broadcast).
+            message = [f"{type(error).__name__}: {error}" if self.rank == first else None]
+            dist.broadcast_object_list(message, src=dist.get_global_rank(self.group, first), group=self.group)
+            kind, _, text = message[0].partition(": ")
+            cls = {"ValueError": ValueError, "DeviceStatusError": DeviceStatusError}.get(kind, RuntimeError)
+            text = text if cls is not RuntimeError else message[0]
+            raise cls(f"{text} (rejected on rank {first} of {self.world}; every rank raises this)") from error
+        if low != high:
+            raise ValueError(f"base_logits: ranks were called with different batch sizes R (from {low} to {high}); "
+                             "every rank must draw the same rows")
+
+    def _prepare(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens, logits_cache,
+                 check_values):
+        """This rank's checks (no collective); returns ``(base_logits, draft_tokens, logits_cache)``."""
         if not isinstance(base_logits, torch.Tensor) or base_logits.dim() != 3:
             raise ValueError("base_logits: expected a 3-D tensor [R, N, V] or [R, N, V_shard]")
         width = base_logits.shape[-1]
@@ -197,19 +267,20 @@ class ShardedMarkovSampler:
                          dtypes=(self.cache_dtype,), device=self.device, last_stride_one=True)
             if logits_cache.numel() > 0 and logits_cache.stride(1) != cache_width:
                 raise ValueError(f"logits_cache: expected step stride {cache_width}, got strides {logits_cache.stride()}")
+        if dims.rows > self.max_rows:  # the replicated path's own checks, so that they are voted on too
+            if self.replicated_head is None:
+                raise ValueError(f"base_logits: expected at most max_rows = {self.max_rows} rows (no "
+                                 f"replicated_head_weight for larger batches), got {dims.rows}")
+            if dims.rows > self.fallback_max_rows:
+                raise ValueError(f"base_logits: expected at most fallback_max_rows = {self.fallback_max_rows} rows, "
+                                 f"got {dims.rows}")
+            if width != self.vocab_size:
+                raise ValueError(f"base_logits: batches above max_rows = {self.max_rows} run on replicated weights "
+                                 f"and need the full [R, N, V = {self.vocab_size}] logits, got shape "
+                                 f"{tuple(base_logits.shape)}")
         if draft_tokens is None:
             draft_tokens = torch.empty(dims.rows, dims.steps, dtype=torch.int64, device=self.device)
-        if dims.rows == 0:
-            return DraftOutput(draft_tokens, logits_cache)
-        if dims.rows > self.max_rows:
-            self._sample_replicated(base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens,
-                                    logits_cache)
-            return DraftOutput(draft_tokens, logits_cache)
-        if width == self.vocab_size and self.shard_width != self.vocab_size:
-            base_logits = base_logits[:, :, self.vocab_start:self.vocab_end]  # view, last stride 1
-        self._sample_sharded(base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens,
-                             logits_cache)
-        return DraftOutput(draft_tokens, logits_cache)
+        return base_logits, draft_tokens, logits_cache
 
     def _sample_sharded(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens,
                         logits_cache):

@@ -7,7 +7,8 @@ from typing import NamedTuple
 import torch
 
 from .. import registry
-from ..validate import CACHE_DTYPES, INDEX_DTYPES, _same_device, check_choice, check_range, check_tensor
+from ..validate import (CACHE_DTYPES, INDEX_DTYPES, _same_device, check_choice, check_range, check_tensor,
+                        check_vector)
 
 METHODS = ("standard", "block")
 IMPLS = registry.names("verify")
@@ -37,12 +38,13 @@ def check_verify_inputs(target_logits, draft_tokens, logits_cache, num_drafts, i
     if steps < k:
         raise ValueError(f"logits_cache: expected N >= K = {k} cached draft steps (target_logits.shape[1] - 1), "
                          f"got shape {tuple(logits_cache.shape)}")
+    # Per-request and per-slot vectors must be contiguous (the package's stride rule, validate.py).
     for name, x in (("num_drafts", num_drafts), ("idx_mapping", idx_mapping), ("positions", positions)):
-        check_tensor(name, x, shape=(batch,), dtypes=INDEX_DTYPES)
-    check_tensor("temperature", temperature, shape=(slots,), dtypes=(torch.float32,))
-    check_tensor("seeds", seeds, shape=(slots,), dtypes=(torch.int64,))
+        check_vector(name, x, length=batch, dtypes=INDEX_DTYPES)
+    check_vector("temperature", temperature, length=slots, dtypes=(torch.float32,))
+    check_vector("seeds", seeds, length=slots, dtypes=(torch.int64,))
     if target_greedy is not None:
-        check_tensor("target_greedy", target_greedy, shape=(batch,), dtypes=(torch.bool,))
+        check_vector("target_greedy", target_greedy, length=batch, dtypes=(torch.bool,))
     named = [("draft_tokens", draft_tokens), ("logits_cache", logits_cache), ("num_drafts", num_drafts),
              ("idx_mapping", idx_mapping), ("positions", positions), ("temperature", temperature), ("seeds", seeds)]
     if target_greedy is not None:

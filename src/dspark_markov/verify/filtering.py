@@ -35,7 +35,7 @@ import math
 import torch
 
 from .. import registry
-from ..validate import check_tensor
+from ..validate import check_tensor, check_vector
 from .filtering_reference import (EXP_COEFFS, EXP_FLOOR, KEY_FLOOR, LOG2E, MASS_ONE,  # noqa: F401  (re-exported)
                                   top_k_top_p_reference, weight_fixed_point)
 
@@ -45,7 +45,7 @@ IMPLS = ("triton", "reference")
 # --------------------------------------------------------------------------- validation
 def _per_row(name, value, rows, device, dtypes, kind):
     if isinstance(value, torch.Tensor):
-        check_tensor(name, value, shape=(rows,), dtypes=dtypes, device=device)
+        check_vector(name, value, length=rows, dtypes=dtypes, device=device)  # contiguous: kernels read ptr + row
         return value
     if kind is int:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -63,6 +63,8 @@ def _check(logits, k, p, impl, out):
         raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
     check_tensor("logits", logits, dim=2, dtypes=(torch.float32,), last_stride_one=True)
     rows, vocab = logits.shape
+    if vocab < 1:
+        raise ValueError(f"logits: expected V >= 1 columns, got shape {tuple(logits.shape)}")
     if vocab >= 2**31 - 1:
         raise ValueError(f"logits: expected fewer than 2^31 - 1 columns, got {vocab}")
     k = None if k is None else _per_row("k", k, rows, logits.device, (torch.int32, torch.int64), int)

@@ -1,0 +1,480 @@
+// impl="cuda_chain": all N draft steps of 1-16 rows in one persistent launch (Gumbel-max).
+//
+// One block of 512 threads (16 warps) per SM; block b owns a contiguous range of 16-token tiles of
+// W2 and keeps it on chip across the steps: each warp holds its first tile as mma A-fragments in
+// registers (REG_TILE), the next tiles go to shared memory while it lasts (smem_tiles slots), the
+// rest is re-read from L2 at every step (read with an L2 evict_last policy; everything read once
+// uses evict_first). Step 0 streams all of W2 from HBM and fills the registers and shared memory.
+//
+// Per step: bias^T [16 tokens x 8*NT rows] = W2_tile [16 x 256] @ codes^T on tensor cores
+// (mma.sync m16n8k16 bf16 -> fp32; the rank is permuted identically in A and B so that every lane
+// loads 16-byte chunks), rounded once to bf16 (again after `scale`), staged per warp in shared
+// memory, then z = round(U + bias) to the cache dtype, the cache write of live rows and an
+// approximate Gumbel key per logit (noise.cuh, the filter of draft/gumbel_filter.py); every lane
+// keeps the three best packed (key, index) words of its row. The block merges them per row: if
+// the best approximate key beats the third by more than key_slack, the exact winner is the first
+// or the second, and only their exact keys are computed (their z read back from the cache this
+// block wrote); otherwise (a near-tie, NaN, +-inf or zero best) the block computes exact keys over
+// its whole range from the cache. Greedy rows (T = 0, padding) rank z itself: exact at once.
+// The block's exact word goes into the row's step word with atomicMax (the merged word is the
+// torch.argmax of the whole row), then a grid barrier (one arrival counter per step, bounded
+// spin: on timeout the status flag is set and the block leaves the loop) publishes the token;
+// every block gathers W1[token] into its codes for the next step. The last block to exit writes
+// draft_tokens and resets the words and counters, so a call is one launch (graph capturable).
+//
+// Bytes per call: V * 256 * 2 of W2 from HBM once (step 0), (N - 1) * L2-resident part from L2,
+// R * N * V * (base bytes + cache bytes), R * N * 512 of W1 rows.
+#include "noise.cuh"
+
+using dm::i32;
+using dm::i64;
+using dm::u32;
+using dm::u64;
+
+#define DM_WARPS 16
+#define DM_THREADS (DM_WARPS * 32)
+#define DM_MAX_ROWS 16
+#define DM_RANK 256
+#define DM_INT64_MIN (-9223372036854775807ll - 1)
+
+struct ChainArgs {  // every field 8 bytes (matches the ctypes Structure in cuda_chain.py)
+  u64 base;      // [R, N, V] bf16/fp32, strides (stride_br, stride_bn, 1)
+  u64 anchor;    // [R] int32/int64
+  u64 embed;     // [V_t, 256] bf16 (W1)
+  u64 head;      // [V, 256] bf16 (W2)
+  u64 cache;     // [S, N, V] bf16/fp32, strides (stride_cs, V, 1)
+  u64 idx;       // [R * N] int32/int64 slot per (row, step), -1 = padding
+  u64 pos;       // [R * N] int32/int64 positions
+  u64 temp;      // [S] fp32
+  u64 seeds;     // [S] int64
+  u64 tokens;    // [R, N] int64, row stride stride_tr
+  u64 words;     // [N, 16] int64 scratch (INT64_MIN between calls)
+  u64 sync;      // [N + 1] int32 scratch (0 between calls)
+  u64 status;    // [1] int32: bit 0 = a barrier timed out
+  i64 rows, vocab, embed_rows, num_slots, num_steps;
+  i64 stride_br, stride_bn, stride_cs, stride_tr;
+  i64 base_f32, cache_f32, anchor64, idx64, pos64;
+  i64 rows_pow2, log2_rows_pow2;  // RP >= rows, a power of two <= 16
+  i64 num_blocks, num_tiles, smem_tiles, tiles_per_warp;
+  i64 barrier_extra, spin_cycles;
+  double scale, filter_margin;
+};
+
+// ------------------------------------------------------------------ small device helpers
+__device__ __forceinline__ float bf16_to_f32(unsigned short b) { return __uint_as_float(((u32)b) << 16); }
+
+__device__ __forceinline__ unsigned short f32_to_bf16(float f) {  // round to nearest even, NaN -> 0x7FC0
+  u32 u = __float_as_uint(f);
+  if (f != f) return (unsigned short)0x7FC0;
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return (unsigned short)(u >> 16);
+}
+
+__device__ __forceinline__ u64 policy_evict_last() {
+  u64 p;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ u64 policy_evict_first() {
+  u64 p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+
+__device__ __forceinline__ uint4 ld_w2(const uint4* ptr, u64 policy) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr), "l"(policy));
+  return v;
+}
+
+__device__ __forceinline__ float ld_stream_f32(const float* ptr) {  // read once: evict first
+  float v;
+  asm volatile("ld.global.cs.f32 %0, [%1];" : "=f"(v) : "l"(ptr));
+  return v;
+}
+__device__ __forceinline__ unsigned short ld_stream_u16(const unsigned short* ptr) {
+  unsigned short v;
+  asm volatile("ld.global.cs.u16 %0, [%1];" : "=h"(v) : "l"(ptr));
+  return v;
+}
+
+__device__ __forceinline__ i64 ld_acquire(const i64* ptr) {
+  i64 v;
+  asm volatile("ld.acquire.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(ptr) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ i32 ld_acquire32(const i32* ptr) {
+  i32 v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(ptr) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void mma16816(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Two k-tiles (2j, 2j+1) of one 16-token tile: A chunks of token rows g and g+8, codes chunk per nt.
+template <int NT>
+__device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], uint4 lo, uint4 hi, const uint4* codes_s, int j,
+                                          int lane) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    uint4 b = codes_s[(nt * 8 + j) * 32 + lane];
+    mma16816(acc[nt], lo.x, hi.x, lo.y, hi.y, b.x, b.y);
+    mma16816(acc[nt], lo.z, hi.z, lo.w, hi.w, b.z, b.w);
+  }
+}
+
+__device__ __forceinline__ i64 shfl_xor64(i64 v, int offset) {
+  int lo = __shfl_xor_sync(0xFFFFFFFFu, (int)(v & 0xFFFFFFFFll), offset);
+  int hi = __shfl_xor_sync(0xFFFFFFFFu, (int)(v >> 32), offset);
+  return (i64)(((u64)(u32)hi << 32) | (u64)(u32)lo);
+}
+
+__device__ __forceinline__ i64 max64(i64 a, i64 b) { return a > b ? a : b; }
+__device__ __forceinline__ i64 min64(i64 a, i64 b) { return a < b ? a : b; }
+
+// Merge two descending triples of distinct words (sentinels aside): the top three of the union.
+__device__ __forceinline__ void merge3(i64& a1, i64& a2, i64& a3, i64 b1, i64 b2, i64 b3) {
+  i64 c2 = max64(max64(a2, b2), min64(a1, b1));
+  i64 c3 = max64(max64(a3, b3), max64(min64(a1, b2), min64(a2, b1)));
+  a1 = max64(a1, b1);
+  a2 = c2;
+  a3 = c3;
+}
+
+__device__ __forceinline__ void insert3(i64& t1, i64& t2, i64& t3, i64 w) {
+  if (w > t3) {
+    if (w > t2) {
+      t3 = t2;
+      if (w > t1) {
+        t2 = t1;
+        t1 = w;
+      } else {
+        t2 = w;
+      }
+    } else {
+      t3 = w;
+    }
+  }
+}
+
+struct RowKeys {
+  bool live;
+  bool greedy;
+  i64 slot;  // a valid slot (0 for padding)
+  float temp, inv_temp;
+  u32 prefix;
+};
+
+__device__ __forceinline__ RowKeys row_keys(const ChainArgs& a, int row, int step) {
+  RowKeys k;
+  i64 sample = (i64)row * a.num_steps + step;
+  i64 slot = a.idx64 ? ((const i64*)a.idx)[sample] : (i64)((const i32*)a.idx)[sample];
+  i64 position = a.pos64 ? ((const i64*)a.pos)[sample] : (i64)((const i32*)a.pos)[sample];
+  k.live = slot >= 0 && slot < a.num_slots;  // out-of-range slots are padding (never written)
+  k.slot = k.live ? slot : 0;
+  k.temp = k.live ? ((const float*)a.temp)[slot] : 0.0f;
+  i64 seed = k.live ? ((const i64*)a.seeds)[slot] : 0;
+  k.greedy = !(k.temp > 0.0f);
+  k.inv_temp = k.greedy ? 1.0f : 1.0f / k.temp;
+  k.prefix = dm::draft_prefix(seed, step, position);
+  return k;
+}
+
+__device__ __forceinline__ float cached_z(const ChainArgs& a, i64 slot, int step, i64 v) {
+  i64 off = slot * a.stride_cs + (i64)step * a.vocab + v;
+  return a.cache_f32 ? ((const float*)a.cache)[off] : bf16_to_f32(((const unsigned short*)a.cache)[off]);
+}
+
+// ------------------------------------------------------------------ the kernel
+// Shared memory: [smem_tiles][8 j][2 halves][32 lanes] uint4 of W2, codes [NT*8 rows][8 j][32] uint4,
+// staging [16 warps][RP rows][tiles_per_warp * 16] bf16, per-warp triples, per-row results.
+template <int NT, bool REG_TILE>
+__device__ __forceinline__ void chain_body(const ChainArgs& a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int block = blockIdx.x;
+  const int rows = (int)a.rows;
+  const int RP = (int)a.rows_pow2;
+  const int LRP = (int)a.log2_rows_pow2;
+  const int tpw = (int)a.tiles_per_warp;
+  const i64 vocab = a.vocab;
+
+  uint4* w2_s = (uint4*)smem;
+  uint4* codes_s = w2_s + a.smem_tiles * 512;
+  unsigned short* stage_s = (unsigned short*)(codes_s + NT * 8 * 32);
+  i64* triple_s = (i64*)(stage_s + (((DM_WARPS * RP * tpw * 16) + 7) & ~7));  // [16 warps][RP][3]
+  i64* best_s = triple_s + DM_WARPS * RP * 3;                                  // [16] block word per row
+  int* prev_s = (int*)(best_s + DM_MAX_ROWS);                                  // [16]
+  int* flag_s = prev_s + DM_MAX_ROWS;                                          // [16] fallback per row, [16] = stop
+
+  // This block's tiles [t0, t1) and this warp's [wt0, wt0 + ntw).
+  const i64 t0 = (i64)block * a.num_tiles / a.num_blocks;
+  const i64 t1 = (i64)(block + 1) * a.num_tiles / a.num_blocks;
+  const i64 wt0 = t0 + (i64)warp * tpw;
+  int ntw = (int)(t1 - wt0);
+  ntw = ntw < 0 ? 0 : (ntw > tpw ? tpw : ntw);
+  const i64 v_w0 = wt0 * 16;  // first token of this warp
+  const int g = lane >> 2, c = lane & 3;
+
+  const u64 keep = policy_evict_last();
+  const u64 once = policy_evict_first();
+  const uint4* head = (const uint4*)a.head;  // 32 uint4 per token row
+  i64* words = (i64*)a.words;
+  i32* sync = (i32*)a.sync;
+  i32* status = (i32*)a.status;
+
+  uint4 areg[REG_TILE ? 16 : 1];
+  const int rr = lane & (RP - 1);  // this lane's row in the epilogue
+  const int sub = lane >> LRP;
+  const int lanes_per_row = 32 >> LRP;
+
+  if (threadIdx.x < DM_MAX_ROWS) {
+    int r = threadIdx.x;
+    i64 prev = 0;
+    if (r < rows) prev = a.anchor64 ? ((const i64*)a.anchor)[r] : (i64)((const i32*)a.anchor)[r];
+    prev = prev < 0 ? 0 : (prev >= a.embed_rows ? a.embed_rows - 1 : prev);
+    prev_s[r] = (int)prev;
+  }
+  if (threadIdx.x == 0) flag_s[DM_MAX_ROWS] = 0;
+  __syncthreads();
+
+  const int steps = (int)a.num_steps;
+  for (int step = 0; step < steps; ++step) {
+    // Codes of this step: W1[prev] per row, in mma B-fragment order; rows >= R are zero.
+    for (int i = threadIdx.x; i < NT * 8 * 32; i += DM_THREADS) {
+      int r = i >> 5, q = i & 31;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (r < rows) v = ((const uint4*)a.embed)[(i64)prev_s[r] * 32 + q];
+      int nt = r >> 3, gg = r & 7, j = q >> 2, cc = q & 3;
+      codes_s[(nt * 8 + j) * 32 + gg * 4 + cc] = v;
+    }
+    RowKeys keys = row_keys(a, rr < rows ? rr : 0, step);
+    __syncthreads();
+
+    // Bias of this warp's tiles, staged as bf16 [RP rows][ntw * 16 tokens].
+    unsigned short* stage = stage_s + warp * RP * tpw * 16;
+    for (int lt = 0; lt < ntw; ++lt) {
+      float acc[NT][4];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+      const i64 tok0 = v_w0 + lt * 16;
+      const i64 r_lo = tok0 + g, r_hi = tok0 + g + 8;
+      const bool ok_lo = r_lo < vocab, ok_hi = r_hi < vocab;
+      const int slot = (lt - (REG_TILE ? 1 : 0)) * DM_WARPS + warp;
+      const bool in_smem = slot >= 0 && slot < a.smem_tiles;
+      const bool resident = (REG_TILE && lt == 0) || in_smem;
+      if (REG_TILE && lt == 0) {
+        if (step == 0) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            areg[2 * j] = ok_lo ? ld_w2(head + r_lo * 32 + j * 4 + c, once) : make_uint4(0, 0, 0, 0);
+            areg[2 * j + 1] = ok_hi ? ld_w2(head + r_hi * 32 + j * 4 + c, once) : make_uint4(0, 0, 0, 0);
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) mma_chunk<NT>(acc, areg[2 * j], areg[2 * j + 1], codes_s, j, lane);
+      } else if (in_smem && step > 0) {
+        const uint4* src = w2_s + (i64)slot * 512;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) mma_chunk<NT>(acc, src[(j * 2) * 32 + lane], src[(j * 2 + 1) * 32 + lane], codes_s, j, lane);
+      } else {
+        const u64 pol = resident ? once : keep;
+        uint4* dst = w2_s + (i64)(in_smem ? slot : 0) * 512;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          uint4 lo = ok_lo ? ld_w2(head + r_lo * 32 + j * 4 + c, pol) : make_uint4(0, 0, 0, 0);
+          uint4 hi = ok_hi ? ld_w2(head + r_hi * 32 + j * 4 + c, pol) : make_uint4(0, 0, 0, 0);
+          if (in_smem) {
+            dst[(j * 2) * 32 + lane] = lo;
+            dst[(j * 2 + 1) * 32 + lane] = hi;
+          }
+          mma_chunk<NT>(acc, lo, hi, codes_s, j, lane);
+        }
+      }
+      // acc[nt]: tokens g (0, 1) and g + 8 (2, 3) of the tile, rows nt * 8 + 2c (+1).
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          int row = nt * 8 + 2 * c + (e & 1);
+          int tok = lt * 16 + g + ((e >> 1) << 3);
+          if (row < RP) {
+            unsigned short b = f32_to_bf16(acc[nt][e]);
+            if (a.scale != 1.0) b = f32_to_bf16(dm::mul_rn(bf16_to_f32(b), (float)a.scale));
+            stage[row * (tpw * 16) + tok] = b;
+          }
+        }
+      }
+    }
+    __syncwarp();
+
+    // Epilogue: lane (rr, sub) walks tokens sub, sub + 32/RP, ... of its row rr over the warp's range.
+    i64 t1w = DM_INT64_MIN, t2w = DM_INT64_MIN, t3w = DM_INT64_MIN;
+    if (rr < rows) {
+      const int span = ntw * 16;
+      const i64 base_off = (i64)rr * a.stride_br + (i64)step * a.stride_bn;
+      const i64 cache_off = keys.slot * a.stride_cs + (i64)step * vocab;
+      for (int vi = sub; vi < span; vi += lanes_per_row) {
+        const i64 v = v_w0 + vi;
+        if (v >= vocab) break;
+        float u = a.base_f32 ? ld_stream_f32(((const float*)a.base) + base_off + v)
+                             : bf16_to_f32(ld_stream_u16(((const unsigned short*)a.base) + base_off + v));
+        float bias = bf16_to_f32(stage[rr * (tpw * 16) + vi]);
+        float z = dm::add_rn(u, bias);
+        if (a.cache_f32) {
+          if (keys.live) ((float*)a.cache)[cache_off + v] = z;
+        } else {
+          unsigned short zb = f32_to_bf16(z);
+          z = bf16_to_f32(zb);
+          if (keys.live) ((unsigned short*)a.cache)[cache_off + v] = zb;
+        }
+        float key = keys.greedy ? z : dm::add_rn(dm::mul_rn(z, keys.inv_temp), dm::approx_noise(keys.prefix, (u32)v));
+        insert3(t1w, t2w, t3w, dm::pack_word(key, (i32)v));
+      }
+    }
+    for (int off = RP; off < 32; off <<= 1) {
+      i64 b1 = shfl_xor64(t1w, off), b2 = shfl_xor64(t2w, off), b3 = shfl_xor64(t3w, off);
+      merge3(t1w, t2w, t3w, b1, b2, b3);
+    }
+    if (sub == 0) {
+      triple_s[(warp * RP + rr) * 3 + 0] = t1w;
+      triple_s[(warp * RP + rr) * 3 + 1] = t2w;
+      triple_s[(warp * RP + rr) * 3 + 2] = t3w;
+    }
+    __syncthreads();  // also makes this block's cache writes visible to all its threads
+
+    // Per row: the block's exact best word, or a flag for the exact recomputation.
+    if (threadIdx.x < rows) {
+      const int r = threadIdx.x;
+      RowKeys k = row_keys(a, r, step);
+      i64 b1 = DM_INT64_MIN, b2 = DM_INT64_MIN, b3 = DM_INT64_MIN;
+      for (int w = 0; w < DM_WARPS; ++w)
+        merge3(b1, b2, b3, triple_s[(w * RP + r) * 3], triple_s[(w * RP + r) * 3 + 1], triple_s[(w * RP + r) * 3 + 2]);
+      int fallback = 0;
+      i64 best = b1;
+      if (!k.greedy) {
+        float value = dm::word_key(b1);
+        float third = b3 == DM_INT64_MIN ? -__int_as_float(0x7f800000) : dm::word_key(b3);
+        bool finite = value == value && value != 0.0f && fabsf(value) < __int_as_float(0x7f800000);
+        bool decided = finite && b1 != DM_INT64_MIN &&
+                       dm::sub_rn(value, third) > dm::key_slack(value, (float)a.filter_margin);
+        if (decided) {
+          i32 i1 = dm::word_index(b1);
+          best = dm::pack_word(dm::exact_key(cached_z(a, k.slot, step, i1), k.temp, k.prefix, (u32)i1), i1);
+          if (b2 != DM_INT64_MIN) {
+            i32 i2 = dm::word_index(b2);
+            best = max64(best, dm::pack_word(dm::exact_key(cached_z(a, k.slot, step, i2), k.temp, k.prefix, (u32)i2), i2));
+          }
+        } else {
+          fallback = 1;
+        }
+      }
+      best_s[r] = best;
+      flag_s[r] = fallback;
+    }
+    __syncthreads();
+    for (int r = 0; r < rows; ++r) {
+      if (!flag_s[r]) continue;  // uniform over the block
+      // Exact keys over this block's tokens, z from the cache (sampled rows are live).
+      RowKeys k = row_keys(a, r, step);
+      i64 best = DM_INT64_MIN;
+      const i64 v_end = t1 * 16 < vocab ? t1 * 16 : vocab;
+      for (i64 v = t0 * 16 + threadIdx.x; v < v_end; v += DM_THREADS)
+        best = max64(best, dm::pack_word(dm::exact_key(cached_z(a, k.slot, step, v), k.temp, k.prefix, (u32)v), (i32)v));
+      for (int off = 16; off > 0; off >>= 1) best = max64(best, shfl_xor64(best, off));
+      if (lane == 0) triple_s[warp] = best;
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        i64 m = DM_INT64_MIN;
+        for (int w = 0; w < DM_WARPS; ++w) m = max64(m, triple_s[w]);
+        best_s[r] = m;
+      }
+      __syncthreads();
+    }
+    if (threadIdx.x < rows) atomicMax((long long*)&words[step * DM_MAX_ROWS + threadIdx.x], (long long)best_s[threadIdx.x]);
+    if (step + 1 == steps) break;  // the last step needs no barrier: the exit counter orders it
+
+    // Grid barrier (bounded), then every block reads the step's words.
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      atomicAdd(&sync[step], 1);
+      const i32 target = (i32)(a.num_blocks + a.barrier_extra);
+      const long long start = clock64();
+      int stop = 0;
+      while (ld_acquire32(&sync[step]) < target) {
+        if (clock64() - start > a.spin_cycles) {
+          atomicOr(status, 1);
+          stop = 1;
+          break;
+        }
+      }
+      __threadfence();
+      flag_s[DM_MAX_ROWS] = stop;
+    }
+    __syncthreads();
+    if (flag_s[DM_MAX_ROWS]) break;
+    if (threadIdx.x < rows) {
+      i64 w = ld_acquire(&words[step * DM_MAX_ROWS + threadIdx.x]);
+      i64 t = dm::word_index(w);
+      t = t < 0 ? 0 : (t >= vocab ? vocab - 1 : t);
+      t = t >= a.embed_rows ? a.embed_rows - 1 : t;
+      prev_s[threadIdx.x] = (int)t;
+    }
+    __syncthreads();
+  }
+
+  // Exit: the last block writes the tokens of every step and resets the scratch for the next call.
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    int done = atomicAdd(&sync[steps], 1);
+    flag_s[DM_MAX_ROWS + 1] = done == (int)a.num_blocks - 1;
+  }
+  __syncthreads();
+  if (flag_s[DM_MAX_ROWS + 1]) {
+    __threadfence();
+    i64 tok = 0;
+    int r = threadIdx.x / steps, s = threadIdx.x % steps;
+    bool mine = threadIdx.x < rows * steps;
+    if (mine) {
+      i64 w = ld_acquire(&words[s * DM_MAX_ROWS + r]);
+      tok = dm::word_index(w);
+      tok = tok < 0 ? 0 : (tok >= vocab ? vocab - 1 : tok);
+    }
+    __syncthreads();
+    if (mine) ((i64*)a.tokens)[r * a.stride_tr + s] = tok;
+    if (threadIdx.x < steps * DM_MAX_ROWS) words[threadIdx.x] = DM_INT64_MIN;
+    if (threadIdx.x <= steps) sync[threadIdx.x] = 0;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(DM_THREADS, 1) dm_chain_nt1_reg(const ChainArgs a) { chain_body<1, true>(a); }
+extern "C" __global__ void __launch_bounds__(DM_THREADS, 1) dm_chain_nt2_reg(const ChainArgs a) { chain_body<2, true>(a); }
+extern "C" __global__ void __launch_bounds__(DM_THREADS, 1) dm_chain_nt1(const ChainArgs a) { chain_body<1, false>(a); }
+extern "C" __global__ void __launch_bounds__(DM_THREADS, 1) dm_chain_nt2(const ChainArgs a) { chain_body<2, false>(a); }
+
+// Largest |approximate - exact| Gumbel noise over the hashes [h0, h0 + count) (as fp32 bits of a
+// non-negative float, merged with atomicMax); the GPU test runs it over all 2^32 hashes.
+extern "C" __global__ void dm_noise_bound(u32 h0, u64 count, u32* worst) {
+  u32 local = 0;
+  for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (u64)gridDim.x * blockDim.x) {
+    float u = dm::uniform32(h0 + (u32)i);
+    float d = fabsf(dm::approx_gumbel(u) - dm::gumbel32(u));
+    u32 bits = __float_as_uint(d);
+    local = bits > local ? bits : local;
+  }
+  for (int off = 16; off > 0; off >>= 1) {
+    u32 o = __shfl_xor_sync(0xFFFFFFFFu, local, off);
+    local = o > local ? o : local;
+  }
+  if ((threadIdx.x & 31) == 0) atomicMax(worst, local);
+}

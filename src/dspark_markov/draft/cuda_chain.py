@@ -1,0 +1,203 @@
+"""``impl="cuda_chain"``: the N-step chain of 1-16 rows in one persistent CUDA C++ launch (Gumbel-max).
+
+The kernel (``dspark_markov/cuda/chain.cu``) runs one block of 512 threads per SM; block ``b``
+owns a contiguous range of ``V / SMs`` tokens of W2 and keeps it on chip across the steps (each
+warp's first 16-token tile as tensor-core A-fragments in registers, the next tiles in shared
+memory, the rest re-read from L2 with an evict-last policy), so only step 0 streams W2 from HBM.
+The bias is computed with ``mma.sync`` (bf16 -> fp32, rounded once to bf16), the draw by the
+approximate-key filter of :mod:`dspark_markov.ops.filter` with exact keys for the candidates that can still
+win, merged across blocks through packed (key, index) words and a bounded grid barrier. Its
+header comment has the details; ``noise.cuh`` the bit-exact noise.
+
+Contract (as :class:`~dspark_markov.draft.triton_chain.ChainBackend`): scratch (``words``
+``[N, 16]`` int64, ``sync`` ``[N + 1]`` int32, ``status`` ``[1]`` int32) is allocated once in
+``__init__``; ``run`` allocates nothing and makes one launch on torch's current stream, so it can
+be captured in a CUDA graph (one graph per batch size). All blocks must be resident at once (one
+per SM; the launch takes every SM): a barrier that waits longer than ``spin_cycles`` sets
+``status`` and the launch ends early with tokens in ``[0, V)``; :meth:`check` raises
+:class:`~dspark_markov.DeviceStatusError`.
+
+Requirements (``ValueError`` otherwise): a CUDA device of compute capability 9.0 with NVRTC
+(:func:`dspark_markov.cuda.availability`), bf16 weights of rank 256, at most 16 rows, at most 32
+steps. Base logits bf16 or fp32, cache bf16 or fp32, any mix of temperatures, padding rows.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from ..ops.bounds import FILTER_MARGIN  # the margin of every filter (no Triton import)
+
+MAX_ROWS = 16
+MAX_STEPS = 32  # the exit path has one thread per (row, step): 16 * 32 = 512 threads
+RANK = 256
+TILE = 16  # tokens per mma tile (the M of m16n8k16)
+WARPS = 16
+THREADS = 32 * WARPS
+TILE_BYTES = TILE * RANK * 2
+# A barrier gives up after this many SM clock cycles (~1 s at 1.98 GHz): far beyond any step.
+SPIN_CYCLES = 2_000_000_000
+INT64_MIN = -(2**63)
+
+
+class ChainArgs(ctypes.Structure):
+    """The kernel's one argument (``struct ChainArgs`` in chain.cu): 8-byte fields, in order."""
+
+    _fields_ = [(name, ctypes.c_uint64) for name in (
+        "base", "anchor", "embed", "head", "cache", "idx", "pos", "temp", "seeds", "tokens", "words", "sync",
+        "status")] + [(name, ctypes.c_int64) for name in (
+            "rows", "vocab", "embed_rows", "num_slots", "num_steps", "stride_br", "stride_bn", "stride_cs",
+            "stride_tr", "base_f32", "cache_f32", "anchor64", "idx64", "pos64", "rows_pow2", "log2_rows_pow2",
+            "num_blocks", "num_tiles", "smem_tiles", "tiles_per_warp", "barrier_extra", "spin_cycles")] + [
+        ("scale", ctypes.c_double), ("filter_margin", ctypes.c_double)]
+
+
+def _pow2_at_least(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+def fixed_smem_bytes(rows_pow2: int, nt: int, tiles_per_warp: int) -> int:
+    """Shared memory besides the W2 tiles: codes, staging, triples, per-row words, tokens, flags."""
+    codes = nt * 8 * 32 * 16
+    stage = ((WARPS * rows_pow2 * tiles_per_warp * TILE + 7) & ~7) * 2
+    triples = WARPS * rows_pow2 * 3 * 8
+    return codes + stage + triples + MAX_ROWS * 8 + MAX_ROWS * 4 + (MAX_ROWS + 2) * 4
+
+
+class CudaChainBackend:
+    """All N steps of up to 16 rows in one persistent CUDA C++ launch (Gumbel only, bf16 weights).
+
+    Options: ``reg_tile`` (hold each warp's first tile in registers; default True), ``smem_tiles``
+    (W2 tiles per block in shared memory; default: as many as fit), ``num_blocks`` (default: one per
+    SM), ``spin_cycles`` (barrier bound), ``filter_margin`` (the filter's noise margin; a huge value
+    forces the exact path), ``barrier_extra`` (test hook: wait for that many more arrivals than
+    there are blocks, so every barrier times out).
+    """
+
+    METHODS = ("gumbel",)
+    DEVICES = ("cuda",)
+    GRAPH_SAFE = True
+    MAX_ROWS = MAX_ROWS
+
+    def __init__(self, head, num_steps, max_rows, *, method, cache_dtype, device, reg_tile=True, smem_tiles=None,
+                 num_blocks=None, spin_cycles=SPIN_CYCLES, filter_margin=FILTER_MARGIN, barrier_extra=0):
+        from .. import cuda
+
+        device = torch.device(device)
+        if device.type != "cuda":
+            raise ValueError(f"device: impl 'cuda_chain' runs on CUDA devices, got {device}")
+        why = cuda.availability(device)
+        if why is not None:
+            raise ValueError(f"impl: 'cuda_chain' cannot run here: {why}")
+        if head.dtype != torch.bfloat16:
+            raise ValueError(f"head_weight: impl 'cuda_chain' needs bf16 weights, got {head.dtype}")
+        if head.rank != RANK:
+            raise ValueError(f"head_weight: impl 'cuda_chain' needs rank {RANK}, got {head.rank}")
+        if not 1 <= int(max_rows) <= MAX_ROWS:
+            raise ValueError(f"max_rows: impl 'cuda_chain' takes 1 to {MAX_ROWS} rows, got {max_rows}")
+        if not 1 <= int(num_steps) <= MAX_STEPS:
+            raise ValueError(f"num_steps: impl 'cuda_chain' takes 1 to {MAX_STEPS} steps, got {num_steps}")
+        if cache_dtype not in (torch.bfloat16, torch.float32):
+            raise ValueError(f"cache_dtype: expected torch.bfloat16 or torch.float32, got {cache_dtype}")
+        if int(spin_cycles) < 1 or int(barrier_extra) < 0:
+            raise ValueError(f"spin_cycles: expected >= 1 (and barrier_extra >= 0), got {spin_cycles}, {barrier_extra}")
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        self.device = torch.device("cuda", index)
+        self.head = head
+        self.kernels = cuda.chain_kernels(index)
+        props = torch.cuda.get_device_properties(index)
+        vocab = head.vocab_size
+        self.num_tiles = -(-vocab // TILE)
+        self.num_blocks = min(int(num_blocks or props.multi_processor_count), self.num_tiles)
+        per_block = -(-self.num_tiles // self.num_blocks)
+        self.tiles_per_warp = -(-per_block // WARPS)
+        self.reg_tile = bool(reg_tile)
+        self.max_rows_pow2 = _pow2_at_least(int(max_rows))
+        nt_max = 1 if self.max_rows_pow2 <= 8 else 2
+        fixed = fixed_smem_bytes(self.max_rows_pow2, 2, self.tiles_per_warp)  # codes sized for NT = 2
+        from ..cuda import build
+
+        limit = build.max_dynamic_smem(index)
+        fit = (limit - fixed) // TILE_BYTES
+        wanted = per_block - (WARPS if self.reg_tile else 0)
+        self.smem_tiles = max(0, min(fit, wanted) if smem_tiles is None else int(smem_tiles))
+        if self.smem_tiles > fit:
+            raise ValueError(f"smem_tiles: at most {fit} W2 tiles fit in shared memory here, got {smem_tiles}")
+        self.smem_bytes = fixed + self.smem_tiles * TILE_BYTES
+        for nt in {1, nt_max}:
+            name = self.kernel_name(nt)
+            self.kernels.set_dynamic_smem(name, self.smem_bytes)
+            if self.kernels.blocks_per_sm(name, THREADS, self.smem_bytes) < 1:
+                raise ValueError(f"smem_tiles: kernel {name} with {self.smem_bytes} bytes of shared memory does not "
+                                 f"fit on one SM")
+        self.spin_cycles = int(spin_cycles)
+        self.filter_margin = float(filter_margin)
+        self.barrier_extra = int(barrier_extra)
+        self.num_steps = int(num_steps)
+        self.words = torch.full((self.num_steps, MAX_ROWS), INT64_MIN, dtype=torch.int64, device=self.device)
+        self.sync = torch.zeros(self.num_steps + 1, dtype=torch.int32, device=self.device)
+        self.status = torch.zeros(1, dtype=torch.int32, device=self.device)
+
+    @staticmethod
+    def unavailable_reason() -> str | None:
+        """Why this design cannot run here (no GPU, not sm_90, no NVRTC, a build error), or ``None``."""
+        from .. import cuda
+
+        return cuda.availability()
+
+    def kernel_name(self, nt: int) -> str:
+        return f"dm_chain_nt{nt}" + ("_reg" if self.reg_tile else "")
+
+    def check(self) -> None:
+        """Raise :class:`~dspark_markov.DeviceStatusError` if a launch's barrier timed out since the last check.
+
+        Reads :attr:`status` (a host sync: not inside a capture) and clears it (and the scratch), so
+        each failure is reported once.
+        """
+        if int(self.status.item()) != 0:
+            self.status.zero_()
+            self.words.fill_(INT64_MIN)
+            self.sync.zero_()
+            try:
+                from ..validate import DeviceStatusError
+            except ImportError:  # older tree
+                DeviceStatusError = RuntimeError
+            raise DeviceStatusError("impl 'cuda_chain': a grid barrier timed out (not every block was resident on "
+                                    "the GPU at once: another kernel held SMs, or a fault) in a launch since the "
+                                    "last check; the draft tokens of that call are meaningless (in [0, V) but not "
+                                    "the reference's). Run it alone on the GPU or use impl='chain'.")
+
+    def arguments(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens,
+                  logits_cache) -> ChainArgs:
+        head = self.head
+        rows, steps, vocab = base_logits.shape  # [R, N, V]
+        rows_pow2 = _pow2_at_least(rows)
+        status = self.status  # read at every launch: a dispatcher may point it at a shared flag
+        return ChainArgs(
+            base_logits.data_ptr(), anchor.data_ptr(), head.embed_weight.data_ptr(), head.head_weight.data_ptr(),
+            logits_cache.data_ptr(), idx_mapping.data_ptr(), positions.data_ptr(), temperature.data_ptr(),
+            seeds.data_ptr(), draft_tokens.data_ptr(), self.words.data_ptr(), self.sync.data_ptr(),
+            status.data_ptr(),
+            rows, vocab, head.embed_vocab_size, temperature.shape[0], steps,
+            base_logits.stride(0), base_logits.stride(1), logits_cache.stride(0), draft_tokens.stride(0),
+            int(base_logits.dtype == torch.float32), int(logits_cache.dtype == torch.float32),
+            int(anchor.dtype == torch.int64), int(idx_mapping.dtype == torch.int64),
+            int(positions.dtype == torch.int64), rows_pow2, rows_pow2.bit_length() - 1,
+            self.num_blocks, self.num_tiles, self.smem_tiles, self.tiles_per_warp, self.barrier_extra,
+            self.spin_cycles, float(head.scale), self.filter_margin)
+
+    def run(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens, logits_cache):
+        rows, steps, _ = base_logits.shape
+        if rows > self.max_rows_pow2 or steps != self.num_steps:
+            raise ValueError(f"base_logits: this backend was built for <= {self.max_rows_pow2} rows and "
+                             f"{self.num_steps} steps, got shape {tuple(base_logits.shape)}")
+        args = self.arguments(base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens,
+                              logits_cache)
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        self.kernels.launch(self.kernel_name(1 if rows <= 8 else 2), self.num_blocks, THREADS, self.smem_bytes,
+                            stream, [args])

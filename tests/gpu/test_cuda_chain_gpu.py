@@ -1,0 +1,115 @@
+"""``impl="cuda_chain"`` on the H200 at DeepSeek-V4.1 shapes (V = 129,280, rank 256, N = 5).
+
+Every draw is checked bit for bit against the reference applied to the kernel's own cache
+(tests.helpers.check_against_reference): rows 1 / 2 / 3 / 8 / 9 / 16, both cache dtypes, mixed
+temperatures with padding rows, fp32 base logits, int32 index inputs, NaN / all -inf rows, the
+exact fallback path, with and without the register-resident tile; CUDA-graph replays equal eager
+calls; a forced barrier timeout raises and the next call is exact again; the approximate noise of
+noise.cuh is within the filter's bound over all 2^32 hashes.
+"""
+
+import ctypes
+
+import pytest
+import torch
+
+import dspark_markov as dm
+from dspark_markov.draft.cuda_chain import CudaChainBackend
+from tests.helpers import STEPS, VOCAB, check_against_reference, check_graph_replays, full_problem
+
+pytestmark = pytest.mark.gpu
+
+
+def cuda_sampler(head, rows, cache_dtype=torch.bfloat16, **options):
+    sampler = dm.MarkovSampler(head, STEPS, rows, cache_dtype=cache_dtype, impl="cuda_chain")
+    if options:
+        sampler.backend = CudaChainBackend(head, STEPS, rows, method="gumbel", cache_dtype=cache_dtype, device=head.device, **options)
+    return sampler
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 9, 16])
+def test_cuda_chain_full_shape(rows, cache_dtype):
+    head, args = full_problem(rows, seed=rows)
+    sampler = cuda_sampler(head, rows, cache_dtype)
+    out = sampler.sample(*args)
+    check_against_reference(head, *args, out)
+    sampler.backend.check()
+
+
+@pytest.mark.parametrize("rows", [1, 16])
+def test_cuda_chain_t1_fp32_base_int32_inputs(rows):
+    head, args = full_problem(rows, temps=(1.0,), seed=11)
+    args[0] = args[0].float()
+    args[1], args[2], args[3] = (a.to(torch.int32) for a in args[1:4])
+    sampler = cuda_sampler(head, rows)
+    out = sampler.sample(*args)
+    check_against_reference(head, *args, out)
+
+
+@pytest.mark.parametrize("reg_tile", [False, True])
+def test_cuda_chain_without_register_tile_and_small_smem(reg_tile):
+    head, args = full_problem(5, seed=4)
+    sampler = cuda_sampler(head, 5, reg_tile=reg_tile, smem_tiles=3)
+    out = sampler.sample(*args)
+    check_against_reference(head, *args, out)
+
+
+def test_cuda_chain_exact_fallback_everywhere():
+    """A huge filter margin: every sampled row of every block takes the exact recomputation."""
+    head, args = full_problem(3, seed=6)
+    sampler = cuda_sampler(head, 3, filter_margin=1e30)
+    out = sampler.sample(*args)
+    check_against_reference(head, *args, out)
+
+
+def test_cuda_chain_nan_and_all_minus_inf_rows():
+    head, args = full_problem(4, temps=(1.0, 0.6, 0.0, 1.0), seed=8)
+    base = args[0].float()
+    base[0, 0, 100_000] = float("nan")
+    base[0, 0, 70_000] = float("nan")
+    base[1] = float("-inf")
+    base[3, 1, :] = 3.0e38
+    args[0] = base
+    for cache_dtype in (torch.bfloat16, torch.float32):
+        out = cuda_sampler(head, 4, cache_dtype).sample(*args)
+        tokens = out.draft_tokens
+        assert tokens.min() >= 0 and tokens.max() < VOCAB
+        assert tokens[0, 0] == 70_000 and bool((tokens[1] == 0).all())
+        check_against_reference(head, *args, out)
+
+
+@pytest.mark.parametrize("rows", [1, 16])
+def test_cuda_chain_graph_replays_match_eager(rows):
+    head, _ = full_problem(rows, seed=1)
+    sampler = cuda_sampler(head, rows)
+    check_graph_replays(sampler, rows, seeds=(2, 3), replays=2)
+    sampler.backend.check()
+
+
+def test_cuda_chain_barrier_timeout_raises_and_recovers():
+    head, args = full_problem(2, seed=9)
+    sampler = cuda_sampler(head, 2, barrier_extra=1, spin_cycles=200_000)
+    out = sampler.sample(*args, check_values=False)
+    torch.cuda.synchronize()
+    assert out.draft_tokens.min() >= 0 and out.draft_tokens.max() < VOCAB
+    with pytest.raises(dm.DeviceStatusError, match="cuda_chain"):
+        sampler.backend.check()
+    sampler.backend.check()  # reported once
+    sampler.backend.barrier_extra = 0
+    out = sampler.sample(*args)
+    check_against_reference(head, *args, out)
+    sampler.backend.check()
+
+
+def test_approximate_noise_bound_over_all_hashes():
+    from dspark_markov import cuda
+
+    kernels = cuda.chain_kernels(torch.cuda.current_device())
+    worst = torch.zeros(1, dtype=torch.int32, device="cuda")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    kernels.launch("dm_noise_bound", sms * 16, 256, 0, torch.cuda.current_stream().cuda_stream,
+                   [ctypes.c_uint32(0), ctypes.c_uint64(1 << 32), ctypes.c_uint64(worst.data_ptr())])
+    bound = float(worst.view(torch.float32).item())
+    print(f"cuda_chain approximate noise: worst |approx - exact| over 2^32 hashes = {bound:.3e}")
+    assert bound <= 2.5e-5  # ops.bounds.NOISE_BOUND

@@ -1,0 +1,87 @@
+"""Processes of ``test_sharded_agreement.py``: per-call checks of ShardedMarkovSampler agreed by all ranks.
+
+One rank gets a bad argument (or a different batch size); every rank must raise the same
+``ValueError`` from the same call, and the group must still work afterwards. Without the agreement
+the good ranks wait in the step's collective until the process group's timeout (30 s here), so a
+regression fails by timing out instead of passing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from dspark_markov.sharded import ShardedMarkovSampler
+from sharded_worker import make_problem, reference
+
+GROUP_TIMEOUT_S = 30
+
+
+def expect_error(sampler, args, kwargs, match, label):
+    started = time.monotonic()
+    try:
+        sampler.sample(*args, **kwargs)
+    except ValueError as error:
+        message = str(error)
+        assert message.startswith(match), f"{label}: expected '{match}...', got {message!r}"
+        assert "rank" in message, f"{label}: the message should say which rank rejected the call: {message!r}"
+    else:
+        raise AssertionError(f"{label}: every rank must raise")
+    assert time.monotonic() - started < GROUP_TIMEOUT_S / 2, f"{label}: the ranks waited for the group timeout"
+
+
+def scenario(rank, world):
+    group = dist.group.WORLD
+    last = rank == world - 1
+    problem = make_problem(3, 301, 4, 2, torch.float32, torch.float32)
+    ref_tokens, _ = reference(problem, torch.float32, world)
+    sampler = ShardedMarkovSampler(problem["embed"], problem["head"], group, 2, 8, torch.float32)
+    args = [problem[name] for name in ("base", "anchor", "idx_mapping", "positions", "temperature", "seeds")]
+
+    def bad(index, value):
+        call = list(args)
+        if last:
+            call[index] = value
+        return call
+
+    seeds = args[5]
+    strided_seeds = torch.stack([seeds, seeds], dim=1).reshape(-1)[::2]
+    expect_error(sampler, bad(5, strided_seeds), {}, "seeds: expected a contiguous", "strided seeds on one rank")
+    anchor = args[1].clone()
+    anchor[0] = 10**6
+    expect_error(sampler, bad(1, anchor), {}, "anchor: expected values in", "anchor out of range on one rank")
+    expect_error(sampler, bad(0, args[0][:, :1]), {}, "idx_mapping: expected shape (4,)", "wrong N on one rank")
+    # a different batch size on one rank (each call is valid on its own)
+    call = list(args)
+    if last:
+        call = [args[0][:3], args[1][:3], args[2][:6], args[3][:6], args[4], args[5]]
+    expect_error(sampler, call, {}, "base_logits: ranks were called with different batch sizes",
+                 "different R per rank")
+    # rows above max_rows without replicated weights: every rank rejects it, one rank alone too
+    big = [torch.cat([a] * 3) if i < 4 else a for i, a in enumerate(args)]
+    big[2] = torch.arange(12).repeat_interleave(2)
+    big[4], big[5] = torch.ones(12), torch.arange(12, dtype=torch.int64)
+    expect_error(sampler, big, {}, "base_logits: expected at most max_rows", "too many rows on every rank")
+    # the group still works, and the draws are the reference's
+    out = sampler.sample(*args)
+    assert torch.equal(out.draft_tokens, ref_tokens)
+    sampler.check()  # collective; nothing failed on the device
+    # agree_checks=False keeps the old, collective-free behaviour: a good call still works
+    quiet = ShardedMarkovSampler(problem["embed"], problem["head"], group, 2, 8, torch.float32, agree_checks=False)
+    assert torch.equal(quiet.sample(*args).draft_tokens, ref_tokens)
+
+
+def worker(rank, world, init_file, done_dir):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+    try:
+        scenario(rank, world)
+        dist.barrier()
+        open(os.path.join(done_dir, f"rank{rank}.ok"), "w").close()
+    finally:
+        dist.destroy_process_group()

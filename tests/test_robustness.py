@@ -1,0 +1,321 @@
+"""Regression tests of issue 14: inputs that used to give silently wrong results or crashes.
+
+Each test names the item of the issue it covers. The package-wide rules they pin down (README,
+"Inputs"): a non-contiguous 1-D per-row / per-slot tensor raises ``ValueError`` naming it, before
+anything is written; a device-side failure (the chain's barrier timeout) is raised as
+:class:`dspark_markov.DeviceStatusError` at the next eager call or ``check()``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dspark_markov as dm
+
+pytest.importorskip("triton")
+
+
+def strided(x: torch.Tensor) -> torch.Tensor:
+    """The same values as a 1-D view with stride 2 (every other element of a twice-as-long tensor)."""
+    wide = torch.empty(2 * x.shape[0], dtype=x.dtype, device=x.device)
+    wide[::2] = x
+    wide[1::2] = x.flip(0) if x.numel() else x  # garbage a stride-blind kernel would read
+    view = wide[::2]
+    assert view.stride(0) == 2 and torch.equal(view, x)
+    return view
+
+
+# --------------------------------------------------------------------------- item 1: verify strides
+def _verify_case(seed=0, batch=6, k=3, vocab=300, slots=8):
+    g = torch.Generator().manual_seed(seed)
+    cache = torch.randn(slots, k, vocab, generator=g)
+    idx = torch.randperm(slots, generator=g)[:batch]
+    temperature = torch.rand(slots, generator=g) + 0.5
+    seeds = torch.randint(-(2**62), 2**62, (slots,), generator=g)
+    positions = torch.randint(1, 10_000, (batch,), generator=g)
+    num_drafts = torch.randint(0, k + 1, (batch,), generator=g)
+    target = cache[idx].float().repeat(1, 2, 1)[:, : k + 1].contiguous() + torch.randn(batch, k + 1, vocab, generator=g)
+    drafts = torch.randint(0, vocab, (batch, k), generator=g)
+    return [target, drafts, cache, num_drafts, idx, positions, temperature, seeds]
+
+
+VERIFY_VECTORS = {"num_drafts": 3, "idx_mapping": 4, "positions": 5, "temperature": 6, "seeds": 7}
+
+
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+@pytest.mark.parametrize("name", sorted(VERIFY_VECTORS) + ["target_greedy"])
+def test_item1_verify_rejects_strided_per_slot_and_per_request_vectors(name, impl):
+    args = _verify_case()
+    kwargs = {}
+    if name == "target_greedy":
+        kwargs["target_greedy"] = strided(torch.tensor([True, False, True, False, False, True]))
+    else:
+        args[VERIFY_VECTORS[name]] = strided(args[VERIFY_VECTORS[name]])
+    with pytest.raises(ValueError, match=rf"^{name}: expected a contiguous"):
+        dm.verify_drafts(*args, impl=impl, **kwargs)
+    with pytest.raises(ValueError, match=rf"^{name}: expected a contiguous"):
+        dm.verify_drafts(*args, impl=impl, check_values=False, **kwargs)
+
+
+def test_item1_contiguous_copies_still_equal_the_reference():
+    args = _verify_case(seed=3)
+    ref = dm.verify_drafts(*args, impl="reference")
+    out = dm.verify_drafts(*args, impl="triton")
+    assert torch.equal(out.tokens, ref.tokens) and torch.equal(out.num_emitted, ref.num_emitted)
+
+
+# --------------------------------------------------------------------------- item 2: top-k/top-p strides
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+@pytest.mark.parametrize("name", ["k", "p"])
+def test_item2_top_k_top_p_rejects_strided_per_row_k_and_p(name, impl):
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(4, 300, generator=g)
+    before = logits.clone()
+    k = torch.tensor([52, 50, 3, 0])
+    p = torch.tensor([0.9, 0.5, 1.0, 0.2])
+    kwargs = {"k": strided(k) if name == "k" else k, "p": strided(p) if name == "p" else p}
+    with pytest.raises(ValueError, match=rf"^{name}: expected a contiguous"):
+        dm.top_k_top_p(logits, impl=impl, **kwargs)
+    assert torch.equal(logits, before), "logits were written before the error"
+
+
+def _step(**kwargs):
+    """A small DSparkStep on the CPU (V = 300, N = 2, 3 requests, 5 slots) with a fixed backbone."""
+    from dspark_markov.step import DSparkStep
+
+    g = torch.Generator().manual_seed(4)
+    head = dm.MarkovHead(torch.randn(300, 16, generator=g) * 0.3, torch.randn(300, 16, generator=g) * 0.3)
+    table = torch.randn(300, 300, generator=g)
+
+    def backbone(input_ids, positions):
+        return table[input_ids.view(3, 3)[:, 1:]].contiguous()
+
+    options = dict(num_steps=2, max_reqs=3, num_slots=5, mask_token_id=299, max_model_len=4096,
+                   draft_impl="reference", verify_impl="triton", block_inputs_impl="reference")
+    options.update(kwargs)
+    step = DSparkStep(head, backbone, **options)
+    inputs = dict(last_pos=torch.tensor([10, 20, 30]), bonus_tokens=torch.tensor([1, 2, 3]),
+                  req_slots=torch.tensor([4, 0, 2]), temperature=torch.tensor([1.0, 0.7, 0.0, 1.0, 0.5]),
+                  seeds=torch.arange(5, dtype=torch.int64) * 7919)
+    return step, inputs
+
+
+@pytest.mark.parametrize("name", ["temperature", "seeds"])
+def test_item1_step_verify_checks_strides_even_without_value_checks(name):
+    """DSparkStep.verify skipped every check with check_values=False (the default in a capture)."""
+    step, inputs = _step()
+    step.draft(**inputs)
+    target = torch.randn(3, 3, 300)
+    values = dict(temperature=inputs["temperature"], seeds=inputs["seeds"])
+    values[name] = strided(values[name])
+    tokens_before = step.tokens.clone()
+    with pytest.raises(ValueError, match=rf"^{name}: expected a contiguous"):
+        step.verify(target, torch.tensor([2, 1, 2]), values["temperature"], values["seeds"], check_values=False)
+    assert torch.equal(step.tokens, tokens_before)
+
+
+# --------------------------------------------------------------------------- item 4: argument checks
+def _small_head(vocab=300, rank=16):
+    g = torch.Generator().manual_seed(0)
+    return dm.MarkovHead(torch.randn(vocab + 2, rank, generator=g), torch.randn(vocab, rank, generator=g) * 0.3)
+
+
+@pytest.mark.parametrize("head", [None, torch.zeros(3), "head"], ids=["None", "tensor", "str"])
+def test_item4_sampler_rejects_a_head_that_is_not_a_markov_head(head):
+    with pytest.raises(ValueError, match=r"^head: expected a MarkovHead"):
+        dm.MarkovSampler(head, 2, 2)
+
+
+@pytest.mark.parametrize("name", ["num_steps", "max_rows"])
+@pytest.mark.parametrize("value", [2.7, "3", True, None, 2.0])
+def test_item4_sampler_sizes_must_be_ints(name, value):
+    sizes = {"num_steps": 2, "max_rows": 2, name: value}
+    with pytest.raises(ValueError, match=rf"^{name}: expected an int"):
+        dm.MarkovSampler(_small_head(), sizes["num_steps"], sizes["max_rows"])
+
+
+def test_item4_sampler_sizes_accept_integer_scalars():
+    import numpy as np
+
+    sampler = dm.MarkovSampler(_small_head(), np.int64(2), torch.tensor(3))
+    assert (sampler.num_steps, sampler.max_rows) == (2, 3)
+
+
+@pytest.mark.parametrize("scale", [None, "abc", [1.0], float("nan"), float("inf")])
+def test_item4_head_scale_must_be_a_finite_float(scale):
+    g = torch.Generator().manual_seed(0)
+    with pytest.raises(ValueError, match=r"^scale: expected a finite"):
+        dm.MarkovHead(torch.randn(10, 16, generator=g), torch.randn(8, 16, generator=g), scale)
+
+
+def test_item4_sample_drafts_with_no_steps_names_base_logits():
+    head = _small_head()
+    empty = torch.zeros(0, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"^base_logits: expected N >= 1"):
+        dm.sample_drafts(head, torch.zeros(2, 0, 300), torch.zeros(2, dtype=torch.int64), empty, empty,
+                         torch.ones(3), torch.zeros(3, dtype=torch.int64))
+
+
+def test_item4_sample_drafts_rejects_a_head_that_is_not_a_markov_head():
+    with pytest.raises(ValueError, match=r"^head: expected a MarkovHead"):
+        dm.sample_drafts(None, torch.zeros(1, 1, 4), torch.zeros(1, dtype=torch.int64),
+                         torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), torch.ones(1),
+                         torch.zeros(1, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+def test_item4_top_k_top_p_rejects_an_empty_vocabulary_on_every_path(impl):
+    with pytest.raises(ValueError, match=r"^logits: expected V >= 1"):
+        dm.top_k_top_p(torch.zeros(3, 0), 2, 0.5, impl=impl)
+
+
+@pytest.mark.parametrize("name", ["num_steps", "max_reqs", "num_slots", "max_model_len"])
+def test_item4_step_sizes_must_be_ints(name):
+    with pytest.raises(ValueError, match=rf"^{name}: expected an int"):
+        _step(**{name: 2.7})
+    with pytest.raises(ValueError, match=r"^head: expected a MarkovHead"):
+        from dspark_markov.step import DSparkStep
+
+        DSparkStep(None, lambda ids, pos: None, num_steps=2, max_reqs=3, num_slots=5, mask_token_id=1,
+                   max_model_len=10)
+
+
+# --------------------------------------------------------------------------- item 5: duplicate slots
+def _draft_case(rows=4, steps=2, vocab=300, slots=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn(rows, steps, vocab, generator=g)
+    anchor = torch.randint(0, vocab, (rows,), generator=g)
+    idx = torch.arange(rows)[:, None].repeat(1, steps).reshape(-1)
+    positions = torch.randint(1, 1000, (rows * steps,), generator=g)
+    temperature = torch.rand(slots, generator=g) + 0.5
+    seeds = torch.randint(-(2**62), 2**62, (slots,), generator=g)
+    return [base, anchor, idx, positions, temperature, seeds]
+
+
+@pytest.mark.parametrize("impl", ["reference", "fused", "chain"])
+def test_item5_two_rows_on_one_slot_are_rejected_before_any_write(impl):
+    head = _small_head()
+    args = _draft_case()
+    args[2] = torch.tensor([0, 0, 3, 3, 2, 2, 3, 3])  # rows 1 and 3 both on slot 3
+    tokens = torch.full((4, 2), -7, dtype=torch.int64)
+    cache = torch.full((6, 2, 300), 5.0, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"^idx_mapping: rows 1 and 3 both use slot 3"):
+        dm.sample_drafts(head, *args, impl=impl, draft_tokens=tokens, logits_cache=cache)
+    assert bool((tokens == -7).all()) and bool((cache == 5.0).all())
+    sampler = dm.MarkovSampler(head, 2, 4, impl=impl)
+    with pytest.raises(ValueError, match=r"^idx_mapping: .*slot 3"):
+        sampler.sample(*args, draft_tokens=tokens, logits_cache=cache)
+
+
+def test_item5_one_row_may_change_slot_between_steps_and_padding_may_repeat():
+    """Only a (slot, step) cache row written twice is an error; -1 (padding) may repeat freely."""
+    head = _small_head()
+    args = _draft_case()
+    args[2] = torch.tensor([0, 1, 1, 0, -1, -1, -1, -1])  # (0,0) (1,1) (1,0) (0,1): all distinct
+    dm.sample_drafts(head, *args)
+
+
+def test_item5_step_rejects_duplicate_request_slots():
+    step, inputs = _step()
+    inputs["req_slots"] = torch.tensor([4, 0, 4])
+    cache_before = step.logits_cache.clone()
+    with pytest.raises(ValueError, match=r"^req_slots: requests 0 and 2 both use slot 4"):
+        step.draft(**inputs)
+    assert torch.equal(step.logits_cache, cache_before)
+
+
+# --------------------------------------------------------------------------- item 3: barrier failures
+def _failing_chain(head, steps, rows):
+    """A chain backend whose barriers time out: two programs in the interpreter (which runs them in turn)."""
+    from dspark_markov.draft.triton_chain import ChainBackend
+
+    backend = ChainBackend(head, steps, rows, method="gumbel", cache_dtype=torch.bfloat16, device=head.device, spin_limit=3, word_slots=2)
+    for _, layout in backend.layouts:
+        layout.programs = 2  # more programs than can run at once here
+    return backend
+
+
+def _working(backend):
+    for _, layout in backend.layouts:
+        layout.programs = 1
+    return backend
+
+
+def test_item3_eager_sample_raises_when_the_chain_barrier_timed_out():
+    head = _small_head()
+    args = _draft_case(rows=2, steps=2)
+    sampler = dm.MarkovSampler(head, 2, 2, impl="chain")
+    sampler.backend = _failing_chain(head, 2, 2)
+    with pytest.raises(dm.DeviceStatusError, match="barrier timed out"):
+        sampler.sample(*args)
+    assert issubclass(dm.DeviceStatusError, RuntimeError)
+    # reported once: the flag is cleared, and a working launch then passes its checks
+    _working(sampler.backend)
+    sampler.sample(*args)
+    sampler.check()
+
+
+def test_item3_without_value_checks_the_failure_waits_for_check():
+    """check_values=False (as in a CUDA-graph capture): no host sync in sample; check() raises later."""
+    head = _small_head()
+    args = _draft_case(rows=2, steps=2)
+    sampler = dm.MarkovSampler(head, 2, 2, impl="chain")
+    sampler.backend = _failing_chain(head, 2, 2)
+    out = sampler.sample(*args, check_values=False)
+    assert bool(((out.draft_tokens >= 0) & (out.draft_tokens < 300)).all())
+    assert int(sampler.status.sum()) != 0  # the device flag an engine can copy with its outputs
+    with pytest.raises(dm.DeviceStatusError, match="barrier timed out"):
+        sampler.check()
+    sampler.check()  # cleared after it was reported
+    assert int(sampler.status.sum()) == 0
+
+
+def test_item3_auto_dispatcher_checks_the_backends_it_dispatches_to(monkeypatch):
+    from dspark_markov.draft import auto
+
+    head = _small_head()
+    args = _draft_case(rows=1, steps=2)
+    sampler = dm.MarkovSampler(head, 2, 1, impl="auto")
+    sampler.backend.backends["chain"] = _failing_chain(head, 2, 1)
+    monkeypatch.setattr(auto, "choose", lambda method, cache_dtype, rows, device: "chain")
+    with pytest.raises(dm.DeviceStatusError, match="barrier timed out"):
+        sampler.sample(*args)
+    sampler.sample(*args, check_values=False)
+    with pytest.raises(dm.DeviceStatusError):
+        sampler.check()
+
+
+def test_item3_step_reports_a_chain_failure_at_draft_or_check():
+    step, inputs = _step(draft_impl="chain")
+    step.sampler.backend = _failing_chain(step.head, 2, 3)
+    with pytest.raises(dm.DeviceStatusError, match="barrier timed out"):
+        step.draft(**inputs)
+    step.draft(**inputs, check_values=False)
+    with pytest.raises(dm.DeviceStatusError, match="barrier timed out"):
+        step.check()
+    step.check()
+
+
+# --------------------------------------------------------------------------- item 8: the demo's checks
+def test_item8_demo_says_a_zero_df_check_was_not_run(capsys):
+    from dspark_markov import demo
+
+    code = demo.main(["--vocab", "32", "--rank", "4", "--requests", "2", "--length", "2", "--quiet"])
+    printed = capsys.readouterr().out
+    lines = [line for line in printed.splitlines() if "bigram chi-square" in line]
+    assert len(lines) == 2, printed
+    for line in lines:
+        assert "too few draws for a chi-square" in line and "not run" in line, line
+        assert "pass" not in line.split("chi-square", 1)[1], line
+    assert code == 1, "a run whose distribution check could not run must not report success"
+
+
+def test_item8_verdict_of_the_chi_square():
+    from dspark_markov.demo import generate as demo
+
+    assert demo.chi_square_verdict(0.0, 0) == (None, "not run: too few draws for a chi-square (0 df)")
+    passed, text = demo.chi_square_verdict(3.0, 4)
+    assert passed is True and text.endswith(": pass")
+    passed, text = demo.chi_square_verdict(1e9, 4)
+    assert passed is False and text.endswith(": FAIL")
