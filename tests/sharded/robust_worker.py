@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from dspark_markov.sharded import ShardedMarkovSampler
-from sharded_worker import make_problem, reference
+from tests.sharded.worker import make_problem, reference
 
 GROUP_TIMEOUT_S = 30
 
