@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from dspark_markov import MarkovHead
-from dspark_markov.demo import cli as demo  # main and the generate helpers it uses (monkeypatched here)
+from dspark_markov.demo import cli, generate
 
 
 def test_demo_small_run_passes(capsys):
-    code = demo.main(["--vocab", "64", "--requests", "48", "--length", "24", "--rank", "8", "--quiet"])
+    code = cli.main(["--vocab", "64", "--requests", "48", "--length", "24", "--rank", "8", "--quiet"])
     printed = capsys.readouterr().out
     assert code == 0, printed
     lines = [line for line in printed.splitlines() if "mean accepted length" in line]
@@ -20,35 +20,35 @@ def test_demo_small_run_passes(capsys):
 def test_demo_block_verification_and_inverse_cdf():
     args = ["--vocab", "48", "--requests", "32", "--length", "16", "--rank", "8", "--quiet", "--method", "block",
             "--draft-method", "inverse_cdf", "--cache-dtype", "fp32", "--temperature", "0.7"]
-    assert demo.main(args) == 0
+    assert cli.main(args) == 0
 
 
 def test_demo_returns_one_when_the_head_does_not_help(monkeypatch):
     # A head fitted with rank 0 cannot exist; instead replace the fit by a zero head: no gain -> 1.
-    monkeypatch.setattr(demo, "fit_markov_head", lambda language, rank: demo.zero_head(language.vocab, rank))
-    assert demo.main(["--vocab", "32", "--requests", "16", "--length", "8", "--quiet"]) == 1
+    monkeypatch.setattr(cli, "fit_markov_head", lambda language, rank: generate.zero_head(language.vocab, rank))
+    assert cli.main(["--vocab", "32", "--requests", "16", "--length", "8", "--quiet"]) == 1
 
 
 def test_chi_square_pools_small_cells_and_detects_bias():
     expected = torch.tensor([[50.0, 30.0, 15.0, 3.0, 2.0]])
-    statistic, dof = demo.chi_square(expected.clone(), expected)
+    statistic, dof = generate.chi_square(expected.clone(), expected)
     assert statistic == 0.0 and dof == 3  # the two small cells are pooled (5 expected)
     biased = torch.tensor([[80.0, 10.0, 5.0, 3.0, 2.0]])
-    statistic, dof = demo.chi_square(biased, expected)
-    assert statistic > demo.chi_square_threshold(dof)
-    assert demo.chi_square(torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0]))[0] == float("inf")
+    statistic, dof = generate.chi_square(biased, expected)
+    assert statistic > generate.chi_square_threshold(dof)
+    assert generate.chi_square(torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0]))[0] == float("inf")
 
 
 def test_bad_arguments_exit_with_usage_error():
     with pytest.raises(SystemExit):
-        demo.main(["--temperature", "0"])
+        cli.main(["--temperature", "0"])
     with pytest.raises(SystemExit):
-        demo.main(["--vocab", "1"])
+        cli.main(["--vocab", "1"])
 
 
 # --------------------------------------------------------------------------- --engine step (DSparkStep)
 def _setup(vocab, batch, rank, seed=0, device="cpu"):
-    language = demo.BigramLanguage(vocab, seed=seed, device=device)
+    language = generate.BigramLanguage(vocab, seed=seed, device=device)
     log_mu = language.marginals().log().float()
     g = torch.Generator().manual_seed(seed + 1)
     seeds = torch.randint(-(2**62), 2**62, (batch,), generator=g).to(device)
@@ -59,11 +59,11 @@ def _setup(vocab, batch, rank, seed=0, device="cpu"):
     def target_fn(prev, position):
         return language.logits(prev, position) / 0.8
 
-    return language, log_mu, demo.fit_markov_head(language, rank), seeds, anchor, start, temperature, target_fn
+    return language, log_mu, generate.fit_markov_head(language, rank), seeds, anchor, start, temperature, target_fn
 
 
 def test_step_engine_runs_end_to_end_and_passes(capsys):
-    code = demo.main(["--engine", "step", "--vocab", "64", "--requests", "48", "--length", "24", "--rank", "8",
+    code = cli.main(["--engine", "step", "--vocab", "64", "--requests", "48", "--length", "24", "--rank", "8",
                       "--quiet"])
     printed = capsys.readouterr().out
     assert code == 0, printed
@@ -83,7 +83,7 @@ def test_step_engine_emits_the_functional_engines_tokens(method, draft_method):
 
     vocab, batch, k, length = 40, 12, 4, 15  # 15 = 3 full rounds at most + short tails: padding occurs
     _, log_mu, head, seeds, anchor, start, temperature, target_fn = _setup(vocab, batch, 6)
-    functional = demo.speculative_generate(target_fn, lambda pos: log_mu[pos % 3], head, anchor, start, length,
+    functional = generate.speculative_generate(target_fn, lambda pos: log_mu[pos % 3], head, anchor, start, length,
                                            num_steps=k, temperature=temperature, seeds=seeds, method=method,
                                            draft_method=draft_method, cache_dtype=torch.float32)
     stepper = StepGenerator(target_fn, head, marginal_backbone(log_mu, batch, k), batch=batch, num_steps=k,
@@ -105,7 +105,7 @@ def test_step_engine_with_triton_kernels_emits_the_reference_tokens(draft_impl):
 
     vocab, batch, k, length = 300, 4, 3, 7
     _, log_mu, head, seeds, anchor, start, temperature, target_fn = _setup(vocab, batch, 16)
-    reference = demo.speculative_generate(target_fn, lambda pos: log_mu[pos % 3], head, anchor, start, length,
+    reference = generate.speculative_generate(target_fn, lambda pos: log_mu[pos % 3], head, anchor, start, length,
                                           num_steps=k, temperature=temperature, seeds=seeds)
     stepper = StepGenerator(target_fn, head, marginal_backbone(log_mu, batch, k), batch=batch, num_steps=k,
                             temperature=temperature, seeds=seeds, draft_impl=draft_impl, verify_impl="triton",
@@ -129,14 +129,14 @@ def test_marginal_backbone_reads_positions_only():
 
 def test_step_engine_bad_arguments():
     with pytest.raises(SystemExit):
-        demo.main(["--engine", "step", "--graphs"])  # graphs need CUDA
+        cli.main(["--engine", "step", "--graphs"])  # graphs need CUDA
     with pytest.raises(SystemExit):
-        demo.main(["--engine", "functional", "--verify-impl", "triton"])
+        cli.main(["--engine", "functional", "--verify-impl", "triton"])
     with pytest.raises(SystemExit):
-        demo.main(["--engine", "nope"])
+        cli.main(["--engine", "nope"])
     from dspark_markov.demo.step_engine import StepGenerator
 
-    head = demo.zero_head(8, 2)
+    head = generate.zero_head(8, 2)
     with pytest.raises(ValueError, match="graphs"):
         StepGenerator(lambda p, q: None, head, lambda i, p: None, batch=2, num_steps=2,
                       temperature=torch.ones(2), seeds=torch.zeros(2, dtype=torch.int64), graphs=True)
@@ -177,7 +177,7 @@ def test_step_engine_graphs_equal_eager_on_cuda():
 
 @pytest.mark.gpu
 def test_demo_on_cuda_with_graphs_passes(capsys):
-    code = demo.main(["--device", "cuda", "--quiet"])
+    code = cli.main(["--device", "cuda", "--quiet"])
     printed = capsys.readouterr().out
     assert code == 0, printed
     assert "engine step + CUDA graphs" in printed and printed.count("tokens/s") >= 2, printed
