@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..validate import check_choice, check_draft_inputs, check_head, check_sampler_sizes
+from ..validate import check_choice, check_draft_inputs, check_head, check_sampler_sizes, check_triton_runs
 from .backends import backend_class
 
 METHODS = ("gumbel", "inverse_cdf")
@@ -57,6 +57,8 @@ class MarkovSampler:
             raise ValueError(f"method: impl {impl!r} supports {', '.join(repr(m) for m in cls.METHODS)}, got {method!r}")
         if device.type not in cls.DEVICES:
             raise ValueError(f"impl: {impl!r} runs on {', '.join(cls.DEVICES)}, but the head is on {device}")
+        if impl not in ("reference", "auto"):  # Triton designs: the CPU needs the interpreter
+            check_triton_runs(impl, device)
         if cls.MAX_ROWS is not None and max_rows > cls.MAX_ROWS:
             raise ValueError(f"max_rows: impl {impl!r} takes at most {cls.MAX_ROWS} rows, got {max_rows}")
         if fp64 and impl != "reference":

@@ -7,7 +7,7 @@ from typing import NamedTuple
 import torch
 
 from ..validate import (CACHE_DTYPES, INDEX_DTYPES, _same_device, check_choice, check_range, check_tensor,
-                        check_vector)
+                        check_triton_runs, check_vector)
 from .reference import verify_reference
 
 METHODS = ("standard", "block")
@@ -131,6 +131,7 @@ def verify_drafts(target_logits, draft_tokens, logits_cache, num_drafts, idx_map
         else:
             target_greedy = torch.zeros(idx_mapping.shape, dtype=torch.bool, device=target_logits.device)
     if impl == "triton":
+        check_triton_runs(impl, target_logits.device)
         from .triton_verify import verify_triton  # imports Triton
 
         tokens, num_emitted = verify_triton(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping,

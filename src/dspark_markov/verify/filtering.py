@@ -35,7 +35,7 @@ import math
 import torch
 
 from ..rng import LN2_HIGH, LN2_LOW, f32
-from ..validate import check_tensor, check_vector
+from ..validate import check_tensor, check_triton_runs, check_vector
 
 # exp(d), d <= 0, Cody-Waite: n = floor(d log2(e) + 1/2), r = (d - n ln2_high) - n ln2_low in
 # [-0.35, 0.35] (n ln2_high is exact), exp(r) by its Taylor polynomial of degree 7 (truncation
@@ -166,6 +166,7 @@ def top_k_top_p(logits, k=None, p=None, *, impl="triton", out=None):
         keep = top_k_top_p_reference(logits, k_rows, p_rows)
         torch.where(keep, logits, torch.full((), float("-inf"), device=logits.device), out=target)
         return target
+    check_triton_runs(impl, logits.device)
     from . import filtering_triton  # noqa: PLC0415  (Triton is imported only when used)
 
     filtering_triton.launch_top_k_top_p(logits, k, p, target)
