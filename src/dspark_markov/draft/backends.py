@@ -47,6 +47,7 @@ _BACKENDS = {
     "fused": ("dspark_markov.draft.triton_fused", "FusedBackend"),
     "chain": ("dspark_markov.draft.triton_chain", "ChainBackend"),
     "cuda_chain": ("dspark_markov.draft.cuda_chain", "CudaChainBackend"),
+    "stream": ("dspark_markov.draft.triton_stream", "StreamBackend"),
     "auto": ("dspark_markov.draft.auto", "AutoBackend"),
 }
 
