@@ -58,7 +58,7 @@ DECLINED = (
     "a soft-capped or fp32 Markov projection",
     "non-bf16, quantized or tensor-parallel Markov weights",
     "a non-bf16 draft logits cache",
-    "fp64 Gumbel noise on the GPU",
+    "fp64 Gumbel noise",
     "VLLM_BATCH_INVARIANT",
     "a batch outside 1..max_num_reqs",
 )
@@ -140,8 +140,10 @@ def why_not(spec, num_reqs: int) -> str | None:
         return f"Markov weights of {weight1.shape[0]} / {weight2.shape[0]} rows for a vocabulary of {vocab}"
     if not 1 <= num_reqs <= spec.draft_tokens.shape[0]:
         return DECLINED[12] + f" ({num_reqs})"
-    if getattr(spec, "use_fp64_gumbel", False) and (cache.is_cuda or _impl() not in ("auto", "reference")):
-        return DECLINED[10] + " (only impl='reference' on the CPU has it)"
+    if getattr(spec, "use_fp64_gumbel", False):
+        # Only impl='reference' has fp64 noise (not graph safe), and its 53-bit uniform takes the two
+        # hash words in the other order than vLLM 0.33's murmur3_uniform64 (tests/integrations).
+        return DECLINED[10] + " (not computed as vLLM 0.33 does)"
     devices = {t.device for t in (weight1, weight2, cache, spec.temperature, spec.seeds, spec.draft_tokens)}
     if len(devices) != 1:
         return f"buffers on several devices ({', '.join(sorted(map(str, devices)))})"
@@ -151,35 +153,32 @@ def why_not(spec, num_reqs: int) -> str | None:
 class _State:
     """One speculator's sampler, head and anchor buffer (built once, rebuilt if the weights move)."""
 
-    def __init__(self, spec, head_module, vocab: int, fp64: bool):
+    def __init__(self, spec, head_module, vocab: int):
         weight1, weight2 = head_module.markov_w1.weight, head_module.markov_w2.weight
         scale = float(getattr(spec.model.logits_processor, "scale", 1.0))
-        self.key = self.key_of(spec, head_module, vocab, fp64)
+        self.key = self.key_of(spec, head_module, vocab)
         # W2 has padding rows past the vocabulary (ParallelLMHead pads to 64); vLLM slices them off.
         self.head = MarkovHead(weight1.detach(), weight2[:vocab].detach(), scale)  # views, no copies
-        impl = _impl()
-        if fp64:
-            impl = "reference"  # the one design with fp64 noise (CPU only, see why_not)
-        self.impl = impl
+        self.impl = impl = _impl()
         max_rows = spec.draft_tokens.shape[0]
         self.sampler = MarkovSampler(self.head, spec.num_speculative_steps, max_rows, torch.bfloat16, "gumbel",
-                                     impl=impl, fp64=fp64)
+                                     impl=impl)
         input_ids = spec.input_buffers.input_ids
         self.anchor = torch.zeros(max_rows, dtype=input_ids.dtype, device=input_ids.device)  # [max_rows]
 
     @staticmethod
-    def key_of(spec, head_module, vocab, fp64):
+    def key_of(spec, head_module, vocab):
         w1, w2 = head_module.markov_w1.weight, head_module.markov_w2.weight
-        return (w1.data_ptr(), w2.data_ptr(), tuple(w1.shape), tuple(w2.shape), vocab, fp64, _impl(),
+        return (w1.data_ptr(), w2.data_ptr(), tuple(w1.shape), tuple(w2.shape), vocab, _impl(),
                 float(getattr(spec.model.logits_processor, "scale", 1.0)), int(spec.num_speculative_steps),
                 spec.draft_tokens.shape[0])
 
 
-def _state(spec, vocab: int, fp64: bool) -> _State:
+def _state(spec, vocab: int) -> _State:
     head_module = spec.model.model.markov_head
     state = _states.get(spec)
-    if state is None or state.key != _State.key_of(spec, head_module, vocab, fp64):
-        state = _State(spec, head_module, vocab, fp64)
+    if state is None or state.key != _State.key_of(spec, head_module, vocab):
+        state = _State(spec, head_module, vocab)
         _states[spec] = state
         log_once(logging.INFO, "dspark-markov: DSpark Markov drafting through MarkovSampler(impl=%r): %d steps, "
                  "vocabulary %d, rank %d, up to %d rows", state.impl, spec.num_speculative_steps, vocab,
@@ -198,7 +197,7 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
     why = why_not(spec, num_reqs)
     if why is None:
         try:
-            state = _state(spec, int(spec.draft_logits.shape[2]), bool(getattr(spec, "use_fp64_gumbel", False)))
+            state = _state(spec, int(spec.draft_logits.shape[2]))
         except ValueError as error:  # e.g. DSPARK_MARKOV_VLLM_IMPL names a design that cannot run here
             why = f"MarkovSampler refused: {error}"
     if why is not None:
