@@ -1,7 +1,7 @@
 """Sweep impl="stream" launch shapes on the GPU beside fused / inverse_cdf (CUDA graph, cold L2).
 
 Usage: ``PYTHONPATH=src python3 tools/sweep_stream.py [--rows 64,253] [--method inverse_cdf]
-[--layouts 128x64x8,64x64x4] [--baselines fused,inverse_cdf] [--cache-dtype bfloat16] [--temperature 1]``.
+[--layouts 128x64x8x0x2,64x64x4x1x1] [--baselines fused,inverse_cdf] [--cache-dtype bfloat16] [--temperature 1]``.
 One line per (rows, design, layout): the median microseconds of one whole call (all N steps) and
 whether the tokens equal the first layout's (Gumbel: they must; inverse CDF: they need not, the
 tile structure changes the fp32 sums).
@@ -45,7 +45,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", default="64,253")
     parser.add_argument("--method", default="inverse_cdf", choices=("gumbel", "inverse_cdf"))
-    parser.add_argument("--layouts", default="128x64x8", help="block_v x block_r x num_warps, comma-separated")
+    parser.add_argument("--layouts", default="128x64x8x0x2",
+                        help="block_v x block_r x num_warps [x group_chunks [x row_stages]], comma-separated")
     parser.add_argument("--baselines", default="", help="other designs to time beside (e.g. fused,inverse_cdf)")
     parser.add_argument("--cache-dtype", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--temperature", default="1", choices=("1", "mixed"))
@@ -71,21 +72,26 @@ def main():
                 print(f"rows {rows:4d} {design:>12} {method:>11}: {us:8.1f} us", flush=True)
             except Exception as error:  # noqa: BLE001 - report and go on
                 print(f"rows {rows:4d} {design:>12}: {type(error).__name__}: {str(error)[:300]}", flush=True)
-        for block_v, block_r, warps in layouts:
+        for layout in layouts:
+            block_v, block_r, warps = layout[:3]
+            group_chunks = layout[3] if len(layout) > 3 else None
+            row_stages = layout[4] if len(layout) > 4 else None
+            name = "x".join(map(str, layout))
             begin = time.perf_counter()
             try:
                 sampler = dm.MarkovSampler(head, STEPS, rows, cache_dtype, args.method, "stream")
                 sampler.backend.__init__(head, STEPS, rows, args.method, cache_dtype, torch.device("cuda"),
-                                         block_v=block_v, block_r=block_r, num_warps=warps)
+                                         block_v=block_v, block_r=block_r, num_warps=warps,
+                                         group_chunks=group_chunks, row_stages=row_stages)
                 us = time_sampler(sampler, inputs, tokens, cache, flush, args.rounds, args.replays)
             except Exception as error:  # noqa: BLE001 - a layout that does not compile or fit
-                print(f"rows {rows:4d} stream {block_v}x{block_r}x{warps}: {type(error).__name__}: "
+                print(f"rows {rows:4d} stream {name}: {type(error).__name__}: "
                       f"{str(error)[:300]}", flush=True)
                 continue
             if first is None:
                 first = tokens.clone()
             same = bool(torch.equal(tokens, first))
-            print(f"rows {rows:4d} stream {block_v:4d}x{block_r:3d}x{warps} {args.method:>11} {args.cache_dtype} "
+            print(f"rows {rows:4d} stream {name:>12} {args.method:>11} {args.cache_dtype} "
                   f"T={args.temperature}: {us:8.1f} us  tokens same: {same}  "
                   f"(set-up {time.perf_counter() - begin:.1f} s)", flush=True)
 

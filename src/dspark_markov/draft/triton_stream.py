@@ -174,7 +174,7 @@ def _gumbel_words(z, zmax, temp, prefix, best, cols, mask, need, filter_margin, 
     return words
 
 
-@triton.jit(do_not_specialize=["step", "num_rows", "num_slots"])
+@triton.jit(do_not_specialize=["step", "num_rows", "num_slots", "num_groups", "group_chunks"])
 def _stream_step_kernel(
     base_ptr, stride_br, stride_bn,  # [R, N, V] bf16/fp32, last stride 1
     embed_ptr,  # [V_t, R_k] weight dtype (W1)
@@ -186,22 +186,27 @@ def _stream_step_kernel(
     words_ptr, stride_ws,  # [N, max_rows] int64 per-row best words
     tokens_ptr, stride_tr,  # [R, N] int64 draft tokens (Gumbel: column step - 1 written by tile 0)
     part_max_ptr, part_mass_ptr, stride_part,  # [max_rows, num_tiles] fp32 (inverse CDF)
-    num_rows, vocab, embed_rows, num_slots, step, num_steps, scale, filter_margin,
+    num_rows, vocab, embed_rows, num_slots, step, num_steps, scale, filter_margin, num_groups, group_chunks,
     RK: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_R: tl.constexpr,
+    ROW_STAGES: tl.constexpr,
     SCALED: tl.constexpr,
     INVERSE_CDF: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE_DOT: tl.constexpr,
     HARDWARE: tl.constexpr,
 ):
-    """One step for every row, one vocabulary tile per program.
+    """One step for one vocabulary tile and ``group_chunks`` chunks of ``BLOCK_R`` rows per program.
+
+    Program ``p`` takes tile ``p // num_groups`` and row group ``p % num_groups``: the groups of a tile
+    are launched together, so all but the first read its W2 tile from L2 (one group: from HBM once).
 
     Bytes: ``BLOCK_V R_k w`` (W2 tile) + per row ``R_k w`` (codes, L2) + ``BLOCK_V (u + c)`` (logits in,
     cache out) + 8 (inverse CDF partials) or an atomic on the row's word when the tile beats it.
     """
-    tile = tl.program_id(0)
+    tile = tl.program_id(0) // num_groups
+    group = tl.program_id(0) % num_groups
     cols = tile * BLOCK_V + tl.arange(0, BLOCK_V)
     col_ok = cols < vocab
     ks = tl.arange(0, RK)
@@ -211,7 +216,9 @@ def _stream_step_kernel(
     w_dtype = head_ptr.dtype.element_ty
     cache_dtype = cache_ptr.dtype.element_ty
     words_step = words_ptr + step * stride_ws
-    for chunk in range(0, tl.cdiv(num_rows, BLOCK_R)):
+    first_chunk = group * group_chunks
+    for chunk in tl.range(first_chunk, tl.minimum(first_chunk + group_chunks, tl.cdiv(num_rows, BLOCK_R)),
+                          num_stages=ROW_STAGES):
         rows = chunk * BLOCK_R + tl.arange(0, BLOCK_R)
         row_ok = rows < num_rows
         if INVERSE_CDF:
@@ -386,9 +393,10 @@ def _pick_kernel(
     tl.store(prev_ptr + row, token.to(tl.int32))
 
 
-# GPU launch shapes (block_v, block_r, num_warps), to be measured on the H200 (tools/sweep_stream.py).
-GPU_LAYOUT = (128, 64, 8)
-CPU_LAYOUT = (64, 16, 4)
+# GPU launch shapes (block_v, block_r, num_warps, row chunks per program or 0 for all, row-loop
+# stages), to be measured on the H200 (tools/sweep_stream.py).
+GPU_LAYOUT = (128, 64, 8, 0, 2)
+CPU_LAYOUT = (64, 16, 4, 0, 1)
 
 
 class StreamBackend:
@@ -401,6 +409,9 @@ class StreamBackend:
         (Triton's interpreter).
     block_v, block_r, num_warps : launch shape (powers of two; ``block_r >= 16`` is a tensor-core
         tile); defaults from :data:`GPU_LAYOUT` / :data:`CPU_LAYOUT`.
+    group_chunks : row chunks per program (0: the whole batch, W2 read once per tile); smaller
+        values split the batch over programs that share the tile through L2.
+    row_stages : software-pipeline stages of the row-chunk loop (1: none).
     filter_margin : the approximate-noise ranking's margin (a huge value forces exact keys, tests).
 
     Scratch (allocated once): previous tokens ``[max_rows]`` int32, per-row words ``[N, max_rows]``
@@ -414,7 +425,7 @@ class StreamBackend:
     MAX_ROWS = None
 
     def __init__(self, head, num_steps, max_rows, method, cache_dtype, device, *, block_v=None, block_r=None,
-                 num_warps=None, filter_margin=FILTER_MARGIN):
+                 num_warps=None, group_chunks=None, row_stages=None, filter_margin=FILTER_MARGIN):
         if head.rank & (head.rank - 1) or head.rank < 16:
             raise ValueError(f"head_weight: impl 'stream' needs a power-of-two rank >= 16, got {head.rank}")
         if method not in self.METHODS:
@@ -425,6 +436,10 @@ class StreamBackend:
         self.block_v = int(block_v or default[0])
         self.block_r = int(block_r or default[1])
         self.num_warps = int(num_warps or default[2])
+        self.group_chunks = int(default[3] if group_chunks is None else group_chunks)
+        self.row_stages = int(row_stages or default[4])
+        if self.group_chunks < 0 or self.row_stages < 1:
+            raise ValueError(f"group_chunks: expected >= 0 (and row_stages >= 1), got {group_chunks}, {row_stages}")
         check_power_of_two("block_v", self.block_v, 16)
         check_power_of_two("block_r", self.block_r, 16)
         check_power_of_two("num_warps", self.num_warps, 1)
@@ -460,8 +475,11 @@ class StreamBackend:
         common = dict(enable_fp_fusion=False)
         _prepare_kernel[(rows,)](anchor, self.prev, self.words, self.words.stride(0), steps,
                                  STEPS_P2=triton.next_power_of_2(steps), num_warps=1, **common)
+        chunks = triton.cdiv(rows, self.block_r)
+        group_chunks = self.group_chunks or chunks
+        num_groups = triton.cdiv(chunks, group_chunks)
         for step in range(steps):
-            _stream_step_kernel[(self.num_tiles,)](
+            _stream_step_kernel[(self.num_tiles * num_groups,)](
                 base_logits, base_logits.stride(0), base_logits.stride(1),  # [R, N, V]
                 head.embed_weight, head.head_weight,  # [V_t, R_k], [V, R_k]
                 logits_cache, logits_cache.stride(0),  # [S, N, V]
@@ -470,7 +488,9 @@ class StreamBackend:
                 draft_tokens, draft_tokens.stride(0),  # [R, N]
                 self.part_max, self.part_mass, self.part_max.stride(0),  # [max_rows, num_tiles]
                 rows, vocab, head.embed_vocab_size, num_slots, step, steps, head.scale, self.filter_margin,
-                RK=head.rank, BLOCK_V=self.block_v, BLOCK_R=self.block_r, SCALED=head.scale != 1.0,
+                num_groups, group_chunks,
+                RK=head.rank, BLOCK_V=self.block_v, BLOCK_R=self.block_r, ROW_STAGES=self.row_stages,
+                SCALED=head.scale != 1.0,
                 INVERSE_CDF=inverse, UPCAST=self.upcast, IEEE_DOT=head.dtype == torch.float32,
                 HARDWARE=not self.interpret, num_warps=self.num_warps, **common)
             if inverse:
