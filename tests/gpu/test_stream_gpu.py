@@ -60,10 +60,27 @@ def check_inverse_cdf_tokens(head, args, out):
 
 @pytest.mark.parametrize("rows", [32, 64, 253])
 @pytest.mark.parametrize("method", ["gumbel", "inverse_cdf"])
-@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_stream_full_shape(rows, method, cache_dtype):
     head, args = full_problem(rows)
     out = dm.sample_drafts(head, *args, impl="stream", method=method, cache_dtype=cache_dtype)
+    check_against_reference(head, *args, out, method=method)
+    if method == "inverse_cdf":
+        check_inverse_cdf_tokens(head, args, out)
+
+
+@pytest.mark.parametrize("layout", [(64, 64, 4, 1, 1), (64, 64, 4, 0, 1), (128, 64, 4, 1, 1)],
+                         ids=lambda layout: "x".join(map(str, layout)))
+@pytest.mark.parametrize("method", ["gumbel", "inverse_cdf"])
+def test_stream_layouts_full_shape(layout, method):
+    """The other launch shapes (tools/sweep_stream.py) draw exactly too: 253 rows, mixed T, padding."""
+    rows = 253
+    head, args = full_problem(rows, seed=6)
+    sampler = dm.MarkovSampler(head, STEPS, rows, torch.bfloat16, method, "stream")
+    block_v, block_r, warps, group_chunks, row_stages = layout
+    sampler.backend.__init__(head, STEPS, rows, method, torch.bfloat16, torch.device("cuda"), block_v=block_v,
+                             block_r=block_r, num_warps=warps, group_chunks=group_chunks, row_stages=row_stages)
+    out = sampler.sample(*args)
     check_against_reference(head, *args, out, method=method)
     if method == "inverse_cdf":
         check_inverse_cdf_tokens(head, args, out)
