@@ -15,7 +15,9 @@ Gumbel token bit for bit against the reference draw from the sampler's own cache
 import torch
 
 import dspark_markov as dm
+from dspark_markov import rng
 from dspark_markov.draft import reference
+from dspark_markov.draft import reference as ref
 from dspark_markov.draft.reference import argmax_first, draw_gumbel, row_keys
 
 SENTINEL = -7.0  # initial cache value of new_outputs: entries no live sample wrote must keep it
@@ -304,3 +306,66 @@ def check_graph_replays(sampler, rows, *, seeds=(2,), replays=1):
         eager = sampler.sample(*fresh)
         assert torch.equal(tokens, eager.draft_tokens)
         assert torch.equal(cache, eager.logits_cache)
+
+
+# --------------------------------------------------------------------------- inverse-CDF checks
+def same_bits(a, b):
+    """Bit equality of two float tensors of one dtype, any NaN matching any NaN."""
+    ints = torch.int16 if a.dtype == torch.bfloat16 else torch.int32
+    return bool(((a.view(ints) == b.view(ints)) | (torch.isnan(a) & torch.isnan(b))).all())
+
+
+def replay_reference(head, base, anchor, idx_mapping, positions, temperature, seeds, tokens, cache_like):
+    """The reference cache and per-step keys, fed with the sampler's own tokens."""
+    rows, steps, _ = base.shape
+    cache = cache_like.clone()
+    slots = idx_mapping.view(rows, steps)
+    pos = positions.view(rows, steps)
+    prev = anchor.long()
+    per_step = []
+    for step in range(steps):
+        padding, temp, seed, position = ref.row_keys(slots[:, step], pos[:, step], temperature, seeds)
+        z = (base[:, step].float() + head.bias(prev).float()).to(cache.dtype)
+        live = ~padding
+        cache[slots[live, step].long(), step] = z[live]
+        per_step.append((z, temp, seed, position))
+        prev = tokens[:, step]
+    return cache, per_step
+
+
+def check_inverse_cdf(z, temp, seed, step, position, token):
+    """Each T > 0 token is the inverse CDF of its uniform, within the fp32 summation error.
+
+    With fp64 weights ``w = exp(fp32(z / T) - max)`` and ``c`` their normalised prefix sums, the
+    token ``t`` must have ``w[t] > 0`` and ``c[t-1] - eps <= u <= c[t] + eps``; the kernels sum
+    ``<= V`` fp32 terms of relative error ``2^-24`` each (and one ``exp`` of a few ulp), so
+    ``eps = 4 V 2^-24`` bounds their deviation from the exact prefix sums.
+    """
+    vocab = z.shape[-1]
+    eps = 4 * vocab * 2.0**-24
+    u = rng.inverse_cdf_uniform(seed, step, position).double()
+    safe = torch.where(temp > 0, temp, torch.ones_like(temp))
+    scaled = (z.float() / safe[:, None]).double()
+    weight = torch.exp(scaled - scaled.amax(dim=-1, keepdim=True))
+    cumulative = torch.cumsum(weight, dim=-1) / weight.sum(dim=-1, keepdim=True)
+    for r in range(z.shape[0]):
+        if temp[r] <= 0:
+            continue
+        t = int(token[r])
+        assert weight[r, t] > 0, f"row {r}: drew zero-probability token {t}"
+        below = float(cumulative[r, t - 1]) if t > 0 else 0.0
+        assert below - eps <= float(u[r]) <= float(cumulative[r, t]) + eps, (r, t, float(u[r]), below)
+
+
+def draft_inputs(rows, steps, vocab, base_dtype, gen):
+    """Mixed-temperature inputs: slot per (row, step) with padding, odd strides on the logits."""
+    big = torch.randn(rows, steps + 1, vocab + 5, generator=gen) * 3
+    base = big.to(base_dtype)[:, 1:, 2:vocab + 2]  # last stride 1, row/step strides not [N*V, V]
+    assert base.stride() != (steps * vocab, vocab, 1)
+    slot_table = [[4, 4, 4], [-1, -1, -1], [0, 0, 0], [2, -1, 5]]  # slot 1 and 3 are never used
+    idx_mapping = torch.tensor([s for row in slot_table[:rows] for s in row[:steps]])
+    positions = torch.randint(0, 2**40, (rows * steps,), generator=gen)
+    temperature = torch.tensor([1.0, 0.6, 0.0, 1.0, 0.6, 0.0])
+    seeds = torch.tensor([11, -5, 2**62 + 3, 7, -(2**63), 123456789])
+    anchor = torch.tensor([0, 3, 777, 5])[:rows]  # 777 = V: an embed-only row
+    return base, anchor, idx_mapping, positions, temperature, seeds

@@ -18,14 +18,15 @@ ROOT = "dspark_markov"
 # unit -> level (imports go to lower levels only, or inside the unit)
 LAYERS = {
     "dspark_markov._version": 0, "dspark_markov.rng": 0, "dspark_markov.registry": 0, "dspark_markov.head": 0,
-    "dspark_markov.validate": 1, "dspark_markov.ops": 1, "dspark_markov.cuda": 1,
-    "dspark_markov.draft": 2,
-    "dspark_markov.verify": 3, "dspark_markov.block_inputs": 3, "dspark_markov.sharded": 3,
-    "dspark_markov.step": 4,
-    "dspark_markov.bench": 5, "dspark_markov.demo": 5,
-    "dspark_markov.cli": 6,
-    "dspark_markov": 7,  # the package root: the public API
-    "dspark_markov.integrations": 8,  # engine adapters: the public API only
+    "dspark_markov.ops": 1, "dspark_markov.cuda": 1,
+    "dspark_markov.validate": 2,
+    "dspark_markov.draft": 3,
+    "dspark_markov.verify": 4, "dspark_markov.block_inputs": 4, "dspark_markov.sharded": 4,
+    "dspark_markov.step": 5,
+    "dspark_markov.bench": 6, "dspark_markov.demo": 6,
+    "dspark_markov.cli": 7,
+    "dspark_markov": 8,  # the package root: the public API
+    "dspark_markov.integrations": 9,  # engine adapters: the public API only
 }
 PUBLIC_ONLY = {"dspark_markov.integrations"}
 

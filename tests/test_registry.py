@@ -44,7 +44,7 @@ def test_options_are_keyword_only():
     head = dm.MarkovHead(torch.randn(40, 8), torch.randn(32, 8))
     with pytest.raises(TypeError):
         dm.MarkovSampler(head, 2, 3, torch.bfloat16, "gumbel", "reference")
-    for impl in ("reference", "loop", "gumbel_fused", "inverse_cdf", "fused", "chain", "auto"):
+    for impl in registry.names("draft"):
         cls = registry.load("draft", impl)
         parameters = inspect.signature(cls.__init__).parameters
         for name in ("method", "cache_dtype", "device"):

@@ -299,7 +299,7 @@ def test_item3_step_reports_a_chain_failure_at_draft_or_check():
 
 # --------------------------------------------------------------------------- item 8: the demo's checks
 def test_item8_demo_says_a_zero_df_check_was_not_run(capsys):
-    from dspark_markov import demo
+    from dspark_markov import demo  # the package's main (demo.cli.main)
 
     code = demo.main(["--vocab", "32", "--rank", "4", "--requests", "2", "--length", "2", "--quiet"])
     printed = capsys.readouterr().out
@@ -319,3 +319,79 @@ def test_item8_verdict_of_the_chi_square():
     assert passed is True and text.endswith(": pass")
     passed, text = demo.chi_square_verdict(1e9, 4)
     assert passed is False and text.endswith(": FAIL")
+
+
+# --------------------------------------------------------------------------- the CLI and unavailable impls
+def _python(code, *args, interpret=False):
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1] / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    command = [sys.executable, "-c", textwrap.dedent(code)] if code else [sys.executable, "-m", "dspark_markov.cli"]
+    return subprocess.run(command + list(args), capture_output=True, text=True, env=env, timeout=300)
+
+
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU without Triton's interpreter")
+
+
+@pytest.mark.parametrize("impl, words", [("bogus", "impl: expected one of"), ("fused", "TRITON_INTERPRET=1")])
+@no_cuda
+def test_cli_demo_with_a_wrong_or_unrunnable_impl_says_one_line_and_exits_2(impl, words):
+    result = _python(None, "demo", "--impl", impl, "--vocab", "32", "--requests", "4", "--length", "4", "--quiet")
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0] and "Traceback" not in result.stderr, result.stderr
+
+
+@no_cuda
+def test_triton_impls_on_the_cpu_without_the_interpreter_raise_value_error():
+    result = _python("""
+        import torch, dspark_markov as dm
+        head = dm.MarkovHead(torch.randn(40, 16), torch.randn(32, 16))
+        def expect(call, name):
+            try:
+                call()
+            except ValueError as error:
+                assert str(error).startswith(name + ":") and "TRITON_INTERPRET=1" in str(error), error
+            else:
+                raise AssertionError(name)
+        expect(lambda: dm.MarkovSampler(head, 2, 2, impl="fused"), "impl")
+        expect(lambda: dm.sample_drafts(head, torch.zeros(1, 2, 32), torch.zeros(1, dtype=torch.long),
+                                        torch.zeros(2, dtype=torch.long), torch.zeros(2, dtype=torch.long),
+                                        torch.ones(1), torch.zeros(1, dtype=torch.long), impl="chain"), "impl")
+        expect(lambda: dm.top_k_top_p(torch.randn(2, 32), 3, impl="triton"), "impl")
+        t = torch.randn(1, 2, 32)
+        expect(lambda: dm.verify_drafts(t, torch.zeros(1, 1, dtype=torch.long), torch.randn(1, 1, 32),
+                                        torch.ones(1, dtype=torch.long), torch.zeros(1, dtype=torch.long),
+                                        torch.ones(1, dtype=torch.long), torch.ones(1),
+                                        torch.zeros(1, dtype=torch.long), impl="triton"), "impl")
+        z = lambda n: torch.zeros(n, dtype=torch.long)
+        expect(lambda: dm.prepare_block_inputs(z(1), z(1), z(1), num_steps=2, mask_token_id=1, max_model_len=9,
+                                               input_ids=z(3), positions=z(3), sample_pos=z(2),
+                                               sample_idx_mapping=z(2), is_padding=torch.zeros(3, dtype=torch.bool),
+                                               impl="triton"), "impl")
+        print("ok")
+    """)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr
+
+
+@no_cuda
+def test_cli_info_says_how_to_enable_what_is_missing():
+    result = _python(None, "info")
+    assert result.returncode == 0, result.stderr
+    fused = next(line for line in result.stdout.splitlines() if line.strip().startswith("fused "))
+    assert "TRITON_INTERPRET=1" in fused, result.stdout
+    result = _python("""
+        import sys
+        sys.modules["triton"] = None
+        from dspark_markov import cli
+        cli.main(["info"])
+    """)
+    fused = next(line for line in result.stdout.splitlines() if line.strip().startswith("fused "))
+    assert "pip install" in fused and "triton" in fused, result.stdout

@@ -1,13 +1,13 @@
 """Compile the top-k/top-p filter kernels for sm_90 without a GPU and print their resources.
 
 Reuses ``compile_check.py``'s driver stand-in (launches become compile-only warm-ups) and drives
-:func:`dspark_markov.verify.triton_filtering.launch_top_k_top_p` on ``meta`` tensors at
-V = 129,280 in both layouts, every kernel/phase variant the GPU will build (per-row and scalar
+:class:`dspark_markov.verify.triton_filtering.TopKTopPFilter` on ``meta`` tensors at
+V = 129,280 in both layouts, every kernel/pass variant the GPU will build (per-row and scalar
 ``k``/``p``, in place and out of place), printing registers, spill bytes and shared memory from
 ``ptxas -v``.
 
-Usage: ``PYTHONPATH=src /work/venv36/bin/python tools/compile_filter.py`` (Triton 3.6, the GPU
-machine's version).
+Usage: ``PYTHONPATH=src python tools/compile_filter.py`` with the GPU machine's Triton (3.6) if
+possible; a newer one catches most errors too.
 """
 
 import os
@@ -45,7 +45,7 @@ def _compile_only(self, *args, grid, warmup, **kwargs):
     kernel = compile_check._original_run(self, *args, grid=grid, warmup=True, **kwargs)
     if kernel is not None:
         kernel._init_handles = lambda: None
-        key = (self.fn.__name__, kwargs.get("num_warps", 4), kwargs.get("PHASE", "-"), kwargs.get("SHIFT", "-"))
+        key = (self.fn.__name__, kwargs.get("num_warps", 4), kwargs.get("PASS", "-"), kwargs.get("IN_PLACE", "-"))
         _RESOURCES[key] = compile_check._resources(kernel)
     return kernel
 
@@ -58,14 +58,19 @@ def main():
     failures = 0
     for label, logits, k, p, target, chunks in _variants():
         try:
-            ft.launch_top_k_top_p(logits, k, p, target, block=ft.GPU_BLOCK, chunks=chunks, sort_size=ft.SORT_LARGE)
+            filt = ft.TopKTopPFilter(logits.shape[0], VOCAB, "meta", block=ft.GPU_BLOCK, chunks=chunks,
+                                     capacity=ft.GPU_CAPACITY)
+            filt.filter(logits, k, p, target)
             print("ok  ", label)
         except Exception as error:  # report every failure, then exit non-zero
             failures += 1
-            print("FAIL", label, f"{type(error).__name__}: {error}"[:3000])
-    print("kernel resources (sm_90a, ptxas -v; the last variant compiled per kernel/warps/phase/shift):")
-    for (name, warps, phase, shift), (regs, spills, shared) in sorted(_RESOURCES.items(), key=str):
-        print(f"       {name} warps={warps} phase={phase} shift={shift}: registers {regs} spill bytes {spills} "
+            cause = error
+            while cause.__cause__ is not None:  # Triton's CompilationError names the call site; the cause says why
+                cause = cause.__cause__
+            print("FAIL", label, f"{type(error).__name__}: {error}"[:1500], f"\n     cause: {cause!r}"[-1200:])
+    print("kernel resources (sm_90a, ptxas -v; the last variant compiled per kernel/warps/pass/in place):")
+    for (name, warps, kind, in_place), (regs, spills, shared) in sorted(_RESOURCES.items(), key=str):
+        print(f"       {name} warps={warps} pass={kind} in_place={in_place}: registers {regs} spill bytes {spills} "
               f"shared {shared}")
     return 1 if failures else 0
 

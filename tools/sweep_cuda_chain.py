@@ -3,9 +3,10 @@
 Usage: ``PYTHONPATH=src python3 tools/sweep_cuda_chain.py [--rows 1,2,4,8,16] [--steps 1,2,5]
 [--cache bf16,fp32] [--temperature 1,mixed] [--variants reg,noreg,smem0] [--triton] [--json PATH]``.
 
-Variants: ``reg`` (default backend: register tile + shared memory), ``noreg`` (no register tile),
-``smem0`` (no shared memory either: W2 re-read from L2 at every step), ``exact`` (exact keys for
-every logit: the filter's worth). ``--triton`` adds impl="chain" (the Triton chain). Each line: the
+Variants (:data:`VARIANTS`): ``default`` (the backend's default shape), ``w16r1`` / ``w16r0`` (16
+warps, one or no register tile per warp), ``w8r2`` / ``w8r3`` (8 warps of 255 registers, 2 or 3
+register tiles), ``smem0`` (no register or shared-memory tiles: W2 re-read from L2 at every step),
+``exact`` / ``w8r3exact`` (exact keys for every logit: the filter's worth). ``--triton`` adds impl="chain" (the Triton chain). Each line: the
 median of the round medians and the spread, whether the barrier status stayed clean, and the
 fraction of one W2 read per call (the second floor: 66.2 MB at 4.38 TB/s).
 """
@@ -21,8 +22,10 @@ import dspark_markov as dm
 from dspark_markov.bench import harness
 from dspark_markov.draft.cuda_chain import CudaChainBackend
 
-VARIANTS = {"reg": {}, "noreg": {"reg_tile": False}, "smem0": {"reg_tile": False, "smem_tiles": 0},
-            "exact": {"filter_margin": 1e30}}
+VARIANTS = {"default": {}, "w16r1": {"warps": 16, "reg_tiles": 1}, "w16r0": {"warps": 16, "reg_tiles": 0},
+            "w8r2": {"warps": 8, "reg_tiles": 2}, "w8r3": {"warps": 8, "reg_tiles": 3},
+            "smem0": {"warps": 16, "reg_tiles": 0, "smem_tiles": 0}, "exact": {"filter_margin": 1e30},
+            "w8r3exact": {"warps": 8, "reg_tiles": 3, "filter_margin": 1e30}}
 
 
 def inputs_for(gen, rows, steps, vocab, temperature, device):
@@ -44,7 +47,7 @@ def main():
     parser.add_argument("--steps", default="5")
     parser.add_argument("--cache", default="bf16")
     parser.add_argument("--temperature", default="1")
-    parser.add_argument("--variants", default="reg")
+    parser.add_argument("--variants", default="default")
     parser.add_argument("--triton", action="store_true")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--replays", type=int, default=20)

@@ -41,20 +41,35 @@ def _version(module_name: str) -> str:
 
 
 def _impl_status(impl: str) -> str:
-    """Whether ``impl`` can be imported here (its module exists and its dependencies import)."""
+    """Whether ``impl`` can run here (its module and dependencies import), and if not how to enable it."""
+    import torch
+
     from . import registry
 
     try:
         cls = registry.load("draft", impl)
     except ValueError as error:
-        return f"unavailable: {str(error).split('(', 1)[-1].rstrip(')')}"
+        reason = str(error).split("(", 1)[-1].rstrip(")")
+        if "triton" in reason.lower():
+            return f"unavailable: {reason}; enable with: pip install 'dspark-markov[triton]'"
+        return f"unavailable: {reason}"
     why_not = getattr(cls, "unavailable_reason", None)  # designs that need more than an import (cuda_chain)
     reason = why_not() if why_not is not None else None
     if reason is not None:
         return f"unavailable: {reason}"
     devices = ", ".join(getattr(cls, "DEVICES", ()))
     methods = ", ".join(getattr(cls, "METHODS", ()))
-    return f"available (devices: {devices}; methods: {methods})"
+    status = f"available (devices: {devices}; methods: {methods})"
+    if impl != "reference" and not torch.cuda.is_available():
+        if "cpu" not in getattr(cls, "DEVICES", ()):
+            return f"{status}; needs a CUDA GPU, none here"
+        from .validate import check_triton_runs
+
+        try:
+            check_triton_runs(impl, "cpu")
+        except ValueError:
+            return f"{status}; on this CPU only in Triton's interpreter: set TRITON_INTERPRET=1 (slow, for tests)"
+    return status
 
 
 def info(out=None) -> int:
@@ -102,7 +117,11 @@ def main(argv=None) -> int:
         except ImportError as error:  # a missing optional dependency (Triton, matplotlib) or module
             print(f"dspark-markov {argv[0]}: cannot import {module_name}: {error}", file=sys.stderr)
             return 1
-        return int(module.main(argv[1:]) or 0)
+        try:
+            return int(module.main(argv[1:]) or 0)
+        except ValueError as error:  # a bad argument that reached the package: one line, usage-error status
+            print(f"dspark-markov {argv[0]}: {error}", file=sys.stderr)
+            return 2
     args = parser.parse_args(argv)  # exits 2 with a message for an unknown subcommand
     if args.version:
         from ._version import __version__

@@ -71,6 +71,7 @@ REGISTRY = {
         "fused": Entry(_DRAFT + "triton_fused", "FusedBackend"),
         "chain": Entry(_DRAFT + "triton_chain", "ChainBackend"),
         "cuda_chain": Entry(_DRAFT + "cuda_chain", "CudaChainBackend"),
+        "stream": Entry(_DRAFT + "triton_stream", "StreamBackend"),
         AUTO: Entry(_DRAFT + "auto", "AutoBackend"),
     },
     "verify": {

@@ -67,6 +67,26 @@ def check_choice(name, value, choices):
         raise ValueError(f"{name}: expected one of {', '.join(repr(c) for c in choices)}, got {value!r}")
 
 
+def check_triton_runs(impl, device, name: str = "impl") -> None:
+    """Raise ``ValueError`` unless a Triton implementation ``impl`` can run on ``device`` here.
+
+    CUDA: always (Triton imported). CPU: only under Triton's interpreter, which must be switched on
+    (``TRITON_INTERPRET=1``) before the kernels are defined, i.e. before the package imports Triton;
+    without it a launch would fail deep inside Triton ("0 active drivers").
+    """
+    if torch.device(device).type != "cpu":
+        return
+    try:
+        import triton  # noqa: F401
+    except ImportError as error:
+        raise ValueError(f"{name}: {impl!r} needs Triton ({error}); install it with "
+                         f"pip install 'dspark-markov[triton]'") from error
+    from .ops.constants import INTERPRET
+    if not INTERPRET:
+        raise ValueError(f"{name}: {impl!r} runs on the CPU only in Triton's interpreter: set TRITON_INTERPRET=1 "
+                         f"before importing dspark_markov (slow, meant for tests), or use impl='reference'")
+
+
 def check_power_of_two(name, value, minimum) -> None:
     """Raise ``ValueError`` unless ``value`` is an int power of two ``>= minimum`` (a block size)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum or value & (value - 1):

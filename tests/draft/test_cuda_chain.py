@@ -173,7 +173,9 @@ def test_chain_kernels_compile_for_sm90(tmp_path):
         log = nvcc_compile(tmp_path)
         if log is None:
             pytest.skip("neither NVRTC (libnvrtc.so) nor nvcc is available to compile chain.cu for sm_90")
-    for name in ("dm_chain_nt1_reg", "dm_chain_nt2_reg", "dm_chain_nt1", "dm_chain_nt2", "dm_noise_bound"):
+    from dspark_markov.cuda import CHAIN_KERNELS
+
+    for name in CHAIN_KERNELS:
         assert f"'{name}'" in log, name
     # No kernel may keep more than a few words on the stack (a register array indexed at run time).
     frames = [int(x) for x in re.findall(r"(\d+) bytes stack frame", log)]

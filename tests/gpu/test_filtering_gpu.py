@@ -1,31 +1,36 @@
 """top_k_top_p on the GPU at DeepSeek-V4.1 shapes (V = 129,280): Triton == sort reference, bit for bit.
 
-Both layouts (one program per row; split rows) are checked at every batch size, plus the default
-choice, with the default candidate-sort bound and with the bound forced down to 16 (most rows then
-take the fallback search); CPU/GPU agreement of the reference (the software exp is bit-identical
-across devices) and CUDA-graph replay.
+Every benchmark input kind (Gaussian, peaked LLM-like, bf16-rounded with runs of ties) plus a
+batch of edge rows (ties, a huge logit, -inf halves, all -inf, NaN), every case (top-k and top-p
+together, top-p alone, top-k alone, per-row cycles of k and p that include k beyond the capacity
+and p at 0 / 1e-9 / 0.99), at 6 and 1518 rows (1 and 253 requests of K + 1 = 6 rows), in both
+layouts (one program per row; split rows) and with the capacity forced down to 16 (every row then
+takes the search rounds and the bounded finish loop). Plus CUDA-graph replay with fresh values and
+a check that a call allocates nothing.
 """
 
 import pytest
 import torch
 
 import dspark_markov as dm
+from dspark_markov.bench.verify_grid import filter_logits
 from dspark_markov.verify import triton_filtering as ft
 
 pytestmark = pytest.mark.gpu
 
 VOCAB = 129_280
-ROWS = [1, 16, 64, 253]
 NEG_INF = float("-inf")
-K_CYCLE = [0, 1, 5, 50, 1000, VOCAB, -1, 20, 4000, 5000]  # 5000 > SORT_LARGE: the fallback top-k
+K_CYCLE = [0, 1, 5, 50, 1000, VOCAB, -1, 20, 4000, 5000]  # 5000 > the capacity (4096)
 P_CYCLE = [0.0, 1e-9, 1e-7, 0.5, 0.9, 0.99, 1.0, 0.95]
+KINDS = ["gaussian", "peaked", "bf16", "edge"]
+CASES = ["k+p", "p", "k", "mixed"]
 
 
-def batch(rows, seed=0):
+def logits(kind, rows, seed=0):
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn(rows, VOCAB, generator=gen, device="cuda") * 3
-    k = torch.tensor([K_CYCLE[r % len(K_CYCLE)] for r in range(rows)], device="cuda")
-    p = torch.tensor([P_CYCLE[(r // 2) % len(P_CYCLE)] for r in range(rows)], device="cuda", dtype=torch.float32)
+    x = torch.randn(rows, VOCAB, generator=gen, device="cuda") * 2
+    if kind != "edge":
+        return filter_logits(kind, x, gen).contiguous()
     edits = [
         lambda r: x[r].copy_(torch.randint(0, 6, (VOCAB,), generator=gen, device="cuda").float()),  # ties
         lambda r: x[r, 77_777].fill_(1e9),  # forced huge logit
@@ -35,7 +40,19 @@ def batch(rows, seed=0):
     ]
     for r, edit in zip(range(1, rows, 3), edits):
         edit(r)
-    return x, k, p
+    return x
+
+
+def parameters(case, rows):
+    if case == "k+p":
+        return (torch.full((rows,), 50, device="cuda"), torch.full((rows,), 0.9, device="cuda"))
+    if case == "p":
+        return None, 0.9
+    if case == "k":
+        return 50, None
+    k = torch.tensor([K_CYCLE[r % len(K_CYCLE)] for r in range(rows)], device="cuda")
+    p = torch.tensor([P_CYCLE[(r // 2) % len(P_CYCLE)] for r in range(rows)], device="cuda", dtype=torch.float32)
+    return k, p
 
 
 def reference(x, k, p):
@@ -46,57 +63,68 @@ def assert_same(a, b):
     torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
 
 
-@pytest.mark.parametrize("rows", ROWS)
-@pytest.mark.parametrize("chunks", [None, 1, 16])
-@pytest.mark.parametrize("sort_size", [None, 16])
-def test_triton_equals_reference(rows, chunks, sort_size):
-    x, k, p = batch(rows)
-    expected = reference(x, k, p)
-    got = x.clone()
-    ft.launch_top_k_top_p(got, k, p, got, chunks=chunks, sort_size=sort_size)
-    assert_same(got, expected)
-    out = torch.empty_like(x)
-    ft.launch_top_k_top_p(x, k, p, out, chunks=chunks, sort_size=sort_size)
-    assert_same(out, expected)
+def run(filt, x, k, p, in_place):
+    out = x.clone() if in_place else torch.full_like(x, 123.0)
+    filt.filter(out if in_place else x, k, p, out)
+    assert int(filt.state.unresolved) == 0
+    return out
+
+
+@pytest.mark.parametrize("rows", [6, 1518])
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_and_case_equals_reference(kind, rows):
+    x = logits(kind, rows)
+    layouts = [None, 1, 16] if rows <= 96 else [None, 2]
+    filters = {chunks: ft.TopKTopPFilter(rows, VOCAB, "cuda", chunks=chunks) for chunks in layouts}
+    for case in CASES:
+        k, p = parameters(case, rows)
+        expected = reference(x, k, p)
+        for index, (chunks, filt) in enumerate(filters.items()):
+            got = run(filt, x, k, p, in_place=index % 2 == 0)
+            assert_same(got, expected)
+        assert_same(dm.top_k_top_p(x.clone(), k, p), expected)  # the public function (cached filter)
 
 
 @pytest.mark.parametrize("chunks", [1, 16])
-def test_peaked_top_p_only(chunks):
-    """Top-p alone on peaked rows: the cut falls inside the sorted candidates (the fast path)."""
-    gen = torch.Generator(device="cuda").manual_seed(7)
-    x = torch.randn(16, VOCAB, generator=gen, device="cuda") * 9
-    p = torch.tensor(P_CYCLE * 2, device="cuda", dtype=torch.float32)
-    got = x.clone()
-    ft.launch_top_k_top_p(got, None, p, got, chunks=chunks)
-    assert_same(got, reference(x, None, p))
-
-
-@pytest.mark.parametrize("rows", [1, 64])
-def test_scalar_parameters(rows):
-    x, _, _ = batch(rows, seed=1)
-    for k, p in ((50, None), (None, 0.9), (1000, 1e-7), (200, 0.5)):
-        assert_same(dm.top_k_top_p(x.clone(), k, p), reference(x, k, p))
+@pytest.mark.parametrize("kind", ["edge", "bf16", "peaked"])
+def test_search_rounds_with_a_tiny_capacity(kind, chunks):
+    """Capacity 16: the first bracket rarely fits, so the refine round and the finish loop run."""
+    rows = 96
+    x = logits(kind, rows, seed=1)
+    filt = ft.TopKTopPFilter(rows, VOCAB, "cuda", chunks=chunks, capacity=16)
+    for case in ("mixed", "p"):
+        k, p = parameters(case, rows)
+        assert_same(run(filt, x, k, p, in_place=True), reference(x, k, p))
 
 
 def test_reference_is_the_same_on_cpu():
-    x, k, p = batch(16, seed=2)
+    x = logits("edge", 16, seed=2)
+    k, p = parameters("mixed", 16)
     assert_same(reference(x, k, p).cpu(), reference(x.cpu(), k.cpu(), p.cpu()))
 
 
-@pytest.mark.parametrize("rows", [1, 253])
-def test_cuda_graph_replay(rows):
-    x, k, p = batch(rows, seed=3)
+@pytest.mark.parametrize("rows", [6, 1518])
+def test_cuda_graph_replay_and_no_allocation(rows):
+    x = logits("edge", rows, seed=3)
+    k, p = parameters("mixed", rows)
+    filt = ft.TopKTopPFilter(rows, VOCAB, "cuda")
     static = x.clone()
-    ft.launch_top_k_top_p(static, k, p, static)  # compile outside the capture
+    filt.filter(static, k, p, static)  # compile outside the capture
     torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    filt.filter(static, k, p, static)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before  # no scratch per call
     graph = torch.cuda.CUDAGraph()
     static.copy_(x)
     with torch.cuda.graph(graph):
-        ft.launch_top_k_top_p(static, k, p, static)
-    for seed in (4, 5):
-        fresh, fresh_k, fresh_p = batch(rows, seed=seed)
+        filt.filter(static, k, p, static)
+    for seed, kind in ((4, "edge"), (5, "peaked"), (6, "bf16")):
+        fresh = logits(kind, rows, seed=seed)
+        fresh_k, fresh_p = parameters("mixed", rows)
         static.copy_(fresh)
-        k.copy_(fresh_k.roll(1))
-        p.copy_(fresh_p.roll(1))
+        k.copy_(fresh_k.roll(seed))
+        p.copy_(fresh_p.roll(seed))
         graph.replay()
         assert_same(static, reference(fresh, k, p))
+    assert int(filt.state.unresolved) == 0

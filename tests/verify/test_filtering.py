@@ -1,9 +1,9 @@
-"""top_k_top_p: the sort-free Triton kernels equal the sort reference exactly (CPU interpreter).
+"""top_k_top_p: the Triton threshold search equals the sort reference exactly (CPU interpreter).
 
 Both Triton layouts run: one program per row, and the split-row path (forced with a small block
-and several programs per row), each with the candidate sort (the CPU default bound of 128
-candidates: most rows take the fast path) and with the bound forced down to 16 (most rows take the
-fallback search). Every comparison is bit for bit on the whole output row.
+and several programs per row), each with the CPU default capacity of 128 candidates (most rows
+resolve after the first sweep or the refine round) and with the capacity forced down to 16 (most
+rows then run the bounded finish loop). Every comparison is bit for bit on the whole output row.
 """
 
 import math
@@ -16,11 +16,11 @@ from dspark_markov.verify import filtering
 from dspark_markov.verify import triton_filtering as ft
 
 NEG_INF = float("-inf")
-# (block, chunks[, sort_size]): one program per row; split rows (3 programs of up to 4 blocks of 128).
+# (block, chunks[, capacity]): one program per row; split rows (3 programs of up to 4 blocks of 128).
 LAYOUTS = [pytest.param((1024, 1), id="row"), pytest.param((128, 3), id="split")]
-FALLBACK = 16  # a sort bound that sends most rows to the fallback search
-ALL_PATHS = LAYOUTS + [pytest.param((1024, 1, FALLBACK), id="row-fallback"),
-                       pytest.param((128, 3, FALLBACK), id="split-fallback")]
+TINY = 16  # a capacity that sends most rows into the search rounds and the finish loop
+ALL_PATHS = LAYOUTS + [pytest.param((1024, 1, TINY), id="row-search"),
+                       pytest.param((128, 3, TINY), id="split-search")]
 
 
 def run_triton(logits, k, p, layout, out=None):
@@ -110,7 +110,7 @@ def test_scalar_k_p_and_grid_of_p(layout):
     assert_same(run_triton(x2.clone(), 33, None, layout), reference(x2, 33, None))
 
 
-@pytest.mark.parametrize("layout", LAYOUTS + [pytest.param((1024, 1, FALLBACK), id="row-fallback")])
+@pytest.mark.parametrize("layout", LAYOUTS + [pytest.param((1024, 1, TINY), id="row-search")])
 def test_p_exactly_at_a_mass_boundary(layout):
     """p set to (a hair around) the exact mass before a token: the fixed-point masses must agree bit for bit."""
     gen = torch.Generator().manual_seed(2)
@@ -239,3 +239,47 @@ def test_bad_input_names_the_argument(call, name):
     x = torch.randn(2, 300)
     with pytest.raises(ValueError, match=rf"^{name}\b"):
         call(x)
+
+
+def test_filter_object_allocates_nothing_per_call(monkeypatch):
+    """Issue 14 item 7: the scratch lives in the TopKTopPFilter; a call creates no tensor."""
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(3, 700, generator=gen) * 2
+    filt = ft.TopKTopPFilter(4, 700, "cpu", block=256, chunks=2)
+    k, p = torch.tensor([5, 0, 40]), torch.tensor([0.9, 0.8, 1.0])
+    expected = reference(x, k, p)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a filter call allocated a tensor")
+
+    for name in ("empty", "zeros", "full", "ones", "tensor", "empty_like", "zeros_like", "full_like", "arange"):
+        monkeypatch.setattr(torch, name, refuse)
+    out = x.clone()
+    filt.filter(out, k, p, out)
+    again = x.clone()
+    filt.filter(again, 7, None, again)  # scalar parameters, the same scratch
+    monkeypatch.undo()
+    assert_same(out, expected)
+    assert_same(again, reference(x, 7, None))
+    assert int(filt.state.unresolved) == 0
+
+
+def test_filter_object_checks_its_shape():
+    filt = ft.TopKTopPFilter(2, 300, "cpu")
+    with pytest.raises(ValueError, match=r"^logits\b"):
+        filt.filter(torch.randn(3, 300), 3, None, torch.empty(3, 300))
+    with pytest.raises(ValueError, match=r"^logits\b"):
+        filt.filter(torch.randn(2, 301), 3, None, torch.empty(2, 301))
+    with pytest.raises(ValueError, match=r"^capacity\b"):
+        ft.TopKTopPFilter(2, 300, "cpu", capacity=100)
+
+
+def test_state_phases_after_a_call():
+    """Resolved rows end in PHASE_CUT, rows without filtering in PHASE_COPY; none stays open."""
+    x, k, p = hard_rows()
+    filt = ft.TopKTopPFilter(10, x.shape[1], "cpu")
+    filt.filter(x.clone(), k, p, torch.empty_like(x))
+    phases = filt.state.phase.tolist()
+    assert ft.PHASE_OPEN not in phases
+    assert phases[5] == ft.PHASE_COPY and phases[8] == ft.PHASE_COPY and phases[4] == ft.PHASE_COPY  # NaN, off, -inf
+    assert phases[0] == ft.PHASE_CUT and phases[6] == ft.PHASE_CUT

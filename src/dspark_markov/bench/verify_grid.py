@@ -6,11 +6,12 @@ Kernels timed, per batch size ``B`` (``K = N`` drafts per request):
   (:class:`~dspark_markov.verify.triton_verify.Verifier` for ``impl="triton"``, the torch
   reference :func:`~dspark_markov.verify.api.verify_drafts` for ``impl="reference"``), at T = 1
   and at mixed T (0 / 0.6 / 1 per slot; T = 0 slots verify greedily);
-- ``filter_row`` / ``filter_split``: :func:`~dspark_markov.verify.filtering.top_k_top_p` on the
-  ``B (K+1)`` target rows ``[B*(K+1), V]`` fp32, ``k = 50`` and ``p = 0.9`` per row (``[B]``
-  tensors), out of place (so every call filters the same input), with the one-program-per-row
-  layout and with the split-row layout forced through
-  :func:`~dspark_markov.verify.triton_filtering.launch_top_k_top_p`'s ``chunks``;
+- ``filter_row`` / ``filter_split``: a :class:`~dspark_markov.verify.triton_filtering.TopKTopPFilter`
+  on ``B (K+1)`` rows ``[B*(K+1), V]`` fp32, out of place (so every call filters the same input),
+  with the one-program-per-row layout and with the split-row layout (``chunks``), for every
+  filter input kind (:data:`FILTER_INPUTS`: Gaussian N(0, 2^2); peaked, LLM-like: the Gaussian
+  plus a head of 32 boosted tokens; bf16: the Gaussian rounded to bf16, many ties) and case
+  (:data:`FILTER_CASES`: ``k = 50`` and ``p = 0.9`` per row, ``[B]`` tensors; ``p = 0.9`` alone);
 - ``block_inputs``: :func:`~dspark_markov.block_inputs.prepare_block_inputs` into buffers of
   ``max_reqs = 256`` requests with ``num_reqs = B`` (a one-element device tensor, as a captured
   step uses it).
@@ -55,8 +56,10 @@ MIXED_TEMPERATURES = (0.0, 0.6, 1.0)  # slot s gets MIXED_TEMPERATURES[s % 3]
 VERIFY_METHODS = {"verify_standard": "standard", "verify_block": "block"}
 TOP_K = 50
 TOP_P = 0.9
+FILTER_INPUTS = ("gaussian", "peaked", "bf16")
+FILTER_CASES = ("k+p", "p")  # k = top_k and p = top_p per row; p = top_p alone
 
-RECORD_FIELDS = ("kernel", "impl", "rows", "temperature", "layout", "work_rows", "status", "time_us", "time_us_low",
+RECORD_FIELDS = ("kernel", "impl", "rows", "temperature", "inputs", "layout", "work_rows", "status", "time_us", "time_us_low",
                  "time_us_high", "eager_us", "timing", "minimal_bytes", "floor_us", "bandwidth_fraction",
                  "graph_output_match", "reason")
 CONFIG_FIELDS = ("device", "vocab", "steps", "cache_dtype", "max_reqs", "top_k", "top_p", "rounds", "replays",
@@ -74,6 +77,8 @@ class VerifyBenchConfig:
     kernels: tuple = KERNELS
     impls: tuple = ("triton",)
     temperatures: tuple = TEMPERATURE_MODES
+    filter_inputs: tuple = FILTER_INPUTS
+    filter_cases: tuple = FILTER_CASES
     cache_dtype: torch.dtype = torch.bfloat16
     max_reqs: int = 256
     top_k: int = TOP_K
@@ -88,7 +93,9 @@ class VerifyBenchConfig:
         if max(self.rows) > self.max_reqs:
             raise ValueError(f"rows: expected at most max_reqs = {self.max_reqs} requests, got {max(self.rows)}")
         for name, values, known in (("kernels", self.kernels, KERNELS), ("impls", self.impls, IMPLS),
-                                    ("temperatures", self.temperatures, TEMPERATURE_MODES)):
+                                    ("temperatures", self.temperatures, TEMPERATURE_MODES),
+                                    ("filter_inputs", self.filter_inputs, FILTER_INPUTS),
+                                    ("filter_cases", self.filter_cases, FILTER_CASES)):
             if not values or any(value not in known for value in values):
                 raise ValueError(f"{name}: expected names among {', '.join(known)}, got {values}")
         if self.cache_dtype not in (torch.bfloat16, torch.float32):
@@ -176,6 +183,14 @@ class SharedInputs:
         self.drafts = torch.randint(0, vocab, (batch, k), generator=generator, device=device)  # [B, K]
         self.positions = torch.randint(1, 1 << 20, (batch,), generator=generator, device=device)  # [B]
         self.seeds = torch.randint(-(1 << 62), 1 << 62, (batch,), generator=generator, device=device)  # [S]
+        self._filter_inputs = {}
+
+    def filter_input(self, kind: str) -> torch.Tensor:
+        """``[batch*(K+1), V]`` fp32 filter logits of input ``kind`` (built once, from the targets)."""
+        if kind not in self._filter_inputs:
+            gaussian = self.target.view(-1, self.target.shape[-1])
+            self._filter_inputs[kind] = filter_logits(kind, gaussian, self.generator)
+        return self._filter_inputs[kind]
 
 
 class Runner:
@@ -297,9 +312,12 @@ class FilterRunner(Runner):
         config, k = self.config, self.config.steps
         device = config.device
         work = self.rows * (k + 1)
-        self.logits = shared.target[:self.rows].view(work, config.vocab)  # [B*(K+1), V] fp32, read only
+        inputs, case = self.mode.split(" ")
+        self.logits = shared.filter_input(inputs)[:work]  # [B*(K+1), V] fp32, read only
         self.out = shared.filtered[:work]  # [B*(K+1), V] fp32
-        self.k = torch.full((work,), config.top_k, dtype=torch.int64, device=device)  # [B*(K+1)]
+        self.k = None
+        if case == "k+p":
+            self.k = torch.full((work,), config.top_k, dtype=torch.int64, device=device)  # [B*(K+1)]
         self.p = torch.full((work,), config.top_p, dtype=torch.float32, device=device)  # [B*(K+1)]
         self.block = self.chunks = None
         if self.kernel == "filter_split":
@@ -314,6 +332,11 @@ class FilterRunner(Runner):
 
                 self.block = triton_filtering.GPU_BLOCK if device == "cuda" else triton_filtering.CPU_BLOCK
                 self.chunks = 1
+        self.filter = None
+        if self.impl == "triton":
+            from ..verify.triton_filtering import TopKTopPFilter
+
+            self.filter = TopKTopPFilter(work, config.vocab, device, block=self.block, chunks=self.chunks)
 
     def call(self, first: bool = False):
         if self.impl == "reference":
@@ -321,18 +344,17 @@ class FilterRunner(Runner):
 
             top_k_top_p(self.logits, self.k, self.p, impl="reference", out=self.out)
         else:
-            from ..verify import triton_filtering
-
             if first:  # the public function's argument checks, once
                 from ..verify.filtering import _check
 
                 _check(self.logits, self.k, self.p, "triton", self.out)
-            triton_filtering.launch_top_k_top_p(self.logits, self.k, self.p, self.out, block=self.block,
-                                                chunks=self.chunks)
+            self.filter.filter(self.logits, self.k, self.p, self.out)
         if first:
             from ..verify.filtering import top_k_top_p_reference
 
-            keep = top_k_top_p_reference(self.logits, self.k, self.p)
+            rows = self.logits.shape[0]
+            k = torch.zeros(rows, dtype=torch.int64, device=self.logits.device) if self.k is None else self.k
+            keep = top_k_top_p_reference(self.logits, k, self.p)
             expected = torch.where(keep, self.logits, torch.full((), float("-inf"), device=self.logits.device))
             if not torch.equal(self.out, expected):
                 raise RuntimeError(f"{self.kernel} ({self.impl}) disagrees with top_k_top_p_reference")
@@ -383,7 +405,9 @@ def _runner_class(kernel):
 
 def _record(config: VerifyBenchConfig, kernel: str, impl: str, rows: int, mode: str) -> dict:
     work_rows, nbytes = kernel_bytes(config, kernel, rows)
-    return {"kernel": kernel, "impl": impl, "rows": rows, "temperature": mode, "layout": "-",
+    filtering = kernel.startswith("filter_")
+    return {"kernel": kernel, "impl": impl, "rows": rows, "temperature": "-" if filtering else mode,
+            "inputs": mode if filtering else "-", "layout": "-",
             "work_rows": work_rows, "status": "ok", "time_us": None, "time_us_low": None, "time_us_high": None,
             "eager_us": None, "timing": "graph" if config.device == "cuda" else "host",
             "minimal_bytes": nbytes, "floor_us": None, "bandwidth_fraction": None, "graph_output_match": None,
@@ -391,15 +415,44 @@ def _record(config: VerifyBenchConfig, kernel: str, impl: str, rows: int, mode: 
 
 
 def _cases(config: VerifyBenchConfig) -> list:
-    """``(kernel, impl, mode)`` of one batch size; the filter and block inputs ignore T ("-")."""
+    """``(kernel, impl, mode)`` of one batch size: the temperature mode of a verification, the
+    ``"<input kind> <case>"`` of a filter (:func:`filter_modes`), ``"-"`` for block inputs."""
     cases = []
     for kernel in config.kernels:
-        modes = config.temperatures if kernel in VERIFY_METHODS else ("-",)
+        if kernel in VERIFY_METHODS:
+            modes = config.temperatures
+        elif kernel.startswith("filter_"):
+            modes = filter_modes(config)
+        else:
+            modes = ("-",)
         for impl in config.impls:
             if kernel == "filter_split" and impl != "triton":
                 continue  # a layout of the Triton filter only
             cases += [(kernel, impl, mode) for mode in modes]
     return cases
+
+
+def filter_modes(config: VerifyBenchConfig) -> tuple:
+    """``"<input kind> <case>"`` for every filter input kind and case of ``config``."""
+    return tuple(f"{inputs} {case}" for case in config.filter_cases for inputs in config.filter_inputs)
+
+
+def filter_logits(kind: str, gaussian: torch.Tensor, generator=None) -> torch.Tensor:
+    """The filter input ``kind`` (:data:`FILTER_INPUTS`) made from N(0, 2^2) logits ``gaussian [R, V]``.
+
+    ``peaked`` (LLM-like: a few tokens hold most of the mass) adds ``14 - 2.5 ln(1 + r)`` to 32
+    random tokens ``r = 0..31`` of each row; ``bf16`` rounds to bf16 (runs of ties).
+    """
+    if kind == "gaussian":
+        return gaussian
+    if kind == "bf16":
+        return gaussian.to(torch.bfloat16).to(torch.float32)
+    if kind == "peaked":
+        rows, vocab = gaussian.shape
+        head = torch.rand(rows, vocab, generator=generator, device=gaussian.device).topk(32, dim=1).indices
+        boost = 14.0 - 2.5 * torch.log1p(torch.arange(32, device=gaussian.device, dtype=torch.float32))
+        return gaussian.clone().scatter_add_(1, head, boost.expand(rows, 32).contiguous())
+    raise ValueError(f"kind: expected one of {', '.join(FILTER_INPUTS)}, got {kind!r}")
 
 
 def _set_up(key, rows, shared, config, record):
@@ -467,7 +520,7 @@ def add_derived(records: list, bandwidth: roofline.Bandwidth) -> None:
 # Reports
 
 
-HEADER = ["kernel", "impl", "rows", "T", "layout", "time us (round range)", "eager us", "min MB", "floor us",
+HEADER = ["kernel", "impl", "rows", "T / inputs", "layout", "time us (round range)", "eager us", "min MB", "floor us",
           "% read BW"]
 
 
@@ -478,7 +531,8 @@ def _cells(record) -> list:
         time_cell = f"{record['time_us']:.1f} ({record['time_us_low']:.1f}-{record['time_us_high']:.1f})"
     fraction = record["bandwidth_fraction"]
     eager = record["eager_us"]
-    return [record["kernel"], record["impl"], str(record["rows"]), record["temperature"], record["layout"], time_cell,
+    mode = record["temperature"] if record.get("inputs", "-") == "-" else record["inputs"]
+    return [record["kernel"], record["impl"], str(record["rows"]), mode, record["layout"], time_cell,
             "-" if eager is None else f"{eager:.1f}", f"{record['minimal_bytes'] / 1e6:.3f}",
             f"{record['floor_us']:.2f}", "-" if fraction is None else f"{100 * fraction:.1f}"]
 
@@ -493,7 +547,7 @@ def format_table(records, bandwidth, *, markdown: bool = False) -> str:
     for r in records:
         if r["status"] != "ok":
             grouped.setdefault((r["kernel"], r["impl"], r["status"], r["reason"]), []).append(
-                f"{r['rows']}/{r['temperature']}")
+                f"{r['rows']}/{r['temperature'] if r.get('inputs', '-') == '-' else r['inputs']}")
     notes = [f"{kernel} ({impl}, {status}) at rows/T {', '.join(cases)}: {reason}"
              for (kernel, impl, status, reason), cases in grouped.items()]
     return report.render_table(HEADER, rows, footer, notes, markdown=markdown)
@@ -503,7 +557,8 @@ def config_dict(config: VerifyBenchConfig) -> dict:
     values = {field: getattr(config, field) for field in CONFIG_FIELDS}
     values["cache_dtype"] = str(config.cache_dtype).replace("torch.", "")
     values.update(drafts=config.steps, rows=list(config.rows), kernels=list(config.kernels),
-                  impls=list(config.impls), temperatures=list(config.temperatures))
+                  impls=list(config.impls), temperatures=list(config.temperatures),
+                  filter_inputs=list(config.filter_inputs), filter_cases=list(config.filter_cases))
     return values
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from .. import registry
-from ..validate import INDEX_DTYPES, check_tensor
+from ..validate import INDEX_DTYPES, check_tensor, check_triton_runs
 
 IMPLS = ("triton", "reference")
 
@@ -152,6 +152,7 @@ def prepare_block_inputs(last_pos, bonus_tokens, req_slots, *, num_steps, mask_t
         for dst, src in zip((input_ids, positions, sample_pos, sample_idx_mapping, is_padding), outs):
             dst.copy_(src)
         return
+    check_triton_runs(impl, last_pos.device)
     from . import triton_block_inputs  # noqa: PLC0415  (Triton is imported only when used)
 
     triton_block_inputs.launch_block_inputs(last_pos, bonus_tokens, req_slots, length if num_reqs is None else num_reqs,

@@ -1,28 +1,30 @@
 // impl="cuda_chain": all N draft steps of 1-16 rows in one persistent launch (Gumbel-max).
 //
-// One block of 512 threads (16 warps) per SM; block b owns a contiguous range of 16-token tiles of
-// W2 and keeps it on chip across the steps: each warp holds its first tile as mma A-fragments in
-// registers (REG_TILE), the next tiles go to shared memory while it lasts (smem_tiles slots), the
-// rest is re-read from L2 at every step (read with an L2 evict_last policy; everything read once
-// uses evict_first). Step 0 streams all of W2 from HBM and fills the registers and shared memory.
+// One block per SM (16 warps of <= 128 registers, or 8 warps of <= 255); block b owns a contiguous
+// range of 16-token tiles of W2 and keeps it on chip across the steps: each warp holds its first
+// REGS tiles as mma A-fragments in registers, the next tiles go to shared memory while it lasts
+// (smem_tiles slots, filled at step 0 by cp.async without registers), the rest is re-read from L2
+// at every step (with an L2 evict_last policy; data read once uses evict_first). Step 0 streams
+// all of W2 from HBM.
 //
 // Per step: bias^T [16 tokens x 8*NT rows] = W2_tile [16 x 256] @ codes^T on tensor cores
 // (mma.sync m16n8k16 bf16 -> fp32; the rank is permuted identically in A and B so that every lane
 // loads 16-byte chunks), rounded once to bf16 (again after `scale`), staged per warp in shared
 // memory, then z = round(U + bias) to the cache dtype, the cache write of live rows and an
 // approximate Gumbel key per logit (noise.cuh, the filter of draft/gumbel_filter.py); every lane
-// keeps the three best packed (key, index) words of its row. The block merges them per row: if
-// the best approximate key beats the third by more than key_slack, the exact winner is the first
-// or the second, and only their exact keys are computed (their z read back from the cache this
-// block wrote); otherwise (a near-tie, NaN, +-inf or zero best) the block computes exact keys over
-// its whole range from the cache. Greedy rows (T = 0, padding) rank z itself: exact at once.
-// The block's exact word goes into the row's step word with atomicMax (the merged word is the
+// keeps the three best packed (key, index) words of its row, merged over the row's lanes. Per
+// (warp, row): if the best approximate key beats the third by more than key_slack, the exact
+// winner is the first or the second and only their exact keys are computed (z read back from the
+// cache the warp wrote); otherwise (a near-tie, NaN, +-inf or zero best) the row's lanes compute
+// exact keys over the warp's tokens. Greedy rows (T = 0, padding) rank z itself: exact at once.
+// The block's best word goes into the row's step word with atomicMax (the merged word is the
 // torch.argmax of the whole row), then a grid barrier (one arrival counter per step, bounded
 // spin: on timeout the status flag is set and the block leaves the loop) publishes the token;
-// every block gathers W1[token] into its codes for the next step. The last block to exit writes
-// draft_tokens and resets the words and counters, so a call is one launch (graph capturable).
+// every block gathers W1[token] (prefetched into L2 by the block that found it) into its codes.
+// The last block to exit writes draft_tokens and resets the words and counters, so a call is one
+// launch (graph capturable).
 //
-// Bytes per call: V * 256 * 2 of W2 from HBM once (step 0), (N - 1) * L2-resident part from L2,
+// Bytes per call: V * 256 * 2 of W2 from HBM once (step 0), (N - 1) x the L2-resident part from L2,
 // R * N * V * (base bytes + cache bytes), R * N * 512 of W1 rows.
 #include "noise.cuh"
 
@@ -31,8 +33,6 @@ using dm::i64;
 using dm::u32;
 using dm::u64;
 
-#define DM_WARPS 16
-#define DM_THREADS (DM_WARPS * 32)
 #define DM_MAX_ROWS 16
 #define DM_RANK 256
 #define DM_INT64_MIN (-9223372036854775807ll - 1)
@@ -86,6 +86,14 @@ __device__ __forceinline__ uint4 ld_w2(const uint4* ptr, u64 policy) {
   asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr), "l"(policy));
   return v;
+}
+
+// 16-byte global -> shared copy without registers (zero-filled when !ok), L2 policy `policy`.
+__device__ __forceinline__ void cp_async16(uint4* dst, const uint4* src, bool ok, u64 policy) {
+  u32 addr;
+  asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(addr) : "l"(dst));
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;"
+               :: "r"(addr), "l"(src), "r"(ok ? 16 : 0), "l"(policy) : "memory");
 }
 
 __device__ __forceinline__ float ld_stream_f32(const float* ptr) {  // read once: evict first
@@ -195,8 +203,9 @@ __device__ __forceinline__ float cached_z(const ChainArgs& a, i64 slot, int step
 // ------------------------------------------------------------------ the kernel
 // Shared memory: [smem_tiles][8 j][2 halves][32 lanes] uint4 of W2, codes [NT*8 rows][8 j][32] uint4,
 // staging [16 warps][RP rows][tiles_per_warp * 16] bf16, per-warp triples, per-row results.
-template <int NT, bool REG_TILE>
+template <int NT, int WARPS, int REGS>
 __device__ __forceinline__ void chain_body(const ChainArgs& a) {
+  constexpr int THREADS = WARPS * 32;
   extern __shared__ __align__(16) unsigned char smem[];
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -210,8 +219,8 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
   uint4* w2_s = (uint4*)smem;
   uint4* codes_s = w2_s + a.smem_tiles * 512;
   unsigned short* stage_s = (unsigned short*)(codes_s + NT * 8 * 32);
-  i64* triple_s = (i64*)(stage_s + (((DM_WARPS * RP * tpw * 16) + 7) & ~7));  // [16 warps][RP][3]
-  i64* best_s = triple_s + DM_WARPS * RP * 3;                                  // [16] block word per row
+  i64* triple_s = (i64*)(stage_s + (((WARPS * RP * tpw * 16) + 7) & ~7));  // [WARPS][RP] words
+  i64* best_s = triple_s + WARPS * RP * 3;                                  // [16] block word per row
   int* prev_s = (int*)(best_s + DM_MAX_ROWS);                                  // [16]
   int* flag_s = prev_s + DM_MAX_ROWS;                                          // [16] fallback per row, [16] = stop
 
@@ -231,7 +240,7 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
   i32* sync = (i32*)a.sync;
   i32* status = (i32*)a.status;
 
-  uint4 areg[REG_TILE ? 16 : 1];
+  uint4 areg[REGS > 0 ? 16 * REGS : 1];
   const int rr = lane & (RP - 1);  // this lane's row in the epilogue
   const int sub = lane >> LRP;
   const int lanes_per_row = 32 >> LRP;
@@ -246,10 +255,28 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
   if (threadIdx.x == 0) flag_s[DM_MAX_ROWS] = 0;
   __syncthreads();
 
+  // Step 0's copies of this warp's shared-memory tiles from HBM: asynchronous (cp.async, no
+  // registers), so the whole of them is in flight at once; waited for before their first use.
+  for (int lt = REGS; lt < ntw; ++lt) {
+    const int slot = (lt - REGS) * WARPS + warp;
+    if (slot >= a.smem_tiles) break;
+    const i64 tok0 = v_w0 + lt * 16;
+    uint4* dst = w2_s + (i64)slot * 512;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const i64 row = tok0 + g + 8 * h;
+      const bool ok = row < vocab;
+      const uint4* src = head + (ok ? row : 0) * 32 + c;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) cp_async16(dst + (j * 2 + h) * 32 + lane, src + j * 4, ok, once);
+    }
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+
   const int steps = (int)a.num_steps;
   for (int step = 0; step < steps; ++step) {
     // Codes of this step: W1[prev] per row, in mma B-fragment order; rows >= R are zero.
-    for (int i = threadIdx.x; i < NT * 8 * 32; i += DM_THREADS) {
+    for (int i = threadIdx.x; i < NT * 8 * 32; i += THREADS) {
       int r = i >> 5, q = i & 31;
       uint4 v = make_uint4(0, 0, 0, 0);
       if (r < rows) v = ((const uint4*)a.embed)[(i64)prev_s[r] * 32 + q];
@@ -261,45 +288,8 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
 
     // Bias of this warp's tiles, staged as bf16 [RP rows][ntw * 16 tokens].
     unsigned short* stage = stage_s + warp * RP * tpw * 16;
-    for (int lt = 0; lt < ntw; ++lt) {
-      float acc[NT][4];
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-      const i64 tok0 = v_w0 + lt * 16;
-      const i64 r_lo = tok0 + g, r_hi = tok0 + g + 8;
-      const bool ok_lo = r_lo < vocab, ok_hi = r_hi < vocab;
-      const int slot = (lt - (REG_TILE ? 1 : 0)) * DM_WARPS + warp;
-      const bool in_smem = slot >= 0 && slot < a.smem_tiles;
-      const bool resident = (REG_TILE && lt == 0) || in_smem;
-      if (REG_TILE && lt == 0) {
-        if (step == 0) {
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            areg[2 * j] = ok_lo ? ld_w2(head + r_lo * 32 + j * 4 + c, once) : make_uint4(0, 0, 0, 0);
-            areg[2 * j + 1] = ok_hi ? ld_w2(head + r_hi * 32 + j * 4 + c, once) : make_uint4(0, 0, 0, 0);
-          }
-        }
-#pragma unroll
-        for (int j = 0; j < 8; ++j) mma_chunk<NT>(acc, areg[2 * j], areg[2 * j + 1], codes_s, j, lane);
-      } else if (in_smem && step > 0) {
-        const uint4* src = w2_s + (i64)slot * 512;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) mma_chunk<NT>(acc, src[(j * 2) * 32 + lane], src[(j * 2 + 1) * 32 + lane], codes_s, j, lane);
-      } else {
-        const u64 pol = resident ? once : keep;
-        uint4* dst = w2_s + (i64)(in_smem ? slot : 0) * 512;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          uint4 lo = ok_lo ? ld_w2(head + r_lo * 32 + j * 4 + c, pol) : make_uint4(0, 0, 0, 0);
-          uint4 hi = ok_hi ? ld_w2(head + r_hi * 32 + j * 4 + c, pol) : make_uint4(0, 0, 0, 0);
-          if (in_smem) {
-            dst[(j * 2) * 32 + lane] = lo;
-            dst[(j * 2 + 1) * 32 + lane] = hi;
-          }
-          mma_chunk<NT>(acc, lo, hi, codes_s, j, lane);
-        }
-      }
-      // acc[nt]: tokens g (0, 1) and g + 8 (2, 3) of the tile, rows nt * 8 + 2c (+1).
+    // acc[nt]: tokens g (0, 1) and g + 8 (2, 3) of tile lt, rows nt * 8 + 2c (+1) -> bf16 bias.
+    auto stage_tile = [&](float (&acc)[NT][4], int lt) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
@@ -312,6 +302,51 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
             stage[row * (tpw * 16) + tok] = b;
           }
         }
+      }
+    };
+    // Order: the register tiles, the L2 tiles, then the shared-memory tiles (at step 0 their async
+    // copies, issued before the loop, land meanwhile).
+#pragma unroll
+    for (int rt = 0; rt < REGS; ++rt) {
+      if (rt < ntw) {
+        float acc[NT][4] = {};
+        const i64 r_lo = v_w0 + rt * 16 + g, r_hi = r_lo + 8;
+        if (step == 0) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            areg[rt * 16 + 2 * j] = r_lo < vocab ? ld_w2(head + r_lo * 32 + j * 4 + c, once) : make_uint4(0, 0, 0, 0);
+            areg[rt * 16 + 2 * j + 1] = r_hi < vocab ? ld_w2(head + r_hi * 32 + j * 4 + c, once) : make_uint4(0, 0, 0, 0);
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) mma_chunk<NT>(acc, areg[rt * 16 + 2 * j], areg[rt * 16 + 2 * j + 1], codes_s, j, lane);
+        stage_tile(acc, rt);
+      }
+    }
+    for (int pass = 0; pass < 2; ++pass) {
+      if (pass == 1 && step == 0) {
+        asm volatile("cp.async.wait_all;" ::: "memory");
+        __syncwarp();
+      }
+      for (int lt = REGS; lt < ntw; ++lt) {
+        const int slot = (lt - REGS) * WARPS + warp;
+        const bool in_smem = slot < a.smem_tiles;
+        if (in_smem != (pass == 1)) continue;
+        float acc[NT][4] = {};
+        if (in_smem) {
+          const uint4* src = w2_s + (i64)slot * 512;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) mma_chunk<NT>(acc, src[(j * 2) * 32 + lane], src[(j * 2 + 1) * 32 + lane], codes_s, j, lane);
+        } else {
+          const i64 r_lo = v_w0 + lt * 16 + g, r_hi = r_lo + 8;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            uint4 lo = r_lo < vocab ? ld_w2(head + r_lo * 32 + j * 4 + c, keep) : make_uint4(0, 0, 0, 0);
+            uint4 hi = r_hi < vocab ? ld_w2(head + r_hi * 32 + j * 4 + c, keep) : make_uint4(0, 0, 0, 0);
+            mma_chunk<NT>(acc, lo, hi, codes_s, j, lane);
+          }
+        }
+        stage_tile(acc, lt);
       }
     }
     __syncwarp();
@@ -340,64 +375,57 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
         insert3(t1w, t2w, t3w, dm::pack_word(key, (i32)v));
       }
     }
-    for (int off = RP; off < 32; off <<= 1) {
+    for (int off = RP; off < 32; off <<= 1) {  // every lane of row rr ends with the warp's triple
       i64 b1 = shfl_xor64(t1w, off), b2 = shfl_xor64(t2w, off), b3 = shfl_xor64(t3w, off);
       merge3(t1w, t2w, t3w, b1, b2, b3);
     }
-    if (sub == 0) {
-      triple_s[(warp * RP + rr) * 3 + 0] = t1w;
-      triple_s[(warp * RP + rr) * 3 + 1] = t2w;
-      triple_s[(warp * RP + rr) * 3 + 2] = t3w;
-    }
-    __syncthreads();  // also makes this block's cache writes visible to all its threads
-
-    // Per row: the block's exact best word, or a flag for the exact recomputation.
-    if (threadIdx.x < rows) {
-      const int r = threadIdx.x;
-      RowKeys k = row_keys(a, r, step);
-      i64 b1 = DM_INT64_MIN, b2 = DM_INT64_MIN, b3 = DM_INT64_MIN;
-      for (int w = 0; w < DM_WARPS; ++w)
-        merge3(b1, b2, b3, triple_s[(w * RP + r) * 3], triple_s[(w * RP + r) * 3 + 1], triple_s[(w * RP + r) * 3 + 2]);
-      int fallback = 0;
-      i64 best = b1;
-      if (!k.greedy) {
-        float value = dm::word_key(b1);
-        float third = b3 == DM_INT64_MIN ? -__int_as_float(0x7f800000) : dm::word_key(b3);
-        bool finite = value == value && value != 0.0f && fabsf(value) < __int_as_float(0x7f800000);
-        bool decided = finite && b1 != DM_INT64_MIN &&
-                       dm::sub_rn(value, third) > dm::key_slack(value, (float)a.filter_margin);
-        if (decided) {
-          i32 i1 = dm::word_index(b1);
-          best = dm::pack_word(dm::exact_key(cached_z(a, k.slot, step, i1), k.temp, k.prefix, (u32)i1), i1);
-          if (b2 != DM_INT64_MIN) {
-            i32 i2 = dm::word_index(b2);
-            best = max64(best, dm::pack_word(dm::exact_key(cached_z(a, k.slot, step, i2), k.temp, k.prefix, (u32)i2), i2));
-          }
-        } else {
-          fallback = 1;
+    __syncwarp();  // this warp's cache writes are visible to all its lanes
+    // Per (warp, row): the exact best word of the warp's tokens. Greedy rows ranked z itself (exact).
+    // Sampled rows: if the approximate best beats the third by more than key_slack, the exact
+    // winner is the first or the second (one exact key each, on two lanes of the row); otherwise
+    // (a near-tie, NaN, +-inf or zero best) every lane of the row computes exact keys over the
+    // warp's tokens. z is read back from the cache (sampled rows are live).
+    i64 exact = t1w;
+    if (rr < rows && !keys.greedy) {
+      const float value = dm::word_key(t1w);
+      const float third = t3w == DM_INT64_MIN ? -__int_as_float(0x7f800000) : dm::word_key(t3w);
+      const bool finite = t1w != DM_INT64_MIN && value == value && value != 0.0f &&
+                          fabsf(value) < __int_as_float(0x7f800000);
+      const bool decided = finite && dm::sub_rn(value, third) > dm::key_slack(value, (float)a.filter_margin);
+      if (decided) {
+        const i64 mine = sub == 0 ? t1w : t2w;
+        exact = DM_INT64_MIN;
+        if (sub < 2 && mine != DM_INT64_MIN) {
+          const i32 i = dm::word_index(mine);
+          exact = dm::pack_word(dm::exact_key(cached_z(a, keys.slot, step, i), keys.temp, keys.prefix, (u32)i), i);
+        }
+      } else {
+        exact = DM_INT64_MIN;
+        const int span = ntw * 16;
+        for (int vi = sub; vi < span; vi += lanes_per_row) {
+          const i64 v = v_w0 + vi;
+          if (v >= vocab) break;
+          exact = max64(exact, dm::pack_word(dm::exact_key(cached_z(a, keys.slot, step, v), keys.temp, keys.prefix,
+                                                           (u32)v), (i32)v));
         }
       }
-      best_s[r] = best;
-      flag_s[r] = fallback;
     }
+    for (int off = RP; off < 32; off <<= 1) exact = max64(exact, shfl_xor64(exact, off));
+    if (sub == 0) triple_s[warp * RP + rr] = exact;
     __syncthreads();
-    for (int r = 0; r < rows; ++r) {
-      if (!flag_s[r]) continue;  // uniform over the block
-      // Exact keys over this block's tokens, z from the cache (sampled rows are live).
-      RowKeys k = row_keys(a, r, step);
+    if (threadIdx.x < rows) {
       i64 best = DM_INT64_MIN;
-      const i64 v_end = t1 * 16 < vocab ? t1 * 16 : vocab;
-      for (i64 v = t0 * 16 + threadIdx.x; v < v_end; v += DM_THREADS)
-        best = max64(best, dm::pack_word(dm::exact_key(cached_z(a, k.slot, step, v), k.temp, k.prefix, (u32)v), (i32)v));
-      for (int off = 16; off > 0; off >>= 1) best = max64(best, shfl_xor64(best, off));
-      if (lane == 0) triple_s[warp] = best;
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        i64 m = DM_INT64_MIN;
-        for (int w = 0; w < DM_WARPS; ++w) m = max64(m, triple_s[w]);
-        best_s[r] = m;
+      for (int w = 0; w < WARPS; ++w) best = max64(best, triple_s[w * RP + threadIdx.x]);
+      best_s[threadIdx.x] = best;
+      // The winner's W1 row is gathered by every block after the barrier: warm it in L2 now.
+      const i64 t = dm::word_index(best);
+      if (t >= 0 && t < a.embed_rows) {
+        const char* row = (const char*)a.embed + t * (DM_RANK * 2);
+        asm volatile("prefetch.global.L2 [%0];" :: "l"(row));
+        asm volatile("prefetch.global.L2 [%0];" :: "l"(row + 128));
+        asm volatile("prefetch.global.L2 [%0];" :: "l"(row + 256));
+        asm volatile("prefetch.global.L2 [%0];" :: "l"(row + 384));
       }
-      __syncthreads();
     }
     if (threadIdx.x < rows) atomicMax((long long*)&words[step * DM_MAX_ROWS + threadIdx.x], (long long)best_s[threadIdx.x]);
     if (step + 1 == steps) break;  // the last step needs no barrier: the exit counter orders it
@@ -457,10 +485,14 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
   }
 }
 
-extern "C" __global__ void __launch_bounds__(DM_THREADS, 1) dm_chain_nt1_reg(const ChainArgs a) { chain_body<1, true>(a); }
-extern "C" __global__ void __launch_bounds__(DM_THREADS, 1) dm_chain_nt2_reg(const ChainArgs a) { chain_body<2, true>(a); }
-extern "C" __global__ void __launch_bounds__(DM_THREADS, 1) dm_chain_nt1(const ChainArgs a) { chain_body<1, false>(a); }
-extern "C" __global__ void __launch_bounds__(DM_THREADS, 1) dm_chain_nt2(const ChainArgs a) { chain_body<2, false>(a); }
+extern "C" __global__ void __launch_bounds__(512, 1) dm_chain_w16_r0_nt1(const ChainArgs a) { chain_body<1, 16, 0>(a); }
+extern "C" __global__ void __launch_bounds__(512, 1) dm_chain_w16_r0_nt2(const ChainArgs a) { chain_body<2, 16, 0>(a); }
+extern "C" __global__ void __launch_bounds__(512, 1) dm_chain_w16_r1_nt1(const ChainArgs a) { chain_body<1, 16, 1>(a); }
+extern "C" __global__ void __launch_bounds__(512, 1) dm_chain_w16_r1_nt2(const ChainArgs a) { chain_body<2, 16, 1>(a); }
+extern "C" __global__ void __launch_bounds__(256, 1) dm_chain_w8_r2_nt1(const ChainArgs a) { chain_body<1, 8, 2>(a); }
+extern "C" __global__ void __launch_bounds__(256, 1) dm_chain_w8_r2_nt2(const ChainArgs a) { chain_body<2, 8, 2>(a); }
+extern "C" __global__ void __launch_bounds__(256, 1) dm_chain_w8_r3_nt1(const ChainArgs a) { chain_body<1, 8, 3>(a); }
+extern "C" __global__ void __launch_bounds__(256, 1) dm_chain_w8_r3_nt2(const ChainArgs a) { chain_body<2, 8, 3>(a); }
 
 // Largest |approximate - exact| Gumbel noise over the hashes [h0, h0 + count) (as fp32 bits of a
 // non-negative float, merged with atomicMax); the GPU test runs it over all 2^32 hashes.

@@ -52,7 +52,7 @@ def _check_args(parser, args):
         parser.error(f"--temperature: expected a finite value > 0, got {args.temperature}")
 
 
-def _resolve_impl(impl, device, head, num_steps, rows, cache_dtype, draft_method):
+def _resolve_impl(impl, device, head, num_steps, rows, cache_dtype, draft_method, quiet=False):
     """The draft impl to use; ``auto`` that cannot be resolved here falls back to the reference, loudly."""
     from ..draft.sampler import MarkovSampler
 
@@ -63,7 +63,8 @@ def _resolve_impl(impl, device, head, num_steps, rows, cache_dtype, draft_method
     except (ValueError, ImportError) as error:
         if impl != "auto":
             raise
-        print(f"note: impl 'auto' is not available here ({error}); using impl 'reference'")
+        if not quiet:
+            print(f"note: impl 'auto' is not available here ({error}); using impl 'reference'")
         return "reference"
 
 
@@ -92,6 +93,13 @@ def main(argv=None) -> int:
     cache_dtype = torch.bfloat16 if args.cache_dtype == "bf16" else torch.float32
     vocab, k, batch = args.vocab, args.num_drafts, args.requests
     started = time.time()
+
+    try:  # a wrong or unrunnable --impl: one line and the usage-error status, before any work
+        _resolve_impl(args.impl, device, zero_head(vocab, min(args.rank, vocab), device=device), k, batch,
+                      cache_dtype, args.draft_method, quiet=True)
+    except ValueError as error:
+        print(f"dspark-markov demo: --impl: {error}", file=sys.stderr)
+        return 2
 
     language = BigramLanguage(vocab, period=args.period, seed=args.seed, device=device)
     log_mu = language.marginals().log().float()  # [period, V]

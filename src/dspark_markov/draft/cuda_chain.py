@@ -1,13 +1,13 @@
 """``impl="cuda_chain"``: the N-step chain of 1-16 rows in one persistent CUDA C++ launch (Gumbel-max).
 
-The kernel (``dspark_markov/cuda/chain.cu``) runs one block of 512 threads per SM; block ``b``
-owns a contiguous range of ``V / SMs`` tokens of W2 and keeps it on chip across the steps (each
-warp's first 16-token tile as tensor-core A-fragments in registers, the next tiles in shared
-memory, the rest re-read from L2 with an evict-last policy), so only step 0 streams W2 from HBM.
-The bias is computed with ``mma.sync`` (bf16 -> fp32, rounded once to bf16), the draw by the
-approximate-key filter of :mod:`dspark_markov.ops.filter` with exact keys for the candidates that can still
-win, merged across blocks through packed (key, index) words and a bounded grid barrier. Its
-header comment has the details; ``noise.cuh`` the bit-exact noise.
+The kernel (``dspark_markov/cuda/chain.cu``) runs one block per SM (16 warps, or 8 warps of 255
+registers); block ``b`` owns a contiguous range of ``V / SMs`` tokens of W2 and keeps it on chip
+across the steps (each warp's first ``reg_tiles`` 16-token tiles as tensor-core A-fragments in
+registers, the next tiles in shared memory, the rest re-read from L2 with an evict-last policy),
+so only step 0 streams W2 from HBM. The bias is computed with ``mma.sync`` (bf16 -> fp32, rounded
+once to bf16), the draw by the approximate-key filter of :mod:`dspark_markov.ops.filter` with exact
+keys for the candidates that can still win, merged across blocks through packed (key, index) words
+and a bounded grid barrier. Its header comment has the details; ``noise.cuh`` the bit-exact noise.
 
 Contract (as :class:`~dspark_markov.draft.triton_chain.ChainBackend`): scratch (``words``
 ``[N, 16]`` int64, ``sync`` ``[N + 1]`` int32, ``status`` ``[1]`` int32) is allocated once in
@@ -28,18 +28,20 @@ import ctypes
 
 import torch
 
-from ..ops.bounds import FILTER_MARGIN  # the margin of every filter (no Triton import)
+from ..ops.constants import FILTER_MARGIN  # the margin of every filter (no Triton import)
 
 MAX_ROWS = 16
 MAX_STEPS = 32  # the exit path has one thread per (row, step): 16 * 32 = 512 threads
 RANK = 256
 TILE = 16  # tokens per mma tile (the M of m16n8k16)
-WARPS = 16
-THREADS = 32 * WARPS
+# Register-resident tiles per warp that each block shape supports (chain.cu's entry points).
+REG_TILES = {16: (0, 1), 8: (2, 3)}
 TILE_BYTES = TILE * RANK * 2
 # A barrier gives up after this many SM clock cycles (~1 s at 1.98 GHz): far beyond any step.
 SPIN_CYCLES = 2_000_000_000
 INT64_MIN = -(2**63)
+# (warps, reg_tiles) by batch: (<= 8 rows, 9-16 rows). Not yet measured against each other.
+DEFAULT_SHAPE = ((16, 1), (16, 1))
 
 
 class ChainArgs(ctypes.Structure):
@@ -61,18 +63,19 @@ def _pow2_at_least(n: int) -> int:
     return p
 
 
-def fixed_smem_bytes(rows_pow2: int, nt: int, tiles_per_warp: int) -> int:
-    """Shared memory besides the W2 tiles: codes, staging, triples, per-row words, tokens, flags."""
+def fixed_smem_bytes(rows_pow2: int, nt: int, tiles_per_warp: int, warps: int) -> int:
+    """Shared memory besides the W2 tiles: codes, staging, per-warp words, per-row words, tokens, flags."""
     codes = nt * 8 * 32 * 16
-    stage = ((WARPS * rows_pow2 * tiles_per_warp * TILE + 7) & ~7) * 2
-    triples = WARPS * rows_pow2 * 3 * 8
+    stage = ((warps * rows_pow2 * tiles_per_warp * TILE + 7) & ~7) * 2
+    triples = warps * rows_pow2 * 3 * 8
     return codes + stage + triples + MAX_ROWS * 8 + MAX_ROWS * 4 + (MAX_ROWS + 2) * 4
 
 
 class CudaChainBackend:
     """All N steps of up to 16 rows in one persistent CUDA C++ launch (Gumbel only, bf16 weights).
 
-    Options: ``reg_tile`` (hold each warp's first tile in registers; default True), ``smem_tiles``
+    Options: ``warps`` (16 or 8 per block) and ``reg_tiles`` (tiles each warp holds in registers: 0
+    or 1 with 16 warps, 2 or 3 with 8; default :data:`DEFAULT_SHAPE`), ``smem_tiles``
     (W2 tiles per block in shared memory; default: as many as fit), ``num_blocks`` (default: one per
     SM), ``spin_cycles`` (barrier bound), ``filter_margin`` (the filter's noise margin; a huge value
     forces the exact path), ``barrier_extra`` (test hook: wait for that many more arrivals than
@@ -84,7 +87,8 @@ class CudaChainBackend:
     GRAPH_SAFE = True
     MAX_ROWS = MAX_ROWS
 
-    def __init__(self, head, num_steps, max_rows, *, method, cache_dtype, device, reg_tile=True, smem_tiles=None,
+    def __init__(self, head, num_steps, max_rows, *, method, cache_dtype, device, warps=None, reg_tiles=None,
+                 smem_tiles=None,
                  num_blocks=None, spin_cycles=SPIN_CYCLES, filter_margin=FILTER_MARGIN, barrier_extra=0):
         from .. import cuda
 
@@ -115,24 +119,35 @@ class CudaChainBackend:
         self.num_tiles = -(-vocab // TILE)
         self.num_blocks = min(int(num_blocks or props.multi_processor_count), self.num_tiles)
         per_block = -(-self.num_tiles // self.num_blocks)
-        self.tiles_per_warp = -(-per_block // WARPS)
-        self.reg_tile = bool(reg_tile)
         self.max_rows_pow2 = _pow2_at_least(int(max_rows))
+        if warps is None and reg_tiles is None:
+            warps, reg_tiles = DEFAULT_SHAPE[1 if self.max_rows_pow2 > 8 else 0]
+        elif warps is None:
+            warps = 16 if reg_tiles in REG_TILES[16] else 8
+        elif reg_tiles is None:
+            reg_tiles = REG_TILES.get(int(warps), (0,))[-1]
+        self.warps, self.reg_tiles = int(warps), int(reg_tiles)
+        if self.warps not in REG_TILES or self.reg_tiles not in REG_TILES[self.warps]:
+            raise ValueError(f"reg_tiles: expected warps/reg_tiles in {REG_TILES}, got {self.warps}/{self.reg_tiles}")
+        self.threads = 32 * self.warps
+        self.tiles_per_warp = -(-per_block // self.warps)
         nt_max = 1 if self.max_rows_pow2 <= 8 else 2
-        fixed = fixed_smem_bytes(self.max_rows_pow2, 2, self.tiles_per_warp)  # codes sized for NT = 2
+        fixed = fixed_smem_bytes(self.max_rows_pow2, 2, self.tiles_per_warp, self.warps)  # codes sized for NT = 2
         from ..cuda import build
 
         limit = build.max_dynamic_smem(index)
         fit = (limit - fixed) // TILE_BYTES
-        wanted = per_block - (WARPS if self.reg_tile else 0)
+        wanted = max(per_block - self.warps * self.reg_tiles, 0)
         self.smem_tiles = max(0, min(fit, wanted) if smem_tiles is None else int(smem_tiles))
         if self.smem_tiles > fit:
             raise ValueError(f"smem_tiles: at most {fit} W2 tiles fit in shared memory here, got {smem_tiles}")
         self.smem_bytes = fixed + self.smem_tiles * TILE_BYTES
         for nt in {1, nt_max}:
             name = self.kernel_name(nt)
-            self.kernels.set_dynamic_smem(name, self.smem_bytes)
-            if self.kernels.blocks_per_sm(name, THREADS, self.smem_bytes) < 1:
+            # The limit, never this backend's size: a kernel shared by several backends (and graphs
+            # captured earlier) must keep accepting the largest of their launches.
+            self.kernels.set_dynamic_smem(name, limit)
+            if self.kernels.blocks_per_sm(name, self.threads, self.smem_bytes) < 1:
                 raise ValueError(f"smem_tiles: kernel {name} with {self.smem_bytes} bytes of shared memory does not "
                                  f"fit on one SM")
         self.spin_cycles = int(spin_cycles)
@@ -151,7 +166,7 @@ class CudaChainBackend:
         return cuda.availability()
 
     def kernel_name(self, nt: int) -> str:
-        return f"dm_chain_nt{nt}" + ("_reg" if self.reg_tile else "")
+        return f"dm_chain_w{self.warps}_r{self.reg_tiles}_nt{nt}"
 
     def check(self) -> None:
         """Raise :class:`~dspark_markov.DeviceStatusError` if a launch's barrier timed out since the last check.
@@ -199,5 +214,5 @@ class CudaChainBackend:
         args = self.arguments(base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens,
                               logits_cache)
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        self.kernels.launch(self.kernel_name(1 if rows <= 8 else 2), self.num_blocks, THREADS, self.smem_bytes,
+        self.kernels.launch(self.kernel_name(1 if rows <= 8 else 2), self.num_blocks, self.threads, self.smem_bytes,
                             stream, [args])

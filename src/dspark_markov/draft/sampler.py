@@ -7,7 +7,7 @@ from typing import NamedTuple
 import torch
 
 from .. import registry
-from ..validate import check_choice, check_draft_inputs, check_head, check_sampler_sizes
+from ..validate import check_choice, check_draft_inputs, check_head, check_sampler_sizes, check_triton_runs
 
 METHODS = ("gumbel", "inverse_cdf")
 
@@ -61,6 +61,8 @@ class MarkovSampler:
             impl = "reference"  # the only implementation of fp64 noise
         cls = registry.load("draft", impl)
         registry.check_draft_backend(cls, impl, method=method, device=device, max_rows=max_rows)
+        if impl not in ("reference", registry.AUTO):  # Triton designs: the CPU needs the interpreter
+            check_triton_runs(impl, device)
         if fp64 and impl != "reference":
             raise ValueError(f"fp64: fp64 noise is only implemented by impl='reference', got impl={impl!r}")
         self.head = head

@@ -47,8 +47,9 @@ import triton.language as tl
 
 from ..ops.filter import FILTER_MARGIN, approx_words, exact_keys, key_slack
 from ..ops.noise import INTERPRET, draft_noise, draft_prefix
-from ..ops.numerics import (INT64_MAX, INT64_MIN, biased_logits, block_argmax, pack_key, round_to, to_float32,
-                            unpack_key, weight_bias)
+from ..ops.numerics import (INT64_MAX, INT64_MIN, biased_logits, block_argmax, round_to, to_float32, unpack_key,
+                            weight_bias)
+from ..ops.numerics import pack_word as _pack_word, word_token as _word_token
 from ..ops.rows import draft_rows
 from ..validate import DeviceStatusError, check_power_of_two
 
@@ -57,26 +58,6 @@ from ..validate import DeviceStatusError, check_power_of_two
 SPIN_LIMIT = 1 << 20
 # Largest batch: the tensor-core tile has BLOCK_R rows (the codes of the batch, padded).
 MAX_ROWS = 16
-
-
-@triton.jit
-def _pack_word(value, index):
-    """int64 word ordered like ``torch.argmax``'s choice: (fp32 key, then lower index first).
-
-    :func:`dspark_markov.ops.numerics.pack_key` after canonicalising the key as ``sharded.keys.pack_keys``
-    does: every NaN becomes the largest code (above ``+inf``: the first NaN wins, as in
-    ``argmax``) and ``-0.0`` becomes ``+0.0``.
-    """
-    bits = tl.where(value == 0.0, 0, value.to(tl.int32, bitcast=True))
-    bits = tl.where(value != value, 0x7FFFFFFF, bits)
-    return pack_key(bits.to(tl.float32, bitcast=True), index)
-
-
-@triton.jit
-def _word_token(word, vocab):
-    """The token of a :func:`_pack_word` word, clamped into ``[0, V)``."""
-    _, token = unpack_key(word)
-    return tl.minimum(tl.maximum(token, 0), vocab - 1)
 
 
 @triton.jit

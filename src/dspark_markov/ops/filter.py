@@ -23,7 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .bounds import FILTER_MARGIN  # noqa: F401  (re-exported)
+from .constants import FILTER_MARGIN  # noqa: F401  (re-exported)
 from .noise import approx_noise, draft_noise
 from .numerics import INT64_MAX, INT64_MIN, _across, block_argmax, pack_key, unpack_key
 

@@ -16,15 +16,12 @@ Importing this module imports Triton; it is never imported by ``dspark_markov/__
 
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
 
 from ..rng import INVERSE_CDF_TOKEN, LN2_HIGH, LN2_LOW, LOG1M_COEFFS, LOG_COEFFS, SQRT_HALF
 
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"  # read once: set before any kernel is defined
-from .bounds import NOISE_BOUND  # noqa: F401  (re-exported: the bound of approx_noise)
+from .constants import INTERPRET, NOISE_BOUND  # noqa: F401  (re-exported)
 
 # Constants as fp32-exact Python floats (see rng.py), bound as module globals for the JIT.
 P0, P1, P2, P3, P4, P5, P6, P7, P8 = (tl.constexpr(c) for c in LOG_COEFFS)

@@ -128,3 +128,23 @@ def weight_bias(bias, scale, w_dtype: tl.constexpr, SCALED: tl.constexpr):
 def biased_logits(base, bias, cache_dtype: tl.constexpr):
     """``z = round_cache(float(U) + bias)``: one rounding of the fp32 sum (SPEC.md section 3)."""
     return round_to(to_float32(base) + bias, cache_dtype)
+
+
+@triton.jit
+def pack_word(value, index):
+    """int64 word ordered like ``torch.argmax``'s choice: (fp32 key, then lower index first).
+
+    :func:`pack_key` after canonicalising the key as ``sharded.keys.pack_keys``
+    does: every NaN becomes the largest code (above ``+inf``: the first NaN wins, as in
+    ``argmax``) and ``-0.0`` becomes ``+0.0``.
+    """
+    bits = tl.where(value == 0.0, 0, value.to(tl.int32, bitcast=True))
+    bits = tl.where(value != value, 0x7FFFFFFF, bits)
+    return pack_key(bits.to(tl.float32, bitcast=True), index)
+
+
+@triton.jit
+def word_token(word, vocab):
+    """The token of a :func:`pack_word` word, clamped into ``[0, V)``."""
+    _, token = unpack_key(word)
+    return tl.minimum(tl.maximum(token, 0), vocab - 1)

@@ -8,7 +8,7 @@ import torch
 
 from .. import registry
 from ..validate import (CACHE_DTYPES, INDEX_DTYPES, _same_device, check_choice, check_range, check_tensor,
-                        check_vector)
+                        check_triton_runs, check_vector)
 
 METHODS = ("standard", "block")
 IMPLS = registry.names("verify")
@@ -133,6 +133,8 @@ def verify_drafts(target_logits, draft_tokens, logits_cache, num_drafts, idx_map
         else:
             target_greedy = torch.zeros(idx_mapping.shape, dtype=torch.bool, device=target_logits.device)
     registry.check_capturable("verify", impl, target_logits.device)
+    if impl == "triton":
+        check_triton_runs(impl, target_logits.device)
     verify = registry.load("verify", impl)  # the Triton module is imported only when used
     tokens, num_emitted = verify(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions,
                                  temperature, seeds, target_greedy, method=method)

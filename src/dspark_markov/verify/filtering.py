@@ -19,13 +19,13 @@ Semantics (per row of fp32 logits ``x`` of length ``V``; both implementations ag
   ``+inf`` logit survives.
 - **NaN rows** (any NaN logit) are left unchanged. An all ``-inf`` row stays all ``-inf``.
 
-Masked entries are set to ``-inf``. The Triton path never sorts: the k-th value and the top-p
-cut are found by a 16-way search over the ordered int32 view of the floats (16 thresholds per
-pass, a count or an integer mass each: 4 bits of the key per pass), and ties at either boundary
-are resolved with prefix counts in index order.
-Two layouts: one program per row (many rows or small V) and a split-row path (small batch, large
-V: several programs per row, each pass's per-program partial counts/masses combined by a tiny
-per-row update kernel; a fixed number of launches, so the whole call is CUDA-graph capturable).
+Masked entries are set to ``-inf``. The Triton path (``triton_filtering.py``) never sorts a row:
+the kept set is a prefix of the ranking, i.e. ``packed >= cut`` for one packed (key, index) cut,
+found by sweeps that evaluate exact counts and integer masses at 8 thresholds each (placed by a
+Gaussian fit of the row, or below the maximum on peaked rows) while gathering the few candidates
+of the bracket that holds the cut; one sort of those candidates (at most a few thousand) gives the
+cut. Ties at either boundary are ordered by index through the packing. A fixed sequence of 7
+launches with persistent scratch (a ``TopKTopPFilter``), so the whole call is CUDA-graph capturable.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import math
 import torch
 
 from .. import registry
-from ..validate import check_tensor, check_vector
+from ..validate import check_tensor, check_triton_runs, check_vector
 from .filtering_reference import (EXP_COEFFS, EXP_FLOOR, KEY_FLOOR, LOG2E, MASS_ONE,  # noqa: F401  (re-exported)
                                   top_k_top_p_reference, weight_fixed_point)
 
@@ -91,8 +91,8 @@ def top_k_top_p(logits, k=None, p=None, *, impl=registry.DEFAULT_IMPL, out=None)
     impl : {"auto", "triton", "reference"}
         ``"auto"`` (the default, :mod:`dspark_markov.registry`): ``"triton"`` on CUDA, the reference
         on the CPU; both give the same result.
-        ``"triton"``: radix-select kernels that sort only a few candidates per row (interpreter on
-        CPU); ``"reference"``: a torch sort of every row.
+        ``"triton"``: threshold-search kernels that sort only a few candidates per row (interpreter
+        on CPU); ``"reference"``: a torch sort of every row.
         Never falls back silently.
     out : torch.Tensor, optional
         ``[B, V]`` fp32 output (last stride 1); ``logits`` is then left unchanged.
@@ -104,10 +104,12 @@ def top_k_top_p(logits, k=None, p=None, *, impl=registry.DEFAULT_IMPL, out=None)
 
     Notes
     -----
-    CUDA graphs: the Triton path launches a fixed sequence of kernels with no host synchronisation
-    (per-row tensors are read on the device); its scratch (the candidates, ``B * 4096 * 8`` bytes on
-    CUDA, and a few per-row fields) comes from the caching allocator, which graph capture supports.
-    The reference path sorts and allocates.
+    CUDA graphs: the Triton path launches a fixed sequence of 7 kernels with no host
+    synchronisation (per-row tensors are read on the device) and allocates nothing after the first
+    call of a shape: its scratch (the candidates, ``B * 4096 * 8`` bytes on CUDA, and ~600 bytes of
+    state per row) lives in a cached ``triton_filtering.TopKTopPFilter`` sized for the largest
+    batch seen (allocated on the first call, so call once before capturing; a serving engine can
+    own one ``TopKTopPFilter(max_rows, V, device)`` itself). The reference path sorts and allocates.
     """
     if isinstance(logits, torch.Tensor):
         impl = registry.resolve("top_k_top_p", impl, logits.device)
@@ -127,6 +129,7 @@ def top_k_top_p(logits, k=None, p=None, *, impl=registry.DEFAULT_IMPL, out=None)
         keep = top_k_top_p_reference(logits, k_rows, p_rows)
         torch.where(keep, logits, torch.full((), float("-inf"), device=logits.device), out=target)
         return target
+    check_triton_runs(impl, logits.device)
     from . import triton_filtering  # noqa: PLC0415  (Triton is imported only when used)
 
     triton_filtering.launch_top_k_top_p(logits, k, p, target)

@@ -1,71 +1,57 @@
-"""Triton kernels of :func:`dspark_markov.verify.filtering.top_k_top_p`: a radix select, then a sort
-of the few candidates.
+"""Triton kernels of :func:`dspark_markov.verify.filtering.top_k_top_p`: a threshold search over
+exact counts and integer masses, a gather of the few candidates around the cut, and their sort.
 
 Kept in its own module so that importing the package never imports Triton. Semantics, weights
 and the fixed-point mass are those of ``filtering.py`` (bit-identical device functions here).
 
-Algorithm, per row (both layouts)
----------------------------------
-1. **Scan + radix select.** Keys are the ordered int32 view of the floats, read as unsigned
-   ``u = key + 2^31``. A radix select over ``u`` (64-bin histograms, ``RADIX_BITS = 6`` bits per
-   level from the top, levels of shift 26, 20, 14, 8, 2, 0) finds the threshold ``t`` whose count
-   ``count(key >= t) >= ks``, where ``ks = k`` for top-k rows and ``ks = CANDIDATES`` for top-p-only
-   rows. The first level's pass also yields the NaN flag, the maximal key and its first index.
-   The select stops early, after any level, as soon as ``count(key >= t) <= SORT_LARGE``: every
-   token that can survive is then among those ``count`` candidates.
-2. **Fast path (candidates fit).** One pass gathers the candidates as packed int64
-   ``key << 32 | (2^31 - 1 - index)`` (order: key descending, index ascending) into a per-row
-   scratch; one program sorts them (``tl.sort``: 256 or ``SORT_LARGE`` entries), keeps the first
-   ``k`` (top-k, ties resolved in index order by the packing), and resolves top-p with an exact
-   int64 cumsum of ``q`` over the sorted survivors. The kept set is then a prefix of the ranking,
-   i.e. ``packed >= cut`` for one int64 ``cut``; the apply pass is one compare per element. For a
-   top-p-only row the candidates are the ``CANDIDATES`` best (plus ties); the row's total mass
-   comes from the gather pass, and the cut is known iff it falls inside the candidates.
-3. **Fallback (rare).** A top-k row whose ``count(key >= t_k)`` exceeds ``SORT_LARGE`` (``k`` above
-   it or huge ties: the select then runs all 6 levels, so ``t_k`` is exact and the ties at it are
-   ranked by prefix counts when applying), and a top-p row whose cut lies below its candidates,
-   use the 16-way integer-mass search over the keys (``FANOUT`` thresholds per pass, 9 passes).
+The kept set of a row is always a prefix of its ranking (key descending, index ascending), so
+the whole answer is one **packed cut**: ``packed = key << 32 | (2^31 - 1 - index)`` is unique per
+token and larger for better-ranked tokens, and a token survives iff ``packed >= cut``. Finding the
+cut is a search over packed thresholds ``T`` with the exact ``count(packed >= T)`` and integer
+``mass(packed >= T)`` (sum of ``q``) of each:
 
-Cost model (per element of the row, H200 warp instructions / 32 lanes)
-----------------------------------------------------------------------
-Triton lowers a 64-bin ``tl.histogram`` to, per 32 elements: 6 ballots (3 instructions each), a
-5-step lane mask (10), the input-mask ballot (2) and, for each of the 2 bins a lane owns, 5 more:
-~40 warp instructions, 1.25 per element, plus ~0.4 for the load, key, digit and prefix match
-(64 bins is the cheapest width per resolved bit: 32 bins cost 30, 256 bins ~108). The gather
-(compare, block scan, scatter) and the apply (pack, one int64 compare, store) cost ~0.6 and ~0.4. The common engine case
-(k = 20..1000, p = 0.9) stops after 2 levels on real and Gaussian logits (the 12-bit prefix
-already isolates <= 4096 candidates), so a row is read 4 times (stats+level 0, level 1, gather,
-apply) and written once: ~5 instructions per element. At 1518 x 129,280 elements that is
-~1e9 warp instructions (~1 ms over 132 SMs at 1.98 GHz) against ~0.9 ms of HBM traffic (4 reads
-and 1 write of 785 MB at ~4.4 TB/s), versus ~82 ms for the previous 16-way int64 search.
+- **top-k** (target ``COUNT``): the k-th best token ``C_k`` lies in ``[D, U)`` iff
+  ``count(>= D) >= k > count(>= U)``;
+- **top-p** (target ``MASS``, ``limit = p * S`` in fp64): the last kept token lies in ``[D, U)``
+  iff ``mass(>= D) >= limit > mass(>= U)`` (the token just below ``U`` is kept iff the mass
+  strictly above it, ``mass(>= U)``, is below the limit).
 
-Bytes: ``(passes + 1) * B * V * 4`` with 3 to 7 read passes (4 in the common case) plus the
-candidates (``<= SORT_LARGE * 8`` bytes per row, written and read once).
+Passes (each reads the whole row once; all rows advance together, finished rows idle)
+-----------------------------------------------------------------------------------
+1. ``_stats_kernel``: the first maximum (as a packed key), NaNs, and the finite count, mean,
+   standard deviation and minimum that place the first thresholds.
+2. ``_pass_kernel`` (``FIRST``): every program derives the row's plan from the stats (the
+   combine of the split layout is recomputed by each program of the row: no update launch).
+   ``THRESHOLDS = 8`` thresholds are evaluated in one sweep (exact counts; exact masses where
+   top-p needs them, plus the row's total mass ``S``), and the bracket predicted to hold the cut
+   is gathered at once (candidates appended by one atomic per block). Placement: for top-k, the
+   Gaussian quantiles of ``k/4 .. 640 k`` tokens (the gather takes about ``3 k`` tokens from the
+   top); for top-p, the cut ``c`` of a Gaussian fit of the mass (``exp`` tilts N(mu, s^2) to
+   N(mu + s^2, s^2), truncated at the maximum) with thresholds at ``c + s * (+-0.03 .. +-0.6)``
+   (the predicted cut is within ~0.02 s on Gaussian and bf16-rounded rows), or, on rows whose
+   maximum sits more than 6 s above the mean (peaked, LLM-like), at ``max - 0.25 .. max - 14``.
+3. ``_resolve_kernel`` (one program per row): if the gathered bracket holds the cut and at most
+   ``capacity`` candidates, one sort of them (256, 1024 or ``capacity`` entries) gives the cut;
+   otherwise the evaluated thresholds name the bracket that holds it: a gather-only pass follows
+   if it has at most ``capacity`` tokens, else a search pass with 8 thresholds inside it (value
+   space, key space across octaves, index space inside a run of ties).
+4. One such round more on the split grid (``_pass_kernel`` ``REFINE`` + ``_resolve_kernel``):
+   Gaussian, bf16-tied and peaked rows finish here.
+5. ``_finish_kernel`` (one program per row; idle unless a row is still open): the same rounds
+   in a loop, bounded by ``MAX_ROUNDS`` (each round cuts the bracket 9-fold in a 64-bit space).
+6. ``_apply_kernel``: ``-inf`` where ``packed < cut`` (one compare per element).
 
-Layouts and launches (both fixed per call, no host synchronisation: CUDA-graph capturable)
--------------------------------------------------------------------------------------------
-- **Row path** (``chunks == 1``; many rows): ``_rows_select_kernel`` (grid ``B``: stats, every radix
-  level, the gather; ~80 registers), the sort (``_split_update_kernel`` phase ``_GATHER``, grid
-  ``B``), ``_rows_search_kernel`` (grid ``B``, only when ``p`` is given: the whole fallback search
-  of a fallback row, idle otherwise), then the two apply phases (grid ``B``: rows with a cut, 30
-  registers; every other row). 4 or 5 launches. The phases are separate kernels so that the
-  streaming passes keep a low register count (the sort needs ~164 at 8 warps) and several
-  programs per SM.
-- **Split path** (``chunks > 1``; small batch, large V): every pass runs on grid ``(B, chunks)``
-  and writes per-program partials (radix histograms, stats, masses), and a grid-``B`` update
-  kernel combines them: 6 radix levels x 2, gather + sort, 9 x 2 fallback-search launches when
-  ``p`` is given, the ties and the two applies (13 to 34 launches; idle ones return at once). The
-  gather claims scratch slots with one atomic per block (the order is restored by the sort).
-
-Measured on the H200 (``dspark-markov bench --verify``: k = 50, p = 0.9, V = 129,280, out of
-place, CUDA graph, cold L2; ``benchmarks/results/NVIDIA-H200_2026-11-29_bf16_verify.*``), row /
-split layout: 6 rows 278 / 71 us (split x32); 96 rows 372 / 310; 384 rows 646 / 692; 1518 rows
-2271 / 2420 us, i.e. 6-16% of the HBM bandwidth (the count above predicted ~1.5 ms at 1518 rows).
-The previous 16-way search took 291 / 3982 / 8909 / 30171 us at those sizes. At 6 rows the
-launches dominate (~35, of which ~26 idle); fusing each update into its pass would halve them.
+Launches: 7 per call, fixed (independent of the values), no host synchronisation; all scratch
+lives in a :class:`TopKTopPFilter` (allocated once, sized for its largest batch): CUDA-graph safe.
+Bytes: ``B V 4`` per pass that runs (stats, first pass, a refine pass where the first bracket
+misses) plus the apply (``B V 4`` read + the masked entries written in place, ``B V 4`` out of
+place); candidates ``<= capacity * 8`` bytes per row, written and read once per gather.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import math
 
 import torch
 import triton
@@ -73,7 +59,7 @@ import triton.language as tl
 
 from ..rng import LN2_HIGH, LN2_LOW
 from ..validate import check_power_of_two
-from .filtering_reference import EXP_COEFFS, EXP_FLOOR, KEY_FLOOR, LOG2E, MASS_ONE
+from .filtering_reference import EXP_COEFFS, EXP_FLOOR, LOG2E, MASS_ONE
 
 _C0, _C1, _C2, _C3, _C4, _C5, _C6, _C7 = (tl.constexpr(c) for c in EXP_COEFFS)
 _LN2_HIGH = tl.constexpr(LN2_HIGH)
@@ -81,49 +67,60 @@ _LN2_LOW = tl.constexpr(LN2_LOW)
 _LOG2E = tl.constexpr(LOG2E)
 _MASS_ONE = tl.constexpr(MASS_ONE)
 _EXP_FLOOR = tl.constexpr(EXP_FLOOR)
-_KEY_FLOOR = tl.constexpr(KEY_FLOOR)
-_SIGN = tl.constexpr(-(2**31))  # flips the top bit: ordered int32 key <-> unsigned order
 _BIG_INDEX = tl.constexpr(2**31 - 1)
-_PACK_FLOOR = tl.constexpr(-(2**63))  # below every packed candidate
-_PACK_CEIL = tl.constexpr(2**63 - 1)
+PACK_FLOOR = -(2**63)  # below every packed token
+PACK_CEIL = 2**63 - 1  # above every packed token
+_PACK_FLOOR = tl.constexpr(PACK_FLOOR)
+_PACK_CEIL = tl.constexpr(PACK_CEIL)
 
-# Radix select: 64 bins (6 bits) per level, the cheapest bits per instruction of tl.histogram on
-# the GPU (it costs one ballot per bit plus 3 instructions per bin a lane owns). Levels: shifts
-# 26, 20, 14, 8, 2, 0 (the last one 2 bits wide).
-RADIX_BITS = 6
-_RADIX_BITS = tl.constexpr(RADIX_BITS)
-_BINS = tl.constexpr(1 << RADIX_BITS)
-RADIX_SHIFTS = (26, 20, 14, 8, 2, 0)
+# Row phases (FilterState.phase).
+PHASE_COPY = 0  # nothing to filter (NaN row, neither k nor p active, all -inf): the row is kept
+PHASE_CUT = 1  # resolved: keep packed >= cut
+PHASE_OPEN = 2  # searching: the next pass gathers and/or evaluates thresholds
+_PHASE_COPY = tl.constexpr(PHASE_COPY)
+_PHASE_CUT = tl.constexpr(PHASE_CUT)
+_PHASE_OPEN = tl.constexpr(PHASE_OPEN)
+# Search targets (FilterState.target).
+TARGET_COUNT = 0  # top-k: the k-th best token (then top-p among the k, from the sorted candidates)
+TARGET_MASS = 1  # top-p: the last token whose better-ranked mass is below the limit
+_TARGET_COUNT = tl.constexpr(TARGET_COUNT)
+_TARGET_MASS = tl.constexpr(TARGET_MASS)
+# Pass kinds of _pass_kernel.
+PASS_FIRST = 0  # derives the plan from the stats, then sweeps
+PASS_REFINE = 1  # sweeps open rows with the plan the resolve left
+_PASS_FIRST = tl.constexpr(PASS_FIRST)
 
-# Candidates sorted by one program: a small tier (the common top-k case) and a large one. The
-# interpreter's tl.sort is slow (~10 s for 4096 entries), so CPU launches default to a small bound.
+# Points of a row's search (FilterState.points and its counts/masses), in descending packed order:
+# slot 0 = PACK_CEIL (count 0, mass 0), slot 1 = the upper end of the searched bracket, slots
+# 2..9 = the thresholds a sweep evaluates, slot 10 = the lower end, slots 11..15 = copies of it.
+THRESHOLDS = 8
+POINTS = 16
+SLOT_CEIL, SLOT_UPPER, SLOT_FIRST, SLOT_LOWER = 0, 1, 2, 10
+_THRESHOLDS = tl.constexpr(THRESHOLDS)
+_POINTS = tl.constexpr(POINTS)
+_SLOT_UPPER = tl.constexpr(SLOT_UPPER)
+_SLOT_FIRST = tl.constexpr(SLOT_FIRST)
+_SLOT_LOWER = tl.constexpr(SLOT_LOWER)
+
+# Threshold placement of the first pass (module doc): rows of FilterState.placement [3, 8] fp32.
+MASS_OFFSETS = (0.6, 0.14, 0.07, 0.03, -0.03, -0.07, -0.14, -0.6)  # c + s * offset; gather slots 5, 6
+PEAK_DEPTHS = (0.25, 0.7, 1.5, 2.5, 4.0, 6.0, 9.0, 14.0)  # max - depth (logits)
+COUNT_FACTORS = (0.25, 0.6, 1.3, 3.0, 10.0, 40.0, 160.0, 640.0)  # Gaussian quantile of k * factor tokens
+PEAKED_SIGMAS = 6.0  # a maximum this many standard deviations above the mean: a peaked row
+_PEAKED_SIGMAS = tl.constexpr(PEAKED_SIGMAS)
+MAX_ROUNDS = 48  # _finish_kernel's bound: 9-fold per round over a 64-bit space needs < 21
+_MAX_ROUNDS = tl.constexpr(MAX_ROUNDS)
+
+# Candidates sorted by one program. The interpreter's tl.sort is slow, so CPU filters default
+# to a small capacity.
+GPU_CAPACITY = 4096
+CPU_CAPACITY = 128
 SORT_SMALL = 256
-SORT_LARGE = 4096
-CPU_SORT_SIZE = 128
-
-# Fallback top-p search: 16-way over the keys (16 thresholds per pass, an integer mass each),
-# cutting the interval width w to at most ceil(w / 16) - 1: 2^32 + 1 keys need 9 passes.
-FANOUT = 16
-_FANOUT = tl.constexpr(FANOUT)
-SEARCH_STEPS = 9
-
-# Filter state per row (int64 fields; 20 used of STATE_FIELDS), shared by both layouts.
-(_USE_K, _USE_P, _KMAX, _AMAX, _LO, _HI, _ABOVE, _TK, _NEED, _QTK, _LIMIT, _PREFIX, _RABOVE, _COUNT, _DONE,
- _SLOW_K, _PFAST, _CUT, _CURSOR, _KS) = (tl.constexpr(i) for i in range(20))
-STATE_FIELDS = 24
-_STATE_FIELDS = tl.constexpr(STATE_FIELDS)
-# Per-program partials (int64 fields x chunks).
-_P_COUNT, _P_KEY, _P_INDEX, _P_TIES_TK, _P_QTK, _P_TIES_U = (tl.constexpr(i) for i in range(6))
-PARTIAL_FIELDS = 6
-
-# Pass phases of the split path (update phases: _SCAN0, _SCAN, _GATHER = resolve, _COUNT_P).
-_SCAN0, _SCAN, _GATHER, _COUNT_P, _TIES_U, _APPLY, _APPLY_SLOW = range(7)
-
+SORT_MEDIUM = 1024
+_SORT_SMALL = tl.constexpr(SORT_SMALL)
+_SORT_MEDIUM = tl.constexpr(SORT_MEDIUM)
 GPU_BLOCK = 2048
 CPU_BLOCK = 1024
-# The fallback search's block: [SEARCH_BLOCK, FANOUT] values stay in registers.
-GPU_SEARCH_BLOCK = 256
-CPU_SEARCH_BLOCK = 1024
 
 
 # --------------------------------------------------------------------------- device functions
@@ -170,213 +167,23 @@ def _weight_fixed_point(x, row_max):
 
 
 @triton.jit
-def _range_scan(src, start, end, prefix, shift, width, STATS: tl.constexpr, BLOCK: tl.constexpr):
-    """One radix level over columns ``[start, end)``.
+def _normal_quantile(u):
+    """Approximate inverse normal CDF (Abramowitz-Stegun 26.2.23, |error| < 5e-4) of ``u`` in (0, 1).
 
-    Returns ``(hist, nans, max key, its first index)``: ``hist`` int32 ``[_BINS]`` counts the
-    digit ``(u >> shift) & (2^width - 1)`` of the columns whose unsigned key ``u`` agrees with
-    ``prefix`` above bit ``shift + width``; the stats are computed only when ``STATS``.
+    Only places thresholds: a wrong guess costs a pass, never a wrong result.
     """
-    hist = tl.zeros([_BINS], tl.int32)
-    nans = tl.zeros([BLOCK], tl.int32)
-    best_key = tl.zeros([], tl.int32) + _SIGN
-    best_index = tl.zeros([], tl.int32)
-    top = prefix.to(tl.uint32)
-    ushift = shift.to(tl.uint32)
-    span = (tl.zeros([], tl.uint32) + 1) << width.to(tl.uint32)
-    for offset in range(start, end, BLOCK):
-        index = offset + tl.arange(0, BLOCK)
-        valid = index < end
-        x = tl.load(src + index, mask=valid, other=0.0)
-        key = _key32(x)
-        u = (key ^ _SIGN).to(tl.uint32, bitcast=True)
-        match = valid & (((u ^ top) >> ushift) < span)
-        hist += tl.histogram(((u >> ushift) & (span - 1)).to(tl.int32), _BINS, mask=match)
-        if STATS:
-            nans += (valid & (x != x)).to(tl.int32)
-            key = tl.where(valid, key, _SIGN)
-            block_key = tl.max(key, axis=0)
-            block_index = tl.min(tl.where(valid & (key == block_key), index, _BIG_INDEX), axis=0)
-            best_index = tl.where(block_key > best_key, block_index, best_index)  # blocks in order: first wins
-            best_key = tl.maximum(best_key, block_key)
-    return hist, tl.sum(nans, axis=0), best_key.to(tl.int64), best_index.to(tl.int64)
+    u = tl.minimum(tl.maximum(u, 1e-12), 1.0 - 1e-7)
+    tail = tl.minimum(u, 1.0 - u)
+    t = tl.sqrt(-2.0 * tl.log(tail))
+    z = t - (2.515517 + 0.802853 * t + 0.010328 * t * t) / (1.0 + 1.432788 * t + 0.189269 * t * t
+                                                              + 0.001308 * t * t * t)
+    return tl.where(u < 0.5, -z, z)
 
 
 @triton.jit
-def _radix_step(hist, prefix, above, ks, shift, CAP: tl.constexpr):
-    """Choose the digit at ``shift``: the largest ``d`` with ``above + count(digit >= d) >= ks``.
-
-    ``hist`` int32 ``[_BINS]``; ``prefix`` (unsigned key bits fixed so far), ``above`` (how many
-    keys have a larger prefix) and ``ks`` int64. Returns ``(prefix, above, count, done)`` with
-    ``count`` the number of keys whose prefix is at least the new one, and ``done`` once that
-    count is ``<= CAP`` or the last level is resolved.
-    """
-    bins = tl.arange(0, _BINS)
-    h = hist.to(tl.int64)
-    total = tl.sum(h, axis=0)
-    at_least = total - tl.cumsum(h, axis=0) + h
-    digit = tl.maximum(tl.max(tl.where(above + at_least >= ks, bins, -1), axis=0), 0)
-    count = above + tl.sum(tl.where(bins == digit, at_least, 0), axis=0)
-    above = count - tl.sum(tl.where(bins == digit, h, 0), axis=0)
-    prefix = prefix + (digit.to(tl.int64) << shift)
-    done = (count <= CAP) | (shift == 0)
-    return prefix, above, count, done
-
-
-@triton.jit
-def _next_level(shift):
-    """``(next shift, its width)`` after the level at ``shift`` (26, 20, 14, 8, 2, 0)."""
-    next_shift = tl.maximum(shift - _RADIX_BITS, 0)
-    return next_shift, shift - next_shift
-
-
-@triton.jit
-def _range_gather(src, start, end, lower, scratch, cursor, ATOMIC: tl.constexpr, BLOCK: tl.constexpr):
-    """Append the packed candidates (key ``>= lower``) of ``[start, end)`` to ``scratch``.
-
-    ``ATOMIC``: slots are claimed per block from the int64 counter at ``cursor`` (split path; the
-    order is arbitrary, the sort restores it); else ``cursor`` is the first slot (a scalar).
-    """
-    for offset in range(start, end, BLOCK):
-        index = offset + tl.arange(0, BLOCK)
-        valid = index < end
-        key = _key32(tl.load(src + index, mask=valid, other=0.0))
-        hit = valid & (key >= lower)
-        hits = hit.to(tl.int32)
-        found = tl.sum(hits, axis=0)
-        if ATOMIC:
-            base = tl.atomic_add(cursor, found.to(tl.int64))
-        else:
-            base = cursor
-            cursor += found.to(tl.int64)
-        slot = base + (tl.cumsum(hits, axis=0) - hits).to(tl.int64)
-        tl.store(scratch + slot, _pack(key, index), mask=hit)
-
-
-@triton.jit
-def _resolve(scratch, count, ks, use_k, use_p, p, row_mass, vocab, SIZE: tl.constexpr):
-    """Sort the ``count <= SIZE`` candidates; return ``(resolved, cut)``.
-
-    Top-k keeps the first ``ks`` (``use_k``); top-p keeps a sorted survivor iff the exact mass
-    before it is ``< p * S`` (``S``: the survivors' mass, or ``row_mass`` for a top-p-only row),
-    and the first always. ``cut`` is the packed key of the last kept candidate; ``resolved`` is
-    false when a top-p-only row's cut may lie below the candidates.
-    """
-    rank = tl.arange(0, SIZE)
-    packed = tl.load(scratch + rank, mask=rank < count, other=_PACK_FLOOR)
-    packed = tl.sort(packed, descending=True)
-    key = packed >> 32
-    value = _key_value(key)
-    row_max = _key_value(tl.max(key, axis=0))
-    chosen = rank < tl.where(use_k, ks, count)
-    q = tl.where(chosen, _weight_fixed_point(value, row_max), 0)
-    mass = tl.where(use_k, tl.sum(q, axis=0), row_mass)
-    limit = p.to(tl.float64) * mass.to(tl.float64)
-    before = tl.cumsum(q, axis=0) - q
-    keep = chosen & ((before.to(tl.float64) < limit) | (rank == 0) | (use_p == 0))
-    kept = tl.sum(keep.to(tl.int64), axis=0)
-    cut = tl.min(tl.where(keep, packed, _PACK_CEIL), axis=0)
-    resolved = use_k | (use_p == 0) | (kept < count) | (count >= vocab)
-    return resolved, cut
-
-
-@triton.jit
-def _candidates(lo, hi):
-    """``FANOUT`` increasing thresholds in ``(lo, hi]`` (the last is ``hi``), int64 ``[FANOUT]``."""
-    step = tl.arange(0, _FANOUT).to(tl.int64) + 1
-    return lo + ((hi - lo) * step + _FANOUT - 1) // _FANOUT
-
-
-@triton.jit
-def _range_mass_multi(src, start, end, lowers, row_max, BLOCK: tl.constexpr):
-    """``[FANOUT]`` int64: the sum of ``q`` over columns of ``[start, end)`` with key ``>= lowers[c]``.
-
-    ``lowers`` (int64, all ``>= -2^31``) are compared as int32; the ``[BLOCK, FANOUT]`` partial sums
-    stay in registers and are reduced across threads once, after the loop.
-    """
-    mass = tl.zeros([BLOCK, _FANOUT], tl.int64)
-    lowers = lowers.to(tl.int32)
-    for offset in range(start, end, BLOCK):
-        index = offset + tl.arange(0, BLOCK)
-        valid = index < end
-        x = tl.load(src + index, mask=valid, other=0.0)
-        key = _key32(x)
-        q = _weight_fixed_point(x, row_max)
-        hit = valid[:, None] & (key[:, None] >= lowers[None, :])
-        mass += tl.where(hit, q[:, None], 0)
-    return tl.sum(mass, axis=0)
-
-
-@triton.jit
-def _search_step(lo, hi, above, thresholds, values, ok):
-    """Narrow ``[lo, hi]`` from the predicate ``ok`` (a true prefix) at ``thresholds``.
-
-    ``values`` are the searched quantity at the thresholds (nonincreasing); ``above`` tracks its
-    value at ``hi + 1``, i.e. at the first threshold that fails. Returns ``(lo, hi, above)``.
-    """
-    failed = tl.max(tl.where(ok, 0, 1), axis=0) != 0
-    new_lo = tl.maximum(tl.max(tl.where(ok, thresholds, lo), axis=0), lo)
-    first_fail = tl.min(tl.where(ok, hi + 1, thresholds), axis=0)
-    new_above = tl.max(tl.where(ok, -1, values), axis=0)
-    return new_lo, tl.where(failed, first_fail - 1, hi), tl.where(failed, new_above, above)
-
-
-@triton.jit
-def _range_mass(src, start, end, lower, level, row_max, BLOCK: tl.constexpr):
-    """Over ``[start, end)``: ``(sum of q at keys >= lower, max q at key == level, count at level)``."""
-    mass = tl.zeros([BLOCK], tl.int64)
-    level_q = tl.zeros([BLOCK], tl.int64)
-    level_count = tl.zeros([BLOCK], tl.int32)
-    for offset in range(start, end, BLOCK):
-        index = offset + tl.arange(0, BLOCK)
-        valid = index < end
-        x = tl.load(src + index, mask=valid, other=0.0)
-        key = _key32(x)
-        q = _weight_fixed_point(x, row_max)
-        mass += tl.where(valid & (key >= lower), q, 0)
-        at_level = valid & (key == level)
-        level_q = tl.maximum(level_q, tl.where(at_level, q, 0))
-        level_count += at_level.to(tl.int32)
-    return tl.sum(mass, axis=0), tl.max(level_q, axis=0), tl.sum(level_count, axis=0).to(tl.int64)
-
-
-@triton.jit
-def _range_apply_cut(src, dst, start, end, cut, IN_PLACE: tl.constexpr, BLOCK: tl.constexpr):
-    """Fast-path apply over ``[start, end)``: keep iff the packed key is ``>= cut``."""
-    for offset in range(start, end, BLOCK):
-        index = offset + tl.arange(0, BLOCK)
-        valid = index < end
-        x = tl.load(src + index, mask=valid, other=0.0)
-        keep = _pack(_key32(x), index) >= cut
-        if IN_PLACE:
-            tl.store(dst + index, tl.full([BLOCK], float("-inf"), tl.float32), mask=valid & (keep == 0))
-        else:
-            tl.store(dst + index, tl.where(keep, x, float("-inf")), mask=valid)
-
-
-@triton.jit
-def _range_apply(src, dst, start, end, use_k, use_p, tk, need, u, mass_above, limit, first_best, row_max,
-                 ties_tk, ties_u, IN_PLACE: tl.constexpr, BLOCK: tl.constexpr):
-    """Fallback apply over ``[start, end)``; ``ties_tk``/``ties_u``: ties at ``tk``/``u`` before ``start``."""
-    for offset in range(start, end, BLOCK):
-        index = offset + tl.arange(0, BLOCK)
-        valid = index < end
-        x = tl.load(src + index, mask=valid, other=0.0)
-        key = _key32(x)
-        at_tk = valid & (key == tk)
-        at_u = valid & (key == u)
-        rank_tk = ties_tk + tl.cumsum(at_tk.to(tl.int64), axis=0) - at_tk.to(tl.int64)
-        rank_u = ties_u + tl.cumsum(at_u.to(tl.int64), axis=0) - at_u.to(tl.int64)
-        keep_k = (key > tk) | (at_tk & (rank_tk < need)) | (use_k == 0)
-        before = mass_above + rank_u * _weight_fixed_point(x, row_max)
-        keep_p = (key > u) | (at_u & (before.to(tl.float64) < limit)) | (use_p == 0)
-        keep = (keep_k & keep_p) | (index == first_best)
-        if IN_PLACE:
-            tl.store(dst + index, tl.full([BLOCK], float("-inf"), tl.float32), mask=valid & (keep == 0))
-        else:
-            tl.store(dst + index, tl.where(keep, x, float("-inf")), mask=valid)
-        ties_tk += tl.sum(at_tk.to(tl.int64), axis=0)
-        ties_u += tl.sum(at_u.to(tl.int64), axis=0)
+def _value_threshold(value):
+    """The packed threshold ``key >= key(value)`` (all indices of that key and above)."""
+    return _key32(value).to(tl.int64) << 32
 
 
 @triton.jit
@@ -397,417 +204,704 @@ def _row_p(p_ptr, p_value, row, P_PER_ROW: tl.constexpr):
     return p
 
 
-# --------------------------------------------------------------------------- one program per row
-@triton.jit(do_not_specialize=["k_value", "p_value"])
-def _rows_select_kernel(
-    logits_ptr, logits_stride,  # [B, V] fp32
-    state_ptr,  # [B, STATE_FIELDS] int64
-    partial_ptr,  # [B, PARTIAL_FIELDS, 1] int64
-    scratch_ptr,  # [B, SORT_LARGE] int64 candidates
-    k_ptr, k_value, p_ptr, p_value,  # [B] int32/int64 or a scalar; [B] fp32 or a scalar
-    vocab,
-    K_PER_ROW: tl.constexpr, P_PER_ROW: tl.constexpr, BLOCK: tl.constexpr, SORT_LARGE: tl.constexpr,
-    CANDIDATES: tl.constexpr,
-):
-    """Row path, steps 1-2 of the module doc up to the sort: stats, every radix level, the gather.
+@triton.jit
+def _sweep(src, start, end, row_max, thresholds, lo, hi, scratch, cursor, capacity,
+           EVALUATE, NEED_MASS, TOTAL, GATHER, BLOCK: tl.constexpr):
+    """One pass over columns ``[start, end)`` of a row.
 
-    Bytes: ``B * V * 4`` per radix level run (2 typically) + ``B * V * 4`` for the gather of fast
-    rows (or the mass of fallback rows) + the candidates written (``<= SORT_LARGE * 8`` per row).
+    ``EVALUATE``: exact ``count`` / ``mass`` (``NEED_MASS``) at the 8 packed ``thresholds``;
+    ``TOTAL``: the mass of every column; ``GATHER``: append the packed keys in ``[lo, hi)`` to
+    ``scratch`` (slots claimed per block from the int64 counter ``cursor``; beyond ``capacity``
+    only counted). Returns ``(counts [8] int64, masses [8] int64, total int64)``.
     """
-    row = tl.program_id(0).to(tl.int64)
-    src = logits_ptr + row * logits_stride
-    state = state_ptr + row * _STATE_FIELDS
-    partial = partial_ptr + row * 6
-    zero = tl.zeros([], tl.int64)
-    shift = tl.zeros([], tl.int32) + 26
-    hist, nans, kmax, first_best = _range_scan(src, 0, vocab, zero, shift, shift * 0 + _RADIX_BITS, True, BLOCK)
-    k = _row_k(k_ptr, k_value, row, K_PER_ROW)
-    p = _row_p(p_ptr, p_value, row, P_PER_ROW)
-    use_k = (nans == 0) & (k > 0) & (k < vocab)
-    use_p = (nans == 0) & (p < 1.0)
-    select = use_k | use_p
-    ks = tl.where(use_k, k, tl.minimum(zero + CANDIDATES, vocab))
-    prefix, above, count, done = _radix_step(hist, zero, zero, ks, shift, SORT_LARGE)
-    if select:
-        while done == 0:
-            shift, width = _next_level(shift)
-            hist, _, _, _ = _range_scan(src, 0, vocab, prefix, shift, width, False, BLOCK)
-            prefix, above, count, done = _radix_step(hist, prefix, above, ks, shift, SORT_LARGE)
-    fast = select & (count <= SORT_LARGE)
-    slow_k = use_k & (fast == 0)
-    if fast:
-        _range_gather(src, 0, vocab, (prefix + _SIGN).to(tl.int32), scratch_ptr + row * SORT_LARGE, zero, False,
-                      BLOCK)
-    if slow_k | (use_p & (use_k == 0)):  # the survivors' mass where the sort does not give it
-        tk = tl.where(slow_k, prefix + _SIGN, _KEY_FLOOR)
-        mass, q_level, ties = _range_mass(src, 0, vocab, tk + 1, tk, _key_value(kmax), BLOCK)
-        tl.store(partial + _P_COUNT, mass)
-        tl.store(partial + _P_QTK, q_level)
-    tl.store(state + _USE_K, use_k.to(tl.int64))
-    tl.store(state + _USE_P, use_p.to(tl.int64))
-    tl.store(state + _KS, ks)
-    tl.store(state + _KMAX, kmax)
-    tl.store(state + _AMAX, first_best)
-    tl.store(state + _PREFIX, prefix)
-    tl.store(state + _RABOVE, above)
-    tl.store(state + _COUNT, count)
+    counts = tl.zeros([BLOCK, _THRESHOLDS], tl.int32)
+    masses = tl.zeros([BLOCK, _THRESHOLDS], tl.int64)
+    total = tl.zeros([BLOCK], tl.int64)
+    for offset in range(start, end, BLOCK):
+        index = offset + tl.arange(0, BLOCK)
+        valid = index < end
+        x = tl.load(src + index, mask=valid, other=float("-inf"))
+        packed = _pack(_key32(x), index)
+        if EVALUATE:
+            hit = valid[:, None] & (packed[:, None] >= thresholds[None, :])
+            counts += hit.to(tl.int32)
+            if NEED_MASS:
+                q = _weight_fixed_point(x, row_max)
+                masses += tl.where(hit, q[:, None], 0)
+                if TOTAL:
+                    total += tl.where(valid, q, 0)
+        elif TOTAL:
+            total += tl.where(valid, _weight_fixed_point(x, row_max), 0)
+        if GATHER:
+            take = valid & (packed >= lo) & (packed < hi)
+            takes = take.to(tl.int32)
+            found = tl.sum(takes, axis=0)
+            if found > 0:
+                base = tl.atomic_add(cursor, found.to(tl.int64))
+                slot = base + (tl.cumsum(takes, axis=0) - takes).to(tl.int64)
+                tl.store(scratch + slot, packed, mask=take & (slot < capacity))
+    return tl.sum(counts, axis=0).to(tl.int64), tl.sum(masses, axis=0), tl.sum(total, axis=0)
 
 
 @triton.jit
-def _rows_search_kernel(
-    logits_ptr, logits_stride,  # [B, V] fp32
-    state_ptr,  # [B, STATE_FIELDS] int64
-    vocab,
-    SEARCH_BLOCK: tl.constexpr,
-):
-    """Row path, step 3 of the module doc: the whole 16-way top-p search of a fallback row (idle otherwise).
+def _sort_cut(scratch, n_in, target, k, p, limit, best, row_max, count_hi, mass_hi, hi_is_ceil, SIZE: tl.constexpr):
+    """Sort the ``n_in <= SIZE`` gathered candidates of a bracket that holds the cut.
 
-    Bytes: ``V * 4`` per search pass (<= 9) of each fallback row; 48 bytes of state for the others.
+    Returns ``(resolved, cut, limit)``: for a top-k row, the k-th best is at rank
+    ``k - count_hi``; with top-p too, ``S_k`` is the mass of the kept top-k (``mass_hi`` above the
+    bracket plus the sorted ones) and the cut the last survivor with mass before it
+    ``< p S_k``. ``resolved`` is false only when that top-p cut lies above the bracket (top-k
+    rows with ``k`` beyond the capacity): the search then goes on for the returned mass target.
+    A top-p-only row keeps the candidates whose mass before them is below ``limit``.
     """
-    row = tl.program_id(0).to(tl.int64)
-    src = logits_ptr + row * logits_stride
-    state = state_ptr + row * _STATE_FIELDS
-    lo = tl.load(state + _LO)
-    hi = tl.load(state + _HI)
-    if lo < hi:
-        row_max = _key_value(tl.load(state + _KMAX))
-        tk = lo
-        tie_mass = tl.load(state + _NEED) * tl.load(state + _QTK)
-        limit = tl.load(state + _LIMIT).to(tl.float64, bitcast=True)
-        above = tl.zeros([], tl.int64)
-        while lo < hi:
-            thresholds = _candidates(lo, hi)
-            masses = _range_mass_multi(src, 0, vocab, tl.maximum(thresholds, tk + 1), row_max, SEARCH_BLOCK)
-            masses += tl.where(thresholds <= tk, tie_mass, 0)
-            lo, hi, above = _search_step(lo, hi, above, thresholds, masses, masses.to(tl.float64) >= limit)
-        tl.store(state + _ABOVE, above)
-        tl.store(state + _HI, hi)
-        tl.store(state + _LO, lo)
+    rank = tl.arange(0, SIZE)
+    packed = tl.load(scratch + rank, mask=rank < n_in, other=_PACK_FLOOR)
+    packed = tl.sort(packed, descending=True)
+    q = _weight_fixed_point(_key_value(packed >> 32), row_max)
+    inside = rank < n_in
+    if target == _TARGET_COUNT:
+        chosen = rank < (k - count_hi)
+        q = tl.where(chosen, q, 0)
+        use_p = p < 1.0
+        limit = p.to(tl.float64) * (mass_hi + tl.sum(q, axis=0)).to(tl.float64)
+        before = mass_hi + tl.cumsum(q, axis=0) - q
+        keep = chosen & ((before.to(tl.float64) < limit) | (use_p == 0) | (packed == best))
+        resolved = (use_p == 0) | hi_is_ceil | (mass_hi.to(tl.float64) < limit)
+    else:
+        before = mass_hi + tl.cumsum(q, axis=0) - q
+        keep = inside & ((before.to(tl.float64) < limit) | (packed == best))
+        resolved = n_in >= 0
+    cut = tl.min(tl.where(keep, packed, _PACK_CEIL), axis=0)
+    return resolved, cut, limit
 
 
-# --------------------------------------------------------------------------- split-row path
 @triton.jit
-def _split_pass_kernel(
-    logits_ptr, logits_stride,  # [B, V] fp32
-    out_ptr, out_stride,  # [B, V] fp32 (may alias logits)
-    state_ptr,  # [B, STATE_FIELDS] int64
-    partial_ptr,  # [B, PARTIAL_FIELDS, chunks] int64
-    hist_ptr,  # [B, chunks, 64] int32 per-program radix histograms
-    search_ptr,  # [B, chunks, FANOUT] int64 per-program fallback search partials
-    scratch_ptr,  # [B, SORT_LARGE] int64 candidates
-    vocab, chunk_len, num_chunks, write_all,
-    PHASE: tl.constexpr, SHIFT: tl.constexpr, IN_PLACE: tl.constexpr, BLOCK: tl.constexpr,
-    SEARCH_BLOCK: tl.constexpr, CHUNKS: tl.constexpr, SORT_LARGE: tl.constexpr,
-):
-    """One pass of a split-row phase over a ``chunk_len`` range of one row.
+def _between(lower, upper, slot, best_key, min_key):
+    """The ``slot``-th (0..7, descending) of 8 packed thresholds inside ``(lower, upper)``.
 
-    Bytes: ``B * V * 4`` read per phase that runs (idle programs read ~16 bytes of state), plus
-    ``B * V * 4`` written by the out-of-place applies; partials ``B * chunks * (256 + 48)``.
+    The ends are first clamped to the row's keys (``min_key .. best_key``). Index space when they
+    lie within one key (a run of ties), value space within an octave, key space across octaves
+    (the middle threshold always in key space, so every round makes progress). Thresholds may
+    repeat or touch an end (empty pairs are skipped).
+    """
+    step = (slot * -1 + _THRESHOLDS).to(tl.int64)  # 8 .. 1: descending
+    top = (best_key.to(tl.int64) + 1) << 32  # above every token of the row
+    upper = tl.minimum(upper, top)
+    low = tl.maximum(lower, min_key.to(tl.int64) << 32)
+    upper_key = upper >> 32
+    lower_key = low >> 32
+    narrow = upper_key - lower_key <= 1
+    in_ties = low + ((upper - low) // (_THRESHOLDS + 1)) * step  # upper - low < 2^33 here
+    upper_value = _key_value(tl.minimum(upper_key, best_key.to(tl.int64)))
+    lower_value = _key_value(lower_key)
+    finite = (tl.abs(upper_value) < float("inf")) & (tl.abs(lower_value) < float("inf"))
+    same_octave = finite & (tl.abs(upper_value - lower_value) <= 0.5 * tl.maximum(tl.abs(upper_value),
+                                                                                    tl.abs(lower_value)))
+    fraction = step.to(tl.float32) / (_THRESHOLDS + 1)
+    by_value = _value_threshold(lower_value + (upper_value - lower_value) * fraction)
+    by_key = (lower_key + ((upper_key - lower_key) * step) // (_THRESHOLDS + 1)) << 32
+    off_middle = step != 4
+    inside = tl.where(same_octave, by_value, by_key)
+    inside = tl.where(off_middle, inside, by_key)
+    inside = tl.minimum(tl.maximum(inside, lower), upper)
+    return tl.where(narrow, in_ties, inside)
+
+
+@triton.jit
+def _plan_points(points, counts, masses, row, best_key, min_key, capacity, target, k, limit):
+    """Choose the next round of an open row from its points (module doc) and write it.
+
+    Finds the pair of adjacent points ``[D, U)`` that holds the target; with at most ``capacity``
+    tokens it becomes the next gather (slots ``UPPER`` / ``LOWER``, no thresholds; a top-k row
+    within the capacity gathers ``[D, PACK_CEIL)``), else the next sweep evaluates 8 thresholds
+    inside it. Returns ``(gather, evaluate)``.
+    """
+    slots = tl.arange(0, _POINTS)
+    base = row * _POINTS
+    value = tl.load(points + base + slots, volatile=True)
+    count = tl.load(counts + base + slots, volatile=True)
+    mass = tl.load(masses + base + slots, volatile=True)
+    nxt = tl.minimum(slots + 1, _POINTS - 1)
+    value_next = tl.load(points + base + nxt, volatile=True)
+    count_next = tl.load(counts + base + nxt, volatile=True)
+    mass_next = tl.load(masses + base + nxt, volatile=True)
+    nonempty = (value > value_next) & (slots < _POINTS - 1)
+    if target == _TARGET_COUNT:
+        holds = nonempty & (count_next >= k) & (count < k)
+    else:
+        holds = nonempty & (mass_next.to(tl.float64) >= limit) & (mass.to(tl.float64) < limit)
+    chosen = tl.min(tl.where(holds, slots, _POINTS), axis=0)
+    pick = slots == chosen
+    upper = tl.sum(tl.where(pick, value, 0), axis=0)
+    lower = tl.sum(tl.where(pick, value_next, 0), axis=0)
+    count_upper = tl.sum(tl.where(pick, count, 0), axis=0)
+    count_lower = tl.sum(tl.where(pick, count_next, 0), axis=0)
+    mass_upper = tl.sum(tl.where(pick, mass, 0), axis=0)
+    mass_lower = tl.sum(tl.where(pick, mass_next, 0), axis=0)
+    # A top-k row within the capacity gathers its whole top (U = PACK_CEIL): S_k comes from the sort.
+    whole_top = (target == _TARGET_COUNT) & (k <= capacity)
+    gather = tl.where(whole_top, count_lower, count_lower - count_upper) <= capacity
+    top = gather & whole_top
+    upper = tl.where(top, _PACK_CEIL, upper)
+    count_upper = tl.where(top, 0, count_upper)
+    mass_upper = tl.where(top, 0, mass_upper)
+    fill = tl.where(slots == 0, _PACK_CEIL, tl.where(slots == _SLOT_UPPER, upper, lower))
+    fill_count = tl.where(slots == 0, 0, tl.where(slots == _SLOT_UPPER, count_upper, count_lower))
+    fill_mass = tl.where(slots == 0, 0, tl.where(slots == _SLOT_UPPER, mass_upper, mass_lower))
+    thresholds = slots >= _SLOT_FIRST
+    thresholds = thresholds & (slots < _SLOT_LOWER)
+    if gather:
+        fill = tl.where(thresholds, upper, fill)
+        fill_count = tl.where(thresholds, count_upper, fill_count)
+        fill_mass = tl.where(thresholds, mass_upper, fill_mass)
+    else:
+        fill = tl.where(thresholds, _between(lower, upper, slots - _SLOT_FIRST, best_key, min_key), fill)
+        fill_count = tl.where(thresholds, 0, fill_count)
+        fill_mass = tl.where(thresholds, 0, fill_mass)
+    tl.store(points + base + slots, fill)
+    tl.store(counts + base + slots, fill_count)
+    tl.store(masses + base + slots, fill_mass)
+    return gather, gather == 0
+
+
+@triton.jit
+def _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags, st_cursor,
+                 points, counts, masses, scratch, capacity, SORT_LARGE: tl.constexpr):
+    """Decide an open row after a sweep: the cut from its candidates, or the next round.
+
+    Flags (``st_flags``, int32 bits): 1 gather, 2 evaluate, 4 need masses, 8 first pass (total
+    mass in the lower slot). Accumulators are read here and reset for the next sweep.
+    """
+    flags = tl.load(st_flags + row, volatile=True)
+    gather = (flags & 1) != 0
+    target = tl.load(st_target + row)
+    k = tl.load(st_k + row)
+    p = tl.load(st_p + row)
+    best = tl.load(st_best + row)
+    best_key = (best >> 32).to(tl.int32)
+    row_max = _key_value(best_key)
+    min_key = tl.load(st_min + row).to(tl.int32)
+    base = row * _POINTS
+    if (flags & 8) != 0:
+        if target == _TARGET_MASS:  # first pass of a top-p-only row: S is now known
+            total = tl.load(masses + base + _SLOT_LOWER, volatile=True)
+            for slot in range(_SLOT_LOWER + 1, _POINTS):
+                tl.store(masses + base + slot, total)
+            limit = p.to(tl.float64) * total.to(tl.float64)
+            tl.store(st_limit + row, limit)
+    limit = tl.load(st_limit + row, volatile=True)
+    n_in = tl.load(st_cursor + row, volatile=True)
+    lo_count = tl.load(counts + base + _SLOT_LOWER, volatile=True)
+    hi_count = tl.load(counts + base + _SLOT_UPPER, volatile=True)
+    lo_mass = tl.load(masses + base + _SLOT_LOWER, volatile=True)
+    hi_mass = tl.load(masses + base + _SLOT_UPPER, volatile=True)
+    hi = tl.load(points + base + _SLOT_UPPER, volatile=True)
+    # The first pass gathers a bracket whose ends are evaluated thresholds (gather_slots).
+    gather_slots = tl.load(st_flags + row, volatile=True) >> 8
+    lo_slot = gather_slots & 15
+    hi_slot = (gather_slots >> 4) & 15
+    if gather:
+        if (flags & 8) != 0:
+            lo_count = tl.load(counts + base + lo_slot, volatile=True)
+            hi_count = tl.load(counts + base + hi_slot, volatile=True)
+            lo_mass = tl.load(masses + base + lo_slot, volatile=True)
+            hi_mass = tl.load(masses + base + hi_slot, volatile=True)
+            hi = tl.load(points + base + hi_slot, volatile=True)
+    if target == _TARGET_COUNT:
+        holds = (lo_count >= k) & (hi_count < k)
+    else:
+        holds = (lo_mass.to(tl.float64) >= limit) & (hi_mass.to(tl.float64) < limit)
+    phase = tl.zeros([], tl.int32) + _PHASE_OPEN
+    cut = tl.zeros([], tl.int64) + _PACK_FLOOR
+    if gather & holds & (n_in <= capacity):
+        if n_in <= _SORT_SMALL:
+            resolved, cut, new_limit = _sort_cut(scratch + row * capacity, n_in, target, k, p, limit,
+                                                 best, row_max, hi_count, hi_mass, hi == _PACK_CEIL, _SORT_SMALL)
+        elif n_in <= _SORT_MEDIUM:
+            resolved, cut, new_limit = _sort_cut(scratch + row * capacity, n_in, target, k, p, limit,
+                                                 best, row_max, hi_count, hi_mass, hi == _PACK_CEIL, _SORT_MEDIUM)
+        else:
+            resolved, cut, new_limit = _sort_cut(scratch + row * capacity, n_in, target, k, p, limit,
+                                                 best, row_max, hi_count, hi_mass, hi == _PACK_CEIL, SORT_LARGE)
+        if resolved:
+            phase = phase * 0 + _PHASE_CUT
+        else:  # top-k beyond the capacity with the top-p cut above the bracket: search the mass above it
+            target = target * 0 + _TARGET_MASS
+            tl.store(st_target + row, target)
+            tl.store(st_limit + row, new_limit)
+            limit = new_limit
+            slots = tl.arange(0, _POINTS)
+            above = slots >= _SLOT_UPPER
+            tl.store(points + base + slots, tl.where(above, hi, _PACK_CEIL))
+            tl.store(counts + base + slots, tl.where(above, hi_count, 0))
+            tl.store(masses + base + slots, tl.where(above, hi_mass, 0))
+    if phase == _PHASE_OPEN:
+        next_gather, next_evaluate = _plan_points(points, counts, masses, row, best_key, min_key, capacity, target,
+                                                  k, limit)
+        need_mass = (target == _TARGET_MASS) | ((k > capacity) & (p < 1.0))
+        tl.store(st_flags + row, next_gather.to(tl.int32) | (next_evaluate.to(tl.int32) << 1)
+                 | (need_mass.to(tl.int32) << 2))
+    tl.store(st_cursor + row, tl.zeros([], tl.int64))
+    tl.store(st_phase + row, phase)
+    tl.store(st_cut + row, cut)
+    return phase
+
+
+# --------------------------------------------------------------------------- kernels
+@triton.jit
+def _stats_kernel(
+    logits_ptr, logits_stride,  # [B, V] fp32
+    best_part, nan_part, finite_part, sum_part, sumsq_part, min_part,  # [B, chunks] each
+    counts, masses, cursor,  # [B, POINTS] int64 x2, [B] int64: zeroed here for the first sweep
+    vocab, chunk_len, num_chunks,
+    BLOCK: tl.constexpr,
+):
+    """Per program: the first maximum (packed), NaNs, the finite count/sum/sum of squares, the minimum.
+
+    Bytes: ``B V 4`` read, ``B chunks 32`` written.
     """
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     start = chunk * chunk_len
     end = tl.minimum(start + chunk_len, vocab)
     src = logits_ptr + row * logits_stride
-    state = state_ptr + row * _STATE_FIELDS
-    partial = partial_ptr + row * (6 * num_chunks) + chunk
-    hist_out = hist_ptr + (row * num_chunks + chunk) * _BINS + tl.arange(0, _BINS)
-    if PHASE == 0:  # _SCAN0: stats and the first radix level
-        shift = tl.zeros([], tl.int32) + 26
-        hist, nans, best_key, best_index = _range_scan(src, start, end, tl.zeros([], tl.int64), shift, shift * 0 + 6,
-                                                       True, BLOCK)
-        tl.store(hist_out, hist)
-        tl.store(partial + _P_COUNT * num_chunks, nans.to(tl.int64))
-        tl.store(partial + _P_KEY * num_chunks, best_key)
-        tl.store(partial + _P_INDEX * num_chunks, best_index)
-    elif PHASE == 1:  # _SCAN: one more radix level, unless the select is done
-        if tl.load(state + _DONE) == 0:
-            shift = tl.zeros([], tl.int32) + SHIFT
-            hist, _, _, _ = _range_scan(src, start, end, tl.load(state + _PREFIX), shift,
-                                        tl.where(shift == 0, 2, _RADIX_BITS), False, BLOCK)
-            tl.store(hist_out, hist)
-    else:
-        kmax = tl.load(state + _KMAX)
-        row_max = _key_value(kmax)
-        use_k = tl.load(state + _USE_K) != 0
-        use_p = tl.load(state + _USE_P) != 0
-        lo = tl.load(state + _LO)
-        hi = tl.load(state + _HI)
-        tk = tl.load(state + _TK)  # set by the _GATHER update
-        search = search_ptr + (row * num_chunks + chunk) * _FANOUT + tl.arange(0, _FANOUT)
-        if PHASE == 2:  # _GATHER: candidates (fast rows) and the survivors' mass where the sort lacks it
-            fast = (use_k | use_p) & (tl.load(state + _COUNT) <= SORT_LARGE)
-            slow_k = use_k & (fast == 0)
-            tk = tl.where(slow_k, tl.load(state + _PREFIX) + _SIGN, _KEY_FLOOR)
-            if fast:
-                lower = (tl.load(state + _PREFIX) + _SIGN).to(tl.int32)
-                _range_gather(src, start, end, lower, scratch_ptr + row * SORT_LARGE, state + _CURSOR, True, BLOCK)
-            if slow_k | (use_p & (use_k == 0)):
-                mass, q_level, ties = _range_mass(src, start, end, tk + 1, tk, row_max, BLOCK)
-                tl.store(partial + _P_COUNT * num_chunks, mass)
-                tl.store(partial + _P_QTK * num_chunks, q_level)
-                tl.store(partial + _P_TIES_TK * num_chunks, ties)
-        elif PHASE == 3:  # _COUNT_P: one step of the fallback top-p search
-            if lo < hi:
-                lowers = tl.maximum(_candidates(lo, hi), tk + 1)
-                tl.store(search, _range_mass_multi(src, start, end, lowers, row_max, SEARCH_BLOCK))
-        elif PHASE == 4:  # _TIES_U (after the fallback search: lo is u)
-            if use_p & (tl.load(state + _PFAST) == 0):
-                _, _, ties = _range_mass(src, start, end, lo, lo, row_max, BLOCK)
-                tl.store(partial + _P_TIES_U * num_chunks, ties)
-        elif PHASE == 5:  # _APPLY: rows with a cut (the common case; a lean kernel)
-            if tl.load(state + _PFAST) != 0:
-                _range_apply_cut(src, out_ptr + row * out_stride, start, end, tl.load(state + _CUT), IN_PLACE, BLOCK)
-        else:  # _APPLY_SLOW: every other row (fallback top-k/top-p, disabled or NaN rows out of place)
-            dst = out_ptr + row * out_stride
-            if tl.load(state + _PFAST) == 0:
-                slow_k = tl.load(state + _SLOW_K).to(tl.int32)
-                slow_p = use_p.to(tl.int32)
-                if (slow_k | slow_p | write_all) != 0:
-                    earlier = tl.arange(0, CHUNKS)
-                    earlier_mask = earlier < chunk
-                    base = partial_ptr + row * (6 * num_chunks)
-                    ties_tk = tl.sum(tl.load(base + _P_TIES_TK * num_chunks + earlier, mask=earlier_mask, other=0), axis=0)
-                    ties_u = tl.sum(tl.load(base + _P_TIES_U * num_chunks + earlier, mask=earlier_mask, other=0), axis=0)
-                    ties_tk = tl.where(slow_k != 0, ties_tk, 0)  # partials written only for the fallback
-                    ties_u = tl.where(slow_p != 0, ties_u, 0)
-                    limit = tl.load(state + _LIMIT).to(tl.float64, bitcast=True)
-                    _range_apply(src, dst, start, end, slow_k, slow_p, tk, tl.load(state + _NEED), lo,
-                                 tl.load(state + _ABOVE), limit, tl.load(state + _AMAX), row_max,
-                                 ties_tk.to(tl.int64), ties_u.to(tl.int64), IN_PLACE, BLOCK)
+    best = tl.zeros([BLOCK], tl.int64) + _PACK_FLOOR
+    nans = tl.zeros([BLOCK], tl.int32)
+    finite = tl.zeros([BLOCK], tl.int32)
+    total = tl.zeros([BLOCK], tl.float32)
+    squares = tl.zeros([BLOCK], tl.float32)
+    low = tl.zeros([BLOCK], tl.float32) + float("inf")
+    for offset in range(start, end, BLOCK):
+        index = offset + tl.arange(0, BLOCK)
+        valid = index < end
+        x = tl.load(src + index, mask=valid, other=float("-inf"))
+        best = tl.maximum(best, tl.where(valid, _pack(_key32(x), index), _PACK_FLOOR))
+        nans += (x != x).to(tl.int32)
+        is_finite = tl.abs(x) < float("inf")
+        finite += is_finite.to(tl.int32)
+        xf = tl.where(is_finite, x, 0.0)
+        total += xf
+        squares += xf * xf
+        low = tl.minimum(low, tl.where(valid & (x == x), x, float("inf")))
+    out = row * num_chunks + chunk
+    tl.store(best_part + out, tl.max(best, axis=0))
+    tl.store(nan_part + out, tl.sum(nans, axis=0))
+    tl.store(finite_part + out, tl.sum(finite, axis=0))
+    tl.store(sum_part + out, tl.sum(total, axis=0))
+    tl.store(sumsq_part + out, tl.sum(squares, axis=0))
+    tl.store(min_part + out, tl.min(low, axis=0))
+    if chunk == 0:
+        slots = tl.arange(0, _POINTS)
+        tl.store(counts + row * _POINTS + slots, tl.zeros([_POINTS], tl.int64))
+        tl.store(masses + row * _POINTS + slots, tl.zeros([_POINTS], tl.int64))
+        tl.store(cursor + row, tl.zeros([], tl.int64))
 
 
 @triton.jit
-def _sum_histograms(hist_ptr, row, num_chunks):
-    """The row's radix histogram: the sum of its programs' ``[_BINS]`` int32 partials."""
-    bins = tl.arange(0, _BINS)
-    hist = tl.zeros([_BINS], tl.int32)
-    for chunk in range(0, num_chunks):
-        hist += tl.load(hist_ptr + (row * num_chunks + chunk) * _BINS + bins)
-    return hist
+def _first_plan(row, best_part, nan_part, finite_part, sum_part, sumsq_part, min_part, placement, k_ptr, k_value,
+                p_ptr, p_value, vocab, num_chunks, capacity,
+                K_PER_ROW: tl.constexpr, P_PER_ROW: tl.constexpr, CHUNKS: tl.constexpr):
+    """The row's plan from the stats partials (every program of the row computes the same one)."""
+    chunk = tl.arange(0, CHUNKS)
+    valid = chunk < num_chunks
+    part = row * num_chunks + chunk
+    best = tl.max(tl.load(best_part + part, mask=valid, other=_PACK_FLOOR), axis=0)
+    nans = tl.sum(tl.load(nan_part + part, mask=valid, other=0), axis=0)
+    n = tl.sum(tl.load(finite_part + part, mask=valid, other=0), axis=0).to(tl.float32)
+    total = tl.sum(tl.load(sum_part + part, mask=valid, other=0.0), axis=0)
+    squares = tl.sum(tl.load(sumsq_part + part, mask=valid, other=0.0), axis=0)
+    low = tl.min(tl.load(min_part + part, mask=valid, other=float("inf")), axis=0)
+    low = tl.where(low < float("inf"), low, float("-inf"))  # a row of +inf: the search bound is -inf
+    best_key = (best >> 32).to(tl.int32)
+    row_max = _key_value(best_key)
+    k = _row_k(k_ptr, k_value, row, K_PER_ROW)
+    p = _row_p(p_ptr, p_value, row, P_PER_ROW)
+    use_k = (k > 0) & (k < vocab)
+    use_p = p < 1.0
+    active = (nans == 0) & (use_k | use_p) & (row_max > float("-inf"))
+    target = tl.where(use_k, _TARGET_COUNT, _TARGET_MASS)
+    # Gaussian fit of the finite logits (fp32; only the thresholds depend on it)
+    mean = total / tl.maximum(n, 1.0)
+    sigma = tl.sqrt(tl.maximum(squares / tl.maximum(n, 1.0) - mean * mean, 0.0))
+    fit = (n >= 2.0) & (sigma > 0.0) & (sigma < float("inf")) & (tl.abs(row_max) < float("inf"))
+    sigma = tl.where(fit, sigma, 1.0)
+    peaked = (row_max - mean) > _PEAKED_SIGMAS * sigma
+    slot = tl.arange(0, _THRESHOLDS)
+    if target == _TARGET_COUNT:
+        factors = tl.load(placement + 2 * _THRESHOLDS + slot)
+        wanted = tl.minimum(k.to(tl.float32) * factors, n)
+        # the first gather (slot 3): ~3k tokens, at most half the capacity, above the 1.3k of slot 2
+        wanted = tl.where(slot == 3, tl.maximum(tl.minimum(wanted, (capacity // 2).to(tl.float32)),
+                                                1.3 * k.to(tl.float32)), wanted)
+        values = mean + sigma * _normal_quantile(1.0 - wanted / tl.maximum(n, 1.0))
+        values = tl.minimum(values, row_max)
+        gather_lo = tl.zeros([], tl.int32) + (_SLOT_FIRST + 3)
+        gather_hi = tl.zeros([], tl.int32)  # slot 0: PACK_CEIL, all of the top
+        first_gather = k <= capacity // 2
+    else:
+        mean_mass = mean + sigma * sigma  # exp tilts N(mean, s^2) to N(mean + s^2, s^2)
+        reach = (row_max - mean_mass) / sigma
+        covered = 1.0 / (1.0 + tl.exp(-1.702 * reach))  # ~Phi(reach): the mass below the maximum
+        cut = mean_mass + sigma * _normal_quantile(covered * (1.0 - p))
+        cut = tl.minimum(cut, row_max)
+        offsets = tl.load(placement + slot)
+        depths = tl.load(placement + _THRESHOLDS + slot)
+        values = tl.where(peaked, row_max - depths, cut + sigma * offsets)
+        gather_lo = tl.zeros([], tl.int32) + (_SLOT_FIRST + 4)
+        gather_hi = tl.zeros([], tl.int32) + (_SLOT_FIRST + 3)
+        first_gather = peaked == 0
+    thresholds = _value_threshold(values)
+    # thresholds strictly below the top and descending; without a fit, none (all PACK_CEIL)
+    thresholds = tl.where(fit, thresholds, _PACK_CEIL)
+    thresholds = tl.where(thresholds > best, _PACK_CEIL, thresholds)
+    first_gather = first_gather & fit
+    need_mass = (target == _TARGET_MASS) | (use_k & use_p & (k > capacity))
+    # p <= 0 (or a negative per-row p) keeps the first maximum only; so does k == 1
+    only_best = (use_p & (p <= 0.0)) | (use_k & (k == 1))
+    phase = tl.where(active, tl.where(only_best, _PHASE_CUT, _PHASE_OPEN), _PHASE_COPY)
+    return (phase, target, k, p, best, low, thresholds, first_gather, gather_lo, gather_hi, need_mass,
+            use_k, use_p)
 
 
 @triton.jit(do_not_specialize=["k_value", "p_value"])
-def _split_update_kernel(
-    state_ptr,  # [B, STATE_FIELDS] int64
-    partial_ptr,  # [B, PARTIAL_FIELDS, chunks] int64
-    hist_ptr,  # [B, chunks, 64] int32
-    search_ptr,  # [B, chunks, FANOUT] int64
-    scratch_ptr,  # [B, SORT_LARGE] int64
+def _pass_kernel(
+    logits_ptr, logits_stride,  # [B, V] fp32
+    best_part, nan_part, finite_part, sum_part, sumsq_part, min_part,  # [B, chunks] stats
+    placement,  # [3, THRESHOLDS] fp32 (MASS_OFFSETS, PEAK_DEPTHS, COUNT_FACTORS)
+    st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags, st_cursor,  # [B] state
+    points, counts, masses,  # [B, POINTS] int64
+    scratch,  # [B, capacity] int64 packed candidates
     k_ptr, k_value, p_ptr, p_value,  # [B] int32/int64 or a scalar; [B] fp32 or a scalar
-    vocab, num_chunks,
-    PHASE: tl.constexpr, SHIFT: tl.constexpr, K_PER_ROW: tl.constexpr, P_PER_ROW: tl.constexpr,
-    CHUNKS: tl.constexpr, SORT_SMALL: tl.constexpr, SORT_LARGE: tl.constexpr, CANDIDATES: tl.constexpr,
+    vocab, chunk_len, num_chunks, capacity,
+    PASS: tl.constexpr, K_PER_ROW: tl.constexpr, P_PER_ROW: tl.constexpr, CHUNKS: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
-    """Per-row combine of a phase's partials (and the candidate sort in phase ``_GATHER``).
+    """One sweep of a row's columns ``[chunk * chunk_len, ...)``: thresholds and/or the gather.
 
-    Bytes: ``B * chunks * 256`` (histograms) or ``B * chunks * 128`` (search partials) read, the
-    sort ``<= B * SORT_LARGE * 8``; ~200 bytes of state per row.
+    Bytes: ``B V 4`` read for the rows that sweep (16 bytes of state for the others), the
+    candidates written, ``B chunks 16 * 16`` bytes of atomics.
     """
     row = tl.program_id(0).to(tl.int64)
-    state = state_ptr + row * _STATE_FIELDS
-    base = partial_ptr + row * (6 * num_chunks)
-    chunk = tl.arange(0, CHUNKS)
-    valid = chunk < num_chunks
-    zero = tl.zeros([], tl.int64)
-    if PHASE == 0:  # _SCAN0: combine the stats (first maximum across chunks in order), the first radix level
-        nans = tl.sum(tl.load(base + _P_COUNT * num_chunks + chunk, mask=valid, other=0), axis=0)
-        keys = tl.load(base + _P_KEY * num_chunks + chunk, mask=valid, other=_KEY_FLOOR)
-        kmax = tl.max(keys, axis=0)
-        first = tl.min(tl.where(valid & (keys == kmax), chunk, CHUNKS), axis=0)
-        k = _row_k(k_ptr, k_value, row, K_PER_ROW)
-        p = _row_p(p_ptr, p_value, row, P_PER_ROW)
-        use_k = (nans == 0) & (k > 0) & (k < vocab)
-        use_p = (nans == 0) & (p < 1.0)
-        ks = tl.where(use_k, k, tl.minimum(zero + CANDIDATES, vocab))
-        prefix, above, count, done = _radix_step(_sum_histograms(hist_ptr, row, num_chunks), zero, zero, ks,
-                                                 tl.zeros([], tl.int32) + 26, SORT_LARGE)
-        tl.store(state + _USE_K, use_k.to(tl.int64))
-        tl.store(state + _USE_P, use_p.to(tl.int64))
-        tl.store(state + _KS, ks)
-        tl.store(state + _KMAX, kmax)
-        tl.store(state + _AMAX, tl.load(base + _P_INDEX * num_chunks + first))
-        tl.store(state + _PREFIX, prefix)
-        tl.store(state + _RABOVE, above)
-        tl.store(state + _COUNT, count)
-        tl.store(state + _DONE, (done | ((use_k | use_p) == 0)).to(tl.int64))
-        tl.store(state + _CURSOR, zero)
-    elif PHASE == 1:  # _SCAN: the next radix level
-        if tl.load(state + _DONE) == 0:
-            prefix, above, count, done = _radix_step(_sum_histograms(hist_ptr, row, num_chunks),
-                                                     tl.load(state + _PREFIX), tl.load(state + _RABOVE),
-                                                     tl.load(state + _KS), tl.zeros([], tl.int32) + SHIFT, SORT_LARGE)
-            tl.store(state + _PREFIX, prefix)
-            tl.store(state + _RABOVE, above)
-            tl.store(state + _COUNT, count)
-            tl.store(state + _DONE, done.to(tl.int64))
-    elif PHASE == 2:  # _GATHER done: sort the candidates, or start the fallback top-p search
-        use_k = tl.load(state + _USE_K) != 0
-        use_p = tl.load(state + _USE_P) != 0
-        ks = tl.load(state + _KS)
-        count = tl.load(state + _COUNT)
-        kmax = tl.load(state + _KMAX)
-        p = _row_p(p_ptr, p_value, row, P_PER_ROW)
-        fast = (use_k | use_p) & (count <= SORT_LARGE)
-        slow_k = use_k & (fast == 0)
-        tk = tl.where(slow_k, tl.load(state + _PREFIX) + _SIGN, _KEY_FLOOR)
-        need = tl.where(slow_k, ks - tl.load(state + _RABOVE), 0)
-        mass_needed = slow_k | (use_p & (use_k == 0))
-        mass_gt = tl.where(mass_needed, tl.sum(tl.load(base + _P_COUNT * num_chunks + chunk, mask=valid, other=0),
-                                               axis=0), 0)
-        q_tk = tl.where(mass_needed, tl.max(tl.load(base + _P_QTK * num_chunks + chunk, mask=valid, other=0),
-                                            axis=0), 0)
-        p_fast = fast & False
-        cut = zero + _PACK_FLOOR
-        scratch = scratch_ptr + row * SORT_LARGE
-        if fast:
-            if count <= SORT_SMALL:
-                p_fast, cut = _resolve(scratch, count, ks, use_k, use_p, p, mass_gt, vocab, SORT_SMALL)
+    chunk = tl.program_id(1)
+    start = chunk * chunk_len
+    end = tl.minimum(start + chunk_len, vocab)
+    src = logits_ptr + row * logits_stride
+    base = row * _POINTS
+    slot = tl.arange(0, _THRESHOLDS)
+    if PASS == _PASS_FIRST:
+        (phase, target, k, p, best, low, thresholds, gather, lo_slot, hi_slot, need_mass, use_k,
+         use_p) = _first_plan(row, best_part, nan_part, finite_part, sum_part, sumsq_part, min_part, placement,
+                              k_ptr, k_value, p_ptr, p_value, vocab, num_chunks, capacity, K_PER_ROW, P_PER_ROW,
+                              CHUNKS)
+        evaluate = phase == _PHASE_OPEN
+        total_mass = need_mass & (target == _TARGET_MASS)
+        if chunk == 0:
+            tl.store(st_phase + row, phase)
+            tl.store(st_target + row, target)
+            tl.store(st_k + row, tl.where(use_k, k, 0))
+            tl.store(st_p + row, tl.where(use_p, p, 1.0))
+            tl.store(st_limit + row, tl.zeros([], tl.float64) - 1.0)
+            tl.store(st_best + row, best)
+            tl.store(st_min + row, _key32(low).to(tl.int64))
+            tl.store(st_cut + row, best)  # the cut of rows resolved by the plan (first maximum only)
+            tl.store(st_flags + row, (gather.to(tl.int32) | 2 | (need_mass.to(tl.int32) << 2) | 8)
+                     | ((lo_slot | (hi_slot << 4)) << 8))
+            tl.store(points + base + slot + _SLOT_FIRST, thresholds)
+            tl.store(points + base, tl.zeros([], tl.int64) + _PACK_CEIL)
+            tl.store(points + base + _SLOT_UPPER, tl.zeros([], tl.int64) + _PACK_CEIL)
+            lows = tl.arange(0, _POINTS)
+            is_low = lows >= _SLOT_LOWER
+            tl.store(points + base + lows, tl.zeros([_POINTS], tl.int64) + _PACK_FLOOR, mask=is_low)
+            tl.store(counts + base + lows, tl.zeros([_POINTS], tl.int64) + vocab, mask=is_low)
+        lo = tl.sum(tl.where(slot + _SLOT_FIRST == lo_slot, thresholds, 0), axis=0)
+        hi = tl.where(hi_slot == 0, _PACK_CEIL, tl.sum(tl.where(slot + _SLOT_FIRST == hi_slot, thresholds, 0),
+                                                           axis=0))
+    else:
+        phase = tl.load(st_phase + row)
+        flags = tl.load(st_flags + row)
+        gather = (flags & 1) != 0
+        evaluate = (flags & 2) != 0
+        need_mass = (flags & 4) != 0
+        total_mass = evaluate & False
+        best = tl.load(st_best + row)
+        thresholds = tl.load(points + base + slot + _SLOT_FIRST)
+        lo = tl.load(points + base + _SLOT_LOWER)
+        hi = tl.load(points + base + _SLOT_UPPER)
+    if phase == _PHASE_OPEN:
+        row_max = _key_value((best >> 32).to(tl.int32))
+        found, mass, total = _sweep(src, start, end, row_max, thresholds, lo, hi, scratch + row * capacity,
+                                    st_cursor + row, capacity, evaluate, need_mass, total_mass, gather, BLOCK)
+        if evaluate:
+            tl.atomic_add(counts + base + _SLOT_FIRST + slot, found)
+            if need_mass:
+                tl.atomic_add(masses + base + _SLOT_FIRST + slot, mass)
+        if total_mass:
+            tl.atomic_add(masses + base + _SLOT_LOWER, total)
+
+
+@triton.jit
+def _resolve_kernel(
+    st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags, st_cursor,  # [B] state
+    points, counts, masses,  # [B, POINTS] int64
+    scratch,  # [B, capacity] int64
+    capacity,
+    SORT_LARGE: tl.constexpr,
+):
+    """One program per open row: the cut from the sorted candidates, or the next round.
+
+    Bytes: the candidates read (``<= capacity * 8`` per row) and ~400 bytes of state.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    if tl.load(st_phase + row) == _PHASE_OPEN:
+        _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags, st_cursor,
+                     points, counts, masses, scratch, capacity, SORT_LARGE)
+
+
+@triton.jit
+def _finish_kernel(
+    logits_ptr, logits_stride,  # [B, V] fp32
+    st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags, st_cursor,  # [B] state
+    points, counts, masses,  # [B, POINTS] int64
+    scratch,  # [B, capacity] int64
+    unresolved,  # [1] int32: rows left open after MAX_ROUNDS (never, by the bound)
+    vocab, capacity,
+    SORT_LARGE: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """One program per row still open: sweep + resolve rounds over the whole row, bounded.
+
+    Bytes: ``V 4`` per round of an open row (a few rounds at most on real inputs); idle rows ~4.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    src = logits_ptr + row * logits_stride
+    base = row * _POINTS
+    slot = tl.arange(0, _THRESHOLDS)
+    phase = tl.load(st_phase + row)
+    rounds = 0
+    while (phase == _PHASE_OPEN) & (rounds < _MAX_ROUNDS):
+        flags = tl.load(st_flags + row, volatile=True)
+        gather = (flags & 1) != 0
+        evaluate = (flags & 2) != 0
+        need_mass = (flags & 4) != 0
+        best = tl.load(st_best + row, volatile=True)
+        thresholds = tl.load(points + base + slot + _SLOT_FIRST, volatile=True)
+        lo = tl.load(points + base + _SLOT_LOWER, volatile=True)
+        hi = tl.load(points + base + _SLOT_UPPER, volatile=True)
+        row_max = _key_value((best >> 32).to(tl.int32))
+        found, mass, _ = _sweep(src, 0, vocab, row_max, thresholds, lo, hi, scratch + row * capacity,
+                                st_cursor + row, capacity, evaluate, need_mass, False, gather, BLOCK)
+        if evaluate:
+            tl.atomic_add(counts + base + _SLOT_FIRST + slot, found)
+            if need_mass:
+                tl.atomic_add(masses + base + _SLOT_FIRST + slot, mass)
+        tl.debug_barrier()
+        phase = _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags,
+                             st_cursor, points, counts, masses, scratch, capacity, SORT_LARGE)
+        tl.debug_barrier()
+        rounds += 1
+    if phase == _PHASE_OPEN:
+        tl.atomic_add(unresolved, 1)
+
+
+@triton.jit
+def _apply_kernel(
+    logits_ptr, logits_stride,  # [B, V] fp32
+    out_ptr, out_stride,  # [B, V] fp32 (may alias logits)
+    st_phase, st_cut,  # [B] state
+    vocab, chunk_len,
+    IN_PLACE: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """``-inf`` where ``packed < cut`` (resolved rows); copy the rest out of place.
+
+    Bytes: ``B V 4`` read + the masked entries written (in place) or ``B V 4`` written.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    start = chunk * chunk_len
+    end = tl.minimum(start + chunk_len, vocab)
+    src = logits_ptr + row * logits_stride
+    dst = out_ptr + row * out_stride
+    phase = tl.load(st_phase + row)
+    cut = tl.load(st_cut + row)
+    cut_key = cut >> 32
+    cut_index = ((cut_key << 32) - cut + _BIG_INDEX).to(tl.int32)
+    cut_key = cut_key.to(tl.int32)
+    filtered = phase == _PHASE_CUT
+    todo = filtered
+    if not IN_PLACE:
+        todo = phase >= 0  # out of place every row is written
+    if todo:
+        for offset in range(start, end, BLOCK):
+            index = offset + tl.arange(0, BLOCK)
+            valid = index < end
+            x = tl.load(src + index, mask=valid, other=0.0)
+            key = _key32(x)
+            keep = (key > cut_key) | ((key == cut_key) & (index <= cut_index)) | (filtered == 0)
+            if IN_PLACE:
+                tl.store(dst + index, tl.full([BLOCK], float("-inf"), tl.float32), mask=valid & (keep == 0))
             else:
-                p_fast, cut = _resolve(scratch, count, ks, use_k, use_p, p, mass_gt, vocab, SORT_LARGE)
-        slow_p = use_p & (p_fast == 0)
-        limit = p.to(tl.float64) * (mass_gt + need * q_tk).to(tl.float64)
-        tl.store(state + _USE_P, slow_p.to(tl.int64))  # from here on: "the fallback top-p runs"
-        tl.store(state + _SLOW_K, slow_k.to(tl.int64))
-        tl.store(state + _PFAST, p_fast.to(tl.int64))
-        tl.store(state + _CUT, cut)
-        tl.store(state + _TK, tk)
-        tl.store(state + _NEED, need)
-        tl.store(state + _QTK, q_tk)
-        tl.store(state + _LIMIT, limit.to(tl.int64, bitcast=True))
-        tl.store(state + _LO, tk)
-        tl.store(state + _HI, tl.where(slow_p, kmax, tk))
-        tl.store(state + _ABOVE, zero)
-    else:  # _COUNT_P: one step of the fallback top-p search
-        lo = tl.load(state + _LO)
-        hi = tl.load(state + _HI)
-        if lo < hi:
-            above = tl.load(state + _ABOVE)
-            thresholds = _candidates(lo, hi)
-            search = search_ptr + (row * num_chunks + chunk[:, None]) * _FANOUT + tl.arange(0, _FANOUT)[None, :]
-            tk = tl.load(state + _TK)
-            found = tl.sum(tl.load(search, mask=valid[:, None], other=0), axis=0)
-            found += tl.where(thresholds <= tk, tl.load(state + _NEED) * tl.load(state + _QTK), 0)
-            limit = tl.load(state + _LIMIT).to(tl.float64, bitcast=True)
-            lo, hi, above = _search_step(lo, hi, above, thresholds, found, found.to(tl.float64) >= limit)
-            tl.store(state + _ABOVE, above)
-            tl.store(state + _HI, hi)
-            tl.store(state + _LO, lo)
+                tl.store(dst + index, tl.where(keep, x, float("-inf")), mask=valid)
 
 
-# --------------------------------------------------------------------------- launchers
-def default_layout(logits: torch.Tensor) -> tuple[int, int]:
-    """``(block, chunks)``: chunks > 1 selects the split-row path (small batch, large V)."""
-    rows, vocab = logits.shape
-    if logits.device.type != "cuda":
+# --------------------------------------------------------------------------- the filter object
+@dataclasses.dataclass
+class FilterState:
+    """Per-row search state of a :class:`TopKTopPFilter` (``[max_rows]`` unless noted)."""
+
+    phase: torch.Tensor  # int32: PHASE_COPY / PHASE_CUT / PHASE_OPEN
+    target: torch.Tensor  # int32: TARGET_COUNT / TARGET_MASS
+    k: torch.Tensor  # int64: the active k (0: no top-k)
+    p: torch.Tensor  # fp32: the active p (1: no top-p)
+    limit: torch.Tensor  # fp64: p * S of a mass target (-1 until S is known)
+    best: torch.Tensor  # int64: the packed first maximum
+    min_key: torch.Tensor  # int64: the key of the smallest logit (search bound)
+    cut: torch.Tensor  # int64: the packed cut of a resolved row
+    flags: torch.Tensor  # int32: the next sweep's work (see _resolve_row) and the first gather's slots
+    cursor: torch.Tensor  # int64: candidates gathered by the current sweep
+    points: torch.Tensor  # [max_rows, POINTS] int64: the search points (module doc)
+    counts: torch.Tensor  # [max_rows, POINTS] int64: count(packed >= point)
+    masses: torch.Tensor  # [max_rows, POINTS] int64: mass(packed >= point)
+    scratch: torch.Tensor  # [max_rows, capacity] int64: packed candidates
+    unresolved: torch.Tensor  # [1] int32: rows _finish_kernel left open (a status; always 0)
+    # Stats partials of _stats_kernel, [max_rows, chunks]
+    best_part: torch.Tensor
+    nan_part: torch.Tensor
+    finite_part: torch.Tensor
+    sum_part: torch.Tensor
+    sumsq_part: torch.Tensor
+    min_part: torch.Tensor
+    placement: torch.Tensor  # [3, THRESHOLDS] fp32: MASS_OFFSETS, PEAK_DEPTHS, COUNT_FACTORS
+
+    @classmethod
+    def allocate(cls, max_rows, chunks, capacity, device):
+        def zeros(*shape, dtype=torch.int64):
+            return torch.zeros(*shape, dtype=dtype, device=device)
+
+        rows = max_rows
+        return cls(
+            phase=zeros(rows, dtype=torch.int32), target=zeros(rows, dtype=torch.int32), k=zeros(rows),
+            p=zeros(rows, dtype=torch.float32), limit=zeros(rows, dtype=torch.float64), best=zeros(rows),
+            min_key=zeros(rows), cut=zeros(rows), flags=zeros(rows, dtype=torch.int32), cursor=zeros(rows),
+            points=zeros(rows, POINTS), counts=zeros(rows, POINTS), masses=zeros(rows, POINTS),
+            scratch=zeros(rows, capacity), unresolved=zeros(1, dtype=torch.int32),
+            best_part=zeros(rows, chunks), nan_part=zeros(rows, chunks, dtype=torch.int32),
+            finite_part=zeros(rows, chunks, dtype=torch.int32), sum_part=zeros(rows, chunks, dtype=torch.float32),
+            sumsq_part=zeros(rows, chunks, dtype=torch.float32), min_part=zeros(rows, chunks, dtype=torch.float32),
+            placement=torch.tensor([MASS_OFFSETS, PEAK_DEPTHS, COUNT_FACTORS], dtype=torch.float32, device=device))
+
+    def row_fields(self):
+        return (self.phase, self.target, self.k, self.p, self.limit, self.best, self.min_key, self.cut, self.flags,
+                self.cursor)
+
+    def stats(self):
+        return (self.best_part, self.nan_part, self.finite_part, self.sum_part, self.sumsq_part, self.min_part)
+
+
+def default_layout(rows: int, vocab: int, device) -> tuple[int, int]:
+    """``(block, chunks)``: programs per row so that small batches still fill the GPU."""
+    device = torch.device(device)
+    if device.type != "cuda":
         return CPU_BLOCK, 1
-    sms = torch.cuda.get_device_properties(logits.device).multi_processor_count
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
     blocks = triton.cdiv(vocab, GPU_BLOCK)
-    if rows >= sms // 2 or blocks < 8:
+    if rows >= sms or blocks < 4:
         return GPU_BLOCK, 1
     # About two programs per SM, each over at least two blocks.
     return GPU_BLOCK, max(1, min(blocks // 2, (2 * sms) // max(rows, 1)))
 
 
+class TopKTopPFilter:
+    """Top-k / top-p filter with persistent scratch for batches of up to ``max_rows`` rows of ``vocab``.
+
+    ``filter(logits, k, p, out)`` launches 7 kernels with no allocation and no host
+    synchronisation (CUDA-graph safe); ``k``/``p`` are None, Python scalars or validated ``[B]``
+    tensors (``filtering._check``). ``block``/``chunks`` fix the layout (default: one program per
+    row for large batches, several per row for small ones, :func:`default_layout` of
+    ``max_rows``); ``capacity`` is the most candidates one program sorts (a power of two >= 16).
+    Scratch: ``max_rows * (capacity * 8 + ~500)`` bytes plus ``max_rows * chunks * 32``.
+    """
+
+    def __init__(self, max_rows: int, vocab: int, device, *, block=None, chunks=None, capacity=None):
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        if capacity is None:
+            capacity = GPU_CAPACITY if device.type == "cuda" else CPU_CAPACITY
+        check_power_of_two("capacity", capacity, 16)
+        if max_rows < 1 or vocab < 1:
+            raise ValueError(f"max_rows, vocab: expected >= 1, got {max_rows}, {vocab}")
+        default_block, default_chunks = default_layout(max_rows, vocab, device)
+        self.block = block or default_block
+        chunks = chunks or default_chunks
+        chunks = max(1, min(chunks, triton.cdiv(vocab, self.block)))
+        self.chunk_len = triton.cdiv(triton.cdiv(vocab, chunks), self.block) * self.block
+        self.chunks = triton.cdiv(vocab, self.chunk_len)
+        self.max_rows, self.vocab, self.device, self.capacity = max_rows, vocab, device, capacity
+        self.state = FilterState.allocate(max_rows, self.chunks, capacity, device)
+
+    def filter(self, logits, k, p, out):
+        """Filter ``logits [B <= max_rows, vocab]`` into ``out`` (may be ``logits``); see the class doc."""
+        rows, vocab = logits.shape
+        if rows > self.max_rows or vocab != self.vocab or logits.device != self.device:
+            raise ValueError(f"logits: expected [<= {self.max_rows}, {self.vocab}] on {self.device}, got "
+                             f"{list(logits.shape)} on {logits.device}")
+        if rows == 0 or (k is None and p is None):
+            if out.data_ptr() != logits.data_ptr():
+                out.copy_(logits)
+            return out
+        st = self.state
+        k_per_row, p_per_row = isinstance(k, torch.Tensor), isinstance(p, torch.Tensor)
+        k_ptr = k if k_per_row else logits  # unused pointer when the value is a scalar
+        p_ptr = p if p_per_row else logits
+        k_value = 0 if k_per_row or k is None else max(min(int(k), 2**62), -(2**62))
+        p_value = 1.0 if p_per_row or p is None else float(p)
+        in_place = out.data_ptr() == logits.data_ptr() and out.stride() == logits.stride()
+        warps = 8 if self.block >= 2048 else 4
+        grid = (rows, self.chunks)
+        common = dict(num_warps=warps, enable_fp_fusion=False)
+        _stats_kernel[grid](logits, logits.stride(0), *st.stats(), st.counts, st.masses, st.cursor,
+                            vocab, self.chunk_len, self.chunks, BLOCK=self.block, **common)
+        chunks_p2 = triton.next_power_of_2(self.chunks)
+        for kind in (PASS_FIRST, PASS_REFINE):
+            _pass_kernel[grid](logits, logits.stride(0), *st.stats(), st.placement, *st.row_fields(), st.points, st.counts,
+                               st.masses, st.scratch, k_ptr, k_value, p_ptr, p_value, vocab, self.chunk_len,
+                               self.chunks, self.capacity, PASS=kind, K_PER_ROW=k_per_row, P_PER_ROW=p_per_row,
+                               CHUNKS=chunks_p2, BLOCK=self.block, **common)
+            _resolve_kernel[(rows,)](*st.row_fields(), st.points, st.counts, st.masses, st.scratch, self.capacity,
+                                     SORT_LARGE=self.capacity, num_warps=8, enable_fp_fusion=False)
+        _finish_kernel[(rows,)](logits, logits.stride(0), *st.row_fields(), st.points, st.counts, st.masses,
+                                st.scratch, st.unresolved, vocab, self.capacity, SORT_LARGE=self.capacity,
+                                BLOCK=self.block, **common)
+        _apply_kernel[grid](logits, logits.stride(0), out, out.stride(0), st.phase, st.cut, vocab, self.chunk_len,
+                            IN_PLACE=in_place, BLOCK=self.block, **common)
+        return out
+
+
+_FILTERS: dict = {}
+
+
+def filter_for(rows, vocab, device, *, block=None, chunks=None, capacity=None) -> TopKTopPFilter:
+    """A cached :class:`TopKTopPFilter` for ``rows`` rows of the layout ``rows`` asks for (allocated
+    the first time a layout is seen, reallocated only when a batch of it is larger)."""
+    default_block, default_chunks = default_layout(rows, vocab, device)
+    block, chunks = block or default_block, chunks or default_chunks
+    key = (device, vocab, block, chunks, capacity)
+    filt = _FILTERS.get(key)
+    if filt is None or filt.max_rows < rows:
+        filt = TopKTopPFilter(rows, vocab, device, block=block, chunks=chunks, capacity=capacity)
+        _FILTERS[key] = filt
+    return filt
+
+
 def launch_top_k_top_p(logits, k, p, out, *, block=None, chunks=None, sort_size=None):
-    """Launch the filter; ``k``/``p`` are None, Python scalars or validated ``[B]`` tensors.
+    """Filter ``logits`` into ``out`` through the cached filter of this shape (see :class:`TopKTopPFilter`).
 
-    Parameters
-    ----------
-    logits : torch.Tensor
-        ``[B, V]`` fp32, last stride 1.
-    out : torch.Tensor
-        ``[B, V]`` fp32, last stride 1; may be ``logits`` (then only masked entries are written).
-    block, chunks : int, optional
-        The vocabulary block and the programs per row (``chunks > 1``: split path); defaults from
-        :func:`default_layout`.
-    sort_size : int, optional
-        The most candidates one program sorts (a power of two >= 16; the fast path's bound, module
-        doc): ``SORT_LARGE`` on CUDA, ``CPU_SORT_SIZE`` on the CPU by default. Smaller values only
-        move rows to the fallback (the tests use it to force the fallback).
-
-    Notes
-    -----
-    Launch sequences: module doc (row path 4-5 launches, split path 13-34); the sequence depends
-    only on the shapes and on which of ``k``/``p`` are given, never on values (idle launches exit
-    at once), there is no host synchronisation, and the scratch (``B * sort_size * 8`` bytes of
-    candidates plus a few per-row fields) comes from the caching allocator: CUDA-graph capturable.
-    Bytes: ``(read passes + 1) * B * V * 4`` (the apply reads and writes) with 3 read passes in the
-    common case (stats + level 0, level 1, gather), up to 7 + 10 on fallback rows.
+    ``sort_size``: the filter's ``capacity`` (tests shrink it to force the search rounds).
+    Allocates only the first time a shape (or a larger batch) is seen.
     """
     rows, vocab = logits.shape
     if rows == 0 or vocab == 0:
-        return
-    if sort_size is None:
-        sort_size = SORT_LARGE if logits.device.type == "cuda" else CPU_SORT_SIZE
-    check_power_of_two("sort_size", sort_size, 16)
-    if block is None or chunks is None:
-        default_block, default_chunks = default_layout(logits)
-        block = block or default_block
-        chunks = chunks or default_chunks
-    chunks = max(1, min(chunks, triton.cdiv(vocab, block)))
-    sort_small = min(SORT_SMALL, sort_size // 2)
-    candidates = sort_size // 2
-    k_per_row, p_per_row = isinstance(k, torch.Tensor), isinstance(p, torch.Tensor)
-    k_ptr = k if k_per_row else logits  # unused pointer when the value is a scalar
-    p_ptr = p if p_per_row else logits
-    k_value = 0 if k_per_row or k is None else max(min(int(k), 2**62), -(2**62))
-    p_value = 1.0 if p_per_row or p is None else float(p)
-    in_place = out.data_ptr() == logits.data_ptr() and out.stride() == logits.stride()
-    write_all = 0 if in_place else 1
-    warps = 8 if block >= 2048 else 4
-    search_block = min(block, CPU_SEARCH_BLOCK if logits.device.type == "cpu" else GPU_SEARCH_BLOCK)
-    device = logits.device
-    scratch = torch.empty(rows, sort_size, dtype=torch.int64, device=device)  # [B, sort_size] candidates
-    if chunks > 1:
-        chunk_len = triton.cdiv(triton.cdiv(vocab, chunks), block) * block
-        chunks = triton.cdiv(vocab, chunk_len)
-    else:
-        chunk_len = vocab
-    state = torch.empty(rows, STATE_FIELDS, dtype=torch.int64, device=device)  # [B, STATE_FIELDS]
-    partial = torch.empty(rows, PARTIAL_FIELDS, chunks, dtype=torch.int64, device=device)  # [B, 6, chunks]
-    hist = torch.empty(rows, chunks, 1 << RADIX_BITS, dtype=torch.int32, device=device)  # [B, chunks, 64]
-    search = torch.empty(rows, chunks, FANOUT, dtype=torch.int64, device=device)  # [B, chunks, FANOUT]
-    chunks_p2 = triton.next_power_of_2(chunks)
-
-    def run_pass(phase, shift=0):
-        _split_pass_kernel[(rows, chunks)](
-            logits, logits.stride(0), out, out.stride(0), state, partial, hist, search, scratch,
-            vocab, chunk_len, chunks, write_all,
-            PHASE=phase, SHIFT=shift, IN_PLACE=in_place, BLOCK=block, SEARCH_BLOCK=search_block, CHUNKS=chunks_p2,
-            SORT_LARGE=sort_size, num_warps=warps, enable_fp_fusion=False,
-        )
-
-    def run_update(phase, shift=0):
-        _split_update_kernel[(rows,)](
-            state, partial, hist, search, scratch, k_ptr, k_value, p_ptr, p_value, vocab, chunks,
-            PHASE=phase, SHIFT=shift, K_PER_ROW=k_per_row, P_PER_ROW=p_per_row, CHUNKS=chunks_p2,
-            SORT_SMALL=sort_small, SORT_LARGE=sort_size, CANDIDATES=candidates,
-            num_warps=8 if phase == _GATHER else 1, enable_fp_fusion=False,
-        )
-
-    if chunks == 1:  # row path: select (all levels + gather), sort, fallback search, apply
-        _rows_select_kernel[(rows,)](
-            logits, logits.stride(0), state, partial, scratch, k_ptr, k_value, p_ptr, p_value, vocab,
-            K_PER_ROW=k_per_row, P_PER_ROW=p_per_row, BLOCK=block, SORT_LARGE=sort_size, CANDIDATES=candidates,
-            num_warps=warps, enable_fp_fusion=False,
-        )
-        run_update(_GATHER)
-        if p is not None:
-            _rows_search_kernel[(rows,)](logits, logits.stride(0), state, vocab, SEARCH_BLOCK=search_block,
-                                         num_warps=warps, enable_fp_fusion=False)
-    else:
-        run_pass(_SCAN0)
-        run_update(_SCAN0)
-        for shift in RADIX_SHIFTS[1:]:
-            run_pass(_SCAN, shift)
-            run_update(_SCAN, shift)
-        run_pass(_GATHER)
-        run_update(_GATHER)
-        if p is not None:
-            for _ in range(SEARCH_STEPS):
-                run_pass(_COUNT_P)
-                run_update(_COUNT_P)
-            run_pass(_TIES_U)
-    run_pass(_APPLY)
-    run_pass(_APPLY_SLOW)
+        return out
+    if sort_size is not None:
+        check_power_of_two("sort_size", sort_size, 16)
+    filt = filter_for(rows, vocab, logits.device, block=block, chunks=chunks, capacity=sort_size)
+    return filt.filter(logits, k, p, out)

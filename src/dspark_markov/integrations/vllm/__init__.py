@@ -1,0 +1,132 @@
+"""vLLM general plugin: DSpark's Markov draft sampling on NVIDIA GPUs through dspark-markov.
+
+Entry point (``pyproject.toml``, group ``vllm.general_plugins``): :func:`register`, which vLLM
+calls in each of its processes at start-up. It does nothing unless the one setting is on:
+
+- ``DSPARK_MARKOV_VLLM=1``: on, for the vLLM versions it was checked against (``CHECKED_VERSIONS``)
+  on a CUDA platform; on any other version or platform it logs one line and stays off;
+- ``DSPARK_MARKOV_VLLM=force``: on whatever the version or platform;
+- unset / ``0``: off (vLLM runs exactly as without the package).
+
+When on, it wraps ``DSparkSpeculator.load_draft_model`` so that the loaded draft model's class, if
+it is one of vLLM's NVIDIA DSpark draft models (``MODEL_CLASSES``) and has no ``sample_sequential``
+of its own (the AMD DeepSeek-V4.1 class keeps vLLM's), gets the hook of :mod:`.hook`. Optional:
+``DSPARK_MARKOV_VLLM_IMPL`` picks the design (default ``auto``).
+
+How to see that it is active: the INFO lines ``dspark-markov: ...`` in vLLM's log (enabled,
+hook installed on <class>, drafting through MarkovSampler(impl=...), and each reason a step was
+left to vLLM's loop, once), and :func:`status` in the worker process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from . import hook
+
+ENV = "DSPARK_MARKOV_VLLM"
+CHECKED_VERSIONS = ("0.33.0",)
+# vLLM's NVIDIA (and platform-neutral) DSpark draft models whose Markov step is the speculator loop's
+# markov_head.embed / markov_head.bias(LogitsProcessor) pair.
+MODEL_CLASSES = (
+    "vllm.models.deepseek_v41.nvidia.dspark.DSparkDeepseekV4ForCausalLM",
+    "vllm.models.deepseek_v4.nvidia.dspark.DSparkDeepseekV4ForCausalLM",
+    "vllm.model_executor.models.qwen3_dspark.Qwen3DSparkForCausalLM",
+    "vllm.models.kimi_k3.nvidia.dspark_mla.K3DSparkForCausalLM",
+)
+_SPECULATOR = "vllm.v1.worker.gpu.spec_decode.dspark.speculator"
+_ON = ("1", "on", "true", "yes")
+_FORCE = ("force",)
+_OFF = ("", "0", "off", "false", "no")
+
+logger = hook.logger
+_registered = {"enabled": False, "reason": "register() not called", "classes": []}
+
+
+def _model_sample_sequential(model, speculator, num_reqs, head_hidden):
+    """``model.sample_sequential(speculator, num_reqs, head_hidden)`` as the speculator calls it."""
+    return hook.sample_sequential(speculator, num_reqs, head_hidden)
+
+
+_model_sample_sequential.dspark_markov = True
+
+
+def qualified_name(cls) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def install(cls) -> bool:
+    """Give ``cls`` the hook when it is one of ``MODEL_CLASSES`` without a ``sample_sequential``
+    of its own; True when the class has the hook afterwards."""
+    name = qualified_name(cls)
+    existing = getattr(cls, "sample_sequential", None)
+    if getattr(existing, "dspark_markov", False):
+        return True
+    if name not in MODEL_CLASSES:
+        hook.log_once(logging.INFO, "dspark-markov: %s is not one of the NVIDIA DSpark draft models it was "
+                      "checked with; vLLM's loop drafts", name)
+        return False
+    if existing is not None:
+        hook.log_once(logging.INFO, "dspark-markov: %s has its own sample_sequential; left as it is", name)
+        return False
+    cls.sample_sequential = _model_sample_sequential
+    _registered["classes"].append(name)
+    hook.log_once(logging.INFO, "dspark-markov: sample_sequential hook installed on %s", name)
+    return True
+
+
+def _wrap_load_draft_model(speculator_cls) -> None:
+    original = speculator_cls.load_draft_model
+    if getattr(original, "dspark_markov", False):
+        return
+
+    def load_draft_model(self, *args, **kwargs):
+        model = original(self, *args, **kwargs)
+        install(type(model))
+        return model
+
+    load_draft_model.dspark_markov = True
+    load_draft_model.__wrapped__ = original
+    load_draft_model.__doc__ = original.__doc__
+    speculator_cls.load_draft_model = load_draft_model
+
+
+def register() -> None:
+    """vLLM's general-plugin entry point (idempotent; see the module docstring)."""
+    mode = os.environ.get(ENV, "").strip().lower()
+    if mode in _OFF:
+        _registered.update(enabled=False, reason=f"{ENV} is not set")
+        return
+    if mode not in _ON + _FORCE:
+        _registered.update(enabled=False, reason=f"{ENV}={mode!r} is not 1, force or 0")
+        hook.log_once(logging.WARNING, "dspark-markov: %s=%r is not one of 1, force, 0; the plugin stays off", ENV, mode)
+        return
+    import vllm
+
+    version = getattr(vllm, "__version__", "unknown")
+    if version not in CHECKED_VERSIONS and mode not in _FORCE:
+        _registered.update(enabled=False, reason=f"vLLM {version} is not a checked version")
+        hook.log_once(logging.WARNING, "dspark-markov: vLLM %s is not one of the versions the sample_sequential hook "
+                      "was checked against (%s); it stays off (%s=force turns it on anyway)", version,
+                      ", ".join(CHECKED_VERSIONS), ENV)
+        return
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cuda() and mode not in _FORCE:
+        _registered.update(enabled=False, reason="not a CUDA platform")
+        hook.log_once(logging.WARNING, "dspark-markov: not an NVIDIA CUDA platform (%s); the hook stays off",
+                      type(current_platform).__name__)
+        return
+    import importlib
+
+    _wrap_load_draft_model(importlib.import_module(_SPECULATOR).DSparkSpeculator)
+    _registered.update(enabled=True, reason="", version=version, mode=mode)
+    hook.log_once(logging.INFO, "dspark-markov: DSpark sample_sequential plugin on (vLLM %s, %s=%s, impl=%s)",
+                  version, ENV, mode, hook._impl())
+
+
+def status() -> dict:
+    """Whether the plugin is on (and why not), the classes hooked, and host-side call counts
+    (``taken`` / ``declined`` / ``loop_rest``: eager calls and graph captures, not replays)."""
+    return {**_registered, "classes": list(_registered["classes"]), "impl": hook._impl(), **hook.stats}

@@ -1,0 +1,244 @@
+"""The ``sample_sequential`` hook of vLLM's DSpark speculator, on the speculator's own buffers.
+
+vLLM 0.33.0's ``DSparkSpeculator._sample_sequential(num_reqs, head_hidden)`` first calls
+``model.sample_sequential(speculator, num_reqs, head_hidden)``; True means the hook has written
+``speculator.draft_tokens[:num_reqs]`` and the ``speculator.draft_logits`` rows, False (having
+done nothing) lets the speculator run its own loop, which per step is::
+
+    markov_embed = model.markov_embed(prev)                 # markov_w1[prev]
+    bias = model.markov_bias(markov_embed)                   # LogitsProcessor(markov_w2): F.linear, * scale
+    logits_i = base_logits[:, i] + bias                      # bf16 + bf16, one rounding
+    draft_tokens[:R, i] = gumbel_sample(logits_i, idx_map[:, i], temperature, seeds, sample_pos[:, i] - 1,
+                                        apply_temperature=True, is_drafting=True,
+                                        logits_cache=draft_logits, logits_cache_col=i, use_fp64=...)
+
+which is SPEC.md sections 1-4 with ``anchor = input_ids[_anchor_idx[:R]]``,
+``idx_mapping = sample_idx_mapping``, ``positions = sample_pos`` (keys at ``P - 1``),
+``logits_cache = draft_logits``. :func:`sample_sequential` computes the base logits exactly as the
+loop does (``model.compute_draft_logits(head_hidden[sample_indices])``) and hands the rest to one
+:class:`~dspark_markov.MarkovSampler` per speculator (built at the first call, which vLLM makes
+eagerly before it captures its draft graph; scratch allocated once, CUDA-graph capturable, no host
+synchronisation).
+
+Exactness: the tokens, the cache rows and the untouched padding rows are those of vLLM's loop given
+the same bias. The bias is an fp32 sum of rank products rounded to bf16 (SPEC.md section 3); the
+cuBLAS designs (``loop``, ``gumbel_fused``) make the same GEMM call as vLLM's ``F.linear`` on
+``markov_w2``; the in-kernel designs (``fused``, ``chain``, which ``auto`` picks at some batch
+sizes) add the products in another order, so a bias value can differ in its last bf16 bit -- as
+vLLM's own AMD hook (``fused_markov.py``) does. That changes which tokens are proposed, never the
+target's output (the rejection sampler verifies against the cache that was written).
+
+Everything else is declined (:func:`why_not`, one log line per reason): see ``DECLINED``.
+This module imports no vLLM: it reads the speculator's attributes only, so it also runs on a
+stand-in speculator (the GPU check, where vLLM is not installed).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+
+import torch
+
+from ... import MarkovHead, MarkovSampler  # the public API only (the layer map)
+
+IMPL_ENV = "DSPARK_MARKOV_VLLM_IMPL"
+DEFAULT_IMPL = "auto"
+# The cases the hook leaves to vLLM's loop (documented in the README); each is logged once.
+DECLINED = (
+    "top-k drafting (dspark_draft_topk)",
+    "greedy drafts (no draft logits cache)",
+    "a draft watermarker",
+    "a reduced draft vocabulary",
+    "the confidence head",
+    "the acceptance estimator",
+    "an output logit transform",
+    "a soft-capped or fp32 Markov projection",
+    "non-bf16, quantized or tensor-parallel Markov weights",
+    "a non-bf16 draft logits cache",
+    "fp64 Gumbel noise",
+    "VLLM_BATCH_INVARIANT",
+    "a batch outside 1..max_num_reqs",
+)
+
+logger = logging.getLogger("vllm.dspark_markov")
+_logged: set = set()
+_states: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+stats = {"taken": 0, "declined": 0, "loop_rest": 0}  # host-side calls (eager and captured), not graph replays
+
+
+def log_once(level: int, message: str, *args) -> None:
+    """Log ``message % args`` once per process."""
+    key = (level, message % args if args else message)
+    if key not in _logged:
+        _logged.add(key)
+        logger.log(level, message, *args)
+
+
+def _impl() -> str:
+    return os.environ.get(IMPL_ENV, "").strip() or DEFAULT_IMPL
+
+
+def _is_off(value) -> bool:
+    return value is None or value is False
+
+
+def why_not(spec, num_reqs: int) -> str | None:
+    """Why this call is left to vLLM's loop, or ``None`` when the hook computes it as the loop does.
+
+    Reads attributes only (host side: no device synchronisation, nothing written).
+    """
+    if getattr(spec, "_draft_topk", None) is not None:
+        return DECLINED[0]
+    model = spec.model
+    head = getattr(getattr(model, "model", None), "markov_head", None)
+    if head is None:
+        return "no Markov head"
+    cache = spec.draft_logits
+    if cache is None:
+        return DECLINED[1]
+    if not _is_off(getattr(spec, "draft_watermarker", None)):
+        return DECLINED[2]
+    if getattr(spec, "_d2t_scatter_index", None) is not None or getattr(model, "draft_id_to_target_id", None) is not None:
+        return DECLINED[3]
+    if getattr(spec, "use_confidence_head", False):
+        return DECLINED[4]
+    if getattr(spec, "acceptance_estimator", None) is not None:
+        return DECLINED[5]
+    if hasattr(model, "apply_output_logit_transform"):
+        return DECLINED[6]
+    if os.environ.get("VLLM_BATCH_INVARIANT", "0") not in ("", "0"):
+        return DECLINED[11]
+    processor = getattr(model, "logits_processor", None)
+    if processor is None or getattr(processor, "soft_cap", None) is not None or getattr(processor, "logits_as_input", False):
+        return DECLINED[7] + " (soft cap)"
+    if getattr(processor, "head_dtype", None) not in (None, torch.bfloat16):
+        return DECLINED[7] + f" (head_dtype {processor.head_dtype})"
+    w1, w2 = head.markov_w1, head.markov_w2
+    weight1, weight2 = getattr(w1, "weight", None), getattr(w2, "weight", None)
+    if not (isinstance(weight1, torch.Tensor) and isinstance(weight2, torch.Tensor)):
+        return DECLINED[8] + " (no plain weights)"
+    if weight1.dtype != torch.bfloat16 or weight2.dtype != torch.bfloat16:
+        return DECLINED[8] + f" ({weight1.dtype} / {weight2.dtype})"
+    if type(getattr(w2, "quant_method", None)).__name__ != "UnquantizedEmbeddingMethod" or getattr(w2, "is_w4a16_nvfp4", False):
+        return DECLINED[8] + " (quantized markov_w2)"
+    if getattr(w2, "tp_size", 1) != 1:
+        return DECLINED[8] + " (tensor-parallel markov_w2)"
+    if type(w1).__name__ != "Embedding" or weight1.dim() != 2 or weight2.dim() != 2 or weight1.shape[1] != weight2.shape[1]:
+        return DECLINED[8] + " (layout)"
+    if not (weight1.is_contiguous() and weight2.is_contiguous()):
+        return DECLINED[8] + " (not contiguous)"
+    vocab = int(getattr(processor, "org_vocab_size", weight2.shape[0]))
+    if cache.dtype != torch.bfloat16:
+        return DECLINED[9] + f" ({cache.dtype})"
+    steps = int(spec.num_speculative_steps)
+    if cache.dim() != 3 or cache.shape[1] != steps or cache.shape[2] != vocab or cache.stride(-1) != 1:
+        return f"a draft logits cache of shape {tuple(cache.shape)} (expected [max_num_reqs, {steps}, {vocab}])"
+    if weight2.shape[0] < vocab or weight1.shape[0] < vocab:
+        return f"Markov weights of {weight1.shape[0]} / {weight2.shape[0]} rows for a vocabulary of {vocab}"
+    if not 1 <= num_reqs <= spec.draft_tokens.shape[0]:
+        return DECLINED[12] + f" ({num_reqs})"
+    if getattr(spec, "use_fp64_gumbel", False):
+        # Only impl='reference' has fp64 noise (not graph safe), and its 53-bit uniform takes the two
+        # hash words in the other order than vLLM 0.33's murmur3_uniform64 (tests/integrations).
+        return DECLINED[10] + " (not computed as vLLM 0.33 does)"
+    devices = {t.device for t in (weight1, weight2, cache, spec.temperature, spec.seeds, spec.draft_tokens)}
+    if len(devices) != 1:
+        return f"buffers on several devices ({', '.join(sorted(map(str, devices)))})"
+    return None
+
+
+class _State:
+    """One speculator's sampler, head and anchor buffer (built once, rebuilt if the weights move)."""
+
+    def __init__(self, spec, head_module, vocab: int):
+        weight1, weight2 = head_module.markov_w1.weight, head_module.markov_w2.weight
+        scale = float(getattr(spec.model.logits_processor, "scale", 1.0))
+        self.key = self.key_of(spec, head_module, vocab)
+        # W2 has padding rows past the vocabulary (ParallelLMHead pads to 64); vLLM slices them off.
+        self.head = MarkovHead(weight1.detach(), weight2[:vocab].detach(), scale)  # views, no copies
+        self.impl = impl = _impl()
+        max_rows = spec.draft_tokens.shape[0]
+        self.sampler = MarkovSampler(self.head, spec.num_speculative_steps, max_rows, cache_dtype=torch.bfloat16,
+                                     method="gumbel", impl=impl)
+        input_ids = spec.input_buffers.input_ids
+        self.anchor = torch.zeros(max_rows, dtype=input_ids.dtype, device=input_ids.device)  # [max_rows]
+
+    @staticmethod
+    def key_of(spec, head_module, vocab):
+        w1, w2 = head_module.markov_w1.weight, head_module.markov_w2.weight
+        return (w1.data_ptr(), w2.data_ptr(), tuple(w1.shape), tuple(w2.shape), vocab, _impl(),
+                float(getattr(spec.model.logits_processor, "scale", 1.0)), int(spec.num_speculative_steps),
+                spec.draft_tokens.shape[0])
+
+
+def _state(spec, vocab: int) -> _State:
+    head_module = spec.model.model.markov_head
+    state = _states.get(spec)
+    if state is None or state.key != _State.key_of(spec, head_module, vocab):
+        state = _State(spec, head_module, vocab)
+        _states[spec] = state
+        log_once(logging.INFO, "dspark-markov: DSpark Markov drafting through MarkovSampler(impl=%r): %d steps, "
+                 "vocabulary %d, rank %d, up to %d rows", state.impl, spec.num_speculative_steps, vocab,
+                 state.head.rank, spec.draft_tokens.shape[0])
+    return state
+
+
+@torch.no_grad()
+def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
+    """``DSparkSpeculator._sample_sequential`` through a :class:`MarkovSampler`.
+
+    Returns False, having written nothing, for a call :func:`why_not` declines (logged once per
+    reason). Otherwise writes ``spec.draft_tokens[:num_reqs]`` ``[R, N]`` int64 and the
+    ``spec.draft_logits`` ``[S, N, V]`` bf16 rows of live samples, and returns True.
+    """
+    why = why_not(spec, num_reqs)
+    if why is None:
+        try:
+            state = _state(spec, int(spec.draft_logits.shape[2]))
+        except ValueError as error:  # e.g. DSPARK_MARKOV_VLLM_IMPL names a design that cannot run here
+            why = f"MarkovSampler refused: {error}"
+    if why is not None:
+        stats["declined"] += 1
+        log_once(logging.INFO, "dspark-markov: vLLM's loop drafts this step: %s", why)
+        return False
+
+    n_spec = spec.num_speculative_steps
+    num_sample = num_reqs * n_spec
+    sample_hidden = head_hidden[spec.sample_indices[:num_sample]]
+    base_logits = spec.model.compute_draft_logits(sample_hidden)  # [R*N, V], as vLLM's loop computes them
+    vocab = state.head.vocab_size
+    if base_logits.dtype != torch.bfloat16 or base_logits.dim() != 2 or base_logits.shape[-1] != vocab \
+            or base_logits.stride(-1) != 1 or base_logits.device != state.anchor.device:
+        # Known only now: finish with vLLM's own loop from these base logits (computed once).
+        stats["loop_rest"] += 1
+        log_once(logging.INFO, "dspark-markov: vLLM's loop drafts from %s base logits of shape %s",
+                 base_logits.dtype, tuple(base_logits.shape))
+        _loop_rest(spec, num_reqs, base_logits)
+        return True
+
+    anchor = state.anchor[:num_reqs]
+    torch.index_select(spec.input_buffers.input_ids, 0, spec._anchor_idx[:num_reqs], out=anchor)
+    state.sampler.sample(base_logits.view(num_reqs, n_spec, vocab), anchor, spec.sample_idx_mapping[:num_sample],
+                         spec.sample_pos[:num_sample], spec.temperature, spec.seeds,
+                         draft_tokens=spec.draft_tokens[:num_reqs], logits_cache=spec.draft_logits,
+                         check_values=False)
+    stats["taken"] += 1
+    return True
+
+
+def _loop_rest(spec, num_reqs: int, base_logits: torch.Tensor) -> None:
+    """vLLM's loop from its base logits on (the lines of ``_sample_sequential`` after
+    ``compute_draft_logits``; confidence head and logit transform are declined before)."""
+    n_spec = spec.num_speculative_steps
+    num_sample = num_reqs * n_spec
+    base_logits = base_logits.view(num_reqs, n_spec, base_logits.shape[-1])
+    idx_map = spec.sample_idx_mapping[:num_sample].view(num_reqs, n_spec)
+    sample_pos = spec.sample_pos[:num_sample].view(num_reqs, n_spec)
+    prev = spec.input_buffers.input_ids[spec._anchor_idx[:num_reqs]]
+    for i in range(n_spec):
+        bias = spec.model.markov_bias(spec.model.markov_embed(prev))
+        draft = spec._sample_logits(base_logits[:, i] + bias, idx_map[:, i], sample_pos[:, i], i)
+        spec.draft_tokens[:num_reqs, i] = draft
+        prev = draft
