@@ -38,8 +38,8 @@ def main():
         graphs, samplers, first = [], [], None
         for impl, options in VARIANTS:
             sampler = dm.MarkovSampler(head, steps, rows, impl=impl)
-            sampler.backend = type(sampler.backend)(head, steps, rows, "gumbel", torch.bfloat16,
-                                                    torch.device("cuda"), **options)
+            sampler.backend = type(sampler.backend)(head, steps, rows, method="gumbel", cache_dtype=torch.bfloat16,
+                                                    device=torch.device("cuda"), **options)
             samplers.append(sampler)
 
             def call(sampler=sampler):

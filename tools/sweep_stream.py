@@ -80,7 +80,7 @@ def main():
             begin = time.perf_counter()
             try:
                 sampler = dm.MarkovSampler(head, STEPS, rows, cache_dtype=cache_dtype, method=args.method, impl="stream")
-                sampler.backend.__init__(head, STEPS, rows, args.method, cache_dtype, torch.device("cuda"),
+                sampler.backend.__init__(head, STEPS, rows, method=args.method, cache_dtype=cache_dtype, device=torch.device("cuda"),
                                          block_v=block_v, block_r=block_r, num_warps=warps,
                                          group_chunks=group_chunks, row_stages=row_stages)
                 us = time_sampler(sampler, inputs, tokens, cache, flush, args.rounds, args.replays)

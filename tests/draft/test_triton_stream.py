@@ -31,7 +31,7 @@ TEMPERATURES = {"0": (0.0,), "0.6": (0.6,), "1": (1.0,), "mixed": (1.0, 0.6, 0.0
 def stream_sampler(head, steps, rows, method="gumbel", cache_dtype=torch.bfloat16, **layout):
     sampler = dm.MarkovSampler(head, steps, rows, cache_dtype=cache_dtype, method=method, impl="stream")
     if layout:
-        sampler.backend.__init__(head, steps, rows, method, cache_dtype, head.device, **layout)
+        sampler.backend.__init__(head, steps, rows, method=method, cache_dtype=cache_dtype, device=head.device, **layout)
     return sampler
 
 

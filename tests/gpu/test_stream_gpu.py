@@ -78,7 +78,7 @@ def test_stream_layouts_full_shape(layout, method):
     head, args = full_problem(rows, seed=6)
     sampler = dm.MarkovSampler(head, STEPS, rows, cache_dtype=torch.bfloat16, method=method, impl="stream")
     block_v, block_r, warps, group_chunks, row_stages = layout
-    sampler.backend.__init__(head, STEPS, rows, method, torch.bfloat16, torch.device("cuda"), block_v=block_v,
+    sampler.backend.__init__(head, STEPS, rows, method=method, cache_dtype=torch.bfloat16, device=torch.device("cuda"), block_v=block_v,
                              block_r=block_r, num_warps=warps, group_chunks=group_chunks, row_stages=row_stages)
     out = sampler.sample(*args)
     check_against_reference(head, *args, out, method=method)
