@@ -52,9 +52,14 @@ class ChainArgs(ctypes.Structure):
         "base", "anchor", "embed", "head", "cache", "idx", "pos", "temp", "seeds", "tokens", "words", "sync",
         "status")] + [(name, ctypes.c_int64) for name in (
             "rows", "vocab", "embed_rows", "num_slots", "num_steps", "stride_br", "stride_bn", "stride_cs",
-            "stride_tr", "base_f32", "cache_f32", "anchor64", "idx64", "pos64", "rows_pow2", "log2_rows_pow2",
+            "stride_tr", "base_f32", "cache_f32", "anchor64", "idx64", "pos64", "rows_pow2", "log2_rows_pow2", "vec_io",
             "num_blocks", "num_tiles", "smem_tiles", "tiles_per_warp", "barrier_extra", "spin_cycles")] + [
         ("scale", ctypes.c_double), ("filter_margin", ctypes.c_double)]
+
+
+def _aligned16(tensor: torch.Tensor, dims) -> bool:
+    """Whether every row start along ``dims`` (and the data pointer) is 16-byte aligned."""
+    return tensor.data_ptr() % 16 == 0 and all(tensor.stride(d) * tensor.element_size() % 16 == 0 for d in dims)
 
 
 def _pow2_at_least(n: int) -> int:
@@ -64,12 +69,13 @@ def _pow2_at_least(n: int) -> int:
     return p
 
 
-def fixed_smem_bytes(rows_pow2: int, nt: int, tiles_per_warp: int, warps: int) -> int:
-    """Shared memory besides the W2 tiles: codes, staging, per-warp words, per-row words, tokens, flags."""
+def fixed_smem_bytes(rows_pow2: int, nt: int, tiles_per_warp: int, warps: int, cache_bytes: int) -> int:
+    """Shared memory besides the W2 tiles (chain.cu's layout): codes, the per-warp stage of z
+    (``[rows_pow2][tokens * cache_bytes + 16]``), per-warp words, per-row keys, tokens, flags."""
     codes = nt * 8 * 32 * 16
-    stage = ((warps * rows_pow2 * tiles_per_warp * TILE + 7) & ~7) * 2
+    stage = warps * rows_pow2 * (tiles_per_warp * TILE * cache_bytes + 16)
     triples = warps * rows_pow2 * 3 * 8
-    return codes + stage + triples + MAX_ROWS * 8 + MAX_ROWS * 4 + (MAX_ROWS + 2) * 4
+    return codes + stage + triples + 2 * MAX_ROWS * 8 + 5 * MAX_ROWS * 4 + (MAX_ROWS + 2) * 4
 
 
 class CudaChainBackend:
@@ -133,7 +139,8 @@ class CudaChainBackend:
         self.threads = 32 * self.warps
         self.tiles_per_warp = -(-per_block // self.warps)
         nt_max = 1 if self.max_rows_pow2 <= 8 else 2
-        fixed = fixed_smem_bytes(self.max_rows_pow2, 2, self.tiles_per_warp, self.warps)  # codes sized for NT = 2
+        fixed = fixed_smem_bytes(self.max_rows_pow2, 2, self.tiles_per_warp, self.warps,  # codes sized for NT = 2
+                                 4 if cache_dtype == torch.float32 else 2)
         from ..cuda import build
 
         limit = build.max_dynamic_smem(index)
@@ -204,6 +211,7 @@ class CudaChainBackend:
             int(base_logits.dtype == torch.float32), int(logits_cache.dtype == torch.float32),
             int(anchor.dtype == torch.int64), int(idx_mapping.dtype == torch.int64),
             int(positions.dtype == torch.int64), rows_pow2, rows_pow2.bit_length() - 1,
+            int(_aligned16(base_logits, (0, 1)) and _aligned16(logits_cache, (0, 1))),
             self.num_blocks, self.num_tiles, self.smem_tiles, self.tiles_per_warp, self.barrier_extra,
             self.spin_cycles, float(head.scale), self.filter_margin)
 
