@@ -41,6 +41,30 @@ def inputs_for(gen, rows, steps, vocab, temperature, device):
     return [base, anchor, idx, pos, temp, seeds]
 
 
+def _driver_version() -> str:
+    import ctypes
+
+    from dspark_markov.cuda import build
+
+    value = ctypes.c_int()
+    build.driver().cuDriverGetVersion(ctypes.byref(value))
+    return f"{value.value // 1000}.{value.value % 1000 // 10}"
+
+
+def _triton_version() -> str:
+    try:
+        import triton
+    except ImportError:
+        return "not installed"
+    return triton.__version__
+
+
+def _nvrtc_version() -> str:
+    from dspark_markov.cuda import build
+
+    return ".".join(map(str, build.nvrtc_version()))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", default="1,2,4,8,16")
@@ -119,8 +143,9 @@ def main():
                               f"same tokens as {order[0]}: {same}  W2-once floor {w2_floor_us:.1f} us", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(device=props.name, torch=torch.__version__, cuda=torch.version.cuda, records=records), f,
-                      indent=1)
+            json.dump(dict(device=props.name, torch=torch.__version__, cuda=torch.version.cuda,
+                           driver=_driver_version(), triton=_triton_version(), nvrtc=_nvrtc_version(),
+                           command=" ".join(sys.argv), records=records), f, indent=1)
     return 0
 
 
