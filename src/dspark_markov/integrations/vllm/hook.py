@@ -144,6 +144,14 @@ def why_not(spec, num_reqs: int) -> str | None:
         # Only impl='reference' has fp64 noise (not graph safe), and its 53-bit uniform takes the two
         # hash words in the other order than vLLM 0.33's murmur3_uniform64 (tests/integrations).
         return DECLINED[10] + " (not computed as vLLM 0.33 does)"
+    for name, dtypes in (("temperature", (torch.float32,)), ("seeds", (torch.int64,)), ("draft_tokens", (torch.int64,)),
+                         ("sample_idx_mapping", (torch.int32, torch.int64)), ("sample_pos", (torch.int32, torch.int64)),
+                         ("sample_indices", (torch.int32, torch.int64))):
+        tensor = getattr(spec, name)
+        if tensor.dtype not in dtypes or (tensor.dim() == 1 and tensor.stride(0) != 1):
+            return f"speculator.{name} of dtype {tensor.dtype} / stride {tensor.stride()}"
+    if spec.input_buffers.input_ids.dtype not in (torch.int32, torch.int64):
+        return f"input_ids of dtype {spec.input_buffers.input_ids.dtype}"
     devices = {t.device for t in (weight1, weight2, cache, spec.temperature, spec.seeds, spec.draft_tokens)}
     if len(devices) != 1:
         return f"buffers on several devices ({', '.join(sorted(map(str, devices)))})"
@@ -246,10 +254,15 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
 
     anchor = state.anchor[:num_reqs]
     torch.index_select(spec.input_buffers.input_ids, 0, spec._anchor_idx[:num_reqs], out=anchor)
-    sampler.sample(base_logits.view(num_reqs, n_spec, vocab), anchor, spec.sample_idx_mapping[:num_sample],
-                         spec.sample_pos[:num_sample], spec.temperature, spec.seeds,
-                         draft_tokens=spec.draft_tokens[:num_reqs], logits_cache=spec.draft_logits,
-                         check_values=False)
+    try:
+        sampler.sample(base_logits.view(num_reqs, n_spec, vocab), anchor, spec.sample_idx_mapping[:num_sample],
+                       spec.sample_pos[:num_sample], spec.temperature, spec.seeds,
+                       draft_tokens=spec.draft_tokens[:num_reqs], logits_cache=spec.draft_logits, check_values=False)
+    except ValueError as error:  # raised before anything is written (SPEC.md section 7)
+        stats["loop_rest"] += 1
+        log_once(logging.WARNING, "dspark-markov: MarkovSampler refused a step (%s); vLLM's loop drafts it", error)
+        _loop_rest(spec, num_reqs, base_logits)
+        return True
     stats["taken"] += 1
     return True
 
