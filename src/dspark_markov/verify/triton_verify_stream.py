@@ -280,7 +280,7 @@ def _stream_verify_kernel(
     tokens_ptr, tokens_stride, num_emitted_ptr,  # [B, K+1] int64, [B] int64
     requests, vocab, LAG, C1, C2, T1, T2,
     K: tl.constexpr, KP1: tl.constexpr, C1P: tl.constexpr, C2P: tl.constexpr, BLOCK: tl.constexpr,
-    UNROLL: tl.constexpr, HARDWARE: tl.constexpr,
+    UNROLL: tl.constexpr, HARDWARE: tl.constexpr, EMIT_SCAN: tl.constexpr,
     HAS_GREEDY: tl.constexpr, RAW: tl.constexpr, BLOCK_METHOD: tl.constexpr,
 ):
     STAGES: tl.constexpr = 3 if BLOCK_METHOD else 2
@@ -429,7 +429,7 @@ def _stream_verify_kernel(
         _wait(counters + 3, ready_level, status_ptr)
         js = tl.minimum(tl.maximum(tl.load(acc_ptr + b, volatile=True), 0), n)
         part = b * C2P + chunk
-        if live & ~greedy:
+        if live & ~greedy & EMIT_SCAN:
             start = chunk * T2 * BLOCK
             end = tl.minimum(start + T2 * BLOCK, vocab)
             lane = start + tl.arange(0, BLOCK)
@@ -555,6 +555,7 @@ class StreamVerifier:
     t1, t2, lag, unroll : override the :class:`Layout` (tiles per stream / emit item, lag in
         requests, tiles loaded at once).
     warps : warps per program (default 8 on the GPU).
+    emit : 0 only to profile: the emit items skip their scan (the tokens are then wrong).
 
     Scratch (allocated once, ``O(max_batch K V / block)`` words): partials, per-request row
     statistics and counters, and a status word. The counters are zero between calls (the
@@ -562,7 +563,7 @@ class StreamVerifier:
     """
 
     def __init__(self, max_batch: int, num_drafts: int, vocab_size: int, device, *, block: int | None = None,
-                 t1=None, t2=None, lag=None, unroll=None, warps: int | None = None):
+                 t1=None, t2=None, lag=None, unroll=None, warps: int | None = None, emit=1):
         if int(max_batch) < 1:
             raise ValueError(f"max_batch: expected >= 1, got {max_batch}")
         if int(num_drafts) < 0:
@@ -578,6 +579,7 @@ class StreamVerifier:
         self.sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else (
             132 if self.cuda else 1)
         self.overrides = dict(t1=t1, t2=t2, lag=lag, unroll=unroll)
+        self._emit_scan = bool(emit)  # emit=0: a profiling aid (the emit items skip their scan: wrong tokens)
         self.warps = int(warps) if warps else (GPU_WARPS if self.cuda else 4)
         # At most 128 registers (two programs of 8 warps per SM): a variant that needs more spills a
         # little rather than halving the programs in flight.
@@ -674,7 +676,7 @@ class StreamVerifier:
                 tokens, tokens.stride(0), num_emitted,
                 batch, vocab, lay.lag, lay.c1, lay.c2, lay.t1, lay.t2)
         meta = dict(K=k, KP1=self.kp1, C1P=self.c1p, C2P=self.c2p, BLOCK=self.block, UNROLL=unroll,
-                    HARDWARE=self.cuda, HAS_GREEDY=has_greedy, RAW=raw, BLOCK_METHOD=block_method,
+                    HARDWARE=self.cuda, EMIT_SCAN=self._emit_scan, HAS_GREEDY=has_greedy, RAW=raw, BLOCK_METHOD=block_method,
                     num_warps=self.warps, enable_fp_fusion=False)
         try:
             _stream_verify_kernel[(programs,)](*args, **meta, **self._launch_options)
