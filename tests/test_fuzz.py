@@ -40,7 +40,7 @@ from dspark_markov.draft.backends import IMPLS, backend_class  # noqa: E402
 from draft_checks import check_against_reference  # noqa: E402
 
 CPU_EXAMPLES = {"sampler": 6, "verify": 30, "filter": 16, "block": 40}  # sampler: per (impl, method)
-GPU_EXAMPLES = {"sampler": 4, "verify": 12, "filter": 12, "block": 12}
+GPU_EXAMPLES = {"sampler": 2, "verify": 10, "filter": 10, "block": 10}  # sampler: per (impl, method)
 FULL_VOCAB, FULL_RANK = 129_280, 256
 HAS_CUDA = torch.cuda.is_available()
 
@@ -148,6 +148,12 @@ def _head(vocab, rank, extra, dtype, device):
     return dm.MarkovHead(embed.to(device), head.to(device), scale=1.0)
 
 
+def pick(draw, cpu_options, label, gpu, gpu_options=None):
+    """``sampled_from`` the CPU options, or on the GPU from fewer (each dtype or constexpr choice is a
+    Triton compile there, seconds each: the GPU variants vary values, strides and shapes instead)."""
+    return draw(st.sampled_from(gpu_options if gpu and gpu_options is not None else cpu_options), label=label)
+
+
 def _sampler_impls(device):
     """(impl, method) pairs of every registered design that runs on ``device`` (auto excluded)."""
     pairs = []
@@ -173,9 +179,10 @@ def sampler_property(data, device, vocab, rank, impl, method):
     rows = draw(st.integers(0, 4), label="R")
     steps = draw(st.integers(1, 3), label="N")
     slots = draw(st.integers(rows, rows + 3), label="S")
-    wdtype = draw(st.sampled_from([torch.bfloat16, torch.float32]), label="weight dtype")
-    ldtype = draw(st.sampled_from([torch.bfloat16, torch.float32]), label="logit dtype")
-    cdtype = draw(st.sampled_from([torch.bfloat16, torch.float32]), label="cache dtype")
+    gpu = torch.device(device).type == "cuda"
+    wdtype = pick(draw, [torch.bfloat16, torch.float32], "weight dtype", gpu, [torch.bfloat16])
+    ldtype = pick(draw, [torch.bfloat16, torch.float32], "logit dtype", gpu, [torch.bfloat16])
+    cdtype = pick(draw, [torch.bfloat16, torch.float32], "cache dtype", gpu, [torch.bfloat16])
     head = _head(vocab, rank, 3, wdtype, device)
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1), label="seed"))
     row_stride_extra = draw(st.integers(0, 1), label="base row/step padding")
@@ -192,10 +199,11 @@ def sampler_property(data, device, vocab, rank, impl, method):
         free = [s for s in range(slots) if s not in perm.tolist()]
         if free and int(idx[0, 1]) >= 0:
             idx[0, 1] = free[0]  # row 0 writes another slot at step 1: (slot, step) rows stay distinct
-    idx_dtype = draw(st.sampled_from([torch.int32, torch.int64]), label="idx dtype")
+    idx_dtype = pick(draw, [torch.int32, torch.int64], "idx dtype", gpu, [torch.int64])
     inputs = {
         "base_logits": base,
-        "anchor": torch.randint(0, vocab + 3, (rows,), generator=g).to(draw(st.sampled_from([torch.int32, torch.int64]))),
+        "anchor": torch.randint(0, vocab + 3, (rows,), generator=g).to(
+            pick(draw, [torch.int32, torch.int64], "anchor dtype", gpu, [torch.int64])),
         "idx_mapping": idx.reshape(-1).to(idx_dtype),
         "positions": torch.randint(1, 2**31 - 1, (rows * steps,), generator=g).to(idx_dtype),
         "temperature": torch.tensor([draw(st.sampled_from([0.0, 0.5, 1.0, 1.7])) for _ in range(slots)],
@@ -325,7 +333,8 @@ def verify_property(data, device, vocab):
     batch = draw(st.integers(0, 4), label="B")
     k = draw(st.integers(0, 3), label="K")
     slots = draw(st.integers(max(batch, 1), batch + 3), label="S")
-    cdtype = draw(st.sampled_from([torch.bfloat16, torch.float32]), label="cache dtype")
+    gpu = torch.device(device).type == "cuda"
+    cdtype = pick(draw, [torch.bfloat16, torch.float32], "cache dtype", gpu, [torch.bfloat16])
     method = draw(st.sampled_from(["standard", "block"]), label="method")
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1), label="seed"))
     steps = k + draw(st.integers(0, 1), label="extra cache steps")
@@ -352,8 +361,9 @@ def verify_property(data, device, vocab):
         drafts[b, int(num_drafts[b]):] = -5
     if draw(st.booleans(), label="transposed drafts"):
         drafts = drafts.t().contiguous().t()
-    index_dtype = draw(st.sampled_from([torch.int32, torch.int64]), label="index dtype")
-    inputs = {"target_logits": target, "draft_tokens": drafts.to(draw(st.sampled_from([torch.int32, torch.int64]))),
+    index_dtype = pick(draw, [torch.int32, torch.int64], "index dtype", gpu, [torch.int64])
+    inputs = {"target_logits": target,
+              "draft_tokens": drafts.to(pick(draw, [torch.int32, torch.int64], "draft dtype", gpu, [torch.int64])),
               "logits_cache": cache, "num_drafts": num_drafts.to(index_dtype), "idx_mapping": idx.to(index_dtype),
               "positions": torch.randint(1, 2**30, (batch,), generator=g).to(index_dtype),
               "temperature": temperature, "seeds": torch.randint(-(2**62), 2**62, (slots,), generator=g)}
@@ -441,6 +451,7 @@ def test_fuzz_verify_drafts_gpu(data):
 # --------------------------------------------------------------------------- top_k_top_p
 def filter_property(data, device, vocab):
     draw = data.draw
+    gpu = torch.device(device).type == "cuda"
     rows = draw(st.integers(0, 5), label="B")
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1), label="seed"))
     scale = draw(st.sampled_from([0.01, 1.0, 8.0]), label="logit scale")
@@ -453,16 +464,16 @@ def filter_property(data, device, vocab):
     violations = set()
 
     def draw_k():
-        kind = draw(st.sampled_from(["none", "int", "tensor"]), label="k kind")
+        kind = pick(draw, ["none", "int", "tensor"], "k kind", gpu, ["none", "tensor"])
         if kind == "none":
             return None
         if kind == "int":
             return draw(st.integers(-2, vocab + 2), label="k")
         return torch.tensor([draw(st.integers(-3, vocab + 3)) for _ in range(rows)],
-                            dtype=draw(st.sampled_from([torch.int32, torch.int64])), device=device)
+                            dtype=pick(draw, [torch.int32, torch.int64], "k dtype", gpu, [torch.int64]), device=device)
 
     def draw_p():
-        kind = draw(st.sampled_from(["none", "float", "tensor"]), label="p kind")
+        kind = pick(draw, ["none", "float", "tensor"], "p kind", gpu, ["none", "tensor"])
         if kind == "none":
             return None
         if kind == "float":
