@@ -91,7 +91,7 @@ def main():
         flush_buffer = flush.buffer.view(torch.int64)
 
         def flush():
-            torch.sum(flush_buffer, out=sink)
+            torch.sum(flush_buffer, dim=0, out=sink)
     props = torch.cuda.get_device_properties(device)
     print(f"# {props.name}, torch {torch.__version__}, CUDA {torch.version.cuda}", flush=True)
     w2_floor_us = vocab * rank * 2 / 4.38e12 * 1e6

@@ -36,6 +36,18 @@ using dm::u64;
 #define DM_MAX_ROWS 16
 #define DM_RANK 256
 #define DM_INT64_MIN (-9223372036854775807ll - 1)
+// A row's step word is spread over DM_SLOTS copies (block b merges into copy b % DM_SLOTS), each on
+// its own 128-byte line: ~17 blocks contend for a line instead of all of them for one line.
+#define DM_SLOTS 8
+// Phase timestamps for profiling (a.trace != 0): slot 0 kernel start, 1 + 4 s + {0: codes ready,
+// 1: step's words merged in the block, 2: barrier passed, 3: next token known}, 1 + 4 N: exit.
+#define DM_TRACE(k)                                                                                   \
+  if (a.trace && threadIdx.x == 0 && (blockIdx.x == 0 || blockIdx.x == a.num_blocks - 1))            \
+    ((long long*)a.trace)[(blockIdx.x == 0 ? 0 : 136) + (k)] = clock64();
+#define DM_WORD_STRIDE 16  // int64 per (step, copy, row): one 128-byte line
+__device__ __forceinline__ long long* word_at(i64* words, int step, int copy, int row) {
+  return (long long*)words + ((i64)(step * DM_SLOTS + copy) * DM_MAX_ROWS + row) * DM_WORD_STRIDE;
+}
 
 struct ChainArgs {  // every field 8 bytes (matches the ctypes Structure in cuda_chain.py)
   u64 base;      // [R, N, V] bf16/fp32, strides (stride_br, stride_bn, 1)
@@ -48,9 +60,10 @@ struct ChainArgs {  // every field 8 bytes (matches the ctypes Structure in cuda
   u64 temp;      // [S] fp32
   u64 seeds;     // [S] int64
   u64 tokens;    // [R, N] int64, row stride stride_tr
-  u64 words;     // [N, 16] int64 scratch (INT64_MIN between calls)
+  u64 words;     // [N, DM_SLOTS, 16 rows, 16] int64 scratch (INT64_MIN between calls; [.., 0] used)
   u64 sync;      // [N + 1] int32 scratch (0 between calls)
   u64 status;    // [1] int32: bit 0 = a barrier timed out
+  u64 trace;     // 0, or [2, 136] int64: clock64() of thread 0 at phase boundaries, first and last block
   i64 rows, vocab, embed_rows, num_slots, num_steps;
   i64 stride_br, stride_bn, stride_cs, stride_tr;
   i64 base_f32, cache_f32, anchor64, idx64, pos64;
@@ -335,6 +348,7 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
   int* flag_s = prev_s + DM_MAX_ROWS;                    // [16] unused, [16] = stop, [17] = last block
 
   // This block's tiles [t0, t1) and this warp's [wt0, wt0 + ntw).
+  DM_TRACE(0);
   const i64 t0 = (i64)block * a.num_tiles / a.num_blocks;
   const i64 t1 = (i64)(block + 1) * a.num_tiles / a.num_blocks;
   const i64 wt0 = t0 + (i64)warp * tpw;
@@ -355,16 +369,6 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
   const int sub = lane >> LRP;
   const int lanes_per_row = 32 >> LRP;
 
-  if (threadIdx.x < DM_MAX_ROWS) {
-    int r = threadIdx.x;
-    i64 prev = 0;
-    if (r < rows) prev = a.anchor64 ? ((const i64*)a.anchor)[r] : (i64)((const i32*)a.anchor)[r];
-    prev = prev < 0 ? 0 : (prev >= a.embed_rows ? a.embed_rows - 1 : prev);
-    prev_s[r] = (int)prev;
-  }
-  if (threadIdx.x == 0) flag_s[DM_MAX_ROWS] = 0;
-  __syncthreads();
-
   // Step 0's copies of this warp's shared-memory tiles from HBM: asynchronous (cp.async, no
   // registers), so the whole of them is in flight at once; waited for before their first use.
   for (int lt = REGS; lt < ntw; ++lt) {
@@ -382,6 +386,29 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
     }
   }
   asm volatile("cp.async.commit_group;" ::: "memory");
+
+  // The base logits of every step are independent of the tokens: warm this warp's part in L2 now, so
+  // that each step's coalesced reads are L2 hits rather than HBM round trips on the critical path.
+  {
+    const int eb = a.base_f32 ? 4 : 2;
+    const int valid0 = (int)(vocab - v_w0 < (i64)ntw * 16 ? vocab - v_w0 : (i64)ntw * 16);
+    const int lines = valid0 > 0 ? (valid0 * eb + 127) / 128 + 1 : 0;  // +1: the range may straddle a line
+    const int total = rows * (int)a.num_steps * lines;
+    for (int i = lane; i < total; i += 32) {
+      const int line = i % lines, rs = i / lines, r = rs / (int)a.num_steps, st = rs % (int)a.num_steps;
+      const char* p = (const char*)a.base + ((i64)r * a.stride_br + (i64)st * a.stride_bn + v_w0) * eb + line * 128;
+      asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
+    }
+  }
+  if (threadIdx.x < DM_MAX_ROWS) {
+    int r = threadIdx.x;
+    i64 prev = 0;
+    if (r < rows) prev = a.anchor64 ? ((const i64*)a.anchor)[r] : (i64)((const i32*)a.anchor)[r];
+    prev = prev < 0 ? 0 : (prev >= a.embed_rows ? a.embed_rows - 1 : prev);
+    prev_s[r] = (int)prev;
+  }
+  if (threadIdx.x == 0) flag_s[DM_MAX_ROWS] = 0;
+  __syncthreads();
 
   const int steps = (int)a.num_steps;
   for (int step = 0; step < steps; ++step) {
@@ -402,6 +429,7 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
       live_s[threadIdx.x] = k.live;
     }
     __syncthreads();
+    DM_TRACE(1 + 4 * step);
 
     // Bias of this warp's tiles, staged as bf16 [RP rows][ntw * 16 tokens].
     unsigned char* stage = stage_s + warp * RP * pitch;
@@ -529,6 +557,7 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
     for (int off = RP; off < 32; off <<= 1) exact = max64(exact, shfl_xor64(exact, off));
     if (sub == 0) triple_s[warp * RP + rr] = exact;
     __syncthreads();
+    DM_TRACE(2 + 4 * step);
     if (threadIdx.x < rows) {
       i64 best = DM_INT64_MIN;
       for (int w = 0; w < WARPS; ++w) best = max64(best, triple_s[w * RP + threadIdx.x]);
@@ -543,7 +572,7 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
         asm volatile("prefetch.global.L2 [%0];" :: "l"(row + 384));
       }
     }
-    if (threadIdx.x < rows) atomicMax((long long*)&words[step * DM_MAX_ROWS + threadIdx.x], (long long)best_s[threadIdx.x]);
+    if (threadIdx.x < rows) atomicMax(word_at(words, step, block % DM_SLOTS, threadIdx.x), (long long)best_s[threadIdx.x]);
     if (step + 1 == steps) break;  // the last step needs no barrier: the exit counter orders it
 
     // Grid barrier (bounded), then every block reads the step's words.
@@ -563,17 +592,21 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
       }
       __threadfence();
       flag_s[DM_MAX_ROWS] = stop;
+      DM_TRACE(3 + 4 * step);
     }
     __syncthreads();
     if (flag_s[DM_MAX_ROWS]) break;
     if (threadIdx.x < rows) {
-      i64 w = ld_acquire(&words[step * DM_MAX_ROWS + threadIdx.x]);
+      i64 w = DM_INT64_MIN;
+#pragma unroll
+      for (int copy = 0; copy < DM_SLOTS; ++copy) w = max64(w, ld_acquire((const i64*)word_at(words, step, copy, threadIdx.x)));
       i64 t = dm::word_index(w);
       t = t < 0 ? 0 : (t >= vocab ? vocab - 1 : t);
       t = t >= a.embed_rows ? a.embed_rows - 1 : t;
       prev_s[threadIdx.x] = (int)t;
     }
     __syncthreads();
+    DM_TRACE(4 + 4 * step);
   }
 
   // Exit: the last block writes the tokens of every step and resets the scratch for the next call.
@@ -582,6 +615,7 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
     __threadfence();
     int done = atomicAdd(&sync[steps], 1);
     flag_s[DM_MAX_ROWS + 1] = done == (int)a.num_blocks - 1;
+    DM_TRACE(1 + 4 * steps);
   }
   __syncthreads();
   if (flag_s[DM_MAX_ROWS + 1]) {
@@ -590,13 +624,15 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
     int r = threadIdx.x / steps, s = threadIdx.x % steps;
     bool mine = threadIdx.x < rows * steps;
     if (mine) {
-      i64 w = ld_acquire(&words[s * DM_MAX_ROWS + r]);
+      i64 w = DM_INT64_MIN;
+#pragma unroll
+      for (int copy = 0; copy < DM_SLOTS; ++copy) w = max64(w, ld_acquire((const i64*)word_at(words, s, copy, r)));
       tok = dm::word_index(w);
       tok = tok < 0 ? 0 : (tok >= vocab ? vocab - 1 : tok);
     }
     __syncthreads();
     if (mine) ((i64*)a.tokens)[r * a.stride_tr + s] = tok;
-    if (threadIdx.x < steps * DM_MAX_ROWS) words[threadIdx.x] = DM_INT64_MIN;
+    for (int i = threadIdx.x; i < steps * DM_SLOTS * DM_MAX_ROWS; i += THREADS) *word_at(words, 0, 0, i) = DM_INT64_MIN;
     if (threadIdx.x <= steps) sync[threadIdx.x] = 0;
   }
 }
