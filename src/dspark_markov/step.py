@@ -86,6 +86,8 @@ class DSparkStep:
             raise ValueError(f"verify_impl: expected one of {VERIFY_IMPLS}, got {verify_impl!r}")
         if verify_method not in ("standard", "block"):
             raise ValueError(f"verify_method: expected 'standard' or 'block', got {verify_method!r}")
+        if filter_impl not in ("triton", "reference"):
+            raise ValueError(f"filter_impl: expected 'triton' or 'reference', got {filter_impl!r}")
         if block_inputs_impl not in BLOCK_INPUT_IMPLS:
             raise ValueError(f"block_inputs_impl: expected one of {BLOCK_INPUT_IMPLS}, got {block_inputs_impl!r}")
         self.head = head
