@@ -395,3 +395,26 @@ def test_cli_info_says_how_to_enable_what_is_missing():
     """)
     fused = next(line for line in result.stdout.splitlines() if line.strip().startswith("fused "))
     assert "pip install" in fused and "triton" in fused, result.stdout
+
+
+def test_item3_demo_step_engine_reads_the_status_with_its_per_round_sync():
+    """The step engine (no value checks, as on CUDA) folds the chain's status into its one sync per round."""
+    from dspark_markov.demo import generate as demo
+    from dspark_markov.demo.step_engine import StepGenerator, marginal_backbone
+
+    vocab, batch, k = 300, 2, 2
+    language = demo.BigramLanguage(vocab, seed=0)
+    log_mu = language.marginals().log().float()
+    head = demo.fit_markov_head(language, 16)
+    stepper = StepGenerator(lambda prev, pos: language.logits(prev, pos), head, marginal_backbone(log_mu, batch, k),
+                            batch=batch, num_steps=k, temperature=torch.ones(batch), seeds=torch.arange(batch),
+                            draft_impl="chain", verify_impl="reference", block_inputs_impl="reference")
+    stepper._check = False  # the CUDA setting: no value checks, no extra host syncs
+    stepper.step.sampler.backend = _failing_chain(head, k, batch)
+    with pytest.raises(dm.DeviceStatusError, match="barrier timed out"):
+        stepper.generate(torch.tensor([1, 2]), torch.tensor([10, 20]), 4)
+
+
+def test_item4_step_rejects_an_unknown_filter_impl_at_construction():
+    with pytest.raises(ValueError, match=r"^filter_impl: expected"):
+        _step(filter_impl="sorted")

@@ -41,6 +41,30 @@ def inputs_for(gen, rows, steps, vocab, temperature, device):
     return [base, anchor, idx, pos, temp, seeds]
 
 
+def _driver_version() -> str:
+    import ctypes
+
+    from dspark_markov.cuda import build
+
+    value = ctypes.c_int()
+    build.driver().cuDriverGetVersion(ctypes.byref(value))
+    return f"{value.value // 1000}.{value.value % 1000 // 10}"
+
+
+def _triton_version() -> str:
+    try:
+        import triton
+    except ImportError:
+        return "not installed"
+    return triton.__version__
+
+
+def _nvrtc_version() -> str:
+    from dspark_markov.cuda import build
+
+    return ".".join(map(str, build.nvrtc_version()))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", default="1,2,4,8,16")
@@ -52,6 +76,9 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--replays", type=int, default=20)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--flush", default="write", choices=("write", "read"),
+                        help="how the L2 is emptied before each replay: the harness's zero-fill (leaves ~60 MB "
+                             "of dirty lines that the first reads must write back) or a read of the buffer")
     args = parser.parse_args()
     device = torch.device("cuda")
     vocab, rank = 129_280, 256
@@ -59,6 +86,12 @@ def main():
     head = dm.MarkovHead((torch.randn(vocab, rank, device=device, generator=gen) * 0.05).bfloat16(),
                          (torch.randn(vocab, rank, device=device, generator=gen) * 0.05).bfloat16())
     flush = harness.L2Flusher(device)
+    if args.flush == "read":  # evicts as well, but leaves clean lines: no write-back in the timed call
+        sink = torch.empty((), dtype=torch.int64, device=device)
+        flush_buffer = flush.buffer.view(torch.int64)
+
+        def flush():
+            torch.sum(flush_buffer, dim=0, out=sink)
     props = torch.cuda.get_device_properties(device)
     print(f"# {props.name}, torch {torch.__version__}, CUDA {torch.version.cuda}", flush=True)
     w2_floor_us = vocab * rank * 2 / 4.38e12 * 1e6
@@ -101,16 +134,18 @@ def main():
                         clean = status is None or int(status.item()) == 0
                         same = bool(torch.equal(tokens, ref))
                         record = dict(variant=key, rows=rows, steps=steps, cache=cache_name, temperature=temperature,
+                                      flush=args.flush,
                                       time_us=summary.median, low=summary.low, high=summary.high, clean=clean,
                                       tokens_equal_first=same)
                         records.append(record)
-                        print(f"N {steps} rows {rows:2d} cache {cache_name} T {temperature:5s} {key:7s}: "
+                        print(f"N {steps} rows {rows:2d} cache {cache_name} T {temperature:5s} flush {args.flush} {key:7s}: "
                               f"{summary.median:7.1f} us [{summary.low:6.1f}, {summary.high:6.1f}]  clean {clean}  "
                               f"same tokens as {order[0]}: {same}  W2-once floor {w2_floor_us:.1f} us", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(device=props.name, torch=torch.__version__, cuda=torch.version.cuda, records=records), f,
-                      indent=1)
+            json.dump(dict(device=props.name, torch=torch.__version__, cuda=torch.version.cuda,
+                           driver=_driver_version(), triton=_triton_version(), nvrtc=_nvrtc_version(),
+                           command=" ".join(sys.argv), records=records), f, indent=1)
     return 0
 
 

@@ -76,8 +76,8 @@ REGISTRY = {
     },
     "verify": {
         "reference": Entry("dspark_markov.verify.reference", "verify_reference", graph_safe=False),
-        # verify_drafts builds a Verifier per call; graphs capture triton_verify.Verifier (DSparkStep)
-        "triton": Entry("dspark_markov.verify.triton_verify", "verify_triton", graph_safe=False),
+        # verify_drafts allocates its outputs per call; graphs capture a StreamVerifier / Verifier (DSparkStep)
+        "triton": Entry("dspark_markov.verify.triton_verify_stream", "verify_stream", graph_safe=False),
     },
     "top_k_top_p": {
         "reference": Entry("dspark_markov.verify.filtering_reference", "top_k_top_p_reference", graph_safe=False),

@@ -298,3 +298,30 @@ def test_vllm_loop_draws_what_the_reference_draws(cache_dtype):
     assert torch.equal(tokens, expected.draft_tokens)
     assert torch.equal(cache, expected.logits_cache)  # bit for bit, rows of unused slots still -7
     assert bool((cache[[1, 2, 4]] == -7.0).all())
+
+
+def test_extract_vllm_rewrites_only_the_one_import(tmp_path):
+    """tools/extract_vllm.py: the standalone copy differs from vLLM's file in its one vLLM import,
+    line for line, and a file importing more of vLLM is refused; a wheel is read member by member."""
+    import importlib.util
+    import zipfile
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "tools" / "extract_vllm.py"
+    spec = importlib.util.spec_from_file_location("extract_vllm", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    source = "import torch\n\nfrom vllm.triton_utils import tl, triton\n\n\ndef gumbel_sample(x):\n    return x\n"
+    out = tool.standalone(source)
+    assert out.count("\n") == source.count("\n")
+    changed = [(a, b) for a, b in zip(source.splitlines(), out.splitlines()) if a != b]
+    assert changed == [("from vllm.triton_utils import tl, triton", tool.TRITON_IMPORT)]
+    with pytest.raises(SystemExit, match="more of vLLM"):
+        tool.standalone(source + "from vllm.logger import init_logger\n")
+    wheel = tmp_path / "vllm-0.33.0-cp38-abi3-manylinux1_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr(tool.MEMBER, source)
+    assert tool.main(["--wheel", str(wheel), "--out", str(tmp_path / "cache")]) == 0
+    folder = tmp_path / "cache" / "vllm-0.33.0"
+    assert (folder / "gumbel.py").read_text() == source and (folder / "gumbel_standalone.py").read_text() == out
+    assert "sha256" in (folder / "SOURCE.txt").read_text()

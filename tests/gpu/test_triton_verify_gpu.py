@@ -237,3 +237,92 @@ def test_dspark_step_graph_replay_equals_eager():
         torch.cuda.synchronize()
         assert torch.equal(out.tokens, expected.tokens) and torch.equal(out.num_emitted, expected.num_emitted)
         assert bool((out.num_emitted[live:] == 0).all())
+
+
+# --------------------------------------------------------------------------- the one-launch stream design
+def _stream():
+    from dspark_markov.verify.triton_verify_stream import StreamVerifier
+
+    return StreamVerifier
+
+
+@pytest.mark.parametrize("method", ["standard", "block"])
+def test_stream_every_position_follows_the_target(method):
+    """The chi-square of every position for the stream kernel (the one verify_drafts runs), with its
+    negative control; the raw-logit mode (temperature divided in the kernel) on the same trials."""
+    rows, calls, support = 253, 48, 24
+    verifier = _stream()(rows, K, VOCAB, "cuda")
+
+    def verify(*args):
+        return verifier.run(*args, method=method)
+
+    counts, p, accepted = position_counts(verify, torch.device("cuda"), vocab=VOCAB, k=K, rows=rows, calls=calls,
+                                          support=support)
+    verifier.check()
+    assert float(counts[:, support:].sum()) == 0
+    statistic, dof = chi_square(counts[:, :support].cpu(), (p[:, :support] * rows * calls).cpu())
+    assert statistic <= chi_square_threshold(dof), f"chi-square {statistic:.1f} on {dof} df"
+    assert accepted > 0.5
+
+    def wrong_q(target, drafts, cache, num_drafts, slots, positions, temp, seeds):
+        return verifier.run(target, drafts, cache, num_drafts, slots, positions, temp * 1.5, seeds, method=method)
+
+    counts, p, _ = position_counts(wrong_q, torch.device("cuda"), vocab=VOCAB, k=K, rows=rows, calls=calls,
+                                   support=support)
+    statistic, dof = chi_square(counts[:, :support].cpu(), (p[:, :support] * rows * calls).cpu())
+    assert statistic > chi_square_threshold(dof)
+
+
+@pytest.mark.parametrize("method", ["standard", "block"])
+@pytest.mark.parametrize("rows", [1, 16, 253])
+def test_stream_raw_logits_bit_identical_to_pre_divided(rows, method):
+    """Raw logits + the per-slot temperature == ``scale_target`` of them passed pre-divided, bit for bit
+    (and both == the reference), with greedy slots (T = 0: unscaled) among them."""
+    from dspark_markov.verify.reference import scale_target
+
+    args = _case(rows, 11)
+    temperature = args[6]
+    raw = args[0] * torch.where(temperature == 0, 1.0, temperature)[args[4].clamp_min(0), None, None]
+    divided = scale_target(raw, temperature, args[4])
+    verifier = _stream()(rows, K, VOCAB, "cuda")
+    a = [x.clone() for x in verifier.run(divided, *args[1:], method=method)]
+    b = verifier.run(raw, *args[1:], method=method, target_temperature=temperature)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    ref = dm.verify_drafts(raw, *args[1:], method=method, target_temperature=temperature)
+    assert torch.equal(a[0], ref.tokens) and torch.equal(a[1], ref.num_emitted)
+    verifier.check()
+
+
+def test_stream_layouts_agree_and_graph_replays():
+    """Other chunkings and lags give the same tokens; a captured launch replays with new inputs
+    (the kernel resets its own counters) and equals the reference every time."""
+    rows = 64
+    StreamVerifier = _stream()
+    first = _case(rows, 21)
+    outs = []
+    for options in ({}, dict(t1=1, t2=1, lag=1), dict(t1=8, t2=4, lag=9)):
+        verifier = StreamVerifier(rows, K, VOCAB, "cuda", **options)
+        outs.append([x.clone() for x in verifier.run(*first, method="block")])
+        verifier.check()
+    for tokens, count in outs[1:]:
+        assert torch.equal(tokens, outs[0][0]) and torch.equal(count, outs[0][1])
+    verifier = StreamVerifier(rows, K, VOCAB, "cuda")
+    static = [x.clone() for x in first]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        verifier.run(*static, method="standard", target_temperature=static[6])
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tokens, count = verifier.run(*static, method="standard", target_temperature=static[6])
+    for seed in (22, 23, 24):
+        fresh = _case(rows, seed)
+        for dst, src in zip(static, fresh):
+            dst.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = dm.verify_drafts(*fresh, method="standard", target_temperature=fresh[6])
+        assert torch.equal(tokens, ref.tokens) and torch.equal(count, ref.num_emitted)
+    verifier.check()
+    assert int(verifier.counters.abs().sum()) == 0

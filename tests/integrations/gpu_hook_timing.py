@@ -101,7 +101,7 @@ def main() -> int:
             record["eager"] = compare(plain, hooked, rows)
             state = hook._states[hooked]
             record["impl"] = auto.choose("gumbel", torch.bfloat16, rows, device) if state.impl == "auto" else state.impl
-            if mode == "1" and cuda:
+            if cuda:
                 graphs = {name: harness.capture_graph(lambda s=spec: s._sample_sequential(rows, hidden))
                           for name, spec in (("vllm_loop", plain), ("hook", hooked))}
                 for spec in (plain, hooked):
@@ -143,10 +143,10 @@ def main() -> int:
                "timing": "CUDA-graph replay of one _sample_sequential call (all 5 steps), L2 flushed before each "
                          "replay, median of round medians; both graphs alternate"}
     (out / "vllm_hook_gpu.json").write_text(json.dumps(payload, indent=2) + "\n")
-    print(f"{'rows':>5} {'vLLM loop us':>13} {'hook us':>9} {'x':>6}  impl          tokens  cache (mismatches, max ulps)")
+    print(f"{'rows':>5} {'T':>5} {'vLLM loop us':>13} {'hook us':>9} {'x':>6}  impl          tokens  cache (mismatches, max ulps)")
     for r in results:
         if "hook_us" in r:
-            print(f"{r['rows']:>5} {r['vllm_loop_us']:>13.1f} {r['hook_us']:>9.1f} {r['speedup']:>6.2f}  {r['impl']:<12}  "
+            print(f"{r['rows']:>5} {r['temperature']:>5} {r['vllm_loop_us']:>13.1f} {r['hook_us']:>9.1f} {r['speedup']:>6.2f}  {r['impl']:<12}  "
                   f"{r['graph']['tokens_equal']!s:<6}  {r['graph']['cache_mismatches']}, {r['graph']['cache_max_ulps']}")
     # In-kernel bias designs may differ from vLLM's GEMM in the last bf16 bit (reported above); the
     # replay must equal the eager call, and the cuBLAS-bias design must equal vLLM's loop exactly.

@@ -138,7 +138,7 @@ def hooked(monkeypatch):
     del DSparkDeepseekV4ForCausalLM.sample_sequential
 
 
-def run_both(spec, num_reqs):
+def run_both(spec, num_reqs, *, taken=True):
     """vLLM's _sample_sequential without, then with the hook, on twins of ``spec``; the twins."""
     plain, with_hook = clone_speculator(spec), clone_speculator(spec)
     saved = DSparkDeepseekV4ForCausalLM.__dict__.get("sample_sequential")
@@ -150,9 +150,9 @@ def run_both(spec, num_reqs):
         finally:
             if saved is not None:
                 DSparkDeepseekV4ForCausalLM.sample_sequential = saved
-        taken = hook.stats["taken"]
+        before = hook.stats["taken"]
         with_hook._sample_sequential(num_reqs, spec.head_hidden)
-    assert hook.stats["taken"] == taken + 1, "the hook declined a case it should take"
+    assert hook.stats["taken"] == before + int(taken), "the hook declined a case it should take"
     return plain, with_hook
 
 
@@ -277,6 +277,8 @@ def _declined_cases():
         "too many rows": (None, dict(num_reqs=MAX_REQS + 1), "batch outside"),
         "inverse-CDF design": (None, dict(impl="inverse_cdf"), "MarkovSampler refused"),
         "no Markov head": (no_head, None, "no Markov head"),
+        "fp64 temperature buffer": (lambda spec: setattr(spec, "temperature", spec.temperature.double()), None,
+                                    "speculator.temperature"),
     }
 
 
@@ -308,6 +310,24 @@ def test_declined_cases_write_nothing(hooked, monkeypatch, caplog, name):
     assert reason == "MarkovSampler refused" or reason in hook.why_not(spec, num_reqs)
     logged = [r.getMessage() for r in caplog.records] + [key[1] for key in hook._logged]
     assert any(reason in message for message in logged), logged
+
+
+def test_sampler_refusal_after_the_base_logits_finishes_with_vllms_loop(hooked, monkeypatch):
+    """A ValueError of MarkovSampler.sample (raised before it writes anything) once the base logits
+    are computed: the hook finishes with vLLM's loop from them, and the result is vLLM's."""
+    from dspark_markov.draft.sampler import MarkovSampler
+
+    def refuse(self, *args, **kwargs):
+        raise ValueError("base_logits: refused for the test")
+
+    monkeypatch.setattr(MarkovSampler, "sample", refuse)
+    gen = torch.Generator().manual_seed(21)
+    spec = make_speculator(make_model(gen, vocab=VOCAB, rank=RANK, hidden=HIDDEN), gen, num_reqs=4, max_reqs=MAX_REQS,
+                           steps=STEPS, vocab=VOCAB, hidden=HIDDEN, padding_rows=(0,), temperatures=(0.6, 1.0))
+    rest = hook.stats["loop_rest"]
+    plain, with_hook = run_both(spec, 4, taken=False)
+    assert hook.stats["loop_rest"] == rest + 1
+    assert_same(plain, with_hook)
 
 
 def test_decline_is_logged_once(hooked, caplog):

@@ -36,6 +36,18 @@ using dm::u64;
 #define DM_MAX_ROWS 16
 #define DM_RANK 256
 #define DM_INT64_MIN (-9223372036854775807ll - 1)
+// A row's step word is spread over DM_SLOTS copies (block b merges into copy b % DM_SLOTS), each on
+// its own 128-byte line: ~17 blocks contend for a line instead of all of them for one line.
+#define DM_SLOTS 8
+// Phase timestamps for profiling (a.trace != 0): slot 0 kernel start, 1 + 4 s + {0: codes ready,
+// 1: step's words merged in the block, 2: barrier passed, 3: next token known}, 1 + 4 N: exit.
+#define DM_TRACE(k)                                                                                   \
+  if (a.trace && threadIdx.x == 0 && (blockIdx.x == 0 || blockIdx.x == a.num_blocks - 1))            \
+    ((long long*)a.trace)[(blockIdx.x == 0 ? 0 : 136) + (k)] = clock64();
+#define DM_WORD_STRIDE 16  // int64 per (step, copy, row): one 128-byte line
+__device__ __forceinline__ long long* word_at(i64* words, int step, int copy, int row) {
+  return (long long*)words + ((i64)(step * DM_SLOTS + copy) * DM_MAX_ROWS + row) * DM_WORD_STRIDE;
+}
 
 struct ChainArgs {  // every field 8 bytes (matches the ctypes Structure in cuda_chain.py)
   u64 base;      // [R, N, V] bf16/fp32, strides (stride_br, stride_bn, 1)
@@ -48,13 +60,15 @@ struct ChainArgs {  // every field 8 bytes (matches the ctypes Structure in cuda
   u64 temp;      // [S] fp32
   u64 seeds;     // [S] int64
   u64 tokens;    // [R, N] int64, row stride stride_tr
-  u64 words;     // [N, 16] int64 scratch (INT64_MIN between calls)
+  u64 words;     // [N, DM_SLOTS, 16 rows, 16] int64 scratch (INT64_MIN between calls; [.., 0] used)
   u64 sync;      // [N + 1] int32 scratch (0 between calls)
   u64 status;    // [1] int32: bit 0 = a barrier timed out
+  u64 trace;     // 0, or [2, 136] int64: clock64() of thread 0 at phase boundaries, first and last block
   i64 rows, vocab, embed_rows, num_slots, num_steps;
   i64 stride_br, stride_bn, stride_cs, stride_tr;
   i64 base_f32, cache_f32, anchor64, idx64, pos64;
   i64 rows_pow2, log2_rows_pow2;  // RP >= rows, a power of two <= 16
+  i64 vec_io;                     // base/cache rows 16-byte aligned: 16-byte loads and stores
   i64 num_blocks, num_tiles, smem_tiles, tiles_per_warp;
   i64 barrier_extra, spin_cycles;
   double scale, filter_margin;
@@ -127,14 +141,22 @@ __device__ __forceinline__ void mma16816(float* d, u32 a0, u32 a1, u32 a2, u32 a
 }
 
 // Two k-tiles (2j, 2j+1) of one 16-token tile: A chunks of token rows g and g+8, codes chunk per nt.
+// With one n-tile the even and odd k-tiles go to two accumulators (two dependency chains of 8 mma,
+// not one of 16; the summation order of the bias is free, SPEC.md section 3); with two n-tiles
+// their chains already interleave.
 template <int NT>
-__device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], uint4 lo, uint4 hi, const uint4* codes_s, int j,
-                                          int lane) {
+struct Acc {
+  static constexpr int N = NT == 1 ? 2 : 1;
+};
+
+template <int NT>
+__device__ __forceinline__ void mma_chunk(float (&acc)[Acc<NT>::N][NT][4], uint4 lo, uint4 hi,
+                                          const uint4* codes_s, int j, int lane) {
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     uint4 b = codes_s[(nt * 8 + j) * 32 + lane];
-    mma16816(acc[nt], lo.x, hi.x, lo.y, hi.y, b.x, b.y);
-    mma16816(acc[nt], lo.z, hi.z, lo.w, hi.w, b.z, b.w);
+    mma16816(acc[0][nt], lo.x, hi.x, lo.y, hi.y, b.x, b.y);
+    mma16816(acc[Acc<NT>::N - 1][nt], lo.z, hi.z, lo.w, hi.w, b.z, b.w);
   }
 }
 
@@ -195,9 +217,102 @@ __device__ __forceinline__ RowKeys row_keys(const ChainArgs& a, int row, int ste
   return k;
 }
 
-__device__ __forceinline__ float cached_z(const ChainArgs& a, i64 slot, int step, i64 v) {
-  i64 off = slot * a.stride_cs + (i64)step * a.vocab + v;
-  return a.cache_f32 ? ((const float*)a.cache)[off] : bf16_to_f32(((const unsigned short*)a.cache)[off]);
+
+__device__ __forceinline__ float staged_z(const unsigned char* zrow, i64 cache_f32, int vi) {
+  return cache_f32 ? *(const float*)(zrow + vi * 4) : bf16_to_f32(*(const unsigned short*)(zrow + vi * 2));
+}
+
+__device__ __forceinline__ uint4 ld_stream_v4(const void* ptr) {  // read once: evict first
+  uint4 v;
+  asm("ld.global.cs.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
+  return v;
+}
+
+// Phase A of a warp's epilogue: for every (row, 8-token unit) of the warp's tokens, z = round(U +
+// bias) in the cache dtype, written to the cache (live rows) and in place of the bias in the stage.
+template <bool BASE_F32, bool CACHE_F32>
+__device__ __forceinline__ void stage_z(const ChainArgs& a, unsigned char* stage, int pitch, i64 v_w0, int valid,
+                                        int step, const i64* slot_s, const int* live_s, int lane) {
+  constexpr int ES = CACHE_F32 ? 4 : 2;
+  const int units = (valid + 7) >> 3;  // per row
+  const int total = (int)a.rows * units;
+  for (int u = lane; u < total; u += 32) {
+    const int row = u / units, vi = (u - row * units) * 8;
+    const i64 v = v_w0 + vi;
+    unsigned char* srow = stage + row * pitch + vi * ES;
+    const i64 boff = (i64)row * a.stride_br + (i64)step * a.stride_bn + v;
+    const bool live = live_s[row] != 0;
+    const i64 coff = slot_s[row] * a.stride_cs + (i64)step * a.vocab + v;
+    float z[8];
+    const int n = valid - vi < 8 ? valid - vi : 8;
+    if (a.vec_io && n == 8) {
+      float uval[8];
+      if (BASE_F32) {
+        uint4 p = ld_stream_v4((const float*)a.base + boff), q = ld_stream_v4((const float*)a.base + boff + 4);
+        uval[0] = __uint_as_float(p.x); uval[1] = __uint_as_float(p.y); uval[2] = __uint_as_float(p.z);
+        uval[3] = __uint_as_float(p.w); uval[4] = __uint_as_float(q.x); uval[5] = __uint_as_float(q.y);
+        uval[6] = __uint_as_float(q.z); uval[7] = __uint_as_float(q.w);
+      } else {
+        uint4 p = ld_stream_v4((const unsigned short*)a.base + boff);
+        u32 w[4] = {p.x, p.y, p.z, p.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          uval[2 * e] = __uint_as_float(w[e] << 16);
+          uval[2 * e + 1] = __uint_as_float(w[e] & 0xFFFF0000u);
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) z[e] = dm::add_rn(uval[e], bf16_to_f32(*(const unsigned short*)(srow + e * ES)));
+      if (CACHE_F32) {
+        uint4 p = make_uint4(__float_as_uint(z[0]), __float_as_uint(z[1]), __float_as_uint(z[2]), __float_as_uint(z[3]));
+        uint4 q = make_uint4(__float_as_uint(z[4]), __float_as_uint(z[5]), __float_as_uint(z[6]), __float_as_uint(z[7]));
+        *(uint4*)srow = p;
+        *(uint4*)(srow + 16) = q;
+        if (live) {
+          *(uint4*)((float*)a.cache + coff) = p;
+          *(uint4*)((float*)a.cache + coff + 4) = q;
+        }
+      } else {
+        u32 w[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) w[e] = (u32)f32_to_bf16(z[2 * e]) | ((u32)f32_to_bf16(z[2 * e + 1]) << 16);
+        uint4 p = make_uint4(w[0], w[1], w[2], w[3]);
+        *(uint4*)srow = p;
+        if (live) *(uint4*)((unsigned short*)a.cache + coff) = p;
+      }
+    } else {
+      for (int e = 0; e < n; ++e) {
+        float uv = BASE_F32 ? ((const float*)a.base)[boff + e] : bf16_to_f32(((const unsigned short*)a.base)[boff + e]);
+        float ze = dm::add_rn(uv, bf16_to_f32(*(const unsigned short*)(srow + e * ES)));
+        if (CACHE_F32) {
+          *(float*)(srow + e * 4) = ze;
+          if (live) ((float*)a.cache)[coff + e] = ze;
+        } else {
+          unsigned short zb = f32_to_bf16(ze);
+          *(unsigned short*)(srow + e * 2) = zb;
+          if (live) ((unsigned short*)a.cache)[coff + e] = zb;
+        }
+      }
+    }
+  }
+}
+
+// Phase B: the three best packed approximate keys (z itself for greedy rows) of tokens [lo, hi).
+template <bool CACHE_F32>
+__device__ __forceinline__ void rank_chunk(const unsigned char* zrow, int lo, int hi, i64 v_w0, bool greedy,
+                                           float inv_temp, u32 prefix, i64& t1, i64& t2, i64& t3) {
+  // A key below the third kept key (as fp32) cannot enter; `!(key < thr)` lets NaN and ties through.
+  float thr = -__int_as_float(0x7f800000);
+#pragma unroll 4
+  for (int vi = lo; vi < hi; ++vi) {
+    const float z = CACHE_F32 ? *(const float*)(zrow + vi * 4) : bf16_to_f32(*(const unsigned short*)(zrow + vi * 2));
+    const u32 v = (u32)(v_w0 + vi);
+    const float key = greedy ? z : dm::add_rn(dm::mul_rn(z, inv_temp), dm::approx_noise(prefix, v));
+    if (!(key < thr)) {
+      insert3(t1, t2, t3, dm::pack_word(key, (i32)v));
+      if (t3 != DM_INT64_MIN) thr = dm::word_key(t3);
+    }
+  }
 }
 
 // ------------------------------------------------------------------ the kernel
@@ -216,15 +331,24 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
   const int tpw = (int)a.tiles_per_warp;
   const i64 vocab = a.vocab;
 
+  const int es = a.cache_f32 ? 4 : 2;              // bytes per staged element (the cache dtype)
+  const int span = tpw * 16;                        // tokens per warp
+  const int pitch = span * es + 16;                 // bytes per staged row (padded: fewer bank conflicts)
   uint4* w2_s = (uint4*)smem;
   uint4* codes_s = w2_s + a.smem_tiles * 512;
-  unsigned short* stage_s = (unsigned short*)(codes_s + NT * 8 * 32);
-  i64* triple_s = (i64*)(stage_s + (((WARPS * RP * tpw * 16) + 7) & ~7));  // [WARPS][RP] words
-  i64* best_s = triple_s + WARPS * RP * 3;                                  // [16] block word per row
-  int* prev_s = (int*)(best_s + DM_MAX_ROWS);                                  // [16]
-  int* flag_s = prev_s + DM_MAX_ROWS;                                          // [16] fallback per row, [16] = stop
+  unsigned char* stage_s = (unsigned char*)(codes_s + NT * 8 * 32);  // [WARPS][RP][pitch]
+  i64* triple_s = (i64*)(stage_s + WARPS * RP * pitch);  // [WARPS][RP] words
+  i64* best_s = triple_s + WARPS * RP * 3;               // [16] block word per row
+  i64* slot_s = best_s + DM_MAX_ROWS;                    // [16] per-row keys of the step
+  float* temp_s = (float*)(slot_s + DM_MAX_ROWS);        // [16]
+  float* inv_s = temp_s + DM_MAX_ROWS;                   // [16]
+  u32* prefix_s = (u32*)(inv_s + DM_MAX_ROWS);           // [16]
+  int* live_s = (int*)(prefix_s + DM_MAX_ROWS);          // [16]
+  int* prev_s = live_s + DM_MAX_ROWS;                    // [16]
+  int* flag_s = prev_s + DM_MAX_ROWS;                    // [16] unused, [16] = stop, [17] = last block
 
   // This block's tiles [t0, t1) and this warp's [wt0, wt0 + ntw).
+  DM_TRACE(0);
   const i64 t0 = (i64)block * a.num_tiles / a.num_blocks;
   const i64 t1 = (i64)(block + 1) * a.num_tiles / a.num_blocks;
   const i64 wt0 = t0 + (i64)warp * tpw;
@@ -245,16 +369,6 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
   const int sub = lane >> LRP;
   const int lanes_per_row = 32 >> LRP;
 
-  if (threadIdx.x < DM_MAX_ROWS) {
-    int r = threadIdx.x;
-    i64 prev = 0;
-    if (r < rows) prev = a.anchor64 ? ((const i64*)a.anchor)[r] : (i64)((const i32*)a.anchor)[r];
-    prev = prev < 0 ? 0 : (prev >= a.embed_rows ? a.embed_rows - 1 : prev);
-    prev_s[r] = (int)prev;
-  }
-  if (threadIdx.x == 0) flag_s[DM_MAX_ROWS] = 0;
-  __syncthreads();
-
   // Step 0's copies of this warp's shared-memory tiles from HBM: asynchronous (cp.async, no
   // registers), so the whole of them is in flight at once; waited for before their first use.
   for (int lt = REGS; lt < ntw; ++lt) {
@@ -273,6 +387,29 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
   }
   asm volatile("cp.async.commit_group;" ::: "memory");
 
+  // The base logits of every step are independent of the tokens: warm this warp's part in L2 now, so
+  // that each step's coalesced reads are L2 hits rather than HBM round trips on the critical path.
+  {
+    const int eb = a.base_f32 ? 4 : 2;
+    const int valid0 = (int)(vocab - v_w0 < (i64)ntw * 16 ? vocab - v_w0 : (i64)ntw * 16);
+    const int lines = valid0 > 0 ? (valid0 * eb + 127) / 128 + 1 : 0;  // +1: the range may straddle a line
+    const int total = rows * (int)a.num_steps * lines;
+    for (int i = lane; i < total; i += 32) {
+      const int line = i % lines, rs = i / lines, r = rs / (int)a.num_steps, st = rs % (int)a.num_steps;
+      const char* p = (const char*)a.base + ((i64)r * a.stride_br + (i64)st * a.stride_bn + v_w0) * eb + line * 128;
+      asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
+    }
+  }
+  if (threadIdx.x < DM_MAX_ROWS) {
+    int r = threadIdx.x;
+    i64 prev = 0;
+    if (r < rows) prev = a.anchor64 ? ((const i64*)a.anchor)[r] : (i64)((const i32*)a.anchor)[r];
+    prev = prev < 0 ? 0 : (prev >= a.embed_rows ? a.embed_rows - 1 : prev);
+    prev_s[r] = (int)prev;
+  }
+  if (threadIdx.x == 0) flag_s[DM_MAX_ROWS] = 0;
+  __syncthreads();
+
   const int steps = (int)a.num_steps;
   for (int step = 0; step < steps; ++step) {
     // Codes of this step: W1[prev] per row, in mma B-fragment order; rows >= R are zero.
@@ -283,13 +420,21 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
       int nt = r >> 3, gg = r & 7, j = q >> 2, cc = q & 3;
       codes_s[(nt * 8 + j) * 32 + gg * 4 + cc] = v;
     }
-    RowKeys keys = row_keys(a, rr < rows ? rr : 0, step);
+    if (threadIdx.x < rows) {
+      RowKeys k = row_keys(a, threadIdx.x, step);
+      slot_s[threadIdx.x] = k.slot;
+      temp_s[threadIdx.x] = k.temp;
+      inv_s[threadIdx.x] = k.greedy ? 0.0f : k.inv_temp;  // 0: greedy
+      prefix_s[threadIdx.x] = k.prefix;
+      live_s[threadIdx.x] = k.live;
+    }
     __syncthreads();
+    DM_TRACE(1 + 4 * step);
 
     // Bias of this warp's tiles, staged as bf16 [RP rows][ntw * 16 tokens].
-    unsigned short* stage = stage_s + warp * RP * tpw * 16;
+    unsigned char* stage = stage_s + warp * RP * pitch;
     // acc[nt]: tokens g (0, 1) and g + 8 (2, 3) of tile lt, rows nt * 8 + 2c (+1) -> bf16 bias.
-    auto stage_tile = [&](float (&acc)[NT][4], int lt) {
+    auto stage_tile = [&](float (&acc)[Acc<NT>::N][NT][4], int lt) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
@@ -297,9 +442,10 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
           int row = nt * 8 + 2 * c + (e & 1);
           int tok = lt * 16 + g + ((e >> 1) << 3);
           if (row < RP) {
-            unsigned short b = f32_to_bf16(acc[nt][e]);
+            const float sum = Acc<NT>::N == 2 ? dm::add_rn(acc[0][nt][e], acc[Acc<NT>::N - 1][nt][e]) : acc[0][nt][e];
+            unsigned short b = f32_to_bf16(sum);
             if (a.scale != 1.0) b = f32_to_bf16(dm::mul_rn(bf16_to_f32(b), (float)a.scale));
-            stage[row * (tpw * 16) + tok] = b;
+            *(unsigned short*)(stage + row * pitch + tok * es) = b;
           }
         }
       }
@@ -309,7 +455,7 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
 #pragma unroll
     for (int rt = 0; rt < REGS; ++rt) {
       if (rt < ntw) {
-        float acc[NT][4] = {};
+        float acc[Acc<NT>::N][NT][4] = {};
         const i64 r_lo = v_w0 + rt * 16 + g, r_hi = r_lo + 8;
         if (step == 0) {
 #pragma unroll
@@ -332,7 +478,7 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
         const int slot = (lt - REGS) * WARPS + warp;
         const bool in_smem = slot < a.smem_tiles;
         if (in_smem != (pass == 1)) continue;
-        float acc[NT][4] = {};
+        float acc[Acc<NT>::N][NT][4] = {};
         if (in_smem) {
           const uint4* src = w2_s + (i64)slot * 512;
 #pragma unroll
@@ -351,42 +497,42 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
     }
     __syncwarp();
 
-    // Epilogue: lane (rr, sub) walks tokens sub, sub + 32/RP, ... of its row rr over the warp's range.
+    // Phase A (coalesced): z = round(U + bias) for every row in 8-token units, the cache write of
+    // live rows, z staged in place of the bias.
+    const int valid = (int)(vocab - v_w0 < (i64)ntw * 16 ? vocab - v_w0 : (i64)ntw * 16);  // tokens of this warp
+    if (a.base_f32) {
+      if (a.cache_f32) stage_z<true, true>(a, stage, pitch, v_w0, valid, step, slot_s, live_s, lane);
+      else stage_z<true, false>(a, stage, pitch, v_w0, valid, step, slot_s, live_s, lane);
+    } else {
+      if (a.cache_f32) stage_z<false, true>(a, stage, pitch, v_w0, valid, step, slot_s, live_s, lane);
+      else stage_z<false, false>(a, stage, pitch, v_w0, valid, step, slot_s, live_s, lane);
+    }
+    __syncwarp();
+    // Phase B: lane (rr, sub) ranks a contiguous chunk of its row rr by approximate keys.
+    const int chunk = span >> (5 - LRP);  // span / lanes_per_row
+    const bool greedy = rr < rows ? inv_s[rr] == 0.0f : true;
+    const float inv_temp = rr < rows ? inv_s[rr] : 1.0f;
+    const u32 prefix = rr < rows ? prefix_s[rr] : 0u;
+    const unsigned char* zrow = stage + rr * pitch;
     i64 t1w = DM_INT64_MIN, t2w = DM_INT64_MIN, t3w = DM_INT64_MIN;
     if (rr < rows) {
-      const int span = ntw * 16;
-      const i64 base_off = (i64)rr * a.stride_br + (i64)step * a.stride_bn;
-      const i64 cache_off = keys.slot * a.stride_cs + (i64)step * vocab;
-      for (int vi = sub; vi < span; vi += lanes_per_row) {
-        const i64 v = v_w0 + vi;
-        if (v >= vocab) break;
-        float u = a.base_f32 ? ld_stream_f32(((const float*)a.base) + base_off + v)
-                             : bf16_to_f32(ld_stream_u16(((const unsigned short*)a.base) + base_off + v));
-        float bias = bf16_to_f32(stage[rr * (tpw * 16) + vi]);
-        float z = dm::add_rn(u, bias);
-        if (a.cache_f32) {
-          if (keys.live) ((float*)a.cache)[cache_off + v] = z;
-        } else {
-          unsigned short zb = f32_to_bf16(z);
-          z = bf16_to_f32(zb);
-          if (keys.live) ((unsigned short*)a.cache)[cache_off + v] = zb;
-        }
-        float key = keys.greedy ? z : dm::add_rn(dm::mul_rn(z, keys.inv_temp), dm::approx_noise(keys.prefix, (u32)v));
-        insert3(t1w, t2w, t3w, dm::pack_word(key, (i32)v));
-      }
+      int lo = sub * chunk, hi = lo + chunk;
+      hi = hi < valid ? hi : valid;
+      if (a.cache_f32) rank_chunk<true>(zrow, lo, hi, v_w0, greedy, inv_temp, prefix, t1w, t2w, t3w);
+      else rank_chunk<false>(zrow, lo, hi, v_w0, greedy, inv_temp, prefix, t1w, t2w, t3w);
     }
     for (int off = RP; off < 32; off <<= 1) {  // every lane of row rr ends with the warp's triple
       i64 b1 = shfl_xor64(t1w, off), b2 = shfl_xor64(t2w, off), b3 = shfl_xor64(t3w, off);
       merge3(t1w, t2w, t3w, b1, b2, b3);
     }
-    __syncwarp();  // this warp's cache writes are visible to all its lanes
     // Per (warp, row): the exact best word of the warp's tokens. Greedy rows ranked z itself (exact).
     // Sampled rows: if the approximate best beats the third by more than key_slack, the exact
     // winner is the first or the second (one exact key each, on two lanes of the row); otherwise
     // (a near-tie, NaN, +-inf or zero best) every lane of the row computes exact keys over the
     // warp's tokens. z is read back from the cache (sampled rows are live).
     i64 exact = t1w;
-    if (rr < rows && !keys.greedy) {
+    const float temp = rr < rows ? temp_s[rr] : 0.0f;
+    if (rr < rows && !greedy) {
       const float value = dm::word_key(t1w);
       const float third = t3w == DM_INT64_MIN ? -__int_as_float(0x7f800000) : dm::word_key(t3w);
       const bool finite = t1w != DM_INT64_MIN && value == value && value != 0.0f &&
@@ -397,22 +543,21 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
         exact = DM_INT64_MIN;
         if (sub < 2 && mine != DM_INT64_MIN) {
           const i32 i = dm::word_index(mine);
-          exact = dm::pack_word(dm::exact_key(cached_z(a, keys.slot, step, i), keys.temp, keys.prefix, (u32)i), i);
+          exact = dm::pack_word(dm::exact_key(staged_z(zrow, a.cache_f32, (int)(i - v_w0)), temp, prefix, (u32)i), i);
         }
       } else {
         exact = DM_INT64_MIN;
-        const int span = ntw * 16;
-        for (int vi = sub; vi < span; vi += lanes_per_row) {
+        for (int vi = sub; vi < valid; vi += lanes_per_row) {
           const i64 v = v_w0 + vi;
-          if (v >= vocab) break;
-          exact = max64(exact, dm::pack_word(dm::exact_key(cached_z(a, keys.slot, step, v), keys.temp, keys.prefix,
-                                                           (u32)v), (i32)v));
+          exact = max64(exact, dm::pack_word(dm::exact_key(staged_z(zrow, a.cache_f32, vi), temp, prefix, (u32)v),
+                                             (i32)v));
         }
       }
     }
     for (int off = RP; off < 32; off <<= 1) exact = max64(exact, shfl_xor64(exact, off));
     if (sub == 0) triple_s[warp * RP + rr] = exact;
     __syncthreads();
+    DM_TRACE(2 + 4 * step);
     if (threadIdx.x < rows) {
       i64 best = DM_INT64_MIN;
       for (int w = 0; w < WARPS; ++w) best = max64(best, triple_s[w * RP + threadIdx.x]);
@@ -427,7 +572,7 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
         asm volatile("prefetch.global.L2 [%0];" :: "l"(row + 384));
       }
     }
-    if (threadIdx.x < rows) atomicMax((long long*)&words[step * DM_MAX_ROWS + threadIdx.x], (long long)best_s[threadIdx.x]);
+    if (threadIdx.x < rows) atomicMax(word_at(words, step, block % DM_SLOTS, threadIdx.x), (long long)best_s[threadIdx.x]);
     if (step + 1 == steps) break;  // the last step needs no barrier: the exit counter orders it
 
     // Grid barrier (bounded), then every block reads the step's words.
@@ -447,17 +592,21 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
       }
       __threadfence();
       flag_s[DM_MAX_ROWS] = stop;
+      DM_TRACE(3 + 4 * step);
     }
     __syncthreads();
     if (flag_s[DM_MAX_ROWS]) break;
     if (threadIdx.x < rows) {
-      i64 w = ld_acquire(&words[step * DM_MAX_ROWS + threadIdx.x]);
+      i64 w = DM_INT64_MIN;
+#pragma unroll
+      for (int copy = 0; copy < DM_SLOTS; ++copy) w = max64(w, ld_acquire((const i64*)word_at(words, step, copy, threadIdx.x)));
       i64 t = dm::word_index(w);
       t = t < 0 ? 0 : (t >= vocab ? vocab - 1 : t);
       t = t >= a.embed_rows ? a.embed_rows - 1 : t;
       prev_s[threadIdx.x] = (int)t;
     }
     __syncthreads();
+    DM_TRACE(4 + 4 * step);
   }
 
   // Exit: the last block writes the tokens of every step and resets the scratch for the next call.
@@ -466,6 +615,7 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
     __threadfence();
     int done = atomicAdd(&sync[steps], 1);
     flag_s[DM_MAX_ROWS + 1] = done == (int)a.num_blocks - 1;
+    DM_TRACE(1 + 4 * steps);
   }
   __syncthreads();
   if (flag_s[DM_MAX_ROWS + 1]) {
@@ -474,13 +624,15 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
     int r = threadIdx.x / steps, s = threadIdx.x % steps;
     bool mine = threadIdx.x < rows * steps;
     if (mine) {
-      i64 w = ld_acquire(&words[s * DM_MAX_ROWS + r]);
+      i64 w = DM_INT64_MIN;
+#pragma unroll
+      for (int copy = 0; copy < DM_SLOTS; ++copy) w = max64(w, ld_acquire((const i64*)word_at(words, s, copy, r)));
       tok = dm::word_index(w);
       tok = tok < 0 ? 0 : (tok >= vocab ? vocab - 1 : tok);
     }
     __syncthreads();
     if (mine) ((i64*)a.tokens)[r * a.stride_tr + s] = tok;
-    if (threadIdx.x < steps * DM_MAX_ROWS) words[threadIdx.x] = DM_INT64_MIN;
+    for (int i = threadIdx.x; i < steps * DM_SLOTS * DM_MAX_ROWS; i += THREADS) *word_at(words, 0, 0, i) = DM_INT64_MIN;
     if (threadIdx.x <= steps) sync[threadIdx.x] = 0;
   }
 }

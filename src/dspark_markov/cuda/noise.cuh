@@ -86,9 +86,11 @@ DM_HD u32 draft_prefix(i64 seed, int step, i64 position) {
 
 // ----------------------------------------------------------------- uniform and bit-exact log
 // (h >> 16) 2^-16 + ((h & 0xFFFF) + 0.5) 2^-32: both parts exact, one rounding (rng.uniform32).
+// A 16-bit integer k converts exactly as bits(2^23 + k) - 2^23 (the same value as (float)k, without
+// the quarter-rate conversion instruction), as rng_triton.uniform32 does.
 DM_HD float uniform32(u32 h) {
-  float high = mul_rn((float)(h >> 16), 0x1p-16f);
-  float low = mul_rn(add_rn((float)(h & 0xFFFFu), 0.5f), 0x1p-32f);
+  float high = mul_rn(sub_rn(as_float((h >> 16) | 0x4B000000u), 8388608.0f), 0x1p-16f);
+  float low = mul_rn(add_rn(sub_rn(as_float((h & 0xFFFFu) | 0x4B000000u), 8388608.0f), 0.5f), 0x1p-32f);
   return add_rn(high, low);
 }
 

@@ -208,7 +208,14 @@ class StepGenerator:
             last = torch.where(new > 0, tokens.gather(1, torch.clamp(new - 1, min=0)[:, None])[:, 0], last)
             generated = generated + new
             rounds += 1
-            remaining, total = torch.stack([(generated < length).sum(), generated.sum()]).tolist()  # one sync
+            # One sync per round, which also carries the draft sampler's device status (a chain
+            # barrier that timed out inside a replay), so a failure is raised at the round it happened.
+            status = self.step.status
+            flags = [(generated < length).sum(), generated.sum()] + ([status[0].long()] if status is not None else [])
+            values = torch.stack(flags).tolist()
+            remaining, total = values[0], values[1]
+            if len(values) > 2 and values[2] != 0:
+                self.step.check()  # raises DeviceStatusError
             if progress is not None:
                 progress.update(total - done)
             done = total

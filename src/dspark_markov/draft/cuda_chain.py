@@ -10,7 +10,7 @@ keys for the candidates that can still win, merged across blocks through packed 
 and a bounded grid barrier. Its header comment has the details; ``noise.cuh`` the bit-exact noise.
 
 Contract (as :class:`~dspark_markov.draft.triton_chain.ChainBackend`): scratch (``words``
-``[N, 16]`` int64, ``sync`` ``[N + 1]`` int32, ``status`` ``[1]`` int32) is allocated once in
+``[N, 8, 16, 16]`` int64, ``sync`` ``[N + 1]`` int32, ``status`` ``[1]`` int32) is allocated once in
 ``__init__``; ``run`` allocates nothing and makes one launch on torch's current stream, so it can
 be captured in a CUDA graph (one graph per batch size). All blocks must be resident at once (one
 per SM; the launch takes every SM): a barrier that waits longer than ``spin_cycles`` sets
@@ -40,6 +40,7 @@ TILE_BYTES = TILE * RANK * 2
 # A barrier gives up after this many SM clock cycles (~1 s at 1.98 GHz): far beyond any step.
 SPIN_CYCLES = 2_000_000_000
 INT64_MIN = -(2**63)
+WORD_COPIES = 8  # chain.cu DM_SLOTS: copies of each step word that the blocks' atomicMax spread over
 # (warps, reg_tiles) by batch: (<= 8 rows, 9-16 rows). Not yet measured against each other.
 DEFAULT_SHAPE = ((16, 1), (16, 1))
 
@@ -49,11 +50,16 @@ class ChainArgs(ctypes.Structure):
 
     _fields_ = [(name, ctypes.c_uint64) for name in (
         "base", "anchor", "embed", "head", "cache", "idx", "pos", "temp", "seeds", "tokens", "words", "sync",
-        "status")] + [(name, ctypes.c_int64) for name in (
+        "status", "trace")] + [(name, ctypes.c_int64) for name in (
             "rows", "vocab", "embed_rows", "num_slots", "num_steps", "stride_br", "stride_bn", "stride_cs",
-            "stride_tr", "base_f32", "cache_f32", "anchor64", "idx64", "pos64", "rows_pow2", "log2_rows_pow2",
+            "stride_tr", "base_f32", "cache_f32", "anchor64", "idx64", "pos64", "rows_pow2", "log2_rows_pow2", "vec_io",
             "num_blocks", "num_tiles", "smem_tiles", "tiles_per_warp", "barrier_extra", "spin_cycles")] + [
         ("scale", ctypes.c_double), ("filter_margin", ctypes.c_double)]
+
+
+def _aligned16(tensor: torch.Tensor, dims) -> bool:
+    """Whether every row start along ``dims`` (and the data pointer) is 16-byte aligned."""
+    return tensor.data_ptr() % 16 == 0 and all(tensor.stride(d) * tensor.element_size() % 16 == 0 for d in dims)
 
 
 def _pow2_at_least(n: int) -> int:
@@ -63,12 +69,13 @@ def _pow2_at_least(n: int) -> int:
     return p
 
 
-def fixed_smem_bytes(rows_pow2: int, nt: int, tiles_per_warp: int, warps: int) -> int:
-    """Shared memory besides the W2 tiles: codes, staging, per-warp words, per-row words, tokens, flags."""
+def fixed_smem_bytes(rows_pow2: int, nt: int, tiles_per_warp: int, warps: int, cache_bytes: int) -> int:
+    """Shared memory besides the W2 tiles (chain.cu's layout): codes, the per-warp stage of z
+    (``[rows_pow2][tokens * cache_bytes + 16]``), per-warp words, per-row keys, tokens, flags."""
     codes = nt * 8 * 32 * 16
-    stage = ((warps * rows_pow2 * tiles_per_warp * TILE + 7) & ~7) * 2
+    stage = warps * rows_pow2 * (tiles_per_warp * TILE * cache_bytes + 16)
     triples = warps * rows_pow2 * 3 * 8
-    return codes + stage + triples + MAX_ROWS * 8 + MAX_ROWS * 4 + (MAX_ROWS + 2) * 4
+    return codes + stage + triples + 2 * MAX_ROWS * 8 + 5 * MAX_ROWS * 4 + (MAX_ROWS + 2) * 4
 
 
 class CudaChainBackend:
@@ -79,7 +86,8 @@ class CudaChainBackend:
     (W2 tiles per block in shared memory; default: as many as fit), ``num_blocks`` (default: one per
     SM), ``spin_cycles`` (barrier bound), ``filter_margin`` (the filter's noise margin; a huge value
     forces the exact path), ``barrier_extra`` (test hook: wait for that many more arrivals than
-    there are blocks, so every barrier times out).
+    there are blocks, so every barrier times out), ``trace`` (record phase timestamps in :attr:`trace`;
+    :meth:`phase_times` reads them).
     """
 
     METHODS = ("gumbel",)
@@ -89,7 +97,7 @@ class CudaChainBackend:
 
     def __init__(self, head, num_steps, max_rows, *, method, cache_dtype, device, warps=None, reg_tiles=None,
                  smem_tiles=None,
-                 num_blocks=None, spin_cycles=SPIN_CYCLES, filter_margin=FILTER_MARGIN, barrier_extra=0):
+                 num_blocks=None, spin_cycles=SPIN_CYCLES, filter_margin=FILTER_MARGIN, barrier_extra=0, trace=False):
         from .. import cuda
 
         device = torch.device(device)
@@ -132,7 +140,8 @@ class CudaChainBackend:
         self.threads = 32 * self.warps
         self.tiles_per_warp = -(-per_block // self.warps)
         nt_max = 1 if self.max_rows_pow2 <= 8 else 2
-        fixed = fixed_smem_bytes(self.max_rows_pow2, 2, self.tiles_per_warp, self.warps)  # codes sized for NT = 2
+        fixed = fixed_smem_bytes(self.max_rows_pow2, 2, self.tiles_per_warp, self.warps,  # codes sized for NT = 2
+                                 4 if cache_dtype == torch.float32 else 2)
         from ..cuda import build
 
         limit = build.max_dynamic_smem(index)
@@ -154,9 +163,13 @@ class CudaChainBackend:
         self.filter_margin = float(filter_margin)
         self.barrier_extra = int(barrier_extra)
         self.num_steps = int(num_steps)
-        self.words = torch.full((self.num_steps, MAX_ROWS), INT64_MIN, dtype=torch.int64, device=self.device)
+        # [N, WORD_COPIES, 16 rows, 16]: one 128-byte line per (step, copy, row) (chain.cu's word_at).
+        self.words = torch.full((self.num_steps, WORD_COPIES, MAX_ROWS, 16), INT64_MIN, dtype=torch.int64,
+                                device=self.device)
         self.sync = torch.zeros(self.num_steps + 1, dtype=torch.int32, device=self.device)
         self.status = torch.zeros(1, dtype=torch.int32, device=self.device)
+        # Profiling: clock64() at the phase boundaries of the first and the last block (chain.cu DM_TRACE).
+        self.trace = torch.zeros(2, 136, dtype=torch.int64, device=self.device) if trace else None
 
     @staticmethod
     def unavailable_reason() -> str | None:
@@ -164,6 +177,29 @@ class CudaChainBackend:
         from .. import cuda
 
         return cuda.availability()
+
+    def phase_times(self, clock_ghz: float) -> dict:
+        """Microseconds per phase of the last traced launch (``trace=True``), first and last block.
+
+        Per step: ``compute`` (codes ready -> the block's words merged), ``barrier`` (-> every block
+        arrived), ``token`` (-> the next step's codes ready: word read, W1 gather); ``start`` (kernel
+        start -> step 0's codes) and ``exit``.
+        """
+        t = self.trace.cpu().tolist()
+        out = {}
+        for name, row in (("first", t[0]), ("last", t[1])):
+            us = lambda a, b: (row[b] - row[a]) / (clock_ghz * 1e3)  # noqa: E731
+            steps = self.num_steps
+            phases = {"start": us(0, 1)}
+            for s in range(steps):
+                phases[f"compute{s}"] = us(1 + 4 * s, 2 + 4 * s)
+                if s + 1 < steps:
+                    phases[f"barrier{s}"] = us(2 + 4 * s, 3 + 4 * s)
+                    phases[f"token{s}"] = us(3 + 4 * s, 1 + 4 * (s + 1))
+            phases["exit"] = us(2 + 4 * (steps - 1), 1 + 4 * steps)
+            phases["total"] = us(0, 1 + 4 * steps)
+            out[name] = phases
+        return out
 
     def kernel_name(self, nt: int) -> str:
         return f"dm_chain_w{self.warps}_r{self.reg_tiles}_nt{nt}"
@@ -197,12 +233,13 @@ class CudaChainBackend:
             base_logits.data_ptr(), anchor.data_ptr(), head.embed_weight.data_ptr(), head.head_weight.data_ptr(),
             logits_cache.data_ptr(), idx_mapping.data_ptr(), positions.data_ptr(), temperature.data_ptr(),
             seeds.data_ptr(), draft_tokens.data_ptr(), self.words.data_ptr(), self.sync.data_ptr(),
-            status.data_ptr(),
+            status.data_ptr(), 0 if self.trace is None else self.trace.data_ptr(),
             rows, vocab, head.embed_vocab_size, temperature.shape[0], steps,
             base_logits.stride(0), base_logits.stride(1), logits_cache.stride(0), draft_tokens.stride(0),
             int(base_logits.dtype == torch.float32), int(logits_cache.dtype == torch.float32),
             int(anchor.dtype == torch.int64), int(idx_mapping.dtype == torch.int64),
             int(positions.dtype == torch.int64), rows_pow2, rows_pow2.bit_length() - 1,
+            int(_aligned16(base_logits, (0, 1)) and _aligned16(logits_cache, (0, 1))),
             self.num_blocks, self.num_tiles, self.smem_tiles, self.tiles_per_warp, self.barrier_extra,
             self.spin_cycles, float(head.scale), self.filter_margin)
 

@@ -20,7 +20,7 @@ class VerifyOutput(NamedTuple):
 
 
 def check_verify_inputs(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions, temperature,
-                        seeds, target_greedy, *, check_values: bool = True):
+                        seeds, target_greedy, *, check_values: bool = True, target_temperature=None):
     """Validate the arguments of :func:`verify_drafts`; return ``(B, K, V, S)``."""
     check_tensor("target_logits", target_logits, dim=3, dtypes=(torch.float32,), last_stride_one=True)
     device = target_logits.device
@@ -49,6 +49,9 @@ def check_verify_inputs(target_logits, draft_tokens, logits_cache, num_drafts, i
              ("idx_mapping", idx_mapping), ("positions", positions), ("temperature", temperature), ("seeds", seeds)]
     if target_greedy is not None:
         named.append(("target_greedy", target_greedy))
+    if target_temperature is not None:
+        check_vector("target_temperature", target_temperature, length=slots, dtypes=(torch.float32,))
+        named.append(("target_temperature", target_temperature))
     for name, x in named:
         if not _same_device(x.device, device):
             raise ValueError(f"{name}: expected a tensor on {device} (the device of target_logits), got one on {x.device}")
@@ -62,12 +65,16 @@ def check_verify_inputs(target_logits, draft_tokens, logits_cache, num_drafts, i
         if slots > 0:
             if bool(torch.isnan(temperature).any()) or bool((temperature < 0).any()) or bool(torch.isinf(temperature).any()):
                 raise ValueError("temperature: expected finite values >= 0 (0 means greedy drafts), got NaN, inf or a negative value")
+            if target_temperature is not None and not bool(torch.isfinite(target_temperature).all()
+                                                            & (target_temperature >= 0).all()):
+                raise ValueError("target_temperature: expected finite values >= 0 (0: unscaled), got NaN, inf or a "
+                                 "negative value")
     return batch, k, vocab, slots
 
 
 def verify_drafts(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions, temperature, seeds,
                   *, target_greedy=None, method: str = "standard", impl: str = registry.DEFAULT_IMPL,
-                  check_values: bool = True) -> VerifyOutput:
+                  check_values: bool = True, target_temperature=None) -> VerifyOutput:
     """Verify Markov drafts against the target model by rejection sampling (lossless).
 
     Parameters
@@ -101,12 +108,19 @@ def verify_drafts(target_logits, draft_tokens, logits_cache, num_drafts, idx_map
         draw the bonus from ``p_n``) or ``"block"`` (block verification, Sun et al. 2024: the
         same guarantee, never fewer accepted tokens on average).
     impl : ``"auto"`` (the default; :mod:`dspark_markov.registry`): ``"triton"`` on CUDA, the
-        reference on the CPU. ``"reference"``: torch, CPU and CUDA. ``"triton"``: the kernels of
-        :mod:`dspark_markov.verify.triton_verify` (CUDA, or the CPU under ``TRITON_INTERPRET=1``),
-        equal to the reference except at last-bit ties of the softmax rounding (see that module).
-        Either allocates per call; for CUDA graphs use ``triton_verify.Verifier`` (as
-        :class:`~dspark_markov.DSparkStep` does).
+        reference on the CPU. ``"reference"``: torch, CPU and CUDA (allocates per call).
+        ``"triton"``: the one-launch kernel of :mod:`dspark_markov.verify.triton_verify_stream`
+        (CUDA, or the CPU under ``TRITON_INTERPRET=1``) with a cached persistent verifier per
+        (device, K, V), equal to the reference except at last-bit ties of the softmax rounding
+        (see that module); for CUDA graphs capture its ``StreamVerifier.run``.
     check_values : read the inputs back to range-check them (synchronises; default True).
+    target_temperature : optional ``[S]`` fp32 per slot (finite, >= 0). When given,
+        ``target_logits`` are RAW (before temperature) and are divided by their slot's target
+        temperature inside verification with the IEEE division of ``z / T`` (``T == 0``:
+        unscaled): results are bit-identical to passing ``reference.scale_target(...)`` of them
+        pre-divided, without the separate temperature pass. Engines that sample the target at the
+        draft temperature pass ``temperature`` here too. Top-k/top-p are not applied here: filter
+        first (``top_k_top_p``) and pass the filtered, pre-divided logits.
 
     Returns
     -------
@@ -125,17 +139,27 @@ def verify_drafts(target_logits, draft_tokens, logits_cache, num_drafts, idx_map
     check_choice("method", method, METHODS)
     impl = registry.resolve("verify", impl, target_logits.device if isinstance(target_logits, torch.Tensor) else "cpu")
     check_verify_inputs(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions, temperature,
-                        seeds, target_greedy, check_values=check_values)
+                        seeds, target_greedy, check_values=check_values, target_temperature=target_temperature)
+    registry.check_capturable("verify", impl, target_logits.device)
+    if impl == "triton":
+        check_triton_runs(impl, target_logits.device)
+        verify_stream = registry.load("verify", "triton")  # imports Triton
+
+        tokens, num_emitted = verify_stream(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping,
+                                            positions, temperature, seeds, target_greedy, method=method,
+                                            target_temperature=target_temperature)
+        return VerifyOutput(tokens, num_emitted)
+    if target_temperature is not None:
+        from .reference import scale_target
+
+        target_logits = scale_target(target_logits, target_temperature, idx_mapping)
     if target_greedy is None:
         slot = idx_mapping.long().clamp_min(0)
         if temperature.numel() > 0:
             target_greedy = temperature[slot] == 0
         else:
             target_greedy = torch.zeros(idx_mapping.shape, dtype=torch.bool, device=target_logits.device)
-    registry.check_capturable("verify", impl, target_logits.device)
-    if impl == "triton":
-        check_triton_runs(impl, target_logits.device)
-    verify = registry.load("verify", impl)  # the Triton module is imported only when used
-    tokens, num_emitted = verify(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions,
-                                 temperature, seeds, target_greedy, method=method)
+    verify_reference = registry.load("verify", "reference")
+    tokens, num_emitted = verify_reference(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping,
+                                           positions, temperature, seeds, target_greedy, method=method)
     return VerifyOutput(tokens, num_emitted)

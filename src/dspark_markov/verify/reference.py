@@ -37,6 +37,20 @@ def draft_distribution(cache_rows: torch.Tensor, temp: torch.Tensor) -> torch.Te
     return q
 
 
+def scale_target(target_logits: torch.Tensor, target_temperature: torch.Tensor, idx_mapping: torch.Tensor):
+    """Raw target logits ``[B, K+1, V]`` fp32 divided by their slot's temperature (``[S]`` fp32).
+
+    ``reference.scaled_logits``: one IEEE ``z / T`` per element, ``T == 0`` unscaled; padding
+    requests (``idx_mapping < 0``) are left unscaled. The kernels' raw-logit mode divides the
+    same way, so it is bit-identical to passing this tensor pre-divided.
+    """
+    if target_temperature.numel() == 0:
+        return target_logits
+    slot = idx_mapping.long().clamp_min(0)
+    temp = torch.where(idx_mapping >= 0, target_temperature[slot], torch.zeros_like(target_temperature[slot]))
+    return scaled_logits(target_logits, temp)
+
+
 def _gather_row(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``x[b, index[b]]`` for ``x`` ``[B, L, V]`` and ``index`` ``[B]``; returns ``[B, V]``."""
     return x.gather(1, index[:, None, None].expand(-1, 1, x.shape[-1]))[:, 0]

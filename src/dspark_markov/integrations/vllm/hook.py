@@ -15,10 +15,10 @@ done nothing) lets the speculator run its own loop, which per step is::
 which is SPEC.md sections 1-4 with ``anchor = input_ids[_anchor_idx[:R]]``,
 ``idx_mapping = sample_idx_mapping``, ``positions = sample_pos`` (keys at ``P - 1``),
 ``logits_cache = draft_logits``. :func:`sample_sequential` computes the base logits exactly as the
-loop does (``model.compute_draft_logits(head_hidden[sample_indices])``) and hands the rest to one
-:class:`~dspark_markov.MarkovSampler` per speculator (built at the first call, which vLLM makes
-eagerly before it captures its draft graph; scratch allocated once, CUDA-graph capturable, no host
-synchronisation).
+loop does (``model.compute_draft_logits(head_hidden[sample_indices])``) and hands the rest to the
+speculator's :class:`~dspark_markov.MarkovSampler` of the batch's size bucket (built at the first
+call of that size, which vLLM makes eagerly before it captures its draft graph; scratch allocated
+once, CUDA-graph capturable, no host synchronisation).
 
 Exactness: the tokens, the cache rows and the untouched padding rows are those of vLLM's loop given
 the same bias. The bias is an fp32 sum of rank products rounded to bf16 (SPEC.md section 3); the
@@ -143,14 +143,37 @@ def why_not(spec, num_reqs: int) -> str | None:
         # Only impl='reference' has fp64 noise (not graph safe), and its 53-bit uniform takes the two
         # hash words in the other order than vLLM 0.33's murmur3_uniform64 (tests/integrations).
         return DECLINED[10] + " (not computed as vLLM 0.33 does)"
+    for name, dtypes in (("temperature", (torch.float32,)), ("seeds", (torch.int64,)), ("draft_tokens", (torch.int64,)),
+                         ("sample_idx_mapping", (torch.int32, torch.int64)), ("sample_pos", (torch.int32, torch.int64)),
+                         ("sample_indices", (torch.int32, torch.int64))):
+        tensor = getattr(spec, name)
+        if tensor.dtype not in dtypes or (tensor.dim() == 1 and tensor.stride(0) != 1):
+            return f"speculator.{name} of dtype {tensor.dtype} / stride {tensor.stride()}"
+    if spec.input_buffers.input_ids.dtype not in (torch.int32, torch.int64):
+        return f"input_ids of dtype {spec.input_buffers.input_ids.dtype}"
     devices = {t.device for t in (weight1, weight2, cache, spec.temperature, spec.seeds, spec.draft_tokens)}
     if len(devices) != 1:
         return f"buffers on several devices ({', '.join(sorted(map(str, devices)))})"
     return None
 
 
+def bucket(rows: int, max_rows: int) -> int:
+    """The sampler size a batch of ``rows`` rows runs on: the next power of two, at most ``max_rows``."""
+    size = 1
+    while size < rows:
+        size *= 2
+    return min(size, max_rows)
+
+
 class _State:
-    """One speculator's sampler, head and anchor buffer (built once, rebuilt if the weights move)."""
+    """One speculator's head, anchor buffer and samplers (rebuilt if the weights move).
+
+    One :class:`MarkovSampler` per batch-size bucket (powers of two up to ``max_num_reqs``), each
+    sized for its bucket: the designs choose their launch shapes by ``max_rows`` (``fused`` sized for
+    256 rows runs 16 at 377 us, sized for 16 at ~172 us on the H200), and vLLM captures one graph per
+    batch size anyway. A bucket's sampler is built at its first call (vLLM's eager warm-up of that
+    size, before it captures), its scratch allocated once; at most twice the largest bucket's scratch.
+    """
 
     def __init__(self, spec, head_module, vocab: int):
         weight1, weight2 = head_module.markov_w1.weight, head_module.markov_w2.weight
@@ -158,12 +181,21 @@ class _State:
         self.key = self.key_of(spec, head_module, vocab)
         # W2 has padding rows past the vocabulary (ParallelLMHead pads to 64); vLLM slices them off.
         self.head = MarkovHead(weight1.detach(), weight2[:vocab].detach(), scale)  # views, no copies
-        self.impl = impl = _impl()
-        max_rows = spec.draft_tokens.shape[0]
-        self.sampler = MarkovSampler(self.head, spec.num_speculative_steps, max_rows, cache_dtype=torch.bfloat16,
-                                     method="gumbel", impl=impl)
+        self.impl = _impl()
+        self.steps = int(spec.num_speculative_steps)
+        self.max_rows = spec.draft_tokens.shape[0]
+        self.samplers = {}  # bucket -> MarkovSampler
         input_ids = spec.input_buffers.input_ids
-        self.anchor = torch.zeros(max_rows, dtype=input_ids.dtype, device=input_ids.device)  # [max_rows]
+        self.anchor = torch.zeros(self.max_rows, dtype=input_ids.dtype, device=input_ids.device)  # [max_rows]
+
+    def sampler(self, rows: int) -> MarkovSampler:
+        """The sampler of ``rows``' bucket (built at its first call; ``ValueError`` if it cannot run)."""
+        size = bucket(rows, self.max_rows)
+        sampler = self.samplers.get(size)
+        if sampler is None:
+            sampler = MarkovSampler(self.head, self.steps, size, cache_dtype=torch.bfloat16, method="gumbel", impl=self.impl)
+            self.samplers[size] = sampler
+        return sampler
 
     @staticmethod
     def key_of(spec, head_module, vocab):
@@ -197,6 +229,7 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
     if why is None:
         try:
             state = _state(spec, int(spec.draft_logits.shape[2]))
+            sampler = state.sampler(num_reqs)
         except ValueError as error:  # e.g. DSPARK_MARKOV_VLLM_IMPL names a design that cannot run here
             why = f"MarkovSampler refused: {error}"
     if why is not None:
@@ -220,10 +253,15 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
 
     anchor = state.anchor[:num_reqs]
     torch.index_select(spec.input_buffers.input_ids, 0, spec._anchor_idx[:num_reqs], out=anchor)
-    state.sampler.sample(base_logits.view(num_reqs, n_spec, vocab), anchor, spec.sample_idx_mapping[:num_sample],
-                         spec.sample_pos[:num_sample], spec.temperature, spec.seeds,
-                         draft_tokens=spec.draft_tokens[:num_reqs], logits_cache=spec.draft_logits,
-                         check_values=False)
+    try:
+        sampler.sample(base_logits.view(num_reqs, n_spec, vocab), anchor, spec.sample_idx_mapping[:num_sample],
+                       spec.sample_pos[:num_sample], spec.temperature, spec.seeds,
+                       draft_tokens=spec.draft_tokens[:num_reqs], logits_cache=spec.draft_logits, check_values=False)
+    except ValueError as error:  # raised before anything is written (SPEC.md section 7)
+        stats["loop_rest"] += 1
+        log_once(logging.WARNING, "dspark-markov: MarkovSampler refused a step (%s); vLLM's loop drafts it", error)
+        _loop_rest(spec, num_reqs, base_logits)
+        return True
     stats["taken"] += 1
     return True
 

@@ -1,0 +1,728 @@
+"""Verification in one launch that streams every target and cache row once (SPEC.md section 6).
+
+:class:`StreamVerifier` is the design behind ``verify_drafts(impl="triton")``: one kernel whose
+programs are *items*, numbered by program id, that combine per-request results through
+last-arriver counters (``atomic_add``; the last of a request's items to arrive sees the others'
+stores and does the request's epilogue):
+
+1. **stream** items ``(request, row j <= n, chunk)``: a chunk of target row ``j`` and of cache row
+   ``j`` (``j < n``), read once, reduced to per-lane running softmax statistics (max and sum of
+   ``exp(x - max)``, one ``exp`` per element) or, for greedy rows, to per-lane first argmaxes.
+   The last stream item of a request to arrive combines the chunks into each row's max and
+   normaliser, computes ``p_j(x_j)``, ``q_j(x_j)``, the ratios, the acceptance uniforms, the
+   standard (or greedy) accepted count and the block-verification weights, and marks the request
+   ready;
+2. **mass** items (``method="block"`` only) ``(request, row 1 <= i < n, chunk)``: the residual
+   masses ``sum_v max(w_i p_i(v) - q_i(v), 0)``; their last arriver computes the block count;
+3. **emit** items ``(request, chunk)`` over the one emitted row ``j*``: the Gumbel keys of the
+   residual ``log(max(w p - q, 0)) + g`` (after a rejection) and of the bonus ``x + g``; their last
+   arriver combines the chunks and writes the request's output row.
+
+Items are numbered so that a request's mass and emit items come ``lag`` requests after its stream
+items. A waiting item (bounded spin on the request's ready flag) only waits for items with smaller
+program ids, which the GPU dispatches first (blocks start in increasing id order, the order CUB's
+decoupled look-back relies on too), so it waits for running or finished programs; the bound
+turns a broken assumption into a status flag (:meth:`StreamVerifier.check`), never a hang. The
+lag lets a request's stream items finish before its emit items start, which then re-read the
+emitted row while it is still in L2. Each request's counters are reset by its last emit item:
+:meth:`StreamVerifier.run` only launches, so it can be captured in a CUDA graph and replayed.
+
+Bytes per live request: ``(n+1) V 4`` target + ``n V c`` cache streamed once from HBM, plus one
+target row (and one cache row after a rejection) re-read, normally from L2; ``O((K+1) chunks)``
+partials; ``(K+2) 8`` written.
+
+Raw target logits: with ``target_temperature`` (``[S]`` fp32) the target logits are taken before
+temperature and each element is divided in the kernel by its slot's temperature with the IEEE
+division ``tl.math.div_rn`` (``T == 0``: unscaled), the same correctly rounded division as
+``reference.scaled_logits`` (``z / T`` in torch). Every later step sees the same fp32 values as in
+the pre-divided mode, so the two modes give bit-identical results (tested).
+
+Agreement with the reference: as :mod:`.triton_verify` (same keys, greedy rules, fallback and
+layout; ``p`` and ``q`` formed with ``exp2`` approximations and a per-lane summation order, so a
+decision can differ from the reference's only at last-bit near-ties). Every launch passes
+``enable_fp_fusion=False``. Importing this module imports Triton.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..ops import noise as rng_triton  # the device noise (ops.noise)
+from ..ops.noise import fast_log2
+from ..ops.numerics import block_argmax, to_float32
+from ..validate import DeviceStatusError, check_power_of_two
+from . import keys
+
+GPU_BLOCK = 2048  # elements per tile (8 warps, 8 fp32 per thread)
+GPU_WARPS = 8
+CPU_BLOCK = 128
+MAX_REGISTERS = 128
+SPIN = 1 << 18  # bound on the polls of a waiting item (about 50 ms on the H200)
+
+_ACCEPT_DOMAIN = tl.constexpr(keys.ACCEPT_DOMAIN)
+_RESAMPLE_DOMAIN = tl.constexpr(keys.RESAMPLE_DOMAIN)
+_FMAX = tl.constexpr(3.4028234663852886e38)  # running maxima start at -FLT_MAX (no -inf - -inf)
+_LOG2E = tl.constexpr(1.4426950408889634)
+_LN2 = tl.constexpr(0.6931471805599453)
+_TINY = tl.constexpr(1.1754943508222875e-38)  # smallest normal fp32: the hardware log2 flushes below it
+_BIG = tl.constexpr(2147483647)
+_SPIN = tl.constexpr(SPIN)
+
+
+# --------------------------------------------------------------------------- device functions
+@triton.jit
+def _request(idx_ptr, nd_ptr, pos_ptr, temp_ptr, seeds_ptr, greedy_ptr, tt_ptr, b, num_slots,
+             K: tl.constexpr, HAS_GREEDY: tl.constexpr, RAW: tl.constexpr):
+    """``(live, slot, T, seed, n, position, greedy, target T)`` of request ``b`` (contiguous vectors).
+
+    Slots outside ``[0, num_slots)`` are padding (slot 0, T = 0, seed 0, n = 0); ``n`` is clamped
+    into ``[0, K]`` so no row outside the inputs is read. The target T is 0 unless ``RAW``.
+    """
+    slot = tl.load(idx_ptr + b).to(tl.int64)
+    live = (slot >= 0) & (slot < num_slots)
+    slot = tl.where(live, slot, 0)
+    temp = tl.load(temp_ptr + slot, mask=live, other=0.0)
+    seed = tl.load(seeds_ptr + slot, mask=live, other=0)
+    n = tl.load(nd_ptr + b).to(tl.int32)
+    n = tl.where(live, tl.minimum(tl.maximum(n, 0), K), 0)
+    position = tl.load(pos_ptr + b).to(tl.int64)
+    if HAS_GREEDY:
+        greedy = tl.load(greedy_ptr + b) != 0
+    else:
+        greedy = temp == 0.0
+    if RAW:
+        target_temp = tl.load(tt_ptr + slot, mask=live, other=0.0)
+    else:
+        target_temp = temp * 0.0
+    return live, slot, temp, seed, n, position, greedy, target_temp
+
+
+@triton.jit
+def _exp2(x, HARDWARE: tl.constexpr):
+    """``2^x``: one ``ex2.approx.ftz`` (MUFU) on the GPU (results below 2^-126 flush to 0), ``tl.exp2``
+    in the interpreter. Used in sums and in the residual, never for a single decisive value."""
+    if HARDWARE:
+        out = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                        is_pure=True, pack=1)
+    else:
+        out = tl.exp2(x)
+    return out
+
+
+@triton.jit
+def _scaled(x, temp):
+    """``x / T`` with the IEEE division (``T == 0``: ``x``), as ``reference.scaled_logits``."""
+    return tl.where(temp == 0.0, x, tl.math.div_rn(x, tl.where(temp == 0.0, 1.0, temp)))
+
+
+@triton.jit
+def _load_row(ptr, token, valid, temp, DIVIDE: tl.constexpr, other):
+    """fp32 values of one row's tile (bf16 widened exactly), divided by ``temp`` when ``DIVIDE``."""
+    x = to_float32(tl.load(ptr + token, mask=valid, other=other))
+    if DIVIDE:
+        x = _scaled(x, temp)  # other = -inf or 0 stays itself (T > 0)
+    return x
+
+
+@triton.jit
+def _row_softmax(ptr, start, end, tiles, temp, scale, DIVIDE: tl.constexpr, BLOCK: tl.constexpr,
+                 UNROLL: tl.constexpr, HARDWARE: tl.constexpr):
+    """``(max x, sum 2^((x - max) scale))`` of ``x = row[start:end]`` (``/ T`` when ``DIVIDE``).
+
+    With ``scale = log2(e)`` this is the softmax max and normaliser of ``x``; the cache rows pass
+    their raw values with ``scale = log2(e) / T`` (the max and sum of ``softmax(c / T)`` in the
+    values' own space: no division per element; the max of ``c / T`` is ``max(c) / T`` exactly).
+
+    ``UNROLL`` tiles of ``BLOCK`` are loaded at once (a ``[UNROLL, BLOCK]`` tile whose column a
+    thread holds whole, so more bytes are in flight per program and the per-column reductions stay
+    in registers); per-lane running statistics (``UNROLL + 1`` exps per ``UNROLL`` values),
+    combined across lanes once. Masked lanes add nothing; an all ``-inf`` range gives
+    ``(-FLT_MAX, 0)``; a NaN makes the sum NaN.
+    """
+    lane = start + tl.arange(0, BLOCK)
+    step = tl.arange(0, UNROLL)[:, None] * BLOCK
+    m = tl.full([BLOCK], -_FMAX, tl.float32)
+    s = tl.zeros([BLOCK], tl.float32)
+    for t in range(0, tiles, UNROLL):
+        token = lane[None, :] + (t * BLOCK + step)
+        x = _load_row(ptr, token, token < end, temp, DIVIDE, float("-inf"))
+        new_m = tl.maximum(m, tl.max(x, axis=0))
+        terms = _exp2((x - new_m[None, :]) * scale, HARDWARE)
+        s = s * _exp2((m - new_m) * scale, HARDWARE) + tl.sum(terms, axis=0)
+        m = new_m
+    row_max = tl.max(m, axis=0)
+    return row_max, tl.sum(s * tl.exp2((m - row_max) * scale), axis=0)
+
+
+@triton.jit
+def _row_argmax(ptr, start, end, tiles, temp, DIVIDE: tl.constexpr, BLOCK: tl.constexpr, UNROLL: tl.constexpr):
+    """``argmax_first`` of ``row[start:end]`` (``/ T`` when ``DIVIDE``): ``(value, token)``.
+
+    Per-lane first maxima over ``[UNROLL, BLOCK]`` tiles (a NaN wins over numbers), combined
+    across lanes once with :func:`block_argmax`; an all ``-inf`` range gives its first token.
+    """
+    lane = start + tl.arange(0, BLOCK)
+    step = tl.arange(0, UNROLL)[:, None] * BLOCK
+    best = tl.full([BLOCK], float("-inf"), tl.float32)
+    index = lane
+    for t in range(0, tiles, UNROLL):
+        token = lane[None, :] + (t * BLOCK + step)
+        ok = token < end
+        x = _load_row(ptr, token, ok, temp, DIVIDE, float("-inf"))
+        val, tok = block_argmax(x, token, ok | (step == 0), 0)  # earlier tiles first within a column
+        better = (val > best) | ((val != val) & (best == best))
+        best = tl.where(better, val, best)
+        index = tl.where(better, tok, index)
+    return block_argmax(best, index, lane < end)
+
+
+@triton.jit
+def _prob(x, row_max, row_sum):
+    """Softmax entry ``exp(x - max) / sum`` (IEEE division)."""
+    return tl.math.div_rn(tl.exp2((x - row_max) * _LOG2E), row_sum)
+
+
+@triton.jit
+def _draft_prob(c, token, temp, q_max, q_sum, q_arg):
+    """``q(v)`` of cached logits ``c`` (fp32): softmax of ``c / T``, or one-hot at the argmax if T == 0."""
+    soft = _prob(_scaled(c, temp), q_max, q_sum)
+    return tl.where(temp == 0.0, tl.where(token == q_arg, 1.0, 0.0), soft)
+
+
+@triton.jit
+def _block_count(mass, weights, u, n, ii):
+    """Block verification's count (Sun et al. 2024): the largest ``i`` in ``1..n`` with ``u_{i-1} < h_i``.
+
+    Vectors over ``ii`` (``[KP1]``): ``mass`` the residual masses ``r_i`` (0 outside ``1 <= i < K``),
+    ``weights`` ``w_i``, ``u`` the uniform ``u_{i-1}`` of index ``i``. ``h_i = r_i / (r_i + 1 - w_i)``
+    (0 where ``r_i = 0``) for ``i < n``, ``h_n = w_n``, 0 after ``n``.
+    """
+    h_inner = tl.where(mass > 0.0, tl.math.div_rn(mass, mass + (1.0 - weights)), 0.0)
+    h = tl.where(ii == n, weights, tl.where(ii < n, h_inner, 0.0))
+    return tl.max(tl.where((ii >= 1) & (ii <= n) & (u < h), ii, 0), axis=0)
+
+
+@triton.jit
+def _fast_prob(x, row_max, scale, inv_sum, HARDWARE: tl.constexpr):
+    """``2^((x - max) scale) / sum`` with the normaliser's reciprocal (residuals and masses)."""
+    return _exp2((x - row_max) * scale, HARDWARE) * inv_sum
+
+
+@triton.jit
+def _fast_draft_prob(c, token, temp, c_max, scale, inv_sum, q_arg, HARDWARE: tl.constexpr):
+    """``q(v)`` in the cache values' space (``scale = log2(e) / T``), one-hot at the argmax if T == 0."""
+    soft = _fast_prob(c, c_max, scale, inv_sum, HARDWARE)
+    return tl.where(temp == 0.0, tl.where(token == q_arg, 1.0, 0.0), soft)
+
+
+@triton.jit
+def _arrive(counter_ptr, expected):
+    """Count this item in; True for the last of ``expected`` items (which then sees their stores)."""
+    tl.debug_barrier()  # every thread's stores of this item are issued before the arrival
+    last = tl.atomic_add(counter_ptr, 1) == expected - 1  # acq_rel, gpu scope
+    tl.debug_barrier()
+    return last
+
+
+@triton.jit
+def _wait(flag_ptr, level, status_ptr):
+    """Bounded spin until ``*flag_ptr >= level``; sets ``status`` bit 1 on a timeout."""
+    seen = tl.atomic_add(flag_ptr, 0)  # acquire
+    spins = 0
+    while (seen < level) & (spins < _SPIN):
+        seen = tl.load(flag_ptr, volatile=True)
+        spins += 1
+    if seen < level:
+        tl.atomic_or(status_ptr, 1)
+    tl.atomic_add(flag_ptr, 0)  # acquire: the producer's stores are visible to what follows
+    tl.debug_barrier()
+
+
+@triton.jit
+def _item(requests, LAG, S1, SM, S2, C1, STAGES: tl.constexpr):
+    """``(stage, request, row, chunk, valid)`` of this program; see the module docstring.
+
+    Super-step ``r`` holds ``S1`` stream items of request ``r``, then (block) ``SM`` mass items of
+    request ``r - lag``, then ``S2`` emit items of request ``r - (STAGES-1) lag``: an item's
+    dependencies always have smaller program ids, for any ``lag >= 0``.
+    """
+    t = tl.program_id(0).to(tl.int64)
+    step_size = S1 + SM + S2
+    r = t // step_size
+    o = t % step_size
+    stage = tl.where(o < S1, 0, tl.where(o < S1 + SM, 1, 2))
+    e = tl.where(stage == 0, o, tl.where(stage == 1, o - S1, o - S1 - SM))
+    b = tl.where(stage == 2, r - (STAGES - 1) * LAG, tl.where(stage == 1, r - LAG, r))
+    row = tl.where(stage == 2, 0, tl.where(stage == 1, e // C1 + 1, e // C1))
+    chunk = tl.where(stage == 2, e, e % C1)
+    valid = (b >= 0) & (b < requests)
+    return stage, tl.where(valid, b, 0), row.to(tl.int32), chunk.to(tl.int32), valid
+
+
+# --------------------------------------------------------------------------- the kernel
+@triton.jit(do_not_specialize=["num_slots", "requests", "LAG", "C1", "C2", "T1", "T2"])
+def _stream_verify_kernel(
+    target_ptr, t_req_stride, t_row_stride,  # [B, K+1, V] fp32 (raw when RAW)
+    drafts_ptr, d_req_stride, d_step_stride,  # [B, K] int32/int64
+    cache_ptr, c_slot_stride, c_step_stride,  # [S, N, V] bf16/fp32
+    idx_ptr, nd_ptr, pos_ptr,  # [B] int32/int64, contiguous
+    temp_ptr, seeds_ptr, tt_ptr, num_slots,  # [S] fp32, [S] int64, [S] fp32 target T (RAW)
+    greedy_ptr,  # [B] uint8 (read when HAS_GREEDY)
+    pa_ptr, pb_ptr, pi_ptr,  # [maxB, 2K+1, C1P] fp32, fp32, int32 stream partials (rows, then cache rows)
+    mass_ptr,  # [maxB, KQ, C1P] fp32 partial residual masses (block)
+    ea_ptr, ei_ptr, eb_ptr, ej_ptr, eany_ptr,  # [maxB, C2P] fp32, int32, fp32, int32, int32 emit partials
+    row_ptr,  # [maxB, 8, KP1] fp32: target max, sum, cache max, sum, weights, argmax t, argmax q (bits)
+    acc_ptr,  # [maxB] int32 accepted count
+    counters_ptr,  # [maxB, 4] int32: stream, mass, emit arrivals, ready level
+    status_ptr,  # [1] int32
+    tokens_ptr, tokens_stride, num_emitted_ptr,  # [B, K+1] int64, [B] int64
+    requests, vocab, LAG, C1, C2, T1, T2,
+    K: tl.constexpr, KP1: tl.constexpr, C1P: tl.constexpr, C2P: tl.constexpr, BLOCK: tl.constexpr,
+    UNROLL: tl.constexpr, HARDWARE: tl.constexpr, EMIT_SCAN: tl.constexpr,
+    HAS_GREEDY: tl.constexpr, RAW: tl.constexpr, BLOCK_METHOD: tl.constexpr,
+):
+    STAGES: tl.constexpr = 3 if BLOCK_METHOD else 2
+    MASS_ROWS: tl.constexpr = K - 1 if (BLOCK_METHOD and K >= 2) else 0
+    R2: tl.constexpr = 2 * K + 1  # partial rows: targets 0..K, caches K+1..2K
+    stage, b, j, chunk, valid = _item(requests, LAG, (K + 1) * C1, MASS_ROWS * C1, C2, C1, STAGES)
+    live, slot, temp, seed, n, position, greedy, ttemp = _request(
+        idx_ptr, nd_ptr, pos_ptr, temp_ptr, seeds_ptr, greedy_ptr, tt_ptr, b, num_slots, K, HAS_GREEDY, RAW)
+    t_base = target_ptr + b * t_req_stride
+    c_base = cache_ptr + slot * c_slot_stride
+    rows = row_ptr + b * 8 * KP1
+    jj = tl.arange(0, KP1)
+    counters = counters_ptr + b * 4
+    ready_level = 2 if MASS_ROWS > 0 else 1
+    if valid & (stage == 0):
+        # ---------------------------------------------------------------- stream item
+        start = chunk * T1 * BLOCK
+        end = tl.minimum(start + T1 * BLOCK, vocab)
+        if live & (j <= n):
+            part = (b * R2 + j) * C1P + chunk
+            if greedy:
+                val, tok = _row_argmax(t_base + j * t_row_stride, start, end, T1, ttemp, RAW, BLOCK, UNROLL)
+                tl.store(pa_ptr + part, val)
+                tl.store(pi_ptr + part, tok)
+            else:
+                mx, sm = _row_softmax(t_base + j * t_row_stride, start, end, T1, ttemp, _LOG2E, RAW, BLOCK, UNROLL,
+                                      HARDWARE)
+                tl.store(pa_ptr + part, mx)
+                tl.store(pb_ptr + part, sm)
+                if j < n:  # the cache row draft j was drawn from
+                    qpart = (b * R2 + K + 1 + j) * C1P + chunk
+                    if temp == 0.0:
+                        val, tok = _row_argmax(c_base + j * c_step_stride, start, end, T1, temp, False, BLOCK, UNROLL)
+                        tl.store(pa_ptr + qpart, val)
+                        tl.store(pi_ptr + qpart, tok)
+                    else:
+                        mx, sm = _row_softmax(c_base + j * c_step_stride, start, end, T1, temp,
+                                              tl.math.div_rn(_LOG2E, temp), False, BLOCK, UNROLL, HARDWARE)
+                        tl.store(pa_ptr + qpart, mx)
+                        tl.store(pb_ptr + qpart, sm)
+        if _arrive(counters + 0, (K + 1) * C1):
+            # Last stream item of request b: row statistics, acceptance, weights.
+            cc = tl.arange(0, C1P)
+            last_row = tl.where(live, n, -1)  # (the interpreter widens vector & scalar-bool to int32)
+            t_ok = (jj <= last_row)[:, None] & (cc < C1)[None, :]
+            q_ok = (jj < n)[:, None] & (cc < C1)[None, :]  # n = 0 for padding
+            t_off = (b * R2 + jj[:, None]) * C1P + cc[None, :]
+            q_off = (b * R2 + K + 1 + jj[:, None]) * C1P + cc[None, :]
+            tm = tl.load(pa_ptr + t_off, mask=t_ok, other=-_FMAX, volatile=True)
+            ts = tl.load(pb_ptr + t_off, mask=t_ok, other=0.0, volatile=True)
+            ti = tl.load(pi_ptr + t_off, mask=t_ok, other=0, volatile=True)
+            qm = tl.load(pa_ptr + q_off, mask=q_ok, other=-_FMAX, volatile=True)
+            qs = tl.load(pb_ptr + q_off, mask=q_ok, other=0.0, volatile=True)
+            qi = tl.load(pi_ptr + q_off, mask=q_ok, other=0, volatile=True)
+            t_max = tl.max(tm, axis=1)
+            t_sum = tl.sum(ts * tl.exp2((tm - t_max[:, None]) * _LOG2E), axis=1)
+            _, t_arg = block_argmax(tl.where(t_ok, tm, float("-inf")), ti, t_ok | (cc == 0)[None, :], 1)
+            q_cmax = tl.max(qm, axis=1)  # max of the raw cache values (T > 0 rows)
+            q_scale = tl.math.div_rn(_LOG2E, tl.where(temp == 0.0, 1.0, temp))
+            q_sum = tl.sum(qs * tl.exp2((qm - q_cmax[:, None]) * q_scale), axis=1)
+            q_max = _scaled(q_cmax, temp)  # max(c) / T = max(c / T): division is monotone
+            _, q_arg = block_argmax(tl.where(q_ok, qm, float("-inf")), qi, q_ok | (cc == 0)[None, :], 1)
+            t_arg = tl.minimum(tl.maximum(t_arg, 0), vocab - 1)
+            q_arg = tl.minimum(tl.maximum(q_arg, 0), vocab - 1)
+            # p_j(x_j), q_j(x_j), ratio and uniform of each draft j < n.
+            d_ok = jj < n
+            x = tl.load(drafts_ptr + b * d_req_stride + jj * d_step_stride, mask=d_ok, other=0).to(tl.int64)
+            x = tl.minimum(tl.maximum(x, 0), vocab - 1)
+            zx = tl.load(t_base + jj * t_row_stride + x, mask=d_ok, other=0.0)
+            if RAW:
+                zx = _scaled(zx, ttemp)
+            p_x = _prob(zx, t_max, t_sum)
+            c_x = to_float32(tl.load(c_base + jj * c_step_stride + x, mask=d_ok, other=0.0))
+            q_x = _draft_prob(c_x, x, temp, q_max, q_sum, q_arg.to(tl.int64))
+            ratio = tl.where(q_x > 0.0, tl.math.div_rn(p_x, tl.where(q_x > 0.0, q_x, 1.0)), 0.0)
+            prefix = rng_triton.hash_prefix(seed, position - 1, _ACCEPT_DOMAIN)
+            u = rng_triton.uniform32(rng_triton.hash_finish(prefix, jj))
+            accept = d_ok & (u < ratio)
+            count = tl.min(tl.where(accept, KP1, jj), axis=0)  # the first failing index (n if none)
+            g_accept = d_ok & (x == t_arg.to(tl.int64))
+            g_count = tl.min(tl.where(g_accept, KP1, jj), axis=0)
+            count = tl.where(greedy, g_count, count)
+            weights = tl.where(jj == 0, 1.0, 0.0)
+            if BLOCK_METHOD:  # w_0 = 1, w_{i+1} = min(w_i ratio_i, 1) (torch.clamp_max: NaN stays NaN)
+                w = 1.0
+                for i in tl.static_range(K):
+                    product = w * tl.sum(tl.where(jj == i, ratio, 0.0), axis=0)
+                    w = tl.where(product > 1.0, 1.0, product)
+                    weights = tl.where(jj == i + 1, w, weights)
+            row_ok = jj <= K
+            tl.store(rows + 0 * KP1 + jj, t_max, mask=row_ok)
+            tl.store(rows + 1 * KP1 + jj, t_sum, mask=row_ok)
+            tl.store(rows + 2 * KP1 + jj, q_cmax, mask=row_ok)  # raw max (the q of the residuals is in c space)
+            tl.store(rows + 3 * KP1 + jj, q_sum, mask=row_ok)
+            tl.store(rows + 4 * KP1 + jj, weights, mask=row_ok)
+            tl.store(rows + 5 * KP1 + jj, t_arg.to(tl.float32, bitcast=True), mask=row_ok)
+            tl.store(rows + 6 * KP1 + jj, q_arg.to(tl.float32, bitcast=True), mask=row_ok)
+            tl.store(rows + 7 * KP1 + jj, u, mask=row_ok)
+            if BLOCK_METHOD and MASS_ROWS == 0:  # K <= 1: no residual masses, count here
+                u_prev = tl.where(jj >= 1, rng_triton.uniform32(rng_triton.hash_finish(prefix, jj - 1)), 1.0)
+                block = _block_count(tl.zeros([KP1], tl.float32), weights, u_prev, n, jj)
+                count = tl.where(greedy, count, block)
+            tl.store(acc_ptr + b, count)
+            tl.debug_barrier()
+            tl.atomic_xchg(counters + 3, 1)  # release: ready for the mass / emit items
+    if valid & (stage == 1):
+        # ---------------------------------------------------------------- mass item (block)
+        _wait(counters + 3, 1, status_ptr)
+        i = j
+        if live & ~greedy & (i < n):
+            start = chunk * T1 * BLOCK
+            end = tl.minimum(start + T1 * BLOCK, vocab)
+            lane = start + tl.arange(0, BLOCK)
+            step = tl.arange(0, UNROLL)[:, None] * BLOCK
+            w = tl.load(rows + 4 * KP1 + i, volatile=True)
+            t_max = tl.load(rows + 0 * KP1 + i, volatile=True)
+            t_inv = tl.math.div_rn(1.0, tl.load(rows + 1 * KP1 + i, volatile=True))
+            q_cmax = tl.load(rows + 2 * KP1 + i, volatile=True)
+            q_inv = tl.math.div_rn(1.0, tl.load(rows + 3 * KP1 + i, volatile=True))
+            q_arg = tl.load(rows + 6 * KP1 + i, volatile=True).to(tl.int32, bitcast=True)
+            q_scale = tl.math.div_rn(_LOG2E, tl.where(temp == 0.0, 1.0, temp))
+            acc = tl.zeros([BLOCK], tl.float32)
+            for t in range(0, T1, UNROLL):
+                token = lane[None, :] + (t * BLOCK + step)
+                ok = token < end
+                xt = _load_row(t_base + i * t_row_stride, token, ok, ttemp, RAW, float("-inf"))
+                ct = _load_row(c_base + i * c_step_stride, token, ok, temp, False, 0.0)
+                d = w * _fast_prob(xt, t_max, _LOG2E, t_inv, HARDWARE) - _fast_draft_prob(
+                    ct, token, temp, q_cmax, q_scale, q_inv, q_arg, HARDWARE)
+                acc += tl.sum(tl.where(ok & (d > 0.0), d, 0.0), axis=0)
+            tl.store(mass_ptr + (b * K + i) * C1P + chunk, tl.sum(acc, axis=0))
+        if _arrive(counters + 1, MASS_ROWS * C1):
+            if live & ~greedy:
+                ii = tl.arange(0, KP1)
+                cc = tl.arange(0, C1P)
+                m_ok = ((ii >= 1) & (ii < n) & (ii < K))[:, None] & (cc < C1)[None, :]
+                mass = tl.sum(tl.load(mass_ptr + (b * K + ii[:, None]) * C1P + cc[None, :], mask=m_ok, other=0.0,
+                                      volatile=True), axis=1)
+                weights = tl.load(rows + 4 * KP1 + ii, mask=ii <= K, other=0.0, volatile=True)
+                u = tl.load(rows + 7 * KP1 + ii - 1, mask=(ii >= 1) & (ii <= K), other=1.0, volatile=True)
+                tl.store(acc_ptr + b, _block_count(mass, weights, u, n, ii))
+            tl.debug_barrier()
+            tl.atomic_xchg(counters + 3, 2)
+    if valid & (stage == 2):
+        # ---------------------------------------------------------------- emit item
+        _wait(counters + 3, ready_level, status_ptr)
+        js = tl.minimum(tl.maximum(tl.load(acc_ptr + b, volatile=True), 0), n)
+        part = b * C2P + chunk
+        if live & ~greedy & EMIT_SCAN:
+            start = chunk * T2 * BLOCK
+            end = tl.minimum(start + T2 * BLOCK, vocab)
+            lane = start + tl.arange(0, BLOCK)
+            t_max = tl.load(rows + 0 * KP1 + js, volatile=True)
+            t_inv = tl.math.div_rn(1.0, tl.load(rows + 1 * KP1 + js, volatile=True))
+            q_cmax = tl.load(rows + 2 * KP1 + js, volatile=True)
+            q_inv = tl.math.div_rn(1.0, tl.load(rows + 3 * KP1 + js, volatile=True))
+            w = tl.load(rows + 4 * KP1 + js, volatile=True)
+            q_arg = tl.load(rows + 6 * KP1 + js, volatile=True).to(tl.int32, bitcast=True)
+            q_scale = tl.math.div_rn(_LOG2E, tl.where(temp == 0.0, 1.0, temp))
+            if not BLOCK_METHOD:
+                w = 1.0
+            prefix = rng_triton.hash_prefix(seed, position + js - 1, _RESAMPLE_DOMAIN)
+            bonus = tl.full([BLOCK], float("-inf"), tl.float32)
+            bonus_tok = lane
+            res = tl.full([BLOCK], float("-inf"), tl.float32)
+            res_tok = lane
+            positive = tl.zeros([BLOCK], tl.int32)
+            rejected = js < n
+            for t in range(T2):
+                token = lane + t * BLOCK
+                ok = token < end
+                xt = _load_row(t_base + js * t_row_stride, token, ok, ttemp, RAW, float("-inf"))
+                g = rng_triton.gumbel32(rng_triton.uniform32(rng_triton.hash_finish(prefix, token)))
+                key = xt + g
+                better = (key > bonus) | ((key != key) & (bonus == bonus))
+                bonus = tl.where(better & ok, key, bonus)
+                bonus_tok = tl.where(better & ok, token, bonus_tok)
+                if K > 0:
+                    if rejected:
+                        ct = _load_row(c_base + js * c_step_stride, token, ok, temp, False, 0.0)
+                        d = w * _fast_prob(xt, t_max, _LOG2E, t_inv, HARDWARE) - _fast_draft_prob(
+                            ct, token, temp, q_cmax, q_scale, q_inv, q_arg, HARDWARE)
+                        # clamp_min(., 0) with NaN -> 0; values below the smallest normal count as 0
+                        # (the hardware log2 flushes them; they carry under 1e-38 of mass).
+                        residual = tl.where(ok & (d >= _TINY), d, 0.0)
+                        positive = positive | (residual > 0.0).to(tl.int32)
+                        rkey = fast_log2(residual, HARDWARE) * _LN2 + g
+                        better = (rkey > res) | ((rkey != rkey) & (res == res))
+                        res = tl.where(better & ok, rkey, res)
+                        res_tok = tl.where(better & ok, token, res_tok)
+            lane_ok = lane < end
+            val, tok = block_argmax(bonus, bonus_tok, lane_ok)
+            tl.store(ea_ptr + part, val)
+            tl.store(ei_ptr + part, tok)
+            val, tok = block_argmax(res, res_tok, lane_ok)
+            tl.store(eb_ptr + part, val)
+            tl.store(ej_ptr + part, tok)
+            tl.store(eany_ptr + part, tl.max(positive, axis=0))
+        if _arrive(counters + 2, C2):
+            cc = tl.arange(0, C2P)
+            in_row = cc < C2
+            off = b * C2P + cc
+            use_res = (js < n) & (tl.max(tl.load(eany_ptr + off, mask=in_row, other=0, volatile=True), axis=0) > 0)
+            val = tl.where(use_res, tl.load(eb_ptr + off, mask=in_row, other=float("-inf"), volatile=True),
+                           tl.load(ea_ptr + off, mask=in_row, other=float("-inf"), volatile=True))
+            tok = tl.where(use_res, tl.load(ej_ptr + off, mask=in_row, other=0, volatile=True),
+                           tl.load(ei_ptr + off, mask=in_row, other=0, volatile=True))
+            _, sampled = block_argmax(val, tok, in_row)
+            sampled = tl.minimum(tl.maximum(sampled, 0), vocab - 1)
+            t_arg = tl.load(rows + 5 * KP1 + js, volatile=True).to(tl.int32, bitcast=True)
+            emitted = tl.where(greedy, tl.minimum(tl.maximum(t_arg, 0), vocab - 1), sampled).to(tl.int64)
+            x = tl.load(drafts_ptr + b * d_req_stride + jj * d_step_stride, mask=(jj < js) & (jj < K),
+                        other=0).to(tl.int64)
+            x = tl.minimum(tl.maximum(x, 0), vocab - 1)
+            out = tl.where(jj < js, x, tl.where(jj == js, emitted, -1))
+            tl.store(tokens_ptr + b * tokens_stride + jj, tl.where(live, out, -1), mask=jj <= K)
+            tl.store(num_emitted_ptr + b, tl.where(live, js + 1, 0).to(tl.int64))
+            # Every item of request b has arrived: reset its counters for the next call.
+            tl.store(counters + tl.arange(0, 4), tl.zeros([4], tl.int32))
+
+
+# --------------------------------------------------------------------------- the verifier
+def default_block(device) -> int:
+    """Tile of the GPU (``meta``: compile checks at GPU shapes) or of the interpreter."""
+    return GPU_BLOCK if torch.device(device).type in ("cuda", "meta") else CPU_BLOCK
+
+
+RESIDENT_PER_SM = 2  # programs of 8 warps per SM at the kernel's ~128 registers (measured: 123-128)
+MAX_T1 = 16  # tiles per stream item at most (32K values: 128 KB of target, 64 KB of bf16 cache)
+
+
+class Layout:
+    """Chunking of one launch: tiles per stream item ``t1`` (``c1`` chunks per row, loaded
+    ``unroll`` tiles at a time), tiles per emit item ``t2`` (``c2`` chunks), and the ``lag`` in
+    requests between a request's stream items and its mass / emit items.
+
+    GPU defaults: the stream items fill about one wave of resident programs (``t1`` up to
+    :data:`MAX_T1` tiles); the lag is the number of requests whose stream items are resident at
+    once, so a request's emit items start about when its stream items end (re-reading its rows
+    while they are in L2) instead of waiting.
+    """
+
+    def __init__(self, batch: int, k: int, vocab: int, block: int, cuda: bool, sms: int, *, t1=None, t2=None,
+                 lag=None, unroll=None):
+        tiles = triton.cdiv(vocab, block)
+        resident = RESIDENT_PER_SM * sms
+        if cuda:
+            default_t1 = min(MAX_T1 if batch < 64 else 2 * MAX_T1, triton.cdiv(batch * (k + 1) * tiles, resident))
+            default_t2 = 1 if batch <= 16 else 4
+        else:
+            default_t1, default_t2 = 2, 2
+        self.t1 = max(1, min(int(t1 or default_t1), tiles))
+        self.t2 = max(1, min(int(t2 or default_t2), tiles))
+        self.unroll = int(unroll) if unroll else (4 if self.t1 >= 4 else (2 if self.t1 >= 2 else 1))
+        self.c1 = triton.cdiv(tiles, self.t1)
+        self.c2 = triton.cdiv(tiles, self.t2)
+        if lag is None:
+            lag = max(1, resident // ((k + 1) * self.c1)) if cuda else 1
+        self.lag = int(lag)
+
+
+class StreamVerifier:
+    """One-launch verification with persistent scratch: :meth:`run` only launches (CUDA-graph safe).
+
+    Parameters
+    ----------
+    max_batch : the largest number of requests ``B`` a call may carry.
+    num_drafts : ``K`` (``target_logits`` has ``K + 1`` rows per request).
+    vocab_size : ``V``.
+    device : CUDA, or CPU with ``TRITON_INTERPRET=1``.
+    block : elements per tile (default 2048 on the GPU, 128 on the CPU).
+    t1, t2, lag, unroll : override the :class:`Layout` (tiles per stream / emit item, lag in
+        requests, tiles loaded at once).
+    warps : warps per program (default 8 on the GPU).
+    emit : 0 only to profile: the emit items skip their scan (the tokens are then wrong).
+
+    Scratch (allocated once, ``O(max_batch K V / block)`` words): partials, per-request row
+    statistics and counters, and a status word. The counters are zero between calls (the
+    kernel resets them); :meth:`check` raises if a waiting item ever timed out.
+    """
+
+    def __init__(self, max_batch: int, num_drafts: int, vocab_size: int, device, *, block: int | None = None,
+                 t1=None, t2=None, lag=None, unroll=None, warps: int | None = None, emit=1):
+        if int(max_batch) < 1:
+            raise ValueError(f"max_batch: expected >= 1, got {max_batch}")
+        if int(num_drafts) < 0:
+            raise ValueError(f"num_drafts: expected K >= 0, got {num_drafts}")
+        if int(vocab_size) < 1:
+            raise ValueError(f"vocab_size: expected >= 1, got {vocab_size}")
+        device = torch.device(device)
+        self.device = device
+        self.max_batch, self.k, self.vocab = int(max_batch), int(num_drafts), int(vocab_size)
+        self.block = int(block) if block is not None else default_block(device)
+        check_power_of_two("block", self.block, 16)
+        self.cuda = device.type in ("cuda", "meta")  # meta: tools/compile_verify.py at GPU shapes
+        self.sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else (
+            132 if self.cuda else 1)
+        self.overrides = dict(t1=t1, t2=t2, lag=lag, unroll=unroll)
+        self._emit_scan = bool(emit)  # emit=0: a profiling aid (the emit items skip their scan: wrong tokens)
+        self.warps = int(warps) if warps else (GPU_WARPS if self.cuda else 4)
+        # At most 128 registers (two programs of 8 warps per SM): a variant that needs more spills a
+        # little rather than halving the programs in flight.
+        self._launch_options = {"maxnreg": MAX_REGISTERS} if self.cuda and self.warps == GPU_WARPS else {}
+        tiles = triton.cdiv(self.vocab, self.block)
+        self.kp1 = max(2, triton.next_power_of_2(self.k + 1))
+        self.c1p = triton.next_power_of_2(tiles)  # enough for any layout (c1 <= tiles)
+        self.c2p = triton.next_power_of_2(tiles)
+        mb, k, kq = self.max_batch, self.k, max(self.k, 1)
+
+        def zeros(*shape, dtype=torch.float32):
+            return torch.zeros(*shape, dtype=dtype, device=device)
+
+        self.pa, self.pb = zeros(mb, 2 * k + 1, self.c1p), zeros(mb, 2 * k + 1, self.c1p)
+        self.pi = zeros(mb, 2 * k + 1, self.c1p, dtype=torch.int32)
+        self.mass = zeros(mb, kq, self.c1p)
+        self.ea, self.eb = zeros(mb, self.c2p), zeros(mb, self.c2p)
+        self.ei, self.ej, self.eany = (zeros(mb, self.c2p, dtype=torch.int32) for _ in range(3))
+        self.rows = zeros(mb, 8, self.kp1)
+        self.accepted = zeros(mb, dtype=torch.int32)
+        self.counters = zeros(mb, 4, dtype=torch.int32)
+        self.status = zeros(1, dtype=torch.int32)
+        self._no_greedy = zeros(1, dtype=torch.uint8)
+        self._no_temp = zeros(1)
+        self.tokens = torch.full((mb, k + 1), -1, dtype=torch.int64, device=device)
+        self.num_emitted = zeros(mb, dtype=torch.int64)
+
+    def layout(self, batch: int) -> Layout:
+        return Layout(batch, self.k, self.vocab, self.block, self.cuda, self.sms, **self.overrides)
+
+    def check(self) -> None:
+        """Raise if a waiting item of an earlier launch timed out (synchronises); then reset."""
+        if int(self.status.item()) != 0:
+            self.status.zero_()
+            self.counters.zero_()
+            raise DeviceStatusError("StreamVerifier: a waiting item timed out; the outputs of that launch are invalid")
+
+    def run(self, target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions, temperature, seeds,
+            target_greedy=None, *, method: str = "standard", target_temperature=None, tokens=None,
+            num_emitted=None):
+        """Verify a batch (inputs as :func:`~dspark_markov.verify_drafts`, assumed validated).
+
+        target_logits ``[B, K+1, V]`` fp32 (last stride 1), with temperature applied, or raw when
+        ``target_temperature`` (``[S]`` fp32, contiguous) is given: then divided in the kernel by
+        ``target_temperature[slot]`` (``T == 0``: unscaled), bit-identical to passing
+        ``reference.scaled_logits`` of them. draft_tokens ``[B, K]``; logits_cache ``[S, N >= K, V]``
+        bf16/fp32; num_drafts, idx_mapping, positions ``[B]`` int32/int64 contiguous; temperature
+        ``[S]`` fp32, seeds ``[S]`` int64; target_greedy ``[B]`` bool or None.
+
+        Returns ``(tokens [B, K+1] int64, num_emitted [B] int64)`` (default: views of
+        :attr:`tokens` / :attr:`num_emitted`). Allocates nothing, never synchronises.
+        """
+        batch, k1, vocab = target_logits.shape
+        if k1 != self.k + 1 or vocab != self.vocab or batch > self.max_batch:
+            raise ValueError(f"target_logits: expected [B <= {self.max_batch}, {self.k + 1}, {self.vocab}], "
+                             f"got shape {tuple(target_logits.shape)}")
+        if method not in ("standard", "block"):
+            raise ValueError(f"method: expected 'standard' or 'block', got {method!r}")
+        if tokens is None:
+            tokens = self.tokens[:batch]
+        if num_emitted is None:
+            num_emitted = self.num_emitted[:batch]
+        if batch == 0:
+            return tokens, num_emitted
+        if temperature.shape[0] == 0:  # no slots: every request is padding
+            tokens.fill_(-1)
+            num_emitted.zero_()
+            return tokens, num_emitted
+        k = self.k
+        lay = self.layout(batch)
+        block_method = method == "block"
+        stages = 3 if block_method else 2
+        mass_rows = k - 1 if (block_method and k >= 2) else 0
+        raw = target_temperature is not None
+        programs = (batch + (stages - 1) * lay.lag) * ((k + 1) * lay.c1 + mass_rows * lay.c1 + lay.c2)
+        # The raw mode divides every loaded value: 2 tiles at a time keep it at ~117 registers
+        # (4 tiles: ~170, one program per SM instead of two).
+        unroll = min(lay.unroll, 2) if raw and self.overrides["unroll"] is None else lay.unroll
+        has_greedy = target_greedy is not None
+        greedy = target_greedy.view(torch.uint8) if has_greedy else self._no_greedy
+        d_step = draft_tokens.stride(1) if draft_tokens.dim() == 2 and k > 0 else 1
+        # Bytes: B*((n+1)*V*4 + n*V*c) streamed + B*V*(4 + c) re-read (L2), O(B*K*C1) partials, B*(K+2)*8 written.
+        args = (target_logits, target_logits.stride(0), target_logits.stride(1),
+                draft_tokens, draft_tokens.stride(0), d_step,
+                logits_cache, logits_cache.stride(0), logits_cache.stride(1),
+                idx_mapping, num_drafts, positions,
+                temperature, seeds, target_temperature if raw else self._no_temp, temperature.shape[0],
+                greedy,
+                self.pa, self.pb, self.pi, self.mass, self.ea, self.ei, self.eb, self.ej, self.eany,
+                self.rows, self.accepted, self.counters, self.status,
+                tokens, tokens.stride(0), num_emitted,
+                batch, vocab, lay.lag, lay.c1, lay.c2, lay.t1, lay.t2)
+        meta = dict(K=k, KP1=self.kp1, C1P=self.c1p, C2P=self.c2p, BLOCK=self.block, UNROLL=unroll,
+                    HARDWARE=self.cuda, EMIT_SCAN=self._emit_scan, HAS_GREEDY=has_greedy, RAW=raw, BLOCK_METHOD=block_method,
+                    num_warps=self.warps, enable_fp_fusion=False)
+        try:
+            _stream_verify_kernel[(programs,)](*args, **meta, **self._launch_options)
+        except KeyError:  # a Triton without the maxnreg option: the compiler's own register count
+            if not self._launch_options:
+                raise
+            self._launch_options = {}
+            _stream_verify_kernel[(programs,)](*args, **meta)
+        return tokens, num_emitted
+
+
+# --------------------------------------------------------------------------- functional form
+_VERIFIERS: dict = {}  # (device, K, V) -> StreamVerifier, grown to the largest batch seen
+
+
+def cached_verifier(batch: int, k: int, vocab: int, device) -> StreamVerifier:
+    """The persistent :class:`StreamVerifier` of ``(device, K, V)`` for ``batch`` requests.
+
+    Created on first use with room for the next power of two of ``batch`` (at least 16) and
+    replaced by a larger one when a bigger batch comes; otherwise reused, so repeated calls
+    allocate no scratch. One per device for the calling stream: calls on several streams at once
+    must use their own :class:`StreamVerifier` (the counters are shared).
+    """
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    key = (device, int(k), int(vocab))
+    verifier = _VERIFIERS.get(key)
+    if verifier is None or verifier.max_batch < batch:
+        verifier = StreamVerifier(max(16, triton.next_power_of_2(int(batch))), k, vocab, device)
+        _VERIFIERS[key] = verifier
+    return verifier
+
+
+def verify_stream(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions, temperature, seeds,
+                  target_greedy=None, *, method: str = "standard", target_temperature=None):
+    """``verify_drafts(impl="triton")``: the cached :class:`StreamVerifier`, fresh outputs.
+
+    Shapes as :func:`~dspark_markov.verify_drafts` (validated by the caller). Only the two output
+    tensors (``[B, K+1]`` and ``[B]`` int64) are allocated per call, from the caching allocator;
+    for CUDA graphs capture :meth:`StreamVerifier.run` with your own outputs instead.
+    """
+    batch, k1, vocab = target_logits.shape
+    device = target_logits.device
+    tokens = torch.empty(batch, k1, dtype=torch.int64, device=device)
+    num_emitted = torch.empty(batch, dtype=torch.int64, device=device)
+    if batch == 0:
+        return tokens, num_emitted
+    verifier = cached_verifier(batch, k1 - 1, vocab, device)
+    return verifier.run(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions, temperature,
+                        seeds, target_greedy, method=method, target_temperature=target_temperature, tokens=tokens,
+                        num_emitted=num_emitted)

@@ -1,0 +1,161 @@
+"""The one-launch stream verifier (``verify_drafts(impl="triton")``) on the CPU interpreter.
+
+Equality with the reference on random inputs (the kernel forms ``p`` and ``q`` with its own exp and
+summation order, so it may differ only at last-bit near-ties, which these inputs do not have),
+bit equality of the raw-logit mode with pre-divided logits, the layouts (chunks, lags), padding,
+``K = 0 / 1``, counter reset between calls, and a chi-square of the emitted tokens.
+"""
+
+import pytest
+import torch
+
+import dspark_markov as dm
+from dspark_markov.demo.generate import chi_square, chi_square_threshold
+from dspark_markov.verify.reference import scale_target
+from dspark_markov.verify.triton_verify_stream import StreamVerifier, cached_verifier
+from tests.verify.test_triton_verify import VOCAB, _case
+
+
+def _run(verifier, args, method, greedy=None, **kwargs):
+    tokens, count = verifier.run(*args, greedy, method=method, **kwargs)
+    assert int(verifier.counters.abs().sum()) == 0  # reset by the kernel
+    verifier.check()
+    return tokens.clone(), count.clone()
+
+
+def _assert_reference(args, method, out, greedy=None):
+    ref = dm.verify_drafts(*args, target_greedy=greedy, method=method, impl="reference")
+    assert torch.equal(out[0], ref.tokens), (out[0], ref.tokens)
+    assert torch.equal(out[1], ref.num_emitted), (out[1], ref.num_emitted)
+    return ref
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("method", ["standard", "block"])
+def test_equals_reference(method, cache_dtype):
+    counts = []
+    for seed in range(2):
+        args = _case(seed, cache_dtype=cache_dtype)
+        out = dm.verify_drafts(*args, method=method, impl="triton")
+        _assert_reference(args, method, out)
+        counts.append(out.num_emitted[args[4] >= 0])
+    counts = torch.cat(counts)
+    assert int((counts >= 2).sum()) >= 2 and int((counts == 1).sum()) >= 2  # accepts and rejections
+
+
+@pytest.mark.parametrize("method", ["standard", "block"])
+def test_raw_logits_bit_identical_to_pre_divided(method):
+    """``target_temperature``: the kernel divides raw logits with div_rn, exactly as scale_target."""
+    args = _case(3, closeness=0.4)
+    temperature, idx = args[6], args[4]
+    raw = args[0] * torch.where(temperature == 0, 1.0, temperature)[idx.clamp_min(0), None, None]
+    divided = scale_target(raw, temperature, idx)
+    verifier = StreamVerifier(7, 3, VOCAB, "cpu")
+    a = _run(verifier, [divided] + args[1:], method)
+    b = _run(verifier, [raw] + args[1:], method, target_temperature=temperature)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    _assert_reference([divided] + args[1:], method, a)
+    out = dm.verify_drafts(raw, *args[1:], method=method, impl="triton", target_temperature=temperature)
+    ref = dm.verify_drafts(raw, *args[1:], method=method, target_temperature=temperature)
+    assert torch.equal(out.tokens, a[0]) and torch.equal(ref.tokens, a[0]) and torch.equal(ref.num_emitted, a[1])
+
+
+def test_layouts_and_explicit_greedy_flags():
+    """Chunks of one tile or of the whole row, lags 0..3: the same tokens; greedy targets with
+    probabilistic drafts; a Verifier reused with a smaller batch."""
+    args = _case(5, batch=8)
+    flags = torch.zeros(8, dtype=torch.bool)
+    flags[2] = flags[5] = True
+    outs = []
+    for options in (dict(t1=1, t2=1, lag=0), dict(t1=6, t2=6, lag=3)):
+        verifier = StreamVerifier(8, 3, VOCAB, "cpu", **options)
+        for method in ("standard", "block"):
+            outs.append(_run(verifier, args, method, flags))
+            _assert_reference(args, method, outs[-1], flags)
+    small = [x[:5] if i in (0, 1, 3, 4, 5) else x for i, x in enumerate(_case(6, batch=8))]
+    tokens, count = _run(verifier, small, "standard")
+    assert tokens.shape == (5, 4)
+    _assert_reference(small, "standard", (tokens, count))
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_no_or_one_draft_and_padding_only(k):
+    args = _case(13, batch=4, k=k, vocab=300)
+    verifier = StreamVerifier(4, k, 300, "cpu")
+    for method in ("standard", "block"):
+        _assert_reference(args, method, _run(verifier, args, method))
+    args[4] = torch.full((4,), -1)
+    tokens, count = _run(verifier, args, "block")
+    assert bool((tokens == -1).all()) and bool((count == 0).all())
+
+
+def test_masked_and_nan_logits_stay_in_range():
+    args = _case(9, vocab=300)
+    args[0][:, :, 150:] = float("-inf")
+    out = dm.verify_drafts(*args, impl="triton")
+    _assert_reference(args, "standard", out)
+    live = args[4] >= 0
+    last = out.tokens.gather(1, (out.num_emitted - 1).clamp_min(0)[:, None])[:, 0]
+    assert bool((last[live] < 150).all())
+    args[0][0, :, 7] = float("nan")
+    args[0][2] = float("nan")
+    out = dm.verify_drafts(*args, impl="triton", method="block")
+    assert bool(((out.tokens >= -1) & (out.tokens < 300)).all())
+
+
+def test_cached_verifier_is_reused():
+    first = cached_verifier(3, 3, VOCAB, "cpu")
+    assert cached_verifier(16, 3, VOCAB, "cpu") is first and first.max_batch >= 16
+    assert cached_verifier(17, 3, VOCAB, "cpu") is not first
+
+
+def test_validation():
+    args = _case(1, vocab=300)
+    with pytest.raises(ValueError, match="target_logits"):
+        StreamVerifier(7, 2, 300, "cpu").run(*args, None)
+    with pytest.raises(ValueError, match="max_batch"):
+        StreamVerifier(0, 2, 300, "cpu")
+    with pytest.raises(ValueError, match="target_temperature"):
+        dm.verify_drafts(*args, impl="triton", target_temperature=-args[6])
+    with pytest.raises(ValueError, match="target_temperature"):
+        dm.verify_drafts(*args, impl="triton", target_temperature=args[6][:3])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["standard", "block"])
+def test_first_two_positions_follow_the_target(method):
+    """Chi-square of the first two emitted positions (completed by sampling the target where nothing
+    was emitted) over 300 one-round trials at V = 6, K = 2, with a negative control (wrong draft T).
+
+    The target rows are fixed, so a lossless verifier makes position ``j`` distributed as ``p_j``.
+    Small because each trial is several interpreted programs.
+    """
+    vocab, k, batch = 6, 2, 300
+    g = torch.Generator().manual_seed(4)
+    target_row = torch.randn(k + 1, vocab, generator=g)
+    cache_row = 0.8 * target_row[:k] + 0.7 * torch.randn(k, vocab, generator=g)
+    target = target_row.expand(batch, k + 1, vocab).contiguous()
+    cache = cache_row.expand(batch, k, vocab).contiguous()
+    temp = torch.full((batch,), 0.9)
+    slots = torch.arange(batch)
+    seeds = slots * 1_000_003 + 99
+    positions = torch.full((batch,), 500)
+    drafts = torch.stack([dm.draft.reference.draw_gumbel(cache[:, i], temp, seeds, i, positions + i)
+                          for i in range(k)], dim=1)
+    p = torch.softmax(target_row.double(), dim=-1)
+    verifier = StreamVerifier(batch, k, vocab, "cpu", block=16)
+
+    def statistic(verify_temp):
+        tokens, count = _run(verifier, (target, drafts, cache, torch.full((batch,), k), slots, positions,
+                                        verify_temp, seeds), method)
+        counts = torch.zeros(2, vocab, dtype=torch.float64)
+        for j in range(2):
+            fresh = torch.multinomial(p[j].float(), batch, replacement=True, generator=g)
+            counts[j] = torch.bincount(torch.where(j < count, tokens[:, j], fresh), minlength=vocab).double()
+        return chi_square(counts, p[:2] * batch), float((count - 1).double().mean())
+
+    (stat, dof), accepted = statistic(temp)
+    assert stat <= chi_square_threshold(dof), f"chi-square {stat:.1f} on {dof} df"
+    assert accepted > 0.5
+    (bad, dof), _ = statistic(temp * 0.1)  # verifying against the wrong q breaks losslessness
+    assert bad > chi_square_threshold(dof)

@@ -1,0 +1,130 @@
+"""Time verification designs and layouts side by side on the GPU (CUDA graph, cold L2, median of rounds).
+
+Usage: ``PYTHONPATH=src python3 tools/sweep_verify.py [rows ...] [--variants NAME,...] [--rounds R]``.
+Inputs as ``dspark-markov bench --verify`` (fp32 target N(0, 2^2), bf16 cache, random drafts,
+K = 5, V = 129,280, mixed T 0 / 0.6 / 1 per slot). Variants: ``multipass`` (the four-kernel
+``triton_verify.Verifier``), ``stream`` (:class:`StreamVerifier`, default layout), ``raw`` (the
+stream kernel on raw logits with the per-slot temperature), ``stream:t1=4,lag=2`` (layout
+overrides), ``block``/``raw_block`` (block verification). Prints microseconds and whether every
+variant's tokens equal the first variant's of its method (raw against pre-divided: bit equality).
+"""
+
+import statistics
+import sys
+
+import torch
+
+from dspark_markov.bench import harness
+from dspark_markov.draft.reference import scaled_logits
+from dspark_markov.verify.triton_verify import Verifier
+from dspark_markov.verify.triton_verify_stream import StreamVerifier
+
+V, K = 129_280, 5
+
+
+def parse(argv):
+    rows, variants, rounds = [], ["multipass", "stream", "raw", "block", "raw_block"], 5
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--variants":
+            variants = argv[i + 1].split(",") if "," in argv[i + 1] else [argv[i + 1]]
+            i += 2
+        elif argv[i] == "--rounds":
+            rounds = int(argv[i + 1])
+            i += 2
+        else:
+            rows.append(int(argv[i]))
+            i += 1
+    return rows or [1, 16, 64, 253], [v.replace(";", ",") for v in variants], rounds
+
+
+def options(spec):
+    name, _, rest = spec.partition(":")
+    opts = {}
+    for item in filter(None, rest.split("+")):
+        key, _, value = item.partition("=")
+        opts[key] = int(value)
+    return name, opts
+
+
+def main(argv):
+    rows_list, variants, rounds = parse(argv)
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(2026)
+    big = max(rows_list)
+    raw_target = torch.randn(big, K + 1, V, generator=g, device=dev) * 2.0
+    cache = (torch.randn(big, K, V, generator=g, device=dev) * 2.0).bfloat16()
+    drafts = torch.randint(0, V, (big, K), generator=g, device=dev)
+    positions = torch.randint(1, 1 << 20, (big,), generator=g, device=dev)
+    seeds = torch.randint(-(1 << 62), 1 << 62, (big,), generator=g, device=dev)
+    table = torch.tensor([0.0, 0.6, 1.0], device=dev)
+    temperature = table[torch.arange(big, device=dev) % 3]
+    target = scaled_logits(raw_target, temperature)  # pre-divided, as the standard mode takes them
+    flush = harness.L2Flusher(dev)
+    print(f"V={V} K={K} bf16 cache, mixed T; variants {variants}")
+    for rows in rows_list:
+        args = (target[:rows], drafts[:rows], cache[:rows], torch.full((rows,), K, device=dev),
+                torch.arange(rows, device=dev), positions[:rows], temperature[:rows], seeds[:rows])
+        raw_args = (raw_target[:rows],) + args[1:]
+        graphs, keep, outputs = {}, [], {}
+        for spec in variants:
+            name, opts = options(spec)
+            method = "block" if name.endswith("block") else "standard"
+            tokens = torch.full((rows, K + 1), -1, dtype=torch.int64, device=dev)
+            count = torch.zeros(rows, dtype=torch.int64, device=dev)
+            if name == "multipass" or name == "multipass_block":
+                verifier = Verifier(rows, K, V, dev)
+
+                def call(verifier=verifier, method=method, tokens=tokens, count=count):
+                    verifier.run(*args, method=method, tokens=tokens, num_emitted=count)
+            else:
+                verifier = StreamVerifier(rows, K, V, dev, **opts)
+                raw = name.startswith("raw")
+
+                def call(verifier=verifier, method=method, tokens=tokens, count=count, raw=raw):
+                    if raw:
+                        verifier.run(*raw_args, method=method, target_temperature=args[6], tokens=tokens,
+                                     num_emitted=count)
+                    else:
+                        verifier.run(*args, method=method, tokens=tokens, num_emitted=count)
+            try:
+                call()
+                torch.cuda.synchronize()
+                if isinstance(verifier, StreamVerifier):
+                    verifier.check()
+                graphs[spec] = harness.capture_graph(call)
+                keep.append(verifier)
+                outputs[spec] = (method, tokens, count)
+            except Exception as error:  # noqa: BLE001 - report and keep going
+                print(f"rows {rows} {spec}: {type(error).__name__}: {str(error)[:500]}")
+        times = {spec: [] for spec in graphs}
+        for _ in range(rounds):
+            for spec, graph in graphs.items():
+                times[spec].append(statistics.median(harness.time_graph_replays(graph, 20, flush)))
+        first = {}
+        floor = rows * V * ((K + 1) * 4 + K * 2) / 4.39e12 * 1e6
+        for spec in graphs:
+            method, tokens, count = outputs[spec]
+            if method not in first:
+                first[method] = (spec, tokens, count)
+            ref_spec, ref_tokens, ref_count = first[method]
+            same = torch.equal(tokens, ref_tokens) and torch.equal(count, ref_count)
+            t = statistics.median(times[spec])
+            print(f"rows {rows:4d} {spec:28s} {t:9.1f} us  ({min(times[spec]):.1f}-{max(times[spec]):.1f})  "
+                  f"floor {floor:6.1f}  {100 * floor / t:5.1f}%  equal to {ref_spec}: {same}")
+        for verifier in keep:
+            if isinstance(verifier, StreamVerifier):
+                verifier.check()
+    from dspark_markov.verify import triton_verify_stream as ts
+
+    try:
+        for cache in ts._stream_verify_kernel.device_caches.values():
+            for kernel in cache[0].values():
+                print("stream kernel: registers", kernel.n_regs, "spills", kernel.n_spills, "shared",
+                      kernel.metadata.shared)
+    except Exception as error:  # noqa: BLE001 - Triton internals differ between versions
+        print("registers: n/a", error)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
