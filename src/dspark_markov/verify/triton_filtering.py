@@ -121,6 +121,8 @@ _SORT_SMALL = tl.constexpr(SORT_SMALL)
 _SORT_MEDIUM = tl.constexpr(SORT_MEDIUM)
 GPU_BLOCK = 2048
 CPU_BLOCK = 1024
+MASS_BLOCK = 512  # the block of sweeps with masses: [512, 8] int64 accumulators
+WARPS = 8
 
 
 # --------------------------------------------------------------------------- device functions
@@ -205,41 +207,58 @@ def _row_p(p_ptr, p_value, row, P_PER_ROW: tl.constexpr):
 
 
 @triton.jit
-def _sweep(src, start, end, row_max, thresholds, lo, hi, scratch, cursor, capacity,
-           EVALUATE, NEED_MASS, TOTAL, GATHER, BLOCK: tl.constexpr):
+def _gather_block(key, index, take, scratch, cursor, capacity):
+    """Append the packed keys of ``take`` to ``scratch`` (one atomic claims the block's slots)."""
+    takes = take.to(tl.int32)
+    found = tl.sum(takes, axis=0)
+    if found > 0:
+        base = tl.atomic_add(cursor, found.to(tl.int64))
+        slot = base + (tl.cumsum(takes, axis=0) - takes).to(tl.int64)
+        tl.store(scratch + slot, _pack(key, index), mask=take & (slot < capacity))
+
+
+@triton.jit
+def _sweep(src, start, end, row_max, thresholds, lo, hi, scratch, cursor, capacity, GATHER,
+           KEYS: tl.constexpr, EVALUATE: tl.constexpr, MASS: tl.constexpr, TOTAL: tl.constexpr,
+           BLOCK: tl.constexpr):
     """One pass over columns ``[start, end)`` of a row.
 
-    ``EVALUATE``: exact ``count`` / ``mass`` (``NEED_MASS``) at the 8 packed ``thresholds``;
-    ``TOTAL``: the mass of every column; ``GATHER``: append the packed keys in ``[lo, hi)`` to
-    ``scratch`` (slots claimed per block from the int64 counter ``cursor``; beyond ``capacity``
-    only counted). Returns ``(counts [8] int64, masses [8] int64, total int64)``.
+    ``EVALUATE``: exact counts (and integer masses, ``MASS``) at the 8 packed ``thresholds``;
+    ``TOTAL``: the mass of every column; ``GATHER`` (runtime): append the packed keys in
+    ``[lo, hi)`` to ``scratch`` (beyond ``capacity`` only counted by ``cursor``). ``KEYS``: the
+    thresholds and ``lo``/``hi`` are key-aligned (the first pass), so int32 keys are compared
+    instead of packed int64 values. Returns ``(counts [8] int64, masses [8] int64, total int64)``.
     """
     counts = tl.zeros([BLOCK, _THRESHOLDS], tl.int32)
     masses = tl.zeros([BLOCK, _THRESHOLDS], tl.int64)
     total = tl.zeros([BLOCK], tl.int64)
+    if KEYS:
+        bounds = (thresholds >> 32).to(tl.int32)
+        lo_bound = (lo >> 32).to(tl.int32)
+        hi_bound = (hi >> 32).to(tl.int32)  # PACK_CEIL: 2^31 - 1, above every non-NaN key
+    else:
+        bounds = thresholds
+        lo_bound = lo
+        hi_bound = hi
     for offset in range(start, end, BLOCK):
         index = offset + tl.arange(0, BLOCK)
         valid = index < end
         x = tl.load(src + index, mask=valid, other=float("-inf"))
-        packed = _pack(_key32(x), index)
+        key = _key32(x)
+        if KEYS:
+            order = key
+        else:
+            order = _pack(key, index)
         if EVALUATE:
-            hit = valid[:, None] & (packed[:, None] >= thresholds[None, :])
+            hit = valid[:, None] & (order[:, None] >= bounds[None, :])
             counts += hit.to(tl.int32)
-            if NEED_MASS:
+            if MASS:
                 q = _weight_fixed_point(x, row_max)
                 masses += tl.where(hit, q[:, None], 0)
                 if TOTAL:
                     total += tl.where(valid, q, 0)
-        elif TOTAL:
-            total += tl.where(valid, _weight_fixed_point(x, row_max), 0)
         if GATHER:
-            take = valid & (packed >= lo) & (packed < hi)
-            takes = take.to(tl.int32)
-            found = tl.sum(takes, axis=0)
-            if found > 0:
-                base = tl.atomic_add(cursor, found.to(tl.int64))
-                slot = base + (tl.cumsum(takes, axis=0) - takes).to(tl.int64)
-                tl.store(scratch + slot, packed, mask=take & (slot < capacity))
+            _gather_block(key, index, valid & (order >= lo_bound) & (order < hi_bound), scratch, cursor, capacity)
     return tl.sum(counts, axis=0).to(tl.int64), tl.sum(masses, axis=0), tl.sum(total, axis=0)
 
 
@@ -574,7 +593,7 @@ def _pass_kernel(
     k_ptr, k_value, p_ptr, p_value,  # [B] int32/int64 or a scalar; [B] fp32 or a scalar
     vocab, chunk_len, num_chunks, capacity,
     PASS: tl.constexpr, K_PER_ROW: tl.constexpr, P_PER_ROW: tl.constexpr, CHUNKS: tl.constexpr,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, MASS_BLOCK: tl.constexpr,
 ):
     """One sweep of a row's columns ``[chunk * chunk_len, ...)``: thresholds and/or the gather.
 
@@ -593,8 +612,6 @@ def _pass_kernel(
          use_p) = _first_plan(row, best_part, nan_part, finite_part, sum_part, sumsq_part, min_part, placement,
                               k_ptr, k_value, p_ptr, p_value, vocab, num_chunks, capacity, K_PER_ROW, P_PER_ROW,
                               CHUNKS)
-        evaluate = phase == _PHASE_OPEN
-        total_mass = need_mass & (target == _TARGET_MASS)
         if chunk == 0:
             tl.store(st_phase + row, phase)
             tl.store(st_target + row, target)
@@ -622,21 +639,36 @@ def _pass_kernel(
         gather = (flags & 1) != 0
         evaluate = (flags & 2) != 0
         need_mass = (flags & 4) != 0
-        total_mass = evaluate & False
         best = tl.load(st_best + row)
         thresholds = tl.load(points + base + slot + _SLOT_FIRST)
         lo = tl.load(points + base + _SLOT_LOWER)
         hi = tl.load(points + base + _SLOT_UPPER)
     if phase == _PHASE_OPEN:
         row_max = _key_value((best >> 32).to(tl.int32))
-        found, mass, total = _sweep(src, start, end, row_max, thresholds, lo, hi, scratch + row * capacity,
-                                    st_cursor + row, capacity, evaluate, need_mass, total_mass, gather, BLOCK)
-        if evaluate:
-            tl.atomic_add(counts + base + _SLOT_FIRST + slot, found)
+        rows_scratch = scratch + row * capacity
+        cursor = st_cursor + row
+        if PASS == _PASS_FIRST:  # key-aligned thresholds, always evaluated; S for top-p-only rows
             if need_mass:
+                found, mass, total = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch, cursor,
+                                            capacity, gather, True, True, True, True, MASS_BLOCK)
                 tl.atomic_add(masses + base + _SLOT_FIRST + slot, mass)
-        if total_mass:
-            tl.atomic_add(masses + base + _SLOT_LOWER, total)
+                tl.atomic_add(masses + base + _SLOT_LOWER, total)
+            else:
+                found, _, _ = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity,
+                                     gather, True, True, False, False, BLOCK)
+            tl.atomic_add(counts + base + _SLOT_FIRST + slot, found)
+        elif evaluate:
+            if need_mass:
+                found, mass, _ = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch, cursor,
+                                        capacity, gather, False, True, True, False, MASS_BLOCK)
+                tl.atomic_add(masses + base + _SLOT_FIRST + slot, mass)
+            else:
+                found, _, _ = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity,
+                                     gather, False, True, False, False, BLOCK)
+            tl.atomic_add(counts + base + _SLOT_FIRST + slot, found)
+        else:  # gather only
+            _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity, gather, False,
+                   False, False, False, BLOCK)
 
 
 @triton.jit
@@ -665,7 +697,7 @@ def _finish_kernel(
     scratch,  # [B, capacity] int64
     unresolved,  # [1] int32: rows left open after MAX_ROUNDS (never, by the bound)
     vocab, capacity,
-    SORT_LARGE: tl.constexpr, BLOCK: tl.constexpr,
+    SORT_LARGE: tl.constexpr, BLOCK: tl.constexpr, MASS_BLOCK: tl.constexpr,
 ):
     """One program per row still open: sweep + resolve rounds over the whole row, bounded.
 
@@ -687,12 +719,20 @@ def _finish_kernel(
         lo = tl.load(points + base + _SLOT_LOWER, volatile=True)
         hi = tl.load(points + base + _SLOT_UPPER, volatile=True)
         row_max = _key_value((best >> 32).to(tl.int32))
-        found, mass, _ = _sweep(src, 0, vocab, row_max, thresholds, lo, hi, scratch + row * capacity,
-                                st_cursor + row, capacity, evaluate, need_mass, False, gather, BLOCK)
+        rows_scratch = scratch + row * capacity
+        cursor = st_cursor + row
         if evaluate:
-            tl.atomic_add(counts + base + _SLOT_FIRST + slot, found)
             if need_mass:
+                found, mass, _ = _sweep(src, 0, vocab, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity,
+                                        gather, False, True, True, False, MASS_BLOCK)
                 tl.atomic_add(masses + base + _SLOT_FIRST + slot, mass)
+            else:
+                found, _, _ = _sweep(src, 0, vocab, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity,
+                                     gather, False, True, False, False, BLOCK)
+            tl.atomic_add(counts + base + _SLOT_FIRST + slot, found)
+        else:
+            _sweep(src, 0, vocab, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity, gather, False, False,
+                   False, False, BLOCK)
         tl.debug_barrier()
         phase = _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags,
                              st_cursor, points, counts, masses, scratch, capacity, SORT_LARGE)
@@ -831,6 +871,8 @@ class TopKTopPFilter:
             raise ValueError(f"max_rows, vocab: expected >= 1, got {max_rows}, {vocab}")
         default_block, default_chunks = default_layout(max_rows, vocab, device)
         self.block = block or default_block
+        self.mass_block = min(self.block, MASS_BLOCK)  # [MASS_BLOCK, 8] int64 masses stay in registers
+        self.warps = WARPS if device.type == "cuda" else 4
         chunks = chunks or default_chunks
         chunks = max(1, min(chunks, triton.cdiv(vocab, self.block)))
         self.chunk_len = triton.cdiv(triton.cdiv(vocab, chunks), self.block) * self.block
@@ -855,7 +897,7 @@ class TopKTopPFilter:
         k_value = 0 if k_per_row or k is None else max(min(int(k), 2**62), -(2**62))
         p_value = 1.0 if p_per_row or p is None else float(p)
         in_place = out.data_ptr() == logits.data_ptr() and out.stride() == logits.stride()
-        warps = 8 if self.block >= 2048 else 4
+        warps = self.warps
         grid = (rows, self.chunks)
         common = dict(num_warps=warps, enable_fp_fusion=False)
         _stats_kernel[grid](logits, logits.stride(0), *st.stats(), st.counts, st.masses, st.cursor,
@@ -865,12 +907,12 @@ class TopKTopPFilter:
             _pass_kernel[grid](logits, logits.stride(0), *st.stats(), st.placement, *st.row_fields(), st.points, st.counts,
                                st.masses, st.scratch, k_ptr, k_value, p_ptr, p_value, vocab, self.chunk_len,
                                self.chunks, self.capacity, PASS=kind, K_PER_ROW=k_per_row, P_PER_ROW=p_per_row,
-                               CHUNKS=chunks_p2, BLOCK=self.block, **common)
+                               CHUNKS=chunks_p2, BLOCK=self.block, MASS_BLOCK=self.mass_block, **common)
             _resolve_kernel[(rows,)](*st.row_fields(), st.points, st.counts, st.masses, st.scratch, self.capacity,
                                      SORT_LARGE=self.capacity, num_warps=8, enable_fp_fusion=False)
         _finish_kernel[(rows,)](logits, logits.stride(0), *st.row_fields(), st.points, st.counts, st.masses,
                                 st.scratch, st.unresolved, vocab, self.capacity, SORT_LARGE=self.capacity,
-                                BLOCK=self.block, **common)
+                                BLOCK=self.block, MASS_BLOCK=self.mass_block, **common)
         _apply_kernel[grid](logits, logits.stride(0), out, out.stride(0), st.phase, st.cut, vocab, self.chunk_len,
                             IN_PLACE=in_place, BLOCK=self.block, **common)
         return out

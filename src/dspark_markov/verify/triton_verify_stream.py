@@ -6,8 +6,10 @@ last-arriver counters (``atomic_add``; the last of a request's items to arrive s
 stores and does the request's epilogue):
 
 1. **stream** items ``(request, row j <= n, chunk)``: a chunk of target row ``j`` and of cache row
-   ``j`` (``j < n``), read once, reduced to per-lane running softmax statistics (max and sum of
-   ``exp(x - max)``, one ``exp`` per element) or, for greedy rows, to per-lane first argmaxes.
+   ``j`` (``j < n``), read once (``unroll`` tiles in flight per program), reduced to per-lane
+   running softmax statistics (max and sum of ``exp(x - max)``; the cache rows in their own
+   values' space, ``sum 2^((c - max c) log2(e) / T)``, so no division per element) or, for greedy
+   rows, to per-lane first argmaxes.
    The last stream item of a request to arrive combines the chunks into each row's max and
    normaliser, computes ``p_j(x_j)``, ``q_j(x_j)``, the ratios, the acceptance uniforms, the
    standard (or greedy) accepted count and the block-verification weights, and marks the request
@@ -15,8 +17,11 @@ stores and does the request's epilogue):
 2. **mass** items (``method="block"`` only) ``(request, row 1 <= i < n, chunk)``: the residual
    masses ``sum_v max(w_i p_i(v) - q_i(v), 0)``; their last arriver computes the block count;
 3. **emit** items ``(request, chunk)`` over the one emitted row ``j*``: the Gumbel keys of the
-   residual ``log(max(w p - q, 0)) + g`` (after a rejection) and of the bonus ``x + g``; their last
-   arriver combines the chunks and writes the request's output row.
+   residual ``log(max(w p - q, 0)) + g`` (after a rejection) or of the bonus ``x + g``, ranked by
+   cheap noise with the exact keys computed for each lane's best (exact rescan of a chunk on a
+   near-tie; the drawn token is the exact keys' argmax); their last arriver combines the chunks
+   and writes the request's output row (after a rejection whose residual is all zero in fp32 it
+   draws the bonus keys of that row instead, in one program).
 
 Items are numbered so that a request's mass and emit items come ``lag`` requests after its stream
 items. A waiting item (bounded spin on the request's ready flag) only waits for items with smaller
@@ -38,9 +43,14 @@ division ``tl.math.div_rn`` (``T == 0``: unscaled), the same correctly rounded d
 the pre-divided mode, so the two modes give bit-identical results (tested).
 
 Agreement with the reference: as :mod:`.triton_verify` (same keys, greedy rules, fallback and
-layout; ``p`` and ``q`` formed with ``exp2`` approximations and a per-lane summation order, so a
-decision can differ from the reference's only at last-bit near-ties). Every launch passes
-``enable_fp_fusion=False``. Importing this module imports Triton.
+layout). Bit-identical: the keys, greedy decisions, the one-hot ``q`` of greedy drafts, the bonus
+draw (``x + g`` with the exact noise) and the output layout. Within fp32 rounding: ``p`` and ``q``
+(``exp2`` approximations, per-lane summation order; the normaliser of ``q`` summed in the cache
+values' space, the ratio ``p(x)/q(x)`` with the correctly rounded ``c / T``; the residual with the
+normalisers' reciprocals, the hardware ``ex2``/``lg2`` and values below 2^-126 as 0), so an
+acceptance or residual decision can differ from the reference's only at last-bit near-ties
+(about 1e-6 per decision). Every launch passes ``enable_fp_fusion=False``. Importing this module
+imports Triton.
 """
 
 from __future__ import annotations
@@ -50,7 +60,8 @@ import triton
 import triton.language as tl
 
 from ..ops import noise as rng_triton  # the device noise (ops.noise)
-from ..ops.noise import fast_log2
+from ..ops.filter import FILTER_MARGIN, key_slack
+from ..ops.noise import approx_gumbel, fast_log2
 from ..ops.numerics import block_argmax, to_float32
 from ..validate import DeviceStatusError, check_power_of_two
 from . import keys
@@ -69,6 +80,7 @@ _LN2 = tl.constexpr(0.6931471805599453)
 _TINY = tl.constexpr(1.1754943508222875e-38)  # smallest normal fp32: the hardware log2 flushes below it
 _BIG = tl.constexpr(2147483647)
 _SPIN = tl.constexpr(SPIN)
+_FILTER_MARGIN = tl.constexpr(FILTER_MARGIN)
 
 
 # --------------------------------------------------------------------------- device functions
@@ -218,6 +230,82 @@ def _fast_draft_prob(c, token, temp, c_max, scale, inv_sum, q_arg, HARDWARE: tl.
 
 
 @triton.jit
+def _emit_keys(t_row, c_row, prefix, token, ok, ttemp, temp, w, t_max, t_inv, q_cmax, q_scale, q_inv, q_arg,
+               residual_mode, RAW: tl.constexpr, EXACT: tl.constexpr, HARDWARE: tl.constexpr):
+    """Gumbel-max keys of the emitted row at ``token`` and whether its residual is positive.
+
+    After a rejection (``residual_mode``): ``log(max(w p - q, 0)) + g`` (residuals below the
+    smallest normal count as 0, NaN as 0: key -inf); otherwise the bonus ``x + g`` (one fp32
+    addition, as the reference). ``g`` is the exact keyed noise, or (``EXACT=False``) the cheap
+    noise of :func:`dspark_markov.ops.noise.approx_gumbel` (within ``NOISE_BOUND``) used only to rank.
+    """
+    u = rng_triton.uniform32(rng_triton.hash_finish(prefix, token))
+    if EXACT:
+        g = rng_triton.gumbel32(u)
+    else:
+        g = approx_gumbel(u, HARDWARE)
+    x = _load_row(t_row, token, ok, ttemp, RAW, float("-inf"))
+    if residual_mode:
+        c = _load_row(c_row, token, ok, temp, False, 0.0)
+        d = w * _fast_prob(x, t_max, _LOG2E, t_inv, HARDWARE) - _fast_draft_prob(
+            c, token, temp, q_cmax, q_scale, q_inv, q_arg, HARDWARE)
+        residual = tl.where(ok & (d >= _TINY), d, 0.0)
+        key = fast_log2(residual, HARDWARE) * _LN2 + g
+        positive = residual > 0.0
+    else:
+        key = x + g
+        positive = token < 0  # all False (an int1 tensor like the other branch's)
+    return tl.where(ok, key, float("-inf")), positive
+
+
+@triton.jit
+def _emit_scan(t_row, c_row, prefix, start, end, tiles, ttemp, temp, w, t_max, t_inv, q_cmax, q_scale, q_inv,
+               q_arg, residual_mode, RAW: tl.constexpr, EXACT: tl.constexpr, HARDWARE: tl.constexpr,
+               BLOCK: tl.constexpr):
+    """``(best key, first token, any positive residual, risky)`` of the emitted row over ``[start, end)``.
+
+    ``EXACT``: the argmax of the exact keys (``torch.argmax`` semantics: a NaN wins). Otherwise the
+    lanes are ranked by the cheap noise (best and runner-up per lane), the exact key of each lane's
+    best is computed, and ``risky`` is set when that cannot be the exact answer: a NaN key, or a
+    lane whose runner-up is within the noise bound's slack of its best and of the winner (then the
+    caller rescans exactly; such near-ties are about 1e-4 per chunk).
+    """
+    lane = start + tl.arange(0, BLOCK)
+    best = tl.full([BLOCK], float("-inf"), tl.float32)
+    runner = tl.full([BLOCK], float("-inf"), tl.float32)
+    best_tok = lane
+    positive = tl.zeros([BLOCK], tl.int32)
+    nan = tl.zeros([BLOCK], tl.int32)
+    for t in range(tiles):
+        token = lane + t * BLOCK
+        key, pos = _emit_keys(t_row, c_row, prefix, token, token < end, ttemp, temp, w, t_max, t_inv, q_cmax,
+                              q_scale, q_inv, q_arg, residual_mode, RAW, EXACT, HARDWARE)
+        positive = positive | pos.to(tl.int32)
+        if EXACT:
+            better = (key > best) | ((key != key) & (best == best))
+        else:
+            nan = nan | (key != key).to(tl.int32)
+            better = key > best
+            runner = tl.where(better, best, tl.maximum(runner, key))
+        best = tl.where(better, key, best)
+        best_tok = tl.where(better, token, best_tok)
+    lane_ok = lane < end
+    if EXACT:
+        value, token = block_argmax(best, best_tok, lane_ok)
+        risky = start < 0  # False: the exact path is the answer
+    else:
+        exact, _ = _emit_keys(t_row, c_row, prefix, best_tok, lane_ok, ttemp, temp, w, t_max, t_inv, q_cmax,
+                              q_scale, q_inv, q_arg, residual_mode, RAW, True, HARDWARE)
+        value, token = block_argmax(exact, best_tok, lane_ok)
+        slack = key_slack(value, _FILTER_MARGIN)
+        # (no finite key: the answer is the first token whatever the noise; +inf stands in so none is close)
+        reach = tl.where(value > float("-inf"), value, float("inf"))
+        close = lane_ok & (runner >= best - slack) & (runner + slack >= reach)
+        risky = tl.max((close | (nan != 0)).to(tl.int32), axis=0) > 0
+    return value, token, tl.max(positive, axis=0), risky
+
+
+@triton.jit
 def _arrive(counter_ptr, expected):
     """Count this item in; True for the last of ``expected`` items (which then sees their stores)."""
     tl.debug_barrier()  # every thread's stores of this item are issued before the arrival
@@ -272,7 +360,7 @@ def _stream_verify_kernel(
     greedy_ptr,  # [B] uint8 (read when HAS_GREEDY)
     pa_ptr, pb_ptr, pi_ptr,  # [maxB, 2K+1, C1P] fp32, fp32, int32 stream partials (rows, then cache rows)
     mass_ptr,  # [maxB, KQ, C1P] fp32 partial residual masses (block)
-    ea_ptr, ei_ptr, eb_ptr, ej_ptr, eany_ptr,  # [maxB, C2P] fp32, int32, fp32, int32, int32 emit partials
+    ea_ptr, ei_ptr, eany_ptr,  # [maxB, C2P] fp32, int32, int32 emit partials: best key, its token, residual > 0
     row_ptr,  # [maxB, 8, KP1] fp32: target max, sum, cache max, sum, weights, argmax t, argmax q (bits)
     acc_ptr,  # [maxB] int32 accepted count
     counters_ptr,  # [maxB, 4] int32: stream, mass, emit arrivals, ready level
@@ -280,7 +368,7 @@ def _stream_verify_kernel(
     tokens_ptr, tokens_stride, num_emitted_ptr,  # [B, K+1] int64, [B] int64
     requests, vocab, LAG, C1, C2, T1, T2,
     K: tl.constexpr, KP1: tl.constexpr, C1P: tl.constexpr, C2P: tl.constexpr, BLOCK: tl.constexpr,
-    UNROLL: tl.constexpr, HARDWARE: tl.constexpr, EMIT_SCAN: tl.constexpr,
+    UNROLL: tl.constexpr, HARDWARE: tl.constexpr, EMIT_SCAN: tl.constexpr, NOISE_FILTER: tl.constexpr,
     HAS_GREEDY: tl.constexpr, RAW: tl.constexpr, BLOCK_METHOD: tl.constexpr,
 ):
     STAGES: tl.constexpr = 3 if BLOCK_METHOD else 2
@@ -429,66 +517,48 @@ def _stream_verify_kernel(
         _wait(counters + 3, ready_level, status_ptr)
         js = tl.minimum(tl.maximum(tl.load(acc_ptr + b, volatile=True), 0), n)
         part = b * C2P + chunk
+        t_max = tl.load(rows + 0 * KP1 + js, volatile=True)
+        t_inv = tl.math.div_rn(1.0, tl.load(rows + 1 * KP1 + js, volatile=True))
+        q_cmax = tl.load(rows + 2 * KP1 + js, volatile=True)
+        q_inv = tl.math.div_rn(1.0, tl.load(rows + 3 * KP1 + js, volatile=True))
+        w = tl.load(rows + 4 * KP1 + js, volatile=True)
+        q_arg = tl.load(rows + 6 * KP1 + js, volatile=True).to(tl.int32, bitcast=True)
+        q_scale = tl.math.div_rn(_LOG2E, tl.where(temp == 0.0, 1.0, temp))
+        if not BLOCK_METHOD:
+            w = 1.0
+        prefix = rng_triton.hash_prefix(seed, position + js - 1, _RESAMPLE_DOMAIN)
+        t_row = t_base + js * t_row_stride
+        c_row = c_base + js * c_step_stride  # read only after a rejection (js < n <= K)
+        rejected = js < n
         if live & ~greedy & EMIT_SCAN:
             start = chunk * T2 * BLOCK
             end = tl.minimum(start + T2 * BLOCK, vocab)
-            lane = start + tl.arange(0, BLOCK)
-            t_max = tl.load(rows + 0 * KP1 + js, volatile=True)
-            t_inv = tl.math.div_rn(1.0, tl.load(rows + 1 * KP1 + js, volatile=True))
-            q_cmax = tl.load(rows + 2 * KP1 + js, volatile=True)
-            q_inv = tl.math.div_rn(1.0, tl.load(rows + 3 * KP1 + js, volatile=True))
-            w = tl.load(rows + 4 * KP1 + js, volatile=True)
-            q_arg = tl.load(rows + 6 * KP1 + js, volatile=True).to(tl.int32, bitcast=True)
-            q_scale = tl.math.div_rn(_LOG2E, tl.where(temp == 0.0, 1.0, temp))
-            if not BLOCK_METHOD:
-                w = 1.0
-            prefix = rng_triton.hash_prefix(seed, position + js - 1, _RESAMPLE_DOMAIN)
-            bonus = tl.full([BLOCK], float("-inf"), tl.float32)
-            bonus_tok = lane
-            res = tl.full([BLOCK], float("-inf"), tl.float32)
-            res_tok = lane
-            positive = tl.zeros([BLOCK], tl.int32)
-            rejected = js < n
-            for t in range(T2):
-                token = lane + t * BLOCK
-                ok = token < end
-                xt = _load_row(t_base + js * t_row_stride, token, ok, ttemp, RAW, float("-inf"))
-                g = rng_triton.gumbel32(rng_triton.uniform32(rng_triton.hash_finish(prefix, token)))
-                key = xt + g
-                better = (key > bonus) | ((key != key) & (bonus == bonus))
-                bonus = tl.where(better & ok, key, bonus)
-                bonus_tok = tl.where(better & ok, token, bonus_tok)
-                if K > 0:
-                    if rejected:
-                        ct = _load_row(c_base + js * c_step_stride, token, ok, temp, False, 0.0)
-                        d = w * _fast_prob(xt, t_max, _LOG2E, t_inv, HARDWARE) - _fast_draft_prob(
-                            ct, token, temp, q_cmax, q_scale, q_inv, q_arg, HARDWARE)
-                        # clamp_min(., 0) with NaN -> 0; values below the smallest normal count as 0
-                        # (the hardware log2 flushes them; they carry under 1e-38 of mass).
-                        residual = tl.where(ok & (d >= _TINY), d, 0.0)
-                        positive = positive | (residual > 0.0).to(tl.int32)
-                        rkey = fast_log2(residual, HARDWARE) * _LN2 + g
-                        better = (rkey > res) | ((rkey != rkey) & (res == res))
-                        res = tl.where(better & ok, rkey, res)
-                        res_tok = tl.where(better & ok, token, res_tok)
-            lane_ok = lane < end
-            val, tok = block_argmax(bonus, bonus_tok, lane_ok)
+            val, tok, pos, risky = _emit_scan(t_row, c_row, prefix, start, end, T2, ttemp, temp, w, t_max, t_inv,
+                                              q_cmax, q_scale, q_inv, q_arg, rejected, RAW, not NOISE_FILTER,
+                                              HARDWARE, BLOCK)
+            if NOISE_FILTER:
+                if risky:  # a near-tie of the cheap noise (rare): the exact keys of the chunk
+                    val, tok, pos, no_risk = _emit_scan(t_row, c_row, prefix, start, end, T2, ttemp, temp, w, t_max,
+                                                  t_inv, q_cmax, q_scale, q_inv, q_arg, rejected, RAW, True,
+                                                  HARDWARE, BLOCK)
             tl.store(ea_ptr + part, val)
             tl.store(ei_ptr + part, tok)
-            val, tok = block_argmax(res, res_tok, lane_ok)
-            tl.store(eb_ptr + part, val)
-            tl.store(ej_ptr + part, tok)
-            tl.store(eany_ptr + part, tl.max(positive, axis=0))
+            tl.store(eany_ptr + part, pos)
         if _arrive(counters + 2, C2):
             cc = tl.arange(0, C2P)
             in_row = cc < C2
             off = b * C2P + cc
-            use_res = (js < n) & (tl.max(tl.load(eany_ptr + off, mask=in_row, other=0, volatile=True), axis=0) > 0)
-            val = tl.where(use_res, tl.load(eb_ptr + off, mask=in_row, other=float("-inf"), volatile=True),
-                           tl.load(ea_ptr + off, mask=in_row, other=float("-inf"), volatile=True))
-            tok = tl.where(use_res, tl.load(ej_ptr + off, mask=in_row, other=0, volatile=True),
-                           tl.load(ei_ptr + off, mask=in_row, other=0, volatile=True))
+            val = tl.load(ea_ptr + off, mask=in_row, other=float("-inf"), volatile=True)
+            tok = tl.load(ei_ptr + off, mask=in_row, other=0, volatile=True)
             _, sampled = block_argmax(val, tok, in_row)
+            if live & ~greedy & rejected:
+                if tl.max(tl.load(eany_ptr + off, mask=in_row, other=0, volatile=True), axis=0) == 0:
+                    # The residual is all zero in fp32: draw from p_j instead (the bonus keys of row j),
+                    # here in one program over the whole row (p == q to the last bit: rare).
+                    bonus_key, bonus_tok, no_pos, no_risk = _emit_scan(
+                        t_row, c_row, prefix, 0, vocab, tl.cdiv(vocab, BLOCK), ttemp, temp, w, t_max, t_inv, q_cmax,
+                        q_scale, q_inv, q_arg, False, RAW, True, HARDWARE, BLOCK)
+                    sampled = bonus_tok
             sampled = tl.minimum(tl.maximum(sampled, 0), vocab - 1)
             t_arg = tl.load(rows + 5 * KP1 + js, volatile=True).to(tl.int32, bitcast=True)
             emitted = tl.where(greedy, tl.minimum(tl.maximum(t_arg, 0), vocab - 1), sampled).to(tl.int64)
@@ -555,6 +625,8 @@ class StreamVerifier:
     t1, t2, lag, unroll : override the :class:`Layout` (tiles per stream / emit item, lag in
         requests, tiles loaded at once).
     warps : warps per program (default 8 on the GPU).
+    noise_filter : rank the emitted row by cheap noise and compute the exact keys of each lane's
+        best only (default 1); 0: exact noise for every value. The tokens are the same.
     emit : 0 only to profile: the emit items skip their scan (the tokens are then wrong).
 
     Scratch (allocated once, ``O(max_batch K V / block)`` words): partials, per-request row
@@ -563,7 +635,8 @@ class StreamVerifier:
     """
 
     def __init__(self, max_batch: int, num_drafts: int, vocab_size: int, device, *, block: int | None = None,
-                 t1=None, t2=None, lag=None, unroll=None, warps: int | None = None, emit=1):
+                 t1=None, t2=None, lag=None, unroll=None, warps: int | None = None, emit=1,
+                 noise_filter=1):
         if int(max_batch) < 1:
             raise ValueError(f"max_batch: expected >= 1, got {max_batch}")
         if int(num_drafts) < 0:
@@ -579,6 +652,7 @@ class StreamVerifier:
         self.sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else (
             132 if self.cuda else 1)
         self.overrides = dict(t1=t1, t2=t2, lag=lag, unroll=unroll)
+        self.noise_filter = bool(noise_filter)
         self._emit_scan = bool(emit)  # emit=0: a profiling aid (the emit items skip their scan: wrong tokens)
         self.warps = int(warps) if warps else (GPU_WARPS if self.cuda else 4)
         # At most 128 registers (two programs of 8 warps per SM): a variant that needs more spills a
@@ -596,8 +670,8 @@ class StreamVerifier:
         self.pa, self.pb = zeros(mb, 2 * k + 1, self.c1p), zeros(mb, 2 * k + 1, self.c1p)
         self.pi = zeros(mb, 2 * k + 1, self.c1p, dtype=torch.int32)
         self.mass = zeros(mb, kq, self.c1p)
-        self.ea, self.eb = zeros(mb, self.c2p), zeros(mb, self.c2p)
-        self.ei, self.ej, self.eany = (zeros(mb, self.c2p, dtype=torch.int32) for _ in range(3))
+        self.ea = zeros(mb, self.c2p)
+        self.ei, self.eany = zeros(mb, self.c2p, dtype=torch.int32), zeros(mb, self.c2p, dtype=torch.int32)
         self.rows = zeros(mb, 8, self.kp1)
         self.accepted = zeros(mb, dtype=torch.int32)
         self.counters = zeros(mb, 4, dtype=torch.int32)
@@ -668,12 +742,12 @@ class StreamVerifier:
                 idx_mapping, num_drafts, positions,
                 temperature, seeds, target_temperature if raw else self._no_temp, temperature.shape[0],
                 greedy,
-                self.pa, self.pb, self.pi, self.mass, self.ea, self.ei, self.eb, self.ej, self.eany,
+                self.pa, self.pb, self.pi, self.mass, self.ea, self.ei, self.eany,
                 self.rows, self.accepted, self.counters, self.status,
                 tokens, tokens.stride(0), num_emitted,
                 batch, vocab, lay.lag, lay.c1, lay.c2, lay.t1, lay.t2)
         meta = dict(K=k, KP1=self.kp1, C1P=self.c1p, C2P=self.c2p, BLOCK=self.block, UNROLL=unroll,
-                    HARDWARE=self.cuda, EMIT_SCAN=self._emit_scan, HAS_GREEDY=has_greedy, RAW=raw, BLOCK_METHOD=block_method,
+                    HARDWARE=self.cuda, EMIT_SCAN=self._emit_scan, NOISE_FILTER=self.noise_filter, HAS_GREEDY=has_greedy, RAW=raw, BLOCK_METHOD=block_method,
                     num_warps=self.warps, enable_fp_fusion=False)
         try:
             _stream_verify_kernel[(programs,)](*args, **meta, **self._launch_options)
