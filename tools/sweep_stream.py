@@ -46,7 +46,7 @@ def main():
     parser.add_argument("--rows", default="64,253")
     parser.add_argument("--method", default="inverse_cdf", choices=("gumbel", "inverse_cdf"))
     parser.add_argument("--layouts", default="128x64x8x0x2",
-                        help="block_v x block_r x num_warps [x group_chunks [x row_stages]], comma-separated")
+                        help="block_v x block_r x num_warps [x group_chunks [x row_stages [x native_round]]], comma-separated")
     parser.add_argument("--baselines", default="", help="other designs to time beside (e.g. fused,inverse_cdf)")
     parser.add_argument("--cache-dtype", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--temperature", default="1", choices=("1", "mixed"))
@@ -76,13 +76,15 @@ def main():
             block_v, block_r, warps = layout[:3]
             group_chunks = layout[3] if len(layout) > 3 else None
             row_stages = layout[4] if len(layout) > 4 else None
+            native_round = bool(layout[5]) if len(layout) > 5 else True
             name = "x".join(map(str, layout))
             begin = time.perf_counter()
             try:
                 sampler = dm.MarkovSampler(head, STEPS, rows, cache_dtype=cache_dtype, method=args.method, impl="stream")
                 sampler.backend.__init__(head, STEPS, rows, method=args.method, cache_dtype=cache_dtype, device=torch.device("cuda"),
                                          block_v=block_v, block_r=block_r, num_warps=warps,
-                                         group_chunks=group_chunks, row_stages=row_stages)
+                                         group_chunks=group_chunks, row_stages=row_stages,
+                                         native_round=native_round)
                 us = time_sampler(sampler, inputs, tokens, cache, flush, args.rounds, args.replays)
             except Exception as error:  # noqa: BLE001 - a layout that does not compile or fit
                 print(f"rows {rows:4d} stream {name}: {type(error).__name__}: "

@@ -132,7 +132,9 @@ def test_cpu_run_writes_reports(tmp_path, capsys, monkeypatch, small_bandwidth_b
     results = data["results"]
     expected_keys = [(rows, kernel, mode) for rows in (1, 2)
                      for kernel, mode in (("verify_standard", "1"), ("verify_standard", "mixed"),
-                                          ("verify_block", "1"), ("verify_block", "mixed"), ("filter_row", "-"),
+                                          ("verify_block", "1"), ("verify_block", "mixed"), ("verify_raw", "1"),
+                                          ("verify_raw", "mixed"), ("verify_block_raw", "1"),
+                                          ("verify_block_raw", "mixed"), ("filter_row", "-"),
                                           ("block_inputs", "-"))]
     assert [(r["rows"], r["kernel"], r["temperature"]) for r in results] == expected_keys
     for r in results:

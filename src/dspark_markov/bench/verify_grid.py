@@ -3,9 +3,12 @@
 Kernels timed, per batch size ``B`` (``K = N`` drafts per request):
 
 - ``verify_standard`` / ``verify_block``: one verification of ``B`` requests
-  (:class:`~dspark_markov.verify.triton_verify.Verifier` for ``impl="triton"``, the torch
-  reference :func:`~dspark_markov.verify.api.verify_drafts` for ``impl="reference"``), at T = 1
-  and at mixed T (0 / 0.6 / 1 per slot; T = 0 slots verify greedily);
+  (:class:`~dspark_markov.verify.triton_verify_stream.StreamVerifier` for ``impl="triton"``, the
+  torch reference :func:`~dspark_markov.verify.api.verify_drafts` for ``impl="reference"``), at
+  T = 1 and at mixed T (0 / 0.6 / 1 per slot; T = 0 slots verify greedily);
+- ``verify_raw`` / ``verify_block_raw``: the same with the logits taken as raw (before
+  temperature) and ``target_temperature`` = the slot's T, divided inside the kernel: the cost of
+  verification including the temperature pass an engine would otherwise run first;
 - ``filter_row`` / ``filter_split``: a :class:`~dspark_markov.verify.triton_filtering.TopKTopPFilter`
   on ``B (K+1)`` rows ``[B*(K+1), V]`` fp32, out of place (so every call filters the same input),
   with the one-program-per-row layout and with the split-row layout (``chunks``), for every
@@ -49,11 +52,14 @@ import torch
 
 from . import harness, report, roofline
 
-KERNELS = ("verify_standard", "verify_block", "filter_row", "filter_split", "block_inputs")
+KERNELS = ("verify_standard", "verify_block", "verify_raw", "verify_block_raw", "filter_row", "filter_split",
+           "block_inputs")
 IMPLS = ("triton", "reference")
 TEMPERATURE_MODES = ("1", "mixed")
 MIXED_TEMPERATURES = (0.0, 0.6, 1.0)  # slot s gets MIXED_TEMPERATURES[s % 3]
-VERIFY_METHODS = {"verify_standard": "standard", "verify_block": "block"}
+VERIFY_METHODS = {"verify_standard": "standard", "verify_block": "block", "verify_raw": "standard",
+                  "verify_block_raw": "block"}
+RAW_KERNELS = ("verify_raw", "verify_block_raw")  # raw target logits + the per-slot T, divided in the kernel
 TOP_K = 50
 TOP_P = 0.9
 FILTER_INPUTS = ("gaussian", "peaked", "bf16")
@@ -252,11 +258,15 @@ class VerifyRunner(Runner):
         self.seeds = shared.seeds[:b]  # [S]
         self.tokens = torch.full((b, k + 1), -1, dtype=torch.int64, device=device)  # [B, K+1]
         self.num_emitted = torch.zeros(b, dtype=torch.int64, device=device)  # [B]
+        # verify_raw / verify_block_raw: the same logits taken as RAW, divided by the slot's T inside.
+        self.target_temperature = self.temperature if self.kernel in RAW_KERNELS else None
         self.verifier = None
         if self.impl == "triton":
-            from ..verify.triton_verify import Verifier
+            from ..verify.triton_verify_stream import StreamVerifier
 
-            self.verifier = Verifier(b, k, config.vocab, device)
+            self.verifier = StreamVerifier(b, k, config.vocab, device)
+            lay = self.verifier.layout(b)
+            self.layout = f"t1={lay.t1} t2={lay.t2} lag={lay.lag}"
 
     def _args(self):
         return (self.target, self.drafts, self.cache, self.num_drafts, self.idx_mapping, self.positions,
@@ -266,13 +276,17 @@ class VerifyRunner(Runner):
         if first:
             from ..verify.api import check_verify_inputs
 
-            check_verify_inputs(*self._args(), None, check_values=True)
+            check_verify_inputs(*self._args(), None, check_values=True, target_temperature=self.target_temperature)
         if self.verifier is not None:
-            self.verifier.run(*self._args(), method=self.method, tokens=self.tokens, num_emitted=self.num_emitted)
+            self.verifier.run(*self._args(), method=self.method, target_temperature=self.target_temperature,
+                              tokens=self.tokens, num_emitted=self.num_emitted)
+            if first:
+                self.verifier.check()
         else:
             from ..verify.api import verify_drafts
 
-            out = verify_drafts(*self._args(), method=self.method, impl="reference", check_values=False)
+            out = verify_drafts(*self._args(), method=self.method, impl="reference", check_values=False,
+                                target_temperature=self.target_temperature)
             self.tokens.copy_(out.tokens)
             self.num_emitted.copy_(out.num_emitted)
         if first:

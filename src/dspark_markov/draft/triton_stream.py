@@ -63,6 +63,27 @@ _NAN_WORD_HIGH = tl.constexpr(0x7FFFFFFF)  # high half of a NaN word (_pack_word
 
 
 @triton.jit
+def _round(x, DTYPE: tl.constexpr, NATIVE: tl.constexpr):
+    """fp32 ``x`` rounded to ``DTYPE`` to nearest even, as torch rounds (:func:`dspark_markov.ops.numerics.round_to`).
+
+    On the GPU a bf16 target uses the conversion instruction (``cvt.rn.bf16x2.f32``, half an
+    instruction per value instead of six integer ones); a NaN then becomes torch's 0x7FC0 too.
+    The interpreter truncates native casts, so it always takes the integer form.
+    """
+    if NATIVE and DTYPE == tl.bfloat16:
+        out = tl.where(x != x, 0x7FC0, x.to(tl.bfloat16).to(tl.uint16, bitcast=True))
+        out = out.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        out = round_to(x, DTYPE)
+    return out
+
+
+@triton.jit
+def _or(a, b):
+    return a | b
+
+
+@triton.jit
 def _nan_max(a, b):
     """NaN-propagating maximum (a combine function for ``tl.reduce``)."""
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
@@ -193,6 +214,7 @@ def _stream_step_kernel(
     BLOCK_V: tl.constexpr,
     BLOCK_R: tl.constexpr,
     ROW_STAGES: tl.constexpr,
+    NATIVE_ROUND: tl.constexpr,
     SCALED: tl.constexpr,
     INVERSE_CDF: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -246,20 +268,24 @@ def _stream_step_kernel(
             acc = tl.dot(codes, tl.trans(w_tile), input_precision="ieee")
         else:
             acc = tl.dot(codes, tl.trans(w_tile))
-        bias = to_float32(round_to(acc, w_dtype))
+        bias = to_float32(_round(acc, w_dtype, NATIVE_ROUND))  # (a NaN bias makes z NaN: its payload is moot)
         if SCALED:
-            bias = to_float32(round_to(bias * scale, w_dtype))
-        z = round_to(to_float32(base) + bias, cache_dtype)  # one rounding (SPEC.md 3)
+            bias = to_float32(_round(bias * scale, w_dtype, NATIVE_ROUND))
+        z = _round(to_float32(base) + bias, cache_dtype, NATIVE_ROUND)  # one rounding (SPEC.md 3)
         tl.store(cache_ptr + slot[:, None] * stride_cs + step * vocab + cols[None, :], z,
                  mask=live[:, None] & col_ok[None, :])
         z = tl.where(mask, to_float32(z), float("-inf"))
         zmax = tl.reduce(z, 1, _nan_max)
         greedy = row_ok & (temp == 0.0)
         sampled = row_ok & (temp > 0.0)
+        # Which kinds of rows the chunk holds, in one cross-warp reduction: 1 sampled, 2 sampled with
+        # T != 1, 4 greedy.
+        kinds = tl.reduce(sampled.to(tl.int32) | ((sampled & (temp != 1.0)).to(tl.int32) << 1)
+                          | (greedy.to(tl.int32) << 2), 0, _or)
         if INVERSE_CDF:
-            if tl.max(sampled.to(tl.int32), axis=0) > 0:
+            if (kinds & 1) != 0:
                 safe_temp = tl.where(sampled, temp, 1.0)
-                if tl.max((sampled & (temp != 1.0)).to(tl.int32), axis=0) > 0:
+                if (kinds & 2) != 0:
                     scaled = tl.math.div_rn(z, safe_temp[:, None])
                 else:  # z / 1 == z: the division is the identity
                     scaled = z
@@ -269,7 +295,7 @@ def _stream_step_kernel(
                 part = rows * stride_part + tile
                 tl.store(part_max_ptr + part, zmax, mask=sampled)
                 tl.store(part_mass_ptr + part, mass, mask=sampled)
-            if tl.max(greedy.to(tl.int32), axis=0) > 0:
+            if (kinds & 4) != 0:
                 best_word = tl.load(words_step + rows, mask=greedy, other=0, volatile=True)
                 words = _greedy_words(z, zmax, cols[None, :], mask)
                 tl.atomic_max(words_step + rows, words, mask=greedy & (words > best_word))
@@ -414,6 +440,8 @@ class StreamBackend:
     group_chunks : row chunks per program (0: the whole batch, W2 read once per tile); smaller
         values split the batch over programs that share the tile through L2.
     row_stages : software-pipeline stages of the row-chunk loop (1: none).
+    native_round : round to bf16 with the conversion instruction on the GPU (same values as
+        :func:`dspark_markov.ops.numerics.round_to`); the interpreter always rounds in integers.
     filter_margin : the approximate-noise ranking's margin (a huge value forces exact keys, tests).
 
     Scratch (allocated once): previous tokens ``[max_rows]`` int32, per-row words ``[N, max_rows]``
@@ -427,7 +455,7 @@ class StreamBackend:
     MAX_ROWS = None
 
     def __init__(self, head, num_steps, max_rows, *, method, cache_dtype, device, block_v=None, block_r=None,
-                 num_warps=None, group_chunks=None, row_stages=None, filter_margin=FILTER_MARGIN):
+                 num_warps=None, group_chunks=None, row_stages=None, native_round=True, filter_margin=FILTER_MARGIN):
         if head.rank & (head.rank - 1) or head.rank < 16:
             raise ValueError(f"head_weight: impl 'stream' needs a power-of-two rank >= 16, got {head.rank}")
         if method not in self.METHODS:
@@ -440,6 +468,7 @@ class StreamBackend:
         self.num_warps = int(num_warps or default[2])
         self.group_chunks = int(default[3] if group_chunks is None else group_chunks)
         self.row_stages = int(row_stages or default[4])
+        self.native_round = bool(native_round) and not self.interpret
         if self.group_chunks < 0 or self.row_stages < 1:
             raise ValueError(f"group_chunks: expected >= 0 (and row_stages >= 1), got {group_chunks}, {row_stages}")
         check_power_of_two("block_v", self.block_v, 16)
@@ -492,6 +521,7 @@ class StreamBackend:
                 rows, vocab, head.embed_vocab_size, num_slots, step, steps, head.scale, self.filter_margin,
                 num_groups, group_chunks,
                 RK=head.rank, BLOCK_V=self.block_v, BLOCK_R=self.block_r, ROW_STAGES=self.row_stages,
+                NATIVE_ROUND=self.native_round,
                 SCALED=head.scale != 1.0,
                 INVERSE_CDF=inverse, UPCAST=self.upcast, IEEE_DOT=head.dtype == torch.float32,
                 HARDWARE=not self.interpret, num_warps=self.num_warps, **common)
