@@ -307,7 +307,7 @@ def test_extract_vllm_rewrites_only_the_one_import(tmp_path):
     import zipfile
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "tools" / "extract_vllm.py"
+    path = Path(__file__).resolve().parents[2] / "tools" / "extract_vllm.py"
     spec = importlib.util.spec_from_file_location("extract_vllm", path)
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
