@@ -5,15 +5,12 @@ vLLM need not be installed: the speculator is the stand-in of ``vllm_standin.py`
 skipped when neither is there. Timing is ``gpu_hook_timing.py``'s job, not a test's.
 """
 
-
 import pytest
 import torch
 
-
-from tests.integrations import vllm_standin as standin  # noqa: E402
-
-from dspark_markov.bench import harness, vllm_loop  # noqa: E402
-from dspark_markov.integrations.vllm import hook  # noqa: E402
+from dspark_markov.bench import harness, vllm_loop
+from dspark_markov.integrations.vllm import hook
+from tests.integrations import vllm_standin as standin
 
 pytestmark = pytest.mark.gpu
 

@@ -193,7 +193,8 @@ class _State:
         size = bucket(rows, self.max_rows)
         sampler = self.samplers.get(size)
         if sampler is None:
-            sampler = MarkovSampler(self.head, self.steps, size, cache_dtype=torch.bfloat16, method="gumbel", impl=self.impl)
+            sampler = MarkovSampler(self.head, self.steps, size, cache_dtype=torch.bfloat16, method="gumbel",
+                                    impl=self.impl)
             self.samplers[size] = sampler
         return sampler
 
