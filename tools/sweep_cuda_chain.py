@@ -4,8 +4,7 @@ Usage: ``PYTHONPATH=src python3 tools/sweep_cuda_chain.py [--rows 1,2,4,8,16] [-
 [--cache bf16,fp32] [--temperature 1,mixed] [--variants reg,noreg,smem0] [--triton] [--json PATH]``.
 
 Variants (:data:`VARIANTS`): ``default`` (the backend's default shape), ``w16r1`` / ``w16r0`` (16
-warps, one or no register tile per warp), ``w8r2`` / ``w8r3`` (8 warps of 255 registers, 2 or 3
-register tiles), ``smem0`` (no register or shared-memory tiles: W2 re-read from L2 at every step),
+warps, one or no register tile per warp), ``w8r3`` (8 warps of 255 registers, 3 register tiles), ``smem0`` (no register or shared-memory tiles: W2 re-read from L2 at every step),
 ``exact`` / ``w8r3exact`` (exact keys for every logit: the filter's worth). ``--triton`` adds impl="chain" (the Triton chain). Each line: the
 median of the round medians and the spread, whether the barrier status stayed clean, and the
 fraction of one W2 read per call (the second floor: 66.2 MB at 4.38 TB/s).
@@ -23,7 +22,7 @@ from dspark_markov.bench import harness
 from dspark_markov.draft.cuda_chain import CudaChainBackend
 
 VARIANTS = {"default": {}, "w16r1": {"warps": 16, "reg_tiles": 1}, "w16r0": {"warps": 16, "reg_tiles": 0},
-            "w8r2": {"warps": 8, "reg_tiles": 2}, "w8r3": {"warps": 8, "reg_tiles": 3},
+            "w8r3": {"warps": 8, "reg_tiles": 3},
             "smem0": {"warps": 16, "reg_tiles": 0, "smem_tiles": 0}, "exact": {"filter_margin": 1e30},
             "w8r3exact": {"warps": 8, "reg_tiles": 3, "filter_margin": 1e30}}
 

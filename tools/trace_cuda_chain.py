@@ -30,8 +30,8 @@ def main():
                          (torch.randn(vocab, rank, device=device, generator=gen) * 0.05).bfloat16())
     flush = harness.L2Flusher(device)
     for rows in map(int, args.rows.split(",")):
-        backend = CudaChainBackend(head, steps, rows, "gumbel", torch.bfloat16, device, trace=True, warps=args.warps,
-                                   reg_tiles=args.reg_tiles)
+        backend = CudaChainBackend(head, steps, rows, method="gumbel", cache_dtype=torch.bfloat16, device=device,
+                                   trace=True, warps=args.warps, reg_tiles=args.reg_tiles)
         base = (torch.randn(rows, steps, vocab, device=device, generator=gen) * 2).bfloat16()
         inputs = [base, torch.randint(0, vocab, (rows,), device=device, generator=gen),
                   torch.arange(rows, device=device).repeat_interleave(steps),

@@ -115,8 +115,7 @@ def test_cuda_chain_t1_fp32_base_int32_inputs(rows):
 
 
 @pytest.mark.parametrize("rows", [1, 12])
-@pytest.mark.parametrize("warps,reg_tiles,smem_tiles", [(16, 0, 3), (16, 1, None), (8, 2, None), (8, 3, None),
-                                                        (8, 3, 0)])
+@pytest.mark.parametrize("warps,reg_tiles,smem_tiles", [(16, 0, 3), (16, 1, None), (8, 3, None), (8, 3, 0)])
 def test_cuda_chain_block_shapes(rows, warps, reg_tiles, smem_tiles):
     head, args = full_problem(rows, seed=4)
     sampler = cuda_sampler(head, rows, warps=warps, reg_tiles=reg_tiles, smem_tiles=smem_tiles)

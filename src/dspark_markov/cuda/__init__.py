@@ -47,7 +47,7 @@ def availability(device=None, build: bool = True) -> str | None:
     return None
 
 
-CHAIN_KERNELS = tuple(f"dm_chain_w{w}_r{r}_nt{nt}" for w, r in ((16, 0), (16, 1), (8, 2), (8, 3))
+CHAIN_KERNELS = tuple(f"dm_chain_w{w}_r{r}_nt{nt}" for w, r in ((16, 0), (16, 1), (8, 3))
                       for nt in (1, 2)) + ("dm_noise_bound",)
 
 

@@ -36,18 +36,11 @@ using dm::u64;
 #define DM_MAX_ROWS 16
 #define DM_RANK 256
 #define DM_INT64_MIN (-9223372036854775807ll - 1)
-// A row's step word is spread over DM_SLOTS copies (block b merges into copy b % DM_SLOTS), each on
-// its own 128-byte line: ~17 blocks contend for a line instead of all of them for one line.
-#define DM_SLOTS 8
 // Phase timestamps for profiling (a.trace != 0): slot 0 kernel start, 1 + 4 s + {0: codes ready,
 // 1: step's words merged in the block, 2: barrier passed, 3: next token known}, 1 + 4 N: exit.
 #define DM_TRACE(k)                                                                                   \
   if (a.trace && threadIdx.x == 0 && (blockIdx.x == 0 || blockIdx.x == a.num_blocks - 1))            \
     ((long long*)a.trace)[(blockIdx.x == 0 ? 0 : 136) + (k)] = clock64();
-#define DM_WORD_STRIDE 16  // int64 per (step, copy, row): one 128-byte line
-__device__ __forceinline__ long long* word_at(i64* words, int step, int copy, int row) {
-  return (long long*)words + ((i64)(step * DM_SLOTS + copy) * DM_MAX_ROWS + row) * DM_WORD_STRIDE;
-}
 
 struct ChainArgs {  // every field 8 bytes (matches the ctypes Structure in cuda_chain.py)
   u64 base;      // [R, N, V] bf16/fp32, strides (stride_br, stride_bn, 1)
@@ -60,7 +53,7 @@ struct ChainArgs {  // every field 8 bytes (matches the ctypes Structure in cuda
   u64 temp;      // [S] fp32
   u64 seeds;     // [S] int64
   u64 tokens;    // [R, N] int64, row stride stride_tr
-  u64 words;     // [N, DM_SLOTS, 16 rows, 16] int64 scratch (INT64_MIN between calls; [.., 0] used)
+  u64 words;     // [N, 16] int64 scratch (INT64_MIN between calls)
   u64 sync;      // [N + 1] int32 scratch (0 between calls)
   u64 status;    // [1] int32: bit 0 = a barrier timed out
   u64 trace;     // 0, or [2, 136] int64: clock64() of thread 0 at phase boundaries, first and last block
@@ -369,6 +362,16 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
   const int sub = lane >> LRP;
   const int lanes_per_row = 32 >> LRP;
 
+  if (threadIdx.x < DM_MAX_ROWS) {
+    int r = threadIdx.x;
+    i64 prev = 0;
+    if (r < rows) prev = a.anchor64 ? ((const i64*)a.anchor)[r] : (i64)((const i32*)a.anchor)[r];
+    prev = prev < 0 ? 0 : (prev >= a.embed_rows ? a.embed_rows - 1 : prev);
+    prev_s[r] = (int)prev;
+  }
+  if (threadIdx.x == 0) flag_s[DM_MAX_ROWS] = 0;
+  __syncthreads();
+
   // Step 0's copies of this warp's shared-memory tiles from HBM: asynchronous (cp.async, no
   // registers), so the whole of them is in flight at once; waited for before their first use.
   for (int lt = REGS; lt < ntw; ++lt) {
@@ -387,28 +390,19 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
   }
   asm volatile("cp.async.commit_group;" ::: "memory");
 
-  // The base logits of every step are independent of the tokens: warm this warp's part in L2 now, so
-  // that each step's coalesced reads are L2 hits rather than HBM round trips on the critical path.
-  {
-    const int eb = a.base_f32 ? 4 : 2;
-    const int valid0 = (int)(vocab - v_w0 < (i64)ntw * 16 ? vocab - v_w0 : (i64)ntw * 16);
-    const int lines = valid0 > 0 ? (valid0 * eb + 127) / 128 + 1 : 0;  // +1: the range may straddle a line
-    const int total = rows * (int)a.num_steps * lines;
-    for (int i = lane; i < total; i += 32) {
-      const int line = i % lines, rs = i / lines, r = rs / (int)a.num_steps, st = rs % (int)a.num_steps;
-      const char* p = (const char*)a.base + ((i64)r * a.stride_br + (i64)st * a.stride_bn + v_w0) * eb + line * 128;
-      asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
+  // Per-row keys of a step (slot, temperature, noise prefix) into shared memory; they do not depend
+  // on the tokens, so step s + 1's are loaded before step s's barrier (their latency hides in it).
+  auto load_row_keys = [&](int step) {
+    if (threadIdx.x < rows) {
+      RowKeys k = row_keys(a, threadIdx.x, step);
+      slot_s[threadIdx.x] = k.slot;
+      temp_s[threadIdx.x] = k.temp;
+      inv_s[threadIdx.x] = k.greedy ? 0.0f : k.inv_temp;  // 0: greedy
+      prefix_s[threadIdx.x] = k.prefix;
+      live_s[threadIdx.x] = k.live;
     }
-  }
-  if (threadIdx.x < DM_MAX_ROWS) {
-    int r = threadIdx.x;
-    i64 prev = 0;
-    if (r < rows) prev = a.anchor64 ? ((const i64*)a.anchor)[r] : (i64)((const i32*)a.anchor)[r];
-    prev = prev < 0 ? 0 : (prev >= a.embed_rows ? a.embed_rows - 1 : prev);
-    prev_s[r] = (int)prev;
-  }
-  if (threadIdx.x == 0) flag_s[DM_MAX_ROWS] = 0;
-  __syncthreads();
+  };
+  load_row_keys(0);
 
   const int steps = (int)a.num_steps;
   for (int step = 0; step < steps; ++step) {
@@ -419,14 +413,6 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
       if (r < rows) v = ((const uint4*)a.embed)[(i64)prev_s[r] * 32 + q];
       int nt = r >> 3, gg = r & 7, j = q >> 2, cc = q & 3;
       codes_s[(nt * 8 + j) * 32 + gg * 4 + cc] = v;
-    }
-    if (threadIdx.x < rows) {
-      RowKeys k = row_keys(a, threadIdx.x, step);
-      slot_s[threadIdx.x] = k.slot;
-      temp_s[threadIdx.x] = k.temp;
-      inv_s[threadIdx.x] = k.greedy ? 0.0f : k.inv_temp;  // 0: greedy
-      prefix_s[threadIdx.x] = k.prefix;
-      live_s[threadIdx.x] = k.live;
     }
     __syncthreads();
     DM_TRACE(1 + 4 * step);
@@ -572,10 +558,12 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
         asm volatile("prefetch.global.L2 [%0];" :: "l"(row + 384));
       }
     }
-    if (threadIdx.x < rows) atomicMax(word_at(words, step, block % DM_SLOTS, threadIdx.x), (long long)best_s[threadIdx.x]);
+    if (threadIdx.x < rows) atomicMax((long long*)&words[step * DM_MAX_ROWS + threadIdx.x], (long long)best_s[threadIdx.x]);
     if (step + 1 == steps) break;  // the last step needs no barrier: the exit counter orders it
 
-    // Grid barrier (bounded), then every block reads the step's words.
+    // Grid barrier (bounded), then every block reads the step's words. (Every read of this step's
+    // row keys is behind the __syncthreads above.)
+    load_row_keys(step + 1);
     __syncthreads();
     if (threadIdx.x == 0) {
       __threadfence();
@@ -597,9 +585,7 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
     __syncthreads();
     if (flag_s[DM_MAX_ROWS]) break;
     if (threadIdx.x < rows) {
-      i64 w = DM_INT64_MIN;
-#pragma unroll
-      for (int copy = 0; copy < DM_SLOTS; ++copy) w = max64(w, ld_acquire((const i64*)word_at(words, step, copy, threadIdx.x)));
+      i64 w = ld_acquire(&words[step * DM_MAX_ROWS + threadIdx.x]);
       i64 t = dm::word_index(w);
       t = t < 0 ? 0 : (t >= vocab ? vocab - 1 : t);
       t = t >= a.embed_rows ? a.embed_rows - 1 : t;
@@ -624,15 +610,13 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
     int r = threadIdx.x / steps, s = threadIdx.x % steps;
     bool mine = threadIdx.x < rows * steps;
     if (mine) {
-      i64 w = DM_INT64_MIN;
-#pragma unroll
-      for (int copy = 0; copy < DM_SLOTS; ++copy) w = max64(w, ld_acquire((const i64*)word_at(words, s, copy, r)));
+      i64 w = ld_acquire(&words[s * DM_MAX_ROWS + r]);
       tok = dm::word_index(w);
       tok = tok < 0 ? 0 : (tok >= vocab ? vocab - 1 : tok);
     }
     __syncthreads();
     if (mine) ((i64*)a.tokens)[r * a.stride_tr + s] = tok;
-    for (int i = threadIdx.x; i < steps * DM_SLOTS * DM_MAX_ROWS; i += THREADS) *word_at(words, 0, 0, i) = DM_INT64_MIN;
+    if (threadIdx.x < steps * DM_MAX_ROWS) words[threadIdx.x] = DM_INT64_MIN;
     if (threadIdx.x <= steps) sync[threadIdx.x] = 0;
   }
 }
@@ -641,8 +625,6 @@ extern "C" __global__ void __launch_bounds__(512, 1) dm_chain_w16_r0_nt1(const C
 extern "C" __global__ void __launch_bounds__(512, 1) dm_chain_w16_r0_nt2(const ChainArgs a) { chain_body<2, 16, 0>(a); }
 extern "C" __global__ void __launch_bounds__(512, 1) dm_chain_w16_r1_nt1(const ChainArgs a) { chain_body<1, 16, 1>(a); }
 extern "C" __global__ void __launch_bounds__(512, 1) dm_chain_w16_r1_nt2(const ChainArgs a) { chain_body<2, 16, 1>(a); }
-extern "C" __global__ void __launch_bounds__(256, 1) dm_chain_w8_r2_nt1(const ChainArgs a) { chain_body<1, 8, 2>(a); }
-extern "C" __global__ void __launch_bounds__(256, 1) dm_chain_w8_r2_nt2(const ChainArgs a) { chain_body<2, 8, 2>(a); }
 extern "C" __global__ void __launch_bounds__(256, 1) dm_chain_w8_r3_nt1(const ChainArgs a) { chain_body<1, 8, 3>(a); }
 extern "C" __global__ void __launch_bounds__(256, 1) dm_chain_w8_r3_nt2(const ChainArgs a) { chain_body<2, 8, 3>(a); }
 

@@ -10,7 +10,7 @@ keys for the candidates that can still win, merged across blocks through packed 
 and a bounded grid barrier. Its header comment has the details; ``noise.cuh`` the bit-exact noise.
 
 Contract (as :class:`~dspark_markov.draft.triton_chain.ChainBackend`): scratch (``words``
-``[N, 8, 16, 16]`` int64, ``sync`` ``[N + 1]`` int32, ``status`` ``[1]`` int32) is allocated once in
+``[N, 16]`` int64, ``sync`` ``[N + 1]`` int32, ``status`` ``[1]`` int32) is allocated once in
 ``__init__``; ``run`` allocates nothing and makes one launch on torch's current stream, so it can
 be captured in a CUDA graph (one graph per batch size). All blocks must be resident at once (one
 per SM; the launch takes every SM): a barrier that waits longer than ``spin_cycles`` sets
@@ -35,13 +35,15 @@ MAX_STEPS = 32  # the exit path has one thread per (row, step): 16 * 32 = 512 th
 RANK = 256
 TILE = 16  # tokens per mma tile (the M of m16n8k16)
 # Register-resident tiles per warp that each block shape supports (chain.cu's entry points).
-REG_TILES = {16: (0, 1), 8: (2, 3)}
+REG_TILES = {16: (0, 1), 8: (3,)}
 TILE_BYTES = TILE * RANK * 2
 # A barrier gives up after this many SM clock cycles (~1 s at 1.98 GHz): far beyond any step.
 SPIN_CYCLES = 2_000_000_000
 INT64_MIN = -(2**63)
-WORD_COPIES = 8  # chain.cu DM_SLOTS: copies of each step word that the blocks' atomicMax spread over
-# (warps, reg_tiles) by batch: (<= 8 rows, 9-16 rows). Not yet measured against each other.
+# (warps, reg_tiles) by batch: (<= 8 rows, 9-16 rows). Measured on the H200 (N = 5, bf16, T = 1):
+# 16 warps with one register tile beat no register tile (79 vs 97 us at 1 row, 259 vs 289 at 16 in
+# one run) and 8 warps with three register tiles (97.4 vs 98.9 us at 1 row, 178.8 vs 227.3 at 16 in
+# another): latency hiding by more warps outweighs the smaller L2 share.
 DEFAULT_SHAPE = ((16, 1), (16, 1))
 
 
@@ -82,7 +84,7 @@ class CudaChainBackend:
     """All N steps of up to 16 rows in one persistent CUDA C++ launch (Gumbel only, bf16 weights).
 
     Options: ``warps`` (16 or 8 per block) and ``reg_tiles`` (tiles each warp holds in registers: 0
-    or 1 with 16 warps, 2 or 3 with 8; default :data:`DEFAULT_SHAPE`), ``smem_tiles``
+    or 1 with 16 warps, 3 with 8; default :data:`DEFAULT_SHAPE`), ``smem_tiles``
     (W2 tiles per block in shared memory; default: as many as fit), ``num_blocks`` (default: one per
     SM), ``spin_cycles`` (barrier bound), ``filter_margin`` (the filter's noise margin; a huge value
     forces the exact path), ``barrier_extra`` (test hook: wait for that many more arrivals than
@@ -163,9 +165,7 @@ class CudaChainBackend:
         self.filter_margin = float(filter_margin)
         self.barrier_extra = int(barrier_extra)
         self.num_steps = int(num_steps)
-        # [N, WORD_COPIES, 16 rows, 16]: one 128-byte line per (step, copy, row) (chain.cu's word_at).
-        self.words = torch.full((self.num_steps, WORD_COPIES, MAX_ROWS, 16), INT64_MIN, dtype=torch.int64,
-                                device=self.device)
+        self.words = torch.full((self.num_steps, MAX_ROWS), INT64_MIN, dtype=torch.int64, device=self.device)
         self.sync = torch.zeros(self.num_steps + 1, dtype=torch.int32, device=self.device)
         self.status = torch.zeros(1, dtype=torch.int32, device=self.device)
         # Profiling: clock64() at the phase boundaries of the first and the last block (chain.cu DM_TRACE).
