@@ -2,7 +2,7 @@
 
 vLLM need not be installed: the speculator is the stand-in of ``vllm_standin.py`` and vLLM's
 ``gumbel_sample`` comes from an installed vLLM or ``.vllm-cache/`` (``tools/extract_vllm.py``);
-skipped when neither is there. Timing is ``gpu_hook_timing.py``'s job, not a test's.
+skipped when neither is there. Timing is ``tools/vllm_hook_timing.py``'s job, not a test's.
 """
 
 import pytest

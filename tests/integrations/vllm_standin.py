@@ -1,7 +1,7 @@
 """A stand-in for vLLM 0.33.0's DSpark speculator and draft model where vLLM is not installed.
 
-Used by ``gpu_hook_timing.py`` on the GPU machine (no vLLM there). What is real vLLM code and what
-is re-created:
+Used by ``tools/vllm_hook_timing.py`` and ``test_vllm_hook_gpu.py`` on the GPU machine (no vLLM
+there). What is real vLLM code and what is re-created:
 
 - real: ``gumbel_sample`` (vLLM 0.33.0's ``vllm/v1/worker/gpu/sample/gumbel.py``, loaded by
   :func:`dspark_markov.bench.vllm_loop.load_gumbel_sample` from an installed vLLM or the copy

@@ -3,9 +3,9 @@
 Run on a CUDA machine from the repository root (vLLM need not be installed; its ``gumbel_sample``
 comes from ``.vllm-cache/``, see ``tools/extract_vllm.py``)::
 
-    PYTHONPATH=src python tests/integrations/gpu_hook_timing.py --out DIR
+    PYTHONPATH=src python tools/vllm_hook_timing.py --out DIR
 
-Two stand-in speculators (``vllm_standin.py``: what is real vLLM code and what is re-created is
+Two stand-in speculators (``tests/integrations/vllm_standin.py``: what is real vLLM code and what is re-created is
 said there) get the same batch: one runs vLLM's loop (no hook), the other asks the plugin's hook
 first. Per batch size it checks draft_tokens and the whole draft_logits cache (sentinel-filled, so
 padding rows and unused slots must stay untouched) against vLLM's loop, eagerly and after a CUDA
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: tests.integrations
 
-import vllm_standin as standin  # noqa: E402
+from tests.integrations import vllm_standin as standin  # noqa: E402
 
 from dspark_markov.bench import harness, report, vllm_loop  # noqa: E402
 from dspark_markov.draft import auto  # noqa: E402
@@ -134,7 +134,7 @@ def main() -> int:
         exact.append({"rows": rows, "impl": "gumbel_fused", "hook_took_it": took, **compare(plain, hooked, rows)})
         print(json.dumps(exact[-1]), flush=True)
     env = report.environment(args.device, sys.argv[1:])
-    env["command"] = " ".join(["python", "tests/integrations/gpu_hook_timing.py", *sys.argv[1:]])
+    env["command"] = " ".join(["python", "tools/vllm_hook_timing.py", *sys.argv[1:]])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     payload = {"environment": env, "gumbel_sample": origin, "shapes": {"vocab": vocab, "rank": rank, "steps": N,
