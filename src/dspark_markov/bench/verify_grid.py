@@ -500,13 +500,18 @@ def _time_rows(config, rows, shared, flush, bar) -> list:
 def run_grid(config: VerifyBenchConfig, bandwidth: roofline.Bandwidth, *, progress: bool = True) -> list:
     """Time every (rows, kernel, impl, temperature mode) of ``config``; one dict per combination
     (fields :data:`RECORD_FIELDS`; ``bandwidth_fraction`` against ``bandwidth.read_gbps``)."""
-    from tqdm import tqdm
+    from .grid import _NoBar
 
     shared = SharedInputs(config)
     flush = harness.L2Flusher(torch.device(config.device)) if config.device == "cuda" else None
     per_rows = len(_cases(config))
-    bar = tqdm(total=len(config.rows) * per_rows * (1 + config.rounds), disable=not progress, file=sys.stderr,
-               desc="bench --verify", unit="step")
+    if progress:  # tqdm only when a bar is shown (as bench.grid)
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(config.rows) * per_rows * (1 + config.rounds), file=sys.stderr,
+                   desc="bench --verify", unit="step")
+    else:
+        bar = _NoBar()
     records = []
     for rows in config.rows:
         try:

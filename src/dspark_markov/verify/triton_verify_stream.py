@@ -604,7 +604,8 @@ class Layout:
             default_t1, default_t2 = 2, 2
         self.t1 = max(1, min(int(t1 or default_t1), tiles))
         self.t2 = max(1, min(int(t2 or default_t2), tiles))
-        self.unroll = int(unroll) if unroll else (4 if self.t1 >= 4 else (2 if self.t1 >= 2 else 1))
+        # 4 tiles in flight at every batch size (one compiled variant; the raw mode takes 2, see run)
+        self.unroll = int(unroll) if unroll else 4
         self.c1 = triton.cdiv(tiles, self.t1)
         self.c2 = triton.cdiv(tiles, self.t2)
         if lag is None:
