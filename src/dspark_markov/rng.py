@@ -151,7 +151,11 @@ def uniform32(h: torch.Tensor) -> torch.Tensor:
 
 
 def uniform64(h_hi: torch.Tensor, h_lo: torch.Tensor) -> torch.Tensor:
-    """fp64 uniform in (0, 1) from the domain-0 (high) and golden-domain (low) hashes."""
+    """fp64 uniform in (0, 1) from the golden-domain (high) and domain-0 (low) hashes.
+
+    The word order is vLLM 0.33's ``murmur3_uniform64`` (``hi`` = the golden-domain hash), so fp64
+    draws are bit-compatible with its ``gumbel_sample(use_fp64=True)``.
+    """
     bits53 = (h_hi << 21) | (h_lo >> 11)  # ((hi << 32) | lo) >> 11 without leaving int64
     u = (bits53.to(torch.float64) + 0.5) * TWO_POW_M53
     return torch.where(u == 1.0, u - TWO_POW_M53, u)
@@ -219,8 +223,8 @@ def draft_noise(seed, step: int, position, token, *, fp64: bool = False) -> torc
     key_pos = draft_key_pos(position)
     if not fp64:
         return gumbel32(uniform32(murmur3_hash32(key_seed, key_pos, token)))
-    h_hi = murmur3_hash32(key_seed, key_pos, token)
-    h_lo = murmur3_hash32(key_seed, key_pos, token, domain=GOLDEN_DOMAIN)
+    h_hi = murmur3_hash32(key_seed, key_pos, token, domain=GOLDEN_DOMAIN)
+    h_lo = murmur3_hash32(key_seed, key_pos, token)
     return gumbel64(uniform64(h_hi, h_lo))
 
 

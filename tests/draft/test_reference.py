@@ -65,8 +65,8 @@ def spec_noise(seed: int, step: int, position: int, vocab: int, fp64: bool) -> n
     h = dm.murmur3_hash32(key_seed, key_pos, tokens).numpy()
     if not fp64:
         return dm.gumbel32(torch.from_numpy(spec_uniform32(h))).numpy()
-    h_lo = dm.murmur3_hash32(key_seed, key_pos, tokens, domain=0x9E3779B9).numpy()
-    return -np.log(-np.log(spec_uniform64(h, h_lo)))
+    h_hi = dm.murmur3_hash32(key_seed, key_pos, tokens, domain=0x9E3779B9).numpy()  # vLLM's word order
+    return -np.log(-np.log(spec_uniform64(h_hi, h)))
 
 
 def expected_drafts(head, base_logits, anchor, idx_mapping, positions, temperature, seeds, cache, *,

@@ -208,8 +208,6 @@ def test_fp64_gumbel_flag_takes_vllms_loop(hooked, seed):
     assert_same(plain, with_hook)
 
 
-@pytest.mark.xfail(strict=True, reason="dspark_markov.rng's fp64 uniform takes the domain-0 hash as its high word, "
-                                       "vLLM 0.33's murmur3_uniform64 the golden-domain hash: the hook declines fp64")
 def test_fp64_reference_noise_is_vllms():
     """Our fp64 reference draws against vLLM's fp64 gumbel_sample (when this passes, the hook can
     take the fp64 flag on the CPU: update hook.why_not)."""

@@ -140,8 +140,8 @@ def why_not(spec, num_reqs: int) -> str | None:
     if not 1 <= num_reqs <= spec.draft_tokens.shape[0]:
         return DECLINED[12] + f" ({num_reqs})"
     if getattr(spec, "use_fp64_gumbel", False):
-        # Only impl='reference' has fp64 noise (not graph safe), and its 53-bit uniform takes the two
-        # hash words in the other order than vLLM 0.33's murmur3_uniform64 (tests/integrations).
+        # Only impl='reference' has fp64 noise (vLLM's word order, tests/integrations), and it is
+        # not graph safe, so the hook cannot take it inside vLLM's draft graph.
         return DECLINED[10] + " (not computed as vLLM 0.33 does)"
     for name, dtypes in (("temperature", (torch.float32,)), ("seeds", (torch.int64,)), ("draft_tokens", (torch.int64,)),
                          ("sample_idx_mapping", (torch.int32, torch.int64)), ("sample_pos", (torch.int32, torch.int64)),
