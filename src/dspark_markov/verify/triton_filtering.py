@@ -121,7 +121,11 @@ _SORT_SMALL = tl.constexpr(SORT_SMALL)
 _SORT_MEDIUM = tl.constexpr(SORT_MEDIUM)
 GPU_BLOCK = 2048
 CPU_BLOCK = 1024
-MASS_BLOCK = 512  # the block of sweeps with masses: [512, 8] int64 accumulators
+# Sweep tiles (4 loaded per iteration): [COUNT_BLOCK, 8] int32 counts and [MASS_BLOCK, 8] int64
+# masses stay in registers (~100 registers at 8 warps, measured with tools/compile_filter.py).
+COUNT_BLOCK = 512
+MASS_BLOCK = 256
+STATS_BLOCK = 1024
 WARPS = 8
 
 
@@ -218,16 +222,41 @@ def _gather_block(key, index, take, scratch, cursor, capacity):
 
 
 @triton.jit
+def _sweep_tile(x, index, valid, bounds, lo_bound, hi_bound, counts, masses, total, row_max, scratch, cursor,
+                capacity, GATHER, KEYS: tl.constexpr, EVALUATE: tl.constexpr, MASS: tl.constexpr,
+                TOTAL: tl.constexpr):
+    """One tile of :func:`_sweep`: accumulate its thresholds' counts/masses, gather its bracket."""
+    key = _key32(x)
+    if KEYS:
+        order = key
+    else:
+        order = _pack(key, index)
+    if EVALUATE:
+        hit = valid[:, None] & (order[:, None] >= bounds[None, :])
+        counts += hit.to(tl.int32)
+        if MASS:
+            q = _weight_fixed_point(x, row_max)
+            masses += tl.where(hit, q[:, None], 0)
+            if TOTAL:
+                total += tl.where(valid, q, 0)
+    if GATHER:
+        _gather_block(key, index, valid & (order >= lo_bound) & (order < hi_bound), scratch, cursor, capacity)
+    return counts, masses, total
+
+
+@triton.jit
 def _sweep(src, start, end, row_max, thresholds, lo, hi, scratch, cursor, capacity, GATHER,
            KEYS: tl.constexpr, EVALUATE: tl.constexpr, MASS: tl.constexpr, TOTAL: tl.constexpr,
            BLOCK: tl.constexpr):
-    """One pass over columns ``[start, end)`` of a row.
+    """One pass over columns ``[start, end)`` of a row, 4 tiles of ``BLOCK`` loaded per iteration.
 
     ``EVALUATE``: exact counts (and integer masses, ``MASS``) at the 8 packed ``thresholds``;
     ``TOTAL``: the mass of every column; ``GATHER`` (runtime): append the packed keys in
     ``[lo, hi)`` to ``scratch`` (beyond ``capacity`` only counted by ``cursor``). ``KEYS``: the
     thresholds and ``lo``/``hi`` are key-aligned (the first pass), so int32 keys are compared
-    instead of packed int64 values. Returns ``(counts [8] int64, masses [8] int64, total int64)``.
+    instead of packed int64 values. The ``[BLOCK, 8]`` accumulators stay in registers, so
+    ``BLOCK`` is small; the 4 loads issued together keep enough bytes in flight.
+    Returns ``(counts [8] int64, masses [8] int64, total int64)``.
     """
     counts = tl.zeros([BLOCK, _THRESHOLDS], tl.int32)
     masses = tl.zeros([BLOCK, _THRESHOLDS], tl.int64)
@@ -240,25 +269,27 @@ def _sweep(src, start, end, row_max, thresholds, lo, hi, scratch, cursor, capaci
         bounds = thresholds
         lo_bound = lo
         hi_bound = hi
-    for offset in range(start, end, BLOCK):
-        index = offset + tl.arange(0, BLOCK)
-        valid = index < end
-        x = tl.load(src + index, mask=valid, other=float("-inf"))
-        key = _key32(x)
-        if KEYS:
-            order = key
-        else:
-            order = _pack(key, index)
-        if EVALUATE:
-            hit = valid[:, None] & (order[:, None] >= bounds[None, :])
-            counts += hit.to(tl.int32)
-            if MASS:
-                q = _weight_fixed_point(x, row_max)
-                masses += tl.where(hit, q[:, None], 0)
-                if TOTAL:
-                    total += tl.where(valid, q, 0)
-        if GATHER:
-            _gather_block(key, index, valid & (order >= lo_bound) & (order < hi_bound), scratch, cursor, capacity)
+    for offset in range(start, end, 4 * BLOCK):
+        index0 = offset + tl.arange(0, BLOCK)
+        index1 = index0 + BLOCK
+        index2 = index1 + BLOCK
+        index3 = index2 + BLOCK
+        x0 = tl.load(src + index0, mask=index0 < end, other=float("-inf"))
+        x1 = tl.load(src + index1, mask=index1 < end, other=float("-inf"))
+        x2 = tl.load(src + index2, mask=index2 < end, other=float("-inf"))
+        x3 = tl.load(src + index3, mask=index3 < end, other=float("-inf"))
+        counts, masses, total = _sweep_tile(x0, index0, index0 < end, bounds, lo_bound, hi_bound, counts, masses,
+                                            total, row_max, scratch, cursor, capacity, GATHER, KEYS, EVALUATE,
+                                            MASS, TOTAL)
+        counts, masses, total = _sweep_tile(x1, index1, index1 < end, bounds, lo_bound, hi_bound, counts, masses,
+                                            total, row_max, scratch, cursor, capacity, GATHER, KEYS, EVALUATE,
+                                            MASS, TOTAL)
+        counts, masses, total = _sweep_tile(x2, index2, index2 < end, bounds, lo_bound, hi_bound, counts, masses,
+                                            total, row_max, scratch, cursor, capacity, GATHER, KEYS, EVALUATE,
+                                            MASS, TOTAL)
+        counts, masses, total = _sweep_tile(x3, index3, index3 < end, bounds, lo_bound, hi_bound, counts, masses,
+                                            total, row_max, scratch, cursor, capacity, GATHER, KEYS, EVALUATE,
+                                            MASS, TOTAL)
     return tl.sum(counts, axis=0).to(tl.int64), tl.sum(masses, axis=0), tl.sum(total, axis=0)
 
 
@@ -406,8 +437,8 @@ def _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min
             total = tl.load(masses + base + _SLOT_LOWER, volatile=True)
             for slot in range(_SLOT_LOWER + 1, _POINTS):
                 tl.store(masses + base + slot, total)
-            limit = p.to(tl.float64) * total.to(tl.float64)
-            tl.store(st_limit + row, limit)
+            tl.store(st_limit + row, p.to(tl.float64) * total.to(tl.float64))
+            tl.debug_barrier()  # every warp reads the stores above back (the state is global memory)
     limit = tl.load(st_limit + row, volatile=True)
     n_in = tl.load(st_cursor + row, volatile=True)
     lo_count = tl.load(counts + base + _SLOT_LOWER, volatile=True)
@@ -454,6 +485,7 @@ def _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min
             tl.store(points + base + slots, tl.where(above, hi, _PACK_CEIL))
             tl.store(counts + base + slots, tl.where(above, hi_count, 0))
             tl.store(masses + base + slots, tl.where(above, hi_mass, 0))
+            tl.debug_barrier()  # _plan_points reads them back
     if phase == _PHASE_OPEN:
         next_gather, next_evaluate = _plan_points(points, counts, masses, row, best_key, min_key, capacity, target,
                                                   k, limit)
@@ -582,7 +614,7 @@ def _first_plan(row, best_part, nan_part, finite_part, sum_part, sumsq_part, min
             use_k, use_p)
 
 
-@triton.jit(do_not_specialize=["k_value", "p_value"])
+@triton.jit(do_not_specialize=["k_value", "p_value", "chunk_len", "num_chunks"])
 def _pass_kernel(
     logits_ptr, logits_stride,  # [B, V] fp32
     best_part, nan_part, finite_part, sum_part, sumsq_part, min_part,  # [B, chunks] stats
@@ -592,10 +624,14 @@ def _pass_kernel(
     scratch,  # [B, capacity] int64 packed candidates
     k_ptr, k_value, p_ptr, p_value,  # [B] int32/int64 or a scalar; [B] fp32 or a scalar
     vocab, chunk_len, num_chunks, capacity,
-    PASS: tl.constexpr, K_PER_ROW: tl.constexpr, P_PER_ROW: tl.constexpr, CHUNKS: tl.constexpr,
-    BLOCK: tl.constexpr, MASS_BLOCK: tl.constexpr,
+    PASS: tl.constexpr, MASS: tl.constexpr, K_PER_ROW: tl.constexpr, P_PER_ROW: tl.constexpr,
+    CHUNKS: tl.constexpr, BLOCK: tl.constexpr, COUNT_BLOCK: tl.constexpr, MASS_BLOCK: tl.constexpr,
 ):
     """One sweep of a row's columns ``[chunk * chunk_len, ...)``: thresholds and/or the gather.
+
+    Launched twice per pass: ``MASS`` serves the rows whose thresholds need integer masses, the
+    other launch the rest (counts only, or a gather only), so the cheap sweeps keep their low
+    register count. In the first pass both launches derive the same plan and store it.
 
     Bytes: ``B V 4`` read for the rows that sweep (16 bytes of state for the others), the
     candidates written, ``B chunks 16 * 16`` bytes of atomics.
@@ -643,28 +679,31 @@ def _pass_kernel(
         thresholds = tl.load(points + base + slot + _SLOT_FIRST)
         lo = tl.load(points + base + _SLOT_LOWER)
         hi = tl.load(points + base + _SLOT_UPPER)
-    if phase == _PHASE_OPEN:
+    if PASS == _PASS_FIRST:
+        evaluate = phase >= 0
+    # This launch serves the rows whose sweep has masses (MASS) or those without: one register budget each.
+    serve = (evaluate & need_mass) == MASS
+    if (phase == _PHASE_OPEN) & serve:
         row_max = _key_value((best >> 32).to(tl.int32))
         rows_scratch = scratch + row * capacity
         cursor = st_cursor + row
-        if PASS == _PASS_FIRST:  # key-aligned thresholds, always evaluated; S for top-p-only rows
-            if need_mass:
+        if MASS:
+            if PASS == _PASS_FIRST:  # key-aligned thresholds; S for top-p-only rows
                 found, mass, total = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch, cursor,
                                             capacity, gather, True, True, True, True, MASS_BLOCK)
-                tl.atomic_add(masses + base + _SLOT_FIRST + slot, mass)
                 tl.atomic_add(masses + base + _SLOT_LOWER, total)
             else:
-                found, _, _ = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity,
-                                     gather, True, True, False, False, BLOCK)
-            tl.atomic_add(counts + base + _SLOT_FIRST + slot, found)
-        elif evaluate:
-            if need_mass:
                 found, mass, _ = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch, cursor,
                                         capacity, gather, False, True, True, False, MASS_BLOCK)
-                tl.atomic_add(masses + base + _SLOT_FIRST + slot, mass)
-            else:
-                found, _, _ = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity,
-                                     gather, False, True, False, False, BLOCK)
+            tl.atomic_add(masses + base + _SLOT_FIRST + slot, mass)
+            tl.atomic_add(counts + base + _SLOT_FIRST + slot, found)
+        elif PASS == _PASS_FIRST:
+            found, _, _ = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity,
+                                 gather, True, True, False, False, COUNT_BLOCK)
+            tl.atomic_add(counts + base + _SLOT_FIRST + slot, found)
+        elif evaluate:
+            found, _, _ = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity,
+                                 gather, False, True, False, False, COUNT_BLOCK)
             tl.atomic_add(counts + base + _SLOT_FIRST + slot, found)
         else:  # gather only
             _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity, gather, False,
@@ -697,7 +736,7 @@ def _finish_kernel(
     scratch,  # [B, capacity] int64
     unresolved,  # [1] int32: rows left open after MAX_ROUNDS (never, by the bound)
     vocab, capacity,
-    SORT_LARGE: tl.constexpr, BLOCK: tl.constexpr, MASS_BLOCK: tl.constexpr,
+    SORT_LARGE: tl.constexpr, BLOCK: tl.constexpr, COUNT_BLOCK: tl.constexpr, MASS_BLOCK: tl.constexpr,
 ):
     """One program per row still open: sweep + resolve rounds over the whole row, bounded.
 
@@ -728,7 +767,7 @@ def _finish_kernel(
                 tl.atomic_add(masses + base + _SLOT_FIRST + slot, mass)
             else:
                 found, _, _ = _sweep(src, 0, vocab, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity,
-                                     gather, False, True, False, False, BLOCK)
+                                     gather, False, True, False, False, COUNT_BLOCK)
             tl.atomic_add(counts + base + _SLOT_FIRST + slot, found)
         else:
             _sweep(src, 0, vocab, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity, gather, False, False,
@@ -871,7 +910,9 @@ class TopKTopPFilter:
             raise ValueError(f"max_rows, vocab: expected >= 1, got {max_rows}, {vocab}")
         default_block, default_chunks = default_layout(max_rows, vocab, device)
         self.block = block or default_block
-        self.mass_block = min(self.block, MASS_BLOCK)  # [MASS_BLOCK, 8] int64 masses stay in registers
+        self.count_block = min(self.block, COUNT_BLOCK)
+        self.mass_block = min(self.block, MASS_BLOCK)
+        self.stats_block = min(self.block, STATS_BLOCK)
         self.warps = WARPS if device.type == "cuda" else 4
         chunks = chunks or default_chunks
         chunks = max(1, min(chunks, triton.cdiv(vocab, self.block)))
@@ -901,18 +942,25 @@ class TopKTopPFilter:
         grid = (rows, self.chunks)
         common = dict(num_warps=warps, enable_fp_fusion=False)
         _stats_kernel[grid](logits, logits.stride(0), *st.stats(), st.counts, st.masses, st.cursor,
-                            vocab, self.chunk_len, self.chunks, BLOCK=self.block, **common)
+                            vocab, self.chunk_len, self.chunks, BLOCK=self.stats_block, **common)
         chunks_p2 = triton.next_power_of_2(self.chunks)
         for kind in (PASS_FIRST, PASS_REFINE):
-            _pass_kernel[grid](logits, logits.stride(0), *st.stats(), st.placement, *st.row_fields(), st.points, st.counts,
-                               st.masses, st.scratch, k_ptr, k_value, p_ptr, p_value, vocab, self.chunk_len,
-                               self.chunks, self.capacity, PASS=kind, K_PER_ROW=k_per_row, P_PER_ROW=p_per_row,
-                               CHUNKS=chunks_p2, BLOCK=self.block, MASS_BLOCK=self.mass_block, **common)
+            # MASS launches only where a row can need masses (top-p); the first pass without top-k
+            # has no count-only rows
+            for mass in (False, True):
+                if (mass and p is None) or (kind == PASS_FIRST and not mass and k is None):
+                    continue
+                _pass_kernel[grid](logits, logits.stride(0), *st.stats(), st.placement, *st.row_fields(), st.points,
+                                   st.counts, st.masses, st.scratch, k_ptr, k_value, p_ptr, p_value, vocab,
+                                   self.chunk_len, self.chunks, self.capacity, PASS=kind, MASS=mass,
+                                   K_PER_ROW=k_per_row, P_PER_ROW=p_per_row, CHUNKS=chunks_p2, BLOCK=self.block,
+                                   COUNT_BLOCK=self.count_block, MASS_BLOCK=self.mass_block, **common)
             _resolve_kernel[(rows,)](*st.row_fields(), st.points, st.counts, st.masses, st.scratch, self.capacity,
                                      SORT_LARGE=self.capacity, num_warps=8, enable_fp_fusion=False)
         _finish_kernel[(rows,)](logits, logits.stride(0), *st.row_fields(), st.points, st.counts, st.masses,
                                 st.scratch, st.unresolved, vocab, self.capacity, SORT_LARGE=self.capacity,
-                                BLOCK=self.block, MASS_BLOCK=self.mass_block, **common)
+                                BLOCK=self.block, COUNT_BLOCK=self.count_block, MASS_BLOCK=self.mass_block,
+                                **common)
         _apply_kernel[grid](logits, logits.stride(0), out, out.stride(0), st.phase, st.cut, vocab, self.chunk_len,
                             IN_PLACE=in_place, BLOCK=self.block, **common)
         return out
