@@ -12,32 +12,8 @@ import torch
 
 import dspark_markov as dm
 from dspark_markov.verify.triton_verify import Verifier
-
-VOCAB = 700  # three blocks of 256 (a ragged last one)
-
-
-def _case(seed, *, batch=7, k=3, vocab=VOCAB, slots=9, cache_dtype=torch.float32, closeness=0.7, greedy_slot=True):
-    """Self-consistent random inputs; the target is ``cache / T`` plus noise so drafts are often accepted."""
-    g = torch.Generator().manual_seed(seed)
-    cache = (torch.randn(slots, k + 1, vocab, generator=g) * 2).to(cache_dtype)
-    idx = torch.randperm(slots, generator=g)[:batch]
-    temperature = torch.rand(slots, generator=g) + 0.5
-    if greedy_slot:
-        temperature[idx[0]] = 0.0  # a greedy request (greedy drafts, greedy target by default)
-    seeds = torch.randint(-(2**62), 2**62, (slots,), generator=g)
-    positions = torch.randint(1, 10_000, (batch,), generator=g)
-    num_drafts = torch.randint(0, k + 1, (batch,), generator=g)
-    num_drafts[-1] = k
-    safe_t = torch.where(temperature == 0, torch.ones_like(temperature), temperature)
-    target = cache[idx, : k + 1].float() / safe_t[idx, None, None] + closeness * torch.randn(batch, k + 1, vocab,
-                                                                                              generator=g)
-    drafts = torch.zeros(batch, k, dtype=torch.int64)
-    for i in range(k):
-        drafts[:, i] = dm.draft.reference.draw_gumbel(cache[idx, i], temperature[idx], seeds[idx], i, positions + i)
-    idx = idx.clone()
-    idx[1] = -1  # a padding request
-    drafts[1] = -1
-    return [target.contiguous(), drafts, cache, num_drafts, idx, positions, temperature, seeds]
+from tests.helpers import VERIFY_VOCAB as VOCAB
+from tests.helpers import verify_case as _case
 
 
 def _greedy(args):

@@ -14,7 +14,8 @@ import dspark_markov as dm
 from dspark_markov.demo.generate import chi_square, chi_square_threshold
 from dspark_markov.verify.reference import scale_target
 from dspark_markov.verify.triton_verify_stream import StreamVerifier, cached_verifier
-from tests.verify.test_triton_verify import VOCAB, _case
+from tests.helpers import VERIFY_VOCAB as VOCAB
+from tests.helpers import verify_case as _case
 
 
 def _run(verifier, args, method, greedy=None, **kwargs):
