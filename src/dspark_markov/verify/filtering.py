@@ -24,7 +24,7 @@ the kept set is a prefix of the ranking, i.e. ``packed >= cut`` for one packed (
 found by sweeps that evaluate exact counts and integer masses at 8 thresholds each (placed by a
 Gaussian fit of the row, or below the maximum on peaked rows) while gathering the few candidates
 of the bracket that holds the cut; one sort of those candidates (at most a few thousand) gives the
-cut. Ties at either boundary are ordered by index through the packing. A fixed sequence of 7
+cut. Ties at either boundary are ordered by index through the packing. A fixed sequence of 7-9
 launches with persistent scratch (a ``TopKTopPFilter``), so the whole call is CUDA-graph capturable.
 """
 
@@ -104,7 +104,7 @@ def top_k_top_p(logits, k=None, p=None, *, impl=registry.DEFAULT_IMPL, out=None)
 
     Notes
     -----
-    CUDA graphs: the Triton path launches a fixed sequence of 7 kernels with no host
+    CUDA graphs: the Triton path launches a fixed sequence of 7 to 9 kernels with no host
     synchronisation (per-row tensors are read on the device) and allocates nothing after the first
     call of a shape: its scratch (the candidates, ``B * 4096 * 8`` bytes on CUDA, and ~600 bytes of
     state per row) lives in a cached ``triton_filtering.TopKTopPFilter`` sized for the largest

@@ -41,8 +41,11 @@ Passes (each reads the whole row once; all rows advance together, finished rows 
    in a loop, bounded by ``MAX_ROUNDS`` (each round cuts the bracket 9-fold in a 64-bit space).
 6. ``_apply_kernel``: ``-inf`` where ``packed < cut`` (one compare per element).
 
-Launches: 7 per call, fixed (independent of the values), no host synchronisation; all scratch
-lives in a :class:`TopKTopPFilter` (allocated once, sized for its largest batch): CUDA-graph safe.
+Launches: 7 to 9 per call (each sweep is launched once for the rows whose thresholds need integer
+masses and once for the others, where both kinds can occur: each launch keeps its own register
+count), fixed by which of ``k``/``p`` are given, never by values; no host synchronisation; all
+scratch lives in a :class:`TopKTopPFilter` (allocated once, sized for its largest batch):
+CUDA-graph safe.
 Bytes: ``B V 4`` per pass that runs (stats, first pass, a refine pass where the first bracket
 misses) plus the apply (``B V 4`` read + the masked entries written in place, ``B V 4`` out of
 place); candidates ``<= capacity * 8`` bytes per row, written and read once per gather.
@@ -891,7 +894,7 @@ def default_layout(rows: int, vocab: int, device) -> tuple[int, int]:
 class TopKTopPFilter:
     """Top-k / top-p filter with persistent scratch for batches of up to ``max_rows`` rows of ``vocab``.
 
-    ``filter(logits, k, p, out)`` launches 7 kernels with no allocation and no host
+    ``filter(logits, k, p, out)`` launches 7 to 9 kernels with no allocation and no host
     synchronisation (CUDA-graph safe); ``k``/``p`` are None, Python scalars or validated ``[B]``
     tensors (``filtering._check``). ``block``/``chunks`` fix the layout (default: one program per
     row for large batches, several per row for small ones, :func:`default_layout` of
