@@ -1,8 +1,12 @@
-"""Verification of Markov drafts as Triton kernels (SPEC.md section 6), with persistent scratch.
+"""Verification of Markov drafts as four Triton kernels (SPEC.md section 6), with persistent scratch.
+
+The earlier design: ``verify_drafts(..., impl="triton")`` now runs the one-launch
+:mod:`.triton_verify_stream` (2-2.3x faster on the H200, README); this one stays for comparison
+(``tools/sweep_verify.py``) and for ``DSparkStep``, which still builds a :class:`Verifier`.
 
 :class:`Verifier` owns every buffer (allocated once for a maximum batch, ``K`` and ``V``) and its
 :meth:`Verifier.run` only launches kernels, so a verification step can be captured in a CUDA
-graph and replayed with new inputs. ``verify_drafts(..., impl="triton")`` builds one per call.
+graph and replayed with new inputs.
 
 Kernels, in launch order, over a chunk of at most ``chunk`` requests (so the scratch stays
 bounded whatever the batch):
