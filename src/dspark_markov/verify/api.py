@@ -119,8 +119,12 @@ def verify_drafts(target_logits, draft_tokens, logits_cache, num_drafts, idx_map
         temperature inside verification with the IEEE division of ``z / T`` (``T == 0``:
         unscaled): results are bit-identical to passing ``reference.scale_target(...)`` of them
         pre-divided, without the separate temperature pass. Engines that sample the target at the
-        draft temperature pass ``temperature`` here too. Top-k/top-p are not applied here: filter
-        first (``top_k_top_p``) and pass the filtered, pre-divided logits.
+        draft temperature pass ``temperature`` here too. Top-k/top-p are not fused into
+        verification (they need a whole-row selection before the softmax). Supported: top-k alone
+        may filter the RAW logits first (``top_k_top_p(raw, k)``; dividing by T > 0 keeps the order,
+        -inf stays -inf, so the kept set is the same except at ties that the division's rounding
+        creates at the k-th value); top-p depends on T: divide first (``scale_target``), filter,
+        and pass the filtered logits pre-divided (no ``target_temperature``).
 
     Returns
     -------
