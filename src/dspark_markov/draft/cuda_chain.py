@@ -17,6 +17,13 @@ per SM; the launch takes every SM): a barrier that waits longer than ``spin_cycl
 ``status`` and the launch ends early with tokens in ``[0, V)``; :meth:`check` raises
 :class:`~dspark_markov.DeviceStatusError`.
 
+Measured (H200, V = 129,280, rank 256, N = 5, bf16 cache, CUDA graph, cold L2; benchmarks/results/
+NVIDIA-H200_2026-12-01_cuda_chain.json): 89 / 94 / 100 / 117 / 166 us at 1 / 2 / 4 / 8 / 16 rows
+(mixed T within 4%, fp32 cache within 7%); one step alone 40 us (1 row) and 55 us (16 rows). Per
+later step (in-kernel trace, ``trace=True``): ~9.4 us block compute + ~2.7 barrier + ~0.9 token at
+1 row, ~23.5 + ~4 + ~0.9 at 16 rows: latency-bound (ncu: 4 warps per scheduler, none eligible in
+~73% of the cycles at 1 row), far from the one-W2-read floor of ~15 us.
+
 Requirements (``ValueError`` otherwise): a CUDA device of compute capability 9.0 with NVRTC
 (:func:`dspark_markov.cuda.availability`), bf16 weights of rank 256, at most 16 rows, at most 32
 steps. Base logits bf16 or fp32, cache bf16 or fp32, any mix of temperatures, padding rows.
