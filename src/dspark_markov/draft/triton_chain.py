@@ -31,7 +31,7 @@ never arrived: more programs than fit on the GPU at once, or a fault) stops wait
 ``status`` and carries on, so the launch always ends; the tokens of such a call are in ``[0, V)``
 but meaningless, and :meth:`ChainBackend.check` raises :class:`~dspark_markov.DeviceStatusError`
 (called by an eager ``MarkovSampler.sample``, ``MarkovSampler.check`` and ``DSparkStep.check``:
-the device-status protocol of :mod:`.backends`). Triton's interpreter runs programs one
+the device-status protocol of :mod:`dspark_markov.registry`). Triton's interpreter runs programs one
 after another, so there the chain runs with one program (``P = 1``: no waits).
 
 Bytes per call: ``V * R_k * w`` of W2 per step (from HBM at the first, partly from L2 after), twice
