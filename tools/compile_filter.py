@@ -3,8 +3,8 @@
 Reuses ``compile_check.py``'s driver stand-in (launches become compile-only warm-ups) and drives
 :class:`dspark_markov.verify.triton_filtering.TopKTopPFilter` on ``meta`` tensors at
 V = 129,280 in both layouts, every kernel/pass variant the GPU will build (per-row and scalar
-``k``/``p``, in place and out of place), printing registers, spill bytes and shared memory from
-``ptxas -v``.
+``k``/``p``, in place and out of place), printing registers, stack (spill) bytes and shared memory
+from ``cuobjdump --dump-resource-usage`` of each cubin.
 
 Usage: ``PYTHONPATH=src python tools/compile_filter.py`` with the GPU machine's Triton (3.6) if
 possible; a newer one catches most errors too.
@@ -40,13 +40,31 @@ def _variants():
 _RESOURCES = {}
 
 
+def _cubin_resources(kernel):
+    """(registers, stack bytes, shared bytes) from ``cuobjdump --dump-resource-usage`` of the cubin
+    (works whatever PTX version Triton emits; compile_check's ptxas report needs a matching ptxas)."""
+    import re
+    import subprocess
+    import tempfile
+
+    tool = os.path.join(os.path.dirname(compile_check.triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as handle:
+        handle.write(kernel.asm["cubin"])
+    report = subprocess.run([tool, "--dump-resource-usage", handle.name], capture_output=True, text=True).stdout
+    os.unlink(handle.name)
+    registers = re.search(r"REG:(\d+)", report)
+    stack = re.search(r"STACK:(\d+)", report)
+    return (int(registers.group(1)) if registers else None, int(stack.group(1)) if stack else None,
+            kernel.metadata.shared)
+
+
 def _compile_only(self, *args, grid, warmup, **kwargs):
     """compile_check's compile-only launch, keyed by kernel, warps and phase."""
     kernel = compile_check._original_run(self, *args, grid=grid, warmup=True, **kwargs)
     if kernel is not None:
         kernel._init_handles = lambda: None
-        key = (self.fn.__name__, kwargs.get("num_warps", 4), kwargs.get("PASS", "-"), kwargs.get("IN_PLACE", "-"))
-        _RESOURCES[key] = compile_check._resources(kernel)
+        key = (self.fn.__name__, kwargs.get("num_warps", 4), kwargs.get("PASS", "-"), kwargs.get("MASS", "-"))
+        _RESOURCES[key] = _cubin_resources(kernel)
     return kernel
 
 
@@ -60,6 +78,7 @@ def main():
         try:
             filt = ft.TopKTopPFilter(logits.shape[0], VOCAB, "meta", block=ft.GPU_BLOCK, chunks=chunks,
                                      capacity=ft.GPU_CAPACITY)
+            filt.warps = ft.WARPS  # a meta-device filter would take the CPU's 4 warps
             filt.filter(logits, k, p, target)
             print("ok  ", label)
         except Exception as error:  # report every failure, then exit non-zero
@@ -68,9 +87,9 @@ def main():
             while cause.__cause__ is not None:  # Triton's CompilationError names the call site; the cause says why
                 cause = cause.__cause__
             print("FAIL", label, f"{type(error).__name__}: {error}"[:1500], f"\n     cause: {cause!r}"[-1200:])
-    print("kernel resources (sm_90a, ptxas -v; the last variant compiled per kernel/warps/pass/in place):")
-    for (name, warps, kind, in_place), (regs, spills, shared) in sorted(_RESOURCES.items(), key=str):
-        print(f"       {name} warps={warps} pass={kind} in_place={in_place}: registers {regs} spill bytes {spills} "
+    print("kernel resources (sm_90a, cuobjdump; the last variant compiled per kernel/warps/pass/mass):")
+    for (name, warps, kind, mass), (regs, stack, shared) in sorted(_RESOURCES.items(), key=str):
+        print(f"       {name} warps={warps} pass={kind} mass={mass}: registers {regs} stack bytes {stack} "
               f"shared {shared}")
     return 1 if failures else 0
 

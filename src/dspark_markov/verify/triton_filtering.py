@@ -435,14 +435,16 @@ def _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min
     row_max = _key_value(best_key)
     min_key = tl.load(st_min + row).to(tl.int32)
     base = row * _POINTS
+    limit = tl.load(st_limit + row, volatile=True)
     if (flags & 8) != 0:
         if target == _TARGET_MASS:  # first pass of a top-p-only row: S is now known
             total = tl.load(masses + base + _SLOT_LOWER, volatile=True)
             for slot in range(_SLOT_LOWER + 1, _POINTS):
                 tl.store(masses + base + slot, total)
-            tl.store(st_limit + row, p.to(tl.float64) * total.to(tl.float64))
-            tl.debug_barrier()  # every warp reads the stores above back (the state is global memory)
-    limit = tl.load(st_limit + row, volatile=True)
+            # used from registers: reading a just-stored value back races with the storing thread
+            limit = p.to(tl.float64) * total.to(tl.float64)
+            tl.store(st_limit + row, limit)
+            tl.debug_barrier()  # _plan_points reads the copies of the lower point back
     n_in = tl.load(st_cursor + row, volatile=True)
     lo_count = tl.load(counts + base + _SLOT_LOWER, volatile=True)
     hi_count = tl.load(counts + base + _SLOT_UPPER, volatile=True)
