@@ -32,7 +32,16 @@ def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def check_against_reference(head, base_logits, anchor, idx_mapping, positions, temperature, seeds, out, *,
                             method="gumbel", exact_cache=False):
-    """Assert that ``out`` (a DraftOutput) is what the reference draws from its own cache."""
+    """Assert that ``out`` (a DraftOutput) is what the reference draws from its own cache.
+
+    The cache is compared within one rounding of the bias (two with ``scale != 1``), one rounding of
+    ``z``, and the bound on reordering the fp32 sum over the rank, ``R_k 2^-23 |scale| sum_k
+    |W1[prev, k] W2[v, k]|`` (SPEC.md section 3 leaves the order free; tensor cores and split sums
+    reorder it). Where the bias nearly cancels (|bias| ~ 1e-8 from terms ~ 1e-3) a reordered sum
+    differs by more than the bias's last bit, which an fp32 cache shows (seen on the H200 with
+    cuda_chain and stream); a wrong previous token or a missed write is off by far more. The draw
+    is checked bit for bit from the sampler's own cached row.
+    """
     rows, steps, _ = base_logits.shape
     slots = idx_mapping.view(rows, steps)
     pos = positions.view(rows, steps)
@@ -47,8 +56,11 @@ def check_against_reference(head, base_logits, anchor, idx_mapping, positions, t
         if exact_cache:
             assert torch.equal(got, want[live]), f"step {step}: cache differs from the reference"
         else:
-            # one rounding of the accumulated bias, possibly doubled by the rounding after scale
-            tolerance = 2 * ulp(bias[live], head.dtype) + ulp(want[live], cache_dtype)
+            # one rounding of the accumulated bias, possibly doubled by the rounding after scale,
+            # plus the reordering bound of its fp32 sum over the rank
+            magnitude = head.embed_weight.index_select(0, prev).float().abs() @ head.head_weight.float().abs().t()
+            reorder = head.rank * 2.0**-23 * abs(float(head.scale)) * magnitude
+            tolerance = (2 * ulp(bias, head.dtype) + ulp(want, cache_dtype) + reorder)[live]
             both_nan = torch.isnan(got.float()) & torch.isnan(want[live].float())
             same = (got.float() == want[live].float()) | both_nan
             close = (got.float() - want[live].float()).abs() <= tolerance
