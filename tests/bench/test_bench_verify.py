@@ -77,7 +77,7 @@ def test_triton_kernels_in_the_interpreter():
 
 def test_split_filter_layout_in_the_interpreter():
     config = verify_grid.cpu_config(vocab=1100, rows=(1,), kernels=("filter_split",), impls=("triton",),
-                                    rounds=1, replays=1)
+                                    rounds=1, replays=1, filter_inputs=("gaussian",), filter_cases=("k+p",))
     (record,) = verify_grid.run_grid(config, FAKE_BANDWIDTH, progress=False)
     assert record["status"] == "ok", record["reason"]
     assert record["layout"] == "split x2" and record["minimal_bytes"] == 2 * 6 * 1100 * 4
@@ -87,7 +87,8 @@ def test_triton_without_interpreter_is_na_and_a_wrong_filter_is_an_error(monkeyp
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(filtering, "top_k_top_p", lambda logits, k, p, **kwargs: kwargs["out"].fill_(0.0))
     config = verify_grid.VerifyBenchConfig(device="cpu", vocab=300, rows=(2,), kernels=("filter_row", "block_inputs"),
-                                           impls=("triton", "reference"), rounds=3, replays=1)
+                                           impls=("triton", "reference"), rounds=3, replays=1,
+                                           filter_inputs=("gaussian",), filter_cases=("k+p",))
     records = verify_grid.run_grid(config, FAKE_BANDWIDTH, progress=False)
     by_key = {(r["kernel"], r["impl"]): r for r in records}
     assert len(records) == 4
@@ -117,7 +118,7 @@ def test_cpu_run_writes_reports(tmp_path, capsys, monkeypatch, small_bandwidth_b
             "--out", str(tmp_path), "--no-progress", "--markdown"]
     assert cli.main(argv) == 0
     printed = capsys.readouterr().out
-    assert "| kernel | impl | rows | T | layout |" in printed and "K=N=5" in printed
+    assert "| kernel | impl | rows | T / inputs | layout |" in printed and "K=N=5" in printed
 
     (json_path,) = tmp_path.glob("*.json")
     (csv_path,) = tmp_path.glob("*.csv")
@@ -134,7 +135,9 @@ def test_cpu_run_writes_reports(tmp_path, capsys, monkeypatch, small_bandwidth_b
                      for kernel, mode in (("verify_standard", "1"), ("verify_standard", "mixed"),
                                           ("verify_block", "1"), ("verify_block", "mixed"), ("verify_raw", "1"),
                                           ("verify_raw", "mixed"), ("verify_block_raw", "1"),
-                                          ("verify_block_raw", "mixed"), ("filter_row", "-"),
+                                          ("verify_block_raw", "mixed"),
+                                          *[("filter_row", "-")] * (len(verify_grid.FILTER_INPUTS)
+                                                                     * len(verify_grid.FILTER_CASES)),
                                           ("block_inputs", "-"))]
     assert [(r["rows"], r["kernel"], r["temperature"]) for r in results] == expected_keys
     for r in results:
@@ -190,7 +193,7 @@ def test_cuda_grid_at_real_shapes():
     config = verify_grid.VerifyBenchConfig(rows=(1, 16, 64, 253), rounds=2, replays=3, eager_calls=2)
     bandwidth = roofline.measure_bandwidth(torch.device("cuda"))
     records = verify_grid.run_grid(config, bandwidth, progress=False)
-    assert len(records) == 4 * (2 * 2 + 2 + 1)
+    assert len(records) == 4 * len(verify_grid._cases(config))
     for r in records:
         assert r["status"] == "ok", (r["kernel"], r["rows"], r["reason"])
         assert r["timing"] == "graph" and r["graph_output_match"] is True
