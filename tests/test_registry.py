@@ -23,7 +23,9 @@ def test_every_entry_point_defaults_to_auto():
 
 @pytest.mark.parametrize("family", ["verify", "top_k_top_p", "block_inputs"])
 def test_auto_is_triton_on_cuda_and_the_reference_elsewhere(family):
-    assert registry.resolve(family, "auto", "cuda") == "triton"
+    validated = "triton" not in registry.PENDING_GPU_VALIDATION.get(family, ())
+    assert registry.resolve(family, "auto", "cuda") == ("triton" if validated else "reference")
+    assert registry.resolve(family, "triton", "cuda") == "triton"  # always selectable by name
     assert registry.resolve(family, "auto", "cpu") == "reference"
     assert registry.resolve(family, "reference", "cuda") == "reference"
     with pytest.raises(ValueError, match="impl"):

@@ -90,6 +90,14 @@ REGISTRY = {
 }
 
 
+# Implementations that "auto" does not pick until they have passed their GPU tests on the H200;
+# they stay selectable by name. The Triton top-k/top-p filter was rewritten (issue 16): its last H200
+# run, before the fix of a read-back race (commits 2ee3f2b, ca1e6b3), left some top-p rows
+# unfiltered, and the fixed kernel has only run in the interpreter. Remove the entry once
+# `pytest -m gpu tests/gpu/test_filtering_gpu.py` passes on the H200.
+PENDING_GPU_VALIDATION = {"top_k_top_p": ("triton",)}
+
+
 def names(family: str) -> tuple:
     """The ``impl=`` values of ``family`` (including ``"auto"``)."""
     table = REGISTRY[family]
@@ -107,7 +115,9 @@ def resolve(family: str, impl: str, device, argument: str = "impl") -> str:
     check_name(family, impl, argument)
     if impl != AUTO or AUTO in REGISTRY[family]:
         return impl
-    return "triton" if torch.device(device).type == "cuda" else "reference"
+    if torch.device(device).type != "cuda" or "triton" in PENDING_GPU_VALIDATION.get(family, ()):
+        return "reference"
+    return "triton"
 
 
 def load(family: str, impl: str, argument: str = "impl"):
