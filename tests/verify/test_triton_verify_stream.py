@@ -129,12 +129,12 @@ def test_validation():
 @pytest.mark.parametrize("method", ["standard", "block"])
 def test_first_two_positions_follow_the_target(method):
     """Chi-square of the first two emitted positions (completed by sampling the target where nothing
-    was emitted) over 300 one-round trials at V = 6, K = 2, with a negative control (wrong draft T).
+    was emitted) over 200 one-round trials at V = 6, K = 2, with a negative control (wrong draft T).
 
     The target rows are fixed, so a lossless verifier makes position ``j`` distributed as ``p_j``.
     Small because each trial is several interpreted programs.
     """
-    vocab, k, batch = 6, 2, 300
+    vocab, k, batch = 6, 2, 200
     g = torch.Generator().manual_seed(4)
     target_row = torch.randn(k + 1, vocab, generator=g)
     cache_row = 0.8 * target_row[:k] + 0.7 * torch.randn(k, vocab, generator=g)
