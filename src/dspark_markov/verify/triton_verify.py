@@ -63,6 +63,7 @@ from ..ops import noise
 from ..ops.numerics import block_argmax, combine_blocks, to_float32
 from ..validate import check_power_of_two
 from . import keys
+from .run_start import start_run
 
 GPU_BLOCK = 2048  # 64 blocks per row at V = 129,280 (8 warps, 8 values per thread)
 CPU_BLOCK = 256  # the interpreter: several blocks per row at test sizes
@@ -495,22 +496,11 @@ class Verifier:
         again by the residual pass (plus ``(K-1)`` rows by the block masses), ``O(K V / block)``
         scratch and ``(K+2) 8`` written, with ``c`` the cache element size.
         """
-        batch, k1, vocab = target_logits.shape
-        if k1 != self.k + 1 or vocab != self.vocab or batch > self.max_batch:
-            raise ValueError(f"target_logits: expected [B <= {self.max_batch}, {self.k + 1}, {self.vocab}], "
-                             f"got shape {tuple(target_logits.shape)}")
-        if method not in ("standard", "block"):
-            raise ValueError(f"method: expected 'standard' or 'block', got {method!r}")
-        if tokens is None:
-            tokens = self.tokens[:batch]
-        if num_emitted is None:
-            num_emitted = self.num_emitted[:batch]
-        if batch == 0:
+        batch, tokens, num_emitted, finished = start_run(self, target_logits, method, temperature, tokens,
+                                                         num_emitted)
+        if finished:
             return tokens, num_emitted
-        if temperature.shape[0] == 0:  # no slots: every request is padding
-            tokens.fill_(-1)
-            num_emitted.zero_()
-            return tokens, num_emitted
+        vocab = self.vocab
         has_greedy = target_greedy is not None
         greedy = target_greedy.view(torch.uint8) if has_greedy else self._no_greedy
         greedy_stride = greedy.stride(0) if has_greedy else 0

@@ -65,6 +65,7 @@ from ..ops.noise import approx_gumbel, fast_log2
 from ..ops.numerics import block_argmax, to_float32
 from ..validate import DeviceStatusError, check_power_of_two
 from . import keys
+from .run_start import start_run
 
 GPU_BLOCK = 2048  # elements per tile (8 warps, 8 fp32 per thread)
 GPU_WARPS = 8
@@ -707,22 +708,11 @@ class StreamVerifier:
         Returns ``(tokens [B, K+1] int64, num_emitted [B] int64)`` (default: views of
         :attr:`tokens` / :attr:`num_emitted`). Allocates nothing, never synchronises.
         """
-        batch, k1, vocab = target_logits.shape
-        if k1 != self.k + 1 or vocab != self.vocab or batch > self.max_batch:
-            raise ValueError(f"target_logits: expected [B <= {self.max_batch}, {self.k + 1}, {self.vocab}], "
-                             f"got shape {tuple(target_logits.shape)}")
-        if method not in ("standard", "block"):
-            raise ValueError(f"method: expected 'standard' or 'block', got {method!r}")
-        if tokens is None:
-            tokens = self.tokens[:batch]
-        if num_emitted is None:
-            num_emitted = self.num_emitted[:batch]
-        if batch == 0:
+        batch, tokens, num_emitted, finished = start_run(self, target_logits, method, temperature, tokens,
+                                                         num_emitted)
+        if finished:
             return tokens, num_emitted
-        if temperature.shape[0] == 0:  # no slots: every request is padding
-            tokens.fill_(-1)
-            num_emitted.zero_()
-            return tokens, num_emitted
+        vocab = self.vocab
         k = self.k
         lay = self.layout(batch)
         block_method = method == "block"

@@ -1,0 +1,36 @@
+"""The host-side start of a persistent Triton verifier's ``run``, shared by both designs.
+
+:class:`~.triton_verify.Verifier` and :class:`~.triton_verify_stream.StreamVerifier` check the
+batch against the shape they were built for, take their own output buffers unless the caller passes
+some, and launch nothing for an empty batch or for a call without slots. Pure torch; no Triton.
+"""
+
+from __future__ import annotations
+
+
+def start_run(verifier, target_logits, method, temperature, tokens, num_emitted):
+    """Check ``target_logits`` ``[B, K+1, V]`` and ``method`` against ``verifier`` (its ``k``,
+    ``vocab``, ``max_batch``, ``tokens`` ``[max_batch, K+1]`` and ``num_emitted`` ``[max_batch]``).
+
+    Returns ``(batch, tokens, num_emitted, finished)``: the output views (the caller's, or views of
+    the verifier's buffers) and whether nothing is left to launch — an empty batch, or no slots
+    (``temperature`` ``[0]``: every request is padding, so tokens are -1 and counts 0, written here).
+    Allocates nothing and never synchronises (CUDA-graph safe).
+    """
+    batch, k1, vocab = target_logits.shape
+    if k1 != verifier.k + 1 or vocab != verifier.vocab or batch > verifier.max_batch:
+        raise ValueError(f"target_logits: expected [B <= {verifier.max_batch}, {verifier.k + 1}, {verifier.vocab}], "
+                         f"got shape {tuple(target_logits.shape)}")
+    if method not in ("standard", "block"):
+        raise ValueError(f"method: expected 'standard' or 'block', got {method!r}")
+    if tokens is None:
+        tokens = verifier.tokens[:batch]
+    if num_emitted is None:
+        num_emitted = verifier.num_emitted[:batch]
+    if batch == 0:
+        return batch, tokens, num_emitted, True
+    if temperature.shape[0] == 0:
+        tokens.fill_(-1)
+        num_emitted.zero_()
+        return batch, tokens, num_emitted, True
+    return batch, tokens, num_emitted, False
