@@ -409,3 +409,32 @@ def verify_case(seed, *, batch=7, k=3, vocab=VERIFY_VOCAB, slots=9, cache_dtype=
     idx[1] = -1  # a padding request
     drafts[1] = -1
     return [target.contiguous(), drafts, cache, num_drafts, idx, positions, temperature, seeds]
+
+
+# --------------------------------------------------------------------------- multi-process (gloo) jobs
+def spawn_ranks(tmp_path, world, worker, args, *, deadline_s, label=""):
+    """Run ``worker(rank, *args(init_file, done_dir))`` on ``world`` spawned processes and require
+    every rank to finish (``done_dir/rank<r>.ok``) within ``deadline_s``; a hang fails the test and the
+    stragglers are terminated."""
+    import os
+    import time
+
+    import pytest
+    import torch.multiprocessing as mp
+
+    done_dir = tmp_path / "done"
+    done_dir.mkdir()
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    context = mp.start_processes(worker, args=args(str(tmp_path / "rendezvous"), str(done_dir)), nprocs=world,
+                                 join=False, start_method="spawn")
+    deadline = time.monotonic() + deadline_s
+    try:
+        while not context.join(timeout=5):
+            if time.monotonic() > deadline:
+                pytest.fail(f"the {world}-rank job {label} did not finish within {deadline_s} s (a hang)")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.terminate()
+                process.join(5)
+    assert sorted(os.listdir(done_dir)) == [f"rank{rank}.ok" for rank in range(world)]

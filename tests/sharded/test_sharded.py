@@ -8,18 +8,15 @@ The single-process checks at the end need no process group.
 
 from __future__ import annotations
 
-import os
-import time
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from dspark_markov.draft.reference import argmax_first
 from dspark_markov.sharded import all_shard_bounds, max_shard_width, shard_bounds
 from dspark_markov.sharded.keys import pack_keys, unpack_key, unpack_token, winner_token
 
+from tests.helpers import spawn_ranks
 from tests.sharded import worker as sharded_worker
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
@@ -28,23 +25,9 @@ JOIN_DEADLINE_S = 240
 
 
 def spawn(tmp_path, world, scenarios, vocabs=(301,)):
-    init_file = tmp_path / "rendezvous"
-    done_dir = tmp_path / "done"
-    done_dir.mkdir()
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    context = mp.start_processes(sharded_worker.worker, args=(world, str(init_file), scenarios, str(done_dir), vocabs),
-                                 nprocs=world, join=False, start_method="spawn")
-    deadline = time.monotonic() + JOIN_DEADLINE_S
-    try:
-        while not context.join(timeout=5):
-            if time.monotonic() > deadline:
-                pytest.fail(f"the {world}-rank job {scenarios} did not finish within {JOIN_DEADLINE_S} s (a hang)")
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.terminate()
-                process.join(5)
-    assert sorted(os.listdir(done_dir)) == [f"rank{rank}.ok" for rank in range(world)]
+    spawn_ranks(tmp_path, world, sharded_worker.worker,
+                lambda init_file, done_dir: (world, init_file, scenarios, done_dir, vocabs),
+                deadline_s=JOIN_DEADLINE_S, label=str(scenarios))
 
 
 def test_two_ranks_draws_caches_probability_fallbacks(tmp_path):
