@@ -89,9 +89,8 @@ def top_k_top_p(logits, k=None, p=None, *, impl=registry.DEFAULT_IMPL, out=None)
         Scalar (``>= 0``) or per-row ``[B]`` fp32; ``p >= 1`` means no top-p (a per-row NaN too;
         a negative per-row value acts as 0).
     impl : {"auto", "triton", "reference"}
-        ``"auto"`` (the default, :mod:`dspark_markov.registry`): the reference everywhere for now —
-        the rewritten ``"triton"`` filter awaits its H200 validation
-        (``registry.PENDING_GPU_VALIDATION``); both give the same result by contract.
+        ``"auto"`` (the default, :mod:`dspark_markov.registry`): ``"triton"`` on CUDA, the
+        reference elsewhere; both give the same result by contract.
         ``"triton"``: threshold-search kernels that sort only a few candidates per row (interpreter
         on CPU); ``"reference"``: a torch sort of every row.
         Never falls back silently.
