@@ -90,6 +90,11 @@ REGISTRY = {
 }
 
 
+# Draft designs that are CUDA C++ built at first use (NVRTC): no Triton interpreter path, and they may be
+# unavailable on a CUDA machine (no NVRTC, not sm_90: their class's ``unavailable_reason()`` says why);
+# ``auto`` then runs the fastest measured portable (Triton) design instead (draft/auto.py).
+NATIVE_DESIGNS = ("cuda_chain",)
+
 # Implementations that "auto" does not pick until they have passed their GPU tests on the H200;
 # they stay selectable by name. Empty now: the rewritten Triton top-k/top-p filter (issue 16) passed
 # `pytest -m gpu tests/gpu/test_filtering_gpu.py` on the H200 (17 passed, 2026-12-01 22:20 UTC). Add a

@@ -85,3 +85,24 @@ def test_table_from_results_picks_the_fastest_per_size_with_a_margin():
     assert auto.table_from_results(records, "inverse_cdf") == ((None, "inverse_cdf"),)
     with pytest.raises(ValueError, match="records"):
         auto.table_from_results(records, "nope")
+
+
+def test_an_unavailable_native_design_falls_back_to_the_portable_table(monkeypatch):
+    """Where the measured fastest design is CUDA C++ that cannot run here, auto runs the portable choice."""
+    key = ("gumbel", torch.bfloat16)
+    monkeypatch.setitem(auto.AUTO_TABLE, key, ((16, "cuda_chain"), (None, "fused")))
+    monkeypatch.setitem(auto.PORTABLE_TABLE, key, ((1, "chain"), (None, "fused")))
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(auto, "_UNAVAILABLE", {("cuda_chain", "cuda", None): "no NVRTC library"})
+    assert [auto.choose("gumbel", torch.bfloat16, rows, cuda) for rows in (1, 8, 64)] == ["chain", "fused", "fused"]
+    monkeypatch.setattr(auto, "_UNAVAILABLE", {("cuda_chain", "cuda", None): None})
+    assert [auto.choose("gumbel", torch.bfloat16, rows, cuda) for rows in (1, 8, 64)] == ["cuda_chain"] * 2 + ["fused"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="names the reason on a machine without a CUDA GPU")
+def test_unavailable_asks_the_design_once_and_names_the_reason():
+    cpu = torch.device("cpu")
+    reason = auto.unavailable("cuda_chain", cpu)
+    assert reason is not None and "no CUDA GPU" in reason
+    assert auto._UNAVAILABLE[("cuda_chain", "cpu", None)] == reason  # asked once, then remembered
+    assert auto.unavailable("fused", cpu) is None  # Triton designs have no extra requirement

@@ -23,7 +23,6 @@ from . import harness, roofline
 VLLM_LOOP = "vllm_loop"  # vLLM's own speculator loop (bench/vllm_loop.py): the yardstick when it can run
 DESIGNS = (VLLM_LOOP, "loop", "gumbel_fused", "inverse_cdf", "fused", "chain", "cuda_chain", "stream")
 KNOWN_DESIGNS = ("reference",) + DESIGNS
-CUDA_ONLY_DESIGNS = ("cuda_chain",)  # CUDA C++ kernels: no Triton interpreter path
 TEMPERATURE_MODES = ("1", "mixed")
 MIXED_TEMPERATURES = (0.0, 0.6, 1.0)  # slot s gets MIXED_TEMPERATURES[s % 3]
 BASELINE = "loop"  # our own loop design: speedup_vs_loop
@@ -63,7 +62,7 @@ def cpu_config(**overrides) -> BenchConfig:
     """The small ``--device cpu`` reference run: V = 2048, rank 32, rows {1, 4}, no graphs."""
     designs = ("reference",)
     if os.environ.get("TRITON_INTERPRET") == "1":
-        designs = designs + tuple(d for d in DESIGNS if d != VLLM_LOOP and d not in CUDA_ONLY_DESIGNS)
+        designs = designs + tuple(d for d in DESIGNS if d != VLLM_LOOP and d not in registry.NATIVE_DESIGNS)
     values = dict(device="cpu", vocab=2048, rank=32, rows=(1, 4), designs=designs, rounds=3, replays=5)
     values.update(overrides)
     return BenchConfig(**values)

@@ -30,9 +30,12 @@ AUTO_TABLE = {
     ("inverse_cdf", torch.bfloat16): ((1, "inverse_cdf"), (16, "fused"), (None, "inverse_cdf")),
     ("inverse_cdf", torch.float32): ((None, "inverse_cdf"),),
 }
+# The same measurements without registry.NATIVE_DESIGNS (table_from_results(..., exclude=...)): what
+# ``auto`` runs where a native design of AUTO_TABLE cannot run (no NVRTC, not sm_90).
+PORTABLE_TABLE = dict(AUTO_TABLE)
 
 
-def table_from_results(records, method: str, *, margin: float = 0.02) -> tuple:
+def table_from_results(records, method: str, *, margin: float = 0.02, exclude=()) -> tuple:
     """``(max rows, impl)`` buckets of the fastest design per measured batch size.
 
     ``records``: benchmark result dicts (``design``, ``method``, ``rows``, ``temperature``,
@@ -41,10 +44,12 @@ def table_from_results(records, method: str, *, margin: float = 0.02) -> tuple:
     a design beats the incumbent (the fastest so far, in the order of ``records``) only by more than
     ``margin`` (relative), so that noise does not split buckets. A batch between two measured sizes
     takes the choice of the larger one; the last bucket (``None``) takes every larger batch.
+    Designs in ``exclude`` are left out (``PORTABLE_TABLE``: without ``registry.NATIVE_DESIGNS``).
     """
     times = {}
     for record in records:
-        if record["method"] != method or record["status"] != "ok" or record["time_us"] is None:
+        if (record["method"] != method or record["status"] != "ok" or record["time_us"] is None
+                or record["design"] in exclude):
             continue
         times.setdefault(record["rows"], {}).setdefault(record["design"], []).append(record["time_us"])
     choices = []
@@ -69,14 +74,40 @@ def table_from_results(records, method: str, *, margin: float = 0.02) -> tuple:
     return tuple(buckets)
 
 
-def choose(method: str, cache_dtype: torch.dtype, rows: int, device: torch.device) -> str:
-    """The implementation ``auto`` runs for a batch of ``rows`` rows."""
-    if torch.device(device).type != "cuda":
-        return "reference"
-    for limit, impl in AUTO_TABLE[(method, cache_dtype)]:
+def unavailable(impl: str, device) -> str | None:
+    """Why ``impl`` cannot run on ``device`` (a design with a ``unavailable_reason``, such as the
+    CUDA C++ ``cuda_chain`` without NVRTC or off sm_90), or ``None``; asked once per design and device."""
+    device = torch.device(device)
+    key = (impl, device.type, device.index)
+    if key not in _UNAVAILABLE:
+        why_not = getattr(registry.load("draft", impl), "unavailable_reason", None)
+        _UNAVAILABLE[key] = why_not() if why_not is not None else None
+    return _UNAVAILABLE[key]
+
+
+_UNAVAILABLE: dict = {}
+
+
+def _pick(table, rows: int) -> str:
+    for limit, impl in table:
         if limit is None or rows <= limit:
             return impl
     raise AssertionError("the last bucket of every AUTO_TABLE entry takes every batch")
+
+
+def choose(method: str, cache_dtype: torch.dtype, rows: int, device: torch.device) -> str:
+    """The implementation ``auto`` runs for a batch of ``rows`` rows.
+
+    The measured fastest (``AUTO_TABLE``); where that design cannot run on this machine
+    (:func:`unavailable`), the fastest measured among the portable Triton designs (``PORTABLE_TABLE``).
+    """
+    if torch.device(device).type != "cuda":
+        return "reference"
+    key = (method, cache_dtype)
+    impl = _pick(AUTO_TABLE[key], rows)
+    if impl not in registry.NATIVE_DESIGNS or unavailable(impl, device) is None:
+        return impl
+    return _pick(PORTABLE_TABLE[key], rows)
 
 
 class AutoBackend:
