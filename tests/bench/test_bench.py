@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from dspark_markov.bench import cli, grid, harness, report, roofline
+import dspark_markov as dm
 from dspark_markov import registry
 from dspark_markov.draft.reference_backend import ReferenceBackend
 
@@ -189,6 +190,24 @@ def test_failing_design_shows_as_error(monkeypatch):
                              rounds=3, replays=1)
     (record,) = grid.run_grid(config, FAKE_BANDWIDTH, progress=False)
     assert record["status"] == "error" and "kernel exploded" in record["reason"] and record["time_us"] is None
+
+
+def test_device_status_failure_during_the_timed_calls_shows_as_error(monkeypatch):
+    """A design whose device status reports a failure after the timing (e.g. a barrier that gave up
+    during the replays) gets no time: its times would be those of meaningless tokens."""
+    checks = []
+
+    def check(self):
+        checks.append(1)
+        if len(checks) > 1:  # the first call's own check passes; the one after the timing fails
+            raise dm.DeviceStatusError("impl 'reference': a grid barrier timed out")
+
+    monkeypatch.setattr(ReferenceBackend, "check", check, raising=False)
+    config = grid.cpu_config(vocab=300, rank=4, steps=1, rows=(1,), designs=("reference",), temperatures=("1",),
+                             rounds=3, replays=1)
+    (record,) = grid.run_grid(config, FAKE_BANDWIDTH, progress=False)
+    assert len(checks) == 2
+    assert record["status"] == "error" and "barrier timed out" in record["reason"] and record["time_us"] is None
 
 
 def test_preferred_method_where_a_design_has_it(monkeypatch):

@@ -135,6 +135,10 @@ class DesignRun:
                                      impl=design)
         _first_call_and_graph(self, config, cuda)
 
+    def check(self) -> None:
+        """The sampler's device status after the timed calls (raises ``DeviceStatusError``)."""
+        self.sampler.check()
+
     def call(self, check_values: bool = False):
         i = self.inputs
         self.sampler.sample(i.base_logits, i.anchor, i.idx_mapping, i.positions, i.temperature, i.seeds,

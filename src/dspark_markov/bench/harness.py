@@ -193,8 +193,10 @@ def time_cases(records: dict, set_up: Callable[[object, dict], object], label: C
 
     ``set_up(key, record)`` returns the case's run (``graph`` and ``call``) or ``None`` when it
     cannot run (it then says why in ``record``); ``label(key)`` names the case in the progress bar
-    ``bar`` and in warnings. A run whose timing raises is marked ``status="error"``. Returns the
-    records in the order of ``records``.
+    ``bar`` and in warnings. A run whose timing raises is marked ``status="error"``, and so is a
+    run whose ``check()`` (if it has one: a design's device status, e.g. a persistent kernel's grid
+    barrier that gave up during the replays) raises after the timing: its times would be those of
+    meaningless tokens. Returns the records in the order of ``records``.
     """
     runs = {}
     for key, record in records.items():
@@ -213,7 +215,13 @@ def time_cases(records: dict, set_up: Callable[[object, dict], object], label: C
         rounds=rounds, replays=replays, eager_calls=eager_calls, cuda=cuda, flush=flush,
         before=lambda key, index: bar.set_postfix_str(f"{label(key)} round {index + 1}"),
         after_round=lambda: bar.update(len(records)))
-    for key in runs:
+    for key, run in runs.items():
+        check = getattr(run, "check", None)
+        if records[key]["status"] == "ok" and check is not None:
+            try:
+                check()
+            except RuntimeError as error:  # DeviceStatusError
+                report_error(key, error)
         if records[key]["status"] == "ok":
             store_timing(records[key], times[key], eager[key])
     return list(records.values())
