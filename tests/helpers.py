@@ -4,13 +4,17 @@ Factories: :func:`make_head` / :func:`make_inputs` / :func:`new_outputs` (keywor
 sentinel-filled cache), :func:`make_problem` (positional inputs), :func:`nan_inf_problem`,
 :func:`full_problem` (GPU, DeepSeek-V4.1 shapes). Checks: :func:`check_against_reference`
 (replay the reference on a sampler's own outputs), :func:`check_draws` (every SPEC.md invariant
-of one call), :func:`check_exact_and_untouched`, :func:`check_graph_replays`.
+of one call), :func:`check_exact_and_untouched`, :func:`check_graph_replays`. :func:`load_tool`
+imports a script of ``tools/``.
 
 SPEC.md section 3: the bias may differ from the reference in its last bit, the draw may not. So
 :func:`check_against_reference` walks the steps with the sampler's own tokens as ``prev``, checks
 each cached row against the reference logits within one rounding of the bias, and checks each
 Gumbel token bit for bit against the reference draw from the sampler's own cached row.
 """
+
+import importlib.util
+from pathlib import Path
 
 import torch
 
@@ -19,6 +23,17 @@ from dspark_markov import rng
 from dspark_markov.draft import reference
 from dspark_markov.draft import reference as ref
 from dspark_markov.draft.reference import argmax_first, draw_gumbel, row_keys
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_tool(name: str):
+    """The script ``tools/<name>.py`` as a module (the tools are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 SENTINEL = -7.0  # initial cache value of new_outputs: entries no live sample wrote must keep it
 

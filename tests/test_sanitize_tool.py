@@ -1,16 +1,14 @@
 """tools/sanitize.py on the CPU: the calls it would run (from the registry), its log parser, its errors."""
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("sanitize", ROOT / "tools" / "sanitize.py")  # a script, not a package
-sanitize = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sanitize)
+from tests.helpers import ROOT, load_tool
+
+sanitize = load_tool("sanitize")
 
 pytest.importorskip("triton")
 

@@ -11,6 +11,7 @@ from dspark_markov.bench import cli, grid, harness, report, roofline
 import dspark_markov as dm
 from dspark_markov import registry
 from dspark_markov.draft.reference_backend import ReferenceBackend
+from tests.helpers import load_tool
 
 FAKE_BANDWIDTH = roofline.Bandwidth(copy_gbps=4300.0, read_gbps=4200.0, copy_bytes=1, read_bytes=1)
 
@@ -322,14 +323,9 @@ def test_vllm_loop_draws_what_the_reference_draws(cache_dtype):
 def test_extract_vllm_rewrites_only_the_one_import(tmp_path):
     """tools/extract_vllm.py: the standalone copy differs from vLLM's file in its one vLLM import,
     line for line, and a file importing more of vLLM is refused; a wheel is read member by member."""
-    import importlib.util
     import zipfile
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "tools" / "extract_vllm.py"
-    spec = importlib.util.spec_from_file_location("extract_vllm", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_tool("extract_vllm")
     source = "import torch\n\nfrom vllm.triton_utils import tl, triton\n\n\ndef gumbel_sample(x):\n    return x\n"
     out = tool.standalone(source)
     assert out.count("\n") == source.count("\n")
@@ -344,3 +340,19 @@ def test_extract_vllm_rewrites_only_the_one_import(tmp_path):
     folder = tmp_path / "cache" / "vllm-0.33.0"
     assert (folder / "gumbel.py").read_text() == source and (folder / "gumbel_standalone.py").read_text() == out
     assert "sha256" in (folder / "SOURCE.txt").read_text()
+
+
+def test_compare_bench_flags_only_cases_outside_the_old_range():
+    """tools/compare_bench.py: within the old round range (widened by the noise) or faster/slower."""
+    tool = load_tool("compare_bench")
+
+    def record(design, time, low, high, status="ok"):
+        return dict(design=design, method="gumbel", rows=1, temperature="1", status=status, time_us=time,
+                    time_us_low=low, time_us_high=high)
+
+    old = [record("a", 100.0, 98.0, 102.0), record("b", 100.0, 99.0, 101.0), record("c", 100.0, 99.0, 101.0),
+           record("d", 50.0, 49.0, 51.0, status="n/a")]
+    new = [record("a", 104.0, 103.0, 105.0), record("b", 90.0, 89.0, 91.0), record("c", 110.0, 109.0, 111.0),
+           record("d", 50.0, 49.0, 51.0), record("e", 10.0, 9.0, 11.0)]
+    verdicts = {row[0][0]: row[4] for row in tool.compare(old, new, noise=0.03)}
+    assert verdicts == {"a": "within noise", "b": "faster", "c": "slower"}  # d: n/a before; e: new
