@@ -74,6 +74,12 @@ REGISTRY = {
         "stream": Entry(_DRAFT + "triton_stream", "StreamBackend"),
         AUTO: Entry(_DRAFT + "auto", "AutoBackend"),
     },
+    # Top-k candidate drafting (MarkovSampler(draft_top_k=k), issue 17): its own designs, same protocol
+    # plus ``draft_top_k=`` in the constructor. "auto": the reference on the CPU, "fused" on CUDA.
+    "draft_top_k": {
+        "reference": Entry(_DRAFT + "reference_backend", "ReferenceBackend", graph_safe=False),
+        "fused": Entry(_DRAFT + "triton_top_k", "TopKFusedBackend"),
+    },
     "verify": {
         "reference": Entry("dspark_markov.verify.reference", "verify_reference", graph_safe=False),
         # verify_drafts allocates its outputs per call; graphs capture a StreamVerifier / Verifier (DSparkStep)

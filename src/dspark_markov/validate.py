@@ -214,10 +214,11 @@ def check_draft_inputs(
         check_tensor("draft_tokens", draft_tokens, shape=(rows, steps), dtypes=(torch.int64,), device=device,
                      last_stride_one=True)
     if logits_cache is not None:
-        check_tensor("logits_cache", logits_cache, shape=(slots, steps, vocab), dtypes=CACHE_DTYPES,
+        width = getattr(head, "cache_vocab_size", vocab)  # the target vocabulary with a d2t table
+        check_tensor("logits_cache", logits_cache, shape=(slots, steps, width), dtypes=CACHE_DTYPES,
                      device=device, last_stride_one=True)
-        if logits_cache.numel() > 0 and logits_cache.stride(1) != vocab:
-            raise ValueError(f"logits_cache: expected step stride {vocab} (V), got strides {logits_cache.stride()}")
+        if logits_cache.numel() > 0 and logits_cache.stride(1) != width:
+            raise ValueError(f"logits_cache: expected step stride {width} (V), got strides {logits_cache.stride()}")
     if check_values:
         check_range("anchor", anchor, 0, head.embed_vocab_size)
         check_range("idx_mapping", idx_mapping, -1, slots)

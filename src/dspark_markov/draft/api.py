@@ -11,7 +11,8 @@ from .sampler import DraftOutput, MarkovSampler
 
 def sample_drafts(head, base_logits, anchor, idx_mapping, positions, temperature, seeds, *, draft_tokens=None,
                   logits_cache=None, method: str = "gumbel", impl: str = registry.DEFAULT_IMPL, cache_dtype=None,
-                  fp64: bool = False, check_values: bool | None = None) -> DraftOutput:
+                  fp64: bool = False, check_values: bool | None = None, d2t=None, draft_top_k=None,
+                  markov_embeds=None) -> DraftOutput:
     """Draw N Markov draft tokens per row, one step at a time, and cache the biased logits.
 
     Parameters
@@ -29,6 +30,11 @@ def sample_drafts(head, base_logits, anchor, idx_mapping, positions, temperature
     cache_dtype : dtype of an allocated cache (default bf16; ignored when ``logits_cache`` is given).
     fp64 : fp64 Gumbel noise (reference only).
     check_values : read the inputs back to range-check them (default: unless capturing a graph).
+    d2t : optional ``[V_d]`` reduced-vocabulary table (or on ``head``): base logits ``[R, N, V_d]``,
+        cache ``[S, N, target vocabulary]``, tokens in target ids (README "Id spaces").
+    draft_top_k : optional int, top-k candidate drafting (README "Top-k drafting").
+    markov_embeds : optional ``[R, N, R_k]`` output (weight dtype): each step's ``W1[prev]``, the
+        confidence head's input.
 
     Returns
     -------
@@ -49,6 +55,8 @@ def sample_drafts(head, base_logits, anchor, idx_mapping, positions, temperature
     rows, steps, _ = base_logits.shape
     if steps < 1:
         raise ValueError(f"base_logits: expected N >= 1 draft steps, got shape {tuple(base_logits.shape)}")
-    sampler = MarkovSampler(head, steps, max(rows, 1), cache_dtype=cache_dtype, method=method, impl=impl, fp64=fp64)
+    sampler = MarkovSampler(head, steps, max(rows, 1), cache_dtype=cache_dtype, method=method, impl=impl, fp64=fp64,
+                            d2t=d2t, draft_top_k=draft_top_k)
     return sampler.sample(base_logits, anchor, idx_mapping, positions, temperature, seeds,
-                          draft_tokens=draft_tokens, logits_cache=logits_cache, check_values=check_values)
+                          draft_tokens=draft_tokens, logits_cache=logits_cache, check_values=check_values,
+                          markov_embeds=markov_embeds)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from .. import rng
+from .modes_reference import candidate_logits, scatter_row, target_ids, top_k_candidates
 
 
 def argmax_first(key: torch.Tensor) -> torch.Tensor:
@@ -96,20 +97,36 @@ def draw_inverse_cdf(z, temp, seed, step: int, position) -> torch.Tensor:
 
 
 def sample_drafts_reference(head, base_logits, anchor, idx_mapping, positions, temperature, seeds,
-                            draft_tokens, logits_cache, *, method: str = "gumbel", fp64: bool = False):
+                            draft_tokens, logits_cache, *, method: str = "gumbel", fp64: bool = False,
+                            draft_top_k: int | None = None, markov_embeds=None):
     """Reference sequential draft sampling into ``draft_tokens`` ``[R, N]`` and ``logits_cache``.
 
-    base_logits ``[R, N, V]``; anchor ``[R]``; idx_mapping/positions ``[R*N]``; temperature/seeds
-    ``[S]``; logits_cache ``[S, N, V]``. Padding rows never write the cache.
+    base_logits ``[R, N, V]`` (``V_d`` with a ``d2t`` head); anchor ``[R]``; idx_mapping/positions
+    ``[R*N]``; temperature/seeds ``[S]``; logits_cache ``[S, N, head.cache_vocab_size]``. Padding
+    rows never write the cache. ``draft_top_k``: top-k candidate drafting; a head with ``d2t``:
+    the reduced vocabulary (both in :mod:`.modes_reference`). ``markov_embeds``: optional
+    ``[R, N, R_k]`` output, each step's ``W1[prev]`` (the confidence head's input).
     """
     rows, steps, _ = base_logits.shape
     prev = anchor.long()
     slots = idx_mapping.view(rows, steps)
     pos = positions.view(rows, steps)
+    width = head.cache_vocab_size
+    reduced = head.d2t_index is not None
+    if draft_top_k is not None:
+        values, candidates = top_k_candidates(base_logits, draft_top_k)  # [R, N, k] each
     for step in range(steps):
         padding, temp, seed, position = row_keys(slots[:, step], pos[:, step], temperature, seeds)
-        bias = head.bias(prev)
-        z = (base_logits[:, step].float() + bias.float()).to(logits_cache.dtype)
+        if markov_embeds is not None:
+            markov_embeds[:, step] = head.embed_weight.index_select(0, prev)
+        if draft_top_k is not None:
+            corrected = candidate_logits(head, values[:, step], candidates[:, step], prev, logits_cache.dtype)
+            z = scatter_row(corrected.to(logits_cache.dtype), target_ids(head, candidates[:, step]), width)
+        else:
+            bias = head.bias(prev)
+            z = (base_logits[:, step].float() + bias.float()).to(logits_cache.dtype)
+            if reduced:
+                z = scatter_row(z, head.d2t_index, width)
         live = ~padding
         logits_cache[slots[live, step].long(), step] = z[live]
         if method == "gumbel":

@@ -7,7 +7,8 @@ from typing import NamedTuple
 import torch
 
 from .. import registry
-from ..validate import check_choice, check_draft_inputs, check_head, check_sampler_sizes, check_triton_runs
+from ..validate import (check_choice, check_draft_inputs, check_head, check_int, check_sampler_sizes, check_tensor,
+                        check_triton_runs)
 
 METHODS = ("gumbel", "inverse_cdf")
 
@@ -33,8 +34,16 @@ class MarkovSampler:
         (:mod:`dspark_markov.registry`). An implementation that cannot run the request raises
         ``ValueError``; nothing falls back silently.
     fp64 : fp64 Gumbel noise (reference only).
+    d2t : optional ``[V_d]`` reduced-vocabulary table (as :class:`~dspark_markov.MarkovHead`'s ``d2t``,
+        which may carry it instead; not both): base logits ``[R, N, V_d]``, cache rows, keys and
+        tokens in target ids (README "Id spaces"). Designs: ``"reference"``, ``"fused"`` (Gumbel);
+        ``"auto"`` is ``"fused"`` on CUDA.
+    draft_top_k : optional int ``k``: top-k candidate drafting (vLLM's ``dspark_draft_topk``; README
+        "Top-k drafting"): only the top-k base logits of each position get the bias, every other
+        entry of the cached row is ``-inf``. Designs (registry family ``"draft_top_k"``):
+        ``"reference"`` and ``"fused"`` (Gumbel; ``"auto"`` on CUDA).
 
-    ``cache_dtype``, ``method``, ``impl`` and ``fp64`` are keyword-only (a backend's constructor
+    ``cache_dtype``, ``method``, ``impl``, ``fp64``, ``d2t`` and ``draft_top_k`` are keyword-only (a backend's constructor
     takes ``method``, ``cache_dtype`` and ``device`` by keyword too, so no order can be confused).
 
     CUDA graphs: with a Triton implementation, :meth:`sample` allocates nothing when the outputs
@@ -52,15 +61,32 @@ class MarkovSampler:
     """
 
     def __init__(self, head, num_steps: int, max_rows: int, *, cache_dtype=torch.bfloat16, method: str = "gumbel",
-                 impl: str = registry.DEFAULT_IMPL, fp64: bool = False):
+                 impl: str = registry.DEFAULT_IMPL, fp64: bool = False, d2t=None, draft_top_k=None):
         check_head(head)
         check_choice("method", method, METHODS)
         num_steps, max_rows = check_sampler_sizes(num_steps, max_rows, cache_dtype)
+        if d2t is not None:
+            head = head.with_d2t(d2t)  # ValueError naming d2t when the head has one already
         device = head.device
-        if fp64 and impl == registry.AUTO:
-            impl = "reference"  # the only implementation of fp64 noise
-        cls = registry.load("draft", impl)
+        family = "draft"
+        options = {}
+        if draft_top_k is not None:
+            draft_top_k = check_int("draft_top_k", draft_top_k, 1)
+            if draft_top_k > head.draft_vocab_size:
+                raise ValueError(f"draft_top_k: expected at most V = {head.draft_vocab_size} (the draft vocabulary), "
+                                 f"got {draft_top_k}")
+            family = "draft_top_k"
+            options["draft_top_k"] = draft_top_k
+        if impl == registry.AUTO and (fp64 or (device.type != "cuda" and family == "draft_top_k")):
+            impl = "reference"  # the only implementation of fp64 noise; top-k's auto on the CPU
+        elif impl == registry.AUTO and family == "draft_top_k":
+            impl = "fused"
+        elif impl == registry.AUTO and head.d2t_index is not None:
+            impl = "fused" if device.type == "cuda" else "reference"  # the designs with a reduced vocabulary
+        cls = registry.load(family, impl)
         registry.check_draft_backend(cls, impl, method=method, device=device, max_rows=max_rows)
+        if head.d2t_index is not None and not getattr(cls, "D2T", False):
+            raise ValueError(f"d2t: impl {impl!r} has no reduced draft vocabulary; use 'fused' or 'reference'")
         if impl not in ("reference", registry.AUTO):  # Triton designs: the CPU needs the interpreter
             check_triton_runs(impl, device)
         if fp64 and impl != "reference":
@@ -71,12 +97,17 @@ class MarkovSampler:
         self.cache_dtype = cache_dtype
         self.method = method
         self.impl = impl
-        options = dict(fp64=fp64) if impl == "reference" else {}
+        self.draft_top_k = draft_top_k
+        if impl == "reference":
+            options["fp64"] = fp64
         self.backend = cls(head, self.num_steps, self.max_rows, method=method, cache_dtype=cache_dtype, device=device,
                            **options)
+        # The confidence head's inputs (sample(markov_embeds=)) for backends that do not write them:
+        # the previous tokens [anchor, x_0, ..., x_{N-2}] per row, gathered from W1 after the launch.
+        self._prev = torch.zeros(self.max_rows, self.num_steps, dtype=torch.int64, device=device)
 
     def sample(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, *, draft_tokens=None,
-               logits_cache=None, check_values: bool | None = None) -> DraftOutput:
+               logits_cache=None, check_values: bool | None = None, markov_embeds=None) -> DraftOutput:
         """Draw ``draft_tokens`` ``[R, N]`` and fill ``logits_cache`` ``[S, N, V]`` (SPEC.md section 2).
 
         base_logits ``[R, N, V]`` bf16/fp32 (last stride 1, any row/step strides); anchor ``[R]``
@@ -88,6 +119,12 @@ class MarkovSampler:
         range, finite temperatures, no two live samples on one ``(slot, step)`` cache row (two rows
         on one slot would overwrite each other's cache), and after the launch the backend's device
         status (:meth:`check`). Without it those are the caller's promise.
+
+        ``markov_embeds``: optional ``[R, N, R_k]`` output in the weight dtype, contiguous: each
+        step's Markov embedding ``W1[prev]`` (prev = anchor, then the drafted tokens), the input of
+        vLLM's confidence head (``torch.stack(markov_embeds, 1)``). Written by the design's own
+        kernel where it has them (``draft_top_k`` ``"fused"``), else by one gather after the launch;
+        graph safe either way.
         """
         capturing = isinstance(base_logits, torch.Tensor) and registry.capturing(base_logits.device)
         if capturing:
@@ -101,18 +138,35 @@ class MarkovSampler:
         if dims.rows > self.max_rows:
             raise ValueError(f"base_logits: expected at most max_rows = {self.max_rows} rows, got {dims.rows}")
         device = base_logits.device
+        if markov_embeds is not None:
+            check_tensor("markov_embeds", markov_embeds, shape=(dims.rows, dims.steps, self.head.rank),
+                         dtypes=(self.head.dtype,), device=device, contiguous=True)
         if logits_cache is None:
-            logits_cache = torch.zeros(dims.slots, dims.steps, dims.vocab, dtype=self.cache_dtype, device=device)
+            logits_cache = torch.zeros(dims.slots, dims.steps, self.head.cache_vocab_size, dtype=self.cache_dtype,
+                                       device=device)
         elif logits_cache.dtype != self.cache_dtype:
             raise ValueError(f"logits_cache: expected dtype {self.cache_dtype} (the sampler's cache_dtype), got {logits_cache.dtype}")
         if draft_tokens is None:
             draft_tokens = torch.empty(dims.rows, dims.steps, dtype=torch.int64, device=device)
         if dims.rows > 0:
+            embeds_in_kernel = markov_embeds is not None and getattr(self.backend, "MARKOV_EMBEDS", False)
+            extra = dict(markov_embeds=markov_embeds) if embeds_in_kernel else {}
             self.backend.run(base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens,
-                             logits_cache)
+                             logits_cache, **extra)
+            if markov_embeds is not None and not embeds_in_kernel:
+                self._gather_embeds(anchor, draft_tokens, markov_embeds, dims.rows)
             if check_values:
                 self.check()
         return DraftOutput(draft_tokens, logits_cache)
+
+    def _gather_embeds(self, anchor, draft_tokens, markov_embeds, rows: int) -> None:
+        """``markov_embeds[:rows] = W1[prev]`` with prev = ``[anchor, x_0, ..., x_{N-2}]`` (no allocation)."""
+        prev = self._prev[:rows]
+        prev[:, 0].copy_(anchor)
+        prev[:, 0].clamp_(0, self.head.embed_vocab_size - 1)  # as every design clamps (no out-of-bounds gather)
+        prev[:, 1:].copy_(draft_tokens[:, :-1])
+        torch.index_select(self.head.embed_weight, 0, prev.reshape(-1),
+                           out=markov_embeds.view(rows * self.num_steps, self.head.rank))
 
     @property
     def status(self):
