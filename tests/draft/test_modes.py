@@ -171,3 +171,54 @@ def test_d2t_twice_and_bad_top_k_and_unsupported_designs():
         sampler.sample(**inputs, draft_tokens=tokens, logits_cache=cache,
                        markov_embeds=torch.zeros(4, 3, RANK, dtype=torch.float32))
     assert bool((cache == SENTINEL).all()), "a refused call wrote the cache"
+
+
+# --------------------------------------------------------------------------- Triton designs (interpreter)
+@pytest.mark.parametrize("d2t, k, cache_dtype, scale", [
+    (True, 7, torch.bfloat16, 1.0),
+    (False, 64, torch.float32, 0.5),
+    (True, 1, torch.float32, 1.0),
+])
+def test_top_k_fused_equals_the_reference(d2t, k, cache_dtype, scale):
+    head = exact_head(DRAFT_V, TARGET_V, 32, d2t=d2t, scale=scale, exact=False)
+    inputs = modes_inputs(5, 3, DRAFT_V, TARGET_V)
+    tokens, cache = modes_outputs(head, inputs, cache_dtype)
+    embeds = torch.zeros(5, 3, 32, dtype=head.dtype)
+    sampler = dm.MarkovSampler(head, 3, 8, cache_dtype=cache_dtype, impl="fused", draft_top_k=k)
+    sampler.sample(**inputs, draft_tokens=tokens, logits_cache=cache, markov_embeds=embeds)
+    check_modes_draws(head, inputs, tokens, cache, draft_top_k=k, exact=False)
+    assert torch.equal(embeds, markov_embeds_of(head, inputs["anchor"], tokens))
+    # on a head with exact sums every bit equals the reference
+    head = exact_head(DRAFT_V, TARGET_V, 32, d2t=d2t, scale=scale)
+    tokens, cache = modes_outputs(head, inputs, cache_dtype)
+    dm.MarkovSampler(head, 3, 5, cache_dtype=cache_dtype, impl="fused", draft_top_k=k).sample(
+        **inputs, draft_tokens=tokens, logits_cache=cache)
+    check_modes_draws(head, inputs, tokens, cache, draft_top_k=k, exact=True)
+
+
+def test_top_k_fused_all_minus_inf_and_ties():
+    # Greedy rows with -inf base logits draw token 0 (torch.argmax of an all -inf row); equal
+    # candidates go to the lowest target id.
+    head = exact_head(DRAFT_V, TARGET_V, 16)
+    head = dm.MarkovHead(head.embed_weight, torch.zeros_like(head.head_weight), d2t=head.d2t, target_vocab_size=TARGET_V)
+    inputs = modes_inputs(3, 2, DRAFT_V, TARGET_V, temps=(0.0,))
+    inputs["base_logits"] = torch.zeros_like(inputs["base_logits"])
+    inputs["base_logits"][1] = float("-inf")
+    tokens, cache = modes_outputs(head, inputs, torch.bfloat16)
+    dm.MarkovSampler(head, 2, 3, impl="fused", draft_top_k=9).sample(**inputs, draft_tokens=tokens, logits_cache=cache)
+    check_modes_draws(head, inputs, tokens, cache, draft_top_k=9)
+    assert int(tokens[1, 0]) == 0
+
+
+@pytest.mark.parametrize("cache_dtype, scale, ordered", [(torch.bfloat16, 1.0, False), (torch.float32, 0.5, True)])
+def test_fused_d2t_equals_the_reference(cache_dtype, scale, ordered):
+    head = exact_head(DRAFT_V, TARGET_V, 16, scale=scale, exact=False, ordered=ordered)
+    inputs = modes_inputs(5, 3, DRAFT_V, TARGET_V)
+    tokens, cache = modes_outputs(head, inputs, cache_dtype)
+    embeds = torch.zeros(5, 3, 16, dtype=head.dtype)
+    dm.MarkovSampler(head, 3, 5, cache_dtype=cache_dtype, impl="fused").sample(
+        **inputs, draft_tokens=tokens, logits_cache=cache, markov_embeds=embeds)
+    check_modes_draws(head, inputs, tokens, cache, exact=False)
+    assert torch.equal(embeds, markov_embeds_of(head, inputs["anchor"], tokens))
+    with pytest.raises(ValueError, match="method: impl 'fused' with a reduced vocabulary"):
+        dm.MarkovSampler(head, 3, 5, impl="fused", method="inverse_cdf")

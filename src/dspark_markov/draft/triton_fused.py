@@ -12,6 +12,11 @@ from the partials with torch.argmax semantics (or by inverse CDF over tile masse
 chosen tile), writes ``draft_tokens[:, step]`` and gathers the next step's code row ``W1[token]``.
 The bias never goes to memory.
 
+Reduced vocabulary (``head.d2t``, Gumbel): the tiles run over the draft vocabulary and scatter their
+``z`` to the target ids in the cache, with target ids as keys and argmax indices; one extra launch
+per call (:func:`_fill_unmapped_kernel`) writes ``-inf`` at the unmapped target ids of every live
+cache row (``R N (V_t - V_d) c`` bytes).
+
 Bytes per step: ``V * R_k * w`` of W2 from HBM (plus ``ceil(R / BLOCK_R) - 1`` re-reads from L2),
 ``R * V * u`` of base logits read, ``R * V * c`` of cache written, ``R * ceil(V / BLOCK_V) * 8`` of
 partials written and read back; the codes (``R * R_k * w``) are re-read from L2 by every tile.
@@ -44,12 +49,36 @@ def _gather_codes_kernel(
     gather_code(embed_ptr, RK, tl.load(anchor_ptr + row), embed_rows, codes_ptr + row * RK, RK, RK)
 
 
+@triton.jit
+def _fill_unmapped_kernel(
+    fill_ptr,  # [V_t - V_d] int32: the target ids no draft id maps to
+    idx_ptr,  # [R * N]
+    cache_ptr,  # [S, N, V_t] cache dtype
+    num_fill,
+    num_steps,
+    num_slots,
+    cache_vocab,
+    stride_cs,
+    BLOCK: tl.constexpr,
+):
+    """-inf at the unmapped target ids of one live sample's cache row (d2t). Writes ``BLOCK c`` bytes."""
+    sample = tl.program_id(0).to(tl.int64)
+    live, slot = sample_slot(idx_ptr, sample, num_slots)
+    if live:
+        j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        ok = j < num_fill
+        cols = tl.load(fill_ptr + j, mask=ok, other=0)
+        row_ptr = cache_ptr + slot * stride_cs + (sample % num_steps) * cache_vocab
+        tl.store(row_ptr + cols, tl.full([BLOCK], float("-inf"), cache_ptr.dtype.element_ty), mask=ok)
+
+
 @triton.jit(do_not_specialize=["step"])
 def _fused_step_kernel(
     base_ptr,  # [R, N, V] bf16/fp32, strides (stride_br, stride_bn, 1)
     codes_ptr,  # [max_rows, R_k] weight dtype, this step's codes W1[prev]
     head_ptr,  # [V, R_k] weight dtype (W2)
-    cache_ptr,  # [S, N, V] cache dtype
+    cache_ptr,  # [S, N, V] cache dtype ([S, N, V_t] with D2T)
+    d2t_ptr,  # [V] int32 target id of each draft id (D2T only)
     idx_ptr,  # [R * N] slot per (row, step), -1 = padding
     pos_ptr,  # [R * N] position each sample predicts
     temp_ptr,  # [S] fp32
@@ -67,6 +96,7 @@ def _fused_step_kernel(
     stride_br,
     stride_bn,
     stride_cs,
+    cache_vocab,
     scale,
     filter_margin,
     RK: tl.constexpr,
@@ -79,6 +109,7 @@ def _fused_step_kernel(
     UPCAST: tl.constexpr,
     IEEE_DOT: tl.constexpr,
     HARDWARE_LOG2: tl.constexpr,
+    D2T: tl.constexpr,
 ):
     # Row chunks vary fastest in launch order, so the programs sharing a W2 tile run together and
     # all but the first read it from L2: W2 comes from HBM about once per step at any batch size.
@@ -111,8 +142,14 @@ def _fused_step_kernel(
     base = tl.load(base_ptr + rows[:, None].to(tl.int64) * stride_br + step * stride_bn + cols[None, :],
                    mask=mask, other=0.0)
     z = biased_logits(base, bias, cache_ptr.dtype.element_ty)  # one rounding (SPEC.md 3)
-    cache_rows = cache_ptr + safe_slot * stride_cs + step * vocab
-    tl.store(cache_rows[:, None] + cols[None, :], z, mask=live[:, None] & col_ok[None, :])
+    # A reduced vocabulary (README "Id spaces"): the tile's columns are scattered to their target
+    # ids in the cache, and the keys and the argmax's index are target ids.
+    if D2T:
+        token_ids = tl.load(d2t_ptr + cols, mask=col_ok, other=0)
+    else:
+        token_ids = cols
+    cache_rows = cache_ptr + safe_slot * stride_cs + step * cache_vocab
+    tl.store(cache_rows[:, None] + token_ids[None, :], z, mask=live[:, None] & col_ok[None, :])
     logits = to_float32(z)
     greedy = temp == 0.0
     part = rows * num_tiles + tile
@@ -127,7 +164,8 @@ def _fused_step_kernel(
         tl.store(part_sum_ptr + part, tile_sum, mask=row_ok)
     else:
         prefix = draft_prefix(seed, step, position)
-        value, index = filtered_argmax(logits, temp, prefix, cols[None, :], mask, filter_margin, 1, HARDWARE_LOG2)
+        value, index = filtered_argmax(logits, temp, prefix, token_ids[None, :], mask, filter_margin, 1,
+                                       HARDWARE_LOG2)
     tl.store(part_val_ptr + part, value, mask=row_ok)
     tl.store(part_idx_ptr + part, index, mask=row_ok)
 
@@ -176,7 +214,8 @@ def _combine_kernel(
     ok = tiles < num_tiles
     value = tl.load(part_val_ptr + row * num_tiles + tiles, mask=ok, other=float("-inf"))
     index = tl.load(part_idx_ptr + row * num_tiles + tiles, mask=ok, other=0)
-    # Tile partials are in vocabulary order, so the first index among ties is the first tile's.
+    # block_argmax takes the lowest index among equal maxima: the row's first maximum (in target-id
+    # order with a d2t table, whose tiles are not ordered by target id).
     best, token = block_argmax(value, index, ok)
     if INVERSE_CDF:
         sample = row * num_steps + step
@@ -212,11 +251,24 @@ class FusedBackend:
     DEVICES = ("cpu", "cuda")
     GRAPH_SAFE = True
     MAX_ROWS = None
+    D2T = True  # a reduced draft vocabulary (Gumbel): cache columns and keys by target id
 
     def __init__(self, head, num_steps, max_rows, *, method, cache_dtype, device, block_v=None, block_r=None,
                  num_warps=None, num_stages=None, filter_margin=FILTER_MARGIN):
         if head.rank & (head.rank - 1) or head.rank < 16:
             raise ValueError(f"head_weight: impl 'fused' needs a power-of-two rank >= 16, got {head.rank}")
+        self.reduced = head.d2t_index is not None
+        if self.reduced and method != "gumbel":
+            raise ValueError(f"method: impl 'fused' with a reduced vocabulary (d2t) draws 'gumbel', got {method!r}; "
+                             "use impl='reference'")
+        if self.reduced:
+            mapped = torch.zeros(head.cache_vocab_size, dtype=torch.bool, device=device)
+            mapped[head.d2t_index] = True
+            self.d2t = head.d2t_index.to(torch.int32)  # [V_d] target ids
+            self.fill = torch.nonzero(~mapped).flatten().to(torch.int32)  # [V_t - V_d] unmapped target ids
+        else:
+            self.d2t = self.fill = torch.zeros(1, dtype=torch.int32, device=device)
+        self.fill_block = 1024
         self.head = head
         self.method = method
         self.filter_margin = float(filter_margin)  # a huge margin forces the exact path (tests)
@@ -262,21 +314,28 @@ class FusedBackend:
         common = dict(enable_fp_fusion=False)
         _gather_codes_kernel[(rows,)](anchor, head.embed_weight, self.codes, head.embed_vocab_size, RK=head.rank,
                                       **common)
+        cache_vocab = head.cache_vocab_size
+        if self.reduced and self.fill.numel() > 0:  # [R * N, fill tiles]: -inf outside the mapped ids
+            _fill_unmapped_kernel[(rows * steps, triton.cdiv(self.fill.numel(), self.fill_block))](
+                self.fill, idx_mapping, logits_cache, self.fill.numel(), steps, temperature.shape[0], cache_vocab,
+                logits_cache.stride(0), BLOCK=self.fill_block, **common)
         for step in range(steps):
             _fused_step_kernel[(triton.cdiv(rows, self.block_r), self.num_tiles)](
-                base_logits, self.codes, head.head_weight, logits_cache, idx_mapping, positions, temperature, seeds,
+                base_logits, self.codes, head.head_weight, logits_cache, self.d2t, idx_mapping, positions, temperature,
+                seeds,
                 self.part_val, self.part_idx, self.part_max, self.part_sum,
                 rows, vocab, temperature.shape[0], step, steps, self.num_tiles,
-                base_logits.stride(0), base_logits.stride(1), logits_cache.stride(0), head.scale, self.filter_margin,
+                base_logits.stride(0), base_logits.stride(1), logits_cache.stride(0), cache_vocab, head.scale,
+                self.filter_margin,
                 RK=head.rank, BLOCK_V=self.block_v, BLOCK_R=self.block_r, BLOCK_K=self.block_k,
                 NUM_STAGES=self.num_stages, SCALED=head.scale != 1.0,
                 INVERSE_CDF=inverse, UPCAST=self.upcast, IEEE_DOT=head.dtype == torch.float32,
-                HARDWARE_LOG2=not self.interpret,
+                HARDWARE_LOG2=not self.interpret, D2T=self.reduced,
                 num_warps=self.num_warps, **common)
             _combine_kernel[(rows,)](
                 self.part_val, self.part_idx, self.part_max, self.part_sum, logits_cache, idx_mapping, positions,
                 temperature, seeds, head.embed_weight, self.codes, draft_tokens,
-                vocab, head.embed_vocab_size, temperature.shape[0], step, steps, self.num_tiles,
+                cache_vocab, head.embed_vocab_size, temperature.shape[0], step, steps, self.num_tiles,
                 draft_tokens.stride(0), logits_cache.stride(0),
                 RK=head.rank, BLOCK_T=self.block_t, BLOCK_V=self.block_v, INVERSE_CDF=inverse,
                 num_warps=4, **common)
