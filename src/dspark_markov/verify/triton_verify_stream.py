@@ -141,7 +141,7 @@ def _load_row(ptr, token, valid, temp, DIVIDE: tl.constexpr, other):
 
 @triton.jit
 def _row_softmax(ptr, start, end, tiles, temp, scale, DIVIDE: tl.constexpr, BLOCK: tl.constexpr,
-                 UNROLL: tl.constexpr, HARDWARE: tl.constexpr):
+                 UNROLL: tl.constexpr, HARDWARE: tl.constexpr, PIPE: tl.constexpr):
     """``(max x, sum 2^((x - max) scale))`` of ``x = row[start:end]`` (``/ T`` when ``DIVIDE``).
 
     With ``scale = log2(e)`` this is the softmax max and normaliser of ``x``; the cache rows pass
@@ -158,19 +158,59 @@ def _row_softmax(ptr, start, end, tiles, temp, scale, DIVIDE: tl.constexpr, BLOC
     step = tl.arange(0, UNROLL)[:, None] * BLOCK
     m = tl.full([BLOCK], -_FMAX, tl.float32)
     s = tl.zeros([BLOCK], tl.float32)
-    for t in range(0, tiles, UNROLL):
+    for t in tl.range(0, tiles, UNROLL, num_stages=PIPE):
         token = lane[None, :] + (t * BLOCK + step)
         x = _load_row(ptr, token, token < end, temp, DIVIDE, float("-inf"))
-        new_m = tl.maximum(m, tl.max(x, axis=0))
-        terms = _exp2((x - new_m[None, :]) * scale, HARDWARE)
-        s = s * _exp2((m - new_m) * scale, HARDWARE) + tl.sum(terms, axis=0)
-        m = new_m
+        m, s = _softmax_step(x, m, s, scale, HARDWARE)
+    return _softmax_combine(m, s, scale)
+
+
+@triton.jit
+def _softmax_step(x, m, s, scale, HARDWARE: tl.constexpr):
+    """One ``[UNROLL, BLOCK]`` tile ``x`` into the per-lane running ``(max, sum 2^((x - max) scale))``."""
+    new_m = tl.maximum(m, tl.max(x, axis=0))
+    terms = _exp2((x - new_m[None, :]) * scale, HARDWARE)
+    s = s * _exp2((m - new_m) * scale, HARDWARE) + tl.sum(terms, axis=0)
+    return new_m, s
+
+
+@triton.jit
+def _softmax_combine(m, s, scale):
+    """The row's ``(max, sum)`` from per-lane running statistics."""
     row_max = tl.max(m, axis=0)
     return row_max, tl.sum(s * tl.exp2((m - row_max) * scale), axis=0)
 
 
 @triton.jit
-def _row_argmax(ptr, start, end, tiles, temp, DIVIDE: tl.constexpr, BLOCK: tl.constexpr, UNROLL: tl.constexpr):
+def _pair_softmax(t_ptr, c_ptr, start, end, c_end, tiles, ttemp, c_scale, RAW: tl.constexpr, BLOCK: tl.constexpr,
+                  UNROLL: tl.constexpr, HARDWARE: tl.constexpr, PIPE: tl.constexpr):
+    """:func:`_row_softmax` of a target row over ``[start, end)`` (``/ T`` when ``RAW``) and of its cache
+    row over ``[start, c_end)`` (scale ``c_scale``; ``c_end = start``: none) in one loop.
+
+    Both rows' tiles are loaded in the same iteration (one memory round trip per iteration, not two
+    loops in turn); each row's per-lane statistics are updated exactly as :func:`_row_softmax` does,
+    so the results are bit-identical to two calls of it.
+    """
+    lane = start + tl.arange(0, BLOCK)
+    step = tl.arange(0, UNROLL)[:, None] * BLOCK
+    m = tl.full([BLOCK], -_FMAX, tl.float32)
+    s = tl.zeros([BLOCK], tl.float32)
+    cm = tl.full([BLOCK], -_FMAX, tl.float32)
+    cs = tl.zeros([BLOCK], tl.float32)
+    for t in tl.range(0, tiles, UNROLL, num_stages=PIPE):
+        token = lane[None, :] + (t * BLOCK + step)
+        x = _load_row(t_ptr, token, token < end, ttemp, RAW, float("-inf"))
+        c = _load_row(c_ptr, token, token < c_end, ttemp, False, float("-inf"))
+        m, s = _softmax_step(x, m, s, _LOG2E, HARDWARE)
+        cm, cs = _softmax_step(c, cm, cs, c_scale, HARDWARE)
+    t_max, t_sum = _softmax_combine(m, s, _LOG2E)
+    c_max, c_sum = _softmax_combine(cm, cs, c_scale)
+    return t_max, t_sum, c_max, c_sum
+
+
+@triton.jit
+def _row_argmax(ptr, start, end, tiles, temp, DIVIDE: tl.constexpr, BLOCK: tl.constexpr, UNROLL: tl.constexpr,
+                PIPE: tl.constexpr):
     """``argmax_first`` of ``row[start:end]`` (``/ T`` when ``DIVIDE``): ``(value, token)``.
 
     Per-lane first maxima over ``[UNROLL, BLOCK]`` tiles (a NaN wins over numbers), combined
@@ -180,7 +220,7 @@ def _row_argmax(ptr, start, end, tiles, temp, DIVIDE: tl.constexpr, BLOCK: tl.co
     step = tl.arange(0, UNROLL)[:, None] * BLOCK
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     index = lane
-    for t in range(0, tiles, UNROLL):
+    for t in tl.range(0, tiles, UNROLL, num_stages=PIPE):
         token = lane[None, :] + (t * BLOCK + step)
         ok = token < end
         x = _load_row(ptr, token, ok, temp, DIVIDE, float("-inf"))
@@ -262,7 +302,7 @@ def _emit_keys(t_row, c_row, prefix, token, ok, ttemp, temp, w, t_max, t_inv, q_
 @triton.jit
 def _emit_scan(t_row, c_row, prefix, start, end, tiles, ttemp, temp, w, t_max, t_inv, q_cmax, q_scale, q_inv,
                q_arg, residual_mode, RAW: tl.constexpr, EXACT: tl.constexpr, HARDWARE: tl.constexpr,
-               BLOCK: tl.constexpr):
+               BLOCK: tl.constexpr, PIPE: tl.constexpr = 1):
     """``(best key, first token, any positive residual, risky)`` of the emitted row over ``[start, end)``.
 
     ``EXACT``: the argmax of the exact keys (``torch.argmax`` semantics: a NaN wins). Otherwise the
@@ -277,7 +317,7 @@ def _emit_scan(t_row, c_row, prefix, start, end, tiles, ttemp, temp, w, t_max, t
     best_tok = lane
     positive = tl.zeros([BLOCK], tl.int32)
     nan = tl.zeros([BLOCK], tl.int32)
-    for t in range(tiles):
+    for t in tl.range(0, tiles, num_stages=PIPE):
         token = lane + t * BLOCK
         key, pos = _emit_keys(t_row, c_row, prefix, token, token < end, ttemp, temp, w, t_max, t_inv, q_cmax,
                               q_scale, q_inv, q_arg, residual_mode, RAW, EXACT, HARDWARE)
@@ -370,7 +410,8 @@ def _stream_verify_kernel(
     requests, vocab, LAG, C1, C2, T1, T2,
     K: tl.constexpr, KP1: tl.constexpr, C1P: tl.constexpr, C2P: tl.constexpr, BLOCK: tl.constexpr,
     UNROLL: tl.constexpr, HARDWARE: tl.constexpr, EMIT_SCAN: tl.constexpr, NOISE_FILTER: tl.constexpr,
-    HAS_GREEDY: tl.constexpr, RAW: tl.constexpr, BLOCK_METHOD: tl.constexpr,
+    HAS_GREEDY: tl.constexpr, RAW: tl.constexpr, BLOCK_METHOD: tl.constexpr, PIPE: tl.constexpr = 1,
+    EMIT_PIPE: tl.constexpr = 1, FUSED: tl.constexpr = False,
 ):
     STAGES: tl.constexpr = 3 if BLOCK_METHOD else 2
     MASS_ROWS: tl.constexpr = K - 1 if (BLOCK_METHOD and K >= 2) else 0
@@ -390,24 +431,35 @@ def _stream_verify_kernel(
         end = tl.minimum(start + T1 * BLOCK, vocab)
         if live & (j <= n):
             part = (b * R2 + j) * C1P + chunk
+            qpart = (b * R2 + K + 1 + j) * C1P + chunk
             if greedy:
-                val, tok = _row_argmax(t_base + j * t_row_stride, start, end, T1, ttemp, RAW, BLOCK, UNROLL)
+                val, tok = _row_argmax(t_base + j * t_row_stride, start, end, T1, ttemp, RAW, BLOCK, UNROLL, PIPE)
                 tl.store(pa_ptr + part, val)
                 tl.store(pi_ptr + part, tok)
+            elif FUSED & (temp != 0.0):  # target row j and cache row j (none for j = n) in one loop
+                c_end = tl.where(j < n, end, start)
+                mx, sm, cmx, csm = _pair_softmax(t_base + j * t_row_stride, c_base + j * c_step_stride, start, end,
+                                                 c_end, T1, ttemp, tl.math.div_rn(_LOG2E, temp), RAW, BLOCK, UNROLL,
+                                                 HARDWARE, PIPE)
+                tl.store(pa_ptr + part, mx)
+                tl.store(pb_ptr + part, sm)
+                if j < n:
+                    tl.store(pa_ptr + qpart, cmx)
+                    tl.store(pb_ptr + qpart, csm)
             else:
                 mx, sm = _row_softmax(t_base + j * t_row_stride, start, end, T1, ttemp, _LOG2E, RAW, BLOCK, UNROLL,
-                                      HARDWARE)
+                                      HARDWARE, PIPE)
                 tl.store(pa_ptr + part, mx)
                 tl.store(pb_ptr + part, sm)
                 if j < n:  # the cache row draft j was drawn from
-                    qpart = (b * R2 + K + 1 + j) * C1P + chunk
                     if temp == 0.0:
-                        val, tok = _row_argmax(c_base + j * c_step_stride, start, end, T1, temp, False, BLOCK, UNROLL)
+                        val, tok = _row_argmax(c_base + j * c_step_stride, start, end, T1, temp, False, BLOCK, UNROLL,
+                                               PIPE)
                         tl.store(pa_ptr + qpart, val)
                         tl.store(pi_ptr + qpart, tok)
                     else:
                         mx, sm = _row_softmax(c_base + j * c_step_stride, start, end, T1, temp,
-                                              tl.math.div_rn(_LOG2E, temp), False, BLOCK, UNROLL, HARDWARE)
+                                              tl.math.div_rn(_LOG2E, temp), False, BLOCK, UNROLL, HARDWARE, PIPE)
                         tl.store(pa_ptr + qpart, mx)
                         tl.store(pb_ptr + qpart, sm)
         if _arrive(counters + 0, (K + 1) * C1):
@@ -492,7 +544,7 @@ def _stream_verify_kernel(
             q_arg = tl.load(rows + 6 * KP1 + i, volatile=True).to(tl.int32, bitcast=True)
             q_scale = tl.math.div_rn(_LOG2E, tl.where(temp == 0.0, 1.0, temp))
             acc = tl.zeros([BLOCK], tl.float32)
-            for t in range(0, T1, UNROLL):
+            for t in tl.range(0, T1, UNROLL, num_stages=PIPE):
                 token = lane[None, :] + (t * BLOCK + step)
                 ok = token < end
                 xt = _load_row(t_base + i * t_row_stride, token, ok, ttemp, RAW, float("-inf"))
@@ -536,7 +588,7 @@ def _stream_verify_kernel(
             end = tl.minimum(start + T2 * BLOCK, vocab)
             val, tok, pos, risky = _emit_scan(t_row, c_row, prefix, start, end, T2, ttemp, temp, w, t_max, t_inv,
                                               q_cmax, q_scale, q_inv, q_arg, rejected, RAW, not NOISE_FILTER,
-                                              HARDWARE, BLOCK)
+                                              HARDWARE, BLOCK, EMIT_PIPE)
             if NOISE_FILTER:
                 if risky:  # a near-tie of the cheap noise (rare): the exact keys of the chunk
                     val, tok, pos, no_risk = _emit_scan(t_row, c_row, prefix, start, end, T2, ttemp, temp, w, t_max,
@@ -638,7 +690,7 @@ class StreamVerifier:
 
     def __init__(self, max_batch: int, num_drafts: int, vocab_size: int, device, *, block: int | None = None,
                  t1=None, t2=None, lag=None, unroll=None, warps: int | None = None, emit=1,
-                 noise_filter=1):
+                 noise_filter=1, stages=None, emit_stages=None, fused=None):
         if int(max_batch) < 1:
             raise ValueError(f"max_batch: expected >= 1, got {max_batch}")
         if int(num_drafts) < 0:
@@ -655,6 +707,12 @@ class StreamVerifier:
             132 if self.cuda else 1)
         self.overrides = dict(t1=t1, t2=t2, lag=lag, unroll=unroll)
         self.noise_filter = bool(noise_filter)
+        # Software pipelining of the streamed tiles (Triton's pipeliner: cp.async into shared memory,
+        # ``stages - 1`` tiles ahead); 1 = none. The interpreter ignores it.
+        self.stages = int(stages) if stages else 1
+        self.emit_stages = int(emit_stages) if emit_stages else 1
+        # Target row j and cache row j streamed in one loop (one round trip per tile, not two loops).
+        self.fused = bool(fused)
         self._emit_scan = bool(emit)  # emit=0: a profiling aid (the emit items skip their scan: wrong tokens)
         self.warps = int(warps) if warps else (GPU_WARPS if self.cuda else 4)
         # At most 128 registers (two programs of 8 warps per SM): a variant that needs more spills a
@@ -739,7 +797,7 @@ class StreamVerifier:
                 batch, vocab, lay.lag, lay.c1, lay.c2, lay.t1, lay.t2)
         meta = dict(K=k, KP1=self.kp1, C1P=self.c1p, C2P=self.c2p, BLOCK=self.block, UNROLL=unroll,
                     HARDWARE=self.cuda, EMIT_SCAN=self._emit_scan, NOISE_FILTER=self.noise_filter, HAS_GREEDY=has_greedy, RAW=raw, BLOCK_METHOD=block_method,
-                    num_warps=self.warps, enable_fp_fusion=False)
+                    PIPE=self.stages, EMIT_PIPE=self.emit_stages, FUSED=self.fused, num_warps=self.warps, enable_fp_fusion=False)
         try:
             _stream_verify_kernel[(programs,)](*args, **meta, **self._launch_options)
         except KeyError:  # a Triton without the maxnreg option: the compiler's own register count
