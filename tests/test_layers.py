@@ -133,4 +133,4 @@ def test_the_checker_sees_relative_and_lazy_imports():
     """The graph is not vacuous: known edges are found (module level, relative, inside functions)."""
     assert "dspark_markov.ops.numerics" in GRAPH["dspark_markov.ops.filter"]
     assert "dspark_markov.draft.sampler" in GRAPH["dspark_markov.draft.api"]
-    assert "dspark_markov.verify.triton_verify" in GRAPH["dspark_markov.step"]  # imported in a function
+    assert "dspark_markov.verify.triton_verify_stream" in GRAPH["dspark_markov.step"]  # imported in a function

@@ -13,8 +13,9 @@ A step composes, in order:
 ``verify``
     1. optionally :func:`~dspark_markov.verify.filtering.top_k_top_p` on the target logits (in
        place);
-    2. verification of the drafts (``"triton"``: :class:`~dspark_markov.verify.triton_verify.Verifier`,
-       or the torch reference), against the cache and keys of the last ``draft``.
+    2. verification of the drafts (``"triton"``: the one-launch
+       :class:`~dspark_markov.verify.triton_verify_stream.StreamVerifier`, or the torch reference),
+       against the cache and keys of the last ``draft``.
 
 Every buffer is allocated in ``__init__``. With Triton implementations and ``check_values=False``
 (the default while a stream is capturing) neither method allocates nor synchronises, so each can
@@ -103,9 +104,9 @@ class DSparkStep:
         self.sampler = MarkovSampler(head, n, r, cache_dtype=cache_dtype, method=draft_method, impl=draft_impl)
         self.verifier = None
         if verify_impl == "triton":
-            from .verify.triton_verify import Verifier  # imports Triton
+            from .verify.triton_verify_stream import StreamVerifier  # imports Triton
 
-            self.verifier = Verifier(r, n, self.vocab, device)
+            self.verifier = StreamVerifier(r, n, self.vocab, device)
 
         def i64(*shape, fill=0):
             return torch.full(shape, fill, dtype=torch.int64, device=device)
@@ -167,8 +168,11 @@ class DSparkStep:
 
         An eager :meth:`draft` checks by itself; after graph replays call this where the engine
         synchronises anyway (after reading :attr:`num_emitted`), or copy :attr:`status` with it.
+        Also raises if a Triton verification's bounded wait timed out (``StreamVerifier.check``).
         """
         self.sampler.check()
+        if self.verifier is not None:
+            self.verifier.check()
 
     @property
     def status(self):
