@@ -413,3 +413,153 @@ def test_install_only_on_checked_classes():
     own = type("DSparkDeepseekV4ForCausalLM", (), {"sample_sequential": lambda self, *a: False,
                                                     "__module__": "vllm.models.deepseek_v41.nvidia.dspark"})
     assert plugin.install(own) is False  # a class with its own hook keeps it
+
+
+# ---------------------------------------------------------------------------------------------- drafting modes (issue 17)
+from vllm.model_executor.models.qwen3_dspark import DSparkConfidenceHead, Qwen3DSparkForCausalLM  # noqa: E402
+
+DRAFT_VOCAB, TARGET_VOCAB = 700, 1000  # a reduced draft vocabulary: W2 and the base logits [700], W1 and the cache [1000]
+
+
+def make_qwen3_model(gen, *, target_vocab, draft_vocab, rank, hidden, scale=1.0, d2t=True, confidence=False):
+    """vLLM's Qwen3DSparkForCausalLM (made with object.__new__): its Markov head (W1 target-indexed,
+    W2 draft-indexed, the top-k gathered path), lm_head, logits processor, d2t table and, optionally,
+    its confidence head (with the Markov embeddings)."""
+    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))), default_dtype(torch.bfloat16):
+        markov_head = DSparkMarkovHead(target_vocab, draft_vocab, rank, prefix="model.markov_head",
+                                       retain_weight_for_gather=True)
+        lm_head = ParallelLMHead(draft_vocab, hidden, prefix="lm_head", disable_tp=True)
+        processor = LogitsProcessor(draft_vocab, scale=scale)
+    head = None
+    if confidence:  # vLLM's DSparkConfidenceHead.forward; its ReplicatedLinear (which needs a TP group) as F.linear
+        head = object.__new__(DSparkConfidenceHead)
+        torch.nn.Module.__init__(head)
+        head.with_markov = True
+        head.proj = torch.nn.Linear(hidden + rank, 1, bias=True, dtype=torch.float32)
+    with torch.no_grad():
+        for weight in (markov_head.markov_w1.weight, markov_head.markov_w2.weight, lm_head.weight):
+            weight.copy_(dyadic(weight.shape, gen, torch.bfloat16))
+        if head is not None:
+            head.proj.weight.copy_(torch.randn(head.proj.weight.shape, generator=gen))
+            head.proj.bias.copy_(torch.randn(head.proj.bias.shape, generator=gen))
+    model = object.__new__(Qwen3DSparkForCausalLM)
+    torch.nn.Module.__init__(model)
+    model.model = torch.nn.Module()
+    model.model.markov_head = markov_head
+    model.model.confidence_head = head
+    model.lm_head = lm_head
+    model.logits_processor = processor
+    model.draft_id_to_target_id = None
+    if d2t:
+        ids = torch.randperm(target_vocab, generator=gen)[:draft_vocab].sort().values  # EAGLE-3 tables increase
+        model.draft_id_to_target_id = torch.nn.Parameter(ids - torch.arange(draft_vocab), requires_grad=False)
+    return model
+
+
+def make_mode_speculator(model, gen, *, top_k=None, confidence=False, **options):
+    """make_speculator over the target vocabulary, with vLLM's load_draft_model state of the modes."""
+    width = model.model.markov_head.markov_w1.weight.shape[0]
+    spec = make_speculator(model, gen, vocab=width, hidden=HIDDEN, **options)
+    if model.draft_id_to_target_id is not None:  # DSparkSpeculator.load_draft_model's d2t scatter state
+        d2t = model.draft_id_to_target_id
+        spec._d2t_scatter_index = torch.arange(d2t.shape[0]) + d2t
+        spec._draft_scatter_buf = torch.full((spec.max_num_reqs, width), float("-inf"), dtype=spec.draft_logits.dtype)
+    spec._draft_topk = top_k
+    spec.use_confidence_head = confidence
+    spec.draft_token_confidence_probs = torch.full(spec.draft_tokens.shape, -2.0, dtype=torch.float32)
+    return spec
+
+
+def clone_mode_speculator(spec):
+    twin = clone_speculator(spec)
+    twin.draft_token_confidence_probs = spec.draft_token_confidence_probs.clone()
+    if spec._draft_scatter_buf is not None:
+        twin._draft_scatter_buf = spec._draft_scatter_buf.clone()
+    return twin
+
+
+@pytest.fixture
+def hooked_modes(monkeypatch):
+    """The hook on Qwen3DSparkForCausalLM and the plugin's _sample_sequential_topk wrapper (both removed after)."""
+    monkeypatch.delenv(hook.IMPL_ENV, raising=False)
+    monkeypatch.setattr(DSparkSpeculator, "_sample_sequential_topk", DSparkSpeculator._sample_sequential_topk)
+    plugin._wrap_sample_sequential_topk(DSparkSpeculator)
+    assert getattr(Qwen3DSparkForCausalLM, "sample_sequential", None) is None
+    assert plugin.install(Qwen3DSparkForCausalLM)
+    yield
+    del Qwen3DSparkForCausalLM.sample_sequential
+
+
+def run_both_modes(spec, num_reqs, *, taken=True):
+    """vLLM's _sample_sequential without the hook (the model class unhooked, so the top-k wrapper
+    runs vLLM's own _sample_sequential_topk), then with it."""
+    plain, with_hook = clone_mode_speculator(spec), clone_mode_speculator(spec)
+    saved = Qwen3DSparkForCausalLM.__dict__["sample_sequential"]
+    with torch.inference_mode():
+        del Qwen3DSparkForCausalLM.sample_sequential
+        try:
+            plain._sample_sequential(num_reqs, spec.head_hidden)
+        finally:
+            Qwen3DSparkForCausalLM.sample_sequential = saved
+        before = hook.stats["taken"]
+        with_hook._sample_sequential(num_reqs, spec.head_hidden)
+    assert hook.stats["taken"] == before + int(taken), "the hook declined a mode it should take"
+    return plain, with_hook
+
+
+MODE_CASES = {
+    "reduced vocabulary, T=1": dict(d2t=True, top_k=None, temperatures=(1.0,)),
+    "reduced vocabulary, mixed T, padding": dict(d2t=True, top_k=None, padding=True),
+    "top-k 8, mixed T, padding": dict(d2t=False, top_k=8, padding=True),
+    "top-k 1, scale 0.5": dict(d2t=False, top_k=1, scale=0.5, temperatures=(0.6, 1.0)),
+    "top-k 40 + reduced vocabulary, mixed T, padding": dict(d2t=True, top_k=40, padding=True),
+    "top-k 5 + reduced vocabulary + confidence head, 1+N layout": dict(d2t=True, top_k=5, confidence=True, one_plus_n=True),
+    "reduced vocabulary + confidence head": dict(d2t=True, top_k=None, confidence=True, padding=True),
+}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("case", list(MODE_CASES))
+def test_modes_equal_vllm_loop(hooked_modes, seed, case):
+    """vLLM's _sample_sequential / _sample_sequential_topk with a reduced vocabulary, top-k drafting and
+    the confidence head, without and with the hook: draft_tokens, draft_logits (bit for bit) and the
+    confidence probabilities equal."""
+    options = MODE_CASES[case]
+    gen = torch.Generator().manual_seed(300 * seed + 13)
+    confidence = options.get("confidence", False)
+    model = make_qwen3_model(gen, target_vocab=TARGET_VOCAB, draft_vocab=DRAFT_VOCAB if options["d2t"] else TARGET_VOCAB,
+                             rank=RANK, hidden=HIDDEN, scale=options.get("scale", 1.0), d2t=options["d2t"],
+                             confidence=confidence)
+    num_reqs = 5 if options.get("padding") else 1 + seed % 3
+    spec = make_mode_speculator(model, gen, top_k=options["top_k"], confidence=confidence, num_reqs=num_reqs,
+                                max_reqs=MAX_REQS, steps=STEPS, padding_rows=(1, 3) if options.get("padding") else (),
+                                temperatures=options.get("temperatures", (0.0, 0.6, 1.0, 1.7)),
+                                query_per_req=STEPS + 1 if options.get("one_plus_n") else None)
+    plain, with_hook = run_both_modes(spec, num_reqs)
+    assert_same(plain, with_hook)
+    assert bool((plain.draft_tokens[num_reqs:] == -5).all())
+    if options["d2t"]:
+        mapped = torch.zeros(TARGET_VOCAB, dtype=torch.bool)
+        mapped[spec._d2t_scatter_index] = True
+        assert bool(mapped[with_hook.draft_tokens[:num_reqs]].all()), "a token outside the draft vocabulary's ids"
+    if confidence:
+        assert torch.equal(plain.draft_token_confidence_probs, with_hook.draft_token_confidence_probs)
+        assert bool((with_hook.draft_token_confidence_probs[:num_reqs] != -2.0).all())
+    written = with_hook.draft_logits[with_hook.draft_logits != -3.0]
+    assert written.numel() > 0 and bool(torch.isinf(written).any())  # -inf outside the mapped ids / candidates
+
+
+@pytest.mark.parametrize("case", ["reduced vocabulary, mixed T, padding", "top-k 40 + reduced vocabulary, mixed T, padding",
+                                  "top-k 8, mixed T, padding"])
+def test_modes_equal_vllm_loop_fused(hooked_modes, monkeypatch, case):
+    """The Triton designs of the modes (interpreter; impl 'fused') through the hook, bit for bit."""
+    monkeypatch.setenv(hook.IMPL_ENV, "fused")
+    options = MODE_CASES[case]
+    gen = torch.Generator().manual_seed(77)
+    model = make_qwen3_model(gen, target_vocab=TARGET_VOCAB, draft_vocab=DRAFT_VOCAB if options["d2t"] else TARGET_VOCAB,
+                             rank=RANK, hidden=HIDDEN, d2t=options["d2t"])
+    spec = make_mode_speculator(model, gen, top_k=options["top_k"], num_reqs=4, max_reqs=4, steps=STEPS,
+                                padding_rows=(1,), temperatures=(1.0, 0.0, 0.6))
+    plain, with_hook = run_both_modes(spec, 4)
+    assert_same(plain, with_hook)
+    assert hook._states[with_hook].impl == "fused"

@@ -69,7 +69,7 @@ def _fill_unmapped_kernel(
         ok = j < num_fill
         cols = tl.load(fill_ptr + j, mask=ok, other=0)
         row_ptr = cache_ptr + slot * stride_cs + (sample % num_steps) * cache_vocab
-        tl.store(row_ptr + cols, tl.full([BLOCK], float("-inf"), cache_ptr.dtype.element_ty), mask=ok)
+        tl.store(row_ptr + cols, round_to(tl.full([BLOCK], float("-inf"), tl.float32), cache_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit(do_not_specialize=["step"])

@@ -128,7 +128,7 @@ def _top_k_cache_kernel(
         row_ptr = cache_ptr + slot * stride_cs + step * width
         start = tile * BLOCK
         cols = start + tl.arange(0, BLOCK)
-        tl.store(row_ptr + cols, tl.full([BLOCK], float("-inf"), cache_ptr.dtype.element_ty), mask=cols < width)
+        tl.store(row_ptr + cols, round_to(tl.full([BLOCK], float("-inf"), tl.float32), cache_ptr.dtype.element_ty), mask=cols < width)
         # The candidates overwrite their -inf: a barrier orders the two stores of one program.
         tl.debug_barrier()
         cand = tl.arange(0, KB)

@@ -10,7 +10,9 @@ calls in each of its processes at start-up. It does nothing unless the one setti
 
 When on, it wraps ``DSparkSpeculator.load_draft_model`` so that the loaded draft model's class, if
 it is one of vLLM's NVIDIA DSpark draft models (``MODEL_CLASSES``) and has no ``sample_sequential``
-of its own (the AMD DeepSeek-V4.1 class keeps vLLM's), gets the hook of :mod:`.hook`. Optional:
+of its own (the AMD DeepSeek-V4.1 class keeps vLLM's), gets the hook of :mod:`.hook`; it also wraps
+``DSparkSpeculator._sample_sequential_topk`` (top-k drafting, which vLLM runs without asking the
+model) so that models with the hook draft that mode through it too. Optional:
 ``DSPARK_MARKOV_VLLM_IMPL`` picks the design (default ``auto``).
 
 How to see that it is active: the INFO lines ``dspark-markov: ...`` in vLLM's log (enabled,
@@ -92,6 +94,25 @@ def _wrap_load_draft_model(speculator_cls) -> None:
     speculator_cls.load_draft_model = load_draft_model
 
 
+def _wrap_sample_sequential_topk(speculator_cls) -> None:
+    """Top-k drafting: vLLM's ``_sample_sequential`` calls ``_sample_sequential_topk`` without asking
+    the model, so the hook sits on that method; it drafts only for models that have the hook."""
+    original = getattr(speculator_cls, "_sample_sequential_topk", None)
+    if original is None or getattr(original, "dspark_markov", False):
+        return
+
+    def _sample_sequential_topk(self, num_reqs, head_hidden):
+        hooked = getattr(getattr(type(self.model), "sample_sequential", None), "dspark_markov", False)
+        if hooked and hook.sample_sequential_topk(self, num_reqs, head_hidden):
+            return None
+        return original(self, num_reqs, head_hidden)
+
+    _sample_sequential_topk.dspark_markov = True
+    _sample_sequential_topk.__wrapped__ = original
+    _sample_sequential_topk.__doc__ = original.__doc__
+    speculator_cls._sample_sequential_topk = _sample_sequential_topk
+
+
 def register() -> None:
     """vLLM's general-plugin entry point (idempotent; see the module docstring)."""
     mode = os.environ.get(ENV, "").strip().lower()
@@ -120,7 +141,9 @@ def register() -> None:
         return
     import importlib
 
-    _wrap_load_draft_model(importlib.import_module(_SPECULATOR).DSparkSpeculator)
+    speculator_cls = importlib.import_module(_SPECULATOR).DSparkSpeculator
+    _wrap_load_draft_model(speculator_cls)
+    _wrap_sample_sequential_topk(speculator_cls)
     _registered.update(enabled=True, reason="", version=version, mode=mode)
     hook.log_once(logging.INFO, "dspark-markov: DSpark sample_sequential plugin on (vLLM %s, %s=%s, impl=%s)",
                   version, ENV, mode, hook._impl())

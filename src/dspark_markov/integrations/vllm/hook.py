@@ -28,6 +28,17 @@ sizes) add the products in another order, so a bias value can differ in its last
 vLLM's own AMD hook (``fused_markov.py``) does. That changes which tokens are proposed, never the
 target's output (the rejection sampler verifies against the cache that was written).
 
+Drafting modes (issue 17), computed as vLLM computes them (``tests/integrations/test_vllm.py``
+against vLLM's own ``_sample_sequential`` / ``_sample_sequential_topk``, bit for bit on the CPU):
+
+- a reduced draft vocabulary (the speculator's ``_d2t_scatter_index``): ``MarkovHead(..., d2t=)``,
+  cache rows, keys and tokens in target ids (README "Id spaces");
+- top-k drafting (``_draft_topk``): vLLM's ``_sample_sequential`` goes to
+  ``_sample_sequential_topk`` without asking the model, so the plugin wraps that method
+  (:func:`sample_sequential_topk`); ``MarkovSampler(draft_top_k=k)``;
+- the confidence head: the sampler hands back each step's ``W1[prev]`` (``markov_embeds``) and
+  the hook calls the model's ``compute_confidence`` on them as vLLM's loop does.
+
 Everything else is declined (:func:`why_not`, one log line per reason): see ``DECLINED``.
 This module imports no vLLM: it reads the speculator's attributes only, so it also runs on a
 stand-in speculator (the GPU check, where vLLM is not installed).
@@ -50,8 +61,8 @@ DECLINED = (
     "top-k drafting (dspark_draft_topk)",
     "greedy drafts (no draft logits cache)",
     "a draft watermarker",
-    "a reduced draft vocabulary",
-    "the confidence head",
+    "a reduced draft vocabulary without a matching d2t scatter index",
+    "the confidence head without compute_confidence / draft_token_confidence_probs",
     "the acceptance estimator",
     "an output logit transform",
     "a soft-capped or fp32 Markov projection",
@@ -84,12 +95,14 @@ def _is_off(value) -> bool:
     return value is None or value is False
 
 
-def why_not(spec, num_reqs: int) -> str | None:
+def why_not(spec, num_reqs: int, *, top_k: bool = False) -> str | None:
     """Why this call is left to vLLM's loop, or ``None`` when the hook computes it as the loop does.
 
-    Reads attributes only (host side: no device synchronisation, nothing written).
+    ``top_k``: the call is ``_sample_sequential_topk``'s. Reads attributes only (host side: no
+    device synchronisation, nothing written).
     """
-    if getattr(spec, "_draft_topk", None) is not None:
+    draft_top_k = getattr(spec, "_draft_topk", None)
+    if (draft_top_k is not None) != top_k:
         return DECLINED[0]
     model = spec.model
     head = getattr(getattr(model, "model", None), "markov_head", None)
@@ -100,9 +113,12 @@ def why_not(spec, num_reqs: int) -> str | None:
         return DECLINED[1]
     if not _is_off(getattr(spec, "draft_watermarker", None)):
         return DECLINED[2]
-    if getattr(spec, "_d2t_scatter_index", None) is not None or getattr(model, "draft_id_to_target_id", None) is not None:
+    scatter = getattr(spec, "_d2t_scatter_index", None)
+    if (scatter is None) != (getattr(model, "draft_id_to_target_id", None) is None):
         return DECLINED[3]
-    if getattr(spec, "use_confidence_head", False):
+    if getattr(spec, "use_confidence_head", False) and not (
+            callable(getattr(model, "compute_confidence", None))
+            and isinstance(getattr(spec, "draft_token_confidence_probs", None), torch.Tensor)):
         return DECLINED[4]
     if getattr(spec, "acceptance_estimator", None) is not None:
         return DECLINED[5]
@@ -129,14 +145,23 @@ def why_not(spec, num_reqs: int) -> str | None:
         return DECLINED[8] + " (layout)"
     if not (weight1.is_contiguous() and weight2.is_contiguous()):
         return DECLINED[8] + " (not contiguous)"
-    vocab = int(getattr(processor, "org_vocab_size", weight2.shape[0]))
+    vocab = int(getattr(processor, "org_vocab_size", weight2.shape[0]))  # the draft vocabulary V_d
     if cache.dtype != torch.bfloat16:
         return DECLINED[9] + f" ({cache.dtype})"
     steps = int(spec.num_speculative_steps)
-    if cache.dim() != 3 or cache.shape[1] != steps or cache.shape[2] != vocab or cache.stride(-1) != 1:
-        return f"a draft logits cache of shape {tuple(cache.shape)} (expected [max_num_reqs, {steps}, {vocab}])"
-    if weight2.shape[0] < vocab or weight1.shape[0] < vocab:
-        return f"Markov weights of {weight1.shape[0]} / {weight2.shape[0]} rows for a vocabulary of {vocab}"
+    width = vocab if scatter is None else int(getattr(spec, "vocab_size", cache.shape[-1]))  # the cache's vocabulary
+    if cache.dim() != 3 or cache.shape[1] != steps or cache.shape[2] != width or cache.stride(-1) != 1:
+        return f"a draft logits cache of shape {tuple(cache.shape)} (expected [max_num_reqs, {steps}, {width}])"
+    if weight2.shape[0] < vocab or weight1.shape[0] < width:
+        return f"Markov weights of {weight1.shape[0]} / {weight2.shape[0]} rows for a vocabulary of {width} / {vocab}"
+    if scatter is not None and not (isinstance(scatter, torch.Tensor) and scatter.dtype == torch.int64
+                                    and scatter.dim() == 1 and scatter.shape[0] == vocab and width >= vocab):
+        return DECLINED[3] + " (its shape or dtype)"
+    if top_k:
+        if isinstance(draft_top_k, bool) or not isinstance(draft_top_k, int) or not 1 <= draft_top_k <= vocab:
+            return f"dspark_draft_topk = {draft_top_k!r} (expected an int in [1, {vocab}])"
+        if not callable(getattr(model, "apply_markov_bias_gathered", None)):
+            return "top-k drafting without the model's apply_markov_bias_gathered"
     if not 1 <= num_reqs <= spec.draft_tokens.shape[0]:
         return DECLINED[12] + f" ({num_reqs})"
     if getattr(spec, "use_fp64_gumbel", False):
@@ -180,13 +205,25 @@ class _State:
         scale = float(getattr(spec.model.logits_processor, "scale", 1.0))
         self.key = self.key_of(spec, head_module, vocab)
         # W2 has padding rows past the vocabulary (ParallelLMHead pads to 64); vLLM slices them off.
-        self.head = MarkovHead(weight1.detach(), weight2[:vocab].detach(), scale)  # views, no copies
+        scatter = getattr(spec, "_d2t_scatter_index", None)
+        if scatter is None:
+            self.head = MarkovHead(weight1.detach(), weight2[:vocab].detach(), scale)  # views, no copies
+        else:  # a reduced draft vocabulary: vLLM scatters draft id j to column _d2t_scatter_index[j]
+            d2t = scatter - torch.arange(vocab, device=scatter.device, dtype=scatter.dtype)
+            self.head = MarkovHead(weight1.detach(), weight2[:vocab].detach(), scale, d2t=d2t,
+                                   target_vocab_size=int(spec.draft_logits.shape[2]))  # one host read of d2t
         self.impl = _impl()
         self.steps = int(spec.num_speculative_steps)
         self.max_rows = spec.draft_tokens.shape[0]
+        self.top_k = getattr(spec, "_draft_topk", None)
         self.samplers = {}  # bucket -> MarkovSampler
         input_ids = spec.input_buffers.input_ids
         self.anchor = torch.zeros(self.max_rows, dtype=input_ids.dtype, device=input_ids.device)  # [max_rows]
+        # The confidence head's inputs, [max_rows, N, R_k] (MarkovSampler.sample(markov_embeds=)).
+        self.embeds = None
+        if getattr(spec, "use_confidence_head", False):
+            self.embeds = torch.zeros(self.max_rows, self.steps, self.head.rank, dtype=self.head.dtype,
+                                      device=weight1.device)
 
     def sampler(self, rows: int) -> MarkovSampler:
         """The sampler of ``rows``' bucket (built at its first call; ``ValueError`` if it cannot run)."""
@@ -194,16 +231,18 @@ class _State:
         sampler = self.samplers.get(size)
         if sampler is None:
             sampler = MarkovSampler(self.head, self.steps, size, cache_dtype=torch.bfloat16, method="gumbel",
-                                    impl=self.impl)
+                                    impl=self.impl, draft_top_k=self.top_k)
             self.samplers[size] = sampler
         return sampler
 
     @staticmethod
     def key_of(spec, head_module, vocab):
         w1, w2 = head_module.markov_w1.weight, head_module.markov_w2.weight
+        scatter = getattr(spec, "_d2t_scatter_index", None)
         return (w1.data_ptr(), w2.data_ptr(), tuple(w1.shape), tuple(w2.shape), vocab, _impl(),
                 float(getattr(spec.model.logits_processor, "scale", 1.0)), int(spec.num_speculative_steps),
-                spec.draft_tokens.shape[0])
+                spec.draft_tokens.shape[0], None if scatter is None else scatter.data_ptr(),
+                getattr(spec, "_draft_topk", None), bool(getattr(spec, "use_confidence_head", False)))
 
 
 def _state(spec, vocab: int) -> _State:
@@ -223,13 +262,26 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
     """``DSparkSpeculator._sample_sequential`` through a :class:`MarkovSampler`.
 
     Returns False, having written nothing, for a call :func:`why_not` declines (logged once per
-    reason). Otherwise writes ``spec.draft_tokens[:num_reqs]`` ``[R, N]`` int64 and the
-    ``spec.draft_logits`` ``[S, N, V]`` bf16 rows of live samples, and returns True.
+    reason). Otherwise writes ``spec.draft_tokens[:num_reqs]`` ``[R, N]`` int64, the
+    ``spec.draft_logits`` ``[S, N, V]`` bf16 rows of live samples (and, with the confidence head,
+    ``spec.draft_token_confidence_probs[:num_reqs]``), and returns True.
     """
-    why = why_not(spec, num_reqs)
+    return _run(spec, num_reqs, head_hidden, top_k=False)
+
+
+@torch.no_grad()
+def sample_sequential_topk(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
+    """``DSparkSpeculator._sample_sequential_topk`` (``dspark_draft_topk``) through a
+    :class:`MarkovSampler` with ``draft_top_k``; returns and writes as :func:`sample_sequential`."""
+    return _run(spec, num_reqs, head_hidden, top_k=True)
+
+
+def _run(spec, num_reqs: int, head_hidden: torch.Tensor, *, top_k: bool) -> bool:
+    why = why_not(spec, num_reqs, top_k=top_k)
     if why is None:
         try:
-            state = _state(spec, int(spec.draft_logits.shape[2]))
+            vocab = int(getattr(spec.model.logits_processor, "org_vocab_size", spec.draft_logits.shape[2]))
+            state = _state(spec, vocab)
             sampler = state.sampler(num_reqs)
         except ValueError as error:  # e.g. DSPARK_MARKOV_VLLM_IMPL names a design that cannot run here
             why = f"MarkovSampler refused: {error}"
@@ -249,35 +301,54 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
         stats["loop_rest"] += 1
         log_once(logging.INFO, "dspark-markov: vLLM's loop drafts from %s base logits of shape %s",
                  base_logits.dtype, tuple(base_logits.shape))
-        _loop_rest(spec, num_reqs, base_logits)
+        _loop_rest(spec, num_reqs, base_logits, sample_hidden, top_k=top_k)
         return True
 
     anchor = state.anchor[:num_reqs]
     torch.index_select(spec.input_buffers.input_ids, 0, spec._anchor_idx[:num_reqs], out=anchor)
+    embeds = None if state.embeds is None else state.embeds[:num_reqs]
     try:
         sampler.sample(base_logits.view(num_reqs, n_spec, vocab), anchor, spec.sample_idx_mapping[:num_sample],
                        spec.sample_pos[:num_sample], spec.temperature, spec.seeds,
-                       draft_tokens=spec.draft_tokens[:num_reqs], logits_cache=spec.draft_logits, check_values=False)
+                       draft_tokens=spec.draft_tokens[:num_reqs], logits_cache=spec.draft_logits, check_values=False,
+                       markov_embeds=embeds)
     except ValueError as error:  # raised before anything is written (SPEC.md section 7)
         stats["loop_rest"] += 1
         log_once(logging.WARNING, "dspark-markov: MarkovSampler refused a step (%s); vLLM's loop drafts it", error)
-        _loop_rest(spec, num_reqs, base_logits)
+        _loop_rest(spec, num_reqs, base_logits, sample_hidden, top_k=top_k)
         return True
+    if embeds is not None:  # vLLM: compute_confidence(sample_hidden, stack(markov_embeds, 1).flatten(0, 1))
+        confidence = spec.model.compute_confidence(sample_hidden, embeds.flatten(0, 1))
+        spec.draft_token_confidence_probs[:num_reqs] = confidence.view(num_reqs, n_spec)
     stats["taken"] += 1
     return True
 
 
-def _loop_rest(spec, num_reqs: int, base_logits: torch.Tensor) -> None:
-    """vLLM's loop from its base logits on (the lines of ``_sample_sequential`` after
-    ``compute_draft_logits``; confidence head and logit transform are declined before)."""
+def _loop_rest(spec, num_reqs: int, base_logits: torch.Tensor, sample_hidden: torch.Tensor, *,
+               top_k: bool = False) -> None:
+    """vLLM's loop from its base logits on (the lines of ``_sample_sequential`` or
+    ``_sample_sequential_topk`` after ``compute_draft_logits``; the logit transform is declined before)."""
     n_spec = spec.num_speculative_steps
     num_sample = num_reqs * n_spec
     base_logits = base_logits.view(num_reqs, n_spec, base_logits.shape[-1])
+    if top_k:
+        base_values, draft_indices = base_logits.topk(spec._draft_topk, dim=-1)
+        base_logits.fill_(float("-inf"))
     idx_map = spec.sample_idx_mapping[:num_sample].view(num_reqs, n_spec)
     sample_pos = spec.sample_pos[:num_sample].view(num_reqs, n_spec)
     prev = spec.input_buffers.input_ids[spec._anchor_idx[:num_reqs]]
+    embeds = []
     for i in range(n_spec):
-        bias = spec.model.markov_bias(spec.model.markov_embed(prev))
-        draft = spec._sample_logits(base_logits[:, i] + bias, idx_map[:, i], sample_pos[:, i], i)
+        markov_embed = spec.model.markov_embed(prev)
+        embeds.append(markov_embed)
+        if top_k:
+            logits_i = spec.model.apply_markov_bias_gathered(markov_embed, base_logits[:, i], base_values[:, i],
+                                                             draft_indices[:, i])
+        else:
+            logits_i = base_logits[:, i] + spec.model.markov_bias(markov_embed)
+        draft = spec._sample_logits(logits_i, idx_map[:, i], sample_pos[:, i], i)
         spec.draft_tokens[:num_reqs, i] = draft
         prev = draft
+    if getattr(spec, "use_confidence_head", False):
+        confidence = spec.model.compute_confidence(sample_hidden, torch.stack(embeds, dim=1).flatten(0, 1))
+        spec.draft_token_confidence_probs[:num_reqs] = confidence.view(num_reqs, n_spec)
