@@ -93,10 +93,13 @@ def check_modes_draws(head, inputs, tokens, cache, *, draft_top_k=None, exact=Tr
             ids = target_ids(head, candidates[:, step])
             magnitude = (head.head_weight[candidates[:, step]].float().abs()
                          @ head.embed_weight[prev].float().abs().unsqueeze(-1)).squeeze(-1)
+            bias_rounding = torch.zeros_like(magnitude)  # one rounding of values + scale * sum
         else:
-            z = (base[:, step].float() + head.bias(prev).float()).to(cache.dtype)
+            bias = head.bias(prev).float()
+            z = (base[:, step].float() + bias).to(cache.dtype)
             ids = head.d2t_index if head.d2t_index is not None else torch.arange(base.shape[-1], device=base.device)
             magnitude = head.embed_weight[prev].float().abs() @ head.head_weight.float().abs().t()
+            bias_rounding = 3 * 2.0**-7 * bias.abs()  # the bias's bf16 rounding (twice with scale != 1)
         want = scatter_row(z, ids, width)
         own = cache[slots_rs[:, step].long().clamp_min(0), step]
         got_live, want_live = own[live].float(), want[live].float()
@@ -104,9 +107,10 @@ def check_modes_draws(head, inputs, tokens, cache, *, draft_top_k=None, exact=Tr
             same = (got_live == want_live) | (torch.isnan(got_live) & torch.isnan(want_live))
             assert bool(same.all()), f"step {step}: cached row differs from the reference"
         else:
-            bias_ulp = 2.0**-7 * z.float().abs() + 2.0**-126  # one bf16 rounding of the bias (dense)
-            bound = head.rank * 2.0**-23 * abs(head.scale) * magnitude + 2 * bias_ulp
-            slack = scatter_row(bound.float() + 2.0**-8 * z.float().abs(), ids, width)[live]
+            # the reordered fp32 sum over the rank, the bias rounding, one ulp of z in the cache dtype
+            z_ulp = (2.0**-7 if cache.dtype == torch.bfloat16 else 2.0**-23) * z.float().abs() + 2.0**-126
+            bound = head.rank * 2.0**-23 * abs(head.scale) * magnitude + bias_rounding + z_ulp
+            slack = scatter_row(bound.float(), ids, width)[live]
             inf_same = torch.isinf(want_live) == torch.isinf(got_live)
             assert bool(inf_same.all()), f"step {step}: -inf entries differ from the reference"
             finite = ~torch.isinf(want_live)

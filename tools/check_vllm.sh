@@ -8,7 +8,9 @@
 # 2. tools/extract_vllm.py: vLLM's gumbel_sample into .vllm-cache/ (the benchmark's vllm_loop baseline).
 # 3. The tests that need vLLM, under Triton's interpreter (CUDA_VISIBLE_DEVICES= so that vLLM keeps Triton on a
 #    machine without a GPU): tests/integrations/test_vllm.py (vLLM's _sample_sequential with and without the hook,
-#    bit for bit; every declined case; version guard; entry point) and the vllm_loop tests of tests/bench/test_bench.py.
+#    bit for bit, also with a reduced vocabulary, top-k drafting and the confidence head (issue 17); every declined
+#    case; version guard; entry point), the vllm_loop tests of tests/bench/test_bench.py and the modes' baseline
+#    (tests/bench/test_vllm_modes.py).
 # The output is written to benchmarks/results/vllm_check_<date>.txt as well. Exit status: pytest's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,7 +35,7 @@ out="benchmarks/results/vllm_check_$(date -u +%F).txt"
 {
   echo "# tools/check_vllm.sh, $(date -u +%FT%TZ), git $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src tests tools || echo '+local changes')"
   "$PY" -c "import importlib.metadata as m, platform; print('# python', platform.python_version(), '| vllm', m.version('vllm'), '| torch', m.version('torch'), '| triton', m.version('triton'), '| TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= (CPU)')"
-  "$PY" -m pytest -v -p no:cacheprovider -rxXs tests/integrations/test_vllm.py tests/bench/test_bench.py -k "vllm or Vllm or test_vllm" "$@" 2>&1 \
+  "$PY" -m pytest -v -p no:cacheprovider -rxXs tests/integrations/test_vllm.py tests/bench/test_bench.py tests/bench/test_vllm_modes.py -k "vllm or Vllm or test_vllm" "$@" 2>&1 \
     | grep -v -e "^WARNING: Location" -e "^W[0-9]\{4\} "
   echo "# pytest exit status ${PIPESTATUS[0]}"
 } | tee "$out"
