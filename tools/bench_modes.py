@@ -5,7 +5,8 @@
 Cases (DeepSeek-V4.1 target vocabulary V_t = 129,280, rank 256, N = 5, bf16 weights/logits/cache,
 mixed T = 1 / 0.6 / 0 rows and a padding row):
 - ``d2t``: a reduced draft vocabulary of V_d = 32,000 (random distinct target ids), dense bias;
-  ours ``MarkovSampler(impl="fused")`` vs vLLM's ``_sample_sequential`` with its ``index_copy_``;
+  ours ``MarkovSampler(impl="fused")`` (and ``"chain"`` up to 16 rows) vs vLLM's
+  ``_sample_sequential`` with its ``index_copy_``;
 - ``topk+d2t``: top-k drafting on that head; ours ``draft_top_k=k, impl="fused"`` vs
   ``_sample_sequential_topk``;
 - ``topk``: top-k drafting on a full-vocabulary head (V = 129,280).
@@ -111,9 +112,14 @@ def main(argv=None):
             try:
                 sampler = dm.MarkovSampler(head, STEPS, rows, impl="fused", draft_top_k=top_k)
                 loop = VllmModesLoop(head, STEPS, rows, gumbel_sample, draft_top_k=top_k)
-                for name, fn_of in (("ours", lambda t, c: sampler.sample(*inputs, draft_tokens=t, logits_cache=c,
-                                                                         check_values=False)),
-                                    ("vllm", lambda t, c: loop.run(*inputs, t, c))):
+                designs = [("ours", lambda t, c: sampler.sample(*inputs, draft_tokens=t, logits_cache=c,
+                                                                check_values=False)),
+                           ("vllm", lambda t, c: loop.run(*inputs, t, c))]
+                if case == "d2t" and rows <= 16:  # the persistent chain takes up to 16 rows
+                    chain = dm.MarkovSampler(head, STEPS, rows, impl="chain")
+                    designs.append(("chain", lambda t, c: chain.sample(*inputs, draft_tokens=t, logits_cache=c,
+                                                                       check_values=False)))
+                for name, fn_of in designs:
                     tokens = torch.zeros(rows, STEPS, dtype=torch.int64, device="cuda")
                     cache = torch.zeros(slots, STEPS, TARGET_V, dtype=torch.bfloat16, device="cuda")
                     graph = capture_graph(lambda: fn_of(tokens, cache))
@@ -139,10 +145,16 @@ def main(argv=None):
                           ours_bandwidth_fraction=ours_bytes / (summary["ours"].median * 1e3) / bandwidth.copy_gbps,
                           tokens_equal=match, cache_equal=cache_match,
                           setup_s=time.perf_counter() - started)
+            if "chain" in summary:
+                record.update(chain_us=summary["chain"].median, chain_low=summary["chain"].low,
+                              chain_high=summary["chain"].high,
+                              chain_speedup=summary["vllm"].median / summary["chain"].median,
+                              chain_tokens_equal_fused=torch.equal(runs["chain"][1], runs["ours"][1]))
             records.append(record)
             print(f"rows {rows:4d} {case:9s} ours {record['ours_us']:8.1f} us  vLLM {record['vllm_us']:8.1f} us  "
                   f"x{record['speedup']:.2f}  bw {record['ours_bandwidth_fraction']:.2f}  tokens equal {match} "
-                  f"cache equal {cache_match}", flush=True)
+                  f"cache equal {cache_match}" + (f"  chain {record['chain_us']:.1f} us x{record['chain_speedup']:.2f}"
+                                                   if "chain_us" in record else ""), flush=True)
             del runs
         (args.out / f"{stem}.json").write_text(json.dumps(dict(environment=env, records=records), indent=1))
         fields = sorted({key for record in records for key in record})

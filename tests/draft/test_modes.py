@@ -155,8 +155,8 @@ def test_d2t_twice_and_bad_top_k_and_unsupported_designs():
                        (2.0, "draft_top_k: expected an int"), (True, "draft_top_k: expected an int")):
         with pytest.raises(ValueError, match=message):
             dm.MarkovSampler(head, 3, 4, impl="reference", draft_top_k=k)
-    with pytest.raises(ValueError, match="d2t: impl 'chain' has no reduced draft vocabulary"):
-        dm.MarkovSampler(head, 3, 4, impl="chain")
+    with pytest.raises(ValueError, match="d2t: impl 'gumbel_fused' has no reduced draft vocabulary"):
+        dm.MarkovSampler(head, 3, 4, impl="gumbel_fused")
     with pytest.raises(ValueError, match="impl: expected one of 'reference', 'fused'"):
         dm.MarkovSampler(head, 3, 4, impl="chain", draft_top_k=4)
     inputs = modes_inputs(4, 3, DRAFT_V, TARGET_V)
@@ -222,3 +222,11 @@ def test_fused_d2t_equals_the_reference(cache_dtype, scale, ordered):
     assert torch.equal(embeds, markov_embeds_of(head, inputs["anchor"], tokens))
     with pytest.raises(ValueError, match="method: impl 'fused' with a reduced vocabulary"):
         dm.MarkovSampler(head, 3, 5, impl="fused", method="inverse_cdf")
+
+
+def test_chain_d2t_equals_the_reference():
+    head = exact_head(DRAFT_V, TARGET_V, 16, scale=0.5, exact=False)
+    inputs = modes_inputs(5, 3, DRAFT_V, TARGET_V)
+    tokens, cache = modes_outputs(head, inputs, torch.bfloat16)
+    dm.MarkovSampler(head, 3, 5, impl="chain").sample(**inputs, draft_tokens=tokens, logits_cache=cache)
+    check_modes_draws(head, inputs, tokens, cache, exact=False)

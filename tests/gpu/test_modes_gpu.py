@@ -30,7 +30,8 @@ def run(head, rows, cache_dtype=torch.bfloat16, **options):
     inputs = modes_inputs(rows, STEPS, head.draft_vocab_size, TARGET_V, device="cuda", extra_slots=2)
     tokens, cache = modes_outputs(head, inputs, cache_dtype)
     embeds = torch.zeros(rows, STEPS, RANK, dtype=head.dtype, device="cuda")
-    sampler = dm.MarkovSampler(head, STEPS, rows, cache_dtype=cache_dtype, impl="fused", **options)
+    options.setdefault("impl", "fused")
+    sampler = dm.MarkovSampler(head, STEPS, rows, cache_dtype=cache_dtype, **options)
     sampler.sample(**inputs, draft_tokens=tokens, logits_cache=cache, markov_embeds=embeds)
     torch.cuda.synchronize()
     check_modes_draws(head, inputs, tokens, cache, draft_top_k=options.get("draft_top_k"), exact=False)
@@ -42,6 +43,12 @@ def run(head, rows, cache_dtype=torch.bfloat16, **options):
 @pytest.mark.parametrize("rows", [1, 16, 64, 253])
 def test_fused_d2t_full_shape(rows):
     run(full_head(seed=rows), rows)
+
+
+@pytest.mark.parametrize("rows", [1, 16])
+def test_chain_d2t_full_shape(rows):
+    sampler, _ = run(full_head(seed=rows + 1), rows, impl="chain")
+    sampler.check()  # no barrier gave up
 
 
 @pytest.mark.parametrize("rows", [1, 16, 64, 253])

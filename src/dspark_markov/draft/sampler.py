@@ -86,7 +86,7 @@ class MarkovSampler:
         cls = registry.load(family, impl)
         registry.check_draft_backend(cls, impl, method=method, device=device, max_rows=max_rows)
         if head.d2t_index is not None and not getattr(cls, "D2T", False):
-            raise ValueError(f"d2t: impl {impl!r} has no reduced draft vocabulary; use 'fused' or 'reference'")
+            raise ValueError(f"d2t: impl {impl!r} has no reduced draft vocabulary; use 'fused', 'chain' or 'reference'")
         if impl not in ("reference", registry.AUTO):  # Triton designs: the CPU needs the interpreter
             check_triton_runs(impl, device)
         if fp64 and impl != "reference":

@@ -34,6 +34,10 @@ but meaningless, and :meth:`ChainBackend.check` raises :class:`~dspark_markov.De
 the device-status protocol of :mod:`dspark_markov.registry`). Triton's interpreter runs programs one
 after another, so there the chain runs with one program (``P = 1``: no waits).
 
+Reduced vocabulary (``head.d2t``): the tiles run over the draft vocabulary; the cache columns, the
+keys' ids and the packed words' indices are target ids, and each program also writes ``-inf`` at its
+share of the unmapped target ids of the step's live rows (``R N (V_t - V) c`` bytes).
+
 Bytes per call: ``V * R_k * w`` of W2 per step (from HBM at the first, partly from L2 after), twice
 for a program that falls back to exact keys; ``R * N * V * u`` of base logits read;
 ``R * N * V * c`` of cache written; ``R * N * (R_k * w + 24)`` of codes, words and tokens.
@@ -95,13 +99,15 @@ def _read_words(step_words, rows, row_ok, counter_ptr, floor, SLOTS: tl.constexp
 
 
 @triton.jit
-def _tile_logits(head_ptr, codes, tile, base_ptr, rows, row_ok, step, vocab, stride_br, stride_bn, scale,
+def _tile_logits(head_ptr, codes, tile, base_ptr, rows, row_ok, step, vocab, stride_br, stride_bn, scale, d2t_ptr,
                  cache_dtype: tl.constexpr, RK: tl.constexpr, BLOCK_V: tl.constexpr, SCALED: tl.constexpr,
-                 UPCAST: tl.constexpr, IEEE_DOT: tl.constexpr, EVICT: tl.constexpr):
-    """One tile of one step: ``(z in the cache dtype, z as fp32, cols, mask)``, ``[BLOCK_R, BLOCK_V]``.
+                 UPCAST: tl.constexpr, IEEE_DOT: tl.constexpr, EVICT: tl.constexpr, D2T: tl.constexpr):
+    """One tile of one step: ``(z in the cache dtype, z as fp32, token ids, mask)``, ``[BLOCK_R, BLOCK_V]``.
 
     The bias ``codes @ W2_tile^T`` is accumulated in fp32 on tensor cores and rounded once to the
-    weight dtype (again after ``scale``); ``z = round(base + bias)`` to the cache dtype.
+    weight dtype (again after ``scale``); ``z = round(base + bias)`` to the cache dtype. The token
+    ids (the cache columns and the keys' ids) are the tile's columns, or with ``D2T`` their target
+    ids (README "Id spaces").
     """
     cols = tile * BLOCK_V + tl.arange(0, BLOCK_V)
     col_ok = cols < vocab
@@ -123,7 +129,11 @@ def _tile_logits(head_ptr, codes, tile, base_ptr, rows, row_ok, step, vocab, str
     base = tl.load(base_ptr + rows[:, None].to(tl.int64) * stride_br + step * stride_bn + cols[None, :],
                    mask=mask, other=0.0, eviction_policy="evict_first")
     z = biased_logits(base, bias, cache_dtype)  # one rounding (SPEC.md 3)
-    return z, to_float32(z), cols, mask
+    if D2T:
+        tokens = tl.load(d2t_ptr + cols, mask=col_ok, other=0)
+    else:
+        tokens = cols
+    return z, to_float32(z), tokens, mask
 
 
 @triton.jit
@@ -141,11 +151,14 @@ def _chain_kernel(
     words_ptr,  # [N, SLOTS, BLOCK_R] int64 scratch: each step's packed best words (INT64_MIN between calls)
     sync_ptr,  # [N + 1] int32 scratch: arrival counter per step, then the exit counter (0 between calls)
     status_ptr,  # [1] int32: bit 0 set when a barrier gave up waiting
+    d2t_ptr,  # [V] int32 target id of each draft id (D2T only)
+    fill_ptr,  # [V_t - V] int32 target ids no draft id maps to (D2T only)
     num_rows, vocab, embed_rows, num_slots, num_steps, num_tiles, num_programs,
-    stride_br, stride_bn, stride_cs, stride_tr, scale, filter_margin,
+    stride_br, stride_bn, stride_cs, stride_tr, scale, filter_margin, cache_vocab, num_fill,
     RK: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
     NUM_STAGES: tl.constexpr, SCALED: tl.constexpr, UPCAST: tl.constexpr, IEEE_DOT: tl.constexpr,
-    HARDWARE_LOG2: tl.constexpr, SPIN: tl.constexpr, SLOTS: tl.constexpr,
+    HARDWARE_LOG2: tl.constexpr, SPIN: tl.constexpr, SLOTS: tl.constexpr, D2T: tl.constexpr,
+    BLOCK_FILL: tl.constexpr,
 ):
     program = tl.program_id(0)
     rows = tl.arange(0, BLOCK_R)
@@ -160,7 +173,7 @@ def _chain_kernel(
             prev = tl.load(anchor_ptr + rows, mask=row_ok, other=0).to(tl.int64)
         else:
             prev = _word_token(_read_words(words_ptr + (step - 1) * SLOTS * BLOCK_R, rows, row_ok, sync_ptr + step - 1,
-                                           floor, SLOTS, BLOCK_R), vocab).to(tl.int64)
+                                           floor, SLOTS, BLOCK_R), cache_vocab).to(tl.int64)
         prev = tl.minimum(tl.maximum(prev, 0), embed_rows - 1)
         codes = tl.load(embed_ptr + prev[:, None] * RK + ks[None, :], mask=row_ok[:, None], other=0.0)
         # Per-row keys: padding and out-of-range slots are greedy (T = 0, seed 0) and write nothing.
@@ -181,10 +194,10 @@ def _chain_kernel(
         for i in tl.range(0, owned, num_stages=NUM_STAGES):
             tile = program + tl.where(forward, i, owned - 1 - i) * num_programs
             z, logits, cols, mask = _tile_logits(head_ptr, codes, tile, base_ptr, rows, row_ok, step, vocab,
-                                                 stride_br, stride_bn, scale, cache_dtype, RK, BLOCK_V, SCALED,
-                                                 UPCAST, IEEE_DOT, "evict_last")
-            tl.store(cache_ptr + safe_slot[:, None] * stride_cs + step * vocab + cols[None, :], z,
-                     mask=live[:, None] & (cols < vocab)[None, :], eviction_policy="evict_first")
+                                                 stride_br, stride_bn, scale, d2t_ptr, cache_dtype, RK, BLOCK_V,
+                                                 SCALED, UPCAST, IEEE_DOT, "evict_last", D2T)
+            tl.store(cache_ptr + safe_slot[:, None] * stride_cs + step * cache_vocab + cols[None, :], z,
+                     mask=live[:, None] & mask, eviction_policy="evict_first")
             packed = approx_words(logits, greedy, inv_temp, prefix, cols[None, :], mask, 1, HARDWARE_LOG2)
             b1 = tl.max(packed, axis=1)
             packed = tl.where(packed == b1[:, None], INT64_MIN, packed)
@@ -208,9 +221,10 @@ def _chain_kernel(
             # this program (visible to all its threads after the barrier).
             tl.debug_barrier()
             sampled = live & (greedy == 0)
-            cache_row = cache_ptr + safe_slot * stride_cs + step * vocab
-            z1 = to_float32(tl.load(cache_row + tl.minimum(tl.maximum(index, 0), vocab - 1), mask=sampled, other=0.0))
-            z2 = to_float32(tl.load(cache_row + tl.minimum(tl.maximum(runner_index, 0), vocab - 1), mask=sampled,
+            cache_row = cache_ptr + safe_slot * stride_cs + step * cache_vocab
+            z1 = to_float32(tl.load(cache_row + tl.minimum(tl.maximum(index, 0), cache_vocab - 1), mask=sampled,
+                                    other=0.0))
+            z2 = to_float32(tl.load(cache_row + tl.minimum(tl.maximum(runner_index, 0), cache_vocab - 1), mask=sampled,
                                     other=0.0))
             divisor = tl.where(greedy, 1.0, temp)
             exact1 = tl.math.div_rn(z1, divisor) + draft_noise(prefix, index)
@@ -224,12 +238,19 @@ def _chain_kernel(
             for i in tl.range(0, owned, num_stages=1):
                 tile = program + i * num_programs
                 z, logits, cols, mask = _tile_logits(head_ptr, codes, tile, base_ptr, rows, row_ok, step, vocab,
-                                                     stride_br, stride_bn, scale, cache_dtype, RK, BLOCK_V, SCALED,
-                                                     UPCAST, IEEE_DOT, "evict_last")
+                                                     stride_br, stride_bn, scale, d2t_ptr, cache_dtype, RK, BLOCK_V,
+                                                     SCALED, UPCAST, IEEE_DOT, "evict_last", D2T)
                 keys = exact_keys(logits, greedy, temp, prefix, cols[None, :], 1)
                 tile_value, tile_index = block_argmax(keys, cols[None, :], mask, 1)
                 best = tl.maximum(best, _pack_word(tile_value, tile_index))
         tl.atomic_max(words_ptr + (step * SLOTS + program % SLOTS) * BLOCK_R + rows, best, mask=row_ok)
+        if D2T:  # -inf at this program's share of the unmapped target ids of the step's live rows
+            for start in range(program * BLOCK_FILL, num_fill, num_programs * BLOCK_FILL):
+                j = start + tl.arange(0, BLOCK_FILL)
+                fill_cols = tl.load(fill_ptr + j, mask=j < num_fill, other=0)
+                tl.store(cache_ptr + safe_slot[:, None] * stride_cs + step * cache_vocab + fill_cols[None, :],
+                         round_to(tl.full([BLOCK_R, BLOCK_FILL], float("-inf"), tl.float32), cache_dtype),
+                         mask=live[:, None] & (j < num_fill)[None, :], eviction_policy="evict_first")
         _grid_barrier(sync_ptr + step, num_programs, status_ptr, SPIN)
     # Exit: the last program to arrive has every step's word; it writes the tokens and resets.
     tl.debug_barrier()
@@ -244,7 +265,7 @@ def _chain_kernel(
                 slots = tl.arange(0, SLOTS)
                 tl.store(step_words + slots[:, None] * BLOCK_R + rows[None, :],
                          tl.full([SLOTS, BLOCK_R], INT64_MIN, tl.int64))
-            tl.store(tokens_ptr + rows * stride_tr + step, _word_token(word, vocab).to(tl.int64), mask=row_ok)
+            tl.store(tokens_ptr + rows * stride_tr + step, _word_token(word, cache_vocab).to(tl.int64), mask=row_ok)
             tl.atomic_xchg(sync_ptr + step, 0)
         tl.atomic_xchg(sync_ptr + num_steps, 0)
 
@@ -321,6 +342,7 @@ class ChainBackend:
     DEVICES = ("cpu", "cuda")
     GRAPH_SAFE = True
     MAX_ROWS = MAX_ROWS
+    D2T = True  # a reduced draft vocabulary: target ids in the cache, the keys and the words
 
     def __init__(self, head, num_steps, max_rows, *, method, cache_dtype, device, block_v=None,
                  num_warps=None, num_stages=None, programs_per_sm=None, programs=None, spin_limit=SPIN_LIMIT,
@@ -356,6 +378,14 @@ class ChainBackend:
                                 device=device)
         self.sync = torch.zeros(num_steps + 1, dtype=torch.int32, device=device)
         self.status = torch.zeros(1, dtype=torch.int32, device=device)
+        self.reduced = head.d2t_index is not None
+        if self.reduced:  # README "Id spaces": the tiles' target ids, and the ids no draft id maps to (-inf)
+            mapped = torch.zeros(head.cache_vocab_size, dtype=torch.bool, device=device)
+            mapped[head.d2t_index] = True
+            self.d2t = head.d2t_index.to(torch.int32)
+            self.fill = torch.nonzero(~mapped).flatten().to(torch.int32)
+        else:
+            self.d2t = self.fill = torch.zeros(1, dtype=torch.int32, device=device)
 
     def layout(self, rows: int) -> Layout:
         """The launch shape used for a batch of ``rows`` rows."""
@@ -384,14 +414,15 @@ class ChainBackend:
 
         def arguments():
             return (base_logits, anchor, head.embed_weight, head.head_weight, logits_cache, idx_mapping, positions,
-                    temperature, seeds, draft_tokens, self.words, self.sync, status,
+                    temperature, seeds, draft_tokens, self.words, self.sync, status, self.d2t, self.fill,
                     rows, vocab, head.embed_vocab_size, temperature.shape[0], steps, layout.num_tiles,
                     layout.programs, base_logits.stride(0), base_logits.stride(1), logits_cache.stride(0),
-                    draft_tokens.stride(0), head.scale, self.filter_margin)
+                    draft_tokens.stride(0), head.scale, self.filter_margin, head.cache_vocab_size,
+                    self.fill.numel() if self.reduced else 0)
         options = dict(RK=head.rank, BLOCK_V=layout.block_v, BLOCK_R=self.block_r, NUM_STAGES=layout.num_stages,
                        SCALED=head.scale != 1.0, UPCAST=self.upcast, IEEE_DOT=head.dtype == torch.float32,
                        HARDWARE_LOG2=not self.interpret, SPIN=self.spin_limit, SLOTS=self.word_slots,
-                       num_warps=layout.num_warps,
+                       D2T=self.reduced, BLOCK_FILL=256, num_warps=layout.num_warps,
                        enable_fp_fusion=False)
         if not layout.fitted:
             layout.fit(_chain_kernel.warmup(*arguments(), grid=(1,), **options), self.device)
