@@ -50,6 +50,7 @@ def test_raw_logits_bit_identical_to_pre_divided(method):
     """``target_temperature``: the kernel divides raw logits with div_rn, exactly as scale_target."""
     args = _case(3, closeness=0.4)
     temperature, idx = args[6], args[4]
+    temperature[idx[idx >= 0][-1]] = 1.0  # a T = 1 slot (the kernel skips its division: x / 1 = x)
     raw = args[0] * torch.where(temperature == 0, 1.0, temperature)[idx.clamp_min(0), None, None]
     divided = scale_target(raw, temperature, idx)
     verifier = StreamVerifier(7, 3, VOCAB, "cpu")

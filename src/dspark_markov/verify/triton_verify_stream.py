@@ -132,10 +132,16 @@ def _scaled(x, temp):
 
 @triton.jit
 def _load_row(ptr, token, valid, temp, DIVIDE: tl.constexpr, other):
-    """fp32 values of one row's tile (bf16 widened exactly), divided by ``temp`` when ``DIVIDE``."""
+    """fp32 values of one row's tile (bf16 widened exactly), divided by ``temp`` when ``DIVIDE``.
+
+    The division is skipped (a uniform branch) where ``T`` is 0 (unscaled) or 1 (``x / 1 = x``
+    exactly, NaN, infinities, signed zeros and subnormals included), so those slots cost what the
+    pre-divided mode costs.
+    """
     x = to_float32(tl.load(ptr + token, mask=valid, other=other))
     if DIVIDE:
-        x = _scaled(x, temp)  # other = -inf or 0 stays itself (T > 0)
+        if (temp != 0.0) & (temp != 1.0):
+            x = tl.math.div_rn(x, temp)  # other = -inf or 0 stays itself (T > 0)
     return x
 
 
