@@ -347,6 +347,7 @@ def test_decline_is_logged_once(hooked, caplog):
 def speculator_class(monkeypatch):
     """Restores DSparkSpeculator.load_draft_model and the plugin's status after a test."""
     monkeypatch.setattr(DSparkSpeculator, "load_draft_model", DSparkSpeculator.load_draft_model)
+    monkeypatch.setattr(DSparkSpeculator, "_sample_sequential_topk", DSparkSpeculator._sample_sequential_topk)
     monkeypatch.setattr(plugin, "_registered", {"enabled": False, "reason": "", "classes": []})
     return DSparkSpeculator
 
@@ -389,6 +390,7 @@ def test_force_through_vllms_plugin_loader(monkeypatch, speculator_class):
     monkeypatch.setattr(vllm.plugins, "plugins_loaded", False)
     vllm.plugins.load_general_plugins()
     assert getattr(speculator_class.load_draft_model, "dspark_markov", False)
+    assert getattr(speculator_class._sample_sequential_topk, "dspark_markov", False)  # top-k drafting too
     assert plugin.status()["enabled"] is True
 
     assert speculator_class.load_draft_model.__wrapped__ is not None
