@@ -417,7 +417,7 @@ def _stream_verify_kernel(
     K: tl.constexpr, KP1: tl.constexpr, C1P: tl.constexpr, C2P: tl.constexpr, BLOCK: tl.constexpr,
     UNROLL: tl.constexpr, HARDWARE: tl.constexpr, EMIT_SCAN: tl.constexpr, NOISE_FILTER: tl.constexpr,
     HAS_GREEDY: tl.constexpr, RAW: tl.constexpr, BLOCK_METHOD: tl.constexpr, PIPE: tl.constexpr = 1,
-    EMIT_PIPE: tl.constexpr = 1, FUSED: tl.constexpr = False,
+    EMIT_PIPE: tl.constexpr = 1, FUSED: tl.constexpr = False, EMIT_BLOCK: tl.constexpr = 2048,
 ):
     STAGES: tl.constexpr = 3 if BLOCK_METHOD else 2
     MASS_ROWS: tl.constexpr = K - 1 if (BLOCK_METHOD and K >= 2) else 0
@@ -590,16 +590,16 @@ def _stream_verify_kernel(
         c_row = c_base + js * c_step_stride  # read only after a rejection (js < n <= K)
         rejected = js < n
         if live & ~greedy & EMIT_SCAN:
-            start = chunk * T2 * BLOCK
-            end = tl.minimum(start + T2 * BLOCK, vocab)
+            start = chunk * T2 * EMIT_BLOCK
+            end = tl.minimum(start + T2 * EMIT_BLOCK, vocab)
             val, tok, pos, risky = _emit_scan(t_row, c_row, prefix, start, end, T2, ttemp, temp, w, t_max, t_inv,
                                               q_cmax, q_scale, q_inv, q_arg, rejected, RAW, not NOISE_FILTER,
-                                              HARDWARE, BLOCK, EMIT_PIPE)
+                                              HARDWARE, EMIT_BLOCK, EMIT_PIPE)
             if NOISE_FILTER:
                 if risky:  # a near-tie of the cheap noise (rare): the exact keys of the chunk
                     val, tok, pos, no_risk = _emit_scan(t_row, c_row, prefix, start, end, T2, ttemp, temp, w, t_max,
                                                   t_inv, q_cmax, q_scale, q_inv, q_arg, rejected, RAW, True,
-                                                  HARDWARE, BLOCK)
+                                                  HARDWARE, EMIT_BLOCK)
             tl.store(ea_ptr + part, val)
             tl.store(ei_ptr + part, tok)
             tl.store(eany_ptr + part, pos)
@@ -653,20 +653,23 @@ class Layout:
     """
 
     def __init__(self, batch: int, k: int, vocab: int, block: int, cuda: bool, sms: int, *, t1=None, t2=None,
-                 lag=None, unroll=None):
+                 lag=None, unroll=None, emit_block=None):
         tiles = triton.cdiv(vocab, block)
+        self.emit_block = int(emit_block or block)
+        emit_tiles = triton.cdiv(vocab, self.emit_block)
+        per_stream_tile = max(1, block // self.emit_block)  # emit tiles per stream tile
         resident = RESIDENT_PER_SM * sms
         if cuda:
             default_t1 = min(MAX_T1 if batch < 64 else 2 * MAX_T1, triton.cdiv(batch * (k + 1) * tiles, resident))
-            default_t2 = 1 if batch <= 16 else 4
+            default_t2 = (1 if batch <= 4 else per_stream_tile) if batch <= 16 else 4 * per_stream_tile
         else:
             default_t1, default_t2 = 2, 2
         self.t1 = max(1, min(int(t1 or default_t1), tiles))
-        self.t2 = max(1, min(int(t2 or default_t2), tiles))
+        self.t2 = max(1, min(int(t2 or default_t2), emit_tiles))
         # 4 tiles in flight at every batch size (one compiled variant; the raw mode takes 2, see run)
         self.unroll = int(unroll) if unroll else 4
         self.c1 = triton.cdiv(tiles, self.t1)
-        self.c2 = triton.cdiv(tiles, self.t2)
+        self.c2 = triton.cdiv(emit_tiles, self.t2)
         if lag is None:
             lag = max(1, resident // ((k + 1) * self.c1)) if cuda else 1
         self.lag = int(lag)
@@ -696,7 +699,7 @@ class StreamVerifier:
 
     def __init__(self, max_batch: int, num_drafts: int, vocab_size: int, device, *, block: int | None = None,
                  t1=None, t2=None, lag=None, unroll=None, warps: int | None = None, emit=1,
-                 noise_filter=1, stages=None, emit_stages=None, fused=None):
+                 noise_filter=1, stages=None, emit_stages=None, fused=None, emit_block=None):
         if int(max_batch) < 1:
             raise ValueError(f"max_batch: expected >= 1, got {max_batch}")
         if int(num_drafts) < 0:
@@ -712,6 +715,10 @@ class StreamVerifier:
         self.sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else (
             132 if self.cuda else 1)
         self.overrides = dict(t1=t1, t2=t2, lag=lag, unroll=unroll)
+        # Emit tiles (values per emit-scan iteration; t2 counts them): narrower than the stream tiles
+        # spreads one request's emitted row over more programs at small batches.
+        self.emit_block = int(emit_block) if emit_block else self.block
+        check_power_of_two("emit_block", self.emit_block, 16)
         self.noise_filter = bool(noise_filter)
         # Software pipelining of the streamed tiles (Triton's pipeliner: cp.async into shared memory,
         # ``stages - 1`` tiles ahead); 1 = none. The interpreter ignores it.
@@ -727,7 +734,7 @@ class StreamVerifier:
         tiles = triton.cdiv(self.vocab, self.block)
         self.kp1 = max(2, triton.next_power_of_2(self.k + 1))
         self.c1p = triton.next_power_of_2(tiles)  # enough for any layout (c1 <= tiles)
-        self.c2p = triton.next_power_of_2(tiles)
+        self.c2p = triton.next_power_of_2(triton.cdiv(self.vocab, self.emit_block))
         mb, k, kq = self.max_batch, self.k, max(self.k, 1)
 
         def zeros(*shape, dtype=torch.float32):
@@ -748,7 +755,8 @@ class StreamVerifier:
         self.num_emitted = zeros(mb, dtype=torch.int64)
 
     def layout(self, batch: int) -> Layout:
-        return Layout(batch, self.k, self.vocab, self.block, self.cuda, self.sms, **self.overrides)
+        return Layout(batch, self.k, self.vocab, self.block, self.cuda, self.sms, emit_block=self.emit_block,
+                      **self.overrides)
 
     def check(self) -> None:
         """Raise if a waiting item of an earlier launch timed out (synchronises); then reset."""
@@ -803,7 +811,8 @@ class StreamVerifier:
                 batch, vocab, lay.lag, lay.c1, lay.c2, lay.t1, lay.t2)
         meta = dict(K=k, KP1=self.kp1, C1P=self.c1p, C2P=self.c2p, BLOCK=self.block, UNROLL=unroll,
                     HARDWARE=self.cuda, EMIT_SCAN=self._emit_scan, NOISE_FILTER=self.noise_filter, HAS_GREEDY=has_greedy, RAW=raw, BLOCK_METHOD=block_method,
-                    PIPE=self.stages, EMIT_PIPE=self.emit_stages, FUSED=self.fused, num_warps=self.warps, enable_fp_fusion=False)
+                    PIPE=self.stages, EMIT_PIPE=self.emit_stages, FUSED=self.fused, EMIT_BLOCK=self.emit_block,
+                    num_warps=self.warps, enable_fp_fusion=False)
         try:
             _stream_verify_kernel[(programs,)](*args, **meta, **self._launch_options)
         except KeyError:  # a Triton without the maxnreg option: the compiler's own register count
