@@ -12,9 +12,14 @@ def test_cpu_auto_is_the_reference():
         assert auto.choose("gumbel", torch.bfloat16, rows, torch.device("cpu")) == "reference"
 
 
+@pytest.mark.parametrize("table", ["AUTO_TABLE", "PORTABLE_TABLE"])
 @pytest.mark.parametrize("key", sorted(auto.AUTO_TABLE, key=str))
-def test_table_buckets_are_increasing_and_cover_every_batch(key):
-    buckets = auto.AUTO_TABLE[key]
+def test_table_buckets_are_increasing_and_cover_every_batch(key, table):
+    from dspark_markov.registry import NATIVE_DESIGNS
+
+    buckets = getattr(auto, table)[key]
+    if table == "PORTABLE_TABLE":
+        assert not {impl for _, impl in buckets} & set(NATIVE_DESIGNS)
     limits = [limit for limit, _ in buckets[:-1]]
     assert limits == sorted(limits) and buckets[-1][0] is None
     method = key[0]
@@ -24,29 +29,38 @@ def test_table_buckets_are_increasing_and_cover_every_batch(key):
         assert method in registry.load("draft", impl).METHODS
 
 
-def test_cuda_choices_follow_the_table():
+@pytest.mark.parametrize("native", [True, False], ids=["cuda_chain available", "cuda_chain unavailable"])
+def test_cuda_choices_follow_the_table(monkeypatch, native):
     cuda = torch.device("cuda")
-    assert auto.choose("gumbel", torch.bfloat16, 1, cuda) == "chain"
-    assert auto.choose("gumbel", torch.bfloat16, 4, cuda) == "gumbel_fused"
+    monkeypatch.setattr(auto, "_UNAVAILABLE", {("cuda_chain", "cuda", None): None if native else "no NVRTC"})
+    small = "cuda_chain" if native else "chain"
+    assert auto.choose("gumbel", torch.bfloat16, 1, cuda) == small
+    assert auto.choose("gumbel", torch.bfloat16, 4, cuda) == ("cuda_chain" if native else "gumbel_fused")
     assert auto.choose("gumbel", torch.bfloat16, 16, cuda) == "fused"
     assert auto.choose("gumbel", torch.bfloat16, 64, cuda) == "fused"
     assert auto.choose("gumbel", torch.bfloat16, 253, cuda) == "gumbel_fused"
-    assert auto.choose("gumbel", torch.float32, 16, cuda) == "chain"
+    assert auto.choose("gumbel", torch.float32, 1, cuda) == small
+    assert auto.choose("gumbel", torch.float32, 16, cuda) == "fused"
     assert auto.choose("inverse_cdf", torch.bfloat16, 8, cuda) == "fused"
+    assert auto.choose("inverse_cdf", torch.bfloat16, 253, cuda) == "inverse_cdf"
     assert auto.choose("inverse_cdf", torch.float32, 8, cuda) == "inverse_cdf"
 
 
 def test_committed_results_give_the_table():
-    """AUTO_TABLE is what table_from_results derives from the committed H200 results."""
+    """AUTO_TABLE and PORTABLE_TABLE are what table_from_results derives from the committed H200 results."""
     import json
     from pathlib import Path
 
+    from dspark_markov.registry import NATIVE_DESIGNS
+
     results = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
     for name, key, method in (("bf16", ("gumbel", torch.bfloat16), "gumbel"),
-                              ("fp32", ("gumbel", torch.float32), "gumbel"),
-                              ("bf16_inverse_cdf", ("inverse_cdf", torch.bfloat16), "inverse_cdf")):
-        records = json.loads((results / f"NVIDIA-H200_2026-11-29_{name}.json").read_text())["results"]
+                              ("fp32_fp32-logits", ("gumbel", torch.float32), "gumbel"),
+                              ("bf16_inverse_cdf", ("inverse_cdf", torch.bfloat16), "inverse_cdf"),
+                              ("fp32_fp32-logits", ("inverse_cdf", torch.float32), "inverse_cdf")):
+        records = json.loads((results / f"NVIDIA-H200_2026-12-01_{name}.json").read_text())["results"]
         assert auto.table_from_results(records, method) == auto.AUTO_TABLE[key], name
+        assert auto.table_from_results(records, method, exclude=NATIVE_DESIGNS) == auto.PORTABLE_TABLE[key], name
 
 
 def test_auto_sampler_on_cpu_matches_reference():

@@ -1,6 +1,6 @@
 """``impl="auto"``: the fastest measured design per batch size, chosen at every call.
 
-The table below comes from ``benchmarks/results/NVIDIA-H200_2026-11-29_*.json`` (CUDA graph,
+The table below comes from ``benchmarks/results/NVIDIA-H200_2026-12-01_*.json`` (CUDA graph,
 cold L2, V = 129,280, rank 256, N = 5). For each method and cache dtype it lists
 ``(largest batch, impl)`` buckets in increasing order. :class:`AutoBackend` builds one backend per
 impl that a batch up to ``max_rows`` can use, at construction, so that switching between them by
@@ -15,24 +15,32 @@ import torch
 
 from .. import registry
 
-# (max rows, impl) buckets; the last bucket takes every larger batch.
+# (max rows, impl) buckets; the last bucket takes every larger batch. Derived with tools/auto_table.py
+# (table_from_results) from benchmarks/results/NVIDIA-H200_2026-12-01_{bf16,bf16_inverse_cdf,
+# fp32_fp32-logits}.json (T = 1 and mixed, means over both).
 AUTO_TABLE = {
-    # Derived with tools/auto_table.py (table_from_results) from ..._bf16.json (chain, T = 1 and
-    # mixed): chain 134/133 us at 1 row vs gumbel_fused 152/146; gumbel_fused 155-163 at 2-4 rows
-    # vs fused 164-170 and chain 176-177; fused 169-218 at 8-32 and 347 at 64 (gumbel_fused 381);
-    # gumbel_fused 628 at 128 and 1114 at 253 (fused 663, 1262).
-    ("gumbel", torch.bfloat16): ((1, "chain"), (4, "gumbel_fused"), (64, "fused"), (None, "gumbel_fused")),
-    # ..._fp32.json (T = 1 and mixed): chain 131 at 1 row and 170 at 16 (gumbel_fused 152, 217;
-    # fused 205); gumbel_fused 162 at 4 (chain 168) and from 64 rows on (383 vs fused 527).
-    ("gumbel", torch.float32): ((1, "chain"), (4, "gumbel_fused"), (16, "chain"), (None, "gumbel_fused")),
-    # ..._bf16_inverse_cdf.json: inverse_cdf 161 us vs fused 174 at 1 row; fused 165 vs 198 at 16,
-    # equal at 64 (273); inverse_cdf 625 vs 781 at 253.
-    ("inverse_cdf", torch.bfloat16): ((1, "inverse_cdf"), (16, "fused"), (None, "inverse_cdf")),
+    # bf16: cuda_chain 91/87 us at 1 row, 95 at 2, 102 at 4, 118-119 at 8 (chain 132-176, gumbel_fused
+    # 137-172, fused 157-163); fused 160-170 at 16 (cuda_chain 169-171, chain 178-179), 211-215 at 32 and
+    # 345 at 64 (gumbel_fused 233-250, 375); gumbel_fused 626 at 128 and 1116 at 253 (fused 657, 1240).
+    ("gumbel", torch.bfloat16): ((8, "cuda_chain"), (64, "fused"), (None, "gumbel_fused")),
+    # fp32 cache (fp32 logits): cuda_chain 90 at 1 row (chain 128); fused 175 at 16 (chain 171, within
+    # the 2% margin; cuda_chain 182); gumbel_fused 378 at 64 and 1123 at 253 (fused 523, 2406).
+    ("gumbel", torch.float32): ((1, "cuda_chain"), (16, "fused"), (None, "gumbel_fused")),
+    # ..._bf16_inverse_cdf.json: inverse_cdf 151-161 vs fused 166-177 at 1 row; fused 165-166 vs 199 at
+    # 16, 199 vs 218 at 32, 268-270 vs 277-278 at 64; inverse_cdf 401 vs 414 at 128, 642 vs 771-779 at 253.
+    ("inverse_cdf", torch.bfloat16): ((1, "inverse_cdf"), (64, "fused"), (None, "inverse_cdf")),
+    # fp32 cache: inverse_cdf is the only inverse-CDF design measured with it (152-695 us at 1-253 rows).
     ("inverse_cdf", torch.float32): ((None, "inverse_cdf"),),
 }
 # The same measurements without registry.NATIVE_DESIGNS (table_from_results(..., exclude=...)): what
-# ``auto`` runs where a native design of AUTO_TABLE cannot run (no NVRTC, not sm_90).
-PORTABLE_TABLE = dict(AUTO_TABLE)
+# ``auto`` runs where a native design of AUTO_TABLE cannot run (no NVRTC, not sm_90). bf16: chain
+# 132-134 at 1 row, gumbel_fused 146-153 at 2-4 (fused 157-162, chain 173-176); fp32: chain 128 at 1.
+PORTABLE_TABLE = {
+    ("gumbel", torch.bfloat16): ((1, "chain"), (4, "gumbel_fused"), (64, "fused"), (None, "gumbel_fused")),
+    ("gumbel", torch.float32): ((1, "chain"), (16, "fused"), (None, "gumbel_fused")),
+    ("inverse_cdf", torch.bfloat16): AUTO_TABLE[("inverse_cdf", torch.bfloat16)],
+    ("inverse_cdf", torch.float32): AUTO_TABLE[("inverse_cdf", torch.float32)],
+}
 
 
 def table_from_results(records, method: str, *, margin: float = 0.02, exclude=()) -> tuple:
@@ -44,12 +52,13 @@ def table_from_results(records, method: str, *, margin: float = 0.02, exclude=()
     a design beats the incumbent (the fastest so far, in the order of ``records``) only by more than
     ``margin`` (relative), so that noise does not split buckets. A batch between two measured sizes
     takes the choice of the larger one; the last bucket (``None``) takes every larger batch.
-    Designs in ``exclude`` are left out (``PORTABLE_TABLE``: without ``registry.NATIVE_DESIGNS``).
+    Designs in ``exclude`` are left out (``PORTABLE_TABLE``: without ``registry.NATIVE_DESIGNS``), and so
+    are baselines that are not draft implementations (``vllm_loop``).
     """
     times = {}
     for record in records:
         if (record["method"] != method or record["status"] != "ok" or record["time_us"] is None
-                or record["design"] in exclude):
+                or record["design"] in exclude or record["design"] not in registry.REGISTRY["draft"]):
             continue
         times.setdefault(record["rows"], {}).setdefault(record["design"], []).append(record["time_us"])
     choices = []
@@ -121,11 +130,15 @@ class AutoBackend:
         self.method = method
         self.cache_dtype = cache_dtype
         self.device = torch.device(device)
-        needed = {choose(method, cache_dtype, rows, self.device) for rows in range(1, max_rows + 1)}
+        # Each design is built for the largest batch it is chosen for, not for max_rows: a persistent
+        # design sized for 16 rows runs a 1-row batch slower than one sized for the batches it gets.
+        needed = {}
+        for rows in range(1, max_rows + 1):
+            needed[choose(method, cache_dtype, rows, self.device)] = rows
         self.backends = {}
         for impl in sorted(needed):
             cls = registry.load("draft", impl)
-            rows = max_rows if cls.MAX_ROWS is None else min(max_rows, cls.MAX_ROWS)  # chain: small batches
+            rows = needed[impl]
             registry.check_draft_backend(cls, impl, method=method, device=device, max_rows=rows)
             self.backends[impl] = cls(head, num_steps, rows, method=method, cache_dtype=cache_dtype, device=device)
         # One device status flag for every dispatched backend that has one (the registry's protocol).
