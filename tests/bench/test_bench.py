@@ -356,3 +356,20 @@ def test_compare_bench_flags_only_cases_outside_the_old_range():
            record("d", 50.0, 49.0, 51.0), record("e", 10.0, 9.0, 11.0)]
     verdicts = {row[0][0]: row[4] for row in tool.compare(old, new, noise=0.03)}
     assert verdicts == {"a": "within noise", "b": "faster", "c": "slower"}  # d: n/a before; e: new
+
+
+def test_readme_tables_bold_the_fastest_design_and_show_speedups_over_vllms_loop():
+    tool = load_tool("readme_tables")
+
+    def record(design, rows, time, method="gumbel", status="ok"):
+        return dict(design=design, method=method, rows=rows, temperature="1", status=status, time_us=time,
+                    floor_us=10.0, floor_w2_once_us=2.0)
+
+    records = [record("vllm_loop", 1, 200.0), record("fused", 1, 100.0), record("inverse_cdf", 1, 50.0, "inverse_cdf"),
+               record("vllm_loop", 4, 300.0), record("fused", 4, None, status="n/a"),
+               record("inverse_cdf", 4, 150.0, "inverse_cdf")]
+    lines = tool.table(records, "1", best_method="gumbel").splitlines()
+    assert lines[0] == "| rows | `vllm_loop` | `fused` | `inverse_cdf` | floor | floor W2x1 |"
+    assert lines[2] == "| 1 | 200 | **100 (2.00x)** | 50 (4.00x) | 10 | 2 |"
+    assert lines[3] == "| 4 | 300 | n/a | 150 (2.00x) | 10 | 2 |"
+    assert "**50 (4.00x)**" in tool.table(records, "1")  # without --best-method: the fastest of all
