@@ -1,7 +1,8 @@
 """One small impl="cuda_chain" problem checked against the reference: for compute-sanitizer runs.
 
 Usage: ``PYTHONPATH=src compute-sanitizer --tool memcheck python3 tools/check_cuda_chain_small.py``
-(also ``--tool racecheck``; ``--quick``: two block shapes, bf16 cache only). V = 4096, 3 steps, rows 3 and 12 (one padding row, T in {1, 0.6, 0}),
+(also ``--tool racecheck``; ``--quick``: two block shapes, bf16 cache only; ``--hints``: the 16-warp
+shape with the L2 prefetch flags, kernel variants 0, 25, 27). V = 4096, 3 steps, rows 3 and 12 (one padding row, T in {1, 0.6, 0}),
 4 blocks (so every block is resident under the tool), every block shape; exits non-zero on a
 mismatch or a barrier timeout.
 """
@@ -33,16 +34,21 @@ def main() -> int:
         anchor = torch.randint(0, vocab, (rows,), device="cuda", generator=gen)
         args = [base, anchor, idx, pos, temp, seeds]
         quick = "--quick" in sys.argv
-        for warps, regs in ((16, 1), (8, 3)) if quick else ((16, 0), (16, 1), (8, 3)):
+        shapes = ((16, 1, 0, 0), (8, 3, 0, 0)) if quick else ((16, 0, 0, 0), (16, 1, 0, 0), (8, 3, 0, 0))
+        if "--hints" in sys.argv:  # the L2 prefetch hints and kernel variant 1 (cuda_chain flags / variant)
+            shapes = ((16, 1, 7, 27), (16, 1, 3, 25), (16, 1, 7, 0))
+        for warps, regs, flags, variant in shapes:
             for cache_dtype in (torch.bfloat16,) if quick else (torch.bfloat16, torch.float32):
                 sampler = dm.MarkovSampler(head, steps, rows, cache_dtype=cache_dtype, impl="reference")
                 sampler.backend = CudaChainBackend(head, steps, rows, method="gumbel", cache_dtype=cache_dtype, device=head.device, warps=warps,
-                                                   reg_tiles=regs, num_blocks=4, smem_tiles=2)
+                                                   reg_tiles=regs, num_blocks=4, smem_tiles=2, flags=flags,
+                                                   variant=variant)
                 out = sampler.sample(*args, check_values=False)
                 torch.cuda.synchronize()
                 sampler.backend.check()
                 check_against_reference(head, *args, out)
-                print(f"rows {rows} warps {warps} reg_tiles {regs} cache {cache_dtype}: ok", flush=True)
+                print(f"rows {rows} warps {warps} reg_tiles {regs} flags {flags} variant {variant} cache {cache_dtype}: "
+                      "ok", flush=True)
     return 0
 
 

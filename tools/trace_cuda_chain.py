@@ -23,6 +23,8 @@ def main():
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warps", type=int, default=None)
     parser.add_argument("--reg-tiles", type=int, default=None)
+    parser.add_argument("--flags", type=int, default=0)
+    parser.add_argument("--variant", type=int, default=0)
     args = parser.parse_args()
     vocab, rank, steps, device = 129_280, 256, args.steps, torch.device("cuda")
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -31,7 +33,8 @@ def main():
     flush = harness.L2Flusher(device)
     for rows in map(int, args.rows.split(",")):
         backend = CudaChainBackend(head, steps, rows, method="gumbel", cache_dtype=torch.bfloat16, device=device,
-                                   trace=True, warps=args.warps, reg_tiles=args.reg_tiles)
+                                   trace=True, warps=args.warps, reg_tiles=args.reg_tiles,
+                                   flags=args.flags, variant=args.variant)
         base = (torch.randn(rows, steps, vocab, device=device, generator=gen) * 2).bfloat16()
         inputs = [base, torch.randint(0, vocab, (rows,), device=device, generator=gen),
                   torch.arange(rows, device=device).repeat_interleave(steps),
@@ -47,9 +50,9 @@ def main():
             end.record()
             torch.cuda.synchronize()
         event_us = start.elapsed_time(end) * 1e3
-        cycles = int(backend.trace[0, 1 + 4 * steps] - backend.trace[0, 0])
+        cycles = int(backend.trace[0, 1 + 8 * steps] - backend.trace[0, 0])
         ghz = cycles / (event_us * 1e3)
-        print(f"rows {rows} shape w{backend.warps} r{backend.reg_tiles}: event {event_us:.1f} us, first block "
+        print(f"rows {rows} shape w{backend.warps} r{backend.reg_tiles} flags {backend.flags} variant {backend.variant}: event {event_us:.1f} us, first block "
               f"{cycles} cycles (=> {ghz:.2f} GHz if the kernel fills the event)", flush=True)
         times = backend.phase_times(ghz)
         for name, phases in times.items():

@@ -115,6 +115,38 @@ def test_cuda_chain_nan_and_all_minus_inf_rows():
         check_exact(head, args, out)
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows", [1, 3, 9, 16])
+@pytest.mark.parametrize("flags,variant", [(3, 0), (3, 1), (3, 9), (3, 11), (0, 25), (3, 27), (7, 27), (4, 0)])
+def test_cuda_chain_prefetch_hints_and_variants(rows, cache_dtype, flags, variant):
+    """The L2 prefetch hints (flags) and the compile-time variant draw exactly as the reference."""
+    head, args = full_problem(rows, seed=20 + rows)
+    sampler = cuda_sampler(head, rows, cache_dtype, flags=flags, variant=variant)
+    out = sampler.sample(*args)
+    check_exact(head, args, out)
+    sampler.backend.check()
+
+
+@pytest.mark.parametrize("rows", [2, 16])
+def test_cuda_chain_prefetch_unaligned_fp32_base(rows):
+    """Base rows not 16-byte aligned (no vector I/O, no bulk base prefetch) and an fp32 base."""
+    head, args = full_problem(rows, temps=(1.0, 0.6), seed=12)
+    for dtype in (torch.bfloat16, torch.float32):
+        wide = torch.empty(rows, STEPS, VOCAB + 1, dtype=dtype, device=args[0].device)
+        wide[..., 1:] = args[0].to(dtype)
+        case = [wide[..., 1:]] + args[1:]
+        out = cuda_sampler(head, rows, flags=7, variant=27).sample(*case)
+        check_exact(head, case, out)
+
+
+@pytest.mark.parametrize("rows", [1, 16])
+def test_cuda_chain_prefetch_graph_replays_match_eager(rows):
+    head, _ = full_problem(rows, seed=1)
+    sampler = cuda_sampler(head, rows, flags=7, variant=27)
+    check_graph_replays(sampler, rows, seeds=(2, 3), replays=2)
+    sampler.backend.check()
+
+
 @pytest.mark.parametrize("rows", [1, 16])
 def test_cuda_chain_graph_replays_match_eager(rows):
     head, _ = full_problem(rows, seed=1)
@@ -136,6 +168,23 @@ def test_cuda_chain_barrier_timeout_raises_and_recovers():
     out = sampler.sample(*args)
     check_exact(head, args, out)
     sampler.backend.check()
+
+
+@pytest.mark.parametrize("variant", [25, 27])
+def test_cuda_chain_slot_agreement_timeout_raises_and_recovers(variant):
+    """The counter-free agreement (per-block word slots) times out, raises once, then is exact again."""
+    head, args = full_problem(2, seed=9)
+    sampler = cuda_sampler(head, 2, barrier_extra=1, spin_cycles=200_000, variant=variant, flags=3)
+    out = sampler.sample(*args, check_values=False)
+    torch.cuda.synchronize()
+    assert out.draft_tokens.min() >= 0 and out.draft_tokens.max() < VOCAB
+    with pytest.raises(dm.DeviceStatusError, match="cuda_chain"):
+        sampler.backend.check()
+    sampler.backend.barrier_extra = 0
+    for _ in range(2):  # the scratch (word slots) is clean after the failed call and after a good one
+        out = sampler.sample(*args)
+        check_exact(head, args, out)
+        sampler.backend.check()
 
 
 def test_approximate_noise_bound_over_all_hashes():

@@ -36,11 +36,28 @@ using dm::u64;
 #define DM_MAX_ROWS 16
 #define DM_RANK 256
 #define DM_INT64_MIN (-9223372036854775807ll - 1)
-// Phase timestamps for profiling (a.trace != 0): slot 0 kernel start, 1 + 4 s + {0: codes ready,
-// 1: step's words merged in the block, 2: barrier passed, 3: next token known}, 1 + 4 N: exit.
-#define DM_TRACE(k)                                                                                   \
-  if (a.trace && threadIdx.x == 0 && (blockIdx.x == 0 || blockIdx.x == a.num_blocks - 1))            \
-    ((long long*)a.trace)[(blockIdx.x == 0 ? 0 : 136) + (k)] = clock64();
+// Run-time options (ChainArgs.flags): hints only, the draws never depend on them.
+// DM_F_PF_W2: at launch, lane 0 of every warp asks the copy engine to bring its register tiles and
+// its L2-streamed tiles from HBM into L2 (cp.async.bulk.prefetch.L2, one instruction per range),
+// so all of W2 is requested at once instead of one tile in flight per warp.
+// DM_F_PF_BASE: the base logits of the block's tokens for step s + 1 are prefetched into L2 at the
+// start of step s (step 0's at launch): phase A reads them from L2, not HBM.
+// DM_F_STEP0_ORDER: step 0 in dependency order: the anchors, then the W1 rows of the codes, and only
+// then the W2 traffic (with DM_F_PF_W2: the warp's whole W2 range prefetched into L2), so the codes
+// do not queue behind 66 MB; the shared-memory tiles are copied (cp.async) when the warp reaches
+// them in step 0's tile loop instead of at launch (the issue of those copies stalls the warps).
+#define DM_F_PF_W2 1
+#define DM_F_PF_BASE 2
+#define DM_F_STEP0_ORDER 4
+// Phase timestamps for profiling (a.trace != 0): slot 0 kernel start, 1 + 8 s + {0: codes ready,
+// 1: step's words merged in the block, 2: barrier passed, 3: next token known; by lane 0 of warp
+// WARPS - 2 (a warp with two L2-streamed tiles): 4: its bias tiles done, 5: its phase A done,
+// 6: its phase B and exact keys done}, 1 + 8 N: exit. [2 blocks (first, last), DM_TRACE_SLOTS].
+#define DM_TRACE_SLOTS 264
+#define DM_TRACE_BY(k, thread)                                                                        \
+  if (a.trace && threadIdx.x == (thread) && (blockIdx.x == 0 || blockIdx.x == a.num_blocks - 1))     \
+    ((long long*)a.trace)[(blockIdx.x == 0 ? 0 : DM_TRACE_SLOTS) + (k)] = clock64();
+#define DM_TRACE(k) DM_TRACE_BY(k, 0)
 
 struct ChainArgs {  // every field 8 bytes (matches the ctypes Structure in cuda_chain.py)
   u64 base;      // [R, N, V] bf16/fp32, strides (stride_br, stride_bn, 1)
@@ -56,7 +73,8 @@ struct ChainArgs {  // every field 8 bytes (matches the ctypes Structure in cuda
   u64 words;     // [N, 16] int64 scratch (INT64_MIN between calls)
   u64 sync;      // [N + 1] int32 scratch (0 between calls)
   u64 status;    // [1] int32: bit 0 = a barrier timed out
-  u64 trace;     // 0, or [2, 136] int64: clock64() of thread 0 at phase boundaries, first and last block
+  u64 trace;     // 0, or [2, 264] int64: clock64() of thread 0 at phase boundaries, first and last block
+  u64 pub;       // [N, 16, num_blocks] int64 scratch (INT64_MIN between calls): V6 & 16's per-block words
   i64 rows, vocab, embed_rows, num_slots, num_steps;
   i64 stride_br, stride_bn, stride_cs, stride_tr;
   i64 base_f32, cache_f32, anchor64, idx64, pos64;
@@ -64,6 +82,7 @@ struct ChainArgs {  // every field 8 bytes (matches the ctypes Structure in cuda
   i64 vec_io;                     // base/cache rows 16-byte aligned: 16-byte loads and stores
   i64 num_blocks, num_tiles, smem_tiles, tiles_per_warp;
   i64 barrier_extra, spin_cycles;
+  i64 flags;  // DM_F_* bits (0: the v5 behaviour)
   double scale, filter_margin;
 };
 
@@ -103,6 +122,16 @@ __device__ __forceinline__ void cp_async16(uint4* dst, const uint4* src, bool ok
                :: "r"(addr), "l"(src), "r"(ok ? 16 : 0), "l"(policy) : "memory");
 }
 
+// Bulk prefetch of [ptr, ptr + bytes) into L2 (sm_90 copy engine; ptr 16-byte aligned, bytes % 16 == 0).
+__device__ __forceinline__ void prefetch_l2_bulk(const void* ptr, u32 bytes) {
+  if (bytes) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(ptr), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void prefetch_l2_bulk_keep(const void* ptr, u32 bytes, u64 policy) {
+  if (bytes)
+    asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" :: "l"(ptr), "r"(bytes), "l"(policy)
+                 : "memory");
+}
+
 __device__ __forceinline__ float ld_stream_f32(const float* ptr) {  // read once: evict first
   float v;
   asm volatile("ld.global.cs.f32 %0, [%1];" : "=f"(v) : "l"(ptr));
@@ -118,6 +147,15 @@ __device__ __forceinline__ i64 ld_acquire(const i64* ptr) {
   i64 v;
   asm volatile("ld.acquire.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(ptr) : "memory");
   return v;
+}
+
+__device__ __forceinline__ i64 ld_relaxed64(const i64* ptr) {
+  i64 v;
+  asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(ptr) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_relaxed64(i64* ptr, i64 v) {
+  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" :: "l"(ptr), "l"(v) : "memory");
 }
 
 __device__ __forceinline__ i32 ld_acquire32(const i32* ptr) {
@@ -290,6 +328,64 @@ __device__ __forceinline__ void stage_z(const ChainArgs& a, unsigned char* stage
   }
 }
 
+// Phase A for bf16 base logits in whole 8-token units (16-byte aligned rows): two units of a lane
+// loaded before either's stores (stage_z's loop waits one base-logit round trip per unit: the
+// compiler cannot move a load above the previous unit's cache store). Same values as stage_z,
+// which handles every other case.
+template <bool BASE_F32, bool CACHE_F32>
+__device__ __forceinline__ void stage_z_batched(const ChainArgs& a, unsigned char* stage, int pitch, i64 v_w0,
+                                                int valid, int step, const i64* slot_s, const int* live_s, int lane) {
+  if (!a.vec_io || BASE_F32 || (valid & 7)) {
+    stage_z<BASE_F32, CACHE_F32>(a, stage, pitch, v_w0, valid, step, slot_s, live_s, lane);
+    return;
+  }
+  constexpr int ES = CACHE_F32 ? 4 : 2;
+  const int units = valid >> 3;  // per row, all full
+  const int total = (int)a.rows * units;
+  const unsigned short* base = (const unsigned short*)a.base + (i64)step * a.stride_bn + v_w0;
+  for (int u0 = lane; u0 < total; u0 += 64) {
+    const int u1 = u0 + 32;
+    const int row0 = u0 / units, vi0 = (u0 - row0 * units) * 8;
+    const int row1 = u1 / units, vi1 = (u1 - row1 * units) * 8;
+    const uint4 p0 = ld_stream_v4(base + (i64)row0 * a.stride_br + vi0);
+    uint4 p1 = make_uint4(0, 0, 0, 0);
+    if (u1 < total) p1 = ld_stream_v4(base + (i64)row1 * a.stride_br + vi1);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      if (k == 1 && u1 >= total) break;
+      const int row = k ? row1 : row0, vi = k ? vi1 : vi0;
+      const uint4 p = k ? p1 : p0;
+      unsigned char* srow = stage + row * pitch + vi * ES;
+      const i64 coff = slot_s[row] * a.stride_cs + (i64)step * a.vocab + v_w0 + vi;
+      const u32 w[4] = {p.x, p.y, p.z, p.w};
+      float z[8];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        z[2 * e] = dm::add_rn(__uint_as_float(w[e] << 16), bf16_to_f32(*(const unsigned short*)(srow + 2 * e * ES)));
+        z[2 * e + 1] = dm::add_rn(__uint_as_float(w[e] & 0xFFFF0000u),
+                                  bf16_to_f32(*(const unsigned short*)(srow + (2 * e + 1) * ES)));
+      }
+      if (CACHE_F32) {
+        uint4 q0 = make_uint4(__float_as_uint(z[0]), __float_as_uint(z[1]), __float_as_uint(z[2]), __float_as_uint(z[3]));
+        uint4 q1 = make_uint4(__float_as_uint(z[4]), __float_as_uint(z[5]), __float_as_uint(z[6]), __float_as_uint(z[7]));
+        *(uint4*)srow = q0;
+        *(uint4*)(srow + 16) = q1;
+        if (live_s[row]) {
+          *(uint4*)((float*)a.cache + coff) = q0;
+          *(uint4*)((float*)a.cache + coff + 4) = q1;
+        }
+      } else {
+        u32 o[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[e] = (u32)f32_to_bf16(z[2 * e]) | ((u32)f32_to_bf16(z[2 * e + 1]) << 16);
+        const uint4 q = make_uint4(o[0], o[1], o[2], o[3]);
+        *(uint4*)srow = q;
+        if (live_s[row]) *(uint4*)((unsigned short*)a.cache + coff) = q;
+      }
+    }
+  }
+}
+
 // Phase B: the three best packed approximate keys (z itself for greedy rows) of tokens [lo, hi).
 template <bool CACHE_F32>
 __device__ __forceinline__ void rank_chunk(const unsigned char* zrow, int lo, int hi, i64 v_w0, bool greedy,
@@ -311,7 +407,14 @@ __device__ __forceinline__ void rank_chunk(const unsigned char* zrow, int lo, in
 // ------------------------------------------------------------------ the kernel
 // Shared memory: [smem_tiles][8 j][2 halves][32 lanes] uint4 of W2, codes [NT*8 rows][8 j][32] uint4,
 // staging [16 warps][RP rows][tiles_per_warp * 16] bf16, per-warp triples, per-row results.
-template <int NT, int WARPS, int REGS>
+// V6 (compile-time variant bits, 0 = the v5 kernel): 1 = an L2-streamed tile's 16 loads per lane in
+// two batches of 8 into a register buffer (ahead of their mma); 2 = phase A through stage_z_batched;
+// 8 = the per-row keys of every step loaded at launch (shared memory [N][16]), none before a barrier;
+// 16 = the grid agreement without a counter: every block stores its best word of each row into its
+// own slot pub[step][row][block] (relaxed, no fence) and polls all blocks' slots until none is
+// INT64_MIN (bounded), merging them into its shared best word: one L2 round trip after the last
+// block's store instead of fence + arrival + counter poll + word read.
+template <int NT, int WARPS, int REGS, int V6>
 __device__ __forceinline__ void chain_body(const ChainArgs& a) {
   constexpr int THREADS = WARPS * 32;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -332,12 +435,15 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
   unsigned char* stage_s = (unsigned char*)(codes_s + NT * 8 * 32);  // [WARPS][RP][pitch]
   i64* triple_s = (i64*)(stage_s + WARPS * RP * pitch);  // [WARPS][RP] words
   i64* best_s = triple_s + WARPS * RP * 3;               // [16] block word per row
-  i64* slot_s = best_s + DM_MAX_ROWS;                    // [16] per-row keys of the step
-  float* temp_s = (float*)(slot_s + DM_MAX_ROWS);        // [16]
-  float* inv_s = temp_s + DM_MAX_ROWS;                   // [16]
-  u32* prefix_s = (u32*)(inv_s + DM_MAX_ROWS);           // [16]
-  int* live_s = (int*)(prefix_s + DM_MAX_ROWS);          // [16]
-  int* prev_s = live_s + DM_MAX_ROWS;                    // [16]
+  // Per-row keys: [N][16] (V6 & 8: every step's, loaded at launch) or [16] (the current step's);
+  // the layout always reserves [N][16] (cuda_chain.fixed_smem_bytes).
+  const int KA = (int)a.num_steps * DM_MAX_ROWS;
+  i64* slot_all = best_s + DM_MAX_ROWS;                  // [KA]
+  float* temp_all = (float*)(slot_all + KA);             // [KA]
+  float* inv_all = temp_all + KA;                        // [KA]
+  u32* prefix_all = (u32*)(inv_all + KA);                // [KA]
+  int* live_all = (int*)(prefix_all + KA);               // [KA]
+  int* prev_s = live_all + KA;                           // [16]
   int* flag_s = prev_s + DM_MAX_ROWS;                    // [16] unused, [16] = stop, [17] = last block
 
   // This block's tiles [t0, t1) and this warp's [wt0, wt0 + ntw).
@@ -349,6 +455,21 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
   ntw = ntw < 0 ? 0 : (ntw > tpw ? tpw : ntw);
   const i64 v_w0 = wt0 * 16;  // first token of this warp
   const int g = lane >> 2, c = lane & 3;
+  // This warp's W2 tiles by residence: [0, REGS) registers, then n_smem shared-memory tiles, the
+  // rest [REGS + n_smem, ntw) streamed from L2 at every step.
+  int n_smem = ntw > REGS ? (int)((a.smem_tiles - warp + WARPS - 1) / WARPS) : 0;
+  n_smem = n_smem < 0 ? 0 : (n_smem > ntw - REGS ? (ntw > REGS ? ntw - REGS : 0) : n_smem);
+  auto prefetch_base = [&](int step) {  // the block's tokens [vb0, vb1), one bulk prefetch per row (aligned rows)
+    const i64 vb0 = (i64)blockIdx.x * a.num_tiles / a.num_blocks * 16;
+    i64 vb1 = (i64)(blockIdx.x + 1) * a.num_tiles / a.num_blocks * 16;
+    vb1 = vb1 < a.vocab ? vb1 : a.vocab;
+    if ((a.flags & DM_F_PF_BASE) && a.vec_io && threadIdx.x < a.rows && vb1 > vb0) {
+      const int eb = a.base_f32 ? 4 : 2;
+      const unsigned char* p = (const unsigned char*)a.base +
+                               ((i64)threadIdx.x * a.stride_br + (i64)step * a.stride_bn + vb0) * eb;
+      prefetch_l2_bulk(p, (u32)(((vb1 - vb0) * eb) & ~15ll));
+    }
+  };
 
   const u64 keep = policy_evict_last();
   const u64 once = policy_evict_first();
@@ -362,18 +483,32 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
   const int sub = lane >> LRP;
   const int lanes_per_row = 32 >> LRP;
 
+  i64 anchor_tok = 0;
+  if (threadIdx.x < rows)
+    anchor_tok = a.anchor64 ? ((const i64*)a.anchor)[threadIdx.x] : (i64)((const i32*)a.anchor)[threadIdx.x];
+  const bool step0_order = (a.flags & DM_F_STEP0_ORDER) != 0;
+  if ((a.flags & DM_F_PF_W2) && !step0_order && lane == 0 && ntw > 0) {
+    // Everything this warp reads from HBM at step 0 except its shared-memory tiles (cp.async below):
+    // the register tiles first (used first), then the L2-streamed tiles (kept: evict_last).
+    const i64 reg_end = v_w0 + (i64)(REGS < ntw ? REGS : ntw) * 16;
+    const i64 l2_beg = v_w0 + (i64)(REGS + n_smem) * 16, l2_end = v_w0 + (i64)ntw * 16;
+    const i64 ve = vocab;
+    if (REGS > 0) prefetch_l2_bulk(head + v_w0 * 32, (u32)(((reg_end < ve ? reg_end : ve) - v_w0) * 512));
+    if (l2_end > l2_beg && l2_beg < ve)
+      prefetch_l2_bulk_keep(head + l2_beg * 32, (u32)(((l2_end < ve ? l2_end : ve) - l2_beg) * 512), keep);
+  }
+  if (!step0_order) prefetch_base(0);
   if (threadIdx.x < DM_MAX_ROWS) {
-    int r = threadIdx.x;
-    i64 prev = 0;
-    if (r < rows) prev = a.anchor64 ? ((const i64*)a.anchor)[r] : (i64)((const i32*)a.anchor)[r];
+    i64 prev = anchor_tok;
     prev = prev < 0 ? 0 : (prev >= a.embed_rows ? a.embed_rows - 1 : prev);
-    prev_s[r] = (int)prev;
+    prev_s[threadIdx.x] = (int)prev;
   }
   if (threadIdx.x == 0) flag_s[DM_MAX_ROWS] = 0;
   __syncthreads();
 
   // Step 0's copies of this warp's shared-memory tiles from HBM: asynchronous (cp.async, no
   // registers), so the whole of them is in flight at once; waited for before their first use.
+  auto copy_smem_tiles = [&]() {
   for (int lt = REGS; lt < ntw; ++lt) {
     const int slot = (lt - REGS) * WARPS + warp;
     if (slot >= a.smem_tiles) break;
@@ -389,24 +524,10 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
     }
   }
   asm volatile("cp.async.commit_group;" ::: "memory");
-
-  // Per-row keys of a step (slot, temperature, noise prefix) into shared memory; they do not depend
-  // on the tokens, so step s + 1's are loaded before step s's barrier (their latency hides in it).
-  auto load_row_keys = [&](int step) {
-    if (threadIdx.x < rows) {
-      RowKeys k = row_keys(a, threadIdx.x, step);
-      slot_s[threadIdx.x] = k.slot;
-      temp_s[threadIdx.x] = k.temp;
-      inv_s[threadIdx.x] = k.greedy ? 0.0f : k.inv_temp;  // 0: greedy
-      prefix_s[threadIdx.x] = k.prefix;
-      live_s[threadIdx.x] = k.live;
-    }
   };
-  load_row_keys(0);
-
-  const int steps = (int)a.num_steps;
-  for (int step = 0; step < steps; ++step) {
-    // Codes of this step: W1[prev] per row, in mma B-fragment order; rows >= R are zero.
+  // step0_order: step 0's codes gathered now (their W1 loads issued before any W2 request), the
+  // warp's W2 range prefetched into L2, the shared-memory tiles copied in the tile loop.
+  if (step0_order) {
     for (int i = threadIdx.x; i < NT * 8 * 32; i += THREADS) {
       int r = i >> 5, q = i & 31;
       uint4 v = make_uint4(0, 0, 0, 0);
@@ -414,8 +535,55 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
       int nt = r >> 3, gg = r & 7, j = q >> 2, cc = q & 3;
       codes_s[(nt * 8 + j) * 32 + gg * 4 + cc] = v;
     }
+    if ((a.flags & DM_F_PF_W2) && lane == 0 && ntw > 0) {
+      const i64 end = v_w0 + (i64)ntw * 16 < vocab ? v_w0 + (i64)ntw * 16 : vocab;
+      prefetch_l2_bulk(head + v_w0 * 32, (u32)((end - v_w0) * 512));
+    }
+    prefetch_base(0);
+  } else {
+    copy_smem_tiles();
+  }
+
+  // Per-row keys of a step (slot, temperature, noise prefix) into shared memory; they do not depend
+  // on the tokens, so step s + 1's are loaded before step s's barrier (their latency hides in it).
+  auto store_row_keys = [&](int row, int step, int at) {
+    RowKeys k = row_keys(a, row, step);
+    slot_all[at] = k.slot;
+    temp_all[at] = k.temp;
+    inv_all[at] = k.greedy ? 0.0f : k.inv_temp;  // 0: greedy
+    prefix_all[at] = k.prefix;
+    live_all[at] = k.live;
+  };
+  auto load_row_keys = [&](int step) {
+    if (!(V6 & 8) && threadIdx.x < rows) store_row_keys(threadIdx.x, step, threadIdx.x);
+  };
+  if (V6 & 8) {  // every step's keys now: thread t -> (row t / N, step t % N)
+    for (int t = threadIdx.x; t < rows * (int)a.num_steps; t += THREADS) {
+      const int r = t / (int)a.num_steps, st = t - r * (int)a.num_steps;
+      store_row_keys(r, st, st * DM_MAX_ROWS + r);
+    }
+  }
+  load_row_keys(0);
+
+  const int steps = (int)a.num_steps;
+  for (int step = 0; step < steps; ++step) {
+    const int ko = (V6 & 8) ? step * DM_MAX_ROWS : 0;  // this step's row keys
+    const i64* slot_s = slot_all + ko;
+    const float* temp_s = temp_all + ko;
+    const float* inv_s = inv_all + ko;
+    const u32* prefix_s = prefix_all + ko;
+    const int* live_s = live_all + ko;
+    // Codes of this step: W1[prev] per row, in mma B-fragment order; rows >= R are zero.
+    for (int i = threadIdx.x; i < (step0_order && step == 0 ? 0 : NT * 8 * 32); i += THREADS) {
+      int r = i >> 5, q = i & 31;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (r < rows) v = ((const uint4*)a.embed)[(i64)prev_s[r] * 32 + q];
+      int nt = r >> 3, gg = r & 7, j = q >> 2, cc = q & 3;
+      codes_s[(nt * 8 + j) * 32 + gg * 4 + cc] = v;
+    }
     __syncthreads();
-    DM_TRACE(1 + 4 * step);
+    DM_TRACE(1 + 8 * step);
+    if (step + 1 < steps) prefetch_base(step + 1);
 
     // Bias of this warp's tiles, staged as bf16 [RP rows][ntw * 16 tokens].
     unsigned char* stage = stage_s + warp * RP * pitch;
@@ -457,6 +625,7 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
     }
     for (int pass = 0; pass < 2; ++pass) {
       if (pass == 1 && step == 0) {
+        if (step0_order) copy_smem_tiles();
         asm volatile("cp.async.wait_all;" ::: "memory");
         __syncwarp();
       }
@@ -471,22 +640,46 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
           for (int j = 0; j < 8; ++j) mma_chunk<NT>(acc, src[(j * 2) * 32 + lane], src[(j * 2 + 1) * 32 + lane], codes_s, j, lane);
         } else {
           const i64 r_lo = v_w0 + lt * 16 + g, r_hi = r_lo + 8;
+          if (V6 & 1) {
 #pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            uint4 lo = r_lo < vocab ? ld_w2(head + r_lo * 32 + j * 4 + c, keep) : make_uint4(0, 0, 0, 0);
-            uint4 hi = r_hi < vocab ? ld_w2(head + r_hi * 32 + j * 4 + c, keep) : make_uint4(0, 0, 0, 0);
-            mma_chunk<NT>(acc, lo, hi, codes_s, j, lane);
+            for (int half = 0; half < 2; ++half) {
+              uint4 buf[8];
+#pragma unroll
+              for (int jj = 0; jj < 4; ++jj) {
+                const int j = half * 4 + jj;
+                buf[2 * jj] = r_lo < vocab ? ld_w2(head + r_lo * 32 + j * 4 + c, keep) : make_uint4(0, 0, 0, 0);
+                buf[2 * jj + 1] = r_hi < vocab ? ld_w2(head + r_hi * 32 + j * 4 + c, keep) : make_uint4(0, 0, 0, 0);
+              }
+#pragma unroll
+              for (int jj = 0; jj < 4; ++jj) mma_chunk<NT>(acc, buf[2 * jj], buf[2 * jj + 1], codes_s, half * 4 + jj, lane);
+            }
+          } else {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+              uint4 lo = r_lo < vocab ? ld_w2(head + r_lo * 32 + j * 4 + c, keep) : make_uint4(0, 0, 0, 0);
+              uint4 hi = r_hi < vocab ? ld_w2(head + r_hi * 32 + j * 4 + c, keep) : make_uint4(0, 0, 0, 0);
+              mma_chunk<NT>(acc, lo, hi, codes_s, j, lane);
+            }
           }
         }
         stage_tile(acc, lt);
       }
     }
     __syncwarp();
+    DM_TRACE_BY(5 + 8 * step, 32 * (WARPS - 2));
 
     // Phase A (coalesced): z = round(U + bias) for every row in 8-token units, the cache write of
     // live rows, z staged in place of the bias.
     const int valid = (int)(vocab - v_w0 < (i64)ntw * 16 ? vocab - v_w0 : (i64)ntw * 16);  // tokens of this warp
-    if (a.base_f32) {
+    if (V6 & 2) {
+      if (a.base_f32) {
+        if (a.cache_f32) stage_z_batched<true, true>(a, stage, pitch, v_w0, valid, step, slot_s, live_s, lane);
+        else stage_z_batched<true, false>(a, stage, pitch, v_w0, valid, step, slot_s, live_s, lane);
+      } else {
+        if (a.cache_f32) stage_z_batched<false, true>(a, stage, pitch, v_w0, valid, step, slot_s, live_s, lane);
+        else stage_z_batched<false, false>(a, stage, pitch, v_w0, valid, step, slot_s, live_s, lane);
+      }
+    } else if (a.base_f32) {
       if (a.cache_f32) stage_z<true, true>(a, stage, pitch, v_w0, valid, step, slot_s, live_s, lane);
       else stage_z<true, false>(a, stage, pitch, v_w0, valid, step, slot_s, live_s, lane);
     } else {
@@ -494,6 +687,7 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
       else stage_z<false, false>(a, stage, pitch, v_w0, valid, step, slot_s, live_s, lane);
     }
     __syncwarp();
+    DM_TRACE_BY(6 + 8 * step, 32 * (WARPS - 2));
     // Phase B: lane (rr, sub) ranks a contiguous chunk of its row rr by approximate keys.
     const int chunk = span >> (5 - LRP);  // span / lanes_per_row
     const bool greedy = rr < rows ? inv_s[rr] == 0.0f : true;
@@ -542,8 +736,9 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
     }
     for (int off = RP; off < 32; off <<= 1) exact = max64(exact, shfl_xor64(exact, off));
     if (sub == 0) triple_s[warp * RP + rr] = exact;
+    DM_TRACE_BY(7 + 8 * step, 32 * (WARPS - 2));
     __syncthreads();
-    DM_TRACE(2 + 4 * step);
+    DM_TRACE(2 + 8 * step);
     if (threadIdx.x < rows) {
       i64 best = DM_INT64_MIN;
       for (int w = 0; w < WARPS; ++w) best = max64(best, triple_s[w * RP + threadIdx.x]);
@@ -560,6 +755,54 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
     }
     if (threadIdx.x < rows) atomicMax((long long*)&words[step * DM_MAX_ROWS + threadIdx.x], (long long)best_s[threadIdx.x]);
     if (step + 1 == steps) break;  // the last step needs no barrier: the exit counter orders it
+    if (V6 & 16) {
+      // Publish (a real word is never INT64_MIN: index < 2^31 - 1), then poll every block's slot.
+      i64* pub = (i64*)a.pub + (i64)step * DM_MAX_ROWS * a.num_blocks;
+      load_row_keys(step + 1);  // (no-op with V6 & 8)
+      if (threadIdx.x < rows) st_relaxed64(pub + threadIdx.x * a.num_blocks + block, max64(best_s[threadIdx.x], DM_INT64_MIN + 1));
+      __syncthreads();  // best_s written before the merges below
+      constexpr int K = (DM_MAX_ROWS * 132 + THREADS - 1) / THREADS;  // pairs per thread and pass (132 SMs)
+      const int pairs = rows * (int)a.num_blocks;
+      const long long start = clock64();
+      int stop = 0;
+      for (int p0 = 0; p0 < pairs && !stop; p0 += K * THREADS) {
+        u32 pending = 0;
+#pragma unroll
+        for (int k = 0; k < K; ++k) pending |= (p0 + k * THREADS + (int)threadIdx.x < pairs ? 1u : 0u) << k;
+        while (pending) {
+          i64 w[K];
+#pragma unroll
+          for (int k = 0; k < K; ++k) w[k] = (pending >> k & 1) ? ld_relaxed64(pub + p0 + k * THREADS + threadIdx.x) : 0;
+#pragma unroll
+          for (int k = 0; k < K; ++k) {
+            if ((pending >> k & 1) && w[k] != DM_INT64_MIN && a.barrier_extra == 0) {
+              atomicMax((long long*)&best_s[(p0 + k * THREADS + (int)threadIdx.x) / (int)a.num_blocks], (long long)w[k]);
+              pending &= ~(1u << k);
+            }
+          }
+          if (pending && clock64() - start > a.spin_cycles) {
+            stop = 1;
+            break;
+          }
+        }
+      }
+      if (stop) {
+        atomicOr(status, 1);
+        flag_s[DM_MAX_ROWS] = 1;
+      }
+      __syncthreads();
+      DM_TRACE(3 + 8 * step);
+      if (flag_s[DM_MAX_ROWS]) break;
+      if (threadIdx.x < rows) {
+        i64 t = dm::word_index(best_s[threadIdx.x]);
+        t = t < 0 ? 0 : (t >= vocab ? vocab - 1 : t);
+        t = t >= a.embed_rows ? a.embed_rows - 1 : t;
+        prev_s[threadIdx.x] = (int)t;
+      }
+      __syncthreads();
+      DM_TRACE(4 + 8 * step);
+      continue;
+    }
 
     // Grid barrier (bounded), then every block reads the step's words. (Every read of this step's
     // row keys is behind the __syncthreads above.)
@@ -580,7 +823,7 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
       }
       __threadfence();
       flag_s[DM_MAX_ROWS] = stop;
-      DM_TRACE(3 + 4 * step);
+      DM_TRACE(3 + 8 * step);
     }
     __syncthreads();
     if (flag_s[DM_MAX_ROWS]) break;
@@ -592,7 +835,7 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
       prev_s[threadIdx.x] = (int)t;
     }
     __syncthreads();
-    DM_TRACE(4 + 4 * step);
+    DM_TRACE(4 + 8 * step);
   }
 
   // Exit: the last block writes the tokens of every step and resets the scratch for the next call.
@@ -601,7 +844,7 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
     __threadfence();
     int done = atomicAdd(&sync[steps], 1);
     flag_s[DM_MAX_ROWS + 1] = done == (int)a.num_blocks - 1;
-    DM_TRACE(1 + 4 * steps);
+    DM_TRACE(1 + 8 * steps);
   }
   __syncthreads();
   if (flag_s[DM_MAX_ROWS + 1]) {
@@ -617,16 +860,32 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
     __syncthreads();
     if (mine) ((i64*)a.tokens)[r * a.stride_tr + s] = tok;
     if (threadIdx.x < steps * DM_MAX_ROWS) words[threadIdx.x] = DM_INT64_MIN;
+    if (V6 & 16)
+      for (i64 i = threadIdx.x; i < (i64)(steps - 1) * DM_MAX_ROWS * a.num_blocks; i += THREADS)
+        ((i64*)a.pub)[i] = DM_INT64_MIN;
     if (threadIdx.x <= steps) sync[threadIdx.x] = 0;
   }
 }
 
-extern "C" __global__ void __launch_bounds__(512, 1) dm_chain_w16_r0_nt1(const ChainArgs a) { chain_body<1, 16, 0>(a); }
-extern "C" __global__ void __launch_bounds__(512, 1) dm_chain_w16_r0_nt2(const ChainArgs a) { chain_body<2, 16, 0>(a); }
-extern "C" __global__ void __launch_bounds__(512, 1) dm_chain_w16_r1_nt1(const ChainArgs a) { chain_body<1, 16, 1>(a); }
-extern "C" __global__ void __launch_bounds__(512, 1) dm_chain_w16_r1_nt2(const ChainArgs a) { chain_body<2, 16, 1>(a); }
-extern "C" __global__ void __launch_bounds__(256, 1) dm_chain_w8_r3_nt1(const ChainArgs a) { chain_body<1, 8, 3>(a); }
-extern "C" __global__ void __launch_bounds__(256, 1) dm_chain_w8_r3_nt2(const ChainArgs a) { chain_body<2, 8, 3>(a); }
+extern "C" __global__ void __launch_bounds__(512, 1) dm_chain_w16_r0_nt1(const ChainArgs a) { chain_body<1, 16, 0, 0>(a); }
+extern "C" __global__ void __launch_bounds__(512, 1) dm_chain_w16_r0_nt2(const ChainArgs a) { chain_body<2, 16, 0, 0>(a); }
+extern "C" __global__ void __launch_bounds__(512, 1) dm_chain_w16_r1_nt1(const ChainArgs a) { chain_body<1, 16, 1, 0>(a); }
+extern "C" __global__ void __launch_bounds__(512, 1) dm_chain_w16_r1_nt2(const ChainArgs a) { chain_body<2, 16, 1, 0>(a); }
+extern "C" __global__ void __launch_bounds__(256, 1) dm_chain_w8_r3_nt1(const ChainArgs a) { chain_body<1, 8, 3, 0>(a); }
+extern "C" __global__ void __launch_bounds__(256, 1) dm_chain_w8_r3_nt2(const ChainArgs a) { chain_body<2, 8, 3, 0>(a); }
+// Variants of the 16-warp, one-register-tile shape (suffix _v<V6 bits>).
+#define DM_V6_ENTRY(V)                                                                                           \
+  extern "C" __global__ void __launch_bounds__(512, 1) dm_chain_w16_r1_nt1_v##V(const ChainArgs a) {          \
+    chain_body<1, 16, 1, V>(a);                                                                                 \
+  }                                                                                                             \
+  extern "C" __global__ void __launch_bounds__(512, 1) dm_chain_w16_r1_nt2_v##V(const ChainArgs a) {          \
+    chain_body<2, 16, 1, V>(a);                                                                                 \
+  }
+DM_V6_ENTRY(1)
+DM_V6_ENTRY(9)
+DM_V6_ENTRY(11)
+DM_V6_ENTRY(25)
+DM_V6_ENTRY(27)
 
 // Largest |approximate - exact| Gumbel noise over the hashes [h0, h0 + count) (as fp32 bits of a
 // non-negative float, merged with atomicMax); the GPU test runs it over all 2^32 hashes.

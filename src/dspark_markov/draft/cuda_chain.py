@@ -17,12 +17,14 @@ per SM; the launch takes every SM): a barrier that waits longer than ``spin_cycl
 ``status`` and the launch ends early with tokens in ``[0, V)``; :meth:`check` raises
 :class:`~dspark_markov.DeviceStatusError`.
 
-Measured (H200, V = 129,280, rank 256, N = 5, bf16 cache, CUDA graph, cold L2; benchmarks/results/
-NVIDIA-H200_2026-12-01_cuda_chain.json): 89 / 94 / 100 / 117 / 166 us at 1 / 2 / 4 / 8 / 16 rows
-(mixed T within 4%, fp32 cache within 7%); one step alone 40 us (1 row) and 55 us (16 rows). Per
-later step (in-kernel trace, ``trace=True``): ~9.4 us block compute + ~2.7 barrier + ~0.9 token at
-1 row, ~23.5 + ~4 + ~0.9 at 16 rows: latency-bound (ncu: 4 warps per scheduler, none eligible in
-~73% of the cycles at 1 row), far from the one-W2-read floor of ~15 us.
+Measured (H200, V = 129,280, rank 256, N = 5, bf16 cache, CUDA graph, cold L2): the v5 kernel
+(variant 0) 89 / 94 / 100 / 117 / 166 us at 1 / 2 / 4 / 8 / 16 rows (benchmarks/results/
+NVIDIA-H200_2026-12-01_cuda_chain.json; mixed T within 4%, fp32 cache within 7%); the default
+variant 11 with the L2 hints 84.9 / 88.7 / 94.8 / 109.3 / 158.8 against 90.3 / 95.0 / 101.3 / 117.6 /
+167.7 for variant 0 in the same job (..._cuda_chain_variants_r1.json). Per later step (in-kernel
+trace, ``trace=True``, warp 14 of 16): at 1 row ~5.7 us bias tiles (its two L2-streamed tiles) +
+0.8 phase A + 2.5 phase B and exact keys + ~2.3 barrier + 0.6 token; at 16 rows ~8-10 tiles + 3-4
+phase A + 10.5 phase B + ~4 barrier + 0.8 token, far from the one-W2-read floor of ~15 us.
 
 Requirements (``ValueError`` otherwise): a CUDA device of compute capability 9.0 with NVRTC
 (:func:`dspark_markov.cuda.availability`), bf16 weights of rank 256, at most 16 rows, at most 32
@@ -47,11 +49,30 @@ TILE_BYTES = TILE * RANK * 2
 # A barrier gives up after this many SM clock cycles (~1 s at 1.98 GHz): far beyond any step.
 SPIN_CYCLES = 2_000_000_000
 INT64_MIN = -(2**63)
+TRACE_SLOTS = 264  # chain.cu DM_TRACE_SLOTS: 1 + 8 per step + exit, per traced block
 # (warps, reg_tiles) by batch: (<= 8 rows, 9-16 rows). Measured on the H200 (N = 5, bf16, T = 1):
 # 16 warps with one register tile beat no register tile (79 vs 97 us at 1 row, 259 vs 289 at 16 in
 # one run) and 8 warps with three register tiles (97.4 vs 98.9 us at 1 row, 178.8 vs 227.3 at 16 in
 # another): latency hiding by more warps outweighs the smaller L2 share.
 DEFAULT_SHAPE = ((16, 1), (16, 1))
+# Run-time hints (chain.cu DM_F_*; they never change a draw): prefetch of W2's register and
+# L2-streamed tiles into L2 at launch (bulk copy engine), and of step s + 1's base logits at step s;
+# step 0 in dependency order (anchors, W1 rows, then W2; shared-memory tiles copied in the tile loop).
+FLAG_PREFETCH_W2 = 1
+FLAG_PREFETCH_BASE = 2
+FLAG_STEP0_ORDER = 4
+# Measured on the H200 (N = 5, bf16, T = 1; benchmarks/results/NVIDIA-H200_2026-12-01_cuda_chain_variants_r1.json,
+# us at 1/2/4/8/16 rows): v5 kernel 90.3/95.0/101.3/117.6/167.7; variant 11 with both hints
+# 84.9/88.7/94.8/109.3/158.8 (the best of the sweep); the hints alone on the v5 kernel 90.2 ... 170.7.
+DEFAULT_FLAGS = FLAG_PREFETCH_W2 | FLAG_PREFETCH_BASE
+# Compile-time variants of the 16-warp / one-register-tile kernel (chain.cu V6 bits): 1 = L2-streamed
+# tiles loaded in two batches of 8 16-byte loads per lane ahead of their mma; 9 = 1 + every step's
+# per-row keys loaded at launch (no global load before a grid barrier); 11 = 9 + phase A with two
+# 8-token units of base logits in flight per lane (bf16 base, aligned rows); 25 / 27 = 9 / 11 + the
+# grid agreement through per-block word slots (``pub``: one store and one poll per block, no
+# counter, no fence).
+VARIANTS = (0, 1, 9, 11, 25, 27)
+DEFAULT_VARIANT = 11
 
 
 class ChainArgs(ctypes.Structure):
@@ -59,10 +80,10 @@ class ChainArgs(ctypes.Structure):
 
     _fields_ = [(name, ctypes.c_uint64) for name in (
         "base", "anchor", "embed", "head", "cache", "idx", "pos", "temp", "seeds", "tokens", "words", "sync",
-        "status", "trace")] + [(name, ctypes.c_int64) for name in (
+        "status", "trace", "pub")] + [(name, ctypes.c_int64) for name in (
             "rows", "vocab", "embed_rows", "num_slots", "num_steps", "stride_br", "stride_bn", "stride_cs",
             "stride_tr", "base_f32", "cache_f32", "anchor64", "idx64", "pos64", "rows_pow2", "log2_rows_pow2", "vec_io",
-            "num_blocks", "num_tiles", "smem_tiles", "tiles_per_warp", "barrier_extra", "spin_cycles")] + [
+            "num_blocks", "num_tiles", "smem_tiles", "tiles_per_warp", "barrier_extra", "spin_cycles", "flags")] + [
         ("scale", ctypes.c_double), ("filter_margin", ctypes.c_double)]
 
 
@@ -78,13 +99,16 @@ def _pow2_at_least(n: int) -> int:
     return p
 
 
-def fixed_smem_bytes(rows_pow2: int, nt: int, tiles_per_warp: int, warps: int, cache_bytes: int) -> int:
+def fixed_smem_bytes(rows_pow2: int, nt: int, tiles_per_warp: int, warps: int, cache_bytes: int,
+                     steps: int = 1) -> int:
     """Shared memory besides the W2 tiles (chain.cu's layout): codes, the per-warp stage of z
-    (``[rows_pow2][tokens * cache_bytes + 16]``), per-warp words, per-row keys, tokens, flags."""
+    (``[rows_pow2][tokens * cache_bytes + 16]``), per-warp words, block words, per-row keys
+    (``[steps][16]`` of slot, temperature, 1/T, prefix, live), tokens, flags."""
     codes = nt * 8 * 32 * 16
     stage = warps * rows_pow2 * (tiles_per_warp * TILE * cache_bytes + 16)
     triples = warps * rows_pow2 * 3 * 8
-    return codes + stage + triples + 2 * MAX_ROWS * 8 + 5 * MAX_ROWS * 4 + (MAX_ROWS + 2) * 4
+    keys = steps * MAX_ROWS * (8 + 4 * 4)
+    return codes + stage + triples + MAX_ROWS * 8 + keys + MAX_ROWS * 4 + (MAX_ROWS + 2) * 4
 
 
 class CudaChainBackend:
@@ -96,7 +120,9 @@ class CudaChainBackend:
     SM), ``spin_cycles`` (barrier bound), ``filter_margin`` (the filter's noise margin; a huge value
     forces the exact path), ``barrier_extra`` (test hook: wait for that many more arrivals than
     there are blocks, so every barrier times out), ``trace`` (record phase timestamps in :attr:`trace`;
-    :meth:`phase_times` reads them).
+    :meth:`phase_times` reads them), ``flags`` (run-time hints, :data:`FLAG_PREFETCH_W2` |
+    :data:`FLAG_PREFETCH_BASE` | :data:`FLAG_STEP0_ORDER`; they never change a draw) and ``variant`` (compile-time kernel variant,
+    :data:`VARIANTS`; non-zero with 16 warps and one register tile only).
     """
 
     METHODS = ("gumbel",)
@@ -106,7 +132,8 @@ class CudaChainBackend:
 
     def __init__(self, head, num_steps, max_rows, *, method, cache_dtype, device, warps=None, reg_tiles=None,
                  smem_tiles=None,
-                 num_blocks=None, spin_cycles=SPIN_CYCLES, filter_margin=FILTER_MARGIN, barrier_extra=0, trace=False):
+                 num_blocks=None, spin_cycles=SPIN_CYCLES, filter_margin=FILTER_MARGIN, barrier_extra=0, trace=False,
+                 flags=DEFAULT_FLAGS, variant=None):
         from .. import cuda
 
         device = torch.device(device)
@@ -147,10 +174,19 @@ class CudaChainBackend:
         if self.warps not in REG_TILES or self.reg_tiles not in REG_TILES[self.warps]:
             raise ValueError(f"reg_tiles: expected warps/reg_tiles in {REG_TILES}, got {self.warps}/{self.reg_tiles}")
         self.threads = 32 * self.warps
+        if int(flags) < 0 or int(flags) > FLAG_PREFETCH_W2 | FLAG_PREFETCH_BASE | FLAG_STEP0_ORDER:
+            raise ValueError(f"flags: expected a combination of FLAG_PREFETCH_W2, FLAG_PREFETCH_BASE and "
+                             f"FLAG_STEP0_ORDER, got {flags}")
+        if variant is None:  # the default variant where the shape has it
+            variant = DEFAULT_VARIANT if (self.warps, self.reg_tiles) == (16, 1) else 0
+        if int(variant) not in VARIANTS or (int(variant) and (self.warps, self.reg_tiles) != (16, 1)):
+            raise ValueError(f"variant: expected one of {VARIANTS} (non-zero only with 16 warps and one register "
+                             f"tile), got {variant}")
+        self.flags, self.variant = int(flags), int(variant)
         self.tiles_per_warp = -(-per_block // self.warps)
         nt_max = 1 if self.max_rows_pow2 <= 8 else 2
         fixed = fixed_smem_bytes(self.max_rows_pow2, 2, self.tiles_per_warp, self.warps,  # codes sized for NT = 2
-                                 4 if cache_dtype == torch.float32 else 2)
+                                 4 if cache_dtype == torch.float32 else 2, int(num_steps))
         from ..cuda import build
 
         limit = build.max_dynamic_smem(index)
@@ -175,8 +211,11 @@ class CudaChainBackend:
         self.words = torch.full((self.num_steps, MAX_ROWS), INT64_MIN, dtype=torch.int64, device=self.device)
         self.sync = torch.zeros(self.num_steps + 1, dtype=torch.int32, device=self.device)
         self.status = torch.zeros(1, dtype=torch.int32, device=self.device)
+        # Per-block word slots of the counter-free agreement (variants 25 / 27): [N, 16, blocks].
+        self.pub = torch.full((self.num_steps, MAX_ROWS, self.num_blocks), INT64_MIN, dtype=torch.int64,
+                              device=self.device)
         # Profiling: clock64() at the phase boundaries of the first and the last block (chain.cu DM_TRACE).
-        self.trace = torch.zeros(2, 136, dtype=torch.int64, device=self.device) if trace else None
+        self.trace = torch.zeros(2, TRACE_SLOTS, dtype=torch.int64, device=self.device) if trace else None
 
     @staticmethod
     def unavailable_reason() -> str | None:
@@ -190,7 +229,9 @@ class CudaChainBackend:
 
         Per step: ``compute`` (codes ready -> the block's words merged), ``barrier`` (-> every block
         arrived), ``token`` (-> the next step's codes ready: word read, W1 gather); ``start`` (kernel
-        start -> step 0's codes) and ``exit``.
+        start -> step 0's codes) and ``exit``; and, seen by warp ``warps - 2`` (one with two
+        L2-streamed tiles), ``tiles`` (codes ready -> its bias tiles staged), ``phaseA`` (z and the
+        cache write) and ``phaseB`` (approximate ranking, exact keys, merge).
         """
         t = self.trace.cpu().tolist()
         out = {}
@@ -199,17 +240,22 @@ class CudaChainBackend:
             steps = self.num_steps
             phases = {"start": us(0, 1)}
             for s in range(steps):
-                phases[f"compute{s}"] = us(1 + 4 * s, 2 + 4 * s)
+                k = 1 + 8 * s
+                # Warp WARPS - 2 (lane 0): its bias tiles, its phase A, its phase B + exact keys.
+                phases[f"tiles{s}"] = us(k, k + 4)
+                phases[f"phaseA{s}"] = us(k + 4, k + 5)
+                phases[f"phaseB{s}"] = us(k + 5, k + 6)
+                phases[f"compute{s}"] = us(k, k + 1)
                 if s + 1 < steps:
-                    phases[f"barrier{s}"] = us(2 + 4 * s, 3 + 4 * s)
-                    phases[f"token{s}"] = us(3 + 4 * s, 1 + 4 * (s + 1))
-            phases["exit"] = us(2 + 4 * (steps - 1), 1 + 4 * steps)
-            phases["total"] = us(0, 1 + 4 * steps)
+                    phases[f"barrier{s}"] = us(k + 1, k + 2)
+                    phases[f"token{s}"] = us(k + 2, k + 8)
+            phases["exit"] = us(2 + 8 * (steps - 1), 1 + 8 * steps)
+            phases["total"] = us(0, 1 + 8 * steps)
             out[name] = phases
         return out
 
     def kernel_name(self, nt: int) -> str:
-        return f"dm_chain_w{self.warps}_r{self.reg_tiles}_nt{nt}"
+        return f"dm_chain_w{self.warps}_r{self.reg_tiles}_nt{nt}" + (f"_v{self.variant}" if self.variant else "")
 
     def check(self) -> None:
         """Raise :class:`~dspark_markov.DeviceStatusError` if a launch's barrier timed out since the last check.
@@ -220,6 +266,7 @@ class CudaChainBackend:
         if int(self.status.item()) != 0:
             self.status.zero_()
             self.words.fill_(INT64_MIN)
+            self.pub.fill_(INT64_MIN)
             self.sync.zero_()
             try:
                 from ..validate import DeviceStatusError
@@ -240,7 +287,7 @@ class CudaChainBackend:
             base_logits.data_ptr(), anchor.data_ptr(), head.embed_weight.data_ptr(), head.head_weight.data_ptr(),
             logits_cache.data_ptr(), idx_mapping.data_ptr(), positions.data_ptr(), temperature.data_ptr(),
             seeds.data_ptr(), draft_tokens.data_ptr(), self.words.data_ptr(), self.sync.data_ptr(),
-            status.data_ptr(), 0 if self.trace is None else self.trace.data_ptr(),
+            status.data_ptr(), 0 if self.trace is None else self.trace.data_ptr(), self.pub.data_ptr(),
             rows, vocab, head.embed_vocab_size, temperature.shape[0], steps,
             base_logits.stride(0), base_logits.stride(1), logits_cache.stride(0), draft_tokens.stride(0),
             int(base_logits.dtype == torch.float32), int(logits_cache.dtype == torch.float32),
@@ -248,7 +295,7 @@ class CudaChainBackend:
             int(positions.dtype == torch.int64), rows_pow2, rows_pow2.bit_length() - 1,
             int(_aligned16(base_logits, (0, 1)) and _aligned16(logits_cache, (0, 1))),
             self.num_blocks, self.num_tiles, self.smem_tiles, self.tiles_per_warp, self.barrier_extra,
-            self.spin_cycles, float(head.scale), self.filter_margin)
+            self.spin_cycles, self.flags, float(head.scale), self.filter_margin)
 
     def run(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens, logits_cache):
         rows, steps, _ = base_logits.shape
