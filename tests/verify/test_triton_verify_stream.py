@@ -9,11 +9,13 @@ between calls, and a chi-square of the emitted tokens (``slow``: a few minutes i
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import dspark_markov as dm
 from dspark_markov.demo.generate import chi_square, chi_square_threshold
 from dspark_markov.verify.reference import scale_target
-from dspark_markov.verify.triton_verify_stream import StreamVerifier, cached_verifier
+from dspark_markov.verify.triton_verify_stream import StreamVerifier, _divide, _divisor, cached_verifier
 from tests.helpers import VERIFY_VOCAB as VOCAB
 from tests.helpers import verify_case as _case
 
@@ -52,11 +54,15 @@ def test_raw_logits_bit_identical_to_pre_divided(method):
     temperature, idx = args[6], args[4]
     temperature[idx[idx >= 0][-1]] = 1.0  # a T = 1 slot (the kernel skips its division: x / 1 = x)
     raw = args[0] * torch.where(temperature == 0, 1.0, temperature)[idx.clamp_min(0), None, None]
+    raw[0, 0, :5] = torch.tensor([1e-35, -0.0, float("-inf"), 3e38, 1e-42])  # the fast division's fallback
     divided = scale_target(raw, temperature, idx)
     verifier = StreamVerifier(7, 3, VOCAB, "cpu")
     a = _run(verifier, [divided] + args[1:], method)
     b = _run(verifier, [raw] + args[1:], method, target_temperature=temperature)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    fast = StreamVerifier(7, 3, VOCAB, "cpu", fused=1, fast_divide=1)  # no divide per element
+    c = _run(fast, [raw] + args[1:], method, target_temperature=temperature)
+    assert torch.equal(a[0], c[0]) and torch.equal(a[1], c[1])
     _assert_reference([divided] + args[1:], method, a)
     out = dm.verify_drafts(raw, *args[1:], method=method, impl="triton", target_temperature=temperature)
     ref = dm.verify_drafts(raw, *args[1:], method=method, target_temperature=temperature)
@@ -167,3 +173,37 @@ def test_first_two_positions_follow_the_target(method):
     assert accepted > 0.5
     (bad, dof), _ = statistic(temp * 0.1, 120)  # verifying against the wrong q breaks losslessness
     assert bad > chi_square_threshold(dof), f"negative control: chi-square {bad:.1f} on {dof} df"
+
+
+@triton.jit
+def _divide_kernel(x_ptr, out_ptr, risky_ptr, temp_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=1.0)
+    t, r, s, tiny = _divisor(tl.load(temp_ptr))
+    y, risky = _divide(x, t, r, s, tiny)
+    tl.store(out_ptr + offs, y, mask=offs < n)
+    tl.store(risky_ptr + offs, risky.to(tl.int8), mask=offs < n)
+
+
+def test_fast_division_is_correctly_rounded():
+    """``_divide`` (two Markstein corrections, no divide per element) equals ``x / T`` bit for bit
+    wherever it does not flag the value for the exact fallback, and flags only nonzero values of
+    magnitude below ``max(2^-100, 2^-125 T)``: every significand of one binade, specials, extremes."""
+    g = torch.Generator().manual_seed(11)
+    significands = torch.arange(1 << 23, dtype=torch.int32) | (127 << 23)  # every x in [1, 2)
+    specials = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 3.4028234663852886e38,
+                             -3.4028234663852886e38, 1e-45, -1e-45, 1.1754943508222875e-38, 7.9e-31, 7.8e-31,
+                             1e-20, 1e30, 12.5, -0.75])
+    mixed = torch.randn(1 << 16, generator=g) * torch.exp2(torch.randint(-140, 127, (1 << 16,), generator=g).float())
+    for i, temp in enumerate([0.6, 1.7, 0.0123, 3.0, 1.0000001, 1.9999999, 1e-30, 1e30]):
+        x = torch.cat([significands.view(torch.float32) if i < 2 else significands[::97].view(torch.float32),
+                       specials, mixed, -mixed])
+        out = torch.empty_like(x)
+        risky = torch.empty(x.shape, dtype=torch.int8)
+        _divide_kernel[((x.numel() + 4095) // 4096,)](x, out, risky, torch.tensor([temp]), x.numel(), BLOCK=4096)
+        expected = x / torch.tensor(temp, dtype=torch.float32)
+        flagged = risky.bool()
+        lo = max(2.0 ** -100, 2.0 ** -125 * temp) if 2.0 ** -126 <= temp <= 2.0 ** 126 else float("inf")
+        assert torch.equal(flagged, (x != 0) & (x.abs() < lo)), temp
+        same = (out.view(torch.int32) == expected.view(torch.int32)) | (out.isnan() & expected.isnan())
+        assert bool(same[~flagged].all()), (temp, x[~flagged & ~same][:5], out[~flagged & ~same][:5])

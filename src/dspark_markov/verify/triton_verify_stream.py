@@ -138,11 +138,52 @@ def _load_row(ptr, token, valid, temp, DIVIDE: tl.constexpr, other):
     exactly, NaN, infinities, signed zeros and subnormals included), so those slots cost what the
     pre-divided mode costs.
     """
-    x = to_float32(tl.load(ptr + token, mask=valid, other=other))
+    if valid is None:
+        x = to_float32(tl.load(ptr + token))
+    else:
+        x = to_float32(tl.load(ptr + token, mask=valid, other=other))
     if DIVIDE:
         if (temp != 0.0) & (temp != 1.0):
             x = tl.math.div_rn(x, temp)  # other = -inf or 0 stays itself (T > 0)
     return x
+
+
+@triton.jit
+def _divisor(temp):
+    """``(t, r, s, tiny)`` of the exact division by ``T`` without a divide per element (:func:`_divide`).
+
+    ``T = t 2^k`` with ``t`` in ``[1, 2)``, ``r = RN(1/t)``, ``s = 2^-k`` (exact); ``tiny`` the bits
+    of the magnitude below which a value takes the exact fallback (``max(2^-100, 2^-125 T)``, where
+    a residual or the result could leave the normal range; every finite nonzero value when ``T`` is
+    outside ``[2^-126, 2^126]``).
+    """
+    bits = temp.to(tl.int32, bitcast=True)
+    exponent = (bits >> 23) & 0xFF
+    t = ((bits & 0x007FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)
+    s = ((254 - exponent) << 23).to(tl.float32, bitcast=True)
+    r = tl.math.div_rn(1.0, t)
+    lo = tl.maximum(7.888609052210118e-31, temp * 2.350988701644575e-38)  # 2^-100, 2^-125
+    lo = tl.where((exponent >= 1) & (exponent <= 253), lo, float("inf"))
+    return t, r, s, lo.to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def _divide(x, t, r, s, tiny):
+    """``(x / T, risky)``: the correctly rounded quotient from :func:`_divisor`'s constants, and where it
+    may not be (``0 < |x| < tiny``: the caller recomputes those exactly with ``div_rn``).
+
+    Two Markstein corrections with exact FMA residuals: ``q1`` is within one ulp of ``x / t``, so
+    ``q2 = RN(q1 + (x - q1 t) r) = RN(x / t)`` (Markstein's theorem: ``r`` within half an ulp of
+    ``1/t``, the residual exact, everything normal); ``q2 s`` is then exact, or overflows exactly
+    as ``x / T`` does. Infinities make the residuals NaN: they take ``q0 = x r`` (``+-inf``);
+    NaN stays NaN; zeros keep their sign.
+    """
+    q0 = x * r
+    q1 = tl.fma(-tl.fma(q0, t, -x), r, q0)  # residual q0 t - x (exact): a zero keeps its sign
+    q2 = tl.fma(-tl.fma(q1, t, -x), r, q1)
+    y = tl.where(q2 == q2, q2, q0) * s
+    magnitude = (x.to(tl.int32, bitcast=True) & 0x7FFFFFFF) - 1  # 0 -> -1: never risky; NaN: above inf
+    return y, (magnitude >= 0) & (magnitude < tiny - 1)
 
 
 @triton.jit
@@ -189,13 +230,18 @@ def _softmax_combine(m, s, scale):
 
 @triton.jit
 def _pair_softmax(t_ptr, c_ptr, start, end, c_end, tiles, ttemp, c_scale, RAW: tl.constexpr, BLOCK: tl.constexpr,
-                  UNROLL: tl.constexpr, HARDWARE: tl.constexpr, PIPE: tl.constexpr):
+                  UNROLL: tl.constexpr, HARDWARE: tl.constexpr, PIPE: tl.constexpr, FAST: tl.constexpr = False,
+                  dt=1.0, dr=1.0, ds=1.0, dtiny=0, INTERIOR: tl.constexpr = False):
     """:func:`_row_softmax` of a target row over ``[start, end)`` (``/ T`` when ``RAW``) and of its cache
     row over ``[start, c_end)`` (scale ``c_scale``; ``c_end = start``: none) in one loop.
 
     Both rows' tiles are loaded in the same iteration (one memory round trip per iteration, not two
     loops in turn); each row's per-lane statistics are updated exactly as :func:`_row_softmax` does,
     so the results are bit-identical to two calls of it.
+
+    ``FAST`` (with ``RAW``, ``T`` not 0 or 1): the target values are divided by :func:`_divide` with
+    the slot's :func:`_divisor` constants ``dt, dr, ds, dtiny``; the fourth result ``risky`` says a
+    value needed the exact fallback, and then the caller recomputes without ``FAST``.
     """
     lane = start + tl.arange(0, BLOCK)
     step = tl.arange(0, UNROLL)[:, None] * BLOCK
@@ -203,20 +249,39 @@ def _pair_softmax(t_ptr, c_ptr, start, end, c_end, tiles, ttemp, c_scale, RAW: t
     s = tl.zeros([BLOCK], tl.float32)
     cm = tl.full([BLOCK], -_FMAX, tl.float32)
     cs = tl.zeros([BLOCK], tl.float32)
-    for t in tl.range(0, tiles, UNROLL, num_stages=PIPE):
+    risky = tl.zeros([BLOCK], tl.int32)
+    first = 0
+    if INTERIOR:  # whole [UNROLL, BLOCK] groups of both rows without masks (no "other" per value)
+        full = tl.where(c_end == end, (end - start) // (UNROLL * BLOCK), 0)
+        for g in tl.range(0, full, num_stages=PIPE):
+            token = lane[None, :] + (g * UNROLL * BLOCK + step)
+            if FAST:
+                x, tiny = _divide(to_float32(tl.load(t_ptr + token)), dt, dr, ds, dtiny)
+                risky = risky | tl.max(tiny.to(tl.int32), axis=0)
+            else:
+                x = _load_row(t_ptr, token, None, ttemp, RAW, None)
+            c = to_float32(tl.load(c_ptr + token))
+            m, s = _softmax_step(x, m, s, _LOG2E, HARDWARE)
+            cm, cs = _softmax_step(c, cm, cs, c_scale, HARDWARE)
+        first = full * UNROLL
+    for t in tl.range(first, tiles, UNROLL, num_stages=PIPE):
         token = lane[None, :] + (t * BLOCK + step)
-        x = _load_row(t_ptr, token, token < end, ttemp, RAW, float("-inf"))
+        if FAST:
+            x, tiny = _divide(_load_row(t_ptr, token, token < end, ttemp, False, float("-inf")), dt, dr, ds, dtiny)
+            risky = risky | tl.max(tiny.to(tl.int32), axis=0)
+        else:
+            x = _load_row(t_ptr, token, token < end, ttemp, RAW, float("-inf"))
         c = _load_row(c_ptr, token, token < c_end, ttemp, False, float("-inf"))
         m, s = _softmax_step(x, m, s, _LOG2E, HARDWARE)
         cm, cs = _softmax_step(c, cm, cs, c_scale, HARDWARE)
     t_max, t_sum = _softmax_combine(m, s, _LOG2E)
     c_max, c_sum = _softmax_combine(cm, cs, c_scale)
-    return t_max, t_sum, c_max, c_sum
+    return t_max, t_sum, c_max, c_sum, tl.max(risky, axis=0) != 0
 
 
 @triton.jit
 def _row_argmax(ptr, start, end, tiles, temp, DIVIDE: tl.constexpr, BLOCK: tl.constexpr, UNROLL: tl.constexpr,
-                PIPE: tl.constexpr):
+                PIPE: tl.constexpr, SCAN: tl.constexpr = False):
     """``argmax_first`` of ``row[start:end]`` (``/ T`` when ``DIVIDE``): ``(value, token)``.
 
     Per-lane first maxima over ``[UNROLL, BLOCK]`` tiles (a NaN wins over numbers), combined
@@ -226,14 +291,22 @@ def _row_argmax(ptr, start, end, tiles, temp, DIVIDE: tl.constexpr, BLOCK: tl.co
     step = tl.arange(0, UNROLL)[:, None] * BLOCK
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     index = lane
-    for t in tl.range(0, tiles, UNROLL, num_stages=PIPE):
-        token = lane[None, :] + (t * BLOCK + step)
-        ok = token < end
-        x = _load_row(ptr, token, ok, temp, DIVIDE, float("-inf"))
-        val, tok = block_argmax(x, token, ok | (step == 0), 0)  # earlier tiles first within a column
-        better = (val > best) | ((val != val) & (best == best))
-        best = tl.where(better, val, best)
-        index = tl.where(better, tok, index)
+    if SCAN:  # one tile at a time, in token order per lane: a strict > keeps the first maximum
+        for t in tl.range(0, tiles, num_stages=PIPE):
+            token = lane + t * BLOCK
+            x = _load_row(ptr, token, token < end, temp, DIVIDE, float("-inf"))
+            better = (x > best) | ((x != x) & (best == best))
+            best = tl.where(better, x, best)
+            index = tl.where(better, token, index)
+    else:
+        for t in tl.range(0, tiles, UNROLL, num_stages=PIPE):
+            token = lane[None, :] + (t * BLOCK + step)
+            ok = token < end
+            x = _load_row(ptr, token, ok, temp, DIVIDE, float("-inf"))
+            val, tok = block_argmax(x, token, ok | (step == 0), 0)  # earlier tiles first within a column
+            better = (val > best) | ((val != val) & (best == best))
+            best = tl.where(better, val, best)
+            index = tl.where(better, tok, index)
     return block_argmax(best, index, lane < end)
 
 
@@ -418,6 +491,7 @@ def _stream_verify_kernel(
     UNROLL: tl.constexpr, HARDWARE: tl.constexpr, EMIT_SCAN: tl.constexpr, NOISE_FILTER: tl.constexpr,
     HAS_GREEDY: tl.constexpr, RAW: tl.constexpr, BLOCK_METHOD: tl.constexpr, PIPE: tl.constexpr = 1,
     EMIT_PIPE: tl.constexpr = 1, FUSED: tl.constexpr = False, EMIT_BLOCK: tl.constexpr = 2048,
+    FAST_DIVIDE: tl.constexpr = False, INTERIOR: tl.constexpr = False, SCAN_ARGMAX: tl.constexpr = False,
 ):
     STAGES: tl.constexpr = 3 if BLOCK_METHOD else 2
     MASS_ROWS: tl.constexpr = K - 1 if (BLOCK_METHOD and K >= 2) else 0
@@ -439,14 +513,27 @@ def _stream_verify_kernel(
             part = (b * R2 + j) * C1P + chunk
             qpart = (b * R2 + K + 1 + j) * C1P + chunk
             if greedy:
-                val, tok = _row_argmax(t_base + j * t_row_stride, start, end, T1, ttemp, RAW, BLOCK, UNROLL, PIPE)
+                val, tok = _row_argmax(t_base + j * t_row_stride, start, end, T1, ttemp, RAW, BLOCK, UNROLL, PIPE,
+                                       SCAN_ARGMAX)
                 tl.store(pa_ptr + part, val)
                 tl.store(pi_ptr + part, tok)
             elif FUSED & (temp != 0.0):  # target row j and cache row j (none for j = n) in one loop
                 c_end = tl.where(j < n, end, start)
-                mx, sm, cmx, csm = _pair_softmax(t_base + j * t_row_stride, c_base + j * c_step_stride, start, end,
-                                                 c_end, T1, ttemp, tl.math.div_rn(_LOG2E, temp), RAW, BLOCK, UNROLL,
-                                                 HARDWARE, PIPE)
+                c_scale = tl.math.div_rn(_LOG2E, temp)
+                if FAST_DIVIDE & RAW & (ttemp != 0.0) & (ttemp != 1.0):
+                    dt, dr, ds, dtiny = _divisor(ttemp)
+                    mx, sm, cmx, csm, risky = _pair_softmax(t_base + j * t_row_stride, c_base + j * c_step_stride,
+                                                            start, end, c_end, T1, ttemp, c_scale, RAW, BLOCK,
+                                                            UNROLL, HARDWARE, PIPE, True, dt, dr, ds, dtiny,
+                                                            INTERIOR)
+                    if risky:  # a value of magnitude below 2^-100 (or an extreme T): divide exactly
+                        mx, sm, cmx, csm, no_risk = _pair_softmax(t_base + j * t_row_stride, c_base + j * c_step_stride,
+                                                                  start, end, c_end, T1, ttemp, c_scale, RAW, BLOCK,
+                                                                  UNROLL, HARDWARE, 1)
+                else:
+                    mx, sm, cmx, csm, no_risk = _pair_softmax(t_base + j * t_row_stride, c_base + j * c_step_stride,
+                                                              start, end, c_end, T1, ttemp, c_scale, RAW, BLOCK,
+                                                              UNROLL, HARDWARE, PIPE, INTERIOR=INTERIOR)
                 tl.store(pa_ptr + part, mx)
                 tl.store(pb_ptr + part, sm)
                 if j < n:
@@ -460,7 +547,7 @@ def _stream_verify_kernel(
                 if j < n:  # the cache row draft j was drawn from
                     if temp == 0.0:
                         val, tok = _row_argmax(c_base + j * c_step_stride, start, end, T1, temp, False, BLOCK, UNROLL,
-                                               PIPE)
+                                               PIPE, SCAN_ARGMAX)
                         tl.store(pa_ptr + qpart, val)
                         tl.store(pi_ptr + qpart, tok)
                     else:
@@ -653,12 +740,12 @@ class Layout:
     """
 
     def __init__(self, batch: int, k: int, vocab: int, block: int, cuda: bool, sms: int, *, t1=None, t2=None,
-                 lag=None, unroll=None, emit_block=None):
+                 lag=None, unroll=None, emit_block=None, resident_per_sm=RESIDENT_PER_SM):
         tiles = triton.cdiv(vocab, block)
         self.emit_block = int(emit_block or block)
         emit_tiles = triton.cdiv(vocab, self.emit_block)
         per_stream_tile = max(1, block // self.emit_block)  # emit tiles per stream tile
-        resident = RESIDENT_PER_SM * sms
+        resident = resident_per_sm * sms
         if cuda:
             default_t1 = min(MAX_T1 if batch < 64 else 2 * MAX_T1, triton.cdiv(batch * (k + 1) * tiles, resident))
             default_t2 = (1 if batch <= 4 else per_stream_tile) if batch <= 16 else 4 * per_stream_tile
@@ -699,7 +786,8 @@ class StreamVerifier:
 
     def __init__(self, max_batch: int, num_drafts: int, vocab_size: int, device, *, block: int | None = None,
                  t1=None, t2=None, lag=None, unroll=None, warps: int | None = None, emit=1,
-                 noise_filter=1, stages=None, emit_stages=None, fused=None, emit_block=None):
+                 noise_filter=1, stages=None, emit_stages=None, fused=None, emit_block=None, fast_divide=None,
+                 max_registers=None, interior=None, scan_argmax=None):
         if int(max_batch) < 1:
             raise ValueError(f"max_batch: expected >= 1, got {max_batch}")
         if int(num_drafts) < 0:
@@ -726,11 +814,19 @@ class StreamVerifier:
         self.emit_stages = int(emit_stages) if emit_stages else 1
         # Target row j and cache row j streamed in one loop (one round trip per tile, not two loops).
         self.fused = bool(fused)
+        # Raw logits (fused loop): the target values divided without a divide per element (_divide).
+        self.fast_divide = bool(fast_divide)
+        # Fused loop: whole groups of tiles loaded without masks; greedy rows: argmax one tile at a time.
+        self.interior = bool(interior)
+        self.scan_argmax = bool(scan_argmax)
         self._emit_scan = bool(emit)  # emit=0: a profiling aid (the emit items skip their scan: wrong tokens)
         self.warps = int(warps) if warps else (GPU_WARPS if self.cuda else 4)
         # At most 128 registers (two programs of 8 warps per SM): a variant that needs more spills a
         # little rather than halving the programs in flight.
-        self._launch_options = {"maxnreg": MAX_REGISTERS} if self.cuda and self.warps == GPU_WARPS else {}
+        self.max_registers = int(max_registers) if max_registers else MAX_REGISTERS
+        self._launch_options = {"maxnreg": self.max_registers} if self.cuda and self.warps == GPU_WARPS else {}
+        # programs per SM the register file holds (65536 registers; 80 per thread: 3 of 8 warps)
+        self.resident_per_sm = max(1, 65536 // (self.max_registers * 32 * self.warps)) if self.cuda else 1
         tiles = triton.cdiv(self.vocab, self.block)
         self.kp1 = max(2, triton.next_power_of_2(self.k + 1))
         self.c1p = triton.next_power_of_2(tiles)  # enough for any layout (c1 <= tiles)
@@ -756,7 +852,7 @@ class StreamVerifier:
 
     def layout(self, batch: int) -> Layout:
         return Layout(batch, self.k, self.vocab, self.block, self.cuda, self.sms, emit_block=self.emit_block,
-                      **self.overrides)
+                      resident_per_sm=self.resident_per_sm, **self.overrides)
 
     def check(self) -> None:
         """Raise if a waiting item of an earlier launch timed out (synchronises); then reset."""
@@ -812,6 +908,7 @@ class StreamVerifier:
         meta = dict(K=k, KP1=self.kp1, C1P=self.c1p, C2P=self.c2p, BLOCK=self.block, UNROLL=unroll,
                     HARDWARE=self.cuda, EMIT_SCAN=self._emit_scan, NOISE_FILTER=self.noise_filter, HAS_GREEDY=has_greedy, RAW=raw, BLOCK_METHOD=block_method,
                     PIPE=self.stages, EMIT_PIPE=self.emit_stages, FUSED=self.fused, EMIT_BLOCK=self.emit_block,
+                    FAST_DIVIDE=self.fast_divide, INTERIOR=self.interior, SCAN_ARGMAX=self.scan_argmax,
                     num_warps=self.warps, enable_fp_fusion=False)
         try:
             _stream_verify_kernel[(programs,)](*args, **meta, **self._launch_options)
