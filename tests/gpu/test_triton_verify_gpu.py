@@ -273,18 +273,27 @@ def test_stream_every_position_follows_the_target(method):
     assert statistic > chi_square_threshold(dof)
 
 
+STREAM_VARIANTS = {"default": {}, "fast": dict(fused=1, fast_divide=1, interior=1, scan_argmax=1, early=1, prefetch=1,
+                                               max_registers=80)}
+
+
+@pytest.mark.parametrize("variant", sorted(STREAM_VARIANTS))
 @pytest.mark.parametrize("method", ["standard", "block"])
 @pytest.mark.parametrize("rows", [1, 16, 253])
-def test_stream_raw_logits_bit_identical_to_pre_divided(rows, method):
+def test_stream_raw_logits_bit_identical_to_pre_divided(rows, method, variant):
     """Raw logits + the per-slot temperature == ``scale_target`` of them passed pre-divided, bit for bit
-    (and both == the reference), with greedy slots (T = 0: unscaled) among them."""
+    (and both == the reference), with greedy slots (T = 0: unscaled) and a T = 1 slot among them;
+    also for the fast exact division (no divide per element) and the other opt-in loops."""
     from dspark_markov.verify.reference import scale_target
 
     args = _case(rows, 11)
     temperature = args[6]
+    temperature[args[4][0]] = 1.0  # (the division is skipped for T = 1)
     raw = args[0] * torch.where(temperature == 0, 1.0, temperature)[args[4].clamp_min(0), None, None]
+    tiny = 2 if rows > 2 else 0  # a request with T in (0.5, 1.5), not 1: values for the exact fallback
+    raw[tiny, 0, :4] = torch.tensor([1e-35, -0.0, float("-inf"), 1e-42], device=raw.device)
     divided = scale_target(raw, temperature, args[4])
-    verifier = _stream()(rows, K, VOCAB, "cuda")
+    verifier = _stream()(rows, K, VOCAB, "cuda", **STREAM_VARIANTS[variant])
     a = [x.clone() for x in verifier.run(divided, *args[1:], method=method)]
     b = verifier.run(raw, *args[1:], method=method, target_temperature=temperature)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])

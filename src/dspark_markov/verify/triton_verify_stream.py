@@ -125,6 +125,14 @@ def _exp2(x, HARDWARE: tl.constexpr):
 
 
 @triton.jit
+def _prefetch_l2(ptrs, HARDWARE: tl.constexpr):
+    """``prefetch.global.L2`` of every address in ``ptrs`` (a hint; nothing on the interpreter)."""
+    if HARDWARE:
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+
+@triton.jit
 def _scaled(x, temp):
     """``x / T`` with the IEEE division (``T == 0``: ``x``), as ``reference.scaled_logits``."""
     return tl.where(temp == 0.0, x, tl.math.div_rn(x, tl.where(temp == 0.0, 1.0, temp)))
@@ -483,6 +491,7 @@ def _stream_verify_kernel(
     ea_ptr, ei_ptr, eany_ptr,  # [maxB, C2P] fp32, int32, int32 emit partials: best key, its token, residual > 0
     row_ptr,  # [maxB, 8, KP1] fp32: target max, sum, cache max, sum, weights, argmax t, argmax q (bits)
     acc_ptr,  # [maxB] int32 accepted count
+    xv_ptr,  # [maxB, 2, KP1] fp32: target and cache logits at each draft (EARLY)
     counters_ptr,  # [maxB, 4] int32: stream, mass, emit arrivals, ready level
     status_ptr,  # [1] int32
     tokens_ptr, tokens_stride, num_emitted_ptr,  # [B, K+1] int64, [B] int64
@@ -492,11 +501,16 @@ def _stream_verify_kernel(
     HAS_GREEDY: tl.constexpr, RAW: tl.constexpr, BLOCK_METHOD: tl.constexpr, PIPE: tl.constexpr = 1,
     EMIT_PIPE: tl.constexpr = 1, FUSED: tl.constexpr = False, EMIT_BLOCK: tl.constexpr = 2048,
     FAST_DIVIDE: tl.constexpr = False, INTERIOR: tl.constexpr = False, SCAN_ARGMAX: tl.constexpr = False,
+    EARLY: tl.constexpr = False, PREFETCH: tl.constexpr = False,
 ):
     STAGES: tl.constexpr = 3 if BLOCK_METHOD else 2
     MASS_ROWS: tl.constexpr = K - 1 if (BLOCK_METHOD and K >= 2) else 0
     R2: tl.constexpr = 2 * K + 1  # partial rows: targets 0..K, caches K+1..2K
     stage, b, j, chunk, valid = _item(requests, LAG, (K + 1) * C1, MASS_ROWS * C1, C2, C1, STAGES)
+    if PREFETCH:  # the first tiles of a stream item's target row, before its request's loads come back
+        if valid & (stage == 0):
+            sector = chunk * T1 * BLOCK + tl.arange(0, UNROLL * BLOCK // 8) * 8  # one address per 32 bytes
+            _prefetch_l2(target_ptr + b * t_req_stride + j * t_row_stride + tl.minimum(sector, vocab - 1), HARDWARE)
     live, slot, temp, seed, n, position, greedy, ttemp = _request(
         idx_ptr, nd_ptr, pos_ptr, temp_ptr, seeds_ptr, greedy_ptr, tt_ptr, b, num_slots, K, HAS_GREEDY, RAW)
     t_base = target_ptr + b * t_req_stride
@@ -512,6 +526,13 @@ def _stream_verify_kernel(
         if live & (j <= n):
             part = (b * R2 + j) * C1P + chunk
             qpart = (b * R2 + K + 1 + j) * C1P + chunk
+            if EARLY:  # p_j's and q_j's logits at draft j, for the epilogue (no dependent loads there)
+                if j < n:
+                    xj = tl.load(drafts_ptr + b * d_req_stride + j * d_step_stride).to(tl.int64)
+                    xj = tl.minimum(tl.maximum(xj, 0), vocab - 1)
+                    if (xj >= start) & (xj < end):
+                        tl.store(xv_ptr + b * 2 * KP1 + j, tl.load(t_base + j * t_row_stride + xj))
+                        tl.store(xv_ptr + (b * 2 + 1) * KP1 + j, to_float32(tl.load(c_base + j * c_step_stride + xj)))
             if greedy:
                 val, tok = _row_argmax(t_base + j * t_row_stride, start, end, T1, ttemp, RAW, BLOCK, UNROLL, PIPE,
                                        SCAN_ARGMAX)
@@ -583,11 +604,17 @@ def _stream_verify_kernel(
             d_ok = jj < n
             x = tl.load(drafts_ptr + b * d_req_stride + jj * d_step_stride, mask=d_ok, other=0).to(tl.int64)
             x = tl.minimum(tl.maximum(x, 0), vocab - 1)
-            zx = tl.load(t_base + jj * t_row_stride + x, mask=d_ok, other=0.0)
+            if EARLY:
+                zx = tl.load(xv_ptr + b * 2 * KP1 + jj, mask=d_ok, other=0.0, volatile=True)
+            else:
+                zx = tl.load(t_base + jj * t_row_stride + x, mask=d_ok, other=0.0)
             if RAW:
                 zx = _scaled(zx, ttemp)
             p_x = _prob(zx, t_max, t_sum)
-            c_x = to_float32(tl.load(c_base + jj * c_step_stride + x, mask=d_ok, other=0.0))
+            if EARLY:
+                c_x = tl.load(xv_ptr + (b * 2 + 1) * KP1 + jj, mask=d_ok, other=0.0, volatile=True)
+            else:
+                c_x = to_float32(tl.load(c_base + jj * c_step_stride + x, mask=d_ok, other=0.0))
             q_x = _draft_prob(c_x, x, temp, q_max, q_sum, q_arg.to(tl.int64))
             ratio = tl.where(q_x > 0.0, tl.math.div_rn(p_x, tl.where(q_x > 0.0, q_x, 1.0)), 0.0)
             prefix = rng_triton.hash_prefix(seed, position - 1, _ACCEPT_DOMAIN)
@@ -787,7 +814,7 @@ class StreamVerifier:
     def __init__(self, max_batch: int, num_drafts: int, vocab_size: int, device, *, block: int | None = None,
                  t1=None, t2=None, lag=None, unroll=None, warps: int | None = None, emit=1,
                  noise_filter=1, stages=None, emit_stages=None, fused=None, emit_block=None, fast_divide=None,
-                 max_registers=None, interior=None, scan_argmax=None):
+                 max_registers=None, interior=None, scan_argmax=None, early=None, prefetch=None):
         if int(max_batch) < 1:
             raise ValueError(f"max_batch: expected >= 1, got {max_batch}")
         if int(num_drafts) < 0:
@@ -819,6 +846,10 @@ class StreamVerifier:
         # Fused loop: whole groups of tiles loaded without masks; greedy rows: argmax one tile at a time.
         self.interior = bool(interior)
         self.scan_argmax = bool(scan_argmax)
+        # Stream items store the logits at each draft for the epilogue (early); prefetch each stream
+        # item's first target tiles into L2 before its request's scalars arrive (prefetch, GPU only).
+        self.early = bool(early)
+        self.prefetch = bool(prefetch) and self.cuda
         self._emit_scan = bool(emit)  # emit=0: a profiling aid (the emit items skip their scan: wrong tokens)
         self.warps = int(warps) if warps else (GPU_WARPS if self.cuda else 4)
         # At most 128 registers (two programs of 8 warps per SM): a variant that needs more spills a
@@ -843,6 +874,7 @@ class StreamVerifier:
         self.ei, self.eany = zeros(mb, self.c2p, dtype=torch.int32), zeros(mb, self.c2p, dtype=torch.int32)
         self.rows = zeros(mb, 8, self.kp1)
         self.accepted = zeros(mb, dtype=torch.int32)
+        self.draft_values = zeros(mb, 2, self.kp1)
         self.counters = zeros(mb, 4, dtype=torch.int32)
         self.status = zeros(1, dtype=torch.int32)
         self._no_greedy = zeros(1, dtype=torch.uint8)
@@ -902,14 +934,14 @@ class StreamVerifier:
                 temperature, seeds, target_temperature if raw else self._no_temp, temperature.shape[0],
                 greedy,
                 self.pa, self.pb, self.pi, self.mass, self.ea, self.ei, self.eany,
-                self.rows, self.accepted, self.counters, self.status,
+                self.rows, self.accepted, self.draft_values, self.counters, self.status,
                 tokens, tokens.stride(0), num_emitted,
                 batch, vocab, lay.lag, lay.c1, lay.c2, lay.t1, lay.t2)
         meta = dict(K=k, KP1=self.kp1, C1P=self.c1p, C2P=self.c2p, BLOCK=self.block, UNROLL=unroll,
                     HARDWARE=self.cuda, EMIT_SCAN=self._emit_scan, NOISE_FILTER=self.noise_filter, HAS_GREEDY=has_greedy, RAW=raw, BLOCK_METHOD=block_method,
                     PIPE=self.stages, EMIT_PIPE=self.emit_stages, FUSED=self.fused, EMIT_BLOCK=self.emit_block,
                     FAST_DIVIDE=self.fast_divide, INTERIOR=self.interior, SCAN_ARGMAX=self.scan_argmax,
-                    num_warps=self.warps, enable_fp_fusion=False)
+                    EARLY=self.early, PREFETCH=self.prefetch, num_warps=self.warps, enable_fp_fusion=False)
         try:
             _stream_verify_kernel[(programs,)](*args, **meta, **self._launch_options)
         except KeyError:  # a Triton without the maxnreg option: the compiler's own register count
