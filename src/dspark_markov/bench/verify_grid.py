@@ -5,10 +5,12 @@ Kernels timed, per batch size ``B`` (``K = N`` drafts per request):
 - ``verify_standard`` / ``verify_block``: one verification of ``B`` requests
   (:class:`~dspark_markov.verify.triton_verify_stream.StreamVerifier` for ``impl="triton"``, the
   torch reference :func:`~dspark_markov.verify.api.verify_drafts` for ``impl="reference"``), at
-  T = 1 and at mixed T (0 / 0.6 / 1 per slot; T = 0 slots verify greedily);
+  T = 1 and at mixed T (0 / 0.6 / 1 per slot; T = 0 slots verify greedily), and on request
+  (``temperatures=("0.6",)``) at T = 0.6 everywhere;
 - ``verify_raw`` / ``verify_block_raw``: the same with the logits taken as raw (before
   temperature) and ``target_temperature`` = the slot's T, divided inside the kernel: the cost of
-  verification including the temperature pass an engine would otherwise run first;
+  verification including the temperature pass an engine would otherwise run first (the kernel
+  skips the division where T is 0 or 1, which changes nothing: ``x / 1 = x``; T = 0.6 times it);
 - ``filter_row`` / ``filter_split``: a :class:`~dspark_markov.verify.triton_filtering.TopKTopPFilter`
   on ``B (K+1)`` rows ``[B*(K+1), V]`` fp32, out of place (so every call filters the same input),
   with the one-program-per-row layout and with the split-row layout (``chunks``), for every
@@ -56,6 +58,7 @@ KERNELS = ("verify_standard", "verify_block", "verify_raw", "verify_block_raw", 
            "block_inputs")
 IMPLS = ("triton", "reference")
 TEMPERATURE_MODES = ("1", "mixed")
+EXTRA_TEMPERATURE_MODES = ("0.6",)  # on request: T = 0.6 at every slot (the raw modes divide every target value)
 MIXED_TEMPERATURES = (0.0, 0.6, 1.0)  # slot s gets MIXED_TEMPERATURES[s % 3]
 VERIFY_METHODS = {"verify_standard": "standard", "verify_block": "block", "verify_raw": "standard",
                   "verify_block_raw": "block"}
@@ -99,7 +102,7 @@ class VerifyBenchConfig:
         if max(self.rows) > self.max_reqs:
             raise ValueError(f"rows: expected at most max_reqs = {self.max_reqs} requests, got {max(self.rows)}")
         for name, values, known in (("kernels", self.kernels, KERNELS), ("impls", self.impls, IMPLS),
-                                    ("temperatures", self.temperatures, TEMPERATURE_MODES),
+                                    ("temperatures", self.temperatures, TEMPERATURE_MODES + EXTRA_TEMPERATURE_MODES),
                                     ("filter_inputs", self.filter_inputs, FILTER_INPUTS),
                                     ("filter_cases", self.filter_cases, FILTER_CASES)):
             if not values or any(value not in known for value in values):
@@ -252,6 +255,8 @@ class VerifyRunner(Runner):
         self.positions = shared.positions[:b]  # [B]
         if self.mode == "1":
             self.temperature = torch.ones(b, dtype=torch.float32, device=device)  # [S]
+        elif self.mode == "0.6":
+            self.temperature = torch.full((b,), 0.6, dtype=torch.float32, device=device)  # [S]
         else:
             table = torch.tensor(MIXED_TEMPERATURES, dtype=torch.float32, device=device)
             self.temperature = table[torch.arange(b, device=device) % len(MIXED_TEMPERATURES)]
