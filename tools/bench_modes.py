@@ -10,7 +10,8 @@ mixed T = 1 / 0.6 / 0 rows and a padding row):
 - ``topk+d2t``: top-k drafting on that head; ours ``draft_top_k=k, impl="fused"`` vs
   ``_sample_sequential_topk``;
 - ``topk``: top-k drafting on a full-vocabulary head (V = 129,280).
-Each design is one CUDA graph of a whole call, replayed after an L2 flush, in alternating rounds
+Ours also writes the Markov embeddings (``markov_embeds``, the confidence head's input, which vLLM's
+loop computes anyway). Each design is one CUDA graph of a whole call, replayed after an L2 flush, in alternating rounds
 (median of the round medians). vLLM's loops use the real ``gumbel_sample`` (``.vllm-cache``). The
 tokens of ours and vLLM's are compared (equal unless a bias sum differs in its last bit). Writes
 ``modes_<gpu>_<date>.json`` / ``.csv`` after every batch size.
@@ -86,6 +87,8 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--replays", type=int, default=10)
     parser.add_argument("--cases", nargs="+", default=["d2t", "topk+d2t", "topk"])
+    parser.add_argument("--breakdown", action="store_true", help="also time the top-k design's three phases")
+    parser.add_argument("--dense-rows", type=int, nargs="+", default=None, help="rows of the d2t case (default --rows)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda")
@@ -103,6 +106,8 @@ def main(argv=None):
     stem = f"modes_{env['gpu'].replace(' ', '-')}_{env['date'][:10]}"
     for rows in args.rows:
         for case in args.cases:
+            if case == "d2t" and args.dense_rows is not None and rows not in args.dense_rows:
+                continue
             head = heads[case]
             inputs = make_inputs(rows, head.draft_vocab_size, gen)
             top_k = None if case == "d2t" else args.top_k
@@ -112,8 +117,9 @@ def main(argv=None):
             try:
                 sampler = dm.MarkovSampler(head, STEPS, rows, impl="fused", draft_top_k=top_k)
                 loop = VllmModesLoop(head, STEPS, rows, gumbel_sample, draft_top_k=top_k)
+                embeds = torch.zeros(rows, STEPS, RANK, dtype=head.dtype, device="cuda")  # the confidence head's input
                 designs = [("ours", lambda t, c: sampler.sample(*inputs, draft_tokens=t, logits_cache=c,
-                                                                check_values=False)),
+                                                                check_values=False, markov_embeds=embeds)),
                            ("vllm", lambda t, c: loop.run(*inputs, t, c))]
                 if case == "d2t" and rows <= 16:  # the persistent chain takes up to 16 rows
                     chain = dm.MarkovSampler(head, STEPS, rows, impl="chain")
@@ -132,6 +138,13 @@ def main(argv=None):
             for index in range(args.rounds):
                 for name in (list(runs) if index % 2 == 0 else list(runs)[::-1]):
                     times[name].append(time_graph_replays(runs[name][0], args.replays, flush))
+            if args.breakdown and top_k is not None:  # the top-k design's three phases, each its own graph
+                backend, (_, tokens, cache) = sampler.backend, runs["ours"]
+                parts = {"select": lambda: backend.select(inputs[0]),
+                         "chain": lambda: backend.chain(inputs[0], *inputs[1:], tokens, embeds),
+                         "write_cache": lambda: backend.write_cache(inputs[0], inputs[2], inputs[4], cache)}
+                for part, fn in parts.items():
+                    times[part] = [time_graph_replays(capture_graph(fn), args.replays, flush)]
             match = torch.equal(runs["ours"][1], runs["vllm"][1])
             cache_match = torch.equal(runs["ours"][2].view(torch.int16), runs["vllm"][2].view(torch.int16))
             ours_bytes, vllm_bytes = bytes_model(case, rows, args.top_k)
@@ -145,7 +158,10 @@ def main(argv=None):
                           ours_bandwidth_fraction=ours_bytes / (summary["ours"].median * 1e3) / bandwidth.copy_gbps,
                           tokens_equal=match, cache_equal=cache_match,
                           setup_s=time.perf_counter() - started)
-            if "chain" in summary:
+            for part in ("select", "chain_kernel", "write_cache"):
+                if part.replace("_kernel", "") in summary and (part != "chain_kernel" or top_k is not None):
+                    record[f"{part}_us"] = summary[part.replace("_kernel", "")].median
+            if "chain" in summary and top_k is None:
                 record.update(chain_us=summary["chain"].median, chain_low=summary["chain"].low,
                               chain_high=summary["chain"].high,
                               chain_speedup=summary["vllm"].median / summary["chain"].median,
@@ -154,7 +170,9 @@ def main(argv=None):
             print(f"rows {rows:4d} {case:9s} ours {record['ours_us']:8.1f} us  vLLM {record['vllm_us']:8.1f} us  "
                   f"x{record['speedup']:.2f}  bw {record['ours_bandwidth_fraction']:.2f}  tokens equal {match} "
                   f"cache equal {cache_match}" + (f"  chain {record['chain_us']:.1f} us x{record['chain_speedup']:.2f}"
-                                                   if "chain_us" in record else ""), flush=True)
+                                                   if "chain_us" in record else "")
+                  + "".join(f"  {p} {record[p + '_us']:.1f}" for p in ("select", "chain_kernel", "write_cache")
+                            if p + "_us" in record), flush=True)
             del runs
         (args.out / f"{stem}.json").write_text(json.dumps(dict(environment=env, records=records), indent=1))
         fields = sorted({key for record in records for key in record})

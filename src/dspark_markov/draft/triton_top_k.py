@@ -174,11 +174,21 @@ class TopKFusedBackend:
 
     def run(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens, logits_cache,
             markov_embeds=None):
+        self.select(base_logits)
+        self.chain(base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens, markov_embeds)
+        self.write_cache(base_logits, idx_mapping, temperature, logits_cache)
+
+    # The three phases (separately timed by tools/bench_modes.py --breakdown).
+    def select(self, base_logits):
+        """torch.topk of every position into the persistent buffers. Reads ``R N V_d u`` bytes."""
+        rows = base_logits.shape[0]
+        torch.topk(base_logits, self.k, dim=-1, out=(self.values[base_logits.dtype][:rows], self.index[:rows]))
+
+    def chain(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens, markov_embeds=None):
+        """The N steps of every row over its candidates (:func:`_top_k_chain_kernel`)."""
         head = self.head
         rows, steps, _ = base_logits.shape
-        values, index = self.values[base_logits.dtype][:rows], self.index[:rows]
-        torch.topk(base_logits, self.k, dim=-1, out=(values, index))  # [R, N, k]
-        common = dict(enable_fp_fusion=False)
+        values, index = self.values[base_logits.dtype][:rows], self.index[:rows]  # [R, N, k]
         embeds = markov_embeds if markov_embeds is not None else self.z
         _top_k_chain_kernel[(rows,)](
             values, index, self.d2t, anchor, head.embed_weight, head.head_weight, idx_mapping, positions,
@@ -186,8 +196,13 @@ class TopKFusedBackend:
             steps, temperature.shape[0], head.embed_vocab_size, head.draft_vocab_size, self.k,
             draft_tokens.stride(0), head.scale,
             RK=head.rank, KB=self.kb, BLOCK_RANK=self.block_rank, SCALED=head.scale != 1.0,
-            D2T=head.d2t_index is not None, EMBEDS=markov_embeds is not None, num_warps=self.num_warps, **common)
-        width = head.cache_vocab_size
+            D2T=head.d2t_index is not None, EMBEDS=markov_embeds is not None, num_warps=self.num_warps,
+            enable_fp_fusion=False)
+
+    def write_cache(self, base_logits, idx_mapping, temperature, logits_cache):
+        """The -inf rows with their candidates (:func:`_top_k_cache_kernel`). Writes ``R N V_t c`` bytes."""
+        rows, steps, _ = base_logits.shape
+        width = self.head.cache_vocab_size
         _top_k_cache_kernel[(rows * steps, triton.cdiv(width, self.block))](
             self.z, self.ids, idx_mapping, logits_cache, steps, temperature.shape[0], width, self.k,
-            logits_cache.stride(0), KB=self.kb, BLOCK=self.block, num_warps=self.num_warps, **common)
+            logits_cache.stride(0), KB=self.kb, BLOCK=self.block, num_warps=self.num_warps, enable_fp_fusion=False)
