@@ -30,7 +30,8 @@ def test_dry_run_lists_every_cuda_design_and_the_other_kernels(capsys):
         if "cuda" in cls.DEVICES:
             for method in cls.METHODS:
                 assert f"call {impl}/{method}" in printed, impl
-    for name in ("verify/standard", "verify/block", "top_k_top_p/per-row", "top_k_top_p/split-rows",
+            assert (f"call {impl}/d2t" in printed) == bool(getattr(cls, "D2T", False)), impl  # reduced vocabulary
+    for name in ("draft_top_k/fused", "verify/standard", "verify/block", "top_k_top_p/per-row", "top_k_top_p/split-rows",
                  "prepare_block_inputs"):
         assert f"call {name}" in printed
     for tool in sanitize.TOOLS:

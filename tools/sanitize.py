@@ -1,7 +1,8 @@
 """compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over one small call of every GPU kernel.
 
-The calls: every draft design of the backend registry that runs on CUDA (each of its methods), so a
-new design is covered as soon as it is registered; verification (``verify_drafts(impl="triton")``,
+The calls: every draft design of the backend registry that runs on CUDA (each of its methods, and a
+reduced draft vocabulary where the design takes one), every top-k drafting design, so a new design
+is covered as soon as it is registered; verification (``verify_drafts(impl="triton")``,
 standard and block, and the persistent ``Verifier`` when the module still has one); top-k/top-p
 (per-row and scalar ``k``/``p``, one-program-per-row and split-row layouts); block inputs.
 Shapes are small (V = 4096, rank 256, N = 2, 2 rows) so that the four tools fit in a short GPU job.
@@ -56,6 +57,14 @@ def _draft_calls(device):
         target = native if "cpu" not in cls.DEVICES else calls
         for method in cls.METHODS:
             target.append((f"{impl}/{method}", ("draft", impl, method), None))
+        if getattr(cls, "D2T", False) and "gumbel" in cls.METHODS:  # a reduced draft vocabulary (issue 17)
+            target.append((f"{impl}/d2t", ("draft_d2t", impl, "gumbel"), None))
+    for impl in registry.names("draft_top_k") if "draft_top_k" in registry.REGISTRY else ():
+        if impl in ("auto", "reference"):
+            continue
+        cls = registry.load("draft_top_k", impl)
+        if device.type in cls.DEVICES:
+            calls.append((f"draft_top_k/{impl}", ("draft_top_k", impl, "gumbel"), None))
     return calls, native
 
 
@@ -95,10 +104,20 @@ def run_call(spec, device, vocab, rank):
     import dspark_markov as dm
 
     kind = spec[0]
-    if kind == "draft":
+    if kind in ("draft", "draft_d2t", "draft_top_k"):
         _, impl, method = spec
         head, args = _problem(device, vocab, rank)
-        sampler = dm.MarkovSampler(head, 2, 2, cache_dtype=torch.bfloat16, method=method, impl=impl)
+        options = {}
+        if kind == "draft_d2t":  # the head's rows are a draft vocabulary of V - 96 ids spread over V targets
+            g = torch.Generator().manual_seed(3)
+            draft = vocab - 96
+            targets = torch.sort(torch.randperm(vocab, generator=g)[:draft]).values
+            head = dm.MarkovHead(head.embed_weight, head.head_weight[:draft].contiguous(),
+                                 d2t=(targets - torch.arange(draft)).to(device))
+            args[0] = args[0][..., :draft].contiguous()
+        if kind == "draft_top_k":
+            options["draft_top_k"] = 8
+        sampler = dm.MarkovSampler(head, 2, 2, cache_dtype=torch.bfloat16, method=method, impl=impl, **options)
         backend = sampler.backend
         if hasattr(backend, "spin_limit"):
             backend.spin_limit = 1 << 14  # bounded even when a tool serialises the programs
