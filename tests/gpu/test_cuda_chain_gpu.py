@@ -91,15 +91,17 @@ def test_cuda_chain_block_shapes(rows, warps, reg_tiles, smem_tiles):
     check_exact(head, args, out)
 
 
-def test_cuda_chain_exact_fallback_everywhere():
+@pytest.mark.parametrize("variant", [0, 43])
+def test_cuda_chain_exact_fallback_everywhere(variant):
     """A huge filter margin: every sampled row of every block takes the exact recomputation."""
     head, args = full_problem(3, seed=6)
-    sampler = cuda_sampler(head, 3, filter_margin=1e30)
+    sampler = cuda_sampler(head, 3, filter_margin=1e30, variant=variant)
     out = sampler.sample(*args)
     check_exact(head, args, out)
 
 
-def test_cuda_chain_nan_and_all_minus_inf_rows():
+@pytest.mark.parametrize("variant,flags", [(0, 0), (11, 3), (43, 15), (43, 31)])
+def test_cuda_chain_nan_and_all_minus_inf_rows(variant, flags):
     head, args = full_problem(4, temps=(1.0, 0.6, 0.0, 1.0), seed=8)
     base = args[0].float()
     base[0, 0, 100_000] = float("nan")
@@ -108,7 +110,7 @@ def test_cuda_chain_nan_and_all_minus_inf_rows():
     base[3, 1, :] = 3.0e38
     args[0] = base
     for cache_dtype in (torch.bfloat16, torch.float32):
-        out = cuda_sampler(head, 4, cache_dtype).sample(*args)
+        out = cuda_sampler(head, 4, cache_dtype, variant=variant, flags=flags).sample(*args)
         tokens = out.draft_tokens
         assert tokens.min() >= 0 and tokens.max() < VOCAB
         assert tokens[0, 0] == 70_000 and bool((tokens[1] == 0).all())
@@ -117,7 +119,7 @@ def test_cuda_chain_nan_and_all_minus_inf_rows():
 
 @pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("rows", [1, 3, 9, 16])
-@pytest.mark.parametrize("flags,variant", [(3, 0), (3, 1), (3, 9), (3, 11), (0, 25), (3, 27), (7, 27), (4, 0)])
+@pytest.mark.parametrize("flags,variant", [(3, 0), (3, 9), (0, 11), (7, 27), (4, 0), (3, 43), (15, 43), (31, 43), (8, 0), (20, 0)])
 def test_cuda_chain_prefetch_hints_and_variants(rows, cache_dtype, flags, variant):
     """The L2 prefetch hints (flags) and the compile-time variant draw exactly as the reference."""
     head, args = full_problem(rows, seed=20 + rows)
@@ -135,14 +137,27 @@ def test_cuda_chain_prefetch_unaligned_fp32_base(rows):
         wide = torch.empty(rows, STEPS, VOCAB + 1, dtype=dtype, device=args[0].device)
         wide[..., 1:] = args[0].to(dtype)
         case = [wide[..., 1:]] + args[1:]
-        out = cuda_sampler(head, rows, flags=7, variant=27).sample(*case)
+        out = cuda_sampler(head, rows, flags=31, variant=43).sample(*case)
         check_exact(head, case, out)
+
+
+@pytest.mark.parametrize("temps", [(1.0, 0.0), (0.0, 0.6)])
+def test_cuda_chain_exact_small_nan_inf_rows(temps):
+    """FLAG_EXACT_SMALL at 2 rows (its path): NaN, -inf and 3e38 logits, greedy and sampled rows."""
+    head, args = full_problem(2, temps=temps, seed=13)
+    base = args[0].float()
+    base[0, 0, 90_000] = float("nan")
+    base[1, 1] = float("-inf")
+    base[0, 2, :] = 3.0e38
+    args[0] = base
+    out = cuda_sampler(head, 2, torch.float32, variant=43, flags=31).sample(*args)
+    check_exact(head, args, out)
 
 
 @pytest.mark.parametrize("rows", [1, 16])
 def test_cuda_chain_prefetch_graph_replays_match_eager(rows):
     head, _ = full_problem(rows, seed=1)
-    sampler = cuda_sampler(head, rows, flags=7, variant=27)
+    sampler = cuda_sampler(head, rows, flags=31, variant=43)
     check_graph_replays(sampler, rows, seeds=(2, 3), replays=2)
     sampler.backend.check()
 
@@ -198,3 +213,4 @@ def test_approximate_noise_bound_over_all_hashes():
     bound = float(worst.view(torch.float32).item())
     print(f"cuda_chain approximate noise: worst |approx - exact| over 2^32 hashes = {bound:.3e}")
     assert bound <= 2.5e-5  # ops.bounds.NOISE_BOUND
+

@@ -42,13 +42,21 @@ using dm::u64;
 // so all of W2 is requested at once instead of one tile in flight per warp.
 // DM_F_PF_BASE: the base logits of the block's tokens for step s + 1 are prefetched into L2 at the
 // start of step s (step 0's at launch): phase A reads them from L2, not HBM.
-// DM_F_STEP0_ORDER: step 0 in dependency order: the anchors, then the W1 rows of the codes, and only
+// DM_F_STEP0_ORDER: step 0 in dependency order: the anchors (and every row key), then the W1 rows of the codes, and only
 // then the W2 traffic (with DM_F_PF_W2: the warp's whole W2 range prefetched into L2), so the codes
 // do not queue behind 66 MB; the shared-memory tiles are copied (cp.async) when the warp reaches
 // them in step 0's tile loop instead of at launch (the issue of those copies stalls the warps).
+// DM_F_EXACT_SMALL: at 1-2 rows (16-32 lanes per row, 2-4 tokens per lane) phase B computes the exact
+// key of every token directly (no approximate ranking, no merge of triples across 5 shuffle levels):
+// fewer dependent steps on the per-step critical path; the keys are the exact path's.
 #define DM_F_PF_W2 1
 #define DM_F_PF_BASE 2
 #define DM_F_STEP0_ORDER 4
+#define DM_F_EXACT_SMALL 8
+// DM_F_STEP0_SMEM_EARLY (with DM_F_STEP0_ORDER): the shared-memory tiles are copied at launch right
+// after the codes (straight from HBM, as without DM_F_STEP0_ORDER) instead of in step 0's tile loop
+// (from L2, after the stream: ~200 KB per SM at L2-to-SM bandwidth).
+#define DM_F_STEP0_SMEM_EARLY 16
 // Phase timestamps for profiling (a.trace != 0): slot 0 kernel start, 1 + 8 s + {0: codes ready,
 // 1: step's words merged in the block, 2: barrier passed, 3: next token known; by lane 0 of warp
 // WARPS - 2 (a warp with two L2-streamed tiles): 4: its bias tiles done, 5: its phase A done,
@@ -358,12 +366,27 @@ __device__ __forceinline__ void stage_z_batched(const ChainArgs& a, unsigned cha
       unsigned char* srow = stage + row * pitch + vi * ES;
       const i64 coff = slot_s[row] * a.stride_cs + (i64)step * a.vocab + v_w0 + vi;
       const u32 w[4] = {p.x, p.y, p.z, p.w};
+      // The unit's 8 staged bf16 biases in one or two 16-byte shared loads (bf16 cache: packed pairs;
+      // fp32 cache: one per 4-byte slot, in its low half).
+      u32 bias[8];
+      if (CACHE_F32) {
+        const uint4 b0 = *(const uint4*)srow, b1 = *(const uint4*)(srow + 16);
+        bias[0] = b0.x << 16; bias[1] = b0.y << 16; bias[2] = b0.z << 16; bias[3] = b0.w << 16;
+        bias[4] = b1.x << 16; bias[5] = b1.y << 16; bias[6] = b1.z << 16; bias[7] = b1.w << 16;
+      } else {
+        const uint4 b = *(const uint4*)srow;
+        const u32 bw[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          bias[2 * e] = bw[e] << 16;
+          bias[2 * e + 1] = bw[e] & 0xFFFF0000u;
+        }
+      }
       float z[8];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        z[2 * e] = dm::add_rn(__uint_as_float(w[e] << 16), bf16_to_f32(*(const unsigned short*)(srow + 2 * e * ES)));
-        z[2 * e + 1] = dm::add_rn(__uint_as_float(w[e] & 0xFFFF0000u),
-                                  bf16_to_f32(*(const unsigned short*)(srow + (2 * e + 1) * ES)));
+        z[2 * e] = dm::add_rn(__uint_as_float(w[e] << 16), __uint_as_float(bias[2 * e]));
+        z[2 * e + 1] = dm::add_rn(__uint_as_float(w[e] & 0xFFFF0000u), __uint_as_float(bias[2 * e + 1]));
       }
       if (CACHE_F32) {
         uint4 q0 = make_uint4(__float_as_uint(z[0]), __float_as_uint(z[1]), __float_as_uint(z[2]), __float_as_uint(z[3]));
@@ -404,6 +427,74 @@ __device__ __forceinline__ void rank_chunk(const unsigned char* zrow, int lo, in
   }
 }
 
+// rank_chunk with the lane's top three kept as (fp32 key, index) pairs instead of packed words, the
+// keys of four tokens computed before any of their insertions (four independent hash / noise
+// chains for the scheduler instead of one between two branches). Same triple as rank_chunk: in
+// increasing-index order a strictly larger key (or an empty slot, which takes -inf too) enters,
+// which is the packed-word order (key, then the lower index) for every non-NaN key; -0.0 and +0.0
+// compare equal in both. After a NaN key the lane re-ranks its chunk with rank_chunk (NaN logits
+// only). ~10 instructions per entering key instead of ~45 of 64-bit compares and selects.
+struct Top3 {
+  float k1, k2, k3;
+  int i1, i2, i3;  // -1: empty (below every key, -inf included)
+  __device__ __forceinline__ void insert(float key, int v) {
+    if (i3 < 0 || key > k3) {
+      if (i2 < 0 || key > k2) {
+        k3 = k2;
+        i3 = i2;
+        if (i1 < 0 || key > k1) {
+          k2 = k1;
+          i2 = i1;
+          k1 = key;
+          i1 = v;
+        } else {
+          k2 = key;
+          i2 = v;
+        }
+      } else {
+        k3 = key;
+        i3 = v;
+      }
+    }
+  }
+};
+
+template <bool CACHE_F32>
+__device__ __forceinline__ void rank_chunk_f4(const unsigned char* zrow, int lo, int hi, i64 v_w0, bool greedy,
+                                              float inv_temp, u32 prefix, i64& t1, i64& t2, i64& t3) {
+  Top3 t;
+  t.k1 = t.k2 = t.k3 = -__int_as_float(0x7f800000);
+  t.i1 = t.i2 = t.i3 = -1;
+  bool nan = false;
+  auto key_of = [&](int vi) {
+    const float z = CACHE_F32 ? *(const float*)(zrow + vi * 4) : bf16_to_f32(*(const unsigned short*)(zrow + vi * 2));
+    return greedy ? z : dm::add_rn(dm::mul_rn(z, inv_temp), dm::approx_noise(prefix, (u32)(v_w0 + vi)));
+  };
+  int vi = lo;
+  for (; vi + 4 <= hi; vi += 4) {
+    float key[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) key[k] = key_of(vi + k);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      nan |= key[k] != key[k];
+      t.insert(key[k], (int)(v_w0 + vi + k));
+    }
+  }
+  for (; vi < hi; ++vi) {
+    const float key = key_of(vi);
+    nan |= key != key;
+    t.insert(key, (int)(v_w0 + vi));
+  }
+  if (nan) {
+    rank_chunk<CACHE_F32>(zrow, lo, hi, v_w0, greedy, inv_temp, prefix, t1, t2, t3);
+    return;
+  }
+  t1 = t.i1 < 0 ? DM_INT64_MIN : dm::pack_word(t.k1, t.i1);
+  t2 = t.i2 < 0 ? DM_INT64_MIN : dm::pack_word(t.k2, t.i2);
+  t3 = t.i3 < 0 ? DM_INT64_MIN : dm::pack_word(t.k3, t.i3);
+}
+
 // ------------------------------------------------------------------ the kernel
 // Shared memory: [smem_tiles][8 j][2 halves][32 lanes] uint4 of W2, codes [NT*8 rows][8 j][32] uint4,
 // staging [16 warps][RP rows][tiles_per_warp * 16] bf16, per-warp triples, per-row results.
@@ -413,7 +504,8 @@ __device__ __forceinline__ void rank_chunk(const unsigned char* zrow, int lo, in
 // 16 = the grid agreement without a counter: every block stores its best word of each row into its
 // own slot pub[step][row][block] (relaxed, no fence) and polls all blocks' slots until none is
 // INT64_MIN (bounded), merging them into its shared best word: one L2 round trip after the last
-// block's store instead of fence + arrival + counter poll + word read.
+// block's store instead of fence + arrival + counter poll + word read; 32 = phase B through
+// rank_chunk_f4 (fp32 triples, four keys computed before their insertions).
 template <int NT, int WARPS, int REGS, int V6>
 __device__ __forceinline__ void chain_body(const ChainArgs& a) {
   constexpr int THREADS = WARPS * 32;
@@ -486,17 +578,44 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
   i64 anchor_tok = 0;
   if (threadIdx.x < rows)
     anchor_tok = a.anchor64 ? ((const i64*)a.anchor)[threadIdx.x] : (i64)((const i32*)a.anchor)[threadIdx.x];
+  // Per-row keys of a step (slot, temperature, noise prefix) into shared memory; they do not depend
+  // on the tokens, so step s + 1's are loaded before step s's barrier (their latency hides in it).
+  auto store_row_keys = [&](int row, int step, int at) {
+    RowKeys k = row_keys(a, row, step);
+    slot_all[at] = k.slot;
+    temp_all[at] = k.temp;
+    inv_all[at] = k.greedy ? 0.0f : k.inv_temp;  // 0: greedy
+    prefix_all[at] = k.prefix;
+    live_all[at] = k.live;
+  };
+  auto load_row_keys = [&](int step) {
+    if (!(V6 & 8) && threadIdx.x < rows) store_row_keys(threadIdx.x, step, threadIdx.x);
+  };
+  if (V6 & 8) {  // every step's keys now: thread t -> (row t / N, step t % N)
+    for (int t = threadIdx.x; t < rows * (int)a.num_steps; t += THREADS) {
+      const int r = t / (int)a.num_steps, st = t - r * (int)a.num_steps;
+      store_row_keys(r, st, st * DM_MAX_ROWS + r);
+    }
+  }
   const bool step0_order = (a.flags & DM_F_STEP0_ORDER) != 0;
-  if ((a.flags & DM_F_PF_W2) && !step0_order && lane == 0 && ntw > 0) {
-    // Everything this warp reads from HBM at step 0 except its shared-memory tiles (cp.async below):
+  const bool smem_early = !step0_order || (a.flags & DM_F_STEP0_SMEM_EARLY);  // smem tiles copied at launch
+  auto prefetch_w2 = [&]() {
+    if (!(a.flags & DM_F_PF_W2) || lane != 0 || ntw <= 0) return;
+    const i64 ve = vocab;
+    if (!smem_early) {  // the warp's whole range (its shared-memory tiles are copied from L2 later)
+      const i64 end = v_w0 + (i64)ntw * 16 < ve ? v_w0 + (i64)ntw * 16 : ve;
+      prefetch_l2_bulk(head + v_w0 * 32, (u32)((end - v_w0) * 512));
+      return;
+    }
+    // Everything this warp reads from HBM at step 0 except its shared-memory tiles (cp.async):
     // the register tiles first (used first), then the L2-streamed tiles (kept: evict_last).
     const i64 reg_end = v_w0 + (i64)(REGS < ntw ? REGS : ntw) * 16;
     const i64 l2_beg = v_w0 + (i64)(REGS + n_smem) * 16, l2_end = v_w0 + (i64)ntw * 16;
-    const i64 ve = vocab;
     if (REGS > 0) prefetch_l2_bulk(head + v_w0 * 32, (u32)(((reg_end < ve ? reg_end : ve) - v_w0) * 512));
     if (l2_end > l2_beg && l2_beg < ve)
       prefetch_l2_bulk_keep(head + l2_beg * 32, (u32)(((l2_end < ve ? l2_end : ve) - l2_beg) * 512), keep);
-  }
+  };
+  if (!step0_order) prefetch_w2();
   if (!step0_order) prefetch_base(0);
   if (threadIdx.x < DM_MAX_ROWS) {
     i64 prev = anchor_tok;
@@ -535,35 +654,12 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
       int nt = r >> 3, gg = r & 7, j = q >> 2, cc = q & 3;
       codes_s[(nt * 8 + j) * 32 + gg * 4 + cc] = v;
     }
-    if ((a.flags & DM_F_PF_W2) && lane == 0 && ntw > 0) {
-      const i64 end = v_w0 + (i64)ntw * 16 < vocab ? v_w0 + (i64)ntw * 16 : vocab;
-      prefetch_l2_bulk(head + v_w0 * 32, (u32)((end - v_w0) * 512));
-    }
+    prefetch_w2();
     prefetch_base(0);
-  } else {
-    copy_smem_tiles();
   }
+  if (smem_early) copy_smem_tiles();
+  load_row_keys(0);  // (V6 & 8: loaded above, before any W2 request)
 
-  // Per-row keys of a step (slot, temperature, noise prefix) into shared memory; they do not depend
-  // on the tokens, so step s + 1's are loaded before step s's barrier (their latency hides in it).
-  auto store_row_keys = [&](int row, int step, int at) {
-    RowKeys k = row_keys(a, row, step);
-    slot_all[at] = k.slot;
-    temp_all[at] = k.temp;
-    inv_all[at] = k.greedy ? 0.0f : k.inv_temp;  // 0: greedy
-    prefix_all[at] = k.prefix;
-    live_all[at] = k.live;
-  };
-  auto load_row_keys = [&](int step) {
-    if (!(V6 & 8) && threadIdx.x < rows) store_row_keys(threadIdx.x, step, threadIdx.x);
-  };
-  if (V6 & 8) {  // every step's keys now: thread t -> (row t / N, step t % N)
-    for (int t = threadIdx.x; t < rows * (int)a.num_steps; t += THREADS) {
-      const int r = t / (int)a.num_steps, st = t - r * (int)a.num_steps;
-      store_row_keys(r, st, st * DM_MAX_ROWS + r);
-    }
-  }
-  load_row_keys(0);
 
   const int steps = (int)a.num_steps;
   for (int step = 0; step < steps; ++step) {
@@ -625,7 +721,7 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
     }
     for (int pass = 0; pass < 2; ++pass) {
       if (pass == 1 && step == 0) {
-        if (step0_order) copy_smem_tiles();
+        if (!smem_early) copy_smem_tiles();
         asm volatile("cp.async.wait_all;" ::: "memory");
         __syncwarp();
       }
@@ -695,13 +791,20 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
     const u32 prefix = rr < rows ? prefix_s[rr] : 0u;
     const unsigned char* zrow = stage + rr * pitch;
     i64 t1w = DM_INT64_MIN, t2w = DM_INT64_MIN, t3w = DM_INT64_MIN;
-    if (rr < rows) {
+    const bool all_exact = (a.flags & DM_F_EXACT_SMALL) && RP <= 2;
+    if (rr < rows && !all_exact) {
       int lo = sub * chunk, hi = lo + chunk;
       hi = hi < valid ? hi : valid;
-      if (a.cache_f32) rank_chunk<true>(zrow, lo, hi, v_w0, greedy, inv_temp, prefix, t1w, t2w, t3w);
-      else rank_chunk<false>(zrow, lo, hi, v_w0, greedy, inv_temp, prefix, t1w, t2w, t3w);
+      if (V6 & 32) {
+        if (a.cache_f32) rank_chunk_f4<true>(zrow, lo, hi, v_w0, greedy, inv_temp, prefix, t1w, t2w, t3w);
+        else rank_chunk_f4<false>(zrow, lo, hi, v_w0, greedy, inv_temp, prefix, t1w, t2w, t3w);
+      } else if (a.cache_f32) {
+        rank_chunk<true>(zrow, lo, hi, v_w0, greedy, inv_temp, prefix, t1w, t2w, t3w);
+      } else {
+        rank_chunk<false>(zrow, lo, hi, v_w0, greedy, inv_temp, prefix, t1w, t2w, t3w);
+      }
     }
-    for (int off = RP; off < 32; off <<= 1) {  // every lane of row rr ends with the warp's triple
+    for (int off = RP; off < 32 && !all_exact; off <<= 1) {  // every lane of row rr ends with the warp's triple
       i64 b1 = shfl_xor64(t1w, off), b2 = shfl_xor64(t2w, off), b3 = shfl_xor64(t3w, off);
       merge3(t1w, t2w, t3w, b1, b2, b3);
     }
@@ -712,7 +815,24 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
     // warp's tokens. z is read back from the cache (sampled rows are live).
     i64 exact = t1w;
     const float temp = rr < rows ? temp_s[rr] : 0.0f;
-    if (rr < rows && !greedy) {
+    if (all_exact) {  // every token's exact key (z itself for greedy rows), two per iteration
+      exact = DM_INT64_MIN;
+      if (rr < rows) {
+        int vi = sub;
+        for (; vi + lanes_per_row < valid; vi += 2 * lanes_per_row) {
+          const int vj = vi + lanes_per_row;
+          const float z0 = staged_z(zrow, a.cache_f32, vi), z1 = staged_z(zrow, a.cache_f32, vj);
+          const float k0 = greedy ? z0 : dm::exact_key(z0, temp, prefix, (u32)(v_w0 + vi));
+          const float k1 = greedy ? z1 : dm::exact_key(z1, temp, prefix, (u32)(v_w0 + vj));
+          exact = max64(exact, max64(dm::pack_word(k0, (i32)(v_w0 + vi)), dm::pack_word(k1, (i32)(v_w0 + vj))));
+        }
+        if (vi < valid) {
+          const float z0 = staged_z(zrow, a.cache_f32, vi);
+          exact = max64(exact, dm::pack_word(greedy ? z0 : dm::exact_key(z0, temp, prefix, (u32)(v_w0 + vi)),
+                                             (i32)(v_w0 + vi)));
+        }
+      }
+    } else if (rr < rows && !greedy) {
       const float value = dm::word_key(t1w);
       const float third = t3w == DM_INT64_MIN ? -__int_as_float(0x7f800000) : dm::word_key(t3w);
       const bool finite = t1w != DM_INT64_MIN && value == value && value != 0.0f &&
@@ -886,6 +1006,7 @@ DM_V6_ENTRY(9)
 DM_V6_ENTRY(11)
 DM_V6_ENTRY(25)
 DM_V6_ENTRY(27)
+DM_V6_ENTRY(43)
 
 // Largest |approximate - exact| Gumbel noise over the hashes [h0, h0 + count) (as fp32 bits of a
 // non-negative float, merged with atomicMax); the GPU test runs it over all 2^32 hashes.
@@ -903,3 +1024,4 @@ extern "C" __global__ void dm_noise_bound(u32 h0, u64 count, u32* worst) {
   }
   if ((threadIdx.x & 31) == 0) atomicMax(worst, local);
 }
+

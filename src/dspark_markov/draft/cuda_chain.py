@@ -61,18 +61,24 @@ DEFAULT_SHAPE = ((16, 1), (16, 1))
 FLAG_PREFETCH_W2 = 1
 FLAG_PREFETCH_BASE = 2
 FLAG_STEP0_ORDER = 4
+FLAG_EXACT_SMALL = 8  # at 1-2 rows: every token's exact key in phase B (no approximate ranking)
+FLAG_STEP0_SMEM_EARLY = 16  # with FLAG_STEP0_ORDER: shared-memory tiles copied at launch, after the codes
+FLAGS_ALL = FLAG_PREFETCH_W2 | FLAG_PREFETCH_BASE | FLAG_STEP0_ORDER | FLAG_EXACT_SMALL | FLAG_STEP0_SMEM_EARLY
 # Measured on the H200 (N = 5, bf16, T = 1; benchmarks/results/NVIDIA-H200_2026-12-01_cuda_chain_variants_r1.json,
 # us at 1/2/4/8/16 rows): v5 kernel 90.3/95.0/101.3/117.6/167.7; variant 11 with both hints
 # 84.9/88.7/94.8/109.3/158.8 (the best of the sweep); the hints alone on the v5 kernel 90.2 ... 170.7.
-DEFAULT_FLAGS = FLAG_PREFETCH_W2 | FLAG_PREFETCH_BASE
+# Round 2 (..._cuda_chain_variants_r2.json): variant 43 with flags 15 80.3/85.7/93.1/104.1/155.7 against
+# 89.8/94.3/100.6/116.1/170.1 for v5 and 85.0/89.3/95.8/108.9/162.1 for variant 11 + hints.
+DEFAULT_FLAGS = FLAG_PREFETCH_W2 | FLAG_PREFETCH_BASE | FLAG_STEP0_ORDER | FLAG_EXACT_SMALL
 # Compile-time variants of the 16-warp / one-register-tile kernel (chain.cu V6 bits): 1 = L2-streamed
 # tiles loaded in two batches of 8 16-byte loads per lane ahead of their mma; 9 = 1 + every step's
 # per-row keys loaded at launch (no global load before a grid barrier); 11 = 9 + phase A with two
 # 8-token units of base logits in flight per lane (bf16 base, aligned rows); 25 / 27 = 9 / 11 + the
 # grid agreement through per-block word slots (``pub``: one store and one poll per block, no
-# counter, no fence).
-VARIANTS = (0, 1, 9, 11, 25, 27)
-DEFAULT_VARIANT = 11
+# counter, no fence); 43 = 11 + phase B through fp32 triples, four keys computed before their
+# insertions (chain.cu rank_chunk_f4).
+VARIANTS = (0, 1, 9, 11, 25, 27, 43)
+DEFAULT_VARIANT = 43
 
 
 class ChainArgs(ctypes.Structure):
@@ -121,7 +127,8 @@ class CudaChainBackend:
     forces the exact path), ``barrier_extra`` (test hook: wait for that many more arrivals than
     there are blocks, so every barrier times out), ``trace`` (record phase timestamps in :attr:`trace`;
     :meth:`phase_times` reads them), ``flags`` (run-time hints, :data:`FLAG_PREFETCH_W2` |
-    :data:`FLAG_PREFETCH_BASE` | :data:`FLAG_STEP0_ORDER`; they never change a draw) and ``variant`` (compile-time kernel variant,
+    :data:`FLAG_PREFETCH_BASE` | :data:`FLAG_STEP0_ORDER` | :data:`FLAG_EXACT_SMALL` | :data:`FLAG_STEP0_SMEM_EARLY`;
+    they never change a draw) and ``variant`` (compile-time kernel variant,
     :data:`VARIANTS`; non-zero with 16 warps and one register tile only).
     """
 
@@ -174,9 +181,8 @@ class CudaChainBackend:
         if self.warps not in REG_TILES or self.reg_tiles not in REG_TILES[self.warps]:
             raise ValueError(f"reg_tiles: expected warps/reg_tiles in {REG_TILES}, got {self.warps}/{self.reg_tiles}")
         self.threads = 32 * self.warps
-        if int(flags) < 0 or int(flags) > FLAG_PREFETCH_W2 | FLAG_PREFETCH_BASE | FLAG_STEP0_ORDER:
-            raise ValueError(f"flags: expected a combination of FLAG_PREFETCH_W2, FLAG_PREFETCH_BASE and "
-                             f"FLAG_STEP0_ORDER, got {flags}")
+        if int(flags) < 0 or int(flags) & ~FLAGS_ALL:
+            raise ValueError(f"flags: expected a combination of the FLAG_* bits ({FLAGS_ALL} = all), got {flags}")
         if variant is None:  # the default variant where the shape has it
             variant = DEFAULT_VARIANT if (self.warps, self.reg_tiles) == (16, 1) else 0
         if int(variant) not in VARIANTS or (int(variant) and (self.warps, self.reg_tiles) != (16, 1)):
