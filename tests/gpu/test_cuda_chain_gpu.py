@@ -119,7 +119,7 @@ def test_cuda_chain_nan_and_all_minus_inf_rows(variant, flags):
 
 @pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("rows", [1, 3, 9, 16])
-@pytest.mark.parametrize("flags,variant", [(3, 0), (3, 9), (0, 11), (7, 27), (4, 0), (3, 43), (15, 43), (31, 43), (8, 0), (20, 0)])
+@pytest.mark.parametrize("flags,variant", [(3, 0), (0, 11), (31, 43), (20, 0)])
 def test_cuda_chain_prefetch_hints_and_variants(rows, cache_dtype, flags, variant):
     """The L2 prefetch hints (flags) and the compile-time variant draw exactly as the reference."""
     head, args = full_problem(rows, seed=20 + rows)
