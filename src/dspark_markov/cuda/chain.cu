@@ -26,6 +26,13 @@
 //
 // Bytes per call: V * 256 * 2 of W2 from HBM once (step 0), (N - 1) x the L2-resident part from L2,
 // R * N * V * (base bytes + cache bytes), R * N * 512 of W1 rows.
+//
+// Variants (cuda_chain.VARIANTS; template bits V6 on chain_body, one entry point per variant of the
+// 16-warp / one-register-tile shape) and run-time flags (ChainArgs.flags, DM_F_*): see their
+// comments below. The default (variant 43, flags 15) changes where time goes, never a draw: L2 tiles
+// in two load batches, every step's row keys at launch, two base-logit units in flight in phase A,
+// phase B on fp32 triples four keys at a time, exact keys for every token at 1-2 rows, step 0 in
+// dependency order, L2 prefetch of W2 and of the next step's base logits.
 #include "noise.cuh"
 
 using dm::i32;
