@@ -17,14 +17,14 @@ per SM; the launch takes every SM): a barrier that waits longer than ``spin_cycl
 ``status`` and the launch ends early with tokens in ``[0, V)``; :meth:`check` raises
 :class:`~dspark_markov.DeviceStatusError`.
 
-Measured (H200, V = 129,280, rank 256, N = 5, bf16 cache, CUDA graph, cold L2): the v5 kernel
-(variant 0) 89 / 94 / 100 / 117 / 166 us at 1 / 2 / 4 / 8 / 16 rows (benchmarks/results/
-NVIDIA-H200_2026-12-01_cuda_chain.json; mixed T within 4%, fp32 cache within 7%); the default
-variant 11 with the L2 hints 84.9 / 88.7 / 94.8 / 109.3 / 158.8 against 90.3 / 95.0 / 101.3 / 117.6 /
-167.7 for variant 0 in the same job (..._cuda_chain_variants_r1.json). Per later step (in-kernel
-trace, ``trace=True``, warp 14 of 16): at 1 row ~5.7 us bias tiles (its two L2-streamed tiles) +
-0.8 phase A + 2.5 phase B and exact keys + ~2.3 barrier + 0.6 token; at 16 rows ~8-10 tiles + 3-4
-phase A + 10.5 phase B + ~4 barrier + 0.8 token, far from the one-W2-read floor of ~15 us.
+Measured (H200, V = 129,280, rank 256, N = 5, bf16 cache, CUDA graph, cold L2; benchmarks/results/
+NVIDIA-H200_2026-12-01_cuda_chain_variants_r{1,2}.json): the default (variant 43, flags 15) 80.3 / 85.7
+/ 93.1 / 104.1 / 155.7 us at 1 / 2 / 4 / 8 / 16 rows against 89.8 / 94.3 / 100.6 / 116.1 / 170.1 for the
+v5 kernel (variant 0, no flags) in the same job. Per later step (in-kernel trace, ``trace=True``,
+warp 14 of 16): at 1 row ~6 us bias tiles (the L2-streamed part of W2: 21 MB per step, L2-bandwidth-
+bound) + 1.0 phase A + 1.4 phase B (exact keys) + ~2 barrier + 0.8 token; at 16 rows 8-12 tiles + ~3.3
+phase A + 8.0 phase B (approximate keys: ~70 instructions per logit) + ~3.5 barrier + 0.9 token.
+Step 0 streams W2 once from HBM (floor 15.1 us plus the harness's dirty-L2 write-back).
 
 Requirements (``ValueError`` otherwise): a CUDA device of compute capability 9.0 with NVRTC
 (:func:`dspark_markov.cuda.availability`), bf16 weights of rank 256, at most 16 rows, at most 32
