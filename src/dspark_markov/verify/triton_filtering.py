@@ -16,39 +16,43 @@ cut is a search over packed thresholds ``T`` with the exact ``count(packed >= T)
   iff ``mass(>= D) >= limit > mass(>= U)`` (the token just below ``U`` is kept iff the mass
   strictly above it, ``mass(>= U)``, is below the limit).
 
-Passes (each reads the whole row once; all rows advance together, finished rows idle)
------------------------------------------------------------------------------------
-1. ``_stats_kernel``: the first maximum (as a packed key), NaNs, and the finite count, mean,
-   standard deviation and minimum that place the first thresholds.
-2. ``_pass_kernel`` (``FIRST``): every program derives the row's plan from the stats (the
-   combine of the split layout is recomputed by each program of the row: no update launch).
-   ``THRESHOLDS = 8`` thresholds are evaluated in one sweep (exact counts; exact masses where
-   top-p needs them, plus the row's total mass ``S``), and the bracket predicted to hold the cut
-   is gathered at once (candidates appended by one atomic per block). Placement: for top-k, the
-   Gaussian quantiles of ``k/4 .. 640 k`` tokens (the gather takes about ``3 k`` tokens from the
-   top); for top-p, the cut ``c`` of a Gaussian fit of the mass (``exp`` tilts N(mu, s^2) to
-   N(mu + s^2, s^2), truncated at the maximum) with thresholds at ``c + s * (+-0.03 .. +-0.6)``
-   (the predicted cut is within ~0.02 s on Gaussian and bf16-rounded rows), or, on rows whose
-   maximum sits more than 6 s above the mean (peaked, LLM-like), at ``max - 0.25 .. max - 14``.
-3. ``_resolve_kernel`` (one program per row): if the gathered bracket holds the cut and at most
-   ``capacity`` candidates, one sort of them (256, 1024 or ``capacity`` entries) gives the cut;
-   otherwise the evaluated thresholds name the bracket that holds it: a gather-only pass follows
-   if it has at most ``capacity`` tokens, else a search pass with 8 thresholds inside it (value
-   space, key space across octaves, index space inside a run of ties).
-4. One such round more on the split grid (``_pass_kernel`` ``REFINE`` + ``_resolve_kernel``):
-   Gaussian, bf16-tied and peaked rows finish here.
-5. ``_finish_kernel`` (one program per row; idle unless a row is still open): the same rounds
-   in a loop, bounded by ``MAX_ROUNDS`` (each round cuts the bracket 9-fold in a 64-bit space).
-6. ``_apply_kernel``: ``-inf`` where ``packed < cut`` (one compare per element).
+Passes (4 launches per call; each full-row pass reads the row once)
+-------------------------------------------------------------------
+1. ``_stats_kernel`` (grid ``rows x chunks``): the first maximum (as a packed key), NaNs, the
+   finite count, mean, standard deviation and minimum, and the **early gather**: every token at
+   or above a threshold fitted to the row's first ``SAMPLE`` columns (one atomic per token taken):
+   ``~4 k`` tokens for top-k rows with ``k <= capacity / 4`` (into ``scratch``: usually the whole
+   answer), ``~64`` for top-p-only rows (into ``outliers``: the head of the mass).
+2. ``_pass_kernel`` (``FIRST``, grid ``rows x chunks``): every program derives the row's plan from
+   the stats partials (the split-layout combine is recomputed per program: no extra launch).
+   A top-k row whose early gather holds at least ``k`` and at most ``capacity`` tokens sweeps
+   nothing. A top-p-only row sweeps once with two thresholds (:func:`_sweep_pair`: its total
+   mass ``S``, exact counts and masses at ``hi`` and ``lo``, the gather of ``[lo, hi)``). The
+   bracket is placed by a mass model: the early head ``H = sum exp(x - max)`` above ``T_e`` plus
+   a Gaussian bulk below it (``exp`` tilts N(mu, s^2) to N(mu + s^2, s^2)); the predicted cut
+   leaves ``p (H + bulk)`` above it; ``[lo, hi)`` holds ~``capacity / 2`` fitted tokens around it
+   (the whole top when the cut lies in the head). Other rows (a failed early gather, ``k >
+   capacity / 4``) run the general sweep: 8 exact thresholds (Gaussian quantiles of ``k/4 ..
+   640 k`` tokens) and the gather of the predicted bracket.
+3. ``_finish_kernel`` (one program per row): the resolve: if the gathered bracket holds the cut
+   and at most ``capacity`` candidates, the cut comes from them: a wide top-p bracket is first
+   narrowed 16-fold by exact part masses (:func:`_narrow_mass`), then one sort of at most 256
+   (1024, ``capacity``) candidates gives the cut. A row still open (a missed prediction,
+   adversarial rows) continues in the same program with bounded search rounds (``MAX_ROUNDS``;
+   each evaluates 8 thresholds inside the bracket that holds the cut: value space, key space
+   across octaves, index space inside a run of ties; a gather once it fits). ``searched``
+   counts such rows (a status: zero on the benchmark inputs).
+4. ``_apply_kernel``: ``-inf`` where ``packed < cut`` (one compare per element); a row whose kept
+   set lies among its first ``<= 256`` candidates (top-k from the early gather) is written
+   without being read (kept values loaded by index, the chunk set to ``-inf``, the values
+   stored back).
 
-Launches: 7 to 9 per call (each sweep is launched once for the rows whose thresholds need integer
-masses and once for the others, where both kinds can occur: each launch keeps its own register
-count), fixed by which of ``k``/``p`` are given, never by values; no host synchronisation; all
-scratch lives in a :class:`TopKTopPFilter` (allocated once, sized for its largest batch):
-CUDA-graph safe.
-Bytes: ``B V 4`` per pass that runs (stats, first pass, a refine pass where the first bracket
-misses) plus the apply (``B V 4`` read + the masked entries written in place, ``B V 4`` out of
-place); candidates ``<= capacity * 8`` bytes per row, written and read once per gather.
+Launches: 4 per call, fixed by which of ``k``/``p`` are given (the mass sweeps compiled in only
+with ``p``), never by values; no host synchronisation; all scratch lives in a
+:class:`TopKTopPFilter` (allocated once, sized for its largest batch): CUDA-graph safe.
+Bytes: top-k rows answered early: ``B V 4`` read (stats) + ``B V 4`` written; top-p rows: ``2 B V
+4`` read (stats, pair sweep) + the apply (``B V 4`` read + the masked entries written in place,
+``B V 4`` out of place); candidates ``<= capacity * 8`` bytes per row.
 """
 
 from __future__ import annotations
@@ -104,6 +108,8 @@ _THRESHOLDS = tl.constexpr(THRESHOLDS)
 PARTS = 16  # _narrow_mass: key intervals a wide top-p bracket is split into
 _PARTS = tl.constexpr(PARTS)
 _NARROW_TILE = tl.constexpr(128)
+_RANK_I = tl.constexpr(32)  # _rank_cut tiles: [RANK_I, RANK_J] compares at a time
+_RANK_J = tl.constexpr(64)
 _POINTS = tl.constexpr(POINTS)
 _SLOT_UPPER = tl.constexpr(SLOT_UPPER)
 _SLOT_FIRST = tl.constexpr(SLOT_FIRST)
@@ -118,14 +124,14 @@ _PEAKED_SIGMAS = tl.constexpr(PEAKED_SIGMAS)
 MAX_ROUNDS = 48  # _finish_kernel's bound: 9-fold per round over a 64-bit space needs < 21
 _MAX_ROUNDS = tl.constexpr(MAX_ROUNDS)
 
-# Candidates sorted by one program. The interpreter's tl.sort is slow, so CPU filters default
-# to a small capacity.
-GPU_CAPACITY = 4096
+# Candidates one program ranks (_rank_cut: n^2 compares, so brackets are kept small and wide top-p
+# ones narrowed first). GPU: a first top-p bracket of ~capacity / 2 = 1024 fitted tokens missed the
+# cut in 0 of 900 bench rows (Gaussian, bf16, peaked; a CPU model of the placement), 15% at
+# capacity 1024. CPU filters default to a small capacity (the interpreter is slow).
+GPU_CAPACITY = 2048
 CPU_CAPACITY = 128
-SORT_SMALL = 256
-SORT_MEDIUM = 1024
+SORT_SMALL = 256  # the most candidates the write-only apply restores (and the narrowing's goal)
 _SORT_SMALL = tl.constexpr(SORT_SMALL)
-_SORT_MEDIUM = tl.constexpr(SORT_MEDIUM)
 GPU_BLOCK = 2048
 CPU_BLOCK = 1024
 # Sweep tiles (4 loaded per iteration): [COUNT_BLOCK, 8] int32 counts and [MASS_BLOCK, 8] int64
@@ -371,34 +377,64 @@ def _sweep_pair(src, start, end, row_max, hi_key, lo_key, scratch, cursor, capac
 
 
 @triton.jit
-def _sort_cut(scratch, n_in, target, k, p, limit, best, row_max, count_hi, mass_hi, hi_is_ceil, SIZE: tl.constexpr):
-    """Sort the ``n_in <= SIZE`` gathered candidates of a bracket that holds the cut.
+def _better_than(scratch, n_in, packed, row_max):
+    """For packed candidates ``packed [RANK_I]``: how many of the ``n_in`` candidates in ``scratch`` rank
+    strictly better, and their exact integer mass (``[RANK_I]`` int32, int64)."""
+    tj = tl.arange(0, _RANK_J)
+    better = tl.zeros([_RANK_I], tl.int32)
+    mass = tl.zeros([_RANK_I], tl.int64)
+    for offset in range(0, n_in, _RANK_J):
+        inside = offset + tj < n_in
+        other = tl.load(scratch + offset + tj, mask=inside, other=_PACK_FLOOR)
+        q = tl.where(inside, _weight_fixed_point(_key_value(other >> 32), row_max), 0)
+        gt = inside[None, :] & (other[None, :] > packed[:, None])
+        better += tl.sum(gt.to(tl.int32), axis=1)
+        mass += tl.sum(tl.where(gt, q[None, :], 0), axis=1)
+    return better, mass
 
-    Returns ``(resolved, cut, limit)``: for a top-k row, the k-th best is at rank
-    ``k - count_hi``; with top-p too, ``S_k`` is the mass of the kept top-k (``mass_hi`` above the
-    bracket plus the sorted ones) and the cut the last survivor with mass before it
-    ``< p S_k``. ``resolved`` is false only when that top-p cut lies above the bracket (top-k
-    rows with ``k`` beyond the capacity): the search then goes on for the returned mass target.
-    A top-p-only row keeps the candidates whose mass before them is below ``limit``.
+
+@triton.jit
+def _rank_cut(scratch, n_in, target, k, p, limit, best, row_max, count_hi, mass_hi, hi_is_ceil):
+    """The cut from the gathered candidates of a bracket that holds it, by ranks instead of a sort: every candidate's count and mass of strictly
+    better candidates (``n_in^2`` compares in ``[RANK_I, RANK_J]`` tiles; packed values are unique,
+    so the count is the rank). No sorting network: compiles in a fraction of a ``tl.sort``'s time,
+    and the common ``n_in <= 256`` costs ~``65K`` compares.
+
+    Returns ``(resolved, cut, limit)``: for a top-k row the k-th best is at rank ``k - count_hi``;
+    with top-p too, ``S_k`` is the mass of the kept top-k (``mass_hi`` above the bracket plus the
+    chosen candidates) and the cut the last survivor with mass before it ``< p S_k``. ``resolved``
+    is false only when that top-p cut lies above the bracket (top-k rows with ``k`` beyond the
+    capacity): the search then goes on for the returned mass target. A top-p-only row keeps the
+    candidates whose mass before them is below ``limit``.
     """
-    rank = tl.arange(0, SIZE)
-    packed = tl.load(scratch + rank, mask=rank < n_in, other=_PACK_FLOOR)
-    packed = tl.sort(packed, descending=True)
-    q = _weight_fixed_point(_key_value(packed >> 32), row_max)
-    inside = rank < n_in
+    ti = tl.arange(0, _RANK_I)
+    use_p = p < 1.0
+    cut = tl.zeros([], tl.int64) + _PACK_CEIL
+    floor = tl.zeros([], tl.int64) + _PACK_FLOOR  # the k-th best (count target): the lowest chosen
     if target == _TARGET_COUNT:
-        chosen = rank < (k - count_hi)
-        q = tl.where(chosen, q, 0)
-        use_p = p < 1.0
-        limit = p.to(tl.float64) * (mass_hi + tl.sum(q, axis=0)).to(tl.float64)
-        before = mass_hi + tl.cumsum(q, axis=0) - q
-        keep = chosen & ((before.to(tl.float64) < limit) | (use_p == 0) | (packed == best))
-        resolved = (use_p == 0) | hi_is_ceil | (mass_hi.to(tl.float64) < limit)
-    else:
-        before = mass_hi + tl.cumsum(q, axis=0) - q
-        keep = inside & ((before.to(tl.float64) < limit) | (packed == best))
-        resolved = n_in >= 0
-    cut = tl.min(tl.where(keep, packed, _PACK_CEIL), axis=0)
+        rank_k = k - count_hi - 1
+        for offset in range(0, n_in, _RANK_I):
+            inside = offset + ti < n_in
+            packed = tl.load(scratch + offset + ti, mask=inside, other=_PACK_FLOOR)
+            better, _ = _better_than(scratch, n_in, packed, row_max)
+            floor = tl.maximum(floor, tl.max(tl.where(inside & (better == rank_k), packed, _PACK_FLOOR), axis=0))
+        total = mass_hi
+        for offset in range(0, n_in, _RANK_I):
+            inside = offset + ti < n_in
+            packed = tl.load(scratch + offset + ti, mask=inside, other=_PACK_FLOOR)
+            q = _weight_fixed_point(_key_value(packed >> 32), row_max)
+            total += tl.sum(tl.where(inside & (packed >= floor), q, 0), axis=0)
+        limit = p.to(tl.float64) * total.to(tl.float64)
+        cut = floor
+    if (target == _TARGET_MASS) | use_p:
+        cut = tl.zeros([], tl.int64) + _PACK_CEIL
+        for offset in range(0, n_in, _RANK_I):
+            inside = offset + ti < n_in
+            packed = tl.load(scratch + offset + ti, mask=inside, other=_PACK_FLOOR)
+            _, above = _better_than(scratch, n_in, packed, row_max)
+            keep = inside & (packed >= floor) & (((mass_hi + above).to(tl.float64) < limit) | (packed == best))
+            cut = tl.minimum(cut, tl.min(tl.where(keep, packed, _PACK_CEIL), axis=0))
+    resolved = (target == _TARGET_MASS) | (use_p == 0) | hi_is_ceil | (mass_hi.to(tl.float64) < limit)
     return resolved, cut, limit
 
 
@@ -540,7 +576,7 @@ def _plan_points(points, counts, masses, row, best_key, min_key, capacity, targe
 
 @triton.jit
 def _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags, st_cursor,
-                 points, counts, masses, scratch, capacity, SORT_LARGE: tl.constexpr):
+                 points, counts, masses, scratch, capacity):
     """Decide an open row after a sweep: the cut from its candidates, or the next round.
 
     Flags (``st_flags``, int32 bits): 1 gather, 2 evaluate, 4 need masses, 8 first pass (total
@@ -596,15 +632,8 @@ def _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min
         mass_sort = hi_mass
         if (target == _TARGET_MASS) & (n_in > _SORT_SMALL):  # a wide top-p bracket: narrow it 16-fold first
             n_sort, mass_sort = _narrow_mass(rows_scratch, n_in, limit, hi_mass, row_max)
-        if n_sort <= _SORT_SMALL:
-            resolved, cut, new_limit = _sort_cut(rows_scratch, n_sort, target, k, p, limit,
-                                                 best, row_max, hi_count, mass_sort, hi == _PACK_CEIL, _SORT_SMALL)
-        elif n_sort <= _SORT_MEDIUM:
-            resolved, cut, new_limit = _sort_cut(rows_scratch, n_sort, target, k, p, limit,
-                                                 best, row_max, hi_count, mass_sort, hi == _PACK_CEIL, _SORT_MEDIUM)
-        else:
-            resolved, cut, new_limit = _sort_cut(rows_scratch, n_sort, target, k, p, limit,
-                                                 best, row_max, hi_count, mass_sort, hi == _PACK_CEIL, SORT_LARGE)
+        resolved, cut, new_limit = _rank_cut(rows_scratch, n_sort, target, k, p, limit, best, row_max, hi_count,
+                                             mass_sort, hi == _PACK_CEIL)
         if resolved:
             phase = phase * 0 + _PHASE_CUT
             kept_n = tl.where((hi == _PACK_CEIL) & (n_sort == n_in) & (n_in <= _SORT_SMALL), n_in, 0)
@@ -836,7 +865,7 @@ def _pass_kernel(
     vocab, chunk_len, num_chunks, capacity,
     PASS: tl.constexpr, MASS: tl.constexpr, K_PER_ROW: tl.constexpr, P_PER_ROW: tl.constexpr,
     CHUNKS: tl.constexpr, BLOCK: tl.constexpr, COUNT_BLOCK: tl.constexpr, MASS_BLOCK: tl.constexpr,
-    PAIR_BLOCK: tl.constexpr, OUTLIERS: tl.constexpr,
+    PAIR_BLOCK: tl.constexpr, OUTLIERS: tl.constexpr, K_GIVEN: tl.constexpr,
 ):
     """One sweep of a row's columns ``[chunk * chunk_len, ...)``: thresholds and/or the gather.
 
@@ -905,13 +934,18 @@ def _pass_kernel(
         if MASS:
             if evaluate & need_mass:
                 if PASS == _PASS_FIRST:  # key-aligned thresholds; S for top-p-only rows
-                    if target == _TARGET_MASS:  # two thresholds (hi in slots 2..5, lo in 6..9) and the gather
+                    if K_GIVEN:  # rows with k beyond the capacity and p: 8 thresholds with masses
+                        if target == _TARGET_MASS:  # two thresholds (hi in slots 2..5, lo in 6..9) and the gather
+                            found, mass, total = _sweep_pair(src, start, end, row_max, (hi >> 32).to(tl.int32),
+                                                             (lo >> 32).to(tl.int32), rows_scratch, cursor,
+                                                             capacity, gather, PAIR_BLOCK)
+                        else:
+                            found, mass, total = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch,
+                                                        cursor, capacity, gather, True, True, True, True, MASS_BLOCK)
+                    else:  # top-p alone: every row's target is its mass
                         found, mass, total = _sweep_pair(src, start, end, row_max, (hi >> 32).to(tl.int32),
                                                          (lo >> 32).to(tl.int32), rows_scratch, cursor, capacity,
                                                          gather, PAIR_BLOCK)
-                    else:
-                        found, mass, total = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch,
-                                                    cursor, capacity, gather, True, True, True, True, MASS_BLOCK)
                     tl.atomic_add(masses + base + _SLOT_LOWER, total)
                 else:
                     found, mass, _ = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch, cursor,
@@ -919,7 +953,7 @@ def _pass_kernel(
                 tl.atomic_add(masses + base + _SLOT_FIRST + slot, mass)
                 tl.atomic_add(counts + base + _SLOT_FIRST + slot, found)
                 swept = evaluate
-        if swept == 0:
+        if K_GIVEN & (swept == 0):  # (without k every row that evaluates has swept its masses)
             if PASS == _PASS_FIRST:
                 found, _, _ = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity,
                                      gather, True, True, False, False, COUNT_BLOCK)
@@ -934,24 +968,6 @@ def _pass_kernel(
 
 
 @triton.jit
-def _resolve_kernel(
-    st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags, st_cursor,  # [B] state
-    points, counts, masses,  # [B, POINTS] int64
-    scratch,  # [B, capacity] int64
-    capacity,
-    SORT_LARGE: tl.constexpr,
-):
-    """One program per open row: the cut from the sorted candidates, or the next round.
-
-    Bytes: the candidates read (``<= capacity * 8`` per row) and ~400 bytes of state.
-    """
-    row = tl.program_id(0).to(tl.int64)
-    if tl.load(st_phase + row) == _PHASE_OPEN:
-        _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags, st_cursor,
-                     points, counts, masses, scratch, capacity, SORT_LARGE)
-
-
-@triton.jit
 def _finish_kernel(
     logits_ptr, logits_stride,  # [B, V] fp32
     st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags, st_cursor,  # [B] state
@@ -960,7 +976,7 @@ def _finish_kernel(
     unresolved,  # [1] int32: rows left open after MAX_ROUNDS (never, by the bound)
     searched,  # [1] int32: rows the first resolve left open (a running total: the slow path's use)
     vocab, capacity,
-    SORT_LARGE: tl.constexpr, BLOCK: tl.constexpr, COUNT_BLOCK: tl.constexpr, MASS_BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, COUNT_BLOCK: tl.constexpr, MASS_BLOCK: tl.constexpr,
 ):
     """One program per row still open: sweep + resolve rounds over the whole row, bounded.
 
@@ -973,7 +989,7 @@ def _finish_kernel(
     phase = tl.load(st_phase + row)
     if phase == _PHASE_OPEN:  # the first pass's resolve
         phase = _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags,
-                             st_cursor, points, counts, masses, scratch, capacity, SORT_LARGE)
+                             st_cursor, points, counts, masses, scratch, capacity)
         tl.debug_barrier()
     if phase == _PHASE_OPEN:
         tl.atomic_add(searched, 1)
@@ -1004,7 +1020,7 @@ def _finish_kernel(
                    False, False, BLOCK)
         tl.debug_barrier()
         phase = _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags,
-                             st_cursor, points, counts, masses, scratch, capacity, SORT_LARGE)
+                             st_cursor, points, counts, masses, scratch, capacity)
         tl.debug_barrier()
         rounds += 1
     if phase == _PHASE_OPEN:
@@ -1214,9 +1230,9 @@ class TopKTopPFilter:
                                    p_ptr, p_value, vocab, self.chunk_len, self.chunks, self.capacity, PASS=kind,
                                    MASS=mass, K_PER_ROW=k_per_row, P_PER_ROW=p_per_row, CHUNKS=chunks_p2,
                                    BLOCK=self.block, COUNT_BLOCK=self.count_block, MASS_BLOCK=self.mass_block,
-                                   PAIR_BLOCK=self.pair_block, OUTLIERS=OUTLIERS, **common)
+                                   PAIR_BLOCK=self.pair_block, OUTLIERS=OUTLIERS, K_GIVEN=k is not None, **common)
         _finish_kernel[(rows,)](logits, logits.stride(0), *st.row_fields(), st.points, st.counts, st.masses,
-                                st.scratch, st.unresolved, st.searched, vocab, self.capacity, SORT_LARGE=self.capacity,
+                                st.scratch, st.unresolved, st.searched, vocab, self.capacity,
                                 BLOCK=self.block, COUNT_BLOCK=self.count_block, MASS_BLOCK=self.mass_block,
                                 num_warps=RESOLVE_WARPS if self.device.type == "cuda" else 4,
                                 enable_fp_fusion=False)
