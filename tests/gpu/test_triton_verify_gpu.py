@@ -273,8 +273,9 @@ def test_stream_every_position_follows_the_target(method):
     assert statistic > chi_square_threshold(dof)
 
 
-STREAM_VARIANTS = {"default": {}, "fast": dict(fused=1, fast_divide=1, interior=1, scan_argmax=1, early=1, prefetch=1,
-                                               max_registers=80)}
+# the defaults (fused loop, fast exact division, ...) and the separate loops with div_rn per value
+STREAM_VARIANTS = {"default": {}, "separate": dict(fused=0, fast_divide=0, interior=0, scan_argmax=0, early=0, prefetch=0,
+                                                   max_registers=128, emit_block=2048)}
 
 
 @pytest.mark.parametrize("variant", sorted(STREAM_VARIANTS))
@@ -283,7 +284,7 @@ STREAM_VARIANTS = {"default": {}, "fast": dict(fused=1, fast_divide=1, interior=
 def test_stream_raw_logits_bit_identical_to_pre_divided(rows, method, variant):
     """Raw logits + the per-slot temperature == ``scale_target`` of them passed pre-divided, bit for bit
     (and both == the reference), with greedy slots (T = 0: unscaled) and a T = 1 slot among them;
-    also for the fast exact division (no divide per element) and the other opt-in loops."""
+    for the default kernel (the fast exact division, no divide per element) and the separate loops."""
     from dspark_markov.verify.reference import scale_target
 
     args = _case(rows, 11)

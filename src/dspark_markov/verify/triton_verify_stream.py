@@ -70,7 +70,8 @@ from .run_start import start_run
 GPU_BLOCK = 2048  # elements per tile (8 warps, 8 fp32 per thread)
 GPU_WARPS = 8
 CPU_BLOCK = 128
-MAX_REGISTERS = 128
+MAX_REGISTERS = 80  # three 8-warp programs per SM (128: two); the few spills are outside the streamed loops
+GPU_EMIT_BLOCK = 1024  # emit tiles on the GPU (the stream tiles stay GPU_BLOCK)
 SPIN = 1 << 18  # bound on the polls of a waiting item (about 50 ms on the H200)
 
 _ACCEPT_DOMAIN = tl.constexpr(keys.ACCEPT_DOMAIN)
@@ -751,7 +752,7 @@ def default_block(device) -> int:
     return GPU_BLOCK if torch.device(device).type in ("cuda", "meta") else CPU_BLOCK
 
 
-RESIDENT_PER_SM = 2  # programs of 8 warps per SM at the kernel's ~128 registers (measured: 123-128)
+RESIDENT_PER_SM = 2  # Layout's default: 8-warp programs per SM at 128 registers (StreamVerifier passes its own)
 MAX_T1 = 16  # tiles per stream item at most (32K values: 128 KB of target, 64 KB of bf16 cache)
 
 
@@ -774,7 +775,8 @@ class Layout:
         per_stream_tile = max(1, block // self.emit_block)  # emit tiles per stream tile
         resident = resident_per_sm * sms
         if cuda:
-            default_t1 = min(MAX_T1 if batch < 64 else 2 * MAX_T1, triton.cdiv(batch * (k + 1) * tiles, resident))
+            default_t1 = min(MAX_T1 if batch < 64 else 2 * MAX_T1,
+                             max(2, triton.cdiv(batch * (k + 1) * tiles, resident)))  # 1-tile items: slower
             default_t2 = (1 if batch <= 4 else per_stream_tile) if batch <= 16 else 4 * per_stream_tile
         else:
             default_t1, default_t2 = 2, 2
@@ -804,7 +806,23 @@ class StreamVerifier:
     warps : warps per program (default 8 on the GPU).
     noise_filter : rank the emitted row by cheap noise and compute the exact keys of each lane's
         best only (default 1); 0: exact noise for every value. The tokens are the same.
-    emit : 0 only to profile: the emit items skip their scan (the tokens are then wrong).
+    emit : 0 only to profile: the emit items skip their scan (the tokens are then wrong, and the
+        all-zero-residual fallback scans whole rows in one program: not a timing of the stream part).
+    fused : target row ``j`` and cache row ``j`` in one loop (default on; bit-identical statistics).
+    interior : whole ``[unroll, block]`` groups of the fused loop loaded without masks (default on).
+    scan_argmax : greedy rows' argmax one tile at a time (default on; the same first maximum).
+    early : stream items store the logits at each draft for the epilogue (default on).
+    prefetch : an L2 prefetch of each stream item's first target tiles (default on, GPU only).
+    fast_divide : raw logits divided by :func:`_divide` (no divide per value; exact, with a
+        ``div_rn`` rescan of a chunk holding a value below ``max(2^-100, 2^-125 T)``; default on).
+    max_registers : the launch's register cap (default 80: three 8-warp programs per SM).
+    emit_block : values per emit-scan tile (default 1024 on the GPU, ``block`` on the CPU).
+    stages, emit_stages : Triton pipelining of the streamed / emitted tiles (default 1 = none:
+        measured slower on the H200).
+
+    Measured on the H200 (issue 18, ``verify2`` rounds 1-2): the fused loop, 80 registers and
+    1024-value emit tiles gave 352 / 342 us at 253 requests (T = 1 / mixed) against 457 / 404 for
+    the separate loops at 128 registers; pipelining (``stages`` 2-3) was 2-5% slower.
 
     Scratch (allocated once, ``O(max_batch K V / block)`` words): partials, per-request row
     statistics and counters, and a status word. The counters are zero between calls (the
@@ -832,7 +850,8 @@ class StreamVerifier:
         self.overrides = dict(t1=t1, t2=t2, lag=lag, unroll=unroll)
         # Emit tiles (values per emit-scan iteration; t2 counts them): narrower than the stream tiles
         # spreads one request's emitted row over more programs at small batches.
-        self.emit_block = int(emit_block) if emit_block else self.block
+        self.emit_block = int(emit_block) if emit_block else (min(GPU_EMIT_BLOCK, self.block) if device.type in (
+            "cuda", "meta") else self.block)
         check_power_of_two("emit_block", self.emit_block, 16)
         self.noise_filter = bool(noise_filter)
         # Software pipelining of the streamed tiles (Triton's pipeliner: cp.async into shared memory,
@@ -840,16 +859,16 @@ class StreamVerifier:
         self.stages = int(stages) if stages else 1
         self.emit_stages = int(emit_stages) if emit_stages else 1
         # Target row j and cache row j streamed in one loop (one round trip per tile, not two loops).
-        self.fused = bool(fused)
+        self.fused = True if fused is None else bool(fused)
         # Raw logits (fused loop): the target values divided without a divide per element (_divide).
-        self.fast_divide = bool(fast_divide)
+        self.fast_divide = True if fast_divide is None else bool(fast_divide)
         # Fused loop: whole groups of tiles loaded without masks; greedy rows: argmax one tile at a time.
-        self.interior = bool(interior)
-        self.scan_argmax = bool(scan_argmax)
+        self.interior = True if interior is None else bool(interior)
+        self.scan_argmax = True if scan_argmax is None else bool(scan_argmax)
         # Stream items store the logits at each draft for the epilogue (early); prefetch each stream
         # item's first target tiles into L2 before its request's scalars arrive (prefetch, GPU only).
-        self.early = bool(early)
-        self.prefetch = bool(prefetch) and self.cuda
+        self.early = True if early is None else bool(early)
+        self.prefetch = (True if prefetch is None else bool(prefetch)) and self.cuda
         self._emit_scan = bool(emit)  # emit=0: a profiling aid (the emit items skip their scan: wrong tokens)
         self.warps = int(warps) if warps else (GPU_WARPS if self.cuda else 4)
         # At most 128 registers (two programs of 8 warps per SM): a variant that needs more spills a
