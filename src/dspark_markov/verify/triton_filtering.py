@@ -37,7 +37,8 @@ Passes (4 launches per call; each full-row pass reads the row once)
 3. ``_finish_kernel`` (one program per row): the resolve: if the gathered bracket holds the cut
    and at most ``capacity`` candidates, the cut comes from them: a wide top-p bracket is first
    narrowed 16-fold by exact part masses (:func:`_narrow_mass`), then one sort of at most 256
-   (1024, ``capacity``) candidates gives the cut. A row still open (a missed prediction,
+   candidates gives the cut (more: :func:`_rank_cut`, ranks by ``n^2`` compares, no sorting network:
+   large ``tl.sort`` tiers took tens of seconds to compile). A row still open (a missed prediction,
    adversarial rows) continues in the same program with bounded search rounds (``MAX_ROUNDS``;
    each evaluates 8 thresholds inside the bracket that holds the cut: value space, key space
    across octaves, index space inside a run of ties; a gather once it fits). ``searched``
@@ -124,7 +125,7 @@ _PEAKED_SIGMAS = tl.constexpr(PEAKED_SIGMAS)
 MAX_ROUNDS = 48  # _finish_kernel's bound: 9-fold per round over a 64-bit space needs < 21
 _MAX_ROUNDS = tl.constexpr(MAX_ROUNDS)
 
-# Candidates one program ranks (_rank_cut: n^2 compares, so brackets are kept small and wide top-p
+# Candidates one program resolves (<= SORT_SMALL: one tl.sort; more: _rank_cut, n^2 compares; wide top-p
 # ones narrowed first). GPU: a first top-p bracket of ~capacity / 2 = 1024 fitted tokens missed the
 # cut in 0 of 900 bench rows (Gaussian, bf16, peaked; a CPU model of the placement), 15% at
 # capacity 1024. CPU filters default to a small capacity (the interpreter is slow).
@@ -377,6 +378,38 @@ def _sweep_pair(src, start, end, row_max, hi_key, lo_key, scratch, cursor, capac
 
 
 @triton.jit
+def _sort_cut(scratch, n_in, target, k, p, limit, best, row_max, count_hi, mass_hi, hi_is_ceil, SIZE: tl.constexpr):
+    """Sort the ``n_in <= SIZE`` gathered candidates of a bracket that holds the cut.
+
+    Returns ``(resolved, cut, limit)``: for a top-k row, the k-th best is at rank
+    ``k - count_hi``; with top-p too, ``S_k`` is the mass of the kept top-k (``mass_hi`` above the
+    bracket plus the sorted ones) and the cut the last survivor with mass before it
+    ``< p S_k``. ``resolved`` is false only when that top-p cut lies above the bracket (top-k
+    rows with ``k`` beyond the capacity): the search then goes on for the returned mass target.
+    A top-p-only row keeps the candidates whose mass before them is below ``limit``.
+    """
+    rank = tl.arange(0, SIZE)
+    packed = tl.load(scratch + rank, mask=rank < n_in, other=_PACK_FLOOR)
+    packed = tl.sort(packed, descending=True)
+    q = _weight_fixed_point(_key_value(packed >> 32), row_max)
+    inside = rank < n_in
+    if target == _TARGET_COUNT:
+        chosen = rank < (k - count_hi)
+        q = tl.where(chosen, q, 0)
+        use_p = p < 1.0
+        limit = p.to(tl.float64) * (mass_hi + tl.sum(q, axis=0)).to(tl.float64)
+        before = mass_hi + tl.cumsum(q, axis=0) - q
+        keep = chosen & ((before.to(tl.float64) < limit) | (use_p == 0) | (packed == best))
+        resolved = (use_p == 0) | hi_is_ceil | (mass_hi.to(tl.float64) < limit)
+    else:
+        before = mass_hi + tl.cumsum(q, axis=0) - q
+        keep = inside & ((before.to(tl.float64) < limit) | (packed == best))
+        resolved = n_in >= 0
+    cut = tl.min(tl.where(keep, packed, _PACK_CEIL), axis=0)
+    return resolved, cut, limit
+
+
+@triton.jit
 def _better_than(scratch, n_in, packed, row_max):
     """For packed candidates ``packed [RANK_I]``: how many of the ``n_in`` candidates in ``scratch`` rank
     strictly better, and their exact integer mass (``[RANK_I]`` int32, int64)."""
@@ -395,7 +428,7 @@ def _better_than(scratch, n_in, packed, row_max):
 
 @triton.jit
 def _rank_cut(scratch, n_in, target, k, p, limit, best, row_max, count_hi, mass_hi, hi_is_ceil):
-    """The cut from the gathered candidates of a bracket that holds it, by ranks instead of a sort: every candidate's count and mass of strictly
+    """:func:`_sort_cut` by ranks instead of a sort, for more than ``SORT_SMALL`` candidates: every candidate's count and mass of strictly
     better candidates (``n_in^2`` compares in ``[RANK_I, RANK_J]`` tiles; packed values are unique,
     so the count is the rank). No sorting network: compiles in a fraction of a ``tl.sort``'s time,
     and the common ``n_in <= 256`` costs ~``65K`` compares.
@@ -632,8 +665,12 @@ def _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min
         mass_sort = hi_mass
         if (target == _TARGET_MASS) & (n_in > _SORT_SMALL):  # a wide top-p bracket: narrow it 16-fold first
             n_sort, mass_sort = _narrow_mass(rows_scratch, n_in, limit, hi_mass, row_max)
-        resolved, cut, new_limit = _rank_cut(rows_scratch, n_sort, target, k, p, limit, best, row_max, hi_count,
-                                             mass_sort, hi == _PACK_CEIL)
+        if n_sort <= _SORT_SMALL:  # the common case: one 256-entry sort (compiles in a few seconds)
+            resolved, cut, new_limit = _sort_cut(rows_scratch, n_sort, target, k, p, limit, best, row_max, hi_count,
+                                                 mass_sort, hi == _PACK_CEIL, _SORT_SMALL)
+        else:  # rare (k > 64, ties the narrowing cannot split, the search rounds): ranks, no sorting network
+            resolved, cut, new_limit = _rank_cut(rows_scratch, n_sort, target, k, p, limit, best, row_max, hi_count,
+                                                 mass_sort, hi == _PACK_CEIL)
         if resolved:
             phase = phase * 0 + _PHASE_CUT
             kept_n = tl.where((hi == _PACK_CEIL) & (n_sort == n_in) & (n_in <= _SORT_SMALL), n_in, 0)
