@@ -4,19 +4,13 @@ Usage: ``PYTHONPATH=src python3 tools/sweep_cuda_chain.py [--rows 1,2,4,8,16] [-
 [--cache bf16,fp32] [--temperature 1,mixed] [--variants reg,noreg,smem0] [--triton] [--json PATH]``.
 
 Variants (:data:`VARIANTS`): ``default`` (the backend's default shape, variant and flags), ``v5`` (the v5
-kernel: variant 0, no hints), ``w16r1`` / ``w16r0`` (16
-warps, one or no register tile per warp), ``w8r3`` (8 warps of 255 registers, 3 register tiles), ``smem0`` (no register or shared-memory tiles: W2 re-read from L2 at every step),
-``exact`` / ``w8r3exact`` (exact keys for every logit: the filter's worth), ``pfw2`` / ``pfbase`` / ``pf``
-(the L2 prefetch hints: W2 at launch, the next step's base logits, both), ``v1`` / ``v1pf`` / ``v1pfw2``
-(kernel variant 1: L2-streamed tiles in two batches of loads; with the hints), ``v9`` / ``v9pf`` / ``v9pfw2``
-(variant 9: 1 + every step's row keys loaded at launch), ``v11`` / ``v11pf`` (9 + two base-logit units in
-flight per lane in phase A), ``v25pf`` / ``v27pf`` (9 / 11 + the counter-free grid agreement, with the hints), ``v27all`` / ``v27o`` /
-``all`` (+ step 0 in dependency order, flags 7 / 6 / 7 on the v5 kernel), ``v11`` / ``v11all`` (variant 11,
-no hints / every hint), ``v43`` / ``v43pf`` / ``v43all`` (variant 43: 11 + phase B on fp32 triples, four keys at a time), ``v43x`` /
-``v43allx`` / ``v11x`` (+ FLAG_EXACT_SMALL: every token's exact key at 1-2 rows), ``v43e`` / ``v43ex``
-(flags 31 / 27: + FLAG_STEP0_SMEM_EARLY, with and without the base-logit prefetch). ``--triton`` adds impl="chain" (the Triton chain). Each line: the
-median of the round medians and the spread, whether the barrier status stayed clean, and the
-fraction of one W2 read per call (the second floor: 66.2 MB at 4.38 TB/s).
+kernel: variant 0, no flags), ``w16r1`` / ``w16r0`` (16 warps, one or no register tile per warp), ``w8r3``
+(8 warps of 255 registers, 3 register tiles), ``smem0`` (no register or shared-memory tiles: W2 re-read
+from L2 at every step), ``exact`` / ``w8r3exact`` (exact keys for every logit: the filter's worth),
+``pfw2`` / ``pfbase`` / ``pf`` / ``all`` (run-time flags on the v5 kernel), ``v11*`` / ``v43*`` (kernel
+variants 11 and 43 with flags; see the dict). ``--triton`` adds impl="chain" (the Triton chain). Each
+line: the median of the round medians and the spread, whether the barrier status stayed clean, whether
+the tokens equal the first variant's, and the second floor (one W2 read per call: 66.2 MB at 4.38 TB/s).
 """
 
 import argparse
@@ -30,22 +24,22 @@ import dspark_markov as dm
 from dspark_markov.bench import harness
 from dspark_markov.draft.cuda_chain import CudaChainBackend
 
-VARIANTS = {"default": {}, "v5": {"variant": 0, "flags": 0}, "w16r1": {"warps": 16, "reg_tiles": 1}, "w16r0": {"warps": 16, "reg_tiles": 0},
-            "w8r3": {"warps": 8, "reg_tiles": 3},
+VARIANTS = {"default": {}, "v5": {"variant": 0, "flags": 0}, "w16r1": {"warps": 16, "reg_tiles": 1},
+            "w16r0": {"warps": 16, "reg_tiles": 0}, "w8r3": {"warps": 8, "reg_tiles": 3},
             "smem0": {"warps": 16, "reg_tiles": 0, "smem_tiles": 0}, "exact": {"filter_margin": 1e30},
             "w8r3exact": {"warps": 8, "reg_tiles": 3, "filter_margin": 1e30},
-            # L2 prefetch hints (flags: 1 = W2 at launch, 2 = next step's base logits) and kernel variants.
-            "pfw2": {"variant": 0, "flags": 1}, "pfbase": {"variant": 0, "flags": 2}, "pf": {"variant": 0, "flags": 3}, "v1": {"variant": 1},
-            "v1pf": {"variant": 1, "flags": 3}, "v1pfw2": {"variant": 1, "flags": 1},
-            "v9": {"variant": 9}, "v9pf": {"variant": 9, "flags": 3}, "v9pfw2": {"variant": 9, "flags": 1},
-            "v11": {"variant": 11}, "v11pf": {"variant": 11, "flags": 3},
-            "v25pf": {"variant": 25, "flags": 3}, "v27pf": {"variant": 27, "flags": 3},
-            # + step 0 in dependency order (flags bit 4)
-            "v27all": {"variant": 27, "flags": 7}, "v27o": {"variant": 27, "flags": 6}, "all": {"variant": 0, "flags": 7},
-            "v11": {"variant": 11, "flags": 0}, "v11all": {"variant": 11, "flags": 7},
-            "v43": {"variant": 43, "flags": 0}, "v43pf": {"variant": 43, "flags": 3}, "v43all": {"variant": 43, "flags": 7},
-            "v43x": {"variant": 43, "flags": 11}, "v43allx": {"variant": 43, "flags": 15}, "v11x": {"variant": 11, "flags": 11},
-            "v43e": {"variant": 43, "flags": 31}, "v43ex": {"variant": 43, "flags": 27}}
+            # run-time flags on the v5 kernel (1 = W2 L2 prefetch at launch, 2 = next step's base logits,
+            # 4 = step 0 in dependency order)
+            "pfw2": {"variant": 0, "flags": 1}, "pfbase": {"variant": 0, "flags": 2},
+            "pf": {"variant": 0, "flags": 3}, "all": {"variant": 0, "flags": 7},
+            # kernel variants 11 / 43 (cuda_chain.VARIANTS) with flags (8 = exact keys at 1-2 rows, 16 = step 0's
+            # shared-memory tiles copied at launch with flag 4)
+            "v11": {"variant": 11, "flags": 0}, "v11pf": {"variant": 11, "flags": 3},
+            "v11all": {"variant": 11, "flags": 7}, "v11x": {"variant": 11, "flags": 11},
+            "v43": {"variant": 43, "flags": 0}, "v43pf": {"variant": 43, "flags": 3},
+            "v43all": {"variant": 43, "flags": 7}, "v43x": {"variant": 43, "flags": 11},
+            "v43allx": {"variant": 43, "flags": 15}, "v43e": {"variant": 43, "flags": 31},
+            "v43ex": {"variant": 43, "flags": 27}}
 
 
 def inputs_for(gen, rows, steps, vocab, temperature, device):

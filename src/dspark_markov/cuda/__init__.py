@@ -48,10 +48,10 @@ def availability(device=None, build: bool = True) -> str | None:
 
 
 CHAIN_KERNELS = tuple(f"dm_chain_w{w}_r{r}_nt{nt}" for w, r in ((16, 0), (16, 1), (8, 3))
-                      for nt in (1, 2)) + tuple(f"dm_chain_w16_r1_nt{nt}_v{v}" for v in (1, 9, 11, 25, 27, 43) for nt in (1, 2)) + (
+                      for nt in (1, 2)) + tuple(f"dm_chain_w16_r1_nt{nt}_v{v}" for v in (11, 43) for nt in (1, 2)) + (
                           "dm_noise_bound",)
 # Compile-time variants of the 16-warp / one-register-tile kernel (chain.cu's V6 bits).
-CHAIN_VARIANTS = (0, 1, 9, 11, 25, 27, 43)
+CHAIN_VARIANTS = (0, 11, 43)
 
 
 @functools.lru_cache(maxsize=None)

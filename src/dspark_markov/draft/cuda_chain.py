@@ -70,14 +70,13 @@ FLAGS_ALL = FLAG_PREFETCH_W2 | FLAG_PREFETCH_BASE | FLAG_STEP0_ORDER | FLAG_EXAC
 # Round 2 (..._cuda_chain_variants_r2.json): variant 43 with flags 15 80.3/85.7/93.1/104.1/155.7 against
 # 89.8/94.3/100.6/116.1/170.1 for v5 and 85.0/89.3/95.8/108.9/162.1 for variant 11 + hints.
 DEFAULT_FLAGS = FLAG_PREFETCH_W2 | FLAG_PREFETCH_BASE | FLAG_STEP0_ORDER | FLAG_EXACT_SMALL
-# Compile-time variants of the 16-warp / one-register-tile kernel (chain.cu V6 bits): 1 = L2-streamed
-# tiles loaded in two batches of 8 16-byte loads per lane ahead of their mma; 9 = 1 + every step's
-# per-row keys loaded at launch (no global load before a grid barrier); 11 = 9 + phase A with two
-# 8-token units of base logits in flight per lane (bf16 base, aligned rows); 25 / 27 = 9 / 11 + the
-# grid agreement through per-block word slots (``pub``: one store and one poll per block, no
-# counter, no fence); 43 = 11 + phase B through fp32 triples, four keys computed before their
-# insertions (chain.cu rank_chunk_f4).
-VARIANTS = (0, 1, 9, 11, 25, 27, 43)
+# Compile-time variants of the 16-warp / one-register-tile kernel (chain.cu V6 bits): 11 = L2-streamed
+# tiles loaded in two batches of 8 16-byte loads per lane ahead of their mma (1), phase A with two
+# 8-token base-logit units in flight per lane (2), every step's per-row keys loaded at launch (8);
+# 43 = 11 + phase B on fp32 triples, four keys computed before their insertions (32). Measured and
+# not built any more (chain.cu's DM_V6_ENTRY builds them): 1, 9 (subsumed by 11), 25 / 27 (+ the
+# counter-free agreement through per-block word slots, V6 & 16: slower than the counter barrier).
+VARIANTS = (0, 11, 43)
 DEFAULT_VARIANT = 43
 
 
@@ -217,7 +216,8 @@ class CudaChainBackend:
         self.words = torch.full((self.num_steps, MAX_ROWS), INT64_MIN, dtype=torch.int64, device=self.device)
         self.sync = torch.zeros(self.num_steps + 1, dtype=torch.int32, device=self.device)
         self.status = torch.zeros(1, dtype=torch.int32, device=self.device)
-        # Per-block word slots of the counter-free agreement (variants 25 / 27): [N, 16, blocks].
+        # Per-block word slots of the counter-free agreement (chain.cu V6 & 16; no built variant uses
+        # it): [N, 16, blocks].
         self.pub = torch.full((self.num_steps, MAX_ROWS, self.num_blocks), INT64_MIN, dtype=torch.int64,
                               device=self.device)
         # Profiling: clock64() at the phase boundaries of the first and the last block (chain.cu DM_TRACE).
