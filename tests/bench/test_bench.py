@@ -373,3 +373,19 @@ def test_readme_tables_bold_the_fastest_design_and_show_speedups_over_vllms_loop
     assert lines[2] == "| 1 | 200 | **100 (2.00x)** | 50 (4.00x) | 10 | 2 |"
     assert lines[3] == "| 4 | 300 | n/a | 150 (2.00x) | 10 | 2 |"
     assert "**50 (4.00x)**" in tool.table(records, "1")  # without --best-method: the fastest of all
+
+
+def test_a_replay_after_the_timing_must_draw_the_eager_tokens_again():
+    """The check after the timed rounds replays the design's graph once more: other tokens -> error."""
+    import types
+
+    tokens = torch.tensor([[3, 4]])
+    drawn = {"value": torch.tensor([[3, 4]])}
+    graph = types.SimpleNamespace(replay=lambda: tokens.copy_(drawn["value"]))
+    run = types.SimpleNamespace(design="fake", graph=graph, inputs=types.SimpleNamespace(draft_tokens=tokens),
+                                eager_tokens=torch.tensor([[3, 4]]))
+    grid._check_replay_again(run)  # same tokens: passes
+    drawn["value"] = torch.tensor([[3, 5]])
+    with pytest.raises(RuntimeError, match="after the timed rounds drew other tokens"):
+        grid._check_replay_again(run)
+    grid._check_replay_again(types.SimpleNamespace(graph=None))  # no graph (CPU runs): nothing to replay

@@ -136,8 +136,11 @@ class DesignRun:
         _first_call_and_graph(self, config, cuda)
 
     def check(self) -> None:
-        """The sampler's device status after the timed calls (raises ``DeviceStatusError``)."""
+        """After the timed calls: the sampler's device status (raises ``DeviceStatusError``), then one
+        more replay (CUDA) that must draw the eager call's tokens again (``RuntimeError`` if not), so
+        that a time is never reported for a graph that stopped computing the case."""
         self.sampler.check()
+        _check_replay_again(self)
 
     def call(self, check_values: bool = False):
         i = self.inputs
@@ -154,8 +157,9 @@ def _first_call_and_graph(run, config: BenchConfig, cuda: bool) -> None:
         raise RuntimeError(f"{run.design} drew a token outside [0, {config.vocab})")
     run.graph = None
     run.graph_tokens_match = None
+    run.eager_tokens = tokens.clone()
     if cuda:
-        eager_tokens = tokens.clone()
+        eager_tokens = run.eager_tokens
         run.graph = harness.capture_graph(run.call)
         tokens.fill_(-1)
         run.graph.replay()
@@ -190,10 +194,26 @@ class VllmLoopRun:
         self.loop = vllm_loop.VllmLoop(head, config.steps, gumbel_sample)
         _first_call_and_graph(self, config, config.device == "cuda")
 
+    def check(self) -> None:
+        """One more replay after the timed calls must draw the eager call's tokens again."""
+        _check_replay_again(self)
+
     def call(self, check_values: bool = False):
         i = self.inputs
         self.loop.run(i.base_logits, i.anchor, i.idx_mapping, i.positions, i.temperature, i.seeds, i.draft_tokens,
                       i.logits_cache)
+
+
+def _check_replay_again(run) -> None:
+    if run.graph is None:
+        return
+    tokens = run.inputs.draft_tokens  # shared by the case's designs: refilled by this design's replay
+    tokens.fill_(-1)
+    run.graph.replay()
+    if tokens.is_cuda:
+        torch.cuda.synchronize()
+    if not torch.equal(tokens, run.eager_tokens):
+        raise RuntimeError(f"{run.design}: a graph replay after the timed rounds drew other tokens than the eager call")
 
 
 def _record(config: BenchConfig, design: str, rows: int, mode: str) -> dict:
