@@ -565,3 +565,18 @@ def test_modes_equal_vllm_loop_fused(hooked_modes, monkeypatch, case):
     plain, with_hook = run_both_modes(spec, 4)
     assert_same(plain, with_hook)
     assert hook._states[with_hook].impl == "fused"
+
+
+def test_reduced_vocabulary_above_the_measured_batch_is_vllms(hooked_modes, monkeypatch):
+    """Above hook.D2T_MAX_ROWS (where vLLM's loop measured faster) the dense reduced-vocabulary step is
+    declined and drafted by vLLM's loop; top-k drafting with d2t is still taken."""
+    monkeypatch.setattr(hook, "D2T_MAX_ROWS", 2)
+    gen = torch.Generator().manual_seed(91)
+    model = make_qwen3_model(gen, target_vocab=TARGET_VOCAB, draft_vocab=DRAFT_VOCAB, rank=RANK, hidden=HIDDEN)
+    spec = make_mode_speculator(model, gen, num_reqs=3, max_reqs=MAX_REQS, steps=STEPS, temperatures=(1.0, 0.6))
+    assert "reduced draft vocabulary at 3 rows" in hook.why_not(spec, 3)
+    plain, with_hook = run_both_modes(spec, 3, taken=False)
+    assert_same(plain, with_hook)
+    spec._draft_topk = 4
+    plain, with_hook = run_both_modes(spec, 3)
+    assert_same(plain, with_hook)

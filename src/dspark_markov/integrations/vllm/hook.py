@@ -73,6 +73,11 @@ DECLINED = (
     "a batch outside 1..max_num_reqs",
 )
 
+# A reduced draft vocabulary without top-k is taken up to this batch: on the H200 (bench_modes, 2026-12-01)
+# fused + d2t beat vLLM's loop at 1 and 16 rows (80.5 vs 122.8, 139.5 vs 228.1 us) and lost at 64 and 253
+# (420.5 vs 364.2, 1460.0 vs 1048.7 us: its cache rows are scattered stores at the target ids).
+D2T_MAX_ROWS = 16
+
 logger = logging.getLogger("vllm.dspark_markov")
 _logged: set = set()
 _states: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -157,6 +162,9 @@ def why_not(spec, num_reqs: int, *, top_k: bool = False) -> str | None:
     if scatter is not None and not (isinstance(scatter, torch.Tensor) and scatter.dtype == torch.int64
                                     and scatter.dim() == 1 and scatter.shape[0] == vocab and width >= vocab):
         return DECLINED[3] + " (its shape or dtype)"
+    if scatter is not None and not top_k and num_reqs > D2T_MAX_ROWS:
+        return (f"a reduced draft vocabulary at {num_reqs} rows (above {D2T_MAX_ROWS} vLLM's loop measured faster "
+                "than fused + d2t on the H200)")
     if top_k:
         if isinstance(draft_top_k, bool) or not isinstance(draft_top_k, int) or not 1 <= draft_top_k <= vocab:
             return f"dspark_draft_topk = {draft_top_k!r} (expected an int in [1, {vocab}])"
