@@ -17,14 +17,16 @@ per SM; the launch takes every SM): a barrier that waits longer than ``spin_cycl
 ``status`` and the launch ends early with tokens in ``[0, V)``; :meth:`check` raises
 :class:`~dspark_markov.DeviceStatusError`.
 
-Measured (H200, V = 129,280, rank 256, N = 5, bf16 cache, CUDA graph, cold L2; benchmarks/results/
-NVIDIA-H200_2026-12-01_cuda_chain_variants_r{1,2}.json): the default (variant 43, flags 15) 80.3 / 85.7
-/ 93.1 / 104.1 / 155.7 us at 1 / 2 / 4 / 8 / 16 rows against 89.8 / 94.3 / 100.6 / 116.1 / 170.1 for the
-v5 kernel (variant 0, no flags) in the same job. Per later step (in-kernel trace, ``trace=True``,
-warp 14 of 16): at 1 row ~6 us bias tiles (the L2-streamed part of W2: 21 MB per step, L2-bandwidth-
-bound) + 1.0 phase A + 1.4 phase B (exact keys) + ~2 barrier + 0.8 token; at 16 rows 8-12 tiles + ~3.3
-phase A + 8.0 phase B (approximate keys: ~70 instructions per logit) + ~3.5 barrier + 0.9 token.
-Step 0 streams W2 once from HBM (floor 15.1 us plus the harness's dirty-L2 write-back).
+Measured (H200, V = 129,280, rank 256, N = 5, CUDA graph, cold L2; benchmarks/results/
+NVIDIA-H200_2026-12-01_cuda_chain_{variants_r3,mixed_r3}.json, the last round): the default (variant
+43, flags 15) 82.6 / 88.6 / 95.4 / 106.9 / 152.8 us at 1 / 2 / 4 / 8 / 16 rows (bf16 cache, T = 1)
+against 91.4 / 94.8 / 101.3 / 118.0 / 174.8 for the v5 kernel (variant 0, no flags) in the same job;
+mixed T 79.6 / 155.8 (1 / 16 rows), fp32 cache + mixed T 79.5 / 171.6. Per later step (in-kernel
+trace, ``trace=True``, warp 14 of 16): at 1 row ~6 us bias tiles (the L2-streamed part of W2: 21 MB
+per step, L2-bandwidth-bound) + 0.9 phase A + 1.4 phase B (exact keys) + ~1.9 barrier + 0.85 token;
+at 16 rows 8-13 tiles + ~3 phase A + 8.3 phase B (approximate keys: ~70 instructions per logit) +
+~3 barrier + 1.0 token. Step 0 streams W2 once from HBM (floor 15.1 us plus the harness's dirty-L2
+write-back): ~36 us at 1 row.
 
 Requirements (``ValueError`` otherwise): a CUDA device of compute capability 9.0 with NVRTC
 (:func:`dspark_markov.cuda.availability`), bf16 weights of rank 256, at most 16 rows, at most 32
@@ -69,6 +71,8 @@ FLAGS_ALL = FLAG_PREFETCH_W2 | FLAG_PREFETCH_BASE | FLAG_STEP0_ORDER | FLAG_EXAC
 # 84.9/88.7/94.8/109.3/158.8 (the best of the sweep); the hints alone on the v5 kernel 90.2 ... 170.7.
 # Round 2 (..._cuda_chain_variants_r2.json): variant 43 with flags 15 80.3/85.7/93.1/104.1/155.7 against
 # 89.8/94.3/100.6/116.1/170.1 for v5 and 85.0/89.3/95.8/108.9/162.1 for variant 11 + hints.
+# Round 3 (..._variants_r3.json): flags 15 82.6/88.6/95.4/106.9/152.8, flags 31 (+ STEP0_SMEM_EARLY)
+# 82.4/88.2/95.7/108.5/156.6, v5 91.4/94.8/101.3/118.0/174.8.
 DEFAULT_FLAGS = FLAG_PREFETCH_W2 | FLAG_PREFETCH_BASE | FLAG_STEP0_ORDER | FLAG_EXACT_SMALL
 # Compile-time variants of the 16-warp / one-register-tile kernel (chain.cu V6 bits): 11 = L2-streamed
 # tiles loaded in two batches of 8 16-byte loads per lane ahead of their mma (1), phase A with two
