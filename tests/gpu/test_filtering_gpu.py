@@ -5,7 +5,7 @@ batch of edge rows (ties, a huge logit, -inf halves, all -inf, NaN), every case 
 together, top-p alone, top-k alone, per-row cycles of k and p that include k beyond the capacity
 and p at 0 / 1e-9 / 0.99), at 6 and 1518 rows (1 and 253 requests of K + 1 = 6 rows), in both
 layouts (one program per row; split rows) and with the capacity forced down to 16 (every row then
-takes the bounded search rounds). Plus CUDA-graph replay with fresh values and
+takes the search rounds and the bounded finish loop). Plus CUDA-graph replay with fresh values and
 a check that a call allocates nothing.
 """
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.gpu
 
 VOCAB = 129_280
 NEG_INF = float("-inf")
-K_CYCLE = [0, 1, 5, 50, 1000, VOCAB, -1, 20, 4000, 5000]  # 4000, 5000 > the capacity (2048); 1000 > capacity / 4
+K_CYCLE = [0, 1, 5, 50, 1000, VOCAB, -1, 20, 4000, 5000]  # 5000 > the capacity (4096)
 P_CYCLE = [0.0, 1e-9, 1e-7, 0.5, 0.9, 0.99, 1.0, 0.95]
 KINDS = ["gaussian", "peaked", "bf16", "edge"]
 CASES = ["k+p", "p", "k", "mixed"]
@@ -88,7 +88,7 @@ def test_every_kind_and_case_equals_reference(kind, rows):
 @pytest.mark.parametrize("chunks", [1, 16])
 @pytest.mark.parametrize("kind", ["edge", "bf16", "peaked"])
 def test_search_rounds_with_a_tiny_capacity(kind, chunks):
-    """Capacity 16: the first bracket rarely fits, so the bounded search rounds run (the finish kernel)."""
+    """Capacity 16: the first bracket rarely fits, so the refine round and the finish loop run."""
     rows = 96
     x = logits(kind, rows, seed=1)
     filt = ft.TopKTopPFilter(rows, VOCAB, "cuda", chunks=chunks, capacity=16)

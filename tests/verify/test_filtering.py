@@ -186,33 +186,6 @@ def test_top_p_only_inside_and_beyond_the_candidates(layout):
     assert_same(run_triton(x.clone(), None, p, layout), expected)
 
 
-def test_first_pass_paths_at_a_larger_capacity():
-    """The paths the GPU takes at V = 129,280 (capacity 4096), at V = 8192 with capacity 1024: top-k
-    answered from the early gather and written without being read (signed zeros among the kept
-    values keep their bits, in place and out of place), and top-p brackets wide enough to be
-    narrowed 16-fold before the sort (Gaussian, bf16-tied, peaked); none of these rows needs search rounds."""
-    gen = torch.Generator().manual_seed(11)
-    vocab = 8192
-    base = torch.randn(4, vocab, generator=gen) * 2
-    x = torch.cat([base[:2], base[2:].to(torch.bfloat16).float()])
-    x[3, [10, 700, 5000]] += torch.tensor([14.0, 12.0, 11.0])  # a peaked head
-    zeros = torch.randn(vocab, generator=gen) - 6.0
-    zeros[torch.randperm(vocab, generator=gen)[:10]] = torch.tensor([0.0, -0.0] * 5)  # the best 10: tied zeros
-    filt = ft.TopKTopPFilter(5, vocab, "cpu", capacity=1024)
-    p = torch.tensor([0.9, 0.5, 0.9, 0.9])
-    assert_same(filt.filter(x.clone(), None, p, torch.empty_like(x)), reference(x, None, p))
-    assert int(filt.state.searched) == 0
-    y = torch.cat([x, zeros[None]])
-    k, p = torch.tensor([50, 5, 50, 20, 5]), torch.tensor([0.9, 1.0, 0.95, 0.9, 1.0])
-    expected = reference(y, k, p)
-    assert_same(filt.filter(y.clone(), k, p, torch.full_like(y, 7.0)), expected)  # out of place
-    inplace = y.clone()
-    filt.filter(inplace, k, p, inplace)
-    assert_same(inplace, expected)
-    assert torch.equal(inplace[4].view(torch.int32), expected[4].view(torch.int32))  # -0.0 stays -0.0
-    assert int(filt.state.searched) == 0 and int(filt.state.unresolved) == 0
-
-
 def test_sort_size_is_checked():
     x = torch.randn(2, 300)
     for bad in (8, 100, 0, True):

@@ -308,7 +308,7 @@ class VerifyRunner(Runner):
 
 def split_chunks(rows: int, vocab: int, device) -> tuple:
     """``(block, chunks)`` of the forced split-row filter layout: the launcher's default where it
-    already splits, else at least two programs per row (about four programs per SM on CUDA)."""
+    already splits, else at least two programs per row (about two programs per SM on CUDA)."""
     from ..verify import triton_filtering
 
     device = torch.device(device)
@@ -316,7 +316,7 @@ def split_chunks(rows: int, vocab: int, device) -> tuple:
         block = triton_filtering.GPU_BLOCK
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         blocks = -(-vocab // block)
-        chunks = max(2, min(max(blocks // 2, 2), (4 * sms) // max(rows, 1)))
+        chunks = max(2, min(max(blocks // 2, 2), (2 * sms) // max(rows, 1)))
     else:
         block = triton_filtering.CPU_BLOCK
         blocks = -(-vocab // block)

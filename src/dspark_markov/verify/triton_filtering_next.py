@@ -1,0 +1,1320 @@
+"""The next Triton top-k / top-p filter (issue 16): an early gather in the statistics pass, a
+two-threshold top-p sweep, narrowing of wide brackets, 4 launches per call; the threshold search
+of :mod:`.triton_filtering` kept as its bounded fallback.
+
+**Status: not validated on the H200.** ``impl="triton"`` (and the bench) still launch
+:mod:`.triton_filtering`, whose 17 GPU tests passed; this module equals the sort reference on the
+CPU interpreter (``tests/verify/test_triton_filtering_next.py``, and every bench input kind at
+V = 129,280 with the GPU capacity), compiles for sm_90 (``tools/compile_filter.py --next``), and an
+earlier version of it was exact on the H200 for every bench kind and case at 6 and 1518 rows
+(k + p 52 us, p alone 171 us at one request; the 2026-12-01 round 1). It becomes the default once
+``tests/gpu/test_filtering_next_gpu.py`` passes on the H200 (then rename it over
+``triton_filtering.py``); ``tools/time_filter_next.py`` times it in the bench's filter cases.
+
+Kept in its own module so that importing the package never imports Triton. Semantics, weights
+and the fixed-point mass are those of ``filtering.py`` (bit-identical device functions here).
+
+The kept set of a row is always a prefix of its ranking (key descending, index ascending), so
+the whole answer is one **packed cut**: ``packed = key << 32 | (2^31 - 1 - index)`` is unique per
+token and larger for better-ranked tokens, and a token survives iff ``packed >= cut``. Finding the
+cut is a search over packed thresholds ``T`` with the exact ``count(packed >= T)`` and integer
+``mass(packed >= T)`` (sum of ``q``) of each:
+
+- **top-k** (target ``COUNT``): the k-th best token ``C_k`` lies in ``[D, U)`` iff
+  ``count(>= D) >= k > count(>= U)``;
+- **top-p** (target ``MASS``, ``limit = p * S`` in fp64): the last kept token lies in ``[D, U)``
+  iff ``mass(>= D) >= limit > mass(>= U)`` (the token just below ``U`` is kept iff the mass
+  strictly above it, ``mass(>= U)``, is below the limit).
+
+Passes (4 launches per call; each full-row pass reads the row once)
+-------------------------------------------------------------------
+1. ``_stats_kernel`` (grid ``rows x chunks``): the first maximum (as a packed key), NaNs, the
+   finite count, mean, standard deviation and minimum, and the **early gather**: every token at
+   or above a threshold fitted to the row's first ``SAMPLE`` columns (one atomic per token taken):
+   ``~4 k`` tokens for top-k rows with ``k <= capacity / 4`` (into ``scratch``: usually the whole
+   answer), ``~64`` for top-p-only rows (into ``outliers``: the head of the mass).
+2. ``_pass_kernel`` (``FIRST``, grid ``rows x chunks``): every program derives the row's plan from
+   the stats partials (the split-layout combine is recomputed per program: no extra launch).
+   A top-k row whose early gather holds at least ``k`` and at most ``capacity`` tokens sweeps
+   nothing. A top-p-only row sweeps once with two thresholds (:func:`_sweep_pair`: its total
+   mass ``S``, exact counts and masses at ``hi`` and ``lo``, the gather of ``[lo, hi)``). The
+   bracket is placed by a mass model: the early head ``H = sum exp(x - max)`` above ``T_e`` plus
+   a Gaussian bulk below it (``exp`` tilts N(mu, s^2) to N(mu + s^2, s^2)); the predicted cut
+   leaves ``p (H + bulk)`` above it; ``[lo, hi)`` holds ~``capacity / 2`` fitted tokens around it
+   (the whole top when the cut lies in the head). Other rows (a failed early gather, ``k >
+   capacity / 4``) run the general sweep: 8 exact thresholds (Gaussian quantiles of ``k/4 ..
+   640 k`` tokens) and the gather of the predicted bracket.
+3. ``_finish_kernel`` (one program per row): the resolve: if the gathered bracket holds the cut
+   and at most ``capacity`` candidates, the cut comes from them: a wide top-p bracket is first
+   narrowed 16-fold by exact part masses (:func:`_narrow_mass`), then one sort of at most 256
+   candidates gives the cut (more: :func:`_rank_cut`, ranks by ``n^2`` compares, no sorting network:
+   large ``tl.sort`` tiers took tens of seconds to compile). A row still open (a missed prediction,
+   adversarial rows) continues in the same program with bounded search rounds (``MAX_ROUNDS``;
+   each evaluates 8 thresholds inside the bracket that holds the cut: value space, key space
+   across octaves, index space inside a run of ties; a gather once it fits). ``searched``
+   counts such rows (a status: zero on the benchmark inputs).
+4. ``_apply_kernel``: ``-inf`` where ``packed < cut`` (one compare per element); a row whose kept
+   set lies among its first ``<= 256`` candidates (top-k from the early gather) is written
+   without being read (kept values loaded by index, the chunk set to ``-inf``, the values
+   stored back).
+
+Launches: 4 per call, fixed by which of ``k``/``p`` are given (the mass sweeps compiled in only
+with ``p``), never by values; no host synchronisation; all scratch lives in a
+:class:`TopKTopPFilter` (allocated once, sized for its largest batch): CUDA-graph safe.
+Bytes: top-k rows answered early: ``B V 4`` read (stats) + ``B V 4`` written; top-p rows: ``2 B V
+4`` read (stats, pair sweep) + the apply (``B V 4`` read + the masked entries written in place,
+``B V 4`` out of place); candidates ``<= capacity * 8`` bytes per row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ..rng import LN2_HIGH, LN2_LOW
+from ..validate import check_power_of_two
+from .filtering_reference import EXP_COEFFS, EXP_FLOOR, LOG2E, MASS_ONE
+
+_C0, _C1, _C2, _C3, _C4, _C5, _C6, _C7 = (tl.constexpr(c) for c in EXP_COEFFS)
+_LN2_HIGH = tl.constexpr(LN2_HIGH)
+_LN2_LOW = tl.constexpr(LN2_LOW)
+_LOG2E = tl.constexpr(LOG2E)
+_MASS_ONE = tl.constexpr(MASS_ONE)
+_EXP_FLOOR = tl.constexpr(EXP_FLOOR)
+_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2^23: adding it rounds a small fp32 to an integer
+_BIG_INDEX = tl.constexpr(2**31 - 1)
+PACK_FLOOR = -(2**63)  # below every packed token
+PACK_CEIL = 2**63 - 1  # above every packed token
+_PACK_FLOOR = tl.constexpr(PACK_FLOOR)
+_PACK_CEIL = tl.constexpr(PACK_CEIL)
+
+# Row phases (FilterState.phase).
+PHASE_COPY = 0  # nothing to filter (NaN row, neither k nor p active, all -inf): the row is kept
+PHASE_CUT = 1  # resolved: keep packed >= cut
+PHASE_OPEN = 2  # searching: the next pass gathers and/or evaluates thresholds
+_PHASE_COPY = tl.constexpr(PHASE_COPY)
+_PHASE_CUT = tl.constexpr(PHASE_CUT)
+_PHASE_OPEN = tl.constexpr(PHASE_OPEN)
+# Search targets (FilterState.target).
+TARGET_COUNT = 0  # top-k: the k-th best token (then top-p among the k, from the sorted candidates)
+TARGET_MASS = 1  # top-p: the last token whose better-ranked mass is below the limit
+_TARGET_COUNT = tl.constexpr(TARGET_COUNT)
+_TARGET_MASS = tl.constexpr(TARGET_MASS)
+# Pass kinds of _pass_kernel.
+PASS_FIRST = 0  # derives the plan from the stats, then sweeps
+PASS_REFINE = 1  # sweeps open rows with the plan the resolve left
+_PASS_FIRST = tl.constexpr(PASS_FIRST)
+
+# Points of a row's search (FilterState.points and its counts/masses), in descending packed order:
+# slot 0 = PACK_CEIL (count 0, mass 0), slot 1 = the upper end of the searched bracket, slots
+# 2..9 = the thresholds a sweep evaluates, slot 10 = the lower end, slots 11..15 = copies of it.
+THRESHOLDS = 8
+POINTS = 16
+SLOT_CEIL, SLOT_UPPER, SLOT_FIRST, SLOT_LOWER = 0, 1, 2, 10
+_THRESHOLDS = tl.constexpr(THRESHOLDS)
+PARTS = 16  # _narrow_mass: key intervals a wide top-p bracket is split into
+_PARTS = tl.constexpr(PARTS)
+_NARROW_TILE = tl.constexpr(128)
+_RANK_I = tl.constexpr(32)  # _rank_cut tiles: [RANK_I, RANK_J] compares at a time
+_RANK_J = tl.constexpr(64)
+_POINTS = tl.constexpr(POINTS)
+_SLOT_UPPER = tl.constexpr(SLOT_UPPER)
+_SLOT_FIRST = tl.constexpr(SLOT_FIRST)
+_SLOT_LOWER = tl.constexpr(SLOT_LOWER)
+
+# Threshold placement of the first pass (module doc): rows of FilterState.placement [3, 8] fp32.
+MASS_OFFSETS = (0.6, 0.14, 0.07, 0.03, -0.03, -0.07, -0.14, -0.6)  # c + s * offset; gather slots 5, 6
+PEAK_DEPTHS = (0.25, 0.7, 1.5, 2.5, 4.0, 6.0, 9.0, 14.0)  # max - depth (logits)
+COUNT_FACTORS = (0.25, 0.6, 1.3, 3.0, 10.0, 40.0, 160.0, 640.0)  # Gaussian quantile of k * factor tokens
+PEAKED_SIGMAS = 6.0  # a maximum this many standard deviations above the mean: a peaked row
+_PEAKED_SIGMAS = tl.constexpr(PEAKED_SIGMAS)
+MAX_ROUNDS = 48  # _finish_kernel's bound: 9-fold per round over a 64-bit space needs < 21
+_MAX_ROUNDS = tl.constexpr(MAX_ROUNDS)
+
+# Candidates one program resolves (<= SORT_SMALL: one tl.sort; more: _rank_cut, n^2 compares; wide top-p
+# ones narrowed first). GPU: a first top-p bracket of ~capacity / 2 = 1024 fitted tokens missed the
+# cut in 0 of 900 bench rows (Gaussian, bf16, peaked; a CPU model of the placement), 15% at
+# capacity 1024. CPU filters default to a small capacity (the interpreter is slow).
+GPU_CAPACITY = 2048
+CPU_CAPACITY = 128
+SORT_SMALL = 256  # the most candidates the write-only apply restores (and the narrowing's goal)
+_SORT_SMALL = tl.constexpr(SORT_SMALL)
+GPU_BLOCK = 2048
+CPU_BLOCK = 1024
+# Sweep tiles (4 loaded per iteration): [COUNT_BLOCK, 8] int32 counts and [MASS_BLOCK, 8] int64
+# masses stay in registers (~100 registers at 8 warps, measured with tools/compile_filter.py).
+COUNT_BLOCK = 512
+MASS_BLOCK = 256
+STATS_BLOCK = 1024
+PAIR_BLOCK = 1024  # _sweep_pair: [PAIR_BLOCK] accumulators, 2 tiles per iteration
+SAMPLE = 1024  # columns of the row's start that place the early gather
+OUTLIERS = 256  # stored tokens of a top-p row's early gather (~64 wanted)
+WARPS = 8
+RESOLVE_WARPS = 4  # _finish_kernel (first resolve + search rounds, one program per row, ~255 registers)
+
+
+# --------------------------------------------------------------------------- device functions
+@triton.jit
+def _key32(x):
+    """int32 keys ordered like fp32 ``x`` (``-0.0`` maps to ``+0.0``'s key 0)."""
+    bits = x.to(tl.int32, bitcast=True)
+    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    return tl.where((bits & 0x7FFFFFFF) == 0, 0, key)
+
+
+@triton.jit
+def _key_value(key):
+    """The fp32 value of an ordered key (the map is an involution on the int32 bits)."""
+    bits = key.to(tl.int32)
+    bits = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _pack(key, index):
+    """int64 ``key << 32 | (2^31 - 1 - index)``: larger means better ranked (key desc, index asc)."""
+    return (key.to(tl.int64) << 32) | (_BIG_INDEX - index.to(tl.int64))
+
+
+@triton.jit
+def _weight_fixed_point(x, row_max):
+    """``trunc(exp(x - row_max) 2^32)`` as int64, bit-identical to ``filtering.weight_fixed_point``."""
+    d = tl.maximum(x - row_max, _EXP_FLOOR)
+    # n = floor(y) and its int32 without conversion instructions (1/8 of the FP32 rate on sm_90):
+    # y + 1.5 2^23 rounds y to the nearest integer f (|y| <= 64), whose bits are 0x4B400000 + f
+    y = d * _LOG2E + 0.5
+    shifted = y + _MAGIC
+    f = shifted - _MAGIC
+    down = f > y
+    n = tl.where(down, f - 1.0, f)
+    n_int = shifted.to(tl.int32, bitcast=True) - (0x4B400000 + down.to(tl.int32))
+    r = (d - n * _LN2_HIGH) - n * _LN2_LOW
+    poly = _C0 + r * 0.0
+    poly = poly * r + _C1
+    poly = poly * r + _C2
+    poly = poly * r + _C3
+    poly = poly * r + _C4
+    poly = poly * r + _C5
+    poly = poly * r + _C6
+    poly = poly * r + _C7
+    scale = ((n_int + 127) << 23).to(tl.float32, bitcast=True)  # garbage only where d is NaN (x == max)
+    w = tl.where(x == row_max, 1.0, poly * scale)
+    return (w * _MASS_ONE).to(tl.int64)
+
+
+@triton.jit
+def _normal_quantile(u):
+    """Approximate inverse normal CDF (Abramowitz-Stegun 26.2.23, |error| < 5e-4) of ``u`` in (0, 1).
+
+    Only places thresholds: a wrong guess costs a pass, never a wrong result.
+    """
+    u = tl.minimum(tl.maximum(u, 1e-12), 1.0 - 1e-7)
+    tail = tl.minimum(u, 1.0 - u)
+    t = tl.sqrt(-2.0 * tl.log(tail))
+    z = t - (2.515517 + 0.802853 * t + 0.010328 * t * t) / (1.0 + 1.432788 * t + 0.189269 * t * t
+                                                              + 0.001308 * t * t * t)
+    return tl.where(u < 0.5, -z, z)
+
+
+@triton.jit
+def _normal_cdf(z):
+    """Approximate normal CDF (a logistic of a cubic, |error| < 1.5e-4); only places thresholds."""
+    return 1.0 / (1.0 + tl.exp(-1.5976 * z - 0.07056 * z * z * z))
+
+
+@triton.jit
+def _value_threshold(value):
+    """The packed threshold ``key >= key(value)`` (all indices of that key and above)."""
+    return _key32(value).to(tl.int64) << 32
+
+
+@triton.jit
+def _row_k(k_ptr, k_value, row, K_PER_ROW: tl.constexpr):
+    if K_PER_ROW:
+        k = tl.load(k_ptr + row).to(tl.int64)
+    else:
+        k = tl.zeros([], tl.int64) + k_value
+    return k
+
+
+@triton.jit
+def _row_p(p_ptr, p_value, row, P_PER_ROW: tl.constexpr):
+    if P_PER_ROW:
+        p = tl.load(p_ptr + row)
+    else:
+        p = tl.zeros([], tl.float32) + p_value
+    return p
+
+
+@triton.jit
+def _gather_block(key, index, take, scratch, cursor, capacity):
+    """Append the packed keys of ``take`` to ``scratch`` (one atomic claims the block's slots)."""
+    takes = take.to(tl.int32)
+    found = tl.sum(takes, axis=0)
+    if found > 0:
+        base = tl.atomic_add(cursor, found.to(tl.int64))
+        slot = base + (tl.cumsum(takes, axis=0) - takes).to(tl.int64)
+        tl.store(scratch + slot, _pack(key, index), mask=take & (slot < capacity))
+
+
+@triton.jit
+def _gather_sparse(key, index, take, scratch, cursor, capacity):
+    """:func:`_gather_block` for rare hits (the early gather): one atomic per taken token, no
+    block-wide prefix sum (which would cost ~70 registers in the statistics pass)."""
+    slot = tl.atomic_add(cursor + tl.zeros_like(index).to(tl.int64), tl.full(index.shape, 1, tl.int64), mask=take)
+    tl.store(scratch + slot, _pack(key, index), mask=take & (slot < capacity))
+
+
+@triton.jit
+def _sweep_tile(x, index, valid, bounds, lo_bound, hi_bound, counts, masses, total, row_max, scratch, cursor,
+                capacity, GATHER, KEYS: tl.constexpr, EVALUATE: tl.constexpr, MASS: tl.constexpr,
+                TOTAL: tl.constexpr):
+    """One tile of :func:`_sweep`: accumulate its thresholds' counts/masses, gather its bracket."""
+    key = _key32(x)
+    if KEYS:
+        order = key
+    else:
+        order = _pack(key, index)
+    if EVALUATE:
+        hit = valid[:, None] & (order[:, None] >= bounds[None, :])
+        counts += hit.to(tl.int32)
+        if MASS:
+            q = _weight_fixed_point(x, row_max)
+            masses += tl.where(hit, q[:, None], 0)
+            if TOTAL:
+                total += tl.where(valid, q, 0)
+    if GATHER:
+        _gather_block(key, index, valid & (order >= lo_bound) & (order < hi_bound), scratch, cursor, capacity)
+    return counts, masses, total
+
+
+@triton.jit
+def _sweep(src, start, end, row_max, thresholds, lo, hi, scratch, cursor, capacity, GATHER,
+           KEYS: tl.constexpr, EVALUATE: tl.constexpr, MASS: tl.constexpr, TOTAL: tl.constexpr,
+           BLOCK: tl.constexpr):
+    """One pass over columns ``[start, end)`` of a row, 4 tiles of ``BLOCK`` loaded per iteration.
+
+    ``EVALUATE``: exact counts (and integer masses, ``MASS``) at the 8 packed ``thresholds``;
+    ``TOTAL``: the mass of every column; ``GATHER`` (runtime): append the packed keys in
+    ``[lo, hi)`` to ``scratch`` (beyond ``capacity`` only counted by ``cursor``). ``KEYS``: the
+    thresholds and ``lo``/``hi`` are key-aligned (the first pass), so int32 keys are compared
+    instead of packed int64 values. The ``[BLOCK, 8]`` accumulators stay in registers, so
+    ``BLOCK`` is small; the 4 loads issued together keep enough bytes in flight.
+    Returns ``(counts [8] int64, masses [8] int64, total int64)``.
+    """
+    counts = tl.zeros([BLOCK, _THRESHOLDS], tl.int32)
+    masses = tl.zeros([BLOCK, _THRESHOLDS], tl.int64)
+    total = tl.zeros([BLOCK], tl.int64)
+    if KEYS:
+        bounds = (thresholds >> 32).to(tl.int32)
+        lo_bound = (lo >> 32).to(tl.int32)
+        hi_bound = (hi >> 32).to(tl.int32)  # PACK_CEIL: 2^31 - 1, above every non-NaN key
+    else:
+        bounds = thresholds
+        lo_bound = lo
+        hi_bound = hi
+    for offset in range(start, end, 4 * BLOCK):
+        index0 = offset + tl.arange(0, BLOCK)
+        index1 = index0 + BLOCK
+        index2 = index1 + BLOCK
+        index3 = index2 + BLOCK
+        x0 = tl.load(src + index0, mask=index0 < end, other=float("-inf"))
+        x1 = tl.load(src + index1, mask=index1 < end, other=float("-inf"))
+        x2 = tl.load(src + index2, mask=index2 < end, other=float("-inf"))
+        x3 = tl.load(src + index3, mask=index3 < end, other=float("-inf"))
+        counts, masses, total = _sweep_tile(x0, index0, index0 < end, bounds, lo_bound, hi_bound, counts, masses,
+                                            total, row_max, scratch, cursor, capacity, GATHER, KEYS, EVALUATE,
+                                            MASS, TOTAL)
+        counts, masses, total = _sweep_tile(x1, index1, index1 < end, bounds, lo_bound, hi_bound, counts, masses,
+                                            total, row_max, scratch, cursor, capacity, GATHER, KEYS, EVALUATE,
+                                            MASS, TOTAL)
+        counts, masses, total = _sweep_tile(x2, index2, index2 < end, bounds, lo_bound, hi_bound, counts, masses,
+                                            total, row_max, scratch, cursor, capacity, GATHER, KEYS, EVALUATE,
+                                            MASS, TOTAL)
+        counts, masses, total = _sweep_tile(x3, index3, index3 < end, bounds, lo_bound, hi_bound, counts, masses,
+                                            total, row_max, scratch, cursor, capacity, GATHER, KEYS, EVALUATE,
+                                            MASS, TOTAL)
+    return tl.sum(counts, axis=0).to(tl.int64), tl.sum(masses, axis=0), tl.sum(total, axis=0)
+
+
+@triton.jit
+def _pair_tile(x, index, valid, hi_key, lo_key, c_hi, c_lo, m_hi, m_lo, total, row_max, scratch, cursor, capacity,
+               GATHER):
+    key = _key32(x)
+    q = tl.where(valid, _weight_fixed_point(x, row_max), 0)
+    above_hi = valid & (key >= hi_key)
+    above_lo = valid & (key >= lo_key)
+    c_hi += above_hi.to(tl.int32)
+    c_lo += above_lo.to(tl.int32)
+    m_hi += tl.where(above_hi, q, 0)
+    m_lo += tl.where(above_lo, q, 0)
+    total += q
+    if GATHER:
+        _gather_block(key, index, above_lo & (key < hi_key), scratch, cursor, capacity)
+    return c_hi, c_lo, m_hi, m_lo, total
+
+
+@triton.jit
+def _sweep_pair(src, start, end, row_max, hi_key, lo_key, scratch, cursor, capacity, GATHER, BLOCK: tl.constexpr):
+    """The first sweep of a top-p row: one pass over columns ``[start, end)`` (2 tiles per iteration).
+
+    Exact counts and integer masses at the two key thresholds ``hi_key >= lo_key``, the total
+    mass ``S``, and (``GATHER``) the gather of the keys in ``[lo_key, hi_key)``: per token one
+    weight, two compares and three 64-bit adds, the least a top-p cut can be found with.
+    Returns ``(counts [8], masses [8], total)`` int64: slots 0..3 at ``hi``, 4..7 at ``lo``.
+    """
+    c_hi = tl.zeros([BLOCK], tl.int32)
+    c_lo = tl.zeros([BLOCK], tl.int32)
+    m_hi = tl.zeros([BLOCK], tl.int64)
+    m_lo = tl.zeros([BLOCK], tl.int64)
+    total = tl.zeros([BLOCK], tl.int64)
+    for offset in range(start, end, 2 * BLOCK):
+        index0 = offset + tl.arange(0, BLOCK)
+        index1 = index0 + BLOCK
+        x0 = tl.load(src + index0, mask=index0 < end, other=float("-inf"))
+        x1 = tl.load(src + index1, mask=index1 < end, other=float("-inf"))
+        c_hi, c_lo, m_hi, m_lo, total = _pair_tile(x0, index0, index0 < end, hi_key, lo_key, c_hi, c_lo, m_hi, m_lo,
+                                                   total, row_max, scratch, cursor, capacity, GATHER)
+        c_hi, c_lo, m_hi, m_lo, total = _pair_tile(x1, index1, index1 < end, hi_key, lo_key, c_hi, c_lo, m_hi, m_lo,
+                                                   total, row_max, scratch, cursor, capacity, GATHER)
+    upper = tl.arange(0, _THRESHOLDS) < 4
+    counts = tl.where(upper, tl.sum(c_hi, axis=0).to(tl.int64), tl.sum(c_lo, axis=0).to(tl.int64))
+    masses = tl.where(upper, tl.sum(m_hi, axis=0), tl.sum(m_lo, axis=0))
+    return counts, masses, tl.sum(total, axis=0)
+
+
+@triton.jit
+def _sort_cut(scratch, n_in, target, k, p, limit, best, row_max, count_hi, mass_hi, hi_is_ceil, SIZE: tl.constexpr):
+    """Sort the ``n_in <= SIZE`` gathered candidates of a bracket that holds the cut.
+
+    Returns ``(resolved, cut, limit)``: for a top-k row, the k-th best is at rank
+    ``k - count_hi``; with top-p too, ``S_k`` is the mass of the kept top-k (``mass_hi`` above the
+    bracket plus the sorted ones) and the cut the last survivor with mass before it
+    ``< p S_k``. ``resolved`` is false only when that top-p cut lies above the bracket (top-k
+    rows with ``k`` beyond the capacity): the search then goes on for the returned mass target.
+    A top-p-only row keeps the candidates whose mass before them is below ``limit``.
+    """
+    rank = tl.arange(0, SIZE)
+    packed = tl.load(scratch + rank, mask=rank < n_in, other=_PACK_FLOOR)
+    packed = tl.sort(packed, descending=True)
+    q = _weight_fixed_point(_key_value(packed >> 32), row_max)
+    inside = rank < n_in
+    if target == _TARGET_COUNT:
+        chosen = rank < (k - count_hi)
+        q = tl.where(chosen, q, 0)
+        use_p = p < 1.0
+        limit = p.to(tl.float64) * (mass_hi + tl.sum(q, axis=0)).to(tl.float64)
+        before = mass_hi + tl.cumsum(q, axis=0) - q
+        keep = chosen & ((before.to(tl.float64) < limit) | (use_p == 0) | (packed == best))
+        resolved = (use_p == 0) | hi_is_ceil | (mass_hi.to(tl.float64) < limit)
+    else:
+        before = mass_hi + tl.cumsum(q, axis=0) - q
+        keep = inside & ((before.to(tl.float64) < limit) | (packed == best))
+        resolved = n_in >= 0
+    cut = tl.min(tl.where(keep, packed, _PACK_CEIL), axis=0)
+    return resolved, cut, limit
+
+
+@triton.jit
+def _better_than(scratch, n_in, packed, row_max):
+    """For packed candidates ``packed [RANK_I]``: how many of the ``n_in`` candidates in ``scratch`` rank
+    strictly better, and their exact integer mass (``[RANK_I]`` int32, int64)."""
+    tj = tl.arange(0, _RANK_J)
+    better = tl.zeros([_RANK_I], tl.int32)
+    mass = tl.zeros([_RANK_I], tl.int64)
+    for offset in range(0, n_in, _RANK_J):
+        inside = offset + tj < n_in
+        other = tl.load(scratch + offset + tj, mask=inside, other=_PACK_FLOOR)
+        q = tl.where(inside, _weight_fixed_point(_key_value(other >> 32), row_max), 0)
+        gt = inside[None, :] & (other[None, :] > packed[:, None])
+        better += tl.sum(gt.to(tl.int32), axis=1)
+        mass += tl.sum(tl.where(gt, q[None, :], 0), axis=1)
+    return better, mass
+
+
+@triton.jit
+def _rank_cut(scratch, n_in, target, k, p, limit, best, row_max, count_hi, mass_hi, hi_is_ceil):
+    """:func:`_sort_cut` by ranks instead of a sort, for more than ``SORT_SMALL`` candidates: every candidate's count and mass of strictly
+    better candidates (``n_in^2`` compares in ``[RANK_I, RANK_J]`` tiles; packed values are unique,
+    so the count is the rank). No sorting network: compiles in a fraction of a ``tl.sort``'s time,
+    and the common ``n_in <= 256`` costs ~``65K`` compares.
+
+    Returns ``(resolved, cut, limit)``: for a top-k row the k-th best is at rank ``k - count_hi``;
+    with top-p too, ``S_k`` is the mass of the kept top-k (``mass_hi`` above the bracket plus the
+    chosen candidates) and the cut the last survivor with mass before it ``< p S_k``. ``resolved``
+    is false only when that top-p cut lies above the bracket (top-k rows with ``k`` beyond the
+    capacity): the search then goes on for the returned mass target. A top-p-only row keeps the
+    candidates whose mass before them is below ``limit``.
+    """
+    ti = tl.arange(0, _RANK_I)
+    use_p = p < 1.0
+    cut = tl.zeros([], tl.int64) + _PACK_CEIL
+    floor = tl.zeros([], tl.int64) + _PACK_FLOOR  # the k-th best (count target): the lowest chosen
+    if target == _TARGET_COUNT:
+        rank_k = k - count_hi - 1
+        for offset in range(0, n_in, _RANK_I):
+            inside = offset + ti < n_in
+            packed = tl.load(scratch + offset + ti, mask=inside, other=_PACK_FLOOR)
+            better, _ = _better_than(scratch, n_in, packed, row_max)
+            floor = tl.maximum(floor, tl.max(tl.where(inside & (better == rank_k), packed, _PACK_FLOOR), axis=0))
+        total = mass_hi
+        for offset in range(0, n_in, _RANK_I):
+            inside = offset + ti < n_in
+            packed = tl.load(scratch + offset + ti, mask=inside, other=_PACK_FLOOR)
+            q = _weight_fixed_point(_key_value(packed >> 32), row_max)
+            total += tl.sum(tl.where(inside & (packed >= floor), q, 0), axis=0)
+        limit = p.to(tl.float64) * total.to(tl.float64)
+        cut = floor
+    if (target == _TARGET_MASS) | use_p:
+        cut = tl.zeros([], tl.int64) + _PACK_CEIL
+        for offset in range(0, n_in, _RANK_I):
+            inside = offset + ti < n_in
+            packed = tl.load(scratch + offset + ti, mask=inside, other=_PACK_FLOOR)
+            _, above = _better_than(scratch, n_in, packed, row_max)
+            keep = inside & (packed >= floor) & (((mass_hi + above).to(tl.float64) < limit) | (packed == best))
+            cut = tl.minimum(cut, tl.min(tl.where(keep, packed, _PACK_CEIL), axis=0))
+    resolved = (target == _TARGET_MASS) | (use_p == 0) | hi_is_ceil | (mass_hi.to(tl.float64) < limit)
+    return resolved, cut, limit
+
+
+@triton.jit
+def _narrow_mass(scratch, n_in, limit, mass_hi, row_max):
+    """Narrow a top-p bracket of ``n_in`` gathered candidates that holds the cut: split their key
+    range into ``PARTS = 16`` equal key intervals, find (from exact integer masses) the one that
+    holds the cut and move its candidates to the front of ``scratch``.
+
+    Returns ``(n, mass_above)``: the candidates kept (all of one key stay together, so ties keep
+    their index order for the sort) and the exact mass above them. Three passes over the
+    candidates in tiles of ``NARROW_TILE`` (few registers) instead of sorting all ``n_in``.
+    """
+    t = tl.arange(0, _NARROW_TILE)
+    parts = tl.arange(0, _PARTS)
+    k_max = tl.zeros([], tl.int32) - _BIG_INDEX - 1
+    k_min = tl.zeros([], tl.int32) + _BIG_INDEX
+    for offset in range(0, n_in, _NARROW_TILE):
+        inside = offset + t < n_in
+        key = (tl.load(scratch + offset + t, mask=inside, other=0) >> 32).to(tl.int32)
+        k_max = tl.maximum(k_max, tl.max(tl.where(inside, key, -_BIG_INDEX - 1), axis=0))
+        k_min = tl.minimum(k_min, tl.min(tl.where(inside, key, _BIG_INDEX), axis=0))
+    span = (k_max - k_min).to(tl.int64) + 1
+    sums = tl.zeros([_PARTS], tl.int64)  # exact mass of each part
+    for offset in range(0, n_in, _NARROW_TILE):
+        inside = offset + t < n_in
+        key = (tl.load(scratch + offset + t, mask=inside, other=0) >> 32).to(tl.int32)
+        part = tl.where(inside, (((key - k_min).to(tl.int64) * _PARTS) // span).to(tl.int32), -1)
+        q = _weight_fixed_point(_key_value(key), row_max)
+        sums += tl.sum(tl.where(part[:, None] == parts[None, :], q[:, None], 0), axis=0)
+    # mass at or above each part's lower end (larger part = better ranked)
+    at_or_above = mass_hi + tl.sum(tl.where(parts[None, :] >= parts[:, None], sums[None, :], 0), axis=1)
+    chosen = tl.max(tl.where(at_or_above.to(tl.float64) >= limit, parts, -1), axis=0)
+    chosen_above = tl.sum(tl.where(parts == chosen, at_or_above - sums, 0), axis=0)
+    kept = tl.zeros([], tl.int32)
+    for offset in range(0, n_in, _NARROW_TILE):
+        inside = offset + t < n_in
+        packed = tl.load(scratch + offset + t, mask=inside, other=0)
+        key = (packed >> 32).to(tl.int32)
+        part = (((key - k_min).to(tl.int64) * _PARTS) // span).to(tl.int32)
+        take = inside & (part == chosen)
+        takes = take.to(tl.int32)
+        slot = kept + tl.cumsum(takes, axis=0) - takes
+        tl.debug_barrier()  # this tile is in registers everywhere before a slot at or below it is written
+        tl.store(scratch + slot, packed, mask=take)
+        kept += tl.sum(takes, axis=0)
+    tl.debug_barrier()
+    return kept.to(tl.int64), chosen_above
+
+
+@triton.jit
+def _between(lower, upper, slot, best_key, min_key):
+    """The ``slot``-th (0..7, descending) of 8 packed thresholds inside ``(lower, upper)``.
+
+    The ends are first clamped to the row's keys (``min_key .. best_key``). Index space when they
+    lie within one key (a run of ties), value space within an octave, key space across octaves
+    (the middle threshold always in key space, so every round makes progress). Thresholds may
+    repeat or touch an end (empty pairs are skipped).
+    """
+    step = (slot * -1 + _THRESHOLDS).to(tl.int64)  # 8 .. 1: descending
+    top = (best_key.to(tl.int64) + 1) << 32  # above every token of the row
+    upper = tl.minimum(upper, top)
+    low = tl.maximum(lower, min_key.to(tl.int64) << 32)
+    upper_key = upper >> 32
+    lower_key = low >> 32
+    narrow = upper_key - lower_key <= 1
+    in_ties = low + ((upper - low) // (_THRESHOLDS + 1)) * step  # upper - low < 2^33 here
+    upper_value = _key_value(tl.minimum(upper_key, best_key.to(tl.int64)))
+    lower_value = _key_value(lower_key)
+    finite = (tl.abs(upper_value) < float("inf")) & (tl.abs(lower_value) < float("inf"))
+    same_octave = finite & (tl.abs(upper_value - lower_value) <= 0.5 * tl.maximum(tl.abs(upper_value),
+                                                                                    tl.abs(lower_value)))
+    fraction = step.to(tl.float32) / (_THRESHOLDS + 1)
+    by_value = _value_threshold(lower_value + (upper_value - lower_value) * fraction)
+    by_key = (lower_key + ((upper_key - lower_key) * step) // (_THRESHOLDS + 1)) << 32
+    off_middle = step != 4
+    inside = tl.where(same_octave, by_value, by_key)
+    inside = tl.where(off_middle, inside, by_key)
+    inside = tl.minimum(tl.maximum(inside, lower), upper)
+    return tl.where(narrow, in_ties, inside)
+
+
+@triton.jit
+def _plan_points(points, counts, masses, row, best_key, min_key, capacity, target, k, limit):
+    """Choose the next round of an open row from its points (module doc) and write it.
+
+    Finds the pair of adjacent points ``[D, U)`` that holds the target; with at most ``capacity``
+    tokens it becomes the next gather (slots ``UPPER`` / ``LOWER``, no thresholds; a top-k row
+    within the capacity gathers ``[D, PACK_CEIL)``), else the next sweep evaluates 8 thresholds
+    inside it. Returns ``(gather, evaluate)``.
+    """
+    slots = tl.arange(0, _POINTS)
+    base = row * _POINTS
+    value = tl.load(points + base + slots, volatile=True)
+    count = tl.load(counts + base + slots, volatile=True)
+    mass = tl.load(masses + base + slots, volatile=True)
+    nxt = tl.minimum(slots + 1, _POINTS - 1)
+    value_next = tl.load(points + base + nxt, volatile=True)
+    count_next = tl.load(counts + base + nxt, volatile=True)
+    mass_next = tl.load(masses + base + nxt, volatile=True)
+    nonempty = (value > value_next) & (slots < _POINTS - 1)
+    if target == _TARGET_COUNT:
+        holds = nonempty & (count_next >= k) & (count < k)
+    else:
+        holds = nonempty & (mass_next.to(tl.float64) >= limit) & (mass.to(tl.float64) < limit)
+    chosen = tl.min(tl.where(holds, slots, _POINTS), axis=0)
+    pick = slots == chosen
+    upper = tl.sum(tl.where(pick, value, 0), axis=0)
+    lower = tl.sum(tl.where(pick, value_next, 0), axis=0)
+    count_upper = tl.sum(tl.where(pick, count, 0), axis=0)
+    count_lower = tl.sum(tl.where(pick, count_next, 0), axis=0)
+    mass_upper = tl.sum(tl.where(pick, mass, 0), axis=0)
+    mass_lower = tl.sum(tl.where(pick, mass_next, 0), axis=0)
+    # A top-k row within the capacity gathers its whole top (U = PACK_CEIL): S_k comes from the sort.
+    whole_top = (target == _TARGET_COUNT) & (k <= capacity)
+    gather = tl.where(whole_top, count_lower, count_lower - count_upper) <= capacity
+    top = gather & whole_top
+    upper = tl.where(top, _PACK_CEIL, upper)
+    count_upper = tl.where(top, 0, count_upper)
+    mass_upper = tl.where(top, 0, mass_upper)
+    fill = tl.where(slots == 0, _PACK_CEIL, tl.where(slots == _SLOT_UPPER, upper, lower))
+    fill_count = tl.where(slots == 0, 0, tl.where(slots == _SLOT_UPPER, count_upper, count_lower))
+    fill_mass = tl.where(slots == 0, 0, tl.where(slots == _SLOT_UPPER, mass_upper, mass_lower))
+    thresholds = slots >= _SLOT_FIRST
+    thresholds = thresholds & (slots < _SLOT_LOWER)
+    if gather:
+        fill = tl.where(thresholds, upper, fill)
+        fill_count = tl.where(thresholds, count_upper, fill_count)
+        fill_mass = tl.where(thresholds, mass_upper, fill_mass)
+    else:
+        fill = tl.where(thresholds, _between(lower, upper, slots - _SLOT_FIRST, best_key, min_key), fill)
+        fill_count = tl.where(thresholds, 0, fill_count)
+        fill_mass = tl.where(thresholds, 0, fill_mass)
+    tl.store(points + base + slots, fill)
+    tl.store(counts + base + slots, fill_count)
+    tl.store(masses + base + slots, fill_mass)
+    return gather, gather == 0
+
+
+@triton.jit
+def _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags, st_cursor,
+                 points, counts, masses, scratch, capacity):
+    """Decide an open row after a sweep: the cut from its candidates, or the next round.
+
+    Flags (``st_flags``, int32 bits): 1 gather, 2 evaluate, 4 need masses, 8 first pass (total
+    mass in the lower slot). Accumulators are read here and reset for the next sweep.
+    """
+    flags = tl.load(st_flags + row, volatile=True)
+    gather = (flags & 1) != 0
+    target = tl.load(st_target + row)
+    k = tl.load(st_k + row)
+    p = tl.load(st_p + row)
+    best = tl.load(st_best + row)
+    best_key = (best >> 32).to(tl.int32)
+    row_max = _key_value(best_key)
+    min_key = tl.load(st_min + row).to(tl.int32)
+    base = row * _POINTS
+    limit = tl.load(st_limit + row, volatile=True)
+    if (flags & 8) != 0:
+        if target == _TARGET_MASS:  # first pass of a top-p-only row: S is now known
+            total = tl.load(masses + base + _SLOT_LOWER, volatile=True)
+            for slot in range(_SLOT_LOWER + 1, _POINTS):
+                tl.store(masses + base + slot, total)
+            # used from registers: reading a just-stored value back races with the storing thread
+            limit = p.to(tl.float64) * total.to(tl.float64)
+            tl.store(st_limit + row, limit)
+            tl.debug_barrier()  # _plan_points reads the copies of the lower point back
+    n_in = tl.load(st_cursor + row, volatile=True)
+    lo_count = tl.load(counts + base + _SLOT_LOWER, volatile=True)
+    hi_count = tl.load(counts + base + _SLOT_UPPER, volatile=True)
+    lo_mass = tl.load(masses + base + _SLOT_LOWER, volatile=True)
+    hi_mass = tl.load(masses + base + _SLOT_UPPER, volatile=True)
+    hi = tl.load(points + base + _SLOT_UPPER, volatile=True)
+    # The first pass gathers a bracket whose ends are evaluated thresholds (gather_slots).
+    gather_slots = tl.load(st_flags + row, volatile=True) >> 8
+    lo_slot = gather_slots & 15
+    hi_slot = (gather_slots >> 4) & 15
+    if gather:
+        if (flags & 8) != 0:
+            lo_count = tl.load(counts + base + lo_slot, volatile=True)
+            hi_count = tl.load(counts + base + hi_slot, volatile=True)
+            lo_mass = tl.load(masses + base + lo_slot, volatile=True)
+            hi_mass = tl.load(masses + base + hi_slot, volatile=True)
+            hi = tl.load(points + base + hi_slot, volatile=True)
+    if target == _TARGET_COUNT:
+        holds = (lo_count >= k) & (hi_count < k)
+    else:
+        holds = (lo_mass.to(tl.float64) >= limit) & (hi_mass.to(tl.float64) < limit)
+    phase = tl.zeros([], tl.int32) + _PHASE_OPEN
+    cut = tl.zeros([], tl.int64) + _PACK_FLOOR
+    kept_n = tl.zeros([], tl.int64)  # > 0: the kept set is the first kept_n candidates (for _apply_kernel)
+    if gather & holds & (n_in <= capacity):
+        rows_scratch = scratch + row * capacity
+        n_sort = n_in
+        mass_sort = hi_mass
+        if (target == _TARGET_MASS) & (n_in > _SORT_SMALL):  # a wide top-p bracket: narrow it 16-fold first
+            n_sort, mass_sort = _narrow_mass(rows_scratch, n_in, limit, hi_mass, row_max)
+        if n_sort <= _SORT_SMALL:  # the common case: one 256-entry sort (compiles in a few seconds)
+            resolved, cut, new_limit = _sort_cut(rows_scratch, n_sort, target, k, p, limit, best, row_max, hi_count,
+                                                 mass_sort, hi == _PACK_CEIL, _SORT_SMALL)
+        else:  # rare (k > 64, ties the narrowing cannot split, the search rounds): ranks, no sorting network
+            resolved, cut, new_limit = _rank_cut(rows_scratch, n_sort, target, k, p, limit, best, row_max, hi_count,
+                                                 mass_sort, hi == _PACK_CEIL)
+        if resolved:
+            phase = phase * 0 + _PHASE_CUT
+            kept_n = tl.where((hi == _PACK_CEIL) & (n_sort == n_in) & (n_in <= _SORT_SMALL), n_in, 0)
+        else:  # top-k beyond the capacity with the top-p cut above the bracket: search the mass above it
+            target = target * 0 + _TARGET_MASS
+            tl.store(st_target + row, target)
+            tl.store(st_limit + row, new_limit)
+            limit = new_limit
+            slots = tl.arange(0, _POINTS)
+            above = slots >= _SLOT_UPPER
+            tl.store(points + base + slots, tl.where(above, hi, _PACK_CEIL))
+            tl.store(counts + base + slots, tl.where(above, hi_count, 0))
+            tl.store(masses + base + slots, tl.where(above, hi_mass, 0))
+            tl.debug_barrier()  # _plan_points reads them back
+    if phase == _PHASE_OPEN:
+        next_gather, next_evaluate = _plan_points(points, counts, masses, row, best_key, min_key, capacity, target,
+                                                  k, limit)
+        need_mass = (target == _TARGET_MASS) | ((k > capacity) & (p < 1.0))
+        tl.store(st_flags + row, next_gather.to(tl.int32) | (next_evaluate.to(tl.int32) << 1)
+                 | (need_mass.to(tl.int32) << 2))
+    tl.store(st_cursor + row, kept_n)  # 0 for the next sweep of an open row
+    tl.store(st_phase + row, phase)
+    tl.store(st_cut + row, cut)
+    return phase
+
+
+# --------------------------------------------------------------------------- kernels
+@triton.jit
+def _top_threshold(src, wanted, vocab, SAMPLE: tl.constexpr):
+    """The key of an early gather: the Gaussian quantile of ``wanted`` tokens from the top, fitted
+    to the row's first ``SAMPLE`` columns (int32; above every key when the sample has no spread or
+    no finite value, so that nothing is gathered)."""
+
+    column = tl.arange(0, SAMPLE)
+    x = tl.load(src + column, mask=column < vocab, other=0.0)
+    finite = (column < vocab) & (tl.abs(x) < float("inf"))
+    n = tl.sum(finite.to(tl.float32), axis=0)
+    xf = tl.where(finite, x, 0.0)
+    mean = tl.sum(xf, axis=0) / tl.maximum(n, 1.0)
+    sigma = tl.sqrt(tl.maximum(tl.sum(xf * xf, axis=0) / tl.maximum(n, 1.0) - mean * mean, 0.0))
+    value = mean + sigma * _normal_quantile(1.0 - wanted / vocab.to(tl.float32))
+    fit = (n >= 2.0) & (sigma > 0.0) & (value == value)
+    return tl.where(fit, _key32(value), _BIG_INDEX)
+
+
+@triton.jit(do_not_specialize=["k_value", "chunk_len", "num_chunks"])
+def _stats_kernel(
+    logits_ptr, logits_stride,  # [B, V] fp32
+    best_part, nan_part, finite_part, sum_part, sumsq_part, min_part,  # [B, chunks] each
+    counts, masses, cursor,  # [B, POINTS] int64 x2, [B] int64: zeroed here for the first sweep
+    scratch, outliers, first_count, first_key,  # [B, capacity], [B, OUTLIERS], [B] x2 int64: the early gather
+    k_ptr, k_value, p_ptr, p_value,  # [B] int32/int64 or a scalar; [B] fp32 or a scalar
+    vocab, chunk_len, num_chunks, capacity,
+    K_PER_ROW: tl.constexpr, P_PER_ROW: tl.constexpr, SAMPLE: tl.constexpr, OUTLIERS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Per program: the first maximum (packed), NaNs, the finite count/sum/sum of squares, the minimum;
+    and the **early gather** of every token at or above :func:`_top_threshold` (``first_count``
+    counts them all): rows with ``0 < k <= capacity / 4`` gather ``~4 k`` tokens into ``scratch``
+    (usually the whole top-k answer), top-p-only rows ``~64`` into ``outliers`` (the head that
+    places the first top-p bracket; at most ``OUTLIERS`` stored).
+
+    Bytes: ``B V 4`` read, ``B chunks 32`` written, the gathered candidates (``~4 k * 8`` per row).
+    """
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    start = chunk * chunk_len
+    end = tl.minimum(start + chunk_len, vocab)
+    src = logits_ptr + row * logits_stride
+    k = _row_k(k_ptr, k_value, row, K_PER_ROW)
+    p = _row_p(p_ptr, p_value, row, P_PER_ROW)
+    use_k = (k > 0) & (k < vocab)
+    top_k = use_k & (k <= capacity // 4)
+    early = top_k | ((use_k == 0) & (p < 1.0))
+    key_t = tl.zeros([], tl.int32) + _BIG_INDEX
+    if early:
+        wanted = tl.where(top_k, tl.minimum(tl.maximum(4 * k, 32), capacity // 4), tl.minimum(64, capacity // 4))
+        key_t = _top_threshold(src, wanted.to(tl.float32), vocab, SAMPLE)
+    if top_k:
+        dest = scratch + row * capacity
+        room = capacity
+    else:
+        dest = outliers + row * OUTLIERS
+        room = capacity * 0 + OUTLIERS
+    best = tl.zeros([BLOCK], tl.int64) + _PACK_FLOOR
+    nans = tl.zeros([BLOCK], tl.int32)
+    finite = tl.zeros([BLOCK], tl.int32)
+    total = tl.zeros([BLOCK], tl.float32)
+    squares = tl.zeros([BLOCK], tl.float32)
+    low = tl.zeros([BLOCK], tl.float32) + float("inf")
+    for offset in range(start, end, BLOCK):
+        index = offset + tl.arange(0, BLOCK)
+        valid = index < end
+        x = tl.load(src + index, mask=valid, other=float("-inf"))
+        key = _key32(x)
+        best = tl.maximum(best, tl.where(valid, _pack(key, index), _PACK_FLOOR))
+        nans += (x != x).to(tl.int32)
+        is_finite = tl.abs(x) < float("inf")
+        finite += is_finite.to(tl.int32)
+        xf = tl.where(is_finite, x, 0.0)
+        total += xf
+        squares += xf * xf
+        low = tl.minimum(low, tl.where(valid & (x == x), x, float("inf")))
+        _gather_sparse(key, index, valid & (key >= key_t), dest, first_count + row, room)
+    out = row * num_chunks + chunk
+    tl.store(best_part + out, tl.max(best, axis=0))
+    tl.store(nan_part + out, tl.sum(nans, axis=0))
+    tl.store(finite_part + out, tl.sum(finite, axis=0))
+    tl.store(sum_part + out, tl.sum(total, axis=0))
+    tl.store(sumsq_part + out, tl.sum(squares, axis=0))
+    tl.store(min_part + out, tl.min(low, axis=0))
+    if chunk == 0:
+        slots = tl.arange(0, _POINTS)
+        tl.store(counts + row * _POINTS + slots, tl.zeros([_POINTS], tl.int64))
+        tl.store(masses + row * _POINTS + slots, tl.zeros([_POINTS], tl.int64))
+        tl.store(cursor + row, tl.zeros([], tl.int64))
+        tl.store(first_key + row, tl.where(early, key_t, _BIG_INDEX).to(tl.int64))
+
+
+@triton.jit
+def _first_plan(row, best_part, nan_part, finite_part, sum_part, sumsq_part, min_part, placement, k_ptr, k_value,
+                p_ptr, p_value, st_first_count, st_first_key, outliers, vocab, num_chunks, capacity,
+                K_PER_ROW: tl.constexpr, P_PER_ROW: tl.constexpr, CHUNKS: tl.constexpr, OUTLIERS: tl.constexpr):
+    """The row's plan from the stats partials (every program of the row computes the same one)."""
+    chunk = tl.arange(0, CHUNKS)
+    valid = chunk < num_chunks
+    part = row * num_chunks + chunk
+    best = tl.max(tl.load(best_part + part, mask=valid, other=_PACK_FLOOR), axis=0)
+    nans = tl.sum(tl.load(nan_part + part, mask=valid, other=0), axis=0)
+    n = tl.sum(tl.load(finite_part + part, mask=valid, other=0), axis=0).to(tl.float32)
+    total = tl.sum(tl.load(sum_part + part, mask=valid, other=0.0), axis=0)
+    squares = tl.sum(tl.load(sumsq_part + part, mask=valid, other=0.0), axis=0)
+    low = tl.min(tl.load(min_part + part, mask=valid, other=float("inf")), axis=0)
+    low = tl.where(low < float("inf"), low, float("-inf"))  # a row of +inf: the search bound is -inf
+    best_key = (best >> 32).to(tl.int32)
+    row_max = _key_value(best_key)
+    k = _row_k(k_ptr, k_value, row, K_PER_ROW)
+    p = _row_p(p_ptr, p_value, row, P_PER_ROW)
+    use_k = (k > 0) & (k < vocab)
+    use_p = p < 1.0
+    active = (nans == 0) & (use_k | use_p) & (row_max > float("-inf"))
+    target = tl.where(use_k, _TARGET_COUNT, _TARGET_MASS)
+    # Gaussian fit of the finite logits (fp32; only the thresholds depend on it)
+    mean = total / tl.maximum(n, 1.0)
+    sigma = tl.sqrt(tl.maximum(squares / tl.maximum(n, 1.0) - mean * mean, 0.0))
+    fit = (n >= 2.0) & (sigma > 0.0) & (sigma < float("inf")) & (tl.abs(row_max) < float("inf"))
+    sigma = tl.where(fit, sigma, 1.0)
+    peaked = (row_max - mean) > _PEAKED_SIGMAS * sigma
+    slot = tl.arange(0, _THRESHOLDS)
+    if target == _TARGET_COUNT:
+        factors = tl.load(placement + 2 * _THRESHOLDS + slot)
+        wanted = tl.minimum(k.to(tl.float32) * factors, n)
+        # the first gather (slot 3): ~3k tokens, at most half the capacity, above the 1.3k of slot 2
+        wanted = tl.where(slot == 3, tl.maximum(tl.minimum(wanted, (capacity // 2).to(tl.float32)),
+                                                1.3 * k.to(tl.float32)), wanted)
+        values = mean + sigma * _normal_quantile(1.0 - wanted / tl.maximum(n, 1.0))
+        values = tl.minimum(values, row_max)
+        gather_lo = tl.zeros([], tl.int32) + (_SLOT_FIRST + 3)
+        gather_hi = tl.zeros([], tl.int32)  # slot 0: PACK_CEIL, all of the top
+        first_gather = k <= capacity // 2
+    else:
+        # Mass model: the tokens of the early gather (at or above T_e, at most OUTLIERS, exact
+        # values: the head H = sum exp(x - max)) plus a Gaussian bulk below T_e, whose mass is
+        # G Phi((T_e - m') / s) with G = n exp(mean + s^2 / 2 - max) and m' = mean + s^2 (exp tilts
+        # N(mean, s^2) to N(m', s^2)). The cut c leaves the mass p (H + bulk) above it.
+        column = tl.arange(0, OUTLIERS)
+        n_e = tl.load(st_first_count + row)
+        key_e = tl.load(st_first_key + row)
+        have = (key_e != _BIG_INDEX) & (n_e <= OUTLIERS)
+        stored = tl.where(have, n_e, 0)
+        head_keys = tl.load(outliers + row * OUTLIERS + column, mask=column < stored, other=_PACK_FLOOR) >> 32
+        head = tl.sum(tl.where(head_keys > _PACK_FLOOR >> 32, tl.exp(_key_value(head_keys) - row_max), 0.0), axis=0)
+        t_e = tl.where(have, _key_value(tl.minimum(key_e, best_key.to(tl.int64))), row_max)
+        head = tl.where(have, head, 0.0)
+        mean_mass = mean + sigma * sigma
+        bulk = n * tl.exp(tl.minimum(mean + 0.5 * sigma * sigma - row_max, 60.0))
+        u_e = _normal_cdf((t_e - mean_mass) / sigma)
+        u_c = (1.0 - p) * (u_e + head / tl.maximum(bulk, 1e-30))  # mass fraction of the bulk below c
+        in_head = u_c >= u_e
+        cut = mean_mass + sigma * _normal_quantile(tl.minimum(u_c, u_e))
+        cut = tl.minimum(tl.where(in_head, t_e, cut), row_max)
+        # One bracket [lo, hi) around c holding ~capacity / 2 tokens of the fitted bulk (slots 2..5 =
+        # hi, 6..9 = lo; _sweep_pair evaluates just these two thresholds); the whole top when few
+        # tokens lie above it or the cut lies in the head.
+        # ~capacity / 4 fitted tokens on either side of c (fractions of the count CDF)
+        share = (capacity * 0.25) / tl.maximum(n, 1.0)
+        u_count = _normal_cdf((cut - mean) / sigma)
+        hi_value = mean + sigma * _normal_quantile(tl.minimum(u_count + share, 1.0))
+        lo_value = tl.minimum(mean + sigma * _normal_quantile(tl.maximum(u_count - share, 0.0)), row_max)
+        whole_top = in_head | (u_count + 2.0 * share >= 1.0) | (hi_value >= row_max)
+        values = tl.where(slot < 4, hi_value, lo_value)
+        gather_lo = tl.zeros([], tl.int32) + (_SLOT_FIRST + 4)
+        gather_hi = tl.where(whole_top, 0, tl.zeros([], tl.int32) + _SLOT_FIRST)
+        first_gather = n >= 0.0
+    thresholds = _value_threshold(values)
+    # thresholds strictly below the top and descending; without a fit, none (all PACK_CEIL)
+    thresholds = tl.where(fit, thresholds, _PACK_CEIL)
+    thresholds = tl.where(thresholds > best, _PACK_CEIL, thresholds)
+    if target == _TARGET_MASS:
+        thresholds = tl.where((slot < 4) & (gather_hi == 0), _PACK_CEIL, thresholds)
+    first_gather = first_gather & fit
+    # The early top-k gather of _stats_kernel holds the k-th best within the capacity: no sweep,
+    # the resolve sorts it (slot 2 = its threshold, count = every gathered token).
+    first_count = tl.load(st_first_count + row)
+    first_key = tl.load(st_first_key + row)
+    early = (target == _TARGET_COUNT) & (first_key != _BIG_INDEX) & (first_count >= k) & (first_count <= capacity)
+    thresholds = tl.where(early, first_key << 32, thresholds)
+    gather_lo = tl.where(early, _SLOT_FIRST, gather_lo)
+    gather_hi = tl.where(early, 0, gather_hi)
+    first_gather = first_gather | early
+    need_mass = (target == _TARGET_MASS) | (use_k & use_p & (k > capacity))
+    # p <= 0 (or a negative per-row p) keeps the first maximum only; so does k == 1
+    only_best = (use_p & (p <= 0.0)) | (use_k & (k == 1))
+    phase = tl.where(active, tl.where(only_best, _PHASE_CUT, _PHASE_OPEN), _PHASE_COPY)
+    return (phase, target, k, p, best, low, thresholds, first_gather, gather_lo, gather_hi, need_mass,
+            use_k, use_p, early, first_count)
+
+
+@triton.jit(do_not_specialize=["k_value", "p_value", "chunk_len", "num_chunks"])
+def _pass_kernel(
+    logits_ptr, logits_stride,  # [B, V] fp32
+    best_part, nan_part, finite_part, sum_part, sumsq_part, min_part,  # [B, chunks] stats
+    placement,  # [3, THRESHOLDS] fp32 (MASS_OFFSETS, PEAK_DEPTHS, COUNT_FACTORS)
+    st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags, st_cursor,  # [B] state
+    points, counts, masses,  # [B, POINTS] int64
+    scratch,  # [B, capacity] int64 packed candidates
+    st_first_count, st_first_key, outliers,  # [B] int64 x2, [B, OUTLIERS] int64: the early gather of _stats_kernel
+    k_ptr, k_value, p_ptr, p_value,  # [B] int32/int64 or a scalar; [B] fp32 or a scalar
+    vocab, chunk_len, num_chunks, capacity,
+    PASS: tl.constexpr, MASS: tl.constexpr, K_PER_ROW: tl.constexpr, P_PER_ROW: tl.constexpr,
+    CHUNKS: tl.constexpr, BLOCK: tl.constexpr, COUNT_BLOCK: tl.constexpr, MASS_BLOCK: tl.constexpr,
+    PAIR_BLOCK: tl.constexpr, OUTLIERS: tl.constexpr, K_GIVEN: tl.constexpr,
+):
+    """One sweep of a row's columns ``[chunk * chunk_len, ...)``: thresholds and/or the gather.
+
+    Launched twice per pass: ``MASS`` serves the rows whose thresholds need integer masses, the
+    other launch the rest (counts only, or a gather only), so the cheap sweeps keep their low
+    register count. In the first pass both launches derive the same plan and store it.
+
+    Bytes: ``B V 4`` read for the rows that sweep (16 bytes of state for the others), the
+    candidates written, ``B chunks 16 * 16`` bytes of atomics.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    start = chunk * chunk_len
+    end = tl.minimum(start + chunk_len, vocab)
+    src = logits_ptr + row * logits_stride
+    base = row * _POINTS
+    slot = tl.arange(0, _THRESHOLDS)
+    if PASS == _PASS_FIRST:
+        (phase, target, k, p, best, low, thresholds, gather, lo_slot, hi_slot, need_mass, use_k,
+         use_p, early, first_count) = _first_plan(row, best_part, nan_part, finite_part, sum_part, sumsq_part,
+                                                  min_part, placement, k_ptr, k_value, p_ptr, p_value,
+                                                  st_first_count, st_first_key, outliers, vocab, num_chunks,
+                                                  capacity, K_PER_ROW, P_PER_ROW, CHUNKS, OUTLIERS)
+        if chunk == 0:
+            tl.store(st_phase + row, phase)
+            tl.store(st_target + row, target)
+            tl.store(st_k + row, tl.where(use_k, k, 0))
+            tl.store(st_p + row, tl.where(use_p, p, 1.0))
+            tl.store(st_limit + row, tl.zeros([], tl.float64) - 1.0)
+            tl.store(st_best + row, best)
+            tl.store(st_min + row, _key32(low).to(tl.int64))
+            tl.store(st_cut + row, best)  # the cut of rows resolved by the plan (first maximum only)
+            tl.store(st_flags + row, (gather.to(tl.int32) | 2 | (need_mass.to(tl.int32) << 2) | 8)
+                     | ((lo_slot | (hi_slot << 4)) << 8))
+            tl.store(points + base + slot + _SLOT_FIRST, thresholds)
+            tl.store(points + base, tl.zeros([], tl.int64) + _PACK_CEIL)
+            tl.store(points + base + _SLOT_UPPER, tl.zeros([], tl.int64) + _PACK_CEIL)
+            lows = tl.arange(0, _POINTS)
+            is_low = lows >= _SLOT_LOWER
+            tl.store(points + base + lows, tl.zeros([_POINTS], tl.int64) + _PACK_FLOOR, mask=is_low)
+            tl.store(counts + base + lows, tl.zeros([_POINTS], tl.int64) + vocab, mask=is_low)
+            if early:  # nothing to sweep: the early gather is the bracket (nobody else touches these)
+                tl.store(counts + base + slot + _SLOT_FIRST, tl.zeros([_THRESHOLDS], tl.int64) + first_count)
+                tl.store(st_cursor + row, first_count)
+        lo = tl.sum(tl.where(slot + _SLOT_FIRST == lo_slot, thresholds, 0), axis=0)
+        hi = tl.where(hi_slot == 0, _PACK_CEIL, tl.sum(tl.where(slot + _SLOT_FIRST == hi_slot, thresholds, 0),
+                                                           axis=0))
+    else:
+        phase = tl.load(st_phase + row)
+        flags = tl.load(st_flags + row)
+        gather = (flags & 1) != 0
+        evaluate = (flags & 2) != 0
+        need_mass = (flags & 4) != 0
+        best = tl.load(st_best + row)
+        thresholds = tl.load(points + base + slot + _SLOT_FIRST)
+        lo = tl.load(points + base + _SLOT_LOWER)
+        hi = tl.load(points + base + _SLOT_UPPER)
+    if PASS == _PASS_FIRST:
+        evaluate = early == 0  # an early row has nothing to sweep
+    # One launch serves every row; MASS (top-p given) compiles the mass sweeps in.
+    if (phase == _PHASE_OPEN) & (evaluate | (PASS != _PASS_FIRST)):
+        row_max = _key_value((best >> 32).to(tl.int32))
+        rows_scratch = scratch + row * capacity
+        cursor = st_cursor + row
+        swept = evaluate == 0  # (always false here: a row that evaluates)
+        if MASS:
+            if evaluate & need_mass:
+                if PASS == _PASS_FIRST:  # key-aligned thresholds; S for top-p-only rows
+                    if K_GIVEN:  # rows with k beyond the capacity and p: 8 thresholds with masses
+                        if target == _TARGET_MASS:  # two thresholds (hi in slots 2..5, lo in 6..9) and the gather
+                            found, mass, total = _sweep_pair(src, start, end, row_max, (hi >> 32).to(tl.int32),
+                                                             (lo >> 32).to(tl.int32), rows_scratch, cursor,
+                                                             capacity, gather, PAIR_BLOCK)
+                        else:
+                            found, mass, total = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch,
+                                                        cursor, capacity, gather, True, True, True, True, MASS_BLOCK)
+                    else:  # top-p alone: every row's target is its mass
+                        found, mass, total = _sweep_pair(src, start, end, row_max, (hi >> 32).to(tl.int32),
+                                                         (lo >> 32).to(tl.int32), rows_scratch, cursor, capacity,
+                                                         gather, PAIR_BLOCK)
+                    tl.atomic_add(masses + base + _SLOT_LOWER, total)
+                else:
+                    found, mass, _ = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch, cursor,
+                                            capacity, gather, False, True, True, False, MASS_BLOCK)
+                tl.atomic_add(masses + base + _SLOT_FIRST + slot, mass)
+                tl.atomic_add(counts + base + _SLOT_FIRST + slot, found)
+                swept = evaluate
+        if K_GIVEN & (swept == 0):  # (without k every row that evaluates has swept its masses)
+            if PASS == _PASS_FIRST:
+                found, _, _ = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity,
+                                     gather, True, True, False, False, COUNT_BLOCK)
+                tl.atomic_add(counts + base + _SLOT_FIRST + slot, found)
+            elif evaluate:
+                found, _, _ = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity,
+                                     gather, False, True, False, False, COUNT_BLOCK)
+                tl.atomic_add(counts + base + _SLOT_FIRST + slot, found)
+            else:  # gather only
+                _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity, gather, False,
+                       False, False, False, BLOCK)
+
+
+@triton.jit
+def _finish_kernel(
+    logits_ptr, logits_stride,  # [B, V] fp32
+    st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags, st_cursor,  # [B] state
+    points, counts, masses,  # [B, POINTS] int64
+    scratch,  # [B, capacity] int64
+    unresolved,  # [1] int32: rows left open after MAX_ROUNDS (never, by the bound)
+    searched,  # [1] int32: rows the first resolve left open (a running total: the slow path's use)
+    vocab, capacity,
+    BLOCK: tl.constexpr, COUNT_BLOCK: tl.constexpr, MASS_BLOCK: tl.constexpr,
+):
+    """One program per row still open: sweep + resolve rounds over the whole row, bounded.
+
+    Bytes: ``V 4`` per round of an open row (a few rounds at most on real inputs); idle rows ~4.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    src = logits_ptr + row * logits_stride
+    base = row * _POINTS
+    slot = tl.arange(0, _THRESHOLDS)
+    phase = tl.load(st_phase + row)
+    if phase == _PHASE_OPEN:  # the first pass's resolve
+        phase = _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags,
+                             st_cursor, points, counts, masses, scratch, capacity)
+        tl.debug_barrier()
+    if phase == _PHASE_OPEN:
+        tl.atomic_add(searched, 1)
+    rounds = 0
+    while (phase == _PHASE_OPEN) & (rounds < _MAX_ROUNDS):
+        flags = tl.load(st_flags + row, volatile=True)
+        gather = (flags & 1) != 0
+        evaluate = (flags & 2) != 0
+        need_mass = (flags & 4) != 0
+        best = tl.load(st_best + row, volatile=True)
+        thresholds = tl.load(points + base + slot + _SLOT_FIRST, volatile=True)
+        lo = tl.load(points + base + _SLOT_LOWER, volatile=True)
+        hi = tl.load(points + base + _SLOT_UPPER, volatile=True)
+        row_max = _key_value((best >> 32).to(tl.int32))
+        rows_scratch = scratch + row * capacity
+        cursor = st_cursor + row
+        if evaluate:
+            if need_mass:
+                found, mass, _ = _sweep(src, 0, vocab, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity,
+                                        gather, False, True, True, False, MASS_BLOCK)
+                tl.atomic_add(masses + base + _SLOT_FIRST + slot, mass)
+            else:
+                found, _, _ = _sweep(src, 0, vocab, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity,
+                                     gather, False, True, False, False, COUNT_BLOCK)
+            tl.atomic_add(counts + base + _SLOT_FIRST + slot, found)
+        else:
+            _sweep(src, 0, vocab, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity, gather, False, False,
+                   False, False, BLOCK)
+        tl.debug_barrier()
+        phase = _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags,
+                             st_cursor, points, counts, masses, scratch, capacity)
+        tl.debug_barrier()
+        rounds += 1
+    if phase == _PHASE_OPEN:
+        tl.atomic_add(unresolved, 1)
+
+
+@triton.jit
+def _apply_kernel(
+    logits_ptr, logits_stride,  # [B, V] fp32
+    out_ptr, out_stride,  # [B, V] fp32 (may alias logits)
+    st_phase, st_cut,  # [B] state
+    first_count,  # [B] int64: reset to 0 for the next call's early gather
+    st_kept, scratch,  # [B] int64 (the cursor), [B, capacity] int64: a kept set held by the first st_kept candidates
+    vocab, chunk_len, capacity,
+    IN_PLACE: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """``-inf`` where ``packed < cut`` (resolved rows); copy the rest out of place.
+
+    A row whose whole kept set lies among its first ``st_kept <= SORT_SMALL`` candidates (top-k
+    answered by the early gather) is written without reading it: its kept values are loaded by
+    index, the chunk is set to ``-inf``, the kept values are stored back.
+
+    Bytes: ``B V 4`` read + the masked entries written (in place) or ``B V 4`` written; rows
+    answered from their candidates: ``V 4`` written and ``~k 40`` read.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    start = chunk * chunk_len
+    end = tl.minimum(start + chunk_len, vocab)
+    src = logits_ptr + row * logits_stride
+    dst = out_ptr + row * out_stride
+    phase = tl.load(st_phase + row)
+    cut = tl.load(st_cut + row)
+    cut_key = cut >> 32
+    cut_index = ((cut_key << 32) - cut + _BIG_INDEX).to(tl.int32)
+    cut_key = cut_key.to(tl.int32)
+    filtered = phase == _PHASE_CUT
+    if chunk == 0:
+        tl.store(first_count + row, tl.zeros([], tl.int64))
+    kept_n = tl.load(st_kept + row)
+    todo = filtered
+    if not IN_PLACE:
+        todo = phase >= 0  # out of place every row is written
+    if filtered & (kept_n > 0):
+        slot = tl.arange(0, _SORT_SMALL)
+        packed = tl.load(scratch + row * capacity + slot, mask=slot < kept_n, other=_PACK_FLOOR)
+        index = (2147483647 - (packed & 0xFFFFFFFF)).to(tl.int32)
+        mine = (slot < kept_n) & (packed >= cut) & (index >= start) & (index < end)
+        value = tl.load(src + index, mask=mine, other=0.0)  # the original bits (-0.0 stays -0.0)
+        tl.debug_barrier()  # every kept value is read before the chunk is overwritten (in place)
+        for offset in range(start, end, BLOCK):
+            column = offset + tl.arange(0, BLOCK)
+            tl.store(dst + column, tl.full([BLOCK], float("-inf"), tl.float32), mask=column < end)
+        tl.debug_barrier()
+        tl.store(dst + index, value, mask=mine)
+    elif todo:
+        for offset in range(start, end, BLOCK):
+            index = offset + tl.arange(0, BLOCK)
+            valid = index < end
+            x = tl.load(src + index, mask=valid, other=0.0)
+            key = _key32(x)
+            keep = (key > cut_key) | ((key == cut_key) & (index <= cut_index)) | (filtered == 0)
+            if IN_PLACE:
+                tl.store(dst + index, tl.full([BLOCK], float("-inf"), tl.float32), mask=valid & (keep == 0))
+            else:
+                tl.store(dst + index, tl.where(keep, x, float("-inf")), mask=valid)
+
+
+# --------------------------------------------------------------------------- the filter object
+@dataclasses.dataclass
+class FilterState:
+    """Per-row search state of a :class:`TopKTopPFilter` (``[max_rows]`` unless noted)."""
+
+    phase: torch.Tensor  # int32: PHASE_COPY / PHASE_CUT / PHASE_OPEN
+    target: torch.Tensor  # int32: TARGET_COUNT / TARGET_MASS
+    k: torch.Tensor  # int64: the active k (0: no top-k)
+    p: torch.Tensor  # fp32: the active p (1: no top-p)
+    limit: torch.Tensor  # fp64: p * S of a mass target (-1 until S is known)
+    best: torch.Tensor  # int64: the packed first maximum
+    min_key: torch.Tensor  # int64: the key of the smallest logit (search bound)
+    cut: torch.Tensor  # int64: the packed cut of a resolved row
+    flags: torch.Tensor  # int32: the next sweep's work (see _resolve_row) and the first gather's slots
+    cursor: torch.Tensor  # int64: candidates gathered by the current sweep
+    points: torch.Tensor  # [max_rows, POINTS] int64: the search points (module doc)
+    counts: torch.Tensor  # [max_rows, POINTS] int64: count(packed >= point)
+    masses: torch.Tensor  # [max_rows, POINTS] int64: mass(packed >= point)
+    scratch: torch.Tensor  # [max_rows, capacity] int64: packed candidates
+    unresolved: torch.Tensor  # [1] int32: rows _finish_kernel left open (a status; always 0)
+    searched: torch.Tensor  # [1] int32: rows that needed search rounds after the first pass (running total)
+    first_count: torch.Tensor  # int64: tokens of the early gather (reset to 0 by _apply_kernel)
+    first_key: torch.Tensor  # int64: its key threshold (2^31 - 1: no early gather)
+    outliers: torch.Tensor  # [max_rows, OUTLIERS] int64: a top-p row's early gather (packed)
+    # Stats partials of _stats_kernel, [max_rows, chunks]
+    best_part: torch.Tensor
+    nan_part: torch.Tensor
+    finite_part: torch.Tensor
+    sum_part: torch.Tensor
+    sumsq_part: torch.Tensor
+    min_part: torch.Tensor
+    placement: torch.Tensor  # [3, THRESHOLDS] fp32: MASS_OFFSETS, PEAK_DEPTHS, COUNT_FACTORS
+
+    @classmethod
+    def allocate(cls, max_rows, chunks, capacity, device):
+        def zeros(*shape, dtype=torch.int64):
+            return torch.zeros(*shape, dtype=dtype, device=device)
+
+        rows = max_rows
+        return cls(
+            phase=zeros(rows, dtype=torch.int32), target=zeros(rows, dtype=torch.int32), k=zeros(rows),
+            p=zeros(rows, dtype=torch.float32), limit=zeros(rows, dtype=torch.float64), best=zeros(rows),
+            min_key=zeros(rows), cut=zeros(rows), flags=zeros(rows, dtype=torch.int32), cursor=zeros(rows),
+            points=zeros(rows, POINTS), counts=zeros(rows, POINTS), masses=zeros(rows, POINTS),
+            scratch=zeros(rows, capacity), unresolved=zeros(1, dtype=torch.int32), searched=zeros(1, dtype=torch.int32),
+            first_count=zeros(rows), first_key=zeros(rows), outliers=zeros(rows, OUTLIERS),
+            best_part=zeros(rows, chunks), nan_part=zeros(rows, chunks, dtype=torch.int32),
+            finite_part=zeros(rows, chunks, dtype=torch.int32), sum_part=zeros(rows, chunks, dtype=torch.float32),
+            sumsq_part=zeros(rows, chunks, dtype=torch.float32), min_part=zeros(rows, chunks, dtype=torch.float32),
+            placement=torch.tensor([MASS_OFFSETS, PEAK_DEPTHS, COUNT_FACTORS], dtype=torch.float32, device=device))
+
+    def row_fields(self):
+        return (self.phase, self.target, self.k, self.p, self.limit, self.best, self.min_key, self.cut, self.flags,
+                self.cursor)
+
+    def stats(self):
+        return (self.best_part, self.nan_part, self.finite_part, self.sum_part, self.sumsq_part, self.min_part)
+
+
+def default_layout(rows: int, vocab: int, device) -> tuple[int, int]:
+    """``(block, chunks)``: programs per row so that small batches still fill the GPU."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return CPU_BLOCK, 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    blocks = triton.cdiv(vocab, GPU_BLOCK)
+    if rows >= sms or blocks < 4:
+        return GPU_BLOCK, 1
+    # About four programs per SM (bytes in flight for the memory-bound passes), each over at least two blocks.
+    return GPU_BLOCK, max(1, min(blocks // 2, (4 * sms) // max(rows, 1)))
+
+
+class TopKTopPFilter:
+    """Top-k / top-p filter with persistent scratch for batches of up to ``max_rows`` rows of ``vocab``.
+
+    ``filter(logits, k, p, out)`` launches 7 to 9 kernels with no allocation and no host
+    synchronisation (CUDA-graph safe); ``k``/``p`` are None, Python scalars or validated ``[B]``
+    tensors (``filtering._check``). ``block``/``chunks`` fix the layout (default: one program per
+    row for large batches, several per row for small ones, :func:`default_layout` of
+    ``max_rows``); ``capacity`` is the most candidates one program sorts (a power of two >= 16).
+    Scratch: ``max_rows * (capacity * 8 + ~500)`` bytes plus ``max_rows * chunks * 32``.
+    """
+
+    def __init__(self, max_rows: int, vocab: int, device, *, block=None, chunks=None, capacity=None):
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        if capacity is None:
+            capacity = GPU_CAPACITY if device.type == "cuda" else CPU_CAPACITY
+        check_power_of_two("capacity", capacity, 16)
+        if max_rows < 1 or vocab < 1:
+            raise ValueError(f"max_rows, vocab: expected >= 1, got {max_rows}, {vocab}")
+        default_block, default_chunks = default_layout(max_rows, vocab, device)
+        self.block = block or default_block
+        self.count_block = min(self.block, COUNT_BLOCK)
+        self.mass_block = min(self.block, MASS_BLOCK)
+        self.stats_block = min(self.block, STATS_BLOCK)
+        self.pair_block = min(self.block, PAIR_BLOCK)
+        self.warps = WARPS if device.type == "cuda" else 4
+        chunks = chunks or default_chunks
+        chunks = max(1, min(chunks, triton.cdiv(vocab, self.block)))
+        self.chunk_len = triton.cdiv(triton.cdiv(vocab, chunks), self.block) * self.block
+        self.chunks = triton.cdiv(vocab, self.chunk_len)
+        self.max_rows, self.vocab, self.device, self.capacity = max_rows, vocab, device, capacity
+        self.state = FilterState.allocate(max_rows, self.chunks, capacity, device)
+
+    def filter(self, logits, k, p, out):
+        """Filter ``logits [B <= max_rows, vocab]`` into ``out`` (may be ``logits``); see the class doc."""
+        rows, vocab = logits.shape
+        if rows > self.max_rows or vocab != self.vocab or logits.device != self.device:
+            raise ValueError(f"logits: expected [<= {self.max_rows}, {self.vocab}] on {self.device}, got "
+                             f"{list(logits.shape)} on {logits.device}")
+        if rows == 0 or (k is None and p is None):
+            if out.data_ptr() != logits.data_ptr():
+                out.copy_(logits)
+            return out
+        st = self.state
+        k_per_row, p_per_row = isinstance(k, torch.Tensor), isinstance(p, torch.Tensor)
+        k_ptr = k if k_per_row else logits  # unused pointer when the value is a scalar
+        p_ptr = p if p_per_row else logits
+        k_value = 0 if k_per_row or k is None else max(min(int(k), 2**62), -(2**62))
+        p_value = 1.0 if p_per_row or p is None else float(p)
+        in_place = out.data_ptr() == logits.data_ptr() and out.stride() == logits.stride()
+        warps = self.warps
+        grid = (rows, self.chunks)
+        common = dict(num_warps=warps, enable_fp_fusion=False)
+        _stats_kernel[grid](logits, logits.stride(0), *st.stats(), st.counts, st.masses, st.cursor, st.scratch,
+                            st.outliers, st.first_count, st.first_key, k_ptr, k_value, p_ptr, p_value, vocab,
+                            self.chunk_len, self.chunks, self.capacity, K_PER_ROW=k_per_row, P_PER_ROW=p_per_row,
+                            SAMPLE=SAMPLE, OUTLIERS=OUTLIERS, BLOCK=self.stats_block, **common)
+        chunks_p2 = triton.next_power_of_2(self.chunks)
+        for kind in (PASS_FIRST,):  # further rounds: _finish_kernel (rare on real inputs)
+            # MASS launches only where a row can need masses (top-p); the first pass without top-k
+            # has no count-only rows
+            for mass in (p is not None,):  # one launch: the mass sweeps compiled in where top-p is given
+                _pass_kernel[grid](logits, logits.stride(0), *st.stats(), st.placement, *st.row_fields(), st.points,
+                                   st.counts, st.masses, st.scratch, st.first_count, st.first_key, st.outliers,
+                                   k_ptr, k_value,
+                                   p_ptr, p_value, vocab, self.chunk_len, self.chunks, self.capacity, PASS=kind,
+                                   MASS=mass, K_PER_ROW=k_per_row, P_PER_ROW=p_per_row, CHUNKS=chunks_p2,
+                                   BLOCK=self.block, COUNT_BLOCK=self.count_block, MASS_BLOCK=self.mass_block,
+                                   PAIR_BLOCK=self.pair_block, OUTLIERS=OUTLIERS, K_GIVEN=k is not None, **common)
+        _finish_kernel[(rows,)](logits, logits.stride(0), *st.row_fields(), st.points, st.counts, st.masses,
+                                st.scratch, st.unresolved, st.searched, vocab, self.capacity,
+                                BLOCK=self.block, COUNT_BLOCK=self.count_block, MASS_BLOCK=self.mass_block,
+                                num_warps=RESOLVE_WARPS if self.device.type == "cuda" else 4,
+                                enable_fp_fusion=False)
+        _apply_kernel[grid](logits, logits.stride(0), out, out.stride(0), st.phase, st.cut, st.first_count,
+                            st.cursor, st.scratch, vocab, self.chunk_len, self.capacity,
+                            IN_PLACE=in_place, BLOCK=self.block, **common)
+        return out
+
+
+_FILTERS: dict = {}
+
+
+def filter_for(rows, vocab, device, *, block=None, chunks=None, capacity=None) -> TopKTopPFilter:
+    """A cached :class:`TopKTopPFilter` for ``rows`` rows of the layout ``rows`` asks for (allocated
+    the first time a layout is seen, reallocated only when a batch of it is larger)."""
+    default_block, default_chunks = default_layout(rows, vocab, device)
+    block, chunks = block or default_block, chunks or default_chunks
+    key = (device, vocab, block, chunks, capacity)
+    filt = _FILTERS.get(key)
+    if filt is None or filt.max_rows < rows:
+        filt = TopKTopPFilter(rows, vocab, device, block=block, chunks=chunks, capacity=capacity)
+        _FILTERS[key] = filt
+    return filt
+
+
+def launch_top_k_top_p(logits, k, p, out, *, block=None, chunks=None, sort_size=None):
+    """Filter ``logits`` into ``out`` through the cached filter of this shape (see :class:`TopKTopPFilter`).
+
+    ``sort_size``: the filter's ``capacity`` (tests shrink it to force the search rounds).
+    Allocates only the first time a shape (or a larger batch) is seen.
+    """
+    rows, vocab = logits.shape
+    if rows == 0 or vocab == 0:
+        return out
+    if sort_size is not None:
+        check_power_of_two("sort_size", sort_size, 16)
+    filt = filter_for(rows, vocab, logits.device, block=block, chunks=chunks, capacity=sort_size)
+    return filt.filter(logits, k, p, out)

@@ -1,0 +1,92 @@
+"""The next Triton filter (``verify/triton_filtering_next.py``, issue 16) equals the sort reference
+exactly on the CPU interpreter: the edge rows of ``test_filtering`` (and a split layout) and with the
+capacity forced down to 16 (the bounded search rounds), scalar k/p, and the paths the GPU takes at
+V = 129,280 (early top-k gather + write-only apply, narrowed top-p brackets) at V = 8192."""
+
+import pytest
+import torch
+
+from dspark_markov.verify import triton_filtering_next as nx
+from tests.verify.test_filtering import assert_same, hard_rows, reference
+
+# (block, chunks, capacity); the split layout runs in the allocation test (the interpreter is slow)
+LAYOUTS = [pytest.param((1024, 1, None), id="row"), pytest.param((1024, 1, 16), id="row-search")]
+
+
+def run_next(logits, k, p, layout, out=None):
+    block, chunks, capacity = layout
+    target = logits if out is None else out
+    nx.launch_top_k_top_p(logits, k, p, target, block=block, chunks=chunks, sort_size=capacity)
+    return target
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_hard_rows_equal_reference(layout):
+    x, k, p = hard_rows()
+    expected = reference(x, k, p)
+    assert_same(run_next(x.clone(), k, p, layout), expected)  # in place
+    if layout[1] == 1:
+        out = torch.full_like(x, 123.0)
+        source = x.clone()
+        assert_same(run_next(source, k.to(torch.int32), p, layout, out=out), expected)  # out of place, int32 k
+        assert_same(source, x)
+
+
+def test_scalar_k_p_and_grid_of_p():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(6, 4096, generator=gen) * 2
+    p = torch.tensor([0.0, 1e-9, 1e-7, 0.5, 0.9, 1.0])
+    layout = (1024, 1, None)
+    assert_same(run_next(x.clone(), None, p, layout), reference(x, None, p))
+    x2 = x[:2].clone()
+    assert_same(run_next(x2.clone(), 40, 0.8, layout), reference(x2, 40, 0.8))
+    assert_same(run_next(x2.clone(), 7, None, layout), reference(x2, 7, None))  # early gather, scalar k
+
+
+def test_first_pass_paths_at_a_larger_capacity():
+    """The paths the GPU takes at V = 129,280 (capacity 2048), at V = 8192 with capacity 1024: top-k
+    answered from the early gather and written without being read (signed zeros among the kept
+    values keep their bits, in place and out of place), and top-p brackets wide enough to be
+    narrowed 16-fold before the sort (Gaussian, bf16-tied, peaked); none of these rows needs search rounds."""
+    gen = torch.Generator().manual_seed(11)
+    vocab = 8192
+    base = torch.randn(4, vocab, generator=gen) * 2
+    x = torch.cat([base[:2], base[2:].to(torch.bfloat16).float()])
+    x[3, [10, 700, 5000]] += torch.tensor([14.0, 12.0, 11.0])  # a peaked head
+    zeros = torch.randn(vocab, generator=gen) - 6.0
+    zeros[torch.randperm(vocab, generator=gen)[:10]] = torch.tensor([0.0, -0.0] * 5)  # the best 10: tied zeros
+    filt = nx.TopKTopPFilter(5, vocab, "cpu", capacity=1024)
+    p = torch.tensor([0.9, 0.5, 0.9, 0.9])
+    assert_same(filt.filter(x.clone(), None, p, torch.empty_like(x)), reference(x, None, p))
+    assert int(filt.state.searched) == 0
+    y = torch.cat([x, zeros[None]])
+    k, p = torch.tensor([50, 5, 50, 20, 5]), torch.tensor([0.9, 1.0, 0.95, 0.9, 1.0])
+    expected = reference(y, k, p)
+    assert_same(filt.filter(y.clone(), k, p, torch.full_like(y, 7.0)), expected)  # out of place
+    inplace = y.clone()
+    filt.filter(inplace, k, p, inplace)
+    assert_same(inplace, expected)
+    assert torch.equal(inplace[4].view(torch.int32), expected[4].view(torch.int32))  # -0.0 stays -0.0
+    assert int(filt.state.searched) == 0 and int(filt.state.unresolved) == 0
+
+
+def test_filter_object_allocates_nothing_per_call(monkeypatch):
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(3, 700, generator=gen) * 2
+    filt = nx.TopKTopPFilter(4, 700, "cpu", block=256, chunks=2)
+    k, p = torch.tensor([5, 0, 40]), torch.tensor([0.9, 0.8, 1.0])
+    expected = reference(x, k, p)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a filter call allocated a tensor")
+
+    for name in ("empty", "zeros", "full", "ones", "tensor", "empty_like", "zeros_like", "full_like", "arange"):
+        monkeypatch.setattr(torch, name, refuse)
+    out = x.clone()
+    filt.filter(out, k, p, out)
+    again = x.clone()
+    filt.filter(again, 7, None, again)  # scalar parameters, the same scratch (the early gather reset)
+    monkeypatch.undo()
+    assert_same(out, expected)
+    assert_same(again, reference(x, 7, None))
+    assert int(filt.state.unresolved) == 0
