@@ -99,6 +99,7 @@ def test_verify_with_top_k_filters_the_target():
     step = DSparkStep(head, _Backbone(), num_steps=N, max_reqs=MAX_REQS, num_slots=SLOTS, mask_token_id=MASK,
                       max_model_len=MAX_LEN, draft_impl="reference", verify_impl="reference",
                       block_inputs_impl="reference", filter_impl="reference")
+    assert step.verify_status is None  # reference verification: no device flag
     last_pos, bonus, slots, temperature, seeds = _inputs(3)
     drafts = step.draft(last_pos, bonus, slots, temperature, seeds)
     target = _target(drafts, step.logits_cache, step.req_slots, temperature, 4)

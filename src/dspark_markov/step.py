@@ -77,6 +77,8 @@ class DSparkStep:
                  verify_impl: str = registry.DEFAULT_IMPL, block_inputs_impl: str = registry.DEFAULT_IMPL,
                  filter_impl: str = registry.DEFAULT_IMPL):
         check_head(head)
+        if getattr(head, "d2t_index", None) is not None:  # its caches are sized by head.vocab_size (V_d)
+            raise ValueError("head: DSparkStep does not take a reduced draft vocabulary (d2t) yet; use MarkovSampler")
         if not callable(backbone):
             raise ValueError(f"backbone: expected a callable (input_ids, positions) -> base_logits, got {backbone!r}")
         num_steps, max_reqs, num_slots, max_model_len = (
@@ -167,8 +169,9 @@ class DSparkStep:
         the device (``chain``'s barrier timed out; see :meth:`MarkovSampler.check`).
 
         An eager :meth:`draft` checks by itself; after graph replays call this where the engine
-        synchronises anyway (after reading :attr:`num_emitted`), or copy :attr:`status` with it.
-        Also raises if a Triton verification's bounded wait timed out (``StreamVerifier.check``).
+        synchronises anyway (after reading :attr:`num_emitted`), or copy :attr:`status` and
+        :attr:`verify_status` with it. Also raises if a Triton verification's bounded wait timed out
+        (``StreamVerifier.check``).
         """
         self.sampler.check()
         if self.verifier is not None:
@@ -178,6 +181,12 @@ class DSparkStep:
     def status(self):
         """The draft sampler's device status flag (``[1]`` int32, non-zero = failure) or ``None``."""
         return self.sampler.status
+
+    @property
+    def verify_status(self):
+        """The Triton verifier's device status flag (``[1]`` int32, non-zero = a bounded wait timed out)
+        or ``None`` (reference verification)."""
+        return None if self.verifier is None else getattr(self.verifier, "status", None)
 
     def verify(self, target_logits, num_drafts, temperature, seeds, *, target_greedy=None, top_k=None, top_p=None,
                check_values: bool | None = None) -> StepVerifyOutput:

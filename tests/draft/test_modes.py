@@ -230,3 +230,46 @@ def test_chain_d2t_equals_the_reference():
     tokens, cache = modes_outputs(head, inputs, torch.bfloat16)
     dm.MarkovSampler(head, 3, 5, impl="chain").sample(**inputs, draft_tokens=tokens, logits_cache=cache)
     check_modes_draws(head, inputs, tokens, cache, exact=False)
+
+
+@pytest.mark.parametrize("impl", ["fused", "chain"])
+def test_d2t_last_tile_draft_mapped_to_target_zero(impl):
+    """Regression: the draft id in the partial last tile that maps to target id 0 wins with z < 0. The
+    tile's masked lanes also carried target id 0 (the d2t load's `other`) and z = 0, and the fast path
+    took the winner's z from them (token 0 with the key of z = 0 instead of -20)."""
+    draft, target, rank = 100, 128, 16
+    ids = torch.arange(draft)
+    ids[99], ids[0] = 0, 99  # draft 99 -> target 0 (last, partial tile), draft 0 -> target 99
+    head = dm.MarkovHead(torch.zeros(target, rank, dtype=torch.bfloat16), torch.zeros(draft, rank, dtype=torch.bfloat16),
+                         d2t=ids - torch.arange(draft), target_vocab_size=target)
+    base = torch.full((1, 1, draft), -10.0, dtype=torch.bfloat16)
+    base[..., 64:] = -100.0
+    base[..., 99] = -20.0
+    args = dict(anchor=torch.zeros(1, dtype=torch.int64), idx_mapping=torch.zeros(1, dtype=torch.int64),
+                positions=torch.full((1,), 5, dtype=torch.int64), temperature=torch.ones(1))
+    for seed in range(6):
+        want = dm.sample_drafts(head, base, seeds=torch.tensor([seed * 7919 + 1]), impl="reference", **args)
+        got = dm.sample_drafts(head, base, seeds=torch.tensor([seed * 7919 + 1]), impl=impl, **args)
+        assert torch.equal(got.draft_tokens, want.draft_tokens), (seed, got.draft_tokens, want.draft_tokens)
+
+
+def test_modes_auto_routes_what_the_fused_designs_refuse_to_the_reference_and_step_refuses_d2t():
+    head = exact_head(DRAFT_V, TARGET_V, RANK)
+    cuda = torch.device("cuda")
+    from dspark_markov.draft import sampler as sampler_module
+
+    assert sampler_module.MAX_TOP_K == 1024
+    # inverse CDF with d2t or top-k, and k above the fused design's limit: the reference (was: a ValueError from
+    # the 'fused' that auto picked); built on the CPU, so the check is the choice itself
+    for options in ({"method": "inverse_cdf"}, {"method": "inverse_cdf", "draft_top_k": 4}):
+        assert dm.MarkovSampler(head, 2, 2, impl="auto", **options).impl == "reference"
+    big = dm.MarkovHead(torch.randn(2000, RANK).bfloat16(), torch.randn(1500, RANK).bfloat16())
+    assert dm.MarkovSampler(big, 2, 2, impl="auto", draft_top_k=1025).impl == "reference"
+    assert cuda.type == "cuda"
+    with pytest.raises(ValueError, match="head: DSparkStep does not take a reduced draft vocabulary"):
+        dm.DSparkStep(head, lambda ids, pos: None, num_steps=2, max_reqs=2, num_slots=2, mask_token_id=1,
+                      max_model_len=100)
+    from dspark_markov.draft.custom_op import sample_drafts_
+
+    with pytest.raises(ValueError, match="head: the custom op has no reduced draft vocabulary"):
+        sample_drafts_(head, *([None] * 8))

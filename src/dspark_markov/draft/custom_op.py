@@ -98,7 +98,11 @@ def sample_drafts_(head: MarkovHead, base_logits, anchor, idx_mapping, positions
 
     Validation is that of :meth:`MarkovSampler.sample` (value checks skipped while a CUDA stream
     is capturing). CUDA-graph safe for graph-safe implementations once the sampler is cached.
+    A head with a reduced draft vocabulary (``d2t``) is refused (``ValueError``): the op passes the
+    weights only; use :class:`MarkovSampler` for it.
     """
+    if getattr(head, "d2t_index", None) is not None:
+        raise ValueError("head: the custom op has no reduced draft vocabulary (d2t); use MarkovSampler(head, ...)")
     torch.ops.dspark_markov.sample_drafts_(base_logits, anchor, idx_mapping, positions, temperature, seeds,
                                            head.embed_weight, head.head_weight, draft_tokens, logits_cache,
                                            float(head.scale), impl, method)

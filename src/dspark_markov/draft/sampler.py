@@ -7,6 +7,7 @@ from typing import NamedTuple
 import torch
 
 from .. import registry
+from ..ops.constants import MAX_TOP_K
 from ..validate import (check_choice, check_draft_inputs, check_head, check_int, check_sampler_sizes, check_tensor,
                         check_triton_runs)
 
@@ -36,8 +37,8 @@ class MarkovSampler:
     fp64 : fp64 Gumbel noise (reference only).
     d2t : optional ``[V_d]`` reduced-vocabulary table (as :class:`~dspark_markov.MarkovHead`'s ``d2t``,
         which may carry it instead; not both): base logits ``[R, N, V_d]``, cache rows, keys and
-        tokens in target ids (README "Id spaces"). Designs: ``"reference"``, ``"fused"`` (Gumbel);
-        ``"auto"`` is ``"fused"`` on CUDA.
+        tokens in target ids (README "Id spaces"). Designs: ``"reference"``, ``"fused"`` and ``"chain"``
+        (Gumbel); ``"auto"`` is ``"fused"`` on CUDA (the reference for ``method="inverse_cdf"``).
     draft_top_k : optional int ``k``: top-k candidate drafting (vLLM's ``dspark_draft_topk``; README
         "Top-k drafting"): only the top-k base logits of each position get the bias, every other
         entry of the cached row is ``-inf``. Designs (registry family ``"draft_top_k"``):
@@ -77,8 +78,12 @@ class MarkovSampler:
                                  f"got {draft_top_k}")
             family = "draft_top_k"
             options["draft_top_k"] = draft_top_k
-        if impl == registry.AUTO and (fp64 or (device.type != "cuda" and family == "draft_top_k")):
-            impl = "reference"  # the only implementation of fp64 noise; top-k's auto on the CPU
+        modes = family == "draft_top_k" or head.d2t_index is not None
+        if impl == registry.AUTO and (fp64 or (device.type != "cuda" and family == "draft_top_k")
+                                      or (modes and (method != "gumbel" or (draft_top_k or 0) > MAX_TOP_K))):
+            # the only implementation of fp64 noise, of the modes' inverse CDF and of k > the fused design's
+            # limit; top-k's auto on the CPU
+            impl = "reference"
         elif impl == registry.AUTO and family == "draft_top_k":
             impl = "fused"
         elif impl == registry.AUTO and head.d2t_index is not None:

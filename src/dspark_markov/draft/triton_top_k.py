@@ -1,4 +1,5 @@
-"""``MarkovSampler(draft_top_k=k, impl="fused")``: top-k candidate drafting in two launches per call.
+"""``MarkovSampler(draft_top_k=k, impl="fused")``: top-k candidate drafting in three phases per call
+(``torch.topk``, one chain kernel, one cache kernel).
 
 The mode (README "Top-k drafting", reference :mod:`.modes_reference`): ``torch.topk(base_logits, k)``
 once for all positions; per step only the k candidates get the bias,
@@ -29,12 +30,12 @@ import torch
 import triton
 import triton.language as tl
 
+from ..ops.constants import MAX_TOP_K
 from ..ops.filter import exact_keys
 from ..ops.noise import draft_prefix
 from ..ops.numerics import block_argmax, round_to, to_float32
 from ..ops.rows import draft_row, sample_slot
 
-MAX_TOP_K = 1024  # candidates held by one program (a [k, BLOCK_RANK] tile of W2 rows per chunk)
 
 
 @triton.jit(do_not_specialize=["num_steps"])

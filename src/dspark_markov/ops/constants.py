@@ -14,3 +14,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 NOISE_BOUND = 2.5e-5
 # Twice the error of an approximate key (two keys compared), with a margin of 2.
 FILTER_MARGIN = 4 * NOISE_BOUND
+
+# Candidates one program of the fused top-k drafting design holds (a [k, BLOCK_RANK] tile of W2 rows per
+# chunk; draft/triton_top_k.py); ``auto`` sends larger ``draft_top_k`` to the reference.
+MAX_TOP_K = 1024

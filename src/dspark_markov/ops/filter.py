@@ -92,7 +92,8 @@ def filtered_argmax(z, temp, prefix, token, valid, filter_margin, AXIS: tl.const
     if _any_undecided(decided, AXIS):
         value, index = block_argmax(exact_keys(z, greedy, temp, prefix, token, AXIS), token, valid, AXIS)
     else:
-        winner = tl.max(tl.where(token == _across(index, AXIS), z, float("-inf")), axis=AXIS)
+        # valid: lanes outside the vocabulary may carry any token id (e.g. a d2t load's `other`), never the winner's z
+        winner = tl.max(tl.where(valid & (token == _across(index, AXIS)), z, float("-inf")), axis=AXIS)
         exact_winner = tl.math.div_rn(winner, tl.where(greedy, 1.0, temp)) + draft_noise(prefix, index)
         value = tl.where(greedy, value, exact_winner)
     return value, index
