@@ -65,6 +65,8 @@ def _draft_calls(device):
         cls = registry.load("draft_top_k", impl)
         if device.type in cls.DEVICES:
             calls.append((f"draft_top_k/{impl}", ("draft_top_k", impl, "gumbel"), None))
+            if getattr(cls, "D2T", False):
+                calls.append((f"draft_top_k/{impl}/d2t", ("draft_top_k_d2t", impl, "gumbel"), None))
     return calls, native
 
 
@@ -104,18 +106,18 @@ def run_call(spec, device, vocab, rank):
     import dspark_markov as dm
 
     kind = spec[0]
-    if kind in ("draft", "draft_d2t", "draft_top_k"):
+    if kind in ("draft", "draft_d2t", "draft_top_k", "draft_top_k_d2t"):
         _, impl, method = spec
         head, args = _problem(device, vocab, rank)
         options = {}
-        if kind == "draft_d2t":  # the head's rows are a draft vocabulary of V - 96 ids spread over V targets
+        if kind in ("draft_d2t", "draft_top_k_d2t"):  # the head's rows are a draft vocabulary of V - 96 ids spread over V targets
             g = torch.Generator().manual_seed(3)
             draft = vocab - 96
             targets = torch.sort(torch.randperm(vocab, generator=g)[:draft]).values
             head = dm.MarkovHead(head.embed_weight, head.head_weight[:draft].contiguous(),
                                  d2t=(targets - torch.arange(draft)).to(device))
             args[0] = args[0][..., :draft].contiguous()
-        if kind == "draft_top_k":
+        if kind in ("draft_top_k", "draft_top_k_d2t"):
             options["draft_top_k"] = 8
         sampler = dm.MarkovSampler(head, 2, 2, cache_dtype=torch.bfloat16, method=method, impl=impl, **options)
         backend = sampler.backend
