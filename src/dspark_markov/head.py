@@ -95,6 +95,17 @@ class MarkovHead:
         return MarkovHead(self.embed_weight, self.head_weight, self.scale, d2t=d2t,
                           target_vocab_size=target_vocab_size)
 
+    def id_tables(self, device) -> tuple:
+        """``(d2t, fill)`` int32 tables of the kernels on ``device``: each draft id's target id ``[V_d]`` and
+        the target ids no draft id maps to ``[V_t - V_d]`` (their cache entries are ``-inf``); a one-element
+        placeholder each without ``d2t``. Built once, at a backend's construction (one nonzero: a host sync)."""
+        if self.d2t_index is None:
+            placeholder = torch.zeros(1, dtype=torch.int32, device=device)
+            return placeholder, placeholder
+        mapped = torch.zeros(self.cache_vocab_size, dtype=torch.bool, device=device)
+        mapped[self.d2t_index.to(device)] = True
+        return self.d2t_index.to(device=device, dtype=torch.int32), torch.nonzero(~mapped).flatten().to(torch.int32)
+
     @property
     def embed_vocab_size(self) -> int:
         return self.embed_weight.shape[0]

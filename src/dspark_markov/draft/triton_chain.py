@@ -379,13 +379,8 @@ class ChainBackend:
         self.sync = torch.zeros(num_steps + 1, dtype=torch.int32, device=device)
         self.status = torch.zeros(1, dtype=torch.int32, device=device)
         self.reduced = head.d2t_index is not None
-        if self.reduced:  # README "Id spaces": the tiles' target ids, and the ids no draft id maps to (-inf)
-            mapped = torch.zeros(head.cache_vocab_size, dtype=torch.bool, device=device)
-            mapped[head.d2t_index] = True
-            self.d2t = head.d2t_index.to(torch.int32)
-            self.fill = torch.nonzero(~mapped).flatten().to(torch.int32)
-        else:
-            self.d2t = self.fill = torch.zeros(1, dtype=torch.int32, device=device)
+        # README "Id spaces": the tiles' target ids [V_d], and the ids no draft id maps to [V_t - V_d] (-inf)
+        self.d2t, self.fill = head.id_tables(device)
 
     def layout(self, rows: int) -> Layout:
         """The launch shape used for a batch of ``rows`` rows."""

@@ -261,13 +261,8 @@ class FusedBackend:
         if self.reduced and method != "gumbel":
             raise ValueError(f"method: impl 'fused' with a reduced vocabulary (d2t) draws 'gumbel', got {method!r}; "
                              "use impl='reference'")
-        if self.reduced:
-            mapped = torch.zeros(head.cache_vocab_size, dtype=torch.bool, device=device)
-            mapped[head.d2t_index] = True
-            self.d2t = head.d2t_index.to(torch.int32)  # [V_d] target ids
-            self.fill = torch.nonzero(~mapped).flatten().to(torch.int32)  # [V_t - V_d] unmapped target ids
-        else:
-            self.d2t = self.fill = torch.zeros(1, dtype=torch.int32, device=device)
+        # README "Id spaces": the tiles' target ids [V_d], and the ids no draft id maps to [V_t - V_d] (-inf)
+        self.d2t, self.fill = head.id_tables(device)
         self.fill_block = 1024
         self.head = head
         self.method = method
