@@ -122,3 +122,10 @@ def check_modes_draws(head, inputs, tokens, cache, *, draft_top_k=None, exact=Tr
         written[slots_rs[live, step].long(), step] = True
         prev = tokens[:, step].long()
     assert bool((cache[~written].float() == SENTINEL).all()), "a cache row no live sample owns was written"
+
+
+def markov_embeds_of(head, anchor: torch.Tensor, draft_tokens: torch.Tensor) -> torch.Tensor:
+    """The confidence head's inputs, written independently of the library's two gathers (the reference's
+    per step, the sampler's destination-passing one): ``W1[prev_i]`` ``[R, N, R_k]``: prev = anchor, x_0, ..., x_{N-2}."""
+    prev = torch.cat([anchor.long()[:, None], draft_tokens[:, :-1].long()], dim=1)  # [R, N]
+    return head.embed_weight[prev]

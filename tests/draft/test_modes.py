@@ -14,8 +14,8 @@ import torch
 
 import dspark_markov as dm
 from dspark_markov.draft.reference import sample_drafts_reference
-from dspark_markov.draft.modes_reference import markov_embeds_of
-from tests.modes_helpers import (SENTINEL, check_modes_draws, exact_head, make_d2t, modes_inputs, modes_outputs)
+from tests.modes_helpers import (SENTINEL, check_modes_draws, exact_head, make_d2t, markov_embeds_of, modes_inputs,
+                                 modes_outputs)
 
 DRAFT_V, TARGET_V, RANK = 300, 520, 16
 

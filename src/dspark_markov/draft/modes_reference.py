@@ -66,9 +66,3 @@ def target_ids(head, draft_ids: torch.Tensor) -> torch.Tensor:
     if head.d2t_index is None:
         return draft_ids.long()
     return head.d2t_index[draft_ids.long()]
-
-
-def markov_embeds_of(head, anchor: torch.Tensor, draft_tokens: torch.Tensor) -> torch.Tensor:
-    """The confidence head's inputs ``W1[prev_i]`` ``[R, N, R_k]``: prev = anchor, x_0, ..., x_{N-2}."""
-    prev = torch.cat([anchor.long()[:, None], draft_tokens[:, :-1].long()], dim=1)  # [R, N]
-    return head.embed_weight[prev]
