@@ -100,6 +100,14 @@ def _is_off(value) -> bool:
     return value is None or value is False
 
 
+def _draft_vocab(spec) -> int:
+    """The draft vocabulary V_d: the logits processor's ``org_vocab_size``, else W2's rows (the one rule of
+    :func:`why_not` and the run, so that both size the head alike)."""
+    model = spec.model
+    weight2 = model.model.markov_head.markov_w2.weight
+    return int(getattr(model.logits_processor, "org_vocab_size", weight2.shape[0]))
+
+
 def why_not(spec, num_reqs: int, *, top_k: bool = False) -> str | None:
     """Why this call is left to vLLM's loop, or ``None`` when the hook computes it as the loop does.
 
@@ -150,7 +158,7 @@ def why_not(spec, num_reqs: int, *, top_k: bool = False) -> str | None:
         return DECLINED[8] + " (layout)"
     if not (weight1.is_contiguous() and weight2.is_contiguous()):
         return DECLINED[8] + " (not contiguous)"
-    vocab = int(getattr(processor, "org_vocab_size", weight2.shape[0]))  # the draft vocabulary V_d
+    vocab = _draft_vocab(spec)
     if cache.dtype != torch.bfloat16:
         return DECLINED[9] + f" ({cache.dtype})"
     steps = int(spec.num_speculative_steps)
@@ -288,7 +296,7 @@ def _run(spec, num_reqs: int, head_hidden: torch.Tensor, *, top_k: bool) -> bool
     why = why_not(spec, num_reqs, top_k=top_k)
     if why is None:
         try:
-            vocab = int(getattr(spec.model.logits_processor, "org_vocab_size", spec.draft_logits.shape[2]))
+            vocab = _draft_vocab(spec)
             state = _state(spec, vocab)
             sampler = state.sampler(num_reqs)
         except ValueError as error:  # e.g. DSPARK_MARKOV_VLLM_IMPL names a design that cannot run here
