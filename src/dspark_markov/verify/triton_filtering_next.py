@@ -1266,7 +1266,7 @@ class TopKTopPFilter:
                             st.outliers, st.first_count, st.first_key, k_ptr, k_value, p_ptr, p_value, vocab,
                             self.chunk_len, self.chunks, self.capacity, K_PER_ROW=k_per_row, P_PER_ROW=p_per_row,
                             SAMPLE=SAMPLE, OUTLIERS=OUTLIERS, BLOCK=self.stats_block, **common)
-        chunks_p2 = triton.next_power_of_2(self.chunks)
+        chunks_p2 = max(32, triton.next_power_of_2(self.chunks))  # one compile for every layout up to 32 chunks
         for kind in (PASS_FIRST,):  # further rounds: _finish_kernel (rare on real inputs)
             # MASS launches only where a row can need masses (top-p); the first pass without top-k
             # has no count-only rows
