@@ -82,11 +82,16 @@ def capture_graph(fn: Callable[[], object], warmup: int = 2) -> "torch.cuda.CUDA
     return graph
 
 
-def time_graph_replays(graph, count: int, flush: Callable[[], None]) -> list:
-    """Microseconds of ``count`` replays of ``graph``, each after a flush and timed by its own events."""
+def time_graph_replays(graph, count: int, flush: Callable[[], None],
+                       prepare: Callable[[], None] | None = None) -> list:
+    """Microseconds of ``count`` replays of ``graph``, each after a flush and timed by its own events.
+
+    ``prepare`` (untimed, before the flush): restores the inputs of an in-place run."""
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
     for start, end in zip(starts, ends):
+        if prepare is not None:
+            prepare()
         flush()
         start.record()
         graph.replay()
@@ -95,10 +100,13 @@ def time_graph_replays(graph, count: int, flush: Callable[[], None]) -> list:
     return [start.elapsed_time(end) * 1e3 for start, end in zip(starts, ends)]  # ms -> us
 
 
-def time_eager_cuda(fn: Callable[[], object], count: int, flush: Callable[[], None]) -> list:
+def time_eager_cuda(fn: Callable[[], object], count: int, flush: Callable[[], None],
+                    prepare: Callable[[], None] | None = None) -> list:
     """Wall microseconds of ``count`` eager calls, synchronised before and after each (host cost + GPU)."""
     times = []
     for _ in range(count):
+        if prepare is not None:
+            prepare()
         flush()
         torch.cuda.synchronize()
         begin = time.perf_counter()
@@ -108,10 +116,12 @@ def time_eager_cuda(fn: Callable[[], object], count: int, flush: Callable[[], No
     return times
 
 
-def time_host(fn: Callable[[], object], count: int) -> list:
+def time_host(fn: Callable[[], object], count: int, prepare: Callable[[], None] | None = None) -> list:
     """Wall microseconds of ``count`` calls of ``fn`` by ``time.perf_counter`` (CPU runs)."""
     times = []
     for _ in range(count):
+        if prepare is not None:
+            prepare()
         begin = time.perf_counter()
         fn()
         times.append((time.perf_counter() - begin) * 1e6)
@@ -148,8 +158,10 @@ def time_round_robin(runs: dict, is_ok: Callable[[object], bool], on_error: Call
 
     Each round starts one run later than the previous, so drift hits every run alike. On CUDA a
     round times ``replays`` graph replays (L2 flushed before each) and ``eager_calls`` eager calls;
-    on the CPU ``replays`` host-timed calls. A run whose timing raises is reported to ``on_error``
-    and skipped afterwards (``is_ok`` says which runs still count). Returns ``(times, eager)``:
+    on the CPU ``replays`` host-timed calls. A run with a ``prepare()`` (an in-place run's input
+    restore) has it called, untimed, before every timed call or replay (and before the flush). A
+    run whose timing raises is reported to ``on_error`` and skipped afterwards (``is_ok`` says
+    which runs still count). Returns ``(times, eager)``:
     per key, one list of microseconds per round.
     """
     times = {key: [] for key in runs}
@@ -164,11 +176,12 @@ def time_round_robin(runs: dict, is_ok: Callable[[object], bool], on_error: Call
                 continue
             run = runs[key]
             try:
+                prepare = getattr(run, "prepare", None)
                 if cuda:
-                    times[key].append(time_graph_replays(run.graph, replays, flush))
-                    eager[key].append(time_eager_cuda(run.call, eager_calls, flush))
+                    times[key].append(time_graph_replays(run.graph, replays, flush, prepare))
+                    eager[key].append(time_eager_cuda(run.call, eager_calls, flush, prepare))
                 else:
-                    times[key].append(time_host(run.call, replays))
+                    times[key].append(time_host(run.call, replays, prepare))
             except Exception as error:  # noqa: BLE001 - reported per run, the others go on
                 on_error(key, error)
         if after_round is not None:

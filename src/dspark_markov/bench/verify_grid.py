@@ -12,7 +12,8 @@ Kernels timed, per batch size ``B`` (``K = N`` drafts per request):
   verification including the temperature pass an engine would otherwise run first (the kernel
   skips the division where T is 0 or 1, which changes nothing: ``x / 1 = x``; T = 0.6 times it);
 - ``filter_row`` / ``filter_split``: a :class:`~dspark_markov.verify.triton_filtering.TopKTopPFilter`
-  on ``B (K+1)`` rows ``[B*(K+1), V]`` fp32, out of place (so every call filters the same input),
+  on ``B (K+1)`` rows ``[B*(K+1), V]`` fp32, in place (each timed call or replay is preceded,
+  untimed and before the L2 flush, by a copy of the pristine input into the filtered buffer),
   with the one-program-per-row layout and with the split-row layout (``chunks``), for every
   filter input kind (:data:`FILTER_INPUTS`: Gaussian N(0, 2^2); peaked, LLM-like: the Gaussian
   plus a head of 32 boosted tokens; bf16: the Gaussian rounded to bf16, many ties) and case
@@ -227,6 +228,7 @@ class Runner:
             self.graph = harness.capture_graph(self.call)
             for out in self.outputs():
                 out.zero_()
+            self.prepare()
             self.graph.replay()
             torch.cuda.synchronize()
             # Same inputs and keys: a replay must write exactly what the eager call wrote.
@@ -234,6 +236,9 @@ class Runner:
 
     def setup(self, shared):  # pragma: no cover - overridden
         raise NotImplementedError
+
+    def prepare(self):
+        """Restore the inputs an in-place run overwrote (untimed, before each timed call); none here."""
 
     def call(self, first: bool = False):  # pragma: no cover - overridden
         raise NotImplementedError
@@ -332,8 +337,8 @@ class FilterRunner(Runner):
         device = config.device
         work = self.rows * (k + 1)
         inputs, case = self.mode.split(" ")
-        self.logits = shared.filter_input(inputs)[:work]  # [B*(K+1), V] fp32, read only
-        self.out = shared.filtered[:work]  # [B*(K+1), V] fp32
+        self.logits = shared.filter_input(inputs)[:work]  # [B*(K+1), V] fp32, read only (the pristine input)
+        self.out = shared.filtered[:work]  # [B*(K+1), V] fp32: restored from logits, then filtered in place
         self.k = None
         if case == "k+p":
             self.k = torch.full((work,), config.top_k, dtype=torch.int64, device=device)  # [B*(K+1)]
@@ -357,17 +362,23 @@ class FilterRunner(Runner):
 
             self.filter = TopKTopPFilter(work, config.vocab, device, block=self.block, chunks=self.chunks)
 
+    def prepare(self):
+        self.out.copy_(self.logits)
+
     def call(self, first: bool = False):
+        """One in-place filter of ``out`` (the caller restores it first: :meth:`prepare`)."""
+        if first:
+            self.prepare()
         if self.impl == "reference":
             from ..verify.filtering import top_k_top_p
 
-            top_k_top_p(self.logits, self.k, self.p, impl="reference", out=self.out)
+            top_k_top_p(self.out, self.k, self.p, impl="reference", out=self.out)
         else:
             if first:  # the public function's argument checks, once
                 from ..verify.filtering import _check
 
-                _check(self.logits, self.k, self.p, "triton", self.out)
-            self.filter.filter(self.logits, self.k, self.p, self.out)
+                _check(self.out, self.k, self.p, "triton", self.out)
+            self.filter.filter(self.out, self.k, self.p, self.out)
         if first:
             from ..verify.filtering import top_k_top_p_reference
 
