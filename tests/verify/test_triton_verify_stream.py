@@ -63,6 +63,15 @@ def test_raw_logits_bit_identical_to_pre_divided(method):
     fast = StreamVerifier(7, 3, VOCAB, "cpu", fused=1, fast_divide=1)  # no divide per element
     c = _run(fast, [raw] + args[1:], method, target_temperature=temperature)
     assert torch.equal(a[0], c[0]) and torch.equal(a[1], c[1])
+    # div_unroll: the divided slots one tile at a time, the T = 0 / 1 slots the standard loop (4 tiles)
+    split = StreamVerifier(7, 3, VOCAB, "cpu", div_unroll=1)
+    trace = torch.zeros(split.programs(7, method), 4, dtype=torch.int64)
+    d = _run(split, [raw] + args[1:], method, target_temperature=temperature, trace=trace)
+    assert torch.equal(a[0], d[0]) and torch.equal(a[1], d[1])
+    lay = split.layout(7)
+    stage, valid = trace[:, 3] & 3, (trace[:, 3] >> 2) & 1
+    assert int(((stage == 0) & (valid == 1)).sum()) == 7 * 4 * lay.c1  # every stream item ran and wrote its line
+    assert int(((stage == 2) & (valid == 1)).sum()) == 7 * lay.c2
     _assert_reference([divided] + args[1:], method, a)
     out = dm.verify_drafts(raw, *args[1:], method=method, impl="triton", target_temperature=temperature)
     ref = dm.verify_drafts(raw, *args[1:], method=method, target_temperature=temperature)
@@ -127,6 +136,8 @@ def test_validation():
         StreamVerifier(7, 2, 300, "cpu").run(*args, None)
     with pytest.raises(ValueError, match="max_batch"):
         StreamVerifier(0, 2, 300, "cpu")
+    with pytest.raises(ValueError, match="trace"):
+        StreamVerifier(7, 3, 300, "cpu").run(*args, trace=torch.zeros(3, 4, dtype=torch.int64))
     with pytest.raises(ValueError, match="target_temperature"):
         dm.verify_drafts(*args, impl="triton", target_temperature=-args[6])
     with pytest.raises(ValueError, match="target_temperature"):

@@ -134,6 +134,20 @@ def _prefetch_l2(ptrs, HARDWARE: tl.constexpr):
 
 
 @triton.jit
+def _clock(anchor, HARDWARE: tl.constexpr):
+    """``(%globaltimer ns, %smid)`` for the launch trace (``TRACE``; zeros on the interpreter)."""
+    if HARDWARE:
+        now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [anchor], dtype=tl.int64,
+                                        is_pure=False, pack=1)
+        sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [anchor], dtype=tl.int32, is_pure=False,
+                                       pack=1)
+    else:
+        now = anchor.to(tl.int64) * 0
+        sm = anchor * 0
+    return now, sm
+
+
+@triton.jit
 def _scaled(x, temp):
     """``x / T`` with the IEEE division (``T == 0``: ``x``), as ``reference.scaled_logits``."""
     return tl.where(temp == 0.0, x, tl.math.div_rn(x, tl.where(temp == 0.0, 1.0, temp)))
@@ -502,12 +516,18 @@ def _stream_verify_kernel(
     HAS_GREEDY: tl.constexpr, RAW: tl.constexpr, BLOCK_METHOD: tl.constexpr, PIPE: tl.constexpr = 1,
     EMIT_PIPE: tl.constexpr = 1, FUSED: tl.constexpr = False, EMIT_BLOCK: tl.constexpr = 2048,
     FAST_DIVIDE: tl.constexpr = False, INTERIOR: tl.constexpr = False, SCAN_ARGMAX: tl.constexpr = False,
-    EARLY: tl.constexpr = False, PREFETCH: tl.constexpr = False,
+    EARLY: tl.constexpr = False, PREFETCH: tl.constexpr = False, DIV_UNROLL: tl.constexpr = 0,
+    trace_ptr=None, TRACE: tl.constexpr = False,
 ):
     STAGES: tl.constexpr = 3 if BLOCK_METHOD else 2
     MASS_ROWS: tl.constexpr = K - 1 if (BLOCK_METHOD and K >= 2) else 0
     R2: tl.constexpr = 2 * K + 1  # partial rows: targets 0..K, caches K+1..2K
+    # tiles loaded at once where target values are divided (RAW, T not 0 or 1): DIV_UNROLL when given
+    UR: tl.constexpr = (DIV_UNROLL if DIV_UNROLL > 0 else UNROLL) if RAW else UNROLL
     stage, b, j, chunk, valid = _item(requests, LAG, (K + 1) * C1, MASS_ROWS * C1, C2, C1, STAGES)
+    if TRACE:  # [programs, 4] int64: start ns, after the wait ns, end ns, stage + 4 * valid + 8 * smid
+        t_start, smid = _clock(chunk, HARDWARE)
+        t_waited = t_start
     if PREFETCH:  # the first tiles of a stream item's target row, before its request's loads come back
         if valid & (stage == 0):
             sector = chunk * T1 * BLOCK + tl.arange(0, UNROLL * BLOCK // 8) * 8  # one address per 32 bytes
@@ -546,15 +566,19 @@ def _stream_verify_kernel(
                     dt, dr, ds, dtiny = _divisor(ttemp)
                     mx, sm, cmx, csm, risky = _pair_softmax(t_base + j * t_row_stride, c_base + j * c_step_stride,
                                                             start, end, c_end, T1, ttemp, c_scale, RAW, BLOCK,
-                                                            UNROLL, HARDWARE, PIPE, True, dt, dr, ds, dtiny,
+                                                            UR, HARDWARE, PIPE, True, dt, dr, ds, dtiny,
                                                             INTERIOR)
                     if risky:  # a value of magnitude below 2^-100 (or an extreme T): divide exactly
                         mx, sm, cmx, csm, no_risk = _pair_softmax(t_base + j * t_row_stride, c_base + j * c_step_stride,
                                                                   start, end, c_end, T1, ttemp, c_scale, RAW, BLOCK,
-                                                                  UNROLL, HARDWARE, 1)
-                else:
+                                                                  UR, HARDWARE, 1)
+                elif RAW & (ttemp != 0.0) & (ttemp != 1.0):  # every target value divided (div_rn)
                     mx, sm, cmx, csm, no_risk = _pair_softmax(t_base + j * t_row_stride, c_base + j * c_step_stride,
                                                               start, end, c_end, T1, ttemp, c_scale, RAW, BLOCK,
+                                                              UR, HARDWARE, PIPE, INTERIOR=INTERIOR)
+                else:  # pre-divided, or raw at T = 0 / 1 (x / 1 = x exactly): the standard loop
+                    mx, sm, cmx, csm, no_risk = _pair_softmax(t_base + j * t_row_stride, c_base + j * c_step_stride,
+                                                              start, end, c_end, T1, ttemp, c_scale, False, BLOCK,
                                                               UNROLL, HARDWARE, PIPE, INTERIOR=INTERIOR)
                 tl.store(pa_ptr + part, mx)
                 tl.store(pb_ptr + part, sm)
@@ -562,7 +586,7 @@ def _stream_verify_kernel(
                     tl.store(pa_ptr + qpart, cmx)
                     tl.store(pb_ptr + qpart, csm)
             else:
-                mx, sm = _row_softmax(t_base + j * t_row_stride, start, end, T1, ttemp, _LOG2E, RAW, BLOCK, UNROLL,
+                mx, sm = _row_softmax(t_base + j * t_row_stride, start, end, T1, ttemp, _LOG2E, RAW, BLOCK, UR,
                                       HARDWARE, PIPE)
                 tl.store(pa_ptr + part, mx)
                 tl.store(pb_ptr + part, sm)
@@ -651,12 +675,14 @@ def _stream_verify_kernel(
     if valid & (stage == 1):
         # ---------------------------------------------------------------- mass item (block)
         _wait(counters + 3, 1, status_ptr)
+        if TRACE:
+            t_waited, _ = _clock(chunk, HARDWARE)
         i = j
         if live & ~greedy & (i < n):
             start = chunk * T1 * BLOCK
             end = tl.minimum(start + T1 * BLOCK, vocab)
             lane = start + tl.arange(0, BLOCK)
-            step = tl.arange(0, UNROLL)[:, None] * BLOCK
+            step = tl.arange(0, UR)[:, None] * BLOCK
             w = tl.load(rows + 4 * KP1 + i, volatile=True)
             t_max = tl.load(rows + 0 * KP1 + i, volatile=True)
             t_inv = tl.math.div_rn(1.0, tl.load(rows + 1 * KP1 + i, volatile=True))
@@ -665,7 +691,7 @@ def _stream_verify_kernel(
             q_arg = tl.load(rows + 6 * KP1 + i, volatile=True).to(tl.int32, bitcast=True)
             q_scale = tl.math.div_rn(_LOG2E, tl.where(temp == 0.0, 1.0, temp))
             acc = tl.zeros([BLOCK], tl.float32)
-            for t in tl.range(0, T1, UNROLL, num_stages=PIPE):
+            for t in tl.range(0, T1, UR, num_stages=PIPE):
                 token = lane[None, :] + (t * BLOCK + step)
                 ok = token < end
                 xt = _load_row(t_base + i * t_row_stride, token, ok, ttemp, RAW, float("-inf"))
@@ -689,6 +715,8 @@ def _stream_verify_kernel(
     if valid & (stage == 2):
         # ---------------------------------------------------------------- emit item
         _wait(counters + 3, ready_level, status_ptr)
+        if TRACE:
+            t_waited, _ = _clock(chunk, HARDWARE)
         js = tl.minimum(tl.maximum(tl.load(acc_ptr + b, volatile=True), 0), n)
         part = b * C2P + chunk
         t_max = tl.load(rows + 0 * KP1 + js, volatile=True)
@@ -744,6 +772,13 @@ def _stream_verify_kernel(
             tl.store(num_emitted_ptr + b, tl.where(live, js + 1, 0).to(tl.int64))
             # Every item of request b has arrived: reset its counters for the next call.
             tl.store(counters + tl.arange(0, 4), tl.zeros([4], tl.int32))
+    if TRACE:
+        t_end, _ = _clock(chunk, HARDWARE)
+        pid = tl.program_id(0).to(tl.int64)
+        tl.store(trace_ptr + pid * 4 + 0, t_start)
+        tl.store(trace_ptr + pid * 4 + 1, t_waited)
+        tl.store(trace_ptr + pid * 4 + 2, t_end)
+        tl.store(trace_ptr + pid * 4 + 3, (stage + 4 * valid.to(tl.int64) + 8 * smid.to(tl.int64)).to(tl.int64))
 
 
 # --------------------------------------------------------------------------- the verifier
@@ -832,7 +867,7 @@ class StreamVerifier:
     def __init__(self, max_batch: int, num_drafts: int, vocab_size: int, device, *, block: int | None = None,
                  t1=None, t2=None, lag=None, unroll=None, warps: int | None = None, emit=1,
                  noise_filter=1, stages=None, emit_stages=None, fused=None, emit_block=None, fast_divide=None,
-                 max_registers=None, interior=None, scan_argmax=None, early=None, prefetch=None):
+                 max_registers=None, interior=None, scan_argmax=None, early=None, prefetch=None, div_unroll=None):
         if int(max_batch) < 1:
             raise ValueError(f"max_batch: expected >= 1, got {max_batch}")
         if int(num_drafts) < 0:
@@ -869,6 +904,9 @@ class StreamVerifier:
         # item's first target tiles into L2 before its request's scalars arrive (prefetch, GPU only).
         self.early = True if early is None else bool(early)
         self.prefetch = (True if prefetch is None else bool(prefetch)) and self.cuda
+        # Raw logits: tiles loaded at once where target values are divided (T not 0 or 1); the T = 0 / 1
+        # slots then run the standard loop at the full unroll. None: the whole raw launch at 2 tiles.
+        self.div_unroll = int(div_unroll) if div_unroll else 0
         self._emit_scan = bool(emit)  # emit=0: a profiling aid (the emit items skip their scan: wrong tokens)
         self.warps = int(warps) if warps else (GPU_WARPS if self.cuda else 4)
         # At most 128 registers (two programs of 8 warps per SM): a variant that needs more spills a
@@ -905,6 +943,13 @@ class StreamVerifier:
         return Layout(batch, self.k, self.vocab, self.block, self.cuda, self.sms, emit_block=self.emit_block,
                       resident_per_sm=self.resident_per_sm, **self.overrides)
 
+    def programs(self, batch: int, method: str = "standard") -> int:
+        """Programs of one launch for ``batch`` requests (stream, mass and emit items, with the lag's padding)."""
+        lay = self.layout(batch)
+        stages = 3 if method == "block" else 2
+        mass_rows = self.k - 1 if (method == "block" and self.k >= 2) else 0
+        return (batch + (stages - 1) * lay.lag) * ((self.k + 1) * lay.c1 + mass_rows * lay.c1 + lay.c2)
+
     def check(self) -> None:
         """Raise if a waiting item of an earlier launch timed out (synchronises); then reset."""
         if int(self.status.item()) != 0:
@@ -914,7 +959,7 @@ class StreamVerifier:
 
     def run(self, target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions, temperature, seeds,
             target_greedy=None, *, method: str = "standard", target_temperature=None, tokens=None,
-            num_emitted=None):
+            num_emitted=None, trace=None):
         """Verify a batch (inputs as :func:`~dspark_markov.verify_drafts`, assumed validated).
 
         target_logits ``[B, K+1, V]`` fp32 (last stride 1), with temperature applied, or raw when
@@ -926,6 +971,10 @@ class StreamVerifier:
 
         Returns ``(tokens [B, K+1] int64, num_emitted [B] int64)`` (default: views of
         :attr:`tokens` / :attr:`num_emitted`). Allocates nothing, never synchronises.
+
+        trace : a profiling aid, ``[programs(batch), 4]`` int64 (a separately compiled variant): each
+        program writes its start, after-wait and end ``%globaltimer`` (ns) and ``stage + 4 valid +
+        8 smid``.
         """
         batch, tokens, num_emitted, finished = start_run(self, target_logits, method, temperature, tokens,
                                                          num_emitted)
@@ -935,13 +984,11 @@ class StreamVerifier:
         k = self.k
         lay = self.layout(batch)
         block_method = method == "block"
-        stages = 3 if block_method else 2
-        mass_rows = k - 1 if (block_method and k >= 2) else 0
         raw = target_temperature is not None
-        programs = (batch + (stages - 1) * lay.lag) * ((k + 1) * lay.c1 + mass_rows * lay.c1 + lay.c2)
+        programs = self.programs(batch, method)
         # The raw mode divides every loaded value: 2 tiles at a time keep it at ~117 registers
         # (4 tiles: ~170, one program per SM instead of two).
-        unroll = min(lay.unroll, 2) if raw and self.overrides["unroll"] is None else lay.unroll
+        unroll = min(lay.unroll, 2) if raw and self.overrides["unroll"] is None and not self.div_unroll else lay.unroll
         has_greedy = target_greedy is not None
         greedy = target_greedy.view(torch.uint8) if has_greedy else self._no_greedy
         d_step = draft_tokens.stride(1) if draft_tokens.dim() == 2 and k > 0 else 1
@@ -960,7 +1007,12 @@ class StreamVerifier:
                     HARDWARE=self.cuda, EMIT_SCAN=self._emit_scan, NOISE_FILTER=self.noise_filter, HAS_GREEDY=has_greedy, RAW=raw, BLOCK_METHOD=block_method,
                     PIPE=self.stages, EMIT_PIPE=self.emit_stages, FUSED=self.fused, EMIT_BLOCK=self.emit_block,
                     FAST_DIVIDE=self.fast_divide, INTERIOR=self.interior, SCAN_ARGMAX=self.scan_argmax,
-                    EARLY=self.early, PREFETCH=self.prefetch, num_warps=self.warps, enable_fp_fusion=False)
+                    EARLY=self.early, PREFETCH=self.prefetch, DIV_UNROLL=self.div_unroll, num_warps=self.warps,
+                    enable_fp_fusion=False)
+        if trace is not None:
+            if trace.shape != (programs, 4) or trace.dtype != torch.int64:
+                raise ValueError(f"trace: expected [{programs}, 4] int64, got {tuple(trace.shape)} {trace.dtype}")
+            meta.update(trace_ptr=trace, TRACE=True)
         try:
             _stream_verify_kernel[(programs,)](*args, **meta, **self._launch_options)
         except KeyError:  # a Triton without the maxnreg option: the compiler's own register count
