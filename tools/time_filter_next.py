@@ -6,6 +6,10 @@ the first pass are printed. Writes ``NVIDIA-H200_filter_next_verify.{json,csv}``
 
 Usage on the GPU machine: ``PYTHONPATH=src python3 tools/time_filter_next.py [batch sizes, e.g. 1,253]``.
 Budget compile time: the first call of each specialization compiles (a few seconds each on the H200).
+
+``--phases`` (the profile): the GPU time of each of the 4 launches (stats, first pass, finish, apply)
+per bench input kind and case, in place after an L2 flush, the launches enqueued behind a GPU sleep
+so that the events between them measure the kernels, not the host (median of ``REPEATS`` calls).
 """
 
 import os
@@ -20,7 +24,82 @@ from dspark_markov.bench import verify_grid as vg
 from dspark_markov.verify import triton_filtering, triton_filtering_next
 
 
+REPEATS = 7
+KERNELS = ("_stats_kernel", "_pass_kernel", "_finish_kernel", "_apply_kernel")
+
+
+class _Marked:
+    """A kernel whose launches record a CUDA event after them (the phase profile)."""
+
+    def __init__(self, kernel, marks):
+        self.kernel, self.marks = kernel, marks
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def run(*args, **kwargs):
+            result = launch(*args, **kwargs)
+            if self.marks is not None:
+                event = torch.cuda.Event(enable_timing=True)
+                event.record()
+                self.marks.append(event)
+            return result
+
+        return run
+
+
+def phases(sizes):
+    """Per-launch GPU times (us) of the next filter at every bench kind and case; printed per size."""
+    import statistics
+
+    from dspark_markov.bench import harness
+
+    device = torch.device("cuda")
+    marks = []
+    originals = {name: getattr(triton_filtering_next, name) for name in KERNELS}
+    for name, kernel in originals.items():
+        setattr(triton_filtering_next, name, _Marked(kernel, marks))
+    flush = harness.L2Flusher(device)
+    config = vg.VerifyBenchConfig()
+    generator = torch.Generator(device=device).manual_seed(0)
+    for requests in sizes:
+        rows = requests * (config.steps + 1)
+        gaussian = torch.randn(rows, config.vocab, generator=generator, device=device) * 2.0
+        block, chunks = vg.split_chunks(rows, config.vocab, device) if requests <= 16 else (None, 1)
+        filt = triton_filtering_next.TopKTopPFilter(rows, config.vocab, device, block=block, chunks=chunks)
+        out = torch.empty_like(gaussian)
+        for case in vg.FILTER_CASES:
+            k = torch.full((rows,), config.top_k, dtype=torch.int64, device=device) if case == "k+p" else None
+            p = torch.full((rows,), config.top_p, dtype=torch.float32, device=device)
+            for kind in vg.FILTER_INPUTS:
+                x = vg.filter_logits(kind, gaussian, generator)
+                times = []
+                for repeat in range(REPEATS + 1):
+                    out.copy_(x)
+                    flush()
+                    torch.cuda._sleep(400_000)  # ~200 us: the host enqueues every launch meanwhile
+                    marks.clear()
+                    start = torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    filt.filter(out, k, p, out)
+                    torch.cuda.synchronize()
+                    if repeat:  # the first call compiles
+                        stamps = [start] + marks
+                        times.append([a.elapsed_time(b) * 1e3 for a, b in zip(stamps, stamps[1:])])
+                phase = [statistics.median(t[i] for t in times) for i in range(len(KERNELS))]
+                print(f"phases {requests:3d} req ({rows} rows, chunks {filt.chunks}) {kind:8s} {case:3s}: "
+                      + " ".join(f"{name.strip('_').split('_')[0]} {t:7.1f}" for name, t in zip(KERNELS, phase))
+                      + f"  total {sum(phase):7.1f} us  searched {int(filt.state.searched)}", flush=True)
+    for name, kernel in originals.items():
+        setattr(triton_filtering_next, name, kernel)
+
+
 def main():
+    if "--phases" in sys.argv:
+        sys.argv.remove("--phases")
+        sizes = tuple(int(r) for r in (sys.argv[1] if len(sys.argv) > 1 else "1,16,64,253").split(","))
+        phases(sizes)
+        return
     out = Path(os.environ.get("JOB_OUT", "/tmp"))
     sizes = tuple(int(r) for r in (sys.argv[1] if len(sys.argv) > 1 else "1,253,16,64").split(","))
     filters = []

@@ -1014,7 +1014,7 @@ def _pass_kernel(
                        False, False, False, BLOCK)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["logits_stride"])  # its rare search sweeps need no alignment: one compile (~17 s)
 def _finish_kernel(
     logits_ptr, logits_stride,  # [B, V] fp32
     st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags, st_cursor,  # [B] state
