@@ -245,6 +245,23 @@ def _softmax_step(x, m, s, scale, HARDWARE: tl.constexpr):
 
 
 @triton.jit
+def _pair_step(xb, cb, m, s, cm, cs, risky, ttemp, c_scale, RAW: tl.constexpr, FAST: tl.constexpr, dt, dr, ds, dtiny,
+               HARDWARE: tl.constexpr):
+    """One loaded group of a target tile ``xb`` (raw when ``RAW``) and a cache tile ``cb`` into both rows'
+    running statistics, as the loop of :func:`_pair_softmax` does it (``FAST``: :func:`_divide`)."""
+    x = to_float32(xb)
+    if FAST:
+        x, tiny = _divide(x, dt, dr, ds, dtiny)
+        risky = risky | tl.max(tiny.to(tl.int32), axis=0)
+    elif RAW:
+        if (ttemp != 0.0) & (ttemp != 1.0):
+            x = tl.math.div_rn(x, ttemp)
+    m, s = _softmax_step(x, m, s, _LOG2E, HARDWARE)
+    cm, cs = _softmax_step(to_float32(cb), cm, cs, c_scale, HARDWARE)
+    return m, s, cm, cs, risky
+
+
+@triton.jit
 def _softmax_combine(m, s, scale):
     """The row's ``(max, sum)`` from per-lane running statistics."""
     row_max = tl.max(m, axis=0)
@@ -254,7 +271,7 @@ def _softmax_combine(m, s, scale):
 @triton.jit
 def _pair_softmax(t_ptr, c_ptr, start, end, c_end, tiles, ttemp, c_scale, RAW: tl.constexpr, BLOCK: tl.constexpr,
                   UNROLL: tl.constexpr, HARDWARE: tl.constexpr, PIPE: tl.constexpr, FAST: tl.constexpr = False,
-                  dt=1.0, dr=1.0, ds=1.0, dtiny=0, INTERIOR: tl.constexpr = False):
+                  dt=1.0, dr=1.0, ds=1.0, dtiny=0, INTERIOR: tl.constexpr = False, DBUF: tl.constexpr = False):
     """:func:`_row_softmax` of a target row over ``[start, end)`` (``/ T`` when ``RAW``) and of its cache
     row over ``[start, c_end)`` (scale ``c_scale``; ``c_end = start``: none) in one loop.
 
@@ -265,6 +282,10 @@ def _pair_softmax(t_ptr, c_ptr, start, end, c_end, tiles, ttemp, c_scale, RAW: t
     ``FAST`` (with ``RAW``, ``T`` not 0 or 1): the target values are divided by :func:`_divide` with
     the slot's :func:`_divisor` constants ``dt, dr, ds, dtiny``; the fourth result ``risky`` says a
     value needed the exact fallback, and then the caller recomputes without ``FAST``.
+
+    ``DBUF`` (with ``INTERIOR``): the interior groups are double-buffered in registers (group ``g + 1``
+    is loaded before group ``g`` is reduced, so a load is always in flight); the same groups in the
+    same order, so the statistics are bit-identical.
     """
     lane = start + tl.arange(0, BLOCK)
     step = tl.arange(0, UNROLL)[:, None] * BLOCK
@@ -276,16 +297,31 @@ def _pair_softmax(t_ptr, c_ptr, start, end, c_end, tiles, ttemp, c_scale, RAW: t
     first = 0
     if INTERIOR:  # whole [UNROLL, BLOCK] groups of both rows without masks (no "other" per value)
         full = tl.where(c_end == end, (end - start) // (UNROLL * BLOCK), 0)
-        for g in tl.range(0, full, num_stages=PIPE):
-            token = lane[None, :] + (g * UNROLL * BLOCK + step)
-            if FAST:
-                x, tiny = _divide(to_float32(tl.load(t_ptr + token)), dt, dr, ds, dtiny)
-                risky = risky | tl.max(tiny.to(tl.int32), axis=0)
-            else:
-                x = _load_row(t_ptr, token, None, ttemp, RAW, None)
-            c = to_float32(tl.load(c_ptr + token))
-            m, s = _softmax_step(x, m, s, _LOG2E, HARDWARE)
-            cm, cs = _softmax_step(c, cm, cs, c_scale, HARDWARE)
+        if DBUF:
+            if full > 0:
+                xb = tl.load(t_ptr + lane[None, :] + step)
+                cb = tl.load(c_ptr + lane[None, :] + step)
+                for g in tl.range(1, full):
+                    token = lane[None, :] + (g * UNROLL * BLOCK + step)
+                    xn = tl.load(t_ptr + token)  # in flight while group g - 1 is reduced
+                    cn = tl.load(c_ptr + token)
+                    m, s, cm, cs, risky = _pair_step(xb, cb, m, s, cm, cs, risky, ttemp, c_scale, RAW, FAST, dt, dr,
+                                                     ds, dtiny, HARDWARE)
+                    xb = xn
+                    cb = cn
+                m, s, cm, cs, risky = _pair_step(xb, cb, m, s, cm, cs, risky, ttemp, c_scale, RAW, FAST, dt, dr, ds,
+                                                 dtiny, HARDWARE)
+        else:
+            for g in tl.range(0, full, num_stages=PIPE):
+                token = lane[None, :] + (g * UNROLL * BLOCK + step)
+                if FAST:
+                    x, tiny = _divide(to_float32(tl.load(t_ptr + token)), dt, dr, ds, dtiny)
+                    risky = risky | tl.max(tiny.to(tl.int32), axis=0)
+                else:
+                    x = _load_row(t_ptr, token, None, ttemp, RAW, None)
+                c = to_float32(tl.load(c_ptr + token))
+                m, s = _softmax_step(x, m, s, _LOG2E, HARDWARE)
+                cm, cs = _softmax_step(c, cm, cs, c_scale, HARDWARE)
         first = full * UNROLL
     for t in tl.range(first, tiles, UNROLL, num_stages=PIPE):
         token = lane[None, :] + (t * BLOCK + step)
@@ -516,7 +552,7 @@ def _stream_verify_kernel(
     HAS_GREEDY: tl.constexpr, RAW: tl.constexpr, BLOCK_METHOD: tl.constexpr, PIPE: tl.constexpr = 1,
     EMIT_PIPE: tl.constexpr = 1, FUSED: tl.constexpr = False, EMIT_BLOCK: tl.constexpr = 2048,
     FAST_DIVIDE: tl.constexpr = False, INTERIOR: tl.constexpr = False, SCAN_ARGMAX: tl.constexpr = False,
-    EARLY: tl.constexpr = False, PREFETCH: tl.constexpr = False, DIV_UNROLL: tl.constexpr = 0,
+    EARLY: tl.constexpr = False, PREFETCH: tl.constexpr = False, DIV_UNROLL: tl.constexpr = 0, DBUF: tl.constexpr = False,
     trace_ptr=None, TRACE: tl.constexpr = False,
 ):
     STAGES: tl.constexpr = 3 if BLOCK_METHOD else 2
@@ -567,7 +603,7 @@ def _stream_verify_kernel(
                     mx, sm, cmx, csm, risky = _pair_softmax(t_base + j * t_row_stride, c_base + j * c_step_stride,
                                                             start, end, c_end, T1, ttemp, c_scale, RAW, BLOCK,
                                                             UR, HARDWARE, PIPE, True, dt, dr, ds, dtiny,
-                                                            INTERIOR)
+                                                            INTERIOR, DBUF)
                     if risky:  # a value of magnitude below 2^-100 (or an extreme T): divide exactly
                         mx, sm, cmx, csm, no_risk = _pair_softmax(t_base + j * t_row_stride, c_base + j * c_step_stride,
                                                                   start, end, c_end, T1, ttemp, c_scale, RAW, BLOCK,
@@ -579,7 +615,7 @@ def _stream_verify_kernel(
                 else:  # pre-divided, or raw at T = 0 / 1 (x / 1 = x exactly): the standard loop
                     mx, sm, cmx, csm, no_risk = _pair_softmax(t_base + j * t_row_stride, c_base + j * c_step_stride,
                                                               start, end, c_end, T1, ttemp, c_scale, False, BLOCK,
-                                                              UNROLL, HARDWARE, PIPE, INTERIOR=INTERIOR)
+                                                              UNROLL, HARDWARE, PIPE, INTERIOR=INTERIOR, DBUF=DBUF)
                 tl.store(pa_ptr + part, mx)
                 tl.store(pb_ptr + part, sm)
                 if j < n:
@@ -850,6 +886,10 @@ class StreamVerifier:
     prefetch : an L2 prefetch of each stream item's first target tiles (default on, GPU only).
     fast_divide : raw logits divided by :func:`_divide` (no divide per value; exact, with a
         ``div_rn`` rescan of a chunk holding a value below ``max(2^-100, 2^-125 T)``; default on).
+    div_unroll : raw logits only: tiles loaded at once where the target values are divided (T not 0
+        or 1); the T = 0 / 1 slots then run the standard loop with ``unroll`` tiles (default: none,
+        the whole raw launch loads 2 tiles at once).
+    dbuf : the fused loop's interior groups double-buffered in registers (default off).
     max_registers : the launch's register cap (default 80: three 8-warp programs per SM).
     emit_block : values per emit-scan tile (default 1024 on the GPU, ``block`` on the CPU).
     stages, emit_stages : Triton pipelining of the streamed / emitted tiles (default 1 = none:
@@ -867,7 +907,8 @@ class StreamVerifier:
     def __init__(self, max_batch: int, num_drafts: int, vocab_size: int, device, *, block: int | None = None,
                  t1=None, t2=None, lag=None, unroll=None, warps: int | None = None, emit=1,
                  noise_filter=1, stages=None, emit_stages=None, fused=None, emit_block=None, fast_divide=None,
-                 max_registers=None, interior=None, scan_argmax=None, early=None, prefetch=None, div_unroll=None):
+                 max_registers=None, interior=None, scan_argmax=None, early=None, prefetch=None, div_unroll=None,
+                 dbuf=None):
         if int(max_batch) < 1:
             raise ValueError(f"max_batch: expected >= 1, got {max_batch}")
         if int(num_drafts) < 0:
@@ -907,6 +948,8 @@ class StreamVerifier:
         # Raw logits: tiles loaded at once where target values are divided (T not 0 or 1); the T = 0 / 1
         # slots then run the standard loop at the full unroll. None: the whole raw launch at 2 tiles.
         self.div_unroll = int(div_unroll) if div_unroll else 0
+        # Fused interior loop double-buffered in registers (the next group's loads in flight during a reduction).
+        self.dbuf = bool(dbuf) if dbuf is not None else False
         self._emit_scan = bool(emit)  # emit=0: a profiling aid (the emit items skip their scan: wrong tokens)
         self.warps = int(warps) if warps else (GPU_WARPS if self.cuda else 4)
         # At most 128 registers (two programs of 8 warps per SM): a variant that needs more spills a
@@ -1007,7 +1050,7 @@ class StreamVerifier:
                     HARDWARE=self.cuda, EMIT_SCAN=self._emit_scan, NOISE_FILTER=self.noise_filter, HAS_GREEDY=has_greedy, RAW=raw, BLOCK_METHOD=block_method,
                     PIPE=self.stages, EMIT_PIPE=self.emit_stages, FUSED=self.fused, EMIT_BLOCK=self.emit_block,
                     FAST_DIVIDE=self.fast_divide, INTERIOR=self.interior, SCAN_ARGMAX=self.scan_argmax,
-                    EARLY=self.early, PREFETCH=self.prefetch, DIV_UNROLL=self.div_unroll, num_warps=self.warps,
+                    EARLY=self.early, PREFETCH=self.prefetch, DIV_UNROLL=self.div_unroll, DBUF=self.dbuf, num_warps=self.warps,
                     enable_fp_fusion=False)
         if trace is not None:
             if trace.shape != (programs, 4) or trace.dtype != torch.int64:
