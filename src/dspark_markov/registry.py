@@ -72,6 +72,7 @@ REGISTRY = {
         "chain": Entry(_DRAFT + "triton_chain", "ChainBackend"),
         "cuda_chain": Entry(_DRAFT + "cuda_chain", "CudaChainBackend"),
         "stream": Entry(_DRAFT + "triton_stream", "StreamBackend"),
+        "wide": Entry(_DRAFT + "triton_wide", "WideBackend"),
         AUTO: Entry(_DRAFT + "auto", "AutoBackend"),
     },
     # Top-k candidate drafting (MarkovSampler(draft_top_k=k), issue 17): its own designs, same protocol

@@ -1,0 +1,329 @@
+"""``impl="wide"``: the large-batch design (32-256 rows) with the bias on tensor cores, both methods.
+
+Per step one persistent launch of ``programs`` programs. Program ``p`` holds one block of
+``BLOCK_R`` rows (the whole batch at up to 256 rows): their codes ``W1[prev]`` ``[BLOCK_R, R_k]``
+are gathered once and stay on chip, and the program walks the vocabulary tiles
+``p', p' + W, p' + 2W, ...`` (``W`` programs per row block, consecutive programs on the same tile
+so a W2 tile read by one row block is an L2 hit for the next). Per tile:
+
+- ``bias = codes @ W2_tile^T`` (``tl.dot``: wgmma on Hopper, fp32 accumulation, rounded once to
+  the weight dtype, ``scale`` applied and rounded again when ``!= 1``); the W2 tile loads are
+  software-pipelined ``STAGES`` deep by Triton, the base-logit tile of the *next* tile is loaded
+  into registers before this tile's product (``PREFETCH``), so HBM latency hides behind the MMA
+  and the epilogue;
+- ``z = round_cache(float(U) + bias)`` written to the cache rows of live samples (once), and the
+  tile reduced in registers: the bias is never written to memory, the base logits are read once,
+  the cache is written once, W2 comes from HBM once per step.
+
+Per-row results (SPEC.md sections 4-5), the same rules as ``impl="stream"``
+(:mod:`.triton_stream`, whose tile reductions this module reuses):
+
+- Gumbel-max (and every greedy row): the program keeps each row's best exact word (key, then
+  lower index, :func:`dspark_markov.ops.numerics.pack_word`) in registers across its tiles. A tile
+  skips a whole row when ``max z / T + G_MAX < best`` (:data:`.triton_stream.G_MAX` bounds every
+  exact noise), and inside the tile every token whose hash-only noise bound
+  ``(clz(h) + 1) ln 2`` cannot reach ``best``; survivors are ranked by approximate noise and only
+  the winner's exact key is computed (all survivors exactly on a near-tie). ``best`` is always the
+  exact key of a real token, and a skipped token's key is strictly below it, so no token that
+  ``torch.argmax`` would choose is ever skipped. At the end one ``atomic_max`` per row merges the
+  programs; the next step decodes its previous tokens from these words.
+- Inverse CDF (T > 0): per (row, tile) the NaN-propagating max of ``z`` and
+  ``sum exp(z/T - max/T)`` (the division skipped when no row of the block has T != 1), then
+  :func:`.triton_stream._pick_kernel` (one program per row) combines the tile partials, picks the
+  tile by the prefix sum of tile masses and re-reads only that tile of the cache (the pick of
+  ``impl="inverse_cdf"`` with block = tile; rows whose max of ``z / T`` is not finite take the first
+  argmax). Greedy rows merge argmax words as above.
+
+Bytes per step: ``V R_k w`` (W2, HBM once; ``row blocks - 1`` more from L2), ``R V u`` base
+logits read, ``R V c`` cache written (live samples), ``R R_k w`` codes per program (L2), and for
+inverse CDF ``8 R ceil(V / BLOCK_V)`` bytes of partials written and read back plus ``BLOCK_V c``
+per row.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..ops import noise as rng_triton
+from ..ops.filter import FILTER_MARGIN
+from ..ops.noise import INTERPRET
+from ..ops.numerics import INT64_MIN, to_float32
+from ..ops.numerics import word_token as _word_token
+from ..ops.rows import draft_rows
+from ..validate import check_power_of_two
+from .triton_stream import (_G_MAX, _finish_gumbel_kernel, _greedy_words, _gumbel_words, _nan_max, _pick_kernel,
+                            _prepare_kernel, _round, _word_value)
+
+
+@triton.jit(do_not_specialize=["step", "num_rows", "num_slots", "num_row_blocks"])
+def _wide_step_kernel(
+    base_ptr, stride_br, stride_bn,  # [R, N, V] bf16/fp32, last stride 1
+    embed_ptr,  # [V_t, R_k] weight dtype (W1)
+    head_ptr,  # [V, R_k] weight dtype (W2)
+    cache_ptr, stride_cs,  # [S, N, V] cache dtype, step stride V
+    idx_ptr, pos_ptr,  # [R * N] slot (-1 = padding) and position per (row, step)
+    temp_ptr, seed_ptr,  # [S] fp32, [S] int64
+    prev_ptr,  # [max_rows] int32: previous tokens (step 0; every step for inverse CDF)
+    words_ptr, stride_ws,  # [N, max_rows] int64 per-row best words
+    tokens_ptr, stride_tr,  # [R, N] int64 draft tokens (Gumbel: column step - 1, written by worker 0)
+    part_max_ptr, part_mass_ptr, stride_part,  # [max_rows, num_tiles] fp32 (inverse CDF)
+    num_rows, vocab, embed_rows, num_slots, step, num_steps, scale, filter_margin, num_row_blocks,
+    RK: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    STAGES: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    NATIVE_ROUND: tl.constexpr,
+    SCALED: tl.constexpr,
+    INVERSE_CDF: tl.constexpr,
+    UPCAST: tl.constexpr,
+    IEEE_DOT: tl.constexpr,
+    HARDWARE: tl.constexpr,
+):
+    """One step: row block ``pid % num_row_blocks``, vocabulary tiles ``pid // num_row_blocks + k W``.
+
+    Bytes per program: ``BLOCK_R R_k w`` codes (L2) + per tile ``BLOCK_V R_k w`` (W2) +
+    ``BLOCK_R BLOCK_V (u + c)`` (logits in, cache out) + ``8 BLOCK_R`` (inverse-CDF partials); one
+    atomic per row at the end.
+    """
+    pid = tl.program_id(0)
+    row_block = pid % num_row_blocks
+    worker = pid // num_row_blocks
+    workers = tl.num_programs(0) // num_row_blocks
+    num_tiles = tl.cdiv(vocab, BLOCK_V)
+    rows = row_block * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < num_rows
+    ks = tl.arange(0, RK)
+    w_dtype = head_ptr.dtype.element_ty
+    cache_dtype = cache_ptr.dtype.element_ty
+    words_step = words_ptr + step * stride_ws
+
+    # Row keys (once per program), then the first tile's logits, then the codes (their gather waits
+    # on the previous tokens; the logits' HBM latency overlaps it).
+    sample = rows * num_steps + step
+    live, slot, temp, seed, position = draft_rows(idx_ptr, pos_ptr, temp_ptr, seed_ptr, sample, row_ok, num_slots)
+    greedy = row_ok & (temp == 0.0)
+    sampled = row_ok & (temp > 0.0)
+    safe_temp = tl.where(sampled, temp, 1.0)
+    any_greedy = tl.max(greedy.to(tl.int32), axis=0) > 0
+    any_sampled = tl.max(sampled.to(tl.int32), axis=0) > 0
+    any_scaled = tl.max((sampled & (temp != 1.0)).to(tl.int32), axis=0) > 0
+    base_rows = base_ptr + rows[:, None].to(tl.int64) * stride_br + step * stride_bn
+    cache_rows = cache_ptr + slot[:, None] * stride_cs + step * vocab
+    lanes = tl.arange(0, BLOCK_V)
+    if PREFETCH:
+        first_cols = worker * BLOCK_V + lanes
+        next_base = tl.load(base_rows + first_cols[None, :], mask=row_ok[:, None] & (first_cols < vocab)[None, :],
+                            other=0.0)
+    if INVERSE_CDF:
+        prev = tl.load(prev_ptr + rows, mask=row_ok, other=0)
+    else:
+        if step > 0:  # the previous step's tokens, straight from its words
+            prev = _word_token(tl.load(words_ptr + (step - 1) * stride_ws + rows, mask=row_ok, other=0), vocab)
+            if worker == 0:
+                tl.store(tokens_ptr + rows.to(tl.int64) * stride_tr + (step - 1), prev.to(tl.int64), mask=row_ok)
+        else:
+            prev = tl.load(prev_ptr + rows, mask=row_ok, other=0)
+    prev = tl.minimum(tl.maximum(prev, 0), embed_rows - 1)
+    codes = tl.load(embed_ptr + prev[:, None].to(tl.int64) * RK + ks[None, :], mask=row_ok[:, None], other=0.0)
+    if UPCAST:
+        codes = codes.to(tl.float32)
+    prefix = rng_triton.draft_prefix(seed, step, position)
+    best_word = tl.full([BLOCK_R], INT64_MIN, tl.int64)
+
+    for tile in tl.range(worker, num_tiles, workers, num_stages=STAGES):
+        cols = tile * BLOCK_V + lanes
+        col_ok = cols < vocab
+        mask = row_ok[:, None] & col_ok[None, :]
+        if PREFETCH:
+            base = next_base
+            after = cols + workers * BLOCK_V
+            next_base = tl.load(base_rows + after[None, :], mask=row_ok[:, None] & (after < vocab)[None, :],
+                                other=0.0)
+        else:
+            base = tl.load(base_rows + cols[None, :], mask=mask, other=0.0)
+        w_tile = tl.load(head_ptr + cols[:, None].to(tl.int64) * RK + ks[None, :], mask=col_ok[:, None], other=0.0)
+        if UPCAST:
+            w_tile = w_tile.to(tl.float32)
+        if IEEE_DOT:
+            acc = tl.dot(codes, tl.trans(w_tile), input_precision="ieee")
+        else:
+            acc = tl.dot(codes, tl.trans(w_tile))
+        bias = to_float32(_round(acc, w_dtype, NATIVE_ROUND))  # (a NaN bias makes z NaN: its payload is moot)
+        if SCALED:
+            bias = to_float32(_round(bias * scale, w_dtype, NATIVE_ROUND))
+        z = _round(to_float32(base) + bias, cache_dtype, NATIVE_ROUND)  # one rounding (SPEC.md 3)
+        tl.store(cache_rows + cols[None, :], z, mask=live[:, None] & col_ok[None, :])
+        z = tl.where(mask, to_float32(z), float("-inf"))
+        zmax = tl.reduce(z, 1, _nan_max)
+        if INVERSE_CDF:
+            if any_sampled:
+                if any_scaled:
+                    scaled = tl.math.div_rn(z, safe_temp[:, None])
+                else:  # z / 1 == z: the division is the identity
+                    scaled = z
+                scaled_max = tl.math.div_rn(zmax, safe_temp)
+                shift = tl.where(tl.abs(scaled_max) < float("inf"), scaled_max, 0.0)
+                mass = tl.sum(tl.where(mask, tl.exp(scaled - shift[:, None]), 0.0), axis=1)
+                part = rows * stride_part + tile
+                tl.store(part_max_ptr + part, zmax, mask=sampled)
+                tl.store(part_mass_ptr + part, mass, mask=sampled)
+            if any_greedy:
+                words = _greedy_words(z, zmax, cols[None, :], mask)
+                best_word = tl.where(greedy, tl.maximum(best_word, words), best_word)
+        else:
+            best = _word_value(best_word)
+            # Whole-row skip: no key of the tile can exceed max z / T + G_MAX (monotone roundings).
+            bound = tl.where(greedy, zmax, tl.math.div_rn(zmax, safe_temp) + _G_MAX)
+            need = row_ok & ((bound < best) == 0)
+            if tl.max((need & greedy).to(tl.int32), axis=0) > 0:
+                words = _greedy_words(z, zmax, cols[None, :], mask)
+                best_word = tl.where(greedy, tl.maximum(best_word, words), best_word)
+            need_sampled = need & sampled
+            if tl.max(need_sampled.to(tl.int32), axis=0) > 0:
+                words = _gumbel_words(z, zmax, temp, prefix, best, cols[None, :], mask, need_sampled,
+                                      filter_margin, HARDWARE)
+                best_word = tl.where(sampled, tl.maximum(best_word, words), best_word)
+    if INVERSE_CDF:
+        tl.atomic_max(words_step + rows, best_word, mask=greedy & (best_word != INT64_MIN))
+    else:
+        tl.atomic_max(words_step + rows, best_word, mask=row_ok & (best_word != INT64_MIN))
+
+
+# Launch shapes (block_v, block_r, num_warps, stages, prefetch, programs per SM) by batch size:
+# (at most this many rows, shape). GPU: measured by tools/sweep_wide.py (see GPU_LAYOUTS' notes).
+GPU_LAYOUTS = ((64, (64, 64, 4, 2, 1, 2)), (128, (64, 128, 8, 2, 1, 1)), (256, (32, 256, 8, 2, 1, 1)))
+GPU_LAYOUT_LARGE = (32, 256, 8, 2, 1, 1)  # more rows: several row blocks of 256
+CPU_LAYOUT = (64, 16, 4, 1, 1, 1)
+CPU_PROGRAMS = 3  # programs per row block in the interpreter (a few tiles each)
+
+
+class WideBackend:
+    """Large-batch drafting (both methods): per step one persistent tensor-core launch (+ a pick for inverse CDF).
+
+    Parameters
+    ----------
+    head : MarkovHead (power-of-two rank >= 16). num_steps : N. max_rows : the largest R of a call.
+    method : ``"gumbel"`` or ``"inverse_cdf"``. cache_dtype : bf16 or fp32. device : cuda, or cpu
+        (Triton's interpreter).
+    layout : ``(block_v, block_r, num_warps, stages, prefetch, programs_per_sm)``; default by batch
+        size from :data:`GPU_LAYOUTS` (``block_r >= 16`` is a tensor-core tile; a batch larger than
+        ``block_r`` is split into row blocks). ``programs`` overrides the programs per row block.
+    native_round : round to bf16 with the conversion instruction on the GPU (same values).
+    filter_margin : the approximate-noise ranking's margin (a huge value forces exact keys, tests).
+
+    Scratch (allocated once): previous tokens ``[max_rows]`` int32, per-row words ``[N, max_rows]``
+    int64 and, for inverse CDF, tile partials ``2 x [max_rows, ceil(V / block_v)]`` fp32 for the
+    smallest ``block_v`` a batch size may use. ``run`` allocates nothing and synchronises nothing
+    (CUDA-graph safe).
+    """
+
+    METHODS = ("gumbel", "inverse_cdf")
+    DEVICES = ("cpu", "cuda")
+    GRAPH_SAFE = True
+    MAX_ROWS = None
+
+    def __init__(self, head, num_steps, max_rows, *, method, cache_dtype, device, layout=None, programs=None,
+                 native_round=True, filter_margin=FILTER_MARGIN):
+        if head.rank & (head.rank - 1) or head.rank < 16:
+            raise ValueError(f"head_weight: impl 'wide' needs a power-of-two rank >= 16, got {head.rank}")
+        if method not in self.METHODS:
+            raise ValueError(f"method: impl 'wide' supports 'gumbel' and 'inverse_cdf', got {method!r}")
+        device = torch.device(device)
+        self.interpret = INTERPRET or device.type == "cpu"
+        self.layout = None if layout is None else tuple(int(x) for x in layout)
+        if self.layout is not None:
+            if len(self.layout) != 6:
+                raise ValueError(f"layout: expected (block_v, block_r, num_warps, stages, prefetch, programs_per_sm), "
+                                 f"got {layout}")
+            check_power_of_two("layout block_v", self.layout[0], 16)
+            check_power_of_two("layout block_r", self.layout[1], 16)
+            check_power_of_two("layout num_warps", self.layout[2], 1)
+        self.programs = None if programs is None else int(programs)
+        if self.programs is not None and self.programs < 1:
+            raise ValueError(f"programs: expected >= 1, got {programs}")
+        self.native_round = bool(native_round) and not self.interpret
+        self.head = head
+        self.method = method
+        self.num_steps = int(num_steps)
+        self.max_rows = int(max_rows)
+        self.filter_margin = float(filter_margin)
+        self.upcast = self.interpret or head.dtype == torch.float32
+        self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+        vocab = head.vocab_size
+        smallest = min(self._layout_for(r)[0] for r in {1, 32, 64, 128, 256, max(self.max_rows, 1)})
+        num_tiles = triton.cdiv(vocab, smallest)
+        if method == "inverse_cdf" and triton.next_power_of_2(triton.cdiv(vocab, self._layout_for(
+                max(self.max_rows, 1))[0])) > 8192:
+            raise ValueError(f"layout: V = {vocab} needs more than 8192 tiles; pass a larger block_v")
+        self.prev = torch.zeros(self.max_rows, dtype=torch.int32, device=device)
+        self.words = torch.zeros(self.num_steps, self.max_rows, dtype=torch.int64, device=device)
+        part = (self.max_rows, num_tiles) if method == "inverse_cdf" else (1, 1)
+        self.part_max = torch.zeros(part, dtype=torch.float32, device=device)
+        self.part_mass = torch.zeros(part, dtype=torch.float32, device=device)
+        # Stand-ins for the per-slot tensors when S == 0 (never read or written: every access is masked off).
+        self.no_temperature = torch.zeros(1, dtype=torch.float32, device=device)
+        self.no_seeds = torch.zeros(1, dtype=torch.int64, device=device)
+        self.no_cache = torch.zeros(1, self.num_steps, vocab, dtype=cache_dtype, device=device)
+
+    def _layout_for(self, rows: int) -> tuple:
+        if self.layout is not None:
+            return self.layout
+        if self.interpret:
+            return CPU_LAYOUT
+        for most_rows, layout in GPU_LAYOUTS:
+            if rows <= most_rows:
+                return layout
+        return GPU_LAYOUT_LARGE
+
+    def run(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens, logits_cache):
+        """Draw ``draft_tokens`` ``[R, N]`` int64 and write ``logits_cache`` ``[S, N, V]`` (see the module)."""
+        head = self.head
+        rows, steps, vocab = base_logits.shape
+        num_slots = temperature.shape[0]
+        inverse = self.method == "inverse_cdf"
+        if num_slots == 0:  # every row is padding: point the per-slot loads (all masked off) at scratch
+            temperature, seeds, logits_cache = self.no_temperature, self.no_seeds, self.no_cache
+        block_v, block_r, num_warps, stages, prefetch, per_sm = self._layout_for(rows)
+        num_tiles = triton.cdiv(vocab, block_v)
+        row_blocks = triton.cdiv(rows, block_r)
+        if self.programs is not None:
+            workers = self.programs
+        elif self.interpret:
+            workers = CPU_PROGRAMS
+        else:
+            workers = max(1, (self.num_sms * per_sm) // row_blocks)
+        workers = min(workers, num_tiles)
+        common = dict(enable_fp_fusion=False)
+        _prepare_kernel[(rows,)](anchor, self.prev, self.words, self.words.stride(0), steps,
+                                 STEPS_P2=triton.next_power_of_2(steps), num_warps=1, **common)
+        for step in range(steps):
+            _wide_step_kernel[(workers * row_blocks,)](
+                base_logits, base_logits.stride(0), base_logits.stride(1),  # [R, N, V]
+                head.embed_weight, head.head_weight,  # [V_t, R_k], [V, R_k]
+                logits_cache, logits_cache.stride(0),  # [S, N, V]
+                idx_mapping, positions, temperature, seeds,  # [R*N], [R*N], [S], [S]
+                self.prev, self.words, self.words.stride(0),  # [max_rows], [N, max_rows]
+                draft_tokens, draft_tokens.stride(0),  # [R, N]
+                self.part_max, self.part_mass, self.part_max.stride(0),  # [max_rows, num_tiles]
+                rows, vocab, head.embed_vocab_size, num_slots, step, steps, head.scale, self.filter_margin,
+                row_blocks,
+                RK=head.rank, BLOCK_V=block_v, BLOCK_R=block_r, STAGES=stages, PREFETCH=bool(prefetch),
+                NATIVE_ROUND=self.native_round, SCALED=head.scale != 1.0, INVERSE_CDF=inverse,
+                UPCAST=self.upcast, IEEE_DOT=head.dtype == torch.float32, HARDWARE=not self.interpret,
+                num_warps=num_warps, **common)
+            if inverse:
+                _pick_kernel[(rows,)](
+                    self.part_max, self.part_mass, self.part_max.stride(0),  # [max_rows, num_tiles]
+                    self.words, self.words.stride(0),  # [N, max_rows]
+                    idx_mapping, positions, temperature, seeds,
+                    logits_cache, logits_cache.stride(0),  # [S, N, V]
+                    draft_tokens, draft_tokens.stride(0),  # [R, N]
+                    self.prev,  # [max_rows]
+                    vocab, num_slots, step, steps, num_tiles,
+                    TILES_P2=triton.next_power_of_2(num_tiles), BLOCK_V=block_v, num_warps=4, **common)
+        if not inverse:
+            _finish_gumbel_kernel[(rows,)](self.words, self.words.stride(0), draft_tokens, draft_tokens.stride(0),
+                                           steps - 1, vocab, num_warps=1, **common)

@@ -1,0 +1,220 @@
+"""``impl="wide"`` in Triton's interpreter at small shapes, against the reference.
+
+Gumbel draws bit for bit against the reference applied to the sampler's own cache (row blocks,
+several programs per row block, strided logits, rows built so that whole tiles are skipped, the
+exact fallback forced); inverse CDF as ``tests/draft/test_triton_inverse_cdf.py`` checks it (cache,
+greedy rows bit-identical, every T > 0 token the inverse CDF of its uniform within the fp32
+summation error, a chi-square test). The skip bounds (G_MAX, G_MIN, the clz bound) are those of
+``impl="stream"``, proved in ``tests/draft/test_triton_stream.py`` (and over all 2^32 hashes by
+``tests/gpu/test_stream_gpu.py``).
+"""
+
+import math
+
+import pytest
+import torch
+
+import dspark_markov as dm
+from dspark_markov.draft import reference as ref
+from tests.helpers import (NAN_INF_TOKENS, check_against_reference, check_inverse_cdf, draft_inputs, make_problem,
+                           nan_inf_problem, replay_reference, same_bits)
+
+pytest.importorskip("triton")
+
+from dspark_markov.draft.triton_wide import WideBackend  # noqa: E402
+
+TEMPERATURES = {"0": (0.0,), "0.6": (0.6,), "1": (1.0,), "mixed": (1.0, 0.6, 0.0, 1.0, 1.0, 0.7, 0.0)}
+
+
+def wide_sampler(head, steps, rows, method="gumbel", cache_dtype=torch.bfloat16, **options):
+    sampler = dm.MarkovSampler(head, steps, rows, cache_dtype=cache_dtype, method=method, impl="wide")
+    if options:
+        sampler.backend.__init__(head, steps, rows, method=method, cache_dtype=cache_dtype, device=head.device,
+                                 **options)
+    return sampler
+
+
+@pytest.mark.parametrize("weight_dtype,logit_dtype,cache_dtype,scale", [
+    (torch.bfloat16, torch.bfloat16, torch.bfloat16, 1.0),
+    (torch.bfloat16, torch.float32, torch.float32, 0.75),
+    (torch.float32, torch.float32, torch.bfloat16, 1.0),
+])
+@pytest.mark.parametrize("method", ["gumbel", "inverse_cdf"])
+def test_exact_against_reference_and_padding_untouched(weight_dtype, logit_dtype, cache_dtype, scale, method, device):
+    head, args = make_problem(1000, 32, 5, 3, weight_dtype=weight_dtype, logit_dtype=logit_dtype, scale=scale,
+                              device=device)
+    cache = torch.full((6, 3, 1000), float("nan"), dtype=cache_dtype, device=device)
+    out = dm.sample_drafts(head, *args, impl="wide", method=method, logits_cache=cache)
+    check_against_reference(head, *args, out, method=method)
+    untouched = torch.ones(6, dtype=torch.bool)
+    untouched[args[2].view(5, 3)[:, 0].clamp_min(0).unique()] = False
+    assert bool(torch.isnan(cache[untouched.to(cache.device)].float()).all()), "padding or unused slots were written"
+
+
+@pytest.mark.parametrize("temps", list(TEMPERATURES), ids=list(TEMPERATURES))
+@pytest.mark.parametrize("method", ["gumbel", "inverse_cdf"])
+def test_temperatures_row_blocks_and_programs(temps, method, device):
+    """20 rows in two row blocks of 16, 2 programs each over 5 tiles of 64 (V = 300, ragged), strided logits."""
+    head, args = make_problem(300, 16, 20, 2, temps=TEMPERATURES[temps], padding_row=7, seed=1, device=device)
+    wide = torch.randn(20, 3, 301, device=device).bfloat16()
+    args[0] = wide[:, 1:3, 1:]  # row stride 3 * 301, step stride 301
+    sampler = wide_sampler(head, 2, 20, method, programs=2)
+    out = sampler.sample(*args)
+    check_against_reference(head, *args, out, method=method)
+
+
+@pytest.mark.parametrize("base_dtype,cache_dtype,weight_dtype,scale", [
+    (torch.bfloat16, torch.bfloat16, torch.bfloat16, 1.0),
+    (torch.float32, torch.bfloat16, torch.bfloat16, 0.37),
+])
+def test_inverse_cdf_cache_exact_and_draws_follow_the_inverse_cdf(base_dtype, cache_dtype, weight_dtype, scale):
+    """The inverse-CDF design's own check (mixed T, padding, odd strides, embed-only anchors)."""
+    vocab, steps, rows = 777, 3, 4
+    gen = torch.Generator().manual_seed(1)
+    embed = torch.randn(vocab + 3, 32, generator=gen)
+    weights = torch.randn(vocab, 32, generator=gen) * 0.4
+    head = dm.MarkovHead(embed.to(weight_dtype), weights.to(weight_dtype), scale)
+    base, anchor, idx_mapping, positions, temperature, seeds = draft_inputs(rows, steps, vocab, base_dtype, gen)
+    sentinel = torch.full((6, steps, vocab), 7.0, dtype=cache_dtype)
+    cache = sentinel.clone()
+    out = dm.sample_drafts(head, base, anchor, idx_mapping, positions, temperature, seeds, logits_cache=cache,
+                           method="inverse_cdf", impl="wide")
+    tokens = out.draft_tokens
+    assert ((tokens >= 0) & (tokens < vocab)).all()
+    expected, per_step = replay_reference(head, base, anchor, idx_mapping, positions, temperature, seeds, tokens,
+                                          sentinel)
+    assert same_bits(cache, expected)
+    assert torch.equal(cache[[1, 3]], sentinel[[1, 3]])
+    for step, (z, temp, seed, position) in enumerate(per_step):
+        greedy = temp == 0
+        assert torch.equal(tokens[greedy, step], ref.argmax_first(z.float())[greedy])
+        check_inverse_cdf(z, temp, seed, step, position, tokens[:, step])
+
+
+def test_inverse_cdf_tokens_follow_softmax_chi_square():
+    """600 draws over V = 32 in 2 tiles of 16 (one -inf token, never drawn); df + 10 sqrt(2 df)."""
+    vocab, rows, steps = 32, 40, 5
+    gen = torch.Generator().manual_seed(4)
+    head = dm.MarkovHead(torch.randn(vocab, 16, generator=gen), torch.zeros(vocab, 16))
+    logits = torch.randn(vocab, generator=gen) * 0.5
+    logits[10] = float("-inf")
+    base = logits.expand(rows, steps, vocab)
+    temperature = torch.tensor([1.0, 0.6]).repeat(rows // 2)
+    sampler = wide_sampler(head, steps, rows, "inverse_cdf", torch.float32, layout=(16, 64, 4, 1, 1, 1))
+    observed = torch.zeros(vocab, dtype=torch.float64)
+    expected = torch.zeros(vocab, dtype=torch.float64)
+    for call in range(3):
+        out = sampler.sample(base, torch.zeros(rows, dtype=torch.long), torch.arange(rows).repeat_interleave(steps),
+                             torch.randint(0, 2**31, (rows * steps,), generator=gen), temperature,
+                             torch.arange(rows) + 1000 * call)
+        for temp in (1.0, 0.6):
+            drawn = out.draft_tokens[temperature == temp].flatten()
+            assert not bool((drawn == 10).any())
+            observed += torch.bincount(drawn, minlength=vocab).double()
+            expected += torch.softmax((logits / temp).double(), dim=0) * drawn.numel()
+    keep = expected > 0
+    chi2 = float((((observed - expected) ** 2)[keep] / expected[keep]).sum())
+    df = int(keep.sum()) - 1
+    assert chi2 < df + 10 * math.sqrt(2 * df), (chi2, df)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's NumPy overflows to inf, as the GPU does
+@pytest.mark.parametrize("method", ["gumbel", "inverse_cdf"])
+def test_nan_inf_rows_give_defined_tokens(method, device):
+    head, args = nan_inf_problem(device)
+    out = dm.sample_drafts(head, *args, impl="wide", method=method, cache_dtype=torch.float32)
+    assert out.draft_tokens[:, 0].tolist() == NAN_INF_TOKENS
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_inverse_cdf_special_rows():
+    """NaN, +inf, all -inf, huge and masked rows at T > 0 (z = base exactly: W2 = 0), three tiles of 256."""
+    vocab, rows = 600, 8
+    gen = torch.Generator().manual_seed(3)
+    head = dm.MarkovHead(torch.randn(vocab, 16, generator=gen), torch.zeros(vocab, 16))
+    base = torch.randn(rows, 1, vocab, generator=gen)
+    z = base[:, 0]
+    z[0, [300, 37]] = float("nan")
+    z[1] = float("-inf")
+    z[2, [513, 450]] = float("inf")
+    z[3] = torch.randn(vocab, generator=gen) * 3e37
+    z[3, 444] = 3.4e38
+    z[4] = float("-inf")
+    z[4, [5, 590]] = 0.0
+    z[5] = float("-inf")
+    z[5, 400] = -3.0e38
+    z[6, 1::2] = float("-inf")
+    z[7, :256] = float("-inf")
+    temperature = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.6, 1.0, 0.6, 1.0])
+    sampler = wide_sampler(head, 1, rows, "inverse_cdf", torch.float32, layout=(256, 16, 4, 1, 1, 1), programs=2)
+    out = sampler.sample(base, torch.zeros(rows, dtype=torch.long), torch.arange(rows), torch.arange(rows) + 1,
+                         temperature, torch.arange(rows) * 1000 + 1)
+    tokens = out.draft_tokens[:, 0]
+    assert tokens[0] == 37 and tokens[1] == 0 and tokens[2] == 450 and tokens[3] == 444
+    assert int(tokens[4]) in (5, 590) and tokens[5] == 400
+    assert tokens[6] % 2 == 0 and tokens[7] >= 256
+    assert same_bits(out.logits_cache[:, 0], z)
+
+
+def skewed_problem(winner_tile, device, rows=3, vocab=512):
+    """Rows whose leading logits make later tiles provably lose (tile skips and token filter engage)."""
+    head, args = make_problem(vocab, 16, rows, 2, temps=(1.0, 0.6, 0.0), padding_row=None, seed=2, device=device)
+    base = args[0].float()
+    base[0, :, 3] = 60.0  # tile 0 leads by far: every later tile of program 0 skipped as a whole
+    base[1, :, 70] = 40.0  # tile 1 leads, tile 0 computed first, later tiles skipped
+    base[1, :, 64 * winner_tile + 5] = 41.0  # a contender that must not be skipped
+    base[2, :, 64 * winner_tile + 9] = 25.0  # T = 0: greedy words skip by z alone
+    args[0] = base
+    return head, args
+
+
+@pytest.mark.parametrize("winner_tile", [2, 7])
+@pytest.mark.parametrize("programs", [1, 3])
+def test_gumbel_skips_keep_the_draw_exact(winner_tile, programs, device):
+    head, args = skewed_problem(winner_tile, device)
+    out = wide_sampler(head, 2, 3, programs=programs).sample(*args)
+    check_against_reference(head, *args, out)
+    assert out.draft_tokens[0].tolist() == [3, 3]
+
+
+def test_exact_fallback_path_matches(device):
+    """A huge filter margin keeps every token a candidate and sends every tile to exact keys."""
+    head, args = make_problem(700, 16, 4, 2, device=device)
+    sampler = wide_sampler(head, 2, 4)
+    filtered = sampler.sample(*args)
+    sampler.backend.filter_margin = 1e30
+    exact = sampler.sample(*args)
+    assert torch.equal(filtered.draft_tokens, exact.draft_tokens)
+    check_against_reference(head, *args, exact)
+
+
+def test_every_row_padding_with_no_slots_and_contained_values(device):
+    head, args = make_problem(300, 16, 2, 2, device=device)
+    for method in ("gumbel", "inverse_cdf"):
+        none = dm.sample_drafts(head, args[0], torch.tensor([4, 9], device=device), torch.full((4,), -1, device=device),
+                                torch.arange(4, device=device), torch.zeros(0, device=device),
+                                torch.zeros(0, dtype=torch.int64, device=device), impl="wide", method=method)
+        want = dm.sample_drafts(head, args[0], torch.tensor([4, 9], device=device), torch.full((4,), -1, device=device),
+                                torch.arange(4, device=device), torch.zeros(0, device=device),
+                                torch.zeros(0, dtype=torch.int64, device=device), impl="reference")
+        assert torch.equal(none.draft_tokens, want.draft_tokens)
+        cache = torch.full((2, 2, 300), float("nan"), device=device)
+        out = dm.sample_drafts(head, args[0], torch.tensor([10**6, -5], device=device),
+                               torch.tensor([0, 0, 99, 99], device=device), torch.arange(4, device=device),
+                               torch.ones(2, device=device), torch.tensor([1, 2], device=device), impl="wide",
+                               method=method, logits_cache=cache, check_values=False)
+        assert bool(((out.draft_tokens >= 0) & (out.draft_tokens < 300)).all())
+        assert not bool(torch.isnan(cache[0]).any()) and bool(torch.isnan(cache[1]).all())
+
+
+def test_refuses_bad_layouts_and_methods():
+    head, _ = make_problem(300, 16, 2, 1)
+    cpu = torch.device("cpu")
+    for name, layout in (("block_v", (100, 16, 4, 1, 1, 1)), ("block_r", (64, 8, 4, 1, 1, 1)),
+                         ("num_warps", (64, 16, 3, 1, 1, 1)), ("layout", (64, 16, 4))):
+        with pytest.raises(ValueError, match=name):
+            WideBackend(head, 1, 2, method="gumbel", cache_dtype=torch.bfloat16, device=cpu, layout=layout)
+    with pytest.raises(ValueError, match="programs"):
+        WideBackend(head, 1, 2, method="gumbel", cache_dtype=torch.bfloat16, device=cpu, programs=0)
+    with pytest.raises(ValueError, match="method"):
+        WideBackend(head, 1, 2, method="top_k", cache_dtype=torch.bfloat16, device=cpu)
