@@ -453,3 +453,68 @@ def spawn_ranks(tmp_path, world, worker, args, *, deadline_s, label=""):
                 process.terminate()
                 process.join(5)
     assert sorted(os.listdir(done_dir)) == [f"rank{rank}.ok" for rank in range(world)]
+
+
+# --------------------------------------------------------------------------- interpreter speed
+def fast_interpreter_calls():
+    """Context manager: Triton's interpreter without its redundant per-device-call patching.
+
+    The interpreter re-patches ``triton.language`` (``_patch_lang``: every builtin of ``tl``,
+    ``tl.tensor``, ``tl.math``) on each *device-function* call, although the launch already did it
+    for the same modules: about half of an interpreted verifier program. Inside a launch this skips
+    the patch when the function's language modules were already patched in that launch (the same
+    state, so the same results); outside a launch, or for new modules, it patches as before. A no-op
+    when the interpreter's internals are not the expected ones.
+    """
+    import contextlib
+    import inspect
+
+    @contextlib.contextmanager
+    def manager():
+        try:
+            import triton.language as tl
+            import triton.runtime.interpreter as interp
+
+            grid_call, device_call, patch = (interp.GridExecutor.__call__, interp.InterpretedFunction.__call__,
+                                             interp._patch_lang)
+            rewrite, error = interp.InterpretedFunction.rewrite, interp.InterpreterError
+        except (ImportError, AttributeError):
+            yield
+            return
+        state = {"patched": None}
+        langs_of = {}
+
+        def langs(fn):
+            found = langs_of.get(fn)
+            if found is None:
+                found = langs_of[fn] = frozenset(id(v) for v in fn.__globals__.values()
+                                                 if inspect.ismodule(v) and v in (tl, tl.core))
+            return found
+
+        def new_grid_call(self, *args, **kwargs):
+            outer = state["patched"]
+            state["patched"] = set(langs(self.fn))  # what the launch patches itself
+            try:
+                return grid_call(self, *args, **kwargs)
+            finally:
+                state["patched"] = outer
+
+        def new_device_call(self, *args, **kwargs):  # as InterpretedFunction.__call__, the patch memoised
+            mine = langs(self.fn)
+            if state["patched"] is None or not mine <= state["patched"]:
+                patch(self.fn)
+                if state["patched"] is not None:
+                    state["patched"] |= mine
+            fn = rewrite(self)
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:
+                raise error(repr(e)) from e
+
+        interp.GridExecutor.__call__, interp.InterpretedFunction.__call__ = new_grid_call, new_device_call
+        try:
+            yield
+        finally:
+            interp.GridExecutor.__call__, interp.InterpretedFunction.__call__ = grid_call, device_call
+
+    return manager()
