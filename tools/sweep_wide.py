@@ -3,7 +3,7 @@
 Usage: ``PYTHONPATH=src:. python3 tools/sweep_wide.py --plan
 253/inverse_cdf/inverse_cdf,253/inverse_cdf/32x256x8x2x1x1 [--check] [--cache-dtype float32]
 [--temperature mixed]``: ``rows/method/design`` items, a design being a registered impl or a wide
-layout ``block_v x block_r x num_warps x stages x prefetch x programs_per_sm``. One line per (rows, design, layout): the median microseconds of one whole call
+layout ``block_v x block_r x num_warps x stages x prefetch x programs_per_sm [x gumbel_iters [x share_words]]``. One line per (rows, design, layout): the median microseconds of one whole call
 (all N steps), graph replay == eager, and (``--check``) whether the wide sampler draws what the
 reference draws from its own cache (``tests.helpers.check_against_reference``) and how its Gumbel
 tokens compare with the first baseline's.
@@ -60,6 +60,7 @@ def main():
           f" cache {args.cache_dtype} T={args.temperature}", flush=True)
     cases = {}
     first_tokens = {}
+    seen = set()
     for item in args.plan.split(","):
         rows, method, design = item.split("/")
         rows = int(rows)
@@ -76,8 +77,9 @@ def main():
         try:
             sampler = dm.MarkovSampler(head, STEPS, rows, cache_dtype=cache_dtype, method=method, impl=design)
             if layout is not None:
+                options = dict(zip(("gumbel_iters", "share_words"), layout[6:]))
                 sampler.backend.__init__(head, STEPS, rows, method=method, cache_dtype=cache_dtype,
-                                         device=torch.device("cuda"), layout=layout)
+                                         device=torch.device("cuda"), layout=layout[:6], **options)
 
             def call():
                 sampler.sample(*inputs, draft_tokens=tokens, logits_cache=cache, check_values=False)
@@ -111,6 +113,29 @@ def main():
                 extra += f" reference: {type(error).__name__} {str(error)[:200]}"
         print(f"rows {rows:4d} {name:>26} {method:>11}: {us:8.1f} us  replay==eager {replay_same}{extra}"
               f"  (set-up {compiled:.1f} s)", flush=True)
+        for line in kernel_resources(seen):
+            print("    " + line, flush=True)
+
+
+def kernel_resources(seen):
+    """``name: regs / spills / shared bytes`` of every compiled wide kernel not reported yet."""
+    from dspark_markov.draft import triton_stream, triton_wide
+    lines = []
+    for fn in (triton_wide._wide_step_kernel, triton_stream._pick_kernel):
+        try:
+            for cache in fn.device_caches.values():
+                for key, kernel in cache[0].items():
+                    if id(kernel) in seen:
+                        continue
+                    seen.add(id(kernel))
+                    const = {k: v for k, v in getattr(kernel, "constants", {}).items()
+                             if str(k) in ("BLOCK_V", "BLOCK_R", "STAGES", "INVERSE_CDF", "PREFETCH")} \
+                        if isinstance(getattr(kernel, "constants", None), dict) else ""
+                    lines.append(f"{fn.__name__}: regs {kernel.n_regs} spills {kernel.n_spills} "
+                                 f"shared {kernel.metadata.shared} warps {kernel.metadata.num_warps} {const}")
+        except Exception as error:  # noqa: BLE001 - diagnostics only
+            lines.append(f"{fn.__name__}: resources unavailable ({type(error).__name__}: {error})")
+    return lines
 
 
 class _Out:

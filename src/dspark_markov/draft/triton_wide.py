@@ -47,14 +47,82 @@ import triton
 import triton.language as tl
 
 from ..ops import noise as rng_triton
-from ..ops.filter import FILTER_MARGIN
-from ..ops.noise import INTERPRET
-from ..ops.numerics import INT64_MIN, to_float32
+from ..ops.filter import FILTER_MARGIN, key_slack
+from ..ops.noise import INTERPRET, fast_log2
+from ..ops.numerics import INT64_MIN, pack_word, to_float32
 from ..ops.numerics import word_token as _word_token
 from ..ops.rows import draft_rows
 from ..validate import check_power_of_two
-from .triton_stream import (_G_MAX, _finish_gumbel_kernel, _greedy_words, _gumbel_words, _nan_max, _pick_kernel,
-                            _prepare_kernel, _round, _word_value)
+from .triton_stream import (_G_MAX, _G_MIN, _LN2_UP, _finish_gumbel_kernel, _greedy_words, _gumbel_words, _nan_max,
+                            _pick_kernel, _prepare_kernel, _round, _word_value)
+
+# log_noise_upper: g <= (24 - log2(h >> 8)) ln 2 + LOG_UPPER_MARGIN for every hash h with h >> 8 > 0
+# (G_MAX otherwise); checked over all 2^32 hashes with the hardware log2 by tests/gpu/test_wide_gpu.py.
+LOG_UPPER_MARGIN = 2.0**-10
+_LOG_UPPER_MARGIN = tl.constexpr(LOG_UPPER_MARGIN)
+_BIG = tl.constexpr(2147483647)
+
+
+@triton.jit
+def log_noise_upper(h, HARDWARE: tl.constexpr):
+    """An upper bound on the exact noise ``gumbel32(uniform32(h))`` from the hash alone (fp32), tight to ~2^-16.
+
+    ``u = (h >> 16) 2^-16 + ((h & 0xFFFF) + 1/2) 2^-32 >= h 2^-32 >= (h >> 8) 2^-24`` (exact parts,
+    monotone rounding) and ``-L(u) >= u`` (the series is ``u (1 + u p)`` with ``p >= 0``, the log
+    branch holds for ``u >= 1/4`` since ``-log(1 - u) >= u + u^2 / 2``), so
+    ``g = -log(-L(u)) <= -log(u) <= (24 - log2(h >> 8)) ln 2``. ``h >> 8 < 2^24`` converts to fp32
+    exactly; :data:`LOG_UPPER_MARGIN` covers ``lg2.approx`` and the roundings of the fp32 logs.
+    For ``h < 256`` the bound is :data:`~.triton_stream.G_MAX` (``u >= 2^-33``).
+    """
+    high = (h >> 8).to(tl.int32)
+    bound = (24.0 - fast_log2(tl.maximum(high, 1).to(tl.float32), HARDWARE)) * _LN2_UP + _LOG_UPPER_MARGIN
+    return tl.where(high == 0, _G_MAX, bound)
+
+
+@triton.jit
+def _candidate_words(z, temp, safe_temp, prefix, best_word, cols, mask, need, filter_margin,
+                     ITERS: tl.constexpr, HARDWARE: tl.constexpr):
+    """Best words of the sampled rows ``need`` after this tile, spending exact keys only where a token can win.
+
+    A token is a candidate while ``z / T + log_noise_upper(h)`` reaches the row's best exact key
+    (minus the slack of ``z * (1/T)`` against ``div_rn(z, T)``), or ``z`` is NaN. Up to ``ITERS``
+    times, each row's candidate of highest bound gets its exact key, the best word is raised and the
+    candidates are filtered again; whatever remains (many candidates: a row's first tile, NaN,
+    near-ties) goes to :func:`.triton_stream._gumbel_words` (approximate ranking, exact winner).
+    Keys of real tokens only ever enter the words, so the result is the exact argmax of the tile's
+    tokens and ``best_word``.
+    """
+    inv_temp = 1.0 / safe_temp
+    h = rng_triton.hash_finish(prefix[:, None], cols)
+    reach = z * inv_temp[:, None] + log_noise_upper(h, HARDWARE)
+    zmax = tl.reduce(z, 1, _nan_max)
+    # a lower bound of the tile's own best key: useful before any word exists
+    floor = tl.math.div_rn(zmax, safe_temp) + _G_MIN
+    best = _word_value(best_word)
+    threshold = tl.maximum(best, floor)
+    threshold = tl.where(tl.abs(threshold) < float("inf"), threshold - key_slack(threshold, filter_margin), threshold)
+    candidate = need[:, None] & mask & ((reach >= threshold[:, None]) | (z != z))
+    nan_row = zmax != zmax
+    for _ in tl.static_range(ITERS):
+        if tl.max(tl.max(candidate.to(tl.int32), axis=1), axis=0) > 0:
+            top = tl.max(tl.where(candidate, reach, float("-inf")), axis=1)
+            index = tl.min(tl.where(candidate & (reach == top[:, None]), cols, _BIG), axis=1)
+            has = (index != _BIG) & (nan_row == 0)
+            index = tl.where(has, index, 0)
+            chosen = tl.max(tl.where(cols == index[:, None], z, float("-inf")), axis=1)
+            exact = tl.math.div_rn(chosen, safe_temp) + rng_triton.draft_noise(prefix, index)
+            best_word = tl.where(has, tl.maximum(best_word, pack_word(exact, index)), best_word)
+            best = _word_value(best_word)
+            threshold = tl.maximum(best, floor)
+            threshold = tl.where(tl.abs(threshold) < float("inf"), threshold - key_slack(threshold, filter_margin),
+                                 threshold)
+            candidate = candidate & (cols != index[:, None]) & ((reach >= threshold[:, None]) | (z != z))
+    if tl.max(tl.max(candidate.to(tl.int32), axis=1), axis=0) > 0:
+        rest = need & (tl.max(candidate.to(tl.int32), axis=1) > 0)
+        words = _gumbel_words(z, zmax, temp, prefix, _word_value(best_word), cols, mask, rest, filter_margin,
+                              HARDWARE)
+        best_word = tl.where(rest, tl.maximum(best_word, words), best_word)
+    return best_word
 
 
 @triton.jit(do_not_specialize=["step", "num_rows", "num_slots", "num_row_blocks"])
@@ -75,6 +143,8 @@ def _wide_step_kernel(
     BLOCK_R: tl.constexpr,
     STAGES: tl.constexpr,
     PREFETCH: tl.constexpr,
+    GUMBEL_ITERS: tl.constexpr,
+    SHARE_WORDS: tl.constexpr,
     NATIVE_ROUND: tl.constexpr,
     SCALED: tl.constexpr,
     INVERSE_CDF: tl.constexpr,
@@ -134,6 +204,8 @@ def _wide_step_kernel(
     best_word = tl.full([BLOCK_R], INT64_MIN, tl.int64)
 
     for tile in tl.range(worker, num_tiles, workers, num_stages=STAGES):
+        if SHARE_WORDS and not INVERSE_CDF:  # the best keys other programs found (read early, used after the MMA)
+            shared_word = tl.load(words_step + rows, mask=row_ok, other=INT64_MIN, volatile=True)
         cols = tile * BLOCK_V + lanes
         col_ok = cols < vocab
         mask = row_ok[:, None] & col_ok[None, :]
@@ -174,6 +246,9 @@ def _wide_step_kernel(
                 words = _greedy_words(z, zmax, cols[None, :], mask)
                 best_word = tl.where(greedy, tl.maximum(best_word, words), best_word)
         else:
+            if SHARE_WORDS:
+                best_word = tl.maximum(best_word, shared_word)
+                known_word = best_word
             best = _word_value(best_word)
             # Whole-row skip: no key of the tile can exceed max z / T + G_MAX (monotone roundings).
             bound = tl.where(greedy, zmax, tl.math.div_rn(zmax, safe_temp) + _G_MAX)
@@ -183,9 +258,15 @@ def _wide_step_kernel(
                 best_word = tl.where(greedy, tl.maximum(best_word, words), best_word)
             need_sampled = need & sampled
             if tl.max(need_sampled.to(tl.int32), axis=0) > 0:
-                words = _gumbel_words(z, zmax, temp, prefix, best, cols[None, :], mask, need_sampled,
-                                      filter_margin, HARDWARE)
-                best_word = tl.where(sampled, tl.maximum(best_word, words), best_word)
+                if GUMBEL_ITERS > 0:
+                    best_word = _candidate_words(z, temp, safe_temp, prefix, best_word, cols[None, :], mask,
+                                                 need_sampled, filter_margin, GUMBEL_ITERS, HARDWARE)
+                else:
+                    words = _gumbel_words(z, zmax, temp, prefix, best, cols[None, :], mask, need_sampled,
+                                          filter_margin, HARDWARE)
+                    best_word = tl.where(sampled, tl.maximum(best_word, words), best_word)
+            if SHARE_WORDS:  # publish what this tile improved (no result read: a reduction, not a round trip)
+                tl.atomic_max(words_step + rows, best_word, mask=row_ok & (best_word > known_word))
     if INVERSE_CDF:
         tl.atomic_max(words_step + rows, best_word, mask=greedy & (best_word != INT64_MIN))
     else:
@@ -198,6 +279,7 @@ GPU_LAYOUTS = ((64, (64, 64, 4, 2, 1, 2)), (128, (64, 128, 8, 2, 1, 1)), (256, (
 GPU_LAYOUT_LARGE = (32, 256, 8, 2, 1, 1)  # more rows: several row blocks of 256
 CPU_LAYOUT = (64, 16, 4, 1, 1, 1)
 CPU_PROGRAMS = 3  # programs per row block in the interpreter (a few tiles each)
+GUMBEL_ITERS = 2  # exact keys per row and tile before a tile's candidates go to the approximate ranking
 
 
 class WideBackend:
@@ -212,6 +294,10 @@ class WideBackend:
         size from :data:`GPU_LAYOUTS` (``block_r >= 16`` is a tensor-core tile; a batch larger than
         ``block_r`` is split into row blocks). ``programs`` overrides the programs per row block.
     native_round : round to bf16 with the conversion instruction on the GPU (same values).
+    gumbel_iters : per tile, how many times each row's most promising candidate gets its exact key
+        before the remaining candidates go to the approximate ranking (0: always rank).
+    share_words : Gumbel programs read the rows' best words other programs published at every tile
+        (a stronger skip threshold) and publish their own improvements.
     filter_margin : the approximate-noise ranking's margin (a huge value forces exact keys, tests).
 
     Scratch (allocated once): previous tokens ``[max_rows]`` int32, per-row words ``[N, max_rows]``
@@ -226,7 +312,7 @@ class WideBackend:
     MAX_ROWS = None
 
     def __init__(self, head, num_steps, max_rows, *, method, cache_dtype, device, layout=None, programs=None,
-                 native_round=True, filter_margin=FILTER_MARGIN):
+                 native_round=True, filter_margin=FILTER_MARGIN, gumbel_iters=GUMBEL_ITERS, share_words=True):
         if head.rank & (head.rank - 1) or head.rank < 16:
             raise ValueError(f"head_weight: impl 'wide' needs a power-of-two rank >= 16, got {head.rank}")
         if method not in self.METHODS:
@@ -245,6 +331,10 @@ class WideBackend:
         if self.programs is not None and self.programs < 1:
             raise ValueError(f"programs: expected >= 1, got {programs}")
         self.native_round = bool(native_round) and not self.interpret
+        self.gumbel_iters = int(gumbel_iters)
+        if not 0 <= self.gumbel_iters <= 8:
+            raise ValueError(f"gumbel_iters: expected 0..8, got {gumbel_iters}")
+        self.share_words = bool(share_words)
         self.head = head
         self.method = method
         self.num_steps = int(num_steps)
@@ -311,6 +401,7 @@ class WideBackend:
                 rows, vocab, head.embed_vocab_size, num_slots, step, steps, head.scale, self.filter_margin,
                 row_blocks,
                 RK=head.rank, BLOCK_V=block_v, BLOCK_R=block_r, STAGES=stages, PREFETCH=bool(prefetch),
+                GUMBEL_ITERS=self.gumbel_iters, SHARE_WORDS=self.share_words,
                 NATIVE_ROUND=self.native_round, SCALED=head.scale != 1.0, INVERSE_CDF=inverse,
                 UPCAST=self.upcast, IEEE_DOT=head.dtype == torch.float32, HARDWARE=not self.interpret,
                 num_warps=num_warps, **common)
