@@ -15,13 +15,17 @@ import pytest
 import torch
 
 import dspark_markov as dm
+from dspark_markov import rng
 from dspark_markov.draft import reference as ref
 from tests.helpers import (NAN_INF_TOKENS, check_against_reference, check_inverse_cdf, draft_inputs, make_problem,
                            nan_inf_problem, replay_reference, same_bits)
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
 
-from dspark_markov.draft.triton_wide import WideBackend  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from dspark_markov.draft.triton_stream import G_MAX  # noqa: E402
+from dspark_markov.draft.triton_wide import LOG_UPPER_MARGIN, WideBackend, log_noise_upper  # noqa: E402
 
 TEMPERATURES = {"0": (0.0,), "0.6": (0.6,), "1": (1.0,), "mixed": (1.0, 0.6, 0.0, 1.0, 1.0, 0.7, 0.0)}
 
@@ -218,3 +222,37 @@ def test_refuses_bad_layouts_and_methods():
         WideBackend(head, 1, 2, method="gumbel", cache_dtype=torch.bfloat16, device=cpu, programs=0)
     with pytest.raises(ValueError, match="method"):
         WideBackend(head, 1, 2, method="top_k", cache_dtype=torch.bfloat16, device=cpu)
+
+
+# --------------------------------------------------------------------------- the skip bound
+@triton.jit
+def _log_upper_kernel(h_ptr, upper_ptr, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    h = tl.load(h_ptr + offsets).to(tl.uint32)
+    tl.store(upper_ptr + offsets, log_noise_upper(h, False))
+
+
+def test_log_noise_upper_bounds_the_noise_where_it_is_tight():
+    """g <= log_noise_upper(h) (argument in its docstring) on the hashes where it is tightest.
+
+    Small hashes (large noise: the only tokens that can beat a good key), hashes around every
+    power of two (where the h >> 8 truncation and the log2 change), random ones and the extremes;
+    the GPU test checks all 2^32 with the hardware log2. The bound is also tight where tokens can win
+    (u < 2^-10, g > 6.9): within the truncation of h (2^-12), u / 2 (from -L(u) = u (1 + u/2 + ...))
+    and the margin, for 2^20 <= h < 2^22 (a filter that keeps every token would be no filter).
+    """
+    gen = torch.Generator().manual_seed(9)
+    powers = torch.tensor([1 << k for k in range(8, 32)], dtype=torch.int64)
+    near = (powers[:, None] + torch.arange(-3, 4)[None, :]).flatten()
+    hashes = torch.cat([torch.arange(1 << 13, dtype=torch.int64), near, (1 << 20) + torch.arange(1 << 12) * 509, torch.randint(0, 2**32, (1 << 13,), generator=gen),
+                        torch.tensor([0, 255, 256, 2**32 - 1])])
+    block = 1024
+    padded = torch.cat([hashes, hashes[: (-hashes.numel()) % block]])
+    upper = torch.empty(padded.numel(), dtype=torch.float32)
+    _log_upper_kernel[(padded.numel() // block,)](padded.to(torch.int32), upper, BLOCK=block, enable_fp_fusion=False)
+    noise = rng.gumbel32(rng.uniform32(padded))
+    assert bool((noise <= upper).all())
+    assert bool((upper[padded < 256] == G_MAX).all())
+    small_u = (padded >= 1 << 20) & (padded < 1 << 22)
+    assert int(small_u.sum()) > 0
+    assert float((upper[small_u] - noise[small_u]).max()) < 2.0**-12 + 2.0**-11 + LOG_UPPER_MARGIN + 2.0**-16
