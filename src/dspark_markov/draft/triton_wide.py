@@ -9,8 +9,8 @@ so a W2 tile read by one row block is an L2 hit for the next). Per tile:
 - ``bias = codes @ W2_tile^T`` (``tl.dot``: wgmma on Hopper, fp32 accumulation, rounded once to
   the weight dtype, ``scale`` applied and rounded again when ``!= 1``); the W2 tile loads are
   software-pipelined ``STAGES`` deep by Triton, the base-logit tile of the *next* tile is loaded
-  into registers before this tile's product (``PREFETCH``), so HBM latency hides behind the MMA
-  and the epilogue;
+  into registers before this tile's product (``PREFETCH``), so HBM latency hides behind the
+  MMA and the epilogue;
 - ``z = round_cache(float(U) + bias)`` written to the cache rows of live samples (once), and the
   tile reduced in registers: the bias is never written to memory, the base logits are read once,
   the cache is written once, W2 comes from HBM once per step.
@@ -125,6 +125,19 @@ def _candidate_words(z, temp, safe_temp, prefix, best_word, cols, mask, need, fi
     return best_word
 
 
+@triton.jit
+def _tile_product(codes, head_ptr, cols, col_ok, ks, RK: tl.constexpr, UPCAST: tl.constexpr, IEEE_DOT: tl.constexpr):
+    """``codes @ W2[cols]^T`` ``[BLOCK_R, BLOCK_V]`` fp32 (rows of W2 outside the vocabulary read as 0)."""
+    w_tile = tl.load(head_ptr + cols[:, None].to(tl.int64) * RK + ks[None, :], mask=col_ok[:, None], other=0.0)
+    if UPCAST:
+        w_tile = w_tile.to(tl.float32)
+    if IEEE_DOT:
+        acc = tl.dot(codes, tl.trans(w_tile), input_precision="ieee")
+    else:
+        acc = tl.dot(codes, tl.trans(w_tile))
+    return acc
+
+
 @triton.jit(do_not_specialize=["step", "num_rows", "num_slots", "num_row_blocks"])
 def _wide_step_kernel(
     base_ptr, stride_br, stride_bn,  # [R, N, V] bf16/fp32, last stride 1
@@ -216,13 +229,9 @@ def _wide_step_kernel(
                                 other=0.0)
         else:
             base = tl.load(base_rows + cols[None, :], mask=mask, other=0.0)
-        w_tile = tl.load(head_ptr + cols[:, None].to(tl.int64) * RK + ks[None, :], mask=col_ok[:, None], other=0.0)
-        if UPCAST:
-            w_tile = w_tile.to(tl.float32)
-        if IEEE_DOT:
-            acc = tl.dot(codes, tl.trans(w_tile), input_precision="ieee")
-        else:
-            acc = tl.dot(codes, tl.trans(w_tile))
+        # (a product issued one tile ahead does not overlap the epilogue: Triton 3.6 waits for a wgmma
+        # right after issuing it unless it accumulates into a loop-carried accumulator)
+        acc = _tile_product(codes, head_ptr, cols, col_ok, ks, RK, UPCAST, IEEE_DOT)
         bias = to_float32(_round(acc, w_dtype, NATIVE_ROUND))  # (a NaN bias makes z NaN: its payload is moot)
         if SCALED:
             bias = to_float32(_round(bias * scale, w_dtype, NATIVE_ROUND))
