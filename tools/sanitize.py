@@ -3,7 +3,7 @@
 The calls: every draft design of the backend registry that runs on CUDA (each of its methods, and a
 reduced draft vocabulary where the design takes one), every top-k drafting design, so a new design
 is covered as soon as it is registered; verification (``verify_drafts(impl="triton")``,
-standard and block, and the persistent ``Verifier`` when the module still has one); top-k/top-p
+standard and block, and a persistent ``StreamVerifier`` as DSparkStep holds it); top-k/top-p
 (per-row and scalar ``k``/``p``, one-program-per-row and split-row layouts); block inputs.
 Shapes are small (V = 4096, rank 256, N = 2, 2 rows) so that the four tools fit in a short GPU job.
 
@@ -144,11 +144,9 @@ def run_call(spec, device, vocab, rank):
                                    args[4], args[5], method=method, impl="triton")
             tokens = out.tokens
         else:
-            from dspark_markov.verify import triton_verify
+            from dspark_markov.verify.triton_verify_stream import StreamVerifier
 
-            if not hasattr(triton_verify, "Verifier"):
-                return "skipped: no triton_verify.Verifier"
-            verifier = triton_verify.Verifier(batch, k, vocab, device)
+            verifier = StreamVerifier(batch, k, vocab, device)  # the persistent verifier DSparkStep builds
             tokens, _ = verifier.run(target, drafts.draft_tokens, drafts.logits_cache, num_drafts, req_slots, req_pos,
                                      args[4], args[5], method=method)
         torch.cuda.synchronize() if device.type == "cuda" else None

@@ -2,8 +2,8 @@
 
 Usage: ``PYTHONPATH=src python3 tools/sweep_verify.py [rows ...] [--variants NAME,...] [--rounds R]``.
 Inputs as ``dspark-markov bench --verify`` (fp32 target N(0, 2^2), bf16 cache, random drafts,
-K = 5, V = 129,280, mixed T 0 / 0.6 / 1 per slot). Variants: ``multipass`` (the four-kernel
-``triton_verify.Verifier``), ``stream`` (:class:`StreamVerifier`, default layout), ``raw`` (the
+K = 5, V = 129,280, mixed T 0 / 0.6 / 1 per slot). Variants: ``stream`` (:class:`StreamVerifier`,
+default layout), ``raw`` (the
 stream kernel on raw logits with the per-slot temperature), ``stream:t1=4,lag=2`` (layout
 overrides), ``block``/``raw_block`` (block verification). Prints microseconds and whether every
 variant's tokens equal the first variant's of its method (raw against pre-divided: bit equality).
@@ -16,14 +16,13 @@ import torch
 
 from dspark_markov.bench import harness
 from dspark_markov.draft.reference import scaled_logits
-from dspark_markov.verify.triton_verify import Verifier
 from dspark_markov.verify.triton_verify_stream import StreamVerifier
 
 V, K = 129_280, 5
 
 
 def parse(argv):
-    rows, variants, rounds = [], ["multipass", "stream", "raw", "block", "raw_block"], 5
+    rows, variants, rounds = [], ["stream", "raw", "block", "raw_block"], 5
     i = 0
     while i < len(argv):
         if argv[i] == "--variants":
@@ -72,26 +71,19 @@ def main(argv):
             method = "block" if name.endswith("block") else "standard"
             tokens = torch.full((rows, K + 1), -1, dtype=torch.int64, device=dev)
             count = torch.zeros(rows, dtype=torch.int64, device=dev)
-            if name == "multipass" or name == "multipass_block":
-                verifier = Verifier(rows, K, V, dev)
+            verifier = StreamVerifier(rows, K, V, dev, **opts)
+            raw = name.startswith("raw")
 
-                def call(verifier=verifier, method=method, tokens=tokens, count=count):
+            def call(verifier=verifier, method=method, tokens=tokens, count=count, raw=raw):
+                if raw:
+                    verifier.run(*raw_args, method=method, target_temperature=args[6], tokens=tokens,
+                                 num_emitted=count)
+                else:
                     verifier.run(*args, method=method, tokens=tokens, num_emitted=count)
-            else:
-                verifier = StreamVerifier(rows, K, V, dev, **opts)
-                raw = name.startswith("raw")
-
-                def call(verifier=verifier, method=method, tokens=tokens, count=count, raw=raw):
-                    if raw:
-                        verifier.run(*raw_args, method=method, target_temperature=args[6], tokens=tokens,
-                                     num_emitted=count)
-                    else:
-                        verifier.run(*args, method=method, tokens=tokens, num_emitted=count)
             try:
                 call()
                 torch.cuda.synchronize()
-                if isinstance(verifier, StreamVerifier):
-                    verifier.check()
+                verifier.check()
                 graphs[spec] = harness.capture_graph(call)
                 keep.append(verifier)
                 outputs[spec] = (method, tokens, count)
@@ -113,8 +105,7 @@ def main(argv):
             print(f"rows {rows:4d} {spec:28s} {t:9.1f} us  ({min(times[spec]):.1f}-{max(times[spec]):.1f})  "
                   f"floor {floor:6.1f}  {100 * floor / t:5.1f}%  equal to {ref_spec}: {same}")
         for verifier in keep:
-            if isinstance(verifier, StreamVerifier):
-                verifier.check()
+            verifier.check()
     from dspark_markov.verify import triton_verify_stream as ts
 
     try:

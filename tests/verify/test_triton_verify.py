@@ -1,17 +1,17 @@
 """verify_drafts(impl="triton") against the reference, on the CPU interpreter at small V.
 
 The Triton path forms ``p`` and ``q`` with its own ``exp`` and summation order, so it equals the
-reference exactly except at last-bit ties (see :mod:`dspark_markov.verify.triton_verify`); on these
+reference exactly except at last-bit ties (see :mod:`dspark_markov.verify.triton_verify_stream`); on these
 random inputs no decision is within a few ulps of its threshold, so the outputs must be identical.
 The cases mix accepted, rejected (residual) and bonus outcomes, greedy targets and drafts, padding
-requests, variable draft counts and several request chunks.
+requests, variable draft counts and several stream-item layouts.
 """
 
 import pytest
 import torch
 
 import dspark_markov as dm
-from dspark_markov.verify.triton_verify import Verifier
+from dspark_markov.verify.triton_verify_stream import StreamVerifier as Verifier
 from tests.helpers import VERIFY_VOCAB as VOCAB
 from tests.helpers import verify_case as _case
 
@@ -48,8 +48,8 @@ def test_equals_reference(method, cache_dtype):
 
 
 def test_equals_reference_explicit_greedy_flags_and_chunks():
-    """Greedy targets with probabilistic drafts and vice versa; a chunk of 3 requests per launch."""
-    verifier = Verifier(8, 3, VOCAB, "cpu", chunk=3)
+    """Greedy targets with probabilistic drafts and vice versa; stream items of one tile."""
+    verifier = Verifier(8, 3, VOCAB, "cpu", t1=1)
     for seed in (5, 6):
         args = _case(seed, batch=8)
         target_greedy = torch.zeros(8, dtype=torch.bool)
@@ -79,7 +79,7 @@ def test_no_drafts_and_padding_only():
 
 
 def test_verifier_is_reusable_with_smaller_batches():
-    verifier = Verifier(7, 3, VOCAB, "cpu", chunk=4)
+    verifier = Verifier(7, 3, VOCAB, "cpu", t1=3)
     first = _case(7)
     _assert_same(first, None, "standard", verifier)
     second = [x[:5] if i in (0, 1, 3, 4, 5) else x for i, x in enumerate(_case(8))]
