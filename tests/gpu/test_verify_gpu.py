@@ -112,4 +112,6 @@ def test_lossless_on_cuda_small_vocab():
 
 
 def test_demo_on_cuda():
-    assert demo.main(["--device", "cuda", "--quiet"]) == 0
+    from dspark_markov.demo import cli
+
+    assert cli.main(["--device", "cuda", "--quiet"]) == 0
