@@ -2,7 +2,8 @@
 
 Usage: ``PYTHONPATH=src compute-sanitizer --tool memcheck python3 tools/check_cuda_chain_small.py``
 (also ``--tool racecheck``; ``--quick``: two block shapes, bf16 cache only; ``--hints``: the 16-warp
-shape, kernel variant 43 with flags 31 and 15, rows 2 and 12). V = 4096, 3 steps, rows 3 and 12 (one padding row, T in {1, 0.6, 0}),
+shape, kernel variant 43 with flags 31 and 15, rows 2 and 12; ``--variants=107,7275``: those variants with
+flags 15, rows 2 and 12). V = 4096, 3 steps, rows 3 and 12 (one padding row, T in {1, 0.6, 0}),
 4 blocks (so every block is resident under the tool), every block shape; exits non-zero on a
 mismatch or a barrier timeout.
 """
@@ -23,7 +24,8 @@ def main() -> int:
     gen = torch.Generator(device="cuda").manual_seed(0)
     head = dm.MarkovHead((torch.randn(vocab, rank, device="cuda", generator=gen) * 0.05).bfloat16(),
                          (torch.randn(vocab, rank, device="cuda", generator=gen) * 0.05).bfloat16())
-    for rows in (2, 12) if "--hints" in sys.argv else (3, 12):  # 2: FLAG_EXACT_SMALL's path
+    hints = "--hints" in sys.argv or any(a.startswith("--variants=") for a in sys.argv)
+    for rows in (2, 12) if hints else (3, 12):  # 2: FLAG_EXACT_SMALL's path
         base = (torch.randn(rows, steps, vocab, device="cuda", generator=gen) * 2).bfloat16()
         slots = torch.arange(rows, device="cuda")
         slots[1] = -1
@@ -37,6 +39,9 @@ def main() -> int:
         shapes = ((16, 1, 0, 0), (8, 3, 0, 0)) if quick else ((16, 0, 0, 0), (16, 1, 0, 0), (8, 3, 0, 0))
         if "--hints" in sys.argv:  # the run-time flags and kernel variant 43 (cuda_chain flags / variant)
             shapes = ((16, 1, 31, 43), (16, 1, 15, 43))
+        for arg in sys.argv:  # --variants=107,7275: those kernel variants with flags 15
+            if arg.startswith("--variants="):
+                shapes = tuple((16, 1, 15, int(v)) for v in arg.split("=", 1)[1].split(","))
         for warps, regs, flags, variant in shapes:
             for cache_dtype in (torch.bfloat16,) if quick else (torch.bfloat16, torch.float32):
                 sampler = dm.MarkovSampler(head, steps, rows, cache_dtype=cache_dtype, impl="reference")

@@ -8,7 +8,8 @@ kernel: variant 0, no flags), ``w16r1`` / ``w16r0`` (16 warps, one or no registe
 (8 warps of 255 registers, 3 register tiles), ``smem0`` (no register or shared-memory tiles: W2 re-read
 from L2 at every step), ``exact`` / ``w8r3exact`` (exact keys for every logit: the filter's worth),
 ``pfw2`` / ``pfbase`` / ``pf`` / ``all`` (run-time flags on the v5 kernel), ``v11*`` / ``v43*`` (kernel
-variants 11 and 43 with flags; see the dict). ``--triton`` adds impl="chain" (the Triton chain). Each
+variants 11 and 43 with flags; see the dict), ``v107`` ... ``v7275`` (the variants of cuda_chain.VARIANTS
+with flags 15). ``--triton`` adds impl="chain" (the Triton chain). Each
 line: the median of the round medians and the spread, whether the barrier status stayed clean, whether
 the tokens equal the first variant's, and the second floor (one W2 read per call: 66.2 MB at 4.38 TB/s).
 """
@@ -39,7 +40,10 @@ VARIANTS = {"default": {}, "v5": {"variant": 0, "flags": 0}, "w16r1": {"warps": 
             "v43": {"variant": 43, "flags": 0}, "v43pf": {"variant": 43, "flags": 3},
             "v43all": {"variant": 43, "flags": 7}, "v43x": {"variant": 43, "flags": 11},
             "v43allx": {"variant": 43, "flags": 15}, "v43e": {"variant": 43, "flags": 31},
-            "v43ex": {"variant": 43, "flags": 27}}
+            "v43ex": {"variant": 43, "flags": 27},
+            # cuda3 (flags 15): 107 = 43 + the noise-table phase B at 4-16 rows; + 1024 register tiles loaded before
+            # the step loop, + 2048 four load batches per L2 tile, + 4096 base logits / W1 rows not kept in L1
+            **{f"v{v}": {"variant": v, "flags": 15} for v in (107, 1067, 1131, 3115, 3179, 5163, 5227, 7211, 7275)}}
 
 
 def inputs_for(gen, rows, steps, vocab, temperature, device):

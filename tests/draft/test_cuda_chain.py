@@ -45,6 +45,13 @@ void keys(const float* z, const float* t, unsigned prefix, const unsigned* tok, 
 void words(const float* key, const int* index, long long* out, long n) {
   for (long i = 0; i < n; ++i) out[i] = dm::pack_word(key[i], index[i]);
 }
+void tb(const unsigned* h, unsigned* b, long n) { for (long i = 0; i < n; ++i) b[i] = dm::tb_bucket(h[i]); }
+void tb_order(const float* g, unsigned* o, float* back, long n) {
+  for (long i = 0; i < n; ++i) { o[i] = dm::tb_order(g[i]); back[i] = dm::tb_unorder(o[i]); }
+}
+void slack(const float* x, float margin, float* out, long n) {
+  for (long i = 0; i < n; ++i) out[i] = dm::add_rn(x[i], dm::key_slack(x[i], margin));
+}
 }
 """
 
@@ -216,3 +223,52 @@ def test_availability_says_why_not():
     why = availability(build=False)
     if not torch.cuda.is_available():
         assert why is not None and "no CUDA GPU" in why
+
+
+def test_noise_table_bucket_is_monotone_and_in_range(host_noise):
+    """noise.cuh tb_bucket (chain.cu V6 & 64): non-decreasing in the hash, within the table, and the
+    fp32 exponent / top mantissa bits of (float)(h | 1) (u32 -> fp32 rounded to nearest)."""
+    h = np.unique(np.concatenate([noise_hashes(), np.arange(0, 1 << 16, dtype=np.uint32),
+                                  np.array([2**32 - 1, 2**32 - 2, 2**31, 2**31 - 1], dtype=np.uint32)]))
+    b = np.empty(len(h), np.uint32)
+    host_noise.tb(ptr(h), ptr(b), ctypes.c_long(len(h)))
+    assert bool(np.all(np.diff(b.astype(np.int64)) >= 0))
+    assert int(b.max()) < cuda_chain.TB_SIZE
+    want = ((h | 1).astype(np.float64).astype(np.float32).view(np.uint32) >> 17) - (127 << 6)
+    assert np.array_equal(b, want)
+    g = np.empty(len(h), np.float32)
+    u = np.empty(len(h), np.float32)
+    host_noise.noise(ptr(h), ptr(u), ptr(g), ctypes.c_long(len(h)))
+    order = np.empty(len(h), np.uint32)
+    back = np.empty(len(h), np.float32)
+    host_noise.tb_order(ptr(g), ptr(order), ptr(back), ctypes.c_long(len(h)))
+    assert np.array_equal(back.view(np.uint32), g.view(np.uint32))
+    by_value = np.argsort(g, kind="stable")
+    assert bool(np.all(np.diff(order[by_value].astype(np.int64)) >= 0))
+
+
+def test_noise_table_bound_covers_the_mul_for_div_rounding(host_noise):
+    """V6 & 64 ranks add_rn(z * fl(1/T), G) with G >= the exact noise; the exact key add_rn(z / T, g)
+    must stay below that bound plus key_slack (what the decision compares against), and the bound
+    plus its slack must be non-decreasing (so one threshold covers every lower-ranked token)."""
+    gen = np.random.default_rng(3)
+    n = 1 << 20
+    z = np.concatenate([gen.normal(0, 4, n // 2), gen.normal(0, 3e4, n // 4), gen.uniform(-1e6, 1e6, n // 4)])
+    z = z.astype(np.float32)
+    temp = np.exp(gen.uniform(np.log(1e-3), np.log(1e3), n)).astype(np.float32)
+    temp[: n // 8] = 1.0
+    h = gen.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
+    u = np.empty(n, np.float32)
+    g = np.empty(n, np.float32)
+    host_noise.noise(ptr(h), ptr(u), ptr(g), ctypes.c_long(n))
+    exact = (z / temp).astype(np.float32) + g
+    inv = (np.float32(1.0) / temp).astype(np.float32)
+    bound = (z * inv).astype(np.float32) + g
+    covered = np.empty(n, np.float32)
+    host_noise.slack(ptr(bound), ctypes.c_float(0.0), ptr(covered), ctypes.c_long(n))
+    finite = np.isfinite(exact)
+    assert bool(np.all(exact[finite] < covered[finite]))
+    grid = np.sort(np.concatenate([bound[finite], np.linspace(-1e4, 1e4, 1 << 16, dtype=np.float32)]))
+    out = np.empty(len(grid), np.float32)
+    host_noise.slack(ptr(grid), ctypes.c_float(0.0), ptr(out), ctypes.c_long(len(grid)))
+    assert bool(np.all(np.diff(out.astype(np.float64)) >= 0))

@@ -14,6 +14,8 @@ import pytest
 import torch
 
 import dspark_markov as dm
+from dspark_markov import rng
+from dspark_markov.draft import cuda_chain
 from dspark_markov.draft.cuda_chain import CudaChainBackend
 from tests.helpers import STEPS, VOCAB, check_against_reference, check_graph_replays, full_problem
 
@@ -197,3 +199,106 @@ def test_approximate_noise_bound_over_all_hashes():
     print(f"cuda_chain approximate noise: worst |approx - exact| over 2^32 hashes = {bound:.3e}")
     assert bound <= 2.5e-5  # ops.bounds.NOISE_BOUND
 
+
+
+# --------------------------------------------------------------------------- the noise table (variant bit 64)
+def tb_bucket(h):
+    """noise.cuh tb_bucket on int64 hashes (u32 -> fp32 rounded to nearest, as on the device)."""
+    f = (h | 1).to(torch.float64).to(torch.float32)
+    return (f.view(torch.int32).long() >> 17) - (127 << 6)
+
+
+def test_noise_table_is_the_exact_bucket_maximum():
+    """Every bucket's entry bounds the exact noise of 16M random hashes and of both ends of the hash
+    range; for all h < 2^22 (whole buckets) the entries equal the reference's maximum."""
+    from dspark_markov import cuda
+
+    table = cuda_chain.noise_table(cuda.chain_kernels(torch.cuda.current_device()), torch.cuda.current_device())
+    table = table.double()
+    assert table.shape == (cuda_chain.TB_SIZE,)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    rand = torch.randint(0, 2**32, (1 << 24,), device="cuda", generator=gen, dtype=torch.int64)
+    small = torch.arange(0, 1 << 22, device="cuda")
+    for part in (rand, small, torch.arange(2**32 - (1 << 20), 2**32, device="cuda")):
+        g, b = rng.gumbel32(rng.uniform32(part)).double(), tb_bucket(part)
+        assert int(b.min()) >= 0 and int(b.max()) < cuda_chain.TB_SIZE
+        assert bool((g <= table[b]).all())
+    g, b = rng.gumbel32(rng.uniform32(small)).double(), tb_bucket(small)
+    best = torch.full((cuda_chain.TB_SIZE,), float("-inf"), dtype=torch.float64, device="cuda")
+    best = best.scatter_reduce(0, b, g, "amax")
+    seen = torch.zeros(cuda_chain.TB_SIZE, dtype=torch.bool, device="cuda")
+    seen[b] = True
+    assert torch.equal(best[seen], table[seen])
+
+
+TABLE_VARIANTS = (107, 1131, 3179, 5227, 7275)  # with the noise table
+HOIST_VARIANTS = (1067, 3115, 5163, 7211)  # 43 + register tiles loaded before the loop (+ batches, L1)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("variant", TABLE_VARIANTS + HOIST_VARIANTS)
+def test_cuda_chain_new_variants_full_shape(variant, cache_dtype):
+    for rows in (1, 3, 4, 9, 16):
+        head, args = full_problem(rows, seed=40 + rows)
+        sampler = cuda_sampler(head, rows, cache_dtype, variant=variant, flags=15)
+        out = sampler.sample(*args)
+        check_exact(head, args, out)
+        sampler.backend.check()
+
+
+@pytest.mark.parametrize("variant", (107, 1131, 7275))
+def test_cuda_chain_table_t1_and_greedy(variant):
+    for rows in (4, 16):
+        for temps in ((1.0,), (0.0,), (0.25, 1.7)):
+            head, args = full_problem(rows, temps=temps, seed=50 + rows)
+            out = cuda_sampler(head, rows, variant=variant, flags=15).sample(*args)
+            check_exact(head, args, out)
+
+
+@pytest.mark.parametrize("variant", (107, 1131, 7275))
+def test_cuda_chain_table_exact_fallback_everywhere(variant):
+    """filter_margin = 1e30: no row is ever decided; the warp-wide exact recomputation everywhere."""
+    for rows in (4, 16):
+        head, args = full_problem(rows, seed=6)
+        out = cuda_sampler(head, rows, filter_margin=1e30, variant=variant, flags=15).sample(*args)
+        check_exact(head, args, out)
+
+
+@pytest.mark.parametrize("variant", TABLE_VARIANTS + HOIST_VARIANTS)
+def test_cuda_chain_new_variants_nan_inf_rows(variant):
+    head, args = full_problem(4, temps=(1.0, 0.6, 0.0, 1.0), seed=8)
+    base = args[0].float()
+    base[0, 0, 100_000] = float("nan")
+    base[0, 0, 70_000] = float("nan")
+    base[1] = float("-inf")
+    base[3, 1, :] = 3.0e38
+    base[2, 2, 5000:5010] = float("inf")
+    args[0] = base
+    for cache_dtype in (torch.bfloat16, torch.float32):
+        out = cuda_sampler(head, 4, cache_dtype, variant=variant, flags=15).sample(*args)
+        tokens = out.draft_tokens
+        assert tokens.min() >= 0 and tokens.max() < VOCAB
+        assert tokens[0, 0] == 70_000 and bool((tokens[1] == 0).all())
+        check_exact(head, args, out)
+
+
+@pytest.mark.parametrize("rows,variant", [(16, 107), (16, 7275), (2, 7211), (4, 5227)])
+def test_cuda_chain_new_variants_unaligned_fp32_base(rows, variant):
+    head, args = full_problem(rows, temps=(1.0, 0.6), seed=12)
+    for dtype in (torch.bfloat16, torch.float32):
+        wide = torch.empty(rows, STEPS, VOCAB + 1, dtype=dtype, device=args[0].device)
+        wide[..., 1:] = args[0].to(dtype)
+        case = [wide[..., 1:]] + args[1:]
+        out = cuda_sampler(head, rows, variant=variant, flags=15).sample(*case)
+        check_exact(head, case, out)
+    args[0] = args[0].float()
+    out = cuda_sampler(head, rows, variant=variant, flags=15).sample(*args)
+    check_exact(head, args, out)
+
+
+@pytest.mark.parametrize("rows,variant", [(16, 107), (16, 7275), (1, 7211), (4, 5227)])
+def test_cuda_chain_new_variants_graph_replays_match_eager(rows, variant):
+    head, _ = full_problem(rows, seed=1)
+    sampler = cuda_sampler(head, rows, variant=variant, flags=15)
+    check_graph_replays(sampler, rows, seeds=(2, 3), replays=2)
+    sampler.backend.check()

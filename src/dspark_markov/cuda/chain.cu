@@ -90,6 +90,7 @@ struct ChainArgs {  // every field 8 bytes (matches the ctypes Structure in cuda
   u64 status;    // [1] int32: bit 0 = a barrier timed out
   u64 trace;     // 0, or [2, 264] int64: clock64() of thread 0 at phase boundaries, first and last block
   u64 pub;       // [N, 16, num_blocks] int64 scratch (INT64_MIN between calls): V6 & 16's per-block words
+  u64 gtab;      // [DM_TB_SIZE] fp32 noise upper bounds per hash bucket (V6 & 64; noise.cuh tb_bucket), or 0
   i64 rows, vocab, embed_rows, num_slots, num_steps;
   i64 stride_br, stride_bn, stride_cs, stride_tr;
   i64 base_f32, cache_f32, anchor64, idx64, pos64;
@@ -268,6 +269,19 @@ __device__ __forceinline__ float staged_z(const unsigned char* zrow, i64 cache_f
   return cache_f32 ? *(const float*)(zrow + vi * 4) : bf16_to_f32(*(const unsigned short*)(zrow + vi * 2));
 }
 
+// Read once, not kept in L1 (V6 & 4096: L1 keeps the register spills instead): evict first in L2.
+__device__ __forceinline__ uint4 ld_once_v4(const void* ptr) {
+  uint4 v;
+  asm("{ .reg .b64 p; createpolicy.fractional.L2::evict_first.b64 p, 1.0;\n"
+      "ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], p; }"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
+  return v;
+}
+__device__ __forceinline__ uint4 ld_noalloc_v4(const void* ptr) {  // not kept in L1
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
+  return v;
+}
 __device__ __forceinline__ uint4 ld_stream_v4(const void* ptr) {  // read once: evict first
   uint4 v;
   asm("ld.global.cs.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
@@ -347,7 +361,7 @@ __device__ __forceinline__ void stage_z(const ChainArgs& a, unsigned char* stage
 // loaded before either's stores (stage_z's loop waits one base-logit round trip per unit: the
 // compiler cannot move a load above the previous unit's cache store). Same values as stage_z,
 // which handles every other case.
-template <bool BASE_F32, bool CACHE_F32>
+template <bool BASE_F32, bool CACHE_F32, bool L1N = false>
 __device__ __forceinline__ void stage_z_batched(const ChainArgs& a, unsigned char* stage, int pitch, i64 v_w0,
                                                 int valid, int step, const i64* slot_s, const int* live_s, int lane) {
   if (!a.vec_io || BASE_F32 || (valid & 7)) {
@@ -362,9 +376,9 @@ __device__ __forceinline__ void stage_z_batched(const ChainArgs& a, unsigned cha
     const int u1 = u0 + 32;
     const int row0 = u0 / units, vi0 = (u0 - row0 * units) * 8;
     const int row1 = u1 / units, vi1 = (u1 - row1 * units) * 8;
-    const uint4 p0 = ld_stream_v4(base + (i64)row0 * a.stride_br + vi0);
+    const uint4 p0 = L1N ? ld_once_v4(base + (i64)row0 * a.stride_br + vi0) : ld_stream_v4(base + (i64)row0 * a.stride_br + vi0);
     uint4 p1 = make_uint4(0, 0, 0, 0);
-    if (u1 < total) p1 = ld_stream_v4(base + (i64)row1 * a.stride_br + vi1);
+    if (u1 < total) p1 = L1N ? ld_once_v4(base + (i64)row1 * a.stride_br + vi1) : ld_stream_v4(base + (i64)row1 * a.stride_br + vi1);
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       if (k == 1 && u1 >= total) break;
@@ -502,6 +516,99 @@ __device__ __forceinline__ void rank_chunk_f4(const unsigned char* zrow, int lo,
   t3 = t.i3 < 0 ? DM_INT64_MIN : dm::pack_word(t.k3, t.i3);
 }
 
+// V6 & 64, phase B at 4-16 rows: the lane's two best (upper bound, index) and the third-largest upper
+// bound of tokens [lo, hi), branch-free. The bound of a sampled token is add_rn(z * (1/T), gtab[bucket(h)])
+// (noise.cuh: the table's entry bounds the exact noise of every hash of the bucket, so the bound is
+// within key_slack of an upper bound of the exact key, the mul-for-div rounding included); a greedy
+// row ranks z itself (exact). Strictly larger enters, in increasing index order: the first of equal
+// keys stays ahead, the packed-word order for every non-NaN key. A NaN key sets `nan` (never ranked).
+// About 35 instructions per token (hash 15, bucket 3, one shared load, 2 for the key, 10 to rank)
+// instead of ~70 with the approximate noise and the top-3 insertion.
+struct Top2 {
+  float k1, k2, m3;
+  int i1, i2;  // -1: empty (below every entry: an entry's key is > -inf)
+  bool nan;
+  __device__ __forceinline__ void init() {
+    k1 = k2 = m3 = -__int_as_float(0x7f800000);
+    i1 = i2 = -1;
+    nan = false;
+  }
+  __device__ __forceinline__ void add(float key, int v) {
+    nan |= key != key;
+    const bool c1 = key > k1, c2 = key > k2;
+    m3 = fmaxf(m3, c2 ? k2 : key);
+    const float n2 = c1 ? k1 : (c2 ? key : k2);
+    const int j2 = c1 ? i1 : (c2 ? v : i2);
+    k1 = c1 ? key : k1;
+    i1 = c1 ? v : i1;
+    k2 = n2;
+    i2 = j2;
+  }
+  // (a, i) ahead of (b, j) in (key descending, index ascending) order; an empty entry is behind all.
+  __device__ __forceinline__ static bool ahead(float a, int i, float b, int j) {
+    return i >= 0 && (j < 0 || a > b || (a == b && i < j));
+  }
+  // Merge with another lane's state (the same result on both lanes of an xor pair).
+  __device__ __forceinline__ void merge_xor(int off) {
+    const float b1 = __shfl_xor_sync(0xFFFFFFFFu, k1, off), b2 = __shfl_xor_sync(0xFFFFFFFFu, k2, off);
+    const float bm = __shfl_xor_sync(0xFFFFFFFFu, m3, off);
+    const int j1 = __shfl_xor_sync(0xFFFFFFFFu, i1, off), j2 = __shfl_xor_sync(0xFFFFFFFFu, i2, off);
+    const bool bn = __shfl_xor_sync(0xFFFFFFFFu, (int)nan, off) != 0;
+    float a1 = k1, a2 = k2, c1 = b1, c2 = b2;
+    int x1 = i1, x2 = i2, y1 = j1;
+    if (ahead(b1, j1, k1, i1)) {  // the other lane's best leads: swap roles
+      a1 = b1; a2 = b2; x1 = j1; x2 = j2;
+      c1 = k1; c2 = k2; y1 = i1;
+    }
+    // The union's best is (a1, x1); its second is the better of (a2, x2) and (c1, y1); every other
+    // entry is at most max(the worse of those two, c2, both thirds).
+    const bool s = ahead(c1, y1, a2, x2);
+    m3 = fmaxf(fmaxf(m3, bm), fmaxf(s ? a2 : c1, c2));
+    k1 = a1;
+    i1 = x1;
+    k2 = s ? c1 : a2;
+    i2 = s ? y1 : x2;
+    nan |= bn;
+  }
+};
+
+template <bool CACHE_F32>
+__device__ __forceinline__ float tb_key(float z, bool greedy, float inv_temp, u32 prefix, u32 v, const float* gtab) {
+  if (greedy) return z;
+  return dm::add_rn(dm::mul_rn(z, inv_temp), gtab[dm::tb_bucket(dm::hash_finish(prefix, v))]);
+}
+
+template <bool CACHE_F32>
+__device__ __forceinline__ void rank_chunk_tb(const unsigned char* zrow, int lo, int hi, i64 v_w0, bool greedy,
+                                              float inv_temp, u32 prefix, const float* gtab, Top2& t) {
+  t.init();
+  int vi = lo;
+  for (; vi < hi && (vi & 3); ++vi) {  // (lo is a multiple of 4 unless tiles_per_warp is odd)
+    const float z = CACHE_F32 ? *(const float*)(zrow + vi * 4) : bf16_to_f32(*(const unsigned short*)(zrow + vi * 2));
+    t.add(tb_key<CACHE_F32>(z, greedy, inv_temp, prefix, (u32)(v_w0 + vi), gtab), (int)(v_w0 + vi));
+  }
+  for (; vi + 4 <= hi; vi += 4) {  // vi a multiple of 4: one 8- (bf16) or 16-byte (fp32) shared load
+    float z[4];
+    if (CACHE_F32) {
+      const float4 q = *(const float4*)(zrow + vi * 4);
+      z[0] = q.x; z[1] = q.y; z[2] = q.z; z[3] = q.w;
+    } else {
+      const uint2 q = *(const uint2*)(zrow + vi * 2);
+      z[0] = __uint_as_float(q.x << 16); z[1] = __uint_as_float(q.x & 0xFFFF0000u);
+      z[2] = __uint_as_float(q.y << 16); z[3] = __uint_as_float(q.y & 0xFFFF0000u);
+    }
+    float key[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) key[k] = tb_key<CACHE_F32>(z[k], greedy, inv_temp, prefix, (u32)(v_w0 + vi + k), gtab);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) t.add(key[k], (int)(v_w0 + vi + k));
+  }
+  for (; vi < hi; ++vi) {
+    const float z = CACHE_F32 ? *(const float*)(zrow + vi * 4) : bf16_to_f32(*(const unsigned short*)(zrow + vi * 2));
+    t.add(tb_key<CACHE_F32>(z, greedy, inv_temp, prefix, (u32)(v_w0 + vi), gtab), (int)(v_w0 + vi));
+  }
+}
+
 // ------------------------------------------------------------------ the kernel
 // Shared memory: [smem_tiles][8 j][2 halves][32 lanes] uint4 of W2, codes [NT*8 rows][8 j][32] uint4,
 // staging [16 warps][RP rows][tiles_per_warp * 16] bf16, per-warp triples, per-row results.
@@ -512,7 +619,14 @@ __device__ __forceinline__ void rank_chunk_f4(const unsigned char* zrow, int lo,
 // own slot pub[step][row][block] (relaxed, no fence) and polls all blocks' slots until none is
 // INT64_MIN (bounded), merging them into its shared best word: one L2 round trip after the last
 // block's store instead of fence + arrival + counter poll + word read; 32 = phase B through
-// rank_chunk_f4 (fp32 triples, four keys computed before their insertions).
+// rank_chunk_f4 (fp32 triples, four keys computed before their insertions); 64 = phase B at 4-16 rows
+// ranked by the noise table's exact upper bounds (rank_chunk_tb, Top2), the exact keys of each
+// (warp, row)'s best two, a warp-wide exact fallback; 1024 = the register tiles loaded once before the
+// step loop (the `step == 0` load inside it made the allocator keep 8-32 bytes of the tile in local
+// memory, reloaded from L2 at the top of every step: 92,928 spill requests per 1-row call in Nsight
+// Compute); 2048 = L2-streamed tiles in four load batches of 4 k-chunks instead of two of 8 (8
+// registers less at the peak); 4096 = base logits and W1 rows read with L1::no_allocate (L1, 28 KB
+// beside 227 KB of shared memory, then keeps the spilled words).
 template <int NT, int WARPS, int REGS, int V6>
 __device__ __forceinline__ void chain_body(const ChainArgs& a) {
   constexpr int THREADS = WARPS * 32;
@@ -544,6 +658,8 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
   int* live_all = (int*)(prefix_all + KA);               // [KA]
   int* prev_s = live_all + KA;                           // [16]
   int* flag_s = prev_s + DM_MAX_ROWS;                    // [16] unused, [16] = stop, [17] = last block
+  float* gtab_s = (float*)(flag_s + DM_MAX_ROWS + 2);    // [DM_TB_SIZE] (V6 & 64 at RP >= 4 only)
+  const bool use_tb = (V6 & 64) && RP >= 4;
 
   // This block's tiles [t0, t1) and this warp's [wt0, wt0 + ntw).
   DM_TRACE(0);
@@ -630,6 +746,8 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
     prev_s[threadIdx.x] = (int)prev;
   }
   if (threadIdx.x == 0) flag_s[DM_MAX_ROWS] = 0;
+  if (use_tb)
+    for (int i = threadIdx.x; i < DM_TB_SIZE; i += THREADS) gtab_s[i] = ((const float*)a.gtab)[i];
   __syncthreads();
 
   // Step 0's copies of this warp's shared-memory tiles from HBM: asynchronous (cp.async, no
@@ -657,7 +775,8 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
     for (int i = threadIdx.x; i < NT * 8 * 32; i += THREADS) {
       int r = i >> 5, q = i & 31;
       uint4 v = make_uint4(0, 0, 0, 0);
-      if (r < rows) v = ((const uint4*)a.embed)[(i64)prev_s[r] * 32 + q];
+      if (r < rows) v = (V6 & 4096) ? ld_noalloc_v4((const uint4*)a.embed + (i64)prev_s[r] * 32 + q)
+                                    : ((const uint4*)a.embed)[(i64)prev_s[r] * 32 + q];
       int nt = r >> 3, gg = r & 7, j = q >> 2, cc = q & 3;
       codes_s[(nt * 8 + j) * 32 + gg * 4 + cc] = v;
     }
@@ -666,6 +785,21 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
   }
   if (smem_early) copy_smem_tiles();
   load_row_keys(0);  // (V6 & 8: loaded above, before any W2 request)
+  // V6 & 1024: the register tiles are loaded here, once, before the step loop (not under `step == 0`
+  // inside it): no merge of a loaded and a kept register tile at the top of every step, which made
+  // the register allocator keep part of the tile in local memory and reload it at every step.
+  if (V6 & 1024) {
+#pragma unroll
+    for (int rt = 0; rt < REGS; ++rt) {
+      const i64 r_lo = v_w0 + rt * 16 + g, r_hi = r_lo + 8;
+      const bool ok = rt < ntw;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        areg[rt * 16 + 2 * j] = ok && r_lo < vocab ? ld_w2(head + r_lo * 32 + j * 4 + c, once) : make_uint4(0, 0, 0, 0);
+        areg[rt * 16 + 2 * j + 1] = ok && r_hi < vocab ? ld_w2(head + r_hi * 32 + j * 4 + c, once) : make_uint4(0, 0, 0, 0);
+      }
+    }
+  }
 
 
   const int steps = (int)a.num_steps;
@@ -680,7 +814,8 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
     for (int i = threadIdx.x; i < (step0_order && step == 0 ? 0 : NT * 8 * 32); i += THREADS) {
       int r = i >> 5, q = i & 31;
       uint4 v = make_uint4(0, 0, 0, 0);
-      if (r < rows) v = ((const uint4*)a.embed)[(i64)prev_s[r] * 32 + q];
+      if (r < rows) v = (V6 & 4096) ? ld_noalloc_v4((const uint4*)a.embed + (i64)prev_s[r] * 32 + q)
+                                    : ((const uint4*)a.embed)[(i64)prev_s[r] * 32 + q];
       int nt = r >> 3, gg = r & 7, j = q >> 2, cc = q & 3;
       codes_s[(nt * 8 + j) * 32 + gg * 4 + cc] = v;
     }
@@ -714,7 +849,7 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
       if (rt < ntw) {
         float acc[Acc<NT>::N][NT][4] = {};
         const i64 r_lo = v_w0 + rt * 16 + g, r_hi = r_lo + 8;
-        if (step == 0) {
+        if (!(V6 & 1024) && step == 0) {
 #pragma unroll
           for (int j = 0; j < 8; ++j) {
             areg[rt * 16 + 2 * j] = r_lo < vocab ? ld_w2(head + r_lo * 32 + j * 4 + c, once) : make_uint4(0, 0, 0, 0);
@@ -744,17 +879,18 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
         } else {
           const i64 r_lo = v_w0 + lt * 16 + g, r_hi = r_lo + 8;
           if (V6 & 1) {
+            constexpr int BATCH = (V6 & 2048) ? 2 : 4;  // k-chunks per load batch (V6 & 2048: 8 registers less)
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {
-              uint4 buf[8];
+            for (int half = 0; half < 8 / BATCH; ++half) {
+              uint4 buf[2 * BATCH];
 #pragma unroll
-              for (int jj = 0; jj < 4; ++jj) {
-                const int j = half * 4 + jj;
+              for (int jj = 0; jj < BATCH; ++jj) {
+                const int j = half * BATCH + jj;
                 buf[2 * jj] = r_lo < vocab ? ld_w2(head + r_lo * 32 + j * 4 + c, keep) : make_uint4(0, 0, 0, 0);
                 buf[2 * jj + 1] = r_hi < vocab ? ld_w2(head + r_hi * 32 + j * 4 + c, keep) : make_uint4(0, 0, 0, 0);
               }
 #pragma unroll
-              for (int jj = 0; jj < 4; ++jj) mma_chunk<NT>(acc, buf[2 * jj], buf[2 * jj + 1], codes_s, half * 4 + jj, lane);
+              for (int jj = 0; jj < BATCH; ++jj) mma_chunk<NT>(acc, buf[2 * jj], buf[2 * jj + 1], codes_s, half * BATCH + jj, lane);
             }
           } else {
 #pragma unroll
@@ -779,8 +915,8 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
         if (a.cache_f32) stage_z_batched<true, true>(a, stage, pitch, v_w0, valid, step, slot_s, live_s, lane);
         else stage_z_batched<true, false>(a, stage, pitch, v_w0, valid, step, slot_s, live_s, lane);
       } else {
-        if (a.cache_f32) stage_z_batched<false, true>(a, stage, pitch, v_w0, valid, step, slot_s, live_s, lane);
-        else stage_z_batched<false, false>(a, stage, pitch, v_w0, valid, step, slot_s, live_s, lane);
+        if (a.cache_f32) stage_z_batched<false, true, (V6 & 4096) != 0>(a, stage, pitch, v_w0, valid, step, slot_s, live_s, lane);
+        else stage_z_batched<false, false, (V6 & 4096) != 0>(a, stage, pitch, v_w0, valid, step, slot_s, live_s, lane);
       }
     } else if (a.base_f32) {
       if (a.cache_f32) stage_z<true, true>(a, stage, pitch, v_w0, valid, step, slot_s, live_s, lane);
@@ -797,71 +933,121 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
     const float inv_temp = rr < rows ? inv_s[rr] : 1.0f;
     const u32 prefix = rr < rows ? prefix_s[rr] : 0u;
     const unsigned char* zrow = stage + rr * pitch;
-    i64 t1w = DM_INT64_MIN, t2w = DM_INT64_MIN, t3w = DM_INT64_MIN;
-    const bool all_exact = (a.flags & DM_F_EXACT_SMALL) && RP <= 2;
-    if (rr < rows && !all_exact) {
-      int lo = sub * chunk, hi = lo + chunk;
-      hi = hi < valid ? hi : valid;
-      if (V6 & 32) {
-        if (a.cache_f32) rank_chunk_f4<true>(zrow, lo, hi, v_w0, greedy, inv_temp, prefix, t1w, t2w, t3w);
-        else rank_chunk_f4<false>(zrow, lo, hi, v_w0, greedy, inv_temp, prefix, t1w, t2w, t3w);
-      } else if (a.cache_f32) {
-        rank_chunk<true>(zrow, lo, hi, v_w0, greedy, inv_temp, prefix, t1w, t2w, t3w);
-      } else {
-        rank_chunk<false>(zrow, lo, hi, v_w0, greedy, inv_temp, prefix, t1w, t2w, t3w);
-      }
-    }
-    for (int off = RP; off < 32 && !all_exact; off <<= 1) {  // every lane of row rr ends with the warp's triple
-      i64 b1 = shfl_xor64(t1w, off), b2 = shfl_xor64(t2w, off), b3 = shfl_xor64(t3w, off);
-      merge3(t1w, t2w, t3w, b1, b2, b3);
-    }
-    // Per (warp, row): the exact best word of the warp's tokens. Greedy rows ranked z itself (exact).
-    // Sampled rows: if the approximate best beats the third by more than key_slack, the exact
-    // winner is the first or the second (one exact key each, on two lanes of the row); otherwise
-    // (a near-tie, NaN, +-inf or zero best) every lane of the row computes exact keys over the
-    // warp's tokens. z is read back from the cache (sampled rows are live).
-    i64 exact = t1w;
-    const float temp = rr < rows ? temp_s[rr] : 0.0f;
-    if (all_exact) {  // every token's exact key (z itself for greedy rows), two per iteration
-      exact = DM_INT64_MIN;
+    i64 exact = DM_INT64_MIN;
+    if (use_tb) {
+      // V6 & 64 (4-16 rows): rank by the table's upper bounds, the exact keys of the row's best two
+      // (lanes sub 0 and 1); decided when their best beats every other token's bound (the third
+      // largest, plus key_slack). Otherwise (a near-tie, NaN, +-inf) the whole warp computes the
+      // row's exact keys, two tokens per lane, one row at a time.
+      Top2 t;
+      t.init();
       if (rr < rows) {
-        int vi = sub;
-        for (; vi + lanes_per_row < valid; vi += 2 * lanes_per_row) {
-          const int vj = vi + lanes_per_row;
-          const float z0 = staged_z(zrow, a.cache_f32, vi), z1 = staged_z(zrow, a.cache_f32, vj);
-          const float k0 = greedy ? z0 : dm::exact_key(z0, temp, prefix, (u32)(v_w0 + vi));
-          const float k1 = greedy ? z1 : dm::exact_key(z1, temp, prefix, (u32)(v_w0 + vj));
-          exact = max64(exact, max64(dm::pack_word(k0, (i32)(v_w0 + vi)), dm::pack_word(k1, (i32)(v_w0 + vj))));
-        }
-        if (vi < valid) {
-          const float z0 = staged_z(zrow, a.cache_f32, vi);
-          exact = max64(exact, dm::pack_word(greedy ? z0 : dm::exact_key(z0, temp, prefix, (u32)(v_w0 + vi)),
-                                             (i32)(v_w0 + vi)));
-        }
+        int lo = sub * chunk, hi = lo + chunk;
+        hi = hi < valid ? hi : valid;
+        if (a.cache_f32) rank_chunk_tb<true>(zrow, lo, hi, v_w0, greedy, inv_temp, prefix, gtab_s, t);
+        else rank_chunk_tb<false>(zrow, lo, hi, v_w0, greedy, inv_temp, prefix, gtab_s, t);
       }
-    } else if (rr < rows && !greedy) {
-      const float value = dm::word_key(t1w);
-      const float third = t3w == DM_INT64_MIN ? -__int_as_float(0x7f800000) : dm::word_key(t3w);
-      const bool finite = t1w != DM_INT64_MIN && value == value && value != 0.0f &&
-                          fabsf(value) < __int_as_float(0x7f800000);
-      const bool decided = finite && dm::sub_rn(value, third) > dm::key_slack(value, (float)a.filter_margin);
-      if (decided) {
-        const i64 mine = sub == 0 ? t1w : t2w;
-        exact = DM_INT64_MIN;
-        if (sub < 2 && mine != DM_INT64_MIN) {
-          const i32 i = dm::word_index(mine);
-          exact = dm::pack_word(dm::exact_key(staged_z(zrow, a.cache_f32, (int)(i - v_w0)), temp, prefix, (u32)i), i);
-        }
-      } else {
-        exact = DM_INT64_MIN;
-        for (int vi = sub; vi < valid; vi += lanes_per_row) {
+      for (int off = RP; off < 32; off <<= 1) t.merge_xor(off);
+      const bool ranked = rr < rows && !t.nan && t.i1 >= 0;
+      if (ranked && greedy) {
+        exact = dm::pack_word(t.k1, t.i1);  // z itself: exact (every lane of the row holds it)
+      } else if (ranked) {
+        const int mine = sub == 0 ? t.i1 : (sub == 1 ? t.i2 : -1);
+        if (mine >= 0)
+          exact = dm::pack_word(dm::exact_key(staged_z(zrow, a.cache_f32, (int)(mine - v_w0)), temp_s[rr], prefix, (u32)mine),
+                                mine);
+      }
+      for (int off = RP; off < 32; off <<= 1) exact = max64(exact, shfl_xor64(exact, off));
+      bool decided = rr >= rows;
+      if (ranked) {
+        const float ninf = -__int_as_float(0x7f800000);
+        const float bound = t.m3 == ninf ? ninf : dm::add_rn(t.m3, dm::key_slack(t.m3, (float)a.filter_margin));
+        decided = greedy || dm::word_key(exact) > bound;
+      }
+      u32 undecided = __ballot_sync(0xFFFFFFFFu, !decided && sub == 0);  // bit r: row r (lane r = (r, 0))
+      while (undecided) {
+        const int r = __ffs(undecided) - 1;
+        undecided &= undecided - 1;
+        const unsigned char* zr = stage + r * pitch;
+        const bool greedy_r = inv_s[r] == 0.0f;
+        const float temp_r = temp_s[r];
+        const u32 prefix_r = prefix_s[r];
+        i64 w = DM_INT64_MIN;
+        for (int vi = lane; vi < valid; vi += 32) {
+          const float z = staged_z(zr, a.cache_f32, vi);
           const i64 v = v_w0 + vi;
-          exact = max64(exact, dm::pack_word(dm::exact_key(staged_z(zrow, a.cache_f32, vi), temp, prefix, (u32)v),
-                                             (i32)v));
+          w = max64(w, dm::pack_word(greedy_r ? z : dm::exact_key(z, temp_r, prefix_r, (u32)v), (i32)v));
+        }
+        for (int off = 1; off < 32; off <<= 1) w = max64(w, shfl_xor64(w, off));
+        if (rr == r) exact = w;
+      }
+    } else {
+      i64 t1w = DM_INT64_MIN, t2w = DM_INT64_MIN, t3w = DM_INT64_MIN;
+      const bool all_exact = (a.flags & DM_F_EXACT_SMALL) && RP <= 2;
+      if (rr < rows && !all_exact) {
+        int lo = sub * chunk, hi = lo + chunk;
+        hi = hi < valid ? hi : valid;
+        if (V6 & 32) {
+          if (a.cache_f32) rank_chunk_f4<true>(zrow, lo, hi, v_w0, greedy, inv_temp, prefix, t1w, t2w, t3w);
+          else rank_chunk_f4<false>(zrow, lo, hi, v_w0, greedy, inv_temp, prefix, t1w, t2w, t3w);
+        } else if (a.cache_f32) {
+          rank_chunk<true>(zrow, lo, hi, v_w0, greedy, inv_temp, prefix, t1w, t2w, t3w);
+        } else {
+          rank_chunk<false>(zrow, lo, hi, v_w0, greedy, inv_temp, prefix, t1w, t2w, t3w);
         }
       }
+      for (int off = RP; off < 32 && !all_exact; off <<= 1) {  // every lane of row rr ends with the warp's triple
+        i64 b1 = shfl_xor64(t1w, off), b2 = shfl_xor64(t2w, off), b3 = shfl_xor64(t3w, off);
+        merge3(t1w, t2w, t3w, b1, b2, b3);
+      }
+      // Per (warp, row): the exact best word of the warp's tokens. Greedy rows ranked z itself (exact).
+      // Sampled rows: if the approximate best beats the third by more than key_slack, the exact
+      // winner is the first or the second (one exact key each, on two lanes of the row); otherwise
+      // (a near-tie, NaN, +-inf or zero best) every lane of the row computes exact keys over the
+      // warp's tokens. z is read back from the cache (sampled rows are live).
+      exact = t1w;
+      const float temp = rr < rows ? temp_s[rr] : 0.0f;
+      if (all_exact) {  // every token's exact key (z itself for greedy rows), two per iteration
+        exact = DM_INT64_MIN;
+        if (rr < rows) {
+          int vi = sub;
+          for (; vi + lanes_per_row < valid; vi += 2 * lanes_per_row) {
+            const int vj = vi + lanes_per_row;
+            const float z0 = staged_z(zrow, a.cache_f32, vi), z1 = staged_z(zrow, a.cache_f32, vj);
+            const float k0 = greedy ? z0 : dm::exact_key(z0, temp, prefix, (u32)(v_w0 + vi));
+            const float k1 = greedy ? z1 : dm::exact_key(z1, temp, prefix, (u32)(v_w0 + vj));
+            exact = max64(exact, max64(dm::pack_word(k0, (i32)(v_w0 + vi)), dm::pack_word(k1, (i32)(v_w0 + vj))));
+          }
+          if (vi < valid) {
+            const float z0 = staged_z(zrow, a.cache_f32, vi);
+            exact = max64(exact, dm::pack_word(greedy ? z0 : dm::exact_key(z0, temp, prefix, (u32)(v_w0 + vi)),
+                                               (i32)(v_w0 + vi)));
+          }
+        }
+      } else if (rr < rows && !greedy) {
+        const float value = dm::word_key(t1w);
+        const float third = t3w == DM_INT64_MIN ? -__int_as_float(0x7f800000) : dm::word_key(t3w);
+        const bool finite = t1w != DM_INT64_MIN && value == value && value != 0.0f &&
+                            fabsf(value) < __int_as_float(0x7f800000);
+        const bool decided = finite && dm::sub_rn(value, third) > dm::key_slack(value, (float)a.filter_margin);
+        if (decided) {
+          const i64 mine = sub == 0 ? t1w : t2w;
+          exact = DM_INT64_MIN;
+          if (sub < 2 && mine != DM_INT64_MIN) {
+            const i32 i = dm::word_index(mine);
+            exact = dm::pack_word(dm::exact_key(staged_z(zrow, a.cache_f32, (int)(i - v_w0)), temp, prefix, (u32)i), i);
+          }
+        } else {
+          exact = DM_INT64_MIN;
+          for (int vi = sub; vi < valid; vi += lanes_per_row) {
+            const i64 v = v_w0 + vi;
+            exact = max64(exact, dm::pack_word(dm::exact_key(staged_z(zrow, a.cache_f32, vi), temp, prefix, (u32)v),
+                                               (i32)v));
+          }
+        }
+      }
+      for (int off = RP; off < 32; off <<= 1) exact = max64(exact, shfl_xor64(exact, off));
     }
-    for (int off = RP; off < 32; off <<= 1) exact = max64(exact, shfl_xor64(exact, off));
     if (sub == 0) triple_s[warp * RP + rr] = exact;
     DM_TRACE_BY(7 + 8 * step, 32 * (WARPS - 2));
     __syncthreads();
@@ -1010,6 +1196,15 @@ extern "C" __global__ void __launch_bounds__(256, 1) dm_chain_w8_r3_nt2(const Ch
   }
 DM_V6_ENTRY(11)
 DM_V6_ENTRY(43)
+DM_V6_ENTRY(107)
+DM_V6_ENTRY(1067)
+DM_V6_ENTRY(1131)
+DM_V6_ENTRY(3115)
+DM_V6_ENTRY(3179)
+DM_V6_ENTRY(5163)
+DM_V6_ENTRY(5227)
+DM_V6_ENTRY(7211)
+DM_V6_ENTRY(7275)
 // Not built (measured on the H200, benchmarks/results/..._cuda_chain_variants_r{1,2}.json): 1 and 9
 // (subsumed by 11), 25 / 27 = 9 / 11 + V6 & 16 (the counter-free agreement: 0.2-4 us slower than the
 // counter barrier). DM_V6_ENTRY(V) builds any of them again (add V to cuda_chain.VARIANTS).
@@ -1031,3 +1226,25 @@ extern "C" __global__ void dm_noise_bound(u32 h0, u64 count, u32* worst) {
   if ((threadIdx.x & 31) == 0) atomicMax(worst, local);
 }
 
+
+// The noise upper-bound table of V6 & 64: table[b] = the largest gumbel32(uniform32(h)) over every
+// hash h with tb_bucket(h) == b, as tb_order words (the caller zero-fills; an empty bucket stays 0).
+// Every thread scans 4096 consecutive hashes (a bucket is an interval of h) and merges each bucket
+// it met with one atomicMax. Grid: 2^20 threads in all (e.g. 4096 blocks of 256).
+extern "C" __global__ void dm_noise_table(u32* table) {
+  const u64 first = ((u64)blockIdx.x * blockDim.x + threadIdx.x) * 4096ull;
+  if (first >= (1ull << 32)) return;
+  u32 bucket = dm::tb_bucket((u32)first), best = 0;
+  for (u32 i = 0; i < 4096u; ++i) {
+    const u32 h = (u32)first + i;
+    const u32 b = dm::tb_bucket(h);
+    if (b != bucket) {
+      atomicMax(&table[bucket], best);
+      bucket = b;
+      best = 0;
+    }
+    const u32 o = dm::tb_order(dm::gumbel32(dm::uniform32(h)));
+    best = o > best ? o : best;
+  }
+  atomicMax(&table[bucket], best);
+}

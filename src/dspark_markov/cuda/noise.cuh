@@ -160,6 +160,29 @@ DM_HD float approx_gumbel(float u) {
 
 DM_HD float approx_noise(u32 prefix, u32 token) { return approx_gumbel(uniform32(hash_finish(prefix, token))); }
 
+// ----------------------------------------------------------------- noise upper-bound table (chain V6 & 64)
+// Bucket of a hash: the fp32 exponent and the top DM_TB_BITS mantissa bits of (float)(h | 1), a
+// non-decreasing function of h (u32 -> fp32 rounds monotonically). uniform32 is non-decreasing in h,
+// so every bucket is an interval of u, and buckets are finer where the noise is steep and large
+// (small h: u near 0, g = -log(-log(1 - u)) large; relative width 2^-DM_TB_BITS in u there).
+// The table holds, per bucket, the largest gumbel32(uniform32(h)) over every h of the bucket
+// (dm_noise_table evaluates all 2^32 hashes), so add_rn(q, table[bucket(h)]) >= add_rn(q, noise(h))
+// for every q: an upper bound of the exact key, with no approximation error at all.
+#define DM_TB_BITS 6
+#define DM_TB_SIZE (33 << DM_TB_BITS)  // exponents 127 .. 159 (h | 1 in [1, 2^32), rounded up to 2^32)
+DM_HD u32 tb_bucket(u32 h) {
+  return (as_u32((float)(h | 1u)) >> (23 - DM_TB_BITS)) - (127u << DM_TB_BITS);
+}
+// fp32 -> u32 in the order of the floats (NaN aside): one unsigned max merges two.
+DM_HD u32 tb_order(float g) {
+  u32 u = as_u32(g);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+DM_HD float tb_unorder(u32 o) {  // 0 (an empty bucket) -> -inf
+  if (o == 0u) return as_float(0xFF800000u);
+  return as_float((o & 0x80000000u) ? (o & 0x7FFFFFFFu) : ~o);
+}
+
 // ----------------------------------------------------------------- packed (key, index) words
 // int64 ordered by (fp32 key, then the lower index): NaN keys share the largest code (the first
 // NaN wins, as torch.argmax), -0.0 is +0.0. One signed max merges two words.

@@ -80,8 +80,44 @@ DEFAULT_FLAGS = FLAG_PREFETCH_W2 | FLAG_PREFETCH_BASE | FLAG_STEP0_ORDER | FLAG_
 # 43 = 11 + phase B on fp32 triples, four keys computed before their insertions (32). Measured and
 # not built any more (chain.cu's DM_V6_ENTRY builds them): 1, 9 (subsumed by 11), 25 / 27 (+ the
 # counter-free agreement through per-block word slots, V6 & 16: slower than the counter barrier).
-VARIANTS = (0, 11, 43)
+# 107 = 43 + phase B at 4-16 rows ranked by exact upper bounds of the keys from a per-bucket noise table
+# (64; noise.cuh tb_bucket, built once per device by dm_noise_table over all 2^32 hashes), no approximate
+# noise and no top-3 insertion: ~35 instead of ~70 instructions per logit. Round u1 (H200, N = 5, bf16,
+# T = 1): 146.9 against 153.9 us at 16 rows, 106.6 / 107.2 at 8; mixed T 148.9 / 156.0, fp32 cache with
+# mixed T 166.8 / 172.2. Bits on 43 or 107: 1024 = the register tiles loaded before the step loop
+# (Nsight Compute, round u1: 92,928 local-memory spill requests per 1-row call, the 8 words of the tile
+# that the allocator kept in local memory, reloaded from L2 at every step); 2048 = four load batches per
+# L2-streamed tile instead of two (8 registers less); 4096 = base logits and W1 rows not allocated in L1
+# (the spilled words stay there). Measured slower and not built: a pre-barrier load of the next step's
+# first L2 tile (quarter or half, ~+7 us: 130-250 bytes of spills) and the base logits loaded at the top
+# of the step at 1-4 rows (+2.5 us: the codes gather waited for them).
+VARIANTS = (0, 11, 43, 107, 1067, 1131, 3115, 3179, 5163, 5227, 7211, 7275)
 DEFAULT_VARIANT = 43
+VARIANT_NOISE_TABLE = 64  # the variant bit of the table-bounded phase B
+TB_SIZE = 33 << 6  # noise.cuh DM_TB_SIZE (fp32 entries)
+_noise_tables = {}
+
+
+def noise_table(kernels, device_index: int) -> torch.Tensor:
+    """The noise upper-bound table of one device ([TB_SIZE] fp32, built once: ~10 ms over all 2^32 hashes).
+
+    ``table[b]`` is the largest exact Gumbel noise (``rng.gumbel32(rng.uniform32(h))``) over every hash
+    ``h`` of bucket ``b`` (noise.cuh ``tb_bucket``), -inf for an empty bucket.
+    """
+    table = _noise_tables.get(device_index)
+    if table is None:
+        device = torch.device("cuda", device_index)
+        with torch.cuda.device(device):
+            words = torch.zeros(TB_SIZE, dtype=torch.int32, device=device)
+            stream = torch.cuda.current_stream(device).cuda_stream
+            kernels.launch("dm_noise_table", 4096, 256, 0, stream, [ctypes.c_uint64(words.data_ptr())])
+            o = words.to(torch.int64) & 0xFFFFFFFF  # noise.cuh tb_unorder, in int64
+            bits = torch.where(o >= 2**31, o & 0x7FFFFFFF, (~o) & 0xFFFFFFFF)
+            bits = torch.where(o == 0, torch.full_like(o, 0xFF800000), bits)
+            table = (bits - (bits >= 2**31).long() * 2**32).to(torch.int32).view(torch.float32)
+            torch.cuda.synchronize(device)
+        _noise_tables[device_index] = table
+    return table
 
 
 class ChainArgs(ctypes.Structure):
@@ -89,7 +125,7 @@ class ChainArgs(ctypes.Structure):
 
     _fields_ = [(name, ctypes.c_uint64) for name in (
         "base", "anchor", "embed", "head", "cache", "idx", "pos", "temp", "seeds", "tokens", "words", "sync",
-        "status", "trace", "pub")] + [(name, ctypes.c_int64) for name in (
+        "status", "trace", "pub", "gtab")] + [(name, ctypes.c_int64) for name in (
             "rows", "vocab", "embed_rows", "num_slots", "num_steps", "stride_br", "stride_bn", "stride_cs",
             "stride_tr", "base_f32", "cache_f32", "anchor64", "idx64", "pos64", "rows_pow2", "log2_rows_pow2", "vec_io",
             "num_blocks", "num_tiles", "smem_tiles", "tiles_per_warp", "barrier_extra", "spin_cycles", "flags")] + [
@@ -109,15 +145,16 @@ def _pow2_at_least(n: int) -> int:
 
 
 def fixed_smem_bytes(rows_pow2: int, nt: int, tiles_per_warp: int, warps: int, cache_bytes: int,
-                     steps: int = 1) -> int:
+                     steps: int = 1, table: bool = False) -> int:
     """Shared memory besides the W2 tiles (chain.cu's layout): codes, the per-warp stage of z
     (``[rows_pow2][tokens * cache_bytes + 16]``), per-warp words, block words, per-row keys
-    (``[steps][16]`` of slot, temperature, 1/T, prefix, live), tokens, flags."""
+    (``[steps][16]`` of slot, temperature, 1/T, prefix, live), tokens, flags, and with ``table`` the
+    noise upper-bound table (variant bit 64 at 4-16 rows)."""
     codes = nt * 8 * 32 * 16
     stage = warps * rows_pow2 * (tiles_per_warp * TILE * cache_bytes + 16)
     triples = warps * rows_pow2 * 3 * 8
     keys = steps * MAX_ROWS * (8 + 4 * 4)
-    return codes + stage + triples + MAX_ROWS * 8 + keys + MAX_ROWS * 4 + (MAX_ROWS + 2) * 4
+    return codes + stage + triples + MAX_ROWS * 8 + keys + MAX_ROWS * 4 + (MAX_ROWS + 2) * 4 + (TB_SIZE * 4 if table else 0)
 
 
 class CudaChainBackend:
@@ -195,7 +232,8 @@ class CudaChainBackend:
         self.tiles_per_warp = -(-per_block // self.warps)
         nt_max = 1 if self.max_rows_pow2 <= 8 else 2
         fixed = fixed_smem_bytes(self.max_rows_pow2, 2, self.tiles_per_warp, self.warps,  # codes sized for NT = 2
-                                 4 if cache_dtype == torch.float32 else 2, int(num_steps))
+                                 4 if cache_dtype == torch.float32 else 2, int(num_steps),
+                                 table=bool(self.variant & VARIANT_NOISE_TABLE) and self.max_rows_pow2 >= 4)
         from ..cuda import build
 
         limit = build.max_dynamic_smem(index)
@@ -213,6 +251,8 @@ class CudaChainBackend:
             if self.kernels.blocks_per_sm(name, self.threads, self.smem_bytes) < 1:
                 raise ValueError(f"smem_tiles: kernel {name} with {self.smem_bytes} bytes of shared memory does not "
                                  f"fit on one SM")
+        # The noise upper-bound table (variant bit 64): built once per device, read at every launch.
+        self.noise_table = noise_table(self.kernels, index) if self.variant & VARIANT_NOISE_TABLE else None
         self.spin_cycles = int(spin_cycles)
         self.filter_margin = float(filter_margin)
         self.barrier_extra = int(barrier_extra)
@@ -298,6 +338,7 @@ class CudaChainBackend:
             logits_cache.data_ptr(), idx_mapping.data_ptr(), positions.data_ptr(), temperature.data_ptr(),
             seeds.data_ptr(), draft_tokens.data_ptr(), self.words.data_ptr(), self.sync.data_ptr(),
             status.data_ptr(), 0 if self.trace is None else self.trace.data_ptr(), self.pub.data_ptr(),
+            0 if self.noise_table is None else self.noise_table.data_ptr(),
             rows, vocab, head.embed_vocab_size, temperature.shape[0], steps,
             base_logits.stride(0), base_logits.stride(1), logits_cache.stride(0), draft_tokens.stride(0),
             int(base_logits.dtype == torch.float32), int(logits_cache.dtype == torch.float32),
