@@ -620,13 +620,16 @@ def _stream_verify_kernel(
     R2: tl.constexpr = 2 * K + 1  # partial rows: targets 0..K, caches K+1..2K
     # tiles loaded at once where target values are divided (RAW, T not 0 or 1): DIV_UNROLL when given
     UR: tl.constexpr = (DIV_UNROLL if DIV_UNROLL > 0 else UNROLL) if RAW else UNROLL
+    if TRACE:  # [programs, 4] int64: start ns, after the wait (or the queues) ns, end ns, stage + 4 valid + 8 smid
+        t_start, smid = _clock(tl.program_id(0), HARDWARE)
     if DYNAMIC:  # (standard method) items from the work queues: a published request's emit items first
         stage, b, j, chunk, valid = _acquire(ctl_ptr, ready_ptr, requests, (K + 1) * C1, C1, C2, status_ptr)
     else:
         stage, b, j, chunk, valid = _item(requests, LAG, (K + 1) * C1, MASS_ROWS * C1, C2, C1, STAGES)
-    if TRACE:  # [programs, 4] int64: start ns, after the wait ns, end ns, stage + 4 * valid + 8 * smid
-        t_start, smid = _clock(chunk, HARDWARE)
+    if TRACE:
         t_waited = t_start
+        if DYNAMIC:
+            t_waited, trace_sm = _clock(chunk, HARDWARE)
     if PREFETCH:  # the first tiles of a stream item's target row, before its request's loads come back
         if valid & (stage == 0):
             sector = chunk * T1 * BLOCK + tl.arange(0, UNROLL * BLOCK // 8) * 8  # one address per 32 bytes
@@ -777,7 +780,7 @@ def _stream_verify_kernel(
         # ---------------------------------------------------------------- mass item (block)
         _wait(counters + 3, 1, status_ptr)
         if TRACE:
-            t_waited, _ = _clock(chunk, HARDWARE)
+            t_waited, trace_sm = _clock(chunk, HARDWARE)
         i = j
         if live & ~greedy & (i < n):
             start = chunk * T1 * BLOCK
@@ -818,7 +821,7 @@ def _stream_verify_kernel(
         if not DYNAMIC:  # (dynamic: taken only once published)
             _wait(counters + 3, ready_level, status_ptr)
         if TRACE:
-            t_waited, _ = _clock(chunk, HARDWARE)
+            t_waited, trace_sm = _clock(chunk, HARDWARE)
         js = tl.minimum(tl.maximum(tl.load(acc_ptr + b, volatile=True), 0), n)
         part = b * C2P + chunk
         t_max = tl.load(rows + 0 * KP1 + js, volatile=True)
@@ -882,7 +885,7 @@ def _stream_verify_kernel(
                 ids = r + tl.arange(0, 256)
                 tl.store(ready_ptr + ids, tl.full([256], -1, tl.int32), mask=ids < requests)
     if TRACE:
-        t_end, _ = _clock(chunk, HARDWARE)
+        t_end, trace_sm = _clock(chunk, HARDWARE)
         pid = tl.program_id(0).to(tl.int64)
         tl.store(trace_ptr + pid * 4 + 0, t_start)
         tl.store(trace_ptr + pid * 4 + 1, t_waited)
