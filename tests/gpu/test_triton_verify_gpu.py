@@ -308,3 +308,49 @@ def test_stream_layouts_agree_and_graph_replays():
         assert torch.equal(tokens, ref.tokens) and torch.equal(count, ref.num_emitted)
     verifier.check()
     assert int(verifier.counters.abs().sum()) == 0
+
+
+# the options measured against the defaults (issue 18, verify3): work queues, register double-buffering, and the
+# raw mode's split unroll (only the divided slots load fewer tiles at once)
+OPTION_VARIANTS = {"dynamic": dict(dynamic=1), "dynamic_t1_8": dict(dynamic=1, t1=8, unroll=2),
+                   "dbuf": dict(dbuf=1, unroll=2), "div_unroll": dict(div_unroll=2), "static": dict(dynamic=0)}
+
+
+@pytest.mark.parametrize("variant", sorted(OPTION_VARIANTS))
+@pytest.mark.parametrize("rows", [16, 253])
+def test_stream_options_equal_reference_and_replay(rows, variant):
+    """Each option on repeated eager launches (raw and pre-divided, standard and block) and on graph replays
+    with new inputs: every launch equals the reference, and the counters and work queues are reset."""
+    verifier = _stream()(rows, K, VOCAB, "cuda", **OPTION_VARIANTS[variant])
+    first = _case(rows, 31)
+    temperature = first[6]
+    raw = first[0] * torch.where(temperature == 0, 1.0, temperature)[first[4].clamp_min(0), None, None]
+    for method in ("standard", "block"):
+        ref = dm.verify_drafts(first[0], *first[1:], method=method)
+        ref_raw = dm.verify_drafts(raw, *first[1:], method=method, target_temperature=temperature)
+        for _ in range(3):
+            out = verifier.run(first[0], *first[1:], method=method)
+            assert torch.equal(out[0], ref.tokens) and torch.equal(out[1], ref.num_emitted)
+            out = verifier.run(raw, *first[1:], method=method, target_temperature=temperature)
+            assert torch.equal(out[0], ref_raw.tokens) and torch.equal(out[1], ref_raw.num_emitted)
+    static = [x.clone() for x in first]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        verifier.run(*static, method="standard")
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tokens, count = verifier.run(*static, method="standard")
+    for seed in (32, 33, 34):
+        fresh = _case(rows, seed)
+        for dst, src in zip(static, fresh):
+            dst.copy_(src)
+        for _ in range(2):
+            graph.replay()
+        torch.cuda.synchronize()
+        ref = dm.verify_drafts(*fresh, method="standard")
+        assert torch.equal(tokens, ref.tokens) and torch.equal(count, ref.num_emitted)
+    verifier.check()
+    assert int(verifier.counters.abs().sum()) == 0 and int(verifier.queues.abs().sum()) == 0
+    assert bool((verifier.ready == -1).all())
