@@ -67,6 +67,15 @@ def test_temperatures_row_blocks_and_programs(temps, method, device):
     check_against_reference(head, *args, out, method=method)
 
 
+@pytest.mark.parametrize("layout", [(64, 16, 4, 2, 0, 1), (32, 32, 4, 1, 1, 1)], ids=["pipelined", "prefetch"])
+@pytest.mark.parametrize("method", ["gumbel", "inverse_cdf"])
+def test_layouts_whole_tiles(layout, method, device):
+    """V = 320, a multiple of both tile widths (the unmasked EVEN_V path), base pipelined or prefetched."""
+    head, args = make_problem(320, 16, 20, 2, padding_row=3, seed=5, device=device)
+    out = wide_sampler(head, 2, 20, method, layout=layout, programs=2).sample(*args)
+    check_against_reference(head, *args, out, method=method)
+
+
 @pytest.mark.parametrize("base_dtype,cache_dtype,weight_dtype,scale", [
     (torch.bfloat16, torch.bfloat16, torch.bfloat16, 1.0),
     (torch.float32, torch.bfloat16, torch.bfloat16, 0.37),

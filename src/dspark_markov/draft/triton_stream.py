@@ -337,6 +337,55 @@ def _finish_gumbel_kernel(
     tl.store(tokens_ptr + row.to(tl.int64) * stride_tr + step, token.to(tl.int64))
 
 
+@triton.jit
+def first_argmax_by_tiles(tile_max, in_row, has_nan, row_max, row_z, vocab, TILES_P2: tl.constexpr,
+                          BLOCK_V: tl.constexpr):
+    """argmax_first of a row from its tile maxima: the first tile holding a NaN (else the maximum),
+    then its first such token, re-read from the cache row ``row_z``. int32 token."""
+    tiles = tl.arange(0, TILES_P2)
+    is_nan = tile_max != tile_max
+    hit = tl.where(has_nan, is_nan, tile_max == row_max) & in_row
+    chosen = tl.min(tl.where(hit, tiles, TILES_P2), axis=0)
+    chosen = tl.where(chosen < TILES_P2, chosen, 0)
+    cols = chosen * BLOCK_V + tl.arange(0, BLOCK_V)
+    col_ok = cols < vocab
+    z = to_float32(tl.load(row_z + cols, mask=col_ok, other=0.0))
+    match = tl.where(has_nan, z != z, z == row_max) & col_ok
+    first = tl.min(tl.where(match, cols, _BIG), axis=0)
+    return tl.where(first < _BIG, first, chosen * BLOCK_V)
+
+
+@triton.jit
+def pick_in_tiles(mass, cumulative, target, tile_scale, scaled_max, tiles, row_z, temp, vocab,
+                  TILES_P2: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The inverse-CDF token: the first tile (ids ``tiles``) whose mass prefix sum exceeds ``target``
+    (clamped to the last tile of positive mass), then the token inside it from the cache row.
+
+    ``mass`` are the tile masses relative to the row's max (0 where not a tile), ``cumulative`` their
+    prefix sums, ``tile_scale = exp(max_t / T - M / T)`` and ``scaled_max = max_t / T`` per tile.
+    The token's weights are the partials' ``exp(z / T - max_t / T)``, so the two stages agree. int32.
+    """
+    hit = (cumulative > target) & (mass > 0.0)
+    chosen = tl.min(tl.where(hit, tiles, _BIG), axis=0)
+    last_positive = tl.max(tl.where(mass > 0.0, tiles, -1), axis=0)
+    chosen = tl.where(chosen < _BIG, chosen, last_positive)
+    chosen = tl.maximum(chosen, 0)
+    remaining = target - tl.sum(tl.where(tiles < chosen, mass, 0.0), axis=0)
+    chosen_scale = tl.sum(tl.where(tiles == chosen, tile_scale, 0.0), axis=0)
+    chosen_shift = tl.max(tl.where(tiles == chosen, scaled_max, float("-inf")), axis=0)
+    cols = chosen * BLOCK_V + tl.arange(0, BLOCK_V)
+    col_ok = cols < vocab
+    z = to_float32(tl.load(row_z + cols, mask=col_ok, other=0.0))
+    # the same weights as the partials: exp(z / T - max_tile / T)
+    weight = tl.where(col_ok, tl.exp(tl.math.div_rn(z, tl.zeros_like(z) + temp) - chosen_shift), 0.0)
+    inside = tl.cumsum(weight, axis=0) * chosen_scale
+    hit_token = (inside > remaining) & (weight > 0.0)
+    picked = tl.min(tl.where(hit_token, cols, _BIG), axis=0)
+    last_token = tl.max(tl.where(weight > 0.0, cols, -1), axis=0)
+    token = tl.where(picked < _BIG, picked, last_token)
+    return tl.where(token >= 0, token, chosen * BLOCK_V)
+
+
 @triton.jit(do_not_specialize=["step", "num_slots"])
 def _pick_kernel(
     part_max_ptr, part_mass_ptr, stride_part,  # [max_rows, num_tiles] fp32
@@ -369,16 +418,7 @@ def _pick_kernel(
         scaled_row_max = tl.math.div_rn(row_max, temp)
         row_z = cache_ptr + slot * stride_cs + step * vocab
         if has_nan | (tl.abs(scaled_row_max) == float("inf")):
-            # argmax_first: the first tile holding a NaN (else the maximum), then its first such token
-            hit = tl.where(has_nan, is_nan, tile_max == row_max) & in_row
-            chosen = tl.min(tl.where(hit, tiles, TILES_P2), axis=0)
-            chosen = tl.where(chosen < TILES_P2, chosen, 0)
-            cols = chosen * BLOCK_V + tl.arange(0, BLOCK_V)
-            col_ok = cols < vocab
-            z = to_float32(tl.load(row_z + cols, mask=col_ok, other=0.0))
-            match = tl.where(has_nan, z != z, z == row_max) & col_ok
-            first = tl.min(tl.where(match, cols, _BIG), axis=0)
-            token = tl.where(first < _BIG, first, chosen * BLOCK_V)
+            token = first_argmax_by_tiles(tile_max, in_row, has_nan, row_max, row_z, vocab, TILES_P2, BLOCK_V)
         else:
             scaled_max = tl.math.div_rn(tile_max, temp)
             tile_scale = tl.exp(scaled_max - scaled_row_max)  # 0 for an all -inf tile
@@ -387,26 +427,8 @@ def _pick_kernel(
             total = tl.max(cumulative, axis=0)
             u = rng_triton.uniform32(rng_triton.hash_finish(rng_triton.draft_prefix(seed, step, position),
                                                             tl.full([], 0xFFFFFFFF, tl.uint32)))
-            target = u * total
-            hit = (cumulative > target) & (mass > 0.0)
-            chosen = tl.min(tl.where(hit, tiles, TILES_P2), axis=0)
-            last_positive = tl.max(tl.where(mass > 0.0, tiles, -1), axis=0)
-            chosen = tl.where(chosen < TILES_P2, chosen, last_positive)
-            chosen = tl.maximum(chosen, 0)
-            remaining = target - tl.sum(tl.where(tiles < chosen, mass, 0.0), axis=0)
-            chosen_scale = tl.sum(tl.where(tiles == chosen, tile_scale, 0.0), axis=0)
-            chosen_shift = tl.max(tl.where(tiles == chosen, scaled_max, float("-inf")), axis=0)
-            cols = chosen * BLOCK_V + tl.arange(0, BLOCK_V)
-            col_ok = cols < vocab
-            z = to_float32(tl.load(row_z + cols, mask=col_ok, other=0.0))
-            # the same weights as the partials: exp(z / T - max_tile / T)
-            weight = tl.where(col_ok, tl.exp(tl.math.div_rn(z, tl.zeros_like(z) + temp) - chosen_shift), 0.0)
-            inside = tl.cumsum(weight, axis=0) * chosen_scale
-            hit_token = (inside > remaining) & (weight > 0.0)
-            picked = tl.min(tl.where(hit_token, cols, _BIG), axis=0)
-            last_token = tl.max(tl.where(weight > 0.0, cols, -1), axis=0)
-            token = tl.where(picked < _BIG, picked, last_token)
-            token = tl.where(token >= 0, token, chosen * BLOCK_V)
+            token = pick_in_tiles(mass, cumulative, u * total, tile_scale, scaled_max, tiles, row_z, temp, vocab,
+                                  TILES_P2, BLOCK_V)
     token = tl.minimum(tl.maximum(token, 0), vocab - 1)
     tl.store(tokens_ptr + row.to(tl.int64) * stride_tr + step, token.to(tl.int64))
     tl.store(prev_ptr + row, token.to(tl.int32))

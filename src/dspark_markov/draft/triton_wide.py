@@ -2,9 +2,10 @@
 
 Per step one persistent launch of ``programs`` programs. Program ``p`` holds one block of
 ``BLOCK_R`` rows (the whole batch at up to 256 rows): their codes ``W1[prev]`` ``[BLOCK_R, R_k]``
-are gathered once and stay on chip, and the program walks the vocabulary tiles
-``p', p' + W, p' + 2W, ...`` (``W`` programs per row block, consecutive programs on the same tile
-so a W2 tile read by one row block is an L2 hit for the next). Per tile:
+are gathered once and stay on chip, and the program walks its own run of consecutive vocabulary
+tiles (worker ``p // row_blocks`` of ``W`` per row block: vocabulary order, which the inverse-CDF
+pick needs; the programs of one run are consecutive, so a W2 tile read by one row block is an L2
+hit for the next). Per tile:
 
 - ``bias = codes @ W2_tile^T`` (``tl.dot``: wgmma on Hopper, fp32 accumulation, rounded once to
   the weight dtype, ``scale`` applied and rounded again when ``!= 1``); the W2 tile loads are
@@ -51,16 +52,17 @@ from ..ops.filter import FILTER_MARGIN, key_slack
 from ..ops.noise import INTERPRET, fast_log2
 from ..ops.numerics import INT64_MIN, pack_word, to_float32
 from ..ops.numerics import word_token as _word_token
-from ..ops.rows import draft_rows
+from ..ops.rows import draft_row, draft_rows
 from ..validate import check_power_of_two
 from .triton_stream import (_G_MAX, _G_MIN, _LN2_UP, _finish_gumbel_kernel, _greedy_words, _gumbel_words, _nan_max,
-                            _pick_kernel, _prepare_kernel, _round, _word_value)
+                            _prepare_kernel, _round, _word_value, first_argmax_by_tiles, pick_in_tiles)
 
 # log_noise_upper: g <= (24 - log2(h >> 8)) ln 2 + LOG_UPPER_MARGIN for every hash h with h >> 8 > 0
 # (G_MAX otherwise); checked over all 2^32 hashes with the hardware log2 by tests/gpu/test_wide_gpu.py.
 LOG_UPPER_MARGIN = 2.0**-10
 _LOG_UPPER_MARGIN = tl.constexpr(LOG_UPPER_MARGIN)
 _BIG = tl.constexpr(2147483647)
+_LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
@@ -77,6 +79,14 @@ def log_noise_upper(h, HARDWARE: tl.constexpr):
     high = (h >> 8).to(tl.int32)
     bound = (24.0 - fast_log2(tl.maximum(high, 1).to(tl.float32), HARDWARE)) * _LN2_UP + _LOG_UPPER_MARGIN
     return tl.where(high == 0, _G_MAX, bound)
+
+
+@triton.jit
+def _fast_exp2(x):
+    """``2^x`` in one ``ex2.approx.ftz`` (MUFU) instruction: results below 2^-126 flush to 0 (weights that
+    small never decide a draw); ``tl.exp2`` adds a denormal range fix-up of three instructions."""
+    return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
+                                     pack=1)
 
 
 @triton.jit
@@ -150,12 +160,14 @@ def _wide_step_kernel(
     words_ptr, stride_ws,  # [N, max_rows] int64 per-row best words
     tokens_ptr, stride_tr,  # [R, N] int64 draft tokens (Gumbel: column step - 1, written by worker 0)
     part_max_ptr, part_mass_ptr, stride_part,  # [max_rows, num_tiles] fp32 (inverse CDF)
-    num_rows, vocab, embed_rows, num_slots, step, num_steps, scale, filter_margin, num_row_blocks,
+    worker_max_ptr, worker_mass_ptr,  # [max_rows, num_tiles] fp32 (inverse CDF, columns < workers)
+    num_rows, vocab, embed_rows, num_slots, step, num_steps, scale, filter_margin, num_row_blocks, tiles_per_worker,
     RK: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_R: tl.constexpr,
     STAGES: tl.constexpr,
     PREFETCH: tl.constexpr,
+    EVEN_V: tl.constexpr,
     GUMBEL_ITERS: tl.constexpr,
     SHARE_WORDS: tl.constexpr,
     NATIVE_ROUND: tl.constexpr,
@@ -165,7 +177,7 @@ def _wide_step_kernel(
     IEEE_DOT: tl.constexpr,
     HARDWARE: tl.constexpr,
 ):
-    """One step: row block ``pid % num_row_blocks``, vocabulary tiles ``pid // num_row_blocks + k W``.
+    """One step: row block ``pid % num_row_blocks``, the ``tiles_per_worker`` tiles of worker ``pid // num_row_blocks``.
 
     Bytes per program: ``BLOCK_R R_k w`` codes (L2) + per tile ``BLOCK_V R_k w`` (W2) +
     ``BLOCK_R BLOCK_V (u + c)`` (logits in, cache out) + ``8 BLOCK_R`` (inverse-CDF partials); one
@@ -174,8 +186,9 @@ def _wide_step_kernel(
     pid = tl.program_id(0)
     row_block = pid % num_row_blocks
     worker = pid // num_row_blocks
-    workers = tl.num_programs(0) // num_row_blocks
     num_tiles = tl.cdiv(vocab, BLOCK_V)
+    first_tile = worker * tiles_per_worker
+    end_tile = tl.minimum(first_tile + tiles_per_worker, num_tiles)
     rows = row_block * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < num_rows
     ks = tl.arange(0, RK)
@@ -197,7 +210,7 @@ def _wide_step_kernel(
     cache_rows = cache_ptr + slot[:, None] * stride_cs + step * vocab
     lanes = tl.arange(0, BLOCK_V)
     if PREFETCH:
-        first_cols = worker * BLOCK_V + lanes
+        first_cols = first_tile * BLOCK_V + lanes
         next_base = tl.load(base_rows + first_cols[None, :], mask=row_ok[:, None] & (first_cols < vocab)[None, :],
                             other=0.0)
     if INVERSE_CDF:
@@ -215,31 +228,50 @@ def _wide_step_kernel(
         codes = codes.to(tl.float32)
     prefix = rng_triton.draft_prefix(seed, step, position)
     best_word = tl.full([BLOCK_R], INT64_MIN, tl.int64)
+    top_z = tl.full([BLOCK_R], float("-inf"), tl.float32)  # inverse CDF: the worker's max z (NaN-propagating)
+    top_scaled = tl.full([BLOCK_R], float("-inf"), tl.float32)  # ... its max z / T
+    top_mass = tl.zeros([BLOCK_R], tl.float32)  # ... and sum exp(z / T - top_scaled) over its tiles
 
-    for tile in tl.range(worker, num_tiles, workers, num_stages=STAGES):
+    for tile in tl.range(first_tile, end_tile, num_stages=STAGES):
         if SHARE_WORDS and not INVERSE_CDF:  # the best keys other programs found (read early, used after the MMA)
             shared_word = tl.load(words_step + rows, mask=row_ok, other=INT64_MIN, volatile=True)
         cols = tile * BLOCK_V + lanes
-        col_ok = cols < vocab
-        mask = row_ok[:, None] & col_ok[None, :]
+        if EVEN_V:  # every tile is whole: no column masks (rows past the batch are never stored)
+            col_ok = lanes < BLOCK_V
+            mask = row_ok[:, None]
+        else:
+            col_ok = cols < vocab
+            mask = row_ok[:, None] & col_ok[None, :]
         if PREFETCH:
             base = next_base
-            after = cols + workers * BLOCK_V
+            after = cols + BLOCK_V
             next_base = tl.load(base_rows + after[None, :], mask=row_ok[:, None] & (after < vocab)[None, :],
                                 other=0.0)
         else:
-            base = tl.load(base_rows + cols[None, :], mask=mask, other=0.0)
+            base = tl.load(base_rows + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
         # (a product issued one tile ahead does not overlap the epilogue: Triton 3.6 waits for a wgmma
         # right after issuing it unless it accumulates into a loop-carried accumulator)
         acc = _tile_product(codes, head_ptr, cols, col_ok, ks, RK, UPCAST, IEEE_DOT)
-        bias = to_float32(_round(acc, w_dtype, NATIVE_ROUND))  # (a NaN bias makes z NaN: its payload is moot)
-        if SCALED:
-            bias = to_float32(_round(bias * scale, w_dtype, NATIVE_ROUND))
-        z = _round(to_float32(base) + bias, cache_dtype, NATIVE_ROUND)  # one rounding (SPEC.md 3)
-        tl.store(cache_rows + cols[None, :], z, mask=live[:, None] & col_ok[None, :])
-        z = tl.where(mask, to_float32(z), float("-inf"))
-        zmax = tl.reduce(z, 1, _nan_max)
+        if NATIVE_ROUND:  # conversion instructions; a NaN bias makes z NaN, its payload is moot
+            bias = acc.to(w_dtype).to(tl.float32)
+            if SCALED:
+                bias = (bias * scale).to(w_dtype).to(tl.float32)
+            total = base.to(tl.float32) + bias
+            z_cache = total.to(cache_dtype)  # one rounding (SPEC.md 3); a NaN is stored again below
+            z = z_cache.to(tl.float32)
+        else:
+            bias = to_float32(_round(acc, w_dtype, False))
+            if SCALED:
+                bias = to_float32(_round(bias * scale, w_dtype, False))
+            total = to_float32(base) + bias
+            z_cache = _round(total, cache_dtype, False)
+            z = to_float32(z_cache)
+        tl.store(cache_rows + cols[None, :], z_cache, mask=live[:, None] & col_ok[None, :])
+        if not EVEN_V:
+            z = tl.where(col_ok[None, :], z, float("-inf"))
+        zmax = tl.max(z, axis=1)  # NaN-ignoring; the NaN rows are flagged separately
         if INVERSE_CDF:
+            row_nan = zmax != zmax  # (all False; set from the mass / the greedy check below)
             if any_sampled:
                 if any_scaled:
                     scaled = tl.math.div_rn(z, safe_temp[:, None])
@@ -247,14 +279,41 @@ def _wide_step_kernel(
                     scaled = z
                 scaled_max = tl.math.div_rn(zmax, safe_temp)
                 shift = tl.where(tl.abs(scaled_max) < float("inf"), scaled_max, 0.0)
-                mass = tl.sum(tl.where(mask, tl.exp(scaled - shift[:, None]), 0.0), axis=1)
+                if NATIVE_ROUND:  # exp(x - shift) = 2^(x log2(e) - shift log2(e)): one FMA, one ex2
+                    weight = _fast_exp2(tl.fma(scaled, _LOG2E, (-shift * _LOG2E)[:, None]))
+                else:
+                    weight = tl.exp(scaled - shift[:, None])
+                if not EVEN_V:
+                    weight = tl.where(col_ok[None, :], weight, 0.0)
+                mass = tl.sum(weight, axis=1)  # NaN exactly when the row holds a NaN (every other weight <= 1 or inf)
+                row_nan = mass != mass
+                tile_max = tl.where(row_nan, float("nan"), zmax)
                 part = rows * stride_part + tile
-                tl.store(part_max_ptr + part, zmax, mask=sampled)
+                tl.store(part_max_ptr + part, tile_max, mask=sampled)
                 tl.store(part_mass_ptr + part, mass, mask=sampled)
+                # the worker's partial, online (rows with a NaN or an infinite max go to the argmax anyway)
+                top_z = _nan_max(top_z, tile_max)
+                new_top = tl.maximum(top_scaled, scaled_max)
+                new_shift = tl.where(tl.abs(new_top) < float("inf"), new_top, 0.0)
+                old_shift = tl.where(tl.abs(top_scaled) < float("inf"), top_scaled, 0.0)
+                top_mass = tl.where(top_mass > 0.0, top_mass * tl.exp(old_shift - new_shift), 0.0) + \
+                    tl.where(mass > 0.0, mass * tl.exp(shift - new_shift), 0.0)
+                top_scaled = new_top
             if any_greedy:
-                words = _greedy_words(z, zmax, cols[None, :], mask)
+                greedy_nan = tl.max((z != z).to(tl.int32), axis=1) > 0
+                row_nan = row_nan | greedy_nan
+                words = _greedy_words(z, tl.where(greedy_nan, float("nan"), zmax), cols[None, :], mask)
                 best_word = tl.where(greedy, tl.maximum(best_word, words), best_word)
         else:
+            row_nan = tl.max((z != z).to(tl.int32), axis=1) > 0
+        if cache_dtype == tl.bfloat16:
+            if NATIVE_ROUND:
+                if tl.max(row_nan.to(tl.int32), axis=0) > 0:  # rows with a NaN again, with torch's NaN (0x7FC0)
+                    canonical = tl.full(z.shape, 0x7FC0, tl.uint16).to(tl.bfloat16, bitcast=True)
+                    tl.store(cache_rows + cols[None, :], tl.where(z != z, canonical, z.to(cache_dtype)),
+                             mask=(live & row_nan)[:, None] & col_ok[None, :])
+        if not INVERSE_CDF:
+            zmax = tl.where(row_nan, float("nan"), zmax)
             if SHARE_WORDS:
                 best_word = tl.maximum(best_word, shared_word)
                 known_word = best_word
@@ -267,25 +326,99 @@ def _wide_step_kernel(
                 best_word = tl.where(greedy, tl.maximum(best_word, words), best_word)
             need_sampled = need & sampled
             if tl.max(need_sampled.to(tl.int32), axis=0) > 0:
+                gumbel_mask = mask & col_ok[None, :]
                 if GUMBEL_ITERS > 0:
-                    best_word = _candidate_words(z, temp, safe_temp, prefix, best_word, cols[None, :], mask,
+                    best_word = _candidate_words(z, temp, safe_temp, prefix, best_word, cols[None, :], gumbel_mask,
                                                  need_sampled, filter_margin, GUMBEL_ITERS, HARDWARE)
                 else:
-                    words = _gumbel_words(z, zmax, temp, prefix, best, cols[None, :], mask, need_sampled,
+                    words = _gumbel_words(z, zmax, temp, prefix, best, cols[None, :], gumbel_mask, need_sampled,
                                           filter_margin, HARDWARE)
                     best_word = tl.where(sampled, tl.maximum(best_word, words), best_word)
             if SHARE_WORDS:  # publish what this tile improved (no result read: a reduction, not a round trip)
                 tl.atomic_max(words_step + rows, best_word, mask=row_ok & (best_word > known_word))
     if INVERSE_CDF:
         tl.atomic_max(words_step + rows, best_word, mask=greedy & (best_word != INT64_MIN))
+        if any_sampled:
+            tl.store(worker_max_ptr + rows * stride_part + worker, top_z, mask=sampled)
+            tl.store(worker_mass_ptr + rows * stride_part + worker, top_mass, mask=sampled)
     else:
         tl.atomic_max(words_step + rows, best_word, mask=row_ok & (best_word != INT64_MIN))
 
 
+@triton.jit(do_not_specialize=["step", "num_slots"])
+def _pick_wide_kernel(
+    part_max_ptr, part_mass_ptr, stride_part,  # [max_rows, num_tiles] fp32 tile partials
+    worker_max_ptr, worker_mass_ptr,  # [max_rows, num_tiles] fp32 worker partials (columns < workers)
+    words_ptr, stride_ws,  # [N, max_rows] int64 (greedy rows)
+    idx_ptr, pos_ptr, temp_ptr, seed_ptr,  # [R * N], [R * N], [S], [S]
+    cache_ptr, stride_cs,  # [S, N, V]
+    tokens_ptr, stride_tr,  # [R, N] int64 output
+    prev_ptr,  # [max_rows] int32 output: the next step's previous tokens
+    vocab, num_slots, step, num_steps, num_tiles, workers, tiles_per_worker,
+    WORKERS_P2: tl.constexpr,
+    PER_WORKER_P2: tl.constexpr,
+    TILES_P2: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    """The inverse-CDF token of one row in three stages: the worker (program) by the prefix sum of the
+    workers' masses (workers own consecutive tiles: vocabulary order), the tile among that worker's
+    tiles by the prefix sum of their masses, the token inside the tile
+    (re-read from the cache). Rows whose max of ``z / T`` is not finite (or with a NaN) take the first
+    argmax through the tile maxima. Moves ``8 (W + N_w) + BLOCK_V c + 32`` bytes per sampled row.
+    """
+    row = tl.program_id(0)
+    sample = row * num_steps + step
+    live, slot, temp, seed, position = draft_row(idx_ptr, pos_ptr, temp_ptr, seed_ptr, sample, num_slots)
+    token = _word_token(tl.load(words_ptr + step * stride_ws + row), vocab)
+    if temp > 0.0:
+        base_part = row.to(tl.int64) * stride_part
+        ws = tl.arange(0, WORKERS_P2)
+        w_ok = ws < workers
+        w_max = tl.load(worker_max_ptr + base_part + ws, mask=w_ok, other=float("-inf"))
+        w_mass = tl.load(worker_mass_ptr + base_part + ws, mask=w_ok, other=0.0)
+        is_nan = w_max != w_max
+        has_nan = tl.max(is_nan.to(tl.int32), axis=0) > 0
+        row_max = tl.max(tl.where(is_nan, float("-inf"), w_max), axis=0)
+        scaled_row_max = tl.math.div_rn(row_max, temp)
+        row_z = cache_ptr + slot * stride_cs + step * vocab
+        if has_nan | (tl.abs(scaled_row_max) == float("inf")):
+            tiles = tl.arange(0, TILES_P2)
+            in_row = tiles < num_tiles
+            tile_max = tl.load(part_max_ptr + base_part + tiles, mask=in_row, other=float("-inf"))
+            token = first_argmax_by_tiles(tile_max, in_row, has_nan, row_max, row_z, vocab, TILES_P2, BLOCK_V)
+        else:
+            w_scale = tl.exp(tl.math.div_rn(w_max, temp) - scaled_row_max)  # 0 for a worker of -inf only
+            mass = tl.where(w_ok & (w_mass > 0.0), w_mass * w_scale, 0.0)
+            cumulative = tl.cumsum(mass, axis=0)
+            u = rng_triton.uniform32(rng_triton.hash_finish(rng_triton.draft_prefix(seed, step, position),
+                                                            tl.full([], 0xFFFFFFFF, tl.uint32)))
+            target = u * tl.max(cumulative, axis=0)
+            hit = (cumulative > target) & (mass > 0.0)
+            chosen = tl.min(tl.where(hit, ws, WORKERS_P2), axis=0)
+            last_positive = tl.max(tl.where(mass > 0.0, ws, -1), axis=0)
+            chosen = tl.maximum(tl.where(chosen < WORKERS_P2, chosen, last_positive), 0)
+            remaining = target - tl.sum(tl.where(ws < chosen, mass, 0.0), axis=0)
+            own = tl.arange(0, PER_WORKER_P2)
+            tiles = chosen * tiles_per_worker + own  # that worker's tiles
+            t_ok = (own < tiles_per_worker) & (tiles < num_tiles)
+            t_max = tl.math.div_rn(tl.load(part_max_ptr + base_part + tiles, mask=t_ok, other=float("-inf")), temp)
+            t_mass = tl.load(part_mass_ptr + base_part + tiles, mask=t_ok, other=0.0)
+            t_scale = tl.exp(t_max - scaled_row_max)
+            t_mass = tl.where(t_ok & (t_mass > 0.0), t_mass * t_scale, 0.0)
+            token = pick_in_tiles(t_mass, tl.cumsum(t_mass, axis=0), remaining, t_scale, t_max, tiles, row_z, temp,
+                                  vocab, PER_WORKER_P2, BLOCK_V)
+    token = tl.minimum(tl.maximum(token, 0), vocab - 1)
+    tl.store(tokens_ptr + row.to(tl.int64) * stride_tr + step, token.to(tl.int64))
+    tl.store(prev_ptr + row, token.to(tl.int32))
+
+
 # Launch shapes (block_v, block_r, num_warps, stages, prefetch, programs per SM) by batch size:
-# (at most this many rows, shape). GPU: measured by tools/sweep_wide.py (see GPU_LAYOUTS' notes).
-GPU_LAYOUTS = ((64, (64, 64, 4, 2, 1, 2)), (128, (64, 128, 8, 2, 1, 1)), (256, (32, 256, 8, 2, 1, 1)))
-GPU_LAYOUT_LARGE = (32, 256, 8, 2, 1, 1)  # more rows: several row blocks of 256
+# (at most this many rows, shape). prefetch 0: Triton pipelines the base-logit tile through shared
+# memory (cp.async, ``stages`` deep) beside the W2 tile; 1: a register prefetch instead (round u1:
+# slower, more registers). Static SASS of the T = 1 inverse-CDF tile loop (Triton 3.6, sm_90a):
+# 64x128x8 (3 stages) ~19.5 instructions per logit, 32x256x8 ~24, the u1 default (prefetch 1) ~32.
+GPU_LAYOUTS = ((64, (64, 64, 4, 2, 0, 2)), (128, (64, 128, 8, 3, 0, 1)), (256, (64, 128, 8, 3, 0, 1)))
+GPU_LAYOUT_LARGE = (64, 128, 8, 3, 0, 1)  # more rows: several row blocks of 128
 CPU_LAYOUT = (64, 16, 4, 1, 1, 1)
 CPU_PROGRAMS = 3  # programs per row block in the interpreter (a few tiles each)
 GUMBEL_ITERS = 2  # exact keys per row and tile before a tile's candidates go to the approximate ranking
@@ -362,6 +495,8 @@ class WideBackend:
         part = (self.max_rows, num_tiles) if method == "inverse_cdf" else (1, 1)
         self.part_max = torch.zeros(part, dtype=torch.float32, device=device)
         self.part_mass = torch.zeros(part, dtype=torch.float32, device=device)
+        self.worker_max = torch.zeros(part, dtype=torch.float32, device=device)  # columns < workers used
+        self.worker_mass = torch.zeros(part, dtype=torch.float32, device=device)
         # Stand-ins for the per-slot tensors when S == 0 (never read or written: every access is masked off).
         self.no_temperature = torch.zeros(1, dtype=torch.float32, device=device)
         self.no_seeds = torch.zeros(1, dtype=torch.int64, device=device)
@@ -394,7 +529,8 @@ class WideBackend:
             workers = CPU_PROGRAMS
         else:
             workers = max(1, (self.num_sms * per_sm) // row_blocks)
-        workers = min(workers, num_tiles)
+        tiles_per_worker = triton.cdiv(num_tiles, min(workers, num_tiles))
+        workers = triton.cdiv(num_tiles, tiles_per_worker)  # each owns consecutive tiles (vocabulary order)
         common = dict(enable_fp_fusion=False)
         _prepare_kernel[(rows,)](anchor, self.prev, self.words, self.words.stride(0), steps,
                                  STEPS_P2=triton.next_power_of_2(steps), num_warps=1, **common)
@@ -407,22 +543,26 @@ class WideBackend:
                 self.prev, self.words, self.words.stride(0),  # [max_rows], [N, max_rows]
                 draft_tokens, draft_tokens.stride(0),  # [R, N]
                 self.part_max, self.part_mass, self.part_max.stride(0),  # [max_rows, num_tiles]
+                self.worker_max, self.worker_mass,  # [max_rows, num_tiles]
                 rows, vocab, head.embed_vocab_size, num_slots, step, steps, head.scale, self.filter_margin,
-                row_blocks,
+                row_blocks, tiles_per_worker,
                 RK=head.rank, BLOCK_V=block_v, BLOCK_R=block_r, STAGES=stages, PREFETCH=bool(prefetch),
-                GUMBEL_ITERS=self.gumbel_iters, SHARE_WORDS=self.share_words,
+                EVEN_V=vocab % block_v == 0, GUMBEL_ITERS=self.gumbel_iters, SHARE_WORDS=self.share_words,
                 NATIVE_ROUND=self.native_round, SCALED=head.scale != 1.0, INVERSE_CDF=inverse,
                 UPCAST=self.upcast, IEEE_DOT=head.dtype == torch.float32, HARDWARE=not self.interpret,
                 num_warps=num_warps, **common)
             if inverse:
-                _pick_kernel[(rows,)](
+                _pick_wide_kernel[(rows,)](
                     self.part_max, self.part_mass, self.part_max.stride(0),  # [max_rows, num_tiles]
+                    self.worker_max, self.worker_mass,  # [max_rows, num_tiles]
                     self.words, self.words.stride(0),  # [N, max_rows]
                     idx_mapping, positions, temperature, seeds,
                     logits_cache, logits_cache.stride(0),  # [S, N, V]
                     draft_tokens, draft_tokens.stride(0),  # [R, N]
                     self.prev,  # [max_rows]
-                    vocab, num_slots, step, steps, num_tiles,
+                    vocab, num_slots, step, steps, num_tiles, workers, tiles_per_worker,
+                    WORKERS_P2=triton.next_power_of_2(workers),
+                    PER_WORKER_P2=triton.next_power_of_2(tiles_per_worker),
                     TILES_P2=triton.next_power_of_2(num_tiles), BLOCK_V=block_v, num_warps=4, **common)
         if not inverse:
             _finish_gumbel_kernel[(rows,)](self.words, self.words.stride(0), draft_tokens, draft_tokens.stride(0),
