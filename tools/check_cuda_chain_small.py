@@ -25,7 +25,11 @@ def main() -> int:
     head = dm.MarkovHead((torch.randn(vocab, rank, device="cuda", generator=gen) * 0.05).bfloat16(),
                          (torch.randn(vocab, rank, device="cuda", generator=gen) * 0.05).bfloat16())
     hints = "--hints" in sys.argv or any(a.startswith("--variants=") for a in sys.argv)
-    for rows in (2, 12) if hints else (3, 12):  # 2: FLAG_EXACT_SMALL's path
+    row_counts = (2, 12) if hints else (3, 12)  # 2: FLAG_EXACT_SMALL's path
+    for arg in sys.argv:  # --rows=12: only those
+        if arg.startswith("--rows="):
+            row_counts = tuple(int(r) for r in arg.split("=", 1)[1].split(","))
+    for rows in row_counts:
         base = (torch.randn(rows, steps, vocab, device="cuda", generator=gen) * 2).bfloat16()
         slots = torch.arange(rows, device="cuda")
         slots[1] = -1

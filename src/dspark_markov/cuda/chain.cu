@@ -572,20 +572,19 @@ struct Top2 {
   }
 };
 
-template <bool CACHE_F32>
-__device__ __forceinline__ float tb_key(float z, bool greedy, float inv_temp, u32 prefix, u32 v, const float* gtab) {
-  if (greedy) return z;
+template <bool GREEDY>
+__device__ __forceinline__ float tb_key(float z, float inv_temp, u32 prefix, u32 v, const float* gtab) {
+  if (GREEDY) return z;
   return dm::add_rn(dm::mul_rn(z, inv_temp), gtab[dm::tb_bucket(dm::hash_finish(prefix, v))]);
 }
 
-template <bool CACHE_F32>
-__device__ __forceinline__ void rank_chunk_tb(const unsigned char* zrow, int lo, int hi, i64 v_w0, bool greedy,
-                                              float inv_temp, u32 prefix, const float* gtab, Top2& t) {
-  t.init();
+template <bool CACHE_F32, bool GREEDY>
+__device__ __forceinline__ void rank_chunk_tb_(const unsigned char* zrow, int lo, int hi, i64 v_w0, float inv_temp,
+                                               u32 prefix, const float* gtab, Top2& t) {
   int vi = lo;
   for (; vi < hi && (vi & 3); ++vi) {  // (lo is a multiple of 4 unless tiles_per_warp is odd)
     const float z = CACHE_F32 ? *(const float*)(zrow + vi * 4) : bf16_to_f32(*(const unsigned short*)(zrow + vi * 2));
-    t.add(tb_key<CACHE_F32>(z, greedy, inv_temp, prefix, (u32)(v_w0 + vi), gtab), (int)(v_w0 + vi));
+    t.add(tb_key<GREEDY>(z, inv_temp, prefix, (u32)(v_w0 + vi), gtab), (int)(v_w0 + vi));
   }
   for (; vi + 4 <= hi; vi += 4) {  // vi a multiple of 4: one 8- (bf16) or 16-byte (fp32) shared load
     float z[4];
@@ -599,14 +598,23 @@ __device__ __forceinline__ void rank_chunk_tb(const unsigned char* zrow, int lo,
     }
     float key[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) key[k] = tb_key<CACHE_F32>(z[k], greedy, inv_temp, prefix, (u32)(v_w0 + vi + k), gtab);
+    for (int k = 0; k < 4; ++k) key[k] = tb_key<GREEDY>(z[k], inv_temp, prefix, (u32)(v_w0 + vi + k), gtab);
 #pragma unroll
     for (int k = 0; k < 4; ++k) t.add(key[k], (int)(v_w0 + vi + k));
   }
   for (; vi < hi; ++vi) {
     const float z = CACHE_F32 ? *(const float*)(zrow + vi * 4) : bf16_to_f32(*(const unsigned short*)(zrow + vi * 2));
-    t.add(tb_key<CACHE_F32>(z, greedy, inv_temp, prefix, (u32)(v_w0 + vi), gtab), (int)(v_w0 + vi));
+    t.add(tb_key<GREEDY>(z, inv_temp, prefix, (u32)(v_w0 + vi), gtab), (int)(v_w0 + vi));
   }
+}
+
+// One loop per kind of row (no per-token branch on `greedy`).
+template <bool CACHE_F32>
+__device__ __forceinline__ void rank_chunk_tb(const unsigned char* zrow, int lo, int hi, i64 v_w0, bool greedy,
+                                              float inv_temp, u32 prefix, const float* gtab, Top2& t) {
+  t.init();
+  if (greedy) rank_chunk_tb_<CACHE_F32, true>(zrow, lo, hi, v_w0, inv_temp, prefix, gtab, t);
+  else rank_chunk_tb_<CACHE_F32, false>(zrow, lo, hi, v_w0, inv_temp, prefix, gtab, t);
 }
 
 // ------------------------------------------------------------------ the kernel
