@@ -2,7 +2,7 @@
 
 Usage: ``PYTHONPATH=src:. python3 tools/sweep_wide.py --plan
 253/inverse_cdf/inverse_cdf,253/inverse_cdf/32x256x8x2x1x1 [--check] [--cache-dtype float32]
-[--temperature mixed]``: ``rows/method/design`` items, a design being a registered impl or a wide
+[--temperature mixed]``: ``rows/method/design[/temperature[/cache_dtype]]`` items (temperature "1" or "mixed"), a design being a registered impl or a wide
 layout ``block_v x block_r x num_warps x stages x prefetch x programs_per_sm [x gumbel_iters [x share_words]]``. One line per (rows, design, layout): the median microseconds of one whole call
 (all N steps), graph replay == eager, and (``--check``) whether the wide sampler draws what the
 reference draws from its own cache (``tests.helpers.check_against_reference``) and how its Gumbel
@@ -51,7 +51,6 @@ def main():
     parser.add_argument("--replays", type=int, default=10)
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()
-    cache_dtype = getattr(torch, args.cache_dtype)
     gen = torch.Generator(device="cuda").manual_seed(0)
     head = dm.MarkovHead((torch.randn(VOCAB, 256, device="cuda", generator=gen) * 0.05).bfloat16(),
                          (torch.randn(VOCAB, 256, device="cuda", generator=gen) * 0.05).bfloat16())
@@ -62,16 +61,19 @@ def main():
     first_tokens = {}
     seen = set()
     for item in args.plan.split(","):
-        rows, method, design = item.split("/")
+        rows, method, design, *extra = item.split("/")
         rows = int(rows)
+        temperature = extra[0] if extra else args.temperature
+        cache_dtype = getattr(torch, extra[1]) if len(extra) > 1 else getattr(torch, args.cache_dtype)
         layout = None
         if design[0].isdigit():
             layout, design = tuple(int(x) for x in design.split("x")), "wide"
-        if rows not in cases:
-            cases[rows] = (sweep_inputs(gen, rows, args.temperature),
+        case = (rows, temperature, cache_dtype)
+        if case not in cases:
+            cases[case] = (sweep_inputs(torch.Generator(device="cuda").manual_seed(rows), rows, temperature),
                            torch.empty(rows, STEPS, dtype=torch.int64, device="cuda"),
                            torch.empty(rows, STEPS, VOCAB, dtype=cache_dtype, device="cuda"))
-        inputs, tokens, cache = cases[rows]
+        inputs, tokens, cache = cases[case]
         name = design if layout is None else "wide " + "x".join(map(str, layout))
         begin = time.perf_counter()
         try:
@@ -92,10 +94,11 @@ def main():
             torch.cuda.synchronize()
             replay_same = bool(torch.equal(tokens, eager))
         except Exception as error:  # noqa: BLE001 - a layout that does not compile or fit: report, go on
-            print(f"rows {rows:4d} {name:>26} {method:>11}: {type(error).__name__}: {str(error)[:400]}", flush=True)
+            print(f"rows {rows:4d} {name:>26} {method:>11} T={temperature}: {type(error).__name__}: {str(error)[:400]}",
+                  flush=True)
             continue
         extra = ""
-        key = (rows, method)
+        key = (case, method)
         if key not in first_tokens:
             first_tokens[key] = eager
         elif method == "gumbel":
@@ -111,7 +114,8 @@ def main():
                 extra += f" reference: FAIL {str(error)[:300]}"
             except Exception as error:  # noqa: BLE001
                 extra += f" reference: {type(error).__name__} {str(error)[:200]}"
-        print(f"rows {rows:4d} {name:>26} {method:>11}: {us:8.1f} us  replay==eager {replay_same}{extra}"
+        label = f"T={temperature} {str(cache_dtype).replace('torch.', '')}"
+        print(f"rows {rows:4d} {name:>26} {method:>11} {label}: {us:8.1f} us  replay==eager {replay_same}{extra}"
               f"  (set-up {compiled:.1f} s)", flush=True)
         for line in kernel_resources(seen):
             print("    " + line, flush=True)
@@ -121,7 +125,7 @@ def kernel_resources(seen):
     """``name: regs / spills / shared bytes`` of every compiled wide kernel not reported yet."""
     from dspark_markov.draft import triton_stream, triton_wide
     lines = []
-    for fn in (triton_wide._wide_step_kernel, triton_stream._pick_kernel):
+    for fn in (triton_wide._wide_step_kernel, triton_wide._pick_wide_kernel, triton_stream._pick_kernel):
         try:
             for cache in fn.device_caches.values():
                 for key, kernel in cache[0].items():

@@ -229,12 +229,10 @@ def _wide_step_kernel(
     prefix = rng_triton.draft_prefix(seed, step, position)
     best_word = tl.full([BLOCK_R], INT64_MIN, tl.int64)
     top_z = tl.full([BLOCK_R], float("-inf"), tl.float32)  # inverse CDF: the worker's max z (NaN-propagating)
-    top_scaled = tl.full([BLOCK_R], float("-inf"), tl.float32)  # ... its max z / T
-    top_mass = tl.zeros([BLOCK_R], tl.float32)  # ... and sum exp(z / T - top_scaled) over its tiles
+    top_shift = tl.full([BLOCK_R], -3.0e38, tl.float32)  # ... its largest finite tile shift (max z / T)
+    top_mass = tl.zeros([BLOCK_R], tl.float32)  # ... and sum exp(z / T - top_shift) over its tiles
 
     for tile in tl.range(first_tile, end_tile, num_stages=STAGES):
-        if SHARE_WORDS and not INVERSE_CDF:  # the best keys other programs found (read early, used after the MMA)
-            shared_word = tl.load(words_step + rows, mask=row_ok, other=INT64_MIN, volatile=True)
         cols = tile * BLOCK_V + lanes
         if EVEN_V:  # every tile is whole: no column masks (rows past the batch are never stored)
             col_ok = lanes < BLOCK_V
@@ -257,7 +255,10 @@ def _wide_step_kernel(
             if SCALED:
                 bias = (bias * scale).to(w_dtype).to(tl.float32)
             total = base.to(tl.float32) + bias
-            z_cache = total.to(cache_dtype)  # one rounding (SPEC.md 3); a NaN is stored again below
+            # one rounding (SPEC.md 3); a NaN is stored again below. (Triton 3.6 computes z twice, in the
+            # store's coalesced layout and in the tensor-core layout of the reductions, and converts the
+            # bias through shared memory; an opaque identity (inline asm, not pure) does not stop it.)
+            z_cache = total.to(cache_dtype)
             z = z_cache.to(tl.float32)
         else:
             bias = to_float32(_round(acc, w_dtype, False))
@@ -292,13 +293,14 @@ def _wide_step_kernel(
                 tl.store(part_max_ptr + part, tile_max, mask=sampled)
                 tl.store(part_mass_ptr + part, mass, mask=sampled)
                 # the worker's partial, online (rows with a NaN or an infinite max go to the argmax anyway)
+                # (one exp: the smaller of the two shifts is rescaled to the larger; shifts are finite)
                 top_z = _nan_max(top_z, tile_max)
-                new_top = tl.maximum(top_scaled, scaled_max)
-                new_shift = tl.where(tl.abs(new_top) < float("inf"), new_top, 0.0)
-                old_shift = tl.where(tl.abs(top_scaled) < float("inf"), top_scaled, 0.0)
-                top_mass = tl.where(top_mass > 0.0, top_mass * tl.exp(old_shift - new_shift), 0.0) + \
-                    tl.where(mass > 0.0, mass * tl.exp(shift - new_shift), 0.0)
-                top_scaled = new_top
+                # (a tile of -inf only has mass 0 and leaves the shift alone)
+                tile_shift = tl.where(mass > 0.0, shift, top_shift)
+                gap = top_shift - tile_shift
+                rescale = tl.exp(-tl.abs(gap))
+                top_mass = tl.where(gap >= 0.0, top_mass + mass * rescale, top_mass * rescale + mass)
+                top_shift = tl.maximum(top_shift, tile_shift)
             if any_greedy:
                 greedy_nan = tl.max((z != z).to(tl.int32), axis=1) > 0
                 row_nan = row_nan | greedy_nan
@@ -314,7 +316,8 @@ def _wide_step_kernel(
                              mask=(live & row_nan)[:, None] & col_ok[None, :])
         if not INVERSE_CDF:
             zmax = tl.where(row_nan, float("nan"), zmax)
-            if SHARE_WORDS:
+            if SHARE_WORDS:  # the best keys other programs have published (an L2 read per tile)
+                shared_word = tl.load(words_step + rows, mask=row_ok, other=INT64_MIN, volatile=True)
                 best_word = tl.maximum(best_word, shared_word)
                 known_word = best_word
             best = _word_value(best_word)
@@ -335,14 +338,14 @@ def _wide_step_kernel(
                                           filter_margin, HARDWARE)
                     best_word = tl.where(sampled, tl.maximum(best_word, words), best_word)
             if SHARE_WORDS:  # publish what this tile improved (no result read: a reduction, not a round trip)
-                tl.atomic_max(words_step + rows, best_word, mask=row_ok & (best_word > known_word))
+                tl.atomic_max(words_step + rows, best_word, mask=row_ok & (best_word > known_word), sem="relaxed")
     if INVERSE_CDF:
-        tl.atomic_max(words_step + rows, best_word, mask=greedy & (best_word != INT64_MIN))
+        tl.atomic_max(words_step + rows, best_word, mask=greedy & (best_word != INT64_MIN), sem="relaxed")
         if any_sampled:
             tl.store(worker_max_ptr + rows * stride_part + worker, top_z, mask=sampled)
             tl.store(worker_mass_ptr + rows * stride_part + worker, top_mass, mask=sampled)
     else:
-        tl.atomic_max(words_step + rows, best_word, mask=row_ok & (best_word != INT64_MIN))
+        tl.atomic_max(words_step + rows, best_word, mask=row_ok & (best_word != INT64_MIN), sem="relaxed")
 
 
 @triton.jit(do_not_specialize=["step", "num_slots"])
