@@ -319,13 +319,14 @@ OPTION_VARIANTS = {"dynamic": dict(dynamic=1), "dynamic_t1_8": dict(dynamic=1, t
 @pytest.mark.parametrize("variant", sorted(OPTION_VARIANTS))
 @pytest.mark.parametrize("rows", [16, 253])
 def test_stream_options_equal_reference_and_replay(rows, variant):
-    """Each option on repeated eager launches (raw and pre-divided, standard and block) and on graph replays
-    with new inputs: every launch equals the reference, and the counters and work queues are reset."""
+    """Each option on repeated eager launches (raw and pre-divided; block too for div_unroll, the one option that
+    changes it) and on graph replays with new inputs: every launch equals the reference, and the counters and
+    work queues are reset."""
     verifier = _stream()(rows, K, VOCAB, "cuda", **OPTION_VARIANTS[variant])
     first = _case(rows, 31)
     temperature = first[6]
     raw = first[0] * torch.where(temperature == 0, 1.0, temperature)[first[4].clamp_min(0), None, None]
-    for method in ("standard", "block"):
+    for method in ("standard", "block") if variant == "div_unroll" else ("standard",):  # (the others: standard only)
         ref = dm.verify_drafts(first[0], *first[1:], method=method)
         ref_raw = dm.verify_drafts(raw, *first[1:], method=method, target_temperature=temperature)
         for _ in range(3):
