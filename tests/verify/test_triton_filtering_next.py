@@ -70,6 +70,43 @@ def test_first_pass_paths_at_a_larger_capacity():
     assert int(filt.state.searched) == 0 and int(filt.state.unresolved) == 0
 
 
+def test_top_k_early_gather_beyond_one_sort_is_narrowed():
+    """An early top-k gather of more than SORT_SMALL candidates (~4 k tokens; the GPU capacity,
+    2048) is narrowed to the parts that hold the top k, sorted once, and written without being read."""
+    gen = torch.Generator().manual_seed(12)
+    vocab = 8192
+    x = torch.randn(6, vocab, generator=gen) * 2
+    x[3:] = x[3:].to(torch.bfloat16).float()  # ties
+    filt = nx.TopKTopPFilter(6, vocab, "cpu", capacity=2048)
+    k = torch.tensor([100, 100, 120, 100, 90, 110])
+    p = torch.tensor([0.9, 1.0, 0.5, 0.95, 1.0, 0.9])
+    expected = reference(x, k, p)
+    inplace = x.clone()
+    filt.filter(inplace, k, p, inplace)
+    assert_same(inplace, expected)
+    kept_n = filt.state.cursor[:6]  # > 0: the kept set was among the first kept_n (<= SORT_SMALL) candidates
+    assert bool(((kept_n > 0) & (kept_n <= nx.SORT_SMALL)).all()), kept_n.tolist()
+    assert int(filt.state.searched) == 0 and int(filt.state.unresolved) == 0
+    assert_same(filt.filter(x, k, p, torch.full_like(x, 7.0)), expected)  # out of place
+
+
+def test_rows_resolved_by_the_plan_ignore_their_early_gather():
+    """A row the plan resolves (p = 0 or k = 1: the first maximum only) whose early top-k gather
+    holds more than SORT_SMALL candidates: the apply must not take the write-only path over the
+    gathered list (the H200 graph test of 2026-12-02 u1 lost a row's maximum gathered late)."""
+    gen = torch.Generator().manual_seed(13)
+    vocab = 8192
+    x = torch.randn(4, vocab, generator=gen) * 2
+    x[:, -1] = 50.0  # the maximum is the last token gathered
+    filt = nx.TopKTopPFilter(4, vocab, "cpu", capacity=2048)
+    k = torch.tensor([100, 1, 120, 100])
+    p = torch.tensor([0.0, 0.9, 0.0, 1e-9])
+    expected = reference(x, k, p)
+    inplace = x.clone()
+    assert_same(filt.filter(inplace, k, p, inplace), expected)
+    assert_same(filt.filter(x, k, p, torch.full_like(x, 7.0)), expected)  # out of place
+
+
 def test_filter_object_allocates_nothing_per_call(monkeypatch):
     gen = torch.Generator().manual_seed(8)
     x = torch.randn(3, 700, generator=gen) * 2

@@ -149,7 +149,7 @@ CPU_BLOCK = 1024
 # masses stay in registers (~100 registers at 8 warps, measured with tools/compile_filter.py).
 COUNT_BLOCK = 512
 MASS_BLOCK = 256
-STATS_BLOCK = 1024
+STATS_BLOCK = 256  # one element per thread at 8 warps, 4 tiles per iteration
 PAIR_BLOCK = 1024  # _sweep_pair: [PAIR_BLOCK] accumulators, 2 tiles per iteration
 SAMPLE = 1024  # columns of the row's start that place the early gather
 OUTLIERS = 256  # stored tokens of a top-p row's early gather (~64 wanted)
@@ -251,22 +251,32 @@ def _row_p(p_ptr, p_value, row, P_PER_ROW: tl.constexpr):
 
 
 @triton.jit
+def _claim(cursor, take):
+    """Slots in a row's candidate list for the ``take`` lanes: one relaxed atomic per element
+    register, aggregated per warp by the compiler (no block-wide prefix sum, no memory fence:
+    a block scan + acq_rel atomic per tile made the gathering sweeps latency-bound on the H200)."""
+    on = take != 0
+    return tl.atomic_add(cursor + tl.zeros_like(take.to(tl.int64)), tl.full(take.shape, 1, tl.int64), mask=on,
+                         sem="relaxed")
+
+
+@triton.jit
+def _put(scratch, capacity, slot, packed, take):
+    """Store claimed candidates (``take`` int32; beyond ``capacity`` only counted by the cursor)."""
+    tl.store(scratch + slot, packed, mask=(take != 0) & (slot < capacity))
+
+
+@triton.jit
 def _gather_block(key, index, take, scratch, cursor, capacity):
-    """Append the packed keys of ``take`` to ``scratch`` (one atomic claims the block's slots)."""
-    takes = take.to(tl.int32)
-    found = tl.sum(takes, axis=0)
-    if found > 0:
-        base = tl.atomic_add(cursor, found.to(tl.int64))
-        slot = base + (tl.cumsum(takes, axis=0) - takes).to(tl.int64)
-        tl.store(scratch + slot, _pack(key, index), mask=take & (slot < capacity))
+    """Append the packed keys of ``take`` to ``scratch`` (rare paths; the hot sweeps pipeline
+    :func:`_claim` / :func:`_put` so that the atomic's round trip overlaps the next loads)."""
+    _put(scratch, capacity, _claim(cursor, take), _pack(key, index), take)
 
 
 @triton.jit
 def _gather_sparse(key, index, take, scratch, cursor, capacity):
-    """:func:`_gather_block` for rare hits (the early gather): one atomic per taken token, no
-    block-wide prefix sum (which would cost ~70 registers in the statistics pass)."""
-    slot = tl.atomic_add(cursor + tl.zeros_like(index).to(tl.int64), tl.full(index.shape, 1, tl.int64), mask=take)
-    tl.store(scratch + slot, _pack(key, index), mask=take & (slot < capacity))
+    """:func:`_gather_block` (one name kept for the statistics pass)."""
+    _put(scratch, capacity, _claim(cursor, take), _pack(key, index), take)
 
 
 @triton.jit
@@ -342,8 +352,9 @@ def _sweep(src, start, end, row_max, thresholds, lo, hi, scratch, cursor, capaci
 
 
 @triton.jit
-def _pair_tile(x, index, valid, hi_key, lo_key, c_hi, c_lo, m_hi, m_lo, total, row_max, scratch, cursor, capacity,
-               GATHER):
+def _pair_tile(x, index, valid, hi_key, lo_key, c_hi, c_lo, m_hi, m_lo, total, row_max, cursor, GATHER):
+    """One tile of :func:`_sweep_pair`; returns the accumulators and the tile's claimed candidates
+    ``(slot, packed, take)`` (stored by the caller one iteration later)."""
     key = _key32(x)
     q = tl.where(valid, _weight_fixed_point(x, row_max), 0)
     above_hi = valid & (key >= hi_key)
@@ -353,9 +364,8 @@ def _pair_tile(x, index, valid, hi_key, lo_key, c_hi, c_lo, m_hi, m_lo, total, r
     m_hi += tl.where(above_hi, q, 0)
     m_lo += tl.where(above_lo, q, 0)
     total += q
-    if GATHER:
-        _gather_block(key, index, above_lo & (key < hi_key), scratch, cursor, capacity)
-    return c_hi, c_lo, m_hi, m_lo, total
+    take = (above_lo & (key < hi_key) & (GATHER != 0)).to(tl.int32)
+    return c_hi, c_lo, m_hi, m_lo, total, _claim(cursor, take), _pack(key, index), take
 
 
 @triton.jit
@@ -364,7 +374,9 @@ def _sweep_pair(src, start, end, row_max, hi_key, lo_key, scratch, cursor, capac
 
     Exact counts and integer masses at the two key thresholds ``hi_key >= lo_key``, the total
     mass ``S``, and (``GATHER``) the gather of the keys in ``[lo_key, hi_key)``: per token one
-    weight, two compares and three 64-bit adds, the least a top-p cut can be found with.
+    weight, two compares and three 64-bit adds, the least a top-p cut can be found with. The
+    candidates of an iteration are stored in the next one (after its loads are issued), so the
+    slot atomics' round trip never stalls the sweep.
     Returns ``(counts [8], masses [8], total)`` int64: slots 0..3 at ``hi``, 4..7 at ``lo``.
     """
     c_hi = tl.zeros([BLOCK], tl.int32)
@@ -372,15 +384,27 @@ def _sweep_pair(src, start, end, row_max, hi_key, lo_key, scratch, cursor, capac
     m_hi = tl.zeros([BLOCK], tl.int64)
     m_lo = tl.zeros([BLOCK], tl.int64)
     total = tl.zeros([BLOCK], tl.int64)
+    slot0 = tl.zeros([BLOCK], tl.int64)
+    slot1 = tl.zeros([BLOCK], tl.int64)
+    packed0 = tl.zeros([BLOCK], tl.int64)
+    packed1 = tl.zeros([BLOCK], tl.int64)
+    take0 = tl.zeros([BLOCK], tl.int32)
+    take1 = tl.zeros([BLOCK], tl.int32)
     for offset in range(start, end, 2 * BLOCK):
         index0 = offset + tl.arange(0, BLOCK)
         index1 = index0 + BLOCK
         x0 = tl.load(src + index0, mask=index0 < end, other=float("-inf"))
         x1 = tl.load(src + index1, mask=index1 < end, other=float("-inf"))
-        c_hi, c_lo, m_hi, m_lo, total = _pair_tile(x0, index0, index0 < end, hi_key, lo_key, c_hi, c_lo, m_hi, m_lo,
-                                                   total, row_max, scratch, cursor, capacity, GATHER)
-        c_hi, c_lo, m_hi, m_lo, total = _pair_tile(x1, index1, index1 < end, hi_key, lo_key, c_hi, c_lo, m_hi, m_lo,
-                                                   total, row_max, scratch, cursor, capacity, GATHER)
+        _put(scratch, capacity, slot0, packed0, take0)  # the previous iteration's candidates
+        _put(scratch, capacity, slot1, packed1, take1)
+        c_hi, c_lo, m_hi, m_lo, total, slot0, packed0, take0 = _pair_tile(x0, index0, index0 < end, hi_key, lo_key,
+                                                                          c_hi, c_lo, m_hi, m_lo, total, row_max,
+                                                                          cursor, GATHER)
+        c_hi, c_lo, m_hi, m_lo, total, slot1, packed1, take1 = _pair_tile(x1, index1, index1 < end, hi_key, lo_key,
+                                                                          c_hi, c_lo, m_hi, m_lo, total, row_max,
+                                                                          cursor, GATHER)
+    _put(scratch, capacity, slot0, packed0, take0)
+    _put(scratch, capacity, slot1, packed1, take1)
     upper = tl.arange(0, _THRESHOLDS) < 4
     counts = tl.where(upper, tl.sum(c_hi, axis=0).to(tl.int64), tl.sum(c_lo, axis=0).to(tl.int64))
     masses = tl.where(upper, tl.sum(m_hi, axis=0), tl.sum(m_lo, axis=0))
@@ -482,6 +506,45 @@ def _rank_cut(scratch, n_in, target, k, p, limit, best, row_max, count_hi, mass_
 
 
 @triton.jit
+def _key_range(scratch, n_in):
+    """``(k_min, span)`` of the int32 keys of ``n_in`` packed candidates (``span = k_max - k_min + 1``)."""
+    t = tl.arange(0, _NARROW_TILE)
+    k_max = tl.zeros([], tl.int32) - _BIG_INDEX - 1
+    k_min = tl.zeros([], tl.int32) + _BIG_INDEX
+    for offset in range(0, n_in, _NARROW_TILE):
+        inside = offset + t < n_in
+        key = (tl.load(scratch + offset + t, mask=inside, other=0) >> 32).to(tl.int32)
+        k_max = tl.maximum(k_max, tl.max(tl.where(inside, key, -_BIG_INDEX - 1), axis=0))
+        k_min = tl.minimum(k_min, tl.min(tl.where(inside, key, _BIG_INDEX), axis=0))
+    return k_min, (k_max - k_min).to(tl.int64) + 1
+
+
+@triton.jit
+def _part_of(key, k_min, span):
+    """The part (0 .. PARTS - 1, larger = better keys) of int32 ``key`` in ``PARTS`` equal key intervals."""
+    return (((key - k_min).to(tl.int64) * _PARTS) // span).to(tl.int32)
+
+
+@triton.jit
+def _compact(scratch, n_in, k_min, span, lowest, highest):
+    """Move the candidates whose part lies in ``[lowest, highest]`` to the front (order kept); their number."""
+    t = tl.arange(0, _NARROW_TILE)
+    kept = tl.zeros([], tl.int32)
+    for offset in range(0, n_in, _NARROW_TILE):
+        inside = offset + t < n_in
+        packed = tl.load(scratch + offset + t, mask=inside, other=0)
+        part = _part_of((packed >> 32).to(tl.int32), k_min, span)
+        take = inside & (part >= lowest) & (part <= highest)
+        takes = take.to(tl.int32)
+        slot = kept + tl.cumsum(takes, axis=0) - takes
+        tl.debug_barrier()  # this tile is in registers everywhere before a slot at or below it is written
+        tl.store(scratch + slot, packed, mask=take)
+        kept += tl.sum(takes, axis=0)
+    tl.debug_barrier()
+    return kept.to(tl.int64)
+
+
+@triton.jit
 def _narrow_mass(scratch, n_in, limit, mass_hi, row_max):
     """Narrow a top-p bracket of ``n_in`` gathered candidates that holds the cut: split their key
     range into ``PARTS = 16`` equal key intervals, find (from exact integer masses) the one that
@@ -493,39 +556,40 @@ def _narrow_mass(scratch, n_in, limit, mass_hi, row_max):
     """
     t = tl.arange(0, _NARROW_TILE)
     parts = tl.arange(0, _PARTS)
-    k_max = tl.zeros([], tl.int32) - _BIG_INDEX - 1
-    k_min = tl.zeros([], tl.int32) + _BIG_INDEX
-    for offset in range(0, n_in, _NARROW_TILE):
-        inside = offset + t < n_in
-        key = (tl.load(scratch + offset + t, mask=inside, other=0) >> 32).to(tl.int32)
-        k_max = tl.maximum(k_max, tl.max(tl.where(inside, key, -_BIG_INDEX - 1), axis=0))
-        k_min = tl.minimum(k_min, tl.min(tl.where(inside, key, _BIG_INDEX), axis=0))
-    span = (k_max - k_min).to(tl.int64) + 1
+    k_min, span = _key_range(scratch, n_in)
     sums = tl.zeros([_PARTS], tl.int64)  # exact mass of each part
     for offset in range(0, n_in, _NARROW_TILE):
         inside = offset + t < n_in
         key = (tl.load(scratch + offset + t, mask=inside, other=0) >> 32).to(tl.int32)
-        part = tl.where(inside, (((key - k_min).to(tl.int64) * _PARTS) // span).to(tl.int32), -1)
+        part = tl.where(inside, _part_of(key, k_min, span), -1)
         q = _weight_fixed_point(_key_value(key), row_max)
         sums += tl.sum(tl.where(part[:, None] == parts[None, :], q[:, None], 0), axis=0)
     # mass at or above each part's lower end (larger part = better ranked)
     at_or_above = mass_hi + tl.sum(tl.where(parts[None, :] >= parts[:, None], sums[None, :], 0), axis=1)
     chosen = tl.max(tl.where(at_or_above.to(tl.float64) >= limit, parts, -1), axis=0)
     chosen_above = tl.sum(tl.where(parts == chosen, at_or_above - sums, 0), axis=0)
-    kept = tl.zeros([], tl.int32)
+    return _compact(scratch, n_in, k_min, span, chosen, chosen), chosen_above
+
+
+@triton.jit
+def _narrow_count(scratch, n_in, wanted):
+    """Narrow ``n_in`` top-k candidates (every token above them is counted elsewhere) to those at or
+    above the part (of ``PARTS`` equal key intervals) that holds the ``wanted``-th best: they hold
+    the whole top ``wanted``, are moved to the front of ``scratch``, and their number is returned.
+    (An early gather of ~4 k tokens holds more than ``SORT_SMALL`` in ~20% of the bench rows.)
+    """
+    t = tl.arange(0, _NARROW_TILE)
+    parts = tl.arange(0, _PARTS)
+    k_min, span = _key_range(scratch, n_in)
+    sums = tl.zeros([_PARTS], tl.int64)  # candidates in each part
     for offset in range(0, n_in, _NARROW_TILE):
         inside = offset + t < n_in
-        packed = tl.load(scratch + offset + t, mask=inside, other=0)
-        key = (packed >> 32).to(tl.int32)
-        part = (((key - k_min).to(tl.int64) * _PARTS) // span).to(tl.int32)
-        take = inside & (part == chosen)
-        takes = take.to(tl.int32)
-        slot = kept + tl.cumsum(takes, axis=0) - takes
-        tl.debug_barrier()  # this tile is in registers everywhere before a slot at or below it is written
-        tl.store(scratch + slot, packed, mask=take)
-        kept += tl.sum(takes, axis=0)
-    tl.debug_barrier()
-    return kept.to(tl.int64), chosen_above
+        key = (tl.load(scratch + offset + t, mask=inside, other=0) >> 32).to(tl.int32)
+        part = tl.where(inside, _part_of(key, k_min, span), -1)
+        sums += tl.sum((part[:, None] == parts[None, :]).to(tl.int64), axis=0)
+    at_or_above = tl.sum(tl.where(parts[None, :] >= parts[:, None], sums[None, :], 0), axis=1)
+    chosen = tl.max(tl.where(at_or_above >= wanted, parts, -1), axis=0)
+    return _compact(scratch, n_in, k_min, span, chosen, _PARTS)
 
 
 @triton.jit
@@ -673,8 +737,12 @@ def _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min
         rows_scratch = scratch + row * capacity
         n_sort = n_in
         mass_sort = hi_mass
+        complete = n_in >= 0  # the first n_sort candidates hold every kept token below the bracket's top
         if (target == _TARGET_MASS) & (n_in > _SORT_SMALL):  # a wide top-p bracket: narrow it 16-fold first
             n_sort, mass_sort = _narrow_mass(rows_scratch, n_in, limit, hi_mass, row_max)
+            complete = n_sort == n_in
+        if (target == _TARGET_COUNT) & (n_in > _SORT_SMALL):  # many top-k candidates: keep the top parts
+            n_sort = _narrow_count(rows_scratch, n_in, k - hi_count)
         if n_sort <= _SORT_SMALL:  # the common case: one 256-entry sort (compiles in a few seconds)
             resolved, cut, new_limit = _sort_cut(rows_scratch, n_sort, target, k, p, limit, best, row_max, hi_count,
                                                  mass_sort, hi == _PACK_CEIL, _SORT_SMALL)
@@ -683,7 +751,7 @@ def _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min
                                                  mass_sort, hi == _PACK_CEIL)
         if resolved:
             phase = phase * 0 + _PHASE_CUT
-            kept_n = tl.where((hi == _PACK_CEIL) & (n_sort == n_in) & (n_in <= _SORT_SMALL), n_in, 0)
+            kept_n = tl.where((hi == _PACK_CEIL) & complete & (n_sort <= _SORT_SMALL), n_sort, 0)
         else:  # top-k beyond the capacity with the top-p cut above the bracket: search the mass above it
             target = target * 0 + _TARGET_MASS
             tl.store(st_target + row, target)
@@ -724,6 +792,23 @@ def _top_threshold(src, wanted, vocab, SAMPLE: tl.constexpr):
     value = mean + sigma * _normal_quantile(1.0 - wanted / vocab.to(tl.float32))
     fit = (n >= 2.0) & (sigma > 0.0) & (value == value)
     return tl.where(fit, _key32(value), _BIG_INDEX)
+
+
+@triton.jit
+def _stats_tile(x, index, valid, key_t, cursor, best, nans, finite, total, squares, low):
+    """One tile of :func:`_stats_kernel`: its statistics and its early-gather claims."""
+    key = _key32(x)
+    packed = _pack(key, index)
+    best = tl.maximum(best, tl.where(valid, packed, _PACK_FLOOR))
+    nans += (x != x).to(tl.int32)
+    is_finite = tl.abs(x) < float("inf")
+    finite += is_finite.to(tl.int32)
+    xf = tl.where(is_finite, x, 0.0)
+    total += xf
+    squares += xf * xf
+    low = tl.minimum(low, tl.where(valid & (x == x), x, float("inf")))
+    take = (valid & (key >= key_t)).to(tl.int32)
+    return best, nans, finite, total, squares, low, _claim(cursor, take), packed, take
 
 
 @triton.jit(do_not_specialize=["k_value", "chunk_len", "num_chunks"])
@@ -771,20 +856,46 @@ def _stats_kernel(
     total = tl.zeros([BLOCK], tl.float32)
     squares = tl.zeros([BLOCK], tl.float32)
     low = tl.zeros([BLOCK], tl.float32) + float("inf")
-    for offset in range(start, end, BLOCK):
-        index = offset + tl.arange(0, BLOCK)
-        valid = index < end
-        x = tl.load(src + index, mask=valid, other=float("-inf"))
-        key = _key32(x)
-        best = tl.maximum(best, tl.where(valid, _pack(key, index), _PACK_FLOOR))
-        nans += (x != x).to(tl.int32)
-        is_finite = tl.abs(x) < float("inf")
-        finite += is_finite.to(tl.int32)
-        xf = tl.where(is_finite, x, 0.0)
-        total += xf
-        squares += xf * xf
-        low = tl.minimum(low, tl.where(valid & (x == x), x, float("inf")))
-        _gather_sparse(key, index, valid & (key >= key_t), dest, first_count + row, room)
+    claims = first_count + row  # the early gather's cursor (the `cursor` argument is the sweeps')
+    slot0 = tl.zeros([BLOCK], tl.int64)
+    slot1 = tl.zeros([BLOCK], tl.int64)
+    slot2 = tl.zeros([BLOCK], tl.int64)
+    slot3 = tl.zeros([BLOCK], tl.int64)
+    packed0 = tl.zeros([BLOCK], tl.int64)
+    packed1 = tl.zeros([BLOCK], tl.int64)
+    packed2 = tl.zeros([BLOCK], tl.int64)
+    packed3 = tl.zeros([BLOCK], tl.int64)
+    take0 = tl.zeros([BLOCK], tl.int32)
+    take1 = tl.zeros([BLOCK], tl.int32)
+    take2 = tl.zeros([BLOCK], tl.int32)
+    take3 = tl.zeros([BLOCK], tl.int32)
+    # 4 tiles per iteration (BLOCK = one element per thread: the claims need no layout change); an
+    # iteration's early-gather candidates are stored in the next one, after its loads are issued.
+    for offset in range(start, end, 4 * BLOCK):
+        index0 = offset + tl.arange(0, BLOCK)
+        index1 = index0 + BLOCK
+        index2 = index1 + BLOCK
+        index3 = index2 + BLOCK
+        x0 = tl.load(src + index0, mask=index0 < end, other=float("-inf"))
+        x1 = tl.load(src + index1, mask=index1 < end, other=float("-inf"))
+        x2 = tl.load(src + index2, mask=index2 < end, other=float("-inf"))
+        x3 = tl.load(src + index3, mask=index3 < end, other=float("-inf"))
+        _put(dest, room, slot0, packed0, take0)
+        _put(dest, room, slot1, packed1, take1)
+        _put(dest, room, slot2, packed2, take2)
+        _put(dest, room, slot3, packed3, take3)
+        best, nans, finite, total, squares, low, slot0, packed0, take0 = _stats_tile(
+            x0, index0, index0 < end, key_t, claims, best, nans, finite, total, squares, low)
+        best, nans, finite, total, squares, low, slot1, packed1, take1 = _stats_tile(
+            x1, index1, index1 < end, key_t, claims, best, nans, finite, total, squares, low)
+        best, nans, finite, total, squares, low, slot2, packed2, take2 = _stats_tile(
+            x2, index2, index2 < end, key_t, claims, best, nans, finite, total, squares, low)
+        best, nans, finite, total, squares, low, slot3, packed3, take3 = _stats_tile(
+            x3, index3, index3 < end, key_t, claims, best, nans, finite, total, squares, low)
+    _put(dest, room, slot0, packed0, take0)
+    _put(dest, room, slot1, packed1, take1)
+    _put(dest, room, slot2, packed2, take2)
+    _put(dest, room, slot3, packed3, take3)
     out = row * num_chunks + chunk
     tl.store(best_part + out, tl.max(best, axis=0))
     tl.store(nan_part + out, tl.sum(nans, axis=0))
@@ -895,6 +1006,7 @@ def _first_plan(row, best_part, nan_part, finite_part, sum_part, sumsq_part, min
     # p <= 0 (or a negative per-row p) keeps the first maximum only; so does k == 1
     only_best = (use_p & (p <= 0.0)) | (use_k & (k == 1))
     phase = tl.where(active, tl.where(only_best, _PHASE_CUT, _PHASE_OPEN), _PHASE_COPY)
+    early = early & (phase == _PHASE_OPEN)  # a row the plan resolves keeps no candidate list (cursor 0)
     return (phase, target, k, p, best, low, thresholds, first_gather, gather_lo, gather_hi, need_mass,
             use_k, use_p, early, first_count)
 
@@ -993,22 +1105,22 @@ def _pass_kernel(
                         found, mass, total = _sweep_pair(src, start, end, row_max, (hi >> 32).to(tl.int32),
                                                          (lo >> 32).to(tl.int32), rows_scratch, cursor, capacity,
                                                          gather, PAIR_BLOCK)
-                    tl.atomic_add(masses + base + _SLOT_LOWER, total)
+                    tl.atomic_add(masses + base + _SLOT_LOWER, total, sem="relaxed")
                 else:
                     found, mass, _ = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch, cursor,
                                             capacity, gather, False, True, True, False, MASS_BLOCK)
-                tl.atomic_add(masses + base + _SLOT_FIRST + slot, mass)
-                tl.atomic_add(counts + base + _SLOT_FIRST + slot, found)
+                tl.atomic_add(masses + base + _SLOT_FIRST + slot, mass, sem="relaxed")
+                tl.atomic_add(counts + base + _SLOT_FIRST + slot, found, sem="relaxed")
                 swept = evaluate
         if K_GIVEN & (swept == 0):  # (without k every row that evaluates has swept its masses)
             if PASS == _PASS_FIRST:
                 found, _, _ = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity,
                                      gather, True, True, False, False, COUNT_BLOCK)
-                tl.atomic_add(counts + base + _SLOT_FIRST + slot, found)
+                tl.atomic_add(counts + base + _SLOT_FIRST + slot, found, sem="relaxed")
             elif evaluate:
                 found, _, _ = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity,
                                      gather, False, True, False, False, COUNT_BLOCK)
-                tl.atomic_add(counts + base + _SLOT_FIRST + slot, found)
+                tl.atomic_add(counts + base + _SLOT_FIRST + slot, found, sem="relaxed")
             else:  # gather only
                 _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity, gather, False,
                        False, False, False, BLOCK)
