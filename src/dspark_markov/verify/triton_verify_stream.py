@@ -1138,7 +1138,7 @@ class StreamVerifier:
                     HARDWARE=self.cuda, EMIT_SCAN=self._emit_scan, NOISE_FILTER=self.noise_filter, HAS_GREEDY=has_greedy, RAW=raw, BLOCK_METHOD=block_method,
                     PIPE=self.stages, EMIT_PIPE=self.emit_stages, FUSED=self.fused, EMIT_BLOCK=self.emit_block,
                     FAST_DIVIDE=self.fast_divide, INTERIOR=self.interior, SCAN_ARGMAX=self.scan_argmax,
-                    EARLY=self.early, PREFETCH=self.prefetch, DIV_UNROLL=self.div_unroll, DBUF=self.dbuf,
+                    EARLY=self.early, PREFETCH=self.prefetch, DIV_UNROLL=self.div_unroll if raw else 0, DBUF=self.dbuf,
                     DYNAMIC=self.dynamic and not block_method, num_warps=self.warps,
                     enable_fp_fusion=False)
         if trace is not None:
