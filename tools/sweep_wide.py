@@ -50,7 +50,9 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--replays", type=int, default=10)
     parser.add_argument("--check", action="store_true")
+    parser.add_argument("--json", default="", help="also write the records (and GPU, driver, torch, triton) here")
     args = parser.parse_args()
+    records = []
     gen = torch.Generator(device="cuda").manual_seed(0)
     head = dm.MarkovHead((torch.randn(VOCAB, 256, device="cuda", generator=gen) * 0.05).bfloat16(),
                          (torch.randn(VOCAB, 256, device="cuda", generator=gen) * 0.05).bfloat16())
@@ -117,8 +119,36 @@ def main():
         label = f"T={temperature} {str(cache_dtype).replace('torch.', '')}"
         print(f"rows {rows:4d} {name:>26} {method:>11} {label}: {us:8.1f} us  replay==eager {replay_same}{extra}"
               f"  (set-up {compiled:.1f} s)", flush=True)
-        for line in kernel_resources(seen):
+        resources = kernel_resources(seen)
+        for line in resources:
             print("    " + line, flush=True)
+        records.append(dict(rows=rows, design=name, method=method, temperature=temperature,
+                            cache_dtype=str(cache_dtype).replace("torch.", ""), time_us=round(us, 1),
+                            graph_equals_eager=replay_same, check=extra.strip(), kernels=resources))
+        if args.json:
+            write_json(args.json, records)
+
+
+_DRIVER = []
+
+
+def write_json(path, records):
+    import json
+    import subprocess
+
+    import triton
+    if not _DRIVER:
+        try:
+            _DRIVER.append(subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                          capture_output=True, text=True, timeout=10).stdout.strip())
+        except (OSError, subprocess.SubprocessError):
+            _DRIVER.append("unknown")
+    driver = _DRIVER[0]
+    meta = dict(gpu=torch.cuda.get_device_name(), driver=driver, torch=torch.__version__, triton=triton.__version__,
+                cuda=torch.version.cuda, vocab=VOCAB, rank=256, steps=STEPS,
+                timing="CUDA graph replays, cold L2 (harness.L2Flusher), median of rounds of replay medians")
+    with open(path, "w") as handle:
+        json.dump(dict(meta=meta, records=records), handle, indent=1)
 
 
 def kernel_resources(seen):
