@@ -634,7 +634,8 @@ __device__ __forceinline__ void rank_chunk_tb(const unsigned char* zrow, int lo,
 // memory, reloaded from L2 at the top of every step: 92,928 spill requests per 1-row call in Nsight
 // Compute); 2048 = L2-streamed tiles in four load batches of 4 k-chunks instead of two of 8 (8
 // registers less at the peak); 4096 = base logits and W1 rows read with L1::no_allocate (L1, 28 KB
-// beside 227 KB of shared memory, then keeps the spilled words).
+// beside 227 KB of shared memory, then keeps the spilled words); 8192 = the block's barrier arrival by
+// its last thread instead of thread 0 (no logits-cache stores of its own to wait for at 1-3 rows).
 template <int NT, int WARPS, int REGS, int V6>
 __device__ __forceinline__ void chain_body(const ChainArgs& a) {
   constexpr int THREADS = WARPS * 32;
@@ -1129,7 +1130,11 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
     // row keys is behind the __syncthreads above.)
     load_row_keys(step + 1);
     __syncthreads();
-    if (threadIdx.x == 0) {
+    // V6 & 8192: the last thread of the block arrives (at 1-3 rows it wrote no logits cache in phase A,
+    // so its fence need not wait for those stores; the words' atomics of threads < rows are ordered
+    // before it by the __syncthreads, as they are for thread 0).
+    const int bt = (V6 & 8192) ? THREADS - 1 : 0;
+    if (threadIdx.x == bt) {
       __threadfence();
       atomicAdd(&sync[step], 1);
       const i32 target = (i32)(a.num_blocks + a.barrier_extra);
@@ -1144,7 +1149,7 @@ __device__ __forceinline__ void chain_body(const ChainArgs& a) {
       }
       __threadfence();
       flag_s[DM_MAX_ROWS] = stop;
-      DM_TRACE(3 + 8 * step);
+      DM_TRACE_BY(3 + 8 * step, bt);
     }
     __syncthreads();
     if (flag_s[DM_MAX_ROWS]) break;
@@ -1213,6 +1218,8 @@ DM_V6_ENTRY(5163)
 DM_V6_ENTRY(5227)
 DM_V6_ENTRY(7211)
 DM_V6_ENTRY(7275)
+DM_V6_ENTRY(13355)
+DM_V6_ENTRY(15467)
 // Not built (measured on the H200, benchmarks/results/..._cuda_chain_variants_r{1,2}.json): 1 and 9
 // (subsumed by 11), 25 / 27 = 9 / 11 + V6 & 16 (the counter-free agreement: 0.2-4 us slower than the
 // counter barrier). DM_V6_ENTRY(V) builds any of them again (add V to cuda_chain.VARIANTS).

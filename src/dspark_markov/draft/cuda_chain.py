@@ -88,10 +88,11 @@ DEFAULT_FLAGS = FLAG_PREFETCH_W2 | FLAG_PREFETCH_BASE | FLAG_STEP0_ORDER | FLAG_
 # (Nsight Compute, round u1: 92,928 local-memory spill requests per 1-row call, the 8 words of the tile
 # that the allocator kept in local memory, reloaded from L2 at every step); 2048 = four load batches per
 # L2-streamed tile instead of two (8 registers less); 4096 = base logits and W1 rows not allocated in L1
-# (the spilled words stay there). Measured slower and not built: a pre-barrier load of the next step's
+# (the spilled words stay there); 8192 = the barrier arrival by the block's last thread (13355 = 5163 + 8192,
+# 15467 = 7275 + 8192). Measured slower and not built: a pre-barrier load of the next step's
 # first L2 tile (quarter or half, ~+7 us: 130-250 bytes of spills) and the base logits loaded at the top
 # of the step at 1-4 rows (+2.5 us: the codes gather waited for them).
-VARIANTS = (0, 11, 43, 107, 1067, 1131, 3115, 3179, 5163, 5227, 7211, 7275)
+VARIANTS = (0, 11, 43, 107, 1067, 1131, 3115, 3179, 5163, 5227, 7211, 7275, 13355, 15467)
 DEFAULT_VARIANT = 43
 VARIANT_NOISE_TABLE = 64  # the variant bit of the table-bounded phase B
 TB_SIZE = 33 << 6  # noise.cuh DM_TB_SIZE (fp32 entries)
