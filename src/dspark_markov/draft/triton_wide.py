@@ -57,28 +57,28 @@ from ..validate import check_power_of_two
 from .triton_stream import (_G_MAX, _G_MIN, _LN2_UP, _finish_gumbel_kernel, _greedy_words, _gumbel_words, _nan_max,
                             _prepare_kernel, _round, _word_value, first_argmax_by_tiles, pick_in_tiles)
 
-# log_noise_upper: g <= (24 - log2(h >> 8)) ln 2 + LOG_UPPER_MARGIN for every hash h with h >> 8 > 0
-# (G_MAX otherwise); checked over all 2^32 hashes with the hardware log2 by tests/gpu/test_wide_gpu.py.
+# log_noise_upper: g <= (24 - log2(h >> 8)) ln 2 + LOG_UPPER_MARGIN for every hash h (+inf for h < 256);
+# checked over all 2^32 hashes with the hardware log2 by tests/gpu/test_wide_gpu.py.
 LOG_UPPER_MARGIN = 2.0**-10
-_LOG_UPPER_MARGIN = tl.constexpr(LOG_UPPER_MARGIN)
+_LOG_UPPER_OFFSET = tl.constexpr(24 * 0.6931471805599453 + LOG_UPPER_MARGIN)
 _BIG = tl.constexpr(2147483647)
 _LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
 def log_noise_upper(h, HARDWARE: tl.constexpr):
-    """An upper bound on the exact noise ``gumbel32(uniform32(h))`` from the hash alone (fp32), tight to ~2^-16.
+    """An upper bound on the exact noise ``gumbel32(uniform32(h))`` from the hash alone (fp32), tight to ~2^-12.
 
     ``u = (h >> 16) 2^-16 + ((h & 0xFFFF) + 1/2) 2^-32 >= h 2^-32 >= (h >> 8) 2^-24`` (exact parts,
     monotone rounding) and ``-L(u) >= u`` (the series is ``u (1 + u p)`` with ``p >= 0``, the log
     branch holds for ``u >= 1/4`` since ``-log(1 - u) >= u + u^2 / 2``), so
     ``g = -log(-L(u)) <= -log(u) <= (24 - log2(h >> 8)) ln 2``. ``h >> 8 < 2^24`` converts to fp32
-    exactly; :data:`LOG_UPPER_MARGIN` covers ``lg2.approx`` and the roundings of the fp32 logs.
-    For ``h < 256`` the bound is :data:`~.triton_stream.G_MAX` (``u >= 2^-33``).
+    exactly; :data:`LOG_UPPER_MARGIN` covers ``lg2.approx`` and the roundings of the fp32 logs and
+    of the constants. ``h < 256`` gives ``log2(0) = -inf``, so ``+inf``: such tokens (2^-24 of all)
+    always stay candidates. Four instructions (shift, convert, ``lg2``, FMA).
     """
-    high = (h >> 8).to(tl.int32)
-    bound = (24.0 - fast_log2(tl.maximum(high, 1).to(tl.float32), HARDWARE)) * _LN2_UP + _LOG_UPPER_MARGIN
-    return tl.where(high == 0, _G_MAX, bound)
+    high = (h >> 8).to(tl.int32).to(tl.float32)
+    return tl.fma(fast_log2(high, HARDWARE), -_LN2_UP, _LOG_UPPER_OFFSET)
 
 
 @triton.jit
@@ -90,7 +90,7 @@ def _fast_exp2(x):
 
 
 @triton.jit
-def _candidate_words(z, temp, safe_temp, prefix, best_word, cols, mask, need, filter_margin,
+def _candidate_words(z, zmax, temp, safe_temp, prefix, best_word, cols, mask, need, filter_margin,
                      ITERS: tl.constexpr, HARDWARE: tl.constexpr):
     """Best words of the sampled rows ``need`` after this tile, spending exact keys only where a token can win.
 
@@ -104,14 +104,13 @@ def _candidate_words(z, temp, safe_temp, prefix, best_word, cols, mask, need, fi
     """
     inv_temp = 1.0 / safe_temp
     h = rng_triton.hash_finish(prefix[:, None], cols)
-    reach = z * inv_temp[:, None] + log_noise_upper(h, HARDWARE)
-    zmax = tl.reduce(z, 1, _nan_max)
+    reach = tl.fma(z, inv_temp[:, None], log_noise_upper(h, HARDWARE))  # NaN where z is NaN
     # a lower bound of the tile's own best key: useful before any word exists
     floor = tl.math.div_rn(zmax, safe_temp) + _G_MIN
     best = _word_value(best_word)
     threshold = tl.maximum(best, floor)
     threshold = tl.where(tl.abs(threshold) < float("inf"), threshold - key_slack(threshold, filter_margin), threshold)
-    candidate = need[:, None] & mask & ((reach >= threshold[:, None]) | (z != z))
+    candidate = need[:, None] & mask & ((reach < threshold[:, None]) == 0)  # (a NaN reach stays a candidate)
     nan_row = zmax != zmax
     for _ in tl.static_range(ITERS):
         if tl.max(tl.max(candidate.to(tl.int32), axis=1), axis=0) > 0:
@@ -126,7 +125,7 @@ def _candidate_words(z, temp, safe_temp, prefix, best_word, cols, mask, need, fi
             threshold = tl.maximum(best, floor)
             threshold = tl.where(tl.abs(threshold) < float("inf"), threshold - key_slack(threshold, filter_margin),
                                  threshold)
-            candidate = candidate & (cols != index[:, None]) & ((reach >= threshold[:, None]) | (z != z))
+            candidate = candidate & (cols != index[:, None]) & ((reach < threshold[:, None]) == 0)
     if tl.max(tl.max(candidate.to(tl.int32), axis=1), axis=0) > 0:
         rest = need & (tl.max(candidate.to(tl.int32), axis=1) > 0)
         words = _gumbel_words(z, zmax, temp, prefix, _word_value(best_word), cols, mask, rest, filter_margin,
@@ -235,7 +234,7 @@ def _wide_step_kernel(
     for tile in tl.range(first_tile, end_tile, num_stages=STAGES):
         cols = tile * BLOCK_V + lanes
         if EVEN_V:  # every tile is whole: no column masks (rows past the batch are never stored)
-            col_ok = lanes < BLOCK_V
+            col_ok = tl.full([BLOCK_V], 1, tl.int1)
             mask = row_ok[:, None]
         else:
             col_ok = cols < vocab
@@ -331,7 +330,7 @@ def _wide_step_kernel(
             if tl.max(need_sampled.to(tl.int32), axis=0) > 0:
                 gumbel_mask = mask & col_ok[None, :]
                 if GUMBEL_ITERS > 0:
-                    best_word = _candidate_words(z, temp, safe_temp, prefix, best_word, cols[None, :], gumbel_mask,
+                    best_word = _candidate_words(z, zmax, temp, safe_temp, prefix, best_word, cols[None, :], gumbel_mask,
                                                  need_sampled, filter_margin, GUMBEL_ITERS, HARDWARE)
                 else:
                     words = _gumbel_words(z, zmax, temp, prefix, best, cols[None, :], gumbel_mask, need_sampled,
