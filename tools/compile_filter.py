@@ -83,6 +83,8 @@ def main():
             filt = ft.TopKTopPFilter(logits.shape[0], VOCAB, "meta", block=ft.GPU_BLOCK, chunks=chunks,
                                      capacity=ft.GPU_CAPACITY)
             filt.warps = ft.WARPS  # a meta-device filter would take the CPU's 4 warps
+            if hasattr(ft, "RESOLVE_WARPS"):
+                filt.resolve_warps = ft.RESOLVE_WARPS
             filt.filter(logits, k, p, target)
             print("ok  ", label)
         except Exception as error:  # report every failure, then exit non-zero

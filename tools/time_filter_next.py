@@ -77,7 +77,7 @@ def phases(sizes):
                 for repeat in range(REPEATS + 1):
                     out.copy_(x)
                     flush()
-                    torch.cuda._sleep(400_000)  # ~200 us: the host enqueues every launch meanwhile
+                    torch.cuda._sleep(2_000_000)  # ~1 ms: the host enqueues every launch meanwhile
                     marks.clear()
                     start = torch.cuda.Event(enable_timing=True)
                     start.record()

@@ -72,12 +72,14 @@ def test_first_pass_paths_at_a_larger_capacity():
 
 def test_top_k_early_gather_beyond_one_sort_is_narrowed():
     """An early top-k gather of more than SORT_SMALL candidates (~4 k tokens; the GPU capacity,
-    2048) is narrowed to the parts that hold the top k, sorted once, and written without being read."""
+    2048) is narrowed to the parts that hold the top k, sorted once, and written without being read
+    (by the apply's own split of each row into parts)."""
     gen = torch.Generator().manual_seed(12)
     vocab = 8192
     x = torch.randn(6, vocab, generator=gen) * 2
     x[3:] = x[3:].to(torch.bfloat16).float()  # ties
-    filt = nx.TopKTopPFilter(6, vocab, "cpu", capacity=2048)
+    filt = nx.TopKTopPFilter(6, vocab, "cpu", block=256, capacity=2048)
+    assert filt.chunks == 1 and filt.apply_chunks == 4  # the apply's own split (each part re-reads the list)
     k = torch.tensor([100, 100, 120, 100, 90, 110])
     p = torch.tensor([0.9, 1.0, 0.5, 0.95, 1.0, 0.9])
     expected = reference(x, k, p)

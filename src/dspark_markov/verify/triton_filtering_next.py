@@ -154,6 +154,8 @@ PAIR_BLOCK = 1024  # _sweep_pair: [PAIR_BLOCK] accumulators, 2 tiles per iterati
 SAMPLE = 1024  # columns of the row's start that place the early gather
 OUTLIERS = 256  # stored tokens of a top-p row's early gather (~64 wanted)
 WARPS = 8
+APPLY_CHUNKS = 8  # most parts per row of the apply's own split
+APPLY_MIN_BLOCKS = 8  # and at least this many blocks per part
 RESOLVE_WARPS = 4  # _finish_kernel (first resolve + search rounds, one program per row, ~255 registers)
 
 
@@ -1347,10 +1349,18 @@ class TopKTopPFilter:
         self.stats_block = min(self.block, STATS_BLOCK)
         self.pair_block = min(self.block, PAIR_BLOCK)
         self.warps = WARPS if device.type == "cuda" else 4
+        self.resolve_warps = RESOLVE_WARPS if device.type == "cuda" else 4
         chunks = chunks or default_chunks
         chunks = max(1, min(chunks, triton.cdiv(vocab, self.block)))
         self.chunk_len = triton.cdiv(triton.cdiv(vocab, chunks), self.block) * self.block
         self.chunks = triton.cdiv(vocab, self.chunk_len)
+        # The apply has its own split: one program per row leaves most SMs idle in its last wave
+        # (1518 rows = 1.4 waves of 8 programs per SM), so rows are split into up to APPLY_CHUNKS
+        # parts of at least APPLY_MIN_BLOCKS blocks (each part of a write-only row re-reads its list).
+        blocks = triton.cdiv(vocab, self.block)
+        apply_chunks = max(self.chunks, min(APPLY_CHUNKS, blocks // APPLY_MIN_BLOCKS))
+        self.apply_chunk_len = triton.cdiv(triton.cdiv(vocab, apply_chunks), self.block) * self.block
+        self.apply_chunks = triton.cdiv(vocab, self.apply_chunk_len)
         self.max_rows, self.vocab, self.device, self.capacity = max_rows, vocab, device, capacity
         self.state = FilterState.allocate(max_rows, self.chunks, capacity, device)
 
@@ -1393,11 +1403,11 @@ class TopKTopPFilter:
         _finish_kernel[(rows,)](logits, logits.stride(0), *st.row_fields(), st.points, st.counts, st.masses,
                                 st.scratch, st.unresolved, st.searched, vocab, self.capacity,
                                 BLOCK=self.block, COUNT_BLOCK=self.count_block, MASS_BLOCK=self.mass_block,
-                                num_warps=RESOLVE_WARPS if self.device.type == "cuda" else 4,
+                                num_warps=self.resolve_warps,
                                 enable_fp_fusion=False)
-        _apply_kernel[grid](logits, logits.stride(0), out, out.stride(0), st.phase, st.cut, st.first_count,
-                            st.cursor, st.scratch, vocab, self.chunk_len, self.capacity,
-                            IN_PLACE=in_place, BLOCK=self.block, **common)
+        _apply_kernel[(rows, self.apply_chunks)](logits, logits.stride(0), out, out.stride(0), st.phase, st.cut,
+                                                 st.first_count, st.cursor, st.scratch, vocab, self.apply_chunk_len,
+                                                 self.capacity, IN_PLACE=in_place, BLOCK=self.block, **common)
         return out
 
 
