@@ -117,6 +117,8 @@ POINTS = 16
 SLOT_CEIL, SLOT_UPPER, SLOT_FIRST, SLOT_LOWER = 0, 1, 2, 10
 _THRESHOLDS = tl.constexpr(THRESHOLDS)
 PARTS = 16  # _narrow_mass: key intervals a wide top-p bracket is split into
+NARROWINGS = 2  # at most this many 16-fold narrowings before the sort (more candidates: _rank_cut)
+_NARROWINGS = tl.constexpr(NARROWINGS)
 _PARTS = tl.constexpr(PARTS)
 _NARROW_TILE = tl.constexpr(128)
 _RANK_I = tl.constexpr(32)  # _rank_cut tiles: [RANK_I, RANK_J] compares at a time
@@ -740,11 +742,13 @@ def _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min
         n_sort = n_in
         mass_sort = hi_mass
         complete = n_in >= 0  # the first n_sort candidates hold every kept token below the bracket's top
-        if (target == _TARGET_MASS) & (n_in > _SORT_SMALL):  # a wide top-p bracket: narrow it 16-fold first
-            n_sort, mass_sort = _narrow_mass(rows_scratch, n_in, limit, hi_mass, row_max)
-            complete = n_sort == n_in
-        if (target == _TARGET_COUNT) & (n_in > _SORT_SMALL):  # many top-k candidates: keep the top parts
-            n_sort = _narrow_count(rows_scratch, n_in, k - hi_count)
+        for _ in range(0, _NARROWINGS):  # a loop, not unrolled: one copy of each narrowing (compile time)
+            if (target == _TARGET_MASS) & (n_sort > _SORT_SMALL):  # a wide top-p bracket: narrow it 16-fold
+                n_new, mass_sort = _narrow_mass(rows_scratch, n_sort, limit, mass_sort, row_max)
+                complete = complete & (n_new == n_sort)
+                n_sort = n_new
+            if (target == _TARGET_COUNT) & (n_sort > _SORT_SMALL):  # many top-k candidates: keep the top parts
+                n_sort = _narrow_count(rows_scratch, n_sort, k - hi_count)
         if n_sort <= _SORT_SMALL:  # the common case: one 256-entry sort (compiles in a few seconds)
             resolved, cut, new_limit = _sort_cut(rows_scratch, n_sort, target, k, p, limit, best, row_max, hi_count,
                                                  mass_sort, hi == _PACK_CEIL, _SORT_SMALL)
@@ -1128,6 +1132,35 @@ def _pass_kernel(
                        False, False, False, BLOCK)
 
 
+@triton.jit
+def _search_round(row, src, base, slot, st_flags, st_best, st_cursor, points, counts, masses, scratch, vocab, capacity,
+                  BLOCK: tl.constexpr, COUNT_BLOCK: tl.constexpr, MASS_BLOCK: tl.constexpr):
+    """One whole-row sweep of an open row's planned round (thresholds and/or the gather)."""
+    flags = tl.load(st_flags + row, volatile=True)
+    gather = (flags & 1) != 0
+    evaluate = (flags & 2) != 0
+    need_mass = (flags & 4) != 0
+    best = tl.load(st_best + row, volatile=True)
+    thresholds = tl.load(points + base + slot + _SLOT_FIRST, volatile=True)
+    lo = tl.load(points + base + _SLOT_LOWER, volatile=True)
+    hi = tl.load(points + base + _SLOT_UPPER, volatile=True)
+    row_max = _key_value((best >> 32).to(tl.int32))
+    rows_scratch = scratch + row * capacity
+    cursor = st_cursor + row
+    if evaluate:
+        if need_mass:
+            found, mass, _ = _sweep(src, 0, vocab, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity,
+                                    gather, False, True, True, False, MASS_BLOCK)
+            tl.atomic_add(masses + base + _SLOT_FIRST + slot, mass)
+        else:
+            found, _, _ = _sweep(src, 0, vocab, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity,
+                                 gather, False, True, False, False, COUNT_BLOCK)
+        tl.atomic_add(counts + base + _SLOT_FIRST + slot, found)
+    else:
+        _sweep(src, 0, vocab, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity, gather, False, False,
+               False, False, BLOCK)
+
+
 @triton.jit(do_not_specialize=["logits_stride"])  # its rare search sweeps need no alignment: one compile (~17 s)
 def _finish_kernel(
     logits_ptr, logits_stride,  # [B, V] fp32
@@ -1148,41 +1181,19 @@ def _finish_kernel(
     base = row * _POINTS
     slot = tl.arange(0, _THRESHOLDS)
     phase = tl.load(st_phase + row)
-    if phase == _PHASE_OPEN:  # the first pass's resolve
-        phase = _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags,
-                             st_cursor, points, counts, masses, scratch, capacity)
-        tl.debug_barrier()
-    if phase == _PHASE_OPEN:
-        tl.atomic_add(searched, 1)
+    # Round 0 resolves the first pass; rounds 1 .. MAX_ROUNDS sweep first. One call site of
+    # _resolve_row (it is inlined: two sites doubled the kernel's size and compile time).
     rounds = 0
-    while (phase == _PHASE_OPEN) & (rounds < _MAX_ROUNDS):
-        flags = tl.load(st_flags + row, volatile=True)
-        gather = (flags & 1) != 0
-        evaluate = (flags & 2) != 0
-        need_mass = (flags & 4) != 0
-        best = tl.load(st_best + row, volatile=True)
-        thresholds = tl.load(points + base + slot + _SLOT_FIRST, volatile=True)
-        lo = tl.load(points + base + _SLOT_LOWER, volatile=True)
-        hi = tl.load(points + base + _SLOT_UPPER, volatile=True)
-        row_max = _key_value((best >> 32).to(tl.int32))
-        rows_scratch = scratch + row * capacity
-        cursor = st_cursor + row
-        if evaluate:
-            if need_mass:
-                found, mass, _ = _sweep(src, 0, vocab, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity,
-                                        gather, False, True, True, False, MASS_BLOCK)
-                tl.atomic_add(masses + base + _SLOT_FIRST + slot, mass)
-            else:
-                found, _, _ = _sweep(src, 0, vocab, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity,
-                                     gather, False, True, False, False, COUNT_BLOCK)
-            tl.atomic_add(counts + base + _SLOT_FIRST + slot, found)
-        else:
-            _sweep(src, 0, vocab, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity, gather, False, False,
-                   False, False, BLOCK)
-        tl.debug_barrier()
+    while (phase == _PHASE_OPEN) & (rounds <= _MAX_ROUNDS):
+        if rounds > 0:
+            _search_round(row, src, base, slot, st_flags, st_best, st_cursor, points, counts, masses, scratch, vocab,
+                          capacity, BLOCK, COUNT_BLOCK, MASS_BLOCK)
+            tl.debug_barrier()
         phase = _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags,
                              st_cursor, points, counts, masses, scratch, capacity)
         tl.debug_barrier()
+        if (rounds == 0) & (phase == _PHASE_OPEN):
+            tl.atomic_add(searched, 1)
         rounds += 1
     if phase == _PHASE_OPEN:
         tl.atomic_add(unresolved, 1)
