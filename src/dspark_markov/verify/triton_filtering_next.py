@@ -513,14 +513,15 @@ def _rank_cut(scratch, n_in, target, k, p, limit, best, row_max, count_hi, mass_
 def _key_range(scratch, n_in):
     """``(k_min, span)`` of the int32 keys of ``n_in`` packed candidates (``span = k_max - k_min + 1``)."""
     t = tl.arange(0, _NARROW_TILE)
-    k_max = tl.zeros([], tl.int32) - _BIG_INDEX - 1
-    k_min = tl.zeros([], tl.int32) + _BIG_INDEX
+    k_max = tl.zeros([_NARROW_TILE], tl.int32) - _BIG_INDEX - 1  # per lane; reduced once at the end
+    k_min = tl.zeros([_NARROW_TILE], tl.int32) + _BIG_INDEX
     for offset in range(0, n_in, _NARROW_TILE):
         inside = offset + t < n_in
         key = (tl.load(scratch + offset + t, mask=inside, other=0) >> 32).to(tl.int32)
-        k_max = tl.maximum(k_max, tl.max(tl.where(inside, key, -_BIG_INDEX - 1), axis=0))
-        k_min = tl.minimum(k_min, tl.min(tl.where(inside, key, _BIG_INDEX), axis=0))
-    return k_min, (k_max - k_min).to(tl.int64) + 1
+        k_max = tl.maximum(k_max, tl.where(inside, key, -_BIG_INDEX - 1))
+        k_min = tl.minimum(k_min, tl.where(inside, key, _BIG_INDEX))
+    low = tl.min(k_min, axis=0)
+    return low, (tl.max(k_max, axis=0) - low).to(tl.int64) + 1
 
 
 @triton.jit
@@ -561,13 +562,14 @@ def _narrow_mass(scratch, n_in, limit, mass_hi, row_max):
     t = tl.arange(0, _NARROW_TILE)
     parts = tl.arange(0, _PARTS)
     k_min, span = _key_range(scratch, n_in)
-    sums = tl.zeros([_PARTS], tl.int64)  # exact mass of each part
+    lanes = tl.zeros([_NARROW_TILE, _PARTS], tl.int64)  # per lane and part; reduced once at the end
     for offset in range(0, n_in, _NARROW_TILE):
         inside = offset + t < n_in
         key = (tl.load(scratch + offset + t, mask=inside, other=0) >> 32).to(tl.int32)
         part = tl.where(inside, _part_of(key, k_min, span), -1)
         q = _weight_fixed_point(_key_value(key), row_max)
-        sums += tl.sum(tl.where(part[:, None] == parts[None, :], q[:, None], 0), axis=0)
+        lanes += tl.where(part[:, None] == parts[None, :], q[:, None], 0)
+    sums = tl.sum(lanes, axis=0)  # exact mass of each part
     # mass at or above each part's lower end (larger part = better ranked)
     at_or_above = mass_hi + tl.sum(tl.where(parts[None, :] >= parts[:, None], sums[None, :], 0), axis=1)
     chosen = tl.max(tl.where(at_or_above.to(tl.float64) >= limit, parts, -1), axis=0)
@@ -585,12 +587,13 @@ def _narrow_count(scratch, n_in, wanted):
     t = tl.arange(0, _NARROW_TILE)
     parts = tl.arange(0, _PARTS)
     k_min, span = _key_range(scratch, n_in)
-    sums = tl.zeros([_PARTS], tl.int64)  # candidates in each part
+    lanes = tl.zeros([_NARROW_TILE, _PARTS], tl.int32)  # per lane and part; reduced once at the end
     for offset in range(0, n_in, _NARROW_TILE):
         inside = offset + t < n_in
         key = (tl.load(scratch + offset + t, mask=inside, other=0) >> 32).to(tl.int32)
         part = tl.where(inside, _part_of(key, k_min, span), -1)
-        sums += tl.sum((part[:, None] == parts[None, :]).to(tl.int64), axis=0)
+        lanes += (part[:, None] == parts[None, :]).to(tl.int32)
+    sums = tl.sum(lanes, axis=0).to(tl.int64)  # candidates in each part
     at_or_above = tl.sum(tl.where(parts[None, :] >= parts[:, None], sums[None, :], 0), axis=1)
     chosen = tl.max(tl.where(at_or_above >= wanted, parts, -1), axis=0)
     return _compact(scratch, n_in, k_min, span, chosen, _PARTS)
