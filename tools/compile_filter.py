@@ -64,7 +64,8 @@ def _compile_only(self, *args, grid, warmup, **kwargs):
     kernel = compile_check._original_run(self, *args, grid=grid, warmup=True, **kwargs)
     if kernel is not None:
         kernel._init_handles = lambda: None
-        key = (self.fn.__name__, kwargs.get("num_warps", 4), kwargs.get("PASS", "-"), kwargs.get("MASS", "-"))
+        key = (self.fn.__name__, kwargs.get("num_warps", 4), kwargs.get("PASS", "-"),
+               kwargs.get("MASS", kwargs.get("ROUNDS", "-")))
         _RESOURCES[key] = _cubin_resources(kernel)
     return kernel
 
@@ -93,7 +94,7 @@ def main():
             while cause.__cause__ is not None:  # Triton's CompilationError names the call site; the cause says why
                 cause = cause.__cause__
             print("FAIL", label, f"{type(error).__name__}: {error}"[:1500], f"\n     cause: {cause!r}"[-1200:])
-    print("kernel resources (sm_90a, cuobjdump; the last variant compiled per kernel/warps/pass/mass):")
+    print("kernel resources (sm_90a, cuobjdump; the last variant compiled per kernel/warps/pass/mass or rounds):")
     for (name, warps, kind, mass), (regs, stack, shared) in sorted(_RESOURCES.items(), key=str):
         print(f"       {name} warps={warps} pass={kind} mass={mass}: registers {regs} stack bytes {stack} "
               f"shared {shared}")

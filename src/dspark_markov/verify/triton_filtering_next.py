@@ -1,5 +1,5 @@
 """The next Triton top-k / top-p filter (issue 16): an early gather in the statistics pass, a
-two-threshold top-p sweep, narrowing of wide brackets, 4 launches per call; the threshold search
+two-threshold top-p sweep, narrowing of wide brackets, 5 launches per call; the threshold search
 of :mod:`.triton_filtering` kept as its bounded fallback.
 
 **Status: not validated on the H200.** ``impl="triton"`` (and the bench) still launch
@@ -26,7 +26,7 @@ cut is a search over packed thresholds ``T`` with the exact ``count(packed >= T)
   iff ``mass(>= D) >= limit > mass(>= U)`` (the token just below ``U`` is kept iff the mass
   strictly above it, ``mass(>= U)``, is below the limit).
 
-Passes (4 launches per call; each full-row pass reads the row once)
+Passes (5 launches per call; each full-row pass reads the row once)
 -------------------------------------------------------------------
 1. ``_stats_kernel`` (grid ``rows x chunks``): the first maximum (as a packed key), NaNs, the
    finite count, mean, standard deviation and minimum, and the **early gather**: every token at
@@ -44,12 +44,13 @@ Passes (4 launches per call; each full-row pass reads the row once)
    (the whole top when the cut lies in the head). Other rows (a failed early gather, ``k >
    capacity / 4``) run the general sweep: 8 exact thresholds (Gaussian quantiles of ``k/4 ..
    640 k`` tokens) and the gather of the predicted bracket.
-3. ``_finish_kernel`` (one program per row): the resolve: if the gathered bracket holds the cut
-   and at most ``capacity`` candidates, the cut comes from them: a wide top-p bracket is first
-   narrowed 16-fold by exact part masses (:func:`_narrow_mass`), then one sort of at most 256
-   candidates gives the cut (more: :func:`_rank_cut`, ranks by ``n^2`` compares, no sorting network:
-   large ``tl.sort`` tiers took tens of seconds to compile). A row still open (a missed prediction,
-   adversarial rows) continues in the same program with bounded search rounds (``MAX_ROUNDS``;
+3. ``_finish_kernel`` (one program per row), launched twice: the resolve: if the gathered bracket
+   holds the cut and at most ``capacity`` candidates, the cut comes from them: more than 256 are
+   first narrowed (up to twice) 16-fold, by exact part masses for top-p (:func:`_narrow_mass`),
+   by counts for top-k (:func:`_narrow_count`), then one sort of at most 256 candidates gives the
+   cut (more: :func:`_rank_cut`, ranks by ``n^2`` compares, no sorting network: large ``tl.sort``
+   tiers took tens of seconds to compile). A row still open (a missed prediction, adversarial
+   rows) continues in the second launch with bounded search rounds (``MAX_ROUNDS``;
    each evaluates 8 thresholds inside the bracket that holds the cut: value space, key space
    across octaves, index space inside a run of ties; a gather once it fits). ``searched``
    counts such rows (a status: zero on the benchmark inputs).
@@ -58,7 +59,7 @@ Passes (4 launches per call; each full-row pass reads the row once)
    without being read (kept values loaded by index, the chunk set to ``-inf``, the values
    stored back).
 
-Launches: 4 per call, fixed by which of ``k``/``p`` are given (the mass sweeps compiled in only
+Launches: 5 per call, fixed by which of ``k``/``p`` are given (the mass sweeps compiled in only
 with ``p``), never by values; no host synchronisation; all scratch lives in a
 :class:`TopKTopPFilter` (allocated once, sized for its largest batch): CUDA-graph safe.
 Bytes: top-k rows answered early: ``B V 4`` read (stats) + ``B V 4`` written; top-p rows: ``2 B V
@@ -1173,9 +1174,12 @@ def _finish_kernel(
     unresolved,  # [1] int32: rows left open after MAX_ROUNDS (never, by the bound)
     searched,  # [1] int32: rows the first resolve left open (a running total: the slow path's use)
     vocab, capacity,
-    BLOCK: tl.constexpr, COUNT_BLOCK: tl.constexpr, MASS_BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, COUNT_BLOCK: tl.constexpr, MASS_BLOCK: tl.constexpr, ROUNDS: tl.constexpr,
 ):
-    """One program per row still open: sweep + resolve rounds over the whole row, bounded.
+    """One program per row, launched twice. ``ROUNDS=False``: the first pass's resolve of every
+    open row (no sweep code compiled in: fewer registers, more programs per SM). ``ROUNDS=True``:
+    the rows it left open (a missed prediction, adversarial rows) run bounded sweep + resolve
+    rounds over the whole row; the others return at once.
 
     Bytes: ``V 4`` per round of an open row (a few rounds at most on real inputs); idle rows ~4.
     """
@@ -1184,22 +1188,24 @@ def _finish_kernel(
     base = row * _POINTS
     slot = tl.arange(0, _THRESHOLDS)
     phase = tl.load(st_phase + row)
-    # Round 0 resolves the first pass; rounds 1 .. MAX_ROUNDS sweep first. One call site of
-    # _resolve_row (it is inlined: two sites doubled the kernel's size and compile time).
-    rounds = 0
-    while (phase == _PHASE_OPEN) & (rounds <= _MAX_ROUNDS):
-        if rounds > 0:
+    if ROUNDS:
+        rounds = 0
+        while (phase == _PHASE_OPEN) & (rounds < _MAX_ROUNDS):
             _search_round(row, src, base, slot, st_flags, st_best, st_cursor, points, counts, masses, scratch, vocab,
                           capacity, BLOCK, COUNT_BLOCK, MASS_BLOCK)
             tl.debug_barrier()
-        phase = _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags,
-                             st_cursor, points, counts, masses, scratch, capacity)
-        tl.debug_barrier()
-        if (rounds == 0) & (phase == _PHASE_OPEN):
-            tl.atomic_add(searched, 1)
-        rounds += 1
-    if phase == _PHASE_OPEN:
-        tl.atomic_add(unresolved, 1)
+            phase = _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags,
+                                 st_cursor, points, counts, masses, scratch, capacity)
+            tl.debug_barrier()
+            rounds += 1
+        if phase == _PHASE_OPEN:
+            tl.atomic_add(unresolved, 1)
+    else:
+        if phase == _PHASE_OPEN:
+            phase = _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags,
+                                 st_cursor, points, counts, masses, scratch, capacity)
+            if phase == _PHASE_OPEN:
+                tl.atomic_add(searched, 1)
 
 
 @triton.jit
@@ -1339,7 +1345,7 @@ def default_layout(rows: int, vocab: int, device) -> tuple[int, int]:
 class TopKTopPFilter:
     """Top-k / top-p filter with persistent scratch for batches of up to ``max_rows`` rows of ``vocab``.
 
-    ``filter(logits, k, p, out)`` launches 7 to 9 kernels with no allocation and no host
+    ``filter(logits, k, p, out)`` launches 5 kernels with no allocation and no host
     synchronisation (CUDA-graph safe); ``k``/``p`` are None, Python scalars or validated ``[B]``
     tensors (``filtering._check``). ``block``/``chunks`` fix the layout (default: one program per
     row for large batches, several per row for small ones, :func:`default_layout` of
@@ -1414,11 +1420,11 @@ class TopKTopPFilter:
                                    MASS=mass, K_PER_ROW=k_per_row, P_PER_ROW=p_per_row, CHUNKS=chunks_p2,
                                    BLOCK=self.block, COUNT_BLOCK=self.count_block, MASS_BLOCK=self.mass_block,
                                    PAIR_BLOCK=self.pair_block, OUTLIERS=OUTLIERS, K_GIVEN=k is not None, **common)
-        _finish_kernel[(rows,)](logits, logits.stride(0), *st.row_fields(), st.points, st.counts, st.masses,
-                                st.scratch, st.unresolved, st.searched, vocab, self.capacity,
-                                BLOCK=self.block, COUNT_BLOCK=self.count_block, MASS_BLOCK=self.mass_block,
-                                num_warps=self.resolve_warps,
-                                enable_fp_fusion=False)
+        for rounds in (False, True):  # the resolve of every row, then the bounded rounds of rows left open
+            _finish_kernel[(rows,)](logits, logits.stride(0), *st.row_fields(), st.points, st.counts, st.masses,
+                                    st.scratch, st.unresolved, st.searched, vocab, self.capacity,
+                                    BLOCK=self.block, COUNT_BLOCK=self.count_block, MASS_BLOCK=self.mass_block,
+                                    ROUNDS=rounds, num_warps=self.resolve_warps, enable_fp_fusion=False)
         _apply_kernel[(rows, self.apply_chunks)](logits, logits.stride(0), out, out.stride(0), st.phase, st.cut,
                                                  st.first_count, st.cursor, st.scratch, vocab, self.apply_chunk_len,
                                                  self.capacity, IN_PLACE=in_place, BLOCK=self.block, **common)
