@@ -7,7 +7,7 @@ the first pass are printed. Writes ``NVIDIA-H200_filter_next_verify.{json,csv}``
 Usage on the GPU machine: ``PYTHONPATH=src python3 tools/time_filter_next.py [batch sizes, e.g. 1,253]``.
 Budget compile time: the first call of each specialization compiles (a few seconds each on the H200).
 
-``--phases`` (the profile): the GPU time of each of the 4 launches (stats, first pass, finish, apply)
+``--phases`` (the profile): the GPU time of each launch (stats, first pass, resolve, rounds, apply)
 per bench input kind and case, in place after an L2 flush, the launches enqueued behind a GPU sleep
 so that the events between them measure the kernels, not the host (median of ``REPEATS`` calls).
 """
@@ -31,18 +31,18 @@ KERNELS = ("_stats_kernel", "_pass_kernel", "_finish_kernel", "_apply_kernel")
 class _Marked:
     """A kernel whose launches record a CUDA event after them (the phase profile)."""
 
-    def __init__(self, kernel, marks):
-        self.kernel, self.marks = kernel, marks
+    def __init__(self, name, kernel, marks):
+        self.name, self.kernel, self.marks = name, kernel, marks
 
     def __getitem__(self, grid):
         launch = self.kernel[grid]
 
         def run(*args, **kwargs):
             result = launch(*args, **kwargs)
-            if self.marks is not None:
-                event = torch.cuda.Event(enable_timing=True)
-                event.record()
-                self.marks.append(event)
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            label = self.name.strip("_").split("_")[0]
+            self.marks.append(("rounds" if kwargs.get("ROUNDS") else label, event))
             return result
 
         return run
@@ -58,7 +58,7 @@ def phases(sizes):
     marks = []
     originals = {name: getattr(triton_filtering_next, name) for name in KERNELS}
     for name, kernel in originals.items():
-        setattr(triton_filtering_next, name, _Marked(kernel, marks))
+        setattr(triton_filtering_next, name, _Marked(name, kernel, marks))
     flush = harness.L2Flusher(device)
     config = vg.VerifyBenchConfig()
     generator = torch.Generator(device=device).manual_seed(0)
@@ -84,11 +84,12 @@ def phases(sizes):
                     filt.filter(out, k, p, out)
                     torch.cuda.synchronize()
                     if repeat:  # the first call compiles
-                        stamps = [start] + marks
+                        stamps = [start] + [event for _, event in marks]
                         times.append([a.elapsed_time(b) * 1e3 for a, b in zip(stamps, stamps[1:])])
-                phase = [statistics.median(t[i] for t in times) for i in range(len(KERNELS))]
+                labels = [label for label, _ in marks]
+                phase = [statistics.median(t[i] for t in times) for i in range(len(labels))]
                 print(f"phases {requests:3d} req ({rows} rows, chunks {filt.chunks}) {kind:8s} {case:3s}: "
-                      + " ".join(f"{name.strip('_').split('_')[0]} {t:7.1f}" for name, t in zip(KERNELS, phase))
+                      + " ".join(f"{label} {t:7.1f}" for label, t in zip(labels, phase))
                       + f"  total {sum(phase):7.1f} us  searched {int(filt.state.searched)}", flush=True)
     for name, kernel in originals.items():
         setattr(triton_filtering_next, name, kernel)
