@@ -61,3 +61,21 @@ def test_without_a_gpu_it_says_so_and_exits_2():
                             capture_output=True, text=True, timeout=120,
                             env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "src")})
     assert result.returncode == 2 and "needs a CUDA GPU" in result.stderr
+
+
+def test_run_tools_without_warmup_runs_only_the_tools(tmp_path, monkeypatch):
+    """``--no-warmup`` (one process per tool after one shared warm-up): no warm-up line, each tool once."""
+    commands = []
+
+    def fake_run(command, timeout):
+        commands.append(command)
+        return "call loop/gumbel: ok in 0.1 s\n========= ERROR SUMMARY: 0 errors\n", 0
+
+    monkeypatch.setattr(sanitize, "_run", fake_run)
+    assert sanitize.run_tools(tmp_path, ["racecheck"], 5.0, warmup=False) == 0
+    summary = (tmp_path / "summary.txt").read_text()
+    assert "warm-up" not in summary and "racecheck  clean" in summary
+    assert len(commands) == 1 and "racecheck" in commands[0]
+    commands.clear()
+    sanitize.run_tools(tmp_path, ["racecheck"], 5.0)
+    assert len(commands) == 2 and "compute-sanitizer" not in commands[0]  # the warm-up, then the tool

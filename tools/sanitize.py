@@ -15,6 +15,8 @@ Modes::
     python3 tools/sanitize.py --run --out DIR           # warm the Triton cache, then each tool in turn
         # = compute-sanitizer --tool T python3 tools/sanitize.py --one-call all, per tool;
         #   writes DIR/<tool>.log and DIR/summary.txt (tool, status, errors, seconds, calls)
+    python3 tools/sanitize.py --run --tools racecheck --no-warmup --out DIR
+        # one tool, the cache already warm: one such process per tool runs the four side by side
 
 ``--device cpu`` runs the calls in Triton's interpreter (``TRITON_INTERPRET=1``, tiny V): the CPU
 test of this script. Persistent kernels get a short bounded spin (a barrier timeout under a tool's
@@ -252,15 +254,19 @@ def _run(command, timeout):
         return text, "timeout"
 
 
-def run_tools(out_dir: Path, tools, timeout: float, extra=(), warmup_timeout: float | None = None) -> int:
+def run_tools(out_dir: Path, tools, timeout: float, extra=(), warmup_timeout: float | None = None,
+              warmup: bool = True) -> int:
+    """Each tool over ``--one-call all`` in turn, after a warm-up without a tool (``warmup=False``: the
+    caller warmed Triton's disk cache already, e.g. before starting one process per tool)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     lines = []
-    began = time.perf_counter()
-    text, rc = _run([sys.executable, str(Path(__file__).resolve()), "--one-call", "all", *extra],
-                    warmup_timeout or 2 * timeout)
-    (out_dir / "warmup.log").write_text(text)
-    lines.append(f"warm-up (no tool, compiles the kernels): rc {rc}, {time.perf_counter() - began:.1f} s")
-    lines += ["  " + line for line in text.splitlines() if line.startswith("call ")]
+    if warmup:
+        began = time.perf_counter()
+        text, rc = _run([sys.executable, str(Path(__file__).resolve()), "--one-call", "all", *extra],
+                        warmup_timeout or 2 * timeout)
+        (out_dir / "warmup.log").write_text(text)
+        lines.append(f"warm-up (no tool, compiles the kernels): rc {rc}, {time.perf_counter() - began:.1f} s")
+        lines += ["  " + line for line in text.splitlines() if line.startswith("call ")]
     (out_dir / "summary.txt").write_text("\n".join(lines) + "\n")  # rewritten after every tool
     worst = 0
     for tool in tools:
@@ -300,6 +306,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tools", default=",".join(TOOLS), help=f"comma-separated subset of {','.join(TOOLS)}")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per tool run (--run)")
     parser.add_argument("--warmup-timeout", type=float, default=None, help="seconds of the warm-up (default 2x)")
+    parser.add_argument("--no-warmup", action="store_true", help="--run without the warm-up (the cache is warm)")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: the interpreter, tiny V")
     parser.add_argument("--vocab", type=int, default=None, help="V (default 4096; cpu 300)")
     parser.add_argument("--rank", type=int, default=None, help="R_k (default 256; cpu 16)")
@@ -330,7 +337,7 @@ def main(argv=None) -> int:
     extra = ["--device", args.device, "--vocab", str(vocab), "--rank", str(rank)] + (["--skip", args.skip] if skip else [])
     if args.one_call:
         return one_call(args.one_call, args.device, vocab, rank, skip)
-    return run_tools(Path(args.out), tools, args.timeout, extra, args.warmup_timeout)
+    return run_tools(Path(args.out), tools, args.timeout, extra, args.warmup_timeout, not args.no_warmup)
 
 
 if __name__ == "__main__":
