@@ -43,7 +43,7 @@ VARIANTS = {"default": {}, "v5": {"variant": 0, "flags": 0}, "w16r1": {"warps": 
             "v43ex": {"variant": 43, "flags": 27},
             # cuda3 (flags 15): 107 = 43 + the noise-table phase B at 4-16 rows; + 1024 register tiles loaded before
             # the step loop, + 2048 four load batches per L2 tile, + 4096 base logits / W1 rows not kept in L1
-            **{f"v{v}": {"variant": v, "flags": 15} for v in (107, 1067, 1131, 3115, 3179, 5163, 5227, 7211, 7275, 13355, 15467)}}
+            **{f"v{v}": {"variant": v, "flags": 15} for v in (107, 7275)}}
 
 
 def inputs_for(gen, rows, steps, vocab, temperature, device):

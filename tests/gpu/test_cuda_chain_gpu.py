@@ -172,11 +172,11 @@ def test_cuda_chain_graph_replays_match_eager(rows):
     sampler.backend.check()
 
 
-@pytest.mark.parametrize("variant", [None, 13355])
-def test_cuda_chain_barrier_timeout_raises_and_recovers(variant):
-    head, args = full_problem(2, seed=9)
+@pytest.mark.parametrize("rows,variant", [(2, None), (16, None), (2, 7275)])
+def test_cuda_chain_barrier_timeout_raises_and_recovers(rows, variant):
+    head, args = full_problem(rows, seed=9)
     options = {} if variant is None else dict(variant=variant, flags=15)
-    sampler = cuda_sampler(head, 2, barrier_extra=1, spin_cycles=200_000, **options)
+    sampler = cuda_sampler(head, rows, barrier_extra=1, spin_cycles=200_000, **options)
     out = sampler.sample(*args, check_values=False)
     torch.cuda.synchronize()
     assert out.draft_tokens.min() >= 0 and out.draft_tokens.max() < VOCAB
@@ -233,14 +233,14 @@ def test_noise_table_is_the_exact_bucket_maximum():
     assert torch.equal(best[seen], table[seen])
 
 
-TABLE_VARIANTS = (107, 1131, 3179, 5227, 7275, 15467)  # with the noise table
-HOIST_VARIANTS = (1067, 3115, 5163, 7211, 13355)  # 43 + register tiles loaded before the loop (+ batches, L1, arrival)
+TABLE_VARIANTS = (107, 7275)  # with the noise table (7275: + register tiles loaded before the loop, + 4 load
+# batches per L2 tile, + base logits / W1 rows not kept in L1)
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("variant", TABLE_VARIANTS + HOIST_VARIANTS)
+@pytest.mark.parametrize("variant", TABLE_VARIANTS)
 def test_cuda_chain_new_variants_full_shape(variant, cache_dtype):
-    for rows in (1, 4, 9, 16):
+    for rows in (1, 3, 4, 8, 9, 16):
         head, args = full_problem(rows, seed=40 + rows)
         sampler = cuda_sampler(head, rows, cache_dtype, variant=variant, flags=15)
         out = sampler.sample(*args)
@@ -248,7 +248,7 @@ def test_cuda_chain_new_variants_full_shape(variant, cache_dtype):
         sampler.backend.check()
 
 
-@pytest.mark.parametrize("variant", (107, 1131, 7275))
+@pytest.mark.parametrize("variant", TABLE_VARIANTS)
 def test_cuda_chain_table_t1_and_greedy(variant):
     for rows in (4, 16):
         for temps in ((1.0,), (0.0,), (0.25, 1.7)):
@@ -257,7 +257,7 @@ def test_cuda_chain_table_t1_and_greedy(variant):
             check_exact(head, args, out)
 
 
-@pytest.mark.parametrize("variant", (107, 1131, 7275))
+@pytest.mark.parametrize("variant", TABLE_VARIANTS)
 def test_cuda_chain_table_exact_fallback_everywhere(variant):
     """filter_margin = 1e30: no row is ever decided; the warp-wide exact recomputation everywhere."""
     for rows in (4, 16):
@@ -266,7 +266,7 @@ def test_cuda_chain_table_exact_fallback_everywhere(variant):
         check_exact(head, args, out)
 
 
-@pytest.mark.parametrize("variant", TABLE_VARIANTS + HOIST_VARIANTS)
+@pytest.mark.parametrize("variant", TABLE_VARIANTS + (None,))
 def test_cuda_chain_new_variants_nan_inf_rows(variant):
     head, args = full_problem(4, temps=(1.0, 0.6, 0.0, 1.0), seed=8)
     base = args[0].float()
@@ -284,7 +284,7 @@ def test_cuda_chain_new_variants_nan_inf_rows(variant):
         check_exact(head, args, out)
 
 
-@pytest.mark.parametrize("rows,variant", [(16, 107), (16, 7275), (2, 7211), (4, 5227)])
+@pytest.mark.parametrize("rows,variant", [(16, 107), (16, 7275), (2, 7275), (8, None), (16, None)])
 def test_cuda_chain_new_variants_unaligned_fp32_base(rows, variant):
     head, args = full_problem(rows, temps=(1.0, 0.6), seed=12)
     for dtype in (torch.bfloat16, torch.float32):
@@ -298,7 +298,7 @@ def test_cuda_chain_new_variants_unaligned_fp32_base(rows, variant):
     check_exact(head, args, out)
 
 
-@pytest.mark.parametrize("rows,variant", [(16, 107), (16, 7275), (1, 7211), (4, 5227), (1, 13355), (16, 15467)])
+@pytest.mark.parametrize("rows,variant", [(16, 107), (16, 7275), (1, 7275), (8, 107)])
 def test_cuda_chain_new_variants_graph_replays_match_eager(rows, variant):
     head, _ = full_problem(rows, seed=1)
     sampler = cuda_sampler(head, rows, variant=variant, flags=15)

@@ -1210,16 +1210,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) dm_chain_w8_r3_nt2(const Ch
 DM_V6_ENTRY(11)
 DM_V6_ENTRY(43)
 DM_V6_ENTRY(107)
-DM_V6_ENTRY(1067)
-DM_V6_ENTRY(1131)
-DM_V6_ENTRY(3115)
-DM_V6_ENTRY(3179)
-DM_V6_ENTRY(5163)
-DM_V6_ENTRY(5227)
-DM_V6_ENTRY(7211)
 DM_V6_ENTRY(7275)
-DM_V6_ENTRY(13355)
-DM_V6_ENTRY(15467)
+// Not built (measured on the H200, benchmarks/results/..._cuda_chain_cuda3_u2.json): 1067, 3115, 5163, 7211
+// (43 + 1024 / 2048 / 4096: 0.7-2.7 us slower at 1-8 rows, equal at 16), 13355 / 15467 (+ 8192: no change),
+// 1131, 3179, 5227 (107 + those bits: within 1 us of 7275 at 16 rows, slower at 1-8).
 // Not built (measured on the H200, benchmarks/results/..._cuda_chain_variants_r{1,2}.json): 1 and 9
 // (subsumed by 11), 25 / 27 = 9 / 11 + V6 & 16 (the counter-free agreement: 0.2-4 us slower than the
 // counter barrier). DM_V6_ENTRY(V) builds any of them again (add V to cuda_chain.VARIANTS).

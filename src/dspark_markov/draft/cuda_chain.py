@@ -18,15 +18,15 @@ per SM; the launch takes every SM): a barrier that waits longer than ``spin_cycl
 :class:`~dspark_markov.DeviceStatusError`.
 
 Measured (H200, V = 129,280, rank 256, N = 5, CUDA graph, cold L2; benchmarks/results/
-NVIDIA-H200_2026-12-01_cuda_chain_{variants_r3,mixed_r3}.json, the last round): the default (variant
-43, flags 15) 82.6 / 88.6 / 95.4 / 106.9 / 152.8 us at 1 / 2 / 4 / 8 / 16 rows (bf16 cache, T = 1)
-against 91.4 / 94.8 / 101.3 / 118.0 / 174.8 for the v5 kernel (variant 0, no flags) in the same job;
-mixed T 79.6 / 155.8 (1 / 16 rows), fp32 cache + mixed T 79.5 / 171.6. Per later step (in-kernel
-trace, ``trace=True``, warp 14 of 16): at 1 row ~6 us bias tiles (the L2-streamed part of W2: 21 MB
-per step, L2-bandwidth-bound) + 0.9 phase A + 1.4 phase B (exact keys) + ~1.9 barrier + 0.85 token;
-at 16 rows 8-13 tiles + ~3 phase A + 8.3 phase B (approximate keys: ~70 instructions per logit) +
-~3 barrier + 1.0 token. Step 0 streams W2 once from HBM (floor 15.1 us plus the harness's dirty-L2
-write-back): ~36 us at 1 row.
+NVIDIA-H200_2026-12-02_cuda_chain_cuda3_u2.json): the default picks the kernel variant by the call's
+batch (:data:`DEFAULT_VARIANTS`): 82.9 / 89.0 / 95.9 us at 1 / 2 / 4 rows (variant 43, as the previous
+round), 103.2 at 8 (variant 107: phase B ranked by the exact noise upper bounds of a per-bucket table;
+107.4 with 43), 141.1 at 16 (variant 7275; 153.7 with 43); mixed T 80.0 / 148.7 (1 / 16 rows), fp32 cache
++ mixed T 79.6 / 168.8. Per later step (in-kernel trace, ``trace=True``, warp 14 of 16): at 1 row ~6 us
+bias tiles (the L2-streamed part of W2: 21 MB per step) + 0.9 phase A + 1.4 phase B (exact keys) + ~2
+barrier + 0.9 token; at 16 rows (7275) 8-11 tiles + ~2.8 phase A + 4.0-4.9 phase B (was 8.3) + ~3.3
+barrier + 0.9 token. Step 0 streams W2 once from HBM (66 MB; with the harness's dirty L2 also ~60 MB of
+write-back): 40.7 us for N = 1 at 1 row, 34.6 with a clean L2.
 
 Requirements (``ValueError`` otherwise): a CUDA device of compute capability 9.0 with NVRTC
 (:func:`dspark_markov.cuda.availability`), bf16 weights of rank 256, at most 16 rows, at most 32
@@ -92,8 +92,18 @@ DEFAULT_FLAGS = FLAG_PREFETCH_W2 | FLAG_PREFETCH_BASE | FLAG_STEP0_ORDER | FLAG_
 # 15467 = 7275 + 8192). Measured slower and not built: a pre-barrier load of the next step's
 # first L2 tile (quarter or half, ~+7 us: 130-250 bytes of spills) and the base logits loaded at the top
 # of the step at 1-4 rows (+2.5 us: the codes gather waited for them).
-VARIANTS = (0, 11, 43, 107, 1067, 1131, 3115, 3179, 5163, 5227, 7211, 7275, 13355, 15467)
+# Round u2 (benchmarks/results/NVIDIA-H200_2026-12-02_cuda_chain_cuda3_u2.json): at 16 rows 107 142.7, 7275
+# (107 + 1024 + 2048 + 4096) 141.1, 5227 140.8, against 153.7 us for 43; at 1-4 rows every new variant was
+# 0.3-6 us slower than 43 (the 1024 bit moved the tile's spill store in front of step 0's codes: 20 instead of 4.5 us
+# to the first barrier, the same total). Only 0, 11, 43, 107 and 7275 are built (chain.cu DM_V6_ENTRY).
+VARIANTS = (0, 11, 43, 107, 7275)
 DEFAULT_VARIANT = 43
+# The default kernel variant by the call's rows rounded up to a power of two (16 warps, one register tile):
+# measured side by side on the H200 in round u2 (benchmarks/results/NVIDIA-H200_2026-12-02_cuda_chain_cuda3_u2.json,
+# N = 5, bf16, T = 1): 43 at 1-4 rows (82.9 / 89.0 / 95.9 us; every other variant was 0.3-6 us slower there),
+# 107 at 5-8 rows (103.2 against 107.4 at 8 rows), 7275 at 9-16 rows (141.1 against 153.7 at 16 rows; mixed T
+# 148.7 / 156.0, fp32 cache with mixed T 168.8 / 171.2).
+DEFAULT_VARIANTS = {1: 43, 2: 43, 4: 43, 8: 107, 16: 7275}
 VARIANT_NOISE_TABLE = 64  # the variant bit of the table-bounded phase B
 TB_SIZE = 33 << 6  # noise.cuh DM_TB_SIZE (fp32 entries)
 _noise_tables = {}
@@ -170,7 +180,8 @@ class CudaChainBackend:
     :meth:`phase_times` reads them), ``flags`` (run-time hints, :data:`FLAG_PREFETCH_W2` |
     :data:`FLAG_PREFETCH_BASE` | :data:`FLAG_STEP0_ORDER` | :data:`FLAG_EXACT_SMALL` | :data:`FLAG_STEP0_SMEM_EARLY`;
     they never change a draw) and ``variant`` (compile-time kernel variant,
-    :data:`VARIANTS`; non-zero with 16 warps and one register tile only).
+    :data:`VARIANTS`; non-zero with 16 warps and one register tile only; default: by the call's batch,
+    :data:`DEFAULT_VARIANTS`).
     """
 
     METHODS = ("gumbel",)
@@ -224,17 +235,26 @@ class CudaChainBackend:
         self.threads = 32 * self.warps
         if int(flags) < 0 or int(flags) & ~FLAGS_ALL:
             raise ValueError(f"flags: expected a combination of the FLAG_* bits ({FLAGS_ALL} = all), got {flags}")
-        if variant is None:  # the default variant where the shape has it
-            variant = DEFAULT_VARIANT if (self.warps, self.reg_tiles) == (16, 1) else 0
-        if int(variant) not in VARIANTS or (int(variant) and (self.warps, self.reg_tiles) != (16, 1)):
+        if variant is not None and (int(variant) not in VARIANTS or (int(variant) and (self.warps, self.reg_tiles)
+                                                                        != (16, 1))):
             raise ValueError(f"variant: expected one of {VARIANTS} (non-zero only with 16 warps and one register "
                              f"tile), got {variant}")
-        self.flags, self.variant = int(flags), int(variant)
+        # The kernel variant of a call with rows_pow2 rows: the given one, or DEFAULT_VARIANTS where the shape has
+        # them (None: `variant` is then the smallest-batch default, kept for reports).
+        if variant is not None:
+            self.variants = {rp: int(variant) for rp in DEFAULT_VARIANTS}
+        elif (self.warps, self.reg_tiles) == (16, 1):
+            self.variants = dict(DEFAULT_VARIANTS)
+        else:
+            self.variants = {rp: 0 for rp in DEFAULT_VARIANTS}
+        self.flags, self.variant = int(flags), self.variants[1] if variant is None else int(variant)
+        # The table is read by variants with bit 64 at 4-16 rows; its shared memory is reserved when a call of
+        # this backend can run one.
+        uses_table = any(v & VARIANT_NOISE_TABLE for rp, v in self.variants.items() if 4 <= rp <= self.max_rows_pow2)
         self.tiles_per_warp = -(-per_block // self.warps)
-        nt_max = 1 if self.max_rows_pow2 <= 8 else 2
         fixed = fixed_smem_bytes(self.max_rows_pow2, 2, self.tiles_per_warp, self.warps,  # codes sized for NT = 2
                                  4 if cache_dtype == torch.float32 else 2, int(num_steps),
-                                 table=bool(self.variant & VARIANT_NOISE_TABLE) and self.max_rows_pow2 >= 4)
+                                 table=uses_table)
         from ..cuda import build
 
         limit = build.max_dynamic_smem(index)
@@ -244,8 +264,7 @@ class CudaChainBackend:
         if self.smem_tiles > fit:
             raise ValueError(f"smem_tiles: at most {fit} W2 tiles fit in shared memory here, got {smem_tiles}")
         self.smem_bytes = fixed + self.smem_tiles * TILE_BYTES
-        for nt in {1, nt_max}:
-            name = self.kernel_name(nt)
+        for name in {self.kernel_for(rp) for rp in self.variants if rp <= self.max_rows_pow2}:
             # The limit, never this backend's size: a kernel shared by several backends (and graphs
             # captured earlier) must keep accepting the largest of their launches.
             self.kernels.set_dynamic_smem(name, limit)
@@ -253,7 +272,7 @@ class CudaChainBackend:
                 raise ValueError(f"smem_tiles: kernel {name} with {self.smem_bytes} bytes of shared memory does not "
                                  f"fit on one SM")
         # The noise upper-bound table (variant bit 64): built once per device, read at every launch.
-        self.noise_table = noise_table(self.kernels, index) if self.variant & VARIANT_NOISE_TABLE else None
+        self.noise_table = noise_table(self.kernels, index) if uses_table else None
         self.spin_cycles = int(spin_cycles)
         self.filter_margin = float(filter_margin)
         self.barrier_extra = int(barrier_extra)
@@ -305,8 +324,14 @@ class CudaChainBackend:
             out[name] = phases
         return out
 
-    def kernel_name(self, nt: int) -> str:
-        return f"dm_chain_w{self.warps}_r{self.reg_tiles}_nt{nt}" + (f"_v{self.variant}" if self.variant else "")
+    def kernel_name(self, nt: int, variant: int | None = None) -> str:
+        variant = self.variant if variant is None else variant
+        return f"dm_chain_w{self.warps}_r{self.reg_tiles}_nt{nt}" + (f"_v{variant}" if variant else "")
+
+    def kernel_for(self, rows: int) -> str:
+        """The entry point of a call with ``rows`` rows (its n-tiles, and the variant for its batch)."""
+        rows_pow2 = _pow2_at_least(int(rows))
+        return self.kernel_name(1 if rows_pow2 <= 8 else 2, self.variants[rows_pow2])
 
     def check(self) -> None:
         """Raise :class:`~dspark_markov.DeviceStatusError` if a launch's barrier timed out since the last check.
@@ -357,5 +382,5 @@ class CudaChainBackend:
         args = self.arguments(base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens,
                               logits_cache)
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        self.kernels.launch(self.kernel_name(1 if rows <= 8 else 2), self.num_blocks, self.threads, self.smem_bytes,
+        self.kernels.launch(self.kernel_for(rows), self.num_blocks, self.threads, self.smem_bytes,
                             stream, [args])
