@@ -24,7 +24,7 @@ def main():
     parser.add_argument("--warps", type=int, default=None)
     parser.add_argument("--reg-tiles", type=int, default=None)
     parser.add_argument("--flags", type=int, default=0)
-    parser.add_argument("--variant", type=int, default=0)
+    parser.add_argument("--variant", type=int, default=None, help="kernel variant (default: the backend's, by batch)")
     args = parser.parse_args()
     vocab, rank, steps, device = 129_280, 256, args.steps, torch.device("cuda")
     gen = torch.Generator(device="cuda").manual_seed(0)
