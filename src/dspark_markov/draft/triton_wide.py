@@ -401,14 +401,15 @@ def _pick_wide_kernel(
             chosen = tl.maximum(tl.where(chosen < WORKERS_P2, chosen, last_positive), 0)
             remaining = target - tl.sum(tl.where(ws < chosen, mass, 0.0), axis=0)
             own = tl.arange(0, PER_WORKER_P2)
-            tiles = chosen * tiles_per_worker + own  # that worker's tiles
-            t_ok = (own < tiles_per_worker) & (tiles < num_tiles)
-            t_max = tl.math.div_rn(tl.load(part_max_ptr + base_part + tiles, mask=t_ok, other=float("-inf")), temp)
-            t_mass = tl.load(part_mass_ptr + base_part + tiles, mask=t_ok, other=0.0)
+            own_tiles = chosen * tiles_per_worker + own  # that worker's tiles (a name of this branch only:
+            t_ok = (own < tiles_per_worker) & (own_tiles < num_tiles)  # Triton 3.6 types both branches' names)
+            t_max = tl.math.div_rn(tl.load(part_max_ptr + base_part + own_tiles, mask=t_ok, other=float("-inf")),
+                                   temp)
+            t_mass = tl.load(part_mass_ptr + base_part + own_tiles, mask=t_ok, other=0.0)
             t_scale = tl.exp(t_max - scaled_row_max)
             t_mass = tl.where(t_ok & (t_mass > 0.0), t_mass * t_scale, 0.0)
-            token = pick_in_tiles(t_mass, tl.cumsum(t_mass, axis=0), remaining, t_scale, t_max, tiles, row_z, temp,
-                                  vocab, PER_WORKER_P2, BLOCK_V)
+            token = pick_in_tiles(t_mass, tl.cumsum(t_mass, axis=0), remaining, t_scale, t_max, own_tiles, row_z,
+                                  temp, vocab, PER_WORKER_P2, BLOCK_V)
     token = tl.minimum(tl.maximum(token, 0), vocab - 1)
     tl.store(tokens_ptr + row.to(tl.int64) * stride_tr + step, token.to(tl.int64))
     tl.store(prev_ptr + row, token.to(tl.int32))
@@ -441,7 +442,8 @@ class WideBackend:
     gumbel_iters : per tile, how many times each row's most promising candidate gets its exact key
         before the remaining candidates go to the approximate ranking (0: always rank).
     share_words : Gumbel programs read the rows' best words other programs published at every tile
-        (a stronger skip threshold) and publish their own improvements.
+        (a stronger skip threshold) and publish their own improvements. Off by default: on the H200
+        (round u2, 253 rows) it cost more in register spills than it saved (1663 vs 1499 us).
     filter_margin : the approximate-noise ranking's margin (a huge value forces exact keys, tests).
 
     Scratch (allocated once): previous tokens ``[max_rows]`` int32, per-row words ``[N, max_rows]``
@@ -456,7 +458,7 @@ class WideBackend:
     MAX_ROWS = None
 
     def __init__(self, head, num_steps, max_rows, *, method, cache_dtype, device, layout=None, programs=None,
-                 native_round=True, filter_margin=FILTER_MARGIN, gumbel_iters=GUMBEL_ITERS, share_words=True):
+                 native_round=True, filter_margin=FILTER_MARGIN, gumbel_iters=GUMBEL_ITERS, share_words=False):
         if head.rank & (head.rank - 1) or head.rank < 16:
             raise ValueError(f"head_weight: impl 'wide' needs a power-of-two rank >= 16, got {head.rank}")
         if method not in self.METHODS:
