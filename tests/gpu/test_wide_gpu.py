@@ -27,59 +27,6 @@ def check(head, args, out, method):
         check_inverse_cdf_tokens(head, args, out)
 
 
-@pytest.mark.parametrize("rows", [32, 64, 253])
-@pytest.mark.parametrize("method", ["gumbel", "inverse_cdf"])
-@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-def test_wide_full_shape(rows, method, cache_dtype):
-    head, args = full_problem(rows)
-    out = dm.sample_drafts(head, *args, impl="wide", method=method, cache_dtype=cache_dtype)
-    check(head, args, out, method)
-
-
-@pytest.mark.parametrize("layout", [(64, 128, 8, 2, 1, 1), (32, 128, 4, 2, 1, 2), (64, 64, 4, 2, 1, 2),
-                                    (32, 256, 8, 2, 0, 1), (32, 256, 8, 2, 1, 1, 0, 0)],
-                         ids=lambda layout: "x".join(map(str, layout)))
-@pytest.mark.parametrize("method", ["gumbel", "inverse_cdf"])
-def test_wide_layouts_full_shape(layout, method):
-    """Other launch shapes (tools/sweep_wide.py; the last: no candidate pass, no shared words): 253 rows."""
-    rows = 253
-    head, args = full_problem(rows, seed=6)
-    sampler = dm.MarkovSampler(head, STEPS, rows, cache_dtype=torch.bfloat16, method=method, impl="wide")
-    options = dict(zip(("gumbel_iters", "share_words"), layout[6:]))
-    sampler.backend.__init__(head, STEPS, rows, method=method, cache_dtype=torch.bfloat16,
-                             device=torch.device("cuda"), layout=layout[:6], **options)
-    check(head, args, sampler.sample(*args), method)
-
-
-@pytest.mark.parametrize("method", ["gumbel", "inverse_cdf"])
-def test_wide_all_t1_and_greedy(method):
-    for temps in ((1.0,), (0.0,)):
-        head, args = full_problem(64, temps=temps, seed=4)
-        check(head, args, dm.sample_drafts(head, *args, impl="wide", method=method), method)
-
-
-@pytest.mark.parametrize("method", ["gumbel", "inverse_cdf"])
-def test_wide_nan_inf_rows(method):
-    head, args = full_problem(40, temps=(1.0, 0.6), seed=5)
-    base = args[0].float()
-    base[0, :, 70_000] = float("nan")
-    base[0, :, 90_000] = float("nan")
-    base[1] = float("-inf")
-    base[2, :, 100_001] = float("inf")
-    base[3, :, 5] = 1e30
-    args[0] = base
-    out = dm.sample_drafts(head, *args, impl="wide", method=method, cache_dtype=torch.float32)
-    assert out.draft_tokens[:4].tolist() == [[70_000] * STEPS, [0] * STEPS, [100_001] * STEPS, [5] * STEPS]
-    check_against_reference(head, *args, out, method=method)
-
-
-@pytest.mark.parametrize("rows", [64, 253])
-@pytest.mark.parametrize("method", ["gumbel", "inverse_cdf"])
-def test_wide_cuda_graph_replay(rows, method):
-    sampler = dm.MarkovSampler(full_problem(rows, seed=1)[0], STEPS, rows, method=method, impl="wide")
-    check_graph_replays(sampler, rows, seeds=(2, 3), replays=2)
-
-
 @triton.jit
 def _log_bound_kernel(out_ptr, BLOCK: tl.constexpr):
     start = tl.program_id(0).to(tl.int64) * BLOCK
@@ -98,3 +45,57 @@ def test_log_noise_upper_exhaustive():
     closest = float(out[1:2].view(torch.float32))
     print(f"smallest gap below log_noise_upper over all 2^32 hashes: {closest:.3g}")
     assert int(out[0]) == 0
+
+
+@pytest.mark.parametrize("rows", [64, 253])
+@pytest.mark.parametrize("method", ["gumbel", "inverse_cdf"])
+def test_wide_cuda_graph_replay(rows, method):
+    sampler = dm.MarkovSampler(full_problem(rows, seed=1)[0], STEPS, rows, method=method, impl="wide")
+    check_graph_replays(sampler, rows, seeds=(2, 3), replays=2)
+
+
+@pytest.mark.parametrize("method", ["gumbel", "inverse_cdf"])
+def test_wide_nan_inf_rows(method):
+    head, args = full_problem(40, temps=(1.0, 0.6), seed=5)
+    base = args[0].float()
+    base[0, :, 70_000] = float("nan")
+    base[0, :, 90_000] = float("nan")
+    base[1] = float("-inf")
+    base[2, :, 100_001] = float("inf")
+    base[3, :, 5] = 1e30
+    args[0] = base
+    out = dm.sample_drafts(head, *args, impl="wide", method=method, cache_dtype=torch.float32)
+    assert out.draft_tokens[:4].tolist() == [[70_000] * STEPS, [0] * STEPS, [100_001] * STEPS, [5] * STEPS]
+    check_against_reference(head, *args, out, method=method)
+
+
+@pytest.mark.parametrize("rows", [32, 64, 253])
+@pytest.mark.parametrize("method", ["gumbel", "inverse_cdf"])
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_wide_full_shape(rows, method, cache_dtype):
+    head, args = full_problem(rows)
+    out = dm.sample_drafts(head, *args, impl="wide", method=method, cache_dtype=cache_dtype)
+    check(head, args, out, method)
+
+
+@pytest.mark.parametrize("layout", [(64, 128, 16, 3, 0, 1), (32, 256, 16, 3, 0, 1), (64, 64, 8, 3, 0, 1),
+                                    (32, 256, 8, 2, 1, 1), (64, 128, 8, 3, 0, 1, 2, 1), (64, 128, 8, 3, 0, 1, 0, 0)],
+                         ids=lambda layout: "x".join(map(str, layout)))
+@pytest.mark.parametrize("method", ["gumbel", "inverse_cdf"])
+def test_wide_layouts_full_shape(layout, method):
+    """Other launch shapes (tools/sweep_wide.py; a register prefetch; Gumbel with shared words, without the
+    candidate pass): 253 rows."""
+    rows = 253
+    head, args = full_problem(rows, seed=6)
+    sampler = dm.MarkovSampler(head, STEPS, rows, cache_dtype=torch.bfloat16, method=method, impl="wide")
+    options = dict(zip(("gumbel_iters", "share_words"), layout[6:]))
+    sampler.backend.__init__(head, STEPS, rows, method=method, cache_dtype=torch.bfloat16,
+                             device=torch.device("cuda"), layout=layout[:6], **options)
+    check(head, args, sampler.sample(*args), method)
+
+
+@pytest.mark.parametrize("method", ["gumbel", "inverse_cdf"])
+def test_wide_all_t1_and_greedy(method):
+    for temps in ((1.0,), (0.0,)):
+        head, args = full_problem(64, temps=temps, seed=4)
+        check(head, args, dm.sample_drafts(head, *args, impl="wide", method=method), method)
