@@ -29,10 +29,12 @@
 //
 // Variants (cuda_chain.VARIANTS; template bits V6 on chain_body, one entry point per variant of the
 // 16-warp / one-register-tile shape) and run-time flags (ChainArgs.flags, DM_F_*): see their
-// comments below. The default (variant 43, flags 15) changes where time goes, never a draw: L2 tiles
-// in two load batches, every step's row keys at launch, two base-logit units in flight in phase A,
-// phase B on fp32 triples four keys at a time, exact keys for every token at 1-2 rows, step 0 in
-// dependency order, L2 prefetch of W2 and of the next step's base logits.
+// comments below. The defaults (cuda_chain.DEFAULT_VARIANTS: 43 at 1-4 rows, 107 at 5-8, 7275 at
+// 9-16; flags 15) change where time goes, never a draw: L2 tiles in two load batches, every step's row
+// keys at launch, two base-logit units in flight in phase A, phase B on fp32 triples four keys at a
+// time (43) or, from 4 rows, on exact upper bounds of the keys from the per-bucket noise table
+// (V6 & 64: no approximate noise), exact keys for every token at 1-2 rows, step 0 in dependency order,
+// L2 prefetch of W2 and of the next step's base logits.
 #include "noise.cuh"
 
 using dm::i32;
