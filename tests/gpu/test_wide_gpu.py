@@ -14,6 +14,7 @@ import triton.language as tl
 
 import dspark_markov as dm
 from dspark_markov.ops import noise as rng_triton  # the device twins of rng
+from dspark_markov.draft.triton_stream import G_MAX, G_MIN
 from dspark_markov.draft.triton_wide import log_noise_upper
 from tests.gpu.test_stream_gpu import STEPS, check_inverse_cdf_tokens, full_problem
 from tests.helpers import check_against_reference, check_graph_replays
@@ -35,16 +36,22 @@ def _log_bound_kernel(out_ptr, BLOCK: tl.constexpr):
     excess = tl.max(g - log_noise_upper(h, True), axis=0)  # must stay < 0
     tl.atomic_max(out_ptr, (excess >= 0.0).to(tl.int32))
     tl.atomic_min(out_ptr + 1, (-excess).to(tl.int32, bitcast=True))  # smallest gap (positive fp32 bits)
+    # the whole-row skip's bounds: G_MIN <= g <= G_MAX (positive fp32 values order like their int32 bits)
+    tl.atomic_max(out_ptr + 2, tl.max(g, axis=0).to(tl.int32, bitcast=True))
+    tl.atomic_max(out_ptr + 3, tl.max(-g, axis=0).to(tl.int32, bitcast=True))
 
 
 def test_log_noise_upper_exhaustive():
-    """g <= log_noise_upper(h) for every one of the 2^32 hashes (hardware lg2.approx)."""
+    """g <= log_noise_upper(h) (the per-token skip) and G_MIN <= g <= G_MAX (the whole-row skip and the
+    first tile's floor) for every one of the 2^32 hashes (hardware lg2.approx)."""
     block = 1 << 16
-    out = torch.tensor([0, 2**31 - 1], dtype=torch.int32, device="cuda")
+    out = torch.tensor([0, 2**31 - 1, 0, 0], dtype=torch.int32, device="cuda")
     _log_bound_kernel[((1 << 32) // block,)](out, BLOCK=block, num_warps=8, enable_fp_fusion=False)
     closest = float(out[1:2].view(torch.float32))
-    print(f"smallest gap below log_noise_upper over all 2^32 hashes: {closest:.3g}")
+    g_max, g_min = float(out[2:3].view(torch.float32)), -float(out[3:4].view(torch.float32))
+    print(f"over all 2^32 hashes: noise in [{g_min!r}, {g_max!r}]; smallest gap below log_noise_upper {closest:.3g}")
     assert int(out[0]) == 0
+    assert G_MIN <= g_min and g_max <= G_MAX
 
 
 @pytest.mark.parametrize("rows", [64, 253])
