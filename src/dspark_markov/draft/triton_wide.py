@@ -422,6 +422,9 @@ def _pick_wide_kernel(
 # 64x128x8 (3 stages) ~19.5 instructions per logit, 32x256x8 ~24, the u1 default (prefetch 1) ~32.
 GPU_LAYOUTS = ((64, (64, 64, 4, 2, 0, 2)), (128, (64, 128, 8, 3, 0, 1)), (256, (64, 128, 8, 3, 0, 1)))
 GPU_LAYOUT_LARGE = (64, 128, 8, 3, 0, 1)  # more rows: several row blocks of 128
+# fp32 weights (an fp32 ``tl.dot``, no tensor cores): codes and W2 tiles take twice the shared memory,
+# so narrower tiles (compiled for sm_90a with Triton 3.6: 104 KB shared; not timed on the GPU).
+GPU_LAYOUT_FP32_WEIGHTS = (32, 64, 4, 2, 0, 2)
 CPU_LAYOUT = (64, 16, 4, 1, 1, 1)
 CPU_PROGRAMS = 3  # programs per row block in the interpreter (a few tiles each)
 GUMBEL_ITERS = 2  # exact keys per row and tile before a tile's candidates go to the approximate ranking
@@ -511,6 +514,8 @@ class WideBackend:
             return self.layout
         if self.interpret:
             return CPU_LAYOUT
+        if self.head.dtype == torch.float32:
+            return GPU_LAYOUT_FP32_WEIGHTS
         for most_rows, layout in GPU_LAYOUTS:
             if rows <= most_rows:
                 return layout
