@@ -80,6 +80,8 @@ CPU_BLOCK = 128
 MAX_REGISTERS = 80  # three 8-warp programs per SM (128: two); the few spills are outside the streamed loops
 GPU_EMIT_BLOCK = 1024  # emit tiles on the GPU (the stream tiles stay GPU_BLOCK)
 SPIN = 1 << 18  # bound on the polls of a waiting item (about 50 ms on the H200)
+COMPACT_ORDER = False  # standard method: the program order without the lag's padding (StreamVerifier's compact)
+DIV_UNROLL = 0  # raw logits: tiles at once where values are divided (0: the whole raw launch at 2; StreamVerifier's div_unroll)
 
 _ACCEPT_DOMAIN = tl.constexpr(keys.ACCEPT_DOMAIN)
 _RESAMPLE_DOMAIN = tl.constexpr(keys.RESAMPLE_DOMAIN)
@@ -536,55 +538,32 @@ def _item(requests, LAG, S1, SM, S2, C1, STAGES: tl.constexpr):
 
 
 @triton.jit
-def _acquire(ctl_ptr, ready_ptr, requests, S1, C1, C2, status_ptr):
-    """``(stage, request, row, chunk, valid)`` of this program taken from the work queues (``DYNAMIC``).
+def _item_compact(requests, LAG, S1, S2, C1):
+    """``(stage, request, row, chunk, valid)`` of this program in the compact order (standard method).
 
-    Every program takes exactly one item: an emit item of a published request when one is free
-    (``ctl[2] < ctl[1] C2``: claimed by compare-and-swap), otherwise the next stream item (``ctl[0]``,
-    request-major order). The launch holds exactly ``requests (S1 + C2)`` programs, so a program that
-    finds the stream exhausted waits (bounded) for a request to be published; one whose items are all
-    taken never exists. Emit item ``e`` is chunk ``e % C2`` of the ``e // C2``-th published request
-    (``ready[e // C2]``, written right after its publication counter moved; acquired here).
+    The order of :func:`_item` without its padding: the stream items of requests ``0 .. lag-1``, then
+    super-steps ``r = lag .. B-1`` of ``S1`` stream items of request ``r`` and ``S2`` emit items of
+    request ``r - lag``, then the emit items of the last ``lag`` requests. An emit item still comes
+    after every stream item of its request (smaller program ids), and no program is left without an
+    item, so none is dispatched only to exit (at 16 requests the padded order held 1,408 of 2,816).
     """
-    s_total = requests * S1
-    lane = tl.arange(0, 4)
-    kind = -1
-    index = 0
-    spins = 0
-    while (kind < 0) & (spins < _SPIN):
-        words = tl.load(ctl_ptr + lane, volatile=True)  # stream taken, requests published, emit taken
-        taken = tl.sum(tl.where(lane == 0, words, 0), axis=0)
-        published = tl.sum(tl.where(lane == 1, words, 0), axis=0)
-        emitted = tl.sum(tl.where(lane == 2, words, 0), axis=0)
-        if emitted < published * C2:
-            if tl.atomic_cas(ctl_ptr + 2, emitted, emitted + 1) == emitted:
-                kind = 2
-                index = emitted
-        elif taken < s_total:
-            got = tl.atomic_add(ctl_ptr + 0, 1)
-            if got < s_total:
-                kind = 0
-                index = got
-        spins += 1
-    if kind < 0:
-        tl.atomic_or(status_ptr, 2)
-    b = tl.where(kind == 0, index // S1, 0)
-    o = index % S1
-    if kind == 2:  # the request published in position index // C2 (written just after its counter moved)
-        entry = ready_ptr + index // C2
-        b = tl.atomic_add(entry, 0)
-        spins = 0
-        while (b < 0) & (spins < _SPIN):
-            b = tl.load(entry, volatile=True)
-            spins += 1
-        if b < 0:
-            tl.atomic_or(status_ptr, 2)
-        tl.atomic_add(entry, 0)  # acquire: the request's epilogue stores are visible
-    valid = (kind >= 0) & (b >= 0) & (b < requests)
-    stage = tl.where(kind == 2, 2, 0)
-    row = tl.where(kind == 2, 0, o // C1)
-    chunk = tl.where(kind == 2, index % C2, o % C1)
-    return stage, tl.where(valid, b, 0).to(tl.int64), row.to(tl.int32), chunk.to(tl.int32), valid
+    t = tl.program_id(0).to(tl.int64)
+    lag = tl.minimum(LAG, requests).to(tl.int64)
+    head = lag * S1
+    middle = (requests - lag) * (S1 + S2)
+    u = t - head
+    o = u % (S1 + S2)
+    r = u // (S1 + S2) + lag
+    in_head = t < head
+    in_tail = u >= middle
+    w = u - middle
+    stage = tl.where(in_head, 0, tl.where(in_tail, 2, tl.where(o < S1, 0, 2)))
+    b = tl.where(in_head, t // S1, tl.where(in_tail, requests - lag + w // S2, tl.where(o < S1, r, r - lag)))
+    e = tl.where(in_head, t % S1, tl.where(in_tail, w % S2, tl.where(o < S1, o, o - S1)))
+    row = tl.where(stage == 2, 0, e // C1)
+    chunk = tl.where(stage == 2, e, e % C1)
+    valid = (b >= 0) & (b < requests)
+    return stage, tl.where(valid, b, 0), row.to(tl.int32), chunk.to(tl.int32), valid
 
 
 # --------------------------------------------------------------------------- the kernel
@@ -603,7 +582,6 @@ def _stream_verify_kernel(
     acc_ptr,  # [maxB] int32 accepted count
     xv_ptr,  # [maxB, 2, KP1] fp32: target and cache logits at each draft (EARLY)
     counters_ptr,  # [maxB, 4] int32: stream, mass, emit arrivals, ready level
-    ctl_ptr, ready_ptr,  # [8] int32 work queues (DYNAMIC: stream taken, published, emit taken, -, exited), [maxB] int32 (-1)
     status_ptr,  # [1] int32
     tokens_ptr, tokens_stride, num_emitted_ptr,  # [B, K+1] int64, [B] int64
     requests, vocab, LAG, C1, C2, T1, T2,
@@ -613,23 +591,21 @@ def _stream_verify_kernel(
     EMIT_PIPE: tl.constexpr = 1, FUSED: tl.constexpr = False, EMIT_BLOCK: tl.constexpr = 2048,
     FAST_DIVIDE: tl.constexpr = False, INTERIOR: tl.constexpr = False, SCAN_ARGMAX: tl.constexpr = False,
     EARLY: tl.constexpr = False, PREFETCH: tl.constexpr = False, DIV_UNROLL: tl.constexpr = 0, DBUF: tl.constexpr = False,
-    trace_ptr=None, TRACE: tl.constexpr = False, DYNAMIC: tl.constexpr = False,
+    trace_ptr=None, TRACE: tl.constexpr = False, COMPACT: tl.constexpr = False,
 ):
     STAGES: tl.constexpr = 3 if BLOCK_METHOD else 2
     MASS_ROWS: tl.constexpr = K - 1 if (BLOCK_METHOD and K >= 2) else 0
     R2: tl.constexpr = 2 * K + 1  # partial rows: targets 0..K, caches K+1..2K
     # tiles loaded at once where target values are divided (RAW, T not 0 or 1): DIV_UNROLL when given
     UR: tl.constexpr = (DIV_UNROLL if DIV_UNROLL > 0 else UNROLL) if RAW else UNROLL
-    if TRACE:  # [programs, 4] int64: start ns, after the wait (or the queues) ns, end ns, stage + 4 valid + 8 smid
+    if TRACE:  # [programs, 4] int64: start ns, after the wait ns, end ns, stage + 4 valid + 8 smid
         t_start, smid = _clock(tl.program_id(0), HARDWARE)
-    if DYNAMIC:  # (standard method) items from the work queues: a published request's emit items first
-        stage, b, j, chunk, valid = _acquire(ctl_ptr, ready_ptr, requests, (K + 1) * C1, C1, C2, status_ptr)
+    if COMPACT and not BLOCK_METHOD:  # the padded order without its padding
+        stage, b, j, chunk, valid = _item_compact(requests, LAG, (K + 1) * C1, C2, C1)
     else:
         stage, b, j, chunk, valid = _item(requests, LAG, (K + 1) * C1, MASS_ROWS * C1, C2, C1, STAGES)
     if TRACE:
         t_waited = t_start
-        if DYNAMIC:
-            t_waited, trace_sm = _clock(chunk, HARDWARE)
     if PREFETCH:  # the first tiles of a stream item's target row, before its request's loads come back
         if valid & (stage == 0):
             sector = chunk * T1 * BLOCK + tl.arange(0, UNROLL * BLOCK // 8) * 8  # one address per 32 bytes
@@ -774,8 +750,6 @@ def _stream_verify_kernel(
             tl.store(acc_ptr + b, count)
             tl.debug_barrier()
             tl.atomic_xchg(counters + 3, 1)  # release: ready for the mass / emit items
-            if DYNAMIC:  # publish request b: its emit items can be taken
-                tl.atomic_xchg(ready_ptr + tl.atomic_add(ctl_ptr + 1, 1), b.to(tl.int32))
     if valid & (stage == 1):
         # ---------------------------------------------------------------- mass item (block)
         _wait(counters + 3, 1, status_ptr)
@@ -818,8 +792,7 @@ def _stream_verify_kernel(
             tl.atomic_xchg(counters + 3, 2)
     if valid & (stage == 2):
         # ---------------------------------------------------------------- emit item
-        if not DYNAMIC:  # (dynamic: taken only once published)
-            _wait(counters + 3, ready_level, status_ptr)
+        _wait(counters + 3, ready_level, status_ptr)
         if TRACE:
             t_waited, trace_sm = _clock(chunk, HARDWARE)
         js = tl.minimum(tl.maximum(tl.load(acc_ptr + b, volatile=True), 0), n)
@@ -877,13 +850,6 @@ def _stream_verify_kernel(
             tl.store(num_emitted_ptr + b, tl.where(live, js + 1, 0).to(tl.int64))
             # Every item of request b has arrived: reset its counters for the next call.
             tl.store(counters + tl.arange(0, 4), tl.zeros([4], tl.int32))
-    if DYNAMIC:  # the last program to finish resets the queues for the next call
-        tl.debug_barrier()
-        if tl.atomic_add(ctl_ptr + 4, 1) == requests * ((K + 1) * C1 + C2) - 1:
-            tl.store(ctl_ptr + tl.arange(0, 8), tl.zeros([8], tl.int32))
-            for r in tl.range(0, requests, 256):
-                ids = r + tl.arange(0, 256)
-                tl.store(ready_ptr + ids, tl.full([256], -1, tl.int32), mask=ids < requests)
     if TRACE:
         t_end, trace_sm = _clock(chunk, HARDWARE)
         pid = tl.program_id(0).to(tl.int64)
@@ -966,9 +932,7 @@ class StreamVerifier:
         or 1); the T = 0 / 1 slots then run the standard loop with ``unroll`` tiles (default: none,
         the whole raw launch loads 2 tiles at once).
     dbuf : the fused loop's interior groups double-buffered in registers (default off).
-    dynamic : standard method: every program takes its item from work queues, a published request's
-        emit items before the next stream item, so the emitted row is re-read while it is in L2 and no
-        program waits behind a lag (default off; the block method keeps the program-id order).
+    compact : standard method: the program order without the lag's padding (default: :data:`COMPACT_ORDER`).
     max_registers : the launch's register cap (default 80: three 8-warp programs per SM).
     emit_block : values per emit-scan tile (default 1024 on the GPU, ``block`` on the CPU).
     stages, emit_stages : Triton pipelining of the streamed / emitted tiles (default 1 = none:
@@ -987,7 +951,7 @@ class StreamVerifier:
                  t1=None, t2=None, lag=None, unroll=None, warps: int | None = None, emit=1,
                  noise_filter=1, stages=None, emit_stages=None, fused=None, emit_block=None, fast_divide=None,
                  max_registers=None, interior=None, scan_argmax=None, early=None, prefetch=None, div_unroll=None,
-                 dbuf=None, dynamic=None):
+                 dbuf=None, compact=None):
         if int(max_batch) < 1:
             raise ValueError(f"max_batch: expected >= 1, got {max_batch}")
         if int(num_drafts) < 0:
@@ -1026,12 +990,11 @@ class StreamVerifier:
         self.prefetch = (True if prefetch is None else bool(prefetch)) and self.cuda
         # Raw logits: tiles loaded at once where target values are divided (T not 0 or 1); the T = 0 / 1
         # slots then run the standard loop at the full unroll. None: the whole raw launch at 2 tiles.
-        self.div_unroll = int(div_unroll) if div_unroll else 0
+        self.div_unroll = int(div_unroll) if div_unroll is not None else DIV_UNROLL
         # Fused interior loop double-buffered in registers (the next group's loads in flight during a reduction).
         self.dbuf = bool(dbuf) if dbuf is not None else False
-        # Standard method: items taken from work queues (a published request's emit items first) instead of by
-        # program id, so a request's emitted row is re-read right after its stream items (L2), with no lag.
-        self.dynamic = bool(dynamic) if dynamic is not None else False
+        # Standard method: the program order without the lag's padding (no program launched only to exit).
+        self.compact = bool(compact) if compact is not None else COMPACT_ORDER
         self._emit_scan = bool(emit)  # emit=0: a profiling aid (the emit items skip their scan: wrong tokens)
         self.warps = int(warps) if warps else (GPU_WARPS if self.cuda else 4)
         # At most 128 registers (two programs of 8 warps per SM): a variant that needs more spills a
@@ -1058,8 +1021,6 @@ class StreamVerifier:
         self.accepted = zeros(mb, dtype=torch.int32)
         self.draft_values = zeros(mb, 2, self.kp1)
         self.counters = zeros(mb, 4, dtype=torch.int32)
-        self.queues = zeros(8, dtype=torch.int32)  # DYNAMIC work queues (zero between calls)
-        self.ready = torch.full((mb,), -1, dtype=torch.int32, device=device)  # published requests (-1 between calls)
         self.status = zeros(1, dtype=torch.int32)
         self._no_greedy = zeros(1, dtype=torch.uint8)
         self._no_temp = zeros(1)
@@ -1073,7 +1034,7 @@ class StreamVerifier:
     def programs(self, batch: int, method: str = "standard") -> int:
         """Programs of one launch for ``batch`` requests (stream, mass and emit items, with the lag's padding)."""
         lay = self.layout(batch)
-        if self.dynamic and method != "block":  # one program per item, no lag
+        if self.compact and method != "block":  # one program per item
             return batch * ((self.k + 1) * lay.c1 + lay.c2)
         stages = 3 if method == "block" else 2
         mass_rows = self.k - 1 if (method == "block" and self.k >= 2) else 0
@@ -1084,8 +1045,6 @@ class StreamVerifier:
         if int(self.status.item()) != 0:
             self.status.zero_()
             self.counters.zero_()
-            self.queues.zero_()
-            self.ready.fill_(-1)
             raise DeviceStatusError("StreamVerifier: a waiting item timed out; the outputs of that launch are invalid")
 
     def run(self, target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions, temperature, seeds,
@@ -1131,7 +1090,7 @@ class StreamVerifier:
                 temperature, seeds, target_temperature if raw else self._no_temp, temperature.shape[0],
                 greedy,
                 self.pa, self.pb, self.pi, self.mass, self.ea, self.ei, self.eany,
-                self.rows, self.accepted, self.draft_values, self.counters, self.queues, self.ready, self.status,
+                self.rows, self.accepted, self.draft_values, self.counters, self.status,
                 tokens, tokens.stride(0), num_emitted,
                 batch, vocab, lay.lag, lay.c1, lay.c2, lay.t1, lay.t2)
         meta = dict(K=k, KP1=self.kp1, C1P=self.c1p, C2P=self.c2p, BLOCK=self.block, UNROLL=unroll,
@@ -1139,7 +1098,8 @@ class StreamVerifier:
                     PIPE=self.stages, EMIT_PIPE=self.emit_stages, FUSED=self.fused, EMIT_BLOCK=self.emit_block,
                     FAST_DIVIDE=self.fast_divide, INTERIOR=self.interior, SCAN_ARGMAX=self.scan_argmax,
                     EARLY=self.early, PREFETCH=self.prefetch, DIV_UNROLL=self.div_unroll if raw else 0, DBUF=self.dbuf,
-                    DYNAMIC=self.dynamic and not block_method, num_warps=self.warps,
+                    COMPACT=self.compact and not block_method,
+                    num_warps=self.warps,
                     enable_fp_fusion=False)
         if trace is not None:
             if trace.shape != (programs, 4) or trace.dtype != torch.int64:
