@@ -6,8 +6,7 @@ V = 129,280 in both layouts, every kernel/pass variant the GPU will build (per-r
 ``k``/``p``, in place and out of place), printing registers, stack (spill) bytes and shared memory
 from ``cuobjdump --dump-resource-usage`` of each cubin.
 
-Usage: ``PYTHONPATH=src python tools/compile_filter.py [--next]`` (``--next``: the candidate
-``triton_filtering_next``) with the GPU machine's Triton (3.6) if
+Usage: ``PYTHONPATH=src python tools/compile_filter.py`` with the GPU machine's Triton (3.6) if
 possible; a newer one catches most errors too.
 """
 
@@ -73,10 +72,7 @@ def _compile_only(self, *args, grid, warmup, **kwargs):
 def main():
     driver.set_active(compile_check._CompileOnlyDriver())
     JITFunction.run = _compile_only
-    if "--next" in sys.argv:  # the candidate filter of issue 16 (verify/triton_filtering_next.py)
-        from dspark_markov.verify import triton_filtering_next as ft
-    else:
-        from dspark_markov.verify import triton_filtering as ft
+    from dspark_markov.verify import triton_filtering as ft
 
     failures = 0
     for label, logits, k, p, target, chunks in _variants():

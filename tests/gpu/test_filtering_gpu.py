@@ -5,8 +5,8 @@ batch of edge rows (ties, a huge logit, -inf halves, all -inf, NaN), every case 
 together, top-p alone, top-k alone, per-row cycles of k and p that include k beyond the capacity
 and p at 0 / 1e-9 / 0.99), at 6 and 1518 rows (1 and 253 requests of K + 1 = 6 rows), in both
 layouts (one program per row; split rows) and with the capacity forced down to 16 (every row then
-takes the search rounds and the bounded finish loop). Plus CUDA-graph replay with fresh values and
-a check that a call allocates nothing.
+takes the bounded search rounds); the bench's cases in the default layout (per-row ``p`` alone);
+CUDA-graph replay with fresh values and a check that a call allocates nothing.
 """
 
 import pytest
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.gpu
 
 VOCAB = 129_280
 NEG_INF = float("-inf")
-K_CYCLE = [0, 1, 5, 50, 1000, VOCAB, -1, 20, 4000, 5000]  # 5000 > the capacity (4096)
+K_CYCLE = [0, 1, 5, 50, 1000, VOCAB, -1, 20, 4000, 5000]  # 5000 > the capacity (2048; 4096 above 128 rows)
 P_CYCLE = [0.0, 1e-9, 1e-7, 0.5, 0.9, 0.99, 1.0, 0.95]
 KINDS = ["gaussian", "peaked", "bf16", "edge"]
 CASES = ["k+p", "p", "k", "mixed"]
@@ -85,10 +85,23 @@ def test_every_kind_and_case_equals_reference(kind, rows):
         assert_same(dm.top_k_top_p(x.clone(), k, p), expected)  # the public function (cached filter)
 
 
+@pytest.mark.parametrize("rows", [6, 1518])
+@pytest.mark.parametrize("kind", KINDS)
+def test_bench_shapes_in_the_default_layout(kind, rows):
+    """The bench's cases (per-row [B] k = 50 and p = 0.9; per-row p = 0.9 alone) and the mixed
+    cycles in the default layout (split at 6 rows, one program per row at 1518), in and out of place."""
+    x = logits(kind, rows)
+    filt = ft.TopKTopPFilter(rows, VOCAB, "cuda")
+    k = torch.full((rows,), 50, device="cuda")
+    p = torch.full((rows,), 0.9, device="cuda")
+    for index, (kk, pp) in enumerate(((k, p), (None, p), parameters("mixed", rows))):
+        assert_same(run(filt, x, kk, pp, in_place=index != 0), reference(x, kk, pp))
+
+
 @pytest.mark.parametrize("chunks", [1, 16])
 @pytest.mark.parametrize("kind", ["edge", "bf16", "peaked"])
 def test_search_rounds_with_a_tiny_capacity(kind, chunks):
-    """Capacity 16: the first bracket rarely fits, so the refine round and the finish loop run."""
+    """Capacity 16: the first bracket rarely fits, so the bounded search rounds run."""
     rows = 96
     x = logits(kind, rows, seed=1)
     filt = ft.TopKTopPFilter(rows, VOCAB, "cuda", chunks=chunks, capacity=16)

@@ -312,23 +312,17 @@ class VerifyRunner(Runner):
 
 
 def split_chunks(rows: int, vocab: int, device) -> tuple:
-    """``(block, chunks)`` of the forced split-row filter layout: the launcher's default where it
-    already splits, else at least two programs per row (about two programs per SM on CUDA)."""
+    """``(block, chunks)`` of the forced split-row filter layout: the filter's own default where it
+    splits (about four programs per SM on CUDA: what ``top_k_top_p`` launches), else two programs
+    per row."""
     from ..verify import triton_filtering
 
     device = torch.device(device)
-    if device.type == "cuda":
-        block = triton_filtering.GPU_BLOCK
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        blocks = -(-vocab // block)
-        chunks = max(2, min(max(blocks // 2, 2), (2 * sms) // max(rows, 1)))
-    else:
-        block = triton_filtering.CPU_BLOCK
-        blocks = -(-vocab // block)
-        chunks = 2
+    block, chunks = triton_filtering.default_layout(rows, vocab, device)
+    blocks = -(-vocab // block)
     if blocks < 2:
         raise ValueError(f"kernels: filter_split needs V >= 2 blocks of {block}, got V = {vocab}")
-    return block, min(chunks, blocks)
+    return block, min(max(chunks, 2), blocks)
 
 
 class FilterRunner(Runner):

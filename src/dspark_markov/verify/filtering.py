@@ -21,11 +21,13 @@ Semantics (per row of fp32 logits ``x`` of length ``V``; both implementations ag
 
 Masked entries are set to ``-inf``. The Triton path (``triton_filtering.py``) never sorts a row:
 the kept set is a prefix of the ranking, i.e. ``packed >= cut`` for one packed (key, index) cut,
-found by sweeps that evaluate exact counts and integer masses at 8 thresholds each (placed by a
-Gaussian fit of the row, or below the maximum on peaked rows) while gathering the few candidates
-of the bracket that holds the cut; one sort of those candidates (at most a few thousand) gives the
-cut. Ties at either boundary are ordered by index through the packing. A fixed sequence of 7-9
-launches with persistent scratch (a ``TopKTopPFilter``), so the whole call is CUDA-graph capturable.
+found from exact counts and integer masses at thresholds placed by a model of the row (top-k: an
+early gather of ~4 k tokens in the statistics pass; top-p: one two-threshold sweep around the cut
+a Gaussian-bulk-plus-exact-head mass model predicts) while gathering the few candidates of the
+bracket that holds the cut; narrowed by exact part counts/masses, one sort of at most 256 gives the
+cut; a bounded search handles missed predictions. Ties at either boundary are ordered by index
+through the packing. A fixed sequence of 4 launches with persistent scratch (a ``TopKTopPFilter``),
+so the whole call is CUDA-graph capturable.
 """
 
 from __future__ import annotations
@@ -104,9 +106,9 @@ def top_k_top_p(logits, k=None, p=None, *, impl=registry.DEFAULT_IMPL, out=None)
 
     Notes
     -----
-    CUDA graphs: the Triton path launches a fixed sequence of 7 to 9 kernels with no host
+    CUDA graphs: the Triton path launches a fixed sequence of 4 kernels with no host
     synchronisation (per-row tensors are read on the device) and allocates nothing after the first
-    call of a shape: its scratch (the candidates, ``B * 4096 * 8`` bytes on CUDA, and ~600 bytes of
+    call of a shape: its scratch (the candidates, ``B * 2048 * 8`` bytes on CUDA, and ~2.6 KB of
     state per row) lives in a cached ``triton_filtering.TopKTopPFilter`` sized for the largest
     batch seen (allocated on the first call, so call once before capturing; a serving engine can
     own one ``TopKTopPFilter(max_rows, V, device)`` itself). The reference path sorts and allocates.

@@ -1,5 +1,12 @@
-"""Triton kernels of :func:`dspark_markov.verify.filtering.top_k_top_p`: a threshold search over
-exact counts and integer masses, a gather of the few candidates around the cut, and their sort.
+"""The Triton top-k / top-p filter (issue 16): an early gather in the statistics pass, a
+two-threshold top-p sweep, narrowing of wide brackets, 4 launches per call, and a bounded
+threshold search for the rows whose first bracket misses.
+
+Validated on the H200 (``tests/gpu/test_filtering_gpu.py``: every bench input kind and case,
+both layouts, in place and out of place, capacity 16, CUDA-graph replay without allocation);
+equals the sort reference in the CPU interpreter (``tests/verify/test_triton_filtering.py``,
+``tests/verify/test_filtering.py``). ``tools/compile_filter.py`` compiles it for sm_90 and prints
+registers; ``tools/time_filter.py`` times it in the bench's filter cases (``--phases``: per launch).
 
 Kept in its own module so that importing the package never imports Triton. Semantics, weights
 and the fixed-point mass are those of ``filtering.py`` (bit-identical device functions here).
@@ -16,39 +23,45 @@ cut is a search over packed thresholds ``T`` with the exact ``count(packed >= T)
   iff ``mass(>= D) >= limit > mass(>= U)`` (the token just below ``U`` is kept iff the mass
   strictly above it, ``mass(>= U)``, is below the limit).
 
-Passes (each reads the whole row once; all rows advance together, finished rows idle)
------------------------------------------------------------------------------------
-1. ``_stats_kernel``: the first maximum (as a packed key), NaNs, and the finite count, mean,
-   standard deviation and minimum that place the first thresholds.
-2. ``_pass_kernel`` (``FIRST``): every program derives the row's plan from the stats (the
-   combine of the split layout is recomputed by each program of the row: no update launch).
-   ``THRESHOLDS = 8`` thresholds are evaluated in one sweep (exact counts; exact masses where
-   top-p needs them, plus the row's total mass ``S``), and the bracket predicted to hold the cut
-   is gathered at once (candidates appended by one atomic per block). Placement: for top-k, the
-   Gaussian quantiles of ``k/4 .. 640 k`` tokens (the gather takes about ``3 k`` tokens from the
-   top); for top-p, the cut ``c`` of a Gaussian fit of the mass (``exp`` tilts N(mu, s^2) to
-   N(mu + s^2, s^2), truncated at the maximum) with thresholds at ``c + s * (+-0.03 .. +-0.6)``
-   (the predicted cut is within ~0.02 s on Gaussian and bf16-rounded rows), or, on rows whose
-   maximum sits more than 6 s above the mean (peaked, LLM-like), at ``max - 0.25 .. max - 14``.
-3. ``_resolve_kernel`` (one program per row): if the gathered bracket holds the cut and at most
-   ``capacity`` candidates, one sort of them (256, 1024 or ``capacity`` entries) gives the cut;
-   otherwise the evaluated thresholds name the bracket that holds it: a gather-only pass follows
-   if it has at most ``capacity`` tokens, else a search pass with 8 thresholds inside it (value
-   space, key space across octaves, index space inside a run of ties).
-4. One such round more on the split grid (``_pass_kernel`` ``REFINE`` + ``_resolve_kernel``):
-   Gaussian, bf16-tied and peaked rows finish here.
-5. ``_finish_kernel`` (one program per row; idle unless a row is still open): the same rounds
-   in a loop, bounded by ``MAX_ROUNDS`` (each round cuts the bracket 9-fold in a 64-bit space).
-6. ``_apply_kernel``: ``-inf`` where ``packed < cut`` (one compare per element).
+Passes (4 launches per call; each full-row pass reads the row once)
+-------------------------------------------------------------------
+1. ``_stats_kernel`` (grid ``rows x chunks``): the first maximum (as a packed key), NaNs, the
+   finite count, mean, standard deviation and minimum, and the **early gather**: every token at
+   or above a threshold fitted to the row's first ``SAMPLE`` columns (one atomic per token taken):
+   ``~4 k`` tokens for top-k rows with ``k <= capacity / 4`` (into ``scratch``: usually the whole
+   answer), ``~64`` for top-p-only rows (into ``outliers``: the head of the mass).
+2. ``_pass_kernel`` (``FIRST``, grid ``rows x chunks``): every program derives the row's plan from
+   the stats partials (the split-layout combine is recomputed per program: no extra launch).
+   A top-k row whose early gather holds at least ``k`` and at most ``capacity`` tokens sweeps
+   nothing. A top-p-only row sweeps once with two thresholds (:func:`_sweep_pair`: its total
+   mass ``S``, exact counts and masses at ``hi`` and ``lo``, the gather of ``[lo, hi)``). The
+   bracket is placed by a mass model: the early head ``H = sum exp(x - max)`` above ``T_e`` plus
+   a Gaussian bulk below it (``exp`` tilts N(mu, s^2) to N(mu + s^2, s^2)); the predicted cut
+   leaves ``p (H + bulk)`` above it; ``[lo, hi)`` holds ~``capacity / 2`` fitted tokens around it
+   (the whole top when the cut lies in the head). Other rows (a failed early gather, ``k >
+   capacity / 4``) run the general sweep: 8 exact thresholds (Gaussian quantiles of ``k/4 ..
+   640 k`` tokens) and the gather of the predicted bracket.
+3. ``_finish_kernel`` (one program per row): the resolve: if the gathered bracket
+   holds the cut and at most ``capacity`` candidates, the cut comes from them: more than 256 are
+   first narrowed (up to twice) 16-fold, by exact part masses for top-p (:func:`_narrow_mass`),
+   by counts for top-k (:func:`_narrow_count`), then one sort of at most 256 candidates gives the
+   cut (more: :func:`_rank_cut`, ranks by ``n^2`` compares, no sorting network: large ``tl.sort``
+   tiers took tens of seconds to compile). A row still open (a missed prediction, adversarial
+   rows) continues in the same program with bounded search rounds (``MAX_ROUNDS``;
+   each evaluates 8 thresholds inside the bracket that holds the cut: value space, key space
+   across octaves, index space inside a run of ties; a gather once it fits). ``searched``
+   counts such rows (a status: zero on the benchmark inputs).
+4. ``_apply_kernel``: ``-inf`` where ``packed < cut`` (one compare per element); a row whose kept
+   set lies among its first ``<= 256`` candidates (top-k from the early gather) is written
+   without being read (kept values loaded by index, the chunk set to ``-inf``, the values
+   stored back).
 
-Launches: 7 to 9 per call (each sweep is launched once for the rows whose thresholds need integer
-masses and once for the others, where both kinds can occur: each launch keeps its own register
-count), fixed by which of ``k``/``p`` are given, never by values; no host synchronisation; all
-scratch lives in a :class:`TopKTopPFilter` (allocated once, sized for its largest batch):
-CUDA-graph safe.
-Bytes: ``B V 4`` per pass that runs (stats, first pass, a refine pass where the first bracket
-misses) plus the apply (``B V 4`` read + the masked entries written in place, ``B V 4`` out of
-place); candidates ``<= capacity * 8`` bytes per row, written and read once per gather.
+Launches: 4 per call, fixed by which of ``k``/``p`` are given (the mass sweeps compiled in only
+with ``p``), never by values; no host synchronisation; all scratch lives in a
+:class:`TopKTopPFilter` (allocated once, sized for its largest batch): CUDA-graph safe.
+Bytes: top-k rows answered early: ``B V 4`` read (stats) + ``B V 4`` written; top-p rows: ``2 B V
+4`` read (stats, pair sweep) + the apply (``B V 4`` read + the masked entries written in place,
+``B V 4`` out of place); candidates ``<= capacity * 8`` bytes per row.
 """
 
 from __future__ import annotations
@@ -70,6 +83,7 @@ _LN2_LOW = tl.constexpr(LN2_LOW)
 _LOG2E = tl.constexpr(LOG2E)
 _MASS_ONE = tl.constexpr(MASS_ONE)
 _EXP_FLOOR = tl.constexpr(EXP_FLOOR)
+_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2^23: adding it rounds a small fp32 to an integer
 _BIG_INDEX = tl.constexpr(2**31 - 1)
 PACK_FLOOR = -(2**63)  # below every packed token
 PACK_CEIL = 2**63 - 1  # above every packed token
@@ -100,6 +114,13 @@ THRESHOLDS = 8
 POINTS = 16
 SLOT_CEIL, SLOT_UPPER, SLOT_FIRST, SLOT_LOWER = 0, 1, 2, 10
 _THRESHOLDS = tl.constexpr(THRESHOLDS)
+PARTS = 16  # _narrow_mass: key intervals a wide top-p bracket is split into
+NARROWINGS = 2  # at most this many 16-fold narrowings before the sort (more candidates: _rank_cut)
+_NARROWINGS = tl.constexpr(NARROWINGS)
+_PARTS = tl.constexpr(PARTS)
+_NARROW_TILE = tl.constexpr(128)
+_RANK_I = tl.constexpr(32)  # _rank_cut tiles: [RANK_I, RANK_J] compares at a time
+_RANK_J = tl.constexpr(64)
 _POINTS = tl.constexpr(POINTS)
 _SLOT_UPPER = tl.constexpr(SLOT_UPPER)
 _SLOT_FIRST = tl.constexpr(SLOT_FIRST)
@@ -114,22 +135,32 @@ _PEAKED_SIGMAS = tl.constexpr(PEAKED_SIGMAS)
 MAX_ROUNDS = 48  # _finish_kernel's bound: 9-fold per round over a 64-bit space needs < 21
 _MAX_ROUNDS = tl.constexpr(MAX_ROUNDS)
 
-# Candidates sorted by one program. The interpreter's tl.sort is slow, so CPU filters default
-# to a small capacity.
-GPU_CAPACITY = 4096
+# Candidates one program resolves (<= SORT_SMALL: one tl.sort; more: _rank_cut, n^2 compares; wide top-p
+# ones narrowed first). A first top-p bracket holds ~capacity / 2 fitted tokens. On the H200 (2026-12-02
+# u2, p = 0.9, 1518 rows) ~1024 tokens missed the cut in 5 Gaussian and 10 bf16 rows, all within ~120
+# tokens of an end; a missed row costs its batch ~1.4 ms (whole-row search rounds in one program),
+# so filters for more than WIDE_ROWS rows take twice the capacity (a missed row per batch then
+# becomes rare), smaller ones keep the cheaper narrowing. CPU filters default to a small capacity.
+GPU_CAPACITY = 2048
+GPU_CAPACITY_WIDE = 4096
+WIDE_ROWS = 128
 CPU_CAPACITY = 128
-SORT_SMALL = 256
-SORT_MEDIUM = 1024
+SORT_SMALL = 256  # the most candidates the write-only apply restores (and the narrowing's goal)
 _SORT_SMALL = tl.constexpr(SORT_SMALL)
-_SORT_MEDIUM = tl.constexpr(SORT_MEDIUM)
 GPU_BLOCK = 2048
 CPU_BLOCK = 1024
 # Sweep tiles (4 loaded per iteration): [COUNT_BLOCK, 8] int32 counts and [MASS_BLOCK, 8] int64
 # masses stay in registers (~100 registers at 8 warps, measured with tools/compile_filter.py).
 COUNT_BLOCK = 512
 MASS_BLOCK = 256
-STATS_BLOCK = 1024
+STATS_BLOCK = 256  # one element per thread at 8 warps, 4 tiles per iteration
+PAIR_BLOCK = 1024  # _sweep_pair: [PAIR_BLOCK] accumulators, 2 tiles per iteration
+SAMPLE = 1024  # columns of the row's start that place the early gather
+OUTLIERS = 256  # stored tokens of a top-p row's early gather (~64 wanted)
 WARPS = 8
+APPLY_CHUNKS = 8  # most parts per row of the apply's own split
+APPLY_MIN_BLOCKS = 8  # and at least this many blocks per part
+RESOLVE_WARPS = 4  # _finish_kernel (first resolve + search rounds, one program per row, ~255 registers)
 
 
 # --------------------------------------------------------------------------- device functions
@@ -159,7 +190,14 @@ def _pack(key, index):
 def _weight_fixed_point(x, row_max):
     """``trunc(exp(x - row_max) 2^32)`` as int64, bit-identical to ``filtering.weight_fixed_point``."""
     d = tl.maximum(x - row_max, _EXP_FLOOR)
-    n = tl.floor(d * _LOG2E + 0.5)
+    # n = floor(y) and its int32 without conversion instructions (1/8 of the FP32 rate on sm_90):
+    # y + 1.5 2^23 rounds y to the nearest integer f (|y| <= 64), whose bits are 0x4B400000 + f
+    y = d * _LOG2E + 0.5
+    shifted = y + _MAGIC
+    f = shifted - _MAGIC
+    down = f > y
+    n = tl.where(down, f - 1.0, f)
+    n_int = shifted.to(tl.int32, bitcast=True) - (0x4B400000 + down.to(tl.int32))
     r = (d - n * _LN2_HIGH) - n * _LN2_LOW
     poly = _C0 + r * 0.0
     poly = poly * r + _C1
@@ -169,8 +207,7 @@ def _weight_fixed_point(x, row_max):
     poly = poly * r + _C5
     poly = poly * r + _C6
     poly = poly * r + _C7
-    n = tl.where(n == n, n, 0.0)
-    scale = ((n.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
+    scale = ((n_int + 127) << 23).to(tl.float32, bitcast=True)  # garbage only where d is NaN (x == max)
     w = tl.where(x == row_max, 1.0, poly * scale)
     return (w * _MASS_ONE).to(tl.int64)
 
@@ -187,6 +224,12 @@ def _normal_quantile(u):
     z = t - (2.515517 + 0.802853 * t + 0.010328 * t * t) / (1.0 + 1.432788 * t + 0.189269 * t * t
                                                               + 0.001308 * t * t * t)
     return tl.where(u < 0.5, -z, z)
+
+
+@triton.jit
+def _normal_cdf(z):
+    """Approximate normal CDF (a logistic of a cubic, |error| < 1.5e-4); only places thresholds."""
+    return 1.0 / (1.0 + tl.exp(-1.5976 * z - 0.07056 * z * z * z))
 
 
 @triton.jit
@@ -214,14 +257,32 @@ def _row_p(p_ptr, p_value, row, P_PER_ROW: tl.constexpr):
 
 
 @triton.jit
+def _claim(cursor, take):
+    """Slots in a row's candidate list for the ``take`` lanes: one relaxed atomic per element
+    register, aggregated per warp by the compiler (no block-wide prefix sum, no memory fence:
+    a block scan + acq_rel atomic per tile made the gathering sweeps latency-bound on the H200)."""
+    on = take != 0
+    return tl.atomic_add(cursor + tl.zeros_like(take.to(tl.int64)), tl.full(take.shape, 1, tl.int64), mask=on,
+                         sem="relaxed")
+
+
+@triton.jit
+def _put(scratch, capacity, slot, packed, take):
+    """Store claimed candidates (``take`` int32; beyond ``capacity`` only counted by the cursor)."""
+    tl.store(scratch + slot, packed, mask=(take != 0) & (slot < capacity))
+
+
+@triton.jit
 def _gather_block(key, index, take, scratch, cursor, capacity):
-    """Append the packed keys of ``take`` to ``scratch`` (one atomic claims the block's slots)."""
-    takes = take.to(tl.int32)
-    found = tl.sum(takes, axis=0)
-    if found > 0:
-        base = tl.atomic_add(cursor, found.to(tl.int64))
-        slot = base + (tl.cumsum(takes, axis=0) - takes).to(tl.int64)
-        tl.store(scratch + slot, _pack(key, index), mask=take & (slot < capacity))
+    """Append the packed keys of ``take`` to ``scratch`` (rare paths; the hot sweeps pipeline
+    :func:`_claim` / :func:`_put` so that the atomic's round trip overlaps the next loads)."""
+    _put(scratch, capacity, _claim(cursor, take), _pack(key, index), take)
+
+
+@triton.jit
+def _gather_sparse(key, index, take, scratch, cursor, capacity):
+    """:func:`_gather_block` (one name kept for the statistics pass)."""
+    _put(scratch, capacity, _claim(cursor, take), _pack(key, index), take)
 
 
 @triton.jit
@@ -297,6 +358,66 @@ def _sweep(src, start, end, row_max, thresholds, lo, hi, scratch, cursor, capaci
 
 
 @triton.jit
+def _pair_tile(x, index, valid, hi_key, lo_key, c_hi, c_lo, m_hi, m_lo, total, row_max, cursor, GATHER):
+    """One tile of :func:`_sweep_pair`; returns the accumulators and the tile's claimed candidates
+    ``(slot, packed, take)`` (stored by the caller one iteration later)."""
+    key = _key32(x)
+    q = tl.where(valid, _weight_fixed_point(x, row_max), 0)
+    above_hi = valid & (key >= hi_key)
+    above_lo = valid & (key >= lo_key)
+    c_hi += above_hi.to(tl.int32)
+    c_lo += above_lo.to(tl.int32)
+    m_hi += tl.where(above_hi, q, 0)
+    m_lo += tl.where(above_lo, q, 0)
+    total += q
+    take = (above_lo & (key < hi_key) & (GATHER != 0)).to(tl.int32)
+    return c_hi, c_lo, m_hi, m_lo, total, _claim(cursor, take), _pack(key, index), take
+
+
+@triton.jit
+def _sweep_pair(src, start, end, row_max, hi_key, lo_key, scratch, cursor, capacity, GATHER, BLOCK: tl.constexpr):
+    """The first sweep of a top-p row: one pass over columns ``[start, end)`` (2 tiles per iteration).
+
+    Exact counts and integer masses at the two key thresholds ``hi_key >= lo_key``, the total
+    mass ``S``, and (``GATHER``) the gather of the keys in ``[lo_key, hi_key)``: per token one
+    weight, two compares and three 64-bit adds, the least a top-p cut can be found with. The
+    candidates of an iteration are stored in the next one (after its loads are issued), so the
+    slot atomics' round trip never stalls the sweep.
+    Returns ``(counts [8], masses [8], total)`` int64: slots 0..3 at ``hi``, 4..7 at ``lo``.
+    """
+    c_hi = tl.zeros([BLOCK], tl.int32)
+    c_lo = tl.zeros([BLOCK], tl.int32)
+    m_hi = tl.zeros([BLOCK], tl.int64)
+    m_lo = tl.zeros([BLOCK], tl.int64)
+    total = tl.zeros([BLOCK], tl.int64)
+    slot0 = tl.zeros([BLOCK], tl.int64)
+    slot1 = tl.zeros([BLOCK], tl.int64)
+    packed0 = tl.zeros([BLOCK], tl.int64)
+    packed1 = tl.zeros([BLOCK], tl.int64)
+    take0 = tl.zeros([BLOCK], tl.int32)
+    take1 = tl.zeros([BLOCK], tl.int32)
+    for offset in range(start, end, 2 * BLOCK):
+        index0 = offset + tl.arange(0, BLOCK)
+        index1 = index0 + BLOCK
+        x0 = tl.load(src + index0, mask=index0 < end, other=float("-inf"))
+        x1 = tl.load(src + index1, mask=index1 < end, other=float("-inf"))
+        _put(scratch, capacity, slot0, packed0, take0)  # the previous iteration's candidates
+        _put(scratch, capacity, slot1, packed1, take1)
+        c_hi, c_lo, m_hi, m_lo, total, slot0, packed0, take0 = _pair_tile(x0, index0, index0 < end, hi_key, lo_key,
+                                                                          c_hi, c_lo, m_hi, m_lo, total, row_max,
+                                                                          cursor, GATHER)
+        c_hi, c_lo, m_hi, m_lo, total, slot1, packed1, take1 = _pair_tile(x1, index1, index1 < end, hi_key, lo_key,
+                                                                          c_hi, c_lo, m_hi, m_lo, total, row_max,
+                                                                          cursor, GATHER)
+    _put(scratch, capacity, slot0, packed0, take0)
+    _put(scratch, capacity, slot1, packed1, take1)
+    upper = tl.arange(0, _THRESHOLDS) < 4
+    counts = tl.where(upper, tl.sum(c_hi, axis=0).to(tl.int64), tl.sum(c_lo, axis=0).to(tl.int64))
+    masses = tl.where(upper, tl.sum(m_hi, axis=0), tl.sum(m_lo, axis=0))
+    return counts, masses, tl.sum(total, axis=0)
+
+
+@triton.jit
 def _sort_cut(scratch, n_in, target, k, p, limit, best, row_max, count_hi, mass_hi, hi_is_ceil, SIZE: tl.constexpr):
     """Sort the ``n_in <= SIZE`` gathered candidates of a bracket that holds the cut.
 
@@ -326,6 +447,158 @@ def _sort_cut(scratch, n_in, target, k, p, limit, best, row_max, count_hi, mass_
         resolved = n_in >= 0
     cut = tl.min(tl.where(keep, packed, _PACK_CEIL), axis=0)
     return resolved, cut, limit
+
+
+@triton.jit
+def _better_than(scratch, n_in, packed, row_max):
+    """For packed candidates ``packed [RANK_I]``: how many of the ``n_in`` candidates in ``scratch`` rank
+    strictly better, and their exact integer mass (``[RANK_I]`` int32, int64)."""
+    tj = tl.arange(0, _RANK_J)
+    better = tl.zeros([_RANK_I], tl.int32)
+    mass = tl.zeros([_RANK_I], tl.int64)
+    for offset in range(0, n_in, _RANK_J):
+        inside = offset + tj < n_in
+        other = tl.load(scratch + offset + tj, mask=inside, other=_PACK_FLOOR)
+        q = tl.where(inside, _weight_fixed_point(_key_value(other >> 32), row_max), 0)
+        gt = inside[None, :] & (other[None, :] > packed[:, None])
+        better += tl.sum(gt.to(tl.int32), axis=1)
+        mass += tl.sum(tl.where(gt, q[None, :], 0), axis=1)
+    return better, mass
+
+
+@triton.jit
+def _rank_cut(scratch, n_in, target, k, p, limit, best, row_max, count_hi, mass_hi, hi_is_ceil):
+    """:func:`_sort_cut` by ranks instead of a sort, for more than ``SORT_SMALL`` candidates: every candidate's count and mass of strictly
+    better candidates (``n_in^2`` compares in ``[RANK_I, RANK_J]`` tiles; packed values are unique,
+    so the count is the rank). No sorting network: compiles in a fraction of a ``tl.sort``'s time,
+    and the common ``n_in <= 256`` costs ~``65K`` compares.
+
+    Returns ``(resolved, cut, limit)``: for a top-k row the k-th best is at rank ``k - count_hi``;
+    with top-p too, ``S_k`` is the mass of the kept top-k (``mass_hi`` above the bracket plus the
+    chosen candidates) and the cut the last survivor with mass before it ``< p S_k``. ``resolved``
+    is false only when that top-p cut lies above the bracket (top-k rows with ``k`` beyond the
+    capacity): the search then goes on for the returned mass target. A top-p-only row keeps the
+    candidates whose mass before them is below ``limit``.
+    """
+    ti = tl.arange(0, _RANK_I)
+    use_p = p < 1.0
+    cut = tl.zeros([], tl.int64) + _PACK_CEIL
+    floor = tl.zeros([], tl.int64) + _PACK_FLOOR  # the k-th best (count target): the lowest chosen
+    if target == _TARGET_COUNT:
+        rank_k = k - count_hi - 1
+        for offset in range(0, n_in, _RANK_I):
+            inside = offset + ti < n_in
+            packed = tl.load(scratch + offset + ti, mask=inside, other=_PACK_FLOOR)
+            better, _ = _better_than(scratch, n_in, packed, row_max)
+            floor = tl.maximum(floor, tl.max(tl.where(inside & (better == rank_k), packed, _PACK_FLOOR), axis=0))
+        total = mass_hi
+        for offset in range(0, n_in, _RANK_I):
+            inside = offset + ti < n_in
+            packed = tl.load(scratch + offset + ti, mask=inside, other=_PACK_FLOOR)
+            q = _weight_fixed_point(_key_value(packed >> 32), row_max)
+            total += tl.sum(tl.where(inside & (packed >= floor), q, 0), axis=0)
+        limit = p.to(tl.float64) * total.to(tl.float64)
+        cut = floor
+    if (target == _TARGET_MASS) | use_p:
+        cut = tl.zeros([], tl.int64) + _PACK_CEIL
+        for offset in range(0, n_in, _RANK_I):
+            inside = offset + ti < n_in
+            packed = tl.load(scratch + offset + ti, mask=inside, other=_PACK_FLOOR)
+            _, above = _better_than(scratch, n_in, packed, row_max)
+            keep = inside & (packed >= floor) & (((mass_hi + above).to(tl.float64) < limit) | (packed == best))
+            cut = tl.minimum(cut, tl.min(tl.where(keep, packed, _PACK_CEIL), axis=0))
+    resolved = (target == _TARGET_MASS) | (use_p == 0) | hi_is_ceil | (mass_hi.to(tl.float64) < limit)
+    return resolved, cut, limit
+
+
+@triton.jit
+def _key_range(scratch, n_in):
+    """``(k_min, span)`` of the int32 keys of ``n_in`` packed candidates (``span = k_max - k_min + 1``)."""
+    t = tl.arange(0, _NARROW_TILE)
+    k_max = tl.zeros([_NARROW_TILE], tl.int32) - _BIG_INDEX - 1  # per lane; reduced once at the end
+    k_min = tl.zeros([_NARROW_TILE], tl.int32) + _BIG_INDEX
+    for offset in range(0, n_in, _NARROW_TILE):
+        inside = offset + t < n_in
+        key = (tl.load(scratch + offset + t, mask=inside, other=0) >> 32).to(tl.int32)
+        k_max = tl.maximum(k_max, tl.where(inside, key, -_BIG_INDEX - 1))
+        k_min = tl.minimum(k_min, tl.where(inside, key, _BIG_INDEX))
+    low = tl.min(k_min, axis=0)
+    return low, (tl.max(k_max, axis=0) - low).to(tl.int64) + 1
+
+
+@triton.jit
+def _part_of(key, k_min, span):
+    """The part (0 .. PARTS - 1, larger = better keys) of int32 ``key`` in ``PARTS`` equal key intervals."""
+    return (((key - k_min).to(tl.int64) * _PARTS) // span).to(tl.int32)
+
+
+@triton.jit
+def _compact(scratch, n_in, k_min, span, lowest, highest):
+    """Move the candidates whose part lies in ``[lowest, highest]`` to the front (order kept); their number."""
+    t = tl.arange(0, _NARROW_TILE)
+    kept = tl.zeros([], tl.int32)
+    for offset in range(0, n_in, _NARROW_TILE):
+        inside = offset + t < n_in
+        packed = tl.load(scratch + offset + t, mask=inside, other=0)
+        part = _part_of((packed >> 32).to(tl.int32), k_min, span)
+        take = inside & (part >= lowest) & (part <= highest)
+        takes = take.to(tl.int32)
+        slot = kept + tl.cumsum(takes, axis=0) - takes
+        tl.debug_barrier()  # this tile is in registers everywhere before a slot at or below it is written
+        tl.store(scratch + slot, packed, mask=take)
+        kept += tl.sum(takes, axis=0)
+    tl.debug_barrier()
+    return kept.to(tl.int64)
+
+
+@triton.jit
+def _narrow_mass(scratch, n_in, limit, mass_hi, row_max):
+    """Narrow a top-p bracket of ``n_in`` gathered candidates that holds the cut: split their key
+    range into ``PARTS = 16`` equal key intervals, find (from exact integer masses) the one that
+    holds the cut and move its candidates to the front of ``scratch``.
+
+    Returns ``(n, mass_above)``: the candidates kept (all of one key stay together, so ties keep
+    their index order for the sort) and the exact mass above them. Three passes over the
+    candidates in tiles of ``NARROW_TILE`` (few registers) instead of sorting all ``n_in``.
+    """
+    t = tl.arange(0, _NARROW_TILE)
+    parts = tl.arange(0, _PARTS)
+    k_min, span = _key_range(scratch, n_in)
+    lanes = tl.zeros([_NARROW_TILE, _PARTS], tl.int64)  # per lane and part; reduced once at the end
+    for offset in range(0, n_in, _NARROW_TILE):
+        inside = offset + t < n_in
+        key = (tl.load(scratch + offset + t, mask=inside, other=0) >> 32).to(tl.int32)
+        part = tl.where(inside, _part_of(key, k_min, span), -1)
+        q = _weight_fixed_point(_key_value(key), row_max)
+        lanes += tl.where(part[:, None] == parts[None, :], q[:, None], 0)
+    sums = tl.sum(lanes, axis=0)  # exact mass of each part
+    # mass at or above each part's lower end (larger part = better ranked)
+    at_or_above = mass_hi + tl.sum(tl.where(parts[None, :] >= parts[:, None], sums[None, :], 0), axis=1)
+    chosen = tl.max(tl.where(at_or_above.to(tl.float64) >= limit, parts, -1), axis=0)
+    chosen_above = tl.sum(tl.where(parts == chosen, at_or_above - sums, 0), axis=0)
+    return _compact(scratch, n_in, k_min, span, chosen, chosen), chosen_above
+
+
+@triton.jit
+def _narrow_count(scratch, n_in, wanted):
+    """Narrow ``n_in`` top-k candidates (every token above them is counted elsewhere) to those at or
+    above the part (of ``PARTS`` equal key intervals) that holds the ``wanted``-th best: they hold
+    the whole top ``wanted``, are moved to the front of ``scratch``, and their number is returned.
+    (An early gather of ~4 k tokens holds more than ``SORT_SMALL`` in ~20% of the bench rows.)
+    """
+    t = tl.arange(0, _NARROW_TILE)
+    parts = tl.arange(0, _PARTS)
+    k_min, span = _key_range(scratch, n_in)
+    lanes = tl.zeros([_NARROW_TILE, _PARTS], tl.int32)  # per lane and part; reduced once at the end
+    for offset in range(0, n_in, _NARROW_TILE):
+        inside = offset + t < n_in
+        key = (tl.load(scratch + offset + t, mask=inside, other=0) >> 32).to(tl.int32)
+        part = tl.where(inside, _part_of(key, k_min, span), -1)
+        lanes += (part[:, None] == parts[None, :]).to(tl.int32)
+    sums = tl.sum(lanes, axis=0).to(tl.int64)  # candidates in each part
+    at_or_above = tl.sum(tl.where(parts[None, :] >= parts[:, None], sums[None, :], 0), axis=1)
+    chosen = tl.max(tl.where(at_or_above >= wanted, parts, -1), axis=0)
+    return _compact(scratch, n_in, k_min, span, chosen, _PARTS)
 
 
 @triton.jit
@@ -419,7 +692,7 @@ def _plan_points(points, counts, masses, row, best_key, min_key, capacity, targe
 
 @triton.jit
 def _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags, st_cursor,
-                 points, counts, masses, scratch, capacity, SORT_LARGE: tl.constexpr):
+                 points, counts, masses, scratch, capacity):
     """Decide an open row after a sweep: the cut from its candidates, or the next round.
 
     Flags (``st_flags``, int32 bits): 1 gather, 2 evaluate, 4 need masses, 8 first pass (total
@@ -468,18 +741,28 @@ def _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min
         holds = (lo_mass.to(tl.float64) >= limit) & (hi_mass.to(tl.float64) < limit)
     phase = tl.zeros([], tl.int32) + _PHASE_OPEN
     cut = tl.zeros([], tl.int64) + _PACK_FLOOR
+    kept_n = tl.zeros([], tl.int64)  # > 0: the kept set is the first kept_n candidates (for _apply_kernel)
     if gather & holds & (n_in <= capacity):
-        if n_in <= _SORT_SMALL:
-            resolved, cut, new_limit = _sort_cut(scratch + row * capacity, n_in, target, k, p, limit,
-                                                 best, row_max, hi_count, hi_mass, hi == _PACK_CEIL, _SORT_SMALL)
-        elif n_in <= _SORT_MEDIUM:
-            resolved, cut, new_limit = _sort_cut(scratch + row * capacity, n_in, target, k, p, limit,
-                                                 best, row_max, hi_count, hi_mass, hi == _PACK_CEIL, _SORT_MEDIUM)
-        else:
-            resolved, cut, new_limit = _sort_cut(scratch + row * capacity, n_in, target, k, p, limit,
-                                                 best, row_max, hi_count, hi_mass, hi == _PACK_CEIL, SORT_LARGE)
+        rows_scratch = scratch + row * capacity
+        n_sort = n_in
+        mass_sort = hi_mass
+        complete = n_in >= 0  # the first n_sort candidates hold every kept token below the bracket's top
+        for _ in range(0, _NARROWINGS):  # a loop, not unrolled: one copy of each narrowing (compile time)
+            if (target == _TARGET_MASS) & (n_sort > _SORT_SMALL):  # a wide top-p bracket: narrow it 16-fold
+                n_new, mass_sort = _narrow_mass(rows_scratch, n_sort, limit, mass_sort, row_max)
+                complete = complete & (n_new == n_sort)
+                n_sort = n_new
+            if (target == _TARGET_COUNT) & (n_sort > _SORT_SMALL):  # many top-k candidates: keep the top parts
+                n_sort = _narrow_count(rows_scratch, n_sort, k - hi_count)
+        if n_sort <= _SORT_SMALL:  # the common case: one 256-entry sort (compiles in a few seconds)
+            resolved, cut, new_limit = _sort_cut(rows_scratch, n_sort, target, k, p, limit, best, row_max, hi_count,
+                                                 mass_sort, hi == _PACK_CEIL, _SORT_SMALL)
+        else:  # rare (k > 64, ties the narrowing cannot split, the search rounds): ranks, no sorting network
+            resolved, cut, new_limit = _rank_cut(rows_scratch, n_sort, target, k, p, limit, best, row_max, hi_count,
+                                                 mass_sort, hi == _PACK_CEIL)
         if resolved:
             phase = phase * 0 + _PHASE_CUT
+            kept_n = tl.where((hi == _PACK_CEIL) & complete & (n_sort <= _SORT_SMALL), n_sort, 0)
         else:  # top-k beyond the capacity with the top-p cut above the bracket: search the mass above it
             target = target * 0 + _TARGET_MASS
             tl.store(st_target + row, target)
@@ -497,7 +780,7 @@ def _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min
         need_mass = (target == _TARGET_MASS) | ((k > capacity) & (p < 1.0))
         tl.store(st_flags + row, next_gather.to(tl.int32) | (next_evaluate.to(tl.int32) << 1)
                  | (need_mass.to(tl.int32) << 2))
-    tl.store(st_cursor + row, tl.zeros([], tl.int64))
+    tl.store(st_cursor + row, kept_n)  # 0 for the next sweep of an open row
     tl.store(st_phase + row, phase)
     tl.store(st_cut + row, cut)
     return phase
@@ -505,40 +788,125 @@ def _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min
 
 # --------------------------------------------------------------------------- kernels
 @triton.jit
+def _top_threshold(src, wanted, vocab, SAMPLE: tl.constexpr):
+    """The key of an early gather: the Gaussian quantile of ``wanted`` tokens from the top, fitted
+    to the row's first ``SAMPLE`` columns (int32; above every key when the sample has no spread or
+    no finite value, so that nothing is gathered)."""
+
+    column = tl.arange(0, SAMPLE)
+    x = tl.load(src + column, mask=column < vocab, other=0.0)
+    finite = (column < vocab) & (tl.abs(x) < float("inf"))
+    n = tl.sum(finite.to(tl.float32), axis=0)
+    xf = tl.where(finite, x, 0.0)
+    mean = tl.sum(xf, axis=0) / tl.maximum(n, 1.0)
+    sigma = tl.sqrt(tl.maximum(tl.sum(xf * xf, axis=0) / tl.maximum(n, 1.0) - mean * mean, 0.0))
+    value = mean + sigma * _normal_quantile(1.0 - wanted / vocab.to(tl.float32))
+    fit = (n >= 2.0) & (sigma > 0.0) & (value == value)
+    return tl.where(fit, _key32(value), _BIG_INDEX)
+
+
+@triton.jit
+def _stats_tile(x, index, valid, key_t, cursor, best, nans, finite, total, squares, low):
+    """One tile of :func:`_stats_kernel`: its statistics and its early-gather claims."""
+    key = _key32(x)
+    packed = _pack(key, index)
+    best = tl.maximum(best, tl.where(valid, packed, _PACK_FLOOR))
+    nans += (x != x).to(tl.int32)
+    is_finite = tl.abs(x) < float("inf")
+    finite += is_finite.to(tl.int32)
+    xf = tl.where(is_finite, x, 0.0)
+    total += xf
+    squares += xf * xf
+    low = tl.minimum(low, tl.where(valid & (x == x), x, float("inf")))
+    take = (valid & (key >= key_t)).to(tl.int32)
+    return best, nans, finite, total, squares, low, _claim(cursor, take), packed, take
+
+
+@triton.jit(do_not_specialize=["k_value", "chunk_len", "num_chunks"])
 def _stats_kernel(
     logits_ptr, logits_stride,  # [B, V] fp32
     best_part, nan_part, finite_part, sum_part, sumsq_part, min_part,  # [B, chunks] each
     counts, masses, cursor,  # [B, POINTS] int64 x2, [B] int64: zeroed here for the first sweep
-    vocab, chunk_len, num_chunks,
+    scratch, outliers, first_count, first_key,  # [B, capacity], [B, OUTLIERS], [B] x2 int64: the early gather
+    k_ptr, k_value, p_ptr, p_value,  # [B] int32/int64 or a scalar; [B] fp32 or a scalar
+    vocab, chunk_len, num_chunks, capacity,
+    K_PER_ROW: tl.constexpr, P_PER_ROW: tl.constexpr, SAMPLE: tl.constexpr, OUTLIERS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """Per program: the first maximum (packed), NaNs, the finite count/sum/sum of squares, the minimum.
+    """Per program: the first maximum (packed), NaNs, the finite count/sum/sum of squares, the minimum;
+    and the **early gather** of every token at or above :func:`_top_threshold` (``first_count``
+    counts them all): rows with ``0 < k <= capacity / 4`` gather ``~4 k`` tokens into ``scratch``
+    (usually the whole top-k answer), top-p-only rows ``~64`` into ``outliers`` (the head that
+    places the first top-p bracket; at most ``OUTLIERS`` stored).
 
-    Bytes: ``B V 4`` read, ``B chunks 32`` written.
+    Bytes: ``B V 4`` read, ``B chunks 32`` written, the gathered candidates (``~4 k * 8`` per row).
     """
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     start = chunk * chunk_len
     end = tl.minimum(start + chunk_len, vocab)
     src = logits_ptr + row * logits_stride
+    k = _row_k(k_ptr, k_value, row, K_PER_ROW)
+    p = _row_p(p_ptr, p_value, row, P_PER_ROW)
+    use_k = (k > 0) & (k < vocab)
+    top_k = use_k & (k <= capacity // 4)
+    early = top_k | ((use_k == 0) & (p < 1.0))
+    key_t = tl.zeros([], tl.int32) + _BIG_INDEX
+    if early:
+        wanted = tl.where(top_k, tl.minimum(tl.maximum(4 * k, 32), capacity // 4), tl.minimum(64, capacity // 4))
+        key_t = _top_threshold(src, wanted.to(tl.float32), vocab, SAMPLE)
+    if top_k:
+        dest = scratch + row * capacity
+        room = capacity
+    else:
+        dest = outliers + row * OUTLIERS
+        room = capacity * 0 + OUTLIERS
     best = tl.zeros([BLOCK], tl.int64) + _PACK_FLOOR
     nans = tl.zeros([BLOCK], tl.int32)
     finite = tl.zeros([BLOCK], tl.int32)
     total = tl.zeros([BLOCK], tl.float32)
     squares = tl.zeros([BLOCK], tl.float32)
     low = tl.zeros([BLOCK], tl.float32) + float("inf")
-    for offset in range(start, end, BLOCK):
-        index = offset + tl.arange(0, BLOCK)
-        valid = index < end
-        x = tl.load(src + index, mask=valid, other=float("-inf"))
-        best = tl.maximum(best, tl.where(valid, _pack(_key32(x), index), _PACK_FLOOR))
-        nans += (x != x).to(tl.int32)
-        is_finite = tl.abs(x) < float("inf")
-        finite += is_finite.to(tl.int32)
-        xf = tl.where(is_finite, x, 0.0)
-        total += xf
-        squares += xf * xf
-        low = tl.minimum(low, tl.where(valid & (x == x), x, float("inf")))
+    claims = first_count + row  # the early gather's cursor (the `cursor` argument is the sweeps')
+    slot0 = tl.zeros([BLOCK], tl.int64)
+    slot1 = tl.zeros([BLOCK], tl.int64)
+    slot2 = tl.zeros([BLOCK], tl.int64)
+    slot3 = tl.zeros([BLOCK], tl.int64)
+    packed0 = tl.zeros([BLOCK], tl.int64)
+    packed1 = tl.zeros([BLOCK], tl.int64)
+    packed2 = tl.zeros([BLOCK], tl.int64)
+    packed3 = tl.zeros([BLOCK], tl.int64)
+    take0 = tl.zeros([BLOCK], tl.int32)
+    take1 = tl.zeros([BLOCK], tl.int32)
+    take2 = tl.zeros([BLOCK], tl.int32)
+    take3 = tl.zeros([BLOCK], tl.int32)
+    # 4 tiles per iteration (BLOCK = one element per thread: the claims need no layout change); an
+    # iteration's early-gather candidates are stored in the next one, after its loads are issued.
+    for offset in range(start, end, 4 * BLOCK):
+        index0 = offset + tl.arange(0, BLOCK)
+        index1 = index0 + BLOCK
+        index2 = index1 + BLOCK
+        index3 = index2 + BLOCK
+        x0 = tl.load(src + index0, mask=index0 < end, other=float("-inf"))
+        x1 = tl.load(src + index1, mask=index1 < end, other=float("-inf"))
+        x2 = tl.load(src + index2, mask=index2 < end, other=float("-inf"))
+        x3 = tl.load(src + index3, mask=index3 < end, other=float("-inf"))
+        _put(dest, room, slot0, packed0, take0)
+        _put(dest, room, slot1, packed1, take1)
+        _put(dest, room, slot2, packed2, take2)
+        _put(dest, room, slot3, packed3, take3)
+        best, nans, finite, total, squares, low, slot0, packed0, take0 = _stats_tile(
+            x0, index0, index0 < end, key_t, claims, best, nans, finite, total, squares, low)
+        best, nans, finite, total, squares, low, slot1, packed1, take1 = _stats_tile(
+            x1, index1, index1 < end, key_t, claims, best, nans, finite, total, squares, low)
+        best, nans, finite, total, squares, low, slot2, packed2, take2 = _stats_tile(
+            x2, index2, index2 < end, key_t, claims, best, nans, finite, total, squares, low)
+        best, nans, finite, total, squares, low, slot3, packed3, take3 = _stats_tile(
+            x3, index3, index3 < end, key_t, claims, best, nans, finite, total, squares, low)
+    _put(dest, room, slot0, packed0, take0)
+    _put(dest, room, slot1, packed1, take1)
+    _put(dest, room, slot2, packed2, take2)
+    _put(dest, room, slot3, packed3, take3)
     out = row * num_chunks + chunk
     tl.store(best_part + out, tl.max(best, axis=0))
     tl.store(nan_part + out, tl.sum(nans, axis=0))
@@ -551,12 +919,13 @@ def _stats_kernel(
         tl.store(counts + row * _POINTS + slots, tl.zeros([_POINTS], tl.int64))
         tl.store(masses + row * _POINTS + slots, tl.zeros([_POINTS], tl.int64))
         tl.store(cursor + row, tl.zeros([], tl.int64))
+        tl.store(first_key + row, tl.where(early, key_t, _BIG_INDEX).to(tl.int64))
 
 
 @triton.jit
 def _first_plan(row, best_part, nan_part, finite_part, sum_part, sumsq_part, min_part, placement, k_ptr, k_value,
-                p_ptr, p_value, vocab, num_chunks, capacity,
-                K_PER_ROW: tl.constexpr, P_PER_ROW: tl.constexpr, CHUNKS: tl.constexpr):
+                p_ptr, p_value, st_first_count, st_first_key, outliers, vocab, num_chunks, capacity,
+                K_PER_ROW: tl.constexpr, P_PER_ROW: tl.constexpr, CHUNKS: tl.constexpr, OUTLIERS: tl.constexpr):
     """The row's plan from the stats partials (every program of the row computes the same one)."""
     chunk = tl.arange(0, CHUNKS)
     valid = chunk < num_chunks
@@ -595,28 +964,62 @@ def _first_plan(row, best_part, nan_part, finite_part, sum_part, sumsq_part, min
         gather_hi = tl.zeros([], tl.int32)  # slot 0: PACK_CEIL, all of the top
         first_gather = k <= capacity // 2
     else:
-        mean_mass = mean + sigma * sigma  # exp tilts N(mean, s^2) to N(mean + s^2, s^2)
-        reach = (row_max - mean_mass) / sigma
-        covered = 1.0 / (1.0 + tl.exp(-1.702 * reach))  # ~Phi(reach): the mass below the maximum
-        cut = mean_mass + sigma * _normal_quantile(covered * (1.0 - p))
-        cut = tl.minimum(cut, row_max)
-        offsets = tl.load(placement + slot)
-        depths = tl.load(placement + _THRESHOLDS + slot)
-        values = tl.where(peaked, row_max - depths, cut + sigma * offsets)
+        # Mass model: the tokens of the early gather (at or above T_e, at most OUTLIERS, exact
+        # values: the head H = sum exp(x - max)) plus a Gaussian bulk below T_e, whose mass is
+        # G Phi((T_e - m') / s) with G = n exp(mean + s^2 / 2 - max) and m' = mean + s^2 (exp tilts
+        # N(mean, s^2) to N(m', s^2)). The cut c leaves the mass p (H + bulk) above it.
+        column = tl.arange(0, OUTLIERS)
+        n_e = tl.load(st_first_count + row)
+        key_e = tl.load(st_first_key + row)
+        have = (key_e != _BIG_INDEX) & (n_e <= OUTLIERS)
+        stored = tl.where(have, n_e, 0)
+        head_keys = tl.load(outliers + row * OUTLIERS + column, mask=column < stored, other=_PACK_FLOOR) >> 32
+        head = tl.sum(tl.where(head_keys > _PACK_FLOOR >> 32, tl.exp(_key_value(head_keys) - row_max), 0.0), axis=0)
+        t_e = tl.where(have, _key_value(tl.minimum(key_e, best_key.to(tl.int64))), row_max)
+        head = tl.where(have, head, 0.0)
+        mean_mass = mean + sigma * sigma
+        bulk = n * tl.exp(tl.minimum(mean + 0.5 * sigma * sigma - row_max, 60.0))
+        u_e = _normal_cdf((t_e - mean_mass) / sigma)
+        u_c = (1.0 - p) * (u_e + head / tl.maximum(bulk, 1e-30))  # mass fraction of the bulk below c
+        in_head = u_c >= u_e
+        cut = mean_mass + sigma * _normal_quantile(tl.minimum(u_c, u_e))
+        cut = tl.minimum(tl.where(in_head, t_e, cut), row_max)
+        # One bracket [lo, hi) around c holding ~capacity / 2 tokens of the fitted bulk (slots 2..5 =
+        # hi, 6..9 = lo; _sweep_pair evaluates just these two thresholds); the whole top when few
+        # tokens lie above it or the cut lies in the head.
+        # ~capacity / 4 fitted tokens on either side of c (fractions of the count CDF)
+        share = (capacity * 0.25) / tl.maximum(n, 1.0)
+        u_count = _normal_cdf((cut - mean) / sigma)
+        hi_value = mean + sigma * _normal_quantile(tl.minimum(u_count + share, 1.0))
+        lo_value = tl.minimum(mean + sigma * _normal_quantile(tl.maximum(u_count - share, 0.0)), row_max)
+        whole_top = in_head | (u_count + 2.0 * share >= 1.0) | (hi_value >= row_max)
+        values = tl.where(slot < 4, hi_value, lo_value)
         gather_lo = tl.zeros([], tl.int32) + (_SLOT_FIRST + 4)
-        gather_hi = tl.zeros([], tl.int32) + (_SLOT_FIRST + 3)
-        first_gather = peaked == 0
+        gather_hi = tl.where(whole_top, 0, tl.zeros([], tl.int32) + _SLOT_FIRST)
+        first_gather = n >= 0.0
     thresholds = _value_threshold(values)
     # thresholds strictly below the top and descending; without a fit, none (all PACK_CEIL)
     thresholds = tl.where(fit, thresholds, _PACK_CEIL)
     thresholds = tl.where(thresholds > best, _PACK_CEIL, thresholds)
+    if target == _TARGET_MASS:
+        thresholds = tl.where((slot < 4) & (gather_hi == 0), _PACK_CEIL, thresholds)
     first_gather = first_gather & fit
+    # The early top-k gather of _stats_kernel holds the k-th best within the capacity: no sweep,
+    # the resolve sorts it (slot 2 = its threshold, count = every gathered token).
+    first_count = tl.load(st_first_count + row)
+    first_key = tl.load(st_first_key + row)
+    early = (target == _TARGET_COUNT) & (first_key != _BIG_INDEX) & (first_count >= k) & (first_count <= capacity)
+    thresholds = tl.where(early, first_key << 32, thresholds)
+    gather_lo = tl.where(early, _SLOT_FIRST, gather_lo)
+    gather_hi = tl.where(early, 0, gather_hi)
+    first_gather = first_gather | early
     need_mass = (target == _TARGET_MASS) | (use_k & use_p & (k > capacity))
     # p <= 0 (or a negative per-row p) keeps the first maximum only; so does k == 1
     only_best = (use_p & (p <= 0.0)) | (use_k & (k == 1))
     phase = tl.where(active, tl.where(only_best, _PHASE_CUT, _PHASE_OPEN), _PHASE_COPY)
+    early = early & (phase == _PHASE_OPEN)  # a row the plan resolves keeps no candidate list (cursor 0)
     return (phase, target, k, p, best, low, thresholds, first_gather, gather_lo, gather_hi, need_mass,
-            use_k, use_p)
+            use_k, use_p, early, first_count)
 
 
 @triton.jit(do_not_specialize=["k_value", "p_value", "chunk_len", "num_chunks"])
@@ -627,10 +1030,12 @@ def _pass_kernel(
     st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags, st_cursor,  # [B] state
     points, counts, masses,  # [B, POINTS] int64
     scratch,  # [B, capacity] int64 packed candidates
+    st_first_count, st_first_key, outliers,  # [B] int64 x2, [B, OUTLIERS] int64: the early gather of _stats_kernel
     k_ptr, k_value, p_ptr, p_value,  # [B] int32/int64 or a scalar; [B] fp32 or a scalar
     vocab, chunk_len, num_chunks, capacity,
     PASS: tl.constexpr, MASS: tl.constexpr, K_PER_ROW: tl.constexpr, P_PER_ROW: tl.constexpr,
     CHUNKS: tl.constexpr, BLOCK: tl.constexpr, COUNT_BLOCK: tl.constexpr, MASS_BLOCK: tl.constexpr,
+    PAIR_BLOCK: tl.constexpr, OUTLIERS: tl.constexpr, K_GIVEN: tl.constexpr,
 ):
     """One sweep of a row's columns ``[chunk * chunk_len, ...)``: thresholds and/or the gather.
 
@@ -650,9 +1055,10 @@ def _pass_kernel(
     slot = tl.arange(0, _THRESHOLDS)
     if PASS == _PASS_FIRST:
         (phase, target, k, p, best, low, thresholds, gather, lo_slot, hi_slot, need_mass, use_k,
-         use_p) = _first_plan(row, best_part, nan_part, finite_part, sum_part, sumsq_part, min_part, placement,
-                              k_ptr, k_value, p_ptr, p_value, vocab, num_chunks, capacity, K_PER_ROW, P_PER_ROW,
-                              CHUNKS)
+         use_p, early, first_count) = _first_plan(row, best_part, nan_part, finite_part, sum_part, sumsq_part,
+                                                  min_part, placement, k_ptr, k_value, p_ptr, p_value,
+                                                  st_first_count, st_first_key, outliers, vocab, num_chunks,
+                                                  capacity, K_PER_ROW, P_PER_ROW, CHUNKS, OUTLIERS)
         if chunk == 0:
             tl.store(st_phase + row, phase)
             tl.store(st_target + row, target)
@@ -671,6 +1077,9 @@ def _pass_kernel(
             is_low = lows >= _SLOT_LOWER
             tl.store(points + base + lows, tl.zeros([_POINTS], tl.int64) + _PACK_FLOOR, mask=is_low)
             tl.store(counts + base + lows, tl.zeros([_POINTS], tl.int64) + vocab, mask=is_low)
+            if early:  # nothing to sweep: the early gather is the bracket (nobody else touches these)
+                tl.store(counts + base + slot + _SLOT_FIRST, tl.zeros([_THRESHOLDS], tl.int64) + first_count)
+                tl.store(st_cursor + row, first_count)
         lo = tl.sum(tl.where(slot + _SLOT_FIRST == lo_slot, thresholds, 0), axis=0)
         hi = tl.where(hi_slot == 0, _PACK_CEIL, tl.sum(tl.where(slot + _SLOT_FIRST == hi_slot, thresholds, 0),
                                                            axis=0))
@@ -685,63 +1094,88 @@ def _pass_kernel(
         lo = tl.load(points + base + _SLOT_LOWER)
         hi = tl.load(points + base + _SLOT_UPPER)
     if PASS == _PASS_FIRST:
-        evaluate = phase >= 0
-    # This launch serves the rows whose sweep has masses (MASS) or those without: one register budget each.
-    serve = (evaluate & need_mass) == MASS
-    if (phase == _PHASE_OPEN) & serve:
+        evaluate = early == 0  # an early row has nothing to sweep
+    # One launch serves every row; MASS (top-p given) compiles the mass sweeps in.
+    if (phase == _PHASE_OPEN) & (evaluate | (PASS != _PASS_FIRST)):
         row_max = _key_value((best >> 32).to(tl.int32))
         rows_scratch = scratch + row * capacity
         cursor = st_cursor + row
+        swept = evaluate == 0  # (always false here: a row that evaluates)
         if MASS:
-            if PASS == _PASS_FIRST:  # key-aligned thresholds; S for top-p-only rows
-                found, mass, total = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch, cursor,
-                                            capacity, gather, True, True, True, True, MASS_BLOCK)
-                tl.atomic_add(masses + base + _SLOT_LOWER, total)
-            else:
-                found, mass, _ = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch, cursor,
-                                        capacity, gather, False, True, True, False, MASS_BLOCK)
+            if evaluate & need_mass:
+                if PASS == _PASS_FIRST:  # key-aligned thresholds; S for top-p-only rows
+                    if K_GIVEN:  # rows with k beyond the capacity and p: 8 thresholds with masses
+                        if target == _TARGET_MASS:  # two thresholds (hi in slots 2..5, lo in 6..9) and the gather
+                            found, mass, total = _sweep_pair(src, start, end, row_max, (hi >> 32).to(tl.int32),
+                                                             (lo >> 32).to(tl.int32), rows_scratch, cursor,
+                                                             capacity, gather, PAIR_BLOCK)
+                        else:
+                            found, mass, total = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch,
+                                                        cursor, capacity, gather, True, True, True, True, MASS_BLOCK)
+                    else:  # top-p alone: every row's target is its mass
+                        found, mass, total = _sweep_pair(src, start, end, row_max, (hi >> 32).to(tl.int32),
+                                                         (lo >> 32).to(tl.int32), rows_scratch, cursor, capacity,
+                                                         gather, PAIR_BLOCK)
+                    tl.atomic_add(masses + base + _SLOT_LOWER, total, sem="relaxed")
+                else:
+                    found, mass, _ = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch, cursor,
+                                            capacity, gather, False, True, True, False, MASS_BLOCK)
+                tl.atomic_add(masses + base + _SLOT_FIRST + slot, mass, sem="relaxed")
+                tl.atomic_add(counts + base + _SLOT_FIRST + slot, found, sem="relaxed")
+                swept = evaluate
+        if K_GIVEN & (swept == 0):  # (without k every row that evaluates has swept its masses)
+            if PASS == _PASS_FIRST:
+                found, _, _ = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity,
+                                     gather, True, True, False, False, COUNT_BLOCK)
+                tl.atomic_add(counts + base + _SLOT_FIRST + slot, found, sem="relaxed")
+            elif evaluate:
+                found, _, _ = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity,
+                                     gather, False, True, False, False, COUNT_BLOCK)
+                tl.atomic_add(counts + base + _SLOT_FIRST + slot, found, sem="relaxed")
+            else:  # gather only
+                _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity, gather, False,
+                       False, False, False, BLOCK)
+
+
+@triton.jit
+def _search_round(row, src, base, slot, st_flags, st_best, st_cursor, points, counts, masses, scratch, vocab, capacity,
+                  BLOCK: tl.constexpr, COUNT_BLOCK: tl.constexpr, MASS_BLOCK: tl.constexpr):
+    """One whole-row sweep of an open row's planned round (thresholds and/or the gather)."""
+    flags = tl.load(st_flags + row, volatile=True)
+    gather = (flags & 1) != 0
+    evaluate = (flags & 2) != 0
+    need_mass = (flags & 4) != 0
+    best = tl.load(st_best + row, volatile=True)
+    thresholds = tl.load(points + base + slot + _SLOT_FIRST, volatile=True)
+    lo = tl.load(points + base + _SLOT_LOWER, volatile=True)
+    hi = tl.load(points + base + _SLOT_UPPER, volatile=True)
+    row_max = _key_value((best >> 32).to(tl.int32))
+    rows_scratch = scratch + row * capacity
+    cursor = st_cursor + row
+    if evaluate:
+        if need_mass:
+            found, mass, _ = _sweep(src, 0, vocab, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity,
+                                    gather, False, True, True, False, MASS_BLOCK)
             tl.atomic_add(masses + base + _SLOT_FIRST + slot, mass)
-            tl.atomic_add(counts + base + _SLOT_FIRST + slot, found)
-        elif PASS == _PASS_FIRST:
-            found, _, _ = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity,
-                                 gather, True, True, False, False, COUNT_BLOCK)
-            tl.atomic_add(counts + base + _SLOT_FIRST + slot, found)
-        elif evaluate:
-            found, _, _ = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity,
+        else:
+            found, _, _ = _sweep(src, 0, vocab, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity,
                                  gather, False, True, False, False, COUNT_BLOCK)
-            tl.atomic_add(counts + base + _SLOT_FIRST + slot, found)
-        else:  # gather only
-            _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity, gather, False,
-                   False, False, False, BLOCK)
+        tl.atomic_add(counts + base + _SLOT_FIRST + slot, found)
+    else:
+        _sweep(src, 0, vocab, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity, gather, False, False,
+               False, False, BLOCK)
 
 
-@triton.jit
-def _resolve_kernel(
-    st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags, st_cursor,  # [B] state
-    points, counts, masses,  # [B, POINTS] int64
-    scratch,  # [B, capacity] int64
-    capacity,
-    SORT_LARGE: tl.constexpr,
-):
-    """One program per open row: the cut from the sorted candidates, or the next round.
-
-    Bytes: the candidates read (``<= capacity * 8`` per row) and ~400 bytes of state.
-    """
-    row = tl.program_id(0).to(tl.int64)
-    if tl.load(st_phase + row) == _PHASE_OPEN:
-        _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags, st_cursor,
-                     points, counts, masses, scratch, capacity, SORT_LARGE)
-
-
-@triton.jit
+@triton.jit(do_not_specialize=["logits_stride"])  # its rare search sweeps need no alignment: one compile (~17 s)
 def _finish_kernel(
     logits_ptr, logits_stride,  # [B, V] fp32
     st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags, st_cursor,  # [B] state
     points, counts, masses,  # [B, POINTS] int64
     scratch,  # [B, capacity] int64
     unresolved,  # [1] int32: rows left open after MAX_ROUNDS (never, by the bound)
+    searched,  # [1] int32: rows the first resolve left open (a running total: the slow path's use)
     vocab, capacity,
-    SORT_LARGE: tl.constexpr, BLOCK: tl.constexpr, COUNT_BLOCK: tl.constexpr, MASS_BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, COUNT_BLOCK: tl.constexpr, MASS_BLOCK: tl.constexpr,
 ):
     """One program per row still open: sweep + resolve rounds over the whole row, bounded.
 
@@ -752,35 +1186,19 @@ def _finish_kernel(
     base = row * _POINTS
     slot = tl.arange(0, _THRESHOLDS)
     phase = tl.load(st_phase + row)
+    # Round 0 resolves the first pass; rounds 1 .. MAX_ROUNDS sweep first. One call site of
+    # _resolve_row (it is inlined: two sites doubled the kernel's size and compile time).
     rounds = 0
-    while (phase == _PHASE_OPEN) & (rounds < _MAX_ROUNDS):
-        flags = tl.load(st_flags + row, volatile=True)
-        gather = (flags & 1) != 0
-        evaluate = (flags & 2) != 0
-        need_mass = (flags & 4) != 0
-        best = tl.load(st_best + row, volatile=True)
-        thresholds = tl.load(points + base + slot + _SLOT_FIRST, volatile=True)
-        lo = tl.load(points + base + _SLOT_LOWER, volatile=True)
-        hi = tl.load(points + base + _SLOT_UPPER, volatile=True)
-        row_max = _key_value((best >> 32).to(tl.int32))
-        rows_scratch = scratch + row * capacity
-        cursor = st_cursor + row
-        if evaluate:
-            if need_mass:
-                found, mass, _ = _sweep(src, 0, vocab, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity,
-                                        gather, False, True, True, False, MASS_BLOCK)
-                tl.atomic_add(masses + base + _SLOT_FIRST + slot, mass)
-            else:
-                found, _, _ = _sweep(src, 0, vocab, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity,
-                                     gather, False, True, False, False, COUNT_BLOCK)
-            tl.atomic_add(counts + base + _SLOT_FIRST + slot, found)
-        else:
-            _sweep(src, 0, vocab, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity, gather, False, False,
-                   False, False, BLOCK)
-        tl.debug_barrier()
+    while (phase == _PHASE_OPEN) & (rounds <= _MAX_ROUNDS):
+        if rounds > 0:
+            _search_round(row, src, base, slot, st_flags, st_best, st_cursor, points, counts, masses, scratch, vocab,
+                          capacity, BLOCK, COUNT_BLOCK, MASS_BLOCK)
+            tl.debug_barrier()
         phase = _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags,
-                             st_cursor, points, counts, masses, scratch, capacity, SORT_LARGE)
+                             st_cursor, points, counts, masses, scratch, capacity)
         tl.debug_barrier()
+        if (rounds == 0) & (phase == _PHASE_OPEN):
+            tl.atomic_add(searched, 1)
         rounds += 1
     if phase == _PHASE_OPEN:
         tl.atomic_add(unresolved, 1)
@@ -791,12 +1209,19 @@ def _apply_kernel(
     logits_ptr, logits_stride,  # [B, V] fp32
     out_ptr, out_stride,  # [B, V] fp32 (may alias logits)
     st_phase, st_cut,  # [B] state
-    vocab, chunk_len,
+    first_count,  # [B] int64: reset to 0 for the next call's early gather
+    st_kept, scratch,  # [B] int64 (the cursor), [B, capacity] int64: a kept set held by the first st_kept candidates
+    vocab, chunk_len, capacity,
     IN_PLACE: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """``-inf`` where ``packed < cut`` (resolved rows); copy the rest out of place.
 
-    Bytes: ``B V 4`` read + the masked entries written (in place) or ``B V 4`` written.
+    A row whose whole kept set lies among its first ``st_kept <= SORT_SMALL`` candidates (top-k
+    answered by the early gather) is written without reading it: its kept values are loaded by
+    index, the chunk is set to ``-inf``, the kept values are stored back.
+
+    Bytes: ``B V 4`` read + the masked entries written (in place) or ``B V 4`` written; rows
+    answered from their candidates: ``V 4`` written and ``~k 40`` read.
     """
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
@@ -810,10 +1235,25 @@ def _apply_kernel(
     cut_index = ((cut_key << 32) - cut + _BIG_INDEX).to(tl.int32)
     cut_key = cut_key.to(tl.int32)
     filtered = phase == _PHASE_CUT
+    if chunk == 0:
+        tl.store(first_count + row, tl.zeros([], tl.int64))
+    kept_n = tl.load(st_kept + row)
     todo = filtered
     if not IN_PLACE:
         todo = phase >= 0  # out of place every row is written
-    if todo:
+    if filtered & (kept_n > 0):
+        slot = tl.arange(0, _SORT_SMALL)
+        packed = tl.load(scratch + row * capacity + slot, mask=slot < kept_n, other=_PACK_FLOOR)
+        index = (2147483647 - (packed & 0xFFFFFFFF)).to(tl.int32)
+        mine = (slot < kept_n) & (packed >= cut) & (index >= start) & (index < end)
+        value = tl.load(src + index, mask=mine, other=0.0)  # the original bits (-0.0 stays -0.0)
+        tl.debug_barrier()  # every kept value is read before the chunk is overwritten (in place)
+        for offset in range(start, end, BLOCK):
+            column = offset + tl.arange(0, BLOCK)
+            tl.store(dst + column, tl.full([BLOCK], float("-inf"), tl.float32), mask=column < end)
+        tl.debug_barrier()
+        tl.store(dst + index, value, mask=mine)
+    elif todo:
         for offset in range(start, end, BLOCK):
             index = offset + tl.arange(0, BLOCK)
             valid = index < end
@@ -846,6 +1286,10 @@ class FilterState:
     masses: torch.Tensor  # [max_rows, POINTS] int64: mass(packed >= point)
     scratch: torch.Tensor  # [max_rows, capacity] int64: packed candidates
     unresolved: torch.Tensor  # [1] int32: rows _finish_kernel left open (a status; always 0)
+    searched: torch.Tensor  # [1] int32: rows that needed search rounds after the first pass (running total)
+    first_count: torch.Tensor  # int64: tokens of the early gather (reset to 0 by _apply_kernel)
+    first_key: torch.Tensor  # int64: its key threshold (2^31 - 1: no early gather)
+    outliers: torch.Tensor  # [max_rows, OUTLIERS] int64: a top-p row's early gather (packed)
     # Stats partials of _stats_kernel, [max_rows, chunks]
     best_part: torch.Tensor
     nan_part: torch.Tensor
@@ -866,7 +1310,8 @@ class FilterState:
             p=zeros(rows, dtype=torch.float32), limit=zeros(rows, dtype=torch.float64), best=zeros(rows),
             min_key=zeros(rows), cut=zeros(rows), flags=zeros(rows, dtype=torch.int32), cursor=zeros(rows),
             points=zeros(rows, POINTS), counts=zeros(rows, POINTS), masses=zeros(rows, POINTS),
-            scratch=zeros(rows, capacity), unresolved=zeros(1, dtype=torch.int32),
+            scratch=zeros(rows, capacity), unresolved=zeros(1, dtype=torch.int32), searched=zeros(1, dtype=torch.int32),
+            first_count=zeros(rows), first_key=zeros(rows), outliers=zeros(rows, OUTLIERS),
             best_part=zeros(rows, chunks), nan_part=zeros(rows, chunks, dtype=torch.int32),
             finite_part=zeros(rows, chunks, dtype=torch.int32), sum_part=zeros(rows, chunks, dtype=torch.float32),
             sumsq_part=zeros(rows, chunks, dtype=torch.float32), min_part=zeros(rows, chunks, dtype=torch.float32),
@@ -889,19 +1334,19 @@ def default_layout(rows: int, vocab: int, device) -> tuple[int, int]:
     blocks = triton.cdiv(vocab, GPU_BLOCK)
     if rows >= sms or blocks < 4:
         return GPU_BLOCK, 1
-    # About two programs per SM, each over at least two blocks.
-    return GPU_BLOCK, max(1, min(blocks // 2, (2 * sms) // max(rows, 1)))
+    # About four programs per SM (bytes in flight for the memory-bound passes), each over at least two blocks.
+    return GPU_BLOCK, max(1, min(blocks // 2, (4 * sms) // max(rows, 1)))
 
 
 class TopKTopPFilter:
     """Top-k / top-p filter with persistent scratch for batches of up to ``max_rows`` rows of ``vocab``.
 
-    ``filter(logits, k, p, out)`` launches 7 to 9 kernels with no allocation and no host
+    ``filter(logits, k, p, out)`` launches 4 kernels with no allocation and no host
     synchronisation (CUDA-graph safe); ``k``/``p`` are None, Python scalars or validated ``[B]``
     tensors (``filtering._check``). ``block``/``chunks`` fix the layout (default: one program per
     row for large batches, several per row for small ones, :func:`default_layout` of
     ``max_rows``); ``capacity`` is the most candidates one program sorts (a power of two >= 16).
-    Scratch: ``max_rows * (capacity * 8 + ~500)`` bytes plus ``max_rows * chunks * 32``.
+    Scratch: ``max_rows * (capacity * 8 + ~2,600)`` bytes plus ``max_rows * chunks * 32``.
     """
 
     def __init__(self, max_rows: int, vocab: int, device, *, block=None, chunks=None, capacity=None):
@@ -909,7 +1354,8 @@ class TopKTopPFilter:
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         if capacity is None:
-            capacity = GPU_CAPACITY if device.type == "cuda" else CPU_CAPACITY
+            capacity = (GPU_CAPACITY if max_rows <= WIDE_ROWS else GPU_CAPACITY_WIDE) if device.type == "cuda" \
+                else CPU_CAPACITY
         check_power_of_two("capacity", capacity, 16)
         if max_rows < 1 or vocab < 1:
             raise ValueError(f"max_rows, vocab: expected >= 1, got {max_rows}, {vocab}")
@@ -918,11 +1364,20 @@ class TopKTopPFilter:
         self.count_block = min(self.block, COUNT_BLOCK)
         self.mass_block = min(self.block, MASS_BLOCK)
         self.stats_block = min(self.block, STATS_BLOCK)
+        self.pair_block = min(self.block, PAIR_BLOCK)
         self.warps = WARPS if device.type == "cuda" else 4
+        self.resolve_warps = RESOLVE_WARPS if device.type == "cuda" else 4
         chunks = chunks or default_chunks
         chunks = max(1, min(chunks, triton.cdiv(vocab, self.block)))
         self.chunk_len = triton.cdiv(triton.cdiv(vocab, chunks), self.block) * self.block
         self.chunks = triton.cdiv(vocab, self.chunk_len)
+        # The apply has its own split: one program per row leaves most SMs idle in its last wave
+        # (1518 rows = 1.4 waves of 8 programs per SM), so rows are split into up to APPLY_CHUNKS
+        # parts of at least APPLY_MIN_BLOCKS blocks (each part of a write-only row re-reads its list).
+        blocks = triton.cdiv(vocab, self.block)
+        apply_chunks = max(self.chunks, min(APPLY_CHUNKS, blocks // APPLY_MIN_BLOCKS))
+        self.apply_chunk_len = triton.cdiv(triton.cdiv(vocab, apply_chunks), self.block) * self.block
+        self.apply_chunks = triton.cdiv(vocab, self.apply_chunk_len)
         self.max_rows, self.vocab, self.device, self.capacity = max_rows, vocab, device, capacity
         self.state = FilterState.allocate(max_rows, self.chunks, capacity, device)
 
@@ -946,28 +1401,30 @@ class TopKTopPFilter:
         warps = self.warps
         grid = (rows, self.chunks)
         common = dict(num_warps=warps, enable_fp_fusion=False)
-        _stats_kernel[grid](logits, logits.stride(0), *st.stats(), st.counts, st.masses, st.cursor,
-                            vocab, self.chunk_len, self.chunks, BLOCK=self.stats_block, **common)
-        chunks_p2 = triton.next_power_of_2(self.chunks)
-        for kind in (PASS_FIRST, PASS_REFINE):
+        _stats_kernel[grid](logits, logits.stride(0), *st.stats(), st.counts, st.masses, st.cursor, st.scratch,
+                            st.outliers, st.first_count, st.first_key, k_ptr, k_value, p_ptr, p_value, vocab,
+                            self.chunk_len, self.chunks, self.capacity, K_PER_ROW=k_per_row, P_PER_ROW=p_per_row,
+                            SAMPLE=SAMPLE, OUTLIERS=OUTLIERS, BLOCK=self.stats_block, **common)
+        chunks_p2 = max(32, triton.next_power_of_2(self.chunks))  # one compile for every layout up to 32 chunks
+        for kind in (PASS_FIRST,):  # further rounds: _finish_kernel (rare on real inputs)
             # MASS launches only where a row can need masses (top-p); the first pass without top-k
             # has no count-only rows
-            for mass in (False, True):
-                if (mass and p is None) or (kind == PASS_FIRST and not mass and k is None):
-                    continue
+            for mass in (p is not None,):  # one launch: the mass sweeps compiled in where top-p is given
                 _pass_kernel[grid](logits, logits.stride(0), *st.stats(), st.placement, *st.row_fields(), st.points,
-                                   st.counts, st.masses, st.scratch, k_ptr, k_value, p_ptr, p_value, vocab,
-                                   self.chunk_len, self.chunks, self.capacity, PASS=kind, MASS=mass,
-                                   K_PER_ROW=k_per_row, P_PER_ROW=p_per_row, CHUNKS=chunks_p2, BLOCK=self.block,
-                                   COUNT_BLOCK=self.count_block, MASS_BLOCK=self.mass_block, **common)
-            _resolve_kernel[(rows,)](*st.row_fields(), st.points, st.counts, st.masses, st.scratch, self.capacity,
-                                     SORT_LARGE=self.capacity, num_warps=8, enable_fp_fusion=False)
+                                   st.counts, st.masses, st.scratch, st.first_count, st.first_key, st.outliers,
+                                   k_ptr, k_value,
+                                   p_ptr, p_value, vocab, self.chunk_len, self.chunks, self.capacity, PASS=kind,
+                                   MASS=mass, K_PER_ROW=k_per_row, P_PER_ROW=p_per_row, CHUNKS=chunks_p2,
+                                   BLOCK=self.block, COUNT_BLOCK=self.count_block, MASS_BLOCK=self.mass_block,
+                                   PAIR_BLOCK=self.pair_block, OUTLIERS=OUTLIERS, K_GIVEN=k is not None, **common)
         _finish_kernel[(rows,)](logits, logits.stride(0), *st.row_fields(), st.points, st.counts, st.masses,
-                                st.scratch, st.unresolved, vocab, self.capacity, SORT_LARGE=self.capacity,
+                                st.scratch, st.unresolved, st.searched, vocab, self.capacity,
                                 BLOCK=self.block, COUNT_BLOCK=self.count_block, MASS_BLOCK=self.mass_block,
-                                **common)
-        _apply_kernel[grid](logits, logits.stride(0), out, out.stride(0), st.phase, st.cut, vocab, self.chunk_len,
-                            IN_PLACE=in_place, BLOCK=self.block, **common)
+                                num_warps=self.resolve_warps,
+                                enable_fp_fusion=False)
+        _apply_kernel[(rows, self.apply_chunks)](logits, logits.stride(0), out, out.stride(0), st.phase, st.cut,
+                                                 st.first_count, st.cursor, st.scratch, vocab, self.apply_chunk_len,
+                                                 self.capacity, IN_PLACE=in_place, BLOCK=self.block, **common)
         return out
 
 

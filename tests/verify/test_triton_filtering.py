@@ -1,4 +1,4 @@
-"""The next Triton filter (``verify/triton_filtering_next.py``, issue 16) equals the sort reference
+"""The Triton filter (``verify/triton_filtering.py``, issue 16) equals the sort reference
 exactly on the CPU interpreter: the edge rows of ``test_filtering`` (and a split layout) and with the
 capacity forced down to 16 (the bounded search rounds), scalar k/p, and the paths the GPU takes at
 V = 129,280 (early top-k gather + write-only apply, narrowed top-p brackets) at V = 8192."""
@@ -6,7 +6,7 @@ V = 129,280 (early top-k gather + write-only apply, narrowed top-p brackets) at 
 import pytest
 import torch
 
-from dspark_markov.verify import triton_filtering_next as nx
+from dspark_markov.verify import triton_filtering as nx
 from tests.verify.test_filtering import assert_same, hard_rows, reference
 
 # (block, chunks, capacity); the split layout runs in the allocation test (the interpreter is slow)

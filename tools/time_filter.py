@@ -1,10 +1,9 @@
-"""Time the candidate filter (``verify/triton_filtering_next.py``, issue 16) in ``bench --verify``'s
-filter cases: the bench's FilterRunner is pointed at its ``TopKTopPFilter`` (every case is still
-checked against the sort reference by its first call), and the rows that needed search rounds after
-the first pass are printed. Writes ``NVIDIA-H200_filter_next_verify.{json,csv}`` to ``$JOB_OUT``
+"""Time the Triton filter (``verify/triton_filtering.py``, issue 16) in ``bench --verify``'s filter
+cases (every case checked against the sort reference by its first call) and print the rows that
+needed search rounds after the first pass. Writes ``NVIDIA-H200_filter_verify.{json,csv}`` to ``$JOB_OUT``
 (or /tmp) after each group, so a timeout keeps what finished.
 
-Usage on the GPU machine: ``PYTHONPATH=src python3 tools/time_filter_next.py [batch sizes, e.g. 1,253]``.
+Usage on the GPU machine: ``PYTHONPATH=src python3 tools/time_filter.py [batch sizes, e.g. 1,253]``.
 Budget compile time: the first call of each specialization compiles (a few seconds each on the H200).
 
 ``--phases`` (the profile): the GPU time of each launch (stats, first pass, resolve, rounds, apply)
@@ -21,7 +20,7 @@ import torch
 
 from dspark_markov.bench import report, roofline
 from dspark_markov.bench import verify_grid as vg
-from dspark_markov.verify import triton_filtering, triton_filtering_next
+from dspark_markov.verify import triton_filtering
 
 
 REPEATS = 7
@@ -49,16 +48,16 @@ class _Marked:
 
 
 def phases(sizes):
-    """Per-launch GPU times (us) of the next filter at every bench kind and case; printed per size."""
+    """Per-launch GPU times (us) of the filter at every bench kind and case; printed per size."""
     import statistics
 
     from dspark_markov.bench import harness
 
     device = torch.device("cuda")
     marks = []
-    originals = {name: getattr(triton_filtering_next, name) for name in KERNELS}
+    originals = {name: getattr(triton_filtering, name) for name in KERNELS}
     for name, kernel in originals.items():
-        setattr(triton_filtering_next, name, _Marked(name, kernel, marks))
+        setattr(triton_filtering, name, _Marked(name, kernel, marks))
     flush = harness.L2Flusher(device)
     config = vg.VerifyBenchConfig()
     generator = torch.Generator(device=device).manual_seed(0)
@@ -66,7 +65,7 @@ def phases(sizes):
         rows = requests * (config.steps + 1)
         gaussian = torch.randn(rows, config.vocab, generator=generator, device=device) * 2.0
         block, chunks = vg.split_chunks(rows, config.vocab, device) if requests <= 16 else (None, 1)
-        filt = triton_filtering_next.TopKTopPFilter(rows, config.vocab, device, block=block, chunks=chunks)
+        filt = triton_filtering.TopKTopPFilter(rows, config.vocab, device, block=block, chunks=chunks)
         out = torch.empty_like(gaussian)
         for case in vg.FILTER_CASES:
             k = torch.full((rows,), config.top_k, dtype=torch.int64, device=device) if case == "k+p" else None
@@ -92,7 +91,7 @@ def phases(sizes):
                       + " ".join(f"{label} {t:7.1f}" for label, t in zip(labels, phase))
                       + f"  total {sum(phase):7.1f} us  searched {int(filt.state.searched)}", flush=True)
     for name, kernel in originals.items():
-        setattr(triton_filtering_next, name, kernel)
+        setattr(triton_filtering, name, kernel)
 
 
 def main():
@@ -105,7 +104,7 @@ def main():
     sizes = tuple(int(r) for r in (sys.argv[1] if len(sys.argv) > 1 else "1,253,16,64").split(","))
     filters = []
 
-    class Recorded(triton_filtering_next.TopKTopPFilter):
+    class Recorded(triton_filtering.TopKTopPFilter):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             filters.append(self)
@@ -113,7 +112,7 @@ def main():
     triton_filtering.TopKTopPFilter = Recorded  # the bench's FilterRunner imports it at setup
     start = time.time()
     bw = roofline.measure_bandwidth(torch.device("cuda"))
-    env = report.environment("cuda", ["tools/time_filter_next.py"])
+    env = report.environment("cuda", ["tools/time_filter.py"])
     full = vg.VerifyBenchConfig(kernels=("filter_row", "filter_split"), rows=sizes, rounds=3, replays=15,
                                 eager_calls=1)
     records = []
@@ -124,8 +123,8 @@ def main():
         print(vg.format_table(records[-6:], bw), end="", flush=True)
         print(f"t={time.time() - start:.1f}s rows needing search rounds: {[int(f.state.searched) for f in filters[-6:]]}",
               flush=True)
-        vg.write_json(out / "NVIDIA-H200_filter_next_verify.json", env, full, bw, records)
-        vg.write_csv(out / "NVIDIA-H200_filter_next_verify.csv", env, full, bw, records)
+        vg.write_json(out / "NVIDIA-H200_filter_verify.json", env, full, bw, records)
+        vg.write_csv(out / "NVIDIA-H200_filter_verify.csv", env, full, bw, records)
     print(vg.format_table(records, bw, markdown=True), flush=True)
 
 
