@@ -31,9 +31,10 @@ statistics pass reads every row up to ``num_drafts``; the resampling pass reads 
 Timing is the sampler benchmark's (:mod:`.harness`): on CUDA every kernel is called once eagerly
 (checked), captured in a CUDA graph, and replayed after an L2 flush, round-robin over the kernels of
 a batch size; the time is the median of the round medians and the spread their range. All Triton
-paths here are graph capturable: the Verifier and the block-input kernel allocate nothing, and
-the split-row filter takes its small scratch from the caching allocator, which capture supports
-(a graph replay reuses the captured addresses). The torch references are not timed on CUDA. On
+paths here are graph capturable and allocate nothing per call (the Verifier, the block-input
+kernel, and the filter, whose scratch lives in its ``TopKTopPFilter``); an in-place filter case
+restores its input before each timed replay, untimed (``FilterRunner.prepare``). The torch
+references are not timed on CUDA. On
 the CPU calls are timed by ``perf_counter`` (no graphs, no L2 flush).
 
 Minimal bytes (the floor a perfect design could reach at the measured read bandwidth):
