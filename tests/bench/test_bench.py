@@ -375,6 +375,26 @@ def test_readme_tables_bold_the_fastest_design_and_show_speedups_over_vllms_loop
     assert "**50 (4.00x)**" in tool.table(records, "1")  # without --best-method: the fastest of all
 
 
+def test_readme_verify_tables_take_the_faster_filter_layout_and_bold_met_targets():
+    tool = load_tool("readme_tables")
+
+    def record(kernel, rows, time, temperature="-", inputs="-", work_rows=1):
+        return dict(kernel=kernel, rows=rows, temperature=temperature, inputs=inputs, status="ok", time_us=time,
+                    floor_us=1.0, work_rows=work_rows)
+
+    records = [record("verify_standard", 1, 24.0, "1"), record("verify_standard", 1, 18.0, "mixed"),
+               record("verify_raw", 1, 30.0, "1"),
+               record("filter_row", 1, 120.0, inputs="gaussian k+p", work_rows=6),
+               record("filter_row", 1, 130.0, inputs="bf16 k+p", work_rows=6),
+               record("filter_split", 1, 39.0, inputs="gaussian k+p", work_rows=6),
+               record("filter_split", 1, 41.0, inputs="bf16 k+p", work_rows=6),
+               record("filter_split", 1, 75.0, inputs="gaussian p", work_rows=6), record("block_inputs", 1, 5.5)]
+    verify, filters = tool.verify_table(records).splitlines(), tool.filter_table(records).splitlines()
+    assert verify[2] == "| 1 | 24.0 / **18.0** | 30.0 / n/a | n/a / n/a | n/a / n/a | <= 20 / 22 | 23.4 (34.2) | 1.0 |"
+    # split (median 41) beats row (130); its range 39-41 misses the 40 us target: not bold
+    assert filters[2] == "| 1 (6) | 39-41 / 106-141 / <= 40 | 75 / 70-100 / <= 40 | 1.0 | 5.5 |"
+
+
 def test_a_replay_after_the_timing_must_draw_the_eager_tokens_again():
     """The check after the timed rounds replays the design's graph once more: other tokens -> error."""
     import types
