@@ -929,10 +929,15 @@ class StreamVerifier:
     fast_divide : raw logits divided by :func:`_divide` (no divide per value; exact, with a
         ``div_rn`` rescan of a chunk holding a value below ``max(2^-100, 2^-125 T)``; default on).
     div_unroll : raw logits only: tiles loaded at once where the target values are divided (T not 0
-        or 1); the T = 0 / 1 slots then run the standard loop with ``unroll`` tiles (default: none,
-        the whole raw launch loads 2 tiles at once).
-    dbuf : the fused loop's interior groups double-buffered in registers (default off).
-    compact : standard method: the program order without the lag's padding (default: :data:`COMPACT_ORDER`).
+        or 1); the T = 0 / 1 slots then run the standard loop with ``unroll`` tiles (default
+        :data:`DIV_UNROLL` = 0: the whole raw launch loads 2 tiles at once). H200 (verify3 u3): 2 is
+        no faster (20.4 / 63.5 / 139.0 / 424.7 us against 20.5 / 63.1 / 139.2 / 424.9 at 1 / 16 / 64
+        / 253 requests, mixed T).
+    dbuf : the fused loop's interior groups double-buffered in registers (default off; exact on the
+        CPU, not timed on the H200).
+    compact : standard method: the program order without the lag's padding (default
+        :data:`COMPACT_ORDER` = off). H200 (verify3 u3): slower than the padded order at every batch
+        (19.3 / 57.3 / 114.6 / 344.6 us against 18.4 / 54.5 / 111.9 / 339.3, mixed T).
     max_registers : the launch's register cap (default 80: three 8-warp programs per SM).
     emit_block : values per emit-scan tile (default 1024 on the GPU, ``block`` on the CPU).
     stages, emit_stages : Triton pipelining of the streamed / emitted tiles (default 1 = none:
