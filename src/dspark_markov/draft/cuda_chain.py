@@ -22,7 +22,8 @@ NVIDIA-H200_2026-12-02_cuda_chain_cuda3_u2.json): the default picks the kernel v
 batch (:data:`DEFAULT_VARIANTS`): 82.9 / 89.0 / 95.9 us at 1 / 2 / 4 rows (variant 43, as the previous
 round), 103.2 at 8 (variant 107: phase B ranked by the exact noise upper bounds of a per-bucket table;
 107.4 with 43), 141.1 at 16 (variant 7275; 153.7 with 43); mixed T 80.0 / 148.7 (1 / 16 rows), fp32 cache
-+ mixed T 79.6 / 168.8. Per later step (in-kernel trace, ``trace=True``, warp 14 of 16): at 1 row ~6 us
++ mixed T 79.6 / 168.8. Round u3 (..._cuda3_u3.json, one job, the previous default beside it): 83.5 / 88.7 /
+95.8 / 103.3 / 141.0 against 83.7 / 89.2 / 96.0 / 108.2 / 153.6 at 1 / 2 / 4 / 8 / 16 rows. Per later step (in-kernel trace, ``trace=True``, warp 14 of 16): at 1 row ~6 us
 bias tiles (the L2-streamed part of W2: 21 MB per step) + 0.9 phase A + 1.4 phase B (exact keys) + ~2
 barrier + 0.9 token; at 16 rows (7275) 8-11 tiles + ~2.8 phase A + 4.0-4.9 phase B (was 8.3) + ~3.3
 barrier + 0.9 token. Step 0 streams W2 once from HBM (66 MB; with the harness's dirty L2 also ~60 MB of
