@@ -111,7 +111,7 @@ _noise_tables = {}
 
 
 def noise_table(kernels, device_index: int) -> torch.Tensor:
-    """The noise upper-bound table of one device ([TB_SIZE] fp32, built once: ~10 ms over all 2^32 hashes).
+    """The noise upper-bound table of one device ([TB_SIZE] fp32, built once from all 2^32 hashes; not timed alone).
 
     ``table[b]`` is the largest exact Gumbel noise (``rng.gumbel32(rng.uniform32(h))``) over every hash
     ``h`` of bucket ``b`` (noise.cuh ``tb_bucket``), -inf for an empty bucket.
