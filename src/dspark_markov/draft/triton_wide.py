@@ -417,9 +417,15 @@ def _pick_wide_kernel(
 
 # Launch shapes (block_v, block_r, num_warps, stages, prefetch, programs per SM) by batch size:
 # (at most this many rows, shape). prefetch 0: Triton pipelines the base-logit tile through shared
-# memory (cp.async, ``stages`` deep) beside the W2 tile; 1: a register prefetch instead (round u1:
-# slower, more registers). Static SASS of the T = 1 inverse-CDF tile loop (Triton 3.6, sm_90a):
-# 64x128x8 (3 stages) ~19.5 instructions per logit, 32x256x8 ~24, the u1 default (prefetch 1) ~32.
+# memory (cp.async, ``stages`` deep) beside the W2 tile; 1: a register prefetch instead. Static SASS of
+# the T = 1 inverse-CDF tile loop (Triton 3.6, sm_90a): 64x128x8 (3 stages) ~19.5 instructions per
+# logit, 32x256x8 ~24, the u1 layout (prefetch 1, first epilogue) ~44 (Nsight Compute, u1).
+# H200 round u3 (tools/sweep_wide.py; bf16 cache, T = 1, CUDA graph, cold L2; every run checked against
+# the reference at full shape): inverse CDF at 253 rows 64x128x8x3 543.8 us (32x256x16x3 600.4,
+# 64x64x4x2 618.6, 64x128x16x3 663.0; impl="inverse_cdf" 642.0), at 64 rows 64x64x4x2 (two programs
+# per SM) 229.4 (64x64x8x3 240.4, 128x64x8x2 255.4, 64x128x8x3 314.4; inverse_cdf 277.4). Mixed T
+# (0 / 0.6 / 1) costs a correctly rounded division per logit: 1117.2 us at 253, 284.3 at 64; the
+# fp32 cache 620.0 / 255.1. Gumbel: 1504.1 at 253, 505.3 at 64 (gumbel_fused 1130, fused 346).
 GPU_LAYOUTS = ((64, (64, 64, 4, 2, 0, 2)), (128, (64, 128, 8, 3, 0, 1)), (256, (64, 128, 8, 3, 0, 1)))
 GPU_LAYOUT_LARGE = (64, 128, 8, 3, 0, 1)  # more rows: several row blocks of 128
 # fp32 weights (an fp32 ``tl.dot``, no tensor cores): codes and W2 tiles take twice the shared memory,
