@@ -43,7 +43,10 @@ def _log_bound_kernel(out_ptr, BLOCK: tl.constexpr):
 
 def test_log_noise_upper_exhaustive():
     """g <= log_noise_upper(h) (the per-token skip) and G_MIN <= g <= G_MAX (the whole-row skip and the
-    first tile's floor) for every one of the 2^32 hashes (hardware lg2.approx)."""
+    first tile's floor) for every one of the 2^32 hashes (hardware lg2.approx).
+
+    ~6e11 lane instructions (two bit-exact software logs per hash): about 20 s on an H200, so give a
+    GPU job that runs it at least 30 s (round u3's 22 s box ended inside it, before any output)."""
     block = 1 << 16
     out = torch.tensor([0, 2**31 - 1, 0, 0], dtype=torch.int32, device="cuda")
     _log_bound_kernel[((1 << 32) // block,)](out, BLOCK=block, num_warps=8, enable_fp_fusion=False)
