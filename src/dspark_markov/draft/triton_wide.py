@@ -8,9 +8,9 @@ pick needs; the programs of one run are consecutive, so a W2 tile read by one ro
 hit for the next). Per tile:
 
 - ``bias = codes @ W2_tile^T`` (``tl.dot``: wgmma on Hopper, fp32 accumulation, rounded once to
-  the weight dtype, ``scale`` applied and rounded again when ``!= 1``); the W2 tile loads are
-  software-pipelined ``STAGES`` deep by Triton, the base-logit tile of the *next* tile is loaded
-  into registers before this tile's product (``PREFETCH``), so HBM latency hides behind the
+  the weight dtype, ``scale`` applied and rounded again when ``!= 1``); the W2 tile and the
+  base-logit tile are software-pipelined ``STAGES`` deep by Triton (cp.async into shared memory;
+  ``PREFETCH`` instead loads the next base tile into registers), so HBM latency hides behind the
   MMA and the epilogue;
 - ``z = round_cache(float(U) + bias)`` written to the cache rows of live samples (once), and the
   tile reduced in registers: the bias is never written to memory, the base logits are read once,
@@ -22,23 +22,33 @@ Per-row results (SPEC.md sections 4-5), the same rules as ``impl="stream"``
 - Gumbel-max (and every greedy row): the program keeps each row's best exact word (key, then
   lower index, :func:`dspark_markov.ops.numerics.pack_word`) in registers across its tiles. A tile
   skips a whole row when ``max z / T + G_MAX < best`` (:data:`.triton_stream.G_MAX` bounds every
-  exact noise), and inside the tile every token whose hash-only noise bound
-  ``(clz(h) + 1) ln 2`` cannot reach ``best``; survivors are ranked by approximate noise and only
-  the winner's exact key is computed (all survivors exactly on a near-tie). ``best`` is always the
-  exact key of a real token, and a skipped token's key is strictly below it, so no token that
-  ``torch.argmax`` would choose is ever skipped. At the end one ``atomic_max`` per row merges the
-  programs; the next step decodes its previous tokens from these words.
-- Inverse CDF (T > 0): per (row, tile) the NaN-propagating max of ``z`` and
-  ``sum exp(z/T - max/T)`` (the division skipped when no row of the block has T != 1), then
-  :func:`.triton_stream._pick_kernel` (one program per row) combines the tile partials, picks the
-  tile by the prefix sum of tile masses and re-reads only that tile of the cache (the pick of
-  ``impl="inverse_cdf"`` with block = tile; rows whose max of ``z / T`` is not finite take the first
-  argmax). Greedy rows merge argmax words as above.
+  exact noise), and inside the tile every token whose hash-only noise bound :func:`log_noise_upper`
+  (``(24 - log2(h >> 8)) ln 2``, four instructions) cannot reach ``best``; up to ``gumbel_iters``
+  times each row's most promising candidate gets its exact key, the rest are ranked by approximate
+  noise and only the winner's exact key is computed (all of them exactly on a near-tie). ``best`` is
+  always the exact key of a real token, and a skipped token's key is strictly below it, so no token
+  that ``torch.argmax`` would choose is ever skipped. At the end one ``atomic_max`` per row merges
+  the programs (``share_words``: also at every tile, read back by the others); the next step
+  decodes its previous tokens from these words.
+- Inverse CDF (T > 0): per (row, tile) the max of ``z`` (NaN when the row holds one) and
+  ``sum exp(z/T - max/T)`` (the division skipped when no row of the block has T != 1), and per
+  (row, program) the same combined online over the program's tiles; then :func:`_pick_wide_kernel`
+  (one program per row) picks the program by the prefix sum of program masses, the tile among its
+  tiles, and re-reads only that tile of the cache for the token (the pick of ``impl="inverse_cdf"``
+  with block = tile, in vocabulary order; rows whose max of ``z / T`` is not finite take the first
+  argmax through the tile maxima). Greedy rows merge argmax words as above.
 
 Bytes per step: ``V R_k w`` (W2, HBM once; ``row blocks - 1`` more from L2), ``R V u`` base
 logits read, ``R V c`` cache written (live samples), ``R R_k w`` codes per program (L2), and for
-inverse CDF ``8 R ceil(V / BLOCK_V)`` bytes of partials written and read back plus ``BLOCK_V c``
-per row.
+inverse CDF ``8 R ceil(V / BLOCK_V)`` bytes of tile partials written (``8 (W + V / (W BLOCK_V))``
+read back per row) plus ``BLOCK_V c`` per row.
+
+Measured on the H200 (bf16 cache, T = 1, CUDA graph, cold L2; see GPU_LAYOUTS): inverse CDF
+543.8 us at 253 rows and 229.4 at 64 (``impl="inverse_cdf"`` 642.0 / 277.4), 43% / 52% of the
+HBM floor; mixed T 1117.2 / 284.3 (a correctly rounded division per logit); Gumbel 1504.1 / 505.3,
+behind ``gumbel_fused`` / ``fused`` (1130 / 346). Triton 3.6 keeps it issue-bound: one 8-warp
+program per SM (212 KB of shared memory), a wgmma waited right after issue, ``z`` computed in two
+layouts (notes/large3.md).
 """
 
 from __future__ import annotations
