@@ -525,17 +525,20 @@ class WideBackend:
         self.no_seeds = torch.zeros(1, dtype=torch.int64, device=device)
         self.no_cache = torch.zeros(1, self.num_steps, vocab, dtype=cache_dtype, device=device)
 
-    def _layout_for(self, rows: int) -> tuple:
+    def _layout_for(self, rows: int, base_dtype: torch.dtype = torch.bfloat16) -> tuple:
         if self.layout is not None:
             return self.layout
         if self.interpret:
             return CPU_LAYOUT
         if self.head.dtype == torch.float32:
             return GPU_LAYOUT_FP32_WEIGHTS
-        for most_rows, layout in GPU_LAYOUTS:
-            if rows <= most_rows:
-                return layout
-        return GPU_LAYOUT_LARGE
+        layout = next((layout for most_rows, layout in GPU_LAYOUTS if rows <= most_rows), GPU_LAYOUT_LARGE)
+        if base_dtype == torch.float32 and layout[3] > 2:
+            # fp32 base tiles double the base's share of the pipeline: 3 stages of 128 x 64 fp32 base tiles
+            # beside the W2 tiles and the codes need 240 KB of shared memory (H200, Triton 3.6: the 253-row
+            # fp32 benchmark case raised OutOfResources), 2 stages fit
+            layout = layout[:3] + (2,) + layout[4:]
+        return layout
 
     def run(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens, logits_cache):
         """Draw ``draft_tokens`` ``[R, N]`` int64 and write ``logits_cache`` ``[S, N, V]`` (see the module)."""
@@ -545,7 +548,7 @@ class WideBackend:
         inverse = self.method == "inverse_cdf"
         if num_slots == 0:  # every row is padding: point the per-slot loads (all masked off) at scratch
             temperature, seeds, logits_cache = self.no_temperature, self.no_seeds, self.no_cache
-        block_v, block_r, num_warps, stages, prefetch, per_sm = self._layout_for(rows)
+        block_v, block_r, num_warps, stages, prefetch, per_sm = self._layout_for(rows, base_logits.dtype)
         num_tiles = triton.cdiv(vocab, block_v)
         row_blocks = triton.cdiv(rows, block_r)
         if self.programs is not None:
