@@ -1,6 +1,6 @@
 """``impl="auto"``: the fastest measured design per batch size, chosen at every call.
 
-The table below comes from ``benchmarks/results/NVIDIA-H200_2026-12-01_*.json`` (CUDA graph,
+The table below comes from ``benchmarks/results/NVIDIA-H200_2026-12-02_*.json`` (CUDA graph,
 cold L2, V = 129,280, rank 256, N = 5). For each method and cache dtype it lists
 ``(largest batch, impl)`` buckets in increasing order. :class:`AutoBackend` builds one backend per
 impl that a batch up to ``max_rows`` can use, at construction, so that switching between them by
@@ -16,25 +16,27 @@ import torch
 from .. import registry
 
 # (max rows, impl) buckets; the last bucket takes every larger batch. Derived with tools/auto_table.py
-# (table_from_results) from benchmarks/results/NVIDIA-H200_2026-12-01_{bf16,bf16_inverse_cdf,
+# (table_from_results) from benchmarks/results/NVIDIA-H200_2026-12-02_{bf16,bf16_inverse_cdf,
 # fp32_fp32-logits}.json (T = 1 and mixed, means over both).
 AUTO_TABLE = {
-    # bf16: cuda_chain 91/87 us at 1 row, 95 at 2, 102 at 4, 118-119 at 8 (chain 132-176, gumbel_fused
-    # 137-172, fused 157-163); fused 160-170 at 16 (cuda_chain 169-171, chain 178-179), 211-215 at 32 and
-    # 345 at 64 (gumbel_fused 233-250, 375); gumbel_fused 626 at 128 and 1116 at 253 (fused 657, 1240).
-    ("gumbel", torch.bfloat16): ((8, "cuda_chain"), (64, "fused"), (None, "gumbel_fused")),
-    # fp32 cache (fp32 logits): cuda_chain 90 at 1 row (chain 128); fused 175 at 16 (chain 171, within
-    # the 2% margin; cuda_chain 182); gumbel_fused 378 at 64 and 1123 at 253 (fused 523, 2406).
+    # bf16: cuda_chain 83/80 us at 1 row, 90 at 2, 97 at 4, 104/107 at 8, 142/149 at 16 (chain 132-181,
+    # gumbel_fused 136-207, fused 157-165); fused 213-215 at 32 and 345-346 at 64 (gumbel_fused 235-250,
+    # 340-375); gumbel_fused 559-631 at 128 and 977-1128 at 253 (fused 659, 1254; wide 851-936, 1531-1543).
+    ("gumbel", torch.bfloat16): ((16, "cuda_chain"), (64, "fused"), (None, "gumbel_fused")),
+    # fp32 cache (fp32 logits): cuda_chain 82 at 1 row (chain 128); fused 174 at 16 (chain 172 and
+    # cuda_chain 172, within the 2% margin); gumbel_fused 379 at 64 and 1131 at 253 (fused 524, 2432).
     ("gumbel", torch.float32): ((1, "cuda_chain"), (16, "fused"), (None, "gumbel_fused")),
-    # ..._bf16_inverse_cdf.json: inverse_cdf 151-161 vs fused 166-177 at 1 row; fused 165-166 vs 199 at
-    # 16, 199 vs 218 at 32, 268-270 vs 277-278 at 64; inverse_cdf 401 vs 414 at 128, 642 vs 771-779 at 253.
-    ("inverse_cdf", torch.bfloat16): ((1, "inverse_cdf"), (64, "fused"), (None, "inverse_cdf")),
-    # fp32 cache: inverse_cdf is the only inverse-CDF design measured with it (152-695 us at 1-253 rows).
+    # ..._bf16_inverse_cdf.json (T = 1 / mixed): inverse_cdf 161/151 vs fused 176/166 at 1 row; fused
+    # 165-166 at 16 and 198 at 32 (inverse_cdf 198-220); wide 228/285 at 64 and 318/443 at 128 (fused
+    # 267/267, 413/413; inverse_cdf 277, 400-401); inverse_cdf 643/642 at 253 (wide 544/1114: its
+    # mixed-T division per logit loses on the mean).
+    ("inverse_cdf", torch.bfloat16): ((1, "inverse_cdf"), (32, "fused"), (128, "wide"), (None, "inverse_cdf")),
+    # fp32 cache: inverse_cdf is the only inverse-CDF design measured with it (152-696 us at 1-253 rows).
     ("inverse_cdf", torch.float32): ((None, "inverse_cdf"),),
 }
 # The same measurements without registry.NATIVE_DESIGNS (table_from_results(..., exclude=...)): what
 # ``auto`` runs where a native design of AUTO_TABLE cannot run (no NVRTC, not sm_90). bf16: chain
-# 132-134 at 1 row, gumbel_fused 146-153 at 2-4 (fused 157-162, chain 173-176); fp32: chain 128 at 1.
+# 132-134 at 1 row, gumbel_fused 146-154 at 2-4 (fused 158-163, chain 175-177); fp32: chain 128 at 1.
 PORTABLE_TABLE = {
     ("gumbel", torch.bfloat16): ((1, "chain"), (4, "gumbel_fused"), (64, "fused"), (None, "gumbel_fused")),
     ("gumbel", torch.float32): ((1, "chain"), (16, "fused"), (None, "gumbel_fused")),
