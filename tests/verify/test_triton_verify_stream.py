@@ -31,6 +31,7 @@ def _fast_interpreter():
 def _run(verifier, args, method, greedy=None, **kwargs):
     tokens, count = verifier.run(*args, greedy, method=method, **kwargs)
     assert int(verifier.counters.abs().sum()) == 0  # reset by the kernel
+    assert int(verifier.queues.abs().sum()) == 0 and bool((verifier.ready == -1).all())  # (dynamic launches)
     verifier.check()
     return tokens.clone(), count.clone()
 
@@ -96,7 +97,7 @@ def test_layouts_and_explicit_greedy_flags():
     # (fused: the target and cache rows in one loop; stages: pipelining, which the interpreter ignores)
     for options in (dict(t1=1, t2=1, lag=0, fused=1, stages=3), dict(t1=6, t2=6, lag=3, noise_filter=0, fused=0),
                     dict(t1=6, t2=2, lag=1, unroll=2, dbuf=1),  # dbuf: 2 interior groups double-buffered
-                    dict(t1=2, t2=2, lag=2, compact=0)):  # the padded program order (standard)
+                    dict(t1=2, t2=2, lag=2, dynamic=2)):  # standard: persistent fetch-and-add programs
         verifier = StreamVerifier(8, 3, VOCAB, "cpu", **options)
         for method in ("standard", "block"):
             outs.append(_run(verifier, args, method, flags))
