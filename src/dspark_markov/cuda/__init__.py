@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 REQUIRED_CAPABILITY = (9, 0)
 
@@ -66,3 +67,79 @@ def chain_kernels(device_index: int):
     with torch.cuda.device(device_index):
         torch.empty(1, device=f"cuda:{device_index}")  # the runtime makes the primary context current
         return _build.Kernels(_build.cached_cubin("chain.cu"), CHAIN_KERNELS, device_index)
+
+
+BLOCKS_KERNELS = tuple(f"dm_blocks_b{b}_c{c}_v{v}_s{s}" for b in (0, 1) for c in (0, 1) for v in (0, 1)
+                       for s in (0, 1)) + (
+    "dm_blocks_noise_table", "dm_blocks_table_floats")
+TB_SIZE = 33 << 6  # noise.cuh DM_TB_SIZE (fp32 entries)
+
+
+@functools.lru_cache(maxsize=None)
+def blocks_kernels(device_index: int):
+    """The loaded functions of ``blocks.cu`` (``impl="cuda_gumbel"``) on one device."""
+    import torch
+
+    from . import build as _build
+
+    torch.cuda.init()
+    with torch.cuda.device(device_index):
+        torch.empty(1, device=f"cuda:{device_index}")
+        return _build.Kernels(_build.cached_cubin("blocks.cu"), BLOCKS_KERNELS, device_index)
+
+
+_noise_tables: dict = {}
+
+
+def noise_table(device_index: int):
+    """The noise upper-bound table ``[TB_SIZE]`` fp32 on one device (noise.cuh ``tb_bucket``).
+
+    ``table[b]`` is the largest exact noise ``rng.gumbel32(rng.uniform32(h))`` over every hash ``h``
+    of bucket ``b`` (-inf for an empty bucket), found by evaluating all 2^32 hashes on the GPU
+    (``blocks.cu dm_blocks_noise_table``, ~10 s on an H200). The table depends only on noise.cuh's
+    exact IEEE operations, so it is kept on disk beside the CUBINs, keyed by noise.cuh's text: a
+    machine sweeps the hashes once. ``tests/gpu/test_cuda_gumbel_gpu.py`` rebuilds it and compares.
+    """
+    import hashlib
+
+    import torch
+
+    from . import build as _build
+
+    table = _noise_tables.get(device_index)
+    if table is not None:
+        return table
+    key = hashlib.sha256(_build.sources("blocks.cu")["noise.cuh"].encode()).hexdigest()[:24]
+    path = _build.cache_dir() / f"noise_table-{key}.f32"
+    device = torch.device("cuda", device_index)
+    if path.exists() and path.stat().st_size == TB_SIZE * 4:
+        table = torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.float32).to(device)
+    else:
+        table = build_noise_table(device_index)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_bytes(table.cpu().numpy().tobytes())
+            tmp.replace(path)
+        except OSError:  # a read-only home: keep it in memory only
+            pass
+    _noise_tables[device_index] = table
+    return table
+
+
+def build_noise_table(device_index: int):
+    """Sweep all 2^32 hashes on the GPU into a fresh noise upper-bound table (see :func:`noise_table`)."""
+    import ctypes
+
+    import torch
+
+    kernels = blocks_kernels(device_index)
+    device = torch.device("cuda", device_index)
+    with torch.cuda.device(device):
+        words = torch.zeros(TB_SIZE, dtype=torch.int32, device=device)
+        stream = torch.cuda.current_stream(device).cuda_stream
+        ptr = [ctypes.c_uint64(words.data_ptr())]
+        kernels.launch("dm_blocks_noise_table", 4096, 256, 0, stream, ptr)
+        kernels.launch("dm_blocks_table_floats", -(-TB_SIZE // 256), 256, 0, stream, ptr)
+        torch.cuda.synchronize(device)
+    return words.view(torch.float32)

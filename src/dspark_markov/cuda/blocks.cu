@@ -1,0 +1,384 @@
+// impl="cuda_gumbel": the Gumbel block kernel of the large-batch path (32-256 rows), CUDA C++ for sm_90.
+//
+// The step's bias comes from the same cuBLAS GEMM as gumbel_fused and vLLM's loop (a [rows, V] bf16
+// buffer), so the cache is theirs bit for bit. Per work item (row, chunk of DM_CHUNK tokens) a block
+//   phase 1: reads the base logits and the bias once (16-byte loads), forms z = round(U + bias) and
+//            writes the cache row of a live sample, and ranks every token by an exact UPPER BOUND of
+//            its Gumbel key: add_rn(z * (1/T), table[bucket(hash)]) (noise.cuh tb_bucket; the table
+//            holds the largest exact noise of every hash bucket, built once from all 2^32 hashes by
+//            dm_blocks_noise_table), kept in registers: ~15 hash + 4 bucket + 1 shared load + 2 per token,
+//            no logarithm;
+//   seed:    the token of the block's largest bound gets its exact key (one thread; z recomputed
+//            from the inputs) -> a threshold that is a real key of this chunk;
+//   phase 2: only tokens whose bound can still reach that key (within key_slack: the z * (1/T) for
+//            z / T rounding) get exact keys, div_rn(z, T) + gumbel32(...) (the reference's operations),
+//            merged as packed (key, index) words (the first NaN wins, then the first maximum).
+// The block's best word becomes the chunk's partial (block_max fp32, block_token int64), which
+// launch_combine (draft/triton_blocks.py) reduces per row with torch.argmax semantics, as for gumbel_fused.
+// Greedy rows (T = 0, padding) rank z itself (exact, no hash). A chunk where every bound is NaN / -inf
+// falls back to exact keys for every token (correct, slow, only for NaN / all -inf rows).
+//
+// Bytes per step: rows * V * (base bytes + 2 bias bytes) read, live * V * cache bytes written,
+// rows * chunks * 12 partials; the table (8.4 KB) once per block.
+#include "noise.cuh"
+
+using dm::i32;
+using dm::i64;
+using dm::u32;
+using dm::u64;
+
+#define DM_BT 256                  // threads per block
+#define DM_WARPS (DM_BT / 32)
+#define DM_GROUPS 2                // 8-token groups per thread and chunk
+#define DM_PER (8 * DM_GROUPS)     // tokens per thread and chunk
+#define DM_CHUNK (DM_BT * DM_PER)  // tokens per work item (cuda_gumbel.CHUNK)
+#define DM_BINT64_MIN (-9223372036854775807ll - 1)
+
+// DM_BF_PREFETCH: each block asks L2 for its next work item's base and bias lines when it starts an item.
+#define DM_BF_PREFETCH 1
+
+struct BlocksArgs {  // every field 8 bytes (matches cuda_gumbel.BlocksArgs)
+  u64 base;         // [R, N, V] bf16/fp32, strides (stride_br, stride_bn, 1)
+  u64 bias;         // [>= R, V] bf16, row stride stride_bias (unscaled cuBLAS output)
+  u64 cache;        // [S, N, V] bf16/fp32, strides (stride_cs, V, 1)
+  u64 idx;          // [R * N] int32/int64 slot per (row, step), -1 = padding
+  u64 pos;          // [R * N] int32/int64 positions
+  u64 temp;         // [S] fp32
+  u64 seeds;        // [S] int64
+  u64 block_max;    // [>= R, chunks] fp32 partial keys, row stride stride_part
+  u64 block_token;  // [>= R, chunks] int64 partial tokens
+  u64 gtab;         // [DM_TB_SIZE] fp32 noise upper bounds per hash bucket
+  i64 rows, vocab, num_slots, num_steps, step, chunks;
+  i64 stride_br, stride_bn, stride_bias, stride_cs, stride_part;
+  i64 idx64, pos64, has_scale;  // has_scale: scale != 1 (the entry point's S bit must agree)
+  i64 flags;                    // DM_BF_* hints (never change a draw)
+  double scale, filter_margin;
+};
+
+// Streaming 16-byte accesses (read or written once per step: evict first).
+__device__ __forceinline__ uint4 bl_load16(const void* ptr) {
+  uint4 v;
+  asm volatile("ld.global.cs.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
+  return v;
+}
+__device__ __forceinline__ void bl_store16(void* ptr, u32 x, u32 y, u32 z, u32 w) {
+  asm volatile("st.global.cs.v4.u32 [%0], {%1,%2,%3,%4};" :: "l"(ptr), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
+}
+
+__device__ __forceinline__ void bl_prefetch_l2(const void* ptr) {
+  asm volatile("prefetch.global.L2::evict_last [%0];" :: "l"(ptr));
+}
+
+__device__ __forceinline__ float bl_bf16(u32 b) { return __uint_as_float(b << 16); }
+
+__device__ __forceinline__ u32 bl_round_bf16(float f) {  // round to nearest even, NaN -> 0x7FC0 (torch)
+  u32 u = __float_as_uint(f);
+  if (f != f) return 0x7FC0u;
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return u >> 16;
+}
+
+struct RowState {
+  bool live, greedy;
+  i64 slot;
+  float temp, inv_temp;
+  u32 prefix;
+};
+
+__device__ __forceinline__ RowState row_state(const BlocksArgs& a, i64 row) {
+  const i64 sample = row * a.num_steps + a.step;
+  i64 slot = a.idx64 ? ((const i64*)a.idx)[sample] : (i64)((const i32*)a.idx)[sample];
+  const i64 position = a.pos64 ? ((const i64*)a.pos)[sample] : (i64)((const i32*)a.pos)[sample];
+  RowState r;
+  r.live = slot >= 0 && slot < a.num_slots;
+  r.slot = r.live ? slot : 0;
+  r.temp = r.live ? ((const float*)a.temp)[r.slot] : 0.0f;
+  const i64 seed = r.live ? ((const i64*)a.seeds)[r.slot] : 0;
+  r.greedy = r.temp == 0.0f;
+  r.inv_temp = r.greedy ? 1.0f : dm::div_rn(1.0f, r.temp);
+  r.prefix = dm::draft_prefix(seed, (int)a.step, position);
+  return r;
+}
+
+// z of one token from the inputs (SPEC.md 3): round_cache(float(U) + bias), the bias scaled and
+// rounded again to bf16 when scale != 1.
+template <bool BASE_F32, bool CACHE_F32, bool SCALE>
+__device__ __forceinline__ float make_z(float u, u32 bias_bits, float scale) {
+  float b = bl_bf16(bias_bits);
+  if (SCALE) b = bl_bf16(bl_round_bf16(dm::mul_rn(b, scale)));
+  const float s = dm::add_rn(u, b);
+  return CACHE_F32 ? s : bl_bf16(bl_round_bf16(s));
+}
+
+template <bool BASE_F32, bool CACHE_F32, bool SCALE>
+__device__ __forceinline__ float z_at(const BlocksArgs& a, const void* base_row, const unsigned short* bias_row,
+                                      i64 v) {
+  const float u = BASE_F32 ? ((const float*)base_row)[v] : bl_bf16(((const unsigned short*)base_row)[v]);
+  return make_z<BASE_F32, CACHE_F32, SCALE>(u, bias_row[v], (float)a.scale);
+}
+
+// The exact key of SPEC.md 4: z on greedy rows, div_rn(z, T) + gumbel32(uniform32(hash)) otherwise.
+__device__ __forceinline__ float exact_key(const RowState& r, float z, u32 v) {
+  return r.greedy ? z : dm::exact_key(z, r.temp, r.prefix, v);
+}
+
+__device__ __forceinline__ i64 shfl_xor_i64(i64 x, int off) {
+  const u32 lo = __shfl_xor_sync(0xFFFFFFFFu, (u32)((u64)x & 0xFFFFFFFFull), off);
+  const u32 hi = __shfl_xor_sync(0xFFFFFFFFu, (u32)((u64)x >> 32), off);
+  return (i64)(((u64)hi << 32) | lo);
+}
+
+template <bool BASE_F32, bool CACHE_F32, bool VEC, bool SCALE>
+__device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
+  __shared__ float gtab_s[DM_TB_SIZE];
+  __shared__ float seed_key_s[DM_WARPS];
+  __shared__ int seed_tok_s[DM_WARPS];
+  __shared__ i64 word_s[DM_WARPS];
+  __shared__ float thr_s;
+  __shared__ int seed_s;
+  __shared__ i64 seed_word_s;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  for (int i = tid; i < DM_TB_SIZE; i += DM_BT) gtab_s[i] = ((const float*)a.gtab)[i];
+  __syncthreads();
+  const float ninf = -__int_as_float(0x7f800000);
+  const i64 items = a.rows * a.chunks;
+  const i64 vocab = a.vocab;
+  const float scale = (float)a.scale;
+  for (i64 item = blockIdx.x; item < items; item += gridDim.x) {
+    const i64 row = item / a.chunks;
+    const i64 v0 = (item - row * a.chunks) * DM_CHUNK;
+    const RowState r = row_state(a, row);
+    const char* base_row = (const char*)a.base + (row * a.stride_br + a.step * a.stride_bn) * (BASE_F32 ? 4 : 2);
+    const unsigned short* bias_row = (const unsigned short*)a.bias + row * a.stride_bias;
+    char* cache_row = (char*)a.cache + (r.slot * a.stride_cs + a.step * vocab) * (CACHE_F32 ? 4 : 2);
+    if ((a.flags & DM_BF_PREFETCH) && item + gridDim.x < items && (lane & 7) == 0) {
+      // One thread per 128-byte line of bf16 (8 lanes x 16 bytes); fp32 base: every other line too.
+      const i64 nrow = (item + gridDim.x) / a.chunks;
+      const i64 nv0 = (item + gridDim.x - nrow * a.chunks) * DM_CHUNK;
+      const char* nbase = (const char*)a.base + (nrow * a.stride_br + a.step * a.stride_bn) * (BASE_F32 ? 4 : 2);
+      const unsigned short* nbias = (const unsigned short*)a.bias + nrow * a.stride_bias;
+#pragma unroll
+      for (int g = 0; g < DM_GROUPS; ++g) {
+        const i64 t0 = nv0 + (i64)g * DM_BT * 8 + tid * 8;
+        if (t0 < vocab) {
+          bl_prefetch_l2(nbase + t0 * (BASE_F32 ? 4 : 2));
+          if (BASE_F32) bl_prefetch_l2(nbase + t0 * 4 + 128);
+          bl_prefetch_l2(nbias + t0);
+        }
+      }
+    }
+
+    // ---- phase 1: z, the cache, the key bounds
+    float ub[DM_PER];
+    float sb = ninf;
+    int si = -1;
+    if (VEC) {
+      uint4 braw[DM_GROUPS][2];
+      uint4 wraw[DM_GROUPS];
+#pragma unroll
+      for (int g = 0; g < DM_GROUPS; ++g) {
+        const i64 t0 = v0 + (i64)g * DM_BT * 8 + tid * 8;
+        if (t0 < vocab) {  // vocab % 8 == 0 on this path: a group is in or out whole
+          if (BASE_F32) {
+            braw[g][0] = bl_load16(base_row + t0 * 4);
+            braw[g][1] = bl_load16(base_row + t0 * 4 + 16);
+          } else {
+            braw[g][0] = bl_load16(base_row + t0 * 2);
+          }
+          wraw[g] = bl_load16(bias_row + t0);
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < DM_GROUPS; ++g) {
+        const i64 t0 = v0 + (i64)g * DM_BT * 8 + tid * 8;
+        if (t0 < vocab) {
+          float z[8];
+          const u32 w[4] = {wraw[g].x, wraw[g].y, wraw[g].z, wraw[g].w};
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            float u;
+            if (BASE_F32) {
+              const uint4 q = braw[g][e >> 2];
+              const u32 qs[4] = {q.x, q.y, q.z, q.w};
+              u = __uint_as_float(qs[e & 3]);
+            } else {
+              const u32 qs[4] = {braw[g][0].x, braw[g][0].y, braw[g][0].z, braw[g][0].w};
+              u = bl_bf16((qs[e >> 1] >> ((e & 1) * 16)) & 0xFFFFu);
+            }
+            z[e] = make_z<BASE_F32, CACHE_F32, SCALE>(u, (w[e >> 1] >> ((e & 1) * 16)) & 0xFFFFu, scale);
+          }
+          if (r.live) {
+            if (CACHE_F32) {
+              bl_store16(cache_row + t0 * 4, __float_as_uint(z[0]), __float_as_uint(z[1]), __float_as_uint(z[2]),
+                         __float_as_uint(z[3]));
+              bl_store16(cache_row + t0 * 4 + 16, __float_as_uint(z[4]), __float_as_uint(z[5]), __float_as_uint(z[6]),
+                         __float_as_uint(z[7]));
+            } else {
+              u32 p[4];
+#pragma unroll
+              for (int k = 0; k < 4; ++k) p[k] = (__float_as_uint(z[2 * k]) >> 16) | (__float_as_uint(z[2 * k + 1]) & 0xFFFF0000u);
+              bl_store16(cache_row + t0 * 2, p[0], p[1], p[2], p[3]);
+            }
+          }
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            const u32 v = (u32)(t0 + e);
+            float b;
+            if (r.greedy) {
+              b = z[e];
+            } else {
+              b = dm::add_rn(dm::mul_rn(z[e], r.inv_temp), gtab_s[dm::tb_bucket(dm::hash_finish(r.prefix, v))]);
+            }
+            ub[g * 8 + e] = b;
+            if (b > sb) {
+              sb = b;
+              si = (int)v;
+            }
+          }
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) ub[g * 8 + e] = ninf;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int g = 0; g < DM_GROUPS; ++g) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const i64 t = v0 + (i64)g * DM_BT * 8 + tid * 8 + e;
+          float b = ninf;
+          if (t < vocab) {
+            const float z = z_at<BASE_F32, CACHE_F32, SCALE>(a, base_row, bias_row, t);
+            if (r.live) {
+              if (CACHE_F32) ((float*)cache_row)[t] = z;
+              else ((unsigned short*)cache_row)[t] = (unsigned short)(__float_as_uint(z) >> 16);
+            }
+            b = r.greedy ? z
+                         : dm::add_rn(dm::mul_rn(z, r.inv_temp), gtab_s[dm::tb_bucket(dm::hash_finish(r.prefix, (u32)t))]);
+            if (b > sb) {
+              sb = b;
+              si = (int)t;
+            }
+          }
+          ub[g * 8 + e] = b;
+        }
+      }
+    }
+
+    // ---- seed: the block's largest bound (first token among equals), its exact key -> threshold
+#pragma unroll
+    for (int off = 16; off; off >>= 1) {
+      const float ob = __shfl_xor_sync(0xFFFFFFFFu, sb, off);
+      const int oi = __shfl_xor_sync(0xFFFFFFFFu, si, off);
+      if (oi >= 0 && (si < 0 || ob > sb || (ob == sb && oi < si))) {
+        sb = ob;
+        si = oi;
+      }
+    }
+    if (lane == 0) {
+      seed_key_s[warp] = sb;
+      seed_tok_s[warp] = si;
+    }
+    __syncthreads();
+    if (tid == 0) {
+      for (int w = 1; w < DM_WARPS; ++w) {
+        const float ob = seed_key_s[w];
+        const int oi = seed_tok_s[w];
+        if (oi >= 0 && (si < 0 || ob > sb || (ob == sb && oi < si))) {
+          sb = ob;
+          si = oi;
+        }
+      }
+      float thr = ninf;
+      i64 word = DM_BINT64_MIN;
+      if (si >= 0) {
+        const float k = exact_key(r, z_at<BASE_F32, CACHE_F32, SCALE>(a, base_row, bias_row, si), (u32)si);
+        word = dm::pack_word(k, si);
+        // A bound b below thr' = k - margin - 2 (|k| + 64) 2^-20 has b + key_slack(b) < k: it cannot win.
+        const float mag = k < 0.0f ? -k : k;
+        thr = dm::sub_rn(dm::sub_rn(k, (float)a.filter_margin), dm::mul_rn(dm::add_rn(mag, 64.0f), 0x1p-19f));
+      }
+      thr_s = thr;  // -inf (no seed) or NaN (k = +inf: +inf - inf): every token goes exact
+      seed_s = si;
+      seed_word_s = word;
+    }
+    __syncthreads();
+
+    // ---- phase 2: exact keys where the bound can still reach the seed's key
+    const float thr = thr_s;
+    const int seed = seed_s;
+    i64 best = tid == 0 ? seed_word_s : DM_BINT64_MIN;
+#pragma unroll
+    for (int g = 0; g < DM_GROUPS; ++g) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const i64 t = v0 + (i64)g * DM_BT * 8 + tid * 8 + e;
+        if (!(ub[g * 8 + e] < thr) && t < vocab && (int)t != seed) {
+          const float k = exact_key(r, z_at<BASE_F32, CACHE_F32, SCALE>(a, base_row, bias_row, t), (u32)t);
+          const i64 word = dm::pack_word(k, (i32)t);
+          best = word > best ? word : best;
+        }
+      }
+    }
+#pragma unroll
+    for (int off = 16; off; off >>= 1) {
+      const i64 o = shfl_xor_i64(best, off);
+      best = o > best ? o : best;
+    }
+    if (lane == 0) word_s[warp] = best;
+    __syncthreads();
+    if (tid == 0) {
+      for (int w = 1; w < DM_WARPS; ++w) best = word_s[w] > best ? word_s[w] : best;
+      const i64 part = row * a.stride_part + v0 / DM_CHUNK;
+      ((float*)a.block_max)[part] = dm::word_key(best);
+      ((i64*)a.block_token)[part] = (i64)dm::word_index(best);
+    }
+  }
+}
+
+// One entry point per (base fp32, cache fp32, 16-byte I/O, scale != 1).
+#define DM_BLOCKS_ENTRY(B, C, V, S)                                                                  \
+  extern "C" __global__ void __launch_bounds__(DM_BT, 3) dm_blocks_b##B##_c##C##_v##V##_s##S(const BlocksArgs a) { \
+    blocks_body<B, C, V, S>(a);                                                                      \
+  }
+#define DM_BLOCKS_ENTRIES(B, C) \
+  DM_BLOCKS_ENTRY(B, C, 0, 0)   \
+  DM_BLOCKS_ENTRY(B, C, 0, 1)   \
+  DM_BLOCKS_ENTRY(B, C, 1, 0)   \
+  DM_BLOCKS_ENTRY(B, C, 1, 1)
+#ifdef DM_BLOCKS_TWO_ENTRIES  // the CPU test's nvcc compile check: every template bit both ways, in 1/8 of the time
+DM_BLOCKS_ENTRY(0, 0, 1, 0)
+DM_BLOCKS_ENTRY(1, 1, 0, 1)
+#else
+DM_BLOCKS_ENTRIES(0, 0)
+DM_BLOCKS_ENTRIES(0, 1)
+DM_BLOCKS_ENTRIES(1, 0)
+DM_BLOCKS_ENTRIES(1, 1)
+#endif
+
+// The noise upper-bound table: words[b] = the largest gumbel32(uniform32(h)) over every hash h with
+// tb_bucket(h) == b, as tb_order words (the caller zero-fills; an empty bucket stays 0). The same
+// sweep as chain.cu's dm_noise_table, kept here so that this module builds without the chain.
+extern "C" __global__ void dm_blocks_noise_table(u32* words) {
+  const u64 first = ((u64)blockIdx.x * blockDim.x + threadIdx.x) * 4096ull;
+  if (first >= (1ull << 32)) return;
+  u32 bucket = dm::tb_bucket((u32)first), best = 0;
+  for (u32 i = 0; i < 4096u; ++i) {
+    const u32 h = (u32)first + i;
+    const u32 b = dm::tb_bucket(h);
+    if (b != bucket) {
+      atomicMax(&words[bucket], best);
+      bucket = b;
+      best = 0;
+    }
+    const u32 o = dm::tb_order(dm::gumbel32(dm::uniform32(h)));
+    best = o > best ? o : best;
+  }
+  atomicMax(&words[bucket], best);
+}
+
+// words (tb_order) -> fp32 bounds in place (an empty bucket -> -inf).
+extern "C" __global__ void dm_blocks_table_floats(u32* words) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < DM_TB_SIZE) words[i] = __float_as_uint(dm::tb_unorder(words[i]));
+}

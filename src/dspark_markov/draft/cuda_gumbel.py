@@ -1,0 +1,144 @@
+"""``impl="cuda_gumbel"``: ``gumbel_fused`` with its Gumbel block kernel in CUDA C++ (large batches).
+
+Per step (three launches, as ``gumbel_fused``; before step 0 one clamp and one embedding gather):
+
+1. ``bias = W2 @ codes`` (the same cuBLAS GEMM as ``gumbel_fused`` and vLLM's loop, so the cache is
+   theirs bit for bit);
+2. ``dspark_markov/cuda/blocks.cu`` (NVRTC at first use, cached): one work item per (row, chunk of
+   :data:`CHUNK` tokens), ``z = round_cache(float(U) + float(bias))``, the cache rows of live samples,
+   every token ranked by an exact upper bound of its key from a per-hash-bucket noise table (no
+   logarithm), exact keys only for the tokens whose bound can still reach the chunk's best;
+3. the Triton combine of ``gumbel_fused`` (:func:`.triton_blocks.launch_combine`): the token,
+   ``draft_tokens``, ``prev`` and the next step's codes.
+
+Why: ``gumbel_fused``'s Triton block kernel is compute-bound at large batches (Nsight Compute, H200,
+253 rows: 182 us per step at 77% SM throughput, 136 M warp instructions, ~133 instructions per logit;
+the cuBLAS GEMM 38 us, the combine 3 us). This kernel spends ~35 instructions per logit.
+
+Requirements (``ValueError`` otherwise): a CUDA device of compute capability 9.0 with NVRTC
+(:func:`dspark_markov.cuda.availability`) and bf16 weights. Base logits bf16 or fp32, cache bf16 or
+fp32, any mix of temperatures, padding rows. The draws are the reference's from the cached logits.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from ..ops.constants import FILTER_MARGIN
+from .bias_gemm import clamp_anchor
+from .triton_blocks import GumbelBlocksBackend, launch_combine
+
+CHUNK = 4096  # tokens per work item (blocks.cu DM_CHUNK)
+THREADS = 256  # blocks.cu DM_BT
+BLOCKS_PER_SM = 3  # blocks.cu __launch_bounds__(DM_BT, 3): <= 85 registers (72-80 used, ptxas -v)
+# Run-time hints (blocks.cu DM_BF_*; they never change a draw): the next work item's lines requested into L2.
+FLAG_PREFETCH = 1
+FLAGS_ALL = FLAG_PREFETCH
+DEFAULT_FLAGS = 0
+
+
+class BlocksArgs(ctypes.Structure):
+    """The kernel's one argument (``struct BlocksArgs`` in blocks.cu): 8-byte fields, in order."""
+
+    _fields_ = [(name, ctypes.c_uint64) for name in (
+        "base", "bias", "cache", "idx", "pos", "temp", "seeds", "block_max", "block_token", "gtab")] + [
+        (name, ctypes.c_int64) for name in (
+            "rows", "vocab", "num_slots", "num_steps", "step", "chunks", "stride_br", "stride_bn", "stride_bias",
+            "stride_cs", "stride_part", "idx64", "pos64", "has_scale", "flags")] + [
+        ("scale", ctypes.c_double), ("filter_margin", ctypes.c_double)]
+
+
+def _aligned16(tensor: torch.Tensor, dims) -> bool:
+    return tensor.data_ptr() % 16 == 0 and all(tensor.stride(d) * tensor.element_size() % 16 == 0 for d in dims)
+
+
+class CudaGumbelBackend(GumbelBlocksBackend):
+    """Backend of ``impl="cuda_gumbel"`` (Gumbel-max only, bf16 weights, sm_90 with NVRTC).
+
+    Parameters as :class:`~.triton_blocks.GumbelBlocksBackend`, plus ``blocks_per_sm`` (resident
+    blocks per SM of the grid-stride launch, default :data:`BLOCKS_PER_SM`; a large value launches one
+    block per work item), ``filter_margin`` (the slack of the bound test; a huge value makes every token
+    exact) and ``flags`` (:data:`FLAG_PREFETCH`). Scratch (the bias GEMM's
+    buffers, partials ``[max_rows, cdiv(V, CHUNK)]``, the noise table) is allocated once; ``run``
+    only launches (CUDA-graph safe).
+    """
+
+    NAME = "cuda_gumbel"
+    DEVICES = ("cuda",)
+
+    def __init__(self, head, num_steps, max_rows, *, method, cache_dtype, device, blocks_per_sm=BLOCKS_PER_SM,
+                 filter_margin=FILTER_MARGIN, flags=DEFAULT_FLAGS):
+        from .. import cuda
+
+        device = torch.device(device)
+        if device.type != "cuda":
+            raise ValueError(f"device: impl 'cuda_gumbel' runs on CUDA devices, got {device}")
+        why = cuda.availability(device, build=False)
+        if why is not None:
+            raise ValueError(f"impl: 'cuda_gumbel' cannot run here: {why}")
+        if head.dtype != torch.bfloat16:
+            raise ValueError(f"head_weight: impl 'cuda_gumbel' needs bf16 weights, got {head.dtype}")
+        if cache_dtype not in (torch.bfloat16, torch.float32):
+            raise ValueError(f"cache_dtype: expected torch.bfloat16 or torch.float32, got {cache_dtype}")
+        if int(blocks_per_sm) < 1:
+            raise ValueError(f"blocks_per_sm: expected >= 1, got {blocks_per_sm}")
+        super().__init__(head, num_steps, max_rows, method=method, cache_dtype=cache_dtype, device=device,
+                         block=CHUNK)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        self.device = torch.device("cuda", index)
+        self.kernels = cuda.blocks_kernels(index)
+        self.noise_table = cuda.noise_table(index)
+        self.num_sms = torch.cuda.get_device_properties(index).multi_processor_count
+        self.blocks_per_sm = int(blocks_per_sm)
+        self.filter_margin = float(filter_margin)
+        if int(flags) < 0 or int(flags) & ~FLAGS_ALL:
+            raise ValueError(f"flags: expected a combination of the FLAG_* bits ({FLAGS_ALL} = all), got {flags}")
+        self.flags = int(flags)
+
+    @staticmethod
+    def unavailable_reason() -> str | None:
+        """Why this design cannot run here (no GPU, not sm_90, no NVRTC), or ``None``."""
+        from .. import cuda
+
+        return cuda.availability(build=False)
+
+    def kernel_name(self, base_logits, logits_cache) -> str:
+        vec = (self.head.vocab_size % 8 == 0 and _aligned16(base_logits, (0, 1)) and _aligned16(logits_cache, (0, 1))
+               and _aligned16(self.gemm.bias, (0,)))
+        return (f"dm_blocks_b{int(base_logits.dtype == torch.float32)}_c{int(logits_cache.dtype == torch.float32)}"
+                f"_v{int(vec)}_s{int(float(self.head.scale) != 1.0)}")
+
+    def launch_blocks(self, base_logits, idx_mapping, positions, temperature, seeds, logits_cache, *, rows, step):
+        """One step's block kernel: the cache rows of live samples and the partials of ``rows`` rows.
+
+        Grid: ``min(rows * chunks, SMs * blocks_per_sm)`` blocks of 256 threads (grid-stride over the
+        work items). Bytes: rows*V*(base bytes + 2) read + live*V*cache bytes written + rows*chunks*12.
+        """
+        vocab = self.head.vocab_size
+        bias = self.gemm.bias
+        args = BlocksArgs(
+            base_logits.data_ptr(), bias.data_ptr(), logits_cache.data_ptr(), idx_mapping.data_ptr(),
+            positions.data_ptr(), temperature.data_ptr(), seeds.data_ptr(), self.block_max.data_ptr(),
+            self.block_token.data_ptr(), self.noise_table.data_ptr(),
+            rows, vocab, temperature.shape[0], self.num_steps, step, self.num_blocks,
+            base_logits.stride(0), base_logits.stride(1), bias.stride(0), logits_cache.stride(0),
+            self.block_max.stride(0), int(idx_mapping.dtype == torch.int64), int(positions.dtype == torch.int64),
+            int(float(self.head.scale) != 1.0), self.flags, float(self.head.scale), self.filter_margin)
+        grid = min(rows * self.num_blocks, self.num_sms * self.blocks_per_sm)
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        self.kernels.launch(self.kernel_name(base_logits, logits_cache), grid, THREADS, 0, stream, [args])
+
+    def run(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens, logits_cache):
+        """Draw ``draft_tokens`` ``[R, N]`` and write ``logits_cache`` ``[S, N, V]`` (see the module)."""
+        rows = base_logits.shape[0]
+        clamp_anchor(anchor, self.prev, self.head.embed_vocab_size)
+        self.gemm.gather(self.prev[:rows], rows)
+        for step in range(self.num_steps):
+            self.gemm.compute(rows)  # [rows, V] bf16 into self.gemm.bias, unscaled
+            self.launch_blocks(base_logits, idx_mapping, positions, temperature, seeds, logits_cache, rows=rows,
+                               step=step)
+            launch_combine(self.block_max, self.block_token, draft_tokens, self.prev, self.gemm.gemm_embed,
+                           self.gemm.codes, rows=rows, step=step, vocab=self.head.vocab_size,
+                           gather=step + 1 < self.num_steps)

@@ -1,0 +1,172 @@
+"""``impl="cuda_gumbel"`` at DeepSeek-V4.1 shapes on the H200 (sm_90 + NVRTC), against ``gumbel_fused``.
+
+Both make the same cuBLAS bias GEMM, so tokens and cache must be equal bit for bit; every token must
+also be ``draw_gumbel`` of the sampler's own cache (``check_draws``), padding rows untouched. Covered:
+rows {1, 16, 64, 253}, bf16 / fp32 base and cache, mixed T (0 / 0.6 / 1) with padding rows and
+samples, strided base logits with a bias scale, NaN / all -inf / huge rows, a vocabulary that is not a
+multiple of 8 (the scalar path), every token exact (``filter_margin`` huge), CUDA-graph replay equal
+to eager, and the noise table (rebuilt from all 2^32 hashes, equal to the one kept on disk).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dspark_markov as dm
+from tests.helpers import SENTINEL, check_draws, make_head, make_inputs, new_outputs, same_values
+
+pytestmark = pytest.mark.gpu
+
+VOCAB = 129_280
+RANK = 256
+STEPS = 5
+IMPLS = ("gumbel_fused", "cuda_gumbel")
+
+
+def _available():
+    from dspark_markov.draft.cuda_gumbel import CudaGumbelBackend
+
+    return CudaGumbelBackend.unavailable_reason()
+
+
+@pytest.fixture(scope="module")
+def head():
+    why = _available()
+    if why is not None:
+        pytest.skip(why)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    return make_head(VOCAB, RANK, embed_extra=1000, dtype=torch.bfloat16, device="cuda", seed=3)
+
+
+_INPUTS = {}
+
+
+def inputs_for(rows, logit_dtype, seed=7, vocab=VOCAB):
+    key = (rows, logit_dtype, seed, vocab)
+    if key not in _INPUTS:
+        _INPUTS[key] = make_inputs(rows, STEPS, vocab, logit_dtype=logit_dtype, device="cuda", seed=seed,
+                                   extra_slots=5, embed_vocab=VOCAB + 1000)
+    return _INPUTS[key]
+
+
+def sample(sampler, inputs, cache_dtype, **kwargs):
+    tokens, cache = new_outputs(inputs, cache_dtype)
+    sampler.sample(**inputs, draft_tokens=tokens, logits_cache=cache, **kwargs)
+    torch.cuda.synchronize()
+    return tokens, cache
+
+
+def both(head, inputs, cache_dtype, **backend_kwargs):
+    rows = inputs["base_logits"].shape[0]
+    out = {}
+    for impl in IMPLS:
+        sampler = dm.MarkovSampler(head, STEPS, rows, cache_dtype=cache_dtype, method="gumbel", impl=impl)
+        if impl == "cuda_gumbel" and backend_kwargs:
+            sampler.backend = type(sampler.backend)(head, STEPS, rows, method="gumbel", cache_dtype=cache_dtype,
+                                                    device="cuda", **backend_kwargs)
+        out[impl] = sample(sampler, inputs, cache_dtype)
+    return out
+
+
+def assert_same(out):
+    assert torch.equal(out["gumbel_fused"][0], out["cuda_gumbel"][0])
+    assert same_values(out["gumbel_fused"][1], out["cuda_gumbel"][1])
+
+
+@pytest.mark.parametrize("rows", [1, 16, 64, 253])
+@pytest.mark.parametrize("logit_dtype,cache_dtype", [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32),
+                                                     (torch.bfloat16, torch.float32)])
+def test_matches_gumbel_fused_and_reference_at_full_shape(head, rows, logit_dtype, cache_dtype):
+    inputs = inputs_for(rows, logit_dtype)
+    out = both(head, inputs, cache_dtype)
+    check_draws(head, inputs, *out["cuda_gumbel"], exact=False)
+    assert_same(out)
+
+
+@pytest.mark.parametrize("flags", [0, 1])
+def test_every_token_exact_and_the_prefetch_hint_draw_the_same(head, flags):
+    """filter_margin = 1e30: the bound test never skips (every token's exact key); flags never change a draw."""
+    inputs = inputs_for(64, torch.bfloat16)
+    out = both(head, inputs, torch.bfloat16, filter_margin=1e30, flags=flags)
+    assert_same(out)
+    out = both(head, inputs, torch.bfloat16, blocks_per_sm=1000, flags=flags)  # one block per work item
+    assert_same(out)
+
+
+def test_strided_logits_and_scale(head):
+    scaled = dm.MarkovHead(head.embed_weight, head.head_weight, 0.8125)
+    inputs = make_inputs(16, STEPS, VOCAB, strided=True, device="cuda", seed=13, embed_vocab=VOCAB + 1000)
+    assert inputs["base_logits"].stride(0) != STEPS * VOCAB
+    out = both(scaled, inputs, torch.bfloat16)
+    check_draws(scaled, inputs, *out["cuda_gumbel"], exact=False)
+    assert_same(out)
+
+
+def test_vocabulary_not_a_multiple_of_8_takes_the_scalar_path(head):
+    vocab = VOCAB - 3
+    small = dm.MarkovHead(head.embed_weight, head.head_weight[:vocab].contiguous())
+    inputs = inputs_for(16, torch.bfloat16, seed=21, vocab=vocab)
+    sampler = dm.MarkovSampler(small, STEPS, 16, cache_dtype=torch.bfloat16, method="gumbel", impl="cuda_gumbel")
+    tokens, cache = new_outputs(inputs, torch.bfloat16)
+    assert sampler.backend.kernel_name(inputs["base_logits"], cache).endswith("_v0_s0")
+    out = both(small, inputs, torch.bfloat16)
+    check_draws(small, inputs, *out["cuda_gumbel"], exact=False)
+    assert_same(out)
+
+
+def test_nan_and_all_minus_inf_rows_stay_in_range(head):
+    inputs = make_inputs(4, STEPS, VOCAB, logit_dtype=torch.float32, device="cuda", seed=17, embed_vocab=VOCAB + 1000)
+    base = inputs["base_logits"]
+    base[0, 0, 100_000] = float("nan")
+    base[0, 0, 70_000] = float("nan")
+    base[1] = float("-inf")
+    base[3, 1, :] = 3.0e38
+    base[2, 2, 5_000] = float("inf")
+    out = both(head, inputs, torch.bfloat16)
+    tokens = out["cuda_gumbel"][0]
+    assert tokens.min() >= 0 and tokens.max() < VOCAB
+    assert tokens[0, 0] == 70_000 and bool((tokens[1] == 0).all())
+    assert_same(out)
+
+
+@pytest.mark.parametrize("rows", [64, 253])
+def test_cuda_graph_capture_and_replay(head, rows):
+    """Capture sample() once; refill every input with new values; replay equals eager."""
+    sampler = dm.MarkovSampler(head, STEPS, rows, cache_dtype=torch.bfloat16, method="gumbel", impl="cuda_gumbel")
+    static = {name: tensor.clone() for name, tensor in inputs_for(rows, torch.bfloat16).items()}
+    tokens, cache = new_outputs(static, torch.bfloat16)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            sampler.sample(**static, draft_tokens=tokens, logits_cache=cache, check_values=False)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        sampler.sample(**static, draft_tokens=tokens, logits_cache=cache, check_values=False)
+    for seed in (8, 9):
+        fresh = make_inputs(rows, STEPS, VOCAB, device="cuda", seed=seed, extra_slots=5, embed_vocab=VOCAB + 1000)
+        fresh["temperature"] = fresh["temperature"].flip(0).contiguous()
+        for name, tensor in fresh.items():
+            static[name].copy_(tensor)
+        cache.fill_(SENTINEL)
+        tokens.fill_(-1)
+        graph.replay()
+        torch.cuda.synchronize()
+        check_draws(head, fresh, tokens, cache, exact=False)
+        eager = both(head, fresh, torch.bfloat16)
+        assert torch.equal(tokens, eager["cuda_gumbel"][0]) and torch.equal(tokens, eager["gumbel_fused"][0])
+        assert same_values(cache, eager["cuda_gumbel"][1])
+
+
+def test_noise_table_is_the_exhaustive_bucket_maximum(head):
+    """A fresh sweep of all 2^32 hashes equals the table in use (kept on disk; cuda_chain's test checks
+    its own sweep, the same function)."""
+    from dspark_markov import cuda
+
+    index = torch.cuda.current_device()
+    fresh = cuda.build_noise_table(index)
+    in_use = cuda.noise_table(index)
+    assert torch.equal(fresh.view(torch.int32), in_use.view(torch.int32))
+    assert float(fresh[0]) > 20.0 and float(fresh.max()) < 23.0  # bucket 0: h in {0, 1}, u ~ 2^-32, g ~ 22
