@@ -5,7 +5,8 @@ launched) on ``meta`` tensors at the benchmark's shapes (V = 129,280, K = 5, bf1
 standard and raw modes of both methods. Run it with the GPU machine's Triton before a GPU round.
 
 Usage: ``PYTHONPATH=src:tools /work/venv-t36/bin/python tools/compile_verify.py [option=value ...]``
-(options are :class:`StreamVerifier` keyword arguments, integers, e.g. ``unroll=4 max_registers=72``).
+(options are :class:`StreamVerifier` keyword arguments, integers, e.g. ``unroll=4 max_registers=72``;
+``trace=1`` compiles the launch-trace variant).
 """
 
 import sys
@@ -26,6 +27,7 @@ def main(argv):
     for item in argv:
         key, _, value = item.partition("=")
         options[key] = int(value)
+    traced = bool(options.pop("trace", 0))  # trace=1: the launch-trace variant (run(trace=))
     vocab, k, rows = 129_280, 5, 253
     meta = torch.device("meta")
     verifier = StreamVerifier(rows, k, vocab, meta, **options)
@@ -40,7 +42,8 @@ def main(argv):
         for raw in (False, True):
             label = f"{method} raw={raw} {options}"
             try:
-                verifier.run(*args, method=method, target_temperature=args[6] if raw else None)
+                trace = torch.empty(verifier.trace_rows(rows, method), 4, dtype=torch.int64, device=meta) if traced else None
+                verifier.run(*args, method=method, target_temperature=args[6] if raw else None, trace=trace)
                 for (name, warps), (regs, spills, shared) in sorted(compile_check._COMPILED.items()):
                     print(f"ok   {label}: {name} warps={warps} registers {regs} spill bytes {spills} shared {shared}")
                 compile_check._COMPILED.clear()

@@ -72,9 +72,10 @@ def test_raw_logits_bit_identical_to_pre_divided(method):
     fast = StreamVerifier(7, 3, VOCAB, "cpu", fused=1, fast_divide=1)  # no divide per element
     c = _run(fast, [raw] + args[1:], method, target_temperature=temperature)
     assert torch.equal(a[0], c[0]) and torch.equal(a[1], c[1])
-    # div_unroll: the divided slots one tile at a time, the T = 0 / 1 slots the standard loop (4 tiles)
-    split = StreamVerifier(7, 3, VOCAB, "cpu", div_unroll=1)
-    trace = torch.zeros(split.programs(7, method), 4, dtype=torch.int64)
+    # div_unroll: the divided slots one tile at a time, the T = 0 / 1 slots the standard loop (4 tiles);
+    # dynamic (standard method): persistent fetch-and-add programs, traced per item
+    split = StreamVerifier(7, 3, VOCAB, "cpu", div_unroll=1, dynamic=2)
+    trace = torch.zeros(split.trace_rows(7, method), 4, dtype=torch.int64)
     d = _run(split, [raw] + args[1:], method, target_temperature=temperature, trace=trace)
     assert torch.equal(a[0], d[0]) and torch.equal(a[1], d[1])
     lay = split.layout(7)

@@ -916,6 +916,8 @@ def _stream_verify_kernel(
         exhausted = pending * 0
         done = pending * 0
         while done == 0:
+            if TRACE:  # [items, 4]: per item (stream s, then emit total_s + e) claim start, start, end, stage...
+                t_claim, smid = _clock(done, HARDWARE)
             if pending < 0:
                 if DYNAMIC == 2:
                     published = tl.load(ctl_ptr + 1, volatile=True)
@@ -956,6 +958,8 @@ def _stream_verify_kernel(
             j = tl.where(kind == 2, 0, o // C1)
             chunk = tl.where(kind == 2, pending % C2, o % C1)
             valid = (kind == 1) | ((kind == 2) & (r >= 0))
+            if TRACE:
+                t_go, smid = _clock(done, HARDWARE)
             _verify_item(stage, b, j, chunk, valid, b, target_ptr, t_req_stride, t_row_stride, drafts_ptr, d_req_stride, d_step_stride,
                 cache_ptr, c_slot_stride, c_step_stride, idx_ptr, nd_ptr, pos_ptr, temp_ptr, seeds_ptr, tt_ptr,
                 num_slots, greedy_ptr, pa_ptr, pb_ptr, pi_ptr, mass_ptr, ea_ptr, ei_ptr, eany_ptr, row_ptr, acc_ptr,
@@ -964,6 +968,14 @@ def _stream_verify_kernel(
                 K, KP1, C1P, C2P, BLOCK, UNROLL, HARDWARE, EMIT_SCAN, NOISE_FILTER, HAS_GREEDY, RAW, BLOCK_METHOD,
                 PIPE, EMIT_PIPE, FUSED, EMIT_BLOCK, FAST_DIVIDE, INTERIOR, SCAN_ARGMAX, EARLY, PREFETCH,
                 DIV_UNROLL, DBUF, TRACE, DYNAMIC)
+            if TRACE:
+                t_end, smid = _clock(done, HARDWARE)
+                if kind != 0:
+                    at = tl.where(kind == 2, total_s + pending, item).to(tl.int64) * 4
+                    tl.store(trace_ptr + at + 0, t_claim)
+                    tl.store(trace_ptr + at + 1, t_go)
+                    tl.store(trace_ptr + at + 2, t_end)
+                    tl.store(trace_ptr + at + 3, (stage + 4 * valid.to(tl.int32) + 8 * smid).to(tl.int64))
             if kind == 2:
                 pending = done * 0 - 1
         tl.debug_barrier()
@@ -1200,6 +1212,13 @@ class StreamVerifier:
         mass_rows = self.k - 1 if (method == "block" and self.k >= 2) else 0
         return (batch + (stages - 1) * lay.lag) * ((self.k + 1) * lay.c1 + mass_rows * lay.c1 + lay.c2)
 
+    def trace_rows(self, batch: int, method: str = "standard") -> int:
+        """Rows of ``run(trace=)``: one per program, or per item of a dynamic launch (stream items, then emit items)."""
+        if self.dynamic(batch, method):
+            lay = self.layout(batch, method)
+            return batch * ((self.k + 1) * lay.c1 + lay.c2)
+        return self.programs(batch, method)
+
     def check(self) -> None:
         """Raise if a waiting item of an earlier launch timed out (synchronises); then reset."""
         if int(self.status.item()) != 0:
@@ -1224,9 +1243,9 @@ class StreamVerifier:
         Returns ``(tokens [B, K+1] int64, num_emitted [B] int64)`` (default: views of
         :attr:`tokens` / :attr:`num_emitted`). Allocates nothing, never synchronises.
 
-        trace : a profiling aid, ``[programs(batch), 4]`` int64 (a separately compiled variant): each
+        trace : a profiling aid, ``[trace_rows(batch), 4]`` int64 (a separately compiled variant): each
         program writes its start, after-wait and end ``%globaltimer`` (ns) and ``stage + 4 valid +
-        8 smid``.
+        8 smid``; a dynamic launch writes one row per item (its claim start, start and end).
         """
         batch, tokens, num_emitted, finished = start_run(self, target_logits, method, temperature, tokens,
                                                          num_emitted)
@@ -1264,10 +1283,9 @@ class StreamVerifier:
                     num_warps=self.warps,
                     enable_fp_fusion=False)
         if trace is not None:
-            if self.dynamic(batch, method):
-                raise ValueError("trace: the launch trace is of the program-id order (a StreamVerifier with dynamic=0)")
-            if trace.shape != (programs, 4) or trace.dtype != torch.int64:
-                raise ValueError(f"trace: expected [{programs}, 4] int64, got {tuple(trace.shape)} {trace.dtype}")
+            rows = self.trace_rows(batch, method)
+            if trace.shape != (rows, 4) or trace.dtype != torch.int64:
+                raise ValueError(f"trace: expected [{rows}, 4] int64, got {tuple(trace.shape)} {trace.dtype}")
             meta.update(trace_ptr=trace, TRACE=True)
         try:
             _stream_verify_kernel[(programs,)](*args, **meta, **self._launch_options)
