@@ -86,7 +86,7 @@ def kernel_times(design, rows, steps=5, calls=5):
 
 
 def time_variants(rows, variants, rounds, replays):
-    """``cuda_gumbel`` launch variants (``blocks_per_sm``, ``flags``) at ``rows`` (bench inputs, T = 1):
+    """``cuda_gumbel`` launch variants (``blocks_per_sm``, ``flags``, ``slices``) at ``rows`` (bench inputs, T = 1):
     median us of one call (graph replay, cold L2), tokens equal to the first variant's."""
     import statistics
 
@@ -106,10 +106,10 @@ def time_variants(rows, variants, rounds, replays):
     cache = torch.empty(rows, steps, vocab, dtype=torch.bfloat16, device="cuda")
     flush = harness.L2Flusher(torch.device("cuda"))
     out, first = {}, None
-    for bps, flags in variants:
+    for bps, flags, slices in variants:
         sampler = dm.MarkovSampler(head, steps, rows, cache_dtype=torch.bfloat16, method="gumbel", impl="cuda_gumbel")
         sampler.backend = CudaGumbelBackend(head, steps, rows, method="gumbel", cache_dtype=torch.bfloat16,
-                                            device="cuda", blocks_per_sm=bps, flags=flags)
+                                            device="cuda", blocks_per_sm=bps, flags=flags, slices=slices)
         args = (base, anchor, idx, pos, temp, seeds)
 
         def call():
@@ -118,8 +118,24 @@ def time_variants(rows, variants, rounds, replays):
         medians = [statistics.median(harness.time_graph_replays(graph, replays, flush)) for _ in range(rounds)]
         same = True if first is None else bool(torch.equal(tokens, first))
         first = tokens.clone() if first is None else first
-        out[f"bps{bps}_flags{flags}"] = (round(statistics.median(medians), 1), same)
+        out[f"bps{bps}_flags{flags}_slices{slices}"] = (round(statistics.median(medians), 1), same)
     return out
+
+
+def sliced_gemm_bits(rows_list, slices_list, log):
+    """Is cuBLAS's bias of a vocabulary slice bit-identical to the same columns of the whole GEMM?"""
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    head = grid.make_head(grid.BenchConfig(), gen)
+    w2 = head.head_weight
+    vocab = head.vocab_size
+    for rows in rows_list:
+        codes = head.embed_weight[torch.randint(0, vocab, (rows,), device="cuda", generator=gen)]
+        full = torch.matmul(codes, w2.t())
+        for slices in slices_list:
+            per = -(-vocab // (4096 * slices)) * 4096
+            same = all(torch.equal(torch.matmul(codes, w2[lo:lo + per].t()), full[:, lo:lo + per])
+                       for lo in range(0, vocab, per))
+            log(f"sliced GEMM rows {rows} slices {slices}: bit-identical to the whole GEMM: {same}")
 
 
 def check(rows, log):
@@ -158,7 +174,7 @@ def main():
     parser.add_argument("--temperature", default="1", choices=("1", "mixed", "both"))
     parser.add_argument("--kernels", default="64,253")
     parser.add_argument("--check", default="64,253")
-    parser.add_argument("--variants", default="", help="blocks_per_sm:flags pairs, e.g. 3:0,3:1,1000:0")
+    parser.add_argument("--variants", default="", help="blocks_per_sm:flags:slices, e.g. 3:0:1,3:1:4")
     parser.add_argument("--variant-rows", default="64,253")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--replays", type=int, default=15)
@@ -188,6 +204,7 @@ def main():
             result = time_variants(rows, variants, args.rounds, args.replays)
             log(f"variants rows {rows}: {result}")
         log(f"variants done at {time.time() - t0:.1f} s")
+    sliced_gemm_bits((32, 64, 128, 253), (2, 4, 8), log)
     kernels = {}
     for rows in ints(args.kernels):
         for design in ("gumbel_fused", "cuda_gumbel"):

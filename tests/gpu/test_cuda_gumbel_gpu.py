@@ -94,6 +94,22 @@ def test_every_token_exact_and_the_prefetch_hint_draw_the_same(head, flags):
     assert_same(out)
 
 
+@pytest.mark.parametrize("rows", [64, 253])
+def test_vocabulary_slices(head, rows):
+    """slices=4: per step four (GEMM of a vocabulary slice, block kernel on it) pairs; every token is
+    draw_gumbel of the cache. Where cuBLAS computes a slice's columns as the whole GEMM does (checked
+    here), the draws and cache equal gumbel_fused's bit for bit."""
+    inputs = inputs_for(rows, torch.bfloat16)
+    out = both(head, inputs, torch.bfloat16, slices=4)
+    check_draws(head, inputs, *out["cuda_gumbel"], exact=False)
+    codes = head.embed_weight[inputs["anchor"].long()]
+    full = torch.matmul(codes, head.head_weight.t())
+    per = 8 * 4096
+    if all(torch.equal(torch.matmul(codes, head.head_weight[lo:lo + per].t()), full[:, lo:lo + per])
+           for lo in range(0, VOCAB, per)):
+        assert_same(out)
+
+
 def test_strided_logits_and_scale(head):
     scaled = dm.MarkovHead(head.embed_weight, head.head_weight, 0.8125)
     inputs = make_inputs(16, STEPS, VOCAB, strided=True, device="cuda", seed=13, embed_vocab=VOCAB + 1000)

@@ -39,7 +39,7 @@ using dm::u64;
 
 struct BlocksArgs {  // every field 8 bytes (matches cuda_gumbel.BlocksArgs)
   u64 base;         // [R, N, V] bf16/fp32, strides (stride_br, stride_bn, 1)
-  u64 bias;         // [>= R, V] bf16, row stride stride_bias (unscaled cuBLAS output)
+  u64 bias;         // [>= R, V - bias_lo] bf16, row stride stride_bias: bias[r, v - bias_lo] (unscaled cuBLAS output)
   u64 cache;        // [S, N, V] bf16/fp32, strides (stride_cs, V, 1)
   u64 idx;          // [R * N] int32/int64 slot per (row, step), -1 = padding
   u64 pos;          // [R * N] int32/int64 positions
@@ -48,7 +48,8 @@ struct BlocksArgs {  // every field 8 bytes (matches cuda_gumbel.BlocksArgs)
   u64 block_max;    // [>= R, chunks] fp32 partial keys, row stride stride_part
   u64 block_token;  // [>= R, chunks] int64 partial tokens
   u64 gtab;         // [DM_TB_SIZE] fp32 noise upper bounds per hash bucket
-  i64 rows, vocab, num_slots, num_steps, step, chunks;
+  i64 rows, vocab, num_slots, num_steps, step;
+  i64 chunks, chunk_lo, bias_lo;  // this launch: chunks [chunk_lo, chunk_lo + chunks) of every row; bias_lo = chunk_lo * DM_CHUNK
   i64 stride_br, stride_bn, stride_bias, stride_cs, stride_part;
   i64 idx64, pos64, has_scale;  // has_scale: scale != 1 (the entry point's S bit must agree)
   i64 flags;                    // DM_BF_* hints (never change a draw)
@@ -146,17 +147,17 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
   const float scale = (float)a.scale;
   for (i64 item = blockIdx.x; item < items; item += gridDim.x) {
     const i64 row = item / a.chunks;
-    const i64 v0 = (item - row * a.chunks) * DM_CHUNK;
+    const i64 v0 = (a.chunk_lo + item - row * a.chunks) * DM_CHUNK;
     const RowState r = row_state(a, row);
     const char* base_row = (const char*)a.base + (row * a.stride_br + a.step * a.stride_bn) * (BASE_F32 ? 4 : 2);
-    const unsigned short* bias_row = (const unsigned short*)a.bias + row * a.stride_bias;
+    const unsigned short* bias_row = (const unsigned short*)a.bias + (row * a.stride_bias - a.bias_lo);
     char* cache_row = (char*)a.cache + (r.slot * a.stride_cs + a.step * vocab) * (CACHE_F32 ? 4 : 2);
     if ((a.flags & DM_BF_PREFETCH) && item + gridDim.x < items && (lane & 7) == 0) {
       // One thread per 128-byte line of bf16 (8 lanes x 16 bytes); fp32 base: every other line too.
       const i64 nrow = (item + gridDim.x) / a.chunks;
-      const i64 nv0 = (item + gridDim.x - nrow * a.chunks) * DM_CHUNK;
+      const i64 nv0 = (a.chunk_lo + item + gridDim.x - nrow * a.chunks) * DM_CHUNK;
       const char* nbase = (const char*)a.base + (nrow * a.stride_br + a.step * a.stride_bn) * (BASE_F32 ? 4 : 2);
-      const unsigned short* nbias = (const unsigned short*)a.bias + nrow * a.stride_bias;
+      const unsigned short* nbias = (const unsigned short*)a.bias + (nrow * a.stride_bias - a.bias_lo);
 #pragma unroll
       for (int g = 0; g < DM_GROUPS; ++g) {
         const i64 t0 = nv0 + (i64)g * DM_BT * 8 + tid * 8;

@@ -45,7 +45,8 @@ class BlocksArgs(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in (
         "base", "bias", "cache", "idx", "pos", "temp", "seeds", "block_max", "block_token", "gtab")] + [
         (name, ctypes.c_int64) for name in (
-            "rows", "vocab", "num_slots", "num_steps", "step", "chunks", "stride_br", "stride_bn", "stride_bias",
+            "rows", "vocab", "num_slots", "num_steps", "step", "chunks", "chunk_lo", "bias_lo", "stride_br",
+            "stride_bn", "stride_bias",
             "stride_cs", "stride_part", "idx64", "pos64", "has_scale", "flags")] + [
         ("scale", ctypes.c_double), ("filter_margin", ctypes.c_double)]
 
@@ -69,7 +70,7 @@ class CudaGumbelBackend(GumbelBlocksBackend):
     DEVICES = ("cuda",)
 
     def __init__(self, head, num_steps, max_rows, *, method, cache_dtype, device, blocks_per_sm=BLOCKS_PER_SM,
-                 filter_margin=FILTER_MARGIN, flags=DEFAULT_FLAGS):
+                 filter_margin=FILTER_MARGIN, flags=DEFAULT_FLAGS, slices=1):
         from .. import cuda
 
         device = torch.device(device)
@@ -96,6 +97,16 @@ class CudaGumbelBackend(GumbelBlocksBackend):
         if int(flags) < 0 or int(flags) & ~FLAGS_ALL:
             raise ValueError(f"flags: expected a combination of the FLAG_* bits ({FLAGS_ALL} = all), got {flags}")
         self.flags = int(flags)
+        # Vocabulary slices: per step and slice, the GEMM of the slice's bias into a buffer small enough to
+        # stay in L2, then the block kernel on the slice (the bias need not go to HBM and back).
+        if not 1 <= int(slices) <= self.num_blocks:
+            raise ValueError(f"slices: expected 1 to {self.num_blocks}, got {slices}")
+        per = -(-self.num_blocks // int(slices))
+        self.slices = [(lo, min(per, self.num_blocks - lo)) for lo in range(0, self.num_blocks, per)]
+        vocab = head.vocab_size
+        self.slice_bias = None
+        if len(self.slices) > 1:
+            self.slice_bias = torch.zeros(self.max_rows * per * CHUNK, dtype=head.dtype, device=self.device)
 
     @staticmethod
     def unavailable_reason() -> str | None:
@@ -106,27 +117,29 @@ class CudaGumbelBackend(GumbelBlocksBackend):
 
     def kernel_name(self, base_logits, logits_cache) -> str:
         vec = (self.head.vocab_size % 8 == 0 and _aligned16(base_logits, (0, 1)) and _aligned16(logits_cache, (0, 1))
-               and _aligned16(self.gemm.bias, (0,)))
+               and _aligned16(self.gemm.bias, (0,)) and (self.slice_bias is None or self.slice_bias.data_ptr() % 16 == 0))
         return (f"dm_blocks_b{int(base_logits.dtype == torch.float32)}_c{int(logits_cache.dtype == torch.float32)}"
                 f"_v{int(vec)}_s{int(float(self.head.scale) != 1.0)}")
 
-    def launch_blocks(self, base_logits, idx_mapping, positions, temperature, seeds, logits_cache, *, rows, step):
-        """One step's block kernel: the cache rows of live samples and the partials of ``rows`` rows.
+    def launch_blocks(self, base_logits, idx_mapping, positions, temperature, seeds, logits_cache, bias, *, rows, step,
+                      chunk_lo=0, chunks=None):
+        """One step's block kernel on chunks ``[chunk_lo, chunk_lo + chunks)`` of ``rows`` rows: their cache
+        entries (live samples) and partials. ``bias`` ``[rows, n]`` bf16 holds tokens from ``chunk_lo * CHUNK``.
 
         Grid: ``min(rows * chunks, SMs * blocks_per_sm)`` blocks of 256 threads (grid-stride over the
-        work items). Bytes: rows*V*(base bytes + 2) read + live*V*cache bytes written + rows*chunks*12.
+        work items). Bytes: rows*n*(base bytes + 2) read + live*n*cache bytes written + rows*chunks*12.
         """
         vocab = self.head.vocab_size
-        bias = self.gemm.bias
+        chunks = self.num_blocks - chunk_lo if chunks is None else chunks
         args = BlocksArgs(
             base_logits.data_ptr(), bias.data_ptr(), logits_cache.data_ptr(), idx_mapping.data_ptr(),
             positions.data_ptr(), temperature.data_ptr(), seeds.data_ptr(), self.block_max.data_ptr(),
             self.block_token.data_ptr(), self.noise_table.data_ptr(),
-            rows, vocab, temperature.shape[0], self.num_steps, step, self.num_blocks,
+            rows, vocab, temperature.shape[0], self.num_steps, step, chunks, chunk_lo, chunk_lo * CHUNK,
             base_logits.stride(0), base_logits.stride(1), bias.stride(0), logits_cache.stride(0),
             self.block_max.stride(0), int(idx_mapping.dtype == torch.int64), int(positions.dtype == torch.int64),
             int(float(self.head.scale) != 1.0), self.flags, float(self.head.scale), self.filter_margin)
-        grid = min(rows * self.num_blocks, self.num_sms * self.blocks_per_sm)
+        grid = min(rows * chunks, self.num_sms * self.blocks_per_sm)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         self.kernels.launch(self.kernel_name(base_logits, logits_cache), grid, THREADS, 0, stream, [args])
 
@@ -135,10 +148,20 @@ class CudaGumbelBackend(GumbelBlocksBackend):
         rows = base_logits.shape[0]
         clamp_anchor(anchor, self.prev, self.head.embed_vocab_size)
         self.gemm.gather(self.prev[:rows], rows)
+        vocab = self.head.vocab_size
+        codes, w2 = self.gemm.codes[:rows], self.gemm.gemm_head
         for step in range(self.num_steps):
-            self.gemm.compute(rows)  # [rows, V] bf16 into self.gemm.bias, unscaled
-            self.launch_blocks(base_logits, idx_mapping, positions, temperature, seeds, logits_cache, rows=rows,
-                               step=step)
+            if self.slice_bias is None:
+                bias = self.gemm.compute(rows)  # [rows, V] bf16, unscaled
+                self.launch_blocks(base_logits, idx_mapping, positions, temperature, seeds, logits_cache, bias,
+                                   rows=rows, step=step)
+            else:
+                for chunk_lo, chunks in self.slices:
+                    lo, hi = chunk_lo * CHUNK, min((chunk_lo + chunks) * CHUNK, vocab)
+                    bias = self.slice_bias[: rows * (hi - lo)].view(rows, hi - lo)
+                    torch.matmul(codes, w2[lo:hi].t(), out=bias)
+                    self.launch_blocks(base_logits, idx_mapping, positions, temperature, seeds, logits_cache, bias,
+                                       rows=rows, step=step, chunk_lo=chunk_lo, chunks=chunks)
             launch_combine(self.block_max, self.block_token, draft_tokens, self.prev, self.gemm.gemm_embed,
                            self.gemm.codes, rows=rows, step=step, vocab=self.head.vocab_size,
                            gather=step + 1 < self.num_steps)
