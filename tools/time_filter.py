@@ -94,7 +94,101 @@ def phases(sizes):
         setattr(triton_filtering, name, kernel)
 
 
+VARIANTS = {  # name: filter attributes (issue 16, filter4: candidates timed beside the current filter)
+    "current": {},
+    "lean": {"lean": True},
+    "lean+full": {"lean": True, "full_apply": True},
+    "lean+full+nt512": {"lean": True, "full_apply": True, "narrow_tile": 512},
+    "lean+full+nt512+reg128": {"lean": True, "full_apply": True, "narrow_tile": 512,
+                               "finish_options": {"maxnreg": 128}},
+}
+
+
+def compare(sizes, names):
+    """Per-launch GPU times (us) of each variant in :data:`VARIANTS`, side by side (alternating per
+    repeat), at every bench kind and case; printed and written to ``$JOB_OUT/compare.txt`` before the
+    outputs are checked against the sort reference (``check`` lines: rows that differ)."""
+    import statistics
+
+    from dspark_markov.bench import harness
+    from dspark_markov.verify.filtering import top_k_top_p_reference
+
+    log = open(Path(os.environ.get("JOB_OUT", "/tmp")) / "compare.txt", "a")
+
+    def say(text):
+        print(text, flush=True)
+        log.write(text + "\n")
+        log.flush()
+
+    device = torch.device("cuda")
+    marks = []
+    originals = {name: getattr(triton_filtering, name) for name in KERNELS}
+    for name, kernel in originals.items():
+        setattr(triton_filtering, name, _Marked(name, kernel, marks))
+    flush = harness.L2Flusher(device)
+    config = vg.VerifyBenchConfig()
+    generator = torch.Generator(device=device).manual_seed(0)
+    start_time = time.time()
+    for requests in sizes:
+        rows = requests * (config.steps + 1)
+        gaussian = torch.randn(rows, config.vocab, generator=generator, device=device) * 2.0
+        block, chunks = vg.split_chunks(rows, config.vocab, device) if requests <= 16 else (None, 1)
+        filters = {}
+        for name in names:
+            filt = triton_filtering.TopKTopPFilter(rows, config.vocab, device, block=block, chunks=chunks)
+            for attribute, value in VARIANTS[name].items():
+                setattr(filt, attribute, value)
+            filters[name] = filt
+        out = torch.empty_like(gaussian)
+        for case in vg.FILTER_CASES:
+            k = torch.full((rows,), config.top_k, dtype=torch.int64, device=device) if case == "k+p" else None
+            p = torch.full((rows,), config.top_p, dtype=torch.float32, device=device)
+            for kind in vg.FILTER_INPUTS:
+                x = vg.filter_logits(kind, gaussian, generator)
+                times = {name: [] for name in names}
+                labels = {}
+                for repeat in range(REPEATS + 1):
+                    for name in names:
+                        out.copy_(x)
+                        flush()
+                        torch.cuda._sleep(2_000_000)
+                        marks.clear()
+                        begin = torch.cuda.Event(enable_timing=True)
+                        begin.record()
+                        filters[name].filter(out, k, p, out)
+                        torch.cuda.synchronize()
+                        if repeat:
+                            stamps = [begin] + [event for _, event in marks]
+                            times[name].append([a.elapsed_time(b) * 1e3 for a, b in zip(stamps, stamps[1:])])
+                            labels[name] = [label for label, _ in marks]
+                        elif requests == sizes[0] and case == vg.FILTER_CASES[0] and kind == vg.FILTER_INPUTS[0]:
+                            say(f"compiled {name} t={time.time() - start_time:.1f}s")
+                for name in names:
+                    phase = [statistics.median(t[i] for t in times[name]) for i in range(len(labels[name]))]
+                    say(f"{name:18s} {requests:3d} req ({rows} rows, chunks {filters[name].chunks}) {kind:8s} {case:3s}: "
+                        + " ".join(f"{label} {t:7.1f}" for label, t in zip(labels[name], phase))
+                        + f"  total {sum(phase):7.1f} us  searched {int(filters[name].state.searched)}")
+                # correctness after the timings are written: each variant once more, against the reference
+                k_rows = k if k is not None else torch.zeros(rows, dtype=torch.int64, device=device)
+                keep = top_k_top_p_reference(x, k_rows, p)
+                want = torch.where(keep, x, torch.full((), float("-inf"), device=device))
+                for name in names:
+                    out.copy_(x)
+                    filters[name].filter(out, k, p, out)
+                    bad = (out.view(torch.int32) != want.view(torch.int32)).any(dim=1).sum().item()
+                    say(f"check {name:18s} {requests:3d} req {kind:8s} {case:3s}: rows differing from the reference {bad}")
+        say(f"t={time.time() - start_time:.1f}s")
+    for name, kernel in originals.items():
+        setattr(triton_filtering, name, kernel)
+
+
 def main():
+    if "--compare" in sys.argv:
+        sys.argv.remove("--compare")
+        sizes = tuple(int(r) for r in (sys.argv[1] if len(sys.argv) > 1 else "1,16,64,253").split(","))
+        names = tuple(sys.argv[2].split(",")) if len(sys.argv) > 2 else tuple(VARIANTS)
+        compare(sizes, names)
+        return
     if "--phases" in sys.argv:
         sys.argv.remove("--phases")
         sizes = tuple(int(r) for r in (sys.argv[1] if len(sys.argv) > 1 else "1,16,64,253").split(","))

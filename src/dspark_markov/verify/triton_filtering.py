@@ -199,7 +199,7 @@ def _weight_fixed_point(x, row_max):
     n = tl.where(down, f - 1.0, f)
     n_int = shifted.to(tl.int32, bitcast=True) - (0x4B400000 + down.to(tl.int32))
     r = (d - n * _LN2_HIGH) - n * _LN2_LOW
-    poly = _C0 + r * 0.0
+    poly = tl.zeros_like(r) + _C0  # (r is finite wherever w is used: x == row_max overrides NaN)
     poly = poly * r + _C1
     poly = poly * r + _C2
     poly = poly * r + _C3
@@ -207,9 +207,10 @@ def _weight_fixed_point(x, row_max):
     poly = poly * r + _C5
     poly = poly * r + _C6
     poly = poly * r + _C7
-    scale = ((n_int + 127) << 23).to(tl.float32, bitcast=True)  # garbage only where d is NaN (x == max)
-    w = tl.where(x == row_max, 1.0, poly * scale)
-    return (w * _MASS_ONE).to(tl.int64)
+    # 2^(n + 32) (n >= -63): poly 2^n 2^32 in one exact product (no subnormals); garbage only where
+    # d is NaN (x == max)
+    scale = ((n_int + 159) << 23).to(tl.float32, bitcast=True)
+    return tl.where(x == row_max, _MASS_ONE, poly * scale).to(tl.int64)
 
 
 @triton.jit
@@ -417,6 +418,118 @@ def _sweep_pair(src, start, end, row_max, hi_key, lo_key, scratch, cursor, capac
     return counts, masses, tl.sum(total, axis=0)
 
 
+_KEY_POS_INF = tl.constexpr(0x7F800000)  # _key32(+inf)
+_KEY_NEG_INF = tl.constexpr(-0x7F800001)  # _key32(-inf)
+
+
+@triton.jit
+def _key_floor_value(key):
+    """The fp32 ``v`` with ``x >= v`` iff ``_key32(x) >= key`` for every non-NaN ``x`` (NaN: none)."""
+    return tl.where(key <= _KEY_NEG_INF, float("-inf"), _key_value(key))
+
+
+@triton.jit
+def _pack32(key, index):
+    """:func:`_pack` for int32 ``key`` and ``0 <= index < 2^31`` (the low word computed in 32 bits)."""
+    return (key.to(tl.int64) << 32) | (index * -1 + _BIG_INDEX).to(tl.int64)
+
+
+@triton.jit
+def _put32(scratch, capacity, slot, packed, take):
+    """:func:`_put` with an int32 ``slot`` (32-bit address and bound arithmetic)."""
+    tl.store(scratch + slot, packed, mask=(take != 0) & (slot < capacity))
+
+
+@triton.jit
+def _claim_many(cursor, n):
+    """``n`` (int32, >= 0) consecutive slots per lane from a row's cursor: one relaxed atomic per
+    lane and iteration instead of one per element (the lean sweeps)."""
+    return tl.atomic_add(cursor + tl.zeros_like(n.to(tl.int64)), n.to(tl.int64), mask=n > 0,
+                         sem="relaxed").to(tl.int32)
+
+
+@triton.jit
+def _lean_pair_tile(x, index, valid, lo_v, hi_v, hi_open, c_hi, c_lo, m_hi, m_lo, total, row_max):
+    """One tile of :func:`_sweep_pair_lean`: fp32 compares instead of keys (same sets), no atomics."""
+    q = _weight_fixed_point(x, row_max)  # masked lanes hold -inf: q = 0
+    above_lo = valid & (x >= lo_v)
+    above_hi = valid & (x >= hi_v) & (hi_open == 0)
+    c_hi += above_hi.to(tl.int32)
+    c_lo += above_lo.to(tl.int32)
+    m_hi += tl.where(above_hi, q, 0)
+    m_lo += tl.where(above_lo, q, 0)
+    total += q
+    take = (above_lo & (above_hi == 0)).to(tl.int32)
+    return c_hi, c_lo, m_hi, m_lo, total, take, _pack32(_key32(x), index)
+
+
+@triton.jit
+def _sweep_pair_lean(src, start, end, row_max, hi_key, lo_key, scratch, cursor, capacity, GATHER,
+                     BLOCK: tl.constexpr):
+    """:func:`_sweep_pair` with fewer instructions per logit: one element per thread per tile, 4
+    tiles per iteration, key thresholds compared as fp32 values, one slot claim per lane and
+    iteration (stored in the next iteration). Same results."""
+    lo_v = _key_floor_value(lo_key)
+    hi_open = hi_key > _KEY_POS_INF
+    hi_v = _key_floor_value(tl.minimum(hi_key, _KEY_POS_INF))
+    gathering = (GATHER != 0).to(tl.int32)
+    capacity32 = capacity.to(tl.int32)
+    c_hi = tl.zeros([BLOCK], tl.int32)
+    c_lo = tl.zeros([BLOCK], tl.int32)
+    m_hi = tl.zeros([BLOCK], tl.int64)
+    m_lo = tl.zeros([BLOCK], tl.int64)
+    total = tl.zeros([BLOCK], tl.int64)
+    s0 = tl.zeros([BLOCK], tl.int32)
+    s1 = tl.zeros([BLOCK], tl.int32)
+    s2 = tl.zeros([BLOCK], tl.int32)
+    s3 = tl.zeros([BLOCK], tl.int32)
+    p0 = tl.zeros([BLOCK], tl.int64)
+    p1 = tl.zeros([BLOCK], tl.int64)
+    p2 = tl.zeros([BLOCK], tl.int64)
+    p3 = tl.zeros([BLOCK], tl.int64)
+    t0 = tl.zeros([BLOCK], tl.int32)
+    t1 = tl.zeros([BLOCK], tl.int32)
+    t2 = tl.zeros([BLOCK], tl.int32)
+    t3 = tl.zeros([BLOCK], tl.int32)
+    for offset in range(start, end, 4 * BLOCK):
+        i0 = offset + tl.arange(0, BLOCK)
+        i1 = i0 + BLOCK
+        i2 = i1 + BLOCK
+        i3 = i2 + BLOCK
+        x0 = tl.load(src + i0, mask=i0 < end, other=float("-inf"))
+        x1 = tl.load(src + i1, mask=i1 < end, other=float("-inf"))
+        x2 = tl.load(src + i2, mask=i2 < end, other=float("-inf"))
+        x3 = tl.load(src + i3, mask=i3 < end, other=float("-inf"))
+        _put32(scratch, capacity32, s0, p0, t0)  # the previous iteration's candidates
+        _put32(scratch, capacity32, s1, p1, t1)
+        _put32(scratch, capacity32, s2, p2, t2)
+        _put32(scratch, capacity32, s3, p3, t3)
+        c_hi, c_lo, m_hi, m_lo, total, t0, p0 = _lean_pair_tile(x0, i0, i0 < end, lo_v, hi_v, hi_open, c_hi, c_lo,
+                                                                m_hi, m_lo, total, row_max)
+        c_hi, c_lo, m_hi, m_lo, total, t1, p1 = _lean_pair_tile(x1, i1, i1 < end, lo_v, hi_v, hi_open, c_hi, c_lo,
+                                                                m_hi, m_lo, total, row_max)
+        c_hi, c_lo, m_hi, m_lo, total, t2, p2 = _lean_pair_tile(x2, i2, i2 < end, lo_v, hi_v, hi_open, c_hi, c_lo,
+                                                                m_hi, m_lo, total, row_max)
+        c_hi, c_lo, m_hi, m_lo, total, t3, p3 = _lean_pair_tile(x3, i3, i3 < end, lo_v, hi_v, hi_open, c_hi, c_lo,
+                                                                m_hi, m_lo, total, row_max)
+        t0 = t0 * gathering
+        t1 = t1 * gathering
+        t2 = t2 * gathering
+        t3 = t3 * gathering
+        s0 = _claim_many(cursor, t0 + t1 + t2 + t3)
+        s1 = s0 + t0
+        s2 = s1 + t1
+        s3 = s2 + t2
+    _put32(scratch, capacity32, s0, p0, t0)
+    _put32(scratch, capacity32, s1, p1, t1)
+    _put32(scratch, capacity32, s2, p2, t2)
+    _put32(scratch, capacity32, s3, p3, t3)
+    upper = tl.arange(0, _THRESHOLDS) < 4
+    counts = tl.where(upper, tl.sum(c_hi, axis=0).to(tl.int64), tl.sum(c_lo, axis=0).to(tl.int64))
+    masses = tl.where(upper, tl.sum(m_hi, axis=0), tl.sum(m_lo, axis=0))
+    return counts, masses, tl.sum(total, axis=0)
+
+
 @triton.jit
 def _sort_cut(scratch, n_in, target, k, p, limit, best, row_max, count_hi, mass_hi, hi_is_ceil, SIZE: tl.constexpr):
     """Sort the ``n_in <= SIZE`` gathered candidates of a bracket that holds the cut.
@@ -580,6 +693,48 @@ def _narrow_mass(scratch, n_in, limit, mass_hi, row_max):
 
 
 @triton.jit
+def _narrow_mass_wide(scratch, n_in, limit, mass_hi, row_max, k_min, k_max, TILE: tl.constexpr):
+    """:func:`_narrow_mass` in two passes of ``TILE``-wide tiles instead of three of 128: the key
+    range ``[k_min, k_max]`` comes from the caller (the bracket's bounds, then the chosen part's
+    own range, tracked while compacting), the part masses are reduced per tile (``[PARTS]``
+    accumulators, no per-lane copies). Few serial round trips to the candidates (L2) in a program
+    that runs alone on its SM share.
+
+    Returns ``(n, mass_above, k_min, k_max)`` of the kept candidates (their exact key range).
+    """
+    t = tl.arange(0, TILE)
+    parts = tl.arange(0, _PARTS)
+    span = (k_max - k_min).to(tl.int64) + 1
+    sums = tl.zeros([_PARTS], tl.int64)
+    for offset in range(0, n_in, TILE):
+        inside = offset + t < n_in
+        key = (tl.load(scratch + offset + t, mask=inside, other=0) >> 32).to(tl.int32)
+        part = tl.where(inside, _part_of(key, k_min, span), -1)
+        q = _weight_fixed_point(_key_value(key), row_max)
+        sums += tl.sum(tl.where(part[:, None] == parts[None, :], q[:, None], 0), axis=0)
+    at_or_above = mass_hi + tl.sum(tl.where(parts[None, :] >= parts[:, None], sums[None, :], 0), axis=1)
+    chosen = tl.max(tl.where(at_or_above.to(tl.float64) >= limit, parts, -1), axis=0)
+    chosen_above = tl.sum(tl.where(parts == chosen, at_or_above - sums, 0), axis=0)
+    kept = tl.zeros([], tl.int32)
+    low = tl.zeros([], tl.int32) + _BIG_INDEX
+    high = tl.zeros([], tl.int32) - _BIG_INDEX - 1
+    for offset in range(0, n_in, TILE):
+        inside = offset + t < n_in
+        packed = tl.load(scratch + offset + t, mask=inside, other=0)
+        key = (packed >> 32).to(tl.int32)
+        take = inside & (_part_of(key, k_min, span) == chosen)
+        takes = take.to(tl.int32)
+        slot = kept + tl.cumsum(takes, axis=0) - takes
+        low = tl.minimum(low, tl.min(tl.where(take, key, _BIG_INDEX), axis=0))
+        high = tl.maximum(high, tl.max(tl.where(take, key, -_BIG_INDEX - 1), axis=0))
+        tl.debug_barrier()  # this tile is in registers everywhere before a slot at or below it is written
+        tl.store(scratch + slot, packed, mask=take)
+        kept += tl.sum(takes, axis=0)
+    tl.debug_barrier()
+    return kept.to(tl.int64), chosen_above, low, high
+
+
+@triton.jit
 def _narrow_count(scratch, n_in, wanted):
     """Narrow ``n_in`` top-k candidates (every token above them is counted elsewhere) to those at or
     above the part (of ``PARTS`` equal key intervals) that holds the ``wanted``-th best: they hold
@@ -692,7 +847,7 @@ def _plan_points(points, counts, masses, row, best_key, min_key, capacity, targe
 
 @triton.jit
 def _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags, st_cursor,
-                 points, counts, masses, scratch, capacity):
+                 points, counts, masses, scratch, capacity, NARROW_TILE: tl.constexpr = 0):
     """Decide an open row after a sweep: the cut from its candidates, or the next round.
 
     Flags (``st_flags``, int32 bits): 1 gather, 2 evaluate, 4 need masses, 8 first pass (total
@@ -747,9 +902,17 @@ def _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min
         n_sort = n_in
         mass_sort = hi_mass
         complete = n_in >= 0  # the first n_sort candidates hold every kept token below the bracket's top
+        # the candidates' key range: the bracket's bounds (packed in [lo, hi)), within the row's keys
+        k_low = tl.maximum(tl.load(points + base + tl.where(gather & ((flags & 8) != 0), lo_slot, _SLOT_LOWER),
+                                   volatile=True) >> 32, min_key.to(tl.int64)).to(tl.int32)
+        k_high = tl.minimum((hi - 1) >> 32, best_key.to(tl.int64)).to(tl.int32)
         for _ in range(0, _NARROWINGS):  # a loop, not unrolled: one copy of each narrowing (compile time)
             if (target == _TARGET_MASS) & (n_sort > _SORT_SMALL):  # a wide top-p bracket: narrow it 16-fold
-                n_new, mass_sort = _narrow_mass(rows_scratch, n_sort, limit, mass_sort, row_max)
+                if NARROW_TILE > 0:
+                    n_new, mass_sort, k_low, k_high = _narrow_mass_wide(rows_scratch, n_sort, limit, mass_sort,
+                                                                         row_max, k_low, k_high, NARROW_TILE)
+                else:
+                    n_new, mass_sort = _narrow_mass(rows_scratch, n_sort, limit, mass_sort, row_max)
                 complete = complete & (n_new == n_sort)
                 n_sort = n_new
             if (target == _TARGET_COUNT) & (n_sort > _SORT_SMALL):  # many top-k candidates: keep the top parts
@@ -822,6 +985,25 @@ def _stats_tile(x, index, valid, key_t, cursor, best, nans, finite, total, squar
     return best, nans, finite, total, squares, low, _claim(cursor, take), packed, take
 
 
+@triton.jit
+def _stats_lean_tile(x, index, valid, value_t, m, mi, nans, finite, total, squares, low):
+    """One tile of the lean statistics loop: the fp32 maximum and its first index per lane (packed
+    once at the end), and the early gather by an fp32 compare (``value_t``: ``x >= value_t`` iff
+    ``key >= key_t``)."""
+    gt = x > m
+    m = tl.where(gt, x, m)
+    mi = tl.where(gt, index, mi)
+    nans += (x != x).to(tl.int32)
+    is_finite = tl.abs(x) < float("inf")
+    finite += is_finite.to(tl.int32)
+    xf = tl.where(is_finite, x, 0.0)
+    total += xf
+    squares += xf * xf
+    low = tl.minimum(low, tl.where(valid & (x == x), x, float("inf")))
+    take = (x >= value_t).to(tl.int32)  # masked lanes hold -inf, below every finite threshold
+    return m, mi, nans, finite, total, squares, low, take, _pack32(_key32(x), index)
+
+
 @triton.jit(do_not_specialize=["k_value", "chunk_len", "num_chunks"])
 def _stats_kernel(
     logits_ptr, logits_stride,  # [B, V] fp32
@@ -831,7 +1013,7 @@ def _stats_kernel(
     k_ptr, k_value, p_ptr, p_value,  # [B] int32/int64 or a scalar; [B] fp32 or a scalar
     vocab, chunk_len, num_chunks, capacity,
     K_PER_ROW: tl.constexpr, P_PER_ROW: tl.constexpr, SAMPLE: tl.constexpr, OUTLIERS: tl.constexpr,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, LEAN: tl.constexpr = False,
 ):
     """Per program: the first maximum (packed), NaNs, the finite count/sum/sum of squares, the minimum;
     and the **early gather** of every token at or above :func:`_top_threshold` (``first_count``
@@ -882,31 +1064,73 @@ def _stats_kernel(
     take3 = tl.zeros([BLOCK], tl.int32)
     # 4 tiles per iteration (BLOCK = one element per thread: the claims need no layout change); an
     # iteration's early-gather candidates are stored in the next one, after its loads are issued.
-    for offset in range(start, end, 4 * BLOCK):
-        index0 = offset + tl.arange(0, BLOCK)
-        index1 = index0 + BLOCK
-        index2 = index1 + BLOCK
-        index3 = index2 + BLOCK
-        x0 = tl.load(src + index0, mask=index0 < end, other=float("-inf"))
-        x1 = tl.load(src + index1, mask=index1 < end, other=float("-inf"))
-        x2 = tl.load(src + index2, mask=index2 < end, other=float("-inf"))
-        x3 = tl.load(src + index3, mask=index3 < end, other=float("-inf"))
+    if LEAN:
+        value_t = _key_floor_value(key_t)
+        room32 = room.to(tl.int32)
+        slot0 = tl.zeros([BLOCK], tl.int32)
+        slot1 = tl.zeros([BLOCK], tl.int32)
+        slot2 = tl.zeros([BLOCK], tl.int32)
+        slot3 = tl.zeros([BLOCK], tl.int32)
+        m = tl.zeros([BLOCK], tl.float32) + float("-inf")
+        mi = tl.zeros([BLOCK], tl.int32) + _BIG_INDEX
+        for offset in range(start, end, 4 * BLOCK):
+            i0 = offset + tl.arange(0, BLOCK)
+            i1 = i0 + BLOCK
+            i2 = i1 + BLOCK
+            i3 = i2 + BLOCK
+            x0 = tl.load(src + i0, mask=i0 < end, other=float("-inf"))
+            x1 = tl.load(src + i1, mask=i1 < end, other=float("-inf"))
+            x2 = tl.load(src + i2, mask=i2 < end, other=float("-inf"))
+            x3 = tl.load(src + i3, mask=i3 < end, other=float("-inf"))
+            _put32(dest, room32, slot0, packed0, take0)
+            _put32(dest, room32, slot1, packed1, take1)
+            _put32(dest, room32, slot2, packed2, take2)
+            _put32(dest, room32, slot3, packed3, take3)
+            m, mi, nans, finite, total, squares, low, take0, packed0 = _stats_lean_tile(
+                x0, i0, i0 < end, value_t, m, mi, nans, finite, total, squares, low)
+            m, mi, nans, finite, total, squares, low, take1, packed1 = _stats_lean_tile(
+                x1, i1, i1 < end, value_t, m, mi, nans, finite, total, squares, low)
+            m, mi, nans, finite, total, squares, low, take2, packed2 = _stats_lean_tile(
+                x2, i2, i2 < end, value_t, m, mi, nans, finite, total, squares, low)
+            m, mi, nans, finite, total, squares, low, take3, packed3 = _stats_lean_tile(
+                x3, i3, i3 < end, value_t, m, mi, nans, finite, total, squares, low)
+            slot0 = _claim_many(claims, take0 + take1 + take2 + take3)
+            slot1 = slot0 + take0
+            slot2 = slot1 + take1
+            slot3 = slot2 + take2
+        m_all = tl.max(m, axis=0)
+        first = tl.min(tl.where(m == m_all, mi, _BIG_INDEX), axis=0)
+        best = tl.zeros([BLOCK], tl.int64) + _pack(_key32(m_all), first)
+        _put32(dest, room32, slot0, packed0, take0)
+        _put32(dest, room32, slot1, packed1, take1)
+        _put32(dest, room32, slot2, packed2, take2)
+        _put32(dest, room32, slot3, packed3, take3)
+    else:
+        for offset in range(start, end, 4 * BLOCK):
+            index0 = offset + tl.arange(0, BLOCK)
+            index1 = index0 + BLOCK
+            index2 = index1 + BLOCK
+            index3 = index2 + BLOCK
+            x0 = tl.load(src + index0, mask=index0 < end, other=float("-inf"))
+            x1 = tl.load(src + index1, mask=index1 < end, other=float("-inf"))
+            x2 = tl.load(src + index2, mask=index2 < end, other=float("-inf"))
+            x3 = tl.load(src + index3, mask=index3 < end, other=float("-inf"))
+            _put(dest, room, slot0, packed0, take0)
+            _put(dest, room, slot1, packed1, take1)
+            _put(dest, room, slot2, packed2, take2)
+            _put(dest, room, slot3, packed3, take3)
+            best, nans, finite, total, squares, low, slot0, packed0, take0 = _stats_tile(
+                x0, index0, index0 < end, key_t, claims, best, nans, finite, total, squares, low)
+            best, nans, finite, total, squares, low, slot1, packed1, take1 = _stats_tile(
+                x1, index1, index1 < end, key_t, claims, best, nans, finite, total, squares, low)
+            best, nans, finite, total, squares, low, slot2, packed2, take2 = _stats_tile(
+                x2, index2, index2 < end, key_t, claims, best, nans, finite, total, squares, low)
+            best, nans, finite, total, squares, low, slot3, packed3, take3 = _stats_tile(
+                x3, index3, index3 < end, key_t, claims, best, nans, finite, total, squares, low)
         _put(dest, room, slot0, packed0, take0)
         _put(dest, room, slot1, packed1, take1)
         _put(dest, room, slot2, packed2, take2)
         _put(dest, room, slot3, packed3, take3)
-        best, nans, finite, total, squares, low, slot0, packed0, take0 = _stats_tile(
-            x0, index0, index0 < end, key_t, claims, best, nans, finite, total, squares, low)
-        best, nans, finite, total, squares, low, slot1, packed1, take1 = _stats_tile(
-            x1, index1, index1 < end, key_t, claims, best, nans, finite, total, squares, low)
-        best, nans, finite, total, squares, low, slot2, packed2, take2 = _stats_tile(
-            x2, index2, index2 < end, key_t, claims, best, nans, finite, total, squares, low)
-        best, nans, finite, total, squares, low, slot3, packed3, take3 = _stats_tile(
-            x3, index3, index3 < end, key_t, claims, best, nans, finite, total, squares, low)
-    _put(dest, room, slot0, packed0, take0)
-    _put(dest, room, slot1, packed1, take1)
-    _put(dest, room, slot2, packed2, take2)
-    _put(dest, room, slot3, packed3, take3)
     out = row * num_chunks + chunk
     tl.store(best_part + out, tl.max(best, axis=0))
     tl.store(nan_part + out, tl.sum(nans, axis=0))
@@ -1035,7 +1259,7 @@ def _pass_kernel(
     vocab, chunk_len, num_chunks, capacity,
     PASS: tl.constexpr, MASS: tl.constexpr, K_PER_ROW: tl.constexpr, P_PER_ROW: tl.constexpr,
     CHUNKS: tl.constexpr, BLOCK: tl.constexpr, COUNT_BLOCK: tl.constexpr, MASS_BLOCK: tl.constexpr,
-    PAIR_BLOCK: tl.constexpr, OUTLIERS: tl.constexpr, K_GIVEN: tl.constexpr,
+    PAIR_BLOCK: tl.constexpr, OUTLIERS: tl.constexpr, K_GIVEN: tl.constexpr, LEAN: tl.constexpr = False,
 ):
     """One sweep of a row's columns ``[chunk * chunk_len, ...)``: thresholds and/or the gather.
 
@@ -1106,13 +1330,23 @@ def _pass_kernel(
                 if PASS == _PASS_FIRST:  # key-aligned thresholds; S for top-p-only rows
                     if K_GIVEN:  # rows with k beyond the capacity and p: 8 thresholds with masses
                         if target == _TARGET_MASS:  # two thresholds (hi in slots 2..5, lo in 6..9) and the gather
-                            found, mass, total = _sweep_pair(src, start, end, row_max, (hi >> 32).to(tl.int32),
-                                                             (lo >> 32).to(tl.int32), rows_scratch, cursor,
-                                                             capacity, gather, PAIR_BLOCK)
+                            if LEAN:
+                                found, mass, total = _sweep_pair_lean(src, start, end, row_max,
+                                                                      (hi >> 32).to(tl.int32), (lo >> 32).to(tl.int32),
+                                                                      rows_scratch, cursor, capacity, gather,
+                                                                      PAIR_BLOCK)
+                            else:
+                                found, mass, total = _sweep_pair(src, start, end, row_max, (hi >> 32).to(tl.int32),
+                                                                 (lo >> 32).to(tl.int32), rows_scratch, cursor,
+                                                                 capacity, gather, PAIR_BLOCK)
                         else:
                             found, mass, total = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch,
                                                         cursor, capacity, gather, True, True, True, True, MASS_BLOCK)
-                    else:  # top-p alone: every row's target is its mass
+                    elif LEAN:  # top-p alone: every row's target is its mass
+                        found, mass, total = _sweep_pair_lean(src, start, end, row_max, (hi >> 32).to(tl.int32),
+                                                              (lo >> 32).to(tl.int32), rows_scratch, cursor, capacity,
+                                                              gather, PAIR_BLOCK)
+                    else:
                         found, mass, total = _sweep_pair(src, start, end, row_max, (hi >> 32).to(tl.int32),
                                                          (lo >> 32).to(tl.int32), rows_scratch, cursor, capacity,
                                                          gather, PAIR_BLOCK)
@@ -1175,7 +1409,7 @@ def _finish_kernel(
     unresolved,  # [1] int32: rows left open after MAX_ROUNDS (never, by the bound)
     searched,  # [1] int32: rows the first resolve left open (a running total: the slow path's use)
     vocab, capacity,
-    BLOCK: tl.constexpr, COUNT_BLOCK: tl.constexpr, MASS_BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, COUNT_BLOCK: tl.constexpr, MASS_BLOCK: tl.constexpr, NARROW_TILE: tl.constexpr = 0,
 ):
     """One program per row still open: sweep + resolve rounds over the whole row, bounded.
 
@@ -1195,7 +1429,7 @@ def _finish_kernel(
                           capacity, BLOCK, COUNT_BLOCK, MASS_BLOCK)
             tl.debug_barrier()
         phase = _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags,
-                             st_cursor, points, counts, masses, scratch, capacity)
+                             st_cursor, points, counts, masses, scratch, capacity, NARROW_TILE)
         tl.debug_barrier()
         if (rounds == 0) & (phase == _PHASE_OPEN):
             tl.atomic_add(searched, 1)
@@ -1212,7 +1446,7 @@ def _apply_kernel(
     first_count,  # [B] int64: reset to 0 for the next call's early gather
     st_kept, scratch,  # [B] int64 (the cursor), [B, capacity] int64: a kept set held by the first st_kept candidates
     vocab, chunk_len, capacity,
-    IN_PLACE: tl.constexpr, BLOCK: tl.constexpr,
+    IN_PLACE: tl.constexpr, BLOCK: tl.constexpr, FULL: tl.constexpr = False,
 ):
     """``-inf`` where ``packed < cut`` (resolved rows); copy the rest out of place.
 
@@ -1260,7 +1494,7 @@ def _apply_kernel(
             x = tl.load(src + index, mask=valid, other=0.0)
             key = _key32(x)
             keep = (key > cut_key) | ((key == cut_key) & (index <= cut_index)) | (filtered == 0)
-            if IN_PLACE:
+            if IN_PLACE and not FULL:
                 tl.store(dst + index, tl.full([BLOCK], float("-inf"), tl.float32), mask=valid & (keep == 0))
             else:
                 tl.store(dst + index, tl.where(keep, x, float("-inf")), mask=valid)
@@ -1365,6 +1599,7 @@ class TopKTopPFilter:
         self.mass_block = min(self.block, MASS_BLOCK)
         self.stats_block = min(self.block, STATS_BLOCK)
         self.pair_block = min(self.block, PAIR_BLOCK)
+        self.lean_block = min(self.block, STATS_BLOCK)  # one element per thread at 8 warps
         self.warps = WARPS if device.type == "cuda" else 4
         self.resolve_warps = RESOLVE_WARPS if device.type == "cuda" else 4
         chunks = chunks or default_chunks
@@ -1380,6 +1615,12 @@ class TopKTopPFilter:
         self.apply_chunks = triton.cdiv(vocab, self.apply_chunk_len)
         self.max_rows, self.vocab, self.device, self.capacity = max_rows, vocab, device, capacity
         self.state = FilterState.allocate(max_rows, self.chunks, capacity, device)
+        # Variants timed side by side (issue 16, filter4): lean statistics and top-p sweeps, an apply
+        # that writes whole rows in place, a register cap on the finish.
+        self.lean = False
+        self.full_apply = False
+        self.finish_options = {}
+        self.narrow_tile = 0  # > 0: _narrow_mass_wide with tiles of this many candidates
 
     def filter(self, logits, k, p, out):
         """Filter ``logits [B <= max_rows, vocab]`` into ``out`` (may be ``logits``); see the class doc."""
@@ -1404,7 +1645,7 @@ class TopKTopPFilter:
         _stats_kernel[grid](logits, logits.stride(0), *st.stats(), st.counts, st.masses, st.cursor, st.scratch,
                             st.outliers, st.first_count, st.first_key, k_ptr, k_value, p_ptr, p_value, vocab,
                             self.chunk_len, self.chunks, self.capacity, K_PER_ROW=k_per_row, P_PER_ROW=p_per_row,
-                            SAMPLE=SAMPLE, OUTLIERS=OUTLIERS, BLOCK=self.stats_block, **common)
+                            SAMPLE=SAMPLE, OUTLIERS=OUTLIERS, BLOCK=self.stats_block, LEAN=self.lean, **common)
         chunks_p2 = max(32, triton.next_power_of_2(self.chunks))  # one compile for every layout up to 32 chunks
         for kind in (PASS_FIRST,):  # further rounds: _finish_kernel (rare on real inputs)
             # MASS launches only where a row can need masses (top-p); the first pass without top-k
@@ -1416,15 +1657,17 @@ class TopKTopPFilter:
                                    p_ptr, p_value, vocab, self.chunk_len, self.chunks, self.capacity, PASS=kind,
                                    MASS=mass, K_PER_ROW=k_per_row, P_PER_ROW=p_per_row, CHUNKS=chunks_p2,
                                    BLOCK=self.block, COUNT_BLOCK=self.count_block, MASS_BLOCK=self.mass_block,
-                                   PAIR_BLOCK=self.pair_block, OUTLIERS=OUTLIERS, K_GIVEN=k is not None, **common)
+                                   PAIR_BLOCK=self.lean_block if self.lean else self.pair_block, OUTLIERS=OUTLIERS,
+                                   K_GIVEN=k is not None, LEAN=self.lean, **common)
         _finish_kernel[(rows,)](logits, logits.stride(0), *st.row_fields(), st.points, st.counts, st.masses,
                                 st.scratch, st.unresolved, st.searched, vocab, self.capacity,
                                 BLOCK=self.block, COUNT_BLOCK=self.count_block, MASS_BLOCK=self.mass_block,
                                 num_warps=self.resolve_warps,
-                                enable_fp_fusion=False)
+                                NARROW_TILE=self.narrow_tile, enable_fp_fusion=False, **self.finish_options)
         _apply_kernel[(rows, self.apply_chunks)](logits, logits.stride(0), out, out.stride(0), st.phase, st.cut,
                                                  st.first_count, st.cursor, st.scratch, vocab, self.apply_chunk_len,
-                                                 self.capacity, IN_PLACE=in_place, BLOCK=self.block, **common)
+                                                 self.capacity, IN_PLACE=in_place, BLOCK=self.block,
+                                                 FULL=self.full_apply, **common)
         return out
 
 
