@@ -182,7 +182,40 @@ def compare(sizes, names):
         setattr(triton_filtering, name, kernel)
 
 
+def profile(configs):
+    """The launches of one filter call per config ``requests:case:kind:variant`` (e.g.
+    ``253:p:gaussian:lean``) between ``cudaProfilerStart/Stop`` (after an untimed warm-up call), for
+    ``ncu --profile-from-start off --clock-control none ...``."""
+    device = torch.device("cuda")
+    config = vg.VerifyBenchConfig()
+    generator = torch.Generator(device=device).manual_seed(0)
+    for item in configs:
+        requests, case, kind, name = item.split(":")
+        rows = int(requests) * (config.steps + 1)
+        gaussian = torch.randn(rows, config.vocab, generator=generator, device=device) * 2.0
+        x = vg.filter_logits(kind, gaussian, generator)
+        block, chunks = vg.split_chunks(rows, config.vocab, device) if int(requests) <= 16 else (None, 1)
+        filt = triton_filtering.TopKTopPFilter(rows, config.vocab, device, block=block, chunks=chunks)
+        for attribute, value in VARIANTS[name].items():
+            setattr(filt, attribute, value)
+        k = torch.full((rows,), config.top_k, dtype=torch.int64, device=device) if case == "k+p" else None
+        p = torch.full((rows,), config.top_p, dtype=torch.float32, device=device)
+        out = x.clone()
+        filt.filter(out, k, p, out)
+        out.copy_(x)
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
+        filt.filter(out, k, p, out)
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
+        print(f"profiled {item}", flush=True)
+
+
 def main():
+    if "--profile" in sys.argv:
+        sys.argv.remove("--profile")
+        profile(sys.argv[1].split(","))
+        return
     if "--compare" in sys.argv:
         sys.argv.remove("--compare")
         sizes = tuple(int(r) for r in (sys.argv[1] if len(sys.argv) > 1 else "1,16,64,253").split(","))
