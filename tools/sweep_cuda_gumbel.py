@@ -86,7 +86,7 @@ def kernel_times(design, rows, steps=5, calls=5):
 
 
 def time_variants(rows, variants, rounds, replays):
-    """``cuda_gumbel`` launch variants (``blocks_per_sm``, ``flags``, ``slices``) at ``rows`` (bench inputs, T = 1):
+    """``cuda_gumbel`` launch variants (``blocks_per_sm``, ``flags``, ``slices``, ``variant``) at ``rows`` (bench inputs, T = 1):
     median us of one call (graph replay, cold L2), tokens equal to the first variant's."""
     import statistics
 
@@ -106,10 +106,11 @@ def time_variants(rows, variants, rounds, replays):
     cache = torch.empty(rows, steps, vocab, dtype=torch.bfloat16, device="cuda")
     flush = harness.L2Flusher(torch.device("cuda"))
     out, first = {}, None
-    for bps, flags, slices in variants:
+    for bps, flags, slices, variant in variants:
         sampler = dm.MarkovSampler(head, steps, rows, cache_dtype=torch.bfloat16, method="gumbel", impl="cuda_gumbel")
         sampler.backend = CudaGumbelBackend(head, steps, rows, method="gumbel", cache_dtype=torch.bfloat16,
-                                            device="cuda", blocks_per_sm=bps, flags=flags, slices=slices)
+                                            device="cuda", blocks_per_sm=bps, flags=flags, slices=slices,
+                                            variant=variant)
         args = (base, anchor, idx, pos, temp, seeds)
 
         def call():
@@ -118,7 +119,7 @@ def time_variants(rows, variants, rounds, replays):
         medians = [statistics.median(harness.time_graph_replays(graph, replays, flush)) for _ in range(rounds)]
         same = True if first is None else bool(torch.equal(tokens, first))
         first = tokens.clone() if first is None else first
-        out[f"bps{bps}_flags{flags}_slices{slices}"] = (round(statistics.median(medians), 1), same)
+        out[f"bps{bps}_flags{flags}_slices{slices}_x{variant}"] = (round(statistics.median(medians), 1), same)
     return out
 
 
@@ -174,7 +175,7 @@ def main():
     parser.add_argument("--temperature", default="1", choices=("1", "mixed", "both"))
     parser.add_argument("--kernels", default="64,253")
     parser.add_argument("--check", default="64,253")
-    parser.add_argument("--variants", default="", help="blocks_per_sm:flags:slices, e.g. 3:0:1,3:1:4")
+    parser.add_argument("--variants", default="", help="blocks_per_sm:flags:slices:variant, e.g. 3:0:1:0,3:1:4:3")
     parser.add_argument("--variant-rows", default="64,253")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--replays", type=int, default=15)

@@ -129,7 +129,47 @@ __device__ __forceinline__ i64 shfl_xor_i64(i64 x, int off) {
   return (i64)(((u64)hi << 32) | lo);
 }
 
-template <bool BASE_F32, bool CACHE_F32, bool VEC, bool SCALE>
+// The 16-byte loads of one work item's base logits and bias (VEC path): groups g of 8 tokens per thread.
+template <bool BASE_F32>
+__device__ __forceinline__ void load_item(const BlocksArgs& a, i64 item, int tid, uint4 (&braw)[DM_GROUPS][2],
+                                          uint4 (&wraw)[DM_GROUPS]) {
+  const i64 row = item / a.chunks;
+  const i64 v0 = (a.chunk_lo + item - row * a.chunks) * DM_CHUNK;
+  const char* base_row = (const char*)a.base + (row * a.stride_br + a.step * a.stride_bn) * (BASE_F32 ? 4 : 2);
+  const unsigned short* bias_row = (const unsigned short*)a.bias + (row * a.stride_bias - a.bias_lo);
+#pragma unroll
+  for (int g = 0; g < DM_GROUPS; ++g) {
+    const i64 t0 = v0 + (i64)g * DM_BT * 8 + tid * 8;
+    if (t0 < a.vocab) {  // vocab % 8 == 0 on this path: a group is in or out whole
+      if (BASE_F32) {
+        braw[g][0] = bl_load16(base_row + t0 * 4);
+        braw[g][1] = bl_load16(base_row + t0 * 4 + 16);
+      } else {
+        braw[g][0] = bl_load16(base_row + t0 * 2);
+      }
+      wraw[g] = bl_load16(bias_row + t0);
+    }
+  }
+}
+
+// bf16 pair {lo, hi} of fp32 values rounded to nearest even (torch's NaN 0x7FC0): the integer rounding, or
+// (HW) one cvt.rn.bf16x2.f32 with the NaN payload fixed afterwards.
+template <bool HW>
+__device__ __forceinline__ u32 bl_pack_bf16(float lo, float hi) {
+  if (!HW) return bl_round_bf16(lo) | (bl_round_bf16(hi) << 16);
+  u32 p;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(p) : "f"(hi), "f"(lo));
+  if (lo != lo) p = (p & 0xFFFF0000u) | 0x7FC0u;
+  if (hi != hi) p = (p & 0xFFFFu) | 0x7FC00000u;
+  return p;
+}
+
+// X: variant bits of the 16-byte path. 1 = bf16 rounding by cvt.rn.bf16x2.f32; 2 = the next work item's
+// loads issued right after this item's phase 1 (in flight during the seed and phase 2).
+#define DM_X_HWCVT 1
+#define DM_X_PIPE 2
+
+template <bool BASE_F32, bool CACHE_F32, bool VEC, bool SCALE, int X = 0>
 __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
   __shared__ float gtab_s[DM_TB_SIZE];
   __shared__ float seed_key_s[DM_WARPS];
@@ -145,6 +185,11 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
   const i64 items = a.rows * a.chunks;
   const i64 vocab = a.vocab;
   const float scale = (float)a.scale;
+  constexpr bool PIPE = VEC && (X & DM_X_PIPE);
+  constexpr bool HWCVT = X & DM_X_HWCVT;
+  uint4 braw[DM_GROUPS][2];
+  uint4 wraw[DM_GROUPS];
+  if (PIPE && (i64)blockIdx.x < items) load_item<BASE_F32>(a, blockIdx.x, tid, braw, wraw);
   for (i64 item = blockIdx.x; item < items; item += gridDim.x) {
     const i64 row = item / a.chunks;
     const i64 v0 = (a.chunk_lo + item - row * a.chunks) * DM_CHUNK;
@@ -174,21 +219,7 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
     float sb = ninf;
     int si = -1;
     if (VEC) {
-      uint4 braw[DM_GROUPS][2];
-      uint4 wraw[DM_GROUPS];
-#pragma unroll
-      for (int g = 0; g < DM_GROUPS; ++g) {
-        const i64 t0 = v0 + (i64)g * DM_BT * 8 + tid * 8;
-        if (t0 < vocab) {  // vocab % 8 == 0 on this path: a group is in or out whole
-          if (BASE_F32) {
-            braw[g][0] = bl_load16(base_row + t0 * 4);
-            braw[g][1] = bl_load16(base_row + t0 * 4 + 16);
-          } else {
-            braw[g][0] = bl_load16(base_row + t0 * 2);
-          }
-          wraw[g] = bl_load16(bias_row + t0);
-        }
-      }
+      if (!PIPE) load_item<BASE_F32>(a, item, tid, braw, wraw);
 #pragma unroll
       for (int g = 0; g < DM_GROUPS; ++g) {
         const i64 t0 = v0 + (i64)g * DM_BT * 8 + tid * 8;
@@ -206,7 +237,26 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
               const u32 qs[4] = {braw[g][0].x, braw[g][0].y, braw[g][0].z, braw[g][0].w};
               u = bl_bf16((qs[e >> 1] >> ((e & 1) * 16)) & 0xFFFFu);
             }
-            z[e] = make_z<BASE_F32, CACHE_F32, SCALE>(u, (w[e >> 1] >> ((e & 1) * 16)) & 0xFFFFu, scale);
+            if (HWCVT && !CACHE_F32) {  // the fp32 sum here, rounded in pairs below
+              float b = bl_bf16((w[e >> 1] >> ((e & 1) * 16)) & 0xFFFFu);
+              if (SCALE) b = bl_bf16(bl_round_bf16(dm::mul_rn(b, scale)));
+              z[e] = dm::add_rn(u, b);
+            } else {
+              z[e] = make_z<BASE_F32, CACHE_F32, SCALE>(u, (w[e >> 1] >> ((e & 1) * 16)) & 0xFFFFu, scale);
+            }
+          }
+          u32 packed[4];
+          if (!CACHE_F32) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              if (HWCVT) {
+                packed[k] = bl_pack_bf16<true>(z[2 * k], z[2 * k + 1]);
+                z[2 * k] = __uint_as_float(packed[k] << 16);
+                z[2 * k + 1] = __uint_as_float(packed[k] & 0xFFFF0000u);
+              } else {  // z already rounded: its high halves
+                packed[k] = (__float_as_uint(z[2 * k]) >> 16) | (__float_as_uint(z[2 * k + 1]) & 0xFFFF0000u);
+              }
+            }
           }
           if (r.live) {
             if (CACHE_F32) {
@@ -215,25 +265,24 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
               bl_store16(cache_row + t0 * 4 + 16, __float_as_uint(z[4]), __float_as_uint(z[5]), __float_as_uint(z[6]),
                          __float_as_uint(z[7]));
             } else {
-              u32 p[4];
-#pragma unroll
-              for (int k = 0; k < 4; ++k) p[k] = (__float_as_uint(z[2 * k]) >> 16) | (__float_as_uint(z[2 * k + 1]) & 0xFFFF0000u);
-              bl_store16(cache_row + t0 * 2, p[0], p[1], p[2], p[3]);
+              bl_store16(cache_row + t0 * 2, packed[0], packed[1], packed[2], packed[3]);
             }
+          }
+          // The greedy test outside the token loop: straight-line code for the 8 tokens.
+          if (r.greedy) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) ub[g * 8 + e] = z[e];
+          } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+              ub[g * 8 + e] = dm::add_rn(dm::mul_rn(z[e], r.inv_temp),
+                                         gtab_s[dm::tb_bucket(dm::hash_finish(r.prefix, (u32)(t0 + e)))]);
           }
 #pragma unroll
           for (int e = 0; e < 8; ++e) {
-            const u32 v = (u32)(t0 + e);
-            float b;
-            if (r.greedy) {
-              b = z[e];
-            } else {
-              b = dm::add_rn(dm::mul_rn(z[e], r.inv_temp), gtab_s[dm::tb_bucket(dm::hash_finish(r.prefix, v))]);
-            }
-            ub[g * 8 + e] = b;
-            if (b > sb) {
-              sb = b;
-              si = (int)v;
+            if (ub[g * 8 + e] > sb) {
+              sb = ub[g * 8 + e];
+              si = (int)(t0 + e);
             }
           }
         } else {
@@ -265,6 +314,8 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
         }
       }
     }
+
+    if (PIPE && item + gridDim.x < items) load_item<BASE_F32>(a, item + gridDim.x, tid, braw, wraw);
 
     // ---- seed: the block's largest bound (first token among equals), its exact key -> threshold
 #pragma unroll
@@ -347,6 +398,11 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
   DM_BLOCKS_ENTRY(B, C, 0, 1)   \
   DM_BLOCKS_ENTRY(B, C, 1, 0)   \
   DM_BLOCKS_ENTRY(B, C, 1, 1)
+// Variants of the bf16 / bf16 / 16-byte / unscaled path (cuda_gumbel VARIANTS; X bits above).
+#define DM_BLOCKS_VARIANT(X)                                                                         \
+  extern "C" __global__ void __launch_bounds__(DM_BT, 3) dm_blocks_b0_c0_v1_s0_x##X(const BlocksArgs a) { \
+    blocks_body<false, false, true, false, X>(a);                                                    \
+  }
 #ifdef DM_BLOCKS_TWO_ENTRIES  // the CPU test's nvcc compile check: every template bit both ways, in 1/8 of the time
 DM_BLOCKS_ENTRY(0, 0, 1, 0)
 DM_BLOCKS_ENTRY(1, 1, 0, 1)
@@ -355,6 +411,9 @@ DM_BLOCKS_ENTRIES(0, 0)
 DM_BLOCKS_ENTRIES(0, 1)
 DM_BLOCKS_ENTRIES(1, 0)
 DM_BLOCKS_ENTRIES(1, 1)
+DM_BLOCKS_VARIANT(1)
+DM_BLOCKS_VARIANT(2)
+DM_BLOCKS_VARIANT(3)
 #endif
 
 // The noise upper-bound table: words[b] = the largest gumbel32(uniform32(h)) over every hash h with

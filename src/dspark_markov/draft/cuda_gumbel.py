@@ -37,6 +37,11 @@ BLOCKS_PER_SM = 3  # blocks.cu __launch_bounds__(DM_BT, 3): <= 85 registers (72-
 FLAG_PREFETCH = 1
 FLAGS_ALL = FLAG_PREFETCH
 DEFAULT_FLAGS = 0
+# Compile-time variants of the bf16-base / bf16-cache / 16-byte / unscaled path (blocks.cu DM_X_*; never a
+# different draw): 1 = bf16 rounding by cvt.rn.bf16x2.f32 (NaN payload fixed to torch's), 2 = the next work
+# item's loads in flight during this item's seed and phase 2. Other paths run variant 0.
+VARIANTS = (0, 1, 2, 3)
+DEFAULT_VARIANT = 0
 
 
 class BlocksArgs(ctypes.Structure):
@@ -61,7 +66,8 @@ class CudaGumbelBackend(GumbelBlocksBackend):
     Parameters as :class:`~.triton_blocks.GumbelBlocksBackend`, plus ``blocks_per_sm`` (resident
     blocks per SM of the grid-stride launch, default :data:`BLOCKS_PER_SM`; a large value launches one
     block per work item), ``filter_margin`` (the slack of the bound test; a huge value makes every token
-    exact) and ``flags`` (:data:`FLAG_PREFETCH`). Scratch (the bias GEMM's
+    exact), ``flags`` (:data:`FLAG_PREFETCH`), ``slices`` (vocabulary slices per step, each its own GEMM
+    and block launch) and ``variant`` (:data:`VARIANTS`). Scratch (the bias GEMM's
     buffers, partials ``[max_rows, cdiv(V, CHUNK)]``, the noise table) is allocated once; ``run``
     only launches (CUDA-graph safe).
     """
@@ -70,7 +76,7 @@ class CudaGumbelBackend(GumbelBlocksBackend):
     DEVICES = ("cuda",)
 
     def __init__(self, head, num_steps, max_rows, *, method, cache_dtype, device, blocks_per_sm=BLOCKS_PER_SM,
-                 filter_margin=FILTER_MARGIN, flags=DEFAULT_FLAGS, slices=1):
+                 filter_margin=FILTER_MARGIN, flags=DEFAULT_FLAGS, slices=1, variant=DEFAULT_VARIANT):
         from .. import cuda
 
         device = torch.device(device)
@@ -97,6 +103,9 @@ class CudaGumbelBackend(GumbelBlocksBackend):
         if int(flags) < 0 or int(flags) & ~FLAGS_ALL:
             raise ValueError(f"flags: expected a combination of the FLAG_* bits ({FLAGS_ALL} = all), got {flags}")
         self.flags = int(flags)
+        if int(variant) not in VARIANTS:
+            raise ValueError(f"variant: expected one of {VARIANTS}, got {variant}")
+        self.variant = int(variant)
         # Vocabulary slices: per step and slice, the GEMM of the slice's bias into a buffer small enough to
         # stay in L2, then the block kernel on the slice (the bias need not go to HBM and back).
         if not 1 <= int(slices) <= self.num_blocks:
@@ -118,8 +127,9 @@ class CudaGumbelBackend(GumbelBlocksBackend):
     def kernel_name(self, base_logits, logits_cache) -> str:
         vec = (self.head.vocab_size % 8 == 0 and _aligned16(base_logits, (0, 1)) and _aligned16(logits_cache, (0, 1))
                and _aligned16(self.gemm.bias, (0,)) and (self.slice_bias is None or self.slice_bias.data_ptr() % 16 == 0))
-        return (f"dm_blocks_b{int(base_logits.dtype == torch.float32)}_c{int(logits_cache.dtype == torch.float32)}"
+        name = (f"dm_blocks_b{int(base_logits.dtype == torch.float32)}_c{int(logits_cache.dtype == torch.float32)}"
                 f"_v{int(vec)}_s{int(float(self.head.scale) != 1.0)}")
+        return f"{name}_x{self.variant}" if self.variant and name == "dm_blocks_b0_c0_v1_s0" else name
 
     def launch_blocks(self, base_logits, idx_mapping, positions, temperature, seeds, logits_cache, bias, *, rows, step,
                       chunk_lo=0, chunks=None):
