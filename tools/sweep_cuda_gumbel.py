@@ -65,7 +65,7 @@ def kernel_times(design, rows, steps=5, calls=5):
             bias = be.gemm.compute(rows)
             e[1].record()
             if design == "cuda_gumbel":
-                be.launch_blocks(base, idx, pos, temp, seeds, cache, rows=rows, step=step)
+                be.launch_blocks(base, idx, pos, temp, seeds, cache, bias, rows=rows, step=step)
             else:
                 launch_gumbel_blocks(base, base.stride(0), base.stride(1), bias, head.scale, idx, pos, temp, seeds,
                                      cache, be.block_max, be.block_token, rows=rows, step=step, num_steps=steps,

@@ -84,7 +84,7 @@ def test_matches_gumbel_fused_and_reference_at_full_shape(head, rows, logit_dtyp
     assert_same(out)
 
 
-@pytest.mark.parametrize("flags", [0, 1])
+@pytest.mark.parametrize("flags", [0, 1, 2, 3])
 def test_every_token_exact_and_the_prefetch_hint_draw_the_same(head, flags):
     """filter_margin = 1e30: the bound test never skips (every token's exact key); flags never change a draw."""
     inputs = inputs_for(64, torch.bfloat16)

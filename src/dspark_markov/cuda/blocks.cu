@@ -36,6 +36,10 @@ using dm::u64;
 
 // DM_BF_PREFETCH: each block asks L2 for its next work item's base and bias lines when it starts an item.
 #define DM_BF_PREFETCH 1
+// DM_BF_COMBINE: the row's last work item (a per-row arrival counter) merges the row's chunk words into its
+// token, writes draft_tokens / prev and gathers W1[token] into the next step's GEMM codes: no combine launch.
+// The words go to block_token (as packed words), block_max is unused; the counter is reset by that block.
+#define DM_BF_COMBINE 2
 
 struct BlocksArgs {  // every field 8 bytes (matches cuda_gumbel.BlocksArgs)
   u64 base;         // [R, N, V] bf16/fp32, strides (stride_br, stride_bn, 1)
@@ -53,6 +57,10 @@ struct BlocksArgs {  // every field 8 bytes (matches cuda_gumbel.BlocksArgs)
   i64 stride_br, stride_bn, stride_bias, stride_cs, stride_part;
   i64 idx64, pos64, has_scale;  // has_scale: scale != 1 (the entry point's S bit must agree)
   i64 flags;                    // DM_BF_* hints (never change a draw)
+  // DM_BF_COMBINE only: [max_rows] int32 arrival counters (0 between launches), draft_tokens [R, N] int64,
+  // prev [max_rows] int64, W1 [embed_rows, rank] bf16, codes [max_rows, rank] bf16 (written when gather).
+  u64 counts, tokens, prev, embed, codes;
+  i64 total_chunks, tokens_row_stride, tokens_step_stride, embed_rows, rank, codes_row_stride, gather;
   double scale, filter_margin;
 };
 
@@ -64,6 +72,12 @@ __device__ __forceinline__ uint4 bl_load16(const void* ptr) {
 }
 __device__ __forceinline__ void bl_store16(void* ptr, u32 x, u32 y, u32 z, u32 w) {
   asm volatile("st.global.cs.v4.u32 [%0], {%1,%2,%3,%4};" :: "l"(ptr), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
+}
+
+__device__ __forceinline__ i64 bl_load_cg64(const i64* ptr) {  // from L2 (another block's word)
+  i64 v;
+  asm volatile("ld.global.cg.b64 %0, [%1];" : "=l"(v) : "l"(ptr) : "memory");
+  return v;
 }
 
 __device__ __forceinline__ void bl_prefetch_l2(const void* ptr) {
@@ -178,6 +192,8 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
   __shared__ float thr_s;
   __shared__ int seed_s;
   __shared__ i64 seed_word_s;
+  __shared__ int last_s;
+  __shared__ i64 token_s;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   for (int i = tid; i < DM_TB_SIZE; i += DM_BT) gtab_s[i] = ((const float*)a.gtab)[i];
   __syncthreads();
@@ -379,11 +395,51 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
     }
     if (lane == 0) word_s[warp] = best;
     __syncthreads();
+    const bool combine = (a.flags & DM_BF_COMBINE) != 0;
     if (tid == 0) {
       for (int w = 1; w < DM_WARPS; ++w) best = word_s[w] > best ? word_s[w] : best;
       const i64 part = row * a.stride_part + v0 / DM_CHUNK;
-      ((float*)a.block_max)[part] = dm::word_key(best);
-      ((i64*)a.block_token)[part] = (i64)dm::word_index(best);
+      if (combine) {
+        ((i64*)a.block_token)[part] = best;
+        __threadfence();  // the word before the arrival
+        last_s = atomicAdd(&((int*)a.counts)[row], 1) == (int)a.total_chunks - 1;
+      } else {
+        ((float*)a.block_max)[part] = dm::word_key(best);
+        ((i64*)a.block_token)[part] = (i64)dm::word_index(best);
+      }
+    }
+    if (combine) {
+      __syncthreads();
+      if (last_s) {  // block-uniform: this block saw every other chunk's arrival
+        __threadfence();
+        if (warp == 0) {
+          i64 w = DM_BINT64_MIN;
+          for (int c = lane; c < (int)a.total_chunks; c += 32) {
+            const i64 o = bl_load_cg64((const i64*)a.block_token + row * a.stride_part + c);
+            w = o > w ? o : w;
+          }
+#pragma unroll
+          for (int off = 16; off; off >>= 1) {
+            const i64 o = shfl_xor_i64(w, off);
+            w = o > w ? o : w;
+          }
+          if (lane == 0) {
+            i64 token = (i64)dm::word_index(w);  // torch.argmax over the row: the first NaN, else the first max
+            token = token < 0 ? 0 : (token >= vocab ? vocab - 1 : token);
+            ((i64*)a.tokens)[row * a.tokens_row_stride + a.step * a.tokens_step_stride] = token;
+            ((i64*)a.prev)[row] = token;
+            ((int*)a.counts)[row] = 0;
+            token_s = token;
+          }
+        }
+        __syncthreads();
+        if (a.gather) {
+          const i64 t = token_s < a.embed_rows ? token_s : a.embed_rows - 1;
+          const unsigned short* src = (const unsigned short*)a.embed + t * a.rank;
+          unsigned short* dst = (unsigned short*)a.codes + row * a.codes_row_stride;
+          for (int k = tid; k < (int)a.rank; k += DM_BT) dst[k] = src[k];
+        }
+      }
     }
   }
 }

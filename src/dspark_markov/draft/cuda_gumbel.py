@@ -35,7 +35,8 @@ THREADS = 256  # blocks.cu DM_BT
 BLOCKS_PER_SM = 3  # blocks.cu __launch_bounds__(DM_BT, 3): <= 85 registers (72-80 used, ptxas -v)
 # Run-time hints (blocks.cu DM_BF_*; they never change a draw): the next work item's lines requested into L2.
 FLAG_PREFETCH = 1
-FLAGS_ALL = FLAG_PREFETCH
+FLAG_COMBINE = 2  # the row's last work item merges the row (no combine launch; blocks.cu DM_BF_COMBINE)
+FLAGS_ALL = FLAG_PREFETCH | FLAG_COMBINE
 DEFAULT_FLAGS = 0
 # Compile-time variants of the bf16-base / bf16-cache / 16-byte / unscaled path (blocks.cu DM_X_*; never a
 # different draw): 1 = bf16 rounding by cvt.rn.bf16x2.f32 (NaN payload fixed to torch's), 2 = the next work
@@ -53,6 +54,9 @@ class BlocksArgs(ctypes.Structure):
             "rows", "vocab", "num_slots", "num_steps", "step", "chunks", "chunk_lo", "bias_lo", "stride_br",
             "stride_bn", "stride_bias",
             "stride_cs", "stride_part", "idx64", "pos64", "has_scale", "flags")] + [
+        (name, ctypes.c_uint64) for name in ("counts", "tokens", "prev", "embed", "codes")] + [
+        (name, ctypes.c_int64) for name in ("total_chunks", "tokens_row_stride", "tokens_step_stride", "embed_rows",
+                                            "rank", "codes_row_stride", "gather")] + [
         ("scale", ctypes.c_double), ("filter_margin", ctypes.c_double)]
 
 
@@ -66,7 +70,7 @@ class CudaGumbelBackend(GumbelBlocksBackend):
     Parameters as :class:`~.triton_blocks.GumbelBlocksBackend`, plus ``blocks_per_sm`` (resident
     blocks per SM of the grid-stride launch, default :data:`BLOCKS_PER_SM`; a large value launches one
     block per work item), ``filter_margin`` (the slack of the bound test; a huge value makes every token
-    exact), ``flags`` (:data:`FLAG_PREFETCH`), ``slices`` (vocabulary slices per step, each its own GEMM
+    exact), ``flags`` (:data:`FLAG_PREFETCH`, :data:`FLAG_COMBINE`), ``slices`` (vocabulary slices per step, each its own GEMM
     and block launch) and ``variant`` (:data:`VARIANTS`). Scratch (the bias GEMM's
     buffers, partials ``[max_rows, cdiv(V, CHUNK)]``, the noise table) is allocated once; ``run``
     only launches (CUDA-graph safe).
@@ -103,6 +107,7 @@ class CudaGumbelBackend(GumbelBlocksBackend):
         if int(flags) < 0 or int(flags) & ~FLAGS_ALL:
             raise ValueError(f"flags: expected a combination of the FLAG_* bits ({FLAGS_ALL} = all), got {flags}")
         self.flags = int(flags)
+        self.counts = torch.zeros(self.max_rows, dtype=torch.int32, device=self.device)  # FLAG_COMBINE arrivals
         if int(variant) not in VARIANTS:
             raise ValueError(f"variant: expected one of {VARIANTS}, got {variant}")
         self.variant = int(variant)
@@ -132,7 +137,7 @@ class CudaGumbelBackend(GumbelBlocksBackend):
         return f"{name}_x{self.variant}" if self.variant and name == "dm_blocks_b0_c0_v1_s0" else name
 
     def launch_blocks(self, base_logits, idx_mapping, positions, temperature, seeds, logits_cache, bias, *, rows, step,
-                      chunk_lo=0, chunks=None):
+                      chunk_lo=0, chunks=None, draft_tokens=None):
         """One step's block kernel on chunks ``[chunk_lo, chunk_lo + chunks)`` of ``rows`` rows: their cache
         entries (live samples) and partials. ``bias`` ``[rows, n]`` bf16 holds tokens from ``chunk_lo * CHUNK``.
 
@@ -148,7 +153,12 @@ class CudaGumbelBackend(GumbelBlocksBackend):
             rows, vocab, temperature.shape[0], self.num_steps, step, chunks, chunk_lo, chunk_lo * CHUNK,
             base_logits.stride(0), base_logits.stride(1), bias.stride(0), logits_cache.stride(0),
             self.block_max.stride(0), int(idx_mapping.dtype == torch.int64), int(positions.dtype == torch.int64),
-            int(float(self.head.scale) != 1.0), self.flags, float(self.head.scale), self.filter_margin)
+            int(float(self.head.scale) != 1.0), self.flags,
+            self.counts.data_ptr(), 0 if draft_tokens is None else draft_tokens.data_ptr(), self.prev.data_ptr(),
+            self.gemm.gemm_embed.data_ptr(), self.gemm.codes.data_ptr(), self.num_blocks,
+            0 if draft_tokens is None else draft_tokens.stride(0), 0 if draft_tokens is None else draft_tokens.stride(1),
+            self.gemm.gemm_embed.shape[0], self.gemm.gemm_embed.shape[1], self.gemm.codes.stride(0),
+            int(step + 1 < self.num_steps), float(self.head.scale), self.filter_margin)
         grid = min(rows * chunks, self.num_sms * self.blocks_per_sm)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         self.kernels.launch(self.kernel_name(base_logits, logits_cache), grid, THREADS, 0, stream, [args])
@@ -164,14 +174,16 @@ class CudaGumbelBackend(GumbelBlocksBackend):
             if self.slice_bias is None:
                 bias = self.gemm.compute(rows)  # [rows, V] bf16, unscaled
                 self.launch_blocks(base_logits, idx_mapping, positions, temperature, seeds, logits_cache, bias,
-                                   rows=rows, step=step)
+                                   rows=rows, step=step, draft_tokens=draft_tokens)
             else:
                 for chunk_lo, chunks in self.slices:
                     lo, hi = chunk_lo * CHUNK, min((chunk_lo + chunks) * CHUNK, vocab)
                     bias = self.slice_bias[: rows * (hi - lo)].view(rows, hi - lo)
                     torch.matmul(codes, w2[lo:hi].t(), out=bias)
                     self.launch_blocks(base_logits, idx_mapping, positions, temperature, seeds, logits_cache, bias,
-                                       rows=rows, step=step, chunk_lo=chunk_lo, chunks=chunks)
-            launch_combine(self.block_max, self.block_token, draft_tokens, self.prev, self.gemm.gemm_embed,
-                           self.gemm.codes, rows=rows, step=step, vocab=self.head.vocab_size,
-                           gather=step + 1 < self.num_steps)
+                                       rows=rows, step=step, chunk_lo=chunk_lo, chunks=chunks,
+                                       draft_tokens=draft_tokens)
+            if not self.flags & FLAG_COMBINE:
+                launch_combine(self.block_max, self.block_token, draft_tokens, self.prev, self.gemm.gemm_embed,
+                               self.gemm.codes, rows=rows, step=step, vocab=self.head.vocab_size,
+                               gather=step + 1 < self.num_steps)
