@@ -15,7 +15,7 @@ import triton.language as tl
 import dspark_markov as dm
 from dspark_markov.demo.generate import chi_square, chi_square_threshold
 from dspark_markov.verify.reference import scale_target
-from dspark_markov.verify.triton_verify_stream import StreamVerifier, _divide, _divisor, cached_verifier
+from dspark_markov.verify.triton_verify_stream import StreamVerifier, _divide, _divide_poisoned, _divisor, cached_verifier
 from tests.helpers import VERIFY_VOCAB as VOCAB
 from tests.helpers import fast_interpreter_calls
 from tests.helpers import verify_case as _case
@@ -69,7 +69,7 @@ def test_raw_logits_bit_identical_to_pre_divided(method):
     a = _run(verifier, [divided] + args[1:], method)
     b = _run(verifier, [raw] + args[1:], method, target_temperature=temperature)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
-    fast = StreamVerifier(7, 3, VOCAB, "cpu", fused=1, fast_divide=1)  # no divide per element
+    fast = StreamVerifier(7, 3, VOCAB, "cpu", fused=1, fast_divide=2)  # no divide per element, poisoned fallback
     c = _run(fast, [raw] + args[1:], method, target_temperature=temperature)
     assert torch.equal(a[0], c[0]) and torch.equal(a[1], c[1])
     # div_unroll: the divided slots one tile at a time, the T = 0 / 1 slots the standard loop (4 tiles);
@@ -199,13 +199,14 @@ def test_first_two_positions_follow_the_target(method):
 
 
 @triton.jit
-def _divide_kernel(x_ptr, out_ptr, risky_ptr, temp_ptr, n, BLOCK: tl.constexpr):
+def _divide_kernel(x_ptr, out_ptr, risky_ptr, poisoned_ptr, temp_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(x_ptr + offs, mask=offs < n, other=1.0)
     t, r, s, tiny = _divisor(tl.load(temp_ptr))
     y, risky = _divide(x, t, r, s, tiny)
     tl.store(out_ptr + offs, y, mask=offs < n)
     tl.store(risky_ptr + offs, risky.to(tl.int8), mask=offs < n)
+    tl.store(poisoned_ptr + offs, _divide_poisoned(x, t, r, s, tiny), mask=offs < n)
 
 
 def test_fast_division_is_correctly_rounded():
@@ -224,10 +225,15 @@ def test_fast_division_is_correctly_rounded():
                        specials, mixed, -mixed])
         out = torch.empty_like(x)
         risky = torch.empty(x.shape, dtype=torch.int8)
-        _divide_kernel[((x.numel() + 4095) // 4096,)](x, out, risky, torch.tensor([temp]), x.numel(), BLOCK=4096)
+        poisoned = torch.empty_like(x)
+        _divide_kernel[((x.numel() + 4095) // 4096,)](x, out, risky, poisoned, torch.tensor([temp]), x.numel(),
+                                                      BLOCK=4096)
         expected = x / torch.tensor(temp, dtype=torch.float32)
         flagged = risky.bool()
         lo = max(2.0 ** -100, 2.0 ** -125 * temp) if 2.0 ** -126 <= temp <= 2.0 ** 126 else float("inf")
         assert torch.equal(flagged, (x != 0) & (x.abs() < lo)), temp
         same = (out.view(torch.int32) == expected.view(torch.int32)) | (out.isnan() & expected.isnan())
         assert bool(same[~flagged].all()), (temp, x[~flagged & ~same][:5], out[~flagged & ~same][:5])
+        # fast_divide=2: the same quotient, NaN where flagged
+        assert bool(poisoned[flagged].isnan().all())
+        assert torch.equal(poisoned[~flagged].view(torch.int32), out[~flagged].view(torch.int32))

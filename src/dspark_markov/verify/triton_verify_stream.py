@@ -84,6 +84,7 @@ DYNAMIC = 0  # standard method: persistent fetch-and-add programs (1: eager emit
 DYNAMIC_FROM = 1  # ... from this many requests on
 DYNAMIC_T1 = 8  # tiles per stream item of a dynamic launch
 COMPACT_ORDER = False  # standard method: the program order without the lag's padding (StreamVerifier's compact)
+FAST_DIVIDE = 1  # raw logits: 1 = _divide with per-lane fallback flags, 2 = _divide_poisoned (a NaN sum redoes); 0: div_rn
 DIV_UNROLL = 0  # raw logits: tiles at once where values are divided (0: the whole raw launch at 2; StreamVerifier's div_unroll)
 
 _ACCEPT_DOMAIN = tl.constexpr(keys.ACCEPT_DOMAIN)
@@ -217,8 +218,16 @@ def _divide(x, t, r, s, tiny):
     q1 = tl.fma(-tl.fma(q0, t, -x), r, q0)  # residual q0 t - x (exact): a zero keeps its sign
     q2 = tl.fma(-tl.fma(q1, t, -x), r, q1)
     y = tl.where(q2 == q2, q2, q0) * s
-    magnitude = (x.to(tl.int32, bitcast=True) & 0x7FFFFFFF) - 1  # 0 -> -1: never risky; NaN: above inf
-    return y, (magnitude >= 0) & (magnitude < tiny - 1)
+    magnitude = (x.to(tl.uint32, bitcast=True) & 0x7FFFFFFF) - 1  # 0 -> 2^32 - 1: never risky; NaN: above inf
+    return y, magnitude < (tiny - 1).to(tl.uint32)
+
+
+@triton.jit
+def _divide_poisoned(x, t, r, s, tiny):
+    """:func:`_divide`'s quotient, NaN where it may not be correctly rounded (``FAST`` 2: a NaN makes the
+    row's sum NaN, and the caller recomputes a NaN sum exactly; no per-lane flag registers)."""
+    y, risky = _divide(x, t, r, s, tiny)
+    return tl.where(risky, float("nan"), y)
 
 
 @triton.jit
@@ -262,7 +271,9 @@ def _pair_step(xb, cb, m, s, cm, cs, risky, ttemp, c_scale, RAW: tl.constexpr, F
     """One loaded group of a target tile ``xb`` (raw when ``RAW``) and a cache tile ``cb`` into both rows'
     running statistics, as the loop of :func:`_pair_softmax` does it (``FAST``: :func:`_divide`)."""
     x = to_float32(xb)
-    if FAST:
+    if FAST == 2:
+        x = _divide_poisoned(x, dt, dr, ds, dtiny)
+    elif FAST:
         x, tiny = _divide(x, dt, dr, ds, dtiny)
         risky = risky | tl.max(tiny.to(tl.int32), axis=0)
     elif RAW:
@@ -292,8 +303,9 @@ def _pair_softmax(t_ptr, c_ptr, start, end, c_end, tiles, ttemp, c_scale, RAW: t
     so the results are bit-identical to two calls of it.
 
     ``FAST`` (with ``RAW``, ``T`` not 0 or 1): the target values are divided by :func:`_divide` with
-    the slot's :func:`_divisor` constants ``dt, dr, ds, dtiny``; the fourth result ``risky`` says a
-    value needed the exact fallback, and then the caller recomputes without ``FAST``.
+    the slot's :func:`_divisor` constants ``dt, dr, ds, dtiny``; the fifth result says a value needed
+    the exact fallback (``FAST`` 1: per-lane flags; 2: :func:`_divide_poisoned`, a NaN sum), and then
+    the caller recomputes without ``FAST``.
 
     ``DBUF`` (with ``INTERIOR``): the interior groups are double-buffered in registers (group ``g + 1``
     is loaded before group ``g`` is reduced, so a load is always in flight); the same groups in the
@@ -326,7 +338,9 @@ def _pair_softmax(t_ptr, c_ptr, start, end, c_end, tiles, ttemp, c_scale, RAW: t
         else:
             for g in tl.range(0, full, num_stages=PIPE):
                 token = lane[None, :] + (g * UNROLL * BLOCK + step)
-                if FAST:
+                if FAST == 2:
+                    x = _divide_poisoned(to_float32(tl.load(t_ptr + token)), dt, dr, ds, dtiny)
+                elif FAST:
                     x, tiny = _divide(to_float32(tl.load(t_ptr + token)), dt, dr, ds, dtiny)
                     risky = risky | tl.max(tiny.to(tl.int32), axis=0)
                 else:
@@ -337,7 +351,9 @@ def _pair_softmax(t_ptr, c_ptr, start, end, c_end, tiles, ttemp, c_scale, RAW: t
         first = full * UNROLL
     for t in tl.range(first, tiles, UNROLL, num_stages=PIPE):
         token = lane[None, :] + (t * BLOCK + step)
-        if FAST:
+        if FAST == 2:
+            x = _divide_poisoned(_load_row(t_ptr, token, token < end, ttemp, False, float("-inf")), dt, dr, ds, dtiny)
+        elif FAST:
             x, tiny = _divide(_load_row(t_ptr, token, token < end, ttemp, False, float("-inf")), dt, dr, ds, dtiny)
             risky = risky | tl.max(tiny.to(tl.int32), axis=0)
         else:
@@ -347,7 +363,11 @@ def _pair_softmax(t_ptr, c_ptr, start, end, c_end, tiles, ttemp, c_scale, RAW: t
         cm, cs = _softmax_step(c, cm, cs, c_scale, HARDWARE)
     t_max, t_sum = _softmax_combine(m, s, _LOG2E)
     c_max, c_sum = _softmax_combine(cm, cs, c_scale)
-    return t_max, t_sum, c_max, c_sum, tl.max(risky, axis=0) != 0
+    if FAST == 2:  # a poisoned value (or a NaN or +inf of the input: the exact path gives the same then)
+        redo = t_sum != t_sum
+    else:
+        redo = tl.max(risky, axis=0) != 0
+    return t_max, t_sum, c_max, c_sum, redo
 
 
 @triton.jit
@@ -640,11 +660,11 @@ def _verify_item(stage, b, j, chunk, valid, t_waited,
             elif FUSED & (temp != 0.0):  # target row j and cache row j (none for j = n) in one loop
                 c_end = tl.where(j < n, end, start)
                 c_scale = tl.math.div_rn(_LOG2E, temp)
-                if FAST_DIVIDE & RAW & (ttemp != 0.0) & (ttemp != 1.0):
+                if (FAST_DIVIDE > 0) & RAW & (ttemp != 0.0) & (ttemp != 1.0):
                     dt, dr, ds, dtiny = _divisor(ttemp)
                     mx, sm, cmx, csm, risky = _pair_softmax(t_base + j * t_row_stride, c_base + j * c_step_stride,
                                                             start, end, c_end, T1, ttemp, c_scale, RAW, BLOCK,
-                                                            UR, HARDWARE, PIPE, True, dt, dr, ds, dtiny,
+                                                            UR, HARDWARE, PIPE, FAST_DIVIDE, dt, dr, ds, dtiny,
                                                             INTERIOR, DBUF)
                     if risky:  # a value of magnitude below 2^-100 (or an extreme T): divide exactly
                         mx, sm, cmx, csm, no_risk = _pair_softmax(t_base + j * t_row_stride, c_base + j * c_step_stride,
@@ -894,7 +914,7 @@ def _stream_verify_kernel(
     UNROLL: tl.constexpr, HARDWARE: tl.constexpr, EMIT_SCAN: tl.constexpr, NOISE_FILTER: tl.constexpr,
     HAS_GREEDY: tl.constexpr, RAW: tl.constexpr, BLOCK_METHOD: tl.constexpr, PIPE: tl.constexpr = 1,
     EMIT_PIPE: tl.constexpr = 1, FUSED: tl.constexpr = False, EMIT_BLOCK: tl.constexpr = 2048,
-    FAST_DIVIDE: tl.constexpr = False, INTERIOR: tl.constexpr = False, SCAN_ARGMAX: tl.constexpr = False,
+    FAST_DIVIDE: tl.constexpr = 0, INTERIOR: tl.constexpr = False, SCAN_ARGMAX: tl.constexpr = False,
     EARLY: tl.constexpr = False, PREFETCH: tl.constexpr = False, DIV_UNROLL: tl.constexpr = 0, DBUF: tl.constexpr = False,
     trace_ptr=None, TRACE: tl.constexpr = False, COMPACT: tl.constexpr = False, DYNAMIC: tl.constexpr = 0,
 ):
@@ -1080,7 +1100,9 @@ class StreamVerifier:
     early : stream items store the logits at each draft for the epilogue (default on).
     prefetch : an L2 prefetch of each stream item's first target tiles (default on, GPU only).
     fast_divide : raw logits divided by :func:`_divide` (no divide per value; exact, with a
-        ``div_rn`` rescan of a chunk holding a value below ``max(2^-100, 2^-125 T)``; default on).
+        ``div_rn`` rescan of a chunk holding a value below ``max(2^-100, 2^-125 T)``; default
+        :data:`FAST_DIVIDE` = 1: per-lane flags; 2: such values made NaN (:func:`_divide_poisoned`), and a
+        chunk whose sum is NaN is rescanned, which frees the flags' registers; 0: ``div_rn`` per value).
     div_unroll : raw logits only: tiles loaded at once where the target values are divided (T not 0
         or 1); the T = 0 / 1 slots then run the standard loop with ``unroll`` tiles (default
         :data:`DIV_UNROLL` = 0: the whole raw launch loads 2 tiles at once). H200 (verify3 u3): 2 is
@@ -1138,7 +1160,7 @@ class StreamVerifier:
         # Target row j and cache row j streamed in one loop (one round trip per tile, not two loops).
         self.fused = True if fused is None else bool(fused)
         # Raw logits (fused loop): the target values divided without a divide per element (_divide).
-        self.fast_divide = True if fast_divide is None else bool(fast_divide)
+        self.fast_divide = FAST_DIVIDE if fast_divide is None else int(fast_divide)
         # Fused loop: whole groups of tiles loaded without masks; greedy rows: argmax one tile at a time.
         self.interior = True if interior is None else bool(interior)
         self.scan_argmax = True if scan_argmax is None else bool(scan_argmax)
