@@ -99,8 +99,13 @@ class CudaGumbelBackend(GumbelBlocksBackend):
                          block=CHUNK)
         index = device.index if device.index is not None else torch.cuda.current_device()
         self.device = torch.device("cuda", index)
-        self.kernels = cuda.blocks_kernels(index)
-        self.noise_table = cuda.noise_table(index)
+        from ..cuda import build
+
+        try:
+            self.kernels = cuda.blocks_kernels(index)
+            self.noise_table = cuda.noise_table(index)
+        except build.BuildError as error:
+            raise ValueError(f"impl: 'cuda_gumbel' cannot run here: {error}") from error
         self.num_sms = torch.cuda.get_device_properties(index).multi_processor_count
         self.blocks_per_sm = int(blocks_per_sm)
         self.filter_margin = float(filter_margin)
