@@ -1063,7 +1063,7 @@ class Layout:
                              max(2, triton.cdiv(batch * (k + 1) * tiles, resident)))  # 1-tile items: slower
             default_t2 = (1 if batch <= 4 else per_stream_tile) if batch <= 16 else 4 * per_stream_tile
             if dynamic:  # small stream items: few requests in flight, so an emitted row is re-read from L2
-                default_t1 = DYNAMIC_T1
+                default_t1 = min(default_t1, DYNAMIC_T1)
         else:
             default_t1, default_t2 = 2, 2
         self.t1 = max(1, min(int(t1 or default_t1), tiles))
