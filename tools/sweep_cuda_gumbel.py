@@ -139,6 +139,32 @@ def sliced_gemm_bits(rows_list, slices_list, log):
             log(f"sliced GEMM rows {rows} slices {slices}: bit-identical to the whole GEMM: {same}")
 
 
+def rescan_rate(rows, log):
+    """How often gumbel_fused's filter (ops.filter) rescans a 2048-token block with exact keys: the share of
+    blocks whose two best exact keys lie within key_slack (the approximate keys are within 2 x the noise
+    bound of these, so this is the rate up to that margin). Bench inputs (bf16 N(0, 4) base), T = 1, step 0."""
+    from dspark_markov import rng
+    from dspark_markov.ops.constants import FILTER_MARGIN
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    head = grid.make_head(grid.BenchConfig(), gen)
+    vocab = head.vocab_size
+    base = (torch.randn(rows, 1, vocab, device="cuda", generator=gen) * 2).bfloat16()
+    seeds = torch.randint(0, 1 << 62, (rows,), device="cuda", generator=gen)
+    pos = torch.randint(1, 1 << 20, (rows,), device="cuda", generator=gen)
+    anchor = torch.randint(0, vocab, (rows,), device="cuda", generator=gen)
+    z = (base[:, 0].float() + head.bias(anchor).float()).bfloat16().float()
+    keys = z + rng.draft_noise(seeds[:, None], 0, pos[:, None], torch.arange(vocab, device="cuda"))
+    for block in (2048, 4096):
+        pad = (-vocab) % block
+        k = torch.nn.functional.pad(keys, (0, pad), value=float("-inf")).view(rows, -1, block)
+        top = k.topk(2, dim=-1).values
+        slack = FILTER_MARGIN + (top[..., 0].abs() + 64) * 2.0**-20
+        rate = float(((top[..., 0] - top[..., 1]) <= slack).float().mean())
+        log(f"rescan rows {rows} block {block}: {rate:.2e} of {k.shape[1] * rows} blocks within key_slack "
+            f"(bf16 ties in z: {float((z.view(-1)[:-1] == z.view(-1)[1:]).float().mean()):.3f} of neighbours)")
+
+
 def check(rows, log):
     """cuda_gumbel == gumbel_fused bit for bit; tokens == draw_gumbel(own cache) (tests.helpers)."""
     from tests.helpers import check_draws, make_head, make_inputs, new_outputs, same_values
@@ -177,6 +203,7 @@ def main():
     parser.add_argument("--check", default="64,253")
     parser.add_argument("--variants", default="", help="blocks_per_sm:flags:slices:variant, e.g. 3:0:1:0,3:1:4:3")
     parser.add_argument("--variant-rows", default="64,253")
+    parser.add_argument("--rescan", default="", help="rows at which to measure gumbel_fused's rescan rate")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--replays", type=int, default=15)
     args = parser.parse_args()
@@ -218,6 +245,8 @@ def main():
     log(f"kernels done at {time.time() - t0:.1f} s")
     for rows in checks[:-1]:
         check(rows, log)
+    for rows in ints(args.rescan):
+        rescan_rate(rows, log)
     log(f"all done at {time.time() - t0:.1f} s")
 
 
