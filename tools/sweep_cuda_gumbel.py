@@ -203,6 +203,7 @@ def main():
     parser.add_argument("--check", default="64,253")
     parser.add_argument("--variants", default="", help="blocks_per_sm:flags:slices:variant, e.g. 3:0:1:0,3:1:4:3")
     parser.add_argument("--variant-rows", default="64,253")
+    parser.add_argument("--vllm-cache", help="folder of tools/extract_vllm.py's copy (design vllm_loop)")
     parser.add_argument("--rescan", default="", help="rows at which to measure gumbel_fused's rescan rate")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--replays", type=int, default=15)
@@ -216,6 +217,12 @@ def main():
         lines.append(text)
         (out / "check.txt").write_text("\n".join(lines) + "\n")
 
+    if args.vllm_cache:
+        import os
+
+        from dspark_markov.bench import vllm_loop
+
+        os.environ[vllm_loop.CACHE_ENV] = str(Path(args.vllm_cache).resolve())
     t0 = time.time()
     temps = grid.TEMPERATURE_MODES if args.temperature == "both" else (args.temperature,)
     config = grid.BenchConfig(device="cuda", rows=ints(args.rows), designs=tuple(args.designs.split(",")),
