@@ -307,13 +307,16 @@ def test_stream_layouts_agree_and_graph_replays():
         ref = dm.verify_drafts(*fresh, method="standard", target_temperature=fresh[6])
         assert torch.equal(tokens, ref.tokens) and torch.equal(count, ref.num_emitted)
     verifier.check()
-    assert int(verifier.counters.abs().sum()) == 0
+    assert int(verifier.counters.abs().sum()) == 0 and int(verifier.queues.abs().sum()) == 0
+    assert bool((verifier.ready == -1).all())
 
 
-# the options measured against the defaults (issue 18, verify3): the compact and the padded program orders, the raw
-# mode's split unroll (only the divided slots load fewer tiles at once), small stream items with a short lag
-OPTION_VARIANTS = {"compact": dict(compact=1), "padded": dict(compact=0), "div_unroll": dict(div_unroll=2),
-                   "compact_t1_8_lag_8": dict(compact=1, t1=8, lag=8)}
+# the options measured against the defaults (issue 18, verify3 and verify4): the compact and the padded program
+# orders, the raw mode's split unroll (only the divided slots load fewer tiles at once), persistent fetch-and-add
+# programs (lazy and eager emit tickets, small stream items), the poisoned fast division with 4 tiles at once
+OPTION_VARIANTS = {"compact": dict(compact=1), "padded": dict(compact=0, dynamic=0), "div_unroll": dict(div_unroll=2),
+                   "dynamic": dict(dynamic=2), "dynamic_eager_t1_4": dict(dynamic=1, t1=4),
+                   "fast_divide_2": dict(fast_divide=2, div_unroll=4)}
 
 
 @pytest.mark.parametrize("variant", sorted(OPTION_VARIANTS))
@@ -326,7 +329,8 @@ def test_stream_options_equal_reference_and_replay(rows, variant):
     first = _case(rows, 31)
     temperature = first[6]
     raw = first[0] * torch.where(temperature == 0, 1.0, temperature)[first[4].clamp_min(0), None, None]
-    for method in ("standard", "block") if variant == "div_unroll" else ("standard",):  # (the others: standard only)
+    both = variant in ("div_unroll", "fast_divide_2")  # (the options that change the block method too)
+    for method in ("standard", "block") if both else ("standard",):
         ref = dm.verify_drafts(first[0], *first[1:], method=method)
         ref_raw = dm.verify_drafts(raw, *first[1:], method=method, target_temperature=temperature)
         for _ in range(3):
@@ -354,3 +358,4 @@ def test_stream_options_equal_reference_and_replay(rows, variant):
         assert torch.equal(tokens, ref.tokens) and torch.equal(count, ref.num_emitted)
     verifier.check()
     assert int(verifier.counters.abs().sum()) == 0
+    assert int(verifier.queues.abs().sum()) == 0 and bool((verifier.ready == -1).all())

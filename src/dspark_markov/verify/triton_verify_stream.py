@@ -605,7 +605,7 @@ def _verify_item(stage, b, j, chunk, valid, t_waited,
     acc_ptr,  # [maxB] int32 accepted count
     xv_ptr,  # [maxB, 2, KP1] fp32: target and cache logits at each draft (EARLY)
     counters_ptr,  # [maxB, 4] int32: stream, mass, emit arrivals, ready level
-    ctl_ptr, ready_ptr,  # [4] int32 work counters (DYNAMIC), [maxB] int32 published requests (-1 between calls)
+    ctl_ptr, ready_ptr,  # [4] int64 work counters (DYNAMIC), [maxB] int32 published requests (-1 between calls)
     status_ptr,  # [1] int32
     tokens_ptr, tokens_stride, num_emitted_ptr,  # [B, K+1] int64, [B] int64
     requests, vocab, LAG, C1, C2, T1, T2,
@@ -771,7 +771,8 @@ def _verify_item(stage, b, j, chunk, valid, t_waited,
             tl.debug_barrier()
             tl.atomic_xchg(counters + 3, 1)  # release: ready for the mass / emit items
             if DYNAMIC:  # publish request b: its emit items can be taken (release)
-                tl.atomic_xchg(ready_ptr + tl.atomic_add(ctl_ptr + 1, 1), b.to(tl.int32))
+                published = tl.atomic_add(ctl_ptr + 1, 1) & 0xFFFFFFFF  # the low word counts publications
+                tl.atomic_xchg(ready_ptr + published, b.to(tl.int32))
     if valid & (stage == 1):
         # ---------------------------------------------------------------- mass item (block)
         _wait(counters + 3, 1, status_ptr)
@@ -878,13 +879,15 @@ def _verify_item(stage, b, j, chunk, valid, t_waited,
 
 @triton.jit
 def _wait_published(entry_ptr, status_ptr):
-    """Bounded spin until the published request at ``entry_ptr`` (``-1``: not yet) is set; its value
-    (``-1`` and ``status`` bit 2 on a timeout)."""
+    """Bounded spin until the published request at ``entry_ptr`` (``-1``: not yet) is set; its value, read
+    by one atomic (acquire), so every thread of the program gets the same (``-1`` and ``status`` bit 2 on
+    a timeout). The spin's own loads are per thread; nothing branches on them after the loop."""
     seen = tl.load(entry_ptr, volatile=True)
     spins = 0
     while (seen < 0) & (spins < _SPIN):
         seen = tl.load(entry_ptr, volatile=True)
         spins += 1
+    seen = tl.atomic_add(entry_ptr, 0, sem="acquire")
     if seen < 0:
         tl.atomic_or(status_ptr, 2)
     return seen
@@ -905,7 +908,7 @@ def _stream_verify_kernel(
     acc_ptr,  # [maxB] int32 accepted count
     xv_ptr,  # [maxB, 2, KP1] fp32: target and cache logits at each draft (EARLY)
     counters_ptr,  # [maxB, 4] int32: stream, mass, emit arrivals, ready level
-    ctl_ptr, ready_ptr,  # [4] int32 work counters (DYNAMIC), [maxB] int32 published requests (-1 between calls)
+    ctl_ptr, ready_ptr,  # [4] int64 work counters (DYNAMIC), [maxB] int32 published requests (-1 between calls)
     status_ptr,  # [1] int32
     tokens_ptr, tokens_stride, num_emitted_ptr,  # [B, K+1] int64, [B] int64
     requests, vocab, LAG, C1, C2, T1, T2,
@@ -922,64 +925,64 @@ def _stream_verify_kernel(
     MASS_ROWS: tl.constexpr = K - 1 if (BLOCK_METHOD and K >= 2) else 0
     if DYNAMIC > 0:
         # Persistent programs (standard method): each takes items until none is left. An emit ticket
-        # (``ctl[2]``, fetch-and-add) e is chunk e % C2 of the (e // C2)-th published request
-        # (``ready[e // C2]``); a program holds at most one and does it as soon as that request is
-        # published, else it takes the next stream item (``ctl[0]``, request-major). DYNAMIC 1: a ticket
-        # is claimed as soon as none is held; 2: only when published requests have unclaimed tickets
-        # (so emits start right after a publication). A program waits (bounded) only when no stream
-        # item is left, i.e. only for stream items that running programs hold: it never waits for a
-        # program that has not started. The last program out resets the counters for the next call.
+        # (``ctl[1] >> 32``, fetch-and-add) e is chunk e % C2 of the (e // C2)-th published request
+        # (``ready[e // C2]``; the low word of ``ctl[1]`` counts publications); a program holds at most
+        # one and does it as soon as that request is published, else it takes the next stream item
+        # (``ctl[0]``, request-major). DYNAMIC 1: a ticket is claimed as soon as none is held; 2: only when
+        # published requests have unclaimed tickets (so emits start right after a publication). A
+        # program waits (bounded) only when no stream item is left, i.e. only for stream items that
+        # running programs hold: it never waits for a program that has not started. Every value a
+        # branch depends on is read by an atomic (one thread, broadcast), so the program never
+        # diverges on a racing read. The last program out (``ctl[2]``) resets the counters.
         S1 = (K + 1) * C1
         total_s = requests * S1
         total_e = requests * C2
-        pending = tl.program_id(0) * 0 - 1  # the held emit ticket (-1: none)
+        pending = tl.program_id(0).to(tl.int64) * 0 - 1  # the held emit ticket (-1: none)
         exhausted = pending * 0
         done = pending * 0
         while done == 0:
             if TRACE:  # [items, 4]: per item (stream s, then emit total_s + e) claim start, start, end, stage...
-                t_claim, smid = _clock(done, HARDWARE)
+                t_claim, smid = _clock(done.to(tl.int32), HARDWARE)
             if pending < 0:
                 if DYNAMIC == 2:
-                    published = tl.load(ctl_ptr + 1, volatile=True)
-                    taken = tl.load(ctl_ptr + 2, volatile=True)
-                    if taken < published * C2:
-                        pending = tl.atomic_add(ctl_ptr + 2, 1, sem="relaxed")
+                    word = tl.atomic_add(ctl_ptr + 1, 0, sem="relaxed")
+                    if (word >> 32) < (word & 0xFFFFFFFF) * C2:
+                        pending = tl.atomic_add(ctl_ptr + 1, 1 << 32, sem="relaxed") >> 32
                 else:
-                    pending = tl.atomic_add(ctl_ptr + 2, 1, sem="relaxed")
+                    pending = tl.atomic_add(ctl_ptr + 1, 1 << 32, sem="relaxed") >> 32
             kind = done * 0  # 0: nothing, 1: a stream item, 2: the held emit ticket
             item = done * 0
-            r = done * 0 - 1
+            r = done.to(tl.int32) * 0 - 1
             if (pending >= 0) & (pending < total_e):
-                r = tl.load(ready_ptr + pending // C2, volatile=True)
+                r = tl.atomic_add(ready_ptr + pending // C2, 0, sem="acquire")  # -1 until published
             if r >= 0:
                 kind = kind + 2
             else:
                 if exhausted == 0:
-                    s = tl.atomic_add(ctl_ptr + 0, 1, sem="relaxed")
-                    if s < total_s:
+                    ticket = tl.atomic_add(ctl_ptr + 0, 1, sem="relaxed")
+                    if ticket < total_s:
                         kind = kind + 1
-                        item = s
+                        item = ticket
                     else:
                         exhausted = exhausted + 1
                 if kind == 0:
                     if pending < 0:  # no stream item left: take a ticket even if its request is not published
-                        pending = tl.atomic_add(ctl_ptr + 2, 1, sem="relaxed")
+                        pending = tl.atomic_add(ctl_ptr + 1, 1 << 32, sem="relaxed") >> 32
                     if pending < total_e:
                         r = _wait_published(ready_ptr + pending // C2, status_ptr)
                         kind = kind + 2
                     else:
                         done = done + 1
             if kind == 2:
-                tl.atomic_add(ready_ptr + pending // C2, 0)  # acquire: the request's epilogue stores are visible
-                tl.debug_barrier()
+                tl.debug_barrier()  # (the acquire above was one thread's: order the others' reads after it)
             o = item % S1
             stage = tl.where(kind == 2, 2, 0)
             b = tl.where(kind == 2, tl.maximum(r, 0), item // S1).to(tl.int64)
-            j = tl.where(kind == 2, 0, o // C1)
-            chunk = tl.where(kind == 2, pending % C2, o % C1)
+            j = tl.where(kind == 2, 0, o // C1).to(tl.int32)
+            chunk = tl.where(kind == 2, pending % C2, o % C1).to(tl.int32)
             valid = (kind == 1) | ((kind == 2) & (r >= 0))
             if TRACE:
-                t_go, smid = _clock(done, HARDWARE)
+                t_go, smid = _clock(done.to(tl.int32), HARDWARE)
             _verify_item(stage, b, j, chunk, valid, b, target_ptr, t_req_stride, t_row_stride, drafts_ptr, d_req_stride, d_step_stride,
                 cache_ptr, c_slot_stride, c_step_stride, idx_ptr, nd_ptr, pos_ptr, temp_ptr, seeds_ptr, tt_ptr,
                 num_slots, greedy_ptr, pa_ptr, pb_ptr, pi_ptr, mass_ptr, ea_ptr, ei_ptr, eany_ptr, row_ptr, acc_ptr,
@@ -989,7 +992,7 @@ def _stream_verify_kernel(
                 PIPE, EMIT_PIPE, FUSED, EMIT_BLOCK, FAST_DIVIDE, INTERIOR, SCAN_ARGMAX, EARLY, PREFETCH,
                 DIV_UNROLL, DBUF, TRACE, DYNAMIC)
             if TRACE:
-                t_end, smid = _clock(done, HARDWARE)
+                t_end, smid = _clock(done.to(tl.int32), HARDWARE)
                 if kind != 0:
                     at = tl.where(kind == 2, total_s + pending, item).to(tl.int64) * 4
                     tl.store(trace_ptr + at + 0, t_claim)
@@ -999,8 +1002,8 @@ def _stream_verify_kernel(
             if kind == 2:
                 pending = done * 0 - 1
         tl.debug_barrier()
-        if tl.atomic_add(ctl_ptr + 3, 1) == PROGRAMS - 1:  # every other program is done with the counters
-            tl.store(ctl_ptr + tl.arange(0, 4), tl.zeros([4], tl.int32))
+        if tl.atomic_add(ctl_ptr + 2, 1) == PROGRAMS - 1:  # every other program is done with the counters
+            tl.store(ctl_ptr + tl.arange(0, 4), tl.zeros([4], tl.int64))
             for first in tl.range(0, requests, 256):
                 ids = first + tl.arange(0, 256)
                 tl.store(ready_ptr + ids, tl.full([256], -1, tl.int32), mask=ids < requests)
@@ -1206,7 +1209,8 @@ class StreamVerifier:
         self.accepted = zeros(mb, dtype=torch.int32)
         self.draft_values = zeros(mb, 2, self.kp1)
         self.counters = zeros(mb, 4, dtype=torch.int32)
-        self.queues = zeros(4, dtype=torch.int32)  # dynamic: stream / published / emit tickets, programs out
+        # dynamic: stream tickets taken, (emit tickets taken << 32) + requests published, programs out
+        self.queues = zeros(4, dtype=torch.int64)
         self.ready = torch.full((mb,), -1, dtype=torch.int32, device=device)  # dynamic: published requests
         self.status = zeros(1, dtype=torch.int32)
         self._no_greedy = zeros(1, dtype=torch.uint8)
