@@ -82,6 +82,7 @@ GPU_EMIT_BLOCK = 1024  # emit tiles on the GPU (the stream tiles stay GPU_BLOCK)
 SPIN = 1 << 18  # bound on the polls of a waiting item (about 50 ms on the H200)
 DYNAMIC = 0  # standard method: persistent fetch-and-add programs (1: eager emit tickets, 2: lazy; 0: program-id order)
 DYNAMIC_FROM = 1  # ... from this many requests on
+EMIT_PREFETCH = 0  # standard method: L2 prefetch of the emitted row at publication (1; 2: evict_last; 0: none)
 DYNAMIC_T1 = 8  # tiles per stream item of a dynamic launch
 COMPACT_ORDER = False  # standard method: the program order without the lag's padding (StreamVerifier's compact)
 FAST_DIVIDE = 1  # raw logits: 1 = _divide with per-lane fallback flags, 2 = _divide_poisoned (a NaN sum redoes); 0: div_rn
@@ -139,11 +140,23 @@ def _exp2(x, HARDWARE: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_l2(ptrs, HARDWARE: tl.constexpr):
-    """``prefetch.global.L2`` of every address in ``ptrs`` (a hint; nothing on the interpreter)."""
+def _prefetch_l2(ptrs, HARDWARE: tl.constexpr, EVICT_LAST: tl.constexpr = False):
+    """``prefetch.global.L2`` (``::evict_last`` when ``EVICT_LAST``) of every address in ``ptrs`` (a hint;
+    nothing on the interpreter)."""
     if HARDWARE:
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                                  is_pure=False, pack=1)
+        if EVICT_LAST:
+            tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
+                                      dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_row(ptr, vocab, BLOCK: tl.constexpr, HARDWARE: tl.constexpr, EVICT_LAST: tl.constexpr):
+    """An L2 prefetch of ``ptr[0:vocab]``, one address per 8 values (32 bytes of fp32)."""
+    for first in tl.range(0, vocab, BLOCK * 8):
+        _prefetch_l2(ptr + tl.minimum(first + tl.arange(0, BLOCK) * 8, vocab - 1), HARDWARE, EVICT_LAST)
 
 
 @triton.jit
@@ -615,7 +628,7 @@ def _verify_item(stage, b, j, chunk, valid, t_waited,
     EMIT_PIPE: tl.constexpr, FUSED: tl.constexpr, EMIT_BLOCK: tl.constexpr,
     FAST_DIVIDE: tl.constexpr, INTERIOR: tl.constexpr, SCAN_ARGMAX: tl.constexpr,
     EARLY: tl.constexpr, PREFETCH: tl.constexpr, DIV_UNROLL: tl.constexpr, DBUF: tl.constexpr,
-    TRACE: tl.constexpr, DYNAMIC: tl.constexpr,
+    TRACE: tl.constexpr, DYNAMIC: tl.constexpr, EMIT_PREFETCH: tl.constexpr,
 ):
     """One item ``(stage, request b, row j, chunk)`` of the launch (module docstring); ``valid`` False: none.
 
@@ -773,6 +786,13 @@ def _verify_item(stage, b, j, chunk, valid, t_waited,
             if DYNAMIC:  # publish request b: its emit items can be taken (release)
                 published = tl.atomic_add(ctl_ptr + 1, 1) & 0xFFFFFFFF  # the low word counts publications
                 tl.atomic_xchg(ready_ptr + published, b.to(tl.int32))
+            if EMIT_PREFETCH > 0:  # the emitted row (and its cache row after a rejection) into L2 for the emit items
+                if MASS_ROWS == 0:
+                    if live & ~greedy:
+                        js = tl.minimum(tl.maximum(count, 0), n)
+                        _prefetch_row(t_base + js * t_row_stride, vocab, BLOCK, HARDWARE, EMIT_PREFETCH == 2)
+                        if js < n:
+                            _prefetch_row(c_base + js * c_step_stride, vocab, BLOCK, HARDWARE, EMIT_PREFETCH == 2)
     if valid & (stage == 1):
         # ---------------------------------------------------------------- mass item (block)
         _wait(counters + 3, 1, status_ptr)
@@ -920,6 +940,7 @@ def _stream_verify_kernel(
     FAST_DIVIDE: tl.constexpr = 0, INTERIOR: tl.constexpr = False, SCAN_ARGMAX: tl.constexpr = False,
     EARLY: tl.constexpr = False, PREFETCH: tl.constexpr = False, DIV_UNROLL: tl.constexpr = 0, DBUF: tl.constexpr = False,
     trace_ptr=None, TRACE: tl.constexpr = False, COMPACT: tl.constexpr = False, DYNAMIC: tl.constexpr = 0,
+    EMIT_PREFETCH: tl.constexpr = 0,
 ):
     STAGES: tl.constexpr = 3 if BLOCK_METHOD else 2
     MASS_ROWS: tl.constexpr = K - 1 if (BLOCK_METHOD and K >= 2) else 0
@@ -990,7 +1011,7 @@ def _stream_verify_kernel(
                 requests, vocab, LAG, C1, C2, T1, T2,
                 K, KP1, C1P, C2P, BLOCK, UNROLL, HARDWARE, EMIT_SCAN, NOISE_FILTER, HAS_GREEDY, RAW, BLOCK_METHOD,
                 PIPE, EMIT_PIPE, FUSED, EMIT_BLOCK, FAST_DIVIDE, INTERIOR, SCAN_ARGMAX, EARLY, PREFETCH,
-                DIV_UNROLL, DBUF, TRACE, DYNAMIC)
+                DIV_UNROLL, DBUF, TRACE, DYNAMIC, EMIT_PREFETCH)
             if TRACE:
                 t_end, smid = _clock(done.to(tl.int32), HARDWARE)
                 if kind != 0:
@@ -1023,7 +1044,7 @@ def _stream_verify_kernel(
                 requests, vocab, LAG, C1, C2, T1, T2,
                 K, KP1, C1P, C2P, BLOCK, UNROLL, HARDWARE, EMIT_SCAN, NOISE_FILTER, HAS_GREEDY, RAW, BLOCK_METHOD,
                 PIPE, EMIT_PIPE, FUSED, EMIT_BLOCK, FAST_DIVIDE, INTERIOR, SCAN_ARGMAX, EARLY, PREFETCH,
-                DIV_UNROLL, DBUF, TRACE, DYNAMIC)
+                DIV_UNROLL, DBUF, TRACE, DYNAMIC, EMIT_PREFETCH)
         if TRACE:
             t_end, trace_sm = _clock(chunk, HARDWARE)
             pid = tl.program_id(0).to(tl.int64)
@@ -1134,7 +1155,7 @@ class StreamVerifier:
                  t1=None, t2=None, lag=None, unroll=None, warps: int | None = None, emit=1,
                  noise_filter=1, stages=None, emit_stages=None, fused=None, emit_block=None, fast_divide=None,
                  max_registers=None, interior=None, scan_argmax=None, early=None, prefetch=None, div_unroll=None,
-                 dbuf=None, compact=None, dynamic=None, dynamic_from=None):
+                 dbuf=None, compact=None, dynamic=None, dynamic_from=None, emit_prefetch=None):
         if int(max_batch) < 1:
             raise ValueError(f"max_batch: expected >= 1, got {max_batch}")
         if int(num_drafts) < 0:
@@ -1183,6 +1204,8 @@ class StreamVerifier:
         # order), from dynamic_from requests on.
         self.dynamic_mode = int(dynamic) if dynamic is not None else DYNAMIC
         self.dynamic_from = int(dynamic_from) if dynamic_from is not None else DYNAMIC_FROM
+        # Standard method: the last stream item of a request prefetches its emitted row into L2 (1; 2: evict_last).
+        self.emit_prefetch = int(emit_prefetch) if emit_prefetch is not None else EMIT_PREFETCH
         self._emit_scan = bool(emit)  # emit=0: a profiling aid (the emit items skip their scan: wrong tokens)
         self.warps = int(warps) if warps else (GPU_WARPS if self.cuda else 4)
         # At most 128 registers (two programs of 8 warps per SM): a variant that needs more spills a
@@ -1306,6 +1329,7 @@ class StreamVerifier:
                     FAST_DIVIDE=self.fast_divide, INTERIOR=self.interior, SCAN_ARGMAX=self.scan_argmax,
                     EARLY=self.early, PREFETCH=self.prefetch, DIV_UNROLL=self.div_unroll if raw else 0, DBUF=self.dbuf,
                     COMPACT=self.compact and not block_method, DYNAMIC=self.dynamic_mode if self.dynamic(batch, method) else 0,
+                    EMIT_PREFETCH=self.emit_prefetch if self.cuda else 0,
                     num_warps=self.warps,
                     enable_fp_fusion=False)
         if trace is not None:
