@@ -958,42 +958,41 @@ def _stream_verify_kernel(
         S1 = (K + 1) * C1
         total_s = requests * S1
         total_e = requests * C2
-        pending = tl.program_id(0).to(tl.int64) * 0 - 1  # the held emit ticket (-1: none)
-        exhausted = pending * 0
-        done = pending * 0
-        while done == 0:
+        pending = tl.program_id(0) * 0 - 1  # the held emit ticket (-1: none)
+        state = pending * 0  # bit 0: no stream item left, bit 1: done
+        while (state & 2) == 0:
             if TRACE:  # [items, 4]: per item (stream s, then emit total_s + e) claim start, start, end, stage...
-                t_claim, smid = _clock(done.to(tl.int32), HARDWARE)
+                t_claim, smid = _clock(state, HARDWARE)
             if pending < 0:
                 if DYNAMIC == 2:
                     word = tl.atomic_add(ctl_ptr + 1, 0, sem="relaxed")
                     if (word >> 32) < (word & 0xFFFFFFFF) * C2:
-                        pending = tl.atomic_add(ctl_ptr + 1, 1 << 32, sem="relaxed") >> 32
+                        pending = (tl.atomic_add(ctl_ptr + 1, 1 << 32, sem="relaxed") >> 32).to(tl.int32)
                 else:
-                    pending = tl.atomic_add(ctl_ptr + 1, 1 << 32, sem="relaxed") >> 32
-            kind = done * 0  # 0: nothing, 1: a stream item, 2: the held emit ticket
-            item = done * 0
-            r = done.to(tl.int32) * 0 - 1
+                    pending = (tl.atomic_add(ctl_ptr + 1, 1 << 32, sem="relaxed") >> 32).to(tl.int32)
+            kind = state * 0  # 0: nothing, 1: a stream item, 2: the held emit ticket
+            item = state * 0
+            r = state * 0 - 1
             if (pending >= 0) & (pending < total_e):
                 r = tl.atomic_add(ready_ptr + pending // C2, 0, sem="acquire")  # -1 until published
             if r >= 0:
                 kind = kind + 2
             else:
-                if exhausted == 0:
-                    ticket = tl.atomic_add(ctl_ptr + 0, 1, sem="relaxed")
+                if (state & 1) == 0:
+                    ticket = tl.atomic_add(ctl_ptr + 0, 1, sem="relaxed").to(tl.int32)
                     if ticket < total_s:
                         kind = kind + 1
                         item = ticket
                     else:
-                        exhausted = exhausted + 1
+                        state = state | 1
                 if kind == 0:
                     if pending < 0:  # no stream item left: take a ticket even if its request is not published
-                        pending = tl.atomic_add(ctl_ptr + 1, 1 << 32, sem="relaxed") >> 32
+                        pending = (tl.atomic_add(ctl_ptr + 1, 1 << 32, sem="relaxed") >> 32).to(tl.int32)
                     if pending < total_e:
                         r = _wait_published(ready_ptr + pending // C2, status_ptr)
                         kind = kind + 2
                     else:
-                        done = done + 1
+                        state = state | 2
             if kind == 2:
                 tl.debug_barrier()  # (the acquire above was one thread's: order the others' reads after it)
             o = item % S1
@@ -1003,7 +1002,7 @@ def _stream_verify_kernel(
             chunk = tl.where(kind == 2, pending % C2, o % C1).to(tl.int32)
             valid = (kind == 1) | ((kind == 2) & (r >= 0))
             if TRACE:
-                t_go, smid = _clock(done.to(tl.int32), HARDWARE)
+                t_go, smid = _clock(state, HARDWARE)
             _verify_item(stage, b, j, chunk, valid, b, target_ptr, t_req_stride, t_row_stride, drafts_ptr, d_req_stride, d_step_stride,
                 cache_ptr, c_slot_stride, c_step_stride, idx_ptr, nd_ptr, pos_ptr, temp_ptr, seeds_ptr, tt_ptr,
                 num_slots, greedy_ptr, pa_ptr, pb_ptr, pi_ptr, mass_ptr, ea_ptr, ei_ptr, eany_ptr, row_ptr, acc_ptr,
@@ -1013,7 +1012,7 @@ def _stream_verify_kernel(
                 PIPE, EMIT_PIPE, FUSED, EMIT_BLOCK, FAST_DIVIDE, INTERIOR, SCAN_ARGMAX, EARLY, PREFETCH,
                 DIV_UNROLL, DBUF, TRACE, DYNAMIC, EMIT_PREFETCH)
             if TRACE:
-                t_end, smid = _clock(done.to(tl.int32), HARDWARE)
+                t_end, smid = _clock(state, HARDWARE)
                 if kind != 0:
                     at = tl.where(kind == 2, total_s + pending, item).to(tl.int64) * 4
                     tl.store(trace_ptr + at + 0, t_claim)
@@ -1021,7 +1020,7 @@ def _stream_verify_kernel(
                     tl.store(trace_ptr + at + 2, t_end)
                     tl.store(trace_ptr + at + 3, (stage + 4 * valid.to(tl.int32) + 8 * smid).to(tl.int64))
             if kind == 2:
-                pending = done * 0 - 1
+                pending = state * 0 - 1
         tl.debug_barrier()
         if tl.atomic_add(ctl_ptr + 2, 1) == PROGRAMS - 1:  # every other program is done with the counters
             tl.store(ctl_ptr + tl.arange(0, 4), tl.zeros([4], tl.int64))
