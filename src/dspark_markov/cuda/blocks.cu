@@ -1,19 +1,21 @@
 // impl="cuda_gumbel": the Gumbel block kernel of the large-batch path (32-256 rows), CUDA C++ for sm_90.
 //
 // The step's bias comes from the same cuBLAS GEMM as gumbel_fused and vLLM's loop (a [rows, V] bf16
-// buffer), so the cache is theirs bit for bit. Per work item (row, chunk of DM_CHUNK tokens) a block
+// buffer), so the cache is theirs bit for bit. Per work item (row, chunk of DM_CHUNK = 512 tokens) a WARP,
+// on its own (no block barrier; many warps per SM hide each other's latencies; measured on the H200: block
+// items of 4096 tokens with a block-wide seed step were latency-bound, 167 us per step at 253 rows)
 //   phase 1: reads the base logits and the bias once (16-byte loads), forms z = round(U + bias) and
 //            writes the cache row of a live sample, and ranks every token by an exact UPPER BOUND of
 //            its Gumbel key: add_rn(z * (1/T), table[bucket(hash)]) (noise.cuh tb_bucket; the table
 //            holds the largest exact noise of every hash bucket, built once from all 2^32 hashes by
 //            dm_blocks_noise_table), kept in registers: ~15 hash + 4 bucket + 1 shared load + 2 per token,
 //            no logarithm;
-//   seed:    the token of the block's largest bound gets its exact key (one thread; z recomputed
-//            from the inputs) -> a threshold that is a real key of this chunk;
+//   seed:    the token of the warp's largest bound gets its exact key (every lane, z recomputed from
+//            the inputs) -> a threshold that is a real key of this chunk;
 //   phase 2: only tokens whose bound can still reach that key (within key_slack: the z * (1/T) for
 //            z / T rounding) get exact keys, div_rn(z, T) + gumbel32(...) (the reference's operations),
 //            merged as packed (key, index) words (the first NaN wins, then the first maximum).
-// The block's best word becomes the chunk's partial (block_max fp32, block_token int64), which
+// The warp's best word becomes the chunk's partial (block_max fp32, block_token int64), which
 // launch_combine (draft/triton_blocks.py) reduces per row with torch.argmax semantics, as for gumbel_fused.
 // Greedy rows (T = 0, padding) rank z itself (exact, no hash). A chunk where every bound is NaN / -inf
 // falls back to exact keys for every token (correct, slow, only for NaN / all -inf rows).
@@ -29,9 +31,9 @@ using dm::u64;
 
 #define DM_BT 256                  // threads per block
 #define DM_WARPS (DM_BT / 32)
-#define DM_GROUPS 2                // 8-token groups per thread and chunk
+#define DM_GROUPS 2                // 8-token groups per lane and chunk
 #define DM_PER (8 * DM_GROUPS)     // tokens per thread and chunk
-#define DM_CHUNK (DM_BT * DM_PER)  // tokens per work item (cuda_gumbel.CHUNK)
+#define DM_CHUNK (32 * DM_PER)     // tokens per work item, one warp's (cuda_gumbel.CHUNK)
 #define DM_BINT64_MIN (-9223372036854775807ll - 1)
 
 // DM_BF_PREFETCH: each block asks L2 for its next work item's base and bias lines when it starts an item.
@@ -145,7 +147,7 @@ __device__ __forceinline__ i64 shfl_xor_i64(i64 x, int off) {
 
 // The 16-byte loads of one work item's base logits and bias (VEC path): groups g of 8 tokens per thread.
 template <bool BASE_F32>
-__device__ __forceinline__ void load_item(const BlocksArgs& a, i64 item, int tid, uint4 (&braw)[DM_GROUPS][2],
+__device__ __forceinline__ void load_item(const BlocksArgs& a, i64 item, int lane, uint4 (&braw)[DM_GROUPS][2],
                                           uint4 (&wraw)[DM_GROUPS]) {
   const i64 row = item / a.chunks;
   const i64 v0 = (a.chunk_lo + item - row * a.chunks) * DM_CHUNK;
@@ -153,7 +155,7 @@ __device__ __forceinline__ void load_item(const BlocksArgs& a, i64 item, int tid
   const unsigned short* bias_row = (const unsigned short*)a.bias + (row * a.stride_bias - a.bias_lo);
 #pragma unroll
   for (int g = 0; g < DM_GROUPS; ++g) {
-    const i64 t0 = v0 + (i64)g * DM_BT * 8 + tid * 8;
+    const i64 t0 = v0 + (i64)g * 256 + lane * 8;
     if (t0 < a.vocab) {  // vocab % 8 == 0 on this path: a group is in or out whole
       if (BASE_F32) {
         braw[g][0] = bl_load16(base_row + t0 * 4);
@@ -186,42 +188,38 @@ __device__ __forceinline__ u32 bl_pack_bf16(float lo, float hi) {
 template <bool BASE_F32, bool CACHE_F32, bool VEC, bool SCALE, int X = 0>
 __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
   __shared__ float gtab_s[DM_TB_SIZE];
-  __shared__ float seed_key_s[DM_WARPS];
-  __shared__ int seed_tok_s[DM_WARPS];
-  __shared__ i64 word_s[DM_WARPS];
-  __shared__ float thr_s;
-  __shared__ int seed_s;
-  __shared__ i64 seed_word_s;
-  __shared__ int last_s;
-  __shared__ i64 token_s;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   for (int i = tid; i < DM_TB_SIZE; i += DM_BT) gtab_s[i] = ((const float*)a.gtab)[i];
-  __syncthreads();
+  __syncthreads();  // the only block-wide barrier: every warp then works alone
   const float ninf = -__int_as_float(0x7f800000);
   const i64 items = a.rows * a.chunks;
   const i64 vocab = a.vocab;
   const float scale = (float)a.scale;
+  const bool combine = (a.flags & DM_BF_COMBINE) != 0;
   constexpr bool PIPE = VEC && (X & DM_X_PIPE);
   constexpr bool HWCVT = X & DM_X_HWCVT;
+  const i64 stride_items = (i64)gridDim.x * DM_WARPS;
   uint4 braw[DM_GROUPS][2];
   uint4 wraw[DM_GROUPS];
-  if (PIPE && (i64)blockIdx.x < items) load_item<BASE_F32>(a, blockIdx.x, tid, braw, wraw);
-  for (i64 item = blockIdx.x; item < items; item += gridDim.x) {
+  const i64 first = (i64)blockIdx.x * DM_WARPS + warp;
+  if (PIPE && first < items) load_item<BASE_F32>(a, first, lane, braw, wraw);
+  for (i64 item = first; item < items; item += stride_items) {
     const i64 row = item / a.chunks;
     const i64 v0 = (a.chunk_lo + item - row * a.chunks) * DM_CHUNK;
     const RowState r = row_state(a, row);
     const char* base_row = (const char*)a.base + (row * a.stride_br + a.step * a.stride_bn) * (BASE_F32 ? 4 : 2);
     const unsigned short* bias_row = (const unsigned short*)a.bias + (row * a.stride_bias - a.bias_lo);
     char* cache_row = (char*)a.cache + (r.slot * a.stride_cs + a.step * vocab) * (CACHE_F32 ? 4 : 2);
-    if ((a.flags & DM_BF_PREFETCH) && item + gridDim.x < items && (lane & 7) == 0) {
-      // One thread per 128-byte line of bf16 (8 lanes x 16 bytes); fp32 base: every other line too.
-      const i64 nrow = (item + gridDim.x) / a.chunks;
-      const i64 nv0 = (a.chunk_lo + item + gridDim.x - nrow * a.chunks) * DM_CHUNK;
+    if ((a.flags & DM_BF_PREFETCH) && item + stride_items < items && (lane & 7) == 0) {
+      // One lane per 128-byte line of bf16 (8 lanes x 16 bytes); fp32 base: the next line too.
+      const i64 nitem = item + stride_items;
+      const i64 nrow = nitem / a.chunks;
+      const i64 nv0 = (a.chunk_lo + nitem - nrow * a.chunks) * DM_CHUNK;
       const char* nbase = (const char*)a.base + (nrow * a.stride_br + a.step * a.stride_bn) * (BASE_F32 ? 4 : 2);
       const unsigned short* nbias = (const unsigned short*)a.bias + (nrow * a.stride_bias - a.bias_lo);
 #pragma unroll
       for (int g = 0; g < DM_GROUPS; ++g) {
-        const i64 t0 = nv0 + (i64)g * DM_BT * 8 + tid * 8;
+        const i64 t0 = nv0 + (i64)g * 256 + lane * 8;
         if (t0 < vocab) {
           bl_prefetch_l2(nbase + t0 * (BASE_F32 ? 4 : 2));
           if (BASE_F32) bl_prefetch_l2(nbase + t0 * 4 + 128);
@@ -235,10 +233,10 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
     float sb = ninf;
     int si = -1;
     if (VEC) {
-      if (!PIPE) load_item<BASE_F32>(a, item, tid, braw, wraw);
+      if (!PIPE) load_item<BASE_F32>(a, item, lane, braw, wraw);
 #pragma unroll
       for (int g = 0; g < DM_GROUPS; ++g) {
-        const i64 t0 = v0 + (i64)g * DM_BT * 8 + tid * 8;
+        const i64 t0 = v0 + (i64)g * 256 + lane * 8;
         if (t0 < vocab) {
           float z[8];
           const u32 w[4] = {wraw[g].x, wraw[g].y, wraw[g].z, wraw[g].w};
@@ -306,12 +304,13 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
           for (int e = 0; e < 8; ++e) ub[g * 8 + e] = ninf;
         }
       }
+      if (PIPE && item + stride_items < items) load_item<BASE_F32>(a, item + stride_items, lane, braw, wraw);
     } else {
 #pragma unroll
       for (int g = 0; g < DM_GROUPS; ++g) {
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-          const i64 t = v0 + (i64)g * DM_BT * 8 + tid * 8 + e;
+          const i64 t = v0 + (i64)g * 256 + lane * 8 + e;
           float b = ninf;
           if (t < vocab) {
             const float z = z_at<BASE_F32, CACHE_F32, SCALE>(a, base_row, bias_row, t);
@@ -331,9 +330,7 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
       }
     }
 
-    if (PIPE && item + gridDim.x < items) load_item<BASE_F32>(a, item + gridDim.x, tid, braw, wraw);
-
-    // ---- seed: the block's largest bound (first token among equals), its exact key -> threshold
+    // ---- seed: the warp's largest bound (first token among equals); every lane computes its exact key
 #pragma unroll
     for (int off = 16; off; off >>= 1) {
       const float ob = __shfl_xor_sync(0xFFFFFFFFu, sb, off);
@@ -343,45 +340,23 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
         si = oi;
       }
     }
-    if (lane == 0) {
-      seed_key_s[warp] = sb;
-      seed_tok_s[warp] = si;
+    float thr = ninf;  // -inf (no seed) or NaN (a key of +inf: +inf - inf): every token goes exact
+    i64 best = DM_BINT64_MIN;
+    if (si >= 0) {
+      const float k = exact_key(r, z_at<BASE_F32, CACHE_F32, SCALE>(a, base_row, bias_row, si), (u32)si);
+      if (lane == 0) best = dm::pack_word(k, si);
+      // A bound b below thr = k - margin - 2 (|k| + 64) 2^-20 has b + key_slack(b) < k: it cannot win.
+      const float mag = k < 0.0f ? -k : k;
+      thr = dm::sub_rn(dm::sub_rn(k, (float)a.filter_margin), dm::mul_rn(dm::add_rn(mag, 64.0f), 0x1p-19f));
     }
-    __syncthreads();
-    if (tid == 0) {
-      for (int w = 1; w < DM_WARPS; ++w) {
-        const float ob = seed_key_s[w];
-        const int oi = seed_tok_s[w];
-        if (oi >= 0 && (si < 0 || ob > sb || (ob == sb && oi < si))) {
-          sb = ob;
-          si = oi;
-        }
-      }
-      float thr = ninf;
-      i64 word = DM_BINT64_MIN;
-      if (si >= 0) {
-        const float k = exact_key(r, z_at<BASE_F32, CACHE_F32, SCALE>(a, base_row, bias_row, si), (u32)si);
-        word = dm::pack_word(k, si);
-        // A bound b below thr' = k - margin - 2 (|k| + 64) 2^-20 has b + key_slack(b) < k: it cannot win.
-        const float mag = k < 0.0f ? -k : k;
-        thr = dm::sub_rn(dm::sub_rn(k, (float)a.filter_margin), dm::mul_rn(dm::add_rn(mag, 64.0f), 0x1p-19f));
-      }
-      thr_s = thr;  // -inf (no seed) or NaN (k = +inf: +inf - inf): every token goes exact
-      seed_s = si;
-      seed_word_s = word;
-    }
-    __syncthreads();
 
-    // ---- phase 2: exact keys where the bound can still reach the seed's key
-    const float thr = thr_s;
-    const int seed = seed_s;
-    i64 best = tid == 0 ? seed_word_s : DM_BINT64_MIN;
+    // ---- phase 2: exact keys where the bound can still reach the seed's key (rare: lanes diverge here)
 #pragma unroll
     for (int g = 0; g < DM_GROUPS; ++g) {
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        const i64 t = v0 + (i64)g * DM_BT * 8 + tid * 8 + e;
-        if (!(ub[g * 8 + e] < thr) && t < vocab && (int)t != seed) {
+        const i64 t = v0 + (i64)g * 256 + lane * 8 + e;
+        if (!(ub[g * 8 + e] < thr) && t < vocab && (int)t != si) {
           const float k = exact_key(r, z_at<BASE_F32, CACHE_F32, SCALE>(a, base_row, bias_row, t), (u32)t);
           const i64 word = dm::pack_word(k, (i32)t);
           best = word > best ? word : best;
@@ -393,52 +368,44 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
       const i64 o = shfl_xor_i64(best, off);
       best = o > best ? o : best;
     }
-    if (lane == 0) word_s[warp] = best;
-    __syncthreads();
-    const bool combine = (a.flags & DM_BF_COMBINE) != 0;
-    if (tid == 0) {
-      for (int w = 1; w < DM_WARPS; ++w) best = word_s[w] > best ? word_s[w] : best;
-      const i64 part = row * a.stride_part + v0 / DM_CHUNK;
-      if (combine) {
-        ((i64*)a.block_token)[part] = best;
-        __threadfence();  // the word before the arrival
-        last_s = atomicAdd(&((int*)a.counts)[row], 1) == (int)a.total_chunks - 1;
-      } else {
+    const i64 part = row * a.stride_part + v0 / DM_CHUNK;
+    if (!combine) {
+      if (lane == 0) {
         ((float*)a.block_max)[part] = dm::word_key(best);
         ((i64*)a.block_token)[part] = (i64)dm::word_index(best);
       }
+      continue;
     }
-    if (combine) {
-      __syncthreads();
-      if (last_s) {  // block-uniform: this block saw every other chunk's arrival
-        __threadfence();
-        if (warp == 0) {
-          i64 w = DM_BINT64_MIN;
-          for (int c = lane; c < (int)a.total_chunks; c += 32) {
-            const i64 o = bl_load_cg64((const i64*)a.block_token + row * a.stride_part + c);
-            w = o > w ? o : w;
-          }
+    int last = 0;
+    if (lane == 0) {
+      ((i64*)a.block_token)[part] = best;
+      __threadfence();  // the word before the arrival
+      last = atomicAdd(&((int*)a.counts)[row], 1) == (int)a.total_chunks - 1;
+    }
+    if (__shfl_sync(0xFFFFFFFFu, last, 0)) {  // this warp saw every other chunk's arrival: merge the row
+      __threadfence();
+      i64 w = DM_BINT64_MIN;
+      for (int c = lane; c < (int)a.total_chunks; c += 32) {
+        const i64 o = bl_load_cg64((const i64*)a.block_token + row * a.stride_part + c);
+        w = o > w ? o : w;
+      }
 #pragma unroll
-          for (int off = 16; off; off >>= 1) {
-            const i64 o = shfl_xor_i64(w, off);
-            w = o > w ? o : w;
-          }
-          if (lane == 0) {
-            i64 token = (i64)dm::word_index(w);  // torch.argmax over the row: the first NaN, else the first max
-            token = token < 0 ? 0 : (token >= vocab ? vocab - 1 : token);
-            ((i64*)a.tokens)[row * a.tokens_row_stride + a.step * a.tokens_step_stride] = token;
-            ((i64*)a.prev)[row] = token;
-            ((int*)a.counts)[row] = 0;
-            token_s = token;
-          }
-        }
-        __syncthreads();
-        if (a.gather) {
-          const i64 t = token_s < a.embed_rows ? token_s : a.embed_rows - 1;
-          const unsigned short* src = (const unsigned short*)a.embed + t * a.rank;
-          unsigned short* dst = (unsigned short*)a.codes + row * a.codes_row_stride;
-          for (int k = tid; k < (int)a.rank; k += DM_BT) dst[k] = src[k];
-        }
+      for (int off = 16; off; off >>= 1) {
+        const i64 o = shfl_xor_i64(w, off);
+        w = o > w ? o : w;
+      }
+      i64 token = (i64)dm::word_index(w);  // torch.argmax over the row: the first NaN, else the first max
+      token = token < 0 ? 0 : (token >= vocab ? vocab - 1 : token);
+      if (lane == 0) {
+        ((i64*)a.tokens)[row * a.tokens_row_stride + a.step * a.tokens_step_stride] = token;
+        ((i64*)a.prev)[row] = token;
+        ((int*)a.counts)[row] = 0;
+      }
+      if (a.gather) {
+        const i64 t = token < a.embed_rows ? token : a.embed_rows - 1;
+        const unsigned short* src = (const unsigned short*)a.embed + t * a.rank;
+        unsigned short* dst = (unsigned short*)a.codes + row * a.codes_row_stride;
+        for (int k = lane; k < (int)a.rank; k += 32) dst[k] = src[k];
       }
     }
   }
@@ -455,9 +422,10 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
   DM_BLOCKS_ENTRY(B, C, 1, 0)   \
   DM_BLOCKS_ENTRY(B, C, 1, 1)
 // Variants of the bf16 / bf16 / 16-byte / unscaled path (cuda_gumbel VARIANTS; X bits above).
+// X & 4: 4 blocks per SM (<= 64 registers) instead of 3 (the bit changes nothing else).
 #define DM_BLOCKS_VARIANT(X)                                                                         \
-  extern "C" __global__ void __launch_bounds__(DM_BT, 3) dm_blocks_b0_c0_v1_s0_x##X(const BlocksArgs a) { \
-    blocks_body<false, false, true, false, X>(a);                                                    \
+  extern "C" __global__ void __launch_bounds__(DM_BT, (X & 4) ? 4 : 3) dm_blocks_b0_c0_v1_s0_x##X(const BlocksArgs a) { \
+    blocks_body<false, false, true, false, X & 3>(a);                                                \
   }
 #ifdef DM_BLOCKS_TWO_ENTRIES  // the CPU test's nvcc compile check: every template bit both ways, in 1/8 of the time
 DM_BLOCKS_ENTRY(0, 0, 1, 0)
@@ -470,6 +438,8 @@ DM_BLOCKS_ENTRIES(1, 1)
 DM_BLOCKS_VARIANT(1)
 DM_BLOCKS_VARIANT(2)
 DM_BLOCKS_VARIANT(3)
+DM_BLOCKS_VARIANT(5)
+DM_BLOCKS_VARIANT(7)
 #endif
 
 // The noise upper-bound table: words[b] = the largest gumbel32(uniform32(h)) over every hash h with

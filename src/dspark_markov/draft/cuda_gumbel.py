@@ -4,8 +4,8 @@ Per step (three launches, as ``gumbel_fused``; before step 0 one clamp and one e
 
 1. ``bias = W2 @ codes`` (the same cuBLAS GEMM as ``gumbel_fused`` and vLLM's loop, so the cache is
    theirs bit for bit);
-2. ``dspark_markov/cuda/blocks.cu`` (NVRTC at first use, cached): one work item per (row, chunk of
-   :data:`CHUNK` tokens), ``z = round_cache(float(U) + float(bias))``, the cache rows of live samples,
+2. ``dspark_markov/cuda/blocks.cu`` (NVRTC at first use, cached): one warp per work item (row, chunk
+   of :data:`CHUNK` tokens), ``z = round_cache(float(U) + float(bias))``, the cache rows of live samples,
    every token ranked by an exact upper bound of its key from a per-hash-bucket noise table (no
    logarithm), exact keys only for the tokens whose bound can still reach the chunk's best;
 3. the Triton combine of ``gumbel_fused`` (:func:`.triton_blocks.launch_combine`): the token,
@@ -30,7 +30,7 @@ from ..ops.constants import FILTER_MARGIN
 from .bias_gemm import clamp_anchor
 from .triton_blocks import GumbelBlocksBackend, launch_combine
 
-CHUNK = 4096  # tokens per work item (blocks.cu DM_CHUNK)
+CHUNK = 512  # tokens per work item, one warp's (blocks.cu DM_CHUNK)
 THREADS = 256  # blocks.cu DM_BT
 BLOCKS_PER_SM = 3  # blocks.cu __launch_bounds__(DM_BT, 3): <= 85 registers (72-80 used, ptxas -v)
 # Run-time hints (blocks.cu DM_BF_*; they never change a draw): the next work item's lines requested into L2.
@@ -40,8 +40,9 @@ FLAGS_ALL = FLAG_PREFETCH | FLAG_COMBINE
 DEFAULT_FLAGS = 0
 # Compile-time variants of the bf16-base / bf16-cache / 16-byte / unscaled path (blocks.cu DM_X_*; never a
 # different draw): 1 = bf16 rounding by cvt.rn.bf16x2.f32 (NaN payload fixed to torch's), 2 = the next work
-# item's loads in flight during this item's seed and phase 2. Other paths run variant 0.
-VARIANTS = (0, 1, 2, 3)
+# item's loads in flight during this item's seed and phase 2, 4 = four blocks per SM (<= 64 registers; launch
+# with blocks_per_sm=4). Other paths run variant 0.
+VARIANTS = (0, 1, 2, 3, 5, 7)
 DEFAULT_VARIANT = 0
 
 
