@@ -465,7 +465,7 @@ def _lean_pair_tile(x, index, valid, lo_v, hi_v, hi_open, c_hi, c_lo, m_hi, m_lo
 
 @triton.jit
 def _sweep_pair_lean(src, start, end, row_max, hi_key, lo_key, scratch, cursor, capacity, GATHER,
-                     BLOCK: tl.constexpr):
+                     BLOCK: tl.constexpr, GATHERS: tl.constexpr = True):
     """:func:`_sweep_pair` with fewer instructions per logit: one element per thread per tile, 4
     tiles per iteration, key thresholds compared as fp32 values, one slot claim per lane and
     iteration (stored in the next iteration). Same results."""
@@ -500,10 +500,11 @@ def _sweep_pair_lean(src, start, end, row_max, hi_key, lo_key, scratch, cursor, 
         x1 = tl.load(src + i1, mask=i1 < end, other=float("-inf"))
         x2 = tl.load(src + i2, mask=i2 < end, other=float("-inf"))
         x3 = tl.load(src + i3, mask=i3 < end, other=float("-inf"))
-        _put32(scratch, capacity32, s0, p0, t0)  # the previous iteration's candidates
-        _put32(scratch, capacity32, s1, p1, t1)
-        _put32(scratch, capacity32, s2, p2, t2)
-        _put32(scratch, capacity32, s3, p3, t3)
+        if GATHERS:  # (without: the apply gathers the bracket, _apply_kernel LATE)
+            _put32(scratch, capacity32, s0, p0, t0)  # the previous iteration's candidates
+            _put32(scratch, capacity32, s1, p1, t1)
+            _put32(scratch, capacity32, s2, p2, t2)
+            _put32(scratch, capacity32, s3, p3, t3)
         c_hi, c_lo, m_hi, m_lo, total, t0, p0 = _lean_pair_tile(x0, i0, i0 < end, lo_v, hi_v, hi_open, c_hi, c_lo,
                                                                 m_hi, m_lo, total, row_max)
         c_hi, c_lo, m_hi, m_lo, total, t1, p1 = _lean_pair_tile(x1, i1, i1 < end, lo_v, hi_v, hi_open, c_hi, c_lo,
@@ -512,18 +513,20 @@ def _sweep_pair_lean(src, start, end, row_max, hi_key, lo_key, scratch, cursor, 
                                                                 m_hi, m_lo, total, row_max)
         c_hi, c_lo, m_hi, m_lo, total, t3, p3 = _lean_pair_tile(x3, i3, i3 < end, lo_v, hi_v, hi_open, c_hi, c_lo,
                                                                 m_hi, m_lo, total, row_max)
-        t0 = t0 * gathering
-        t1 = t1 * gathering
-        t2 = t2 * gathering
-        t3 = t3 * gathering
-        s0 = _claim_many(cursor, t0 + t1 + t2 + t3)
-        s1 = s0 + t0
-        s2 = s1 + t1
-        s3 = s2 + t2
-    _put32(scratch, capacity32, s0, p0, t0)
-    _put32(scratch, capacity32, s1, p1, t1)
-    _put32(scratch, capacity32, s2, p2, t2)
-    _put32(scratch, capacity32, s3, p3, t3)
+        if GATHERS:
+            t0 = t0 * gathering
+            t1 = t1 * gathering
+            t2 = t2 * gathering
+            t3 = t3 * gathering
+            s0 = _claim_many(cursor, t0 + t1 + t2 + t3)
+            s1 = s0 + t0
+            s2 = s1 + t1
+            s3 = s2 + t2
+    if GATHERS:
+        _put32(scratch, capacity32, s0, p0, t0)
+        _put32(scratch, capacity32, s1, p1, t1)
+        _put32(scratch, capacity32, s2, p2, t2)
+        _put32(scratch, capacity32, s3, p3, t3)
     upper = tl.arange(0, _THRESHOLDS) < 4
     counts = tl.where(upper, tl.sum(c_hi, axis=0).to(tl.int64), tl.sum(c_lo, axis=0).to(tl.int64))
     masses = tl.where(upper, tl.sum(m_hi, axis=0), tl.sum(m_lo, axis=0))
@@ -693,12 +696,48 @@ def _narrow_mass(scratch, n_in, limit, mass_hi, row_max):
 
 
 @triton.jit
-def _narrow_mass_wide(scratch, n_in, limit, mass_hi, row_max, k_min, k_max, TILE: tl.constexpr):
+def _late_bracket(row, phase, flags, points, counts, masses, st_p, capacity):
+    """``(late, lo, hi)``: a top-p-only row whose first sweep's bracket ``[lo, hi)`` (key-aligned)
+    holds the cut with at most ``capacity`` tokens, so that the apply writes the row outside the
+    bracket and gathers the bracket (LATE), and the finish resolves the cut from those candidates
+    and writes the bracket's dropped ones. The same test as :func:`_resolve_row`'s first resolve
+    (``S`` in the lower slot, ``limit = p S``); the apply and the finish compute it alike."""
+    base = row * _POINTS
+    lo_slot = (flags >> 8) & 15
+    hi_slot = (flags >> 12) & 15
+    lo = tl.load(points + base + lo_slot)
+    hi = tl.load(points + base + hi_slot)
+    lo_count = tl.load(counts + base + lo_slot)
+    hi_count = tl.load(counts + base + hi_slot)
+    lo_mass = tl.load(masses + base + lo_slot)
+    hi_mass = tl.load(masses + base + hi_slot)
+    limit = tl.load(st_p + row).to(tl.float64) * tl.load(masses + base + _SLOT_LOWER).to(tl.float64)
+    late = (phase == _PHASE_OPEN) & ((flags & 9) == 9) & (lo_mass.to(tl.float64) >= limit)
+    late = late & (hi_mass.to(tl.float64) < limit) & (lo_count - hi_count <= capacity)
+    return late, lo, hi
+
+
+@triton.jit
+def _drop_candidates(scratch, n_in, cut, dst, TILE: tl.constexpr):
+    """``-inf`` at the columns of the first ``n_in`` candidates below ``cut`` (LATE rows)."""
+    t = tl.arange(0, TILE)
+    for offset in range(0, n_in, TILE):
+        inside = offset + t < n_in
+        packed = tl.load(scratch + offset + t, mask=inside, other=_PACK_CEIL)
+        index = (packed & 0xFFFFFFFF).to(tl.int32) * -1 + _BIG_INDEX
+        tl.store(dst + index, tl.full([TILE], float("-inf"), tl.float32), mask=inside & (packed < cut))
+
+
+@triton.jit
+def _narrow_mass_wide(scratch, n_in, limit, mass_hi, row_max, k_min, k_max, dst, scatter, TILE: tl.constexpr):
     """:func:`_narrow_mass` in two passes of ``TILE``-wide tiles instead of three of 128: the key
     range ``[k_min, k_max]`` comes from the caller (the bracket's bounds, then the chosen part's
     own range, tracked while compacting), the part masses are reduced per tile (``[PARTS]``
     accumulators, no per-lane copies). Few serial round trips to the candidates (L2) in a program
     that runs alone on its SM share.
+
+    ``scatter`` (a LATE row): the candidates of the parts below the chosen one are dropped, so
+    ``-inf`` is written at their columns of ``dst`` while compacting.
 
     Returns ``(n, mass_above, k_min, k_max)`` of the kept candidates (their exact key range).
     """
@@ -722,7 +761,11 @@ def _narrow_mass_wide(scratch, n_in, limit, mass_hi, row_max, k_min, k_max, TILE
         inside = offset + t < n_in
         packed = tl.load(scratch + offset + t, mask=inside, other=0)
         key = (packed >> 32).to(tl.int32)
-        take = inside & (_part_of(key, k_min, span) == chosen)
+        part = _part_of(key, k_min, span)
+        take = inside & (part == chosen)
+        index = (packed & 0xFFFFFFFF).to(tl.int32) * -1 + _BIG_INDEX
+        dropped = part < tl.where(scatter, chosen, 0)  # (parts are >= 0; a bound, not a scalar mask: interpreter)
+        tl.store(dst + index, tl.full([TILE], float("-inf"), tl.float32), mask=inside & dropped)
         takes = take.to(tl.int32)
         slot = kept + tl.cumsum(takes, axis=0) - takes
         low = tl.minimum(low, tl.min(tl.where(take, key, _BIG_INDEX), axis=0))
@@ -847,7 +890,7 @@ def _plan_points(points, counts, masses, row, best_key, min_key, capacity, targe
 
 @triton.jit
 def _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags, st_cursor,
-                 points, counts, masses, scratch, capacity, NARROW_TILE: tl.constexpr = 0):
+                 points, counts, masses, scratch, capacity, dst, late_row, NARROW_TILE: tl.constexpr = 0):
     """Decide an open row after a sweep: the cut from its candidates, or the next round.
 
     Flags (``st_flags``, int32 bits): 1 gather, 2 evaluate, 4 need masses, 8 first pass (total
@@ -910,7 +953,8 @@ def _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min
             if (target == _TARGET_MASS) & (n_sort > _SORT_SMALL):  # a wide top-p bracket: narrow it 16-fold
                 if NARROW_TILE > 0:
                     n_new, mass_sort, k_low, k_high = _narrow_mass_wide(rows_scratch, n_sort, limit, mass_sort,
-                                                                         row_max, k_low, k_high, NARROW_TILE)
+                                                                         row_max, k_low, k_high, dst, late_row,
+                                                                         NARROW_TILE)
                 else:
                     n_new, mass_sort = _narrow_mass(rows_scratch, n_sort, limit, mass_sort, row_max)
                 complete = complete & (n_new == n_sort)
@@ -926,6 +970,9 @@ def _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min
         if resolved:
             phase = phase * 0 + _PHASE_CUT
             kept_n = tl.where((hi == _PACK_CEIL) & complete & (n_sort <= _SORT_SMALL), n_sort, 0)
+            if NARROW_TILE > 0:
+                if late_row:  # the bracket's candidates left after the narrowing: -inf below the cut
+                    _drop_candidates(rows_scratch, n_sort, cut, dst, NARROW_TILE)
         else:  # top-k beyond the capacity with the top-p cut above the bracket: search the mass above it
             target = target * 0 + _TARGET_MASS
             tl.store(st_target + row, target)
@@ -1260,6 +1307,7 @@ def _pass_kernel(
     PASS: tl.constexpr, MASS: tl.constexpr, K_PER_ROW: tl.constexpr, P_PER_ROW: tl.constexpr,
     CHUNKS: tl.constexpr, BLOCK: tl.constexpr, COUNT_BLOCK: tl.constexpr, MASS_BLOCK: tl.constexpr,
     PAIR_BLOCK: tl.constexpr, OUTLIERS: tl.constexpr, K_GIVEN: tl.constexpr, LEAN: tl.constexpr = False,
+    LATE: tl.constexpr = False,
 ):
     """One sweep of a row's columns ``[chunk * chunk_len, ...)``: thresholds and/or the gather.
 
@@ -1342,6 +1390,10 @@ def _pass_kernel(
                         else:
                             found, mass, total = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch,
                                                         cursor, capacity, gather, True, True, True, True, MASS_BLOCK)
+                    elif LATE:  # top-p alone, the bracket gathered by the apply
+                        found, mass, total = _sweep_pair_lean(src, start, end, row_max, (hi >> 32).to(tl.int32),
+                                                              (lo >> 32).to(tl.int32), rows_scratch, cursor, capacity,
+                                                              gather, PAIR_BLOCK, False)
                     elif LEAN:  # top-p alone: every row's target is its mass
                         found, mass, total = _sweep_pair_lean(src, start, end, row_max, (hi >> 32).to(tl.int32),
                                                               (lo >> 32).to(tl.int32), rows_scratch, cursor, capacity,
@@ -1410,6 +1462,8 @@ def _finish_kernel(
     searched,  # [1] int32: rows the first resolve left open (a running total: the slow path's use)
     vocab, capacity,
     BLOCK: tl.constexpr, COUNT_BLOCK: tl.constexpr, MASS_BLOCK: tl.constexpr, NARROW_TILE: tl.constexpr = 0,
+    out_ptr=None, out_stride=0,  # [B, V] fp32 (LATE: the finish writes what the apply left)
+    LATE: tl.constexpr = False, IN_PLACE: tl.constexpr = True,
 ):
     """One program per row still open: sweep + resolve rounds over the whole row, bounded.
 
@@ -1420,6 +1474,14 @@ def _finish_kernel(
     base = row * _POINTS
     slot = tl.arange(0, _THRESHOLDS)
     phase = tl.load(st_phase + row)
+    if LATE:  # after the apply (LATE): it wrote the rows outside their brackets, or nothing (open rows)
+        dst = out_ptr + row * out_stride
+        late_row, _, _ = _late_bracket(row, phase, tl.load(st_flags + row), points, counts, masses, st_p, capacity)
+        whole_row = (phase == _PHASE_OPEN) & (late_row == 0)
+    else:
+        dst = logits_ptr + row * logits_stride  # (unused)
+        late_row = phase < 0
+        whole_row = phase < 0
     # Round 0 resolves the first pass; rounds 1 .. MAX_ROUNDS sweep first. One call site of
     # _resolve_row (it is inlined: two sites doubled the kernel's size and compile time).
     rounds = 0
@@ -1429,13 +1491,39 @@ def _finish_kernel(
                           capacity, BLOCK, COUNT_BLOCK, MASS_BLOCK)
             tl.debug_barrier()
         phase = _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags,
-                             st_cursor, points, counts, masses, scratch, capacity, NARROW_TILE)
+                             st_cursor, points, counts, masses, scratch, capacity, dst, late_row, NARROW_TILE)
         tl.debug_barrier()
         if (rounds == 0) & (phase == _PHASE_OPEN):
             tl.atomic_add(searched, 1)
         rounds += 1
     if phase == _PHASE_OPEN:
         tl.atomic_add(unresolved, 1)
+    if LATE:
+        # an open row the apply left alone, or (never seen) a LATE row that needed search rounds: the whole row
+        if (whole_row | (late_row & (rounds > 1))) & (phase == _PHASE_CUT):
+            cut = tl.load(st_cut + row, volatile=True)
+            for offset in range(0, vocab, BLOCK):
+                index = offset + tl.arange(0, BLOCK)
+                valid = index < vocab
+                x = tl.load(src + index, mask=valid, other=0.0)
+                keep = _pack(_key32(x), index) >= cut
+                if IN_PLACE:
+                    tl.store(dst + index, tl.full([BLOCK], float("-inf"), tl.float32), mask=valid & (keep == 0))
+                else:
+                    tl.store(dst + index, tl.where(keep, x, float("-inf")), mask=valid)
+
+
+@triton.jit
+def _late_tile(x, index, valid, lo_v, hi_v, hi_open, dst, IN_PLACE: tl.constexpr, FULL: tl.constexpr):
+    """One tile of a LATE row's apply: ``-inf`` below the bracket (the rest written back as read, or
+    out of place copied), and the bracket's candidates ``(take, packed)`` to gather."""
+    below = x < lo_v
+    if IN_PLACE and not FULL:
+        tl.store(dst + index, tl.full(x.shape, float("-inf"), tl.float32), mask=valid & below)
+    else:
+        tl.store(dst + index, tl.where(below, float("-inf"), x), mask=valid)
+    take = valid & (below == 0) & ((x < hi_v) | hi_open)
+    return take.to(tl.int32), _pack32(_key32(x), index)
 
 
 @triton.jit
@@ -1447,6 +1535,8 @@ def _apply_kernel(
     st_kept, scratch,  # [B] int64 (the cursor), [B, capacity] int64: a kept set held by the first st_kept candidates
     vocab, chunk_len, capacity,
     IN_PLACE: tl.constexpr, BLOCK: tl.constexpr, FULL: tl.constexpr = False,
+    st_flags=None, points=None, counts=None, masses=None, st_p=None,  # LATE: the first sweep's bracket
+    LATE: tl.constexpr = False, GATHER_BLOCK: tl.constexpr = 256,
 ):
     """``-inf`` where ``packed < cut`` (resolved rows); copy the rest out of place.
 
@@ -1475,6 +1565,58 @@ def _apply_kernel(
     todo = filtered
     if not IN_PLACE:
         todo = phase >= 0  # out of place every row is written
+    late = phase < 0
+    if LATE:  # before the finish: rows still open are left to it, but for a top-p bracket that holds the cut
+        late, lo, hi = _late_bracket(row, phase, tl.load(st_flags + row), points, counts, masses, st_p, capacity)
+        kept_n = kept_n * 0  # (the cursor counts this launch's gather)
+        todo = todo & (phase != _PHASE_OPEN)
+        if late:
+            # -inf below the bracket, the bracket gathered (the finish drops its part below the cut), the rest kept;
+            # 4 one-element-per-thread tiles per iteration, one slot claim per lane, stored one iteration later
+            lo_v = _key_floor_value((lo >> 32).to(tl.int32))
+            hi_key = (hi >> 32).to(tl.int32)
+            hi_open = hi_key > _KEY_POS_INF
+            hi_v = _key_floor_value(tl.minimum(hi_key, _KEY_POS_INF))
+            cursor = st_kept + row
+            rows_scratch = scratch + row * capacity
+            room = capacity.to(tl.int32)
+            s0 = tl.zeros([GATHER_BLOCK], tl.int32)
+            s1 = tl.zeros([GATHER_BLOCK], tl.int32)
+            s2 = tl.zeros([GATHER_BLOCK], tl.int32)
+            s3 = tl.zeros([GATHER_BLOCK], tl.int32)
+            p0 = tl.zeros([GATHER_BLOCK], tl.int64)
+            p1 = tl.zeros([GATHER_BLOCK], tl.int64)
+            p2 = tl.zeros([GATHER_BLOCK], tl.int64)
+            p3 = tl.zeros([GATHER_BLOCK], tl.int64)
+            t0 = tl.zeros([GATHER_BLOCK], tl.int32)
+            t1 = tl.zeros([GATHER_BLOCK], tl.int32)
+            t2 = tl.zeros([GATHER_BLOCK], tl.int32)
+            t3 = tl.zeros([GATHER_BLOCK], tl.int32)
+            for offset in range(start, end, 4 * GATHER_BLOCK):
+                i0 = offset + tl.arange(0, GATHER_BLOCK)
+                i1 = i0 + GATHER_BLOCK
+                i2 = i1 + GATHER_BLOCK
+                i3 = i2 + GATHER_BLOCK
+                x0 = tl.load(src + i0, mask=i0 < end, other=float("-inf"))
+                x1 = tl.load(src + i1, mask=i1 < end, other=float("-inf"))
+                x2 = tl.load(src + i2, mask=i2 < end, other=float("-inf"))
+                x3 = tl.load(src + i3, mask=i3 < end, other=float("-inf"))
+                _put32(rows_scratch, room, s0, p0, t0)
+                _put32(rows_scratch, room, s1, p1, t1)
+                _put32(rows_scratch, room, s2, p2, t2)
+                _put32(rows_scratch, room, s3, p3, t3)
+                t0, p0 = _late_tile(x0, i0, i0 < end, lo_v, hi_v, hi_open, dst, IN_PLACE, FULL)
+                t1, p1 = _late_tile(x1, i1, i1 < end, lo_v, hi_v, hi_open, dst, IN_PLACE, FULL)
+                t2, p2 = _late_tile(x2, i2, i2 < end, lo_v, hi_v, hi_open, dst, IN_PLACE, FULL)
+                t3, p3 = _late_tile(x3, i3, i3 < end, lo_v, hi_v, hi_open, dst, IN_PLACE, FULL)
+                s0 = _claim_many(cursor, t0 + t1 + t2 + t3)
+                s1 = s0 + t0
+                s2 = s1 + t1
+                s3 = s2 + t2
+            _put32(rows_scratch, room, s0, p0, t0)
+            _put32(rows_scratch, room, s1, p1, t1)
+            _put32(rows_scratch, room, s2, p2, t2)
+            _put32(rows_scratch, room, s3, p3, t3)
     if filtered & (kept_n > 0):
         slot = tl.arange(0, _SORT_SMALL)
         packed = tl.load(scratch + row * capacity + slot, mask=slot < kept_n, other=_PACK_FLOOR)
@@ -1621,6 +1763,7 @@ class TopKTopPFilter:
         self.full_apply = False
         self.finish_options = {}
         self.narrow_tile = 0  # > 0: _narrow_mass_wide with tiles of this many candidates
+        self.late_gather = False  # top-p alone: the apply gathers the bracket (needs lean and narrow_tile)
 
     def filter(self, logits, k, p, out):
         """Filter ``logits [B <= max_rows, vocab]`` into ``out`` (may be ``logits``); see the class doc."""
@@ -1647,27 +1790,35 @@ class TopKTopPFilter:
                             self.chunk_len, self.chunks, self.capacity, K_PER_ROW=k_per_row, P_PER_ROW=p_per_row,
                             SAMPLE=SAMPLE, OUTLIERS=OUTLIERS, BLOCK=self.stats_block, LEAN=self.lean, **common)
         chunks_p2 = max(32, triton.next_power_of_2(self.chunks))  # one compile for every layout up to 32 chunks
-        for kind in (PASS_FIRST,):  # further rounds: _finish_kernel (rare on real inputs)
-            # MASS launches only where a row can need masses (top-p); the first pass without top-k
-            # has no count-only rows
-            for mass in (p is not None,):  # one launch: the mass sweeps compiled in where top-p is given
-                _pass_kernel[grid](logits, logits.stride(0), *st.stats(), st.placement, *st.row_fields(), st.points,
-                                   st.counts, st.masses, st.scratch, st.first_count, st.first_key, st.outliers,
-                                   k_ptr, k_value,
-                                   p_ptr, p_value, vocab, self.chunk_len, self.chunks, self.capacity, PASS=kind,
-                                   MASS=mass, K_PER_ROW=k_per_row, P_PER_ROW=p_per_row, CHUNKS=chunks_p2,
-                                   BLOCK=self.block, COUNT_BLOCK=self.count_block, MASS_BLOCK=self.mass_block,
-                                   PAIR_BLOCK=self.lean_block if self.lean else self.pair_block, OUTLIERS=OUTLIERS,
-                                   K_GIVEN=k is not None, LEAN=self.lean, **common)
-        _finish_kernel[(rows,)](logits, logits.stride(0), *st.row_fields(), st.points, st.counts, st.masses,
-                                st.scratch, st.unresolved, st.searched, vocab, self.capacity,
-                                BLOCK=self.block, COUNT_BLOCK=self.count_block, MASS_BLOCK=self.mass_block,
-                                num_warps=self.resolve_warps,
-                                NARROW_TILE=self.narrow_tile, enable_fp_fusion=False, **self.finish_options)
+        # LATE (top-p alone, lean sweeps, wide narrowing): the apply writes each row outside its first
+        # bracket and gathers the bracket, the finish (after it) resolves the cut and writes the rest
+        late = self.late_gather and self.lean and self.narrow_tile > 0 and k is None
+        _pass_kernel[grid](logits, logits.stride(0), *st.stats(), st.placement, *st.row_fields(), st.points,
+                           st.counts, st.masses, st.scratch, st.first_count, st.first_key, st.outliers,
+                           k_ptr, k_value, p_ptr, p_value, vocab, self.chunk_len, self.chunks, self.capacity,
+                           PASS=PASS_FIRST, MASS=p is not None, K_PER_ROW=k_per_row, P_PER_ROW=p_per_row,
+                           CHUNKS=chunks_p2, BLOCK=self.block, COUNT_BLOCK=self.count_block,
+                           MASS_BLOCK=self.mass_block, PAIR_BLOCK=self.lean_block if self.lean else self.pair_block,
+                           OUTLIERS=OUTLIERS, K_GIVEN=k is not None, LEAN=self.lean, LATE=late, **common)
+
+        def finish():
+            _finish_kernel[(rows,)](logits, logits.stride(0), *st.row_fields(), st.points, st.counts, st.masses,
+                                    st.scratch, st.unresolved, st.searched, vocab, self.capacity,
+                                    BLOCK=self.block, COUNT_BLOCK=self.count_block, MASS_BLOCK=self.mass_block,
+                                    NARROW_TILE=self.narrow_tile, out_ptr=out, out_stride=out.stride(0), LATE=late,
+                                    IN_PLACE=in_place or not late, num_warps=self.resolve_warps, enable_fp_fusion=False,
+                                    **self.finish_options)
+
+        if not late:
+            finish()
         _apply_kernel[(rows, self.apply_chunks)](logits, logits.stride(0), out, out.stride(0), st.phase, st.cut,
                                                  st.first_count, st.cursor, st.scratch, vocab, self.apply_chunk_len,
                                                  self.capacity, IN_PLACE=in_place, BLOCK=self.block,
-                                                 FULL=self.full_apply, **common)
+                                                 FULL=self.full_apply, st_flags=st.flags, points=st.points,
+                                                 counts=st.counts, masses=st.masses, st_p=st.p, LATE=late,
+                                                 GATHER_BLOCK=self.lean_block, **common)
+        if late:
+            finish()
         return out
 
 
