@@ -101,10 +101,11 @@ VARIANTS = {  # name: filter attributes (issue 16, filter4: candidates timed bes
     "lean+full+nt512": {"lean": True, "full_apply": True, "narrow_tile": 512},
     "lean+full+nt512+reg128": {"lean": True, "full_apply": True, "narrow_tile": 512,
                                "finish_options": {"maxnreg": 128}},
-    "late": {"lean": True, "full_apply": True, "narrow_tile": 512, "late_gather": True},
-    "late+nt128": {"lean": True, "full_apply": True, "narrow_tile": 128, "late_gather": True},
-    "late+reg128": {"lean": True, "full_apply": True, "narrow_tile": 512, "late_gather": True,
-                    "finish_options": {"maxnreg": 128}},
+    "late": {"lean": True, "full_apply": True, "late_gather": True},
+    "late+fast": {"lean": True, "full_apply": True, "late_gather": True, "stats_fast": True},
+    "late+fast+reg128": {"lean": True, "full_apply": True, "late_gather": True, "stats_fast": True,
+                         "finish_options": {"maxnreg": 128}},
+    "late+nt512": {"lean": True, "full_apply": True, "narrow_tile": 512, "late_gather": True},
 }
 
 

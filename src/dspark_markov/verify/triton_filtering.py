@@ -435,6 +435,20 @@ def _pack32(key, index):
 
 
 @triton.jit
+def _raw32(x, index):
+    """The early gather's raw form (``STATS_FAST``): fp32 bits << 32 | (2^31 - 1 - index), no key
+    computation per value; :func:`_raw_to_packed` turns it into :func:`_pack`'s form."""
+    return (x.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (index * -1 + _BIG_INDEX).to(tl.int64)
+
+
+@triton.jit
+def _raw_to_packed(raw):
+    """:func:`_pack` of a :func:`_raw32` candidate."""
+    key = _key32((raw >> 32).to(tl.int32).to(tl.float32, bitcast=True))
+    return (key.to(tl.int64) << 32) | (raw & 0xFFFFFFFF)
+
+
+@triton.jit
 def _put32(scratch, capacity, slot, packed, take):
     """:func:`_put` with an int32 ``slot`` (32-bit address and bound arithmetic)."""
     tl.store(scratch + slot, packed, mask=(take != 0) & (slot < capacity))
@@ -649,14 +663,18 @@ def _part_of(key, k_min, span):
 
 
 @triton.jit
-def _compact(scratch, n_in, k_min, span, lowest, highest):
-    """Move the candidates whose part lies in ``[lowest, highest]`` to the front (order kept); their number."""
+def _compact(scratch, n_in, k_min, span, lowest, highest, dst, scatter):
+    """Move the candidates whose part lies in ``[lowest, highest]`` to the front (order kept); their number.
+    ``scatter`` (a LATE row): ``-inf`` at the columns (``dst``) of the candidates below ``lowest``."""
     t = tl.arange(0, _NARROW_TILE)
     kept = tl.zeros([], tl.int32)
     for offset in range(0, n_in, _NARROW_TILE):
         inside = offset + t < n_in
         packed = tl.load(scratch + offset + t, mask=inside, other=0)
         part = _part_of((packed >> 32).to(tl.int32), k_min, span)
+        dropped = part < tl.where(scatter, lowest, 0)  # (parts are >= 0; a bound, not a scalar mask: interpreter)
+        index = (packed & 0xFFFFFFFF).to(tl.int32) * -1 + _BIG_INDEX
+        tl.store(dst + index, tl.full([_NARROW_TILE], float("-inf"), tl.float32), mask=inside & dropped)
         take = inside & (part >= lowest) & (part <= highest)
         takes = take.to(tl.int32)
         slot = kept + tl.cumsum(takes, axis=0) - takes
@@ -668,7 +686,7 @@ def _compact(scratch, n_in, k_min, span, lowest, highest):
 
 
 @triton.jit
-def _narrow_mass(scratch, n_in, limit, mass_hi, row_max):
+def _narrow_mass(scratch, n_in, limit, mass_hi, row_max, dst, scatter):
     """Narrow a top-p bracket of ``n_in`` gathered candidates that holds the cut: split their key
     range into ``PARTS = 16`` equal key intervals, find (from exact integer masses) the one that
     holds the cut and move its candidates to the front of ``scratch``.
@@ -692,7 +710,7 @@ def _narrow_mass(scratch, n_in, limit, mass_hi, row_max):
     at_or_above = mass_hi + tl.sum(tl.where(parts[None, :] >= parts[:, None], sums[None, :], 0), axis=1)
     chosen = tl.max(tl.where(at_or_above.to(tl.float64) >= limit, parts, -1), axis=0)
     chosen_above = tl.sum(tl.where(parts == chosen, at_or_above - sums, 0), axis=0)
-    return _compact(scratch, n_in, k_min, span, chosen, chosen), chosen_above
+    return _compact(scratch, n_in, k_min, span, chosen, chosen, dst, scatter), chosen_above
 
 
 @triton.jit
@@ -778,7 +796,7 @@ def _narrow_mass_wide(scratch, n_in, limit, mass_hi, row_max, k_min, k_max, dst,
 
 
 @triton.jit
-def _narrow_count(scratch, n_in, wanted):
+def _narrow_count(scratch, n_in, wanted, dst):
     """Narrow ``n_in`` top-k candidates (every token above them is counted elsewhere) to those at or
     above the part (of ``PARTS`` equal key intervals) that holds the ``wanted``-th best: they hold
     the whole top ``wanted``, are moved to the front of ``scratch``, and their number is returned.
@@ -796,7 +814,7 @@ def _narrow_count(scratch, n_in, wanted):
     sums = tl.sum(lanes, axis=0).to(tl.int64)  # candidates in each part
     at_or_above = tl.sum(tl.where(parts[None, :] >= parts[:, None], sums[None, :], 0), axis=1)
     chosen = tl.max(tl.where(at_or_above >= wanted, parts, -1), axis=0)
-    return _compact(scratch, n_in, k_min, span, chosen, _PARTS)
+    return _compact(scratch, n_in, k_min, span, chosen, _PARTS, dst, n_in < 0)
 
 
 @triton.jit
@@ -956,11 +974,11 @@ def _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min
                                                                          row_max, k_low, k_high, dst, late_row,
                                                                          NARROW_TILE)
                 else:
-                    n_new, mass_sort = _narrow_mass(rows_scratch, n_sort, limit, mass_sort, row_max)
+                    n_new, mass_sort = _narrow_mass(rows_scratch, n_sort, limit, mass_sort, row_max, dst, late_row)
                 complete = complete & (n_new == n_sort)
                 n_sort = n_new
             if (target == _TARGET_COUNT) & (n_sort > _SORT_SMALL):  # many top-k candidates: keep the top parts
-                n_sort = _narrow_count(rows_scratch, n_sort, k - hi_count)
+                n_sort = _narrow_count(rows_scratch, n_sort, k - hi_count, dst)
         if n_sort <= _SORT_SMALL:  # the common case: one 256-entry sort (compiles in a few seconds)
             resolved, cut, new_limit = _sort_cut(rows_scratch, n_sort, target, k, p, limit, best, row_max, hi_count,
                                                  mass_sort, hi == _PACK_CEIL, _SORT_SMALL)
@@ -970,9 +988,8 @@ def _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min
         if resolved:
             phase = phase * 0 + _PHASE_CUT
             kept_n = tl.where((hi == _PACK_CEIL) & complete & (n_sort <= _SORT_SMALL), n_sort, 0)
-            if NARROW_TILE > 0:
-                if late_row:  # the bracket's candidates left after the narrowing: -inf below the cut
-                    _drop_candidates(rows_scratch, n_sort, cut, dst, NARROW_TILE)
+            if late_row:  # the bracket's candidates left after the narrowing: -inf below the cut
+                _drop_candidates(rows_scratch, n_sort, cut, dst, _NARROW_TILE)
         else:  # top-k beyond the capacity with the top-p cut above the bracket: search the mass above it
             target = target * 0 + _TARGET_MASS
             tl.store(st_target + row, target)
@@ -1033,7 +1050,7 @@ def _stats_tile(x, index, valid, key_t, cursor, best, nans, finite, total, squar
 
 
 @triton.jit
-def _stats_lean_tile(x, index, valid, value_t, m, mi, nans, finite, total, squares, low):
+def _stats_lean_tile(x, index, valid, value_t, m, mi, nans, finite, total, squares, low, RAW: tl.constexpr = False):
     """One tile of the lean statistics loop: the fp32 maximum and its first index per lane (packed
     once at the end), and the early gather by an fp32 compare (``value_t``: ``x >= value_t`` iff
     ``key >= key_t``)."""
@@ -1048,7 +1065,26 @@ def _stats_lean_tile(x, index, valid, value_t, m, mi, nans, finite, total, squar
     squares += xf * xf
     low = tl.minimum(low, tl.where(valid & (x == x), x, float("inf")))
     take = (x >= value_t).to(tl.int32)  # masked lanes hold -inf, below every finite threshold
-    return m, mi, nans, finite, total, squares, low, take, _pack32(_key32(x), index)
+    if RAW:
+        packed = _raw32(x, index)
+    else:
+        packed = _pack32(_key32(x), index)
+    return m, mi, nans, finite, total, squares, low, take, packed
+
+
+@triton.jit
+def _stats_fast_tile(x, index, value_t, m, mi, s1, s2, low, take_t):
+    """One unmasked tile of the fast statistics loop (``STATS_FAST``): fp32 sums without finiteness
+    tests (a NaN or an infinity makes them non-finite, and the chunk is then read again exactly),
+    the maximum and its first index per lane, the minimum (NaN ignored), the early gather."""
+    gt = x > m
+    m = tl.where(gt, x, m)
+    mi = tl.where(gt, index, mi)
+    s1 += x
+    s2 += x * x
+    low = tl.minimum(low, x)
+    take = (x >= value_t).to(tl.int32) * take_t
+    return m, mi, s1, s2, low, take, _raw32(x, index)
 
 
 @triton.jit(do_not_specialize=["k_value", "chunk_len", "num_chunks"])
@@ -1060,7 +1096,7 @@ def _stats_kernel(
     k_ptr, k_value, p_ptr, p_value,  # [B] int32/int64 or a scalar; [B] fp32 or a scalar
     vocab, chunk_len, num_chunks, capacity,
     K_PER_ROW: tl.constexpr, P_PER_ROW: tl.constexpr, SAMPLE: tl.constexpr, OUTLIERS: tl.constexpr,
-    BLOCK: tl.constexpr, LEAN: tl.constexpr = False,
+    BLOCK: tl.constexpr, LEAN: tl.constexpr = False, FAST: tl.constexpr = False,
 ):
     """Per program: the first maximum (packed), NaNs, the finite count/sum/sum of squares, the minimum;
     and the **early gather** of every token at or above :func:`_top_threshold` (``first_count``
@@ -1120,7 +1156,40 @@ def _stats_kernel(
         slot3 = tl.zeros([BLOCK], tl.int32)
         m = tl.zeros([BLOCK], tl.float32) + float("-inf")
         mi = tl.zeros([BLOCK], tl.int32) + _BIG_INDEX
-        for offset in range(start, end, 4 * BLOCK):
+        if FAST:  # full iterations unmasked and without finiteness tests; the masked tail below
+            full_end = start + ((end - start) // (4 * BLOCK)) * (4 * BLOCK)
+            s1 = tl.zeros([BLOCK], tl.float32)
+            s2 = tl.zeros([BLOCK], tl.float32)
+            low_f = tl.zeros([BLOCK], tl.float32) + float("inf")
+            for offset in range(start, full_end, 4 * BLOCK):
+                i0 = offset + tl.arange(0, BLOCK)
+                i1 = i0 + BLOCK
+                i2 = i1 + BLOCK
+                i3 = i2 + BLOCK
+                x0 = tl.load(src + i0)
+                x1 = tl.load(src + i1)
+                x2 = tl.load(src + i2)
+                x3 = tl.load(src + i3)
+                _put32(dest, room32, slot0, packed0, take0)
+                _put32(dest, room32, slot1, packed1, take1)
+                _put32(dest, room32, slot2, packed2, take2)
+                _put32(dest, room32, slot3, packed3, take3)
+                m, mi, s1, s2, low_f, take0, packed0 = _stats_fast_tile(x0, i0, value_t, m, mi, s1, s2,
+                                                                           low_f, 1)
+                m, mi, s1, s2, low_f, take1, packed1 = _stats_fast_tile(x1, i1, value_t, m, mi, s1, s2,
+                                                                           low_f, 1)
+                m, mi, s1, s2, low_f, take2, packed2 = _stats_fast_tile(x2, i2, value_t, m, mi, s1, s2,
+                                                                           low_f, 1)
+                m, mi, s1, s2, low_f, take3, packed3 = _stats_fast_tile(x3, i3, value_t, m, mi, s1, s2,
+                                                                           low_f, 1)
+                slot0 = _claim_many(claims, take0 + take1 + take2 + take3)
+                slot1 = slot0 + take0
+                slot2 = slot1 + take1
+                slot3 = slot2 + take2
+            tail = full_end
+        else:
+            tail = start
+        for offset in range(tail, end, 4 * BLOCK):
             i0 = offset + tl.arange(0, BLOCK)
             i1 = i0 + BLOCK
             i2 = i1 + BLOCK
@@ -1134,24 +1203,50 @@ def _stats_kernel(
             _put32(dest, room32, slot2, packed2, take2)
             _put32(dest, room32, slot3, packed3, take3)
             m, mi, nans, finite, total, squares, low, take0, packed0 = _stats_lean_tile(
-                x0, i0, i0 < end, value_t, m, mi, nans, finite, total, squares, low)
+                x0, i0, i0 < end, value_t, m, mi, nans, finite, total, squares, low, FAST)
             m, mi, nans, finite, total, squares, low, take1, packed1 = _stats_lean_tile(
-                x1, i1, i1 < end, value_t, m, mi, nans, finite, total, squares, low)
+                x1, i1, i1 < end, value_t, m, mi, nans, finite, total, squares, low, FAST)
             m, mi, nans, finite, total, squares, low, take2, packed2 = _stats_lean_tile(
-                x2, i2, i2 < end, value_t, m, mi, nans, finite, total, squares, low)
+                x2, i2, i2 < end, value_t, m, mi, nans, finite, total, squares, low, FAST)
             m, mi, nans, finite, total, squares, low, take3, packed3 = _stats_lean_tile(
-                x3, i3, i3 < end, value_t, m, mi, nans, finite, total, squares, low)
+                x3, i3, i3 < end, value_t, m, mi, nans, finite, total, squares, low, FAST)
             slot0 = _claim_many(claims, take0 + take1 + take2 + take3)
             slot1 = slot0 + take0
             slot2 = slot1 + take1
             slot3 = slot2 + take2
-        m_all = tl.max(m, axis=0)
-        first = tl.min(tl.where(m == m_all, mi, _BIG_INDEX), axis=0)
-        best = tl.zeros([BLOCK], tl.int64) + _pack(_key32(m_all), first)
         _put32(dest, room32, slot0, packed0, take0)
         _put32(dest, room32, slot1, packed1, take1)
         _put32(dest, room32, slot2, packed2, take2)
         _put32(dest, room32, slot3, packed3, take3)
+        if FAST:
+            bad = tl.sum(((tl.abs(s1) < float("inf")) & (tl.abs(s2) < float("inf")) == 0).to(tl.int32), axis=0)
+            if bad == 0:  # every value of the full iterations finite
+                finite += (full_end - start) // BLOCK
+                total += s1
+                squares += s2
+                low = tl.minimum(low, low_f)
+            else:  # a NaN, an infinity or a huge value: the full iterations read again, exactly (no gather)
+                no_take = value_t * float("nan")
+                for offset in range(start, full_end, 4 * BLOCK):
+                    i0 = offset + tl.arange(0, BLOCK)
+                    i1 = i0 + BLOCK
+                    i2 = i1 + BLOCK
+                    i3 = i2 + BLOCK
+                    x0 = tl.load(src + i0)
+                    x1 = tl.load(src + i1)
+                    x2 = tl.load(src + i2)
+                    x3 = tl.load(src + i3)
+                    m, mi, nans, finite, total, squares, low, _, _ = _stats_lean_tile(
+                        x0, i0, i0 < end, no_take, m, mi, nans, finite, total, squares, low)
+                    m, mi, nans, finite, total, squares, low, _, _ = _stats_lean_tile(
+                        x1, i1, i1 < end, no_take, m, mi, nans, finite, total, squares, low)
+                    m, mi, nans, finite, total, squares, low, _, _ = _stats_lean_tile(
+                        x2, i2, i2 < end, no_take, m, mi, nans, finite, total, squares, low)
+                    m, mi, nans, finite, total, squares, low, _, _ = _stats_lean_tile(
+                        x3, i3, i3 < end, no_take, m, mi, nans, finite, total, squares, low)
+        m_all = tl.max(m, axis=0)
+        first = tl.min(tl.where(m == m_all, mi, _BIG_INDEX), axis=0)
+        best = tl.zeros([BLOCK], tl.int64) + _pack(_key32(m_all), first)
     else:
         for offset in range(start, end, 4 * BLOCK):
             index0 = offset + tl.arange(0, BLOCK)
@@ -1196,8 +1291,10 @@ def _stats_kernel(
 @triton.jit
 def _first_plan(row, best_part, nan_part, finite_part, sum_part, sumsq_part, min_part, placement, k_ptr, k_value,
                 p_ptr, p_value, st_first_count, st_first_key, outliers, vocab, num_chunks, capacity,
-                K_PER_ROW: tl.constexpr, P_PER_ROW: tl.constexpr, CHUNKS: tl.constexpr, OUTLIERS: tl.constexpr):
-    """The row's plan from the stats partials (every program of the row computes the same one)."""
+                K_PER_ROW: tl.constexpr, P_PER_ROW: tl.constexpr, CHUNKS: tl.constexpr, OUTLIERS: tl.constexpr,
+                RAW: tl.constexpr = False):
+    """The row's plan from the stats partials (every program of the row computes the same one).
+    ``RAW``: the early gather holds :func:`_raw32` candidates (``STATS_FAST``)."""
     chunk = tl.arange(0, CHUNKS)
     valid = chunk < num_chunks
     part = row * num_chunks + chunk
@@ -1244,8 +1341,14 @@ def _first_plan(row, best_part, nan_part, finite_part, sum_part, sumsq_part, min
         key_e = tl.load(st_first_key + row)
         have = (key_e != _BIG_INDEX) & (n_e <= OUTLIERS)
         stored = tl.where(have, n_e, 0)
-        head_keys = tl.load(outliers + row * OUTLIERS + column, mask=column < stored, other=_PACK_FLOOR) >> 32
-        head = tl.sum(tl.where(head_keys > _PACK_FLOOR >> 32, tl.exp(_key_value(head_keys) - row_max), 0.0), axis=0)
+        if RAW:
+            head_raw = tl.load(outliers + row * OUTLIERS + column, mask=column < stored, other=0)
+            head_values = (head_raw >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+            head = tl.sum(tl.where(column < stored, tl.exp(head_values - row_max), 0.0), axis=0)
+        else:
+            head_keys = tl.load(outliers + row * OUTLIERS + column, mask=column < stored, other=_PACK_FLOOR) >> 32
+            head = tl.sum(tl.where(head_keys > _PACK_FLOOR >> 32, tl.exp(_key_value(head_keys) - row_max), 0.0),
+                          axis=0)
         t_e = tl.where(have, _key_value(tl.minimum(key_e, best_key.to(tl.int64))), row_max)
         head = tl.where(have, head, 0.0)
         mean_mass = mean + sigma * sigma
@@ -1307,7 +1410,7 @@ def _pass_kernel(
     PASS: tl.constexpr, MASS: tl.constexpr, K_PER_ROW: tl.constexpr, P_PER_ROW: tl.constexpr,
     CHUNKS: tl.constexpr, BLOCK: tl.constexpr, COUNT_BLOCK: tl.constexpr, MASS_BLOCK: tl.constexpr,
     PAIR_BLOCK: tl.constexpr, OUTLIERS: tl.constexpr, K_GIVEN: tl.constexpr, LEAN: tl.constexpr = False,
-    LATE: tl.constexpr = False,
+    LATE: tl.constexpr = False, RAW: tl.constexpr = False,
 ):
     """One sweep of a row's columns ``[chunk * chunk_len, ...)``: thresholds and/or the gather.
 
@@ -1330,7 +1433,7 @@ def _pass_kernel(
          use_p, early, first_count) = _first_plan(row, best_part, nan_part, finite_part, sum_part, sumsq_part,
                                                   min_part, placement, k_ptr, k_value, p_ptr, p_value,
                                                   st_first_count, st_first_key, outliers, vocab, num_chunks,
-                                                  capacity, K_PER_ROW, P_PER_ROW, CHUNKS, OUTLIERS)
+                                                  capacity, K_PER_ROW, P_PER_ROW, CHUNKS, OUTLIERS, RAW)
         if chunk == 0:
             tl.store(st_phase + row, phase)
             tl.store(st_target + row, target)
@@ -1352,6 +1455,12 @@ def _pass_kernel(
             if early:  # nothing to sweep: the early gather is the bracket (nobody else touches these)
                 tl.store(counts + base + slot + _SLOT_FIRST, tl.zeros([_THRESHOLDS], tl.int64) + first_count)
                 tl.store(st_cursor + row, first_count)
+                if RAW:  # the raw candidates in pack form, for the finish and the apply
+                    held = tl.arange(0, PAIR_BLOCK)
+                    for offset in range(0, first_count, PAIR_BLOCK):
+                        inside = offset + held < first_count
+                        raw = tl.load(scratch + row * capacity + offset + held, mask=inside, other=0)
+                        tl.store(scratch + row * capacity + offset + held, _raw_to_packed(raw), mask=inside)
         lo = tl.sum(tl.where(slot + _SLOT_FIRST == lo_slot, thresholds, 0), axis=0)
         hi = tl.where(hi_slot == 0, _PACK_CEIL, tl.sum(tl.where(slot + _SLOT_FIRST == hi_slot, thresholds, 0),
                                                            axis=0))
@@ -1763,7 +1872,8 @@ class TopKTopPFilter:
         self.full_apply = False
         self.finish_options = {}
         self.narrow_tile = 0  # > 0: _narrow_mass_wide with tiles of this many candidates
-        self.late_gather = False  # top-p alone: the apply gathers the bracket (needs lean and narrow_tile)
+        self.stats_fast = False  # lean statistics: unmasked full iterations, exact re-read of non-finite chunks
+        self.late_gather = False  # top-p alone: the apply gathers the bracket (needs lean)
 
     def filter(self, logits, k, p, out):
         """Filter ``logits [B <= max_rows, vocab]`` into ``out`` (may be ``logits``); see the class doc."""
@@ -1788,18 +1898,20 @@ class TopKTopPFilter:
         _stats_kernel[grid](logits, logits.stride(0), *st.stats(), st.counts, st.masses, st.cursor, st.scratch,
                             st.outliers, st.first_count, st.first_key, k_ptr, k_value, p_ptr, p_value, vocab,
                             self.chunk_len, self.chunks, self.capacity, K_PER_ROW=k_per_row, P_PER_ROW=p_per_row,
-                            SAMPLE=SAMPLE, OUTLIERS=OUTLIERS, BLOCK=self.stats_block, LEAN=self.lean, **common)
+                            SAMPLE=SAMPLE, OUTLIERS=OUTLIERS, BLOCK=self.stats_block, LEAN=self.lean,
+                            FAST=self.lean and self.stats_fast, **common)
         chunks_p2 = max(32, triton.next_power_of_2(self.chunks))  # one compile for every layout up to 32 chunks
         # LATE (top-p alone, lean sweeps, wide narrowing): the apply writes each row outside its first
         # bracket and gathers the bracket, the finish (after it) resolves the cut and writes the rest
-        late = self.late_gather and self.lean and self.narrow_tile > 0 and k is None
+        late = self.late_gather and self.lean and k is None
         _pass_kernel[grid](logits, logits.stride(0), *st.stats(), st.placement, *st.row_fields(), st.points,
                            st.counts, st.masses, st.scratch, st.first_count, st.first_key, st.outliers,
                            k_ptr, k_value, p_ptr, p_value, vocab, self.chunk_len, self.chunks, self.capacity,
                            PASS=PASS_FIRST, MASS=p is not None, K_PER_ROW=k_per_row, P_PER_ROW=p_per_row,
                            CHUNKS=chunks_p2, BLOCK=self.block, COUNT_BLOCK=self.count_block,
                            MASS_BLOCK=self.mass_block, PAIR_BLOCK=self.lean_block if self.lean else self.pair_block,
-                           OUTLIERS=OUTLIERS, K_GIVEN=k is not None, LEAN=self.lean, LATE=late, **common)
+                           OUTLIERS=OUTLIERS, K_GIVEN=k is not None, LEAN=self.lean, LATE=late,
+                           RAW=self.lean and self.stats_fast, **common)
 
         def finish():
             _finish_kernel[(rows,)](logits, logits.stride(0), *st.row_fields(), st.points, st.counts, st.masses,
