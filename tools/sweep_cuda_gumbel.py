@@ -106,11 +106,12 @@ def time_variants(rows, variants, rounds, replays):
     cache = torch.empty(rows, steps, vocab, dtype=torch.bfloat16, device="cuda")
     flush = harness.L2Flusher(torch.device("cuda"))
     out, first = {}, None
-    for bps, flags, slices, variant in variants:
+    for bps, flags, slices, variant, *rest in variants:
+        range_chunks = rest[0] if rest else 4
         sampler = dm.MarkovSampler(head, steps, rows, cache_dtype=torch.bfloat16, method="gumbel", impl="cuda_gumbel")
         sampler.backend = CudaGumbelBackend(head, steps, rows, method="gumbel", cache_dtype=torch.bfloat16,
                                             device="cuda", blocks_per_sm=bps, flags=flags, slices=slices,
-                                            variant=variant)
+                                            variant=variant, range_chunks=range_chunks)
         args = (base, anchor, idx, pos, temp, seeds)
 
         def call():
@@ -119,7 +120,7 @@ def time_variants(rows, variants, rounds, replays):
         medians = [statistics.median(harness.time_graph_replays(graph, replays, flush)) for _ in range(rounds)]
         same = True if first is None else bool(torch.equal(tokens, first))
         first = tokens.clone() if first is None else first
-        out[f"bps{bps}_flags{flags}_slices{slices}_x{variant}"] = (round(statistics.median(medians), 1), same)
+        out[f"bps{bps}_flags{flags}_slices{slices}_x{variant}_range{range_chunks}"] = (round(statistics.median(medians), 1), same)
     return out
 
 
@@ -201,7 +202,7 @@ def main():
     parser.add_argument("--temperature", default="1", choices=("1", "mixed", "both"))
     parser.add_argument("--kernels", default="64,253")
     parser.add_argument("--check", default="64,253")
-    parser.add_argument("--variants", default="", help="blocks_per_sm:flags:slices:variant, e.g. 3:0:1:0,3:1:4:3")
+    parser.add_argument("--variants", default="", help="blocks_per_sm:flags:slices:variant[:range_chunks], e.g. 3:0:1:0,3:1:4:3:4")
     parser.add_argument("--variant-rows", default="64,253")
     parser.add_argument("--vllm-cache", help="folder of tools/extract_vllm.py's copy (design vllm_loop)")
     parser.add_argument("--rescan", default="", help="rows at which to measure gumbel_fused's rescan rate")

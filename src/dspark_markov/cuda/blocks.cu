@@ -55,7 +55,9 @@ struct BlocksArgs {  // every field 8 bytes (matches cuda_gumbel.BlocksArgs)
   u64 block_token;  // [>= R, chunks] int64 partial tokens
   u64 gtab;         // [DM_TB_SIZE] fp32 noise upper bounds per hash bucket
   i64 rows, vocab, num_slots, num_steps, step;
-  i64 chunks, chunk_lo, bias_lo;  // this launch: chunks [chunk_lo, chunk_lo + chunks) of every row; bias_lo = chunk_lo * DM_CHUNK
+  // This launch: ranges [chunk_lo, chunk_lo + chunks) of every row, a range being `range` chunks of DM_CHUNK tokens
+  // (one work item, one partial); bias_lo = chunk_lo * range * DM_CHUNK.
+  i64 chunks, chunk_lo, bias_lo, range;
   i64 stride_br, stride_bn, stride_bias, stride_cs, stride_part;
   i64 idx64, pos64, has_scale;  // has_scale: scale != 1 (the entry point's S bit must agree)
   i64 flags;                    // DM_BF_* hints (never change a draw)
@@ -145,12 +147,11 @@ __device__ __forceinline__ i64 shfl_xor_i64(i64 x, int off) {
   return (i64)(((u64)hi << 32) | lo);
 }
 
-// The 16-byte loads of one work item's base logits and bias (VEC path): groups g of 8 tokens per thread.
+// The 16-byte loads of chunk `chunk` (global, DM_CHUNK tokens) of row `row` (VEC path): groups of 8 tokens per lane.
 template <bool BASE_F32>
-__device__ __forceinline__ void load_item(const BlocksArgs& a, i64 item, int lane, uint4 (&braw)[DM_GROUPS][2],
-                                          uint4 (&wraw)[DM_GROUPS]) {
-  const i64 row = item / a.chunks;
-  const i64 v0 = (a.chunk_lo + item - row * a.chunks) * DM_CHUNK;
+__device__ __forceinline__ void load_chunk(const BlocksArgs& a, i64 row, i64 chunk, int lane,
+                                           uint4 (&braw)[DM_GROUPS][2], uint4 (&wraw)[DM_GROUPS]) {
+  const i64 v0 = chunk * DM_CHUNK;
   const char* base_row = (const char*)a.base + (row * a.stride_br + a.step * a.stride_bn) * (BASE_F32 ? 4 : 2);
   const unsigned short* bias_row = (const unsigned short*)a.bias + (row * a.stride_bias - a.bias_lo);
 #pragma unroll
@@ -166,6 +167,16 @@ __device__ __forceinline__ void load_item(const BlocksArgs& a, i64 item, int lan
       wraw[g] = bl_load16(bias_row + t0);
     }
   }
+}
+
+// The threshold of a best exact key k: a bound b below k - margin - 2 (|k| + 64) 2^-20 has b + key_slack(b) < k
+// (tests/draft/test_cuda_gumbel.py), so the token cannot reach k. -inf without a key; NaN (every token goes
+// exact) for k = +inf or NaN.
+__device__ __forceinline__ float bl_threshold(i64 best, float margin) {
+  if (best == DM_BINT64_MIN) return -__int_as_float(0x7f800000);
+  const float k = dm::word_key(best);
+  const float mag = k < 0.0f ? -k : k;
+  return dm::sub_rn(dm::sub_rn(k, margin), dm::mul_rn(dm::add_rn(mag, 64.0f), 0x1p-19f));
 }
 
 // bf16 pair {lo, hi} of fp32 values rounded to nearest even (torch's NaN 0x7FC0): the integer rounding, or
@@ -192,9 +203,11 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
   for (int i = tid; i < DM_TB_SIZE; i += DM_BT) gtab_s[i] = ((const float*)a.gtab)[i];
   __syncthreads();  // the only block-wide barrier: every warp then works alone
   const float ninf = -__int_as_float(0x7f800000);
-  const i64 items = a.rows * a.chunks;
+  const i64 items = a.rows * a.chunks;  // work items: (row, range of a.range chunks)
   const i64 vocab = a.vocab;
+  const i64 nchunks = (vocab + DM_CHUNK - 1) / DM_CHUNK;
   const float scale = (float)a.scale;
+  const float margin = (float)a.filter_margin;
   const bool combine = (a.flags & DM_BF_COMBINE) != 0;
   constexpr bool PIPE = VEC && (X & DM_X_PIPE);
   constexpr bool HWCVT = X & DM_X_HWCVT;
@@ -202,19 +215,23 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
   uint4 braw[DM_GROUPS][2];
   uint4 wraw[DM_GROUPS];
   const i64 first = (i64)blockIdx.x * DM_WARPS + warp;
-  if (PIPE && first < items) load_item<BASE_F32>(a, first, lane, braw, wraw);
+  if (PIPE && first < items) {
+    const i64 row0 = first / a.chunks;
+    load_chunk<BASE_F32>(a, row0, (a.chunk_lo + first - row0 * a.chunks) * a.range, lane, braw, wraw);
+  }
   for (i64 item = first; item < items; item += stride_items) {
     const i64 row = item / a.chunks;
-    const i64 v0 = (a.chunk_lo + item - row * a.chunks) * DM_CHUNK;
+    const i64 range = a.chunk_lo + item - row * a.chunks;  // global range index
     const RowState r = row_state(a, row);
     const char* base_row = (const char*)a.base + (row * a.stride_br + a.step * a.stride_bn) * (BASE_F32 ? 4 : 2);
     const unsigned short* bias_row = (const unsigned short*)a.bias + (row * a.stride_bias - a.bias_lo);
     char* cache_row = (char*)a.cache + (r.slot * a.stride_cs + a.step * vocab) * (CACHE_F32 ? 4 : 2);
+    const i64 chunk_end = (range + 1) * a.range < nchunks ? (range + 1) * a.range : nchunks;
     if ((a.flags & DM_BF_PREFETCH) && item + stride_items < items && (lane & 7) == 0) {
-      // One lane per 128-byte line of bf16 (8 lanes x 16 bytes); fp32 base: the next line too.
+      // The next item's first chunk into L2: one lane per 128-byte line of bf16; fp32 base: the next line too.
       const i64 nitem = item + stride_items;
       const i64 nrow = nitem / a.chunks;
-      const i64 nv0 = (a.chunk_lo + nitem - nrow * a.chunks) * DM_CHUNK;
+      const i64 nv0 = (a.chunk_lo + nitem - nrow * a.chunks) * a.range * DM_CHUNK;
       const char* nbase = (const char*)a.base + (nrow * a.stride_br + a.step * a.stride_bn) * (BASE_F32 ? 4 : 2);
       const unsigned short* nbias = (const unsigned short*)a.bias + (nrow * a.stride_bias - a.bias_lo);
 #pragma unroll
@@ -227,140 +244,166 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
         }
       }
     }
-
-    // ---- phase 1: z, the cache, the key bounds
-    float ub[DM_PER];
-    float sb = ninf;
-    int si = -1;
-    if (VEC) {
-      if (!PIPE) load_item<BASE_F32>(a, item, lane, braw, wraw);
+    i64 best = DM_BINT64_MIN;  // this lane's best packed (exact key, token) word of the range
+    float thr = ninf;          // a bound below thr cannot reach the best exact key found so far
+    for (i64 chunk = range * a.range; chunk < chunk_end; ++chunk) {  // warp-uniform
+      const i64 v0 = chunk * DM_CHUNK;
+      // ---- phase 1: z, the cache, the key bounds
+      float ub[DM_PER];
+      float sb = ninf;
+      int si = -1;
+      if (VEC) {
+        if (!PIPE) load_chunk<BASE_F32>(a, row, chunk, lane, braw, wraw);
 #pragma unroll
-      for (int g = 0; g < DM_GROUPS; ++g) {
-        const i64 t0 = v0 + (i64)g * 256 + lane * 8;
-        if (t0 < vocab) {
-          float z[8];
-          const u32 w[4] = {wraw[g].x, wraw[g].y, wraw[g].z, wraw[g].w};
+        for (int g = 0; g < DM_GROUPS; ++g) {
+          const i64 t0 = v0 + (i64)g * 256 + lane * 8;
+          if (t0 < vocab) {
+            float z[8];
+            const u32 w[4] = {wraw[g].x, wraw[g].y, wraw[g].z, wraw[g].w};
 #pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            float u;
-            if (BASE_F32) {
-              const uint4 q = braw[g][e >> 2];
-              const u32 qs[4] = {q.x, q.y, q.z, q.w};
-              u = __uint_as_float(qs[e & 3]);
-            } else {
-              const u32 qs[4] = {braw[g][0].x, braw[g][0].y, braw[g][0].z, braw[g][0].w};
-              u = bl_bf16((qs[e >> 1] >> ((e & 1) * 16)) & 0xFFFFu);
-            }
-            if (HWCVT && !CACHE_F32) {  // the fp32 sum here, rounded in pairs below
-              float b = bl_bf16((w[e >> 1] >> ((e & 1) * 16)) & 0xFFFFu);
-              if (SCALE) b = bl_bf16(bl_round_bf16(dm::mul_rn(b, scale)));
-              z[e] = dm::add_rn(u, b);
-            } else {
-              z[e] = make_z<BASE_F32, CACHE_F32, SCALE>(u, (w[e >> 1] >> ((e & 1) * 16)) & 0xFFFFu, scale);
-            }
-          }
-          u32 packed[4];
-          if (!CACHE_F32) {
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-              if (HWCVT) {
-                packed[k] = bl_pack_bf16<true>(z[2 * k], z[2 * k + 1]);
-                z[2 * k] = __uint_as_float(packed[k] << 16);
-                z[2 * k + 1] = __uint_as_float(packed[k] & 0xFFFF0000u);
-              } else {  // z already rounded: its high halves
-                packed[k] = (__float_as_uint(z[2 * k]) >> 16) | (__float_as_uint(z[2 * k + 1]) & 0xFFFF0000u);
+            for (int e = 0; e < 8; ++e) {
+              float u;
+              if (BASE_F32) {
+                const uint4 q = braw[g][e >> 2];
+                const u32 qs[4] = {q.x, q.y, q.z, q.w};
+                u = __uint_as_float(qs[e & 3]);
+              } else {
+                const u32 qs[4] = {braw[g][0].x, braw[g][0].y, braw[g][0].z, braw[g][0].w};
+                u = bl_bf16((qs[e >> 1] >> ((e & 1) * 16)) & 0xFFFFu);
+              }
+              if (HWCVT && !CACHE_F32) {  // the fp32 sum here, rounded in pairs below
+                float b = bl_bf16((w[e >> 1] >> ((e & 1) * 16)) & 0xFFFFu);
+                if (SCALE) b = bl_bf16(bl_round_bf16(dm::mul_rn(b, scale)));
+                z[e] = dm::add_rn(u, b);
+              } else {
+                z[e] = make_z<BASE_F32, CACHE_F32, SCALE>(u, (w[e >> 1] >> ((e & 1) * 16)) & 0xFFFFu, scale);
               }
             }
-          }
-          if (r.live) {
-            if (CACHE_F32) {
-              bl_store16(cache_row + t0 * 4, __float_as_uint(z[0]), __float_as_uint(z[1]), __float_as_uint(z[2]),
-                         __float_as_uint(z[3]));
-              bl_store16(cache_row + t0 * 4 + 16, __float_as_uint(z[4]), __float_as_uint(z[5]), __float_as_uint(z[6]),
-                         __float_as_uint(z[7]));
-            } else {
-              bl_store16(cache_row + t0 * 2, packed[0], packed[1], packed[2], packed[3]);
-            }
-          }
-          // The greedy test outside the token loop: straight-line code for the 8 tokens.
-          if (r.greedy) {
+            u32 packed[4];
+            if (!CACHE_F32) {
 #pragma unroll
-            for (int e = 0; e < 8; ++e) ub[g * 8 + e] = z[e];
+              for (int k = 0; k < 4; ++k) {
+                if (HWCVT) {
+                  packed[k] = bl_pack_bf16<true>(z[2 * k], z[2 * k + 1]);
+                  z[2 * k] = __uint_as_float(packed[k] << 16);
+                  z[2 * k + 1] = __uint_as_float(packed[k] & 0xFFFF0000u);
+                } else {  // z already rounded: its high halves
+                  packed[k] = (__float_as_uint(z[2 * k]) >> 16) | (__float_as_uint(z[2 * k + 1]) & 0xFFFF0000u);
+                }
+              }
+            }
+            if (r.live) {
+              if (CACHE_F32) {
+                bl_store16(cache_row + t0 * 4, __float_as_uint(z[0]), __float_as_uint(z[1]), __float_as_uint(z[2]),
+                           __float_as_uint(z[3]));
+                bl_store16(cache_row + t0 * 4 + 16, __float_as_uint(z[4]), __float_as_uint(z[5]),
+                           __float_as_uint(z[6]), __float_as_uint(z[7]));
+              } else {
+                bl_store16(cache_row + t0 * 2, packed[0], packed[1], packed[2], packed[3]);
+              }
+            }
+            // The greedy test outside the token loop: straight-line code for the 8 tokens.
+            if (r.greedy) {
+#pragma unroll
+              for (int e = 0; e < 8; ++e) ub[g * 8 + e] = z[e];
+            } else {
+#pragma unroll
+              for (int e = 0; e < 8; ++e)
+                ub[g * 8 + e] = dm::add_rn(dm::mul_rn(z[e], r.inv_temp),
+                                           gtab_s[dm::tb_bucket(dm::hash_finish(r.prefix, (u32)(t0 + e)))]);
+            }
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+              if (ub[g * 8 + e] > sb) {
+                sb = ub[g * 8 + e];
+                si = (int)(t0 + e);
+              }
+            }
           } else {
 #pragma unroll
-            for (int e = 0; e < 8; ++e)
-              ub[g * 8 + e] = dm::add_rn(dm::mul_rn(z[e], r.inv_temp),
-                                         gtab_s[dm::tb_bucket(dm::hash_finish(r.prefix, (u32)(t0 + e)))]);
+            for (int e = 0; e < 8; ++e) ub[g * 8 + e] = ninf;
           }
+        }
+        if (PIPE) {  // the next chunk's loads in flight during this chunk's seed and phase 2
+          if (chunk + 1 < chunk_end) {
+            load_chunk<BASE_F32>(a, row, chunk + 1, lane, braw, wraw);
+          } else if (item + stride_items < items) {
+            const i64 nitem = item + stride_items;
+            const i64 nrow = nitem / a.chunks;
+            load_chunk<BASE_F32>(a, nrow, (a.chunk_lo + nitem - nrow * a.chunks) * a.range, lane, braw, wraw);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int g = 0; g < DM_GROUPS; ++g) {
 #pragma unroll
           for (int e = 0; e < 8; ++e) {
-            if (ub[g * 8 + e] > sb) {
-              sb = ub[g * 8 + e];
-              si = (int)(t0 + e);
+            const i64 t = v0 + (i64)g * 256 + lane * 8 + e;
+            float b = ninf;
+            if (t < vocab) {
+              const float z = z_at<BASE_F32, CACHE_F32, SCALE>(a, base_row, bias_row, t);
+              if (r.live) {
+                if (CACHE_F32) ((float*)cache_row)[t] = z;
+                else ((unsigned short*)cache_row)[t] = (unsigned short)(__float_as_uint(z) >> 16);
+              }
+              b = r.greedy ? z
+                           : dm::add_rn(dm::mul_rn(z, r.inv_temp),
+                                        gtab_s[dm::tb_bucket(dm::hash_finish(r.prefix, (u32)t))]);
+              if (b > sb) {
+                sb = b;
+                si = (int)t;
+              }
             }
+            ub[g * 8 + e] = b;
           }
-        } else {
-#pragma unroll
-          for (int e = 0; e < 8; ++e) ub[g * 8 + e] = ninf;
         }
       }
-      if (PIPE && item + stride_items < items) load_item<BASE_F32>(a, item + stride_items, lane, braw, wraw);
-    } else {
+
+      // ---- seed (first chunk of the range): the warp's largest bound, first token among equals; every lane
+      // computes its exact key -> the threshold. Later chunks use the best exact key found so far.
+      int seed = -1;
+      if (chunk == range * a.range) {
+#pragma unroll
+        for (int off = 16; off; off >>= 1) {
+          const float ob = __shfl_xor_sync(0xFFFFFFFFu, sb, off);
+          const int oi = __shfl_xor_sync(0xFFFFFFFFu, si, off);
+          if (oi >= 0 && (si < 0 || ob > sb || (ob == sb && oi < si))) {
+            sb = ob;
+            si = oi;
+          }
+        }
+        if (si >= 0) {
+          const float k = exact_key(r, z_at<BASE_F32, CACHE_F32, SCALE>(a, base_row, bias_row, si), (u32)si);
+          const i64 word = dm::pack_word(k, si);
+          if (lane == 0) best = word;
+          thr = bl_threshold(word, margin);
+          seed = si;
+        }
+      }
+
+      // ---- phase 2: exact keys where the bound can still reach the best key (rare: lanes diverge here)
+      bool found = false;
 #pragma unroll
       for (int g = 0; g < DM_GROUPS; ++g) {
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           const i64 t = v0 + (i64)g * 256 + lane * 8 + e;
-          float b = ninf;
-          if (t < vocab) {
-            const float z = z_at<BASE_F32, CACHE_F32, SCALE>(a, base_row, bias_row, t);
-            if (r.live) {
-              if (CACHE_F32) ((float*)cache_row)[t] = z;
-              else ((unsigned short*)cache_row)[t] = (unsigned short)(__float_as_uint(z) >> 16);
-            }
-            b = r.greedy ? z
-                         : dm::add_rn(dm::mul_rn(z, r.inv_temp), gtab_s[dm::tb_bucket(dm::hash_finish(r.prefix, (u32)t))]);
-            if (b > sb) {
-              sb = b;
-              si = (int)t;
-            }
+          if (!(ub[g * 8 + e] < thr) && t < vocab && (int)t != seed) {
+            const float k = exact_key(r, z_at<BASE_F32, CACHE_F32, SCALE>(a, base_row, bias_row, t), (u32)t);
+            const i64 word = dm::pack_word(k, (i32)t);
+            best = word > best ? word : best;
+            found = true;
           }
-          ub[g * 8 + e] = b;
         }
       }
-    }
-
-    // ---- seed: the warp's largest bound (first token among equals); every lane computes its exact key
+      if (__any_sync(0xFFFFFFFFu, found)) {  // a new exact key: the warp's best -> a higher threshold
+        i64 w = best;
 #pragma unroll
-    for (int off = 16; off; off >>= 1) {
-      const float ob = __shfl_xor_sync(0xFFFFFFFFu, sb, off);
-      const int oi = __shfl_xor_sync(0xFFFFFFFFu, si, off);
-      if (oi >= 0 && (si < 0 || ob > sb || (ob == sb && oi < si))) {
-        sb = ob;
-        si = oi;
-      }
-    }
-    float thr = ninf;  // -inf (no seed) or NaN (a key of +inf: +inf - inf): every token goes exact
-    i64 best = DM_BINT64_MIN;
-    if (si >= 0) {
-      const float k = exact_key(r, z_at<BASE_F32, CACHE_F32, SCALE>(a, base_row, bias_row, si), (u32)si);
-      if (lane == 0) best = dm::pack_word(k, si);
-      // A bound b below thr = k - margin - 2 (|k| + 64) 2^-20 has b + key_slack(b) < k: it cannot win.
-      const float mag = k < 0.0f ? -k : k;
-      thr = dm::sub_rn(dm::sub_rn(k, (float)a.filter_margin), dm::mul_rn(dm::add_rn(mag, 64.0f), 0x1p-19f));
-    }
-
-    // ---- phase 2: exact keys where the bound can still reach the seed's key (rare: lanes diverge here)
-#pragma unroll
-    for (int g = 0; g < DM_GROUPS; ++g) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const i64 t = v0 + (i64)g * 256 + lane * 8 + e;
-        if (!(ub[g * 8 + e] < thr) && t < vocab && (int)t != si) {
-          const float k = exact_key(r, z_at<BASE_F32, CACHE_F32, SCALE>(a, base_row, bias_row, t), (u32)t);
-          const i64 word = dm::pack_word(k, (i32)t);
-          best = word > best ? word : best;
+        for (int off = 16; off; off >>= 1) {
+          const i64 o = shfl_xor_i64(w, off);
+          w = o > w ? o : w;
         }
+        thr = bl_threshold(w, margin);
       }
     }
 #pragma unroll
@@ -368,7 +411,7 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
       const i64 o = shfl_xor_i64(best, off);
       best = o > best ? o : best;
     }
-    const i64 part = row * a.stride_part + v0 / DM_CHUNK;
+    const i64 part = row * a.stride_part + range;
     if (!combine) {
       if (lane == 0) {
         ((float*)a.block_max)[part] = dm::word_key(best);
@@ -382,7 +425,7 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
       __threadfence();  // the word before the arrival
       last = atomicAdd(&((int*)a.counts)[row], 1) == (int)a.total_chunks - 1;
     }
-    if (__shfl_sync(0xFFFFFFFFu, last, 0)) {  // this warp saw every other chunk's arrival: merge the row
+    if (__shfl_sync(0xFFFFFFFFu, last, 0)) {  // this warp saw every other range's arrival: merge the row
       __threadfence();
       i64 w = DM_BINT64_MIN;
       for (int c = lane; c < (int)a.total_chunks; c += 32) {

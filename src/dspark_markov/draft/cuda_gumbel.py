@@ -30,7 +30,8 @@ from ..ops.constants import FILTER_MARGIN
 from .bias_gemm import clamp_anchor
 from .triton_blocks import GumbelBlocksBackend, launch_combine
 
-CHUNK = 512  # tokens per work item, one warp's (blocks.cu DM_CHUNK)
+CHUNK = 512  # tokens per chunk: 16 per lane of one warp (blocks.cu DM_CHUNK)
+RANGE = 4  # chunks per work item (one warp, one partial): 2048 tokens
 THREADS = 256  # blocks.cu DM_BT
 BLOCKS_PER_SM = 3  # blocks.cu __launch_bounds__(DM_BT, 3): <= 85 registers (72-80 used, ptxas -v)
 # Run-time hints (blocks.cu DM_BF_*; they never change a draw): the next work item's lines requested into L2.
@@ -52,7 +53,7 @@ class BlocksArgs(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in (
         "base", "bias", "cache", "idx", "pos", "temp", "seeds", "block_max", "block_token", "gtab")] + [
         (name, ctypes.c_int64) for name in (
-            "rows", "vocab", "num_slots", "num_steps", "step", "chunks", "chunk_lo", "bias_lo", "stride_br",
+            "rows", "vocab", "num_slots", "num_steps", "step", "chunks", "chunk_lo", "bias_lo", "range", "stride_br",
             "stride_bn", "stride_bias",
             "stride_cs", "stride_part", "idx64", "pos64", "has_scale", "flags")] + [
         (name, ctypes.c_uint64) for name in ("counts", "tokens", "prev", "embed", "codes")] + [
@@ -71,9 +72,10 @@ class CudaGumbelBackend(GumbelBlocksBackend):
     Parameters as :class:`~.triton_blocks.GumbelBlocksBackend`, plus ``blocks_per_sm`` (resident
     blocks per SM of the grid-stride launch, default :data:`BLOCKS_PER_SM`; a large value launches one
     block per work item), ``filter_margin`` (the slack of the bound test; a huge value makes every token
-    exact), ``flags`` (:data:`FLAG_PREFETCH`, :data:`FLAG_COMBINE`), ``slices`` (vocabulary slices per step, each its own GEMM
+    exact), ``range_chunks`` (chunks of :data:`CHUNK` tokens per work item and partial, default :data:`RANGE`),
+    ``flags`` (:data:`FLAG_PREFETCH`, :data:`FLAG_COMBINE`), ``slices`` (vocabulary slices per step, each its own GEMM
     and block launch) and ``variant`` (:data:`VARIANTS`). Scratch (the bias GEMM's
-    buffers, partials ``[max_rows, cdiv(V, CHUNK)]``, the noise table) is allocated once; ``run``
+    buffers, partials ``[max_rows, cdiv(V, CHUNK * range_chunks)]``, the noise table) is allocated once; ``run``
     only launches (CUDA-graph safe).
     """
 
@@ -81,7 +83,7 @@ class CudaGumbelBackend(GumbelBlocksBackend):
     DEVICES = ("cuda",)
 
     def __init__(self, head, num_steps, max_rows, *, method, cache_dtype, device, blocks_per_sm=BLOCKS_PER_SM,
-                 filter_margin=FILTER_MARGIN, flags=DEFAULT_FLAGS, slices=1, variant=DEFAULT_VARIANT):
+                 filter_margin=FILTER_MARGIN, flags=DEFAULT_FLAGS, slices=1, variant=DEFAULT_VARIANT, range_chunks=RANGE):
         from .. import cuda
 
         device = torch.device(device)
@@ -96,8 +98,11 @@ class CudaGumbelBackend(GumbelBlocksBackend):
             raise ValueError(f"cache_dtype: expected torch.bfloat16 or torch.float32, got {cache_dtype}")
         if int(blocks_per_sm) < 1:
             raise ValueError(f"blocks_per_sm: expected >= 1, got {blocks_per_sm}")
+        if int(range_chunks) not in (1, 2, 4, 8, 16):
+            raise ValueError(f"range_chunks: expected 1, 2, 4, 8 or 16, got {range_chunks}")
+        self.range = int(range_chunks)
         super().__init__(head, num_steps, max_rows, method=method, cache_dtype=cache_dtype, device=device,
-                         block=CHUNK)
+                         block=CHUNK * self.range)  # one partial per work item
         index = device.index if device.index is not None else torch.cuda.current_device()
         self.device = torch.device("cuda", index)
         from ..cuda import build
@@ -126,7 +131,8 @@ class CudaGumbelBackend(GumbelBlocksBackend):
         vocab = head.vocab_size
         self.slice_bias = None
         if len(self.slices) > 1:
-            self.slice_bias = torch.zeros(self.max_rows * per * CHUNK, dtype=head.dtype, device=self.device)
+            self.slice_bias = torch.zeros(self.max_rows * per * CHUNK * self.range, dtype=head.dtype,
+                                          device=self.device)
 
     @staticmethod
     def unavailable_reason() -> str | None:
@@ -144,8 +150,9 @@ class CudaGumbelBackend(GumbelBlocksBackend):
 
     def launch_blocks(self, base_logits, idx_mapping, positions, temperature, seeds, logits_cache, bias, *, rows, step,
                       chunk_lo=0, chunks=None, draft_tokens=None):
-        """One step's block kernel on chunks ``[chunk_lo, chunk_lo + chunks)`` of ``rows`` rows: their cache
-        entries (live samples) and partials. ``bias`` ``[rows, n]`` bf16 holds tokens from ``chunk_lo * CHUNK``.
+        """One step's block kernel on work items ``[chunk_lo, chunk_lo + chunks)`` (of ``CHUNK * range`` tokens
+        each) of ``rows`` rows: their cache entries (live samples) and partials. ``bias`` ``[rows, n]`` bf16 holds
+        tokens from ``chunk_lo * CHUNK * range``.
 
         Grid: ``min(rows * chunks, SMs * blocks_per_sm)`` blocks of 256 threads (grid-stride over the
         work items). Bytes: rows*n*(base bytes + 2) read + live*n*cache bytes written + rows*chunks*12.
@@ -156,7 +163,8 @@ class CudaGumbelBackend(GumbelBlocksBackend):
             base_logits.data_ptr(), bias.data_ptr(), logits_cache.data_ptr(), idx_mapping.data_ptr(),
             positions.data_ptr(), temperature.data_ptr(), seeds.data_ptr(), self.block_max.data_ptr(),
             self.block_token.data_ptr(), self.noise_table.data_ptr(),
-            rows, vocab, temperature.shape[0], self.num_steps, step, chunks, chunk_lo, chunk_lo * CHUNK,
+            rows, vocab, temperature.shape[0], self.num_steps, step, chunks, chunk_lo, chunk_lo * CHUNK * self.range,
+            self.range,
             base_logits.stride(0), base_logits.stride(1), bias.stride(0), logits_cache.stride(0),
             self.block_max.stride(0), int(idx_mapping.dtype == torch.int64), int(positions.dtype == torch.int64),
             int(float(self.head.scale) != 1.0), self.flags,
@@ -183,7 +191,7 @@ class CudaGumbelBackend(GumbelBlocksBackend):
                                    rows=rows, step=step, draft_tokens=draft_tokens)
             else:
                 for chunk_lo, chunks in self.slices:
-                    lo, hi = chunk_lo * CHUNK, min((chunk_lo + chunks) * CHUNK, vocab)
+                    lo, hi = chunk_lo * self.block, min((chunk_lo + chunks) * self.block, vocab)
                     bias = self.slice_bias[: rows * (hi - lo)].view(rows, hi - lo)
                     torch.matmul(codes, w2[lo:hi].t(), out=bias)
                     self.launch_blocks(base_logits, idx_mapping, positions, temperature, seeds, logits_cache, bias,
