@@ -105,6 +105,7 @@ VARIANTS = {  # name: filter attributes (issue 16, filter4: candidates timed bes
     "late+fast": {"lean": True, "full_apply": True, "late_gather": True, "stats_fast": True},
     "late+fast+reg128": {"lean": True, "full_apply": True, "late_gather": True, "stats_fast": True,
                          "finish_options": {"maxnreg": 128}},
+    "late+fast+w8": {"lean": True, "full_apply": True, "late_gather": True, "stats_fast": True, "resolve_warps": 8},
     "late+nt512": {"lean": True, "full_apply": True, "narrow_tile": 512, "late_gather": True},
 }
 
