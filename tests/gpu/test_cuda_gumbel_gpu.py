@@ -110,6 +110,16 @@ def test_vocabulary_slices(head, rows):
         assert_same(out)
 
 
+@pytest.mark.parametrize("variant,blocks_per_sm,range_chunks", [(1, 3, 4), (3, 3, 4), (13, 4, 4), (15, 4, 2),
+                                                                (0, 3, 1), (1, 3, 8)])
+def test_kernel_variants_and_ranges_draw_the_same(head, variant, blocks_per_sm, range_chunks):
+    """Compile-time variants (cvt rounding, pipelined loads, 256-token chunks, 4 blocks per SM) and work-item
+    sizes: the same tokens and cache as gumbel_fused, mixed T and padding included."""
+    inputs = inputs_for(64, torch.bfloat16)
+    out = both(head, inputs, torch.bfloat16, variant=variant, blocks_per_sm=blocks_per_sm, range_chunks=range_chunks)
+    assert_same(out)
+
+
 def test_strided_logits_and_scale(head):
     scaled = dm.MarkovHead(head.embed_weight, head.head_weight, 0.8125)
     inputs = make_inputs(16, STEPS, VOCAB, strided=True, device="cuda", seed=13, embed_vocab=VOCAB + 1000)

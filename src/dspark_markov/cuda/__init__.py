@@ -70,7 +70,7 @@ def chain_kernels(device_index: int):
 
 
 BLOCKS_KERNELS = tuple(f"dm_blocks_b{b}_c{c}_v{v}_s{s}" for b in (0, 1) for c in (0, 1) for v in (0, 1)
-                       for s in (0, 1)) + tuple(f"dm_blocks_b0_c0_v1_s0_x{x}" for x in (1, 2, 3, 5, 7)) + (
+                       for s in (0, 1)) + tuple(f"dm_blocks_b0_c0_v1_s0_x{x}" for x in (1, 2, 3, 5, 7, 13, 15)) + (
     "dm_blocks_noise_table", "dm_blocks_table_floats")
 TB_SIZE = 33 << 6  # noise.cuh DM_TB_SIZE (fp32 entries)
 

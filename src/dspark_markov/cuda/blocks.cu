@@ -141,6 +141,15 @@ __device__ __forceinline__ float exact_key(const RowState& r, float z, u32 v) {
   return r.greedy ? z : dm::exact_key(z, r.temp, r.prefix, v);
 }
 
+// The exact key of token t recomputed from the inputs. Not inlined: its ~200 instructions exist once in the
+// binary, not once per unrolled call site (the seed and every token slot of phase 2: 17 copies made the kernel
+// large and its rare exact paths cold in the instruction cache).
+template <bool BASE_F32, bool CACHE_F32, bool SCALE>
+__device__ __noinline__ float bl_exact_at(const BlocksArgs& a, const RowState r, const void* base_row,
+                                          const unsigned short* bias_row, i64 t) {
+  return exact_key(r, z_at<BASE_F32, CACHE_F32, SCALE>(a, base_row, bias_row, t), (u32)t);
+}
+
 __device__ __forceinline__ i64 shfl_xor_i64(i64 x, int off) {
   const u32 lo = __shfl_xor_sync(0xFFFFFFFFu, (u32)((u64)x & 0xFFFFFFFFull), off);
   const u32 hi = __shfl_xor_sync(0xFFFFFFFFu, (u32)((u64)x >> 32), off);
@@ -148,14 +157,14 @@ __device__ __forceinline__ i64 shfl_xor_i64(i64 x, int off) {
 }
 
 // The 16-byte loads of chunk `chunk` (global, DM_CHUNK tokens) of row `row` (VEC path): groups of 8 tokens per lane.
-template <bool BASE_F32>
+template <bool BASE_F32, int G>
 __device__ __forceinline__ void load_chunk(const BlocksArgs& a, i64 row, i64 chunk, int lane,
-                                           uint4 (&braw)[DM_GROUPS][2], uint4 (&wraw)[DM_GROUPS]) {
-  const i64 v0 = chunk * DM_CHUNK;
+                                           uint4 (&braw)[G][2], uint4 (&wraw)[G]) {
+  const i64 v0 = chunk * (256 * G);
   const char* base_row = (const char*)a.base + (row * a.stride_br + a.step * a.stride_bn) * (BASE_F32 ? 4 : 2);
   const unsigned short* bias_row = (const unsigned short*)a.bias + (row * a.stride_bias - a.bias_lo);
 #pragma unroll
-  for (int g = 0; g < DM_GROUPS; ++g) {
+  for (int g = 0; g < G; ++g) {
     const i64 t0 = v0 + (i64)g * 256 + lane * 8;
     if (t0 < a.vocab) {  // vocab % 8 == 0 on this path: a group is in or out whole
       if (BASE_F32) {
@@ -195,6 +204,7 @@ __device__ __forceinline__ u32 bl_pack_bf16(float lo, float hi) {
 // loads issued right after this item's phase 1 (in flight during the seed and phase 2).
 #define DM_X_HWCVT 1
 #define DM_X_PIPE 2
+#define DM_X_NARROW 8  // chunks of 256 tokens (one group of 8 per lane): fewer registers, more warps per SM
 
 template <bool BASE_F32, bool CACHE_F32, bool VEC, bool SCALE, int X = 0>
 __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
@@ -205,19 +215,22 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
   const float ninf = -__int_as_float(0x7f800000);
   const i64 items = a.rows * a.chunks;  // work items: (row, range of a.range chunks)
   const i64 vocab = a.vocab;
-  const i64 nchunks = (vocab + DM_CHUNK - 1) / DM_CHUNK;
   const float scale = (float)a.scale;
   const float margin = (float)a.filter_margin;
   const bool combine = (a.flags & DM_BF_COMBINE) != 0;
   constexpr bool PIPE = VEC && (X & DM_X_PIPE);
   constexpr bool HWCVT = X & DM_X_HWCVT;
+  constexpr int G = (X & DM_X_NARROW) ? 1 : DM_GROUPS;  // 8-token groups per lane: a chunk of 256 G tokens
+  constexpr int CH = 256 * G;
+  constexpr int PER = 8 * G;
+  const i64 nchunks = (vocab + CH - 1) / CH;
   const i64 stride_items = (i64)gridDim.x * DM_WARPS;
-  uint4 braw[DM_GROUPS][2];
-  uint4 wraw[DM_GROUPS];
+  uint4 braw[G][2];
+  uint4 wraw[G];
   const i64 first = (i64)blockIdx.x * DM_WARPS + warp;
   if (PIPE && first < items) {
     const i64 row0 = first / a.chunks;
-    load_chunk<BASE_F32>(a, row0, (a.chunk_lo + first - row0 * a.chunks) * a.range, lane, braw, wraw);
+    load_chunk<BASE_F32, G>(a, row0, (a.chunk_lo + first - row0 * a.chunks) * a.range, lane, braw, wraw);
   }
   for (i64 item = first; item < items; item += stride_items) {
     const i64 row = item / a.chunks;
@@ -231,11 +244,11 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
       // The next item's first chunk into L2: one lane per 128-byte line of bf16; fp32 base: the next line too.
       const i64 nitem = item + stride_items;
       const i64 nrow = nitem / a.chunks;
-      const i64 nv0 = (a.chunk_lo + nitem - nrow * a.chunks) * a.range * DM_CHUNK;
+      const i64 nv0 = (a.chunk_lo + nitem - nrow * a.chunks) * a.range * CH;
       const char* nbase = (const char*)a.base + (nrow * a.stride_br + a.step * a.stride_bn) * (BASE_F32 ? 4 : 2);
       const unsigned short* nbias = (const unsigned short*)a.bias + (nrow * a.stride_bias - a.bias_lo);
 #pragma unroll
-      for (int g = 0; g < DM_GROUPS; ++g) {
+      for (int g = 0; g < G; ++g) {
         const i64 t0 = nv0 + (i64)g * 256 + lane * 8;
         if (t0 < vocab) {
           bl_prefetch_l2(nbase + t0 * (BASE_F32 ? 4 : 2));
@@ -247,15 +260,15 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
     i64 best = DM_BINT64_MIN;  // this lane's best packed (exact key, token) word of the range
     float thr = ninf;          // a bound below thr cannot reach the best exact key found so far
     for (i64 chunk = range * a.range; chunk < chunk_end; ++chunk) {  // warp-uniform
-      const i64 v0 = chunk * DM_CHUNK;
+      const i64 v0 = chunk * CH;
       // ---- phase 1: z, the cache, the key bounds
-      float ub[DM_PER];
+      float ub[PER];
       float sb = ninf;
       int si = -1;
       if (VEC) {
-        if (!PIPE) load_chunk<BASE_F32>(a, row, chunk, lane, braw, wraw);
+        if (!PIPE) load_chunk<BASE_F32, G>(a, row, chunk, lane, braw, wraw);
 #pragma unroll
-        for (int g = 0; g < DM_GROUPS; ++g) {
+        for (int g = 0; g < G; ++g) {
           const i64 t0 = v0 + (i64)g * 256 + lane * 8;
           if (t0 < vocab) {
             float z[8];
@@ -326,16 +339,16 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
         }
         if (PIPE) {  // the next chunk's loads in flight during this chunk's seed and phase 2
           if (chunk + 1 < chunk_end) {
-            load_chunk<BASE_F32>(a, row, chunk + 1, lane, braw, wraw);
+            load_chunk<BASE_F32, G>(a, row, chunk + 1, lane, braw, wraw);
           } else if (item + stride_items < items) {
             const i64 nitem = item + stride_items;
             const i64 nrow = nitem / a.chunks;
-            load_chunk<BASE_F32>(a, nrow, (a.chunk_lo + nitem - nrow * a.chunks) * a.range, lane, braw, wraw);
+            load_chunk<BASE_F32, G>(a, nrow, (a.chunk_lo + nitem - nrow * a.chunks) * a.range, lane, braw, wraw);
           }
         }
       } else {
 #pragma unroll
-        for (int g = 0; g < DM_GROUPS; ++g) {
+        for (int g = 0; g < G; ++g) {
 #pragma unroll
           for (int e = 0; e < 8; ++e) {
             const i64 t = v0 + (i64)g * 256 + lane * 8 + e;
@@ -373,7 +386,7 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
           }
         }
         if (si >= 0) {
-          const float k = exact_key(r, z_at<BASE_F32, CACHE_F32, SCALE>(a, base_row, bias_row, si), (u32)si);
+          const float k = bl_exact_at<BASE_F32, CACHE_F32, SCALE>(a, r, base_row, bias_row, si);
           const i64 word = dm::pack_word(k, si);
           if (lane == 0) best = word;
           thr = bl_threshold(word, margin);
@@ -382,19 +395,20 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
       }
 
       // ---- phase 2: exact keys where the bound can still reach the best key (rare: lanes diverge here)
-      bool found = false;
+      // The candidates as a bit mask (unrolled compares), then one exact-key call site in a loop.
+      u32 mask = 0;
 #pragma unroll
-      for (int g = 0; g < DM_GROUPS; ++g) {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const i64 t = v0 + (i64)g * 256 + lane * 8 + e;
-          if (!(ub[g * 8 + e] < thr) && t < vocab && (int)t != seed) {
-            const float k = exact_key(r, z_at<BASE_F32, CACHE_F32, SCALE>(a, base_row, bias_row, t), (u32)t);
-            const i64 word = dm::pack_word(k, (i32)t);
-            best = word > best ? word : best;
-            found = true;
-          }
-        }
+      for (int j = 0; j < PER; ++j) {
+        const i64 t = v0 + (i64)(j >> 3) * 256 + lane * 8 + (j & 7);
+        if (!(ub[j] < thr) && t < vocab && (int)t != seed) mask |= 1u << j;
+      }
+      const bool found = mask != 0;
+      while (mask) {
+        const int j = __ffs(mask) - 1;
+        mask &= mask - 1;
+        const i64 t = v0 + (i64)(j >> 3) * 256 + lane * 8 + (j & 7);
+        const i64 word = dm::pack_word(bl_exact_at<BASE_F32, CACHE_F32, SCALE>(a, r, base_row, bias_row, t), (i32)t);
+        best = word > best ? word : best;
       }
       if (__any_sync(0xFFFFFFFFu, found)) {  // a new exact key: the warp's best -> a higher threshold
         i64 w = best;
@@ -465,10 +479,11 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
   DM_BLOCKS_ENTRY(B, C, 1, 0)   \
   DM_BLOCKS_ENTRY(B, C, 1, 1)
 // Variants of the bf16 / bf16 / 16-byte / unscaled path (cuda_gumbel VARIANTS; X bits above).
-// X & 4: 4 blocks per SM (<= 64 registers) instead of 3 (the bit changes nothing else).
+// X & 4: 4 blocks per SM (<= 64 registers) instead of 3; X & 8: chunks of 256 tokens (the launcher halves
+// `range` for the other entry points, so a work item has the same tokens whichever entry runs it).
 #define DM_BLOCKS_VARIANT(X)                                                                         \
   extern "C" __global__ void __launch_bounds__(DM_BT, (X & 4) ? 4 : 3) dm_blocks_b0_c0_v1_s0_x##X(const BlocksArgs a) { \
-    blocks_body<false, false, true, false, X & 3>(a);                                                \
+    blocks_body<false, false, true, false, X & 11>(a);                                               \
   }
 #ifdef DM_BLOCKS_TWO_ENTRIES  // the CPU test's nvcc compile check: every template bit both ways, in 1/8 of the time
 DM_BLOCKS_ENTRY(0, 0, 1, 0)
@@ -483,6 +498,8 @@ DM_BLOCKS_VARIANT(2)
 DM_BLOCKS_VARIANT(3)
 DM_BLOCKS_VARIANT(5)
 DM_BLOCKS_VARIANT(7)
+DM_BLOCKS_VARIANT(13)
+DM_BLOCKS_VARIANT(15)
 #endif
 
 // The noise upper-bound table: words[b] = the largest gumbel32(uniform32(h)) over every hash h with

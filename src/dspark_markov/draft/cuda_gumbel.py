@@ -42,8 +42,9 @@ DEFAULT_FLAGS = 0
 # Compile-time variants of the bf16-base / bf16-cache / 16-byte / unscaled path (blocks.cu DM_X_*; never a
 # different draw): 1 = bf16 rounding by cvt.rn.bf16x2.f32 (NaN payload fixed to torch's), 2 = the next work
 # item's loads in flight during this item's seed and phase 2, 4 = four blocks per SM (<= 64 registers; launch
-# with blocks_per_sm=4). Other paths run variant 0.
-VARIANTS = (0, 1, 2, 3, 5, 7)
+# with blocks_per_sm=4), 8 = chunks of 256 tokens (8 per lane; 64 registers with bit 4, no spill). Other paths
+# run variant 0 (with chunks of 512 tokens: a work item has CHUNK * range_chunks tokens either way).
+VARIANTS = (0, 1, 2, 3, 5, 7, 13, 15)
 DEFAULT_VARIANT = 0
 
 
@@ -173,9 +174,12 @@ class CudaGumbelBackend(GumbelBlocksBackend):
             0 if draft_tokens is None else draft_tokens.stride(0), 0 if draft_tokens is None else draft_tokens.stride(1),
             self.gemm.gemm_embed.shape[0], self.gemm.gemm_embed.shape[1], self.gemm.codes.stride(0),
             int(step + 1 < self.num_steps), float(self.head.scale), self.filter_margin)
+        name = self.kernel_name(base_logits, logits_cache)
+        if name.endswith(("_x13", "_x15")):  # chunks of 256 tokens: twice as many per work item
+            args.range = 2 * self.range
         grid = min(rows * chunks, self.num_sms * self.blocks_per_sm)
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        self.kernels.launch(self.kernel_name(base_logits, logits_cache), grid, THREADS, 0, stream, [args])
+        self.kernels.launch(name, grid, THREADS, 0, stream, [args])
 
     def run(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens, logits_cache):
         """Draw ``draft_tokens`` ``[R, N]`` and write ``logits_cache`` ``[S, N, V]`` (see the module)."""
