@@ -71,7 +71,7 @@ struct BlocksArgs {  // every field 8 bytes (matches cuda_gumbel.BlocksArgs)
 // Streaming 16-byte accesses (read or written once per step: evict first).
 __device__ __forceinline__ uint4 bl_load16(const void* ptr) {
   uint4 v;
-  asm volatile("ld.global.cs.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
+  asm("ld.global.cs.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
   return v;
 }
 __device__ __forceinline__ void bl_store16(void* ptr, u32 x, u32 y, u32 z, u32 w) {
@@ -224,23 +224,32 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
   constexpr int CH = 256 * G;
   constexpr int PER = 8 * G;
   const i64 nchunks = (vocab + CH - 1) / CH;
-  const i64 stride_items = (i64)gridDim.x * DM_WARPS;
+  // Each warp takes a contiguous run of work items (mostly of one row: its row state is loaded once).
+  const i64 warps_total = (i64)gridDim.x * DM_WARPS;
+  const i64 per_warp = (items + warps_total - 1) / warps_total;
+  const i64 first = ((i64)blockIdx.x * DM_WARPS + warp) * per_warp;
+  const i64 item_end = first + per_warp < items ? first + per_warp : items;
+  const i64 stride_items = 1;
   uint4 braw[G][2];
   uint4 wraw[G];
-  const i64 first = (i64)blockIdx.x * DM_WARPS + warp;
-  if (PIPE && first < items) {
+  if (PIPE && first < item_end) {
     const i64 row0 = first / a.chunks;
     load_chunk<BASE_F32, G>(a, row0, (a.chunk_lo + first - row0 * a.chunks) * a.range, lane, braw, wraw);
   }
-  for (i64 item = first; item < items; item += stride_items) {
+  RowState r;
+  i64 state_row = -1;
+  for (i64 item = first; item < item_end; item += stride_items) {
     const i64 row = item / a.chunks;
     const i64 range = a.chunk_lo + item - row * a.chunks;  // global range index
-    const RowState r = row_state(a, row);
+    if (row != state_row) {
+      r = row_state(a, row);
+      state_row = row;
+    }
     const char* base_row = (const char*)a.base + (row * a.stride_br + a.step * a.stride_bn) * (BASE_F32 ? 4 : 2);
     const unsigned short* bias_row = (const unsigned short*)a.bias + (row * a.stride_bias - a.bias_lo);
     char* cache_row = (char*)a.cache + (r.slot * a.stride_cs + a.step * vocab) * (CACHE_F32 ? 4 : 2);
     const i64 chunk_end = (range + 1) * a.range < nchunks ? (range + 1) * a.range : nchunks;
-    if ((a.flags & DM_BF_PREFETCH) && item + stride_items < items && (lane & 7) == 0) {
+    if ((a.flags & DM_BF_PREFETCH) && item + stride_items < item_end && (lane & 7) == 0) {
       // The next item's first chunk into L2: one lane per 128-byte line of bf16; fp32 base: the next line too.
       const i64 nitem = item + stride_items;
       const i64 nrow = nitem / a.chunks;
@@ -263,7 +272,7 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
       const i64 v0 = chunk * CH;
       // ---- phase 1: z, the cache, the key bounds
       float ub[PER];
-      float sb = ninf;
+      float sb = ninf, sz = 0.0f;  // the lane's largest bound, its token and its z (the seed needs no reload)
       int si = -1;
       if (VEC) {
         if (!PIPE) load_chunk<BASE_F32, G>(a, row, chunk, lane, braw, wraw);
@@ -330,6 +339,7 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
               if (ub[g * 8 + e] > sb) {
                 sb = ub[g * 8 + e];
                 si = (int)(t0 + e);
+                sz = z[e];
               }
             }
           } else {
@@ -340,7 +350,7 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
         if (PIPE) {  // the next chunk's loads in flight during this chunk's seed and phase 2
           if (chunk + 1 < chunk_end) {
             load_chunk<BASE_F32, G>(a, row, chunk + 1, lane, braw, wraw);
-          } else if (item + stride_items < items) {
+          } else if (item + stride_items < item_end) {
             const i64 nitem = item + stride_items;
             const i64 nrow = nitem / a.chunks;
             load_chunk<BASE_F32, G>(a, nrow, (a.chunk_lo + nitem - nrow * a.chunks) * a.range, lane, braw, wraw);
@@ -365,6 +375,7 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
               if (b > sb) {
                 sb = b;
                 si = (int)t;
+                sz = z;
               }
             }
             ub[g * 8 + e] = b;
@@ -380,13 +391,15 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
         for (int off = 16; off; off >>= 1) {
           const float ob = __shfl_xor_sync(0xFFFFFFFFu, sb, off);
           const int oi = __shfl_xor_sync(0xFFFFFFFFu, si, off);
+          const float oz = __shfl_xor_sync(0xFFFFFFFFu, sz, off);
           if (oi >= 0 && (si < 0 || ob > sb || (ob == sb && oi < si))) {
             sb = ob;
             si = oi;
+            sz = oz;
           }
         }
         if (si >= 0) {
-          const float k = bl_exact_at<BASE_F32, CACHE_F32, SCALE>(a, r, base_row, bias_row, si);
+          const float k = exact_key(r, sz, (u32)si);
           const i64 word = dm::pack_word(k, si);
           if (lane == 0) best = word;
           thr = bl_threshold(word, margin);
