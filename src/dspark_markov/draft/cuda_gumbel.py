@@ -33,7 +33,7 @@ from .triton_blocks import GumbelBlocksBackend, launch_combine
 CHUNK = 512  # tokens per chunk: 16 per lane of one warp (blocks.cu DM_CHUNK)
 RANGE = 4  # chunks per work item (one warp, one partial): 2048 tokens
 THREADS = 256  # blocks.cu DM_BT
-BLOCKS_PER_SM = 3  # blocks.cu __launch_bounds__(DM_BT, 3): <= 85 registers (72-80 used, ptxas -v)
+BLOCKS_PER_SM = None  # default: as many as are resident at once (the driver's occupancy of the entry point)
 # Run-time hints (blocks.cu DM_BF_*; they never change a draw): the next work item's lines requested into L2.
 FLAG_PREFETCH = 1
 FLAG_COMBINE = 2  # the row's last work item merges the row (no combine launch; blocks.cu DM_BF_COMBINE)
@@ -71,8 +71,8 @@ class CudaGumbelBackend(GumbelBlocksBackend):
     """Backend of ``impl="cuda_gumbel"`` (Gumbel-max only, bf16 weights, sm_90 with NVRTC).
 
     Parameters as :class:`~.triton_blocks.GumbelBlocksBackend`, plus ``blocks_per_sm`` (resident
-    blocks per SM of the grid-stride launch, default :data:`BLOCKS_PER_SM`; a large value launches one
-    block per work item), ``filter_margin`` (the slack of the bound test; a huge value makes every token
+    blocks per SM of the launch; default: as many as can be resident at once, since every warp takes a
+    contiguous run of work items), ``filter_margin`` (the slack of the bound test; a huge value makes every token
     exact), ``range_chunks`` (chunks of :data:`CHUNK` tokens per work item and partial, default :data:`RANGE`),
     ``flags`` (:data:`FLAG_PREFETCH`, :data:`FLAG_COMBINE`), ``slices`` (vocabulary slices per step, each its own GEMM
     and block launch) and ``variant`` (:data:`VARIANTS`). Scratch (the bias GEMM's
@@ -97,7 +97,7 @@ class CudaGumbelBackend(GumbelBlocksBackend):
             raise ValueError(f"head_weight: impl 'cuda_gumbel' needs bf16 weights, got {head.dtype}")
         if cache_dtype not in (torch.bfloat16, torch.float32):
             raise ValueError(f"cache_dtype: expected torch.bfloat16 or torch.float32, got {cache_dtype}")
-        if int(blocks_per_sm) < 1:
+        if blocks_per_sm is not None and int(blocks_per_sm) < 1:
             raise ValueError(f"blocks_per_sm: expected >= 1, got {blocks_per_sm}")
         if int(range_chunks) not in (1, 2, 4, 8, 16):
             raise ValueError(f"range_chunks: expected 1, 2, 4, 8 or 16, got {range_chunks}")
@@ -114,7 +114,8 @@ class CudaGumbelBackend(GumbelBlocksBackend):
         except build.BuildError as error:
             raise ValueError(f"impl: 'cuda_gumbel' cannot run here: {error}") from error
         self.num_sms = torch.cuda.get_device_properties(index).multi_processor_count
-        self.blocks_per_sm = int(blocks_per_sm)
+        self.blocks_per_sm = None if blocks_per_sm is None else int(blocks_per_sm)
+        self._resident = {}  # entry point -> blocks per SM resident at once
         self.filter_margin = float(filter_margin)
         if int(flags) < 0 or int(flags) & ~FLAGS_ALL:
             raise ValueError(f"flags: expected a combination of the FLAG_* bits ({FLAGS_ALL} = all), got {flags}")
@@ -155,8 +156,8 @@ class CudaGumbelBackend(GumbelBlocksBackend):
         each) of ``rows`` rows: their cache entries (live samples) and partials. ``bias`` ``[rows, n]`` bf16 holds
         tokens from ``chunk_lo * CHUNK * range``.
 
-        Grid: ``min(rows * chunks, SMs * blocks_per_sm)`` blocks of 256 threads (grid-stride over the
-        work items). Bytes: rows*n*(base bytes + 2) read + live*n*cache bytes written + rows*chunks*12.
+        Grid: ``min(rows * chunks, SMs * blocks_per_sm)`` blocks of 256 threads, every warp a contiguous run
+        of the work items. Bytes: rows*n*(base bytes + 2) read + live*n*cache bytes written + rows*chunks*12.
         """
         vocab = self.head.vocab_size
         chunks = self.num_blocks - chunk_lo if chunks is None else chunks
@@ -177,7 +178,12 @@ class CudaGumbelBackend(GumbelBlocksBackend):
         name = self.kernel_name(base_logits, logits_cache)
         if name.endswith(("_x13", "_x15")):  # chunks of 256 tokens: twice as many per work item
             args.range = 2 * self.range
-        grid = min(rows * chunks, self.num_sms * self.blocks_per_sm)
+        per_sm = self.blocks_per_sm
+        if per_sm is None:  # every block resident: a warp's contiguous run of items starts at once
+            per_sm = self._resident.get(name)
+            if per_sm is None:
+                per_sm = self._resident[name] = max(1, self.kernels.blocks_per_sm(name, THREADS, 0))
+        grid = min(rows * chunks, self.num_sms * per_sm)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         self.kernels.launch(name, grid, THREADS, 0, stream, [args])
 
