@@ -42,7 +42,7 @@ def main(argv):
         for raw in (False, True):
             label = f"{method} raw={raw} {options}"
             try:
-                trace = torch.empty(verifier.trace_rows(rows, method), 4, dtype=torch.int64, device=meta) if traced else None
+                trace = torch.empty(verifier.programs(rows, method), 4, dtype=torch.int64, device=meta) if traced else None
                 verifier.run(*args, method=method, target_temperature=args[6] if raw else None, trace=trace)
                 for (name, warps), (regs, spills, shared) in sorted(compile_check._COMPILED.items()):
                     print(f"ok   {label}: {name} warps={warps} registers {regs} spill bytes {spills} shared {shared}")

@@ -15,6 +15,7 @@ import triton.language as tl
 import dspark_markov as dm
 from dspark_markov.demo.generate import chi_square, chi_square_threshold
 from dspark_markov.verify.reference import scale_target
+from dspark_markov.verify import triton_verify_stream
 from dspark_markov.verify.triton_verify_stream import StreamVerifier, _divide, _divide_poisoned, _divisor, cached_verifier
 from tests.helpers import VERIFY_VOCAB as VOCAB
 from tests.helpers import fast_interpreter_calls
@@ -31,7 +32,6 @@ def _fast_interpreter():
 def _run(verifier, args, method, greedy=None, **kwargs):
     tokens, count = verifier.run(*args, greedy, method=method, **kwargs)
     assert int(verifier.counters.abs().sum()) == 0  # reset by the kernel
-    assert int(verifier.queues.abs().sum()) == 0 and bool((verifier.ready == -1).all())  # (dynamic launches)
     verifier.check()
     return tokens.clone(), count.clone()
 
@@ -57,8 +57,9 @@ def test_equals_reference(method, cache_dtype):
 
 
 @pytest.mark.parametrize("method", ["standard", "block"])
-def test_raw_logits_bit_identical_to_pre_divided(method):
-    """``target_temperature``: the kernel divides raw logits with div_rn, exactly as scale_target."""
+def test_raw_logits_bit_identical_to_pre_divided(method, monkeypatch):
+    """``target_temperature``: the kernel divides raw logits with div_rn, exactly as scale_target; also the
+    large-batch raw launch (RAW_WIDE: the poisoned fast division, 4 tiles at once where values are divided)."""
     args = _case(3, closeness=0.4)
     temperature, idx = args[6], args[4]
     temperature[idx[idx >= 0][-1]] = 1.0  # a T = 1 slot (the kernel skips its division: x / 1 = x)
@@ -69,13 +70,14 @@ def test_raw_logits_bit_identical_to_pre_divided(method):
     a = _run(verifier, [divided] + args[1:], method)
     b = _run(verifier, [raw] + args[1:], method, target_temperature=temperature)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
-    fast = StreamVerifier(7, 3, VOCAB, "cpu", fused=1, fast_divide=2)  # no divide per element, poisoned fallback
+    monkeypatch.setattr(triton_verify_stream, "RAW_WIDE_FROM", 1)  # what a launch of >= 64 requests takes
+    fast = StreamVerifier(7, 3, VOCAB, "cpu", fused=1)  # no divide per element, poisoned fallback
     c = _run(fast, [raw] + args[1:], method, target_temperature=temperature)
+    monkeypatch.undo()
     assert torch.equal(a[0], c[0]) and torch.equal(a[1], c[1])
-    # div_unroll: the divided slots one tile at a time, the T = 0 / 1 slots the standard loop (4 tiles);
-    # dynamic (standard method): persistent fetch-and-add programs, traced per item
-    split = StreamVerifier(7, 3, VOCAB, "cpu", div_unroll=1, dynamic=2)
-    trace = torch.zeros(split.trace_rows(7, method), 4, dtype=torch.int64)
+    # div_unroll: the divided slots one tile at a time, the T = 0 / 1 slots the standard loop (4 tiles)
+    split = StreamVerifier(7, 3, VOCAB, "cpu", div_unroll=1)
+    trace = torch.zeros(split.programs(7, method), 4, dtype=torch.int64)
     d = _run(split, [raw] + args[1:], method, target_temperature=temperature, trace=trace)
     assert torch.equal(a[0], d[0]) and torch.equal(a[1], d[1])
     lay = split.layout(7)
@@ -98,7 +100,7 @@ def test_layouts_and_explicit_greedy_flags():
     # (fused: the target and cache rows in one loop; stages: pipelining, which the interpreter ignores)
     for options in (dict(t1=1, t2=1, lag=0, fused=1, stages=3), dict(t1=6, t2=6, lag=3, noise_filter=0, fused=0),
                     dict(t1=6, t2=2, lag=1, unroll=2, dbuf=1),  # dbuf: 2 interior groups double-buffered
-                    dict(t1=2, t2=2, lag=2, dynamic=2)):  # standard: persistent fetch-and-add programs
+                    dict(t1=2, t2=2, lag=2, compact=0)):  # the padded program order (standard)
         verifier = StreamVerifier(8, 3, VOCAB, "cpu", **options)
         for method in ("standard", "block"):
             outs.append(_run(verifier, args, method, flags))

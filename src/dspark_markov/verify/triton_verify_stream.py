@@ -80,12 +80,14 @@ CPU_BLOCK = 128
 MAX_REGISTERS = 80  # three 8-warp programs per SM (128: two); the few spills are outside the streamed loops
 GPU_EMIT_BLOCK = 1024  # emit tiles on the GPU (the stream tiles stay GPU_BLOCK)
 SPIN = 1 << 18  # bound on the polls of a waiting item (about 50 ms on the H200)
-DYNAMIC = 0  # standard method: persistent fetch-and-add programs (1: eager emit tickets, 2: lazy; 0: program-id order)
-DYNAMIC_FROM = 1  # ... from this many requests on
-EMIT_PREFETCH = 0  # standard method: L2 prefetch of the emitted row at publication (1; 2: evict_last; 0: none)
-DYNAMIC_T1 = 8  # tiles per stream item of a dynamic launch
 COMPACT_ORDER = False  # standard method: the program order without the lag's padding (StreamVerifier's compact)
 FAST_DIVIDE = 1  # raw logits: 1 = _divide with per-lane fallback flags, 2 = _divide_poisoned (a NaN sum redoes); 0: div_rn
+# Raw launches from RAW_WIDE_FROM requests on: (fast_divide, div_unroll) = the poisoned division with 4 tiles at once
+# where values are divided (H200, verify4 u2, mixed T: 129.8 / 398.7 us at 64 / 253 against 135.1 / 410.0 for (1, 0);
+# at 1 / 16 requests 20.3 / 60.0 against 20.0 / 59.4, so smaller batches keep (1, 0))
+RAW_WIDE_FROM = 64
+RAW_WIDE = (2, 4)
+EMIT_PREFETCH = 0  # L2 prefetch of the emitted row by the request's last stream item (1; 2: evict_last; 0: none)
 DIV_UNROLL = 0  # raw logits: tiles at once where values are divided (0: the whole raw launch at 2; StreamVerifier's div_unroll)
 
 _ACCEPT_DOMAIN = tl.constexpr(keys.ACCEPT_DOMAIN)
@@ -603,8 +605,8 @@ def _item_compact(requests, LAG, S1, S2, C1):
 
 
 # --------------------------------------------------------------------------- the kernel
-@triton.jit
-def _verify_item(stage, b, j, chunk, valid, t_waited,
+@triton.jit(do_not_specialize=["num_slots", "requests", "LAG", "C1", "C2", "T1", "T2"])
+def _stream_verify_kernel(
     target_ptr, t_req_stride, t_row_stride,  # [B, K+1, V] fp32 (raw when RAW)
     drafts_ptr, d_req_stride, d_step_stride,  # [B, K] int32/int64
     cache_ptr, c_slot_stride, c_step_stride,  # [S, N, V] bf16/fp32
@@ -618,27 +620,30 @@ def _verify_item(stage, b, j, chunk, valid, t_waited,
     acc_ptr,  # [maxB] int32 accepted count
     xv_ptr,  # [maxB, 2, KP1] fp32: target and cache logits at each draft (EARLY)
     counters_ptr,  # [maxB, 4] int32: stream, mass, emit arrivals, ready level
-    ctl_ptr, ready_ptr,  # [4] int64 work counters (DYNAMIC), [maxB] int32 published requests (-1 between calls)
     status_ptr,  # [1] int32
     tokens_ptr, tokens_stride, num_emitted_ptr,  # [B, K+1] int64, [B] int64
     requests, vocab, LAG, C1, C2, T1, T2,
     K: tl.constexpr, KP1: tl.constexpr, C1P: tl.constexpr, C2P: tl.constexpr, BLOCK: tl.constexpr,
     UNROLL: tl.constexpr, HARDWARE: tl.constexpr, EMIT_SCAN: tl.constexpr, NOISE_FILTER: tl.constexpr,
-    HAS_GREEDY: tl.constexpr, RAW: tl.constexpr, BLOCK_METHOD: tl.constexpr, PIPE: tl.constexpr,
-    EMIT_PIPE: tl.constexpr, FUSED: tl.constexpr, EMIT_BLOCK: tl.constexpr,
-    FAST_DIVIDE: tl.constexpr, INTERIOR: tl.constexpr, SCAN_ARGMAX: tl.constexpr,
-    EARLY: tl.constexpr, PREFETCH: tl.constexpr, DIV_UNROLL: tl.constexpr, DBUF: tl.constexpr,
-    TRACE: tl.constexpr, DYNAMIC: tl.constexpr, EMIT_PREFETCH: tl.constexpr,
+    HAS_GREEDY: tl.constexpr, RAW: tl.constexpr, BLOCK_METHOD: tl.constexpr, PIPE: tl.constexpr = 1,
+    EMIT_PIPE: tl.constexpr = 1, FUSED: tl.constexpr = False, EMIT_BLOCK: tl.constexpr = 2048,
+    FAST_DIVIDE: tl.constexpr = 0, INTERIOR: tl.constexpr = False, SCAN_ARGMAX: tl.constexpr = False,
+    EARLY: tl.constexpr = False, PREFETCH: tl.constexpr = False, DIV_UNROLL: tl.constexpr = 0, DBUF: tl.constexpr = False,
+    trace_ptr=None, TRACE: tl.constexpr = False, COMPACT: tl.constexpr = False, EMIT_PREFETCH: tl.constexpr = 0,
 ):
-    """One item ``(stage, request b, row j, chunk)`` of the launch (module docstring); ``valid`` False: none.
-
-    Returns ``t_waited`` (``TRACE``: the ``%globaltimer`` after a mass / emit item's wait).
-    """
     STAGES: tl.constexpr = 3 if BLOCK_METHOD else 2
     MASS_ROWS: tl.constexpr = K - 1 if (BLOCK_METHOD and K >= 2) else 0
     R2: tl.constexpr = 2 * K + 1  # partial rows: targets 0..K, caches K+1..2K
     # tiles loaded at once where target values are divided (RAW, T not 0 or 1): DIV_UNROLL when given
     UR: tl.constexpr = (DIV_UNROLL if DIV_UNROLL > 0 else UNROLL) if RAW else UNROLL
+    if TRACE:  # [programs, 4] int64: start ns, after the wait ns, end ns, stage + 4 valid + 8 smid
+        t_start, smid = _clock(tl.program_id(0), HARDWARE)
+    if COMPACT and not BLOCK_METHOD:  # the padded order without its padding
+        stage, b, j, chunk, valid = _item_compact(requests, LAG, (K + 1) * C1, C2, C1)
+    else:
+        stage, b, j, chunk, valid = _item(requests, LAG, (K + 1) * C1, MASS_ROWS * C1, C2, C1, STAGES)
+    if TRACE:
+        t_waited = t_start
     if PREFETCH:  # the first tiles of a stream item's target row, before its request's loads come back
         if valid & (stage == 0):
             sector = chunk * T1 * BLOCK + tl.arange(0, UNROLL * BLOCK // 8) * 8  # one address per 32 bytes
@@ -783,9 +788,6 @@ def _verify_item(stage, b, j, chunk, valid, t_waited,
             tl.store(acc_ptr + b, count)
             tl.debug_barrier()
             tl.atomic_xchg(counters + 3, 1)  # release: ready for the mass / emit items
-            if DYNAMIC:  # publish request b: its emit items can be taken (release)
-                published = tl.atomic_add(ctl_ptr + 1, 1) & 0xFFFFFFFF  # the low word counts publications
-                tl.atomic_xchg(ready_ptr + published, b.to(tl.int32))
             if EMIT_PREFETCH > 0:  # the emitted row (and its cache row after a rejection) into L2 for the emit items
                 if MASS_ROWS == 0:
                     if live & ~greedy:
@@ -835,8 +837,7 @@ def _verify_item(stage, b, j, chunk, valid, t_waited,
             tl.atomic_xchg(counters + 3, 2)
     if valid & (stage == 2):
         # ---------------------------------------------------------------- emit item
-        if not DYNAMIC:  # (dynamic: the loop took this item only once its request was published)
-            _wait(counters + 3, ready_level, status_ptr)
+        _wait(counters + 3, ready_level, status_ptr)
         if TRACE:
             t_waited, trace_sm = _clock(chunk, HARDWARE)
         js = tl.minimum(tl.maximum(tl.load(acc_ptr + b, volatile=True), 0), n)
@@ -894,163 +895,13 @@ def _verify_item(stage, b, j, chunk, valid, t_waited,
             tl.store(num_emitted_ptr + b, tl.where(live, js + 1, 0).to(tl.int64))
             # Every item of request b has arrived: reset its counters for the next call.
             tl.store(counters + tl.arange(0, 4), tl.zeros([4], tl.int32))
-    return t_waited
-
-
-@triton.jit
-def _wait_published(entry_ptr, status_ptr):
-    """Bounded spin until the published request at ``entry_ptr`` (``-1``: not yet) is set; its value, read
-    by one atomic (acquire), so every thread of the program gets the same (``-1`` and ``status`` bit 2 on
-    a timeout). The spin's own loads are per thread; nothing branches on them after the loop."""
-    seen = tl.load(entry_ptr, volatile=True)
-    spins = 0
-    while (seen < 0) & (spins < _SPIN):
-        seen = tl.load(entry_ptr, volatile=True)
-        spins += 1
-    seen = tl.atomic_add(entry_ptr, 0, sem="acquire")
-    if seen < 0:
-        tl.atomic_or(status_ptr, 2)
-    return seen
-
-
-@triton.jit(do_not_specialize=["num_slots", "requests", "LAG", "C1", "C2", "T1", "T2", "PROGRAMS"])
-def _stream_verify_kernel(
-    target_ptr, t_req_stride, t_row_stride,  # [B, K+1, V] fp32 (raw when RAW)
-    drafts_ptr, d_req_stride, d_step_stride,  # [B, K] int32/int64
-    cache_ptr, c_slot_stride, c_step_stride,  # [S, N, V] bf16/fp32
-    idx_ptr, nd_ptr, pos_ptr,  # [B] int32/int64, contiguous
-    temp_ptr, seeds_ptr, tt_ptr, num_slots,  # [S] fp32, [S] int64, [S] fp32 target T (RAW)
-    greedy_ptr,  # [B] uint8 (read when HAS_GREEDY)
-    pa_ptr, pb_ptr, pi_ptr,  # [maxB, 2K+1, C1P] fp32, fp32, int32 stream partials (rows, then cache rows)
-    mass_ptr,  # [maxB, KQ, C1P] fp32 partial residual masses (block)
-    ea_ptr, ei_ptr, eany_ptr,  # [maxB, C2P] fp32, int32, int32 emit partials: best key, its token, residual > 0
-    row_ptr,  # [maxB, 8, KP1] fp32: target max, sum, cache max, sum, weights, argmax t, argmax q (bits)
-    acc_ptr,  # [maxB] int32 accepted count
-    xv_ptr,  # [maxB, 2, KP1] fp32: target and cache logits at each draft (EARLY)
-    counters_ptr,  # [maxB, 4] int32: stream, mass, emit arrivals, ready level
-    ctl_ptr, ready_ptr,  # [4] int64 work counters (DYNAMIC), [maxB] int32 published requests (-1 between calls)
-    status_ptr,  # [1] int32
-    tokens_ptr, tokens_stride, num_emitted_ptr,  # [B, K+1] int64, [B] int64
-    requests, vocab, LAG, C1, C2, T1, T2,
-    PROGRAMS,
-    K: tl.constexpr, KP1: tl.constexpr, C1P: tl.constexpr, C2P: tl.constexpr, BLOCK: tl.constexpr,
-    UNROLL: tl.constexpr, HARDWARE: tl.constexpr, EMIT_SCAN: tl.constexpr, NOISE_FILTER: tl.constexpr,
-    HAS_GREEDY: tl.constexpr, RAW: tl.constexpr, BLOCK_METHOD: tl.constexpr, PIPE: tl.constexpr = 1,
-    EMIT_PIPE: tl.constexpr = 1, FUSED: tl.constexpr = False, EMIT_BLOCK: tl.constexpr = 2048,
-    FAST_DIVIDE: tl.constexpr = 0, INTERIOR: tl.constexpr = False, SCAN_ARGMAX: tl.constexpr = False,
-    EARLY: tl.constexpr = False, PREFETCH: tl.constexpr = False, DIV_UNROLL: tl.constexpr = 0, DBUF: tl.constexpr = False,
-    trace_ptr=None, TRACE: tl.constexpr = False, COMPACT: tl.constexpr = False, DYNAMIC: tl.constexpr = 0,
-    EMIT_PREFETCH: tl.constexpr = 0,
-):
-    STAGES: tl.constexpr = 3 if BLOCK_METHOD else 2
-    MASS_ROWS: tl.constexpr = K - 1 if (BLOCK_METHOD and K >= 2) else 0
-    if DYNAMIC > 0:
-        # Persistent programs (standard method): each takes items until none is left. An emit ticket
-        # (``ctl[1] >> 32``, fetch-and-add) e is chunk e % C2 of the (e // C2)-th published request
-        # (``ready[e // C2]``; the low word of ``ctl[1]`` counts publications); a program holds at most
-        # one and does it as soon as that request is published, else it takes the next stream item
-        # (``ctl[0]``, request-major). DYNAMIC 1: a ticket is claimed as soon as none is held; 2: only when
-        # published requests have unclaimed tickets (so emits start right after a publication). A
-        # program waits (bounded) only when no stream item is left, i.e. only for stream items that
-        # running programs hold: it never waits for a program that has not started. Every value a
-        # branch depends on is read by an atomic (one thread, broadcast), so the program never
-        # diverges on a racing read. The last program out (``ctl[2]``) resets the counters.
-        S1 = (K + 1) * C1
-        total_s = requests * S1
-        total_e = requests * C2
-        pending = tl.program_id(0) * 0 - 1  # the held emit ticket (-1: none)
-        state = pending * 0  # bit 0: no stream item left, bit 1: done
-        while (state & 2) == 0:
-            if TRACE:  # [items, 4]: per item (stream s, then emit total_s + e) claim start, start, end, stage...
-                t_claim, smid = _clock(state, HARDWARE)
-            if pending < 0:
-                if DYNAMIC == 2:
-                    word = tl.atomic_add(ctl_ptr + 1, 0, sem="relaxed")
-                    if (word >> 32) < (word & 0xFFFFFFFF) * C2:
-                        pending = (tl.atomic_add(ctl_ptr + 1, 1 << 32, sem="relaxed") >> 32).to(tl.int32)
-                else:
-                    pending = (tl.atomic_add(ctl_ptr + 1, 1 << 32, sem="relaxed") >> 32).to(tl.int32)
-            kind = state * 0  # 0: nothing, 1: a stream item, 2: the held emit ticket
-            item = state * 0
-            r = state * 0 - 1
-            if (pending >= 0) & (pending < total_e):
-                r = tl.atomic_add(ready_ptr + pending // C2, 0, sem="acquire")  # -1 until published
-            if r >= 0:
-                kind = kind + 2
-            else:
-                if (state & 1) == 0:
-                    ticket = tl.atomic_add(ctl_ptr + 0, 1, sem="relaxed").to(tl.int32)
-                    if ticket < total_s:
-                        kind = kind + 1
-                        item = ticket
-                    else:
-                        state = state | 1
-                if kind == 0:
-                    if pending < 0:  # no stream item left: take a ticket even if its request is not published
-                        pending = (tl.atomic_add(ctl_ptr + 1, 1 << 32, sem="relaxed") >> 32).to(tl.int32)
-                    if pending < total_e:
-                        r = _wait_published(ready_ptr + pending // C2, status_ptr)
-                        kind = kind + 2
-                    else:
-                        state = state | 2
-            if kind == 2:
-                tl.debug_barrier()  # (the acquire above was one thread's: order the others' reads after it)
-            o = item % S1
-            stage = tl.where(kind == 2, 2, 0)
-            b = tl.where(kind == 2, tl.maximum(r, 0), item // S1).to(tl.int64)
-            j = tl.where(kind == 2, 0, o // C1).to(tl.int32)
-            chunk = tl.where(kind == 2, pending % C2, o % C1).to(tl.int32)
-            valid = (kind == 1) | ((kind == 2) & (r >= 0))
-            if TRACE:
-                t_go, smid = _clock(state, HARDWARE)
-            _verify_item(stage, b, j, chunk, valid, b, target_ptr, t_req_stride, t_row_stride, drafts_ptr, d_req_stride, d_step_stride,
-                cache_ptr, c_slot_stride, c_step_stride, idx_ptr, nd_ptr, pos_ptr, temp_ptr, seeds_ptr, tt_ptr,
-                num_slots, greedy_ptr, pa_ptr, pb_ptr, pi_ptr, mass_ptr, ea_ptr, ei_ptr, eany_ptr, row_ptr, acc_ptr,
-                xv_ptr, counters_ptr, ctl_ptr, ready_ptr, status_ptr, tokens_ptr, tokens_stride, num_emitted_ptr,
-                requests, vocab, LAG, C1, C2, T1, T2,
-                K, KP1, C1P, C2P, BLOCK, UNROLL, HARDWARE, EMIT_SCAN, NOISE_FILTER, HAS_GREEDY, RAW, BLOCK_METHOD,
-                PIPE, EMIT_PIPE, FUSED, EMIT_BLOCK, FAST_DIVIDE, INTERIOR, SCAN_ARGMAX, EARLY, PREFETCH,
-                DIV_UNROLL, DBUF, TRACE, DYNAMIC, EMIT_PREFETCH)
-            if TRACE:
-                t_end, smid = _clock(state, HARDWARE)
-                if kind != 0:
-                    at = tl.where(kind == 2, total_s + pending, item).to(tl.int64) * 4
-                    tl.store(trace_ptr + at + 0, t_claim)
-                    tl.store(trace_ptr + at + 1, t_go)
-                    tl.store(trace_ptr + at + 2, t_end)
-                    tl.store(trace_ptr + at + 3, (stage + 4 * valid.to(tl.int32) + 8 * smid).to(tl.int64))
-            if kind == 2:
-                pending = state * 0 - 1
-        tl.debug_barrier()
-        if tl.atomic_add(ctl_ptr + 2, 1) == PROGRAMS - 1:  # every other program is done with the counters
-            tl.store(ctl_ptr + tl.arange(0, 4), tl.zeros([4], tl.int64))
-            for first in tl.range(0, requests, 256):
-                ids = first + tl.arange(0, 256)
-                tl.store(ready_ptr + ids, tl.full([256], -1, tl.int32), mask=ids < requests)
-    else:
-        if TRACE:  # [programs, 4] int64: start ns, after the wait ns, end ns, stage + 4 valid + 8 smid
-            t_start, smid = _clock(tl.program_id(0), HARDWARE)
-        else:
-            t_start = tl.program_id(0).to(tl.int64) * 0
-        if COMPACT and not BLOCK_METHOD:  # the padded order without its padding
-            stage, b, j, chunk, valid = _item_compact(requests, LAG, (K + 1) * C1, C2, C1)
-        else:
-            stage, b, j, chunk, valid = _item(requests, LAG, (K + 1) * C1, MASS_ROWS * C1, C2, C1, STAGES)
-        t_waited = _verify_item(stage, b, j, chunk, valid, t_start, target_ptr, t_req_stride, t_row_stride, drafts_ptr, d_req_stride, d_step_stride,
-                cache_ptr, c_slot_stride, c_step_stride, idx_ptr, nd_ptr, pos_ptr, temp_ptr, seeds_ptr, tt_ptr,
-                num_slots, greedy_ptr, pa_ptr, pb_ptr, pi_ptr, mass_ptr, ea_ptr, ei_ptr, eany_ptr, row_ptr, acc_ptr,
-                xv_ptr, counters_ptr, ctl_ptr, ready_ptr, status_ptr, tokens_ptr, tokens_stride, num_emitted_ptr,
-                requests, vocab, LAG, C1, C2, T1, T2,
-                K, KP1, C1P, C2P, BLOCK, UNROLL, HARDWARE, EMIT_SCAN, NOISE_FILTER, HAS_GREEDY, RAW, BLOCK_METHOD,
-                PIPE, EMIT_PIPE, FUSED, EMIT_BLOCK, FAST_DIVIDE, INTERIOR, SCAN_ARGMAX, EARLY, PREFETCH,
-                DIV_UNROLL, DBUF, TRACE, DYNAMIC, EMIT_PREFETCH)
-        if TRACE:
-            t_end, trace_sm = _clock(chunk, HARDWARE)
-            pid = tl.program_id(0).to(tl.int64)
-            tl.store(trace_ptr + pid * 4 + 0, t_start)
-            tl.store(trace_ptr + pid * 4 + 1, t_waited)
-            tl.store(trace_ptr + pid * 4 + 2, t_end)
-            tl.store(trace_ptr + pid * 4 + 3, (stage + 4 * valid.to(tl.int64) + 8 * smid.to(tl.int64)).to(tl.int64))
+    if TRACE:
+        t_end, trace_sm = _clock(chunk, HARDWARE)
+        pid = tl.program_id(0).to(tl.int64)
+        tl.store(trace_ptr + pid * 4 + 0, t_start)
+        tl.store(trace_ptr + pid * 4 + 1, t_waited)
+        tl.store(trace_ptr + pid * 4 + 2, t_end)
+        tl.store(trace_ptr + pid * 4 + 3, (stage + 4 * valid.to(tl.int64) + 8 * smid.to(tl.int64)).to(tl.int64))
 
 
 # --------------------------------------------------------------------------- the verifier
@@ -1075,7 +926,7 @@ class Layout:
     """
 
     def __init__(self, batch: int, k: int, vocab: int, block: int, cuda: bool, sms: int, *, t1=None, t2=None,
-                 lag=None, unroll=None, emit_block=None, resident_per_sm=RESIDENT_PER_SM, dynamic=False):
+                 lag=None, unroll=None, emit_block=None, resident_per_sm=RESIDENT_PER_SM):
         tiles = triton.cdiv(vocab, block)
         self.emit_block = int(emit_block or block)
         emit_tiles = triton.cdiv(vocab, self.emit_block)
@@ -1085,8 +936,6 @@ class Layout:
             default_t1 = min(MAX_T1 if batch < 64 else 2 * MAX_T1,
                              max(2, triton.cdiv(batch * (k + 1) * tiles, resident)))  # 1-tile items: slower
             default_t2 = (1 if batch <= 4 else per_stream_tile) if batch <= 16 else 4 * per_stream_tile
-            if dynamic:  # small stream items: few requests in flight, so an emitted row is re-read from L2
-                default_t1 = min(default_t1, DYNAMIC_T1)
         else:
             default_t1, default_t2 = 2, 2
         self.t1 = max(1, min(int(t1 or default_t1), tiles))
@@ -1130,7 +979,10 @@ class StreamVerifier:
         or 1); the T = 0 / 1 slots then run the standard loop with ``unroll`` tiles (default
         :data:`DIV_UNROLL` = 0: the whole raw launch loads 2 tiles at once). H200 (verify3 u3): 2 is
         no faster (20.4 / 63.5 / 139.0 / 424.7 us against 20.5 / 63.1 / 139.2 / 424.9 at 1 / 16 / 64
-        / 253 requests, mixed T).
+        / 253 requests, mixed T). When neither ``fast_divide`` nor ``div_unroll`` is given, raw launches of
+        :data:`RAW_WIDE_FROM` requests or more use :data:`RAW_WIDE` (``fast_divide=2, div_unroll=4``).
+    emit_prefetch : the last stream item of a request prefetches the emitted row (and its cache row after
+        a rejection) into L2 for the emit items (1; 2: ``evict_last``; default :data:`EMIT_PREFETCH` = 0).
     dbuf : the fused loop's interior groups double-buffered in registers (default off; exact on the
         CPU, not timed on the H200).
     compact : standard method: the program order without the lag's padding (default
@@ -1154,7 +1006,7 @@ class StreamVerifier:
                  t1=None, t2=None, lag=None, unroll=None, warps: int | None = None, emit=1,
                  noise_filter=1, stages=None, emit_stages=None, fused=None, emit_block=None, fast_divide=None,
                  max_registers=None, interior=None, scan_argmax=None, early=None, prefetch=None, div_unroll=None,
-                 dbuf=None, compact=None, dynamic=None, dynamic_from=None, emit_prefetch=None):
+                 dbuf=None, compact=None, emit_prefetch=None):
         if int(max_batch) < 1:
             raise ValueError(f"max_batch: expected >= 1, got {max_batch}")
         if int(num_drafts) < 0:
@@ -1184,6 +1036,8 @@ class StreamVerifier:
         self.fused = True if fused is None else bool(fused)
         # Raw logits (fused loop): the target values divided without a divide per element (_divide).
         self.fast_divide = FAST_DIVIDE if fast_divide is None else int(fast_divide)
+        # Raw launches of RAW_WIDE_FROM requests or more take (fast_divide, div_unroll) = RAW_WIDE unless either is given.
+        self._raw_wide = fast_divide is None and div_unroll is None
         # Fused loop: whole groups of tiles loaded without masks; greedy rows: argmax one tile at a time.
         self.interior = True if interior is None else bool(interior)
         self.scan_argmax = True if scan_argmax is None else bool(scan_argmax)
@@ -1198,12 +1052,7 @@ class StreamVerifier:
         self.dbuf = bool(dbuf) if dbuf is not None else False
         # Standard method: the program order without the lag's padding (no program launched only to exit).
         self.compact = bool(compact) if compact is not None else COMPACT_ORDER
-        # Standard method: persistent programs that take their items by fetch-and-add (a published
-        # request's emit items as soon as it is published; 1: eager, 2: lazy emit tickets; 0: the program-id
-        # order), from dynamic_from requests on.
-        self.dynamic_mode = int(dynamic) if dynamic is not None else DYNAMIC
-        self.dynamic_from = int(dynamic_from) if dynamic_from is not None else DYNAMIC_FROM
-        # Standard method: the last stream item of a request prefetches its emitted row into L2 (1; 2: evict_last).
+        # The last stream item of a request prefetches its emitted row into L2 (1; 2: evict_last), GPU only.
         self.emit_prefetch = int(emit_prefetch) if emit_prefetch is not None else EMIT_PREFETCH
         self._emit_scan = bool(emit)  # emit=0: a profiling aid (the emit items skip their scan: wrong tokens)
         self.warps = int(warps) if warps else (GPU_WARPS if self.cuda else 4)
@@ -1231,49 +1080,30 @@ class StreamVerifier:
         self.accepted = zeros(mb, dtype=torch.int32)
         self.draft_values = zeros(mb, 2, self.kp1)
         self.counters = zeros(mb, 4, dtype=torch.int32)
-        # dynamic: stream tickets taken, (emit tickets taken << 32) + requests published, programs out
-        self.queues = zeros(4, dtype=torch.int64)
-        self.ready = torch.full((mb,), -1, dtype=torch.int32, device=device)  # dynamic: published requests
         self.status = zeros(1, dtype=torch.int32)
         self._no_greedy = zeros(1, dtype=torch.uint8)
         self._no_temp = zeros(1)
         self.tokens = torch.full((mb, k + 1), -1, dtype=torch.int64, device=device)
         self.num_emitted = zeros(mb, dtype=torch.int64)
 
-    def dynamic(self, batch: int, method: str = "standard") -> bool:
-        """Whether a launch of ``batch`` requests runs persistent programs with fetch-and-add items."""
-        return method != "block" and self.dynamic_mode > 0 and self.dynamic_from <= batch
-
-    def layout(self, batch: int, method: str = "standard") -> Layout:
+    def layout(self, batch: int) -> Layout:
         return Layout(batch, self.k, self.vocab, self.block, self.cuda, self.sms, emit_block=self.emit_block,
-                      resident_per_sm=self.resident_per_sm, dynamic=self.dynamic(batch, method), **self.overrides)
+                      resident_per_sm=self.resident_per_sm, **self.overrides)
 
     def programs(self, batch: int, method: str = "standard") -> int:
-        """Programs of one launch for ``batch`` requests (stream, mass and emit items, with the lag's padding;
-        dynamic: the resident programs, at most one per item)."""
-        lay = self.layout(batch, method)
-        if self.dynamic(batch, method):
-            return min(self.resident_per_sm * self.sms, batch * ((self.k + 1) * lay.c1 + lay.c2))
+        """Programs of one launch for ``batch`` requests (stream, mass and emit items, with the lag's padding)."""
+        lay = self.layout(batch)
         if self.compact and method != "block":  # one program per item
             return batch * ((self.k + 1) * lay.c1 + lay.c2)
         stages = 3 if method == "block" else 2
         mass_rows = self.k - 1 if (method == "block" and self.k >= 2) else 0
         return (batch + (stages - 1) * lay.lag) * ((self.k + 1) * lay.c1 + mass_rows * lay.c1 + lay.c2)
 
-    def trace_rows(self, batch: int, method: str = "standard") -> int:
-        """Rows of ``run(trace=)``: one per program, or per item of a dynamic launch (stream items, then emit items)."""
-        if self.dynamic(batch, method):
-            lay = self.layout(batch, method)
-            return batch * ((self.k + 1) * lay.c1 + lay.c2)
-        return self.programs(batch, method)
-
     def check(self) -> None:
         """Raise if a waiting item of an earlier launch timed out (synchronises); then reset."""
         if int(self.status.item()) != 0:
             self.status.zero_()
             self.counters.zero_()
-            self.queues.zero_()
-            self.ready.fill_(-1)
             raise DeviceStatusError("StreamVerifier: a waiting item timed out; the outputs of that launch are invalid")
 
     def run(self, target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions, temperature, seeds,
@@ -1291,9 +1121,9 @@ class StreamVerifier:
         Returns ``(tokens [B, K+1] int64, num_emitted [B] int64)`` (default: views of
         :attr:`tokens` / :attr:`num_emitted`). Allocates nothing, never synchronises.
 
-        trace : a profiling aid, ``[trace_rows(batch), 4]`` int64 (a separately compiled variant): each
+        trace : a profiling aid, ``[programs(batch), 4]`` int64 (a separately compiled variant): each
         program writes its start, after-wait and end ``%globaltimer`` (ns) and ``stage + 4 valid +
-        8 smid``; a dynamic launch writes one row per item (its claim start, start and end).
+        8 smid``.
         """
         batch, tokens, num_emitted, finished = start_run(self, target_logits, method, temperature, tokens,
                                                          num_emitted)
@@ -1301,13 +1131,16 @@ class StreamVerifier:
             return tokens, num_emitted
         vocab = self.vocab
         k = self.k
-        lay = self.layout(batch, method)
+        lay = self.layout(batch)
         block_method = method == "block"
         raw = target_temperature is not None
         programs = self.programs(batch, method)
         # The raw mode divides every loaded value: 2 tiles at a time keep it at ~117 registers
         # (4 tiles: ~170, one program per SM instead of two).
-        unroll = min(lay.unroll, 2) if raw and self.overrides["unroll"] is None and not self.div_unroll else lay.unroll
+        fast_divide, div_unroll = self.fast_divide, self.div_unroll
+        if raw and self._raw_wide and batch >= RAW_WIDE_FROM:
+            fast_divide, div_unroll = RAW_WIDE
+        unroll = min(lay.unroll, 2) if raw and self.overrides["unroll"] is None and not div_unroll else lay.unroll
         has_greedy = target_greedy is not None
         greedy = target_greedy.view(torch.uint8) if has_greedy else self._no_greedy
         d_step = draft_tokens.stride(1) if draft_tokens.dim() == 2 and k > 0 else 1
@@ -1319,22 +1152,20 @@ class StreamVerifier:
                 temperature, seeds, target_temperature if raw else self._no_temp, temperature.shape[0],
                 greedy,
                 self.pa, self.pb, self.pi, self.mass, self.ea, self.ei, self.eany,
-                self.rows, self.accepted, self.draft_values, self.counters, self.queues, self.ready, self.status,
+                self.rows, self.accepted, self.draft_values, self.counters, self.status,
                 tokens, tokens.stride(0), num_emitted,
-                batch, vocab, lay.lag, lay.c1, lay.c2, lay.t1, lay.t2, programs)
+                batch, vocab, lay.lag, lay.c1, lay.c2, lay.t1, lay.t2)
         meta = dict(K=k, KP1=self.kp1, C1P=self.c1p, C2P=self.c2p, BLOCK=self.block, UNROLL=unroll,
                     HARDWARE=self.cuda, EMIT_SCAN=self._emit_scan, NOISE_FILTER=self.noise_filter, HAS_GREEDY=has_greedy, RAW=raw, BLOCK_METHOD=block_method,
                     PIPE=self.stages, EMIT_PIPE=self.emit_stages, FUSED=self.fused, EMIT_BLOCK=self.emit_block,
-                    FAST_DIVIDE=self.fast_divide, INTERIOR=self.interior, SCAN_ARGMAX=self.scan_argmax,
-                    EARLY=self.early, PREFETCH=self.prefetch, DIV_UNROLL=self.div_unroll if raw else 0, DBUF=self.dbuf,
-                    COMPACT=self.compact and not block_method, DYNAMIC=self.dynamic_mode if self.dynamic(batch, method) else 0,
-                    EMIT_PREFETCH=self.emit_prefetch if self.cuda else 0,
+                    FAST_DIVIDE=fast_divide, INTERIOR=self.interior, SCAN_ARGMAX=self.scan_argmax,
+                    EARLY=self.early, PREFETCH=self.prefetch, DIV_UNROLL=div_unroll if raw else 0, DBUF=self.dbuf,
+                    COMPACT=self.compact and not block_method, EMIT_PREFETCH=self.emit_prefetch if self.cuda else 0,
                     num_warps=self.warps,
                     enable_fp_fusion=False)
         if trace is not None:
-            rows = self.trace_rows(batch, method)
-            if trace.shape != (rows, 4) or trace.dtype != torch.int64:
-                raise ValueError(f"trace: expected [{rows}, 4] int64, got {tuple(trace.shape)} {trace.dtype}")
+            if trace.shape != (programs, 4) or trace.dtype != torch.int64:
+                raise ValueError(f"trace: expected [{programs}, 4] int64, got {tuple(trace.shape)} {trace.dtype}")
             meta.update(trace_ptr=trace, TRACE=True)
         try:
             _stream_verify_kernel[(programs,)](*args, **meta, **self._launch_options)
