@@ -99,7 +99,7 @@ def test_layouts_and_explicit_greedy_flags():
     outs = []
     # (fused: the target and cache rows in one loop; stages: pipelining, which the interpreter ignores)
     for options in (dict(t1=1, t2=1, lag=0, fused=1, stages=3), dict(t1=6, t2=6, lag=3, noise_filter=0, fused=0),
-                    dict(t1=6, t2=2, lag=1, unroll=2, dbuf=1),  # dbuf: 2 interior groups double-buffered
+                    dict(t1=6, t2=2, lag=1, unroll=2, dbuf=1, greedy_direct=0),  # dbuf: 2 interior groups double-buffered
                     dict(t1=2, t2=2, lag=2, compact=0)):  # the padded program order (standard)
         verifier = StreamVerifier(8, 3, VOCAB, "cpu", **options)
         for method in ("standard", "block"):

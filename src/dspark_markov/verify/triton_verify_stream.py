@@ -87,6 +87,7 @@ FAST_DIVIDE = 1  # raw logits: 1 = _divide with per-lane fallback flags, 2 = _di
 # at 1 / 16 requests 20.3 / 60.0 against 20.0 / 59.4, so smaller batches keep (1, 0))
 RAW_WIDE_FROM = 64
 RAW_WIDE = (2, 4)
+GREEDY_DIRECT = True  # greedy / padding requests written by their last stream item (StreamVerifier's greedy_direct)
 EMIT_PREFETCH = 0  # L2 prefetch of the emitted row by the request's last stream item (1; 2: evict_last; 0: none)
 DIV_UNROLL = 0  # raw logits: tiles at once where values are divided (0: the whole raw launch at 2; StreamVerifier's div_unroll)
 
@@ -630,6 +631,7 @@ def _stream_verify_kernel(
     FAST_DIVIDE: tl.constexpr = 0, INTERIOR: tl.constexpr = False, SCAN_ARGMAX: tl.constexpr = False,
     EARLY: tl.constexpr = False, PREFETCH: tl.constexpr = False, DIV_UNROLL: tl.constexpr = 0, DBUF: tl.constexpr = False,
     trace_ptr=None, TRACE: tl.constexpr = False, COMPACT: tl.constexpr = False, EMIT_PREFETCH: tl.constexpr = 0,
+    GREEDY_DIRECT: tl.constexpr = False,
 ):
     STAGES: tl.constexpr = 3 if BLOCK_METHOD else 2
     MASS_ROWS: tl.constexpr = K - 1 if (BLOCK_METHOD and K >= 2) else 0
@@ -656,6 +658,10 @@ def _stream_verify_kernel(
     jj = tl.arange(0, KP1)
     counters = counters_ptr + b * 4
     ready_level = 2 if MASS_ROWS > 0 else 1
+    if GREEDY_DIRECT and MASS_ROWS == 0:  # greedy and padding requests: output by the stream epilogue, no emit work
+        direct = greedy | ~live
+    else:
+        direct = live & ~live
     if valid & (stage == 0):
         # ---------------------------------------------------------------- stream item
         start = chunk * T1 * BLOCK
@@ -786,15 +792,23 @@ def _stream_verify_kernel(
                 block = _block_count(tl.zeros([KP1], tl.float32), weights, u_prev, n, jj)
                 count = tl.where(greedy, count, block)
             tl.store(acc_ptr + b, count)
-            tl.debug_barrier()
-            tl.atomic_xchg(counters + 3, 1)  # release: ready for the mass / emit items
-            if EMIT_PREFETCH > 0:  # the emitted row (and its cache row after a rejection) into L2 for the emit items
-                if MASS_ROWS == 0:
-                    if live & ~greedy:
-                        js = tl.minimum(tl.maximum(count, 0), n)
-                        _prefetch_row(t_base + js * t_row_stride, vocab, BLOCK, HARDWARE, EMIT_PREFETCH == 2)
-                        if js < n:
-                            _prefetch_row(c_base + js * c_step_stride, vocab, BLOCK, HARDWARE, EMIT_PREFETCH == 2)
+            if direct:  # the emit items of this request do nothing: write its output row here (as their last would)
+                js = tl.minimum(tl.maximum(count, 0), n)
+                emitted = tl.sum(tl.where(jj == js, t_arg, 0), axis=0).to(tl.int64)  # (t_arg clamped above)
+                out = tl.where(jj < js, x, tl.where(jj == js, emitted, -1))
+                tl.store(tokens_ptr + b * tokens_stride + jj, tl.where(live, out, -1), mask=jj <= K)
+                tl.store(num_emitted_ptr + b, tl.where(live, js + 1, 0).to(tl.int64))
+                tl.store(counters + tl.arange(0, 4), tl.zeros([4], tl.int32))
+            else:
+                tl.debug_barrier()
+                tl.atomic_xchg(counters + 3, 1)  # release: ready for the mass / emit items
+                if EMIT_PREFETCH > 0:  # the emitted row (and its cache row after a rejection) into L2 for the emit items
+                    if MASS_ROWS == 0:
+                        if live & ~greedy:
+                            js = tl.minimum(tl.maximum(count, 0), n)
+                            _prefetch_row(t_base + js * t_row_stride, vocab, BLOCK, HARDWARE, EMIT_PREFETCH == 2)
+                            if js < n:
+                                _prefetch_row(c_base + js * c_step_stride, vocab, BLOCK, HARDWARE, EMIT_PREFETCH == 2)
     if valid & (stage == 1):
         # ---------------------------------------------------------------- mass item (block)
         _wait(counters + 3, 1, status_ptr)
@@ -835,7 +849,7 @@ def _stream_verify_kernel(
                 tl.store(acc_ptr + b, _block_count(mass, weights, u, n, ii))
             tl.debug_barrier()
             tl.atomic_xchg(counters + 3, 2)
-    if valid & (stage == 2):
+    if valid & (stage == 2) & ~direct:
         # ---------------------------------------------------------------- emit item
         _wait(counters + 3, ready_level, status_ptr)
         if TRACE:
@@ -981,6 +995,9 @@ class StreamVerifier:
         no faster (20.4 / 63.5 / 139.0 / 424.7 us against 20.5 / 63.1 / 139.2 / 424.9 at 1 / 16 / 64
         / 253 requests, mixed T). When neither ``fast_divide`` nor ``div_unroll`` is given, raw launches of
         :data:`RAW_WIDE_FROM` requests or more use :data:`RAW_WIDE` (``fast_divide=2, div_unroll=4``).
+    greedy_direct : greedy and padding requests (standard method; block with ``K <= 1``) get their output row
+        from their last stream item, and their emit items neither wait nor scan (default
+        :data:`GREEDY_DIRECT`; the same tokens).
     emit_prefetch : the last stream item of a request prefetches the emitted row (and its cache row after
         a rejection) into L2 for the emit items (1; 2: ``evict_last``; default :data:`EMIT_PREFETCH` = 0).
     dbuf : the fused loop's interior groups double-buffered in registers (default off; exact on the
@@ -1006,7 +1023,7 @@ class StreamVerifier:
                  t1=None, t2=None, lag=None, unroll=None, warps: int | None = None, emit=1,
                  noise_filter=1, stages=None, emit_stages=None, fused=None, emit_block=None, fast_divide=None,
                  max_registers=None, interior=None, scan_argmax=None, early=None, prefetch=None, div_unroll=None,
-                 dbuf=None, compact=None, emit_prefetch=None):
+                 dbuf=None, compact=None, emit_prefetch=None, greedy_direct=None):
         if int(max_batch) < 1:
             raise ValueError(f"max_batch: expected >= 1, got {max_batch}")
         if int(num_drafts) < 0:
@@ -1054,6 +1071,8 @@ class StreamVerifier:
         self.compact = bool(compact) if compact is not None else COMPACT_ORDER
         # The last stream item of a request prefetches its emitted row into L2 (1; 2: evict_last), GPU only.
         self.emit_prefetch = int(emit_prefetch) if emit_prefetch is not None else EMIT_PREFETCH
+        # Greedy and padding requests (standard method): the last stream item writes the output; no emit work.
+        self.greedy_direct = bool(greedy_direct) if greedy_direct is not None else GREEDY_DIRECT
         self._emit_scan = bool(emit)  # emit=0: a profiling aid (the emit items skip their scan: wrong tokens)
         self.warps = int(warps) if warps else (GPU_WARPS if self.cuda else 4)
         # At most 128 registers (two programs of 8 warps per SM): a variant that needs more spills a
@@ -1161,6 +1180,7 @@ class StreamVerifier:
                     FAST_DIVIDE=fast_divide, INTERIOR=self.interior, SCAN_ARGMAX=self.scan_argmax,
                     EARLY=self.early, PREFETCH=self.prefetch, DIV_UNROLL=div_unroll if raw else 0, DBUF=self.dbuf,
                     COMPACT=self.compact and not block_method, EMIT_PREFETCH=self.emit_prefetch if self.cuda else 0,
+                    GREEDY_DIRECT=self.greedy_direct,
                     num_warps=self.warps,
                     enable_fp_fusion=False)
         if trace is not None:
