@@ -121,6 +121,8 @@ class CudaGumbelBackend(GumbelBlocksBackend):
             raise ValueError(f"flags: expected a combination of the FLAG_* bits ({FLAGS_ALL} = all), got {flags}")
         self.flags = int(flags)
         self.counts = torch.zeros(self.max_rows, dtype=torch.int32, device=self.device)  # FLAG_COMBINE arrivals
+        if self.flags & FLAG_COMBINE:  # packed words; a run of items fills only its first slot
+            self.block_token.fill_(-(2**63))
         if int(variant) not in VARIANTS:
             raise ValueError(f"variant: expected one of {VARIANTS}, got {variant}")
         self.variant = int(variant)
