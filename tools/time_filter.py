@@ -94,19 +94,14 @@ def phases(sizes):
         setattr(triton_filtering, name, kernel)
 
 
-VARIANTS = {  # name: filter attributes (issue 16, filter4: candidates timed beside the current filter)
+VARIANTS = {  # name: filter attributes over the defaults (issue 16, filter4: options timed side by side)
     "current": {},
-    "lean": {"lean": True},
-    "lean+full": {"lean": True, "full_apply": True},
-    "lean+full+nt512": {"lean": True, "full_apply": True, "narrow_tile": 512},
-    "lean+full+nt512+reg128": {"lean": True, "full_apply": True, "narrow_tile": 512,
-                               "finish_options": {"maxnreg": 128}},
-    "late": {"lean": True, "full_apply": True, "late_gather": True},
-    "late+fast": {"lean": True, "full_apply": True, "late_gather": True, "stats_fast": True},
-    "late+fast+reg128": {"lean": True, "full_apply": True, "late_gather": True, "stats_fast": True,
-                         "finish_options": {"maxnreg": 128}},
-    "late+fast+w8": {"lean": True, "full_apply": True, "late_gather": True, "stats_fast": True, "resolve_warps": 8},
-    "late+nt512": {"lean": True, "full_apply": True, "narrow_tile": 512, "late_gather": True},
+    "previous": {"lean": False, "stats_fast": False, "full_apply": False, "finish_options": {}},
+    "reg255": {"finish_options": {}},
+    "reg128": {"finish_options": {"maxnreg": 128}},
+    "nt512": {"narrow_tile": 512},
+    "late": {"late_gather": True},
+    "w8": {"resolve_warps": 8},
 }
 
 

@@ -32,6 +32,24 @@ def test_hard_rows_equal_reference(layout):
         assert_same(source, x)
 
 
+# TopKTopPFilter options other than the defaults (issue 16: the previous kernels, the late gather and the
+# two-pass narrowing stay selectable for comparisons on the GPU, tools/time_filter.py --compare)
+OPTIONS = [pytest.param({"lean": False, "stats_fast": False, "full_apply": False}, id="previous"),
+           pytest.param({"late_gather": True, "narrow_tile": 64}, id="late-two-pass")]
+
+
+@pytest.mark.parametrize("options", OPTIONS)
+def test_other_options_equal_reference(options):
+    x, k, p = hard_rows()
+    filt = nx.TopKTopPFilter(10, x.shape[1], "cpu", capacity=256)
+    for name, value in options.items():
+        setattr(filt, name, value)
+    assert_same(filt.filter(x.clone(), k, p, torch.full_like(x, 7.0)), reference(x, k, p))  # out of place
+    inplace = x.clone()
+    assert_same(filt.filter(inplace, None, p, inplace), reference(x, None, p))  # top-p alone (late gather)
+    assert int(filt.state.unresolved) == 0
+
+
 def test_scalar_k_p_and_grid_of_p():
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(6, 4096, generator=gen) * 2

@@ -56,6 +56,22 @@ Passes (4 launches per call; each full-row pass reads the row once)
    without being read (kept values loaded by index, the chunk set to ``-inf``, the values
    stored back).
 
+Instruction budget (issue 16, filter4, H200 profiles): at 1518 rows one memory pass over the 785 MB
+of logits takes ~190 us, so the passes must issue few instructions per logit. The defaults of
+:class:`TopKTopPFilter` (each measured against the previous kernels, ``tools/time_filter.py --compare``):
+
+- statistics (``stats_fast``): full iterations unmasked, the fp32 sums tested for finiteness once per
+  chunk (a chunk with a NaN, an infinity or a huge value is read again exactly), the early gather
+  stored raw (fp32 bits, index) and packed by the first pass: 28 SASS instructions per logit instead
+  of 42 (the old pass was bound by the half-rate ALU pipe: compares, selects, logic);
+- top-p sweep (``lean``): thresholds compared as fp32 values, one slot claim per lane and iteration
+  instead of one per element, int32 slots: 80 instructions per logit instead of 108 (the software
+  ``exp`` alone is ~32), 58 registers instead of 124;
+- apply (``full_apply``): in place, whole rows written (a kept token's bits written back) instead of
+  masked ``-inf`` stores at scattered positions;
+- finish: narrowing parts by an fp32 product instead of a 64-bit division; at most 128 registers
+  above ``WIDE_ROWS`` rows.
+
 Launches: 4 per call, fixed by which of ``k``/``p`` are given (the mass sweeps compiled in only
 with ``p``), never by values; no host synchronisation; all scratch lives in a
 :class:`TopKTopPFilter` (allocated once, sized for its largest batch): CUDA-graph safe.
@@ -161,6 +177,7 @@ WARPS = 8
 APPLY_CHUNKS = 8  # most parts per row of the apply's own split
 APPLY_MIN_BLOCKS = 8  # and at least this many blocks per part
 RESOLVE_WARPS = 4  # _finish_kernel (first resolve + search rounds, one program per row, ~255 registers)
+FINISH_MAX_REGISTERS = 128  # the finish's cap above WIDE_ROWS rows (see TopKTopPFilter.__init__)
 
 
 # --------------------------------------------------------------------------- device functions
@@ -658,8 +675,13 @@ def _key_range(scratch, n_in):
 
 @triton.jit
 def _part_of(key, k_min, span):
-    """The part (0 .. PARTS - 1, larger = better keys) of int32 ``key`` in ``PARTS`` equal key intervals."""
-    return (((key - k_min).to(tl.int64) * _PARTS) // span).to(tl.int32)
+    """The part (0 .. PARTS - 1, larger = better keys) of int32 ``key`` in ``[k_min, k_min + span)``:
+    about equal key intervals, by an fp32 product instead of a 64-bit division (a ~100-instruction
+    routine per candidate). Monotone in ``key`` (every rounding is), so each part is a run of keys,
+    and every pass of a narrowing computes the same parts."""
+    scale = _PARTS / span.to(tl.float32)
+    part = ((key.to(tl.float32) - k_min.to(tl.float32)) * scale).to(tl.int32)
+    return tl.minimum(part, _PARTS - 1)
 
 
 @triton.jit
@@ -1587,6 +1609,9 @@ def _finish_kernel(
         dst = out_ptr + row * out_stride
         late_row, _, _ = _late_bracket(row, phase, tl.load(st_flags + row), points, counts, masses, st_p, capacity)
         whole_row = (phase == _PHASE_OPEN) & (late_row == 0)
+        if whole_row:  # its first bracket was not gathered (the sweep gathers nothing in LATE mode): a miss
+            tl.store(st_flags + row, tl.load(st_flags + row) & -2)
+            tl.debug_barrier()
     else:
         dst = logits_ptr + row * logits_stride  # (unused)
         late_row = phase < 0
@@ -1866,14 +1891,26 @@ class TopKTopPFilter:
         self.apply_chunks = triton.cdiv(vocab, self.apply_chunk_len)
         self.max_rows, self.vocab, self.device, self.capacity = max_rows, vocab, device, capacity
         self.state = FilterState.allocate(max_rows, self.chunks, capacity, device)
-        # Variants timed side by side (issue 16, filter4): lean statistics and top-p sweeps, an apply
-        # that writes whole rows in place, a register cap on the finish.
-        self.lean = False
-        self.full_apply = False
-        self.finish_options = {}
-        self.narrow_tile = 0  # > 0: _narrow_mass_wide with tiles of this many candidates
-        self.stats_fast = False  # lean statistics: unmasked full iterations, exact re-read of non-finite chunks
-        self.late_gather = False  # top-p alone: the apply gathers the bracket (needs lean)
+        # The design's options (issue 16, filter4; H200, 2026-12-04, tools/time_filter.py --compare): the
+        # defaults are the measured best; the others stay selectable for comparisons.
+        # lean: statistics and top-p sweeps with fp32 compares and one slot claim per lane (the top-p
+        #   sweep 1.84 ms -> 0.70 ms at 1518 rows); False: the previous kernels.
+        # stats_fast: unmasked statistics without per-value finiteness tests (non-finite chunks read
+        #   again exactly), the early gather stored raw (statistics 441 -> 293 us at 1518 rows).
+        # full_apply: in place, whole rows written (where(keep, x, -inf)) instead of masked stores of
+        #   -inf at scattered positions (617 -> 409 us at 1518 rows, top-p alone).
+        # finish_options: a 128-register cap on the one-program-per-row finish above WIDE_ROWS rows
+        #   (4 programs per SM instead of 2: 524 -> 398-451 us at 1518 rows; slower at <= 96 rows).
+        # narrow_tile > 0: two-pass narrowing in tiles of this many candidates (slower: 63 vs 50 us at 6 rows).
+        # late_gather (top-p alone): the apply gathers the bracket, the finish resolves after it
+        #   (the sweep 700 -> 583 us but the apply 409 -> 520 us at 1518 rows: no gain).
+        cuda = device.type == "cuda"
+        self.lean = True
+        self.stats_fast = True
+        self.full_apply = True
+        self.finish_options = {"maxnreg": FINISH_MAX_REGISTERS} if cuda and max_rows > WIDE_ROWS else {}
+        self.narrow_tile = 0
+        self.late_gather = False
 
     def filter(self, logits, k, p, out):
         """Filter ``logits [B <= max_rows, vocab]`` into ``out`` (may be ``logits``); see the class doc."""
