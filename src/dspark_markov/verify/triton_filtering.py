@@ -708,18 +708,23 @@ def _compact(scratch, n_in, k_min, span, lowest, highest, dst, scatter):
 
 
 @triton.jit
-def _narrow_mass(scratch, n_in, limit, mass_hi, row_max, dst, scatter):
+def _narrow_mass(scratch, n_in, limit, mass_hi, row_max, dst, scatter, k_low, k_high, bounded):
     """Narrow a top-p bracket of ``n_in`` gathered candidates that holds the cut: split their key
     range into ``PARTS = 16`` equal key intervals, find (from exact integer masses) the one that
     holds the cut and move its candidates to the front of ``scratch``.
 
     Returns ``(n, mass_above)``: the candidates kept (all of one key stay together, so ties keep
     their index order for the sort) and the exact mass above them. Three passes over the
-    candidates in tiles of ``NARROW_TILE`` (few registers) instead of sorting all ``n_in``.
+    candidates in tiles of ``NARROW_TILE`` (few registers) instead of sorting all ``n_in``; two
+    when ``bounded``: every candidate's key lies in ``[k_low, k_high]`` (the bracket's own bounds).
     """
     t = tl.arange(0, _NARROW_TILE)
     parts = tl.arange(0, _PARTS)
-    k_min, span = _key_range(scratch, n_in)
+    if bounded:
+        k_min = k_low
+        span = (k_high - k_low).to(tl.int64) + 1
+    else:
+        k_min, span = _key_range(scratch, n_in)
     lanes = tl.zeros([_NARROW_TILE, _PARTS], tl.int64)  # per lane and part; reduced once at the end
     for offset in range(0, n_in, _NARROW_TILE):
         inside = offset + t < n_in
@@ -989,6 +994,7 @@ def _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min
         k_low = tl.maximum(tl.load(points + base + tl.where(gather & ((flags & 8) != 0), lo_slot, _SLOT_LOWER),
                                    volatile=True) >> 32, min_key.to(tl.int64)).to(tl.int32)
         k_high = tl.minimum((hi - 1) >> 32, best_key.to(tl.int64)).to(tl.int32)
+        bounded = n_sort >= 0  # the first narrowing takes the bracket's bounds (no pass for the key range)
         for _ in range(0, _NARROWINGS):  # a loop, not unrolled: one copy of each narrowing (compile time)
             if (target == _TARGET_MASS) & (n_sort > _SORT_SMALL):  # a wide top-p bracket: narrow it 16-fold
                 if NARROW_TILE > 0:
@@ -996,7 +1002,9 @@ def _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min
                                                                          row_max, k_low, k_high, dst, late_row,
                                                                          NARROW_TILE)
                 else:
-                    n_new, mass_sort = _narrow_mass(rows_scratch, n_sort, limit, mass_sort, row_max, dst, late_row)
+                    n_new, mass_sort = _narrow_mass(rows_scratch, n_sort, limit, mass_sort, row_max, dst, late_row,
+                                                    k_low, k_high, bounded)
+                    bounded = n_sort < 0
                 complete = complete & (n_new == n_sort)
                 n_sort = n_new
             if (target == _TARGET_COUNT) & (n_sort > _SORT_SMALL):  # many top-k candidates: keep the top parts
