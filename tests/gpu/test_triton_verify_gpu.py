@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import dspark_markov as dm
+import dspark_markov.draft.reference  # noqa: F401  (dm.draft.reference below; the file alone imports nothing else)
 from dspark_markov.demo.generate import chi_square, chi_square_threshold
 
 pytestmark = pytest.mark.gpu
