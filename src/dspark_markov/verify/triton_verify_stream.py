@@ -1003,7 +1003,7 @@ class StreamVerifier:
         :data:`DIV_UNROLL` = 0: the whole raw launch loads 2 tiles at once). H200 (verify3 u3): 2 is
         no faster (20.4 / 63.5 / 139.0 / 424.7 us against 20.5 / 63.1 / 139.2 / 424.9 at 1 / 16 / 64
         / 253 requests, mixed T). When neither ``fast_divide`` nor ``div_unroll`` is given, raw launches of
-        :data:`RAW_WIDE_FROM` requests or more use :data:`RAW_WIDE` (``fast_divide=2, div_unroll=4``).
+        :data:`RAW_WIDE_FROM` requests or more use :data:`RAW_WIDE` (``fast_divide=2, div_unroll=4``; standard method).
     greedy_direct : greedy and padding requests (standard method; block with ``K <= 1``) get their output row
         from their last stream item, and their emit items neither wait nor scan (default
         :data:`GREEDY_DIRECT`; the same tokens).
@@ -1166,7 +1166,7 @@ class StreamVerifier:
         # The raw mode divides every loaded value: 2 tiles at a time keep it at ~117 registers
         # (4 tiles: ~170, one program per SM instead of two).
         fast_divide, div_unroll = self.fast_divide, self.div_unroll
-        if raw and self._raw_wide and batch >= RAW_WIDE_FROM:
+        if raw and self._raw_wide and batch >= RAW_WIDE_FROM and not block_method:  # (block: measured without it)
             fast_divide, div_unroll = RAW_WIDE
         unroll = min(lay.unroll, 2) if raw and self.overrides["unroll"] is None and not div_unroll else lay.unroll
         has_greedy = target_greedy is not None
