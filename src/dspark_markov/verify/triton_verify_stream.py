@@ -1006,9 +1006,22 @@ class StreamVerifier:
         :data:`RAW_WIDE_FROM` requests or more use :data:`RAW_WIDE` (``fast_divide=2, div_unroll=4``; standard method).
     greedy_direct : greedy and padding requests (standard method; block with ``K <= 1``) get their output row
         from their last stream item, and their emit items neither wait nor scan (default
-        :data:`GREEDY_DIRECT`; the same tokens).
+        :data:`GREEDY_DIRECT` = on; the same tokens). H200 (verify4 u3, mixed T, where a third of the
+        slots are greedy): 12.8 / 51.1 / 108.7 / 325.8 us at 1 / 16 / 64 / 253 requests against
+        18.5 / 55.3 / 111.5 / 341.6 without; raw 13.4 / 59.2 / 126.2 / 385.7 against 20.3 / 59.6 / 129.0 / 399.5.
     emit_prefetch : the last stream item of a request prefetches the emitted row (and its cache row after
         a rejection) into L2 for the emit items (1; 2: ``evict_last``; default :data:`EMIT_PREFETCH` = 0).
+        H200 (verify4 u3, mixed T, ``evict_last``): no gain (12.8 / 52.2 / 109.8 / 327.5 us against
+        12.8 / 51.1 / 108.7 / 325.8): it moves the emitted row's DRAM read earlier, it does not remove it.
+
+    Tried on the H200 and removed (verify4 u1-u2): persistent programs taking their items by
+    fetch-and-add (request-major stream tickets of 8 tiles, emit tickets of published requests, so that
+    a request's emitted row would be re-read from L2). Correct (every launch equal to the reference) but
+    slower at every batch: 62.7 / 151.4 / 489.8 us at 16 / 64 / 253 requests against 54.7 / 112.7 /
+    342.8 (mixed T). The per-item cost of small items (claim, request loads, arrival: ~4-5 us) halved
+    the per-program bandwidth, and items of one request finished up to 16 us apart under the saturated
+    memory system, so the emitted row was re-read from DRAM anyway (ncu at 253: 1.18 GB read, 34% L2
+    hits).
     dbuf : the fused loop's interior groups double-buffered in registers (default off; exact on the
         CPU, not timed on the H200).
     compact : standard method: the program order without the lag's padding (default
