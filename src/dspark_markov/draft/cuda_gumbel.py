@@ -31,7 +31,11 @@ from .bias_gemm import clamp_anchor
 from .triton_blocks import GumbelBlocksBackend, launch_combine
 
 CHUNK = 512  # tokens per chunk: 16 per lane of one warp (blocks.cu DM_CHUNK)
-RANGE = 4  # chunks per work item (one warp, one partial): 2048 tokens
+# Chunks per work item (one warp, one partial). Default (range_chunks=None): by the call's batch, 8 (4096 tokens)
+# when that still gives every resident warp a work item, else 4. Measured on the H200 (u3, variant 13, T = 1):
+# 253 rows 750.5 us with 8 against 783.1 with 4; 64 rows 305.9 with 4 against 355.6 with 8 (338.1 with 1).
+RANGE = None
+BASE_RANGE = 4  # the partial buffers' work item (a call's range is this or twice it)
 THREADS = 256  # blocks.cu DM_BT
 BLOCKS_PER_SM = None  # default: as many as are resident at once (the driver's occupancy of the entry point)
 # Run-time hints (blocks.cu DM_BF_*; they never change a draw): the next work item's lines requested into L2.
@@ -45,7 +49,9 @@ DEFAULT_FLAGS = 0
 # with blocks_per_sm=4), 8 = chunks of 256 tokens (8 per lane; 64 registers with bit 4, no spill). Other paths
 # run variant 0 (with chunks of 512 tokens: a work item has CHUNK * range_chunks tokens either way).
 VARIANTS = (0, 1, 2, 3, 5, 7, 13, 15)
-DEFAULT_VARIANT = 0
+# H200 u3 (N = 5, bf16, T = 1): variant 13 783.1 us at 253 rows and 305.9 at 64 (range 4), against 808.7 / 351.0 for
+# variant 1 and 821.4 / 355.7 for 3 (three blocks per SM, 80 registers); 15 (+ pipelined loads) 784.8 / 307.4.
+DEFAULT_VARIANT = 13
 
 
 class BlocksArgs(ctypes.Structure):
@@ -73,7 +79,8 @@ class CudaGumbelBackend(GumbelBlocksBackend):
     Parameters as :class:`~.triton_blocks.GumbelBlocksBackend`, plus ``blocks_per_sm`` (resident
     blocks per SM of the launch; default: as many as can be resident at once, since every warp takes a
     contiguous run of work items), ``filter_margin`` (the slack of the bound test; a huge value makes every token
-    exact), ``range_chunks`` (chunks of :data:`CHUNK` tokens per work item and partial, default :data:`RANGE`),
+    exact), ``range_chunks`` (chunks of :data:`CHUNK` tokens per work item and partial; default :data:`RANGE`:
+    by the call's batch),
     ``flags`` (:data:`FLAG_PREFETCH`, :data:`FLAG_COMBINE`), ``slices`` (vocabulary slices per step, each its own GEMM
     and block launch) and ``variant`` (:data:`VARIANTS`). Scratch (the bias GEMM's
     buffers, partials ``[max_rows, cdiv(V, CHUNK * range_chunks)]``, the noise table) is allocated once; ``run``
@@ -99,11 +106,12 @@ class CudaGumbelBackend(GumbelBlocksBackend):
             raise ValueError(f"cache_dtype: expected torch.bfloat16 or torch.float32, got {cache_dtype}")
         if blocks_per_sm is not None and int(blocks_per_sm) < 1:
             raise ValueError(f"blocks_per_sm: expected >= 1, got {blocks_per_sm}")
-        if int(range_chunks) not in (1, 2, 4, 8, 16):
+        if range_chunks is not None and int(range_chunks) not in (1, 2, 4, 8, 16):
             raise ValueError(f"range_chunks: expected 1, 2, 4, 8 or 16, got {range_chunks}")
-        self.range = int(range_chunks)
+        self.fixed_range = range_chunks is not None
+        self.range = int(range_chunks) if self.fixed_range else BASE_RANGE
         super().__init__(head, num_steps, max_rows, method=method, cache_dtype=cache_dtype, device=device,
-                         block=CHUNK * self.range)  # one partial per work item
+                         block=CHUNK * self.range)  # one partial per work item (at most)
         index = device.index if device.index is not None else torch.cuda.current_device()
         self.device = torch.device("cuda", index)
         from ..cuda import build
@@ -128,8 +136,8 @@ class CudaGumbelBackend(GumbelBlocksBackend):
         self.variant = int(variant)
         # Vocabulary slices: per step and slice, the GEMM of the slice's bias into a buffer small enough to
         # stay in L2, then the block kernel on the slice (the bias need not go to HBM and back).
-        if not 1 <= int(slices) <= self.num_blocks:
-            raise ValueError(f"slices: expected 1 to {self.num_blocks}, got {slices}")
+        if not 1 <= int(slices) <= self.num_blocks or (int(slices) > 1 and not self.fixed_range):
+            raise ValueError(f"slices: expected 1 to {self.num_blocks} (above 1 with a given range_chunks), got {slices}")
         per = -(-self.num_blocks // int(slices))
         self.slices = [(lo, min(per, self.num_blocks - lo)) for lo in range(0, self.num_blocks, per)]
         vocab = head.vocab_size
@@ -152,8 +160,24 @@ class CudaGumbelBackend(GumbelBlocksBackend):
                 f"_v{int(vec)}_s{int(float(self.head.scale) != 1.0)}")
         return f"{name}_x{self.variant}" if self.variant and name == "dm_blocks_b0_c0_v1_s0" else name
 
+    def resident(self, name) -> int:
+        """Blocks per SM of the launch of entry point ``name``: ``blocks_per_sm``, or all that fit at once."""
+        if self.blocks_per_sm is not None:
+            return self.blocks_per_sm
+        if name not in self._resident:
+            self._resident[name] = max(1, self.kernels.blocks_per_sm(name, THREADS, 0))
+        return self._resident[name]
+
+    def call_range(self, rows, name) -> int:
+        """Chunks per work item of a call of ``rows`` rows through entry point ``name`` (see :data:`RANGE`)."""
+        if self.fixed_range:
+            return self.range
+        wide = 2 * self.range
+        items = rows * -(-self.head.vocab_size // (CHUNK * wide))
+        return wide if items >= self.num_sms * self.resident(name) * (THREADS // 32) else self.range
+
     def launch_blocks(self, base_logits, idx_mapping, positions, temperature, seeds, logits_cache, bias, *, rows, step,
-                      chunk_lo=0, chunks=None, draft_tokens=None):
+                      chunk_lo=0, chunks=None, draft_tokens=None, range_chunks=None):
         """One step's block kernel on work items ``[chunk_lo, chunk_lo + chunks)`` (of ``CHUNK * range`` tokens
         each) of ``rows`` rows: their cache entries (live samples) and partials. ``bias`` ``[rows, n]`` bf16 holds
         tokens from ``chunk_lo * CHUNK * range``.
@@ -162,30 +186,28 @@ class CudaGumbelBackend(GumbelBlocksBackend):
         of the work items. Bytes: rows*n*(base bytes + 2) read + live*n*cache bytes written + rows*chunks*12.
         """
         vocab = self.head.vocab_size
-        chunks = self.num_blocks - chunk_lo if chunks is None else chunks
+        name = self.kernel_name(base_logits, logits_cache)
+        range_chunks = self.call_range(rows, name) if range_chunks is None else range_chunks
+        total = -(-vocab // (CHUNK * range_chunks))  # work items (partials) per row
+        chunks = total - chunk_lo if chunks is None else chunks
         args = BlocksArgs(
             base_logits.data_ptr(), bias.data_ptr(), logits_cache.data_ptr(), idx_mapping.data_ptr(),
             positions.data_ptr(), temperature.data_ptr(), seeds.data_ptr(), self.block_max.data_ptr(),
             self.block_token.data_ptr(), self.noise_table.data_ptr(),
-            rows, vocab, temperature.shape[0], self.num_steps, step, chunks, chunk_lo, chunk_lo * CHUNK * self.range,
-            self.range,
+            rows, vocab, temperature.shape[0], self.num_steps, step, chunks, chunk_lo, chunk_lo * CHUNK * range_chunks,
+            range_chunks,
             base_logits.stride(0), base_logits.stride(1), bias.stride(0), logits_cache.stride(0),
             self.block_max.stride(0), int(idx_mapping.dtype == torch.int64), int(positions.dtype == torch.int64),
             int(float(self.head.scale) != 1.0), self.flags,
             self.counts.data_ptr(), 0 if draft_tokens is None else draft_tokens.data_ptr(), self.prev.data_ptr(),
-            self.gemm.gemm_embed.data_ptr(), self.gemm.codes.data_ptr(), self.num_blocks,
+            self.gemm.gemm_embed.data_ptr(), self.gemm.codes.data_ptr(), total,
             0 if draft_tokens is None else draft_tokens.stride(0), 0 if draft_tokens is None else draft_tokens.stride(1),
             self.gemm.gemm_embed.shape[0], self.gemm.gemm_embed.shape[1], self.gemm.codes.stride(0),
             int(step + 1 < self.num_steps), float(self.head.scale), self.filter_margin)
-        name = self.kernel_name(base_logits, logits_cache)
         if name.endswith(("_x13", "_x15")):  # chunks of 256 tokens: twice as many per work item
-            args.range = 2 * self.range
-        per_sm = self.blocks_per_sm
-        if per_sm is None:  # every block resident: a warp's contiguous run of items starts at once
-            per_sm = self._resident.get(name)
-            if per_sm is None:
-                per_sm = self._resident[name] = max(1, self.kernels.blocks_per_sm(name, THREADS, 0))
-        grid = min(rows * chunks, self.num_sms * per_sm)
+            args.range = 2 * range_chunks
+        # Every block resident by default: a warp's contiguous run of items starts at once.
+        grid = min(rows * chunks, self.num_sms * self.resident(name))
         stream = torch.cuda.current_stream(self.device).cuda_stream
         self.kernels.launch(name, grid, THREADS, 0, stream, [args])
 
@@ -196,11 +218,13 @@ class CudaGumbelBackend(GumbelBlocksBackend):
         self.gemm.gather(self.prev[:rows], rows)
         vocab = self.head.vocab_size
         codes, w2 = self.gemm.codes[:rows], self.gemm.gemm_head
+        range_chunks = self.call_range(rows, self.kernel_name(base_logits, logits_cache))
+        parts = -(-vocab // (CHUNK * range_chunks))  # partials per row of this call
         for step in range(self.num_steps):
             if self.slice_bias is None:
                 bias = self.gemm.compute(rows)  # [rows, V] bf16, unscaled
                 self.launch_blocks(base_logits, idx_mapping, positions, temperature, seeds, logits_cache, bias,
-                                   rows=rows, step=step, draft_tokens=draft_tokens)
+                                   rows=rows, step=step, draft_tokens=draft_tokens, range_chunks=range_chunks)
             else:
                 for chunk_lo, chunks in self.slices:
                     lo, hi = chunk_lo * self.block, min((chunk_lo + chunks) * self.block, vocab)
@@ -208,8 +232,9 @@ class CudaGumbelBackend(GumbelBlocksBackend):
                     torch.matmul(codes, w2[lo:hi].t(), out=bias)
                     self.launch_blocks(base_logits, idx_mapping, positions, temperature, seeds, logits_cache, bias,
                                        rows=rows, step=step, chunk_lo=chunk_lo, chunks=chunks,
-                                       draft_tokens=draft_tokens)
+                                       draft_tokens=draft_tokens, range_chunks=range_chunks)
             if not self.flags & FLAG_COMBINE:
-                launch_combine(self.block_max, self.block_token, draft_tokens, self.prev, self.gemm.gemm_embed,
+                launch_combine(self.block_max[:, :parts], self.block_token[:, :parts], draft_tokens, self.prev,
+                               self.gemm.gemm_embed,
                                self.gemm.codes, rows=rows, step=step, vocab=self.head.vocab_size,
                                gather=step + 1 < self.num_steps)
