@@ -4,6 +4,8 @@
   (``__host__ __device__``: the CPU tests compile it as host C++ and compare bit for bit);
 - ``chain.cu``: the persistent chain kernel of ``impl="cuda_chain"``
   (:mod:`dspark_markov.draft.cuda_chain`);
+- ``blocks.cu``: the Gumbel block kernel of ``impl="cuda_gumbel"`` (:mod:`dspark_markov.draft.cuda_gumbel`)
+  and the sweep that builds the noise upper-bound table (:func:`noise_table`, kept on disk);
 - :mod:`.build`: NVRTC and the CUDA driver through ``ctypes``, the disk cache.
 
 :func:`availability` says whether these kernels can run here, and if not, why (for
