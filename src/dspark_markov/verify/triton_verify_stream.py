@@ -940,7 +940,7 @@ class Layout:
     """
 
     def __init__(self, batch: int, k: int, vocab: int, block: int, cuda: bool, sms: int, *, t1=None, t2=None,
-                 lag=None, unroll=None, emit_block=None, resident_per_sm=RESIDENT_PER_SM):
+                 lag=None, unroll=None, emit_block=None, resident_per_sm=RESIDENT_PER_SM, method="standard"):
         tiles = triton.cdiv(vocab, block)
         self.emit_block = int(emit_block or block)
         emit_tiles = triton.cdiv(vocab, self.emit_block)
@@ -953,6 +953,8 @@ class Layout:
             # 8 at 64 (108.7 against 111.6 for 4, 110.4 for 16); 16 at 253 (320.3 against 325.8 for 8))
             if batch <= 4:
                 default_t2 = 1
+            elif method == "block":  # (as measured before: 2 tiles up to 16 requests, 8 above)
+                default_t2 = per_stream_tile if batch <= 16 else 4 * per_stream_tile
             elif batch <= 16:
                 default_t2 = 2 * per_stream_tile
             elif batch <= 128:
@@ -1127,13 +1129,13 @@ class StreamVerifier:
         self.tokens = torch.full((mb, k + 1), -1, dtype=torch.int64, device=device)
         self.num_emitted = zeros(mb, dtype=torch.int64)
 
-    def layout(self, batch: int) -> Layout:
+    def layout(self, batch: int, method: str = "standard") -> Layout:
         return Layout(batch, self.k, self.vocab, self.block, self.cuda, self.sms, emit_block=self.emit_block,
-                      resident_per_sm=self.resident_per_sm, **self.overrides)
+                      resident_per_sm=self.resident_per_sm, method=method, **self.overrides)
 
     def programs(self, batch: int, method: str = "standard") -> int:
         """Programs of one launch for ``batch`` requests (stream, mass and emit items, with the lag's padding)."""
-        lay = self.layout(batch)
+        lay = self.layout(batch, method)
         if self.compact and method != "block":  # one program per item
             return batch * ((self.k + 1) * lay.c1 + lay.c2)
         stages = 3 if method == "block" else 2
@@ -1172,7 +1174,7 @@ class StreamVerifier:
             return tokens, num_emitted
         vocab = self.vocab
         k = self.k
-        lay = self.layout(batch)
+        lay = self.layout(batch, method)
         block_method = method == "block"
         raw = target_temperature is not None
         programs = self.programs(batch, method)
