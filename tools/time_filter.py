@@ -9,6 +9,12 @@ Budget compile time: the first call of each specialization compiles (a few secon
 ``--phases`` (the profile): the GPU time of each launch (stats, first pass, resolve, rounds, apply)
 per bench input kind and case, in place after an L2 flush, the launches enqueued behind a GPU sleep
 so that the events between them measure the kernels, not the host (median of ``REPEATS`` calls).
+
+``--compare SIZES NAMES`` (issue 16, filter4): the same per-launch profile for the filter options of
+:data:`VARIANTS` side by side (alternating per repeat, one process), written to ``$JOB_OUT/compare.txt``
+case by case before each variant is checked bit for bit against the sort reference.
+``--profile CONFIGS``: one call per ``requests:case:kind:variant`` between cudaProfilerStart/Stop, for
+``ncu --profile-from-start off --clock-control none``.
 """
 
 import os

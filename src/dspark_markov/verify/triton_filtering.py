@@ -2,8 +2,9 @@
 two-threshold top-p sweep, narrowing of wide brackets, 4 launches per call, and a bounded
 threshold search for the rows whose first bracket misses.
 
-Validated on the H200 (``tests/gpu/test_filtering_gpu.py``: every bench input kind and case,
-both layouts, in place and out of place, capacity 16, CUDA-graph replay without allocation);
+Validated on the H200 (2026-12-04, the final code of filter4: 25 passed; ``tests/gpu/test_filtering_gpu.py``:
+every bench input kind and case, both layouts, in place and out of place, capacity 16, CUDA-graph
+replay without allocation);
 equals the sort reference in the CPU interpreter (``tests/verify/test_triton_filtering.py``,
 ``tests/verify/test_filtering.py``). ``tools/compile_filter.py`` compiles it for sm_90 and prints
 registers; ``tools/time_filter.py`` times it in the bench's filter cases (``--phases``: per launch).
@@ -71,6 +72,24 @@ of logits takes ~190 us, so the passes must issue few instructions per logit. Th
   masked ``-inf`` stores at scattered positions;
 - finish: narrowing parts by an fp32 product instead of a 64-bit division; at most 128 registers
   above ``WIDE_ROWS`` rows.
+
+Instruction budget (issue 16, filter4; H200 profiles in ``NVIDIA-H200_2026-12-04_filter4_*``): at 1518
+rows one memory pass over the 785 MB of logits takes ~180 us, so the passes must issue few instructions
+per logit. The defaults of :class:`TopKTopPFilter`, each measured against the previous kernels
+(``tools/time_filter.py --compare``; us per launch at 1518 rows, top-p alone, before -> after):
+
+- statistics (``stats_fast``, 441 -> 293): full iterations unmasked, the fp32 sums tested for
+  finiteness once per chunk (a chunk with a NaN, an infinity or a huge value is read again exactly),
+  the early gather stored raw (fp32 bits, index) and packed by the first pass: 28 SASS instructions
+  per logit instead of 42 (the old pass was bound by the half-rate ALU pipe);
+- top-p sweep (``lean``, 1840 -> 695): thresholds compared as fp32 values, one slot claim per lane
+  and iteration instead of one per element, int32 slots: 80 instructions per logit instead of 108
+  (the software ``exp`` alone is ~32), 58 registers instead of 124;
+- finish (524 -> 95): narrowing parts by an fp32 product instead of a 64-bit division (a called
+  ~100-instruction routine per candidate), the first narrowing bounded by the bracket's keys, at most
+  128 registers above ``WIDE_ROWS`` rows (4 programs per SM instead of 2);
+- apply (``full_apply``, 617 -> 409): in place, whole rows written (a kept token's bits written back)
+  instead of masked ``-inf`` stores at scattered positions.
 
 Launches: 4 per call, fixed by which of ``k``/``p`` are given (the mass sweeps compiled in only
 with ``p``), never by values; no host synchronisation; all scratch lives in a
@@ -1908,7 +1927,7 @@ class TopKTopPFilter:
         # full_apply: in place, whole rows written (where(keep, x, -inf)) instead of masked stores of
         #   -inf at scattered positions (617 -> 409 us at 1518 rows, top-p alone).
         # finish_options: a 128-register cap on the one-program-per-row finish above WIDE_ROWS rows
-        #   (4 programs per SM instead of 2: 524 -> 398-451 us at 1518 rows; slower at <= 96 rows).
+        #   (4 programs per SM instead of 2: 143 -> 95-103 us at 1518 rows, top-p alone; slower at <= 96 rows).
         # narrow_tile > 0: two-pass narrowing in tiles of this many candidates (slower: 63 vs 50 us at 6 rows).
         # late_gather (top-p alone): the apply gathers the bracket, the finish resolves after it
         #   (the sweep 700 -> 583 us but the apply 409 -> 520 us at 1518 rows: no gain).
