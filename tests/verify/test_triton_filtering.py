@@ -33,20 +33,22 @@ def test_hard_rows_equal_reference(layout):
 
 
 # TopKTopPFilter options other than the defaults (issue 16: the previous kernels, the late gather and the
-# two-pass narrowing stay selectable for comparisons on the GPU, tools/time_filter.py --compare)
-OPTIONS = [pytest.param({"lean": False, "stats_fast": False, "full_apply": False}, id="previous"),
-           pytest.param({"late_gather": True, "narrow_tile": 64}, id="late-two-pass")]
+# two-pass narrowing stay selectable for comparisons on the GPU, tools/time_filter.py --compare); four
+# of the hard rows (plain, ties, tied maxima, signed zeros) keep the interpreter's time small
+OPTIONS = [pytest.param({"lean": False, "stats_fast": False, "full_apply": False}, "k+p", id="previous"),
+           pytest.param({"late_gather": True, "narrow_tile": 64}, "p", id="late-two-pass")]
 
 
-@pytest.mark.parametrize("options", OPTIONS)
-def test_other_options_equal_reference(options):
+@pytest.mark.parametrize("options, case", OPTIONS)
+def test_other_options_equal_reference(options, case):
     x, k, p = hard_rows()
-    filt = nx.TopKTopPFilter(10, x.shape[1], "cpu", capacity=256)
+    rows = [0, 1, 7, 9]
+    x, k, p = x[rows].contiguous(), (k[rows] if case == "k+p" else None), p[rows]
+    filt = nx.TopKTopPFilter(4, x.shape[1], "cpu", capacity=256)
     for name, value in options.items():
         setattr(filt, name, value)
-    assert_same(filt.filter(x.clone(), k, p, torch.full_like(x, 7.0)), reference(x, k, p))  # out of place
     inplace = x.clone()
-    assert_same(filt.filter(inplace, None, p, inplace), reference(x, None, p))  # top-p alone (late gather)
+    assert_same(filt.filter(inplace, k, p, inplace), reference(x, k, p))
     assert int(filt.state.unresolved) == 0
 
 
