@@ -7,13 +7,22 @@ Per step (three launches, as ``gumbel_fused``; before step 0 one clamp and one e
 2. ``dspark_markov/cuda/blocks.cu`` (NVRTC at first use, cached): one warp per work item (row, chunk
    of :data:`CHUNK` tokens), ``z = round_cache(float(U) + float(bias))``, the cache rows of live samples,
    every token ranked by an exact upper bound of its key from a per-hash-bucket noise table (no
-   logarithm), exact keys only for the tokens whose bound can still reach the chunk's best;
+   logarithm), exact keys only for the tokens whose bound can still reach the work item's best;
 3. the Triton combine of ``gumbel_fused`` (:func:`.triton_blocks.launch_combine`): the token,
    ``draft_tokens``, ``prev`` and the next step's codes.
 
 Why: ``gumbel_fused``'s Triton block kernel is compute-bound at large batches (Nsight Compute, H200,
 253 rows: 182 us per step at 77% SM throughput, 136 M warp instructions, ~133 instructions per logit;
-the cuBLAS GEMM 38 us, the combine 3 us). This kernel spends ~35 instructions per logit.
+the cuBLAS GEMM 38 us, the combine 3 us). This kernel executes 65.7 M warp instructions per step at
+253 rows (~64 per logit, everything included) and takes ~120 us per step (u3, variant 0; latency-bound:
+31% of DRAM bandwidth, an eligible warp in 63% of cycles).
+
+Measured (H200, V = 129,280, rank 256, N = 5, CUDA graph, cold L2; benchmarks/results/
+NVIDIA-H200_2026-12-04_large4_{bf16,fp32_fp32-logits}.json), us per call at 32 / 64 / 128 / 253 rows:
+bf16 cache, T = 1: 254.0 / 303.6 / 468.8 / 742.9 (vLLM's loop 346.6 / 497.4 / 810.0 / 1410.9; gumbel_fused
+261.2 / 385.4 / 636.8 / 1128.4; fused 216.2 / 349.0 / 661.4 / 1257.7); mixed T 247.8 / 299.3 / 464.2 / 741.6;
+fp32 logits and cache 349.9 / 781.0 at 64 / 253 (vLLM's loop 564.4 / 1663.0). Tokens and cache equal
+gumbel_fused's bit for bit in every GPU test (same GEMM).
 
 Requirements (``ValueError`` otherwise): a CUDA device of compute capability 9.0 with NVRTC
 (:func:`dspark_markov.cuda.availability`) and bf16 weights. Base logits bf16 or fp32, cache bf16 or
@@ -34,6 +43,7 @@ CHUNK = 512  # tokens per chunk: 16 per lane of one warp (blocks.cu DM_CHUNK)
 # Chunks per work item (one warp, one partial). Default (range_chunks=None): by the call's batch, 8 (4096 tokens)
 # when that still gives every resident warp a work item, else 4. Measured on the H200 (u3, variant 13, T = 1):
 # 253 rows 750.5 us with 8 against 783.1 with 4; 64 rows 305.9 with 4 against 355.6 with 8 (338.1 with 1).
+# u4 (..._large4_u4.txt): 16 chunks took 717.5 us at 253 rows (8: 745.3), 435.5 at 64: not yet the default.
 RANGE = None
 BASE_RANGE = 4  # the partial buffers' work item (a call's range is this or twice it)
 THREADS = 256  # blocks.cu DM_BT
