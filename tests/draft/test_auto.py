@@ -29,18 +29,23 @@ def test_table_buckets_are_increasing_and_cover_every_batch(key, table):
         assert method in registry.load("draft", impl).METHODS
 
 
-@pytest.mark.parametrize("native", [True, False], ids=["cuda_chain available", "cuda_chain unavailable"])
+@pytest.mark.parametrize("native", [True, False], ids=["native designs available", "native designs unavailable"])
 def test_cuda_choices_follow_the_table(monkeypatch, native):
     cuda = torch.device("cuda")
-    monkeypatch.setattr(auto, "_UNAVAILABLE", {("cuda_chain", "cuda", None): None if native else "no NVRTC"})
+    why_not = None if native else "no NVRTC"
+    monkeypatch.setattr(auto, "_UNAVAILABLE", {("cuda_chain", "cuda", None): why_not,
+                                               ("cuda_gumbel", "cuda", None): why_not})
     small = "cuda_chain" if native else "chain"
+    large = "cuda_gumbel" if native else "gumbel_fused"
     assert auto.choose("gumbel", torch.bfloat16, 1, cuda) == small
     assert auto.choose("gumbel", torch.bfloat16, 4, cuda) == ("cuda_chain" if native else "gumbel_fused")
     assert auto.choose("gumbel", torch.bfloat16, 16, cuda) == ("cuda_chain" if native else "fused")
-    assert auto.choose("gumbel", torch.bfloat16, 64, cuda) == "fused"
-    assert auto.choose("gumbel", torch.bfloat16, 253, cuda) == "gumbel_fused"
+    assert auto.choose("gumbel", torch.bfloat16, 32, cuda) == "fused"
+    assert auto.choose("gumbel", torch.bfloat16, 64, cuda) == ("cuda_gumbel" if native else "fused")
+    assert auto.choose("gumbel", torch.bfloat16, 253, cuda) == large
     assert auto.choose("gumbel", torch.float32, 1, cuda) == small
     assert auto.choose("gumbel", torch.float32, 16, cuda) == "fused"
+    assert auto.choose("gumbel", torch.float32, 64, cuda) == large
     assert auto.choose("inverse_cdf", torch.bfloat16, 8, cuda) == "fused"
     assert auto.choose("inverse_cdf", torch.bfloat16, 64, cuda) == "wide"
     assert auto.choose("inverse_cdf", torch.bfloat16, 253, cuda) == "inverse_cdf"
@@ -55,11 +60,20 @@ def test_committed_results_give_the_table():
     from dspark_markov.registry import NATIVE_DESIGNS
 
     results = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
-    for name, key, method in (("bf16", ("gumbel", torch.bfloat16), "gumbel"),
-                              ("fp32_fp32-logits", ("gumbel", torch.float32), "gumbel"),
-                              ("bf16_inverse_cdf", ("inverse_cdf", torch.bfloat16), "inverse_cdf"),
-                              ("fp32_fp32-logits", ("inverse_cdf", torch.float32), "inverse_cdf")):
-        records = json.loads((results / f"NVIDIA-H200_2026-12-02_{name}.json").read_text())["results"]
+
+    def load(name):
+        return json.loads((results / f"NVIDIA-H200_{name}.json").read_text())["results"]
+
+    # The full runs of 2026-12-02, updated by the later partial run of the large-batch Gumbel designs.
+    for names, key, method in (
+            (("2026-12-02_bf16", "2026-12-04_large4_bf16"), ("gumbel", torch.bfloat16), "gumbel"),
+            (("2026-12-02_fp32_fp32-logits", "2026-12-04_large4_fp32_fp32-logits"), ("gumbel", torch.float32),
+             "gumbel"),
+            (("2026-12-02_bf16_inverse_cdf",), ("inverse_cdf", torch.bfloat16), "inverse_cdf"),
+            (("2026-12-02_fp32_fp32-logits", "2026-12-04_large4_fp32_fp32-logits"), ("inverse_cdf", torch.float32),
+             "inverse_cdf")):
+        records = auto.merge_results(*(load(name) for name in names))
+        name = " + ".join(names)
         assert auto.table_from_results(records, method) == auto.AUTO_TABLE[key], name
         assert auto.table_from_results(records, method, exclude=NATIVE_DESIGNS) == auto.PORTABLE_TABLE[key], name
 
@@ -100,6 +114,21 @@ def test_table_from_results_picks_the_fastest_per_size_with_a_margin():
     assert auto.table_from_results(records, "inverse_cdf") == ((None, "inverse_cdf"),)
     with pytest.raises(ValueError, match="records"):
         auto.table_from_results(records, "nope")
+
+
+def test_merge_results_lets_a_later_run_replace_a_design_and_keeps_the_order():
+    def record(design, rows, time_us, temperature="1"):
+        return {"design": design, "method": "gumbel", "rows": rows, "temperature": temperature, "status": "ok",
+                "time_us": time_us}
+
+    full = [record("fused", 64, 300.0), record("gumbel_fused", 64, 310.0), record("fused", 253, 900.0)]
+    later = [record("gumbel_fused", 64, 200.0), record("cuda_gumbel", 64, 250.0)]
+    merged = auto.merge_results(full, later)
+    assert [(r["design"], r["rows"], r["time_us"]) for r in merged] == [
+        ("fused", 64, 300.0), ("gumbel_fused", 64, 200.0), ("fused", 253, 900.0), ("cuda_gumbel", 64, 250.0)]
+    reversed_order = {r["design"]: r["time_us"] for r in auto.merge_results(later, full) if r["rows"] == 64}
+    assert reversed_order["gumbel_fused"] == 310.0  # the last run given wins
+    assert full[1]["time_us"] == 310.0  # the inputs are not modified
 
 
 def test_an_unavailable_native_design_falls_back_to_the_portable_table(monkeypatch):

@@ -1,7 +1,8 @@
 """``impl="auto"``: the fastest measured design per batch size, chosen at every call.
 
-The table below comes from ``benchmarks/results/NVIDIA-H200_2026-12-02_*.json`` (CUDA graph,
-cold L2, V = 129,280, rank 256, N = 5). For each method and cache dtype it lists
+The table below comes from ``benchmarks/results/NVIDIA-H200_2026-12-02_*.json``, updated by the
+later ``NVIDIA-H200_2026-12-04_large4_*.json`` runs (:func:`merge_results`; CUDA graph, cold L2,
+V = 129,280, rank 256, N = 5). For each method and cache dtype it lists
 ``(largest batch, impl)`` buckets in increasing order. :class:`AutoBackend` builds one backend per
 impl that a batch up to ``max_rows`` can use, at construction, so that switching between them by
 the call's batch size allocates nothing and stays CUDA-graph safe (capture one graph per batch
@@ -17,15 +18,21 @@ from .. import registry
 
 # (max rows, impl) buckets; the last bucket takes every larger batch. Derived with tools/auto_table.py
 # (table_from_results) from benchmarks/results/NVIDIA-H200_2026-12-02_{bf16,bf16_inverse_cdf,
-# fp32_fp32-logits}.json (T = 1 and mixed, means over both).
+# fp32_fp32-logits}.json merged with NVIDIA-H200_2026-12-04_large4_{bf16,fp32_fp32-logits}.json
+# (merge_results: the later run's designs replace their earlier figures; T = 1 and mixed, means over both).
 AUTO_TABLE = {
     # bf16: cuda_chain 83/80 us at 1 row, 90 at 2, 97 at 4, 104/107 at 8, 142/149 at 16 (chain 132-181,
     # gumbel_fused 136-207, fused 157-165); fused 213-215 at 32 and 345-346 at 64 (gumbel_fused 235-250,
     # 340-375); gumbel_fused 559-631 at 128 and 977-1128 at 253 (fused 659, 1254; wide 851-936, 1531-1543).
-    ("gumbel", torch.bfloat16): ((16, "cuda_chain"), (64, "fused"), (None, "gumbel_fused")),
+    # 2026-12-04 (..._large4_bf16.json, measured later, replaces those designs' 32-253-row figures):
+    # cuda_gumbel 254/248 at 32 (fused 216/214), 304/299 at 64 (fused 349/347), 469/464 at 128
+    # (gumbel_fused 637/563) and 743/742 at 253 (gumbel_fused 1128/978).
+    ("gumbel", torch.bfloat16): ((16, "cuda_chain"), (32, "fused"), (None, "cuda_gumbel")),
     # fp32 cache (fp32 logits): cuda_chain 82 at 1 row (chain 128); fused 174 at 16 (chain 172 and
     # cuda_chain 172, within the 2% margin); gumbel_fused 379 at 64 and 1131 at 253 (fused 524, 2432).
-    ("gumbel", torch.float32): ((1, "cuda_chain"), (16, "fused"), (None, "gumbel_fused")),
+    # 2026-12-04 (..._large4_fp32_fp32-logits.json): cuda_gumbel 350 at 64 rows (gumbel_fused 389) and
+    # 781 at 253 (gumbel_fused 1131).
+    ("gumbel", torch.float32): ((1, "cuda_chain"), (16, "fused"), (None, "cuda_gumbel")),
     # ..._bf16_inverse_cdf.json (T = 1 / mixed): inverse_cdf 161/151 vs fused 176/166 at 1 row; fused
     # 165-166 at 16 and 198 at 32 (inverse_cdf 198-220); wide 228/285 at 64 and 318/443 at 128 (fused
     # 267/267, 413/413; inverse_cdf 277, 400-401); inverse_cdf 643/642 at 253 (wide 544/1114: its
@@ -43,6 +50,20 @@ PORTABLE_TABLE = {
     ("inverse_cdf", torch.bfloat16): AUTO_TABLE[("inverse_cdf", torch.bfloat16)],
     ("inverse_cdf", torch.float32): AUTO_TABLE[("inverse_cdf", torch.float32)],
 }
+
+
+def merge_results(*record_lists) -> list:
+    """One list of benchmark records from several runs of one cache dtype, oldest run first.
+
+    A later run's record of the same ``(design, method, rows, temperature)`` replaces the earlier
+    one (a partial benchmark of a few designs updates a full one); the order of first appearance is
+    kept, so :func:`table_from_results`'s incumbent order does not change.
+    """
+    merged = {}
+    for records in record_lists:
+        for record in records:
+            merged[(record["design"], record["method"], record["rows"], record["temperature"])] = record
+    return list(merged.values())
 
 
 def table_from_results(records, method: str, *, margin: float = 0.02, exclude=()) -> tuple:
