@@ -3,8 +3,8 @@
 # "Lead, running one H200"). Jobs live in gpu_jobs/queue/ (untracked, so they travel with the tree).
 # Usage on the device machine, from the repository root (NO_CACHE_TAR=1: no Triton cache back):
 #   bash tools/gpu_queue.sh JOB [JOB ...]    (each JOB is gpu_jobs/queue/JOB.sh)
-# A job's first lines may say "# budget: SECONDS" (default 120). Each job runs in its own
-# process group with PYTHONPATH=src, JOB_OUT=<a folder of its own>, a shared TRITON_CACHE_DIR;
+# A job's first lines may say "# budget: SECONDS" (default 120). Each job runs under `timeout` (killed at
+# its budget) with PYTHONPATH=src, JOB_OUT=<a folder of its own>, a shared TRITON_CACHE_DIR;
 # its folder (log.txt + what it wrote) comes back as $OUT/JOB.tgz.
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton_cache
 mkdir -p $TRITON_CACHE_DIR /tmp/jobout
