@@ -94,6 +94,13 @@ def test_backend_refuses_cpu_and_bad_arguments():
         dm.MarkovSampler(head, 5, 4, impl="cuda_gumbel")
     with pytest.raises(ValueError, match="device"):
         cuda_gumbel.CudaGumbelBackend(head, 5, 4, method="gumbel", cache_dtype=torch.bfloat16, device="cpu")
+    # Option checks come first (named before the device check), so they are testable without a GPU.
+    for option, value in (("filter_margin", -1e-3), ("filter_margin", float("nan")), ("filter_margin", "0.1"),
+                          ("range_chunks", 3), ("range_chunks", 4.0), ("range_chunks", True),
+                          ("blocks_per_sm", 0), ("blocks_per_sm", 2.5)):
+        with pytest.raises(ValueError, match=option):
+            cuda_gumbel.CudaGumbelBackend(head, 5, 4, method="gumbel", cache_dtype=torch.bfloat16, device="cpu",
+                                          **{option: value})
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="no CUDA GPU"):
             cuda_gumbel.CudaGumbelBackend(head, 5, 4, method="gumbel", cache_dtype=torch.bfloat16, device="cuda")

@@ -239,3 +239,10 @@ def test_fast_division_is_correctly_rounded():
         # fast_divide=2: the same quotient, NaN where flagged
         assert bool(poisoned[flagged].isnan().all())
         assert torch.equal(poisoned[~flagged].view(torch.int32), out[~flagged].view(torch.int32))
+
+
+def test_mode_options_outside_their_values_are_refused():
+    for option, value in (("fast_divide", 3), ("fast_divide", True), ("emit_prefetch", 5), ("emit_prefetch", 1.0)):
+        with pytest.raises(ValueError, match=option):
+            StreamVerifier(2, 3, VOCAB, "cpu", **{option: value})
+    assert StreamVerifier(2, 3, VOCAB, "cpu", fast_divide=2, emit_prefetch=0).fast_divide == 2

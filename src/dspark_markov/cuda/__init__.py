@@ -99,8 +99,9 @@ def noise_table(device_index: int):
     ``table[b]`` is the largest exact noise ``rng.gumbel32(rng.uniform32(h))`` over every hash ``h``
     of bucket ``b`` (-inf for an empty bucket), found by evaluating all 2^32 hashes on the GPU
     (``blocks.cu dm_blocks_noise_table``, ~10 s on an H200). The table depends only on noise.cuh's
-    exact IEEE operations, so it is kept on disk beside the CUBINs, keyed by noise.cuh's text: a
-    machine sweeps the hashes once. ``tests/gpu/test_cuda_gumbel_gpu.py`` rebuilds it and compares.
+    exact IEEE operations and the sweep kernel, so it is kept on disk beside the CUBINs, keyed by the
+    text of blocks.cu and its headers and by ``TB_SIZE`` (an edit of either source sweeps again): a
+    machine sweeps the hashes once per source version. ``tests/gpu/test_cuda_gumbel_gpu.py`` rebuilds it and compares.
     """
     import hashlib
 
@@ -111,7 +112,9 @@ def noise_table(device_index: int):
     table = _noise_tables.get(device_index)
     if table is not None:
         return table
-    key = hashlib.sha256(_build.sources("blocks.cu")["noise.cuh"].encode()).hexdigest()[:24]
+    texts = _build.sources("blocks.cu")  # blocks.cu (the sweep) and the headers (the noise)
+    material = "".join(f"{name}\0{texts[name]}\0" for name in sorted(texts)) + f"TB_SIZE={TB_SIZE}"
+    key = hashlib.sha256(material.encode()).hexdigest()[:24]
     path = _build.cache_dir() / f"noise_table-{key}.f32"
     device = torch.device("cuda", device_index)
     if path.exists() and path.stat().st_size == TB_SIZE * 4:

@@ -36,6 +36,7 @@ import ctypes
 import torch
 
 from ..ops.constants import FILTER_MARGIN
+from ..validate import check_int
 from .bias_gemm import clamp_anchor
 from .triton_blocks import GumbelBlocksBackend, launch_combine
 
@@ -104,6 +105,14 @@ class CudaGumbelBackend(GumbelBlocksBackend):
                  filter_margin=FILTER_MARGIN, flags=DEFAULT_FLAGS, slices=1, variant=DEFAULT_VARIANT, range_chunks=RANGE):
         from .. import cuda
 
+        if blocks_per_sm is not None:
+            blocks_per_sm = check_int("blocks_per_sm", blocks_per_sm, 1)
+        if range_chunks is not None and (isinstance(range_chunks, bool) or not isinstance(range_chunks, int)
+                                         or range_chunks not in (1, 2, 4, 8, 16)):
+            raise ValueError(f"range_chunks: expected 1, 2, 4, 8 or 16, got {range_chunks!r}")
+        # A negative margin would skip tokens whose exact key can still win (NaN likewise): never a silent wrong draw.
+        if isinstance(filter_margin, bool) or not isinstance(filter_margin, (int, float)) or not filter_margin >= 0:
+            raise ValueError(f"filter_margin: expected a number >= 0, got {filter_margin!r}")
         device = torch.device(device)
         if device.type != "cuda":
             raise ValueError(f"device: impl 'cuda_gumbel' runs on CUDA devices, got {device}")
@@ -114,10 +123,6 @@ class CudaGumbelBackend(GumbelBlocksBackend):
             raise ValueError(f"head_weight: impl 'cuda_gumbel' needs bf16 weights, got {head.dtype}")
         if cache_dtype not in (torch.bfloat16, torch.float32):
             raise ValueError(f"cache_dtype: expected torch.bfloat16 or torch.float32, got {cache_dtype}")
-        if blocks_per_sm is not None and int(blocks_per_sm) < 1:
-            raise ValueError(f"blocks_per_sm: expected >= 1, got {blocks_per_sm}")
-        if range_chunks is not None and int(range_chunks) not in (1, 2, 4, 8, 16):
-            raise ValueError(f"range_chunks: expected 1, 2, 4, 8 or 16, got {range_chunks}")
         self.fixed_range = range_chunks is not None
         self.range = int(range_chunks) if self.fixed_range else BASE_RANGE
         super().__init__(head, num_steps, max_rows, method=method, cache_dtype=cache_dtype, device=device,
@@ -158,10 +163,19 @@ class CudaGumbelBackend(GumbelBlocksBackend):
 
     @staticmethod
     def unavailable_reason() -> str | None:
-        """Why this design cannot run here (no GPU, not sm_90, no NVRTC), or ``None``."""
+        """Why this design cannot run here (no GPU, not sm_90, no NVRTC, ``blocks.cu`` does not build or
+        load), or ``None``. Builds ``blocks.cu`` (cached on disk) as ``cuda_chain``'s check builds
+        ``chain.cu``, so that ``auto`` falls back to the portable table instead of failing at construction."""
         from .. import cuda
+        from ..cuda import build
 
-        return cuda.availability(build=False)
+        why = cuda.availability(build=False)
+        if why is None:
+            try:
+                cuda.blocks_kernels(torch.cuda.current_device())
+            except build.BuildError as error:
+                return str(error)
+        return why
 
     def kernel_name(self, base_logits, logits_cache) -> str:
         vec = (self.head.vocab_size % 8 == 0 and _aligned16(base_logits, (0, 1)) and _aligned16(logits_cache, (0, 1))

@@ -928,6 +928,13 @@ RESIDENT_PER_SM = 2  # Layout's default: 8-warp programs per SM at 128 registers
 MAX_T1 = 16  # tiles per stream item at most (32K values: 128 KB of target, 64 KB of bf16 cache)
 
 
+def _option(name, value, allowed) -> int:
+    """``value`` as one of the ints ``allowed`` (a mode switch); ``ValueError`` naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value not in allowed:
+        raise ValueError(f"{name}: expected one of {allowed}, got {value!r}")
+    return int(value)
+
+
 class Layout:
     """Chunking of one launch: tiles per stream item ``t1`` (``c1`` chunks per row, loaded
     ``unroll`` tiles at a time), tiles per emit item ``t2`` (``c2`` chunks), and the ``lag`` in
@@ -1076,7 +1083,7 @@ class StreamVerifier:
         # Target row j and cache row j streamed in one loop (one round trip per tile, not two loops).
         self.fused = True if fused is None else bool(fused)
         # Raw logits (fused loop): the target values divided without a divide per element (_divide).
-        self.fast_divide = FAST_DIVIDE if fast_divide is None else int(fast_divide)
+        self.fast_divide = FAST_DIVIDE if fast_divide is None else _option("fast_divide", fast_divide, (0, 1, 2))
         # Raw launches of RAW_WIDE_FROM requests or more take (fast_divide, div_unroll) = RAW_WIDE unless either is given.
         self._raw_wide = fast_divide is None and div_unroll is None
         # Fused loop: whole groups of tiles loaded without masks; greedy rows: argmax one tile at a time.
@@ -1094,7 +1101,7 @@ class StreamVerifier:
         # Standard method: the program order without the lag's padding (no program launched only to exit).
         self.compact = bool(compact) if compact is not None else COMPACT_ORDER
         # The last stream item of a request prefetches its emitted row into L2 (1; 2: evict_last), GPU only.
-        self.emit_prefetch = int(emit_prefetch) if emit_prefetch is not None else EMIT_PREFETCH
+        self.emit_prefetch = _option("emit_prefetch", emit_prefetch, (0, 1, 2)) if emit_prefetch is not None else EMIT_PREFETCH
         # Greedy and padding requests (standard method): the last stream item writes the output; no emit work.
         self.greedy_direct = bool(greedy_direct) if greedy_direct is not None else GREEDY_DIRECT
         self._emit_scan = bool(emit)  # emit=0: a profiling aid (the emit items skip their scan: wrong tokens)

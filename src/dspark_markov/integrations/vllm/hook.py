@@ -22,7 +22,7 @@ once, CUDA-graph capturable, no host synchronisation).
 
 Exactness: the tokens, the cache rows and the untouched padding rows are those of vLLM's loop given
 the same bias. The bias is an fp32 sum of rank products rounded to bf16 (SPEC.md section 3); the
-cuBLAS designs (``loop``, ``gumbel_fused``, ``cuda_gumbel`` -- the last is what ``auto`` picks from 64
+cuBLAS designs (``loop``, ``gumbel_fused``, ``cuda_gumbel`` -- the last is what ``auto`` picks from 33
 rows up) make the same GEMM call as vLLM's ``F.linear`` on ``markov_w2``; the in-kernel designs
 (``fused``, ``chain``, ``cuda_chain``, which ``auto`` picks at up to 32 rows) add the products in another order, so a bias value can differ in its last bf16 bit -- as
 vLLM's own AMD hook (``fused_markov.py``) does. That changes which tokens are proposed, never the
