@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A GPU job queue for a session that shares one device machine between several people (CONTRIBUTING,
-# "Lead, running one H200"). Jobs live in gpu_jobs/queue/ (untracked, so they travel with the tree).
+# "Lead, running one H200"). Jobs live in gpu_jobs/queue/ (git-ignored: name gpu_jobs in the device call's carry).
 # Usage on the device machine, from the repository root (NO_CACHE_TAR=1: no Triton cache back):
 #   bash tools/gpu_queue.sh JOB [JOB ...]    (each JOB is gpu_jobs/queue/JOB.sh)
 # A job's first lines may say "# budget: SECONDS" (default 120). Each job runs under `timeout` (killed at
