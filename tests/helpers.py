@@ -138,6 +138,27 @@ def new_outputs(inputs, cache_dtype):
     return tokens, cache
 
 
+_CUDA_INPUTS = {}
+
+
+def cuda_inputs(rows, steps, vocab, logit_dtype, seed=7):
+    """``make_inputs`` on CUDA at full shapes (5 extra slots, an embedding vocabulary of ``vocab + 1000``),
+    made once per process and shared by the GPU test modules (they only read them)."""
+    key = (rows, steps, vocab, logit_dtype, seed)
+    if key not in _CUDA_INPUTS:
+        _CUDA_INPUTS[key] = make_inputs(rows, steps, vocab, logit_dtype=logit_dtype, device="cuda", seed=seed,
+                                        extra_slots=5, embed_vocab=vocab + 1000)
+    return _CUDA_INPUTS[key]
+
+
+def sample_synced(sampler, inputs, cache_dtype, **kwargs):
+    """``sampler.sample`` into fresh sentinel-filled outputs (``new_outputs``), then a device synchronisation."""
+    tokens, cache = new_outputs(inputs, cache_dtype)
+    sampler.sample(**inputs, draft_tokens=tokens, logits_cache=cache, **kwargs)
+    torch.cuda.synchronize()
+    return tokens, cache
+
+
 def run_sampler(impl, head, inputs, cache_dtype, *, block=None, **sample_kwargs):
     rows, steps, _ = inputs["base_logits"].shape
     sampler = dm.MarkovSampler(head, steps, rows, cache_dtype=cache_dtype, method="gumbel", impl=impl)

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import dspark_markov as dm
-from tests.helpers import SENTINEL, check_draws, make_head, make_inputs, new_outputs, same_values
+from tests.helpers import SENTINEL, check_draws, cuda_inputs, make_head, make_inputs, new_outputs, same_values
+from tests.helpers import sample_synced as sample
 
 pytestmark = pytest.mark.gpu
 
@@ -29,22 +30,8 @@ def head():
     return make_head(VOCAB, RANK, embed_extra=1000, dtype=torch.bfloat16, device="cuda", seed=3)
 
 
-_INPUTS = {}
-
-
 def inputs_for(rows, logit_dtype, seed=7):
-    key = (rows, logit_dtype, seed)
-    if key not in _INPUTS:
-        _INPUTS[key] = make_inputs(rows, STEPS, VOCAB, logit_dtype=logit_dtype, device="cuda", seed=seed,
-                                   extra_slots=5, embed_vocab=VOCAB + 1000)
-    return _INPUTS[key]
-
-
-def sample(sampler, inputs, cache_dtype, **kwargs):
-    tokens, cache = new_outputs(inputs, cache_dtype)
-    sampler.sample(**inputs, draft_tokens=tokens, logits_cache=cache, **kwargs)
-    torch.cuda.synchronize()
-    return tokens, cache
+    return cuda_inputs(rows, STEPS, VOCAB, logit_dtype, seed)
 
 
 @pytest.mark.parametrize("rows", [1, 16, 64, 253])
