@@ -155,7 +155,6 @@ class CudaGumbelBackend(GumbelBlocksBackend):
             raise ValueError(f"slices: expected 1 to {self.num_blocks} (above 1 with a given range_chunks), got {slices}")
         per = -(-self.num_blocks // int(slices))
         self.slices = [(lo, min(per, self.num_blocks - lo)) for lo in range(0, self.num_blocks, per)]
-        vocab = head.vocab_size
         self.slice_bias = None
         if len(self.slices) > 1:
             self.slice_bias = torch.zeros(self.max_rows * per * CHUNK * self.range, dtype=head.dtype,
