@@ -183,3 +183,68 @@ def test_noise_table_is_the_exhaustive_bucket_maximum(head):
     in_use = cuda.noise_table(index)
     assert torch.equal(fresh.view(torch.int32), in_use.view(torch.int32))
     assert float(fresh[0]) > 20.0 and float(fresh.max()) < 23.0  # bucket 0: h in {0, 1}, u ~ 2^-32, g ~ 22
+
+
+def test_noise_table_matches_the_torch_reference_noise(head):
+    """Independent of the sweep kernel: every bucket of the hashes below 2^26 (fp32 exponents 0-25 of
+    ``h | 1``: 1,664 of the 2,112 buckets, the large-noise end where the bound decides) recomputed with
+    :mod:`dspark_markov.rng`'s torch reference (``uniform32`` / ``gumbel32``) and noise.cuh's bucket rule."""
+    from dspark_markov import cuda, rng
+
+    table = cuda.noise_table(torch.cuda.current_device())
+    bits, limit, step = cuda.TB_SIZE // 33, 1 << 26, 1 << 22
+    best = torch.full((cuda.TB_SIZE,), float("-inf"), device="cuda")
+    for lo in range(0, limit, step):
+        h = torch.arange(lo, lo + step, dtype=torch.int64, device="cuda")
+        noise = rng.gumbel32(rng.uniform32(h))
+        as_float = (h | 1).to(torch.float32)  # exact below 2^24, rounded to nearest above (as the C cast)
+        bucket = (as_float.view(torch.int32).to(torch.int64) >> (23 - 6)) - (127 << 6)
+        best.scatter_reduce_(0, bucket, noise, reduce="amax")
+    covered = 26 * bits  # exponents 0..25: every hash of these buckets is below 2^26
+    assert bits == 1 << 6
+    assert torch.equal(best[:covered].view(torch.int32), table[:covered].view(torch.int32))
+
+
+_FRESH_PROCESS_CAPTURE = r"""
+import sys, torch
+import dspark_markov as dm
+from tests.helpers import SENTINEL, make_head, make_inputs, new_outputs, same_values
+torch.backends.cuda.matmul.allow_tf32 = False
+V, STEPS = 129_280, 5
+head = make_head(V, 256, embed_extra=1000, dtype=torch.bfloat16, device="cuda", seed=3)
+for rows in (16, 64, 253):
+    sampler = dm.MarkovSampler(head, STEPS, rows, cache_dtype=torch.bfloat16, method="gumbel", impl="auto")
+    inputs = make_inputs(rows, STEPS, V, device="cuda", seed=rows, extra_slots=5, embed_vocab=V + 1000)
+    tokens, cache = new_outputs(inputs, torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            sampler.sample(**inputs, draft_tokens=tokens, logits_cache=cache, check_values=False)
+    torch.cuda.current_stream().wait_stream(side)
+    eager_tokens, eager_cache = tokens.clone(), cache.clone()
+    graph = torch.cuda.CUDAGraph()
+    print("capture", rows, type(sampler.backend).__name__, flush=True)
+    with torch.cuda.graph(graph):
+        sampler.sample(**inputs, draft_tokens=tokens, logits_cache=cache, check_values=False)
+    tokens.fill_(-1)
+    cache.fill_(SENTINEL)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(tokens, eager_tokens) and same_values(cache, eager_cache), rows
+print("ok")
+"""
+
+
+def test_auto_capture_in_a_fresh_process(head):
+    """The first capture of ``impl="auto"`` in a process (16 / 64 / 253 rows: cuda_chain, cuda_gumbel), after
+    the two warm-up calls of PyTorch's recipe, replays what eager drew: nothing loads or queries the driver
+    lazily inside the capture (the 2026-12-04 hook-timing failure happened in such a first capture)."""
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", _FRESH_PROCESS_CAPTURE], cwd=root, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.rstrip().endswith("ok"), done.stdout + done.stderr

@@ -217,6 +217,13 @@ class Kernels:
             _check_cu(lib, lib.cuModuleGetFunction(ctypes.byref(fn), self.module, name.encode()),
                       f"cuModuleGetFunction({name})")
             self.functions[name] = fn
+        # Under lazy module loading (CUDA_MODULE_LOADING=LAZY, the default since CUDA 12.2) a function is loaded
+        # at its first launch; a first launch inside a CUDA-graph capture would then run the loader (memory
+        # allocation, synchronisation) inside the capture. Load every function now (cuFuncLoad, driver >= 12.4).
+        load = getattr(lib, "cuFuncLoad", None)
+        if load is not None:
+            for name, fn in self.functions.items():
+                _check_cu(lib, load(fn), f"cuFuncLoad({name})")
 
     def attribute(self, name: str, attribute: int) -> int:
         value = ctypes.c_int()

@@ -138,7 +138,10 @@ class CudaGumbelBackend(GumbelBlocksBackend):
             raise ValueError(f"impl: 'cuda_gumbel' cannot run here: {error}") from error
         self.num_sms = torch.cuda.get_device_properties(index).multi_processor_count
         self.blocks_per_sm = None if blocks_per_sm is None else int(blocks_per_sm)
-        self._resident = {}  # entry point -> blocks per SM resident at once
+        # Entry point -> blocks per SM resident at once, queried here for every entry point: never a driver
+        # query at a first call inside a CUDA-graph capture.
+        self._resident = {name: max(1, self.kernels.blocks_per_sm(name, THREADS, 0))
+                          for name in cuda.BLOCKS_KERNELS if name.startswith("dm_blocks_b")}
         self.filter_margin = float(filter_margin)
         if int(flags) < 0 or int(flags) & ~FLAGS_ALL:
             raise ValueError(f"flags: expected a combination of the FLAG_* bits ({FLAGS_ALL} = all), got {flags}")
@@ -200,16 +203,16 @@ class CudaGumbelBackend(GumbelBlocksBackend):
         return wide if items >= self.num_sms * self.resident(name) * (THREADS // 32) else self.range
 
     def launch_blocks(self, base_logits, idx_mapping, positions, temperature, seeds, logits_cache, bias, *, rows, step,
-                      chunk_lo=0, chunks=None, draft_tokens=None, range_chunks=None):
+                      chunk_lo=0, chunks=None, draft_tokens=None, range_chunks=None, name=None):
         """One step's block kernel on work items ``[chunk_lo, chunk_lo + chunks)`` (of ``CHUNK * range`` tokens
         each) of ``rows`` rows: their cache entries (live samples) and partials. ``bias`` ``[rows, n]`` bf16 holds
-        tokens from ``chunk_lo * CHUNK * range``.
+        tokens from ``chunk_lo * CHUNK * range``. ``name``: the entry point (default :meth:`kernel_name`).
 
         Grid: ``min(rows * chunks, SMs * blocks_per_sm)`` blocks of 256 threads, every warp a contiguous run
         of the work items. Bytes: rows*n*(base bytes + 2) read + live*n*cache bytes written + rows*chunks*12.
         """
         vocab = self.head.vocab_size
-        name = self.kernel_name(base_logits, logits_cache)
+        name = self.kernel_name(base_logits, logits_cache) if name is None else name
         range_chunks = self.call_range(rows, name) if range_chunks is None else range_chunks
         total = -(-vocab // (CHUNK * range_chunks))  # work items (partials) per row
         chunks = total - chunk_lo if chunks is None else chunks
@@ -241,13 +244,14 @@ class CudaGumbelBackend(GumbelBlocksBackend):
         self.gemm.gather(self.prev[:rows], rows)
         vocab = self.head.vocab_size
         codes, w2 = self.gemm.codes[:rows], self.gemm.gemm_head
-        range_chunks = self.call_range(rows, self.kernel_name(base_logits, logits_cache))
+        name = self.kernel_name(base_logits, logits_cache)  # once per call (pointer and stride checks)
+        range_chunks = self.call_range(rows, name)
         parts = -(-vocab // (CHUNK * range_chunks))  # partials per row of this call
         for step in range(self.num_steps):
             if self.slice_bias is None:
                 bias = self.gemm.compute(rows)  # [rows, V] bf16, unscaled
                 self.launch_blocks(base_logits, idx_mapping, positions, temperature, seeds, logits_cache, bias,
-                                   rows=rows, step=step, draft_tokens=draft_tokens, range_chunks=range_chunks)
+                                   rows=rows, step=step, draft_tokens=draft_tokens, range_chunks=range_chunks, name=name)
             else:
                 for chunk_lo, chunks in self.slices:
                     lo, hi = chunk_lo * self.block, min((chunk_lo + chunks) * self.block, vocab)
@@ -255,7 +259,7 @@ class CudaGumbelBackend(GumbelBlocksBackend):
                     torch.matmul(codes, w2[lo:hi].t(), out=bias)
                     self.launch_blocks(base_logits, idx_mapping, positions, temperature, seeds, logits_cache, bias,
                                        rows=rows, step=step, chunk_lo=chunk_lo, chunks=chunks,
-                                       draft_tokens=draft_tokens, range_chunks=range_chunks)
+                                       draft_tokens=draft_tokens, range_chunks=range_chunks, name=name)
             if not self.flags & FLAG_COMBINE:
                 launch_combine(self.block_max[:, :parts], self.block_token[:, :parts], draft_tokens, self.prev,
                                self.gemm.gemm_embed,
