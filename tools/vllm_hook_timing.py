@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import time
+import types
 from pathlib import Path
 
 import torch
@@ -132,7 +133,9 @@ def main() -> int:
                     graph.replay()
                 torch.cuda.synchronize()
                 record["graph"] = compare(plain, hooked, rows)
-                runs = {name: type("Run", (), {"graph": g, "call": None})() for name, g in graphs.items()}
+                # Plain objects, no reference cycle: the graphs are freed at the `del` below, never by a garbage
+                # collection inside a later capture (harness.capture_graph also collects before and holds gc off).
+                runs = {name: types.SimpleNamespace(graph=g, call=None) for name, g in graphs.items()}
                 times, _ = harness.time_round_robin(runs, lambda key: True, lambda key, e: print(key, e), rounds=args.rounds,
                                                     replays=args.replays, eager_calls=0, cuda=True, flush=flush)
                 for name in runs:

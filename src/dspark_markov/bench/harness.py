@@ -19,6 +19,7 @@ medians, with the lowest and highest round median as its spread (:func:`summariz
 
 from __future__ import annotations
 
+import gc
 import statistics
 import sys
 import time
@@ -68,7 +69,13 @@ class L2Flusher:
 
 
 def capture_graph(fn: Callable[[], object], warmup: int = 2) -> "torch.cuda.CUDAGraph":
-    """Capture ``fn`` into a CUDA graph after ``warmup`` calls on a side stream (PyTorch's recipe)."""
+    """Capture ``fn`` into a CUDA graph after ``warmup`` calls on a side stream (PyTorch's recipe).
+
+    Python's cyclic garbage collector is run before the capture and kept off during it (as vLLM does
+    around its captures): a collection inside the capture may free an earlier ``CUDAGraph`` held in a
+    reference cycle, whose destruction (``cudaGraphExecDestroy``) is not permitted while a stream captures
+    and invalidates the capture (``cudaErrorStreamCaptureInvalidated``; the 2026-12-04 hook-timing failures).
+    """
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -76,8 +83,15 @@ def capture_graph(fn: Callable[[], object], warmup: int = 2) -> "torch.cuda.CUDA
             fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    finally:
+        if enabled:
+            gc.enable()
     torch.cuda.synchronize()
     return graph
 
