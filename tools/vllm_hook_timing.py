@@ -62,20 +62,25 @@ def run_both(plain, hooked, rows, hidden):
     return hook.stats["taken"] == taken + 1
 
 
-def use_auto_tables_from(path) -> None:
-    """Replace ``auto``'s tables of the file's cache dtype by those its results give (in place: every
-    backend built afterwards, the hook's included, chooses by them)."""
+def use_auto_tables_from(paths) -> None:
+    """Replace ``auto``'s tables of each cache dtype by those the files give, oldest file first, merged as
+    ``tools/auto_table.py`` merges them (``auto.merge_results``: a later file's measurement of a design
+    replaces an earlier one). In place: every backend built afterwards, the hook's included, chooses by them."""
     from dspark_markov import registry
 
-    data = json.loads(Path(path).read_text())
-    cache = getattr(torch, data["config"]["cache_dtype"])
-    for table, exclude in ((auto.AUTO_TABLE, ()), (auto.PORTABLE_TABLE, registry.NATIVE_DESIGNS)):
-        for method in ("gumbel", "inverse_cdf"):
-            try:
-                table[(method, cache)] = auto.table_from_results(data["results"], method, exclude=exclude)
-            except ValueError:  # the file has no record of that method
-                continue
-    print(f"auto tables from {path}:", {k: v for k, v in auto.AUTO_TABLE.items() if k[1] == cache}, flush=True)
+    by_cache = {}
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        by_cache.setdefault(getattr(torch, data["config"]["cache_dtype"]), []).append(data["results"])
+    for cache, runs in by_cache.items():
+        records = auto.merge_results(*runs)
+        for table, exclude in ((auto.AUTO_TABLE, ()), (auto.PORTABLE_TABLE, registry.NATIVE_DESIGNS)):
+            for method in ("gumbel", "inverse_cdf"):
+                try:
+                    table[(method, cache)] = auto.table_from_results(records, method, exclude=exclude)
+                except ValueError:  # no record of that method
+                    continue
+        print(f"auto tables from {paths}:", {k: v for k, v in auto.AUTO_TABLE.items() if k[1] == cache}, flush=True)
 
 
 def main() -> int:
@@ -92,8 +97,8 @@ def main() -> int:
                         help="time the hook with the auto tables these benchmark results give (tools/auto_table.py), "
                              "e.g. a sampler benchmark of the same machine run just before, not yet in draft/auto.py")
     args = parser.parse_args()
-    for path in args.auto_from:
-        use_auto_tables_from(path)
+    if args.auto_from:
+        use_auto_tables_from(args.auto_from)
     vocab, rank, max_reqs = args.vocab, args.rank, args.max_reqs
     cuda = args.device == "cuda"
     rows_list = [int(r) for r in args.rows.split(",")]
