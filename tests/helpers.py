@@ -539,3 +539,20 @@ def fast_interpreter_calls():
             interp.GridExecutor.__call__, interp.InterpretedFunction.__call__ = grid_call, device_call
 
     return manager()
+
+
+def assert_args_struct_matches(source: str, struct: str, fields) -> None:
+    """The ctypes ``_fields_`` of a kernel's argument struct are the C struct ``struct`` of
+    ``cuda/<source>`` field for field (``u64`` / ``i64`` / ``double``, 8 bytes each, same names, same order)."""
+    import ctypes
+    import re
+
+    from dspark_markov.cuda import build
+
+    text = (build.SOURCE_DIR / source).read_text()
+    body = re.sub(r"//[^\n]*", "", re.search(rf"struct {struct} \{{(.*?)\n\}};", text, re.S).group(1))
+    names = []
+    for kind, declared in re.findall(r"\b(u64|i64|double)\s+([^;]+);", body):
+        names += [(kind, name.strip()) for name in declared.split(",")]
+    ctypes_kind = {ctypes.c_uint64: "u64", ctypes.c_int64: "i64", ctypes.c_double: "double"}
+    assert [(ctypes_kind[kind], name) for name, kind in fields] == names

@@ -25,6 +25,7 @@ import dspark_markov as dm
 from dspark_markov import rng
 from dspark_markov.cuda import build
 from dspark_markov.draft import cuda_chain
+from tests.helpers import assert_args_struct_matches
 
 HOST_WRAPPER = r"""
 #include "noise.cuh"
@@ -190,15 +191,8 @@ def test_chain_kernels_compile_for_sm90(tmp_path):
 
 
 def test_args_struct_matches_the_kernel():
-    text = (build.SOURCE_DIR / "chain.cu").read_text()
-    body = re.search(r"struct ChainArgs \{(.*?)\n\};", text, re.S).group(1)
-    body = re.sub(r"//[^\n]*", "", body)
-    names = []
-    for kind, fields in re.findall(r"\b(u64|i64|double)\s+([^;]+);", body):
-        names += [(kind, f.strip()) for f in fields.split(",")]
-    ctypes_kind = {ctypes.c_uint64: "u64", ctypes.c_int64: "i64", ctypes.c_double: "double"}
-    assert [(ctypes_kind[t], n) for n, t in cuda_chain.ChainArgs._fields_] == names
-    assert ctypes.sizeof(cuda_chain.ChainArgs) == 8 * len(names)
+    assert_args_struct_matches("chain.cu", "ChainArgs", cuda_chain.ChainArgs._fields_)
+    assert ctypes.sizeof(cuda_chain.ChainArgs) == 8 * len(cuda_chain.ChainArgs._fields_)
 
 
 def test_filter_margin_is_the_filter_s():

@@ -21,6 +21,7 @@ import torch
 
 import dspark_markov as dm
 from dspark_markov.cuda import BLOCKS_KERNELS, build
+from tests.helpers import assert_args_struct_matches
 
 cuda_gumbel = pytest.importorskip("dspark_markov.draft.cuda_gumbel")  # imports Triton (the combine)
 
@@ -55,15 +56,9 @@ def test_blocks_kernels_compile_for_sm90(tmp_path):
 
 
 def test_args_struct_matches_the_kernel():
+    assert_args_struct_matches("blocks.cu", "BlocksArgs", cuda_gumbel.BlocksArgs._fields_)
+    assert ctypes.sizeof(cuda_gumbel.BlocksArgs) == 8 * len(cuda_gumbel.BlocksArgs._fields_)
     text = (build.SOURCE_DIR / "blocks.cu").read_text()
-    body = re.search(r"struct BlocksArgs \{(.*?)\n\};", text, re.S).group(1)
-    body = re.sub(r"//[^\n]*", "", body)
-    names = []
-    for kind, fields in re.findall(r"\b(u64|i64|double)\s+([^;]+);", body):
-        names += [(kind, f.strip()) for f in fields.split(",")]
-    ctypes_kind = {ctypes.c_uint64: "u64", ctypes.c_int64: "i64", ctypes.c_double: "double"}
-    assert [(ctypes_kind[t], n) for n, t in cuda_gumbel.BlocksArgs._fields_] == names
-    assert ctypes.sizeof(cuda_gumbel.BlocksArgs) == 8 * len(names)
     assert "#define DM_CHUNK (32 * DM_PER)" in text and "#define DM_PER (8 * DM_GROUPS)" in text
     assert "#define DM_GROUPS 2 " in text and cuda_gumbel.CHUNK == 32 * 16
 
