@@ -72,6 +72,7 @@ REGISTRY = {
         "chain": Entry(_DRAFT + "triton_chain", "ChainBackend"),
         "cuda_chain": Entry(_DRAFT + "cuda_chain", "CudaChainBackend"),
         "cuda_gumbel": Entry(_DRAFT + "cuda_gumbel", "CudaGumbelBackend"),
+        "cuda_wide": Entry(_DRAFT + "cuda_wide", "CudaWideBackend"),
         "stream": Entry(_DRAFT + "triton_stream", "StreamBackend"),
         "wide": Entry(_DRAFT + "triton_wide", "WideBackend"),
         AUTO: Entry(_DRAFT + "auto", "AutoBackend"),
@@ -101,7 +102,7 @@ REGISTRY = {
 # Draft designs that are CUDA C++ built at first use (NVRTC): no Triton interpreter path, and they may be
 # unavailable on a CUDA machine (no NVRTC, not sm_90: their class's ``unavailable_reason()`` says why);
 # ``auto`` then runs the fastest measured portable (Triton) design instead (draft/auto.py).
-NATIVE_DESIGNS = ("cuda_chain", "cuda_gumbel")
+NATIVE_DESIGNS = ("cuda_chain", "cuda_gumbel", "cuda_wide")
 
 # Implementations that "auto" does not pick until they have passed their GPU tests on the H200;
 # they stay selectable by name. Empty now: the rewritten Triton top-k/top-p filter (issue 16) passed

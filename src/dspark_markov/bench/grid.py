@@ -22,7 +22,7 @@ from . import harness, roofline
 
 VLLM_LOOP = "vllm_loop"  # vLLM's own speculator loop (bench/vllm_loop.py): the yardstick when it can run
 DESIGNS = (VLLM_LOOP, "loop", "gumbel_fused", "inverse_cdf", "fused", "chain", "cuda_chain", "cuda_gumbel", "stream",
-           "wide")
+           "wide", "cuda_wide")
 KNOWN_DESIGNS = ("reference",) + DESIGNS
 TEMPERATURE_MODES = ("1", "mixed")
 MIXED_TEMPERATURES = (0.0, 0.6, 1.0)  # slot s gets MIXED_TEMPERATURES[s % 3]

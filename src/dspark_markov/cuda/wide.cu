@@ -1,0 +1,416 @@
+// impl="cuda_wide": the large-batch Gumbel sampler (32-256 rows) with the bias on tensor cores, CUDA C++ for sm_90.
+//
+// One launch per step (dm_wide_step) plus one small launch (dm_wide_finish) that turns the step's words into tokens
+// and gathers the next step's codes. In dm_wide_step every warp owns 16-token groups of the vocabulary (group gw,
+// gw + all warps, ...) and, per group:
+//   - the group's W2 rows [16 tokens x 256] as mma B-fragments in registers (64 per lane), copied from a per-warp
+//     shared-memory stage that cp.async filled during the previous group (W2 read once per step from HBM);
+//   - for every 16-row m-tile (the codes W1[prev] of all rows sit in shared memory in A-fragment order, loaded
+//     once per block and step): bias^T tile [16 rows x 16 tokens] on mma.sync m16n8k16 (fp32 accumulation; the
+//     rank permuted identically in A and B so that every lane reads 16-byte chunks), rounded to bf16 (again after
+//     `scale`), z = round_cache(float(U) + bias) with U read once (the tokens are permuted so that a lane holds 4
+//     consecutive tokens of 2 rows: 8/16-byte loads and stores), the cache row of a live sample written once;
+//   - every token ranked by an exact UPPER BOUND of its Gumbel key, z * (1/T) + table[bucket(hash)] (noise.cuh
+//     tb_bucket, the per-bucket maximum of the exact noise over all 2^32 hashes; blocks.cu's table), against the
+//     best exact key of the row found so far by ANY block (words[row], a packed (key, index) int64 merged with
+//     atomicMax); exact keys (div_rn(z, T) + gumbel32, SPEC.md 4) only where a bound can still reach it.
+//     A row with no word yet is seeded with the exact key of the m-tile's largest bound (warps start at different
+//     m-tiles, so most rows are seeded by one warp before the others reach them).
+// The merged word of a row is the torch.argmax of its keys (first NaN, then the first maximum). Greedy rows
+// (T = 0, padding) rank z itself. Padding samples never write the cache.
+//
+// Bytes per step: W2 (V x 512) once, rows * V * (base + cache bytes), codes (rows x 512) per block from L2,
+// words (rows x 8) per m-tile and group from L2.
+#include "common.cuh"
+
+using dm::i32;
+using dm::i64;
+using dm::u32;
+using dm::u64;
+
+#define DW_WARPS 8
+#define DW_THREADS (32 * DW_WARPS)
+#define DW_GROUP 16     // tokens per warp work item (2 mma n-tiles)
+#define DW_RANK 256
+#define DW_MAX_ROWS 256
+#define DW_STAGE_U4 (2 * 8 * 32)  // uint4 per warp stage: [n-tile 2][k-chunk 8][lane 32]
+
+struct WideArgs {  // every field 8 bytes (matches cuda_wide.WideArgs)
+  u64 base;    // [R, N, V] bf16/fp32, strides (stride_br, stride_bn, 1)
+  u64 cache;   // [S, N, V] bf16/fp32, strides (stride_cs, V, 1)
+  u64 head;    // W2 [V, 256] bf16 contiguous
+  u64 codes;   // [rows16 / 16][8][2][32] uint4: W1[prev] in A-fragment order (dm_wide_finish writes it)
+  u64 words;   // [>= R] int64 packed (key, index) per row, DM_WORD_NONE between steps
+  u64 idx;     // [R * N] int32/int64 slot per (row, step), -1 = padding
+  u64 pos;     // [R * N] int32/int64 positions
+  u64 temp;    // [S] fp32
+  u64 seeds;   // [S] int64
+  u64 gtab;    // [DM_TB_SIZE] fp32 noise upper bounds per hash bucket
+  i64 rows, vocab, num_slots, num_steps, step;
+  i64 stride_br, stride_bn, stride_cs;
+  i64 idx64, pos64;
+  i64 flags;   // DW_F_* hints (never change a draw)
+  double scale, filter_margin;
+  // dm_wide_finish only
+  u64 anchor;  // [R] int32/int64 (anchor64)
+  u64 embed;   // W1 [embed_rows, 256] bf16 contiguous
+  u64 tokens;  // draft_tokens [R, N] int64, strides (tokens_row_stride, tokens_step_stride)
+  i64 anchor64, embed_rows, tokens_row_stride, tokens_step_stride;
+};
+
+#define DW_F_PREFETCH 1  // L2 prefetch of the base logits two m-tiles ahead
+
+// Per-row keys of the step, in shared memory: the noise prefix, 1/T, T (0: greedy) and the cache slot (-1: no write).
+struct WideRow {
+  u32 prefix;
+  float inv_temp;
+  float temp;
+  i32 slot;
+};
+
+__device__ __forceinline__ WideRow wide_row(const WideArgs& a, i64 row) {
+  const i64 sample = row * a.num_steps + a.step;
+  i64 slot = a.idx64 ? ((const i64*)a.idx)[sample] : (i64)((const i32*)a.idx)[sample];
+  const i64 position = a.pos64 ? ((const i64*)a.pos)[sample] : (i64)((const i32*)a.pos)[sample];
+  const bool live = slot >= 0 && slot < a.num_slots;
+  const float temp = live ? ((const float*)a.temp)[slot] : 0.0f;
+  const i64 seed = live ? ((const i64*)a.seeds)[slot] : 0;
+  WideRow r;
+  r.prefix = dm::draft_prefix(seed, (int)a.step, position);
+  r.temp = temp;
+  r.inv_temp = temp == 0.0f ? 1.0f : dm::div_rn(1.0f, temp);
+  r.slot = live ? (i32)slot : -1;
+  return r;
+}
+
+// The exact key of SPEC.md 4 (z on greedy rows). Not inlined: its ~200 instructions exist once in the binary.
+__device__ __noinline__ float dw_exact_key(float z, float temp, u32 prefix, u32 token) {
+  return temp == 0.0f ? z : dm::exact_key(z, temp, prefix, token);
+}
+
+// Token offset inside a group of the mma column n of n-tile nt: lane quad c of the accumulator holds the columns
+// 2c, 2c + 1 of both n-tiles, i.e. the 4 consecutive tokens 4c .. 4c + 3.
+__device__ __forceinline__ int dw_token_of(int nt, int n) { return (n >> 1) * 4 + nt * 2 + (n & 1); }
+
+template <bool BASE_F32, bool CACHE_F32, bool VEC, bool SCALE>
+__device__ __forceinline__ void wide_body(const WideArgs& a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int rows = (int)a.rows;
+  const int mtiles = (rows + 15) >> 4;
+  uint4* codes_s = (uint4*)smem;                                  // [mtiles][8][2][32]
+  uint4* stage_s = codes_s + (size_t)mtiles * 512;                // [DW_WARPS][DW_STAGE_U4]
+  float* gtab_s = (float*)(stage_s + DW_WARPS * DW_STAGE_U4);     // [DM_TB_SIZE]
+  WideRow* rows_s = (WideRow*)(gtab_s + DM_TB_SIZE);              // [mtiles * 16]
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, c = lane & 3;
+  const i64 vocab = a.vocab;
+  const float margin = (float)a.filter_margin;
+  const float scale = (float)a.scale;
+  const float ninf = -__int_as_float(0x7f800000);
+
+  const int ngroups = (int)((vocab + DW_GROUP - 1) / DW_GROUP);
+  const int gw = blockIdx.x * DW_WARPS + warp, nw = gridDim.x * DW_WARPS;
+  uint4* stage = stage_s + warp * DW_STAGE_U4;
+  const uint4* head = (const uint4*)a.head;  // 32 uint4 per token
+  // The W2 rows of group grp into this warp's stage: lane (g, c) of n-tile nt reads token dw_token_of(nt, g),
+  // k-chunk j: the 16 bytes j * 64 + 8c .. + 8 of the rank.
+  auto stage_group = [&](int grp) {
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const i64 t = (i64)grp * DW_GROUP + dw_token_of(nt, g);
+      const bool ok = t < vocab;
+      const uint4* src = head + (ok ? t : 0) * 32 + c;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) dm::cp_async16(stage + (nt * 8 + j) * 32 + lane, src + j * 4, ok);
+    }
+    dm::cp_async_commit();
+  };
+  if (gw < ngroups) stage_group(gw);
+
+  // Block set-up: codes (A fragments of every row, already in fragment order), the table, the row keys.
+  {
+    const uint4* codes_g = (const uint4*)a.codes;
+    for (int i = tid; i < mtiles * 512; i += DW_THREADS) dm::cp_async16(codes_s + i, codes_g + i, true);
+    dm::cp_async_commit();
+    for (int i = tid; i < DM_TB_SIZE; i += DW_THREADS) gtab_s[i] = ((const float*)a.gtab)[i];
+    for (int r = tid; r < mtiles * 16; r += DW_THREADS) {
+      WideRow k;
+      if (r < rows) {
+        k = wide_row(a, r);
+      } else {
+        k.prefix = 0u; k.inv_temp = 0.0f; k.temp = 0.0f; k.slot = -1;
+      }
+      rows_s[r] = k;
+    }
+    dm::cp_async_wait_all();
+    __syncthreads();
+  }
+
+  i64* words = (i64*)a.words;
+  const int esb = BASE_F32 ? 4 : 2, esc = CACHE_F32 ? 4 : 2;
+  const int moff = mtiles ? gw % mtiles : 0;  // this warp's first m-tile (warps start apart: seeds spread)
+  for (int grp = gw; grp < ngroups; grp += nw) {
+    // This group's B fragments: stage -> registers, then the next group's rows into the stage.
+    dm::cp_async_wait_all();
+    __syncwarp();
+    uint4 bw[2][8];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) bw[nt][j] = stage[(nt * 8 + j) * 32 + lane];
+    __syncwarp();
+    if (grp + nw < ngroups) stage_group(grp + nw);
+    const i64 t0 = (i64)grp * DW_GROUP + 4 * c;  // this lane's 4 tokens
+    const bool full = t0 + 4 <= vocab;
+
+    for (int i = 0; i < mtiles; ++i) {
+      int mt = i + moff;
+      mt = mt >= mtiles ? mt - mtiles : mt;
+      const int r0 = mt * 16 + g;  // this lane's rows r0 and r0 + 8
+      // Loads of this m-tile issued before its mma: the base logits and the rows' words.
+      uint4 braw[2];
+      i64 wread[2];
+      bool rin[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = r0 + 8 * h;
+        rin[h] = r < rows;
+        braw[h] = make_uint4(0, 0, 0, 0);
+        wread[h] = DM_WORD_NONE;
+        if (rin[h]) {
+          wread[h] = dm::load_relaxed_i64(words + r);
+          const char* bp = (const char*)a.base + ((i64)r * a.stride_br + a.step * a.stride_bn + t0) * esb;
+          if (VEC && full) {
+            if (BASE_F32) braw[h] = dm::load_cs16(bp);
+            else {
+              const uint2 v = dm::load_cs8(bp);
+              braw[h].x = v.x;
+              braw[h].y = v.y;
+            }
+          }
+        }
+      }
+      if ((a.flags & DW_F_PREFETCH) && c == 0) {  // two m-tiles ahead (wrapping into the next group)
+        int pi = i + 2, pgrp = grp;
+        if (pi >= mtiles) { pi -= mtiles; pgrp += nw; }
+        if (pi < mtiles && pgrp < ngroups) {
+          int pm = pi + moff;
+          pm = pm >= mtiles ? pm - mtiles : pm;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int r = pm * 16 + g + 8 * h;
+            if (r < rows) {
+              const char* bp = (const char*)a.base + ((i64)r * a.stride_br + a.step * a.stride_bn + (i64)pgrp * DW_GROUP) * esb;
+              dm::prefetch_l2(bp);
+              if (BASE_F32 && (i64)pgrp * DW_GROUP + 8 < vocab) dm::prefetch_l2(bp + 32);
+            }
+          }
+        }
+      }
+      // bias^T [16 rows x 16 tokens]: two n-tiles, even and odd k-tiles in separate accumulators.
+      float acc[2][2][4];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int q = 0; q < 2; ++q)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[nt][q][e] = 0.0f;
+      const uint4* ca = codes_s + (size_t)mt * 512 + lane;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint4 lo = ca[(j * 2) * 32], hi = ca[(j * 2 + 1) * 32];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          dm::mma16816(acc[nt][0], lo.x, hi.x, lo.y, hi.y, bw[nt][j].x, bw[nt][j].y);
+          dm::mma16816(acc[nt][1], lo.z, hi.z, lo.w, hi.w, bw[nt][j].z, bw[nt][j].w);
+        }
+      }
+      // Epilogue: lane (g, c) holds rows r0 (h = 0) and r0 + 8 (h = 1), tokens t0 .. t0 + 3 (k = 2 nt + e).
+      float z[2][4], ub[2][4], thr[2];
+      u32 mask = 0;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const WideRow rk = rows_s[mt * 16 + g + 8 * h];
+        thr[h] = dm::skip_threshold(wread[h], margin);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int nt = k >> 1, e = 2 * h + (k & 1);
+          u32 b = dm::round_bf16(dm::add_rn(acc[nt][0][e], acc[nt][1][e]));
+          if (SCALE) b = dm::round_bf16(dm::mul_rn(dm::bf16(b), scale));
+          float u;
+          if (VEC && full) {
+            if (BASE_F32) {
+              const u32 q[4] = {braw[h].x, braw[h].y, braw[h].z, braw[h].w};
+              u = __uint_as_float(q[k]);
+            } else {
+              const u32 q = (k < 2) ? braw[h].x : braw[h].y;
+              u = dm::bf16((q >> ((k & 1) * 16)) & 0xFFFFu);
+            }
+          } else {
+            u = ninf;
+            if (rin[h] && t0 + k < vocab) {
+              const i64 off = (i64)(r0 + 8 * h) * a.stride_br + a.step * a.stride_bn + t0 + k;
+              u = BASE_F32 ? ((const float*)a.base)[off] : dm::bf16(((const unsigned short*)a.base)[off]);
+            }
+          }
+          const float s = dm::add_rn(u, dm::bf16(b));
+          z[h][k] = CACHE_F32 ? s : dm::bf16(dm::round_bf16(s));
+        }
+        if (rin[h] && rk.slot >= 0) {  // the cache row of a live sample
+          char* cp = (char*)a.cache + ((i64)rk.slot * a.stride_cs + a.step * vocab + t0) * esc;
+          if (VEC && full) {
+            if (CACHE_F32) {
+              dm::store_cs16(cp, __float_as_uint(z[h][0]), __float_as_uint(z[h][1]), __float_as_uint(z[h][2]),
+                             __float_as_uint(z[h][3]));
+            } else {
+              dm::store_cs8(cp, (__float_as_uint(z[h][0]) >> 16) | (__float_as_uint(z[h][1]) & 0xFFFF0000u),
+                            (__float_as_uint(z[h][2]) >> 16) | (__float_as_uint(z[h][3]) & 0xFFFF0000u));
+            }
+          } else {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              if (t0 + k < vocab) {
+                if (CACHE_F32) ((float*)cp)[k] = z[h][k];
+                else ((unsigned short*)cp)[k] = (unsigned short)(__float_as_uint(z[h][k]) >> 16);
+              }
+            }
+          }
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          float b = ninf;
+          if (rin[h] && t0 + k < vocab) {
+            b = rk.temp == 0.0f  // greedy: z itself
+                    ? z[h][k]
+                    : dm::add_rn(dm::mul_rn(z[h][k], rk.inv_temp),
+                                 gtab_s[dm::tb_bucket(dm::hash_finish(rk.prefix, (u32)(t0 + k)))]);
+            if (!(b < thr[h])) mask |= 1u << (4 * h + k);
+          }
+          ub[h][k] = b;
+        }
+      }
+      // Seeds: a row without a word gets the exact key of its largest bound in this m-tile (first token among
+      // equals; none if every bound is NaN / -inf: then every token is exact).
+      const bool need0 = rin[0] && wread[0] == DM_WORD_NONE, need1 = rin[1] && wread[1] == DM_WORD_NONE;
+      if (__any_sync(0xFFFFFFFFu, need0 || need1)) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float sb = ninf;
+          int si = -1;
+#pragma unroll
+          for (int k = 0; k < 4; ++k)
+            if (ub[h][k] > sb) { sb = ub[h][k]; si = (int)(t0 + k); }
+#pragma unroll
+          for (int off = 1; off <= 2; off <<= 1) {
+            const float ob = __shfl_xor_sync(0xFFFFFFFFu, sb, off);
+            const int oi = __shfl_xor_sync(0xFFFFFFFFu, si, off);
+            if (oi >= 0 && (si < 0 || ob > sb || (ob == sb && oi < si))) { sb = ob; si = oi; }
+          }
+          const bool need = h ? need1 : need0;
+          i64 word = DM_WORD_NONE;
+          if (need && si >= 0 && si >= t0 && si < t0 + 4) {  // this lane holds the seed token
+            const WideRow rk = rows_s[mt * 16 + g + 8 * h];
+            const int k = (int)(si - t0);
+            float zk = z[h][0];
+#pragma unroll
+            for (int q = 1; q < 4; ++q) zk = k == q ? z[h][q] : zk;  // no dynamic register index
+            word = dm::pack_word(dw_exact_key(zk, rk.temp, rk.prefix, (u32)si), si);
+            atomicMax((long long*)(words + r0 + 8 * h), (long long)word);
+            mask &= ~(1u << (4 * h + k));
+          }
+#pragma unroll
+          for (int off = 1; off <= 2; off <<= 1) {
+            const i64 o = dm::shfl_xor_i64(word, off);
+            word = o > word ? o : word;
+          }
+          if (need && word != DM_WORD_NONE) {
+            wread[h] = word;
+            thr[h] = dm::skip_threshold(word, margin);
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+              if (ub[h][k] < thr[h]) mask &= ~(1u << (4 * h + k));
+          }
+        }
+      }
+      // Exact keys where a bound can still reach the row's best (rare: lanes diverge here).
+      if (mask) {
+        i64 best[2] = {DM_WORD_NONE, DM_WORD_NONE};
+        while (mask) {
+          const int bit = __ffs(mask) - 1;
+          mask &= mask - 1;
+          const int h = bit >> 2, k = bit & 3;
+          float zk = z[0][0];
+#pragma unroll
+          for (int q = 1; q < 8; ++q) zk = bit == q ? z[q >> 2][q & 3] : zk;  // no dynamic register index
+          const WideRow rk = rows_s[mt * 16 + g + 8 * h];
+          const i64 w = dm::pack_word(dw_exact_key(zk, rk.temp, rk.prefix, (u32)(t0 + k)), (i32)(t0 + k));
+          if (h) best[1] = w > best[1] ? w : best[1];
+          else best[0] = w > best[0] ? w : best[0];
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          if (best[h] > wread[h]) atomicMax((long long*)(words + r0 + 8 * h), (long long)best[h]);
+      }
+    }
+  }
+  dm::cp_async_wait_all();
+}
+
+// One entry point per (base fp32, cache fp32, vector I/O, scale != 1).
+#define DW_ENTRY(B, C, V, S)                                                                           \
+  extern "C" __global__ void __launch_bounds__(DW_THREADS, 1) dm_wide_b##B##_c##C##_v##V##_s##S(const WideArgs a) { \
+    wide_body<B, C, V, S>(a);                                                                          \
+  }
+#ifdef DW_TWO_ENTRIES  // the CPU test's nvcc compile check: every template bit both ways
+DW_ENTRY(0, 0, 1, 0)
+DW_ENTRY(1, 1, 0, 1)
+#else
+DW_ENTRY(0, 0, 1, 0)
+DW_ENTRY(0, 0, 1, 1)
+DW_ENTRY(0, 0, 0, 0)
+DW_ENTRY(0, 0, 0, 1)
+DW_ENTRY(0, 1, 1, 0)
+DW_ENTRY(0, 1, 1, 1)
+DW_ENTRY(0, 1, 0, 0)
+DW_ENTRY(0, 1, 0, 1)
+DW_ENTRY(1, 0, 1, 0)
+DW_ENTRY(1, 0, 1, 1)
+DW_ENTRY(1, 0, 0, 0)
+DW_ENTRY(1, 0, 0, 1)
+DW_ENTRY(1, 1, 1, 0)
+DW_ENTRY(1, 1, 1, 1)
+DW_ENTRY(1, 1, 0, 0)
+DW_ENTRY(1, 1, 0, 1)
+#endif
+
+// Between steps (one warp per row): the step's token (the merged word: torch.argmax of the row's keys, in [0, V))
+// into draft_tokens[row, step] (step >= 0), the word reset, and the next step's codes W1[token] (or W1[anchor]
+// for step = -1, before step 0) gathered into the codes buffer in A-fragment order (gather != 0).
+// codes index of (row, 16-byte chunk q): ((row / 16 * 8 + q / 4) * 2 + row / 8 % 2) * 32 + row % 8 * 4 + q % 4.
+extern "C" __global__ void __launch_bounds__(256) dm_wide_finish(const WideArgs a, i64 step, i64 gather) {
+  const int lane = threadIdx.x & 31;
+  const i64 row = (i64)blockIdx.x * 8 + (threadIdx.x >> 5);
+  if (row >= a.rows) return;
+  i64 token;
+  if (step < 0) {
+    token = a.anchor64 ? ((const i64*)a.anchor)[row] : (i64)((const i32*)a.anchor)[row];
+  } else {
+    i64* wp = (i64*)a.words + row;
+    const i64 w = *wp;
+    token = w == DM_WORD_NONE ? 0 : (i64)dm::word_index(w);
+    token = token < 0 ? 0 : (token >= a.vocab ? a.vocab - 1 : token);
+    __syncwarp();
+    if (lane == 0) {
+      ((i64*)a.tokens)[row * a.tokens_row_stride + step * a.tokens_step_stride] = token;
+      *wp = DM_WORD_NONE;
+    }
+  }
+  if (step < 0 && lane == 0) ((i64*)a.words)[row] = DM_WORD_NONE;
+  if (gather) {
+    const i64 t = token < 0 ? 0 : (token >= a.embed_rows ? a.embed_rows - 1 : token);
+    const uint4 v = ((const uint4*)a.embed)[t * 32 + lane];
+    const int q = lane;
+    const i64 at = (((row >> 4) * 8 + (q >> 2)) * 2 + ((row >> 3) & 1)) * 32 + (row & 7) * 4 + (q & 3);
+    ((uint4*)a.codes)[at] = v;
+  }
+}

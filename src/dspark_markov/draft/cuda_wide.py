@@ -1,0 +1,215 @@
+"""``impl="cuda_wide"``: large-batch Gumbel drafting (32-256 rows) with the bias on tensor cores, CUDA C++.
+
+Per step two launches (before step 0 one more: the anchors' codes):
+
+1. ``dspark_markov/cuda/wide.cu`` ``dm_wide_step`` (NVRTC at first use, cached on disk): every warp owns
+   16-token groups of the vocabulary, holds the group's W2 rows as mma B-fragments in registers (the next
+   group's rows arrive by cp.async into a per-warp stage meanwhile: W2 read once per step) and walks all rows
+   in 16-row m-tiles (the codes of every row in shared memory): the bias on ``mma.sync`` (never in memory),
+   ``z = round_cache(float(U) + bias)`` with ``U`` read once, the cache written once, every token ranked by an
+   exact upper bound of its key (``z / T`` plus the largest exact noise of its hash bucket: the noise table
+   of ``cuda_gumbel``) against the best exact key of its row found so far by any block (one packed
+   (key, index) word per row, merged with ``atomicMax``), exact keys only where a bound can still reach it;
+2. ``dm_wide_finish``: one warp per row turns the word into the token (``draft_tokens``) and gathers
+   ``W1[token]`` into the next step's codes.
+
+The bias is summed in another order than cuBLAS's (SPEC.md 3 leaves it free), so the cache is not
+``gumbel_fused``'s bit for bit; every token is the reference's draw from the cache this sampler wrote.
+
+Requirements (``ValueError`` otherwise): a CUDA device of compute capability 9.0 with NVRTC
+(:func:`dspark_markov.cuda.availability`), bf16 weights of rank 256, at most :data:`MAX_ROWS` rows.
+Base logits bf16 or fp32, cache bf16 or fp32, any mix of temperatures, padding rows.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from ..ops.constants import FILTER_MARGIN
+
+MAX_ROWS = 256  # wide.cu DW_MAX_ROWS: the codes of every row fit in shared memory
+RANK = 256
+WARPS = 8  # wide.cu DW_WARPS
+THREADS = 32 * WARPS
+GROUP = 16  # tokens per warp work item (wide.cu DW_GROUP)
+TB_SIZE = 33 << 6  # noise.cuh DM_TB_SIZE
+INT64_MIN = -(2**63)
+FLAG_PREFETCH = 1  # wide.cu DW_F_PREFETCH: L2 prefetch of the base logits two m-tiles ahead
+FLAGS_ALL = FLAG_PREFETCH
+DEFAULT_FLAGS = FLAG_PREFETCH
+KERNELS = tuple(f"dm_wide_b{b}_c{c}_v{v}_s{s}" for b in (0, 1) for c in (0, 1) for v in (0, 1) for s in (0, 1)) + (
+    "dm_wide_finish",)
+
+
+class WideArgs(ctypes.Structure):
+    """The kernels' argument (``struct WideArgs`` in wide.cu): 8-byte fields, in order."""
+
+    _fields_ = [(name, ctypes.c_uint64) for name in (
+        "base", "cache", "head", "codes", "words", "idx", "pos", "temp", "seeds", "gtab")] + [
+        (name, ctypes.c_int64) for name in (
+            "rows", "vocab", "num_slots", "num_steps", "step", "stride_br", "stride_bn", "stride_cs", "idx64",
+            "pos64", "flags")] + [
+        ("scale", ctypes.c_double), ("filter_margin", ctypes.c_double)] + [
+        (name, ctypes.c_uint64) for name in ("anchor", "embed", "tokens")] + [
+        (name, ctypes.c_int64) for name in ("anchor64", "embed_rows", "tokens_row_stride", "tokens_step_stride")]
+
+
+def smem_bytes(rows: int) -> int:
+    """Dynamic shared memory of a step launch over ``rows`` rows: codes, W2 stages, noise table, row keys."""
+    mtiles = -(-int(rows) // 16)
+    return mtiles * 16 * 512 + WARPS * 2 * 8 * 32 * 16 + TB_SIZE * 4 + mtiles * 16 * 16
+
+
+@functools.lru_cache(maxsize=None)
+def wide_kernels(device_index: int):
+    """The loaded functions of ``wide.cu`` on one device (compiled, or read from the disk cache)."""
+    from ..cuda import build
+
+    torch.cuda.init()
+    with torch.cuda.device(device_index):
+        torch.empty(1, device=f"cuda:{device_index}")  # the runtime makes the primary context current
+        return build.Kernels(build.cached_cubin("wide.cu"), KERNELS, device_index)
+
+
+def _aligned(tensor: torch.Tensor, dims, nbytes: int) -> bool:
+    return tensor.data_ptr() % 16 == 0 and all(tensor.stride(d) * tensor.element_size() % nbytes == 0 for d in dims)
+
+
+class CudaWideBackend:
+    """Backend of ``impl="cuda_wide"`` (Gumbel-max only, bf16 weights of rank 256, sm_90 with NVRTC).
+
+    Options: ``filter_margin`` (the slack of the bound test; a huge value makes every token exact),
+    ``flags`` (:data:`FLAG_PREFETCH`; never changes a draw) and ``blocks_per_sm`` (default: as many as are
+    resident at once). Scratch (codes in A-fragment order, one word per row, the noise table) is allocated
+    once; ``run`` only launches (CUDA-graph safe).
+    """
+
+    NAME = "cuda_wide"
+    METHODS = ("gumbel",)
+    DEVICES = ("cuda",)
+    GRAPH_SAFE = True
+    MAX_ROWS = MAX_ROWS
+
+    def __init__(self, head, num_steps, max_rows, *, method, cache_dtype, device, filter_margin=FILTER_MARGIN,
+                 flags=DEFAULT_FLAGS, blocks_per_sm=None):
+        from .. import cuda
+        from ..cuda import build
+        from ..validate import check_int
+
+        if isinstance(filter_margin, bool) or not isinstance(filter_margin, (int, float)) or not filter_margin >= 0:
+            raise ValueError(f"filter_margin: expected a number >= 0, got {filter_margin!r}")
+        if isinstance(flags, bool) or not isinstance(flags, int) or flags < 0 or flags & ~FLAGS_ALL:
+            raise ValueError(f"flags: expected a combination of the FLAG_* bits ({FLAGS_ALL} = all), got {flags!r}")
+        if blocks_per_sm is not None:
+            blocks_per_sm = check_int("blocks_per_sm", blocks_per_sm, 1)
+        if method != "gumbel":
+            raise ValueError(f"method: impl 'cuda_wide' supports 'gumbel', got {method!r}")
+        device = torch.device(device)
+        if device.type != "cuda":
+            raise ValueError(f"device: impl 'cuda_wide' runs on CUDA devices, got {device}")
+        if not 1 <= int(max_rows) <= MAX_ROWS:
+            raise ValueError(f"max_rows: impl 'cuda_wide' takes 1 to {MAX_ROWS} rows, got {max_rows}")
+        if cache_dtype not in (torch.bfloat16, torch.float32):
+            raise ValueError(f"cache_dtype: expected torch.bfloat16 or torch.float32, got {cache_dtype}")
+        why = cuda.availability(device, build=False)
+        if why is not None:
+            raise ValueError(f"impl: 'cuda_wide' cannot run here: {why}")
+        if head.dtype != torch.bfloat16:
+            raise ValueError(f"head_weight: impl 'cuda_wide' needs bf16 weights, got {head.dtype}")
+        if head.rank != RANK:
+            raise ValueError(f"head_weight: impl 'cuda_wide' needs rank {RANK}, got {head.rank}")
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        self.device = torch.device("cuda", index)
+        self.head = head
+        self.num_steps = int(num_steps)
+        self.max_rows = int(max_rows)
+        try:
+            self.kernels = wide_kernels(index)
+            self.noise_table = cuda.noise_table(index)
+        except build.BuildError as error:
+            raise ValueError(f"impl: 'cuda_wide' cannot run here: {error}") from error
+        self.filter_margin = float(filter_margin)
+        self.flags = int(flags)
+        rows16 = -(-self.max_rows // 16) * 16
+        self.codes = torch.zeros(rows16, RANK, dtype=torch.bfloat16, device=self.device)  # A-fragment order
+        self.words = torch.full((self.max_rows,), INT64_MIN, dtype=torch.int64, device=self.device)
+        self.num_sms = torch.cuda.get_device_properties(index).multi_processor_count
+        limit = build.max_dynamic_smem(index)
+        if smem_bytes(self.max_rows) > limit:
+            raise ValueError(f"max_rows: {self.max_rows} rows need {smem_bytes(self.max_rows)} bytes of shared memory, "
+                             f"this GPU allows {limit}")
+        # Blocks per SM of every entry point and m-tile count, queried now (no driver call inside a capture).
+        self.resident = {}
+        for name in KERNELS[:-1]:
+            self.kernels.set_dynamic_smem(name, limit)
+            for mtiles in range(1, rows16 // 16 + 1):
+                fit = self.kernels.blocks_per_sm(name, THREADS, smem_bytes(16 * mtiles))
+                self.resident[name, mtiles] = max(1, fit if blocks_per_sm is None else int(blocks_per_sm))
+
+    @staticmethod
+    def unavailable_reason() -> str | None:
+        """Why this design cannot run here (no GPU, not sm_90, no NVRTC, ``wide.cu`` does not build or load), or
+        ``None``. Builds ``wide.cu`` (cached on disk), so that ``auto`` can fall back instead of failing."""
+        from .. import cuda
+        from ..cuda import build
+
+        why = cuda.availability(build=False)
+        if why is None:
+            try:
+                wide_kernels(torch.cuda.current_device())
+            except build.BuildError as error:
+                return str(error)
+        return why
+
+    def kernel_name(self, base_logits, logits_cache) -> str:
+        vocab = self.head.vocab_size
+        vec = (vocab % 4 == 0 and _aligned(base_logits, (0, 1), 4 * base_logits.element_size())
+               and _aligned(logits_cache, (0,), 4 * logits_cache.element_size()))
+        return (f"dm_wide_b{int(base_logits.dtype == torch.float32)}_c{int(logits_cache.dtype == torch.float32)}"
+                f"_v{int(vec)}_s{int(float(self.head.scale) != 1.0)}")
+
+    def arguments(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens,
+                  logits_cache) -> WideArgs:
+        head = self.head
+        rows, steps, vocab = base_logits.shape  # [R, N, V]
+        return WideArgs(
+            base_logits.data_ptr(), logits_cache.data_ptr(), head.head_weight.data_ptr(), self.codes.data_ptr(),
+            self.words.data_ptr(), idx_mapping.data_ptr(), positions.data_ptr(), temperature.data_ptr(),
+            seeds.data_ptr(), self.noise_table.data_ptr(),
+            rows, vocab, temperature.shape[0], steps, 0, base_logits.stride(0), base_logits.stride(1),
+            logits_cache.stride(0), int(idx_mapping.dtype == torch.int64), int(positions.dtype == torch.int64),
+            self.flags, float(head.scale), self.filter_margin,
+            anchor.data_ptr(), head.embed_weight.data_ptr(), draft_tokens.data_ptr(),
+            int(anchor.dtype == torch.int64), head.embed_vocab_size, draft_tokens.stride(0), draft_tokens.stride(1))
+
+    def run(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens, logits_cache):
+        """Draw ``draft_tokens`` ``[R, N]`` and write ``logits_cache`` ``[S, N, V]`` (see the module).
+
+        Launches per call: 1 + 2 N. Bytes per step: V * 512 of W2, R * V * (base + cache bytes), the codes
+        (R * 512) once per block, R * 8 per m-tile and 16-token group (the words, from L2).
+        """
+        rows, steps, vocab = base_logits.shape
+        if rows == 0:
+            return
+        if rows > self.max_rows or steps != self.num_steps:
+            raise ValueError(f"base_logits: this backend was built for <= {self.max_rows} rows and "
+                             f"{self.num_steps} steps, got shape {tuple(base_logits.shape)}")
+        args = self.arguments(base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens,
+                              logits_cache)
+        name = self.kernel_name(base_logits, logits_cache)
+        mtiles = -(-rows // 16)
+        groups = -(-vocab // GROUP)
+        grid = min(self.num_sms * self.resident[name, mtiles], -(-groups // WARPS))
+        smem = smem_bytes(rows)
+        finish_grid = -(-rows // 8)
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        launch = self.kernels.launch
+        launch("dm_wide_finish", finish_grid, 256, 0, stream, [args, ctypes.c_int64(-1), ctypes.c_int64(1)])
+        for step in range(steps):
+            args.step = step
+            launch(name, grid, THREADS, smem, stream, [args])
+            launch("dm_wide_finish", finish_grid, 256, 0, stream,
+                   [args, ctypes.c_int64(step), ctypes.c_int64(int(step + 1 < steps))])

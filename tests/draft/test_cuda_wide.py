@@ -1,0 +1,137 @@
+"""``impl="cuda_wide"`` on the CPU: what can be checked without a GPU.
+
+- ``wide.cu`` compiles for sm_90 (the package's NVRTC path, else ``nvcc`` on two entry points; skipped
+  without either) with no stack frame;
+- the ctypes argument struct matches ``struct WideArgs`` field by field;
+- the tensor-core fragment layout: the codes buffer as ``dm_wide_finish`` writes it, the W2 stage as
+  ``dm_wide_step`` fills it and the accumulator as its epilogue reads it, run through the documented
+  semantics of ``mma.sync m16n8k16`` (emulated in numpy), give ``codes @ W2^T`` at the (row, token) the
+  epilogue assigns (the rank permuted alike in A and B, the tokens permuted to 4 per lane);
+- the shared memory of 256 rows fits an H100/H200 block; the backend refuses the CPU and bad options.
+The draws themselves are checked on the H200 (tests/gpu/test_cuda_wide_gpu.py); the skip threshold is
+blocks.cu's (``dm::skip_threshold``, tests/draft/test_cuda_gumbel.py proves it).
+"""
+
+import ctypes
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+import dspark_markov as dm
+from dspark_markov.cuda import build
+from dspark_markov.draft import cuda_wide
+
+
+def test_wide_kernels_compile_for_sm90(tmp_path):
+    try:
+        cubin, log = build.compile_cubin("wide.cu", verbose=True)
+        assert len(cubin) > 0
+        names = cuda_wide.KERNELS
+    except build.BuildError as error:
+        if "no NVRTC library" not in str(error):
+            raise
+        nvcc = shutil.which("nvcc")
+        if nvcc is None:
+            pytest.skip("neither NVRTC (libnvrtc.so) nor nvcc is available to compile wide.cu for sm_90")
+        result = subprocess.run([nvcc, "-arch=sm_90", "-cubin", "-fmad=false", "-std=c++17", "-Xptxas", "-v",
+                                 "-DDW_TWO_ENTRIES", str(build.SOURCE_DIR / "wide.cu"), "-o",
+                                 str(tmp_path / "wide.cubin")], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        log = result.stderr
+        names = ("dm_wide_b0_c0_v1_s0", "dm_wide_b1_c1_v0_s1", "dm_wide_finish")
+    for name in names:
+        assert f"'{name}'" in log, name
+    frames = [int(x) for x in re.findall(r"(\d+) bytes stack frame", log)]
+    assert frames and max(frames) == 0, log
+
+
+def test_args_struct_matches_the_kernel():
+    text = (build.SOURCE_DIR / "wide.cu").read_text()
+    body = re.search(r"struct WideArgs \{(.*?)\n\};", text, re.S).group(1)
+    body = re.sub(r"//[^\n]*", "", body)
+    names = []
+    for kind, fields in re.findall(r"\b(u64|i64|double)\s+([^;]+);", body):
+        names += [(kind, f.strip()) for f in fields.split(",")]
+    ctypes_kind = {ctypes.c_uint64: "u64", ctypes.c_int64: "i64", ctypes.c_double: "double"}
+    assert [(ctypes_kind[t], n) for n, t in cuda_wide.WideArgs._fields_] == names
+    assert ctypes.sizeof(cuda_wide.WideArgs) == 8 * len(names)
+    for define, value in (("DW_WARPS", cuda_wide.WARPS), ("DW_GROUP", cuda_wide.GROUP),
+                          ("DW_MAX_ROWS", cuda_wide.MAX_ROWS)):
+        assert re.search(rf"#define {define} {value}\b", text), define
+
+
+def _token_of(nt, n):  # wide.cu dw_token_of
+    return (n >> 1) * 4 + nt * 2 + (n & 1)
+
+
+def test_fragment_layout_gives_the_bias_at_the_epilogue_positions():
+    rng = np.random.default_rng(0)
+    rows, rank = 32, 256  # two m-tiles, one 16-token group
+    codes = rng.integers(-4, 5, (rows, rank)).astype(np.float64)
+    w2 = rng.integers(-4, 5, (16, rank)).astype(np.float64)
+    # dm_wide_finish: (row, 16-byte chunk q of 8 values) -> uint4 slot of the codes buffer
+    buf = np.zeros((rows // 16 * 512, 8))
+    for row in range(rows):
+        for q in range(32):
+            at = (((row >> 4) * 8 + (q >> 2)) * 2 + ((row >> 3) & 1)) * 32 + (row & 7) * 4 + (q & 3)
+            buf[at] = codes[row, q * 8:(q + 1) * 8]
+    # dm_wide_step stage_group: stage[(nt * 8 + j) * 32 + lane] = W2[token_of(nt, g)][(j * 4 + c) * 8 : + 8]
+    stage = np.zeros((512, 8))
+    for lane in range(32):
+        g, c = lane >> 2, lane & 3
+        for nt in range(2):
+            for j in range(8):
+                stage[(nt * 8 + j) * 32 + lane] = w2[_token_of(nt, g), (j * 4 + c) * 8:(j * 4 + c + 1) * 8]
+    got = np.full((rows, 16), np.nan)
+    for mt in range(rows // 16):
+        acc = np.zeros((2, 16, 8))  # [nt] D[16 rows][8 columns] (both k accumulators summed)
+        for j in range(8):
+            for half in range(2):  # the .x/.y and the .z/.w mma of the k-chunk
+                for nt in range(2):
+                    a = np.zeros((16, 16))
+                    b = np.zeros((16, 8))
+                    for lane in range(32):
+                        g, c = lane >> 2, lane & 3
+                        lo = buf[mt * 512 + (j * 2) * 32 + lane]
+                        hi = buf[mt * 512 + (j * 2 + 1) * 32 + lane]
+                        w = stage[(nt * 8 + j) * 32 + lane]
+                        r0, r1 = (0, 2) if half == 0 else (4, 6)  # register pairs .x,.y or .z,.w
+                        # mma.m16n8k16 .row.col fragments (PTX ISA): a0 A[g][2c..], a1 A[g+8][2c..], a2 A[g][2c+8..],
+                        # a3 A[g+8][2c+8..]; b0 B[2c..][g], b1 B[2c+8..][g]
+                        a[g, 2 * c:2 * c + 2] = lo[r0:r0 + 2]
+                        a[g + 8, 2 * c:2 * c + 2] = hi[r0:r0 + 2]
+                        a[g, 2 * c + 8:2 * c + 10] = lo[r1:r1 + 2]
+                        a[g + 8, 2 * c + 8:2 * c + 10] = hi[r1:r1 + 2]
+                        b[2 * c:2 * c + 2, g] = w[r0:r0 + 2]
+                        b[2 * c + 8:2 * c + 10, g] = w[r1:r1 + 2]
+                    d = a @ b  # [16, 8]
+                    acc[nt] += d
+        for lane in range(32):  # the epilogue: acc[nt][e] -> row g + 8 (e >> 1), token 4c + 2 nt + (e & 1)
+            g, c = lane >> 2, lane & 3
+            for nt in range(2):
+                for e in range(4):
+                    row, col = g + 8 * (e >> 1), 2 * c + (e & 1)
+                    got[mt * 16 + row, 4 * c + 2 * nt + (e & 1)] = acc[nt][row, col]
+    np.testing.assert_array_equal(got, codes @ w2.T)
+
+
+def test_shared_memory_fits_and_the_backend_refuses_cpu_and_bad_options():
+    assert cuda_wide.smem_bytes(cuda_wide.MAX_ROWS) <= 227 * 1024
+    head = dm.MarkovHead(torch.zeros(300, 256, dtype=torch.bfloat16), torch.zeros(300, 256, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="impl"):
+        dm.MarkovSampler(head, 5, 4, impl="cuda_wide")
+    for option, value in (("filter_margin", -1e-3), ("filter_margin", float("nan")), ("flags", 8), ("flags", True),
+                          ("blocks_per_sm", 0)):
+        with pytest.raises(ValueError, match=option):
+            cuda_wide.CudaWideBackend(head, 5, 4, method="gumbel", cache_dtype=torch.bfloat16, device="cpu",
+                                      **{option: value})
+    with pytest.raises(ValueError, match="max_rows"):
+        cuda_wide.CudaWideBackend(head, 5, 257, method="gumbel", cache_dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="device"):
+        cuda_wide.CudaWideBackend(head, 5, 4, method="gumbel", cache_dtype=torch.bfloat16, device="cpu")
+    if not torch.cuda.is_available():
+        assert "no CUDA GPU" in cuda_wide.CudaWideBackend.unavailable_reason()
