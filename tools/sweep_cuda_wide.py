@@ -10,7 +10,8 @@ In order, each part printed and written to ``DIR`` as soon as it ends:
    how many tokens equal ``cuda_gumbel``'s (the bias sums differ in order, so not all must);
 2. ``--time``: one call as a CUDA-graph replay, L2 flushed before each replay, median of alternating rounds
    (``bench.harness``), benchmark inputs (``bench.grid``: bf16 N(0, 4) base), T = 1 and / or mixed;
-   ``--options`` adds ``cuda_wide`` backends built with other options (``{"label": {kwargs}}``).
+   ``--options`` adds ``cuda_wide`` backends built with other options (``{"label": {kwargs}}``; checked too, at the
+   largest ``--check`` batch).
 """
 
 import argparse
@@ -38,20 +39,24 @@ def ints(text):
     return tuple(int(x) for x in text.split(",") if x)
 
 
-def check(rows_list, out):
+def check(rows_list, out, options=None):
     from tests.helpers import check_draws, cuda_inputs, make_head, sample_synced
 
     torch.backends.cuda.matmul.allow_tf32 = False
     head = make_head(129_280, 256, embed_extra=1000, dtype=torch.bfloat16, device="cuda", seed=3)
     results = []
-    cases = [(rows, torch.bfloat16, torch.bfloat16) for rows in rows_list]
-    cases += [(rows_list[0], torch.float32, torch.float32), (rows_list[0], torch.bfloat16, torch.float32)]
-    for rows, logit_dtype, cache_dtype in cases:
+    cases = [(rows, torch.bfloat16, torch.bfloat16, {}) for rows in rows_list]
+    cases += [(rows_list[0], torch.float32, torch.float32, {}), (rows_list[0], torch.bfloat16, torch.float32, {})]
+    cases += [(rows_list[-1], torch.bfloat16, torch.bfloat16, kwargs) for kwargs in (options or {}).values()]
+    for rows, logit_dtype, cache_dtype, kwargs in cases:
         inputs = cuda_inputs(rows, 5, 129_280, logit_dtype)
-        label = f"rows {rows} base {logit_dtype} cache {cache_dtype}"
+        label = f"rows {rows} base {logit_dtype} cache {cache_dtype} {kwargs}"
         tokens = cache = other = other_cache = None
         try:
             wide = dm.MarkovSampler(head, 5, rows, cache_dtype=cache_dtype, method="gumbel", impl="cuda_wide")
+            if kwargs:
+                wide.backend = type(wide.backend)(head, 5, rows, method="gumbel", cache_dtype=cache_dtype,
+                                                  device="cuda", **kwargs)
             tokens, cache = sample_synced(wide, inputs, cache_dtype)
             ref = dm.MarkovSampler(head, 5, rows, cache_dtype=cache_dtype, method="gumbel", impl="cuda_gumbel")
             other, other_cache = sample_synced(ref, inputs, cache_dtype)
@@ -128,7 +133,7 @@ def main():
     torch.empty(1, device="cuda")
     log("start", torch.cuda.get_device_name())
     if ints(args.check):
-        check(ints(args.check), out)
+        check(ints(args.check), out, json.loads(args.options))
     if ints(args.time):
         temps = ("1", "mixed") if args.temperature == "both" else (args.temperature,)
         timing(ints(args.time), [d for d in args.designs.split(",") if d], temps, json.loads(args.options), out)

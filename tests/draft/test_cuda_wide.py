@@ -42,11 +42,11 @@ def test_wide_kernels_compile_for_sm90(tmp_path):
                                  str(tmp_path / "wide.cubin")], capture_output=True, text=True)
         assert result.returncode == 0, result.stderr
         log = result.stderr
-        names = ("dm_wide_b0_c0_v1_s0", "dm_wide_b1_c1_v0_s1", "dm_wide_finish")
+        names = ("dm_wide_b0_c0_v1_s0", "dm_wide_b1_c1_v0_s1", "dm_wide_b0_c0_v1_s0_p2", "dm_wide_finish")
     for name in names:
         assert f"'{name}'" in log, name
     frames = [int(x) for x in re.findall(r"(\d+) bytes stack frame", log)]
-    assert frames and max(frames) == 0, log
+    assert frames and max(frames) <= 64, log  # the _p2 variants (128 registers) spill a few words
 
 
 def test_args_struct_matches_the_kernel():
@@ -59,8 +59,7 @@ def test_args_struct_matches_the_kernel():
     ctypes_kind = {ctypes.c_uint64: "u64", ctypes.c_int64: "i64", ctypes.c_double: "double"}
     assert [(ctypes_kind[t], n) for n, t in cuda_wide.WideArgs._fields_] == names
     assert ctypes.sizeof(cuda_wide.WideArgs) == 8 * len(names)
-    for define, value in (("DW_WARPS", cuda_wide.WARPS), ("DW_GROUP", cuda_wide.GROUP),
-                          ("DW_MAX_ROWS", cuda_wide.MAX_ROWS)):
+    for define, value in (("DW_GROUP", cuda_wide.GROUP), ("DW_MAX_ROWS", cuda_wide.MAX_ROWS)):
         assert re.search(rf"#define {define} {value}\b", text), define
 
 
@@ -125,7 +124,7 @@ def test_shared_memory_fits_and_the_backend_refuses_cpu_and_bad_options():
     with pytest.raises(ValueError, match="impl"):
         dm.MarkovSampler(head, 5, 4, impl="cuda_wide")
     for option, value in (("filter_margin", -1e-3), ("filter_margin", float("nan")), ("flags", 8), ("flags", True),
-                          ("blocks_per_sm", 0)):
+                          ("blocks_per_sm", 0), ("warps_per_group", 3), ("warps_per_group", True)):
         with pytest.raises(ValueError, match=option):
             cuda_wide.CudaWideBackend(head, 5, 4, method="gumbel", cache_dtype=torch.bfloat16, device="cpu",
                                       **{option: value})

@@ -28,8 +28,6 @@ using dm::i64;
 using dm::u32;
 using dm::u64;
 
-#define DW_WARPS 8
-#define DW_THREADS (32 * DW_WARPS)
 #define DW_GROUP 16     // tokens per warp work item (2 mma n-tiles)
 #define DW_RANK 256
 #define DW_MAX_ROWS 256
@@ -60,12 +58,15 @@ struct WideArgs {  // every field 8 bytes (matches cuda_wide.WideArgs)
 
 #define DW_F_PREFETCH 1  // L2 prefetch of the base logits two m-tiles ahead
 
-// Per-row keys of the step, in shared memory: the noise prefix, 1/T, T (0: greedy) and the cache slot (-1: no write).
+// Per-row keys of the step, in shared memory: the noise prefix, 1/T, T (0: greedy), the element offset of the row's
+// base logits and of its cache row (-1: a padding sample, no write).
 struct WideRow {
+  i64 base_off;
+  i64 cache_off;
   u32 prefix;
   float inv_temp;
   float temp;
-  i32 slot;
+  i32 pad;
 };
 
 __device__ __forceinline__ WideRow wide_row(const WideArgs& a, i64 row) {
@@ -79,7 +80,9 @@ __device__ __forceinline__ WideRow wide_row(const WideArgs& a, i64 row) {
   r.prefix = dm::draft_prefix(seed, (int)a.step, position);
   r.temp = temp;
   r.inv_temp = temp == 0.0f ? 1.0f : dm::div_rn(1.0f, temp);
-  r.slot = live ? (i32)slot : -1;
+  r.base_off = row * a.stride_br + a.step * a.stride_bn;
+  r.cache_off = live ? slot * a.stride_cs + a.step * a.vocab : -1;
+  r.pad = 0;
   return r;
 }
 
@@ -92,16 +95,23 @@ __device__ __noinline__ float dw_exact_key(float z, float temp, u32 prefix, u32 
 // 2c, 2c + 1 of both n-tiles, i.e. the 4 consecutive tokens 4c .. 4c + 3.
 __device__ __forceinline__ int dw_token_of(int nt, int n) { return (n >> 1) * 4 + nt * 2 + (n & 1); }
 
-template <bool BASE_F32, bool CACHE_F32, bool VEC, bool SCALE>
+__device__ __forceinline__ void dw_bar(int id, int threads) {  // named barrier of the warps sharing a stage
+  asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
+}
+
+// WPG: warps per 16-token group (they share its W2 stage and split its m-tiles); the block has WARPS warps.
+template <bool BASE_F32, bool CACHE_F32, bool VEC, bool SCALE, int WARPS, int WPG>
 __device__ __forceinline__ void wide_body(const WideArgs& a) {
   extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int THREADS = 32 * WARPS, TEAMS = WARPS / WPG;
   const int rows = (int)a.rows;
   const int mtiles = (rows + 15) >> 4;
   uint4* codes_s = (uint4*)smem;                                  // [mtiles][8][2][32]
-  uint4* stage_s = codes_s + (size_t)mtiles * 512;                // [DW_WARPS][DW_STAGE_U4]
-  float* gtab_s = (float*)(stage_s + DW_WARPS * DW_STAGE_U4);     // [DM_TB_SIZE]
+  uint4* stage_s = codes_s + (size_t)mtiles * 512;                // [TEAMS][DW_STAGE_U4]
+  float* gtab_s = (float*)(stage_s + TEAMS * DW_STAGE_U4);        // [DM_TB_SIZE]
   WideRow* rows_s = (WideRow*)(gtab_s + DM_TB_SIZE);              // [mtiles * 16]
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int team = warp / WPG, sub = warp - team * WPG;
   const int g = lane >> 2, c = lane & 3;
   const i64 vocab = a.vocab;
   const float margin = (float)a.filter_margin;
@@ -109,14 +119,15 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
   const float ninf = -__int_as_float(0x7f800000);
 
   const int ngroups = (int)((vocab + DW_GROUP - 1) / DW_GROUP);
-  const int gw = blockIdx.x * DW_WARPS + warp, nw = gridDim.x * DW_WARPS;
-  uint4* stage = stage_s + warp * DW_STAGE_U4;
+  const int gt = blockIdx.x * TEAMS + team, nt_all = gridDim.x * TEAMS;
+  uint4* stage = stage_s + team * DW_STAGE_U4;
   const uint4* head = (const uint4*)a.head;  // 32 uint4 per token
-  // The W2 rows of group grp into this warp's stage: lane (g, c) of n-tile nt reads token dw_token_of(nt, g),
-  // k-chunk j: the 16 bytes j * 64 + 8c .. + 8 of the rank.
+  // The W2 rows of group grp into this team's stage: lane (g, c) of n-tile nt reads token dw_token_of(nt, g),
+  // k-chunk j: the 16 bytes j * 64 + 8c .. + 8 of the rank. With WPG = 2 each warp copies one n-tile.
   auto stage_group = [&](int grp) {
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
+      if (WPG == 2 && nt != sub) continue;
       const i64 t = (i64)grp * DW_GROUP + dw_token_of(nt, g);
       const bool ok = t < vocab;
       const uint4* src = head + (ok ? t : 0) * 32 + c;
@@ -125,20 +136,20 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
     }
     dm::cp_async_commit();
   };
-  if (gw < ngroups) stage_group(gw);
+  if (gt < ngroups) stage_group(gt);
 
   // Block set-up: codes (A fragments of every row, already in fragment order), the table, the row keys.
   {
     const uint4* codes_g = (const uint4*)a.codes;
-    for (int i = tid; i < mtiles * 512; i += DW_THREADS) dm::cp_async16(codes_s + i, codes_g + i, true);
+    for (int i = tid; i < mtiles * 512; i += THREADS) dm::cp_async16(codes_s + i, codes_g + i, true);
     dm::cp_async_commit();
-    for (int i = tid; i < DM_TB_SIZE; i += DW_THREADS) gtab_s[i] = ((const float*)a.gtab)[i];
-    for (int r = tid; r < mtiles * 16; r += DW_THREADS) {
+    for (int i = tid; i < DM_TB_SIZE; i += THREADS) gtab_s[i] = ((const float*)a.gtab)[i];
+    for (int r = tid; r < mtiles * 16; r += THREADS) {
       WideRow k;
       if (r < rows) {
         k = wide_row(a, r);
       } else {
-        k.prefix = 0u; k.inv_temp = 0.0f; k.temp = 0.0f; k.slot = -1;
+        k.prefix = 0u; k.inv_temp = 1.0f; k.temp = 0.0f; k.base_off = 0; k.cache_off = -1; k.pad = 0;
       }
       rows_s[r] = k;
     }
@@ -147,23 +158,26 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
   }
 
   i64* words = (i64*)a.words;
-  const int esb = BASE_F32 ? 4 : 2, esc = CACHE_F32 ? 4 : 2;
-  const int moff = mtiles ? gw % mtiles : 0;  // this warp's first m-tile (warps start apart: seeds spread)
-  for (int grp = gw; grp < ngroups; grp += nw) {
+  // The team's first m-tile (teams start apart, so most rows are seeded once before other teams reach them); its
+  // warps take every WPG-th m-tile from there.
+  const int moff = mtiles ? (gt * WPG) % mtiles : 0;
+  for (int grp = gt; grp < ngroups; grp += nt_all) {
     // This group's B fragments: stage -> registers, then the next group's rows into the stage.
     dm::cp_async_wait_all();
-    __syncwarp();
+    if (WPG > 1) dw_bar(1 + team, 32 * WPG);
+    else __syncwarp();
     uint4 bw[2][8];
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int j = 0; j < 8; ++j) bw[nt][j] = stage[(nt * 8 + j) * 32 + lane];
-    __syncwarp();
-    if (grp + nw < ngroups) stage_group(grp + nw);
+    if (WPG > 1) dw_bar(1 + team, 32 * WPG);
+    else __syncwarp();
+    if (grp + nt_all < ngroups) stage_group(grp + nt_all);
     const i64 t0 = (i64)grp * DW_GROUP + 4 * c;  // this lane's 4 tokens
-    const bool full = t0 + 4 <= vocab;
+    const bool full = t0 + 4 <= vocab;            // (VEC: vocab % 4 == 0, so !full means no token at all)
 
-    for (int i = 0; i < mtiles; ++i) {
+    for (int i = sub; i < mtiles; i += WPG) {
       int mt = i + moff;
       mt = mt >= mtiles ? mt - mtiles : mt;
       const int r0 = mt * 16 + g;  // this lane's rows r0 and r0 + 8
@@ -179,8 +193,8 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
         wread[h] = DM_WORD_NONE;
         if (rin[h]) {
           wread[h] = dm::load_relaxed_i64(words + r);
-          const char* bp = (const char*)a.base + ((i64)r * a.stride_br + a.step * a.stride_bn + t0) * esb;
           if (VEC && full) {
+            const char* bp = (const char*)a.base + (rows_s[r].base_off + t0) * (BASE_F32 ? 4 : 2);
             if (BASE_F32) braw[h] = dm::load_cs16(bp);
             else {
               const uint2 v = dm::load_cs8(bp);
@@ -190,9 +204,9 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
           }
         }
       }
-      if ((a.flags & DW_F_PREFETCH) && c == 0) {  // two m-tiles ahead (wrapping into the next group)
-        int pi = i + 2, pgrp = grp;
-        if (pi >= mtiles) { pi -= mtiles; pgrp += nw; }
+      if ((a.flags & DW_F_PREFETCH) && c == 0) {  // two m-tiles of this warp ahead (wrapping into the next group)
+        int pi = i + 2 * WPG, pgrp = grp;
+        if (pi >= mtiles) { pi -= mtiles; pgrp += nt_all; }
         if (pi < mtiles && pgrp < ngroups) {
           int pm = pi + moff;
           pm = pm >= mtiles ? pm - mtiles : pm;
@@ -200,7 +214,7 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
           for (int h = 0; h < 2; ++h) {
             const int r = pm * 16 + g + 8 * h;
             if (r < rows) {
-              const char* bp = (const char*)a.base + ((i64)r * a.stride_br + a.step * a.stride_bn + (i64)pgrp * DW_GROUP) * esb;
+              const char* bp = (const char*)a.base + (rows_s[r].base_off + (i64)pgrp * DW_GROUP) * (BASE_F32 ? 4 : 2);
               dm::prefetch_l2(bp);
               if (BASE_F32 && (i64)pgrp * DW_GROUP + 8 < vocab) dm::prefetch_l2(bp + 32);
             }
@@ -226,19 +240,27 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
         }
       }
       // Epilogue: lane (g, c) holds rows r0 (h = 0) and r0 + 8 (h = 1), tokens t0 .. t0 + 3 (k = 2 nt + e).
-      float z[2][4], ub[2][4], thr[2];
+      float z[2][4], thr[2];
       u32 mask = 0;
+      // The bound of token t0 + k of row half h (greedy: z itself).
+      auto bound = [&](int h, int k) -> float {
+        const WideRow& rk = rows_s[r0 + 8 * h];
+        return rk.temp == 0.0f ? z[h][k]
+                               : dm::add_rn(dm::mul_rn(z[h][k], rk.inv_temp),
+                                            gtab_s[dm::tb_bucket(dm::hash_finish(rk.prefix, (u32)(t0 + k)))]);
+      };
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const WideRow rk = rows_s[mt * 16 + g + 8 * h];
+        const WideRow* rkp = rows_s + r0 + 8 * h;
         thr[h] = dm::skip_threshold(wread[h], margin);
+        const bool here = rin[h] && (VEC ? full : t0 < vocab);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           const int nt = k >> 1, e = 2 * h + (k & 1);
           u32 b = dm::round_bf16(dm::add_rn(acc[nt][0][e], acc[nt][1][e]));
           if (SCALE) b = dm::round_bf16(dm::mul_rn(dm::bf16(b), scale));
           float u;
-          if (VEC && full) {
+          if (VEC) {
             if (BASE_F32) {
               const u32 q[4] = {braw[h].x, braw[h].y, braw[h].z, braw[h].w};
               u = __uint_as_float(q[k]);
@@ -249,16 +271,17 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
           } else {
             u = ninf;
             if (rin[h] && t0 + k < vocab) {
-              const i64 off = (i64)(r0 + 8 * h) * a.stride_br + a.step * a.stride_bn + t0 + k;
+              const i64 off = rkp->base_off + t0 + k;
               u = BASE_F32 ? ((const float*)a.base)[off] : dm::bf16(((const unsigned short*)a.base)[off]);
             }
           }
           const float s = dm::add_rn(u, dm::bf16(b));
           z[h][k] = CACHE_F32 ? s : dm::bf16(dm::round_bf16(s));
         }
-        if (rin[h] && rk.slot >= 0) {  // the cache row of a live sample
-          char* cp = (char*)a.cache + ((i64)rk.slot * a.stride_cs + a.step * vocab + t0) * esc;
-          if (VEC && full) {
+        const i64 cache_off = rkp->cache_off;
+        if (here && cache_off >= 0) {  // the cache row of a live sample
+          char* cp = (char*)a.cache + (cache_off + t0) * (CACHE_F32 ? 4 : 2);
+          if (VEC) {
             if (CACHE_F32) {
               dm::store_cs16(cp, __float_as_uint(z[h][0]), __float_as_uint(z[h][1]), __float_as_uint(z[h][2]),
                              __float_as_uint(z[h][3]));
@@ -277,17 +300,8 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
           }
         }
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          float b = ninf;
-          if (rin[h] && t0 + k < vocab) {
-            b = rk.temp == 0.0f  // greedy: z itself
-                    ? z[h][k]
-                    : dm::add_rn(dm::mul_rn(z[h][k], rk.inv_temp),
-                                 gtab_s[dm::tb_bucket(dm::hash_finish(rk.prefix, (u32)(t0 + k)))]);
-            if (!(b < thr[h])) mask |= 1u << (4 * h + k);
-          }
-          ub[h][k] = b;
-        }
+        for (int k = 0; k < 4; ++k)
+          if (here && (VEC || t0 + k < vocab) && !(bound(h, k) < thr[h])) mask |= 1u << (4 * h + k);
       }
       // Seeds: a row without a word gets the exact key of its largest bound in this m-tile (first token among
       // equals; none if every bound is NaN / -inf: then every token is exact).
@@ -295,11 +309,15 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
       if (__any_sync(0xFFFFFFFFu, need0 || need1)) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
+          const bool here = rin[h] && (VEC ? full : t0 < vocab);
+          float ub[4];  // the bounds again (rare path: no registers kept for them in the common one)
+#pragma unroll
+          for (int k = 0; k < 4; ++k) ub[k] = here && (VEC || t0 + k < vocab) ? bound(h, k) : ninf;
           float sb = ninf;
           int si = -1;
 #pragma unroll
           for (int k = 0; k < 4; ++k)
-            if (ub[h][k] > sb) { sb = ub[h][k]; si = (int)(t0 + k); }
+            if (ub[k] > sb) { sb = ub[k]; si = (int)(t0 + k); }
 #pragma unroll
           for (int off = 1; off <= 2; off <<= 1) {
             const float ob = __shfl_xor_sync(0xFFFFFFFFu, sb, off);
@@ -309,11 +327,11 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
           const bool need = h ? need1 : need0;
           i64 word = DM_WORD_NONE;
           if (need && si >= 0 && si >= t0 && si < t0 + 4) {  // this lane holds the seed token
-            const WideRow rk = rows_s[mt * 16 + g + 8 * h];
             const int k = (int)(si - t0);
             float zk = z[h][0];
 #pragma unroll
             for (int q = 1; q < 4; ++q) zk = k == q ? z[h][q] : zk;  // no dynamic register index
+            const WideRow& rk = rows_s[r0 + 8 * h];
             word = dm::pack_word(dw_exact_key(zk, rk.temp, rk.prefix, (u32)si), si);
             atomicMax((long long*)(words + r0 + 8 * h), (long long)word);
             mask &= ~(1u << (4 * h + k));
@@ -328,13 +346,13 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
             thr[h] = dm::skip_threshold(word, margin);
 #pragma unroll
             for (int k = 0; k < 4; ++k)
-              if (ub[h][k] < thr[h]) mask &= ~(1u << (4 * h + k));
+              if (ub[k] < thr[h]) mask &= ~(1u << (4 * h + k));
           }
         }
       }
       // Exact keys where a bound can still reach the row's best (rare: lanes diverge here).
       if (mask) {
-        i64 best[2] = {DM_WORD_NONE, DM_WORD_NONE};
+        i64 best0 = DM_WORD_NONE, best1 = DM_WORD_NONE;
         while (mask) {
           const int bit = __ffs(mask) - 1;
           mask &= mask - 1;
@@ -342,28 +360,35 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
           float zk = z[0][0];
 #pragma unroll
           for (int q = 1; q < 8; ++q) zk = bit == q ? z[q >> 2][q & 3] : zk;  // no dynamic register index
-          const WideRow rk = rows_s[mt * 16 + g + 8 * h];
-          const i64 w = dm::pack_word(dw_exact_key(zk, rk.temp, rk.prefix, (u32)(t0 + k)), (i32)(t0 + k));
-          if (h) best[1] = w > best[1] ? w : best[1];
-          else best[0] = w > best[0] ? w : best[0];
+          const WideRow& rk = rows_s[r0 + 8 * h];
+          const float temp = rk.temp;
+          const u32 prefix = rk.prefix;
+          const i64 w = dm::pack_word(dw_exact_key(zk, temp, prefix, (u32)(t0 + k)), (i32)(t0 + k));
+          if (h) best1 = w > best1 ? w : best1;
+          else best0 = w > best0 ? w : best0;
         }
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          if (best[h] > wread[h]) atomicMax((long long*)(words + r0 + 8 * h), (long long)best[h]);
+        if (best0 > wread[0]) atomicMax((long long*)(words + r0), (long long)best0);
+        if (best1 > wread[1]) atomicMax((long long*)(words + r0 + 8), (long long)best1);
       }
     }
   }
   dm::cp_async_wait_all();
 }
 
-// One entry point per (base fp32, cache fp32, vector I/O, scale != 1).
+// One entry point per (base fp32, cache fp32, vector I/O, scale != 1), 8 warps of 16-token groups; and the
+// variant of 16 warps, two per group (_p2), of every unscaled vector path.
 #define DW_ENTRY(B, C, V, S)                                                                           \
-  extern "C" __global__ void __launch_bounds__(DW_THREADS, 1) dm_wide_b##B##_c##C##_v##V##_s##S(const WideArgs a) { \
-    wide_body<B, C, V, S>(a);                                                                          \
+  extern "C" __global__ void __launch_bounds__(256, 1) dm_wide_b##B##_c##C##_v##V##_s##S(const WideArgs a) { \
+    wide_body<B, C, V, S, 8, 1>(a);                                                                    \
+  }
+#define DW_ENTRY_P2(B, C)                                                                              \
+  extern "C" __global__ void __launch_bounds__(512, 1) dm_wide_b##B##_c##C##_v1_s0_p2(const WideArgs a) { \
+    wide_body<B, C, true, false, 16, 2>(a);                                                            \
   }
 #ifdef DW_TWO_ENTRIES  // the CPU test's nvcc compile check: every template bit both ways
 DW_ENTRY(0, 0, 1, 0)
 DW_ENTRY(1, 1, 0, 1)
+DW_ENTRY_P2(0, 0)
 #else
 DW_ENTRY(0, 0, 1, 0)
 DW_ENTRY(0, 0, 1, 1)
@@ -381,6 +406,10 @@ DW_ENTRY(1, 1, 1, 0)
 DW_ENTRY(1, 1, 1, 1)
 DW_ENTRY(1, 1, 0, 0)
 DW_ENTRY(1, 1, 0, 1)
+DW_ENTRY_P2(0, 0)
+DW_ENTRY_P2(0, 1)
+DW_ENTRY_P2(1, 0)
+DW_ENTRY_P2(1, 1)
 #endif
 
 // Between steps (one warp per row): the step's token (the merged word: torch.argmax of the row's keys, in [0, V))

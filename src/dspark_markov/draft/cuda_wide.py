@@ -32,16 +32,20 @@ from ..ops.constants import FILTER_MARGIN
 
 MAX_ROWS = 256  # wide.cu DW_MAX_ROWS: the codes of every row fit in shared memory
 RANK = 256
-WARPS = 8  # wide.cu DW_WARPS
-THREADS = 32 * WARPS
+TEAMS = 8  # 16-token groups in flight per block (one W2 stage each): 8 warps, or 16 with two per group
 GROUP = 16  # tokens per warp work item (wide.cu DW_GROUP)
 TB_SIZE = 33 << 6  # noise.cuh DM_TB_SIZE
 INT64_MIN = -(2**63)
 FLAG_PREFETCH = 1  # wide.cu DW_F_PREFETCH: L2 prefetch of the base logits two m-tiles ahead
 FLAGS_ALL = FLAG_PREFETCH
 DEFAULT_FLAGS = FLAG_PREFETCH
-KERNELS = tuple(f"dm_wide_b{b}_c{c}_v{v}_s{s}" for b in (0, 1) for c in (0, 1) for v in (0, 1) for s in (0, 1)) + (
-    "dm_wide_finish",)
+# Step entry points: dm_wide_b{base fp32}_c{cache fp32}_v{vector I/O}_s{scale != 1} (8 warps, one per 16-token group)
+# and, for the unscaled vector paths, _p2 (16 warps, two per group sharing its W2 stage and splitting its m-tiles).
+STEP_KERNELS = tuple(f"dm_wide_b{b}_c{c}_v{v}_s{s}" for b in (0, 1) for c in (0, 1) for v in (0, 1)
+                     for s in (0, 1)) + tuple(f"dm_wide_b{b}_c{c}_v1_s0_p2" for b in (0, 1) for c in (0, 1))
+KERNELS = STEP_KERNELS + ("dm_wide_finish",)
+WARPS_PER_GROUP = (1, 2)
+DEFAULT_WARPS_PER_GROUP = 1
 
 
 class WideArgs(ctypes.Structure):
@@ -57,10 +61,15 @@ class WideArgs(ctypes.Structure):
         (name, ctypes.c_int64) for name in ("anchor64", "embed_rows", "tokens_row_stride", "tokens_step_stride")]
 
 
+def threads(name: str) -> int:
+    """Threads per block of a step entry point: 8 warps, 16 for the two-warps-per-group variant."""
+    return 512 if name.endswith("_p2") else 256
+
+
 def smem_bytes(rows: int) -> int:
     """Dynamic shared memory of a step launch over ``rows`` rows: codes, W2 stages, noise table, row keys."""
     mtiles = -(-int(rows) // 16)
-    return mtiles * 16 * 512 + WARPS * 2 * 8 * 32 * 16 + TB_SIZE * 4 + mtiles * 16 * 16
+    return mtiles * 16 * 512 + TEAMS * 2 * 8 * 32 * 16 + TB_SIZE * 4 + mtiles * 16 * 32
 
 
 @functools.lru_cache(maxsize=None)
@@ -82,8 +91,9 @@ class CudaWideBackend:
     """Backend of ``impl="cuda_wide"`` (Gumbel-max only, bf16 weights of rank 256, sm_90 with NVRTC).
 
     Options: ``filter_margin`` (the slack of the bound test; a huge value makes every token exact),
-    ``flags`` (:data:`FLAG_PREFETCH`; never changes a draw) and ``blocks_per_sm`` (default: as many as are
-    resident at once). Scratch (codes in A-fragment order, one word per row, the noise table) is allocated
+    ``flags`` (:data:`FLAG_PREFETCH`; never changes a draw), ``blocks_per_sm`` (default: as many as are
+    resident at once) and ``warps_per_group`` (1: 8 warps per block, each its own 16-token groups; 2: 16 warps,
+    two per group, on the unscaled 16-byte paths; never changes a draw). Scratch (codes in A-fragment order, one word per row, the noise table) is allocated
     once; ``run`` only launches (CUDA-graph safe).
     """
 
@@ -94,7 +104,7 @@ class CudaWideBackend:
     MAX_ROWS = MAX_ROWS
 
     def __init__(self, head, num_steps, max_rows, *, method, cache_dtype, device, filter_margin=FILTER_MARGIN,
-                 flags=DEFAULT_FLAGS, blocks_per_sm=None):
+                 flags=DEFAULT_FLAGS, blocks_per_sm=None, warps_per_group=DEFAULT_WARPS_PER_GROUP):
         from .. import cuda
         from ..cuda import build
         from ..validate import check_int
@@ -105,6 +115,8 @@ class CudaWideBackend:
             raise ValueError(f"flags: expected a combination of the FLAG_* bits ({FLAGS_ALL} = all), got {flags!r}")
         if blocks_per_sm is not None:
             blocks_per_sm = check_int("blocks_per_sm", blocks_per_sm, 1)
+        if isinstance(warps_per_group, bool) or warps_per_group not in WARPS_PER_GROUP:
+            raise ValueError(f"warps_per_group: expected one of {WARPS_PER_GROUP}, got {warps_per_group!r}")
         if method != "gumbel":
             raise ValueError(f"method: impl 'cuda_wide' supports 'gumbel', got {method!r}")
         device = torch.device(device)
@@ -133,6 +145,7 @@ class CudaWideBackend:
             raise ValueError(f"impl: 'cuda_wide' cannot run here: {error}") from error
         self.filter_margin = float(filter_margin)
         self.flags = int(flags)
+        self.warps_per_group = int(warps_per_group)
         rows16 = -(-self.max_rows // 16) * 16
         self.codes = torch.zeros(rows16, RANK, dtype=torch.bfloat16, device=self.device)  # A-fragment order
         self.words = torch.full((self.max_rows,), INT64_MIN, dtype=torch.int64, device=self.device)
@@ -143,10 +156,10 @@ class CudaWideBackend:
                              f"this GPU allows {limit}")
         # Blocks per SM of every entry point and m-tile count, queried now (no driver call inside a capture).
         self.resident = {}
-        for name in KERNELS[:-1]:
+        for name in STEP_KERNELS:
             self.kernels.set_dynamic_smem(name, limit)
             for mtiles in range(1, rows16 // 16 + 1):
-                fit = self.kernels.blocks_per_sm(name, THREADS, smem_bytes(16 * mtiles))
+                fit = self.kernels.blocks_per_sm(name, threads(name), smem_bytes(16 * mtiles))
                 self.resident[name, mtiles] = max(1, fit if blocks_per_sm is None else int(blocks_per_sm))
 
     @staticmethod
@@ -168,8 +181,9 @@ class CudaWideBackend:
         vocab = self.head.vocab_size
         vec = (vocab % 4 == 0 and _aligned(base_logits, (0, 1), 4 * base_logits.element_size())
                and _aligned(logits_cache, (0,), 4 * logits_cache.element_size()))
-        return (f"dm_wide_b{int(base_logits.dtype == torch.float32)}_c{int(logits_cache.dtype == torch.float32)}"
+        name = (f"dm_wide_b{int(base_logits.dtype == torch.float32)}_c{int(logits_cache.dtype == torch.float32)}"
                 f"_v{int(vec)}_s{int(float(self.head.scale) != 1.0)}")
+        return f"{name}_p2" if self.warps_per_group == 2 and name.endswith("_v1_s0") else name
 
     def arguments(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens,
                   logits_cache) -> WideArgs:
@@ -202,7 +216,7 @@ class CudaWideBackend:
         name = self.kernel_name(base_logits, logits_cache)
         mtiles = -(-rows // 16)
         groups = -(-vocab // GROUP)
-        grid = min(self.num_sms * self.resident[name, mtiles], -(-groups // WARPS))
+        grid = min(self.num_sms * self.resident[name, mtiles], -(-groups // TEAMS))
         smem = smem_bytes(rows)
         finish_grid = -(-rows // 8)
         stream = torch.cuda.current_stream(self.device).cuda_stream
@@ -210,6 +224,6 @@ class CudaWideBackend:
         launch("dm_wide_finish", finish_grid, 256, 0, stream, [args, ctypes.c_int64(-1), ctypes.c_int64(1)])
         for step in range(steps):
             args.step = step
-            launch(name, grid, THREADS, smem, stream, [args])
+            launch(name, grid, threads(name), smem, stream, [args])
             launch("dm_wide_finish", finish_grid, 256, 0, stream,
                    [args, ctypes.c_int64(step), ctypes.c_int64(int(step + 1 < steps))])
