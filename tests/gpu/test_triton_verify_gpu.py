@@ -308,14 +308,16 @@ def test_stream_layouts_agree_and_graph_replays():
         ref = dm.verify_drafts(*fresh, method="standard", target_temperature=fresh[6])
         assert torch.equal(tokens, ref.tokens) and torch.equal(count, ref.num_emitted)
     verifier.check()
-    assert int(verifier.counters.abs().sum()) == 0
+    assert int(verifier.counters.abs().sum()) == 0 and int(verifier.arrivals.abs().sum()) == 0
 
 
-# the options measured against the defaults (issue 18, verify3 and verify4): the compact and the padded program
+# the options measured against the defaults (issue 18, verify3 to verify5): the compact and the padded program
 # orders, the raw mode's split unroll (only the divided slots load fewer tiles at once), the poisoned fast division
-# with 4 tiles at once where values are divided, the L2 prefetch of the emitted row (evict_last)
+# with 4 tiles at once where values are divided, the L2 prefetch of the emitted row (evict_last), the rows of a
+# request streamed by separate items in parallel (no early stop)
 OPTION_VARIANTS = {"compact": dict(compact=1), "padded": dict(compact=0), "div_unroll": dict(div_unroll=2),
-                   "fast_divide_2": dict(fast_divide=2, div_unroll=4), "emit_prefetch": dict(emit_prefetch=2)}
+                   "fast_divide_2": dict(fast_divide=2, div_unroll=4), "emit_prefetch": dict(emit_prefetch=2),
+                   "rows_parallel": dict(early_stop=0)}
 
 
 @pytest.mark.parametrize("variant", sorted(OPTION_VARIANTS))
@@ -356,4 +358,4 @@ def test_stream_options_equal_reference_and_replay(rows, variant):
         ref = dm.verify_drafts(*fresh, method="standard")
         assert torch.equal(tokens, ref.tokens) and torch.equal(count, ref.num_emitted)
     verifier.check()
-    assert int(verifier.counters.abs().sum()) == 0
+    assert int(verifier.counters.abs().sum()) == 0 and int(verifier.arrivals.abs().sum()) == 0
