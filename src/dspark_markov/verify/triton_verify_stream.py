@@ -357,13 +357,15 @@ def _pair_softmax(t_ptr, c_ptr, start, end, c_end, tiles, ttemp, c_scale, RAW: t
         elif STOP:  # the same groups, until the request's emitted row is published before this row
             g = 0
             limit = full
+            word = tl.load(stop_ptr, volatile=True)
             while g < limit:
-                word = tl.load(stop_ptr, volatile=True)  # (used after this group's loads: no added latency)
                 token = lane[None, :] + (g * UNROLL * BLOCK + step)
                 m, s, cm, cs, risky = _pair_step(tl.load(t_ptr + token), tl.load(c_ptr + token), m, s, cm, cs, risky,
                                                  ttemp, c_scale, RAW, FAST, dt, dr, ds, dtiny, HARDWARE)
                 g += 1
+                # the word read one group earlier (a read consumed at once would wait a round trip per group)
                 limit = tl.where(_row_skipped(word, row), 0, limit)
+                word = tl.load(stop_ptr, volatile=True)
             full = tl.where(g < full, tiles, full)  # stopped: no tail either (the row cannot change the output)
         else:
             for g in tl.range(0, full, num_stages=PIPE):
@@ -423,15 +425,16 @@ def _row_argmax(ptr, start, end, tiles, temp, DIVIDE: tl.constexpr, BLOCK: tl.co
     if SCAN & STOP:  # as below, until the request's emitted row is published before this row
         t = 0
         limit = tiles
+        word = tl.load(stop_ptr, volatile=True)
         while t < limit:
-            word = tl.load(stop_ptr, volatile=True)
             token = lane + t * BLOCK
             x = _load_row(ptr, token, token < end, temp, DIVIDE, float("-inf"))
             better = (x > best) | ((x != x) & (best == best))
             best = tl.where(better, x, best)
             index = tl.where(better, token, index)
             t += 1
-            limit = tl.where(_row_skipped(word, row), 0, limit)
+            limit = tl.where(_row_skipped(word, row), 0, limit)  # (the word read one tile earlier)
+            word = tl.load(stop_ptr, volatile=True)
     elif SCAN:  # one tile at a time, in token order per lane: a strict > keeps the first maximum
         for t in tl.range(0, tiles, num_stages=PIPE):
             token = lane + t * BLOCK
