@@ -22,7 +22,7 @@
 //
 // Bytes per step: rows * V * (base bytes + 2 bias bytes) read, live * V * cache bytes written,
 // rows * chunks * 12 partials; the table (8.4 KB) once per block.
-#include "noise.cuh"
+#include "common.cuh"  // noise.cuh, bf16 rounding, the skip threshold, streaming I/O
 
 using dm::i32;
 using dm::i64;
@@ -34,7 +34,7 @@ using dm::u64;
 #define DM_GROUPS 2                // 8-token groups per lane and chunk
 #define DM_PER (8 * DM_GROUPS)     // tokens per thread and chunk
 #define DM_CHUNK (32 * DM_PER)     // tokens per work item, one warp's (cuda_gumbel.CHUNK)
-#define DM_BINT64_MIN (-9223372036854775807ll - 1)
+#define DM_BINT64_MIN DM_WORD_NONE
 
 // DM_BF_PREFETCH: each block asks L2 for its next work item's base and bias lines when it starts an item.
 #define DM_BF_PREFETCH 1
@@ -69,15 +69,6 @@ struct BlocksArgs {  // every field 8 bytes (matches cuda_gumbel.BlocksArgs)
   double scale, filter_margin;
 };
 
-// Streaming 16-byte accesses (read or written once per step: evict first).
-__device__ __forceinline__ uint4 bl_load16(const void* ptr) {
-  uint4 v;
-  asm("ld.global.cs.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
-  return v;
-}
-__device__ __forceinline__ void bl_store16(void* ptr, u32 x, u32 y, u32 z, u32 w) {
-  asm volatile("st.global.cs.v4.u32 [%0], {%1,%2,%3,%4};" :: "l"(ptr), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
-}
 
 __device__ __forceinline__ i64 bl_load_cg64(const i64* ptr) {  // from L2 (another block's word)
   i64 v;
@@ -89,14 +80,6 @@ __device__ __forceinline__ void bl_prefetch_l2(const void* ptr) {
   asm volatile("prefetch.global.L2::evict_last [%0];" :: "l"(ptr));
 }
 
-__device__ __forceinline__ float bl_bf16(u32 b) { return __uint_as_float(b << 16); }
-
-__device__ __forceinline__ u32 bl_round_bf16(float f) {  // round to nearest even, NaN -> 0x7FC0 (torch)
-  u32 u = __float_as_uint(f);
-  if (f != f) return 0x7FC0u;
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return u >> 16;
-}
 
 struct RowState {
   bool live, greedy;
@@ -124,16 +107,16 @@ __device__ __forceinline__ RowState row_state(const BlocksArgs& a, i64 row) {
 // rounded again to bf16 when scale != 1.
 template <bool BASE_F32, bool CACHE_F32, bool SCALE>
 __device__ __forceinline__ float make_z(float u, u32 bias_bits, float scale) {
-  float b = bl_bf16(bias_bits);
-  if (SCALE) b = bl_bf16(bl_round_bf16(dm::mul_rn(b, scale)));
+  float b = dm::bf16(bias_bits);
+  if (SCALE) b = dm::bf16(dm::round_bf16(dm::mul_rn(b, scale)));
   const float s = dm::add_rn(u, b);
-  return CACHE_F32 ? s : bl_bf16(bl_round_bf16(s));
+  return CACHE_F32 ? s : dm::bf16(dm::round_bf16(s));
 }
 
 template <bool BASE_F32, bool CACHE_F32, bool SCALE>
 __device__ __forceinline__ float z_at(const BlocksArgs& a, const void* base_row, const unsigned short* bias_row,
                                       i64 v) {
-  const float u = BASE_F32 ? ((const float*)base_row)[v] : bl_bf16(((const unsigned short*)base_row)[v]);
+  const float u = BASE_F32 ? ((const float*)base_row)[v] : dm::bf16(((const unsigned short*)base_row)[v]);
   return make_z<BASE_F32, CACHE_F32, SCALE>(u, bias_row[v], (float)a.scale);
 }
 
@@ -151,11 +134,6 @@ __device__ __noinline__ float bl_exact_at(const BlocksArgs& a, const RowState r,
   return exact_key(r, z_at<BASE_F32, CACHE_F32, SCALE>(a, base_row, bias_row, t), (u32)t);
 }
 
-__device__ __forceinline__ i64 shfl_xor_i64(i64 x, int off) {
-  const u32 lo = __shfl_xor_sync(0xFFFFFFFFu, (u32)((u64)x & 0xFFFFFFFFull), off);
-  const u32 hi = __shfl_xor_sync(0xFFFFFFFFu, (u32)((u64)x >> 32), off);
-  return (i64)(((u64)hi << 32) | lo);
-}
 
 // The 16-byte loads of chunk `chunk` (global, DM_CHUNK tokens) of row `row` (VEC path): groups of 8 tokens per lane.
 template <bool BASE_F32, int G>
@@ -169,31 +147,22 @@ __device__ __forceinline__ void load_chunk(const BlocksArgs& a, i64 row, i64 chu
     const i64 t0 = v0 + (i64)g * 256 + lane * 8;
     if (t0 < a.vocab) {  // vocab % 8 == 0 on this path: a group is in or out whole
       if (BASE_F32) {
-        braw[g][0] = bl_load16(base_row + t0 * 4);
-        braw[g][1] = bl_load16(base_row + t0 * 4 + 16);
+        braw[g][0] = dm::load_cs16(base_row + t0 * 4);
+        braw[g][1] = dm::load_cs16(base_row + t0 * 4 + 16);
       } else {
-        braw[g][0] = bl_load16(base_row + t0 * 2);
+        braw[g][0] = dm::load_cs16(base_row + t0 * 2);
       }
-      wraw[g] = bl_load16(bias_row + t0);
+      wraw[g] = dm::load_cs16(bias_row + t0);
     }
   }
 }
 
-// The threshold of a best exact key k: a bound b below k - margin - 2 (|k| + 64) 2^-20 has b + key_slack(b) < k
-// (tests/draft/test_cuda_gumbel.py), so the token cannot reach k. -inf without a key; NaN (every token goes
-// exact) for k = +inf or NaN.
-__device__ __forceinline__ float bl_threshold(i64 best, float margin) {
-  if (best == DM_BINT64_MIN) return -__int_as_float(0x7f800000);
-  const float k = dm::word_key(best);
-  const float mag = k < 0.0f ? -k : k;
-  return dm::sub_rn(dm::sub_rn(k, margin), dm::mul_rn(dm::add_rn(mag, 64.0f), 0x1p-19f));
-}
 
 // bf16 pair {lo, hi} of fp32 values rounded to nearest even (torch's NaN 0x7FC0): the integer rounding, or
 // (HW) one cvt.rn.bf16x2.f32 with the NaN payload fixed afterwards.
 template <bool HW>
 __device__ __forceinline__ u32 bl_pack_bf16(float lo, float hi) {
-  if (!HW) return bl_round_bf16(lo) | (bl_round_bf16(hi) << 16);
+  if (!HW) return dm::round_bf16(lo) | (dm::round_bf16(hi) << 16);
   u32 p;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(p) : "f"(hi), "f"(lo));
   if (lo != lo) p = (p & 0xFFFF0000u) | 0x7FC0u;
@@ -293,11 +262,11 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
                 u = __uint_as_float(qs[e & 3]);
               } else {
                 const u32 qs[4] = {braw[g][0].x, braw[g][0].y, braw[g][0].z, braw[g][0].w};
-                u = bl_bf16((qs[e >> 1] >> ((e & 1) * 16)) & 0xFFFFu);
+                u = dm::bf16((qs[e >> 1] >> ((e & 1) * 16)) & 0xFFFFu);
               }
               if (HWCVT && !CACHE_F32) {  // the fp32 sum here, rounded in pairs below
-                float b = bl_bf16((w[e >> 1] >> ((e & 1) * 16)) & 0xFFFFu);
-                if (SCALE) b = bl_bf16(bl_round_bf16(dm::mul_rn(b, scale)));
+                float b = dm::bf16((w[e >> 1] >> ((e & 1) * 16)) & 0xFFFFu);
+                if (SCALE) b = dm::bf16(dm::round_bf16(dm::mul_rn(b, scale)));
                 z[e] = dm::add_rn(u, b);
               } else {
                 z[e] = make_z<BASE_F32, CACHE_F32, SCALE>(u, (w[e >> 1] >> ((e & 1) * 16)) & 0xFFFFu, scale);
@@ -318,12 +287,12 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
             }
             if (r.live) {
               if (CACHE_F32) {
-                bl_store16(cache_row + t0 * 4, __float_as_uint(z[0]), __float_as_uint(z[1]), __float_as_uint(z[2]),
+                dm::store_cs16(cache_row + t0 * 4, __float_as_uint(z[0]), __float_as_uint(z[1]), __float_as_uint(z[2]),
                            __float_as_uint(z[3]));
-                bl_store16(cache_row + t0 * 4 + 16, __float_as_uint(z[4]), __float_as_uint(z[5]),
+                dm::store_cs16(cache_row + t0 * 4 + 16, __float_as_uint(z[4]), __float_as_uint(z[5]),
                            __float_as_uint(z[6]), __float_as_uint(z[7]));
               } else {
-                bl_store16(cache_row + t0 * 2, packed[0], packed[1], packed[2], packed[3]);
+                dm::store_cs16(cache_row + t0 * 2, packed[0], packed[1], packed[2], packed[3]);
               }
             }
             // The greedy test outside the token loop: straight-line code for the 8 tokens.
@@ -404,7 +373,7 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
           const float k = exact_key(r, sz, (u32)si);
           const i64 word = dm::pack_word(k, si);
           if (lane == 0) best = word;
-          thr = bl_threshold(word, margin);
+          thr = dm::skip_threshold(word, margin);
           seed = si;
         }
       }
@@ -429,15 +398,15 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
         i64 w = best;
 #pragma unroll
         for (int off = 16; off; off >>= 1) {
-          const i64 o = shfl_xor_i64(w, off);
+          const i64 o = dm::shfl_xor_i64(w, off);
           w = o > w ? o : w;
         }
-        thr = bl_threshold(w, margin);
+        thr = dm::skip_threshold(w, margin);
       }
     }
 #pragma unroll
     for (int off = 16; off; off >>= 1) {
-      const i64 o = shfl_xor_i64(best, off);
+      const i64 o = dm::shfl_xor_i64(best, off);
       best = o > best ? o : best;
     }
     const i64 part = row * a.stride_part + range;
@@ -475,7 +444,7 @@ __device__ __forceinline__ void blocks_body(const BlocksArgs& a) {
       }
 #pragma unroll
       for (int off = 16; off; off >>= 1) {
-        const i64 o = shfl_xor_i64(w, off);
+        const i64 o = dm::shfl_xor_i64(w, off);
         w = o > w ? o : w;
       }
       i64 token = (i64)dm::word_index(w);  // torch.argmax over the row: the first NaN, else the first max

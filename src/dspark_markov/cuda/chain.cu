@@ -35,7 +35,7 @@
 // time (43) or, from 4 rows, on exact upper bounds of the keys from the per-bucket noise table
 // (V6 & 64: no approximate noise), exact keys for every token at 1-2 rows, step 0 in dependency order,
 // L2 prefetch of W2 and of the next step's base logits.
-#include "noise.cuh"
+#include "common.cuh"  // noise.cuh, bf16 rounding, mma.sync m16n8k16
 
 using dm::i32;
 using dm::i64;
@@ -105,14 +105,8 @@ struct ChainArgs {  // every field 8 bytes (matches the ctypes Structure in cuda
 };
 
 // ------------------------------------------------------------------ small device helpers
-__device__ __forceinline__ float bf16_to_f32(unsigned short b) { return __uint_as_float(((u32)b) << 16); }
-
-__device__ __forceinline__ unsigned short f32_to_bf16(float f) {  // round to nearest even, NaN -> 0x7FC0
-  u32 u = __float_as_uint(f);
-  if (f != f) return (unsigned short)0x7FC0;
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return (unsigned short)(u >> 16);
-}
+__device__ __forceinline__ float bf16_to_f32(unsigned short b) { return dm::bf16(b); }
+__device__ __forceinline__ unsigned short f32_to_bf16(float f) { return (unsigned short)dm::round_bf16(f); }
 
 __device__ __forceinline__ u64 policy_evict_last() {
   u64 p;
@@ -182,12 +176,6 @@ __device__ __forceinline__ i32 ld_acquire32(const i32* ptr) {
   return v;
 }
 
-__device__ __forceinline__ void mma16816(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 // Two k-tiles (2j, 2j+1) of one 16-token tile: A chunks of token rows g and g+8, codes chunk per nt.
 // With one n-tile the even and odd k-tiles go to two accumulators (two dependency chains of 8 mma,
@@ -204,8 +192,8 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[Acc<NT>::N][NT][4], uint4
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     uint4 b = codes_s[(nt * 8 + j) * 32 + lane];
-    mma16816(acc[0][nt], lo.x, hi.x, lo.y, hi.y, b.x, b.y);
-    mma16816(acc[Acc<NT>::N - 1][nt], lo.z, hi.z, lo.w, hi.w, b.z, b.w);
+    dm::mma16816(acc[0][nt], lo.x, hi.x, lo.y, hi.y, b.x, b.y);
+    dm::mma16816(acc[Acc<NT>::N - 1][nt], lo.z, hi.z, lo.w, hi.w, b.z, b.w);
   }
 }
 

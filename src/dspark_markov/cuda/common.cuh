@@ -50,12 +50,12 @@ __device__ __forceinline__ i64 shfl_xor_i64(i64 x, int off) {
 // Streaming accesses (read or written once per step: evict first).
 __device__ __forceinline__ uint2 load_cs8(const void* ptr) {
   uint2 v;
-  asm volatile("ld.global.cs.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(ptr));
+  asm("ld.global.cs.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(ptr));
   return v;
 }
 __device__ __forceinline__ uint4 load_cs16(const void* ptr) {
   uint4 v;
-  asm volatile("ld.global.cs.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
+  asm("ld.global.cs.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
   return v;
 }
 __device__ __forceinline__ void store_cs8(void* ptr, u32 x, u32 y) {
