@@ -30,7 +30,7 @@ from dspark_markov.verify import triton_filtering
 
 
 REPEATS = 7
-KERNELS = ("_stats_kernel", "_pass_kernel", "_finish_kernel", "_apply_kernel")
+KERNELS = ("_stats_kernel", "_pass_kernel", "_finish_kernel", "_redo_kernel", "_apply_kernel")
 
 
 class _Marked:
@@ -108,6 +108,8 @@ VARIANTS = {  # name: filter attributes over the defaults (issue 16, filter4: op
     "nt512": {"narrow_tile": 512},
     "late": {"late_gather": True},
     "w8": {"resolve_warps": 8},
+    "exact": {"approx": False},  # (filter5) exact integer masses in the first top-p sweep
+    "approx": {"approx": True},  # approximate masses + exact redo (filter5)
 }
 
 
@@ -174,7 +176,8 @@ def compare(sizes, names):
                     phase = [statistics.median(t[i] for t in times[name]) for i in range(len(labels[name]))]
                     say(f"{name:18s} {requests:3d} req ({rows} rows, chunks {filters[name].chunks}) {kind:8s} {case:3s}: "
                         + " ".join(f"{label} {t:7.1f}" for label, t in zip(labels[name], phase))
-                        + f"  total {sum(phase):7.1f} us  searched {int(filters[name].state.searched)}")
+                        + f"  total {sum(phase):7.1f} us  searched {int(filters[name].state.searched)}"
+                        + f" redone {int(filters[name].state.redone)}")
                 # correctness after the timings are written: each variant once more, against the reference
                 k_rows = k if k is not None else torch.zeros(rows, dtype=torch.int64, device=device)
                 keep = top_k_top_p_reference(x, k_rows, p)

@@ -32,11 +32,15 @@ def test_hard_rows_equal_reference(layout):
         assert_same(source, x)
 
 
-# TopKTopPFilter options other than the defaults (issue 16: the previous kernels, the late gather and the
-# two-pass narrowing stay selectable for comparisons on the GPU, tools/time_filter.py --compare); four
-# of the hard rows (plain, ties, tied maxima, signed zeros) keep the interpreter's time small
+# TopKTopPFilter options other than the CPU defaults (issue 16: the previous kernels, the late gather and
+# the two-pass narrowing stay selectable for comparisons on the GPU, tools/time_filter.py --compare; the
+# approximate top-p masses, the GPU default above 128 rows, also with a band so wide that every row takes
+# the exact redo sweep); four of the hard rows (plain, ties, tied maxima, signed zeros) keep the
+# interpreter's time small
 OPTIONS = [pytest.param({"lean": False, "stats_fast": False, "full_apply": False}, "k+p", id="previous"),
-           pytest.param({"late_gather": True, "narrow_tile": 64}, "p", id="late-two-pass")]
+           pytest.param({"late_gather": True, "narrow_tile": 64}, "p", id="late-two-pass"),
+           pytest.param({"approx": True}, "p", id="approx"),
+           pytest.param({"approx": True, "approx_slack": 1e12}, "p", id="approx-redo")]
 
 
 @pytest.mark.parametrize("options, case", OPTIONS)
@@ -50,6 +54,8 @@ def test_other_options_equal_reference(options, case):
     inplace = x.clone()
     assert_same(filt.filter(inplace, k, p, inplace), reference(x, k, p))
     assert int(filt.state.unresolved) == 0
+    if options.get("approx_slack", 1.0) > 1.0:  # every open row (all but the p = 1e-7 one) swept again
+        assert int(filt.state.redone) == 3
 
 
 def test_scalar_k_p_and_grid_of_p():
@@ -79,6 +85,13 @@ def test_first_pass_paths_at_a_larger_capacity():
     p = torch.tensor([0.9, 0.5, 0.9, 0.9])
     assert_same(filt.filter(x.clone(), None, p, torch.empty_like(x)), reference(x, None, p))
     assert int(filt.state.searched) == 0
+    # the same brackets with approximate masses (the GPU default above 128 rows), resolved from them
+    approx = nx.TopKTopPFilter(4, vocab, "cpu", capacity=1024)
+    approx.approx = True
+    inplace = x.clone()
+    assert_same(approx.filter(inplace, None, p, inplace), reference(x, None, p))
+    assert int(approx.state.redone) == 0 and int(approx.state.searched) == 0
+    assert not approx.state.approx_mass.any()  # zeroed for the next call
     y = torch.cat([x, zeros[None]])
     k, p = torch.tensor([50, 5, 50, 20, 5]), torch.tensor([0.9, 1.0, 0.95, 0.9, 1.0])
     expected = reference(y, k, p)

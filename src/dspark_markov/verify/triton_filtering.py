@@ -129,7 +129,9 @@ _PACK_CEIL = tl.constexpr(PACK_CEIL)
 PHASE_COPY = 0  # nothing to filter (NaN row, neither k nor p active, all -inf): the row is kept
 PHASE_CUT = 1  # resolved: keep packed >= cut
 PHASE_OPEN = 2  # searching: the next pass gathers and/or evaluates thresholds
+PHASE_REDO = 3  # APPROX: the approximate masses left the cut uncertain; the exact sweep runs again
 _PHASE_COPY = tl.constexpr(PHASE_COPY)
+_PHASE_REDO = tl.constexpr(PHASE_REDO)
 _PHASE_CUT = tl.constexpr(PHASE_CUT)
 _PHASE_OPEN = tl.constexpr(PHASE_OPEN)
 # Search targets (FilterState.target).
@@ -170,6 +172,14 @@ _PEAKED_SIGMAS = tl.constexpr(PEAKED_SIGMAS)
 MAX_ROUNDS = 48  # _finish_kernel's bound: 9-fold per round over a 64-bit space needs < 21
 _MAX_ROUNDS = tl.constexpr(MAX_ROUNDS)
 
+# Approximate masses (APPROX, module doc): |w - w'| <= 6.1 u w' for the FMA polynomial (u = 2^-24; bound
+# 8 u), the per-lane fp32 pairwise sums of four weights within 2 u, the fp64 sums within 2^-29: 12 u in all.
+APPROX_WEIGHT_REL = 8.0 * 2.0**-24
+APPROX_REL = 12.0 * 2.0**-24
+_APPROX_REL = tl.constexpr(APPROX_REL)
+APPROX_MARGIN = 8.0  # absolute (integer mass units), plus 2^-45 of the total: the fp64 bound arithmetic
+_APPROX_MARGIN = tl.constexpr(APPROX_MARGIN)
+
 # Candidates one program resolves (<= SORT_SMALL: one tl.sort; more: _rank_cut, n^2 compares; wide top-p
 # ones narrowed first). A first top-p bracket holds ~capacity / 2 fitted tokens. On the H200 (2026-12-02
 # u2, p = 0.9, 1518 rows) ~1024 tokens missed the cut in 5 Gaussian and 10 bf16 rows, all within ~120
@@ -195,6 +205,7 @@ OUTLIERS = 256  # stored tokens of a top-p row's early gather (~64 wanted)
 WARPS = 8
 APPLY_CHUNKS = 8  # most parts per row of the apply's own split
 APPLY_MIN_BLOCKS = 8  # and at least this many blocks per part
+REDO_CHUNKS = 8  # most parts per row of APPROX's exact redo sweep
 RESOLVE_WARPS = 4  # _finish_kernel (first resolve + search rounds, one program per row, ~255 registers)
 FINISH_MAX_REGISTERS = 128  # the finish's cap above WIDE_ROWS rows (see TopKTopPFilter.__init__)
 
@@ -223,8 +234,9 @@ def _pack(key, index):
 
 
 @triton.jit
-def _weight_fixed_point(x, row_max):
-    """``trunc(exp(x - row_max) 2^32)`` as int64, bit-identical to ``filtering.weight_fixed_point``."""
+def _exp_reduce(x, row_max):
+    """The software ``exp``'s argument reduction of ``exp(x - row_max)``: ``(n, r)`` with
+    ``exp(d) = 2^n exp(r)``, ``|r| <= 0.3466`` (shared by the exact and the approximate weight)."""
     d = tl.maximum(x - row_max, _EXP_FLOOR)
     # n = floor(y) and its int32 without conversion instructions (1/8 of the FP32 rate on sm_90):
     # y + 1.5 2^23 rounds y to the nearest integer f (|y| <= 64), whose bits are 0x4B400000 + f
@@ -235,6 +247,13 @@ def _weight_fixed_point(x, row_max):
     n = tl.where(down, f - 1.0, f)
     n_int = shifted.to(tl.int32, bitcast=True) - (0x4B400000 + down.to(tl.int32))
     r = (d - n * _LN2_HIGH) - n * _LN2_LOW
+    return n_int, r
+
+
+@triton.jit
+def _weight_fixed_point(x, row_max):
+    """``trunc(exp(x - row_max) 2^32)`` as int64, bit-identical to ``filtering.weight_fixed_point``."""
+    n_int, r = _exp_reduce(x, row_max)
     poly = tl.zeros_like(r) + _C0  # (r is finite wherever w is used: x == row_max overrides NaN)
     poly = poly * r + _C1
     poly = poly * r + _C2
@@ -247,6 +266,28 @@ def _weight_fixed_point(x, row_max):
     # d is NaN (x == max)
     scale = ((n_int + 159) << 23).to(tl.float32, bitcast=True)
     return tl.where(x == row_max, _MASS_ONE, poly * scale).to(tl.int64)
+
+
+@triton.jit
+def _weight_approx(x, row_max):
+    """fp32 ``w'`` with ``|w - w'| <= APPROX_WEIGHT_REL w'`` for the exact weight ``w`` before its
+    truncation (:func:`_weight_fixed_point`, ``q = trunc(w 2^32)``; finite ``row_max``): the same
+    reduction with ``n`` rounded to nearest (ties to even) and ``r`` by fused multiply-adds, the same
+    polynomial by fused multiply-adds: 16 instructions instead of ~30 (module doc, "Approximate
+    masses", for the bound). No conversion: the sweeps add ``w'`` in fp32 / fp64."""
+    d = tl.maximum(x - row_max, _EXP_FLOOR)
+    shifted = d * _LOG2E + _MAGIC  # (two roundings: fp fusion is off) the nearest integer n of d log2(e)
+    n = shifted - _MAGIC
+    r = tl.fma(n, -_LN2_LOW, d - n * _LN2_HIGH)  # d - n LN2_HIGH is exact
+    poly = tl.fma(tl.zeros_like(r) + _C0, r, _C1)
+    poly = tl.fma(poly, r, _C2)
+    poly = tl.fma(poly, r, _C3)
+    poly = tl.fma(poly, r, _C4)
+    poly = tl.fma(poly, r, _C5)
+    poly = tl.fma(poly, r, _C6)
+    poly = tl.fma(poly, r, _C7)
+    # 2^n from the bits of shifted (0x4B400000 + n)
+    return poly * ((shifted.to(tl.int32, bitcast=True) - (0x4B400000 - 127)) << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -581,6 +622,100 @@ def _sweep_pair_lean(src, start, end, row_max, hi_key, lo_key, scratch, cursor, 
     counts = tl.where(upper, tl.sum(c_hi, axis=0).to(tl.int64), tl.sum(c_lo, axis=0).to(tl.int64))
     masses = tl.where(upper, tl.sum(m_hi, axis=0), tl.sum(m_lo, axis=0))
     return counts, masses, tl.sum(total, axis=0)
+
+
+@triton.jit
+def _approx_pair_tile(x, index, lo_v, hi_v, hi_open, row_max):
+    """One tile of :func:`_sweep_pair_approx` (masked lanes hold ``-inf``, below every ``lo``):
+    ``(above hi, w' above hi, w' below lo, take, raw)``."""
+    w = _weight_approx(x, row_max)
+    above_lo = x >= lo_v
+    above_hi = (x >= hi_v) & (hi_open == 0)
+    take = (above_lo & (above_hi == 0)).to(tl.int32)
+    return above_hi.to(tl.int32), tl.where(above_hi, w, 0.0), tl.where(above_lo, 0.0, w), take, _raw32(x, index)
+
+
+@triton.jit
+def _approx_iteration(src, i0, end, lo_v, hi_v, hi_open, row_max, c_hi, above, below, BLOCK: tl.constexpr,
+                      MASKED: tl.constexpr):
+    """Four tiles of :func:`_sweep_pair_approx` from column ``i0`` (``MASKED``: the row's last iteration)."""
+    ptr = src + i0
+    if MASKED:
+        x0 = tl.load(ptr, mask=i0 < end, other=float("-inf"))
+        x1 = tl.load(ptr + BLOCK, mask=i0 + BLOCK < end, other=float("-inf"))
+        x2 = tl.load(ptr + 2 * BLOCK, mask=i0 + 2 * BLOCK < end, other=float("-inf"))
+        x3 = tl.load(ptr + 3 * BLOCK, mask=i0 + 3 * BLOCK < end, other=float("-inf"))
+    else:
+        x0 = tl.load(ptr)
+        x1 = tl.load(ptr + BLOCK)
+        x2 = tl.load(ptr + 2 * BLOCK)
+        x3 = tl.load(ptr + 3 * BLOCK)
+    h0, a0, b0, t0, p0 = _approx_pair_tile(x0, i0, lo_v, hi_v, hi_open, row_max)
+    h1, a1, b1, t1, p1 = _approx_pair_tile(x1, i0 + BLOCK, lo_v, hi_v, hi_open, row_max)
+    h2, a2, b2, t2, p2 = _approx_pair_tile(x2, i0 + 2 * BLOCK, lo_v, hi_v, hi_open, row_max)
+    h3, a3, b3, t3, p3 = _approx_pair_tile(x3, i0 + 3 * BLOCK, lo_v, hi_v, hi_open, row_max)
+    c_hi += (h0 + h1) + (h2 + h3)
+    above += ((a0 + a1) + (a2 + a3)).to(tl.float64)
+    below += ((b0 + b1) + (b2 + b3)).to(tl.float64)
+    return c_hi, above, below, t0, t1, t2, t3, p0, p1, p2, p3
+
+
+@triton.jit
+def _sweep_pair_approx(src, start, end, row_max, hi_key, lo_key, scratch, cursor, capacity, GATHER,
+                       BLOCK: tl.constexpr):
+    """:func:`_sweep_pair_lean` with approximate masses (top-p alone, ``APPROX``): the exact count at
+    ``hi`` and the gather of ``[lo, hi)`` (raw, :func:`_raw32`; the count at ``lo`` is the count at
+    ``hi`` plus the gathered ones), but instead of exact integer masses the fp64 sums of
+    :func:`_weight_approx` above ``hi`` and below ``lo`` (a lane adds its four tiles' weights in
+    fp32, pairwise, then in fp64). No 64-bit integer arithmetic or conversion per logit, unmasked
+    full iterations. Returns ``(count above hi, above, below)``."""
+    lo_v = _key_floor_value(lo_key)
+    hi_open = hi_key > _KEY_POS_INF
+    hi_v = _key_floor_value(tl.minimum(hi_key, _KEY_POS_INF))
+    gathering = (GATHER != 0).to(tl.int32)
+    capacity32 = capacity.to(tl.int32)
+    c_hi = tl.zeros([BLOCK], tl.int32)
+    above = tl.zeros([BLOCK], tl.float64)
+    below = tl.zeros([BLOCK], tl.float64)
+    s0 = tl.zeros([BLOCK], tl.int32)
+    s1 = tl.zeros([BLOCK], tl.int32)
+    s2 = tl.zeros([BLOCK], tl.int32)
+    s3 = tl.zeros([BLOCK], tl.int32)
+    p0 = tl.zeros([BLOCK], tl.int64)
+    p1 = tl.zeros([BLOCK], tl.int64)
+    p2 = tl.zeros([BLOCK], tl.int64)
+    p3 = tl.zeros([BLOCK], tl.int64)
+    t0 = tl.zeros([BLOCK], tl.int32)
+    t1 = tl.zeros([BLOCK], tl.int32)
+    t2 = tl.zeros([BLOCK], tl.int32)
+    t3 = tl.zeros([BLOCK], tl.int32)
+    lane = tl.arange(0, BLOCK)
+    full_end = start + (end - start) // (4 * BLOCK) * (4 * BLOCK)
+    for offset in range(start, full_end + 4 * BLOCK, 4 * BLOCK):  # the last iteration masked (maybe empty)
+        if offset < end:
+            _put32(scratch, capacity32, s0, p0, t0)  # the previous iteration's candidates
+            _put32(scratch, capacity32, s1, p1, t1)
+            _put32(scratch, capacity32, s2, p2, t2)
+            _put32(scratch, capacity32, s3, p3, t3)
+            if offset < full_end:
+                c_hi, above, below, t0, t1, t2, t3, p0, p1, p2, p3 = _approx_iteration(
+                    src, offset + lane, end, lo_v, hi_v, hi_open, row_max, c_hi, above, below, BLOCK, False)
+            else:
+                c_hi, above, below, t0, t1, t2, t3, p0, p1, p2, p3 = _approx_iteration(
+                    src, offset + lane, end, lo_v, hi_v, hi_open, row_max, c_hi, above, below, BLOCK, True)
+            t0 = t0 * gathering
+            t1 = t1 * gathering
+            t2 = t2 * gathering
+            t3 = t3 * gathering
+            s0 = _claim_many(cursor, t0 + t1 + t2 + t3)
+            s1 = s0 + t0
+            s2 = s1 + t1
+            s3 = s2 + t2
+    _put32(scratch, capacity32, s0, p0, t0)
+    _put32(scratch, capacity32, s1, p1, t1)
+    _put32(scratch, capacity32, s2, p2, t2)
+    _put32(scratch, capacity32, s3, p3, t3)
+    return tl.sum(c_hi, axis=0).to(tl.int64), tl.sum(above, axis=0), tl.sum(below, axis=0)
 
 
 @triton.jit
@@ -1062,6 +1197,101 @@ def _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min
     return phase
 
 
+@triton.jit
+def _approx_resolve(row, st_p, st_best, st_min, st_cut, st_flags, st_cursor, points, counts, masses, scratch, dst,
+                    approx_mass, vocab, capacity, slack):
+    """Resolve a top-p-only row from its approximate first sweep (:func:`_sweep_pair_approx`), or
+    send it to the exact sweep (``PHASE_REDO``). Module doc, "Approximate masses".
+
+    With ``A`` (mass above the bracket), ``M`` (the bracket's, exact from its candidates) and ``L``
+    (below it), candidate ``t`` survives iff ``A + P_t < fl(p S)``, ``P_t`` the exact mass of the
+    better candidates, i.e. iff ``P_t < mu = p M + p L - (1 - p) A + delta`` (``|delta| <= 2^-53 S``,
+    the product's rounding). The sums bound ``A`` and ``L``, hence ``mu`` in ``[mu_lo, mu_hi]``;
+    the kept set (monotone in ``mu``) is certain when the bracket holds the cut for both ends and
+    no candidate's ``P_t`` falls in ``[mu_lo, mu_hi)``; the narrowing and the sort are those of the
+    exact resolve (relative to ``A``, at ``mu_lo``), plus that check. Returns the new phase.
+    """
+    flags = tl.load(st_flags + row)
+    p = tl.load(st_p + row).to(tl.float64)
+    best = tl.load(st_best + row)
+    best_key = (best >> 32).to(tl.int32)
+    row_max = _key_value(best_key)
+    base = row * _POINTS
+    lo_slot = (flags >> 8) & 15
+    hi_slot = (flags >> 12) & 15
+    c_hi = tl.load(counts + base + hi_slot)
+    lo = tl.load(points + base + lo_slot)
+    hi = tl.load(points + base + hi_slot)
+    n_in = tl.load(st_cursor + row)
+    c_lo = c_hi + n_in  # (the approximate sweep counts above hi; every token of [lo, hi) claimed a slot)
+    above = tl.load(approx_mass + 2 * row)
+    below = tl.load(approx_mass + 2 * row + 1)
+    rows_scratch = scratch + row * capacity
+    phase = tl.zeros([], tl.int32) + _PHASE_REDO
+    cut = tl.zeros([], tl.int64) + _PACK_FLOOR
+    kept_n = tl.zeros([], tl.int64)
+    if ((flags & 1) != 0) & (n_in > 0) & (n_in <= capacity) & (row_max < float("inf")):
+        # the candidates in pack form (for the narrowing, the sort and the apply) and their exact mass M
+        t = tl.arange(0, _NARROW_TILE)
+        bracket = tl.zeros([_NARROW_TILE], tl.int64)
+        for offset in range(0, n_in, _NARROW_TILE):
+            inside = offset + t < n_in
+            raw = tl.load(rows_scratch + offset + t, mask=inside, other=0)
+            x = (raw >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+            bracket += tl.where(inside, _weight_fixed_point(x, row_max), 0)
+            tl.store(rows_scratch + offset + t, _raw_to_packed(raw), mask=inside)
+        tl.debug_barrier()  # the narrowing reads the packed candidates back
+        m = tl.sum(bracket, axis=0).to(tl.float64)
+        # A in [a_lo, a_hi], L in [l_lo, l_hi]: q = trunc(w 2^32) lies in (w 2^32 - 1, w 2^32]
+        rel = (tl.zeros([], tl.float64) + slack) * _APPROX_REL
+        a_hi = above * _MASS_ONE * (1.0 + rel)
+        a_lo = tl.maximum(above * _MASS_ONE * (1.0 - rel) - c_hi.to(tl.float64), 0.0)
+        l_hi = below * _MASS_ONE * (1.0 + rel)
+        l_lo = tl.maximum(below * _MASS_ONE * (1.0 - rel) - (vocab - c_lo).to(tl.float64), 0.0)
+        margin = _APPROX_MARGIN + (a_hi + m + l_hi) * 2.0**-45
+        mu_lo = p * (m + l_lo) - (1.0 - p) * a_hi - margin
+        mu_hi = p * (m + l_hi) - (1.0 - p) * a_lo + margin
+        # the bracket holds the cut for every mu: its first candidate survives, the token below it does not
+        if (mu_lo > 0.0) & (m >= mu_hi):
+            n_sort = n_in
+            mass_sort = tl.zeros([], tl.int64)  # exact mass above the candidates left, relative to A
+            complete = n_in >= 0
+            k_low = tl.maximum(lo >> 32, tl.load(st_min + row)).to(tl.int32)
+            k_high = tl.minimum((hi - 1) >> 32, best_key.to(tl.int64)).to(tl.int32)
+            bounded = n_sort >= 0
+            for _ in range(0, _NARROWINGS):
+                if n_sort > _SORT_SMALL:
+                    n_new, mass_sort = _narrow_mass(rows_scratch, n_sort, mu_lo, mass_sort, row_max, dst, n_sort < 0,
+                                                    k_low, k_high, bounded)
+                    bounded = n_sort < 0
+                    complete = complete & (n_new == n_sort)
+                    n_sort = n_new
+            if n_sort <= _SORT_SMALL:
+                rank = tl.arange(0, _SORT_SMALL)
+                inside = rank < n_sort
+                packed = tl.sort(tl.load(rows_scratch + rank, mask=inside, other=_PACK_FLOOR), descending=True)
+                q = tl.where(inside, _weight_fixed_point(_key_value(packed >> 32), row_max), 0)
+                before = (mass_sort + tl.cumsum(q, axis=0) - q).to(tl.float64)
+                top = packed == best
+                keep_lo = inside & ((before < mu_lo) | top)
+                keep_hi = inside & ((before < mu_hi) | top)
+                # ... and the token after the sorted ones (the narrowed part's end) is dropped for every mu
+                end_mass = (mass_sort + tl.sum(q, axis=0)).to(tl.float64)
+                if (tl.sum((keep_lo != keep_hi).to(tl.int32), axis=0) == 0) & (end_mass >= mu_hi):
+                    phase = phase * 0 + _PHASE_CUT
+                    cut = tl.min(tl.where(keep_lo, packed, _PACK_CEIL), axis=0)
+                    kept_n = tl.where((hi == _PACK_CEIL) & complete, n_sort, 0)
+    if phase == _PHASE_REDO:  # the exact sweep accumulates into these again and gathers from slot 0
+        slots = tl.arange(0, _THRESHOLDS)
+        tl.store(counts + base + _SLOT_FIRST + slots, tl.zeros([_THRESHOLDS], tl.int64))
+        tl.store(masses + base + _SLOT_FIRST + slots, tl.zeros([_THRESHOLDS], tl.int64))
+        tl.store(masses + base + _SLOT_LOWER, tl.zeros([], tl.int64))
+    tl.store(approx_mass + 2 * row + tl.arange(0, 2), tl.zeros([2], tl.float64))  # zero for the next call
+    tl.store(st_cursor + row, kept_n)
+    tl.store(st_cut + row, cut)
+    return phase
+
+
 # --------------------------------------------------------------------------- kernels
 @triton.jit
 def _top_threshold(src, wanted, vocab, SAMPLE: tl.constexpr):
@@ -1460,6 +1690,8 @@ def _pass_kernel(
     CHUNKS: tl.constexpr, BLOCK: tl.constexpr, COUNT_BLOCK: tl.constexpr, MASS_BLOCK: tl.constexpr,
     PAIR_BLOCK: tl.constexpr, OUTLIERS: tl.constexpr, K_GIVEN: tl.constexpr, LEAN: tl.constexpr = False,
     LATE: tl.constexpr = False, RAW: tl.constexpr = False,
+    approx_mass=None,  # [B, 2] fp64: APPROX, the sums of w' above hi and below lo (zeroed by the finish)
+    APPROX: tl.constexpr = False,
 ):
     """One sweep of a row's columns ``[chunk * chunk_len, ...)``: thresholds and/or the gather.
 
@@ -1548,6 +1780,15 @@ def _pass_kernel(
                         else:
                             found, mass, total = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch,
                                                         cursor, capacity, gather, True, True, True, True, MASS_BLOCK)
+                    elif APPROX:  # top-p alone, approximate masses (the finish resolves or redoes the row)
+                        c_hi, above, below = _sweep_pair_approx(src, start, end, row_max, (hi >> 32).to(tl.int32),
+                                                                (lo >> 32).to(tl.int32), rows_scratch, cursor,
+                                                                capacity, gather, PAIR_BLOCK)
+                        tl.atomic_add(approx_mass + 2 * row, above, sem="relaxed")
+                        tl.atomic_add(approx_mass + 2 * row + 1, below, sem="relaxed")
+                        found = tl.where(slot < 4, c_hi, 0)  # (the count at lo: the finish adds the gathered)
+                        mass = tl.zeros([_THRESHOLDS], tl.int64)
+                        total = tl.zeros([], tl.int64)
                     elif LATE:  # top-p alone, the bracket gathered by the apply
                         found, mass, total = _sweep_pair_lean(src, start, end, row_max, (hi >> 32).to(tl.int32),
                                                               (lo >> 32).to(tl.int32), rows_scratch, cursor, capacity,
@@ -1579,6 +1820,40 @@ def _pass_kernel(
             else:  # gather only
                 _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch, cursor, capacity, gather, False,
                        False, False, False, BLOCK)
+
+
+@triton.jit(do_not_specialize=["chunk_len"])
+def _redo_kernel(
+    logits_ptr, logits_stride,  # [B, V] fp32
+    st_phase, st_flags, st_best, st_cursor,  # [B] state
+    points, counts, masses,  # [B, POINTS] int64
+    scratch,  # [B, capacity] int64 packed candidates
+    vocab, chunk_len, capacity,
+    PAIR_BLOCK: tl.constexpr,
+):
+    """APPROX: the exact first sweep (:func:`_sweep_pair_lean`, the same bracket) of the rows whose
+    approximate masses left the cut uncertain (``PHASE_REDO``); the others return at once.
+
+    Bytes: ``V 4`` read per redone row, its candidates written; ~8 per other row.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    if tl.load(st_phase + row) == _PHASE_REDO:
+        start = chunk * chunk_len
+        end = tl.minimum(start + chunk_len, vocab)
+        flags = tl.load(st_flags + row)
+        base = row * _POINTS
+        lo = tl.load(points + base + ((flags >> 8) & 15))
+        hi = tl.load(points + base + ((flags >> 12) & 15))
+        row_max = _key_value((tl.load(st_best + row) >> 32).to(tl.int32))
+        found, mass, total = _sweep_pair_lean(logits_ptr + row * logits_stride, start, end, row_max,
+                                              (hi >> 32).to(tl.int32), (lo >> 32).to(tl.int32),
+                                              scratch + row * capacity, st_cursor + row, capacity, flags & 1,
+                                              PAIR_BLOCK)
+        slot = tl.arange(0, _THRESHOLDS)
+        tl.atomic_add(masses + base + _SLOT_LOWER, total, sem="relaxed")
+        tl.atomic_add(masses + base + _SLOT_FIRST + slot, mass, sem="relaxed")
+        tl.atomic_add(counts + base + _SLOT_FIRST + slot, found, sem="relaxed")
 
 
 @triton.jit
@@ -1622,6 +1897,8 @@ def _finish_kernel(
     BLOCK: tl.constexpr, COUNT_BLOCK: tl.constexpr, MASS_BLOCK: tl.constexpr, NARROW_TILE: tl.constexpr = 0,
     out_ptr=None, out_stride=0,  # [B, V] fp32 (LATE: the finish writes what the apply left)
     LATE: tl.constexpr = False, IN_PLACE: tl.constexpr = True,
+    approx_mass=None, redone=None, slack=1.0,  # [B, 2] fp64, [1] int32, the band's factor (>= 1)
+    APPROX: tl.constexpr = False,
 ):
     """One program per row still open: sweep + resolve rounds over the whole row, bounded.
 
@@ -1643,22 +1920,36 @@ def _finish_kernel(
         dst = logits_ptr + row * logits_stride  # (unused)
         late_row = phase < 0
         whole_row = phase < 0
+    if APPROX:  # after the approximate sweep: every open row is resolved or sent to the exact sweep
+        if phase == _PHASE_OPEN:
+            phase = _approx_resolve(row, st_p, st_best, st_min, st_cut, st_flags, st_cursor, points, counts, masses,
+                                    scratch, src, approx_mass, vocab, capacity, slack)
+            tl.store(st_phase + row, phase)
+            if phase == _PHASE_REDO:
+                tl.atomic_add(redone, 1)
+        else:
+            tl.store(approx_mass + 2 * row + tl.arange(0, 2), tl.zeros([2], tl.float64))
+    elif phase == _PHASE_REDO:  # after the exact sweep of _redo_kernel: its first resolve
+        phase = phase * 0 + _PHASE_OPEN
+        tl.store(st_phase + row, phase)
     # Round 0 resolves the first pass; rounds 1 .. MAX_ROUNDS sweep first. One call site of
     # _resolve_row (it is inlined: two sites doubled the kernel's size and compile time).
     rounds = 0
-    while (phase == _PHASE_OPEN) & (rounds <= _MAX_ROUNDS):
-        if rounds > 0:
-            _search_round(row, src, base, slot, st_flags, st_best, st_cursor, points, counts, masses, scratch, vocab,
-                          capacity, BLOCK, COUNT_BLOCK, MASS_BLOCK)
+    if not APPROX:  # (the approximate finish compiles no search round)
+        while (phase == _PHASE_OPEN) & (rounds <= _MAX_ROUNDS):
+            if rounds > 0:
+                _search_round(row, src, base, slot, st_flags, st_best, st_cursor, points, counts, masses, scratch,
+                              vocab, capacity, BLOCK, COUNT_BLOCK, MASS_BLOCK)
+                tl.debug_barrier()
+            phase = _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags,
+                                 st_cursor, points, counts, masses, scratch, capacity, dst, late_row,
+                                 NARROW_TILE)
             tl.debug_barrier()
-        phase = _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags,
-                             st_cursor, points, counts, masses, scratch, capacity, dst, late_row, NARROW_TILE)
-        tl.debug_barrier()
-        if (rounds == 0) & (phase == _PHASE_OPEN):
-            tl.atomic_add(searched, 1)
-        rounds += 1
-    if phase == _PHASE_OPEN:
-        tl.atomic_add(unresolved, 1)
+            if (rounds == 0) & (phase == _PHASE_OPEN):
+                tl.atomic_add(searched, 1)
+            rounds += 1
+        if phase == _PHASE_OPEN:
+            tl.atomic_add(unresolved, 1)
     if LATE:
         # an open row the apply left alone, or (never seen) a LATE row that needed search rounds: the whole row
         if (whole_row | (late_row & (rounds > 1))) & (phase == _PHASE_CUT):
@@ -1824,6 +2115,8 @@ class FilterState:
     scratch: torch.Tensor  # [max_rows, capacity] int64: packed candidates
     unresolved: torch.Tensor  # [1] int32: rows _finish_kernel left open (a status; always 0)
     searched: torch.Tensor  # [1] int32: rows that needed search rounds after the first pass (running total)
+    approx_mass: torch.Tensor  # [max_rows, 2] fp64: APPROX sums of w' above / below the bracket (zero between calls)
+    redone: torch.Tensor  # [1] int32: APPROX rows that took the exact sweep (running total)
     first_count: torch.Tensor  # int64: tokens of the early gather (reset to 0 by _apply_kernel)
     first_key: torch.Tensor  # int64: its key threshold (2^31 - 1: no early gather)
     outliers: torch.Tensor  # [max_rows, OUTLIERS] int64: a top-p row's early gather (packed)
@@ -1848,6 +2141,7 @@ class FilterState:
             min_key=zeros(rows), cut=zeros(rows), flags=zeros(rows, dtype=torch.int32), cursor=zeros(rows),
             points=zeros(rows, POINTS), counts=zeros(rows, POINTS), masses=zeros(rows, POINTS),
             scratch=zeros(rows, capacity), unresolved=zeros(1, dtype=torch.int32), searched=zeros(1, dtype=torch.int32),
+            approx_mass=zeros(rows, 2, dtype=torch.float64), redone=zeros(1, dtype=torch.int32),
             first_count=zeros(rows), first_key=zeros(rows), outliers=zeros(rows, OUTLIERS),
             best_part=zeros(rows, chunks), nan_part=zeros(rows, chunks, dtype=torch.int32),
             finite_part=zeros(rows, chunks, dtype=torch.int32), sum_part=zeros(rows, chunks, dtype=torch.float32),
@@ -1916,6 +2210,11 @@ class TopKTopPFilter:
         apply_chunks = max(self.chunks, min(APPLY_CHUNKS, blocks // APPLY_MIN_BLOCKS))
         self.apply_chunk_len = triton.cdiv(triton.cdiv(vocab, apply_chunks), self.block) * self.block
         self.apply_chunks = triton.cdiv(vocab, self.apply_chunk_len)
+        # APPROX's exact redo sweeps few rows: split into up to REDO_CHUNKS parts (the other rows' programs
+        # return at once), so that a redone row costs a fraction of a one-program row sweep
+        redo_chunks = max(self.chunks, min(REDO_CHUNKS, blocks // 2))
+        self.redo_chunk_len = triton.cdiv(triton.cdiv(vocab, redo_chunks), self.block) * self.block
+        self.redo_chunks = triton.cdiv(vocab, self.redo_chunk_len)
         self.max_rows, self.vocab, self.device, self.capacity = max_rows, vocab, device, capacity
         self.state = FilterState.allocate(max_rows, self.chunks, capacity, device)
         # The design's options (issue 16, filter4; H200, 2026-12-04, tools/time_filter.py --compare): the
@@ -1938,6 +2237,11 @@ class TopKTopPFilter:
         self.finish_options = {"maxnreg": FINISH_MAX_REGISTERS} if cuda and max_rows > WIDE_ROWS else {}
         self.narrow_tile = 0
         self.late_gather = False
+        # approx (top-p alone): approximate masses in the first sweep, rows left uncertain swept again
+        #   exactly (_redo_kernel) before a second finish: 6 launches instead of 4.
+        # approx_slack (>= 1): widens the approximate masses' bound (tests force the exact sweep with it).
+        self.approx = cuda and max_rows > WIDE_ROWS
+        self.approx_slack = 1.0
 
     def filter(self, logits, k, p, out):
         """Filter ``logits [B <= max_rows, vocab]`` into ``out`` (may be ``logits``); see the class doc."""
@@ -1968,6 +2272,9 @@ class TopKTopPFilter:
         # LATE (top-p alone, lean sweeps, wide narrowing): the apply writes each row outside its first
         # bracket and gathers the bracket, the finish (after it) resolves the cut and writes the rest
         late = self.late_gather and self.lean and k is None
+        approx = self.approx and self.lean and k is None and not late
+        if not self.approx_slack >= 1.0:
+            raise ValueError(f"approx_slack: expected a float >= 1, got {self.approx_slack}")
         _pass_kernel[grid](logits, logits.stride(0), *st.stats(), st.placement, *st.row_fields(), st.points,
                            st.counts, st.masses, st.scratch, st.first_count, st.first_key, st.outliers,
                            k_ptr, k_value, p_ptr, p_value, vocab, self.chunk_len, self.chunks, self.capacity,
@@ -1975,17 +2282,25 @@ class TopKTopPFilter:
                            CHUNKS=chunks_p2, BLOCK=self.block, COUNT_BLOCK=self.count_block,
                            MASS_BLOCK=self.mass_block, PAIR_BLOCK=self.lean_block if self.lean else self.pair_block,
                            OUTLIERS=OUTLIERS, K_GIVEN=k is not None, LEAN=self.lean, LATE=late,
-                           RAW=self.lean and self.stats_fast, **common)
+                           RAW=self.lean and self.stats_fast, approx_mass=st.approx_mass, APPROX=approx, **common)
 
-        def finish():
+        def finish(approximate=False):
             _finish_kernel[(rows,)](logits, logits.stride(0), *st.row_fields(), st.points, st.counts, st.masses,
                                     st.scratch, st.unresolved, st.searched, vocab, self.capacity,
                                     BLOCK=self.block, COUNT_BLOCK=self.count_block, MASS_BLOCK=self.mass_block,
                                     NARROW_TILE=self.narrow_tile, out_ptr=out, out_stride=out.stride(0), LATE=late,
-                                    IN_PLACE=in_place or not late, num_warps=self.resolve_warps, enable_fp_fusion=False,
-                                    **self.finish_options)
+                                    IN_PLACE=in_place or not late, approx_mass=st.approx_mass, redone=st.redone,
+                                    slack=float(self.approx_slack), APPROX=approximate,
+                                    num_warps=self.resolve_warps, enable_fp_fusion=False, **self.finish_options)
 
-        if not late:
+        if approx:  # resolve from the approximate masses; the uncertain rows swept exactly, resolved again
+            finish(True)
+            _redo_kernel[(rows, self.redo_chunks)](logits, logits.stride(0), st.phase, st.flags, st.best, st.cursor,
+                                                   st.points, st.counts, st.masses, st.scratch, vocab,
+                                                   self.redo_chunk_len, self.capacity, PAIR_BLOCK=self.lean_block,
+                                                   **common)
+            finish()
+        elif not late:
             finish()
         _apply_kernel[(rows, self.apply_chunks)](logits, logits.stride(0), out, out.stride(0), st.phase, st.cut,
                                                  st.first_count, st.cursor, st.scratch, vocab, self.apply_chunk_len,
