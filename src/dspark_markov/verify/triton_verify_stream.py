@@ -926,6 +926,10 @@ def _stream_verify_kernel(
                 else:
                     tl.debug_barrier()
                     tl.atomic_xchg(counters + 3, 1)  # release: ready for the emit items
+                    if EMIT_PREFETCH > 0:  # the emitted row (and its cache row after a rejection) into L2
+                        _prefetch_row(t_base + count * t_row_stride, vocab, BLOCK, HARDWARE, EMIT_PREFETCH == 2)
+                        if count < n:
+                            _prefetch_row(c_base + count * c_step_stride, vocab, BLOCK, HARDWARE, EMIT_PREFETCH == 2)
         else:
             if live & (j <= n):
                 _stream_row(t_base, t_row_stride, c_base, c_step_stride, drafts_ptr, d_req_stride, d_step_stride,
