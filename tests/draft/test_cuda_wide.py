@@ -72,12 +72,17 @@ def test_fragment_layout_gives_the_bias_at_the_epilogue_positions():
     rows, rank = 32, 256  # two m-tiles, one 16-token group
     codes = rng.integers(-4, 5, (rows, rank)).astype(np.float64)
     w2 = rng.integers(-4, 5, (16, rank)).astype(np.float64)
-    # dm_wide_finish: (row, 16-byte chunk q of 8 values) -> uint4 slot of the codes buffer
-    buf = np.zeros((rows // 16 * 512, 8))
+    # dm_wide_finish: (row, 16-byte chunk q = 4 words of 2 values) -> words h, 2 + h of slot 0 and of slot 1 (32 uint4
+    # further) of ((row / 16 * 8 + q / 4) * 2) * 32 + row % 8 * 4 + q % 4, h = row / 8 % 2: the 4 A registers of an mma
+    buf = np.full((rows // 16 * 512, 4, 2), np.nan)  # [uint4 slot][word][value]
     for row in range(rows):
+        h = (row >> 3) & 1
         for q in range(32):
-            at = (((row >> 4) * 8 + (q >> 2)) * 2 + ((row >> 3) & 1)) * 32 + (row & 7) * 4 + (q & 3)
-            buf[at] = codes[row, q * 8:(q + 1) * 8]
+            words = codes[row, q * 8:(q + 1) * 8].reshape(4, 2)
+            slot0 = (((row >> 4) * 8 + (q >> 2)) * 2) * 32 + (row & 7) * 4 + (q & 3)
+            buf[slot0, h], buf[slot0, 2 + h] = words[0], words[1]
+            buf[slot0 + 32, h], buf[slot0 + 32, 2 + h] = words[2], words[3]
+    assert not np.isnan(buf).any()
     # dm_wide_step stage_group: stage[(nt * 8 + j) * 32 + lane] = W2[token_of(nt, g)][(j * 4 + c) * 8 : + 8]
     stage = np.zeros((512, 8))
     for lane in range(32):
@@ -95,18 +100,16 @@ def test_fragment_layout_gives_the_bias_at_the_epilogue_positions():
                     b = np.zeros((16, 8))
                     for lane in range(32):
                         g, c = lane >> 2, lane & 3
-                        lo = buf[mt * 512 + (j * 2) * 32 + lane]
-                        hi = buf[mt * 512 + (j * 2 + 1) * 32 + lane]
-                        w = stage[(nt * 8 + j) * 32 + lane]
-                        r0, r1 = (0, 2) if half == 0 else (4, 6)  # register pairs .x,.y or .z,.w
+                        regs = buf[mt * 512 + (j * 2 + half) * 32 + lane]  # the A registers a0..a3 of this mma
+                        w = stage[(nt * 8 + j) * 32 + lane].reshape(4, 2)  # B: words (x, y) or (z, w)
                         # mma.m16n8k16 .row.col fragments (PTX ISA): a0 A[g][2c..], a1 A[g+8][2c..], a2 A[g][2c+8..],
                         # a3 A[g+8][2c+8..]; b0 B[2c..][g], b1 B[2c+8..][g]
-                        a[g, 2 * c:2 * c + 2] = lo[r0:r0 + 2]
-                        a[g + 8, 2 * c:2 * c + 2] = hi[r0:r0 + 2]
-                        a[g, 2 * c + 8:2 * c + 10] = lo[r1:r1 + 2]
-                        a[g + 8, 2 * c + 8:2 * c + 10] = hi[r1:r1 + 2]
-                        b[2 * c:2 * c + 2, g] = w[r0:r0 + 2]
-                        b[2 * c + 8:2 * c + 10, g] = w[r1:r1 + 2]
+                        a[g, 2 * c:2 * c + 2] = regs[0]
+                        a[g + 8, 2 * c:2 * c + 2] = regs[1]
+                        a[g, 2 * c + 8:2 * c + 10] = regs[2]
+                        a[g + 8, 2 * c + 8:2 * c + 10] = regs[3]
+                        b[2 * c:2 * c + 2, g] = w[2 * half]
+                        b[2 * c + 8:2 * c + 10, g] = w[2 * half + 1]
                     d = a @ b  # [16, 8]
                     acc[nt] += d
         for lane in range(32):  # the epilogue: acc[nt][e] -> row g + 8 (e >> 1), token 4c + 2 nt + (e & 1)

@@ -29,6 +29,14 @@ __device__ __forceinline__ void mma16816(float* d, u32 a0, u32 a1, u32 a2, u32 a
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// bf16 pair {lo, hi} of two fp32 values by one cvt.rn.bf16x2.f32 (round to nearest even, as round_bf16, except
+// that a NaN becomes 0x7FFF: use it where the payload cannot reach an output, or fix NaNs afterwards).
+__device__ __forceinline__ u32 pack_bf16x2_rn(float lo, float hi) {
+  u32 p;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(p) : "f"(hi), "f"(lo));
+  return p;
+}
+
 #define DM_WORD_NONE (-9223372036854775807ll - 1)  // no packed (key, index) word yet
 
 // The threshold of a best exact key word: a bound b below k - margin - 2 (|k| + 64) 2^-20 has

@@ -37,7 +37,7 @@ struct WideArgs {  // every field 8 bytes (matches cuda_wide.WideArgs)
   u64 base;    // [R, N, V] bf16/fp32, strides (stride_br, stride_bn, 1)
   u64 cache;   // [S, N, V] bf16/fp32, strides (stride_cs, V, 1)
   u64 head;    // W2 [V, 256] bf16 contiguous
-  u64 codes;   // [rows16 / 16][8][2][32] uint4: W1[prev] in A-fragment order (dm_wide_finish writes it)
+  u64 codes;   // [rows16 / 16][8][2][32] uint4: W1[prev] as mma A registers (dm_wide_finish writes it)
   u64 words;   // [>= R] int64 packed (key, index) per row, DM_WORD_NONE between steps
   u64 idx;     // [R * N] int32/int64 slot per (row, step), -1 = padding
   u64 pos;     // [R * N] int32/int64 positions
@@ -232,11 +232,11 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
       const uint4* ca = codes_s + (size_t)mt * 512 + lane;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const uint4 lo = ca[(j * 2) * 32], hi = ca[(j * 2 + 1) * 32];
+        const uint4 a0 = ca[(j * 2) * 32], a1 = ca[(j * 2 + 1) * 32];  // the A registers of the two k-halves
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
-          dm::mma16816(acc[nt][0], lo.x, hi.x, lo.y, hi.y, bw[nt][j].x, bw[nt][j].y);
-          dm::mma16816(acc[nt][1], lo.z, hi.z, lo.w, hi.w, bw[nt][j].z, bw[nt][j].w);
+          dm::mma16816(acc[nt][0], a0.x, a0.y, a0.z, a0.w, bw[nt][j].x, bw[nt][j].y);
+          dm::mma16816(acc[nt][1], a1.x, a1.y, a1.z, a1.w, bw[nt][j].z, bw[nt][j].w);
         }
       }
       // Epilogue: lane (g, c) holds rows r0 (h = 0) and r0 + 8 (h = 1), tokens t0 .. t0 + 3 (k = 2 nt + e).
@@ -254,11 +254,22 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
         const WideRow* rkp = rows_s + r0 + 8 * h;
         thr[h] = dm::skip_threshold(wread[h], margin);
         const bool here = rin[h] && (VEC ? full : t0 < vocab);
+        // The bias in bf16: one cvt per pair (its NaN payload never reaches the cache: z = U + NaN is NaN and is
+        // rounded again below), scaled and rounded again when scale != 1.
+        float bias[4];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const int e = 2 * h;
+          u32 p = dm::pack_bf16x2_rn(dm::add_rn(acc[nt][0][e], acc[nt][1][e]),
+                                     dm::add_rn(acc[nt][0][e + 1], acc[nt][1][e + 1]));
+          if (SCALE) p = dm::pack_bf16x2_rn(dm::mul_rn(__uint_as_float(p << 16), scale),
+                                            dm::mul_rn(__uint_as_float(p & 0xFFFF0000u), scale));
+          bias[2 * nt] = __uint_as_float(p << 16);
+          bias[2 * nt + 1] = __uint_as_float(p & 0xFFFF0000u);
+        }
+        float s[4];
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          const int nt = k >> 1, e = 2 * h + (k & 1);
-          u32 b = dm::round_bf16(dm::add_rn(acc[nt][0][e], acc[nt][1][e]));
-          if (SCALE) b = dm::round_bf16(dm::mul_rn(dm::bf16(b), scale));
           float u;
           if (VEC) {
             if (BASE_F32) {
@@ -266,7 +277,7 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
               u = __uint_as_float(q[k]);
             } else {
               const u32 q = (k < 2) ? braw[h].x : braw[h].y;
-              u = dm::bf16((q >> ((k & 1) * 16)) & 0xFFFFu);
+              u = (k & 1) ? __uint_as_float(q & 0xFFFF0000u) : __uint_as_float(q << 16);
             }
           } else {
             u = ninf;
@@ -275,8 +286,25 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
               u = BASE_F32 ? ((const float*)a.base)[off] : dm::bf16(((const unsigned short*)a.base)[off]);
             }
           }
-          const float s = dm::add_rn(u, dm::bf16(b));
-          z[h][k] = CACHE_F32 ? s : dm::bf16(dm::round_bf16(s));
+          s[k] = dm::add_rn(u, bias[k]);
+        }
+        u32 packed[2] = {0u, 0u};  // bf16 cache: z in pairs, as stored
+        if (CACHE_F32) {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) z[h][k] = s[k];
+        } else {
+          packed[0] = dm::pack_bf16x2_rn(s[0], s[1]);
+          packed[1] = dm::pack_bf16x2_rn(s[2], s[3]);
+          if ((s[0] != s[0]) | (s[1] != s[1]) | (s[2] != s[2]) | (s[3] != s[3])) {  // torch's NaN, 0x7FC0 (rare)
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+              if (s[k] != s[k])
+                packed[k >> 1] = (k & 1) ? (packed[k >> 1] & 0xFFFFu) | 0x7FC00000u
+                                         : (packed[k >> 1] & 0xFFFF0000u) | 0x7FC0u;
+          }
+#pragma unroll
+          for (int k = 0; k < 4; ++k)
+            z[h][k] = (k & 1) ? __uint_as_float(packed[k >> 1] & 0xFFFF0000u) : __uint_as_float(packed[k >> 1] << 16);
         }
         const i64 cache_off = rkp->cache_off;
         if (here && cache_off >= 0) {  // the cache row of a live sample
@@ -286,8 +314,7 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
               dm::store_cs16(cp, __float_as_uint(z[h][0]), __float_as_uint(z[h][1]), __float_as_uint(z[h][2]),
                              __float_as_uint(z[h][3]));
             } else {
-              dm::store_cs8(cp, (__float_as_uint(z[h][0]) >> 16) | (__float_as_uint(z[h][1]) & 0xFFFF0000u),
-                            (__float_as_uint(z[h][2]) >> 16) | (__float_as_uint(z[h][3]) & 0xFFFF0000u));
+              dm::store_cs8(cp, packed[0], packed[1]);
             }
           } else {
 #pragma unroll
@@ -299,9 +326,17 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
             }
           }
         }
+        // Every bound computed (no branch per token), kept only as candidate bits.
+        const bool greedy = rkp->temp == 0.0f;
+        const float inv = rkp->inv_temp;
+        const u32 prefix = rkp->prefix;
 #pragma unroll
-        for (int k = 0; k < 4; ++k)
-          if (here && (VEC || t0 + k < vocab) && !(bound(h, k) < thr[h])) mask |= 1u << (4 * h + k);
+        for (int k = 0; k < 4; ++k) {
+          const float noisy = dm::add_rn(dm::mul_rn(z[h][k], inv), gtab_s[dm::tb_bucket(dm::hash_finish(prefix, (u32)(t0 + k)))]);
+          const float b = greedy ? z[h][k] : noisy;
+          const bool in = here && (VEC || t0 + k < vocab);
+          mask |= (in && !(b < thr[h]) ? 1u : 0u) << (4 * h + k);
+        }
       }
       // Seeds: a row without a word gets the exact key of its largest bound in this m-tile (first token among
       // equals; none if every bound is NaN / -inf: then every token is exact).
@@ -415,7 +450,9 @@ DW_ENTRY_P2(1, 1)
 // Between steps (one warp per row): the step's token (the merged word: torch.argmax of the row's keys, in [0, V))
 // into draft_tokens[row, step] (step >= 0), the word reset, and the next step's codes W1[token] (or W1[anchor]
 // for step = -1, before step 0) gathered into the codes buffer in A-fragment order (gather != 0).
-// codes index of (row, 16-byte chunk q): ((row / 16 * 8 + q / 4) * 2 + row / 8 % 2) * 32 + row % 8 * 4 + q % 4.
+// The codes buffer holds, per (m-tile mt, k-chunk j, k-half e, lane g * 4 + c), the 4 A registers of one mma as a
+// uint4: {lo.x, hi.x, lo.y, hi.y} (e = 0) or {lo.z, hi.z, lo.w, hi.w} (e = 1), where lo / hi are the 16-byte chunks
+// q = 4j + c (rank 8q .. 8q + 7) of rows 16 mt + g and 16 mt + g + 8: one LDS.128 per mma operand, no register moves.
 extern "C" __global__ void __launch_bounds__(256) dm_wide_finish(const WideArgs a, i64 step, i64 gather) {
   const int lane = threadIdx.x & 31;
   const i64 row = (i64)blockIdx.x * 8 + (threadIdx.x >> 5);
@@ -435,11 +472,15 @@ extern "C" __global__ void __launch_bounds__(256) dm_wide_finish(const WideArgs 
     }
   }
   if (step < 0 && lane == 0) ((i64*)a.words)[row] = DM_WORD_NONE;
-  if (gather) {
+  if (gather) {  // lane q: the 16-byte chunk q (rank 8q .. 8q + 7) of the row, as 4 words of two uint4 slots
     const i64 t = token < 0 ? 0 : (token >= a.embed_rows ? a.embed_rows - 1 : token);
     const uint4 v = ((const uint4*)a.embed)[t * 32 + lane];
-    const int q = lane;
-    const i64 at = (((row >> 4) * 8 + (q >> 2)) * 2 + ((row >> 3) & 1)) * 32 + (row & 7) * 4 + (q & 3);
-    ((uint4*)a.codes)[at] = v;
+    const int q = lane, h = (int)((row >> 3) & 1);
+    u32* slot0 = (u32*)((uint4*)a.codes + (((row >> 4) * 8 + (q >> 2)) * 2) * 32 + (row & 7) * 4 + (q & 3));
+    u32* slot1 = slot0 + 32 * 4;  // the next k-half's slot: 32 uint4 further
+    slot0[h] = v.x;
+    slot0[2 + h] = v.y;
+    slot1[h] = v.z;
+    slot1[2 + h] = v.w;
   }
 }
