@@ -1,4 +1,4 @@
-"""Verification in one launch that streams every target and cache row once (SPEC.md section 6).
+"""Verification in one launch that streams each target and cache row at most once (SPEC.md section 6).
 
 :class:`StreamVerifier` is the design behind ``verify_drafts(impl="triton")``: one kernel whose
 programs are *items*, numbered by program id, that combine per-request results through
@@ -32,9 +32,22 @@ lag lets a request's stream items finish before its emit items start, which then
 emitted row while it is still in L2. Each request's counters are reset by its last emit item:
 :meth:`StreamVerifier.run` only launches, so it can be captured in a CUDA graph and replayed.
 
-Bytes per live request: ``(n+1) V 4`` target + ``n V c`` cache streamed once from HBM, plus one
-target row (and one cache row after a rejection) re-read, normally from L2; ``O((K+1) chunks)``
-partials; ``(K+2) 8`` written.
+**Early stop** (the standard method's default; ``early_stop``): a stream item is ``(request,
+chunk)`` and walks rows ``0..n`` of its chunk in turn. Draft ``j``'s acceptance needs only row
+``j``'s statistics, so the last item of row ``j`` to arrive (per-row 7-bit counts in one int64
+arrival word per request) decides draft ``j`` and stores row ``j``'s statistics; the decision
+that closes the prefix (rows ``0..js`` decided, ``js`` rejected or ``js = n``) publishes ``js + 1``
+in the top bits of the arrival word. Items read it with each row's arrival (and, with
+``stop_check``, once per group of tiles inside the loops) and skip the rows after ``js``: those
+rows cannot change the output, so the result is the same as streaming them, but their bytes are
+not read. No item waits for a decision (no new dependency between programs); the request's last
+stream item finds ``js`` in the decision mask (every item decides before it arrives) and marks the
+request ready or, for greedy and padding requests, writes the output row.
+
+Bytes per live request: ``(n+1) V 4`` target + ``n V c`` cache streamed once from HBM (with early
+stop only the rows up to the emitted one, plus what items read before they see it: about one row),
+plus one target row (and one cache row after a rejection) re-read; ``O((K+1) chunks)`` partials;
+``(K+2) 8`` written.
 
 Raw target logits: with ``target_temperature`` (``[S]`` fp32) the target logits are taken before
 temperature and each element is divided in the kernel by its slot's temperature with the IEEE
