@@ -54,6 +54,7 @@ struct WideArgs {  // every field 8 bytes (matches cuda_wide.WideArgs)
   u64 embed;   // W1 [embed_rows, 256] bf16 contiguous
   u64 tokens;  // draft_tokens [R, N] int64, strides (tokens_row_stride, tokens_step_stride)
   i64 anchor64, embed_rows, tokens_row_stride, tokens_step_stride;
+  u64 keys;    // [N][rows16] WideRow: every step's row keys (dm_wide_finish before step 0 writes them)
 };
 
 #define DW_F_PREFETCH 1  // L2 prefetch of the base logits two m-tiles ahead
@@ -69,19 +70,19 @@ struct WideRow {
   i32 pad;
 };
 
-__device__ __forceinline__ WideRow wide_row(const WideArgs& a, i64 row) {
-  const i64 sample = row * a.num_steps + a.step;
+__device__ __forceinline__ WideRow wide_row(const WideArgs& a, i64 row, i64 step) {
+  const i64 sample = row * a.num_steps + step;
   i64 slot = a.idx64 ? ((const i64*)a.idx)[sample] : (i64)((const i32*)a.idx)[sample];
   const i64 position = a.pos64 ? ((const i64*)a.pos)[sample] : (i64)((const i32*)a.pos)[sample];
   const bool live = slot >= 0 && slot < a.num_slots;
   const float temp = live ? ((const float*)a.temp)[slot] : 0.0f;
   const i64 seed = live ? ((const i64*)a.seeds)[slot] : 0;
   WideRow r;
-  r.prefix = dm::draft_prefix(seed, (int)a.step, position);
+  r.prefix = dm::draft_prefix(seed, (int)step, position);
   r.temp = temp;
   r.inv_temp = temp == 0.0f ? 1.0f : dm::div_rn(1.0f, temp);
-  r.base_off = row * a.stride_br + a.step * a.stride_bn;
-  r.cache_off = live ? slot * a.stride_cs + a.step * a.vocab : -1;
+  r.base_off = row * a.stride_br + step * a.stride_bn;
+  r.cache_off = live ? slot * a.stride_cs + step * a.vocab : -1;
   r.pad = 0;
   return r;
 }
@@ -138,21 +139,16 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
   };
   if (gt < ngroups) stage_group(gt);
 
-  // Block set-up: codes (A fragments of every row, already in fragment order), the table, the row keys.
+  // Block set-up, all by cp.async from L2: the codes (every row's A registers), the noise table and this step's row
+  // keys (computed once per call by dm_wide_finish before step 0: no dependent loads here).
   {
     const uint4* codes_g = (const uint4*)a.codes;
     for (int i = tid; i < mtiles * 512; i += THREADS) dm::cp_async16(codes_s + i, codes_g + i, true);
+    const uint4* gtab_g = (const uint4*)a.gtab;
+    for (int i = tid; i < DM_TB_SIZE / 4; i += THREADS) dm::cp_async16((uint4*)gtab_s + i, gtab_g + i, true);
+    const uint4* keys_g = (const uint4*)((const WideRow*)a.keys + a.step * (i64)(mtiles * 16));
+    for (int i = tid; i < mtiles * 16 * 2; i += THREADS) dm::cp_async16((uint4*)rows_s + i, keys_g + i, true);
     dm::cp_async_commit();
-    for (int i = tid; i < DM_TB_SIZE; i += THREADS) gtab_s[i] = ((const float*)a.gtab)[i];
-    for (int r = tid; r < mtiles * 16; r += THREADS) {
-      WideRow k;
-      if (r < rows) {
-        k = wide_row(a, r);
-      } else {
-        k.prefix = 0u; k.inv_temp = 1.0f; k.temp = 0.0f; k.base_off = 0; k.cache_off = -1; k.pad = 0;
-      }
-      rows_s[r] = k;
-    }
     dm::cp_async_wait_all();
     __syncthreads();
   }
@@ -456,6 +452,18 @@ DW_ENTRY_P2(1, 1)
 extern "C" __global__ void __launch_bounds__(256) dm_wide_finish(const WideArgs a, i64 step, i64 gather) {
   const int lane = threadIdx.x & 31;
   const i64 row = (i64)blockIdx.x * 8 + (threadIdx.x >> 5);
+  const i64 rows16 = (a.rows + 15) & ~15ll;
+  if (step < 0 && row < rows16) {  // before step 0: every step's keys of this row (lane s: step s)
+    for (i64 s = lane; s < a.num_steps; s += 32) {
+      WideRow k;
+      if (row < a.rows) {
+        k = wide_row(a, row, s);
+      } else {  // the rows of the last m-tile past R: greedy, no cache row
+        k.prefix = 0u; k.inv_temp = 1.0f; k.temp = 0.0f; k.base_off = 0; k.cache_off = -1; k.pad = 0;
+      }
+      ((WideRow*)a.keys)[s * rows16 + row] = k;
+    }
+  }
   if (row >= a.rows) return;
   i64 token;
   if (step < 0) {

@@ -58,7 +58,8 @@ class WideArgs(ctypes.Structure):
             "pos64", "flags")] + [
         ("scale", ctypes.c_double), ("filter_margin", ctypes.c_double)] + [
         (name, ctypes.c_uint64) for name in ("anchor", "embed", "tokens")] + [
-        (name, ctypes.c_int64) for name in ("anchor64", "embed_rows", "tokens_row_stride", "tokens_step_stride")]
+        (name, ctypes.c_int64) for name in ("anchor64", "embed_rows", "tokens_row_stride", "tokens_step_stride")] + [
+        ("keys", ctypes.c_uint64)]
 
 
 def threads(name: str) -> int:
@@ -67,7 +68,7 @@ def threads(name: str) -> int:
 
 
 def smem_bytes(rows: int) -> int:
-    """Dynamic shared memory of a step launch over ``rows`` rows: codes, W2 stages, noise table, row keys."""
+    """Dynamic shared memory of a step launch over ``rows`` rows: codes, W2 stages, noise table, row keys (bytes)."""
     mtiles = -(-int(rows) // 16)
     return mtiles * 16 * 512 + TEAMS * 2 * 8 * 32 * 16 + TB_SIZE * 4 + mtiles * 16 * 32
 
@@ -149,6 +150,8 @@ class CudaWideBackend:
         rows16 = -(-self.max_rows // 16) * 16
         self.codes = torch.zeros(rows16, RANK, dtype=torch.bfloat16, device=self.device)  # A-fragment order
         self.words = torch.full((self.max_rows,), INT64_MIN, dtype=torch.int64, device=self.device)
+        # Every step's row keys (wide.cu WideRow, 32 bytes): [N, rows16 (of the call), 32] bytes, written before step 0.
+        self.keys = torch.zeros(self.num_steps * rows16 * 32, dtype=torch.uint8, device=self.device)
         self.num_sms = torch.cuda.get_device_properties(index).multi_processor_count
         limit = build.max_dynamic_smem(index)
         if smem_bytes(self.max_rows) > limit:
@@ -197,7 +200,8 @@ class CudaWideBackend:
             logits_cache.stride(0), int(idx_mapping.dtype == torch.int64), int(positions.dtype == torch.int64),
             self.flags, float(head.scale), self.filter_margin,
             anchor.data_ptr(), head.embed_weight.data_ptr(), draft_tokens.data_ptr(),
-            int(anchor.dtype == torch.int64), head.embed_vocab_size, draft_tokens.stride(0), draft_tokens.stride(1))
+            int(anchor.dtype == torch.int64), head.embed_vocab_size, draft_tokens.stride(0), draft_tokens.stride(1),
+            self.keys.data_ptr())
 
     def run(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens, logits_cache):
         """Draw ``draft_tokens`` ``[R, N]`` and write ``logits_cache`` ``[S, N, V]`` (see the module).
@@ -221,7 +225,8 @@ class CudaWideBackend:
         finish_grid = -(-rows // 8)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         launch = self.kernels.launch
-        launch("dm_wide_finish", finish_grid, 256, 0, stream, [args, ctypes.c_int64(-1), ctypes.c_int64(1)])
+        # Before step 0 (one warp per row of the last m-tile too): every step's row keys, the anchors' codes.
+        launch("dm_wide_finish", 2 * mtiles, 256, 0, stream, [args, ctypes.c_int64(-1), ctypes.c_int64(1)])
         for step in range(steps):
             args.step = step
             launch(name, grid, threads(name), smem, stream, [args])
