@@ -127,13 +127,14 @@ def main():
     parser.add_argument("--designs", default="cuda_gumbel,cuda_wide")
     parser.add_argument("--temperature", default="1", choices=("1", "mixed", "both"))
     parser.add_argument("--options", default="{}", help='JSON {"label": {backend kwargs}} of extra cuda_wide runs')
+    parser.add_argument("--check-options", default="{}", help="as --options, checked but not timed")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.empty(1, device="cuda")
     log("start", torch.cuda.get_device_name())
     if ints(args.check):
-        check(ints(args.check), out, json.loads(args.options))
+        check(ints(args.check), out, {**json.loads(args.options), **json.loads(args.check_options)})
     if ints(args.time):
         temps = ("1", "mixed") if args.temperature == "both" else (args.temperature,)
         timing(ints(args.time), [d for d in args.designs.split(",") if d], temps, json.loads(args.options), out)
