@@ -33,7 +33,8 @@ def _variants():
     for label, k, p, target in (("k+p per row, out of place", k_rows, p_rows, out),
                                 ("k+p per row, in place", k_rows, p_rows, logits),
                                 ("scalar k only", 50, None, out), ("scalar p only", None, 0.9, out),
-                                ("p per row, in place, approx", None, p_rows, logits)):
+                                ("p per row, in place, approx", None, p_rows, logits),
+                                ("p per row, in place, sweep_raw", None, p_rows, logits)):
         for chunks in (1, 31):
             yield f"{label}, chunks={chunks}", logits, k, p, target, chunks
 
@@ -84,6 +85,7 @@ def main():
             if hasattr(ft, "RESOLVE_WARPS"):
                 filt.resolve_warps = ft.RESOLVE_WARPS
             filt.approx = "approx" in label  # (a meta-device filter would not take it)
+            filt.sweep_raw = "sweep_raw" in label
             if filt.approx:
                 filt.finish_options = {"maxnreg": ft.FINISH_MAX_REGISTERS}
             filt.filter(logits, k, p, target)

@@ -110,6 +110,7 @@ VARIANTS = {  # name: filter attributes over the defaults (issue 16, filter4: op
     "w8": {"resolve_warps": 8},
     "exact": {"approx": False},  # (filter5) exact integer masses in the first top-p sweep
     "approx": {"approx": True},  # approximate masses + exact redo (filter5)
+    "raw": {"approx": False, "sweep_raw": True},  # exact, the bracket's lower end completed by the finish
 }
 
 

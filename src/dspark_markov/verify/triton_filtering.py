@@ -719,6 +719,138 @@ def _sweep_pair_approx(src, start, end, row_max, hi_key, lo_key, scratch, cursor
 
 
 @triton.jit
+def _exact_pair_tile(x, index, lo_v, hi_v, hi_open, row_max):
+    """One tile of :func:`_sweep_pair_raw` (masked lanes hold ``-inf``: ``q = 0``):
+    ``(above hi, q above hi, q, take, raw)``."""
+    q = _weight_fixed_point(x, row_max)
+    above_hi = (x >= hi_v) & (hi_open == 0)
+    take = ((x >= lo_v) & (above_hi == 0)).to(tl.int32)
+    return above_hi.to(tl.int32), tl.where(above_hi, q, 0), q, take, _raw32(x, index)
+
+
+@triton.jit
+def _exact_iteration(src, i0, end, lo_v, hi_v, hi_open, row_max, c_hi, m_hi, total, BLOCK: tl.constexpr,
+                     MASKED: tl.constexpr):
+    """Four tiles of :func:`_sweep_pair_raw` from column ``i0`` (``MASKED``: the row's last iteration)."""
+    ptr = src + i0
+    if MASKED:
+        x0 = tl.load(ptr, mask=i0 < end, other=float("-inf"))
+        x1 = tl.load(ptr + BLOCK, mask=i0 + BLOCK < end, other=float("-inf"))
+        x2 = tl.load(ptr + 2 * BLOCK, mask=i0 + 2 * BLOCK < end, other=float("-inf"))
+        x3 = tl.load(ptr + 3 * BLOCK, mask=i0 + 3 * BLOCK < end, other=float("-inf"))
+    else:
+        x0 = tl.load(ptr)
+        x1 = tl.load(ptr + BLOCK)
+        x2 = tl.load(ptr + 2 * BLOCK)
+        x3 = tl.load(ptr + 3 * BLOCK)
+    h0, a0, q0, t0, p0 = _exact_pair_tile(x0, i0, lo_v, hi_v, hi_open, row_max)
+    h1, a1, q1, t1, p1 = _exact_pair_tile(x1, i0 + BLOCK, lo_v, hi_v, hi_open, row_max)
+    h2, a2, q2, t2, p2 = _exact_pair_tile(x2, i0 + 2 * BLOCK, lo_v, hi_v, hi_open, row_max)
+    h3, a3, q3, t3, p3 = _exact_pair_tile(x3, i0 + 3 * BLOCK, lo_v, hi_v, hi_open, row_max)
+    c_hi += (h0 + h1) + (h2 + h3)
+    m_hi += (a0 + a1) + (a2 + a3)
+    total += (q0 + q1) + (q2 + q3)
+    return c_hi, m_hi, total, t0, t1, t2, t3, p0, p1, p2, p3
+
+
+@triton.jit
+def _sweep_pair_raw(src, start, end, row_max, hi_key, lo_key, scratch, cursor, capacity, GATHER,
+                    BLOCK: tl.constexpr):
+    """:func:`_sweep_pair_lean` with fewer instructions per logit (``SWEEP_RAW``, top-p alone): exact
+    count and mass at ``hi`` and the total, but the count and mass at ``lo`` left to the finish (the
+    count at ``hi`` plus the gathered candidates and their exact mass, :func:`_complete_bracket`), the
+    candidates gathered raw (:func:`_raw32`), unmasked full iterations with one masked tail.
+    Returns ``(count above hi, mass above hi, total)``."""
+    lo_v = _key_floor_value(lo_key)
+    hi_open = hi_key > _KEY_POS_INF
+    hi_v = _key_floor_value(tl.minimum(hi_key, _KEY_POS_INF))
+    gathering = (GATHER != 0).to(tl.int32)
+    capacity32 = capacity.to(tl.int32)
+    c_hi = tl.zeros([BLOCK], tl.int32)
+    m_hi = tl.zeros([BLOCK], tl.int64)
+    total = tl.zeros([BLOCK], tl.int64)
+    s0 = tl.zeros([BLOCK], tl.int32)
+    s1 = tl.zeros([BLOCK], tl.int32)
+    s2 = tl.zeros([BLOCK], tl.int32)
+    s3 = tl.zeros([BLOCK], tl.int32)
+    p0 = tl.zeros([BLOCK], tl.int64)
+    p1 = tl.zeros([BLOCK], tl.int64)
+    p2 = tl.zeros([BLOCK], tl.int64)
+    p3 = tl.zeros([BLOCK], tl.int64)
+    t0 = tl.zeros([BLOCK], tl.int32)
+    t1 = tl.zeros([BLOCK], tl.int32)
+    t2 = tl.zeros([BLOCK], tl.int32)
+    t3 = tl.zeros([BLOCK], tl.int32)
+    lane = tl.arange(0, BLOCK)
+    full_end = start + (end - start) // (4 * BLOCK) * (4 * BLOCK)
+    for offset in range(start, full_end + 4 * BLOCK, 4 * BLOCK):  # the last iteration masked (maybe empty)
+        if offset < end:
+            _put32(scratch, capacity32, s0, p0, t0)  # the previous iteration's candidates
+            _put32(scratch, capacity32, s1, p1, t1)
+            _put32(scratch, capacity32, s2, p2, t2)
+            _put32(scratch, capacity32, s3, p3, t3)
+            if offset < full_end:
+                c_hi, m_hi, total, t0, t1, t2, t3, p0, p1, p2, p3 = _exact_iteration(
+                    src, offset + lane, end, lo_v, hi_v, hi_open, row_max, c_hi, m_hi, total, BLOCK, False)
+            else:
+                c_hi, m_hi, total, t0, t1, t2, t3, p0, p1, p2, p3 = _exact_iteration(
+                    src, offset + lane, end, lo_v, hi_v, hi_open, row_max, c_hi, m_hi, total, BLOCK, True)
+            t0 = t0 * gathering
+            t1 = t1 * gathering
+            t2 = t2 * gathering
+            t3 = t3 * gathering
+            s0 = _claim_many(cursor, t0 + t1 + t2 + t3)
+            s1 = s0 + t0
+            s2 = s1 + t1
+            s3 = s2 + t2
+    _put32(scratch, capacity32, s0, p0, t0)
+    _put32(scratch, capacity32, s1, p1, t1)
+    _put32(scratch, capacity32, s2, p2, t2)
+    _put32(scratch, capacity32, s3, p3, t3)
+    return tl.sum(c_hi, axis=0).to(tl.int64), tl.sum(m_hi, axis=0), tl.sum(total, axis=0)
+
+
+@triton.jit
+def _complete_bracket(row, st_flags, st_best, st_cursor, points, counts, masses, scratch, vocab, capacity):
+    """``SWEEP_RAW``: the count and exact mass at the first bracket's lower end (slots 6..9) from the
+    count/mass at its upper end plus its gathered candidates (turned into pack form here); when they
+    were not all gathered (beyond the capacity), that point becomes the row's bottom (count ``V``,
+    mass ``S``): a valid point either way for the resolve and the search rounds."""
+    flags = tl.load(st_flags + row)
+    base = row * _POINTS
+    lo_slot = (flags >> 8) & 15
+    hi_slot = (flags >> 12) & 15
+    n_in = tl.load(st_cursor + row)
+    c_lo = tl.load(counts + base + hi_slot)
+    m_lo = tl.load(masses + base + hi_slot)
+    lo = tl.load(points + base + lo_slot)
+    if (flags & 1) != 0:
+        if n_in <= capacity:
+            row_max = _key_value((tl.load(st_best + row) >> 32).to(tl.int32))
+            rows_scratch = scratch + row * capacity
+            t = tl.arange(0, _NARROW_TILE)
+            bracket = tl.zeros([_NARROW_TILE], tl.int64)
+            for offset in range(0, n_in, _NARROW_TILE):
+                inside = offset + t < n_in
+                raw = tl.load(rows_scratch + offset + t, mask=inside, other=0)
+                x = (raw >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+                bracket += tl.where(inside, _weight_fixed_point(x, row_max), 0)
+                tl.store(rows_scratch + offset + t, _raw_to_packed(raw), mask=inside)
+            c_lo += n_in
+            m_lo += tl.sum(bracket, axis=0)
+        else:
+            c_lo = c_lo * 0 + vocab
+            m_lo = tl.load(masses + base + _SLOT_LOWER)
+            lo = lo * 0 + _PACK_FLOOR
+        slots = tl.arange(0, _THRESHOLDS)
+        lower = slots >= 4
+        tl.store(points + base + _SLOT_FIRST + slots, tl.zeros([_THRESHOLDS], tl.int64) + lo, mask=lower)
+        tl.store(counts + base + _SLOT_FIRST + slots, tl.zeros([_THRESHOLDS], tl.int64) + c_lo, mask=lower)
+        tl.store(masses + base + _SLOT_FIRST + slots, tl.zeros([_THRESHOLDS], tl.int64) + m_lo, mask=lower)
+    tl.debug_barrier()  # the resolve reads them back
+
+
+@triton.jit
 def _sort_cut(scratch, n_in, target, k, p, limit, best, row_max, count_hi, mass_hi, hi_is_ceil, SIZE: tl.constexpr):
     """Sort the ``n_in <= SIZE`` gathered candidates of a bracket that holds the cut.
 
@@ -1691,7 +1823,7 @@ def _pass_kernel(
     PAIR_BLOCK: tl.constexpr, OUTLIERS: tl.constexpr, K_GIVEN: tl.constexpr, LEAN: tl.constexpr = False,
     LATE: tl.constexpr = False, RAW: tl.constexpr = False,
     approx_mass=None,  # [B, 2] fp64: APPROX, the sums of w' above hi and below lo (zeroed by the finish)
-    APPROX: tl.constexpr = False,
+    APPROX: tl.constexpr = False, SWEEP_RAW: tl.constexpr = False,
 ):
     """One sweep of a row's columns ``[chunk * chunk_len, ...)``: thresholds and/or the gather.
 
@@ -1724,8 +1856,9 @@ def _pass_kernel(
             tl.store(st_best + row, best)
             tl.store(st_min + row, _key32(low).to(tl.int64))
             tl.store(st_cut + row, best)  # the cut of rows resolved by the plan (first maximum only)
+            raw_bracket = (SWEEP_RAW & (APPROX == 0) & (K_GIVEN == 0) & (LATE == 0)) & (target == _TARGET_MASS)
             tl.store(st_flags + row, (gather.to(tl.int32) | 2 | (need_mass.to(tl.int32) << 2) | 8)
-                     | ((lo_slot | (hi_slot << 4)) << 8))
+                     | ((lo_slot | (hi_slot << 4)) << 8) | (raw_bracket.to(tl.int32) << 16))
             tl.store(points + base + slot + _SLOT_FIRST, thresholds)
             tl.store(points + base, tl.zeros([], tl.int64) + _PACK_CEIL)
             tl.store(points + base + _SLOT_UPPER, tl.zeros([], tl.int64) + _PACK_CEIL)
@@ -1789,6 +1922,12 @@ def _pass_kernel(
                         found = tl.where(slot < 4, c_hi, 0)  # (the count at lo: the finish adds the gathered)
                         mass = tl.zeros([_THRESHOLDS], tl.int64)
                         total = tl.zeros([], tl.int64)
+                    elif SWEEP_RAW:  # top-p alone: the lower end's count and mass completed by the finish
+                        c_hi, m_hi, total = _sweep_pair_raw(src, start, end, row_max, (hi >> 32).to(tl.int32),
+                                                            (lo >> 32).to(tl.int32), rows_scratch, cursor,
+                                                            capacity, gather, PAIR_BLOCK)
+                        found = tl.where(slot < 4, c_hi, 0)
+                        mass = tl.where(slot < 4, m_hi, 0)
                     elif LATE:  # top-p alone, the bracket gathered by the apply
                         found, mass, total = _sweep_pair_lean(src, start, end, row_max, (hi >> 32).to(tl.int32),
                                                               (lo >> 32).to(tl.int32), rows_scratch, cursor, capacity,
@@ -1932,6 +2071,8 @@ def _finish_kernel(
     elif phase == _PHASE_REDO:  # after the exact sweep of _redo_kernel: its first resolve
         phase = phase * 0 + _PHASE_OPEN
         tl.store(st_phase + row, phase)
+    elif (phase == _PHASE_OPEN) & (((tl.load(st_flags + row) >> 16) & 1) != 0):  # a SWEEP_RAW first sweep
+        _complete_bracket(row, st_flags, st_best, st_cursor, points, counts, masses, scratch, vocab, capacity)
     # Round 0 resolves the first pass; rounds 1 .. MAX_ROUNDS sweep first. One call site of
     # _resolve_row (it is inlined: two sites doubled the kernel's size and compile time).
     rounds = 0
@@ -2242,6 +2383,9 @@ class TopKTopPFilter:
         # approx_slack (>= 1): widens the approximate masses' bound (tests force the exact sweep with it).
         self.approx = cuda and max_rows > WIDE_ROWS
         self.approx_slack = 1.0
+        # sweep_raw (top-p alone, exact): the first sweep leaves the bracket's lower end to the finish
+        #   (its count and mass from the candidates), gathers raw, runs unmasked full iterations.
+        self.sweep_raw = False
 
     def filter(self, logits, k, p, out):
         """Filter ``logits [B <= max_rows, vocab]`` into ``out`` (may be ``logits``); see the class doc."""
@@ -2282,7 +2426,9 @@ class TopKTopPFilter:
                            CHUNKS=chunks_p2, BLOCK=self.block, COUNT_BLOCK=self.count_block,
                            MASS_BLOCK=self.mass_block, PAIR_BLOCK=self.lean_block if self.lean else self.pair_block,
                            OUTLIERS=OUTLIERS, K_GIVEN=k is not None, LEAN=self.lean, LATE=late,
-                           RAW=self.lean and self.stats_fast, approx_mass=st.approx_mass, APPROX=approx, **common)
+                           RAW=self.lean and self.stats_fast, approx_mass=st.approx_mass, APPROX=approx,
+                           SWEEP_RAW=self.sweep_raw and self.lean and k is None and not late and not approx,
+                           **common)
 
         def finish(approximate=False):
             _finish_kernel[(rows,)](logits, logits.stride(0), *st.row_fields(), st.points, st.counts, st.masses,
