@@ -40,7 +40,8 @@ def test_hard_rows_equal_reference(layout):
 OPTIONS = [pytest.param({"lean": False, "stats_fast": False, "full_apply": False}, "k+p", id="previous"),
            pytest.param({"late_gather": True, "narrow_tile": 64}, "p", id="late-two-pass"),
            pytest.param({"approx": True}, "p", id="approx"),
-           pytest.param({"approx": True, "approx_slack": 1e12}, "p", id="approx-redo")]
+           pytest.param({"approx": True, "approx_slack": 1e12}, "p", id="approx-redo"),
+           pytest.param({"sweep_raw": True}, "p", id="sweep-raw")]
 
 
 @pytest.mark.parametrize("options, case", OPTIONS)
