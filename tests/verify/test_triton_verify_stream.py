@@ -31,7 +31,7 @@ def _fast_interpreter():
 
 def _run(verifier, args, method, greedy=None, **kwargs):
     tokens, count = verifier.run(*args, greedy, method=method, **kwargs)
-    assert int(verifier.counters.abs().sum()) == 0  # reset by the kernel
+    assert int(verifier.counters.abs().sum()) == 0 and int(verifier.arrivals.abs().sum()) == 0  # reset by the kernel
     verifier.check()
     return tokens.clone(), count.clone()
 

@@ -105,6 +105,7 @@ EMIT_PREFETCH = 0  # L2 prefetch of the emitted row by the request's last stream
 DIV_UNROLL = 0  # raw logits: tiles at once where values are divided (0: the whole raw launch at 2; StreamVerifier's div_unroll)
 EARLY_STOP_FROM = 1  # standard method from this many requests: items walk rows 0..n and skip the rows after js
 STOP_CHECK = False  # early stop: poll for the emitted row inside the streamed loops too (StreamVerifier's stop_check)
+EARLY_READY = False  # early stop: the request is ready as soon as js is fixed (StreamVerifier's early_ready)
 
 _ACCEPT_DOMAIN = tl.constexpr(keys.ACCEPT_DOMAIN)
 _RESAMPLE_DOMAIN = tl.constexpr(keys.RESAMPLE_DOMAIN)
@@ -797,12 +798,17 @@ def _decide_row(j, b, pa_ptr, pb_ptr, pi_ptr, xv_ptr, drafts_ptr, d_req_stride, 
                 t_row_stride, cache_ptr, c_slot_stride, c_step_stride, idx_ptr, nd_ptr, pos_ptr, temp_ptr, seeds_ptr,
                 greedy_ptr, tt_ptr, num_slots, row_ptr, counters_ptr, arrivals_ptr, vocab, C1, K: tl.constexpr,
                 KP1: tl.constexpr, C1P: tl.constexpr, RAW: tl.constexpr, EARLY: tl.constexpr,
-                HAS_GREEDY: tl.constexpr):
+                HAS_GREEDY: tl.constexpr, acc_ptr=None, tokens_ptr=None, tokens_stride=0, num_emitted_ptr=None,
+                EARLY_READY: tl.constexpr = False):
     """EARLY_STOP: the last item of row ``j`` of request ``b`` to arrive decides draft ``j`` (accepted, or rejected:
     row ``n`` always counts as rejected), stores the row's statistics for the emit items and sets its bits in the
     request's decision mask; the decision that fixes the emitted row ``js`` publishes ``js + 1`` in the arrival
     word (bits 56-59). Returns ``js``, or -1 while it is open. (The request's scalars are loaded again here rather
-    than kept live across the streamed loops: registers.)"""
+    than kept live across the streamed loops: registers.)
+
+    ``EARLY_READY``: that decision also stores the count and, for a greedy request, writes its output row (then
+    arrives as the request's writer, see :func:`_finish_arrival`), otherwise marks the request ready for its emit
+    items at once, before its other stream items have seen ``js``."""
     live, slot, temp, seed, n, position, greedy, ttemp = _request(
         idx_ptr, nd_ptr, pos_ptr, temp_ptr, seeds_ptr, greedy_ptr, tt_ptr, b, num_slots, K, HAS_GREEDY, RAW)
     rows = row_ptr + b * 8 * KP1
@@ -827,7 +833,31 @@ def _decide_row(j, b, pa_ptr, pb_ptr, pi_ptr, xv_ptr, drafts_ptr, d_req_stride, 
     js = _terminal(before | bits, KP1)
     if (_terminal(before, KP1) < 0) & (js >= 0):  # this decision fixed js: publish it (once)
         tl.atomic_add(arrivals_ptr + b, (js + 1).to(tl.int64) << 56)
+        if EARLY_READY:
+            tl.store(acc_ptr + b, js)
+            if greedy:  # the output row here (greedy_direct): drafts before js, then the argmax of row js
+                x_ok = jj < js
+                drafts = tl.load(drafts_ptr + b * d_req_stride + jj * d_step_stride, mask=x_ok, other=0)
+                drafts = tl.minimum(tl.maximum(drafts.to(tl.int64), 0), vocab - 1)
+                t_arg_js = tl.load(row_ptr + b * 8 * KP1 + 5 * KP1 + js, volatile=True).to(tl.int32, bitcast=True)
+                emitted = tl.minimum(tl.maximum(t_arg_js, 0), vocab - 1).to(tl.int64)
+                out = tl.where(x_ok, drafts, tl.where(jj == js, emitted, -1))
+                tl.store(tokens_ptr + b * tokens_stride + jj, out, mask=jj <= K)
+                tl.store(num_emitted_ptr + b, (js + 1).to(tl.int64))
+                _finish_arrival(counters_ptr + b * 8, arrivals_ptr + b, C1 + 1)
+            else:
+                tl.debug_barrier()
+                tl.atomic_xchg(counters_ptr + b * 8 + 3, 1)  # release: ready for the emit items
     return js
+
+
+@triton.jit
+def _finish_arrival(counters, arrival_word, expected):
+    """EARLY_READY: count one more arrival at ``counters[0]`` (the ``C1`` stream items and the request's output
+    writer); the last of ``expected`` resets the request's counters and arrival word for the next launch."""
+    if _arrive(counters + 0, expected):
+        tl.store(counters + tl.arange(0, 8), tl.zeros([8], tl.int32))
+        tl.store(arrival_word, 0)
 
 
 # --------------------------------------------------------------------------- the kernel
@@ -858,6 +888,7 @@ def _stream_verify_kernel(
     EARLY: tl.constexpr = False, PREFETCH: tl.constexpr = False, DIV_UNROLL: tl.constexpr = 0, DBUF: tl.constexpr = False,
     trace_ptr=None, TRACE: tl.constexpr = False, COMPACT: tl.constexpr = False, EMIT_PREFETCH: tl.constexpr = 0,
     GREEDY_DIRECT: tl.constexpr = False, EARLY_STOP: tl.constexpr = False, STOP_CHECK: tl.constexpr = False,
+    EARLY_READY: tl.constexpr = False,
 ):
     STAGES: tl.constexpr = 3 if BLOCK_METHOD else 2
     MASS_ROWS: tl.constexpr = K - 1 if (BLOCK_METHOD and K >= 2) else 0
@@ -917,11 +948,16 @@ def _stream_verify_kernel(
                                      target_ptr, t_req_stride, t_row_stride, cache_ptr, c_slot_stride, c_step_stride,
                                      idx_ptr, nd_ptr, pos_ptr, temp_ptr, seeds_ptr, greedy_ptr, tt_ptr, num_slots,
                                      row_ptr, counters_ptr, arrivals_ptr, vocab, C1, K, KP1, C1P, RAW, EARLY,
-                                     HAS_GREEDY)
+                                     HAS_GREEDY, acc_ptr, tokens_ptr, tokens_stride, num_emitted_ptr, EARLY_READY)
                     seen = tl.where(js >= 0, js + 1, seen)
                 j += 1
                 go = (j <= n) & ((seen == 0) | (j < seen))
-            if _arrive(counters + 0, C1):
+            if EARLY_READY:  # the decision that fixed js did the request's epilogue; padding requests here
+                if ~live:
+                    tl.store(tokens_ptr + b * tokens_stride + jj, tl.full([KP1], -1, tl.int64), mask=jj <= K)
+                    tl.store(num_emitted_ptr + b, tl.zeros([], tl.int64))
+                _finish_arrival(counters, arrivals_ptr + b, tl.where(live, C1 + 1, C1))
+            elif _arrive(counters + 0, C1):
                 # Last stream item of request b: every decision is in the mask (each item decides before it arrives).
                 js = _terminal(tl.atomic_add(counters + 4, 0), KP1)
                 count = tl.where(live, tl.minimum(tl.maximum(js, 0), n), 0)
@@ -1098,9 +1134,11 @@ def _stream_verify_kernel(
             out = tl.where(jj < js, x, tl.where(jj == js, emitted, -1))
             tl.store(tokens_ptr + b * tokens_stride + jj, tl.where(live, out, -1), mask=jj <= K)
             tl.store(num_emitted_ptr + b, tl.where(live, js + 1, 0).to(tl.int64))
-            # Every item of request b has arrived: reset its counters for the next call.
-            tl.store(counters + tl.arange(0, 8), tl.zeros([8], tl.int32))
-            tl.store(arrivals_ptr + b, 0)
+            if EARLY_READY:  # the request's stream items may still be arriving: the last of them all resets
+                _finish_arrival(counters, arrivals_ptr + b, C1 + 1)
+            else:  # every item of request b has arrived: reset its counters for the next call
+                tl.store(counters + tl.arange(0, 8), tl.zeros([8], tl.int32))
+                tl.store(arrivals_ptr + b, 0)
     if TRACE:
         t_end, trace_sm = _clock(chunk, HARDWARE)
         pid = tl.program_id(0).to(tl.int64)
@@ -1250,7 +1288,8 @@ class StreamVerifier:
                  t1=None, t2=None, lag=None, unroll=None, warps: int | None = None, emit=1,
                  noise_filter=1, stages=None, emit_stages=None, fused=None, emit_block=None, fast_divide=None,
                  max_registers=None, interior=None, scan_argmax=None, early=None, prefetch=None, div_unroll=None,
-                 dbuf=None, compact=None, emit_prefetch=None, greedy_direct=None, early_stop=None, stop_check=None):
+                 dbuf=None, compact=None, emit_prefetch=None, greedy_direct=None, early_stop=None, stop_check=None,
+                 early_ready=None):
         if int(max_batch) < 1:
             raise ValueError(f"max_batch: expected >= 1, got {max_batch}")
         if int(num_drafts) < 0:
@@ -1305,6 +1344,8 @@ class StreamVerifier:
         self.early_stop = None if early_stop is None else bool(early_stop)
         # Early stop: the streamed loops also poll for the emitted row once per group of tiles (stop mid-row).
         self.stop_check = STOP_CHECK if stop_check is None else bool(stop_check)
+        # Early stop: the decision that fixes js marks the request ready (or writes a greedy request's output) at once.
+        self.early_ready = EARLY_READY if early_ready is None else bool(early_ready)
         self._emit_scan = bool(emit)  # emit=0: a profiling aid (the emit items skip their scan: wrong tokens)
         self.warps = int(warps) if warps else (GPU_WARPS if self.cuda else 4)
         # At most 128 registers (two programs of 8 warps per SM): a variant that needs more spills a
@@ -1426,6 +1467,7 @@ class StreamVerifier:
                     EARLY=self.early, PREFETCH=self.prefetch, DIV_UNROLL=div_unroll if raw else 0, DBUF=self.dbuf,
                     COMPACT=self.compact and not block_method, EMIT_PREFETCH=self.emit_prefetch if self.cuda else 0,
                     GREEDY_DIRECT=self.greedy_direct, EARLY_STOP=lay.early, STOP_CHECK=lay.early and self.stop_check,
+                    EARLY_READY=lay.early and self.early_ready and self.greedy_direct,
                     num_warps=self.warps,
                     enable_fp_fusion=False)
         if trace is not None:
