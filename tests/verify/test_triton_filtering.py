@@ -34,7 +34,7 @@ def test_hard_rows_equal_reference(layout):
 
 # TopKTopPFilter options other than the CPU defaults (issue 16: the previous kernels, the late gather and
 # the two-pass narrowing stay selectable for comparisons on the GPU, tools/time_filter.py --compare; the
-# approximate top-p masses, the GPU default above 128 rows, also with a band so wide that every row takes
+# approximate top-p masses (opt-in, not run on a GPU yet), also with a band so wide that every row takes
 # the exact redo sweep); four of the hard rows (plain, ties, tied maxima, signed zeros) keep the
 # interpreter's time small
 OPTIONS = [pytest.param({"lean": False, "stats_fast": False, "full_apply": False}, "k+p", id="previous"),
@@ -86,7 +86,7 @@ def test_first_pass_paths_at_a_larger_capacity():
     p = torch.tensor([0.9, 0.5, 0.9, 0.9])
     assert_same(filt.filter(x.clone(), None, p, torch.empty_like(x)), reference(x, None, p))
     assert int(filt.state.searched) == 0
-    # the same brackets with approximate masses (the GPU default above 128 rows), resolved from them
+    # the same brackets with approximate masses (opt-in, not run on a GPU yet), resolved from them
     approx = nx.TopKTopPFilter(4, vocab, "cpu", capacity=1024)
     approx.approx = True
     inplace = x.clone()

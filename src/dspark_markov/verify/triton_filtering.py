@@ -2378,13 +2378,15 @@ class TopKTopPFilter:
         self.finish_options = {"maxnreg": FINISH_MAX_REGISTERS} if cuda and max_rows > WIDE_ROWS else {}
         self.narrow_tile = 0
         self.late_gather = False
-        # approx (top-p alone): approximate masses in the first sweep, rows left uncertain swept again
-        #   exactly (_redo_kernel) before a second finish: 6 launches instead of 4.
+        # approx (top-p alone; filter5, NOT RUN ON A GPU, opt-in): approximate masses in the first sweep,
+        #   rows left uncertain swept again exactly (_redo_kernel) before a second finish: 6 launches
+        #   instead of 4 (module doc, "Approximate masses", for why it is not expected to pay).
         # approx_slack (>= 1): widens the approximate masses' bound (tests force the exact sweep with it).
-        self.approx = cuda and max_rows > WIDE_ROWS
+        # sweep_raw (top-p alone, exact; filter5, NOT RUN ON A GPU, opt-in): the first sweep leaves the
+        #   bracket's lower end to the finish (its count and mass from the candidates), gathers raw, runs
+        #   unmasked full iterations: 64 SASS instructions per logit in its loop instead of 80.
+        self.approx = False
         self.approx_slack = 1.0
-        # sweep_raw (top-p alone, exact): the first sweep leaves the bracket's lower end to the finish
-        #   (its count and mass from the candidates), gathers raw, runs unmasked full iterations.
         self.sweep_raw = False
 
     def filter(self, logits, k, p, out):
