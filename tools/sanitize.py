@@ -57,8 +57,10 @@ def _draft_calls(device):
         # CUDA-only designs (CUDA C++ through NVRTC) compile in every process (no Triton disk
         # cache): they run last, so that a tool's time limit never hides the Triton kernels.
         target = native if "cpu" not in cls.DEVICES else calls
+        opt_in = getattr(cls, "opt_in_reason", None)  # a design not yet run on a GPU runs only when opted in
+        reason = opt_in() if opt_in is not None else None
         for method in cls.METHODS:
-            target.append((f"{impl}/{method}", ("draft", impl, method), None))
+            target.append((f"{impl}/{method}", None if reason else ("draft", impl, method), reason))
         if getattr(cls, "D2T", False) and "gumbel" in cls.METHODS:  # a reduced draft vocabulary (issue 17)
             target.append((f"{impl}/d2t", ("draft_d2t", impl, "gumbel"), None))
     for impl in registry.names("draft_top_k") if "draft_top_k" in registry.REGISTRY else ():

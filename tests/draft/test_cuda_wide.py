@@ -137,3 +137,19 @@ def test_shared_memory_fits_and_the_backend_refuses_cpu_and_bad_options():
         cuda_wide.CudaWideBackend(head, 5, 4, method="gumbel", cache_dtype=torch.bfloat16, device="cpu")
     if not torch.cuda.is_available():
         assert "no CUDA GPU" in cuda_wide.CudaWideBackend.unavailable_reason()
+
+
+def test_runs_only_when_opted_in_until_its_gpu_tests_pass(monkeypatch):
+    """cuda_wide has never run on a GPU: without DSPARK_MARKOV_UNVERIFIED listing it, it says so and does not run."""
+    monkeypatch.delenv(cuda_wide.UNVERIFIED_ENV, raising=False)
+    assert "has not run on a GPU" in cuda_wide.CudaWideBackend.opt_in_reason()
+    for value in ("cuda_wide", "1", "filter,cuda_wide"):
+        monkeypatch.setenv(cuda_wide.UNVERIFIED_ENV, value)
+        assert cuda_wide.CudaWideBackend.opt_in_reason() is None
+    monkeypatch.setenv(cuda_wide.UNVERIFIED_ENV, "cuda_gumbel")
+    assert cuda_wide.CudaWideBackend.opt_in_reason() is not None
+    from dspark_markov.bench import grid
+    from dspark_markov.draft import auto
+
+    assert "cuda_wide" not in grid.DESIGNS and "cuda_wide" in grid.KNOWN_DESIGNS
+    assert "cuda_wide" not in repr(auto.AUTO_TABLE) and "cuda_wide" not in repr(auto.PORTABLE_TABLE)

@@ -17,14 +17,24 @@ The bias is summed in another order than cuBLAS's (SPEC.md 3 leaves it free), so
 ``gumbel_fused``'s bit for bit; every token is the reference's draw from the cache this sampler wrote.
 
 Requirements (``ValueError`` otherwise): a CUDA device of compute capability 9.0 with NVRTC
-(:func:`dspark_markov.cuda.availability`), bf16 weights of rank 256, at most :data:`MAX_ROWS` rows.
-Base logits bf16 or fp32, cache bf16 or fp32, any mix of temperatures, padding rows.
+(:func:`dspark_markov.cuda.availability`), bf16 weights of rank 256, at most :data:`MAX_ROWS` rows, and the
+opt-in below. Base logits bf16 or fp32, cache bf16 or fp32, any mix of temperatures, padding rows.
+
+**Not run on a GPU yet.** This design was written on 2026-12-04 in a session whose GPU was withdrawn before its
+first round: it compiles for sm_90 (NVRTC 13.0 and nvcc: no stack frame on the default entry points, 137-144
+registers, 445 SASS instructions per 16-row x 16-token m-tile) and its tensor-core fragment layout is checked on
+the CPU (tests/draft/test_cuda_wide.py), but it has never drawn a token. So it runs only when
+``DSPARK_MARKOV_UNVERIFIED`` lists it (``DSPARK_MARKOV_UNVERIFIED=cuda_wide``, or ``1`` for every unverified
+design): otherwise constructing it raises ``ValueError`` and :meth:`CudaWideBackend.unavailable_reason` (``dspark-markov
+info``) says why. ``auto`` never picks it and ``dspark-markov bench`` times it only when named (``--designs``).
+The GPU plan that verifies it is ``tools/gpu_plans/issue12_cuda_wide.sh``.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import os
 
 import torch
 
@@ -44,6 +54,16 @@ DEFAULT_FLAGS = FLAG_PREFETCH
 STEP_KERNELS = tuple(f"dm_wide_b{b}_c{c}_v{v}_s{s}" for b in (0, 1) for c in (0, 1) for v in (0, 1)
                      for s in (0, 1)) + tuple(f"dm_wide_b{b}_c{c}_v1_s0_p2" for b in (0, 1) for c in (0, 1))
 KERNELS = STEP_KERNELS + ("dm_wide_finish",)
+UNVERIFIED_ENV = "DSPARK_MARKOV_UNVERIFIED"  # comma-separated designs (or "1": all) allowed to run before their GPU tests
+
+
+def unverified_reason() -> str | None:
+    """``None`` when :data:`UNVERIFIED_ENV` opts in to this design (it has never run on a GPU), else why it does not run."""
+    wanted = {name.strip() for name in os.environ.get(UNVERIFIED_ENV, "").split(",")}
+    if "1" in wanted or "cuda_wide" in wanted:
+        return None
+    return (f"impl 'cuda_wide' has not run on a GPU yet (written without device time; its GPU tests are "
+            f"tools/gpu_plans/issue12_cuda_wide.sh): set {UNVERIFIED_ENV}=cuda_wide to run it")
 WARPS_PER_GROUP = (1, 2)
 DEFAULT_WARPS_PER_GROUP = 1
 
@@ -94,8 +114,9 @@ class CudaWideBackend:
     Options: ``filter_margin`` (the slack of the bound test; a huge value makes every token exact),
     ``flags`` (:data:`FLAG_PREFETCH`; never changes a draw), ``blocks_per_sm`` (default: as many as are
     resident at once) and ``warps_per_group`` (1: 8 warps per block, each its own 16-token groups; 2: 16 warps,
-    two per group, on the unscaled 16-byte paths; never changes a draw). Scratch (codes in A-fragment order, one word per row, the noise table) is allocated
-    once; ``run`` only launches (CUDA-graph safe).
+    two per group, on the unscaled 16-byte paths; never changes a draw). Scratch (codes in A-fragment order, one
+    word per row, every step's row keys, the noise table) is allocated once; ``run`` only launches (CUDA-graph
+    safe). Not run on a GPU yet: needs the opt-in of the module docstring.
     """
 
     NAME = "cuda_wide"
@@ -127,7 +148,7 @@ class CudaWideBackend:
             raise ValueError(f"max_rows: impl 'cuda_wide' takes 1 to {MAX_ROWS} rows, got {max_rows}")
         if cache_dtype not in (torch.bfloat16, torch.float32):
             raise ValueError(f"cache_dtype: expected torch.bfloat16 or torch.float32, got {cache_dtype}")
-        why = cuda.availability(device, build=False)
+        why = cuda.availability(device, build=False) or unverified_reason()
         if why is not None:
             raise ValueError(f"impl: 'cuda_wide' cannot run here: {why}")
         if head.dtype != torch.bfloat16:
@@ -166,13 +187,18 @@ class CudaWideBackend:
                 self.resident[name, mtiles] = max(1, fit if blocks_per_sm is None else int(blocks_per_sm))
 
     @staticmethod
+    def opt_in_reason() -> str | None:
+        """Why this design does not run without the opt-in (it has not run on a GPU yet), or ``None``; no build."""
+        return unverified_reason()
+
+    @staticmethod
     def unavailable_reason() -> str | None:
-        """Why this design cannot run here (no GPU, not sm_90, no NVRTC, ``wide.cu`` does not build or load), or
-        ``None``. Builds ``wide.cu`` (cached on disk), so that ``auto`` can fall back instead of failing."""
+        """Why this design cannot run here (no GPU, not sm_90, no NVRTC, not opted in while it has not run on a GPU,
+        ``wide.cu`` does not build or load), or ``None``. Builds ``wide.cu`` (cached on disk)."""
         from .. import cuda
         from ..cuda import build
 
-        why = cuda.availability(build=False)
+        why = cuda.availability(build=False) or unverified_reason()
         if why is None:
             try:
                 wide_kernels(torch.cuda.current_device())
