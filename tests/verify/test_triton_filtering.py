@@ -3,10 +3,15 @@ exactly on the CPU interpreter: the edge rows of ``test_filtering`` (and a split
 capacity forced down to 16 (the bounded search rounds), scalar k/p, and the paths the GPU takes at
 V = 129,280 (early top-k gather + write-only apply, narrowed top-p brackets) at V = 8192."""
 
+import math
+
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from dspark_markov.verify import triton_filtering as nx
+from dspark_markov.verify.filtering_reference import weight_fixed_point
 from tests.verify.test_filtering import assert_same, hard_rows, reference
 
 # (block, chunks, capacity); the split layout runs in the allocation test (the interpreter is slow)
@@ -163,3 +168,28 @@ def test_filter_object_allocates_nothing_per_call(monkeypatch):
     assert_same(out, expected)
     assert_same(again, reference(x, 7, None))
     assert int(filt.state.unresolved) == 0
+
+
+@triton.jit
+def _approx_weights_kernel(x_ptr, out_ptr, row_max, N: tl.constexpr):
+    index = tl.arange(0, N)
+    tl.store(out_ptr + index, nx._weight_approx(tl.load(x_ptr + index), row_max))
+
+
+def test_approximate_weight_bounds_the_exact_fixed_point_mass():
+    """The approximate masses' bound (``APPROX_WEIGHT_REL``; the interpreter's ``tl.fma`` rounds once,
+    as the GPU's does): every exact ``q = trunc(w 2^32)`` lies in ``(w' (1 - e) 2^32 - 1, w' (1 + e) 2^32]``,
+    over every exponent of ``x - max`` down to ``q = 0`` and at the reduction's rounding ties."""
+    gen = torch.Generator().manual_seed(21)
+    n = 8192
+    x = torch.cat([-torch.rand(n // 2, generator=gen) * 46.0,
+                   -torch.exp2(-torch.rand(n // 4, generator=gen) * 30.0),  # tiny differences
+                   (torch.arange(n // 4) - n // 8).float() * 0.5 * math.log(2.0)])  # d log2(e) near k + 1/2
+    x = x.clamp(max=0.0).contiguous()
+    row_max = torch.tensor(0.0)
+    approx = torch.empty_like(x)
+    _approx_weights_kernel[(1,)](x, approx, 0.0, N=n)
+    q = weight_fixed_point(x, row_max).double()
+    w = approx.double() * 2.0**32
+    e = nx.APPROX_WEIGHT_REL
+    assert bool((q <= w * (1 + e)).all()) and bool((q > w * (1 - e) - 1).all())

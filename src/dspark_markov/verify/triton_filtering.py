@@ -91,8 +91,40 @@ per logit. The defaults of :class:`TopKTopPFilter`, each measured against the pr
 - apply (``full_apply``, 617 -> 409): in place, whole rows written (a kept token's bits written back)
   instead of masked ``-inf`` stores at scattered positions.
 
-Launches: 4 per call, fixed by which of ``k``/``p`` are given (the mass sweeps compiled in only
-with ``p``), never by values; no host synchronisation; all scratch lives in a
+Options for top-p alone (issue 16, filter5, 2026-12-04; **not run on a GPU**: the device service stopped
+lending machines before the session's first round; CPU interpreter tests equal the reference, Triton 3.6
+compiles them for sm_90; ``tools/gpu_plans/issue16_filter5.sh`` is the plan that measures them)
+------------------------------------------------------------------------------------------------------
+``sweep_raw`` (exact): the first sweep (:func:`_sweep_bracket`) counts and sums exactly only above its
+bracket and the total, gathers raw, runs unmasked full iterations (64 SASS instructions per logit in
+its loop instead of 80; predicted ~695 -> ~560 us at 1518 rows), and the finish completes the bracket's
+lower end from the candidates' exact masses (:func:`_complete_bracket`).
+
+``approx`` (**Approximate masses**): the sweep sums ``w'`` (:func:`_weight_approx`: the software
+``exp``'s reduction and polynomial by fused multiply-adds) in fp32 per lane and iteration, then fp64:
+no 64-bit integer arithmetic or conversion per logit, 47-48 instructions per logit. Bound: with
+``u = 2^-24``, both the IEEE (no FMA) and the FMA evaluation are within ``E_soft = 3.94 u`` and
+``E_approx = 3.23 u`` of ``exp(d)`` (Horner rounding recurrences over ``|r| <= 0.3467``, the degree-8
+remainder 0.17 u, the reduction 0.37 u), so ``|w - w'| <= 7.17 u w'`` (``APPROX_WEIGHT_REL`` = 8 u;
+2.0 u is the largest seen over 3e7 values with the FMA emulated exactly on the CPU); the pairwise fp32
+sums of four add 2 u, the fp64 sums < 2^-29: ``APPROX_REL`` = 12 u. As ``q = trunc(w 2^32)`` lies in
+``(w 2^32 - 1, w 2^32]``, a set of ``n`` tokens with ``sum w' = W`` has mass in
+``[max(0, (1 - 12 u) W 2^32 - n), (1 + 12 u) W 2^32]``. :func:`_approx_resolve` decides a row with
+these bounds for the masses above (``A``) and below (``L``) the bracket and the exact mass ``M`` of its
+candidates: candidate ``t`` survives iff ``P_t < mu = p M + p L - (1 - p) A`` (+ the product's
+rounding), monotone in ``mu``, so the kept set is certain unless a ``P_t`` falls in ``[mu_lo, mu_hi)``,
+a band of width ``p (2 e L + n_L) + (1 - p) (2 e A + n_A)``; uncertain rows are swept again exactly
+(:func:`_redo_kernel`, split 8 ways) and resolved by the exact finish. The truncation term ``n_L`` (one
+unit per token below the bracket) dominates: on the bench inputs (p = 0.9, +-1024-token brackets,
+emulated on the CPU) the band leaves 10% of the Gaussian and bf16 rows and 56% of the peaked ones
+uncertain (those hold ~1e5 tokens of ``q`` in 0..4 below the bracket). Predicted at 1518 rows: sweep
+~410 + redo ~80 + second finish ~50 us (Gaussian: ~-145 us against the exact sweep, about what
+``sweep_raw`` saves with no redo and no extra launch; peaked: ~+175 us). Exact masses for the few
+straddling buckets cannot shrink that band: it is the sum of ~1e5 per-token truncation and rounding
+bounds, and bounding each token's truncation exactly costs as many instructions as the exact weight.
+
+Launches: 4 per call (``approx`` with top-p alone: 6), fixed by which of ``k``/``p`` are given (the
+mass sweeps compiled in only with ``p``) and the options, never by values; no host synchronisation; all scratch lives in a
 :class:`TopKTopPFilter` (allocated once, sized for its largest batch): CUDA-graph safe.
 Bytes: top-k rows answered early: ``B V 4`` read (stats) + ``B V 4`` written; top-p rows: ``2 B V
 4`` read (stats, pair sweep) + the apply (``B V 4`` read + the masked entries written in place,
@@ -625,20 +657,28 @@ def _sweep_pair_lean(src, start, end, row_max, hi_key, lo_key, scratch, cursor, 
 
 
 @triton.jit
-def _approx_pair_tile(x, index, lo_v, hi_v, hi_open, row_max):
-    """One tile of :func:`_sweep_pair_approx` (masked lanes hold ``-inf``, below every ``lo``):
-    ``(above hi, w' above hi, w' below lo, take, raw)``."""
-    w = _weight_approx(x, row_max)
+def _bracket_tile(x, index, lo_v, hi_v, hi_open, row_max, APPROX: tl.constexpr):
+    """One tile of :func:`_sweep_bracket` (masked lanes hold ``-inf``: below every ``lo``, ``q = 0``):
+    ``(above hi, first sum's term, second sum's term, take, raw)``: ``APPROX``: ``w'`` above ``hi``
+    and ``w'`` below ``lo`` (fp32); else ``q`` above ``hi`` and ``q`` (int64)."""
     above_lo = x >= lo_v
     above_hi = (x >= hi_v) & (hi_open == 0)
     take = (above_lo & (above_hi == 0)).to(tl.int32)
-    return above_hi.to(tl.int32), tl.where(above_hi, w, 0.0), tl.where(above_lo, 0.0, w), take, _raw32(x, index)
+    if APPROX:
+        w = _weight_approx(x, row_max)
+        first = tl.where(above_hi, w, 0.0)
+        second = tl.where(above_lo, 0.0, w)
+    else:
+        second = _weight_fixed_point(x, row_max)
+        first = tl.where(above_hi, second, 0)
+    return above_hi.to(tl.int32), first, second, take, _raw32(x, index)
 
 
 @triton.jit
-def _approx_iteration(src, i0, end, lo_v, hi_v, hi_open, row_max, c_hi, above, below, BLOCK: tl.constexpr,
-                      MASKED: tl.constexpr):
-    """Four tiles of :func:`_sweep_pair_approx` from column ``i0`` (``MASKED``: the row's last iteration)."""
+def _bracket_iteration(src, i0, end, lo_v, hi_v, hi_open, row_max, c_hi, first, second, BLOCK: tl.constexpr,
+                       MASKED: tl.constexpr, APPROX: tl.constexpr):
+    """Four tiles of :func:`_sweep_bracket` from column ``i0`` (``MASKED``: the row's last iteration);
+    a lane adds its four terms pairwise (fp32, then fp64, when ``APPROX``)."""
     ptr = src + i0
     if MASKED:
         x0 = tl.load(ptr, mask=i0 < end, other=float("-inf"))
@@ -650,33 +690,43 @@ def _approx_iteration(src, i0, end, lo_v, hi_v, hi_open, row_max, c_hi, above, b
         x1 = tl.load(ptr + BLOCK)
         x2 = tl.load(ptr + 2 * BLOCK)
         x3 = tl.load(ptr + 3 * BLOCK)
-    h0, a0, b0, t0, p0 = _approx_pair_tile(x0, i0, lo_v, hi_v, hi_open, row_max)
-    h1, a1, b1, t1, p1 = _approx_pair_tile(x1, i0 + BLOCK, lo_v, hi_v, hi_open, row_max)
-    h2, a2, b2, t2, p2 = _approx_pair_tile(x2, i0 + 2 * BLOCK, lo_v, hi_v, hi_open, row_max)
-    h3, a3, b3, t3, p3 = _approx_pair_tile(x3, i0 + 3 * BLOCK, lo_v, hi_v, hi_open, row_max)
+    h0, a0, b0, t0, p0 = _bracket_tile(x0, i0, lo_v, hi_v, hi_open, row_max, APPROX)
+    h1, a1, b1, t1, p1 = _bracket_tile(x1, i0 + BLOCK, lo_v, hi_v, hi_open, row_max, APPROX)
+    h2, a2, b2, t2, p2 = _bracket_tile(x2, i0 + 2 * BLOCK, lo_v, hi_v, hi_open, row_max, APPROX)
+    h3, a3, b3, t3, p3 = _bracket_tile(x3, i0 + 3 * BLOCK, lo_v, hi_v, hi_open, row_max, APPROX)
     c_hi += (h0 + h1) + (h2 + h3)
-    above += ((a0 + a1) + (a2 + a3)).to(tl.float64)
-    below += ((b0 + b1) + (b2 + b3)).to(tl.float64)
-    return c_hi, above, below, t0, t1, t2, t3, p0, p1, p2, p3
+    first += ((a0 + a1) + (a2 + a3)).to(first.dtype)
+    second += ((b0 + b1) + (b2 + b3)).to(second.dtype)
+    return c_hi, first, second, t0, t1, t2, t3, p0, p1, p2, p3
 
 
 @triton.jit
-def _sweep_pair_approx(src, start, end, row_max, hi_key, lo_key, scratch, cursor, capacity, GATHER,
-                       BLOCK: tl.constexpr):
-    """:func:`_sweep_pair_lean` with approximate masses (top-p alone, ``APPROX``): the exact count at
-    ``hi`` and the gather of ``[lo, hi)`` (raw, :func:`_raw32`; the count at ``lo`` is the count at
-    ``hi`` plus the gathered ones), but instead of exact integer masses the fp64 sums of
-    :func:`_weight_approx` above ``hi`` and below ``lo`` (a lane adds its four tiles' weights in
-    fp32, pairwise, then in fp64). No 64-bit integer arithmetic or conversion per logit, unmasked
-    full iterations. Returns ``(count above hi, above, below)``."""
+def _sweep_bracket(src, start, end, row_max, hi_key, lo_key, scratch, cursor, capacity, GATHER,
+                   BLOCK: tl.constexpr, APPROX: tl.constexpr):
+    """The first top-p sweep of the options (top-p alone; filter5, not run on a GPU): the exact count
+    above ``hi`` and the gather of ``[lo, hi)`` (raw, :func:`_raw32`; the count at ``lo`` is the count
+    at ``hi`` plus the gathered ones), unmasked full iterations with one masked tail, and two sums:
+
+    - ``SWEEP_RAW`` (``APPROX`` false): the exact mass above ``hi`` and the total (int64); the mass at
+      ``lo`` is left to the finish (:func:`_complete_bracket`): 64 SASS instructions per logit in the
+      loop instead of :func:`_sweep_pair_lean`'s 80;
+    - ``APPROX``: the fp64 sums of :func:`_weight_approx` above ``hi`` and below ``lo`` (no 64-bit
+      integer arithmetic or conversion per logit: 47 instructions per logit), for
+      :func:`_approx_resolve`.
+
+    Returns ``(count above hi, first sum, second sum)``."""
     lo_v = _key_floor_value(lo_key)
     hi_open = hi_key > _KEY_POS_INF
     hi_v = _key_floor_value(tl.minimum(hi_key, _KEY_POS_INF))
     gathering = (GATHER != 0).to(tl.int32)
     capacity32 = capacity.to(tl.int32)
     c_hi = tl.zeros([BLOCK], tl.int32)
-    above = tl.zeros([BLOCK], tl.float64)
-    below = tl.zeros([BLOCK], tl.float64)
+    if APPROX:
+        first = tl.zeros([BLOCK], tl.float64)
+        second = tl.zeros([BLOCK], tl.float64)
+    else:
+        first = tl.zeros([BLOCK], tl.int64)
+        second = tl.zeros([BLOCK], tl.int64)
     s0 = tl.zeros([BLOCK], tl.int32)
     s1 = tl.zeros([BLOCK], tl.int32)
     s2 = tl.zeros([BLOCK], tl.int32)
@@ -698,11 +748,11 @@ def _sweep_pair_approx(src, start, end, row_max, hi_key, lo_key, scratch, cursor
             _put32(scratch, capacity32, s2, p2, t2)
             _put32(scratch, capacity32, s3, p3, t3)
             if offset < full_end:
-                c_hi, above, below, t0, t1, t2, t3, p0, p1, p2, p3 = _approx_iteration(
-                    src, offset + lane, end, lo_v, hi_v, hi_open, row_max, c_hi, above, below, BLOCK, False)
+                c_hi, first, second, t0, t1, t2, t3, p0, p1, p2, p3 = _bracket_iteration(
+                    src, offset + lane, end, lo_v, hi_v, hi_open, row_max, c_hi, first, second, BLOCK, False, APPROX)
             else:
-                c_hi, above, below, t0, t1, t2, t3, p0, p1, p2, p3 = _approx_iteration(
-                    src, offset + lane, end, lo_v, hi_v, hi_open, row_max, c_hi, above, below, BLOCK, True)
+                c_hi, first, second, t0, t1, t2, t3, p0, p1, p2, p3 = _bracket_iteration(
+                    src, offset + lane, end, lo_v, hi_v, hi_open, row_max, c_hi, first, second, BLOCK, True, APPROX)
             t0 = t0 * gathering
             t1 = t1 * gathering
             t2 = t2 * gathering
@@ -715,99 +765,7 @@ def _sweep_pair_approx(src, start, end, row_max, hi_key, lo_key, scratch, cursor
     _put32(scratch, capacity32, s1, p1, t1)
     _put32(scratch, capacity32, s2, p2, t2)
     _put32(scratch, capacity32, s3, p3, t3)
-    return tl.sum(c_hi, axis=0).to(tl.int64), tl.sum(above, axis=0), tl.sum(below, axis=0)
-
-
-@triton.jit
-def _exact_pair_tile(x, index, lo_v, hi_v, hi_open, row_max):
-    """One tile of :func:`_sweep_pair_raw` (masked lanes hold ``-inf``: ``q = 0``):
-    ``(above hi, q above hi, q, take, raw)``."""
-    q = _weight_fixed_point(x, row_max)
-    above_hi = (x >= hi_v) & (hi_open == 0)
-    take = ((x >= lo_v) & (above_hi == 0)).to(tl.int32)
-    return above_hi.to(tl.int32), tl.where(above_hi, q, 0), q, take, _raw32(x, index)
-
-
-@triton.jit
-def _exact_iteration(src, i0, end, lo_v, hi_v, hi_open, row_max, c_hi, m_hi, total, BLOCK: tl.constexpr,
-                     MASKED: tl.constexpr):
-    """Four tiles of :func:`_sweep_pair_raw` from column ``i0`` (``MASKED``: the row's last iteration)."""
-    ptr = src + i0
-    if MASKED:
-        x0 = tl.load(ptr, mask=i0 < end, other=float("-inf"))
-        x1 = tl.load(ptr + BLOCK, mask=i0 + BLOCK < end, other=float("-inf"))
-        x2 = tl.load(ptr + 2 * BLOCK, mask=i0 + 2 * BLOCK < end, other=float("-inf"))
-        x3 = tl.load(ptr + 3 * BLOCK, mask=i0 + 3 * BLOCK < end, other=float("-inf"))
-    else:
-        x0 = tl.load(ptr)
-        x1 = tl.load(ptr + BLOCK)
-        x2 = tl.load(ptr + 2 * BLOCK)
-        x3 = tl.load(ptr + 3 * BLOCK)
-    h0, a0, q0, t0, p0 = _exact_pair_tile(x0, i0, lo_v, hi_v, hi_open, row_max)
-    h1, a1, q1, t1, p1 = _exact_pair_tile(x1, i0 + BLOCK, lo_v, hi_v, hi_open, row_max)
-    h2, a2, q2, t2, p2 = _exact_pair_tile(x2, i0 + 2 * BLOCK, lo_v, hi_v, hi_open, row_max)
-    h3, a3, q3, t3, p3 = _exact_pair_tile(x3, i0 + 3 * BLOCK, lo_v, hi_v, hi_open, row_max)
-    c_hi += (h0 + h1) + (h2 + h3)
-    m_hi += (a0 + a1) + (a2 + a3)
-    total += (q0 + q1) + (q2 + q3)
-    return c_hi, m_hi, total, t0, t1, t2, t3, p0, p1, p2, p3
-
-
-@triton.jit
-def _sweep_pair_raw(src, start, end, row_max, hi_key, lo_key, scratch, cursor, capacity, GATHER,
-                    BLOCK: tl.constexpr):
-    """:func:`_sweep_pair_lean` with fewer instructions per logit (``SWEEP_RAW``, top-p alone): exact
-    count and mass at ``hi`` and the total, but the count and mass at ``lo`` left to the finish (the
-    count at ``hi`` plus the gathered candidates and their exact mass, :func:`_complete_bracket`), the
-    candidates gathered raw (:func:`_raw32`), unmasked full iterations with one masked tail.
-    Returns ``(count above hi, mass above hi, total)``."""
-    lo_v = _key_floor_value(lo_key)
-    hi_open = hi_key > _KEY_POS_INF
-    hi_v = _key_floor_value(tl.minimum(hi_key, _KEY_POS_INF))
-    gathering = (GATHER != 0).to(tl.int32)
-    capacity32 = capacity.to(tl.int32)
-    c_hi = tl.zeros([BLOCK], tl.int32)
-    m_hi = tl.zeros([BLOCK], tl.int64)
-    total = tl.zeros([BLOCK], tl.int64)
-    s0 = tl.zeros([BLOCK], tl.int32)
-    s1 = tl.zeros([BLOCK], tl.int32)
-    s2 = tl.zeros([BLOCK], tl.int32)
-    s3 = tl.zeros([BLOCK], tl.int32)
-    p0 = tl.zeros([BLOCK], tl.int64)
-    p1 = tl.zeros([BLOCK], tl.int64)
-    p2 = tl.zeros([BLOCK], tl.int64)
-    p3 = tl.zeros([BLOCK], tl.int64)
-    t0 = tl.zeros([BLOCK], tl.int32)
-    t1 = tl.zeros([BLOCK], tl.int32)
-    t2 = tl.zeros([BLOCK], tl.int32)
-    t3 = tl.zeros([BLOCK], tl.int32)
-    lane = tl.arange(0, BLOCK)
-    full_end = start + (end - start) // (4 * BLOCK) * (4 * BLOCK)
-    for offset in range(start, full_end + 4 * BLOCK, 4 * BLOCK):  # the last iteration masked (maybe empty)
-        if offset < end:
-            _put32(scratch, capacity32, s0, p0, t0)  # the previous iteration's candidates
-            _put32(scratch, capacity32, s1, p1, t1)
-            _put32(scratch, capacity32, s2, p2, t2)
-            _put32(scratch, capacity32, s3, p3, t3)
-            if offset < full_end:
-                c_hi, m_hi, total, t0, t1, t2, t3, p0, p1, p2, p3 = _exact_iteration(
-                    src, offset + lane, end, lo_v, hi_v, hi_open, row_max, c_hi, m_hi, total, BLOCK, False)
-            else:
-                c_hi, m_hi, total, t0, t1, t2, t3, p0, p1, p2, p3 = _exact_iteration(
-                    src, offset + lane, end, lo_v, hi_v, hi_open, row_max, c_hi, m_hi, total, BLOCK, True)
-            t0 = t0 * gathering
-            t1 = t1 * gathering
-            t2 = t2 * gathering
-            t3 = t3 * gathering
-            s0 = _claim_many(cursor, t0 + t1 + t2 + t3)
-            s1 = s0 + t0
-            s2 = s1 + t1
-            s3 = s2 + t2
-    _put32(scratch, capacity32, s0, p0, t0)
-    _put32(scratch, capacity32, s1, p1, t1)
-    _put32(scratch, capacity32, s2, p2, t2)
-    _put32(scratch, capacity32, s3, p3, t3)
-    return tl.sum(c_hi, axis=0).to(tl.int64), tl.sum(m_hi, axis=0), tl.sum(total, axis=0)
+    return tl.sum(c_hi, axis=0).to(tl.int64), tl.sum(first, axis=0), tl.sum(second, axis=0)
 
 
 @triton.jit
@@ -1332,7 +1290,7 @@ def _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min
 @triton.jit
 def _approx_resolve(row, st_p, st_best, st_min, st_cut, st_flags, st_cursor, points, counts, masses, scratch, dst,
                     approx_mass, vocab, capacity, slack):
-    """Resolve a top-p-only row from its approximate first sweep (:func:`_sweep_pair_approx`), or
+    """Resolve a top-p-only row from its approximate first sweep (:func:`_sweep_bracket`), or
     send it to the exact sweep (``PHASE_REDO``). Module doc, "Approximate masses".
 
     With ``A`` (mass above the bracket), ``M`` (the bracket's, exact from its candidates) and ``L``
@@ -1914,18 +1872,18 @@ def _pass_kernel(
                             found, mass, total = _sweep(src, start, end, row_max, thresholds, lo, hi, rows_scratch,
                                                         cursor, capacity, gather, True, True, True, True, MASS_BLOCK)
                     elif APPROX:  # top-p alone, approximate masses (the finish resolves or redoes the row)
-                        c_hi, above, below = _sweep_pair_approx(src, start, end, row_max, (hi >> 32).to(tl.int32),
-                                                                (lo >> 32).to(tl.int32), rows_scratch, cursor,
-                                                                capacity, gather, PAIR_BLOCK)
+                        c_hi, above, below = _sweep_bracket(src, start, end, row_max, (hi >> 32).to(tl.int32),
+                                                            (lo >> 32).to(tl.int32), rows_scratch, cursor, capacity,
+                                                            gather, PAIR_BLOCK, True)
                         tl.atomic_add(approx_mass + 2 * row, above, sem="relaxed")
                         tl.atomic_add(approx_mass + 2 * row + 1, below, sem="relaxed")
                         found = tl.where(slot < 4, c_hi, 0)  # (the count at lo: the finish adds the gathered)
                         mass = tl.zeros([_THRESHOLDS], tl.int64)
                         total = tl.zeros([], tl.int64)
                     elif SWEEP_RAW:  # top-p alone: the lower end's count and mass completed by the finish
-                        c_hi, m_hi, total = _sweep_pair_raw(src, start, end, row_max, (hi >> 32).to(tl.int32),
-                                                            (lo >> 32).to(tl.int32), rows_scratch, cursor,
-                                                            capacity, gather, PAIR_BLOCK)
+                        c_hi, m_hi, total = _sweep_bracket(src, start, end, row_max, (hi >> 32).to(tl.int32),
+                                                           (lo >> 32).to(tl.int32), rows_scratch, cursor, capacity,
+                                                           gather, PAIR_BLOCK, False)
                         found = tl.where(slot < 4, c_hi, 0)
                         mass = tl.where(slot < 4, m_hi, 0)
                     elif LATE:  # top-p alone, the bracket gathered by the apply
