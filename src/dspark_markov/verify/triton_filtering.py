@@ -57,22 +57,6 @@ Passes (4 launches per call; each full-row pass reads the row once)
    without being read (kept values loaded by index, the chunk set to ``-inf``, the values
    stored back).
 
-Instruction budget (issue 16, filter4, H200 profiles): at 1518 rows one memory pass over the 785 MB
-of logits takes ~190 us, so the passes must issue few instructions per logit. The defaults of
-:class:`TopKTopPFilter` (each measured against the previous kernels, ``tools/time_filter.py --compare``):
-
-- statistics (``stats_fast``): full iterations unmasked, the fp32 sums tested for finiteness once per
-  chunk (a chunk with a NaN, an infinity or a huge value is read again exactly), the early gather
-  stored raw (fp32 bits, index) and packed by the first pass: 28 SASS instructions per logit instead
-  of 42 (the old pass was bound by the half-rate ALU pipe: compares, selects, logic);
-- top-p sweep (``lean``): thresholds compared as fp32 values, one slot claim per lane and iteration
-  instead of one per element, int32 slots: 80 instructions per logit instead of 108 (the software
-  ``exp`` alone is ~32), 58 registers instead of 124;
-- apply (``full_apply``): in place, whole rows written (a kept token's bits written back) instead of
-  masked ``-inf`` stores at scattered positions;
-- finish: narrowing parts by an fp32 product instead of a 64-bit division; at most 128 registers
-  above ``WIDE_ROWS`` rows.
-
 Instruction budget (issue 16, filter4; H200 profiles in ``NVIDIA-H200_2026-12-04_filter4_*``): at 1518
 rows one memory pass over the 785 MB of logits takes ~180 us, so the passes must issue few instructions
 per logit. The defaults of :class:`TopKTopPFilter`, each measured against the previous kernels
