@@ -35,7 +35,7 @@
 // time (43) or, from 4 rows, on exact upper bounds of the keys from the per-bucket noise table
 // (V6 & 64: no approximate noise), exact keys for every token at 1-2 rows, step 0 in dependency order,
 // L2 prefetch of W2 and of the next step's base logits.
-#include "common.cuh"  // noise.cuh, bf16 rounding, mma.sync m16n8k16
+#include "common.cuh"  // noise.cuh and dm::mma16816 (the bf16 helpers below stay: common.cuh's changed the SASS)
 
 using dm::i32;
 using dm::i64;
@@ -105,8 +105,14 @@ struct ChainArgs {  // every field 8 bytes (matches the ctypes Structure in cuda
 };
 
 // ------------------------------------------------------------------ small device helpers
-__device__ __forceinline__ float bf16_to_f32(unsigned short b) { return dm::bf16(b); }
-__device__ __forceinline__ unsigned short f32_to_bf16(float f) { return (unsigned short)dm::round_bf16(f); }
+__device__ __forceinline__ float bf16_to_f32(unsigned short b) { return __uint_as_float(((u32)b) << 16); }
+
+__device__ __forceinline__ unsigned short f32_to_bf16(float f) {  // round to nearest even, NaN -> 0x7FC0
+  u32 u = __float_as_uint(f);
+  if (f != f) return (unsigned short)0x7FC0;
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return (unsigned short)(u >> 16);
+}
 
 __device__ __forceinline__ u64 policy_evict_last() {
   u64 p;

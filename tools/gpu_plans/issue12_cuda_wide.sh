@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# GPU plan for impl="cuda_wide" (issue 12, large-batch Gumbel; written 2026-12-04 without device time: NOTHING of it
+# has run on a GPU). Run from the repository root on an H200 (sm_90), PYTHONPATH=$PWD/src, one part per job:
+#   bash tools/gpu_plans/issue12_cuda_wide.sh check   # budget ~110 s: is it correct? (run this first)
+#   bash tools/gpu_plans/issue12_cuda_wide.sh time    # budget ~110 s: how fast, and where does the time go?
+#   bash tools/gpu_plans/issue12_cuda_wide.sh bench   # budget ~150 s: the committed benchmark with vLLM's loop
+# Results go to $JOB_OUT (default ./gpu_plan_out). The design runs only when opted in (draft/cuda_wide.py).
+# Builds: wide.cu takes ~7 s of NVRTC, blocks.cu (the noise table's sweep kernel) ~30 s, the table sweep ~10-20 s;
+# a DSPARK_MARKOV_CACHE built on the CPU with the GPU's NVRTC version (CONTRIBUTING "CUDA kernels") and the table
+# file of an earlier GPU job (its content depends only on noise.cuh) skip all three.
+set -u
+export DSPARK_MARKOV_UNVERIFIED=cuda_wide PYTHONUNBUFFERED=1
+export DSPARK_MARKOV_CACHE=${DSPARK_MARKOV_CACHE:-$PWD/gpu_jobs/cuda_wide_cache}
+OUT=${JOB_OUT:-$PWD/gpu_plan_out}
+mkdir -p "$OUT" "$DSPARK_MARKOV_CACHE"
+VLLM=${VLLM_CACHE:-.vllm-cache}
+case "${1:-check}" in
+check)
+  # 1. (~40 s) Exactness at full shapes (V = 129,280, N = 5; mixed T 0 / 0.6 / 1 with padding rows and samples):
+  #    every token == draw_gumbel(its own cache), the cache == round(U + bias) within the one-ulp bias bracket, at
+  #    64 / 253 rows bf16, 64 rows fp32 and bf16 -> fp32 cache; at 253 rows also the 16-warp variant (p2) and every
+  #    token exact (filter_margin 1e30: if only the default fails, the bound / seed / threshold logic is wrong; if
+  #    both fail, the bias, z, the cache or the word merge). Prints how many tokens equal cuda_gumbel's (most; not all:
+  #    the bias is summed in another order than cuBLAS's).
+  timeout -k 2 45 python3 tools/sweep_cuda_wide.py --out "$OUT/check" --check 64,253 --time "" \
+    --check-options '{"p2": {"warps_per_group": 2}, "exact": {"filter_margin": 1e30}, "noprefetch": {"flags": 0}}'
+  # 2. (~35 s) The GPU tests: rows 1-253, both dtypes, strided + scale, V % 4 != 0 (scalar path), NaN / -inf rows,
+  #    options drawing the same, CUDA-graph replay equal to eager.
+  timeout -k 2 40 python3 -m pytest -q -m gpu tests/gpu/test_cuda_wide_gpu.py -x --durations=5 2>&1 | tail -15
+  # 3. (~30 s) compute-sanitizer memcheck and racecheck side by side (V = 4096, 2 rows: cp.async stages, named
+  #    barriers, the atomicMax words).
+  for tool in memcheck racecheck; do
+    timeout -k 2 30 compute-sanitizer --tool $tool --print-limit 30 python3 tools/sanitize.py \
+      --one-call cuda_wide/gumbel > "$OUT/sanitize_$tool.log" 2>&1 &
+  done
+  wait
+  for tool in memcheck racecheck; do echo "== $tool"; tail -4 "$OUT/sanitize_$tool.log"; done
+  ;;
+time)
+  # 4. (~35 s) One call as a CUDA-graph replay, cold L2, beside cuda_gumbel: 32 / 64 / 128 / 253 rows, T = 1 and
+  #    mixed; the 16-warp variant and the L2 prefetch off (flags 0) at the same shapes.
+  timeout -k 2 45 python3 tools/sweep_cuda_wide.py --out "$OUT/time" --check "" --time 32,64,128,253 \
+    --temperature both --designs cuda_gumbel,cuda_wide --options '{"p2": {"warps_per_group": 2}, "noprefetch": {"flags": 0}}'
+  # 5. (~50 s) Nsight Compute of one step (N = 1: the start, one dm_wide_b0_c0_v1_s0, one finish) at 253 and 64 rows.
+  #    Expected from the SASS (445 instructions per 16 x 16 m-tile, ~56 per logit + per-row work): issue-bound near
+  #    ~60 us per step at 253 rows at perfect issue (memory floor ~45 us, tensor pipe ~31 us), W2-read-bound near
+  #    ~25 us per step at 64 rows. Look at issue-slot use, warp stalls, DRAM throughput, achieved occupancy (8 warps).
+  for rows in 253 64; do
+    timeout -k 2 25 ncu --clock-control none --nvtx --nvtx-include "prof_cuda_wide_gumbel/" \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+      --metrics dram__bytes_read.sum,dram__bytes_write.sum,smsp__inst_executed.sum \
+      python3 tools/profile_large.py --rows $rows --designs cuda_wide --steps 1 > "$OUT/ncu_$rows.txt" 2>&1
+    grep -E "dm_wide|Duration|inst_executed|dram__bytes|Registers Per|Achieved Occ|Compute \(SM\) Th|DRAM Th|Issue Slots|No Eligible" \
+      "$OUT/ncu_$rows.txt" | head -40
+  done
+  ;;
+bench)
+  # 6. (~120 s) The benchmark for README and auto (the lead regenerates auto from it once the check part passed):
+  #    vLLM's real loop, cuda_gumbel and cuda_wide at 32 / 64 / 128 / 253 rows, T = 1 and mixed (bf16), then fp32
+  #    cache + logits at 64 / 253.
+  timeout -k 2 75 python3 -m dspark_markov.cli bench --designs vllm_loop,cuda_gumbel,cuda_wide --rows 32,64,128,253 \
+    --temperature both --vllm-cache "$VLLM" --out "$OUT/bench" --no-plot --no-progress 2>&1 | tail -20
+  timeout -k 2 40 python3 -m dspark_markov.cli bench --designs vllm_loop,cuda_gumbel,cuda_wide --rows 64,253 \
+    --temperature 1 --cache-dtype float32 --logits-dtype float32 --vllm-cache "$VLLM" --out "$OUT/bench" --no-plot \
+    --no-progress 2>&1 | tail -8
+  # 7. (~30 s) cuda_gumbel / cuda_chain after blocks.cu / chain.cu moved helpers into common.cuh (their SASS is
+  #    instruction for instruction unchanged under NVRTC 13.0, checked on the CPU; this confirms it on the device).
+  timeout -k 2 35 python3 -m pytest -q -m gpu tests/gpu/test_cuda_gumbel_gpu.py -x -k "full_shape or graph" 2>&1 | tail -4
+  ;;
+esac
