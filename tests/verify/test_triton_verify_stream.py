@@ -16,7 +16,8 @@ import dspark_markov as dm
 from dspark_markov.demo.generate import chi_square, chi_square_threshold
 from dspark_markov.verify.reference import scale_target
 from dspark_markov.verify import triton_verify_stream
-from dspark_markov.verify.triton_verify_stream import StreamVerifier, _divide, _divide_poisoned, _divisor, cached_verifier
+from dspark_markov.verify.triton_verify_stream import (StreamVerifier, _divide, _divide_poisoned, _divisor, _pair_softmax,
+                                                       _row_argmax, _terminal, cached_verifier)
 from tests.helpers import VERIFY_VOCAB as VOCAB
 from tests.helpers import fast_interpreter_calls
 from tests.helpers import verify_case as _case
@@ -110,6 +111,81 @@ def test_layouts_and_explicit_greedy_flags():
     tokens, count = _run(verifier, small, "standard")
     assert tokens.shape == (5, 4)
     _assert_reference(small, "standard", (tokens, count))
+
+
+def test_early_stop_equals_reference():
+    """``early_stop`` (not yet run on a GPU): each stream item walks rows 0..n of its chunk and the rows after the
+    emitted row are skipped; the reference's tokens, pre-divided and raw logits bit for bit, explicit greedy
+    flags, with ``stop_check`` / ``early_ready`` / one-tile chunks; counters and arrival words reset (``_run``)."""
+    args = _case(21)
+    temperature, idx = args[6], args[4]
+    raw = args[0] * torch.where(temperature == 0, 1.0, temperature)[idx.clamp_min(0), None, None]
+    divided = scale_target(raw, temperature, idx)
+    flags = torch.zeros(7, dtype=torch.bool)
+    flags[3] = True
+    counts = []
+    for options in (dict(early_stop=1), dict(early_stop=1, stop_check=1, early_ready=1, t1=1, lag=0)):
+        verifier = StreamVerifier(7, 3, VOCAB, "cpu", **options)
+        assert verifier.layout(7).early and not verifier.layout(7, "block").early
+        a = _run(verifier, [divided] + args[1:], "standard")
+        _assert_reference([divided] + args[1:], "standard", a)
+        b = _run(verifier, [raw] + args[1:], "standard", target_temperature=temperature)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+        _assert_reference(args, "standard", _run(verifier, args, "standard", flags), flags)
+        counts.append(a[1][idx >= 0])
+    counts = torch.cat(counts)
+    assert int((counts >= 2).sum()) >= 2 and int((counts == 1).sum()) >= 2  # accepts and rejections
+
+
+@triton.jit
+def _stop_kernel(t_ptr, c_ptr, word_ptr, out_ptr, n, tiles, ROW: tl.constexpr, BLOCK: tl.constexpr,
+                 UNROLL: tl.constexpr, STOP: tl.constexpr):
+    t_max, t_sum, c_max, c_sum, redo = _pair_softmax(t_ptr, c_ptr, 0, n, n, tiles, 1.0, 0.7, False, BLOCK, UNROLL,
+                                                     False, 1, INTERIOR=True, stop_ptr=word_ptr, row=ROW, STOP=STOP)
+    value, token = _row_argmax(t_ptr, 0, n, tiles, 1.0, False, BLOCK, 1, 1, True, word_ptr, ROW, STOP)
+    tl.store(out_ptr + tl.arange(0, 8), tl.where(tl.arange(0, 8) == 0, t_max, tl.where(
+        tl.arange(0, 8) == 1, t_sum, tl.where(tl.arange(0, 8) == 2, c_max, tl.where(
+            tl.arange(0, 8) == 3, c_sum, tl.where(tl.arange(0, 8) == 4, value, token.to(tl.float32)))))))
+
+
+@triton.jit
+def _terminal_kernel(mask_ptr, out_ptr):
+    pid = tl.program_id(0)
+    tl.store(out_ptr + pid, _terminal(tl.load(mask_ptr + pid), 8))
+
+
+def test_early_stop_row_loops_and_decision_mask():
+    """The pieces of early stop the interpreter's one-program-at-a-time order never reaches: the streamed loops
+    with ``stop_check`` run to the end while the emitted row is not published before their row (bit for bit the
+    loops without it) and stop after the group in flight once it is (the word is read one group early); and the
+    emitted row a decision mask fixes (the first rejection inside the decided prefix)."""
+    block, unroll, groups = 16, 2, 3
+    n = groups * unroll * block + 5  # whole groups and a masked tail
+    g = torch.Generator().manual_seed(3)
+    target, cache = torch.randn(n, generator=g) * 3, torch.randn(n, generator=g) * 3
+
+    def run(word, stop, length=n):
+        out = torch.zeros(8)
+        _stop_kernel[(1,)](target, cache, torch.tensor([word], dtype=torch.int64), out, length,
+                           triton.cdiv(length, block), ROW=2, BLOCK=block, UNROLL=unroll, STOP=stop)
+        return out
+
+    whole = run(0, False)
+    for open_word in (0, 3 << 56, 7 << 56):  # nothing published, or js = 2 / 6 (row 2 is not after it)
+        assert torch.equal(run(open_word, True), whole)
+    stopped = run(2 << 56, True)  # js = 1 published: row 2 is skipped after its first group / tile
+    first_group, first_tile = run(0, False, unroll * block), run(0, False, block)
+    assert torch.equal(stopped[:4], first_group[:4]) and torch.equal(stopped[4:6], first_tile[4:6])
+    masks, expected = [], []
+    for decided, rejected in ((0b1, 0b0), (0b1, 0b1), (0b111, 0b100), (0b101, 0b100), (0b1011, 0b1000),
+                              (0b1111, 0b0010), (0b11111111, 0b10000000), (0b110, 0b110), (0, 0), (0b11, 0b01)):
+        masks.append(decided | rejected << 8)
+        prefix = (decided ^ (decided + 1)).bit_length() - 1  # rows 0..prefix-1 decided
+        first = (rejected & -rejected).bit_length() - 1 if rejected else 8
+        expected.append(first if first < prefix else -1)
+    out = torch.zeros(len(masks), dtype=torch.int32)
+    _terminal_kernel[(len(masks),)](torch.tensor(masks, dtype=torch.int32), out)
+    assert out.tolist() == expected
 
 
 @pytest.mark.parametrize("k", [0, 1])

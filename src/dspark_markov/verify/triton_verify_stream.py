@@ -103,7 +103,10 @@ RAW_WIDE = (2, 4)
 GREEDY_DIRECT = True  # greedy / padding requests written by their last stream item (StreamVerifier's greedy_direct)
 EMIT_PREFETCH = 0  # L2 prefetch of the emitted row by the request's last stream item (1; 2: evict_last; 0: none)
 DIV_UNROLL = 0  # raw logits: tiles at once where values are divided (0: the whole raw launch at 2; StreamVerifier's div_unroll)
-EARLY_STOP_FROM = 1  # standard method from this many requests: items walk rows 0..n and skip the rows after js
+# Early stop (StreamVerifier's early_stop): NOT RUN ON A GPU YET (the 2026-12-04 evening session lost its device), so
+# off by default: the rows-in-parallel order below is the H200-verified path. EARLY_STOP_FROM = the batch from which
+# early_stop=None would take it, once measured (None: never by default).
+EARLY_STOP_FROM = None
 STOP_CHECK = False  # early stop: poll for the emitted row inside the streamed loops too (StreamVerifier's stop_check)
 EARLY_READY = False  # early stop: the request is ready as soon as js is fixed (StreamVerifier's early_ready)
 
@@ -1340,7 +1343,8 @@ class StreamVerifier:
         # Greedy and padding requests (standard method): the last stream item writes the output; no emit work.
         self.greedy_direct = bool(greedy_direct) if greedy_direct is not None else GREEDY_DIRECT
         # Standard method: each stream item walks rows 0..n of its chunk and stops after the emitted row once it is
-        # decided (early_stop; None: from EARLY_STOP_FROM requests; K + 1 <= 8 rows and <= 127 chunks per row).
+        # decided (early_stop; None: from EARLY_STOP_FROM requests, i.e. off; K + 1 <= 8 rows and <= 127 chunks per
+        # row). Not run on a GPU yet.
         self.early_stop = None if early_stop is None else bool(early_stop)
         # Early stop: the streamed loops also poll for the emitted row once per group of tiles (stop mid-row).
         self.stop_check = STOP_CHECK if stop_check is None else bool(stop_check)
@@ -1383,7 +1387,10 @@ class StreamVerifier:
         """Whether a launch of ``batch`` requests walks the rows in each stream item (EARLY_STOP)."""
         if method == "block" or self.k + 1 > 8:
             return False
-        wanted = batch >= EARLY_STOP_FROM if self.early_stop is None else self.early_stop
+        if self.early_stop is None:
+            wanted = EARLY_STOP_FROM is not None and batch >= EARLY_STOP_FROM
+        else:
+            wanted = self.early_stop
         return wanted and Layout(batch, self.k, self.vocab, self.block, self.cuda, self.sms,
                                  emit_block=self.emit_block, resident_per_sm=self.resident_per_sm, method=method,
                                  early=True, **self.overrides).c1 <= 127
