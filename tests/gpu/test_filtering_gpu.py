@@ -141,3 +141,19 @@ def test_cuda_graph_replay_and_no_allocation(rows):
         graph.replay()
         assert_same(static, reference(fresh, k, p))
     assert int(filt.state.unresolved) == 0
+
+
+@pytest.mark.parametrize("rows", [6, 1518])
+@pytest.mark.parametrize("options", [{"sweep_raw": True}, {"approx": True}, {"approx": True, "approx_slack": 1e12}],
+                         ids=["sweep_raw", "approx", "approx-redo"])
+def test_top_p_options_equal_reference(options, rows):
+    """The opt-in top-p-alone options (filter5, 2026-12-04, written without device time): every bench
+    input kind and the edge rows, per-row p = 0.9 and the mixed p cycle without k, in place and out of
+    place; approx also with a band so wide that every open row takes the exact redo sweep."""
+    for kind in KINDS:
+        x = logits(kind, rows, seed=7)
+        filt = ft.TopKTopPFilter(rows, VOCAB, "cuda")
+        for name, value in options.items():
+            setattr(filt, name, value)
+        for index, p in enumerate((torch.full((rows,), 0.9, device="cuda"), parameters("mixed", rows)[1])):
+            assert_same(run(filt, x, None, p, in_place=index == 0), reference(x, None, p))
