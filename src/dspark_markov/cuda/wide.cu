@@ -21,6 +21,14 @@
 //
 // Bytes per step: W2 (V x 512) once, rows * V * (base + cache bytes), codes (rows x 512) per block from L2,
 // words (rows x 8) per m-tile and group from L2.
+//
+// NOT RUN ON A GPU YET (written 2026-12-04; the device was withdrawn before the first round): compiled for sm_90 with
+// NVRTC 13.0 (137-144 registers, no stack frame on the 8-warp entry points; the _p2 ones spill 8-40 bytes at 128),
+// 445 SASS instructions per 16-row x 16-token m-tile on the bf16 vector path (~56 per logit, of which ~20 the
+// bound: hash ~10, bucket + table 4, scale-add, select, compare). Expected, from that count at the H200's 4 issue
+// slots per SM and 1.98 GHz: ~55-60 us per step at 253 rows at perfect issue (memory floor ~45 us, the tensor pipe
+// ~31 us at 0.5 HMMA per clock per SM), i.e. ~300-420 us per call; at 64 rows ~25 us per step, bound by W2's
+// 66 MB read (~15 us) plus base and cache. tools/gpu_plans/issue12_cuda_wide.sh measures it.
 #include "common.cuh"
 
 using dm::i32;
