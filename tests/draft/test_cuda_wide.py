@@ -153,3 +153,118 @@ def test_runs_only_when_opted_in_until_its_gpu_tests_pass(monkeypatch):
 
     assert "cuda_wide" not in grid.DESIGNS and "cuda_wide" in grid.KNOWN_DESIGNS
     assert "cuda_wide" not in repr(auto.AUTO_TABLE) and "cuda_wide" not in repr(auto.PORTABLE_TABLE)
+
+
+# --------------------------------------------------------------------------- the ranking, emulated
+# dm_wide_step's decision logic replayed on the CPU in one legal interleaving of its warps (round robin over teams,
+# each in its own m-tile order): bounds z * (1/T) + table[bucket(hash)], one word per row merged with max, a seed
+# (the exact key of the tile's first largest bound) for a row without a word, exact keys where !(bound < thr). The
+# tokens must be draw_gumbel's (argmax_first for greedy rows) whatever the interleaving; this checks the rules, the
+# CUDA code is checked on the GPU (tools/gpu_plans/issue12_cuda_wide.sh).
+NONE = -(2**63)
+
+
+def _bucket(h):  # noise.cuh tb_bucket: exponent and 6 mantissa bits of float(h | 1)
+    return ((h | 1).to(torch.float32).view(torch.int32).to(torch.int64) >> 17) - (127 << 6)
+
+
+def _bound_table():
+    """Per bucket the noise of its smallest hash (uniform32 and gumbel32 are monotone in h) plus 1e-3: an upper
+    bound of every hash of the bucket (the test asserts it for every hash it uses)."""
+    from dspark_markov import rng
+
+    size = 33 << 6
+    lo = torch.zeros(size, dtype=torch.int64)
+    hi = torch.full((size,), 1 << 32, dtype=torch.int64)
+    target = torch.arange(size)
+    for _ in range(34):  # smallest h with bucket(h) >= b
+        mid = (lo + hi) // 2
+        ge = _bucket(mid.clamp(max=(1 << 32) - 1)) >= target
+        hi = torch.where(ge, mid, hi)
+        lo = torch.where(ge, lo, mid + 1)
+    return rng.gumbel32(rng.uniform32(lo.clamp(max=(1 << 32) - 1))) + 1e-3
+
+
+def _pack(key, index):  # noise.cuh pack_word
+    bits = int(np.float32(key).view(np.int32))
+    if key == 0.0:
+        bits = 0
+    if key != key:
+        bits = 0x7FFFFFFF
+    ordered = bits if bits >= 0 else bits ^ 0x7FFFFFFF
+    return (ordered << 32) | (0x7FFFFFFF - int(index))
+
+
+def _threshold(word, margin):  # common.cuh skip_threshold, fp32 operations
+    if word == NONE:
+        return np.float32(-np.inf)
+    ordered = word >> 32
+    bits = ordered if ordered >= 0 else ordered ^ 0x7FFFFFFF
+    k = np.int32(bits).view(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return (k - np.float32(margin)) - (np.abs(k) + np.float32(64.0)) * np.float32(2.0**-19)
+
+
+def _emulate_step(z, temp, seed, step, pos, teams, margin, table, exact):
+    """``exact``: the reference's keys (draft.reference.gumbel_keys), which the kernel computes where it must."""
+    from dspark_markov import rng
+
+    rows, vocab = z.shape
+    tokens = torch.arange(vocab)
+    h = rng.murmur3_hash32(rng.draft_step_seed(seed[:, None], step), rng.draft_key_pos(pos[:, None]), tokens)
+    greedy = temp == 0
+    inv = torch.where(greedy, torch.ones_like(temp), 1.0 / temp)
+    bound = torch.where(greedy[:, None], z, z * inv[:, None] + table[_bucket(h)])
+    with np.errstate(invalid="ignore"):  # the table bounds every key used here (NaN keys aside)
+        assert bool(((bound >= exact) | torch.isnan(exact) | torch.isnan(bound) | greedy[:, None]).all())
+    bound, exact = bound.numpy(), exact.numpy()
+    mtiles, groups = -(-rows // 16), -(-vocab // 16)
+    words = [NONE] * rows
+    queues = [[(grp, (i + gt) % mtiles) for grp in range(gt, groups, teams) for i in range(mtiles)]
+              for gt in range(teams)]  # team gt starts at m-tile gt % mtiles (WPG = 1)
+    while any(queues):
+        for queue in queues:
+            if not queue:
+                continue
+            grp, mt = queue.pop(0)
+            cols = slice(grp * 16, min(grp * 16 + 16, vocab))
+            for r in range(mt * 16, min(mt * 16 + 16, rows)):
+                b, seen = bound[r, cols], words[r]
+                cand = ~(b < _threshold(seen, margin))
+                if seen == NONE:
+                    valid = np.where(b > -np.inf, b, -np.inf)  # NaN and -inf bounds are never seeds
+                    if (valid > -np.inf).any():
+                        s = int(np.argmax(valid))
+                        t = grp * 16 + s
+                        seen = _pack(float(exact[r, t]), t)
+                        words[r] = max(words[r], seen)
+                        cand[s] = False
+                        cand &= ~(b < _threshold(seen, margin))
+                best = max([_pack(float(exact[r, grp * 16 + i]), grp * 16 + i) for i in np.flatnonzero(cand)],
+                           default=NONE)
+                if best > seen:
+                    words[r] = max(words[r], best)
+    out = [0 if w == NONE else 0x7FFFFFFF - (w & 0x7FFFFFFF) for w in words]
+    return torch.tensor([min(max(t, 0), vocab - 1) for t in out])
+
+
+def test_emulated_ranking_draws_the_reference():
+    from dspark_markov.draft.reference import argmax_first, gumbel_keys
+
+    table = _bound_table()
+    gen = torch.Generator().manual_seed(11)
+    rows, vocab = 37, 1000  # a partial m-tile and a partial 16-token group
+    z = (torch.randn(rows, vocab, generator=gen) * 4).bfloat16().float()  # bf16: ties between tokens
+    z[1] = float("-inf")
+    z[2, 500], z[2, 300] = float("nan"), float("nan")
+    z[3, 7] = float("inf")
+    z[4, :] = 2.5  # a row of ties
+    z[5, 999] = 3e38
+    temp = torch.tensor([0.0, 0.6, 1.0, 2.5])[torch.arange(rows) % 4]
+    seed = torch.randint(-(2**62), 2**62, (rows,), generator=gen)
+    pos = torch.randint(1, 1 << 20, (rows,), generator=gen)
+    for step, teams, margin in ((0, 5, 0.0), (3, 64, 1e-3)):  # interleavings, margins
+        keys = gumbel_keys(z, temp, seed, step, pos)
+        got = _emulate_step(z, temp, seed, step, pos, teams, margin, table, keys)
+        want = argmax_first(keys)  # draw_gumbel
+        assert torch.equal(got, want), (step, teams, torch.nonzero(got != want).flatten().tolist())

@@ -7,6 +7,11 @@ entries untouched. Covered: rows {32, 64, 128, 253}, bf16 / fp32 base and cache,
 with padding rows and samples, strided base logits with a bias scale, NaN / all -inf / huge rows, a
 vocabulary that is not a multiple of 4 (the scalar path), every token exact (``filter_margin`` huge) and
 the prefetch hint off drawing the same, CUDA-graph replay equal to eager.
+
+cuda_wide has not run on a GPU yet (written 2026-12-04 without device time), so these tests skip unless
+``DSPARK_MARKOV_UNVERIFIED=cuda_wide`` is set: a first run should be its own process
+(``tools/gpu_plans/issue12_cuda_wide.sh check``), since a kernel fault would poison the CUDA context of every later
+test in the same pytest session.
 """
 
 from __future__ import annotations
