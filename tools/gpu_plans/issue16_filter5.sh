@@ -3,6 +3,7 @@
 # (TopKTopPFilter.sweep_raw and .approx, verify/triton_filtering.py; both opt-in, off by default). NOTHING of them
 # has run on a GPU. Run from the repository root on an H200 (sm_90), PYTHONPATH=$PWD/src, one part per job:
 #   bash tools/gpu_plans/issue16_filter5.sh check   # budget ~120 s: are the options exact? (run this first)
+#   bash tools/gpu_plans/issue16_filter5.sh sanitize  # budget ~60 s: memcheck + racecheck over the options' kernels
 #   bash tools/gpu_plans/issue16_filter5.sh time    # budget ~100 s: per launch, side by side, each case checked
 #   bash tools/gpu_plans/issue16_filter5.sh bench   # budget ~90 s: the bench's filter cases (README table)
 # Results go to $JOB_OUT (default ./gpu_plan_out). Compiles: the filter's kernels take ~20 s (one process per
@@ -25,6 +26,31 @@ check)
   timeout -k 2 110 python3 -m pytest -m gpu -q -x --durations=8 tests/gpu/test_filtering_gpu.py 2>&1 \
     | tee "$OUT/tests.txt" | tail -15
   ;;
+sanitize)
+  # 1b. (budget ~60 s) memcheck and racecheck side by side over one call of each option (16 rows of V = 4096, p alone,
+  #     approx once with every row redone): _redo_kernel, _complete_bracket and _approx_resolve are new kernels / paths
+  #     (tools/sanitize.py lists only the default filter calls).
+  cat > "$OUT/options_call.py" <<'PY'
+import torch
+from dspark_markov.verify import triton_filtering as ft
+x = torch.randn(16, 4096, generator=torch.Generator().manual_seed(0)).cuda() * 2
+p = torch.full((16,), 0.9, device="cuda")
+for options in ({"sweep_raw": True}, {"approx": True}, {"approx": True, "approx_slack": 1e12}):
+    filt = ft.TopKTopPFilter(16, 4096, "cuda", capacity=512)
+    for name, value in options.items():
+        setattr(filt, name, value)
+    y = x.clone()
+    filt.filter(y, None, p, y)
+torch.cuda.synchronize()
+print("calls done")
+PY
+  for tool in memcheck racecheck; do
+    timeout -k 2 55 compute-sanitizer --tool $tool --print-limit 30 python3 "$OUT/options_call.py" \
+      > "$OUT/sanitize_$tool.log" 2>&1 &
+  done
+  wait
+  for tool in memcheck racecheck; do echo "== $tool"; tail -4 "$OUT/sanitize_$tool.log"; done
+  ;;
 time)
   # 2. (~60 s) Per-launch GPU times (stats, pass, finish, [finish, redo,] apply; median of 7, cold L2) of the lean
   #    exact sweep (today's default), sweep_raw and approx at 253 / 64 / 16 / 1 requests, k + p and p alone, Gaussian,
@@ -42,7 +68,7 @@ bench)
   timeout -k 2 85 python3 tools/time_filter.py 1,16,64,253 2>&1 | tee "$OUT/bench.txt"
   ;;
 *)
-  echo "usage: $0 check|time|bench" >&2
+  echo "usage: $0 check|sanitize|time|bench" >&2
   exit 2
   ;;
 esac
