@@ -23,8 +23,8 @@
 // words (rows x 8) per m-tile and group from L2.
 //
 // NOT RUN ON A GPU YET (written 2026-12-04; the device was withdrawn before the first round): compiled for sm_90 with
-// NVRTC 13.0 (137-144 registers, no stack frame on the 8-warp entry points; the _p2 ones spill 8-40 bytes at 128),
-// 445 SASS instructions per 16-row x 16-token m-tile on the bf16 vector path (~56 per logit, of which ~20 the
+// NVRTC 13.0 (144-152 registers, no stack frame on the 8-warp entry points; the _p2 ones spill 8-32 bytes at 128),
+// 430 SASS instructions per 16-row x 16-token m-tile on the bf16 vector path (~54 per logit, of which ~20 the
 // bound: hash ~10, bucket + table 4, scale-add, select, compare). Expected, from that count at the H200's 4 issue
 // slots per SM and 1.98 GHz: ~55-60 us per step at 253 rows at perfect issue (memory floor ~45 us, the tensor pipe
 // ~31 us at 0.5 HMMA per clock per SM), i.e. ~300-420 us per call; at 64 rows ~25 us per step, bound by W2's
@@ -65,7 +65,7 @@ struct WideArgs {  // every field 8 bytes (matches cuda_wide.WideArgs)
   u64 keys;    // [N][rows16] WideRow: every step's row keys (dm_wide_finish before step 0 writes them)
 };
 
-#define DW_F_PREFETCH 1  // L2 prefetch of the base logits two m-tiles ahead
+#define DW_F_PREFETCH 1  // L2 prefetch of the base logits one group ahead (the team's first group at the start)
 
 // Per-row keys of the step, in shared memory: the noise prefix, 1/T, T (0: greedy), the element offset of the row's
 // base logits and of its cache row (-1: a padding sample, no write).
@@ -146,6 +146,20 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
     dm::cp_async_commit();
   };
   if (gt < ngroups) stage_group(gt);
+  if ((a.flags & DW_F_PREFETCH) && gt < ngroups && c == 0) {  // the first group's base lines of this warp's m-tiles
+    const i64 t = (i64)gt * DW_GROUP;
+    for (int mt = sub; mt < mtiles; mt += WPG) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const i64 r = mt * 16 + g + 8 * h;
+        if (r < rows) {
+          const char* np = (const char*)a.base + (r * a.stride_br + a.step * a.stride_bn + t) * (BASE_F32 ? 4 : 2);
+          dm::prefetch_l2(np);
+          if (BASE_F32 && t + 8 < vocab) dm::prefetch_l2(np + 32);
+        }
+      }
+    }
+  }
 
   // Block set-up, all by cp.async from L2: the codes (every row's A registers), the noise table and this step's row
   // keys (computed once per call by dm_wide_finish before step 0: no dependent loads here).
@@ -180,6 +194,9 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
     if (grp + nt_all < ngroups) stage_group(grp + nt_all);
     const i64 t0 = (i64)grp * DW_GROUP + 4 * c;  // this lane's 4 tokens
     const bool full = t0 + 4 <= vocab;            // (VEC: vocab % 4 == 0, so !full means no token at all)
+    // L2 prefetch of the next group's lines of each row as its m-tile comes (one group ahead: a few MB in flight).
+    const i64 next_t0 = (i64)(grp + nt_all) * DW_GROUP;
+    const bool prefetch = (a.flags & DW_F_PREFETCH) && grp + nt_all < ngroups;
 
     for (int i = sub; i < mtiles; i += WPG) {
       int mt = i + moff;
@@ -197,30 +214,19 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
         wread[h] = DM_WORD_NONE;
         if (rin[h]) {
           wread[h] = dm::load_relaxed_i64(words + r);
+          const i64 base_off = rows_s[r].base_off;
+          if (prefetch && c == 0) {  // these rows of the team's next group into L2 (lane quad 0: 32 bytes of bf16)
+            const char* np = (const char*)a.base + (base_off + next_t0) * (BASE_F32 ? 4 : 2);
+            dm::prefetch_l2(np);
+            if (BASE_F32 && next_t0 + 8 < vocab) dm::prefetch_l2(np + 32);
+          }
           if (VEC && full) {
-            const char* bp = (const char*)a.base + (rows_s[r].base_off + t0) * (BASE_F32 ? 4 : 2);
+            const char* bp = (const char*)a.base + (base_off + t0) * (BASE_F32 ? 4 : 2);
             if (BASE_F32) braw[h] = dm::load_cs16(bp);
             else {
               const uint2 v = dm::load_cs8(bp);
               braw[h].x = v.x;
               braw[h].y = v.y;
-            }
-          }
-        }
-      }
-      if ((a.flags & DW_F_PREFETCH) && c == 0) {  // two m-tiles of this warp ahead (wrapping into the next group)
-        int pi = i + 2 * WPG, pgrp = grp;
-        if (pi >= mtiles) { pi -= mtiles; pgrp += nt_all; }
-        if (pi < mtiles && pgrp < ngroups) {
-          int pm = pi + moff;
-          pm = pm >= mtiles ? pm - mtiles : pm;
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int r = pm * 16 + g + 8 * h;
-            if (r < rows) {
-              const char* bp = (const char*)a.base + (rows_s[r].base_off + (i64)pgrp * DW_GROUP) * (BASE_F32 ? 4 : 2);
-              dm::prefetch_l2(bp);
-              if (BASE_F32 && (i64)pgrp * DW_GROUP + 8 < vocab) dm::prefetch_l2(bp + 32);
             }
           }
         }

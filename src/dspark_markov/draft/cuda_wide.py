@@ -21,9 +21,10 @@ Requirements (``ValueError`` otherwise): a CUDA device of compute capability 9.0
 opt-in below. Base logits bf16 or fp32, cache bf16 or fp32, any mix of temperatures, padding rows.
 
 **Not run on a GPU yet.** This design was written on 2026-12-04 in a session whose GPU was withdrawn before its
-first round: it compiles for sm_90 (NVRTC 13.0 and nvcc: no stack frame on the default entry points, 137-144
-registers, 445 SASS instructions per 16-row x 16-token m-tile) and its tensor-core fragment layout is checked on
-the CPU (tests/draft/test_cuda_wide.py), but it has never drawn a token. So it runs only when
+first round: it compiles for sm_90 (NVRTC 13.0 and nvcc: no stack frame on the default entry points, 144-152
+registers, 430 SASS instructions per 16-row x 16-token m-tile), its tensor-core fragment layout and its ranking
+rules are checked on the CPU (tests/draft/test_cuda_wide.py), but it has never drawn a token. Expected from its
+SASS (wide.cu's header): ~300-420 us per call at 253 rows, ~125-170 at 64 (bf16, T = 1); unmeasured. So it runs only when
 ``DSPARK_MARKOV_UNVERIFIED`` lists it (``DSPARK_MARKOV_UNVERIFIED=cuda_wide``, or ``1`` for every unverified
 design): otherwise constructing it raises ``ValueError`` and :meth:`CudaWideBackend.unavailable_reason` (``dspark-markov
 info``) says why. ``auto`` never picks it and ``dspark-markov bench`` times it only when named (``--designs``).
@@ -46,7 +47,7 @@ TEAMS = 8  # 16-token groups in flight per block (one W2 stage each): 8 warps, o
 GROUP = 16  # tokens per warp work item (wide.cu DW_GROUP)
 TB_SIZE = 33 << 6  # noise.cuh DM_TB_SIZE
 INT64_MIN = -(2**63)
-FLAG_PREFETCH = 1  # wide.cu DW_F_PREFETCH: L2 prefetch of the base logits two m-tiles ahead
+FLAG_PREFETCH = 1  # wide.cu DW_F_PREFETCH: L2 prefetch of the base logits one 16-token group ahead
 FLAGS_ALL = FLAG_PREFETCH
 DEFAULT_FLAGS = FLAG_PREFETCH
 # Step entry points: dm_wide_b{base fp32}_c{cache fp32}_v{vector I/O}_s{scale != 1} (8 warps, one per 16-token group)
