@@ -323,3 +323,9 @@ def test_mode_options_outside_their_values_are_refused():
         with pytest.raises(ValueError, match=option):
             StreamVerifier(2, 3, VOCAB, "cpu", **{option: value})
     assert StreamVerifier(2, 3, VOCAB, "cpu", fast_divide=2, emit_prefetch=0).fast_divide == 2
+    # the environment switch of early stop (off when unset: the H200-verified order)
+    assert triton_verify_stream._early_stop_setting(None) == (None, False, False)
+    assert triton_verify_stream._early_stop_setting("16,early_ready") == (16, False, True)
+    for value in ("x", "1,early"):
+        with pytest.raises(ValueError, match=triton_verify_stream.EARLY_STOP_ENV):
+            triton_verify_stream._early_stop_setting(value)

@@ -75,6 +75,8 @@ imports Triton.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -103,12 +105,27 @@ RAW_WIDE = (2, 4)
 GREEDY_DIRECT = True  # greedy / padding requests written by their last stream item (StreamVerifier's greedy_direct)
 EMIT_PREFETCH = 0  # L2 prefetch of the emitted row by the request's last stream item (1; 2: evict_last; 0: none)
 DIV_UNROLL = 0  # raw logits: tiles at once where values are divided (0: the whole raw launch at 2; StreamVerifier's div_unroll)
+EARLY_STOP_ENV = "DSPARK_MARKOV_VERIFY_EARLY_STOP"
+
+
+def _early_stop_setting(value):
+    """``(EARLY_STOP_FROM, STOP_CHECK, EARLY_READY)`` from :data:`EARLY_STOP_ENV` (``"FROM[,stop_check][,early_ready]"``,
+    e.g. ``"1,stop_check,early_ready"``; unset or empty: ``(None, False, False)``)."""
+    if not value:
+        return None, False, False
+    first, *flags = [part.strip() for part in value.split(",")]
+    if not first.isdigit() or any(flag not in ("stop_check", "early_ready") for flag in flags):
+        raise ValueError(f"{EARLY_STOP_ENV}: expected 'FROM[,stop_check][,early_ready]' (FROM requests, an integer), "
+                         f"got {value!r}")
+    return int(first), "stop_check" in flags, "early_ready" in flags
+
+
 # Early stop (StreamVerifier's early_stop): NOT RUN ON A GPU YET (the 2026-12-04 evening session lost its device), so
-# off by default: the rows-in-parallel order below is the H200-verified path. EARLY_STOP_FROM = the batch from which
-# early_stop=None would take it, once measured (None: never by default).
-EARLY_STOP_FROM = None
-STOP_CHECK = False  # early stop: poll for the emitted row inside the streamed loops too (StreamVerifier's stop_check)
-EARLY_READY = False  # early stop: the request is ready as soon as js is fixed (StreamVerifier's early_ready)
+# off by default: the rows-in-parallel order below is the H200-verified path. EARLY_STOP_FROM: the batch from which
+# early_stop=None takes it (None: never); STOP_CHECK / EARLY_READY: the defaults of stop_check / early_ready (poll for
+# the emitted row inside the streamed loops too; mark the request ready as soon as js is fixed). The environment
+# variable EARLY_STOP_ENV sets all three for a process (how tools/gpu_plans/issue18_verify.sh times it with the bench).
+EARLY_STOP_FROM, STOP_CHECK, EARLY_READY = _early_stop_setting(os.environ.get(EARLY_STOP_ENV))
 
 _ACCEPT_DOMAIN = tl.constexpr(keys.ACCEPT_DOMAIN)
 _RESAMPLE_DOMAIN = tl.constexpr(keys.RESAMPLE_DOMAIN)

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# GPU plan for issue 18 (verification) written by verify5 on 2026-12-04 WITHOUT device time (the session's rounds
+# did not run). Run from the repository root on an H200 (sm_90), PYTHONPATH=$PWD/src, one part per job, in order:
+#   bash tools/gpu_plans/issue18_verify.sh check    # budget ~120 s: the GPU tests never run on the H200
+#   bash tools/gpu_plans/issue18_verify.sh time     # budget ~110 s: early stop beside the default, each case checked
+#   bash tools/gpu_plans/issue18_verify.sh ncu      # budget ~45 s: profiles of early stop and the default
+#   bash tools/gpu_plans/issue18_verify.sh bench    # budget ~100 s: the bench cases (README table), block included
+# Results go to $JOB_OUT (default ./gpu_plan_out). StreamVerifier compiles ~5-7 s per constexpr variant; a Triton
+# cache carried from an earlier job of the same source skips that (tools/gpu_queue.sh). Nothing of early stop
+# (StreamVerifier early_stop / stop_check / early_ready, opt-in, off by default) has run on a GPU; the default
+# kernel is the H200-verified one with its epilogue moved into functions (interpreter: bit-identical tokens over
+# 240 cases; sm_90 SASS: the streamed loops opcode for opcode the same, see the verify5 report).
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${JOB_OUT:-$PWD/gpu_plan_out}
+mkdir -p "$OUT"
+T=tests/gpu/test_triton_verify_gpu.py
+case "${1:-check}" in
+check)
+  # 1. (~70 s) Early stop first: every launch equal to the reference (3 eager launches, pre-divided and raw, then graph
+  #    replays with new inputs; counters and arrival words reset) at 16 and 253 requests, alone and with stop_check +
+  #    early_ready; then the chi-square of every position with early stop. A failure here: read `_decide_row` (the
+  #    per-row decision), `_terminal` (the prefix), the arrival word's fields (7 bits per row, js + 1 at bit 56).
+  #    A status error (a waiting item timed out): the emit items' ready flag (early_ready: `_finish_arrival`).
+  timeout -k 2 70 python3 -m pytest -m gpu -v -p no:cacheprovider $T -k "early" 2>&1 | tee "$OUT/tests_early.txt" \
+    | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -12
+  # 2. (~50 s) The default's tests not run on the H200 since stop 23: the option tests (16: fast_divide_2, padded;
+  #    253: all), the DSparkStep graph test, the layouts test (block layout of b5c078a).
+  timeout -k 2 50 python3 -m pytest -m gpu -v -p no:cacheprovider $T -k "(options and not early) or dspark_step or layouts" \
+    2>&1 | tee "$OUT/tests_default.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -16
+  ;;
+time)
+  # 3. (~60 s) Early stop beside the default (the same run): standard and raw, mixed T, 1/16/64/253 requests; every
+  #    replayed output against the reference ("correctness: 0 bad variant-cases" expected). The arithmetic (bench
+  #    inputs: js = 0 for ~2/3 of the requests) says early stop reads ~35-50% of today's bytes at 64/253.
+  E=early_stop=1
+  timeout -k 2 60 python3 tools/probe_stream_verify.py "$OUT/mixed" 1,16,64,253 --temps mixed std "std:$E" \
+    "std:$E+stop_check=1" "std:$E+early_ready=1" "std:$E+stop_check=1+early_ready=1" raw "raw:$E+stop_check=1"
+  # 4. (~25 s) T = 1 (the 1-request target), chunk sizes and lags of early stop (runtime arguments: no compile).
+  timeout -k 2 25 python3 tools/probe_stream_verify.py "$OUT/t1" 1,16,64,253 --temps 1 --rounds 2 std "std:$E" \
+    "std:$E+stop_check=1+early_ready=1" "std:$E+t1=16@253" "std:$E+t1=8@253" "std:$E+t1=4@64" "std:$E+t1=16@64" \
+    "std:$E+t1=2@16" "std:$E+t1=6@16" "std:$E+t1=2@1" "std:$E+lag=1@1" "std:$E+lag=4@16" "raw:$E+stop_check=1"
+  # 5. (~20 s) High acceptance (the target = the cache + small noise: every row read): the worst case of early stop,
+  #    which must not be slower than the default by more than its per-row arrivals (~1 us per row per item).
+  timeout -k 2 20 python3 tools/probe_stream_verify.py "$OUT/close" 16,64,253 --inputs close --rounds 2 std "std:$E" \
+    "std:$E+stop_check=1+early_ready=1" "std:$E+t1=16@253"
+  ;;
+ncu)
+  # 6. (~40 s) Where early stop's time goes at 253 and 16 requests (mixed T) beside the default: DRAM bytes (the
+  #    skipped rows), L2 hit rate of the emitted row, occupancy (80 registers; the early-stop variants spill 256-770
+  #    bytes, a few LDL per streamed group), issue; and raw T = 1 (26 us slower than standard at 253 today).
+  for spec in std std:early_stop=1+stop_check=1+early_ready=1; do
+    for rows in 253 16; do
+      timeout -k 2 18 ncu --clock-control none -k regex:_stream_verify_kernel --launch-skip 2 --launch-count 1 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
+        --section ComputeWorkloadAnalysis --metrics lts__t_sector_hit_rate.pct,dram__bytes_read.sum \
+        python3 tools/probe_stream_verify.py --ncu $rows $spec > "$OUT/ncu_${spec//[:=+]/_}_$rows.txt" 2>&1
+      grep -E "Duration|dram__bytes|lts__t|Achieved Occ|Issue Slots|DRAM Th" "$OUT/ncu_${spec//[:=+]/_}_$rows.txt"
+    done
+  done
+  ;;
+bench)
+  # 7. (~90 s) The bench's cases for the README (CUDA graph, cold L2, median of alternating rounds): the default
+  #    (standard, raw, block, block raw: block's emit items as b5c078a sets them), then early stop through the
+  #    environment switch (the bench harness builds StreamVerifier without options). Commit both as
+  #    benchmarks/results/NVIDIA-H200_<date>_verify*_bench.* and make early stop the default (EARLY_STOP_FROM) only
+  #    where it wins and steps 1 and 3 passed.
+  timeout -k 2 50 python3 tools/bench_verify_kernels.py "$OUT/bench_default" verify_standard,verify_raw,verify_block,verify_block_raw \
+    --rows 1,16,64,253 --temperatures 1,mixed --rounds 3 --replays 10 2>&1 | grep "^|" | tee "$OUT/bench_default.txt"
+  DSPARK_MARKOV_VERIFY_EARLY_STOP=1,stop_check,early_ready timeout -k 2 40 python3 tools/bench_verify_kernels.py \
+    "$OUT/bench_early" verify_standard,verify_raw --rows 1,16,64,253 --temperatures 1,mixed --rounds 3 --replays 10 \
+    2>&1 | grep "^|" | tee "$OUT/bench_early.txt"
+  ;;
+esac
