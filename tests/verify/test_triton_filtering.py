@@ -46,7 +46,8 @@ OPTIONS = [pytest.param({"lean": False, "stats_fast": False, "full_apply": False
            pytest.param({"late_gather": True, "narrow_tile": 64}, "p", id="late-two-pass"),
            pytest.param({"approx": True}, "p", id="approx"),
            pytest.param({"approx": True, "approx_slack": 1e12}, "p", id="approx-redo"),
-           pytest.param({"sweep_raw": True}, "p", id="sweep-raw")]
+           pytest.param({"sweep_raw": True}, "p", id="sweep-raw"),
+           pytest.param({"sweep_raw": True, "capacity": 16}, "p", id="sweep-raw-overflow")]  # lower end -> bottom
 
 
 @pytest.mark.parametrize("options, case", OPTIONS)
@@ -54,7 +55,8 @@ def test_other_options_equal_reference(options, case):
     x, k, p = hard_rows()
     rows = [0, 1, 7, 9]
     x, k, p = x[rows].contiguous(), (k[rows] if case == "k+p" else None), p[rows]
-    filt = nx.TopKTopPFilter(4, x.shape[1], "cpu", capacity=256)
+    options = dict(options)
+    filt = nx.TopKTopPFilter(4, x.shape[1], "cpu", capacity=options.pop("capacity", 256))
     for name, value in options.items():
         setattr(filt, name, value)
     inplace = x.clone()
