@@ -6,6 +6,10 @@
   (:mod:`dspark_markov.draft.cuda_chain`);
 - ``blocks.cu``: the Gumbel block kernel of ``impl="cuda_gumbel"`` (:mod:`dspark_markov.draft.cuda_gumbel`)
   and the sweep that builds the noise upper-bound table (:func:`noise_table`, kept on disk);
+- ``wide.cu``: the tensor-core large-batch Gumbel kernel of ``impl="cuda_wide"``
+  (:mod:`dspark_markov.draft.cuda_wide`, which loads it; opt-in until it has run on a GPU);
+- ``common.cuh``: helpers shared by the kernels (``mma.sync`` m16n8k16, bf16 rounding, the skip threshold,
+  64-bit shuffles, streaming loads and stores); editing it changes every build key and the noise table's;
 - :mod:`.build`: NVRTC and the CUDA driver through ``ctypes``, the disk cache.
 
 :func:`availability` says whether these kernels can run here, and if not, why (for
