@@ -7,8 +7,8 @@ V = 129,280; mixed T = 0 / 0.6 / 1 per slot, or a fixed T), or ``--inputs close`
 = the cache + N(0, 0.05^2), drafts drawn from the cache: most drafts accepted, the worst case of early stop).
 
 Usage: ``PYTHONPATH=src python3 tools/probe_stream_verify.py OUT ROWS SPEC [SPEC ...] [--rounds R]
-[--temps mixed,1] [--inputs random|close] [--trace SPEC@rows]``, or ``... --ncu ROWS SPEC`` (three eager launches
-of one variant at mixed T, for ``ncu --launch-skip 2 --launch-count 1``).
+[--temps mixed,1] [--inputs random|close] [--trace SPEC@rows]``, or ``... --ncu ROWS SPEC [T]`` (three eager
+launches of one variant at mixed T or T, for ``ncu --launch-skip 2 --launch-count 1``).
 SPEC = name[:opt=v+opt=v][@rows,rows][~temp,temp]; name: std | raw (raw logits + target_temperature) |
 blk | blkraw (block verification); opt: StreamVerifier keyword arguments (integers).
 Writes OUT/probe.txt (as it goes) and OUT/probe.json. (issue 18; verify4's and verify5's GPU probe)
@@ -49,8 +49,8 @@ def parse_spec(spec):
     return name, opts, rows, temps
 
 
-def ncu_launches(rows, spec):
-    """Three eager launches of one variant at ``rows`` requests, mixed T (profile the last one)."""
+def ncu_launches(rows, spec, temp="mixed"):
+    """Three eager launches of one variant at ``rows`` requests, mixed T or a fixed T (profile the last one)."""
     from dspark_markov.draft.reference import scaled_logits
     from dspark_markov.verify.triton_verify_stream import StreamVerifier
 
@@ -64,6 +64,8 @@ def ncu_launches(rows, spec):
     positions = torch.randint(1, 1 << 20, (rows,), generator=g, device=dev)
     seeds = torch.randint(-(1 << 62), 1 << 62, (rows,), generator=g, device=dev)
     temperature = torch.tensor([0.0, 0.6, 1.0], device=dev)[torch.arange(rows, device=dev) % 3]
+    if temp != "mixed":
+        temperature = torch.full((rows,), float(temp), device=dev)
     raw = name in ("raw", "blkraw")
     target = raw_target if raw else scaled_logits(raw_target, temperature)
     verifier = StreamVerifier(rows, K, V, dev, **opts)
@@ -78,7 +80,7 @@ def ncu_launches(rows, spec):
 
 def main(argv):
     if argv[0] == "--ncu":
-        return ncu_launches(int(argv[1]), argv[2])
+        return ncu_launches(int(argv[1]), argv[2], *argv[3:4])
     out_dir = argv[0]
     os.makedirs(out_dir, exist_ok=True)
     txt = os.path.join(out_dir, "probe.txt")

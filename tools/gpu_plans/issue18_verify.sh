@@ -3,7 +3,7 @@
 # did not run). Run from the repository root on an H200 (sm_90), PYTHONPATH=$PWD/src, one part per job, in order:
 #   bash tools/gpu_plans/issue18_verify.sh check    # budget ~120 s: the GPU tests never run on the H200
 #   bash tools/gpu_plans/issue18_verify.sh time     # budget ~110 s: early stop beside the default, each case checked
-#   bash tools/gpu_plans/issue18_verify.sh ncu      # budget ~45 s: profiles of early stop and the default
+#   bash tools/gpu_plans/issue18_verify.sh ncu      # budget ~80 s: profiles of early stop and the default
 #   bash tools/gpu_plans/issue18_verify.sh bench    # budget ~100 s: the bench cases (README table), block included
 # Results go to $JOB_OUT (default ./gpu_plan_out). StreamVerifier compiles ~5-7 s per constexpr variant; a Triton
 # cache carried from an earlier job of the same source skips that (tools/gpu_queue.sh). Nothing of early stop
@@ -57,6 +57,16 @@ ncu)
         python3 tools/probe_stream_verify.py --ncu $rows $spec > "$OUT/ncu_${spec//[:=+]/_}_$rows.txt" 2>&1
       grep -E "Duration|dram__bytes|lts__t|Achieved Occ|Issue Slots|DRAM Th" "$OUT/ncu_${spec//[:=+]/_}_$rows.txt"
     done
+  done
+  # Raw T = 1 vs standard T = 1 at 253 (the default kernel): the same streamed SASS loops, but a kernel 1.7x larger
+  # (10.6k vs 6.3k SASS instructions; the emit scan loop 365 vs 301: the div_rn branch inlined) with stream and emit
+  # programs co-resident: expect "No Instruction" stalls (instruction-cache misses) in WarpStateStats if that is the
+  # 26 us; else compare the executed instructions per section.
+  for spec in std raw; do
+    timeout -k 2 18 ncu --clock-control none -k regex:_stream_verify_kernel --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section InstructionStats --metrics dram__bytes_read.sum \
+      python3 tools/probe_stream_verify.py --ncu 253 $spec 1 > "$OUT/ncu_${spec}_T1_253.txt" 2>&1
+    grep -E "Duration|dram__bytes|No Instruction|Issue Slots|Executed Instructions " "$OUT/ncu_${spec}_T1_253.txt"
   done
   ;;
 bench)
