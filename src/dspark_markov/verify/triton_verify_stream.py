@@ -1276,6 +1276,26 @@ class StreamVerifier:
         a rejection) into L2 for the emit items (1; 2: ``evict_last``; default :data:`EMIT_PREFETCH` = 0).
         H200 (verify4 u3, mixed T, ``evict_last``): no gain (12.8 / 52.2 / 109.8 / 327.5 us against
         12.8 / 51.1 / 108.7 / 325.8): it moves the emitted row's DRAM read earlier, it does not remove it.
+    early_stop : standard method, ``K + 1 <= 8`` rows, at most 127 chunks per row: each stream item is one chunk
+        of every row and walks rows ``0..n`` in turn; the last item of a row to arrive decides that draft, and once
+        the emitted row ``js`` is fixed the items skip the rows after it (module docstring). The same tokens
+        (CPU: against the reference and the rows-in-parallel order). NOT RUN ON A GPU YET: default
+        :data:`EARLY_STOP_FROM` = None, i.e. off (:data:`EARLY_STOP_ENV` turns it on for a process). Its layout:
+        ``t1`` about ``batch * tiles / resident`` tiles per row and item (up to 32), ``lag = resident / c1``.
+        Arithmetic (verify5, the bench's inputs: random drafts, a third greedy; the reference's emitted rows on
+        CPU-generated inputs of the same distributions): at 16 / 64 / 253 requests (mixed T) the default streams
+        63 / 253 / 1002 MB, early stop 14 / 76 / 329 MB if the rows after ``js`` were never started and 24 / 112
+        / 413 MB if each item reads one more row before it sees ``js`` (``stop_check`` cuts into that row); plus
+        the emitted rows' scan, 8 / 33 / 129 MB (ncu at 253 today: 0.13 GB). At T = 1: 70 / 281 / 1112 MB against
+        36 / 152 / 578 (one more row). With high acceptance (the target near the cache, 207 of 253 requests
+        accept every draft) 93-100%: then it saves nothing and costs one arrival atomic per row and item.
+    stop_check : early stop: the streamed loops also read the request's arrival word once per group of tiles
+        (the read one group ahead of its use: a read used at once waited an L2 round trip per group, SASS) and
+        stop mid-row once the emitted row is before theirs (default :data:`STOP_CHECK` = off; not run on a GPU).
+    early_ready : early stop: the decision that fixes ``js`` marks the request ready for its emit items (a greedy
+        request: writes its output row) at once, instead of the request's last stream item; the stream items
+        and that writer then count on one counter whose last arrival resets the request (default
+        :data:`EARLY_READY` = off; not run on a GPU).
 
     Tried on the H200 and removed (verify4 u1-u2): persistent programs taking their items by
     fetch-and-add (request-major stream tickets of 8 tiles, emit tickets of published requests, so that
