@@ -250,9 +250,8 @@ def _pack(key, index):
 
 
 @triton.jit
-def _exp_reduce(x, row_max):
-    """The software ``exp``'s argument reduction of ``exp(x - row_max)``: ``(n, r)`` with
-    ``exp(d) = 2^n exp(r)``, ``|r| <= 0.3466`` (shared by the exact and the approximate weight)."""
+def _weight_fixed_point(x, row_max):
+    """``trunc(exp(x - row_max) 2^32)`` as int64, bit-identical to ``filtering.weight_fixed_point``."""
     d = tl.maximum(x - row_max, _EXP_FLOOR)
     # n = floor(y) and its int32 without conversion instructions (1/8 of the FP32 rate on sm_90):
     # y + 1.5 2^23 rounds y to the nearest integer f (|y| <= 64), whose bits are 0x4B400000 + f
@@ -263,13 +262,6 @@ def _exp_reduce(x, row_max):
     n = tl.where(down, f - 1.0, f)
     n_int = shifted.to(tl.int32, bitcast=True) - (0x4B400000 + down.to(tl.int32))
     r = (d - n * _LN2_HIGH) - n * _LN2_LOW
-    return n_int, r
-
-
-@triton.jit
-def _weight_fixed_point(x, row_max):
-    """``trunc(exp(x - row_max) 2^32)`` as int64, bit-identical to ``filtering.weight_fixed_point``."""
-    n_int, r = _exp_reduce(x, row_max)
     poly = tl.zeros_like(r) + _C0  # (r is finite wherever w is used: x == row_max overrides NaN)
     poly = poly * r + _C1
     poly = poly * r + _C2
@@ -1798,9 +1790,10 @@ def _pass_kernel(
             tl.store(st_best + row, best)
             tl.store(st_min + row, _key32(low).to(tl.int64))
             tl.store(st_cut + row, best)  # the cut of rows resolved by the plan (first maximum only)
-            raw_bracket = (SWEEP_RAW & (APPROX == 0) & (K_GIVEN == 0) & (LATE == 0)) & (target == _TARGET_MASS)
-            tl.store(st_flags + row, (gather.to(tl.int32) | 2 | (need_mass.to(tl.int32) << 2) | 8)
-                     | ((lo_slot | (hi_slot << 4)) << 8) | (raw_bracket.to(tl.int32) << 16))
+            flags = (gather.to(tl.int32) | 2 | (need_mass.to(tl.int32) << 2) | 8) | ((lo_slot | (hi_slot << 4)) << 8)
+            if SWEEP_RAW:  # (constexpr: the default pass compiles no such bit)
+                flags = flags | ((target == _TARGET_MASS).to(tl.int32) << 16)
+            tl.store(st_flags + row, flags)
             tl.store(points + base + slot + _SLOT_FIRST, thresholds)
             tl.store(points + base, tl.zeros([], tl.int64) + _PACK_CEIL)
             tl.store(points + base + _SLOT_UPPER, tl.zeros([], tl.int64) + _PACK_CEIL)
@@ -1979,7 +1972,7 @@ def _finish_kernel(
     out_ptr=None, out_stride=0,  # [B, V] fp32 (LATE: the finish writes what the apply left)
     LATE: tl.constexpr = False, IN_PLACE: tl.constexpr = True,
     approx_mass=None, redone=None, slack=1.0,  # [B, 2] fp64, [1] int32, the band's factor (>= 1)
-    APPROX: tl.constexpr = False,
+    APPROX: tl.constexpr = False, REDONE: tl.constexpr = False, SWEEP_RAW: tl.constexpr = False,
 ):
     """One program per row still open: sweep + resolve rounds over the whole row, bounded.
 
@@ -2010,11 +2003,15 @@ def _finish_kernel(
                 tl.atomic_add(redone, 1)
         else:
             tl.store(approx_mass + 2 * row + tl.arange(0, 2), tl.zeros([2], tl.float64))
-    elif phase == _PHASE_REDO:  # after the exact sweep of _redo_kernel: its first resolve
-        phase = phase * 0 + _PHASE_OPEN
-        tl.store(st_phase + row, phase)
-    elif (phase == _PHASE_OPEN) & (((tl.load(st_flags + row) >> 16) & 1) != 0):  # a SWEEP_RAW first sweep
-        _complete_bracket(row, st_flags, st_best, st_cursor, points, counts, masses, scratch, vocab, capacity)
+    else:  # (constexpr options: the default finish compiles neither)
+        if REDONE:  # after the exact sweep of _redo_kernel: its first resolve
+            if phase == _PHASE_REDO:
+                phase = phase * 0 + _PHASE_OPEN
+                tl.store(st_phase + row, phase)
+        if SWEEP_RAW:  # the bracket's lower end from its candidates
+            if (phase == _PHASE_OPEN) & (((tl.load(st_flags + row) >> 16) & 1) != 0):
+                _complete_bracket(row, st_flags, st_best, st_cursor, points, counts, masses, scratch, vocab,
+                                  capacity)
     # Round 0 resolves the first pass; rounds 1 .. MAX_ROUNDS sweep first. One call site of
     # _resolve_row (it is inlined: two sites doubled the kernel's size and compile time).
     rounds = 0
@@ -2361,6 +2358,7 @@ class TopKTopPFilter:
         # bracket and gathers the bracket, the finish (after it) resolves the cut and writes the rest
         late = self.late_gather and self.lean and k is None
         approx = self.approx and self.lean and k is None and not late
+        sweep_raw = self.sweep_raw and self.lean and k is None and not late and not approx
         if not self.approx_slack >= 1.0:
             raise ValueError(f"approx_slack: expected a float >= 1, got {self.approx_slack}")
         _pass_kernel[grid](logits, logits.stride(0), *st.stats(), st.placement, *st.row_fields(), st.points,
@@ -2371,7 +2369,7 @@ class TopKTopPFilter:
                            MASS_BLOCK=self.mass_block, PAIR_BLOCK=self.lean_block if self.lean else self.pair_block,
                            OUTLIERS=OUTLIERS, K_GIVEN=k is not None, LEAN=self.lean, LATE=late,
                            RAW=self.lean and self.stats_fast, approx_mass=st.approx_mass, APPROX=approx,
-                           SWEEP_RAW=self.sweep_raw and self.lean and k is None and not late and not approx,
+                           SWEEP_RAW=sweep_raw,
                            **common)
 
         def finish(approximate=False):
@@ -2381,6 +2379,7 @@ class TopKTopPFilter:
                                     NARROW_TILE=self.narrow_tile, out_ptr=out, out_stride=out.stride(0), LATE=late,
                                     IN_PLACE=in_place or not late, approx_mass=st.approx_mass, redone=st.redone,
                                     slack=float(self.approx_slack), APPROX=approximate,
+                                    REDONE=approx and not approximate, SWEEP_RAW=sweep_raw,
                                     num_warps=self.resolve_warps, enable_fp_fusion=False, **self.finish_options)
 
         if approx:  # resolve from the approximate masses; the uncertain rows swept exactly, resolved again
