@@ -4,7 +4,8 @@ threshold search for the rows whose first bracket misses.
 
 Validated on the H200 (2026-12-04, the final code of filter4: 25 passed; ``tests/gpu/test_filtering_gpu.py``:
 every bench input kind and case, both layouts, in place and out of place, capacity 16, CUDA-graph
-replay without allocation);
+replay without allocation; filter5's additions left the default kernels' SASS identical to that build,
+``tools/filter_sass.py``; its opt-in options have not run on a GPU, see "Options for top-p alone");
 equals the sort reference in the CPU interpreter (``tests/verify/test_triton_filtering.py``,
 ``tests/verify/test_filtering.py``). ``tools/compile_filter.py`` compiles it for sm_90 and prints
 registers; ``tools/time_filter.py`` times it in the bench's filter cases (``--phases``: per launch).
