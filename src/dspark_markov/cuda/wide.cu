@@ -63,8 +63,12 @@ struct WideArgs {  // every field 8 bytes (matches cuda_wide.WideArgs)
   u64 tokens;  // draft_tokens [R, N] int64, strides (tokens_row_stride, tokens_step_stride)
   i64 anchor64, embed_rows, tokens_row_stride, tokens_step_stride;
   u64 keys;    // [N][rows16] WideRow: every step's row keys (dm_wide_finish before step 0 writes them)
+  // method="inverse_cdf" only (the _icdf step entry points and dm_wide_pick)
+  u64 part;    // [rows16][part_stride] float2 (max z / T, sum exp(z / T - max)) per (row, block), written per step
+  i64 part_stride, icdf_gpb, icdf_blocks, cache32;  // blocks per row allocated; groups per block; blocks; fp32 cache
 };
 
+#define DW_LOG2E 1.4426950408889634f
 #define DW_F_PREFETCH 1  // L2 prefetch of the base logits one group ahead (the team's first group at the start)
 
 // Per-row keys of the step, in shared memory: the noise prefix, 1/T, T (0: greedy), the element offset of the row's
@@ -108,8 +112,37 @@ __device__ __forceinline__ void dw_bar(int id, int threads) {  // named barrier 
   asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
 }
 
+// Inverse CDF (SPEC.md 5; ops/pick.py's rules): 2^x by one ex2.approx.ftz (MUFU). exp(d) = ex2(d log2 e) for d <= 0:
+// 1 at d = 0, 0 at d = -inf, results below 2^-126 flushed to 0 (weights that small never decide a draw; impl="wide"
+// does the same), NaN stays NaN.
+__device__ __forceinline__ float dw_exp(float d) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(dm::mul_rn(d, DW_LOG2E)));
+  return y;
+}
+// max with NaN sticky (torch.amax): a NaN in either argument gives NaN.
+__device__ __forceinline__ float dw_nan_max(float a, float b) { return (a > b || a != a) ? a : b; }
+// z / T of SPEC.md 5 (one IEEE division; T = 1 is the identity, T = 0 rows are greedy and never use it).
+__device__ __forceinline__ float dw_scaled(float z, float temp) { return temp == 1.0f ? z : dm::div_rn(z, temp); }
+// A partial (shift, mass: sum exp(x - shift) over its tokens, shift their max x = z / T) merged into (m, s) in place:
+// the larger shift stays and the other mass is rescaled by exp(smaller - larger). A NaN shift is sticky (the row goes
+// to the argmax); a partial without mass (every token -inf) changes nothing but the max.
+__device__ __forceinline__ void dw_merge(float& m, float& s, float gm, float gs) {
+  if (gm > m) {
+    s = dm::add_rn(dm::mul_rn(s, dw_exp(dm::sub_rn(m, gm))), gs);
+    m = gm;
+  } else {
+    if (gs > 0.0f) s = dm::add_rn(s, dm::mul_rn(gs, dw_exp(dm::sub_rn(gm, m))));
+    if (gm != gm) m = gm;
+  }
+}
+
 // WPG: warps per 16-token group (they share its W2 stage and split its m-tiles); the block has WARPS warps.
-template <bool BASE_F32, bool CACHE_F32, bool VEC, bool SCALE, int WARPS, int WPG>
+// ICDF: method="inverse_cdf" (WPG = 1): block b owns the contiguous groups [b icdf_gpb, (b + 1) icdf_gpb), its warps take
+// every WARPS-th of them; T > 0 rows add each group's (max x, mass) into a per-(warp, row) partial in shared memory,
+// merged per row at the end into part[row][b] (vocabulary order: the pick of dm_wide_pick); greedy rows (T = 0,
+// padding) keep the word path of the Gumbel method (z ranks itself).
+template <bool BASE_F32, bool CACHE_F32, bool VEC, bool SCALE, int WARPS, int WPG, bool ICDF = false>
 __device__ __forceinline__ void wide_body(const WideArgs& a) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int THREADS = 32 * WARPS, TEAMS = WARPS / WPG;
@@ -117,8 +150,9 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
   const int mtiles = (rows + 15) >> 4;
   uint4* codes_s = (uint4*)smem;                                  // [mtiles][8][2][32]
   uint4* stage_s = codes_s + (size_t)mtiles * 512;                // [TEAMS][DW_STAGE_U4]
-  float* gtab_s = (float*)(stage_s + TEAMS * DW_STAGE_U4);        // [DM_TB_SIZE]
-  WideRow* rows_s = (WideRow*)(gtab_s + DM_TB_SIZE);              // [mtiles * 16]
+  float* gtab_s = (float*)(stage_s + TEAMS * DW_STAGE_U4);        // [DM_TB_SIZE] (Gumbel only)
+  WideRow* rows_s = (WideRow*)(gtab_s + (ICDF ? 0 : DM_TB_SIZE));  // [mtiles * 16]
+  float2* part_s = (float2*)(rows_s + mtiles * 16);               // ICDF: [WARPS][mtiles * 16] (max x, mass)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int team = warp / WPG, sub = warp - team * WPG;
   const int g = lane >> 2, c = lane & 3;
@@ -129,6 +163,10 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
 
   const int ngroups = (int)((vocab + DW_GROUP - 1) / DW_GROUP);
   const int gt = blockIdx.x * TEAMS + team, nt_all = gridDim.x * TEAMS;
+  // This team's groups: g_first, + g_step, ... below g_end (Gumbel: strided over the grid; ICDF: the block's run).
+  const int g_first = ICDF ? (int)(blockIdx.x * a.icdf_gpb) + team : gt;
+  const int g_end = ICDF ? (int)min((i64)ngroups, (i64)(blockIdx.x + 1) * a.icdf_gpb) : ngroups;
+  const int g_step = ICDF ? TEAMS : nt_all;
   uint4* stage = stage_s + team * DW_STAGE_U4;
   const uint4* head = (const uint4*)a.head;  // 32 uint4 per token
   // The W2 rows of group grp into this team's stage: lane (g, c) of n-tile nt reads token dw_token_of(nt, g),
@@ -145,9 +183,9 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
     }
     dm::cp_async_commit();
   };
-  if (gt < ngroups) stage_group(gt);
-  if ((a.flags & DW_F_PREFETCH) && gt < ngroups && c == 0) {  // the first group's base lines of this warp's m-tiles
-    const i64 t = (i64)gt * DW_GROUP;
+  if (g_first < g_end) stage_group(g_first);
+  if ((a.flags & DW_F_PREFETCH) && g_first < g_end && c == 0) {  // the first group's base lines of this warp's m-tiles
+    const i64 t = (i64)g_first * DW_GROUP;
     for (int mt = sub; mt < mtiles; mt += WPG) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -166,8 +204,12 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
   {
     const uint4* codes_g = (const uint4*)a.codes;
     for (int i = tid; i < mtiles * 512; i += THREADS) dm::cp_async16(codes_s + i, codes_g + i, true);
-    const uint4* gtab_g = (const uint4*)a.gtab;
-    for (int i = tid; i < DM_TB_SIZE / 4; i += THREADS) dm::cp_async16((uint4*)gtab_s + i, gtab_g + i, true);
+    if (!ICDF) {
+      const uint4* gtab_g = (const uint4*)a.gtab;
+      for (int i = tid; i < DM_TB_SIZE / 4; i += THREADS) dm::cp_async16((uint4*)gtab_s + i, gtab_g + i, true);
+    } else {
+      for (int i = tid; i < WARPS * mtiles * 16; i += THREADS) part_s[i] = make_float2(ninf, 0.0f);
+    }
     const uint4* keys_g = (const uint4*)((const WideRow*)a.keys + a.step * (i64)(mtiles * 16));
     for (int i = tid; i < mtiles * 16 * 2; i += THREADS) dm::cp_async16((uint4*)rows_s + i, keys_g + i, true);
     dm::cp_async_commit();
@@ -179,7 +221,7 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
   // The team's first m-tile (teams start apart, so most rows are seeded once before other teams reach them); its
   // warps take every WPG-th m-tile from there.
   const int moff = mtiles ? (gt * WPG) % mtiles : 0;
-  for (int grp = gt; grp < ngroups; grp += nt_all) {
+  for (int grp = g_first; grp < g_end; grp += g_step) {
     // This group's B fragments: stage -> registers, then the next group's rows into the stage.
     dm::cp_async_wait_all();
     if (WPG > 1) dw_bar(1 + team, 32 * WPG);
@@ -191,12 +233,12 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
       for (int j = 0; j < 8; ++j) bw[nt][j] = stage[(nt * 8 + j) * 32 + lane];
     if (WPG > 1) dw_bar(1 + team, 32 * WPG);
     else __syncwarp();
-    if (grp + nt_all < ngroups) stage_group(grp + nt_all);
+    if (grp + g_step < g_end) stage_group(grp + g_step);
     const i64 t0 = (i64)grp * DW_GROUP + 4 * c;  // this lane's 4 tokens
     const bool full = t0 + 4 <= vocab;            // (VEC: vocab % 4 == 0, so !full means no token at all)
     // L2 prefetch of the next group's lines of each row as its m-tile comes (one group ahead: a few MB in flight).
-    const i64 next_t0 = (i64)(grp + nt_all) * DW_GROUP;
-    const bool prefetch = (a.flags & DW_F_PREFETCH) && grp + nt_all < ngroups;
+    const i64 next_t0 = (i64)(grp + g_step) * DW_GROUP;
+    const bool prefetch = (a.flags & DW_F_PREFETCH) && grp + g_step < g_end;
 
     for (int i = sub; i < mtiles; i += WPG) {
       int mt = i + moff;
@@ -213,7 +255,7 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
         braw[h] = make_uint4(0, 0, 0, 0);
         wread[h] = DM_WORD_NONE;
         if (rin[h]) {
-          wread[h] = dm::load_relaxed_i64(words + r);
+          if (!ICDF || rows_s[r].temp == 0.0f) wread[h] = dm::load_relaxed_i64(words + r);
           const i64 base_off = rows_s[r].base_off;
           if (prefetch && c == 0) {  // these rows of the team's next group into L2 (lane quad 0: 32 bytes of bf16)
             const char* np = (const char*)a.base + (base_off + next_t0) * (BASE_F32 ? 4 : 2);
@@ -255,7 +297,7 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
       // The bound of token t0 + k of row half h (greedy: z itself).
       auto bound = [&](int h, int k) -> float {
         const WideRow& rk = rows_s[r0 + 8 * h];
-        return rk.temp == 0.0f ? z[h][k]
+        return (ICDF || rk.temp == 0.0f) ? z[h][k]  // ICDF: only greedy rows are ranked
                                : dm::add_rn(dm::mul_rn(z[h][k], rk.inv_temp),
                                             gtab_s[dm::tb_bucket(dm::hash_finish(rk.prefix, (u32)(t0 + k)))]);
       };
@@ -336,21 +378,49 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
             }
           }
         }
-        // Every bound computed (no branch per token), kept only as candidate bits.
         const bool greedy = rkp->temp == 0.0f;
-        const float inv = rkp->inv_temp;
-        const u32 prefix = rkp->prefix;
+        if (!ICDF) {
+          // Every bound computed (no branch per token), kept only as candidate bits.
+          const float inv = rkp->inv_temp;
+          const u32 prefix = rkp->prefix;
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float noisy = dm::add_rn(dm::mul_rn(z[h][k], inv), gtab_s[dm::tb_bucket(dm::hash_finish(prefix, (u32)(t0 + k)))]);
-          const float b = greedy ? z[h][k] : noisy;
-          const bool in = here && (VEC || t0 + k < vocab);
-          mask |= (in && !(b < thr[h]) ? 1u : 0u) << (4 * h + k);
+          for (int k = 0; k < 4; ++k) {
+            const float noisy = dm::add_rn(dm::mul_rn(z[h][k], inv), gtab_s[dm::tb_bucket(dm::hash_finish(prefix, (u32)(t0 + k)))]);
+            const float b = greedy ? z[h][k] : noisy;
+            const bool in = here && (VEC || t0 + k < vocab);
+            mask |= (in && !(b < thr[h]) ? 1u : 0u) << (4 * h + k);
+          }
+        } else {
+          // Greedy rows: candidate bits of z against the row's word. Every row: the group's partial of x = z / T,
+          // its max over the 16 tokens (lane, then the lane quad) and sum exp(x - max) in the order
+          // ((w0 + w1) + w2) + w3 per lane, then (lane c + lane c^1) + (the other pair).
+          float x[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const bool in = here && (VEC || t0 + k < vocab);
+            mask |= (greedy && in && !(z[h][k] < thr[h]) ? 1u : 0u) << (4 * h + k);
+            x[k] = in ? (greedy ? z[h][k] : dw_scaled(z[h][k], rkp->temp)) : ninf;
+          }
+          float gm = dw_nan_max(dw_nan_max(x[0], x[1]), dw_nan_max(x[2], x[3]));
+          gm = dw_nan_max(gm, __shfl_xor_sync(0xFFFFFFFFu, gm, 1));
+          gm = dw_nan_max(gm, __shfl_xor_sync(0xFFFFFFFFu, gm, 2));
+          float gs = dm::add_rn(dm::add_rn(dm::add_rn(dw_exp(dm::sub_rn(x[0], gm)), dw_exp(dm::sub_rn(x[1], gm))),
+                                           dw_exp(dm::sub_rn(x[2], gm))), dw_exp(dm::sub_rn(x[3], gm)));
+          gs = dm::add_rn(gs, __shfl_xor_sync(0xFFFFFFFFu, gs, 1));
+          gs = dm::add_rn(gs, __shfl_xor_sync(0xFFFFFFFFu, gs, 2));
+          if (gm == ninf) gs = 0.0f;  // no token above -inf (-inf - -inf is NaN)
+          if (c == 0 && rin[h] && !greedy) {
+            float2* ps = part_s + warp * (mtiles * 16) + r0 + 8 * h;
+            float2 p = *ps;
+            dw_merge(p.x, p.y, gm, gs);
+            *ps = p;
+          }
         }
       }
       // Seeds: a row without a word gets the exact key of its largest bound in this m-tile (first token among
       // equals; none if every bound is NaN / -inf: then every token is exact).
-      const bool need0 = rin[0] && wread[0] == DM_WORD_NONE, need1 = rin[1] && wread[1] == DM_WORD_NONE;
+      const bool need0 = rin[0] && wread[0] == DM_WORD_NONE && (!ICDF || rows_s[r0].temp == 0.0f);
+      const bool need1 = rin[1] && wread[1] == DM_WORD_NONE && (!ICDF || rows_s[r0 + 8].temp == 0.0f);
       if (__any_sync(0xFFFFFFFFu, need0 || need1)) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -418,6 +488,19 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
     }
   }
   dm::cp_async_wait_all();
+  if (ICDF) {  // the block's partial of each row: its warps' partials merged in warp order
+    __syncthreads();
+    float2* part = (float2*)a.part;
+    for (int r = tid; r < rows; r += THREADS) {
+      float m = ninf, s = 0.0f;
+#pragma unroll
+      for (int w = 0; w < WARPS; ++w) {
+        const float2 p = part_s[w * (mtiles * 16) + r];
+        dw_merge(m, s, p.x, p.y);
+      }
+      part[(i64)r * a.part_stride + blockIdx.x] = make_float2(m, s);
+    }
+  }
 }
 
 // One entry point per (base fp32, cache fp32, vector I/O, scale != 1), 8 warps of 16-token groups; and the
@@ -430,10 +513,17 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
   extern "C" __global__ void __launch_bounds__(512, 1) dm_wide_b##B##_c##C##_v1_s0_p2(const WideArgs a) { \
     wide_body<B, C, true, false, 16, 2>(a);                                                            \
   }
+// method="inverse_cdf": 8 warps, each its own 16-token groups of the block's contiguous run.
+#define DW_ENTRY_ICDF(B, C, V, S)                                                                      \
+  extern "C" __global__ void __launch_bounds__(256, 1) dm_wide_b##B##_c##C##_v##V##_s##S##_icdf(const WideArgs a) { \
+    wide_body<B, C, V, S, 8, 1, true>(a);                                                              \
+  }
 #ifdef DW_TWO_ENTRIES  // the CPU test's nvcc compile check: every template bit both ways
 DW_ENTRY(0, 0, 1, 0)
 DW_ENTRY(1, 1, 0, 1)
 DW_ENTRY_P2(0, 0)
+DW_ENTRY_ICDF(0, 0, 1, 0)
+DW_ENTRY_ICDF(1, 1, 0, 1)
 #else
 DW_ENTRY(0, 0, 1, 0)
 DW_ENTRY(0, 0, 1, 1)
@@ -455,7 +545,160 @@ DW_ENTRY_P2(0, 0)
 DW_ENTRY_P2(0, 1)
 DW_ENTRY_P2(1, 0)
 DW_ENTRY_P2(1, 1)
+DW_ENTRY_ICDF(0, 0, 1, 0)
+DW_ENTRY_ICDF(0, 0, 1, 1)
+DW_ENTRY_ICDF(0, 0, 0, 0)
+DW_ENTRY_ICDF(0, 0, 0, 1)
+DW_ENTRY_ICDF(0, 1, 1, 0)
+DW_ENTRY_ICDF(0, 1, 1, 1)
+DW_ENTRY_ICDF(0, 1, 0, 0)
+DW_ENTRY_ICDF(0, 1, 0, 1)
+DW_ENTRY_ICDF(1, 0, 1, 0)
+DW_ENTRY_ICDF(1, 0, 1, 1)
+DW_ENTRY_ICDF(1, 0, 0, 0)
+DW_ENTRY_ICDF(1, 0, 0, 1)
+DW_ENTRY_ICDF(1, 1, 1, 0)
+DW_ENTRY_ICDF(1, 1, 1, 1)
+DW_ENTRY_ICDF(1, 1, 0, 0)
+DW_ENTRY_ICDF(1, 1, 0, 1)
 #endif
+
+// The inverse-CDF draw of one T > 0 row of step `step` (SPEC.md 5, the rules of ops/pick.py), by its whole warp (every
+// lane returns the token):
+// 1. the row's block partials (m_b = max z / T, s_b = sum exp(z / T - m_b), blocks in vocabulary order), lane l taking
+//    the contiguous blocks [l P, l P + P): M = max m_b (NaN sticky); a NaN row takes its first NaN (the first block with
+//    a NaN partial, then that block's first NaN z), a row with z / T = +inf somewhere its first maximum of z (the whole
+//    row scanned: rare), an all -inf row token 0;
+// 2. masses s_b exp(m_b - M) (0 where s_b = 0), summed sequentially per lane, a Hillis-Steele scan over the 32 lane
+//    sums (shfl_up, o + own), each lane's running prefix from its exclusive sum; target = u * total; the first block
+//    whose prefix exceeds the target with positive mass, else the last of positive mass; remaining = target - the
+//    prefix before it;
+// 3. only that block's tokens re-read from the cache (icdf_gpb * 16, ~1,000): weights exp(z / T - m_b) summed the
+//    same way (lane chunks, scan, running prefix), times exp(m_b - M); the first token whose scaled prefix exceeds
+//    the remaining target with positive weight, else the block's last of positive weight.
+__device__ __forceinline__ i64 dw_pick(const WideArgs& a, i64 row, const WideRow& k, int lane) {
+  const float ninf = -__int_as_float(0x7f800000), pinf = __int_as_float(0x7f800000);
+  const unsigned FULL = 0xFFFFFFFFu;
+  const i64 vocab = a.vocab;
+  const int nb = (int)a.icdf_blocks;
+  const float2* part = (const float2*)a.part + row * a.part_stride;
+  const char* zrow = (const char*)a.cache + k.cache_off * (a.cache32 ? 4 : 2);
+  auto zat = [&](i64 t) -> float {
+    return a.cache32 ? ((const float*)zrow)[t] : dm::bf16(((const unsigned short*)zrow)[t]);
+  };
+  const int per = (nb + 31) >> 5;
+  const int b0 = lane * per, b1 = min(b0 + per, nb);
+  float m = ninf;
+  for (int b = b0; b < b1; ++b) m = dw_nan_max(m, part[b].x);
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) m = dw_nan_max(m, __shfl_xor_sync(FULL, m, off));
+  if (m != m) {  // the first NaN of z: in the first block whose partial is NaN
+    int fb = 0x7FFFFFFF;
+    for (int b = b0; b < b1; ++b)
+      if (part[b].x != part[b].x) { fb = b; break; }
+    for (int off = 16; off >= 1; off >>= 1) fb = min(fb, __shfl_xor_sync(FULL, fb, off));
+    const i64 lo = (i64)fb * a.icdf_gpb * DW_GROUP, hi = min(vocab, lo + a.icdf_gpb * DW_GROUP);
+    i64 first = 0x7FFFFFFFll;
+    for (i64 t0 = lo; t0 < hi; t0 += 32) {
+      const i64 t = t0 + lane;
+      const float z = t < hi ? zat(t) : 0.0f;
+      const unsigned hit = __ballot_sync(FULL, z != z);
+      if (hit) { first = t0 + __ffs(hit) - 1; break; }
+    }
+    return first == 0x7FFFFFFFll ? 0 : first;
+  }
+  if (m == ninf) return 0;  // every z is -inf: argmax_first gives 0
+  if (m == pinf) {  // z / T = +inf somewhere (z = +inf, or z / T overflows): the first maximum of z over the row
+    float bz = ninf;
+    i64 bi = 0x7FFFFFFFll;
+    for (i64 t = lane; t < vocab; t += 32) {
+      const float z = zat(t);
+      if (bi == 0x7FFFFFFFll || z > bz) { bz = z; bi = t; }
+    }
+    for (int off = 16; off >= 1; off >>= 1) {
+      const float oz = __shfl_xor_sync(FULL, bz, off);
+      const i64 oi = __shfl_xor_sync(FULL, bi, off);
+      if (oz > bz || (oz == bz && oi < bi)) { bz = oz; bi = oi; }
+    }
+    return bi == 0x7FFFFFFFll ? 0 : bi;
+  }
+  // 2. the block
+  float lsum = 0.0f;
+  for (int b = b0; b < b1; ++b) {
+    const float2 p = part[b];
+    lsum = dm::add_rn(lsum, p.y > 0.0f ? dm::mul_rn(p.y, dw_exp(dm::sub_rn(p.x, m))) : 0.0f);
+  }
+  float incl = lsum;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const float o = __shfl_up_sync(FULL, incl, d);
+    if (lane >= d) incl = dm::add_rn(o, incl);
+  }
+  float run = __shfl_up_sync(FULL, incl, 1);
+  if (lane == 0) run = 0.0f;
+  const float u = dm::uniform32(dm::hash_finish(k.prefix, 0xFFFFFFFFu));
+  const float target = dm::mul_rn(u, __shfl_sync(FULL, incl, 31));
+  int hitb = -1, lastb = -1;
+  float before = 0.0f, before_last = 0.0f;
+  for (int b = b0; b < b1; ++b) {
+    const float2 p = part[b];
+    const float mass = p.y > 0.0f ? dm::mul_rn(p.y, dw_exp(dm::sub_rn(p.x, m))) : 0.0f;
+    const float next = dm::add_rn(run, mass);
+    if (mass > 0.0f) {
+      lastb = b;
+      before_last = run;
+      if (next > target && hitb < 0) { hitb = b; before = run; }
+    }
+    run = next;
+  }
+  int chosen;
+  float remaining;
+  {
+    const unsigned any_hit = __ballot_sync(FULL, hitb >= 0);
+    if (any_hit) {
+      const int src = __ffs(any_hit) - 1;
+      chosen = __shfl_sync(FULL, hitb, src);
+      remaining = dm::sub_rn(target, __shfl_sync(FULL, before, src));
+    } else {
+      const unsigned any_pos = __ballot_sync(FULL, lastb >= 0);
+      if (!any_pos) return 0;  // no positive mass (cannot happen with a finite max: its token weighs 1)
+      const int src = 31 - __clz(any_pos);
+      chosen = __shfl_sync(FULL, lastb, src);
+      remaining = dm::sub_rn(target, __shfl_sync(FULL, before_last, src));
+    }
+  }
+  // 3. the token inside the chosen block, re-read from the cache
+  const float2 pc = part[chosen];
+  const float mc = pc.x, scale_c = dw_exp(dm::sub_rn(pc.x, m)), temp = k.temp;
+  const i64 lo = (i64)chosen * a.icdf_gpb * DW_GROUP, hi = min(vocab, lo + a.icdf_gpb * DW_GROUP);
+  const i64 pt = (hi - lo + 31) >> 5;
+  const i64 t0 = lo + lane * pt, t1 = min(t0 + pt, hi);
+  float wsum = 0.0f;
+#pragma unroll 4
+  for (i64 t = t0; t < t1; ++t) wsum = dm::add_rn(wsum, dw_exp(dm::sub_rn(dw_scaled(zat(t), temp), mc)));
+  incl = wsum;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const float o = __shfl_up_sync(FULL, incl, d);
+    if (lane >= d) incl = dm::add_rn(o, incl);
+  }
+  run = __shfl_up_sync(FULL, incl, 1);
+  if (lane == 0) run = 0.0f;
+  i64 hit = -1, last = -1;
+#pragma unroll 4
+  for (i64 t = t0; t < t1; ++t) {
+    const float w = dw_exp(dm::sub_rn(dw_scaled(zat(t), temp), mc));
+    run = dm::add_rn(run, w);
+    if (w > 0.0f) {
+      last = t;
+      if (hit < 0 && dm::mul_rn(run, scale_c) > remaining) hit = t;
+    }
+  }
+  const unsigned any_hit = __ballot_sync(FULL, hit >= 0);
+  if (any_hit) return __shfl_sync(FULL, hit, __ffs(any_hit) - 1);
+  const unsigned any_pos = __ballot_sync(FULL, last >= 0);
+  return any_pos ? __shfl_sync(FULL, last, 31 - __clz(any_pos)) : lo;
+}
 
 // Between steps (one warp per row): the step's token (the merged word: torch.argmax of the row's keys, in [0, V))
 // into draft_tokens[row, step] (step >= 0), the word reset, and the next step's codes W1[token] (or W1[anchor]
@@ -463,7 +706,9 @@ DW_ENTRY_P2(1, 1)
 // The codes buffer holds, per (m-tile mt, k-chunk j, k-half e, lane g * 4 + c), the 4 A registers of one mma as a
 // uint4: {lo.x, hi.x, lo.y, hi.y} (e = 0) or {lo.z, hi.z, lo.w, hi.w} (e = 1), where lo / hi are the 16-byte chunks
 // q = 4j + c (rank 8q .. 8q + 7) of rows 16 mt + g and 16 mt + g + 8: one LDS.128 per mma operand, no register moves.
-extern "C" __global__ void __launch_bounds__(256) dm_wide_finish(const WideArgs a, i64 step, i64 gather) {
+// dm_wide_pick (method="inverse_cdf"): the same, with each T > 0 row's token from dw_pick.
+template <bool ICDF>
+__device__ __forceinline__ void wide_finish(const WideArgs& a, i64 step, i64 gather) {
   const int lane = threadIdx.x & 31;
   const i64 row = (i64)blockIdx.x * 8 + (threadIdx.x >> 5);
   const i64 rows16 = (a.rows + 15) & ~15ll;
@@ -486,6 +731,10 @@ extern "C" __global__ void __launch_bounds__(256) dm_wide_finish(const WideArgs 
     i64* wp = (i64*)a.words + row;
     const i64 w = *wp;
     token = w == DM_WORD_NONE ? 0 : (i64)dm::word_index(w);
+    if (ICDF) {
+      const WideRow k = ((const WideRow*)a.keys)[step * ((a.rows + 15) & ~15ll) + row];
+      if (k.temp != 0.0f) token = dw_pick(a, row, k, lane);
+    }
     token = token < 0 ? 0 : (token >= a.vocab ? a.vocab - 1 : token);
     __syncwarp();
     if (lane == 0) {
@@ -505,4 +754,11 @@ extern "C" __global__ void __launch_bounds__(256) dm_wide_finish(const WideArgs 
     slot1[h] = v.z;
     slot1[2 + h] = v.w;
   }
+}
+
+extern "C" __global__ void __launch_bounds__(256) dm_wide_finish(const WideArgs a, i64 step, i64 gather) {
+  wide_finish<false>(a, step, gather);
+}
+extern "C" __global__ void __launch_bounds__(256) dm_wide_pick(const WideArgs a, i64 step, i64 gather) {
+  wide_finish<true>(a, step, gather);
 }

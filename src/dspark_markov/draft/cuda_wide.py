@@ -54,7 +54,10 @@ DEFAULT_FLAGS = FLAG_PREFETCH
 # and, for the unscaled vector paths, _p2 (16 warps, two per group sharing its W2 stage and splitting its m-tiles).
 STEP_KERNELS = tuple(f"dm_wide_b{b}_c{c}_v{v}_s{s}" for b in (0, 1) for c in (0, 1) for v in (0, 1)
                      for s in (0, 1)) + tuple(f"dm_wide_b{b}_c{c}_v1_s0_p2" for b in (0, 1) for c in (0, 1))
-KERNELS = STEP_KERNELS + ("dm_wide_finish",)
+# method="inverse_cdf": the same bits with _icdf (8 warps; each block a contiguous run of groups), and dm_wide_pick.
+ICDF_KERNELS = tuple(f"dm_wide_b{b}_c{c}_v{v}_s{s}_icdf" for b in (0, 1) for c in (0, 1) for v in (0, 1)
+                     for s in (0, 1))
+KERNELS = STEP_KERNELS + ICDF_KERNELS + ("dm_wide_finish", "dm_wide_pick")
 UNVERIFIED_ENV = "DSPARK_MARKOV_UNVERIFIED"  # comma-separated designs (or "1": all) allowed to run before their GPU tests
 
 
@@ -80,7 +83,8 @@ class WideArgs(ctypes.Structure):
         ("scale", ctypes.c_double), ("filter_margin", ctypes.c_double)] + [
         (name, ctypes.c_uint64) for name in ("anchor", "embed", "tokens")] + [
         (name, ctypes.c_int64) for name in ("anchor64", "embed_rows", "tokens_row_stride", "tokens_step_stride")] + [
-        ("keys", ctypes.c_uint64)]
+        ("keys", ctypes.c_uint64), ("part", ctypes.c_uint64)] + [
+        (name, ctypes.c_int64) for name in ("part_stride", "icdf_gpb", "icdf_blocks", "cache32")]
 
 
 def threads(name: str) -> int:
@@ -88,10 +92,20 @@ def threads(name: str) -> int:
     return 512 if name.endswith("_p2") else 256
 
 
-def smem_bytes(rows: int) -> int:
-    """Dynamic shared memory of a step launch over ``rows`` rows: codes, W2 stages, noise table, row keys (bytes)."""
+def smem_bytes(rows: int, inverse_cdf: bool = False) -> int:
+    """Dynamic shared memory of a step launch over ``rows`` rows: codes, W2 stages, noise table (Gumbel) or the
+    per-(warp, row) partials (inverse CDF, 8 bytes each), row keys (bytes)."""
     mtiles = -(-int(rows) // 16)
-    return mtiles * 16 * 512 + TEAMS * 2 * 8 * 32 * 16 + TB_SIZE * 4 + mtiles * 16 * 32
+    extra = TEAMS * mtiles * 16 * 8 if inverse_cdf else TB_SIZE * 4
+    return mtiles * 16 * 512 + TEAMS * 2 * 8 * 32 * 16 + extra + mtiles * 16 * 32
+
+
+def icdf_blocks(vocab: int, max_blocks: int) -> tuple:
+    """``(groups per block, blocks)`` of an inverse-CDF step: each block a contiguous run of whole rounds of its
+    ``TEAMS`` warps (``TEAMS`` 16-token groups), as few rounds per block as ``max_blocks`` blocks allow."""
+    rounds = -(-(-(-int(vocab) // GROUP)) // TEAMS)  # rounds of TEAMS groups over the vocabulary
+    gpb = TEAMS * -(-rounds // max(1, int(max_blocks)))
+    return gpb, -(-(-(-int(vocab) // GROUP)) // gpb)
 
 
 @functools.lru_cache(maxsize=None)
@@ -121,7 +135,7 @@ class CudaWideBackend:
     """
 
     NAME = "cuda_wide"
-    METHODS = ("gumbel",)
+    METHODS = ("gumbel", "inverse_cdf")
     DEVICES = ("cuda",)
     GRAPH_SAFE = True
     MAX_ROWS = MAX_ROWS
@@ -140,8 +154,11 @@ class CudaWideBackend:
             blocks_per_sm = check_int("blocks_per_sm", blocks_per_sm, 1)
         if isinstance(warps_per_group, bool) or warps_per_group not in WARPS_PER_GROUP:
             raise ValueError(f"warps_per_group: expected one of {WARPS_PER_GROUP}, got {warps_per_group!r}")
-        if method != "gumbel":
-            raise ValueError(f"method: impl 'cuda_wide' supports 'gumbel', got {method!r}")
+        if method not in self.METHODS:
+            raise ValueError(f"method: impl 'cuda_wide' supports 'gumbel' and 'inverse_cdf', got {method!r}")
+        if method == "inverse_cdf" and warps_per_group != 1:
+            raise ValueError(f"warps_per_group: method 'inverse_cdf' runs with 1 (8 warps per block), "
+                             f"got {warps_per_group!r}")
         device = torch.device(device)
         if device.type != "cuda":
             raise ValueError(f"device: impl 'cuda_wide' runs on CUDA devices, got {device}")
@@ -159,6 +176,7 @@ class CudaWideBackend:
         index = device.index if device.index is not None else torch.cuda.current_device()
         self.device = torch.device("cuda", index)
         self.head = head
+        self.method = method
         self.num_steps = int(num_steps)
         self.max_rows = int(max_rows)
         try:
@@ -176,16 +194,21 @@ class CudaWideBackend:
         self.keys = torch.zeros(self.num_steps * rows16 * 32, dtype=torch.uint8, device=self.device)
         self.num_sms = torch.cuda.get_device_properties(index).multi_processor_count
         limit = build.max_dynamic_smem(index)
-        if smem_bytes(self.max_rows) > limit:
-            raise ValueError(f"max_rows: {self.max_rows} rows need {smem_bytes(self.max_rows)} bytes of shared memory, "
-                             f"this GPU allows {limit}")
+        inverse = method == "inverse_cdf"
+        if smem_bytes(self.max_rows, inverse) > limit:
+            raise ValueError(f"max_rows: {self.max_rows} rows need {smem_bytes(self.max_rows, inverse)} bytes of shared "
+                             f"memory, this GPU allows {limit}")
         # Blocks per SM of every entry point and m-tile count, queried now (no driver call inside a capture).
         self.resident = {}
-        for name in STEP_KERNELS:
+        for name in ICDF_KERNELS if inverse else STEP_KERNELS:
             self.kernels.set_dynamic_smem(name, limit)
             for mtiles in range(1, rows16 // 16 + 1):
-                fit = self.kernels.blocks_per_sm(name, threads(name), smem_bytes(16 * mtiles))
+                fit = self.kernels.blocks_per_sm(name, threads(name), smem_bytes(16 * mtiles, inverse))
                 self.resident[name, mtiles] = max(1, fit if blocks_per_sm is None else int(blocks_per_sm))
+        # Inverse CDF: per (row, block) partials (max z / T, mass) in fp32 pairs, [rows16, part_stride], written by
+        # every step launch and read by dm_wide_pick (at most one launch's blocks per row).
+        self.part_stride = self.num_sms * max(self.resident.values()) if inverse else 1
+        self.part = torch.zeros(rows16 if inverse else 1, self.part_stride, 2, dtype=torch.float32, device=self.device)
 
     @staticmethod
     def opt_in_reason() -> str | None:
@@ -213,6 +236,8 @@ class CudaWideBackend:
                and _aligned(logits_cache, (0,), 4 * logits_cache.element_size()))
         name = (f"dm_wide_b{int(base_logits.dtype == torch.float32)}_c{int(logits_cache.dtype == torch.float32)}"
                 f"_v{int(vec)}_s{int(float(self.head.scale) != 1.0)}")
+        if self.method == "inverse_cdf":
+            return f"{name}_icdf"
         return f"{name}_p2" if self.warps_per_group == 2 and name.endswith("_v1_s0") else name
 
     def arguments(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens,
@@ -228,13 +253,16 @@ class CudaWideBackend:
             self.flags, float(head.scale), self.filter_margin,
             anchor.data_ptr(), head.embed_weight.data_ptr(), draft_tokens.data_ptr(),
             int(anchor.dtype == torch.int64), head.embed_vocab_size, draft_tokens.stride(0), draft_tokens.stride(1),
-            self.keys.data_ptr())
+            self.keys.data_ptr(), self.part.data_ptr(), self.part_stride, 0, 0,
+            int(logits_cache.dtype == torch.float32))
 
     def run(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens, logits_cache):
         """Draw ``draft_tokens`` ``[R, N]`` and write ``logits_cache`` ``[S, N, V]`` (see the module).
 
         Launches per call: 1 + 2 N. Bytes per step: V * 512 of W2, R * V * (base + cache bytes), the codes
-        (R * 512) once per block, R * 8 per m-tile and 16-token group (the words, from L2).
+        (R * 512) once per block, R * 8 per m-tile and 16-token group (the words, from L2). Inverse CDF: no words
+        for T > 0 rows; 8 R blocks of partials written and read back, and ~2 * 16 * icdf_gpb cache bytes (the chosen
+        block: ~1,000 tokens at V = 129,280 on 132 SMs) re-read per T > 0 row.
         """
         rows, steps, vocab = base_logits.shape
         if rows == 0:
@@ -247,8 +275,12 @@ class CudaWideBackend:
         name = self.kernel_name(base_logits, logits_cache)
         mtiles = -(-rows // 16)
         groups = -(-vocab // GROUP)
+        inverse = self.method == "inverse_cdf"
         grid = min(self.num_sms * self.resident[name, mtiles], -(-groups // TEAMS))
-        smem = smem_bytes(rows)
+        if inverse:  # each block a contiguous run of groups (vocabulary order for the pick)
+            args.icdf_gpb, grid = icdf_blocks(vocab, min(grid, self.part_stride))
+            args.icdf_blocks = grid
+        smem = smem_bytes(rows, inverse)
         finish_grid = -(-rows // 8)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         launch = self.kernels.launch
@@ -257,5 +289,5 @@ class CudaWideBackend:
         for step in range(steps):
             args.step = step
             launch(name, grid, threads(name), smem, stream, [args])
-            launch("dm_wide_finish", finish_grid, 256, 0, stream,
+            launch("dm_wide_pick" if inverse else "dm_wide_finish", finish_grid, 256, 0, stream,
                    [args, ctypes.c_int64(step), ctypes.c_int64(int(step + 1 < steps))])
