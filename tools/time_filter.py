@@ -108,7 +108,7 @@ VARIANTS = {  # name: filter attributes over the defaults (issue 16, filter4: op
     "nt512": {"narrow_tile": 512},
     "late": {"late_gather": True},
     "w8": {"resolve_warps": 8},
-    "exact": {"approx": False},  # (filter5) exact integer masses in the first top-p sweep
+    "exact": {"approx": False, "sweep_raw": False},  # (filter5) the default lean exact top-p sweep
     "approx": {"approx": True},  # approximate masses + exact redo (filter5)
     "raw": {"approx": False, "sweep_raw": True},  # exact, the bracket's lower end completed by the finish
 }
