@@ -8,6 +8,8 @@
   semantics of ``mma.sync m16n8k16`` (emulated in numpy), give ``codes @ W2^T`` at the (row, token) the
   epilogue assigns (the rank permuted alike in A and B, the tokens permuted to 4 per lane);
 - the shared memory of 256 rows fits an H100/H200 block; the backend refuses the CPU and bad options.
+- method="inverse_cdf": the _icdf partials and dm_wide_pick's pick, emulated in fp32 numpy in the kernel's order of
+  operations, draw what ``draw_inverse_cdf`` draws at small shapes (special rows included).
 The draws themselves are checked on the H200 (tests/gpu/test_cuda_wide_gpu.py); the skip threshold is
 blocks.cu's (``dm::skip_threshold``, tests/draft/test_cuda_gumbel.py proves it).
 """
@@ -42,7 +44,8 @@ def test_wide_kernels_compile_for_sm90(tmp_path):
                                  str(tmp_path / "wide.cubin")], capture_output=True, text=True)
         assert result.returncode == 0, result.stderr
         log = result.stderr
-        names = ("dm_wide_b0_c0_v1_s0", "dm_wide_b1_c1_v0_s1", "dm_wide_b0_c0_v1_s0_p2", "dm_wide_finish")
+        names = ("dm_wide_b0_c0_v1_s0", "dm_wide_b1_c1_v0_s1", "dm_wide_b0_c0_v1_s0_p2", "dm_wide_b0_c0_v1_s0_icdf",
+                 "dm_wide_b1_c1_v0_s1_icdf", "dm_wide_finish", "dm_wide_pick")
     for name in names:
         assert f"'{name}'" in log, name
     frames = [int(x) for x in re.findall(r"(\d+) bytes stack frame", log)]
@@ -123,6 +126,8 @@ def test_fragment_layout_gives_the_bias_at_the_epilogue_positions():
 
 def test_shared_memory_fits_and_the_backend_refuses_cpu_and_bad_options():
     assert cuda_wide.smem_bytes(cuda_wide.MAX_ROWS) <= 227 * 1024
+    assert cuda_wide.smem_bytes(cuda_wide.MAX_ROWS, inverse_cdf=True) <= 227 * 1024
+    assert cuda_wide.icdf_blocks(129_280, 132) == (64, 127)  # 1,024 tokens per block, the last one 256
     head = dm.MarkovHead(torch.zeros(300, 256, dtype=torch.bfloat16), torch.zeros(300, 256, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="impl"):
         dm.MarkovSampler(head, 5, 4, impl="cuda_wide")
@@ -135,6 +140,11 @@ def test_shared_memory_fits_and_the_backend_refuses_cpu_and_bad_options():
         cuda_wide.CudaWideBackend(head, 5, 257, method="gumbel", cache_dtype=torch.bfloat16, device="cuda")
     with pytest.raises(ValueError, match="device"):
         cuda_wide.CudaWideBackend(head, 5, 4, method="gumbel", cache_dtype=torch.bfloat16, device="cpu")
+    with pytest.raises(ValueError, match="method"):
+        cuda_wide.CudaWideBackend(head, 5, 4, method="top_k", cache_dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="warps_per_group"):
+        cuda_wide.CudaWideBackend(head, 5, 4, method="inverse_cdf", cache_dtype=torch.bfloat16, device="cuda",
+                                  warps_per_group=2)
     if not torch.cuda.is_available():
         assert "no CUDA GPU" in cuda_wide.CudaWideBackend.unavailable_reason()
 
@@ -268,3 +278,168 @@ def test_emulated_ranking_draws_the_reference():
         got = _emulate_step(z, temp, seed, step, pos, teams, margin, table, keys)
         want = argmax_first(keys)  # draw_gumbel
         assert torch.equal(got, want), (step, teams, torch.nonzero(got != want).flatten().tolist())
+
+
+# --------------------------------------------------------------------------- the inverse-CDF draw, emulated
+# method="inverse_cdf": dm_wide_step's _icdf partials and dm_wide_pick's pick replayed in fp32 numpy in the kernel's
+# order of operations (group partials per lane quad, per-(warp, row) merges in group order, warps merged in order,
+# lane chunks + a Hillis-Steele scan + running prefixes in the pick). exp is np.exp2(d * log2 e) in fp32 where the
+# GPU has ex2.approx.ftz (a few ulp apart): the emulation checks the rules, the GPU tests check the CUDA code.
+_LOG2E = np.float32(1.4426950408889634)
+_NINF = np.float32(-np.inf)
+
+
+def _ex(d):  # wide.cu dw_exp
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.exp2(np.float32(d) * _LOG2E).astype(np.float32)
+
+
+def _merge(m, s, gm, gs):  # wide.cu dw_merge, vectorised over rows
+    with np.errstate(invalid="ignore", over="ignore"):
+        up = gm > m
+        s_up = s * _ex(m - gm) + gs
+        s_dn = np.where(gs > 0, s + gs * _ex(gm - m), s)
+        return np.where(up | np.isnan(gm), gm, m).astype(np.float32), np.where(up, s_up, s_dn).astype(np.float32)
+
+
+def _scaled(z, temp):  # wide.cu dw_scaled (fp32 division; T = 1 the identity)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        return np.where(temp == 1, z, z / np.where(temp == 0, np.float32(1), temp)).astype(np.float32)
+
+
+def _block_partials(z, temp, gpb):
+    """part[row][b] = (max z/T, mass) of dm_wide_b*_icdf: warp w of block b takes groups b gpb + w, + 8, ..."""
+    rows, vocab = z.shape
+    groups = -(-vocab // 16)
+    blocks = -(-groups // gpb)
+    x = np.full((rows, groups * 16), _NINF, np.float32)
+    x[:, :vocab] = _scaled(z, temp[:, None])
+    x = x.reshape(rows, groups, 4, 4)  # [row, group, lane c, token k]
+    with np.errstate(invalid="ignore", over="ignore"):
+        gm = x.max(axis=(2, 3))  # NaN sticky
+        w = _ex(x - gm[:, :, None, None])
+        lane = ((w[..., 0] + w[..., 1]) + w[..., 2]) + w[..., 3]
+        gs = (lane[..., 0] + lane[..., 1]) + (lane[..., 2] + lane[..., 3])
+    gs = np.where(gm == _NINF, np.float32(0), gs).astype(np.float32)
+    part = np.zeros((rows, blocks, 2), np.float32)
+    for b in range(blocks):
+        m, s = np.full(rows, _NINF, np.float32), np.zeros(rows, np.float32)
+        for warp in range(8):
+            wm, ws = np.full(rows, _NINF, np.float32), np.zeros(rows, np.float32)
+            for grp in range(b * gpb + warp, min(groups, (b + 1) * gpb), 8):
+                wm, ws = _merge(wm, ws, gm[:, grp], gs[:, grp])
+            m, s = _merge(m, s, wm, ws)
+        part[:, b, 0], part[:, b, 1] = m, s
+    return part
+
+
+def _lane_scan(sums):  # Hillis-Steele over 32 lanes (shfl_up d = 1, 2, 4, 8, 16: o + own); exclusive = shfl_up 1
+    incl = np.array(sums, np.float32)
+    for d in (1, 2, 4, 8, 16):
+        incl = np.concatenate([incl[:d], incl[:-d] + incl[d:]]).astype(np.float32)
+    return np.concatenate([[np.float32(0)], incl[:-1]]).astype(np.float32), incl[31]
+
+
+def _pick(z, temp, u, part, gpb):
+    """dm_wide_pick's dw_pick for one T > 0 row (z its cached row, fp32)."""
+    vocab, nb = z.shape[0], part.shape[0]
+    span = lambda b: (b * gpb * 16, min(vocab, (b + 1) * gpb * 16))  # noqa: E731
+    m = part[:, 0].max()  # NaN sticky
+    if np.isnan(m):
+        lo, hi = span(int(np.flatnonzero(np.isnan(part[:, 0]))[0]))
+        return lo + int(np.flatnonzero(np.isnan(z[lo:hi]))[0])
+    if m == _NINF:
+        return 0
+    if m == np.inf:
+        return int(np.flatnonzero(z == z.max())[0])
+    per = -(-nb // 32)
+    mass = np.where(part[:, 1] > 0, part[:, 1] * _ex(part[:, 0] - m), np.float32(0)).astype(np.float32)
+
+    def choose(values, size, chunk):
+        lanes = [range(lane * chunk, min(lane * chunk + chunk, size)) for lane in range(32)]
+        sums = []
+        for idx in lanes:
+            acc = np.float32(0)
+            for i in idx:
+                acc = np.float32(acc + values[i])
+            sums.append(acc)
+        return lanes, _lane_scan(sums)
+
+    lanes, (excl, total) = choose(mass, nb, per)
+    target = np.float32(u * total)
+    hit = last = None
+    for lane, idx in enumerate(lanes):
+        run = excl[lane]
+        for b in idx:
+            nxt = np.float32(run + mass[b])
+            if mass[b] > 0:
+                last = (b, run)
+                if nxt > target and hit is None:
+                    hit = (b, run)
+            run = nxt
+    chosen, before = hit if hit is not None else last
+    remaining = np.float32(target - before)
+    lo, hi = span(chosen)
+    mc, scale = part[chosen, 0], _ex(part[chosen, 0] - m)
+    with np.errstate(invalid="ignore", over="ignore"):
+        weight = _ex(_scaled(z[lo:hi], temp) - mc)
+    lanes, (excl, _) = choose(weight, hi - lo, -(-(hi - lo) // 32))
+    hit = last = None
+    for lane, idx in enumerate(lanes):
+        run = excl[lane]
+        for i in idx:
+            run = np.float32(run + weight[i])
+            if weight[i] > 0:
+                last = lo + i
+                if hit is None and np.float32(run * scale) > remaining:
+                    hit = lo + i
+    return hit if hit is not None else last
+
+
+def test_emulated_inverse_cdf_draws_the_reference():
+    """The _icdf partials and the pick, emulated: at V = 8000 (500 groups, 63 blocks of 8: two per lane in the block
+    stage, a partial group) and 1000 (16 groups per block), 37 rows of bf16-rounded logits at T = 0 / 0.6 / 1 / 2.5 and
+    NaN / +inf / all -inf / huge / sparse rows: every token is draw_inverse_cdf's (greedy and non-finite rows
+    argmax_first), every T > 0 token the inverse CDF of its uniform (tests.helpers.check_inverse_cdf), and each block
+    partial is (max z / T, sum exp(z / T - max)) to 1e-5."""
+    from dspark_markov import rng
+    from dspark_markov.draft.reference import argmax_first, draw_inverse_cdf
+    from tests.helpers import check_inverse_cdf
+
+    gen = torch.Generator().manual_seed(12)
+    for vocab, max_blocks in ((8000, 132), (1000, 4)):
+        rows = 37
+        gpb, blocks = cuda_wide.icdf_blocks(vocab, max_blocks)
+        z = (torch.randn(rows, vocab, generator=gen) * 3).bfloat16().float()
+        z[1] = float("-inf")
+        z[2, vocab // 2], z[2, vocab // 3] = float("nan"), float("nan")
+        z[3, 7], z[3, vocab - 1] = float("inf"), float("inf")
+        z[5, :] = float("-inf")
+        z[5, [vocab - 3, 17]] = 0.0
+        z[6, vocab - 5] = 3e38  # z / 0.6 overflows to +inf: the first maximum of z
+        z[7, ::2] = float("-inf")
+        z[8, : vocab // 2] = float("-inf")
+        z[9] = z[9] * 1e-3  # nearly flat: the draw falls deep inside the row
+        temp = torch.tensor([1.0, 0.6, 2.5, 0.0])[torch.arange(rows) % 4]
+        temp[[1, 2, 3, 5, 6, 7, 9]] = torch.tensor([1.0, 1.0, 0.6, 1.0, 0.6, 2.5, 1.0])
+        seed = torch.randint(-(2**62), 2**62, (rows,), generator=gen)
+        pos = torch.randint(1, 1 << 20, (rows,), generator=gen)
+        step = 2
+        part = _block_partials(z.numpy(), temp.numpy(), gpb)
+        assert part.shape[1] == blocks
+        u = rng.inverse_cdf_uniform(seed, step, pos).numpy()
+        got = torch.tensor([int(argmax_first(z[r:r + 1])[0]) if temp[r] == 0 else
+                            _pick(z[r].numpy(), temp[r].numpy(), u[r], part[r], gpb) for r in range(rows)])
+        want = draw_inverse_cdf(z, temp, seed, step, pos)
+        assert torch.equal(got, want), (vocab, torch.nonzero(got != want).flatten().tolist())
+        assert got[1] == 0 and got[2] == vocab // 3 and got[3] == 7 and got[6] == vocab - 5
+        finite = [r for r in range(rows) if temp[r] > 0 and r not in (1, 2, 3, 6)]
+        check_inverse_cdf(z[finite], temp[finite], seed[finite], step, pos[finite], got[finite])
+        x = (z[finite].double() / temp[finite, None].double()).numpy()  # the partials against fp64 sums
+        for b in range(blocks):
+            cols = slice(b * gpb * 16, min(vocab, (b + 1) * gpb * 16))
+            bm = x[:, cols].max(axis=1)
+            np.testing.assert_array_equal(part[finite, b, 0], bm.astype(np.float32))
+            with np.errstate(invalid="ignore"):
+                mass = np.where(np.isfinite(bm), np.exp(x[:, cols] - bm[:, None]).sum(axis=1), 0.0)
+            np.testing.assert_allclose(part[finite, b, 1], mass, rtol=1e-5)
