@@ -8,6 +8,13 @@ with padding rows and samples, strided base logits with a bias scale, NaN / all 
 vocabulary that is not a multiple of 4 (the scalar path), every token exact (``filter_margin`` huge) and
 the prefetch hint off drawing the same, CUDA-graph replay equal to eager.
 
+method="inverse_cdf" (``check_icdf``): the cache as above, greedy rows (T = 0) and rows whose max of z / T is not
+finite ``argmax_first`` of the own cache bit for bit, padding samples an argmax of the reference z within the bias
+bracket, every other T > 0 token the inverse CDF of its uniform under softmax(own cache / T) within the fp32 sums
+(``tests.helpers.check_inverse_cdf``, the rule ``wide`` / ``inverse_cdf`` / ``stream`` are held to: block sums in
+another order move a rounding boundary); rows 1-253, both dtypes, all-T = 1 and all-greedy batches, NaN / +inf /
+all -inf / overflowing rows, V % 4 != 0, strided + scale, CUDA-graph replay equal to eager.
+
 cuda_wide has not run on a GPU yet (written 2026-12-04 without device time), so these tests skip unless
 ``DSPARK_MARKOV_UNVERIFIED=cuda_wide`` is set: a first run should be its own process
 (``tools/gpu_plans/issue12_cuda_wide.sh check``), since a kernel fault would poison the CUDA context of every later
@@ -20,7 +27,9 @@ import pytest
 import torch
 
 import dspark_markov as dm
-from tests.helpers import SENTINEL, check_draws, cuda_inputs, make_head, make_inputs, new_outputs, same_values
+from dspark_markov.draft.reference import argmax_first, row_keys
+from tests.helpers import (SENTINEL, bias_bracket, check_draws, check_inverse_cdf, cuda_inputs, make_head, make_inputs,
+                           new_outputs, same_values)
 from tests.helpers import sample_synced as sample
 
 pytestmark = pytest.mark.gpu
@@ -40,10 +49,10 @@ def head():
     return make_head(VOCAB, RANK, embed_extra=1000, dtype=torch.bfloat16, device="cuda", seed=3)
 
 
-def wide(head, rows, cache_dtype, **backend_kwargs):
-    sampler = dm.MarkovSampler(head, STEPS, rows, cache_dtype=cache_dtype, method="gumbel", impl="cuda_wide")
+def wide(head, rows, cache_dtype, method="gumbel", **backend_kwargs):
+    sampler = dm.MarkovSampler(head, STEPS, rows, cache_dtype=cache_dtype, method=method, impl="cuda_wide")
     if backend_kwargs:
-        sampler.backend = type(sampler.backend)(head, STEPS, rows, method="gumbel", cache_dtype=cache_dtype,
+        sampler.backend = type(sampler.backend)(head, STEPS, rows, method=method, cache_dtype=cache_dtype,
                                                 device="cuda", **backend_kwargs)
     return sampler
 
@@ -129,3 +138,122 @@ def test_cuda_graph_capture_and_replay(head, rows):
         eager_tokens, eager_cache = sample(wide(head, rows, torch.bfloat16), fresh, torch.bfloat16)
         assert torch.equal(tokens, eager_tokens)
         assert same_values(cache, eager_cache)
+
+
+# --------------------------------------------------------------------------- method="inverse_cdf"
+def check_icdf(head, inputs, tokens, cache):
+    """check_draws's rules for the inverse-CDF draw (the module docstring): cache inside the bias bracket, padding
+    entries untouched, greedy and non-finite rows argmax_first of the own cache, T > 0 tokens the inverse CDF of u."""
+    base = inputs["base_logits"]
+    rows, steps, vocab = base.shape
+    slots_rs = inputs["idx_mapping"].view(rows, steps)
+    positions = inputs["positions"].view(rows, steps)
+    assert tokens.min() >= 0 and tokens.max() < vocab
+    written = torch.zeros(cache.shape[:2], dtype=torch.bool, device=cache.device)
+    prev = inputs["anchor"].long().clamp(0, head.embed_vocab_size - 1)
+    for step in range(steps):
+        slot_col = slots_rs[:, step].long()
+        slot_col = torch.where(slot_col >= cache.shape[0], torch.full_like(slot_col, -1), slot_col)
+        padding, temp, seed, pos = row_keys(slot_col, positions[:, step], inputs["temperature"], inputs["seeds"])
+        live = ~padding
+        bias, slack = bias_bracket(head, prev)
+        logits = base[:, step].float()
+        z_lo = (logits.double() + (bias.double() - slack.double())).float().to(cache.dtype)
+        z_hi = (logits.double() + (bias.double() + slack.double())).float().to(cache.dtype)
+        own = cache[slot_col.clamp_min(0), step].float()  # [R, V]
+        got, lo, hi = own[live], z_lo[live].float(), z_hi[live].float()
+        assert bool(((got >= lo) & (got <= hi) | (torch.isnan(got) & torch.isnan(lo))).all()), f"step {step}: cache"
+        scaled = own / torch.where(temp > 0, temp, torch.ones_like(temp))[:, None]
+        finite = torch.isfinite(scaled.amax(dim=-1)) & ~torch.isnan(own).any(dim=-1)
+        argmax_rows = live & ((temp == 0) | ~finite)
+        if bool(argmax_rows.any()):
+            assert torch.equal(tokens[argmax_rows, step], argmax_first(own[argmax_rows])), f"step {step}: argmax rows"
+        drawn = live & (temp > 0) & finite
+        if bool(drawn.any()):
+            check_inverse_cdf(own[drawn], temp[drawn], seed[drawn], step, pos[drawn], tokens[drawn, step])
+        if bool(padding.any()):
+            best_lo = z_lo[padding].float().amax(dim=-1)
+            assert bool((z_hi[padding].float().gather(1, tokens[padding, step][:, None])[:, 0] >= best_lo).all())
+        written[slot_col[live], step] = True
+        prev = tokens[:, step]
+    assert bool((cache[~written].float() == SENTINEL).all()), "a padding sample's or unused slot's cache row written"
+
+
+@pytest.mark.parametrize("rows,logit_dtype,cache_dtype", [
+    (32, torch.bfloat16, torch.bfloat16), (64, torch.bfloat16, torch.bfloat16), (128, torch.bfloat16, torch.bfloat16),
+    (253, torch.bfloat16, torch.bfloat16), (64, torch.float32, torch.float32), (253, torch.float32, torch.float32),
+    (64, torch.bfloat16, torch.float32), (1, torch.bfloat16, torch.bfloat16)])
+def test_inverse_cdf_draws_from_its_own_cache_at_full_shape(head, rows, logit_dtype, cache_dtype):
+    inputs = cuda_inputs(rows, STEPS, VOCAB, logit_dtype)
+    tokens, cache = sample(wide(head, rows, cache_dtype, "inverse_cdf"), inputs, cache_dtype)
+    check_icdf(head, inputs, tokens, cache)
+
+
+@pytest.mark.parametrize("temp", [1.0, 0.0])
+def test_inverse_cdf_all_t1_and_all_greedy(head, temp):
+    inputs = dict(cuda_inputs(253, STEPS, VOCAB, torch.bfloat16))
+    inputs["temperature"] = torch.full_like(inputs["temperature"], temp)
+    tokens, cache = sample(wide(head, 253, torch.bfloat16, "inverse_cdf"), inputs, torch.bfloat16)
+    check_icdf(head, inputs, tokens, cache)
+
+
+def test_inverse_cdf_special_rows_strided_scale_and_scalar_path(head):
+    """NaN / +inf / all -inf / z / T overflow / sparse rows (fp32 cache: the values stay as given); then strided logits
+    with a bias scale; then V % 4 != 0 (the scalar path, a partial last block)."""
+    inputs = make_inputs(20, STEPS, VOCAB, logit_dtype=torch.float32, device="cuda", seed=17, embed_vocab=VOCAB + 1000)
+    inputs["temperature"] = torch.tensor([0.6, 1.0, 2.0])[torch.arange(inputs["temperature"].shape[0]) % 3].cuda()
+    base = inputs["base_logits"]
+    base[0, 0, 100_000] = float("nan")
+    base[0, 0, 70_000] = float("nan")
+    base[1] = float("-inf")
+    base[3, 1, :] = 3.0e38
+    base[2, 2, 5_000] = float("inf")
+    base[4, :, ::3] = float("-inf")
+    base[5, :, :120_000] = float("-inf")
+    tokens, cache = sample(wide(head, 20, torch.float32, "inverse_cdf"), inputs, torch.float32)
+    assert tokens[0, 0] == 70_000 and bool((tokens[1] == 0).all())
+    check_icdf(head, inputs, tokens, cache)
+    scaled = dm.MarkovHead(head.embed_weight, head.head_weight, 0.8125)
+    inputs = make_inputs(40, STEPS, VOCAB, strided=True, device="cuda", seed=13, embed_vocab=VOCAB + 1000)
+    tokens, cache = sample(wide(scaled, 40, torch.bfloat16, "inverse_cdf"), inputs, torch.bfloat16)
+    check_icdf(scaled, inputs, tokens, cache)
+    vocab = VOCAB - 3
+    small = dm.MarkovHead(head.embed_weight, head.head_weight[:vocab].contiguous())
+    inputs = cuda_inputs(33, STEPS, vocab, torch.bfloat16, seed=21)
+    sampler = wide(small, 33, torch.bfloat16, "inverse_cdf")
+    name = sampler.backend.kernel_name(inputs["base_logits"], new_outputs(inputs, torch.bfloat16)[1])
+    assert name.endswith("_v0_s0_icdf"), name
+    tokens, cache = sample(sampler, inputs, torch.bfloat16)
+    check_icdf(small, inputs, tokens, cache)
+
+
+def test_inverse_cdf_graph_replay_equals_eager_and_options_draw_the_same(head):
+    """253 rows: capture once, refill, replay == eager; flags never change a draw; another grid draws correctly."""
+    rows = 253
+    sampler = wide(head, rows, torch.bfloat16, "inverse_cdf")
+    static = {name: tensor.clone() for name, tensor in cuda_inputs(rows, STEPS, VOCAB, torch.bfloat16).items()}
+    tokens, cache = new_outputs(static, torch.bfloat16)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            sampler.sample(**static, draft_tokens=tokens, logits_cache=cache, check_values=False)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        sampler.sample(**static, draft_tokens=tokens, logits_cache=cache, check_values=False)
+    fresh = make_inputs(rows, STEPS, VOCAB, device="cuda", seed=8, extra_slots=5, embed_vocab=VOCAB + 1000)
+    for name, tensor in fresh.items():
+        static[name].copy_(tensor)
+    cache.fill_(SENTINEL)
+    tokens.fill_(-1)
+    graph.replay()
+    torch.cuda.synchronize()
+    check_icdf(head, fresh, tokens, cache)
+    eager_tokens, eager_cache = sample(wide(head, rows, torch.bfloat16, "inverse_cdf"), fresh, torch.bfloat16)
+    assert torch.equal(tokens, eager_tokens) and same_values(cache, eager_cache)
+    other, other_cache = sample(wide(head, rows, torch.bfloat16, "inverse_cdf", flags=0), fresh, torch.bfloat16)
+    assert torch.equal(eager_tokens, other) and same_values(eager_cache, other_cache)
+    # another grid moves the block boundaries (another summation order): checked, not compared
+    check_icdf(head, fresh, *sample(wide(head, rows, torch.bfloat16, "inverse_cdf", blocks_per_sm=2), fresh,
+                                    torch.bfloat16))

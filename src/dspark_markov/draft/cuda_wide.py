@@ -196,8 +196,8 @@ class CudaWideBackend:
         limit = build.max_dynamic_smem(index)
         inverse = method == "inverse_cdf"
         if smem_bytes(self.max_rows, inverse) > limit:
-            raise ValueError(f"max_rows: {self.max_rows} rows need {smem_bytes(self.max_rows, inverse)} bytes of shared "
-                             f"memory, this GPU allows {limit}")
+            need = smem_bytes(self.max_rows, inverse)
+            raise ValueError(f"max_rows: {self.max_rows} rows need {need} bytes of shared memory, this GPU allows {limit}")
         # Blocks per SM of every entry point and m-tile count, queried now (no driver call inside a capture).
         self.resident = {}
         for name in ICDF_KERNELS if inverse else STEP_KERNELS:
