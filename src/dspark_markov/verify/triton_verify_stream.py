@@ -32,10 +32,12 @@ lag lets a request's stream items finish before its emit items start, which then
 emitted row while it is still in L2. Each request's counters are reset by its last emit item:
 :meth:`StreamVerifier.run` only launches, so it can be captured in a CUDA graph and replayed.
 
-**Early stop** (the standard method's default; ``early_stop``): a stream item is ``(request,
-chunk)`` and walks rows ``0..n`` of its chunk in turn. Draft ``j``'s acceptance needs only row
-``j``'s statistics, so the last item of row ``j`` to arrive (per-row 7-bit counts in one int64
-arrival word per request) decides draft ``j`` and stores row ``j``'s statistics; the decision
+**Early stop** (``early_stop``, standard method; opt-in, NOT RUN ON A GPU YET: see
+:data:`EARLY_STOP_FROM`): a stream item is ``(request, chunk)`` and walks rows ``0..n`` of its
+chunk in turn. Draft ``j``'s acceptance needs only row ``j``'s statistics, so the last item of row
+``j`` to arrive (per-row 7-bit counts in one int64 arrival word per request) decides draft ``j``
+and stores row ``j``'s statistics (``early_ready``: the decision that fixes ``js`` also marks the
+request ready at once); the decision
 that closes the prefix (rows ``0..js`` decided, ``js`` rejected or ``js = n``) publishes ``js + 1``
 in the top bits of the arrival word. Items read it with each row's arrival (and, with
 ``stop_check``, once per group of tiles inside the loops) and skip the rows after ``js``: those
@@ -802,6 +804,35 @@ def _row_statistics(pa_ptr, pb_ptr, pi_ptr, xv_ptr, drafts_ptr, d_req_stride, d_
 
 
 @triton.jit
+def _write_output(tokens_ptr, tokens_stride, num_emitted_ptr, b, x, js, emitted, live, K: tl.constexpr,
+                  KP1: tl.constexpr):
+    """Request ``b``'s output row: the drafts ``x`` before ``js``, ``emitted`` at ``js``, -1 after, and ``js + 1``
+    tokens (a padding request, ``live`` false: every token -1, none emitted)."""
+    jj = tl.arange(0, KP1)
+    out = tl.where(jj < js, x, tl.where(jj == js, emitted, -1))
+    tl.store(tokens_ptr + b * tokens_stride + jj, tl.where(live, out, -1), mask=jj <= K)
+    tl.store(num_emitted_ptr + b, tl.where(live, js + 1, 0).to(tl.int64))
+
+
+@triton.jit
+def _greedy_output(request_drafts, d_step_stride, row_stats, js, vocab, KP1: tl.constexpr):
+    """``(x, emitted)`` of a greedy request whose emitted row is ``js`` (early stop): its drafts before ``js``
+    (clamped into ``[0, V)``) and the argmax of row ``js`` (``row_stats``: stored by that row's decision)."""
+    jj = tl.arange(0, KP1)
+    x = tl.load(request_drafts + jj * d_step_stride, mask=jj < js, other=0)
+    x = tl.minimum(tl.maximum(x.to(tl.int64), 0), vocab - 1)
+    t_arg = tl.load(row_stats + 5 * KP1 + js, volatile=True).to(tl.int32, bitcast=True)
+    return x, tl.minimum(tl.maximum(t_arg, 0), vocab - 1).to(tl.int64)
+
+
+@triton.jit
+def _reset_request(counters, arrival_word):
+    """Zero a request's counters and arrival word for the next launch (done by the last of its items)."""
+    tl.store(counters + tl.arange(0, 8), tl.zeros([8], tl.int32))
+    tl.store(arrival_word, 0)
+
+
+@triton.jit
 def _terminal(mask, KP1: tl.constexpr):
     """The emitted row ``js`` a decision mask fixes (bit ``i``: row ``i`` decided; bit ``8 + i``: draft ``i``
     rejected, or ``i = n``), or -1: the first rejection inside the decided prefix."""
@@ -856,14 +887,8 @@ def _decide_row(j, b, pa_ptr, pb_ptr, pi_ptr, xv_ptr, drafts_ptr, d_req_stride, 
         if EARLY_READY:
             tl.store(acc_ptr + b, js)
             if greedy:  # the output row here (greedy_direct): drafts before js, then the argmax of row js
-                x_ok = jj < js
-                drafts = tl.load(drafts_ptr + b * d_req_stride + jj * d_step_stride, mask=x_ok, other=0)
-                drafts = tl.minimum(tl.maximum(drafts.to(tl.int64), 0), vocab - 1)
-                t_arg_js = tl.load(row_ptr + b * 8 * KP1 + 5 * KP1 + js, volatile=True).to(tl.int32, bitcast=True)
-                emitted = tl.minimum(tl.maximum(t_arg_js, 0), vocab - 1).to(tl.int64)
-                out = tl.where(x_ok, drafts, tl.where(jj == js, emitted, -1))
-                tl.store(tokens_ptr + b * tokens_stride + jj, out, mask=jj <= K)
-                tl.store(num_emitted_ptr + b, (js + 1).to(tl.int64))
+                x, emitted = _greedy_output(drafts_ptr + b * d_req_stride, d_step_stride, rows, js, vocab, KP1)
+                _write_output(tokens_ptr, tokens_stride, num_emitted_ptr, b, x, js, emitted, live, K, KP1)
                 _finish_arrival(counters_ptr + b * 8, arrivals_ptr + b, C1 + 1)
             else:
                 tl.debug_barrier()
@@ -876,8 +901,7 @@ def _finish_arrival(counters, arrival_word, expected):
     """EARLY_READY: count one more arrival at ``counters[0]`` (the ``C1`` stream items and the request's output
     writer); the last of ``expected`` resets the request's counters and arrival word for the next launch."""
     if _arrive(counters + 0, expected):
-        tl.store(counters + tl.arange(0, 8), tl.zeros([8], tl.int32))
-        tl.store(arrival_word, 0)
+        _reset_request(counters, arrival_word)
 
 
 # --------------------------------------------------------------------------- the kernel
@@ -974,8 +998,7 @@ def _stream_verify_kernel(
                 go = (j <= n) & ((seen == 0) | (j < seen))
             if EARLY_READY:  # the decision that fixed js did the request's epilogue; padding requests here
                 if ~live:
-                    tl.store(tokens_ptr + b * tokens_stride + jj, tl.full([KP1], -1, tl.int64), mask=jj <= K)
-                    tl.store(num_emitted_ptr + b, tl.zeros([], tl.int64))
+                    _write_output(tokens_ptr, tokens_stride, num_emitted_ptr, b, jj.to(tl.int64), 0, 0, live, K, KP1)
                 _finish_arrival(counters, arrivals_ptr + b, tl.where(live, C1 + 1, C1))
             elif _arrive(counters + 0, C1):
                 # Last stream item of request b: every decision is in the mask (each item decides before it arrives).
@@ -983,15 +1006,9 @@ def _stream_verify_kernel(
                 count = tl.where(live, tl.minimum(tl.maximum(js, 0), n), 0)
                 tl.store(acc_ptr + b, count)
                 if direct:  # greedy / padding: the output row here (the decider of row js stored its argmax)
-                    x = tl.load(drafts_ptr + b * d_req_stride + jj * d_step_stride, mask=jj < count, other=0)
-                    x = tl.minimum(tl.maximum(x.to(tl.int64), 0), vocab - 1)
-                    t_arg = tl.load(rows + 5 * KP1 + count, volatile=True).to(tl.int32, bitcast=True)
-                    emitted = tl.minimum(tl.maximum(t_arg, 0), vocab - 1).to(tl.int64)
-                    out = tl.where(jj < count, x, tl.where(jj == count, emitted, -1))
-                    tl.store(tokens_ptr + b * tokens_stride + jj, tl.where(live, out, -1), mask=jj <= K)
-                    tl.store(num_emitted_ptr + b, tl.where(live, count + 1, 0).to(tl.int64))
-                    tl.store(counters + tl.arange(0, 8), tl.zeros([8], tl.int32))
-                    tl.store(arrivals_ptr + b, 0)
+                    x, emitted = _greedy_output(drafts_ptr + b * d_req_stride, d_step_stride, rows, count, vocab, KP1)
+                    _write_output(tokens_ptr, tokens_stride, num_emitted_ptr, b, x, count, emitted, live, K, KP1)
+                    _reset_request(counters, arrivals_ptr + b)
                 else:
                     tl.debug_barrier()
                     tl.atomic_xchg(counters + 3, 1)  # release: ready for the emit items
@@ -1041,11 +1058,8 @@ def _stream_verify_kernel(
                 if direct:  # the emit items of this request do nothing: write its output row here (as their last would)
                     js = tl.minimum(tl.maximum(count, 0), n)
                     emitted = tl.sum(tl.where(jj == js, t_arg, 0), axis=0).to(tl.int64)  # (t_arg clamped above)
-                    out = tl.where(jj < js, x, tl.where(jj == js, emitted, -1))
-                    tl.store(tokens_ptr + b * tokens_stride + jj, tl.where(live, out, -1), mask=jj <= K)
-                    tl.store(num_emitted_ptr + b, tl.where(live, js + 1, 0).to(tl.int64))
-                    tl.store(counters + tl.arange(0, 8), tl.zeros([8], tl.int32))
-                    tl.store(arrivals_ptr + b, 0)
+                    _write_output(tokens_ptr, tokens_stride, num_emitted_ptr, b, x, js, emitted, live, K, KP1)
+                    _reset_request(counters, arrivals_ptr + b)
                 else:
                     tl.debug_barrier()
                     tl.atomic_xchg(counters + 3, 1)  # release: ready for the mass / emit items
@@ -1151,14 +1165,11 @@ def _stream_verify_kernel(
             x = tl.load(drafts_ptr + b * d_req_stride + jj * d_step_stride, mask=(jj < js) & (jj < K),
                         other=0).to(tl.int64)
             x = tl.minimum(tl.maximum(x, 0), vocab - 1)
-            out = tl.where(jj < js, x, tl.where(jj == js, emitted, -1))
-            tl.store(tokens_ptr + b * tokens_stride + jj, tl.where(live, out, -1), mask=jj <= K)
-            tl.store(num_emitted_ptr + b, tl.where(live, js + 1, 0).to(tl.int64))
+            _write_output(tokens_ptr, tokens_stride, num_emitted_ptr, b, x, js, emitted, live, K, KP1)
             if EARLY_READY:  # the request's stream items may still be arriving: the last of them all resets
                 _finish_arrival(counters, arrivals_ptr + b, C1 + 1)
             else:  # every item of request b has arrived: reset its counters for the next call
-                tl.store(counters + tl.arange(0, 8), tl.zeros([8], tl.int32))
-                tl.store(arrivals_ptr + b, 0)
+                _reset_request(counters, arrivals_ptr + b)
     if TRACE:
         t_end, trace_sm = _clock(chunk, HARDWARE)
         pid = tl.program_id(0).to(tl.int64)
