@@ -4,6 +4,8 @@
 #   bash tools/gpu_plans/issue12_cuda_wide.sh check   # budget ~110 s: is it correct? (run this first)
 #   bash tools/gpu_plans/issue12_cuda_wide.sh time    # budget ~110 s: how fast, and where does the time go?
 #   bash tools/gpu_plans/issue12_cuda_wide.sh bench   # budget ~150 s: the committed benchmark with vLLM's loop
+#   bash tools/gpu_plans/issue12_cuda_wide.sh icdf       # budget ~110 s: method="inverse_cdf" correct? (after check)
+#   bash tools/gpu_plans/issue12_cuda_wide.sh icdf_time  # budget ~110 s: method="inverse_cdf" timed and profiled
 # Results go to $JOB_OUT (default ./gpu_plan_out). The design runs only when opted in (draft/cuda_wide.py).
 # Builds: wide.cu takes ~7 s of NVRTC, blocks.cu (the noise table's sweep kernel) ~30 s, the table sweep ~10-20 s;
 # a DSPARK_MARKOV_CACHE built on the CPU with the GPU's NVRTC version (CONTRIBUTING "CUDA kernels") and the table
@@ -67,5 +69,44 @@ bench)
   # 7. (~30 s) cuda_gumbel / cuda_chain after blocks.cu / chain.cu moved helpers into common.cuh (their SASS is
   #    instruction for instruction unchanged under NVRTC 13.0, checked on the CPU; this confirms it on the device).
   timeout -k 2 35 python3 -m pytest -q -m gpu tests/gpu/test_cuda_gumbel_gpu.py -x -k "full_shape or graph" 2>&1 | tail -4
+  ;;
+icdf)
+  # 8. (~60 s) method="inverse_cdf" (icdf5, 2026-12-04, not run): the GPU tests at V = 129,280 (check_icdf: cache in the
+  #    bias bracket, greedy / NaN / +inf / all -inf rows argmax_first of the own cache bit for bit, T > 0 tokens the
+  #    inverse CDF of u within the fp32 sums; rows 1-253 both dtypes, all T = 1 / all greedy, strided + scale,
+  #    V % 4 != 0, graph replay == eager). If the special-rows test alone fails: dw_pick's NaN / +inf / -inf branches;
+  #    if every T > 0 row fails: the partial layout part[row][block] or icdf_gpb / icdf_blocks; if only greedy rows
+  #    fail: the word path's ICDF gating (need0/need1, wread).
+  timeout -k 2 70 python3 -m pytest -q -m gpu tests/gpu/test_cuda_wide_gpu.py -x -k inverse_cdf --durations=4 2>&1 \
+    | tail -15
+  # 9. (~25 s) memcheck and racecheck of one small inverse-CDF call (the per-(warp, row) partials in shared memory,
+  #    the __syncthreads before the block merge, dm_wide_pick's reads of the cache and the partials).
+  for tool in memcheck racecheck; do
+    timeout -k 2 30 compute-sanitizer --tool $tool --print-limit 30 python3 tools/sanitize.py \
+      --one-call cuda_wide/inverse_cdf > "$OUT/sanitize_icdf_$tool.log" 2>&1 &
+  done
+  wait
+  for tool in memcheck racecheck; do echo "== $tool"; tail -4 "$OUT/sanitize_icdf_$tool.log"; done
+  ;;
+icdf_time)
+  # 10. (~60 s) Timing beside the Triton design that holds the inverse-CDF record (wide 543.8 / 229.4 us at 253 / 64
+  #     rows) and vLLM's loop: T = 1 and mixed, bf16. Predicted from the SASS (~340 SASS instructions per 16 x 16
+  #     m-tile on the T = 1 path, ~42 per logit; dm_wide_pick ~3-4 us per step): 253 rows ~45-65 us per step (memory
+  #     floor 45, issue 42, tensor pipe 32) + pick -> ~260-360 us per call (target 270); 64 rows ~25-30 us per step
+  #     (W2's 66 MB ~15 us + 33 MB of logits) + pick -> ~150-180 us (target 150). Mixed T pays a div_rn per logit of
+  #     the T != 1 rows (~10 SASS instructions: issue ~+25% at 253 rows).
+  timeout -k 2 70 python3 -m dspark_markov.cli bench --designs vllm_loop,wide,cuda_wide --method inverse_cdf \
+    --rows 64,253 --temperature both --vllm-cache "$VLLM" --out "$OUT/bench_icdf" --no-plot --no-progress 2>&1 | tail -12
+  # 11. (~35 s) Nsight Compute of one step (N = 1) at 253 and 64 rows: dm_wide_b0_c0_v1_s0_icdf and dm_wide_pick.
+  #     Look at DRAM throughput and issue-slot use of the step, and the pick's duration (latency-bound: one warp per
+  #     row, four dependent loads: keys, partials, ~1,000 cached tokens, the W1 row).
+  for rows in 253 64; do
+    timeout -k 2 17 ncu --clock-control none --nvtx --nvtx-include "prof_cuda_wide_inverse_cdf/" \
+      --section SpeedOfLight --section Occupancy --section WarpStateStats \
+      --metrics dram__bytes_read.sum,dram__bytes_write.sum,smsp__inst_executed.sum \
+      python3 tools/profile_large.py --rows $rows --designs cuda_wide:inverse_cdf --steps 1 > "$OUT/ncu_icdf_$rows.txt" 2>&1
+    grep -E "dm_wide|Duration|inst_executed|dram__bytes|Achieved Occ|Compute \(SM\) Th|DRAM Th|Issue Slots" \
+      "$OUT/ncu_icdf_$rows.txt" | head -30
+  done
   ;;
 esac
