@@ -100,6 +100,12 @@ def test_first_pass_paths_at_a_larger_capacity():
     assert_same(approx.filter(inplace, None, p, inplace), reference(x, None, p))
     assert int(approx.state.redone) == 0 and int(approx.state.searched) == 0
     assert not approx.state.approx_mass.any()  # zeroed for the next call
+    # and with the raw exact sweep (the first narrowing from the part masses the finish computed)
+    raw = nx.TopKTopPFilter(4, vocab, "cpu", capacity=1024)
+    raw.sweep_raw = True
+    inplace = x.clone()
+    assert_same(raw.filter(inplace, None, p, inplace), reference(x, None, p))
+    assert int(raw.state.searched) == 0 and bool(raw.state.part_sums.any())
     y = torch.cat([x, zeros[None]])
     k, p = torch.tensor([50, 5, 50, 20, 5]), torch.tensor([0.9, 1.0, 0.95, 0.9, 1.0])
     expected = reference(y, k, p)

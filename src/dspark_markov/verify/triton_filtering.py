@@ -746,11 +746,14 @@ def _sweep_bracket(src, start, end, row_max, hi_key, lo_key, scratch, cursor, ca
 
 
 @triton.jit
-def _complete_bracket(row, st_flags, st_best, st_cursor, points, counts, masses, scratch, vocab, capacity):
+def _complete_bracket(row, st_flags, st_best, st_min, st_cursor, points, counts, masses, scratch, part_sums, vocab,
+                      capacity):
     """``SWEEP_RAW``: the count and exact mass at the first bracket's lower end (slots 6..9) from the
-    count/mass at its upper end plus its gathered candidates (turned into pack form here); when they
-    were not all gathered (beyond the capacity), that point becomes the row's bottom (count ``V``,
-    mass ``S``): a valid point either way for the resolve and the search rounds."""
+    count/mass at its upper end plus its gathered candidates (turned into pack form here), and the exact
+    masses of the ``PARTS`` key intervals the first (bounded) narrowing splits them into (``part_sums``,
+    so that :func:`_narrow_mass` skips its pass over them); when they were not all gathered (beyond the
+    capacity), that point becomes the row's bottom (count ``V``, mass ``S``): a valid point either way
+    for the resolve and the search rounds."""
     flags = tl.load(st_flags + row)
     base = row * _POINTS
     lo_slot = (flags >> 8) & 15
@@ -761,18 +764,28 @@ def _complete_bracket(row, st_flags, st_best, st_cursor, points, counts, masses,
     lo = tl.load(points + base + lo_slot)
     if (flags & 1) != 0:
         if n_in <= capacity:
-            row_max = _key_value((tl.load(st_best + row) >> 32).to(tl.int32))
+            best_key = (tl.load(st_best + row) >> 32).to(tl.int32)
+            row_max = _key_value(best_key)
             rows_scratch = scratch + row * capacity
+            # the parts of _resolve_row's first narrowing (the same bounds: _narrow_mass, bounded)
+            k_low = tl.maximum(lo >> 32, tl.load(st_min + row)).to(tl.int32)
+            k_high = tl.minimum((tl.load(points + base + hi_slot) - 1) >> 32, best_key.to(tl.int64)).to(tl.int32)
+            span = (k_high - k_low).to(tl.int64) + 1
             t = tl.arange(0, _NARROW_TILE)
-            bracket = tl.zeros([_NARROW_TILE], tl.int64)
+            parts = tl.arange(0, _PARTS)
+            lanes = tl.zeros([_NARROW_TILE, _PARTS], tl.int64)  # per lane and part; reduced once at the end
             for offset in range(0, n_in, _NARROW_TILE):
                 inside = offset + t < n_in
-                raw = tl.load(rows_scratch + offset + t, mask=inside, other=0)
-                x = (raw >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-                bracket += tl.where(inside, _weight_fixed_point(x, row_max), 0)
-                tl.store(rows_scratch + offset + t, _raw_to_packed(raw), mask=inside)
+                packed = _raw_to_packed(tl.load(rows_scratch + offset + t, mask=inside, other=0))
+                key = (packed >> 32).to(tl.int32)
+                part = tl.where(inside, _part_of(key, k_low, span), -1)
+                q = _weight_fixed_point(_key_value(key), row_max)
+                lanes += tl.where(part[:, None] == parts[None, :], q[:, None], 0)
+                tl.store(rows_scratch + offset + t, packed, mask=inside)
+            sums = tl.sum(lanes, axis=0)
+            tl.store(part_sums + row * _PARTS + parts, sums)
             c_lo += n_in
-            m_lo += tl.sum(bracket, axis=0)
+            m_lo += tl.sum(sums, axis=0)
         else:
             c_lo = c_lo * 0 + vocab
             m_lo = tl.load(masses + base + _SLOT_LOWER)
@@ -929,7 +942,8 @@ def _compact(scratch, n_in, k_min, span, lowest, highest, dst, scatter):
 
 
 @triton.jit
-def _narrow_mass(scratch, n_in, limit, mass_hi, row_max, dst, scatter, k_low, k_high, bounded):
+def _narrow_mass(scratch, n_in, limit, mass_hi, row_max, dst, scatter, k_low, k_high, bounded, part_sums=None,
+                 GIVEN: tl.constexpr = False):
     """Narrow a top-p bracket of ``n_in`` gathered candidates that holds the cut: split their key
     range into ``PARTS = 16`` equal key intervals, find (from exact integer masses) the one that
     holds the cut and move its candidates to the front of ``scratch``.
@@ -937,23 +951,29 @@ def _narrow_mass(scratch, n_in, limit, mass_hi, row_max, dst, scatter, k_low, k_
     Returns ``(n, mass_above)``: the candidates kept (all of one key stay together, so ties keep
     their index order for the sort) and the exact mass above them. Three passes over the
     candidates in tiles of ``NARROW_TILE`` (few registers) instead of sorting all ``n_in``; two
-    when ``bounded``: every candidate's key lies in ``[k_low, k_high]`` (the bracket's own bounds).
+    when ``bounded``: every candidate's key lies in ``[k_low, k_high]`` (the bracket's own bounds); one
+    when ``GIVEN`` (``SWEEP_RAW``): the bounded parts' masses in ``part_sums`` (:func:`_complete_bracket`).
     """
     t = tl.arange(0, _NARROW_TILE)
     parts = tl.arange(0, _PARTS)
-    if bounded:
+    if GIVEN:
         k_min = k_low
         span = (k_high - k_low).to(tl.int64) + 1
+        sums = tl.load(part_sums + parts)
     else:
-        k_min, span = _key_range(scratch, n_in)
-    lanes = tl.zeros([_NARROW_TILE, _PARTS], tl.int64)  # per lane and part; reduced once at the end
-    for offset in range(0, n_in, _NARROW_TILE):
-        inside = offset + t < n_in
-        key = (tl.load(scratch + offset + t, mask=inside, other=0) >> 32).to(tl.int32)
-        part = tl.where(inside, _part_of(key, k_min, span), -1)
-        q = _weight_fixed_point(_key_value(key), row_max)
-        lanes += tl.where(part[:, None] == parts[None, :], q[:, None], 0)
-    sums = tl.sum(lanes, axis=0)  # exact mass of each part
+        if bounded:
+            k_min = k_low
+            span = (k_high - k_low).to(tl.int64) + 1
+        else:
+            k_min, span = _key_range(scratch, n_in)
+        lanes = tl.zeros([_NARROW_TILE, _PARTS], tl.int64)  # per lane and part; reduced once at the end
+        for offset in range(0, n_in, _NARROW_TILE):
+            inside = offset + t < n_in
+            key = (tl.load(scratch + offset + t, mask=inside, other=0) >> 32).to(tl.int32)
+            part = tl.where(inside, _part_of(key, k_min, span), -1)
+            q = _weight_fixed_point(_key_value(key), row_max)
+            lanes += tl.where(part[:, None] == parts[None, :], q[:, None], 0)
+        sums = tl.sum(lanes, axis=0)  # exact mass of each part
     # mass at or above each part's lower end (larger part = better ranked)
     at_or_above = mass_hi + tl.sum(tl.where(parts[None, :] >= parts[:, None], sums[None, :], 0), axis=1)
     chosen = tl.max(tl.where(at_or_above.to(tl.float64) >= limit, parts, -1), axis=0)
@@ -1156,7 +1176,8 @@ def _plan_points(points, counts, masses, row, best_key, min_key, capacity, targe
 
 @triton.jit
 def _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags, st_cursor,
-                 points, counts, masses, scratch, capacity, dst, late_row, NARROW_TILE: tl.constexpr = 0):
+                 points, counts, masses, scratch, capacity, dst, late_row, NARROW_TILE: tl.constexpr = 0,
+                 part_sums=None, RAW_PARTS: tl.constexpr = False):
     """Decide an open row after a sweep: the cut from its candidates, or the next round.
 
     Flags (``st_flags``, int32 bits): 1 gather, 2 evaluate, 4 need masses, 8 first pass (total
@@ -1222,6 +1243,15 @@ def _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min
                     n_new, mass_sort, k_low, k_high = _narrow_mass_wide(rows_scratch, n_sort, limit, mass_sort,
                                                                          row_max, k_low, k_high, dst, late_row,
                                                                          NARROW_TILE)
+                elif RAW_PARTS:  # (constexpr) a SWEEP_RAW row's first narrowing takes its parts from the finish
+                    if bounded & (((flags >> 16) & 1) != 0) & ((flags & 8) != 0):
+                        n_new, mass_sort = _narrow_mass(rows_scratch, n_sort, limit, mass_sort, row_max, dst,
+                                                        late_row, k_low, k_high, bounded, part_sums + row * _PARTS,
+                                                        True)
+                    else:
+                        n_new, mass_sort = _narrow_mass(rows_scratch, n_sort, limit, mass_sort, row_max, dst,
+                                                        late_row, k_low, k_high, bounded)
+                    bounded = n_sort < 0
                 else:
                     n_new, mass_sort = _narrow_mass(rows_scratch, n_sort, limit, mass_sort, row_max, dst, late_row,
                                                     k_low, k_high, bounded)
@@ -1973,6 +2003,7 @@ def _finish_kernel(
     out_ptr=None, out_stride=0,  # [B, V] fp32 (LATE: the finish writes what the apply left)
     LATE: tl.constexpr = False, IN_PLACE: tl.constexpr = True,
     approx_mass=None, redone=None, slack=1.0,  # [B, 2] fp64, [1] int32, the band's factor (>= 1)
+    part_sums=None,  # [B, PARTS] int64: SWEEP_RAW, the first narrowing's part masses (_complete_bracket)
     APPROX: tl.constexpr = False, REDONE: tl.constexpr = False, SWEEP_RAW: tl.constexpr = False,
 ):
     """One program per row still open: sweep + resolve rounds over the whole row, bounded.
@@ -2011,8 +2042,8 @@ def _finish_kernel(
                 tl.store(st_phase + row, phase)
         if SWEEP_RAW:  # the bracket's lower end from its candidates
             if (phase == _PHASE_OPEN) & (((tl.load(st_flags + row) >> 16) & 1) != 0):
-                _complete_bracket(row, st_flags, st_best, st_cursor, points, counts, masses, scratch, vocab,
-                                  capacity)
+                _complete_bracket(row, st_flags, st_best, st_min, st_cursor, points, counts, masses, scratch,
+                                  part_sums, vocab, capacity)
     # Round 0 resolves the first pass; rounds 1 .. MAX_ROUNDS sweep first. One call site of
     # _resolve_row (it is inlined: two sites doubled the kernel's size and compile time).
     rounds = 0
@@ -2024,7 +2055,7 @@ def _finish_kernel(
                 tl.debug_barrier()
             phase = _resolve_row(row, st_phase, st_target, st_k, st_p, st_limit, st_best, st_min, st_cut, st_flags,
                                  st_cursor, points, counts, masses, scratch, capacity, dst, late_row,
-                                 NARROW_TILE)
+                                 NARROW_TILE, part_sums, SWEEP_RAW)
             tl.debug_barrier()
             if (rounds == 0) & (phase == _PHASE_OPEN):
                 tl.atomic_add(searched, 1)
@@ -2198,6 +2229,7 @@ class FilterState:
     searched: torch.Tensor  # [1] int32: rows that needed search rounds after the first pass (running total)
     approx_mass: torch.Tensor  # [max_rows, 2] fp64: APPROX sums of w' above / below the bracket (zero between calls)
     redone: torch.Tensor  # [1] int32: APPROX rows that took the exact sweep (running total)
+    part_sums: torch.Tensor  # [max_rows, PARTS] int64: SWEEP_RAW, the first narrowing's part masses
     first_count: torch.Tensor  # int64: tokens of the early gather (reset to 0 by _apply_kernel)
     first_key: torch.Tensor  # int64: its key threshold (2^31 - 1: no early gather)
     outliers: torch.Tensor  # [max_rows, OUTLIERS] int64: a top-p row's early gather (packed)
@@ -2223,6 +2255,7 @@ class FilterState:
             points=zeros(rows, POINTS), counts=zeros(rows, POINTS), masses=zeros(rows, POINTS),
             scratch=zeros(rows, capacity), unresolved=zeros(1, dtype=torch.int32), searched=zeros(1, dtype=torch.int32),
             approx_mass=zeros(rows, 2, dtype=torch.float64), redone=zeros(1, dtype=torch.int32),
+            part_sums=zeros(rows, PARTS),
             first_count=zeros(rows), first_key=zeros(rows), outliers=zeros(rows, OUTLIERS),
             best_part=zeros(rows, chunks), nan_part=zeros(rows, chunks, dtype=torch.int32),
             finite_part=zeros(rows, chunks, dtype=torch.int32), sum_part=zeros(rows, chunks, dtype=torch.float32),
@@ -2258,7 +2291,7 @@ class TopKTopPFilter:
     tensors (``filtering._check``). ``block``/``chunks`` fix the layout (default: one program per
     row for large batches, several per row for small ones, :func:`default_layout` of
     ``max_rows``); ``capacity`` is the most candidates one program sorts (a power of two >= 16).
-    Scratch: ``max_rows * (capacity * 8 + ~2,600)`` bytes plus ``max_rows * chunks * 32``.
+    Scratch: ``max_rows * (capacity * 8 + ~2,750)`` bytes plus ``max_rows * chunks * 32``.
     """
 
     def __init__(self, max_rows: int, vocab: int, device, *, block=None, chunks=None, capacity=None):
@@ -2379,7 +2412,7 @@ class TopKTopPFilter:
                                     BLOCK=self.block, COUNT_BLOCK=self.count_block, MASS_BLOCK=self.mass_block,
                                     NARROW_TILE=self.narrow_tile, out_ptr=out, out_stride=out.stride(0), LATE=late,
                                     IN_PLACE=in_place or not late, approx_mass=st.approx_mass, redone=st.redone,
-                                    slack=float(self.approx_slack), APPROX=approximate,
+                                    slack=float(self.approx_slack), part_sums=st.part_sums, APPROX=approximate,
                                     REDONE=approx and not approximate, SWEEP_RAW=sweep_raw,
                                     num_warps=self.resolve_warps, enable_fp_fusion=False, **self.finish_options)
 
