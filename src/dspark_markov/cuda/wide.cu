@@ -576,6 +576,9 @@ DW_ENTRY_ICDF(1, 1, 0, 1)
 // 3. only that block's tokens re-read from the cache (icdf_gpb * 16, ~1,000): weights exp(z / T - m_b) summed the
 //    same way (lane chunks, scan, running prefix), times exp(m_b - M); the first token whose scaled prefix exceeds
 //    the remaining target with positive weight, else the block's last of positive weight.
+#define DW_PB 16  // block partials per lane held in registers across dw_pick's passes (more: re-read per pass)
+#define DW_PT 32  // cached tokens per lane held in registers (more: re-read per pass); all loads of a chunk in flight
+
 __device__ __forceinline__ i64 dw_pick(const WideArgs& a, i64 row, const WideRow& k, int lane) {
   const float ninf = -__int_as_float(0x7f800000), pinf = __int_as_float(0x7f800000);
   const unsigned FULL = 0xFFFFFFFFu;
@@ -586,26 +589,45 @@ __device__ __forceinline__ i64 dw_pick(const WideArgs& a, i64 row, const WideRow
   auto zat = [&](i64 t) -> float {
     return a.cache32 ? ((const float*)zrow)[t] : dm::bf16(((const unsigned short*)zrow)[t]);
   };
+  // 1. the partials of this lane's blocks [b0, b1), DW_PB at a time (beyond b1: -inf, no mass)
   const int per = (nb + 31) >> 5;
   const int b0 = lane * per, b1 = min(b0 + per, nb);
+  const bool held = per <= DW_PB;
+  float pm[DW_PB], ps[DW_PB];
+  auto load_parts = [&](int c0) {
+#pragma unroll
+    for (int i = 0; i < DW_PB; ++i) {
+      const float2 p = c0 + i < b1 ? part[c0 + i] : make_float2(ninf, 0.0f);
+      pm[i] = p.x;
+      ps[i] = p.y;
+    }
+  };
   float m = ninf;
-  for (int b = b0; b < b1; ++b) m = dw_nan_max(m, part[b].x);
+  for (int c0 = b0; c0 < b1; c0 += DW_PB) {
+    load_parts(c0);
+#pragma unroll
+    for (int i = 0; i < DW_PB; ++i) m = dw_nan_max(m, pm[i]);
+  }
 #pragma unroll
   for (int off = 16; off >= 1; off >>= 1) m = dw_nan_max(m, __shfl_xor_sync(FULL, m, off));
   if (m != m) {  // the first NaN of z: in the first block whose partial is NaN
     int fb = 0x7FFFFFFF;
-    for (int b = b0; b < b1; ++b)
-      if (part[b].x != part[b].x) { fb = b; break; }
+    for (int c0 = b0; c0 < b1 && fb == 0x7FFFFFFF; c0 += DW_PB) {
+      if (!held) load_parts(c0);
+#pragma unroll
+      for (int i = DW_PB - 1; i >= 0; --i)
+        if (pm[i] != pm[i]) fb = c0 + i;
+    }
+#pragma unroll
     for (int off = 16; off >= 1; off >>= 1) fb = min(fb, __shfl_xor_sync(FULL, fb, off));
     const i64 lo = (i64)fb * a.icdf_gpb * DW_GROUP, hi = min(vocab, lo + a.icdf_gpb * DW_GROUP);
-    i64 first = 0x7FFFFFFFll;
-    for (i64 t0 = lo; t0 < hi; t0 += 32) {
-      const i64 t = t0 + lane;
+    for (i64 c0 = lo; c0 < hi; c0 += 32) {
+      const i64 t = c0 + lane;
       const float z = t < hi ? zat(t) : 0.0f;
       const unsigned hit = __ballot_sync(FULL, z != z);
-      if (hit) { first = t0 + __ffs(hit) - 1; break; }
+      if (hit) return c0 + __ffs(hit) - 1;
     }
-    return first == 0x7FFFFFFFll ? 0 : first;
+    return 0;  // (a NaN partial has a NaN z)
   }
   if (m == ninf) return 0;  // every z is -inf: argmax_first gives 0
   if (m == pinf) {  // z / T = +inf somewhere (z = +inf, or z / T overflows): the first maximum of z over the row
@@ -615,6 +637,7 @@ __device__ __forceinline__ i64 dw_pick(const WideArgs& a, i64 row, const WideRow
       const float z = zat(t);
       if (bi == 0x7FFFFFFFll || z > bz) { bz = z; bi = t; }
     }
+#pragma unroll
     for (int off = 16; off >= 1; off >>= 1) {
       const float oz = __shfl_xor_sync(FULL, bz, off);
       const i64 oi = __shfl_xor_sync(FULL, bi, off);
@@ -622,11 +645,13 @@ __device__ __forceinline__ i64 dw_pick(const WideArgs& a, i64 row, const WideRow
     }
     return bi == 0x7FFFFFFFll ? 0 : bi;
   }
-  // 2. the block
+  // 2. the block: masses s_b exp(m_b - M), lane sums, scan, running prefixes (adding the 0 masses past b1 changes nothing)
+  auto mass_of = [&](int i) { return ps[i] > 0.0f ? dm::mul_rn(ps[i], dw_exp(dm::sub_rn(pm[i], m))) : 0.0f; };
   float lsum = 0.0f;
-  for (int b = b0; b < b1; ++b) {
-    const float2 p = part[b];
-    lsum = dm::add_rn(lsum, p.y > 0.0f ? dm::mul_rn(p.y, dw_exp(dm::sub_rn(p.x, m))) : 0.0f);
+  for (int c0 = b0; c0 < b1; c0 += DW_PB) {
+    if (!held) load_parts(c0);
+#pragma unroll
+    for (int i = 0; i < DW_PB; ++i) lsum = dm::add_rn(lsum, mass_of(i));
   }
   float incl = lsum;
 #pragma unroll
@@ -640,16 +665,19 @@ __device__ __forceinline__ i64 dw_pick(const WideArgs& a, i64 row, const WideRow
   const float target = dm::mul_rn(u, __shfl_sync(FULL, incl, 31));
   int hitb = -1, lastb = -1;
   float before = 0.0f, before_last = 0.0f;
-  for (int b = b0; b < b1; ++b) {
-    const float2 p = part[b];
-    const float mass = p.y > 0.0f ? dm::mul_rn(p.y, dw_exp(dm::sub_rn(p.x, m))) : 0.0f;
-    const float next = dm::add_rn(run, mass);
-    if (mass > 0.0f) {
-      lastb = b;
-      before_last = run;
-      if (next > target && hitb < 0) { hitb = b; before = run; }
+  for (int c0 = b0; c0 < b1; c0 += DW_PB) {
+    if (!held) load_parts(c0);
+#pragma unroll
+    for (int i = 0; i < DW_PB; ++i) {
+      const float mass = mass_of(i);
+      const float next = dm::add_rn(run, mass);
+      if (mass > 0.0f) {
+        lastb = c0 + i;
+        before_last = run;
+        if (next > target && hitb < 0) { hitb = c0 + i; before = run; }
+      }
+      run = next;
     }
-    run = next;
   }
   int chosen;
   float remaining;
@@ -667,15 +695,28 @@ __device__ __forceinline__ i64 dw_pick(const WideArgs& a, i64 row, const WideRow
       remaining = dm::sub_rn(target, __shfl_sync(FULL, before_last, src));
     }
   }
-  // 3. the token inside the chosen block, re-read from the cache
+  // 3. the token inside the chosen block, its tokens re-read from the cache: lane l the contiguous [t0, t1), DW_PT
+  // weights at a time in registers (all their loads in flight at once; 0 past t1, which changes no sum)
   const float2 pc = part[chosen];
   const float mc = pc.x, scale_c = dw_exp(dm::sub_rn(pc.x, m)), temp = k.temp;
   const i64 lo = (i64)chosen * a.icdf_gpb * DW_GROUP, hi = min(vocab, lo + a.icdf_gpb * DW_GROUP);
   const i64 pt = (hi - lo + 31) >> 5;
   const i64 t0 = lo + lane * pt, t1 = min(t0 + pt, hi);
+  const bool held_t = pt <= DW_PT;
+  float w[DW_PT];
+  auto load_weights = [&](i64 c0) {
+    float zc[DW_PT];
+#pragma unroll
+    for (int i = 0; i < DW_PT; ++i) zc[i] = c0 + i < t1 ? zat(c0 + i) : ninf;
+#pragma unroll
+    for (int i = 0; i < DW_PT; ++i) w[i] = dw_exp(dm::sub_rn(dw_scaled(zc[i], temp), mc));
+  };
   float wsum = 0.0f;
-#pragma unroll 4
-  for (i64 t = t0; t < t1; ++t) wsum = dm::add_rn(wsum, dw_exp(dm::sub_rn(dw_scaled(zat(t), temp), mc)));
+  for (i64 c0 = t0; c0 < t1; c0 += DW_PT) {
+    load_weights(c0);
+#pragma unroll
+    for (int i = 0; i < DW_PT; ++i) wsum = dm::add_rn(wsum, w[i]);
+  }
   incl = wsum;
 #pragma unroll
   for (int d = 1; d < 32; d <<= 1) {
@@ -685,13 +726,15 @@ __device__ __forceinline__ i64 dw_pick(const WideArgs& a, i64 row, const WideRow
   run = __shfl_up_sync(FULL, incl, 1);
   if (lane == 0) run = 0.0f;
   i64 hit = -1, last = -1;
-#pragma unroll 4
-  for (i64 t = t0; t < t1; ++t) {
-    const float w = dw_exp(dm::sub_rn(dw_scaled(zat(t), temp), mc));
-    run = dm::add_rn(run, w);
-    if (w > 0.0f) {
-      last = t;
-      if (hit < 0 && dm::mul_rn(run, scale_c) > remaining) hit = t;
+  for (i64 c0 = t0; c0 < t1; c0 += DW_PT) {
+    if (!held_t) load_weights(c0);
+#pragma unroll
+    for (int i = 0; i < DW_PT; ++i) {
+      run = dm::add_rn(run, w[i]);
+      if (w[i] > 0.0f) {
+        last = c0 + i;
+        if (hit < 0 && dm::mul_rn(run, scale_c) > remaining) hit = c0 + i;
+      }
     }
   }
   const unsigned any_hit = __ballot_sync(FULL, hit >= 0);
