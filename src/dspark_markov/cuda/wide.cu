@@ -29,6 +29,19 @@
 // slots per SM and 1.98 GHz: ~55-60 us per step at 253 rows at perfect issue (memory floor ~45 us, the tensor pipe
 // ~31 us at 0.5 HMMA per clock per SM), i.e. ~300-420 us per call; at 64 rows ~25 us per step, bound by W2's
 // 66 MB read (~15 us) plus base and cache. tools/gpu_plans/issue12_cuda_wide.sh measures it.
+//
+// method="inverse_cdf" (icdf5, 2026-12-04, NOT RUN ON A GPU either): the _icdf step entry points (8 warps, WPG = 1) give
+// each block a contiguous run of icdf_gpb groups (64 = 1,024 tokens at V = 129,280 on 132 SMs: 127 blocks); the bias,
+// z and the cache exactly as above; per T > 0 row each 16-token group's partial (max x, sum exp(x - max)), x = z / T
+// (div_rn; the identity at T = 1), reduced over the lane quad and merged into a per-(warp, row) partial in shared
+// memory (the noise table's place), the block's warps merged in order into part[row][block] at the end; greedy rows
+// keep the word path (z ranks itself). dm_wide_pick then draws each T > 0 row in one warp (dw_pick: block masses,
+// u * total, only the chosen block's ~1,000 tokens re-read from the cache; NaN / +inf / all -inf rows argmax_first).
+// Compiled (NVRTC 13.0): 138-145 registers and no stack frame on the step, 98 on dm_wide_pick; ~340 SASS instructions
+// per 16 x 16 m-tile on the T = 1 path (~42 per logit: no hash, bound or table; 12 MUFU.EX2 and 8 SHFL per lane and
+// m-tile). Expected: issue ~42 us per step at 253 rows (memory floor ~45, tensor pipe ~31) + dm_wide_pick ~3-4 us,
+// i.e. ~260-360 us per call; at 64 rows ~25-30 us per step, ~150-180 us per call (tools/gpu_plans/issue12_cuda_wide.sh
+// icdf / icdf_time measure it).
 #include "common.cuh"
 
 using dm::i32;

@@ -16,6 +16,16 @@ Per step two launches (before step 0 one more: the anchors' codes):
 The bias is summed in another order than cuBLAS's (SPEC.md 3 leaves it free), so the cache is not
 ``gumbel_fused``'s bit for bit; every token is the reference's draw from the cache this sampler wrote.
 
+``method="inverse_cdf"`` (SPEC.md 5, the rules of :mod:`dspark_markov.ops.pick`): the step entry points ``*_icdf``
+give each block a contiguous run of 16-token groups (vocabulary order) and, instead of the Gumbel ranking, fold each
+T > 0 row's group partials (``max z / T``, ``sum exp(z / T - max)``) into per-(warp, row) partials in shared memory,
+merged per row into one partial per block (``part``, ``[rows16, part_stride]`` fp32 pairs); greedy rows (T = 0,
+padding) keep the word path. ``dm_wide_pick`` (one warp per row) then picks the block by the prefix sum of block
+masses (``u * total``, the first block exceeding it with positive mass, else the last of positive mass) and re-reads
+only that block's ~1,000 tokens from the cache for the token; rows whose max of ``z / T`` is not finite or that hold a
+NaN take ``argmax_first``. Greedy and non-finite rows draw the reference's token bit for bit; a T > 0 token is the
+inverse CDF of the row's uniform within the fp32 sums (the block order moves rounding boundaries, as for ``wide``).
+
 Requirements (``ValueError`` otherwise): a CUDA device of compute capability 9.0 with NVRTC
 (:func:`dspark_markov.cuda.availability`), bf16 weights of rank 256, at most :data:`MAX_ROWS` rows, and the
 opt-in below. Base logits bf16 or fp32, cache bf16 or fp32, any mix of temperatures, padding rows.
@@ -24,7 +34,8 @@ opt-in below. Base logits bf16 or fp32, cache bf16 or fp32, any mix of temperatu
 first round: it compiles for sm_90 (NVRTC 13.0 and nvcc: no stack frame on the default entry points, 144-152
 registers, 430 SASS instructions per 16-row x 16-token m-tile), its tensor-core fragment layout and its ranking
 rules are checked on the CPU (tests/draft/test_cuda_wide.py), but it has never drawn a token. Expected from its
-SASS (wide.cu's header): ~300-420 us per call at 253 rows, ~125-170 at 64 (bf16, T = 1); unmeasured. So it runs only when
+SASS (wide.cu's header): ~300-420 us per call at 253 rows, ~125-170 at 64 (bf16, T = 1); unmeasured. Inverse CDF
+(the partials and the pick emulated on the CPU, never run): ~260-360 us at 253 rows, ~150-180 at 64, unmeasured. So it runs only when
 ``DSPARK_MARKOV_UNVERIFIED`` lists it (``DSPARK_MARKOV_UNVERIFIED=cuda_wide``, or ``1`` for every unverified
 design): otherwise constructing it raises ``ValueError`` and :meth:`CudaWideBackend.unavailable_reason` (``dspark-markov
 info``) says why. ``auto`` never picks it and ``dspark-markov bench`` times it only when named (``--designs``).
@@ -124,13 +135,14 @@ def _aligned(tensor: torch.Tensor, dims, nbytes: int) -> bool:
 
 
 class CudaWideBackend:
-    """Backend of ``impl="cuda_wide"`` (Gumbel-max only, bf16 weights of rank 256, sm_90 with NVRTC).
+    """Backend of ``impl="cuda_wide"`` (Gumbel-max or inverse CDF, bf16 weights of rank 256, sm_90 with NVRTC).
 
     Options: ``filter_margin`` (the slack of the bound test; a huge value makes every token exact),
     ``flags`` (:data:`FLAG_PREFETCH`; never changes a draw), ``blocks_per_sm`` (default: as many as are
     resident at once) and ``warps_per_group`` (1: 8 warps per block, each its own 16-token groups; 2: 16 warps,
-    two per group, on the unscaled 16-byte paths; never changes a draw). Scratch (codes in A-fragment order, one
-    word per row, every step's row keys, the noise table) is allocated once; ``run`` only launches (CUDA-graph
+    two per group, on the unscaled 16-byte paths; never changes a draw; inverse CDF: 1 only). Scratch (codes in
+    A-fragment order, one word per row, every step's row keys, the noise table; inverse CDF: the block partials) is
+    allocated once; ``run`` only launches (CUDA-graph
     safe). Not run on a GPU yet: needs the opt-in of the module docstring.
     """
 
@@ -181,7 +193,8 @@ class CudaWideBackend:
         self.max_rows = int(max_rows)
         try:
             self.kernels = wide_kernels(index)
-            self.noise_table = cuda.noise_table(index)
+            # the Gumbel bounds' table (a 2^32-hash sweep on a fresh machine); inverse CDF never reads it
+            self.noise_table = cuda.noise_table(index) if method == "gumbel" else None
         except build.BuildError as error:
             raise ValueError(f"impl: 'cuda_wide' cannot run here: {error}") from error
         self.filter_margin = float(filter_margin)
@@ -247,7 +260,7 @@ class CudaWideBackend:
         return WideArgs(
             base_logits.data_ptr(), logits_cache.data_ptr(), head.head_weight.data_ptr(), self.codes.data_ptr(),
             self.words.data_ptr(), idx_mapping.data_ptr(), positions.data_ptr(), temperature.data_ptr(),
-            seeds.data_ptr(), self.noise_table.data_ptr(),
+            seeds.data_ptr(), 0 if self.noise_table is None else self.noise_table.data_ptr(),
             rows, vocab, temperature.shape[0], steps, 0, base_logits.stride(0), base_logits.stride(1),
             logits_cache.stride(0), int(idx_mapping.dtype == torch.int64), int(positions.dtype == torch.int64),
             self.flags, float(head.scale), self.filter_margin,
