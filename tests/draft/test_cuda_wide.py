@@ -341,7 +341,7 @@ def _lane_scan(sums):  # Hillis-Steele over 32 lanes (shfl_up d = 1, 2, 4, 8, 16
 
 
 def _pick(z, temp, u, part, gpb):
-    """dm_wide_pick's dw_pick for one T > 0 row (z its cached row, fp32)."""
+    """dm_wide_pick's dw_pick for one live row (z its cached row, fp32; greedy rows through their partials too)."""
     vocab, nb = z.shape[0], part.shape[0]
     span = lambda b: (b * gpb * 16, min(vocab, (b + 1) * gpb * 16))  # noqa: E731
     m = part[:, 0].max()  # NaN sticky
@@ -350,6 +350,9 @@ def _pick(z, temp, u, part, gpb):
         return lo + int(np.flatnonzero(np.isnan(z[lo:hi]))[0])
     if m == _NINF:
         return 0
+    if temp == 0:  # the first block whose max is the row's, then its first such token
+        lo, hi = span(int(np.flatnonzero(part[:, 0] == m)[0]))
+        return lo + int(np.flatnonzero(z[lo:hi] == m)[0])
     if m == np.inf:
         return int(np.flatnonzero(z == z.max())[0])
     per = -(-nb // 32)
@@ -400,8 +403,9 @@ def test_emulated_inverse_cdf_draws_the_reference():
     """The _icdf partials and the pick, emulated: at V = 8000 (500 groups, 63 blocks of 8: two per lane in the block
     stage, a partial group) and 1000 (16 groups per block), 37 rows of bf16-rounded logits at T = 0 / 0.6 / 1 / 2.5 and
     NaN / +inf / all -inf / huge / sparse rows: every token is draw_inverse_cdf's (greedy and non-finite rows
-    argmax_first), every T > 0 token the inverse CDF of its uniform (tests.helpers.check_inverse_cdf), and each block
-    partial is (max z / T, sum exp(z / T - max)) to 1e-5."""
+    argmax_first, greedy rows through their partials: the first block holding the max), every T > 0 token the inverse
+    CDF of its uniform (tests.helpers.check_inverse_cdf), and each block partial is (max z / T, sum exp(z / T - max))
+    to 1e-5 (z on greedy rows)."""
     from dspark_markov import rng
     from dspark_markov.draft.reference import argmax_first, draw_inverse_cdf
     from tests.helpers import check_inverse_cdf
@@ -420,6 +424,9 @@ def test_emulated_inverse_cdf_draws_the_reference():
         z[7, ::2] = float("-inf")
         z[8, : vocab // 2] = float("-inf")
         z[9] = z[9] * 1e-3  # nearly flat: the draw falls deep inside the row
+        z[11, [vocab - 40, 40]] = 50.0  # greedy rows (T = 0 at rows 3 mod 4): a tie across blocks, +inf, all -inf
+        z[15, [vocab - 2, 3]] = float("inf")
+        z[19] = float("-inf")
         temp = torch.tensor([1.0, 0.6, 2.5, 0.0])[torch.arange(rows) % 4]
         temp[[1, 2, 3, 5, 6, 7, 9]] = torch.tensor([1.0, 1.0, 0.6, 1.0, 0.6, 2.5, 1.0])
         seed = torch.randint(-(2**62), 2**62, (rows,), generator=gen)
@@ -428,14 +435,17 @@ def test_emulated_inverse_cdf_draws_the_reference():
         part = _block_partials(z.numpy(), temp.numpy(), gpb)
         assert part.shape[1] == blocks
         u = rng.inverse_cdf_uniform(seed, step, pos).numpy()
-        got = torch.tensor([int(argmax_first(z[r:r + 1])[0]) if temp[r] == 0 else
-                            _pick(z[r].numpy(), temp[r].numpy(), u[r], part[r], gpb) for r in range(rows)])
+        got = torch.tensor([_pick(z[r].numpy(), temp[r].numpy(), u[r], part[r], gpb) for r in range(rows)])
         want = draw_inverse_cdf(z, temp, seed, step, pos)
         assert torch.equal(got, want), (vocab, torch.nonzero(got != want).flatten().tolist())
+        assert torch.equal(got[temp == 0], argmax_first(z[temp == 0]))
         assert got[1] == 0 and got[2] == vocab // 3 and got[3] == 7 and got[6] == vocab - 5
+        assert got[11] == 40 and got[15] == 3 and got[19] == 0
         finite = [r for r in range(rows) if temp[r] > 0 and r not in (1, 2, 3, 6)]
         check_inverse_cdf(z[finite], temp[finite], seed[finite], step, pos[finite], got[finite])
-        x = (z[finite].double() / temp[finite, None].double()).numpy()  # the partials against fp64 sums
+        finite = finite + [r for r in range(rows) if temp[r] == 0 and r not in (15, 19)]  # greedy: x = z
+        safe = torch.where(temp > 0, temp, torch.ones_like(temp))
+        x = (z[finite].double() / safe[finite, None].double()).numpy()  # the partials against fp64 sums
         for b in range(blocks):
             cols = slice(b * gpb * 16, min(vocab, (b + 1) * gpb * 16))
             bm = x[:, cols].max(axis=1)

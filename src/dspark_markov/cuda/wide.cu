@@ -152,9 +152,10 @@ __device__ __forceinline__ void dw_merge(float& m, float& s, float gm, float gs)
 
 // WPG: warps per 16-token group (they share its W2 stage and split its m-tiles); the block has WARPS warps.
 // ICDF: method="inverse_cdf" (WPG = 1): block b owns the contiguous groups [b icdf_gpb, (b + 1) icdf_gpb), its warps take
-// every WARPS-th of them; T > 0 rows add each group's (max x, mass) into a per-(warp, row) partial in shared memory,
-// merged per row at the end into part[row][b] (vocabulary order: the pick of dm_wide_pick); greedy rows (T = 0,
-// padding) keep the word path of the Gumbel method (z ranks itself).
+// every WARPS-th of them; every row adds each group's (max x, mass) into a per-(warp, row) partial in shared memory
+// (x = z / T, z on greedy rows), merged per row at the end into part[row][b] (vocabulary order: the pick of
+// dm_wide_pick, also the first argmax of greedy rows); padding samples (no cache row) keep the word path of the Gumbel
+// method (z ranks itself), skipped by a uniform branch in the m-tiles without one.
 template <bool BASE_F32, bool CACHE_F32, bool VEC, bool SCALE, int WARPS, int WPG, bool ICDF = false>
 __device__ __forceinline__ void wide_body(const WideArgs& a) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -166,6 +167,7 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
   float* gtab_s = (float*)(stage_s + TEAMS * DW_STAGE_U4);        // [DM_TB_SIZE] (Gumbel only)
   WideRow* rows_s = (WideRow*)(gtab_s + (ICDF ? 0 : DM_TB_SIZE));  // [mtiles * 16]
   float2* part_s = (float2*)(rows_s + mtiles * 16);               // ICDF: [WARPS][mtiles * 16] (max x, mass)
+  int* padt_s = (int*)(part_s + WARPS * mtiles * 16);             // ICDF: [16] m-tile holds a padding sample
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int team = warp / WPG, sub = warp - team * WPG;
   const int g = lane >> 2, c = lane & 3;
@@ -228,6 +230,14 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
     dm::cp_async_commit();
     dm::cp_async_wait_all();
     __syncthreads();
+    if (ICDF) {  // which m-tiles hold a padding sample (no cache row: its argmax comes from the word path)
+      if (tid < mtiles) {
+        int any = 0;
+        for (int r = tid * 16; r < min(rows, tid * 16 + 16); ++r) any |= rows_s[r].cache_off < 0 ? 1 : 0;
+        padt_s[tid] = any;
+      }
+      __syncthreads();
+    }
   }
 
   i64* words = (i64*)a.words;
@@ -257,6 +267,9 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
       int mt = i + moff;
       mt = mt >= mtiles ? mt - mtiles : mt;
       const int r0 = mt * 16 + g;  // this lane's rows r0 and r0 + 8
+      // Rows ranked by words: every row (Gumbel); ICDF: only padding samples (the others are drawn by dm_wide_pick
+      // from the partials and their cache rows), so an m-tile without one skips the word path (a uniform branch).
+      const bool words_here = !ICDF || padt_s[mt] != 0;
       // Loads of this m-tile issued before its mma: the base logits and the rows' words.
       uint4 braw[2];
       i64 wread[2];
@@ -268,7 +281,7 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
         braw[h] = make_uint4(0, 0, 0, 0);
         wread[h] = DM_WORD_NONE;
         if (rin[h]) {
-          if (!ICDF || rows_s[r].temp == 0.0f) wread[h] = dm::load_relaxed_i64(words + r);
+          if (words_here) wread[h] = dm::load_relaxed_i64(words + r);
           const i64 base_off = rows_s[r].base_off;
           if (prefetch && c == 0) {  // these rows of the team's next group into L2 (lane quad 0: 32 bytes of bf16)
             const char* np = (const char*)a.base + (base_off + next_t0) * (BASE_F32 ? 4 : 2);
@@ -310,14 +323,14 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
       // The bound of token t0 + k of row half h (greedy: z itself).
       auto bound = [&](int h, int k) -> float {
         const WideRow& rk = rows_s[r0 + 8 * h];
-        return (ICDF || rk.temp == 0.0f) ? z[h][k]  // ICDF: only greedy rows are ranked
+        return (ICDF || rk.temp == 0.0f) ? z[h][k]  // ICDF: only padding samples (greedy) are ranked
                                : dm::add_rn(dm::mul_rn(z[h][k], rk.inv_temp),
                                             gtab_s[dm::tb_bucket(dm::hash_finish(rk.prefix, (u32)(t0 + k)))]);
       };
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const WideRow* rkp = rows_s + r0 + 8 * h;
-        thr[h] = dm::skip_threshold(wread[h], margin);
+        thr[h] = words_here ? dm::skip_threshold(wread[h], margin) : 0.0f;
         const bool here = rin[h] && (VEC ? full : t0 < vocab);
         // The bias in bf16: one cvt per pair (its NaN payload never reaches the cache: z = U + NaN is NaN and is
         // rounded again below), scaled and rounded again when scale != 1.
@@ -404,14 +417,15 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
             mask |= (in && !(b < thr[h]) ? 1u : 0u) << (4 * h + k);
           }
         } else {
-          // Greedy rows: candidate bits of z against the row's word. Every row: the group's partial of x = z / T,
-          // its max over the 16 tokens (lane, then the lane quad) and sum exp(x - max) in the order
-          // ((w0 + w1) + w2) + w3 per lane, then (lane c + lane c^1) + (the other pair).
+          // Padding samples: candidate bits of z against the row's word. Every row: the group's partial of x = z / T
+          // (z on greedy rows), its max over the 16 tokens (lane, then the lane quad) and sum exp(x - max) in the
+          // order ((w0 + w1) + w2) + w3 per lane, then (lane c + lane c^1) + (the other pair).
           float x[4];
+          const bool padrow = rkp->cache_off < 0;
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
             const bool in = here && (VEC || t0 + k < vocab);
-            mask |= (greedy && in && !(z[h][k] < thr[h]) ? 1u : 0u) << (4 * h + k);
+            if (words_here) mask |= (padrow && in && !(z[h][k] < thr[h]) ? 1u : 0u) << (4 * h + k);
             x[k] = in ? (greedy ? z[h][k] : dw_scaled(z[h][k], rkp->temp)) : ninf;
           }
           float gm = dw_nan_max(dw_nan_max(x[0], x[1]), dw_nan_max(x[2], x[3]));
@@ -422,7 +436,7 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
           gs = dm::add_rn(gs, __shfl_xor_sync(0xFFFFFFFFu, gs, 1));
           gs = dm::add_rn(gs, __shfl_xor_sync(0xFFFFFFFFu, gs, 2));
           if (gm == ninf) gs = 0.0f;  // no token above -inf (-inf - -inf is NaN)
-          if (c == 0 && rin[h] && !greedy) {
+          if (c == 0 && rin[h]) {
             float2* ps = part_s + warp * (mtiles * 16) + r0 + 8 * h;
             float2 p = *ps;
             dw_merge(p.x, p.y, gm, gs);
@@ -432,9 +446,9 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
       }
       // Seeds: a row without a word gets the exact key of its largest bound in this m-tile (first token among
       // equals; none if every bound is NaN / -inf: then every token is exact).
-      const bool need0 = rin[0] && wread[0] == DM_WORD_NONE && (!ICDF || rows_s[r0].temp == 0.0f);
-      const bool need1 = rin[1] && wread[1] == DM_WORD_NONE && (!ICDF || rows_s[r0 + 8].temp == 0.0f);
-      if (__any_sync(0xFFFFFFFFu, need0 || need1)) {
+      const bool need0 = words_here && rin[0] && wread[0] == DM_WORD_NONE && (!ICDF || rows_s[r0].cache_off < 0);
+      const bool need1 = words_here && rin[1] && wread[1] == DM_WORD_NONE && (!ICDF || rows_s[r0 + 8].cache_off < 0);
+      if (words_here && __any_sync(0xFFFFFFFFu, need0 || need1)) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const bool here = rin[h] && (VEC ? full : t0 < vocab);
@@ -576,8 +590,9 @@ DW_ENTRY_ICDF(1, 1, 0, 0)
 DW_ENTRY_ICDF(1, 1, 0, 1)
 #endif
 
-// The inverse-CDF draw of one T > 0 row of step `step` (SPEC.md 5, the rules of ops/pick.py), by its whole warp (every
-// lane returns the token):
+// The draw of one live row of step `step` by its whole warp (every lane returns the token): the first argmax of z for a
+// greedy row (T = 0: the first block whose partial max is the row's, then its first such token), else the inverse-CDF
+// draw (SPEC.md 5, the rules of ops/pick.py):
 // 1. the row's block partials (m_b = max z / T, s_b = sum exp(z / T - m_b), blocks in vocabulary order), lane l taking
 //    the contiguous blocks [l P, l P + P): M = max m_b (NaN sticky); a NaN row takes its first NaN (the first block with
 //    a NaN partial, then that block's first NaN z), a row with z / T = +inf somewhere its first maximum of z (the whole
@@ -623,27 +638,47 @@ __device__ __forceinline__ i64 dw_pick(const WideArgs& a, i64 row, const WideRow
   }
 #pragma unroll
   for (int off = 16; off >= 1; off >>= 1) m = dw_nan_max(m, __shfl_xor_sync(FULL, m, off));
-  if (m != m) {  // the first NaN of z: in the first block whose partial is NaN
+  // The first token of block b with z NaN (nan) or z == zv, by lane-contiguous chunks of DW_PT loaded at once.
+  auto first_in_block = [&](int b, bool nan, float zv) -> i64 {
+    const i64 lo = (i64)b * a.icdf_gpb * DW_GROUP, hi = min(vocab, lo + a.icdf_gpb * DW_GROUP);
+    const i64 pt = (hi - lo + 31) >> 5;
+    const i64 t0 = lo + lane * pt, t1 = min(t0 + pt, hi);
+    i64 found = -1;
+    for (i64 c0 = t0; c0 < t1 && found < 0; c0 += DW_PT) {
+      float zc[DW_PT];
+#pragma unroll
+      for (int i = 0; i < DW_PT; ++i) zc[i] = c0 + i < t1 ? zat(c0 + i) : 0.0f;
+#pragma unroll
+      for (int i = DW_PT - 1; i >= 0; --i)
+        if (c0 + i < t1 && (nan ? zc[i] != zc[i] : zc[i] == zv)) found = c0 + i;
+    }
+    const unsigned has = __ballot_sync(FULL, found >= 0);
+    return has ? __shfl_sync(FULL, found, __ffs(has) - 1) : -1;
+  };
+  // The first block whose partial max is NaN (nan) or equals mv.
+  auto first_block = [&](bool nan, float mv) -> int {
     int fb = 0x7FFFFFFF;
     for (int c0 = b0; c0 < b1 && fb == 0x7FFFFFFF; c0 += DW_PB) {
       if (!held) load_parts(c0);
 #pragma unroll
       for (int i = DW_PB - 1; i >= 0; --i)
-        if (pm[i] != pm[i]) fb = c0 + i;
+        if (c0 + i < b1 && (nan ? pm[i] != pm[i] : pm[i] == mv)) fb = c0 + i;
     }
 #pragma unroll
     for (int off = 16; off >= 1; off >>= 1) fb = min(fb, __shfl_xor_sync(FULL, fb, off));
-    const i64 lo = (i64)fb * a.icdf_gpb * DW_GROUP, hi = min(vocab, lo + a.icdf_gpb * DW_GROUP);
-    for (i64 c0 = lo; c0 < hi; c0 += 32) {
-      const i64 t = c0 + lane;
-      const float z = t < hi ? zat(t) : 0.0f;
-      const unsigned hit = __ballot_sync(FULL, z != z);
-      if (hit) return c0 + __ffs(hit) - 1;
-    }
-    return 0;  // (a NaN partial has a NaN z)
+    return fb;
+  };
+  const bool greedy = k.temp == 0.0f;  // (a live greedy row: its partials hold max z per block)
+  if (m != m) {  // the first NaN of z: in the first block whose partial is NaN
+    const i64 t = first_in_block(first_block(true, 0.0f), true, 0.0f);
+    return t < 0 ? 0 : t;  // (a NaN partial has a NaN z)
   }
   if (m == ninf) return 0;  // every z is -inf: argmax_first gives 0
-  if (m == pinf) {  // z / T = +inf somewhere (z = +inf, or z / T overflows): the first maximum of z over the row
+  if (greedy) {  // the first maximum of z: in the first block whose max is the row's
+    const i64 t = first_in_block(first_block(false, m), false, m);
+    return t < 0 ? 0 : t;
+  }
+  if (m == pinf) {  // z / T = +inf somewhere (z = +inf, or z / T overflows): the first maximum of z over the row (rare)
     float bz = ninf;
     i64 bi = 0x7FFFFFFFll;
     for (i64 t = lane; t < vocab; t += 32) {
@@ -789,7 +824,7 @@ __device__ __forceinline__ void wide_finish(const WideArgs& a, i64 step, i64 gat
     token = w == DM_WORD_NONE ? 0 : (i64)dm::word_index(w);
     if (ICDF) {
       const WideRow k = ((const WideRow*)a.keys)[step * ((a.rows + 15) & ~15ll) + row];
-      if (k.temp != 0.0f) token = dw_pick(a, row, k, lane);
+      if (k.temp != 0.0f || k.cache_off >= 0) token = dw_pick(a, row, k, lane);  // padding samples: the word
     }
     token = token < 0 ? 0 : (token >= a.vocab ? a.vocab - 1 : token);
     __syncwarp();

@@ -105,9 +105,9 @@ def threads(name: str) -> int:
 
 def smem_bytes(rows: int, inverse_cdf: bool = False) -> int:
     """Dynamic shared memory of a step launch over ``rows`` rows: codes, W2 stages, noise table (Gumbel) or the
-    per-(warp, row) partials (inverse CDF, 8 bytes each), row keys (bytes)."""
+    per-(warp, row) partials (inverse CDF, 8 bytes each) and 16 m-tile flags, row keys (bytes)."""
     mtiles = -(-int(rows) // 16)
-    extra = TEAMS * mtiles * 16 * 8 if inverse_cdf else TB_SIZE * 4
+    extra = TEAMS * mtiles * 16 * 8 + 64 if inverse_cdf else TB_SIZE * 4
     return mtiles * 16 * 512 + TEAMS * 2 * 8 * 32 * 16 + extra + mtiles * 16 * 32
 
 
