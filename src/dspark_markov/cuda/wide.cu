@@ -32,14 +32,17 @@
 //
 // method="inverse_cdf" (icdf5, 2026-12-04, NOT RUN ON A GPU either): the _icdf step entry points (8 warps, WPG = 1) give
 // each block a contiguous run of icdf_gpb groups (64 = 1,024 tokens at V = 129,280 on 132 SMs: 127 blocks); the bias,
-// z and the cache exactly as above; per T > 0 row each 16-token group's partial (max x, sum exp(x - max)), x = z / T
-// (div_rn; the identity at T = 1), reduced over the lane quad and merged into a per-(warp, row) partial in shared
-// memory (the noise table's place), the block's warps merged in order into part[row][block] at the end; greedy rows
-// keep the word path (z ranks itself). dm_wide_pick then draws each T > 0 row in one warp (dw_pick: block masses,
-// u * total, only the chosen block's ~1,000 tokens re-read from the cache; NaN / +inf / all -inf rows argmax_first).
-// Compiled (NVRTC 13.0): 138-145 registers and no stack frame on the step, 98 on dm_wide_pick; ~340 SASS instructions
-// per 16 x 16 m-tile on the T = 1 path (~42 per logit: no hash, bound or table; 12 MUFU.EX2 and 8 SHFL per lane and
-// m-tile). Expected: issue ~42 us per step at 253 rows (memory floor ~45, tensor pipe ~31) + dm_wide_pick ~3-4 us,
+// z and the cache exactly as above; per row each 16-token group's partial (max x, sum exp(x - max)), x = z / T (div_rn;
+// the identity at T = 1; z on greedy rows), reduced over the lane quad and merged into a per-(warp, row) partial in
+// shared memory (the noise table's place), the block's warps merged in order into part[row][block] at the end. Only
+// padding samples (no cache row) keep the word path (z ranks itself), skipped by a uniform branch in m-tiles without
+// one. dm_wide_pick then draws each live row in one warp (dw_pick): T > 0 by block masses, u * total and only the
+// chosen block's ~1,000 tokens re-read from the cache; greedy rows the first block holding the max, then its first
+// such token; NaN / +inf / all -inf rows argmax_first.
+// Compiled (NVRTC 13.0): 140-146 registers and no stack frame on the step, 127 on dm_wide_pick; ~347 static SASS
+// instructions per 16 x 16 m-tile on the T = 1 bf16 path without padding (~42 per logit, both arms of the two merges
+// counted: no hash, bound, table or word; 12 MUFU.EX2 and 8 SHFL per lane and m-tile), ~450 before greedy rows left the
+// word path. Expected: issue ~42 us per step at 253 rows (memory floor ~45, tensor pipe ~31) + dm_wide_pick ~3-4 us,
 // i.e. ~260-360 us per call; at 64 rows ~25-30 us per step, ~150-180 us per call (tools/gpu_plans/issue12_cuda_wide.sh
 // icdf / icdf_time measure it).
 #include "common.cuh"

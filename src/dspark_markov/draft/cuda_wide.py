@@ -18,12 +18,13 @@ The bias is summed in another order than cuBLAS's (SPEC.md 3 leaves it free), so
 
 ``method="inverse_cdf"`` (SPEC.md 5, the rules of :mod:`dspark_markov.ops.pick`): the step entry points ``*_icdf``
 give each block a contiguous run of 16-token groups (vocabulary order) and, instead of the Gumbel ranking, fold each
-T > 0 row's group partials (``max z / T``, ``sum exp(z / T - max)``) into per-(warp, row) partials in shared memory,
-merged per row into one partial per block (``part``, ``[rows16, part_stride]`` fp32 pairs); greedy rows (T = 0,
-padding) keep the word path. ``dm_wide_pick`` (one warp per row) then picks the block by the prefix sum of block
-masses (``u * total``, the first block exceeding it with positive mass, else the last of positive mass) and re-reads
-only that block's ~1,000 tokens from the cache for the token; rows whose max of ``z / T`` is not finite or that hold a
-NaN take ``argmax_first``. Greedy and non-finite rows draw the reference's token bit for bit; a T > 0 token is the
+row's group partials (``max z / T``, ``sum exp(z / T - max)``; ``z`` itself on greedy rows) into per-(warp, row)
+partials in shared memory, merged per row into one partial per block (``part``, ``[rows16, part_stride]`` fp32
+pairs); only padding samples (no cache row) keep the word path. ``dm_wide_pick`` (one warp per row) then picks a
+T > 0 row's block by the prefix sum of block masses (``u * total``, the first block exceeding it with positive mass,
+else the last of positive mass) and re-reads only that block's ~1,000 tokens from the cache for the token; a greedy
+row's token is the first maximum of the first block holding the row's maximum (re-read the same way); rows whose max
+of ``z / T`` is not finite or that hold a NaN take ``argmax_first``. Greedy and non-finite rows draw the reference's token bit for bit; a T > 0 token is the
 inverse CDF of the row's uniform within the fp32 sums (the block order moves rounding boundaries, as for ``wide``).
 
 Requirements (``ValueError`` otherwise): a CUDA device of compute capability 9.0 with NVRTC
