@@ -453,3 +453,64 @@ def test_emulated_inverse_cdf_draws_the_reference():
             with np.errstate(invalid="ignore"):
                 mass = np.where(np.isfinite(bm), np.exp(x[:, cols] - bm[:, None]).sum(axis=1), 0.0)
             np.testing.assert_allclose(part[finite, b, 1], mass, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- the division by T, as host C++
+DIV_HARNESS = r"""
+#include <cmath>
+#include <cstring>
+#include "noise.cuh"
+namespace dw {
+%s
+}
+static float from_bits(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+static unsigned to_bits(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+// Mismatches of dw_div_rcp(z, t, rcp) against the IEEE quotient z / t (bit for bit, any NaN equal to any NaN) over
+// z = the float of bits lo, lo + step, ... < hi and their negatives; the first one's z into *first.
+extern "C" long check_div(float t, unsigned lo, unsigned hi, unsigned step, float* first) {
+  const float r = dw::dw_rcp_for(t, 1.0f / t);
+  long bad = 0;
+  for (unsigned long long u = lo; u < hi; u += step) {
+    for (int sign = 0; sign < 2; ++sign) {
+      const float z = from_bits((unsigned)u | (sign ? 0x80000000u : 0u));
+      const float got = dw::dw_div_rcp(z, t, r), want = z / t;
+      if (to_bits(got) != to_bits(want) && !(got != got && want != want)) {
+        if (bad == 0) *first = z;
+        ++bad;
+      }
+    }
+  }
+  return bad;
+}
+"""
+
+
+def test_division_by_t_is_ieee_exact_as_host_cpp(tmp_path):
+    """wide.cu dw_div_rcp (q0 = z r and two Markstein FMA corrections, div_rn outside its safe range) equals the IEEE
+    division z / t bit for bit: every significand of the binades [1, 2) and [2^100, 2^101) (its upper cut) for 3 t,
+    a stride of 1999 over every float (zero, subnormals, inf, NaN included) for 24 t (1 / T near 1, tiny and huge T, the
+    range ends 2^-16 and 2^16 and beyond). Host C++ (-ffp-contract=off; std::fmaf is the IEEE FMA like __fmaf_rn).
+    (One correction passed this too; the second makes it Markstein's theorem: q1 is within one ulp.)"""
+    compiler = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if compiler is None:
+        pytest.skip("no host C++ compiler (g++/c++/clang++)")
+    text = (build.SOURCE_DIR / "wide.cu").read_text()
+    part = re.search(r"// BEGIN host-tested[^\n]*\n(.*?)// END host-tested", text, re.S).group(1)
+    (tmp_path / "div.cpp").write_text(DIV_HARNESS % part)
+    library = tmp_path / "libdiv.so"
+    subprocess.run([compiler, "-O2", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC",
+                    f"-I{build.SOURCE_DIR}", str(tmp_path / "div.cpp"), "-o", str(library)], check=True)
+    lib = ctypes.CDLL(str(library))
+    lib.check_div.restype = ctypes.c_long
+    lib.check_div.argtypes = [ctypes.c_float, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.POINTER(ctypes.c_float)]
+    first = ctypes.c_float(0.0)
+    gen = np.random.default_rng(5)
+    near_one = [float(np.float32(1.0) + np.float32(k) * np.float32(2.0**-23)) for k in (-3, -1, 1, 2)]
+    some = [0.6, 0.7, 1 / 3, 2.5, 0.01, 100.0, 1.5, 0.9999]
+    extremes = [2.0**-16, 2.0**16, 2.0**-17, 2.0**17, 1e-30, 3e30]
+    rand = [float(x) for x in np.exp(gen.uniform(np.log(1e-3), np.log(1e3), 6)).astype(np.float32)]
+    for t in (0.6, 1 / 3, 0.01):
+        for lo in (0x3F800000, 0x71800000):  # [1, 2) and [2^100, 2^101)
+            assert lib.check_div(t, lo, lo + (1 << 23), 1, ctypes.byref(first)) == 0, (t, first.value)
+    for t in some + near_one + extremes + rand:
+        assert lib.check_div(t, 0, 0x7FC00001, 1999, ctypes.byref(first)) == 0, (t, first.value)

@@ -32,17 +32,19 @@
 //
 // method="inverse_cdf" (icdf5, 2026-12-04, NOT RUN ON A GPU either): the _icdf step entry points (8 warps, WPG = 1) give
 // each block a contiguous run of icdf_gpb groups (64 = 1,024 tokens at V = 129,280 on 132 SMs: 127 blocks); the bias,
-// z and the cache exactly as above; per row each 16-token group's partial (max x, sum exp(x - max)), x = z / T (div_rn;
-// the identity at T = 1; z on greedy rows), reduced over the lane quad and merged into a per-(warp, row) partial in
+// z and the cache exactly as above; per row each 16-token group's partial (max x, sum exp(x - max)), x = z / T (div_rn's
+// value from the row's 1 / T and two Markstein FMA corrections, dw_div_rcp; the identity at T = 1; z on greedy rows),
+// reduced over the lane quad and merged into a per-(warp, row) partial in
 // shared memory (the noise table's place), the block's warps merged in order into part[row][block] at the end. Only
 // padding samples (no cache row) keep the word path (z ranks itself), skipped by a uniform branch in m-tiles without
 // one. dm_wide_pick then draws each live row in one warp (dw_pick): T > 0 by block masses, u * total and only the
 // chosen block's ~1,000 tokens re-read from the cache; greedy rows the first block holding the max, then its first
 // such token; NaN / +inf / all -inf rows argmax_first.
-// Compiled (NVRTC 13.0): 140-146 registers and no stack frame on the step, 127 on dm_wide_pick; ~347 static SASS
+// Compiled (NVRTC 13.0): 136-144 registers and no stack frame on the step, 127 on dm_wide_pick; ~347 static SASS
 // instructions per 16 x 16 m-tile on the T = 1 bf16 path without padding (~42 per logit, both arms of the two merges
 // counted: no hash, bound, table or word; 12 MUFU.EX2 and 8 SHFL per lane and m-tile), ~450 before greedy rows left the
-// word path. Expected: issue ~42 us per step at 253 rows (memory floor ~45, tensor pipe ~31) + dm_wide_pick ~3-4 us,
+// word path; ~408 with x = z / T (mixed T: +15 per row and token quadruple, ~+18%, where div_rn took ~+40%).
+// Expected: issue ~42 us per step at 253 rows (memory floor ~45, tensor pipe ~31) + dm_wide_pick ~3-4 us,
 // i.e. ~260-360 us per call; at 64 rows ~25-30 us per step, ~150-180 us per call (tools/gpu_plans/issue12_cuda_wide.sh
 // icdf / icdf_time measure it).
 #include "common.cuh"
@@ -138,8 +140,39 @@ __device__ __forceinline__ float dw_exp(float d) {
 }
 // max with NaN sticky (torch.amax): a NaN in either argument gives NaN.
 __device__ __forceinline__ float dw_nan_max(float a, float b) { return (a > b || a != a) ? a : b; }
-// z / T of SPEC.md 5 (one IEEE division; T = 1 is the identity, T = 0 rows are greedy and never use it).
-__device__ __forceinline__ float dw_scaled(float z, float temp) { return temp == 1.0f ? z : dm::div_rn(z, temp); }
+// BEGIN host-tested (tests/draft/test_cuda_wide.py compiles this part as host C++ against noise.cuh)
+#if defined(__CUDA_ARCH__)
+#define DW_HD __device__ __forceinline__
+DW_HD float dw_fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+#else
+#define DW_HD static inline
+DW_HD float dw_fma(float a, float b, float c) { return std::fmaf(a, b, c); }
+#endif
+// The reciprocal dw_div_rcp divides by: div_rn(1, t) for t in [2^-16, 2^16], else 0 (always div_rn).
+DW_HD float dw_rcp_for(float t, float inv_t) { return t >= 0x1p-16f && t <= 0x1p16f ? inv_t : 0.0f; }
+// z / t rounded to nearest, div_rn's value, from r = dw_rcp_for(t, div_rn(1, t)): q0 = z r, then two Markstein
+// corrections q <- q + (z - q t) r (each residual by one FMA) give the correctly rounded quotient while nothing
+// underflows or overflows: |q0| in [2^-80, 2^100) (so |z| >= 2^-97, every residual a normal number); zero, +-inf, NaN,
+// r = 0 and the extremes take div_rn. 5 FP instructions where div_rn's fast path takes ~15 (MUFU.RCP, FCHK, the
+// branch to its slow path); checked against IEEE division over every significand of several binades of z and many t.
+DW_HD bool dw_rcp_ok(float q0) {  // q0 = z r in the range where the corrections are exact
+  const float a = q0 < 0.0f ? -q0 : q0;
+  return a >= 0x1p-80f && a < 0x1p100f;
+}
+DW_HD float dw_markstein(float z, float t, float r, float q0) {
+  const float q1 = dw_fma(dw_fma(-q0, t, z), r, q0);
+  return dw_fma(dw_fma(-q1, t, z), r, q1);
+}
+DW_HD float dw_div_rcp(float z, float t, float r) {
+  const float q0 = dm::mul_rn(z, r);
+  return dw_rcp_ok(q0) ? dw_markstein(z, t, r, q0) : dm::div_rn(z, t);
+}
+// END host-tested
+// z / T of SPEC.md 5 (the IEEE division's value; T = 1 is the identity, T = 0 rows are greedy and never use it); r from
+// dw_rcp_for.
+__device__ __forceinline__ float dw_scaled(float z, float temp, float r) {
+  return temp == 1.0f ? z : dw_div_rcp(z, temp, r);
+}
 // A partial (shift, mass: sum exp(x - shift) over its tokens, shift their max x = z / T) merged into (m, s) in place:
 // the larger shift stays and the other mass is rescaled by exp(smaller - larger). A NaN shift is sticky (the row goes
 // to the argmax); a partial without mass (every token -inf) changes nothing but the max.
@@ -425,11 +458,28 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
           // order ((w0 + w1) + w2) + w3 per lane, then (lane c + lane c^1) + (the other pair).
           float x[4];
           const bool padrow = rkp->cache_off < 0;
+          const float rcp = dw_rcp_for(rkp->temp, rkp->inv_temp);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) x[k] = z[h][k];
+          if (!greedy && rkp->temp != 1.0f) {  // x = z / T (one branch per row and m-tile, div_rn's values)
+            const float t = rkp->temp;
+            bool ok = true;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              const float q0 = dm::mul_rn(z[h][k], rcp);
+              ok = ok && dw_rcp_ok(q0);
+              x[k] = dw_markstein(z[h][k], t, rcp, q0);
+            }
+            if (!ok) {  // rare: a zero, +-inf, NaN, an extreme quotient or T outside [2^-16, 2^16]
+#pragma unroll
+              for (int k = 0; k < 4; ++k) x[k] = dm::div_rn(z[h][k], t);
+            }
+          }
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
             const bool in = here && (VEC || t0 + k < vocab);
             if (words_here) mask |= (padrow && in && !(z[h][k] < thr[h]) ? 1u : 0u) << (4 * h + k);
-            x[k] = in ? (greedy ? z[h][k] : dw_scaled(z[h][k], rkp->temp)) : ninf;
+            x[k] = in ? x[k] : ninf;
           }
           float gm = dw_nan_max(dw_nan_max(x[0], x[1]), dw_nan_max(x[2], x[3]));
           gm = dw_nan_max(gm, __shfl_xor_sync(0xFFFFFFFFu, gm, 1));
@@ -749,7 +799,7 @@ __device__ __forceinline__ i64 dw_pick(const WideArgs& a, i64 row, const WideRow
   // 3. the token inside the chosen block, its tokens re-read from the cache: lane l the contiguous [t0, t1), DW_PT
   // weights at a time in registers (all their loads in flight at once; 0 past t1, which changes no sum)
   const float2 pc = part[chosen];
-  const float mc = pc.x, scale_c = dw_exp(dm::sub_rn(pc.x, m)), temp = k.temp;
+  const float mc = pc.x, scale_c = dw_exp(dm::sub_rn(pc.x, m)), temp = k.temp, rcp = dw_rcp_for(temp, k.inv_temp);
   const i64 lo = (i64)chosen * a.icdf_gpb * DW_GROUP, hi = min(vocab, lo + a.icdf_gpb * DW_GROUP);
   const i64 pt = (hi - lo + 31) >> 5;
   const i64 t0 = lo + lane * pt, t1 = min(t0 + pt, hi);
@@ -760,7 +810,7 @@ __device__ __forceinline__ i64 dw_pick(const WideArgs& a, i64 row, const WideRow
 #pragma unroll
     for (int i = 0; i < DW_PT; ++i) zc[i] = c0 + i < t1 ? zat(c0 + i) : ninf;
 #pragma unroll
-    for (int i = 0; i < DW_PT; ++i) w[i] = dw_exp(dm::sub_rn(dw_scaled(zc[i], temp), mc));
+    for (int i = 0; i < DW_PT; ++i) w[i] = dw_exp(dm::sub_rn(dw_scaled(zc[i], temp, rcp), mc));
   };
   float wsum = 0.0f;
   for (i64 c0 = t0; c0 < t1; c0 += DW_PT) {
