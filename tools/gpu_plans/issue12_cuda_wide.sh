@@ -90,11 +90,11 @@ icdf)
   ;;
 icdf_time)
   # 10. (~60 s) Timing beside the Triton design that holds the inverse-CDF record (wide 543.8 / 229.4 us at 253 / 64
-  #     rows) and vLLM's loop: T = 1 and mixed, bf16. Predicted from the SASS (~340 SASS instructions per 16 x 16
+  #     rows) and vLLM's loop: T = 1 and mixed, bf16. Predicted from the SASS (~347 SASS instructions per 16 x 16
   #     m-tile on the T = 1 path, ~42 per logit; dm_wide_pick ~3-4 us per step): 253 rows ~45-65 us per step (memory
   #     floor 45, issue 42, tensor pipe 32) + pick -> ~260-360 us per call (target 270); 64 rows ~25-30 us per step
-  #     (W2's 66 MB ~15 us + 33 MB of logits) + pick -> ~150-180 us (target 150). Mixed T pays a div_rn per logit of
-  #     the T != 1 rows (~10 SASS instructions: issue ~+25% at 253 rows).
+  #     (W2's 66 MB ~15 us + 33 MB of logits) + pick -> ~150-180 us (target 150). Mixed T: z / T by the row's 1 / T
+  #     and two Markstein FMAs (~408 instead of ~347 per m-tile: issue ~+18% at 253 rows, ~0 at 64 rows).
   timeout -k 2 70 python3 -m dspark_markov.cli bench --designs vllm_loop,wide,cuda_wide --method inverse_cdf \
     --rows 64,253 --temperature both --vllm-cache "$VLLM" --out "$OUT/bench_icdf" --no-plot --no-progress 2>&1 | tail -12
   # 11. (~35 s) Nsight Compute of one step (N = 1) at 253 and 64 rows: dm_wide_b0_c0_v1_s0_icdf and dm_wide_pick.
