@@ -502,7 +502,8 @@ def test_division_by_t_is_ieee_exact_as_host_cpp(tmp_path):
                     f"-I{build.SOURCE_DIR}", str(tmp_path / "div.cpp"), "-o", str(library)], check=True)
     lib = ctypes.CDLL(str(library))
     lib.check_div.restype = ctypes.c_long
-    lib.check_div.argtypes = [ctypes.c_float, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.POINTER(ctypes.c_float)]
+    lib.check_div.argtypes = [ctypes.c_float, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+                              ctypes.POINTER(ctypes.c_float)]
     first = ctypes.c_float(0.0)
     gen = np.random.default_rng(5)
     near_one = [float(np.float32(1.0) + np.float32(k) * np.float32(2.0**-23)) for k in (-3, -1, 1, 2)]
@@ -514,3 +515,43 @@ def test_division_by_t_is_ieee_exact_as_host_cpp(tmp_path):
             assert lib.check_div(t, lo, lo + (1 << 23), 1, ctypes.byref(first)) == 0, (t, first.value)
     for t in some + near_one + extremes + rand:
         assert lib.check_div(t, 0, 0x7FC00001, 1999, ctypes.byref(first)) == 0, (t, first.value)
+
+
+def test_inverse_cdf_launch_sequence_and_arguments(monkeypatch):
+    """CudaWideBackend.run for method="inverse_cdf" with a recording stand-in for the loaded kernels (no GPU): the
+    start launch, then per step the _icdf step kernel over icdf_blocks(V, SMs x resident) blocks and dm_wide_pick,
+    with icdf_gpb / icdf_blocks / part_stride / cache32 in the argument struct and the inverse-CDF shared memory."""
+    import types
+
+    rows, steps, vocab, sms = 37, 3, 4096, 3
+    head = dm.MarkovHead(torch.zeros(vocab, 256, dtype=torch.bfloat16), torch.zeros(vocab, 256, dtype=torch.bfloat16))
+    calls = []
+
+    class Recorder:
+        def launch(self, name, grid, block, smem, stream, params):
+            args = params[0]
+            calls.append((name, grid, block, smem, args.step, args.icdf_gpb, args.icdf_blocks, args.part_stride,
+                          args.cache32, [int(p.value) for p in params[1:]]))
+
+    backend = object.__new__(cuda_wide.CudaWideBackend)
+    backend.__dict__.update(head=head, method="inverse_cdf", num_steps=steps, max_rows=rows, kernels=Recorder(),
+                            noise_table=None, filter_margin=0.0, flags=0, warps_per_group=1, num_sms=sms,
+                            device=torch.device("cpu"), codes=torch.zeros(48, 256), words=torch.zeros(rows),
+                            keys=torch.zeros(1, dtype=torch.uint8), part_stride=sms * 2,
+                            part=torch.zeros(48, sms * 2, 2),
+                            resident={(n, m): 1 for n in cuda_wide.ICDF_KERNELS for m in range(1, 4)})
+    monkeypatch.setattr(cuda_wide.torch.cuda, "current_stream",
+                        lambda device=None: types.SimpleNamespace(cuda_stream=0))
+    base = torch.zeros(rows, steps, vocab, dtype=torch.bfloat16)
+    cache = torch.zeros(rows + 2, steps, vocab, dtype=torch.float32)
+    zeros = torch.zeros(rows * steps, dtype=torch.int64)
+    backend.run(base, torch.zeros(rows, dtype=torch.int64), zeros, zeros, torch.ones(rows + 2),
+                torch.zeros(rows + 2, dtype=torch.int64), torch.zeros(rows, steps, dtype=torch.int64), cache)
+    gpb, blocks = cuda_wide.icdf_blocks(vocab, sms)
+    assert (gpb, blocks) == (88, 3)  # 32 rounds of 8 groups over 3 blocks: 11 rounds each, the last one 10
+    smem = cuda_wide.smem_bytes(rows, True)
+    want = [("dm_wide_finish", 6, 256, 0, 0, gpb, blocks, sms * 2, 1, [-1, 1])]
+    for step in range(steps):
+        want += [("dm_wide_b0_c1_v1_s0_icdf", blocks, 256, smem, step, gpb, blocks, sms * 2, 1, []),
+                 ("dm_wide_pick", 5, 256, 0, step, gpb, blocks, sms * 2, 1, [step, int(step + 1 < steps)])]
+    assert calls == want
