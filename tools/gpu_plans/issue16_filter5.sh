@@ -9,9 +9,9 @@
 # Results go to $JOB_OUT (default ./gpu_plan_out). Compiles: the filter's kernels take ~20 s (one process per
 # part; a Triton cache carried from an earlier GPU job of the same source skips it: tools/gpu_queue.sh).
 # The default kernels on main compile to the same SASS as filter4's H200-verified build (tools/filter_sass.py);
-# nothing here re-verifies them beyond the tests. Then, for the clean-up branch `filter5-clean` (the pre-session
+# nothing here re-verifies them beyond the tests. Then, for the clean-up `git apply tools/gpu_plans/issue16_filter5_clean.patch` (the pre-session
 # options deleted; the default kernels rewritten without them: apply and the p-only pass keep their SASS, stats,
-# finish and the k+p pass are scheduled differently, CPU-tested only): merge it, run `check` and `time` again, and
+# finish and the k+p pass are scheduled differently, CPU-tested only): apply it, run `check` and `time` again, and
 # expect the `exact` per-launch times of this run within noise.
 set -u
 export PYTHONUNBUFFERED=1

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# GPU checks the lead could not run on 2026-12-04 (the device was withdrawn at 21:42 UTC). From the repository root
+# on an H200, PYTHONPATH=$PWD/src, with vLLM's gumbel_sample extracted (`python tools/extract_vllm.py`):
+#   bash tools/gpu_plans/lead_checks.sh capture   # budget ~170 s (two fresh processes, each compiling ~30-50 s)
+# The vLLM-hook timing failed twice in a CUDA-graph capture (..._2026-12-04_vllm_hook_u5_failure.txt,
+# ..._vllm_hook_u0_capture_failure.txt): earlier graphs, held in reference cycles, were destroyed by Python's garbage
+# collector inside a later capture. Fixed in bench.harness.capture_graph (gc collected before, off during a capture)
+# and in the tool (plain objects). This runs the failing scenario again: an empty NVRTC cache (compile and noise-
+# table sweep inside the process), every batch size captured in one process, twice. Expect 10 records per run, every
+# token equal to vLLM's loop, and no "function reset" warning.
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${JOB_OUT:-$PWD/gpu_plan_out}
+mkdir -p "$OUT"
+case "${1:-capture}" in
+capture)
+  for i in 1 2; do
+    export DSPARK_MARKOV_CACHE=$(mktemp -d)
+    timeout -k 2 80 python3 tools/vllm_hook_timing.py --out "$OUT/hook$i" --rows 1,16,64,128,253 --rounds 1 --replays 5 \
+      > "$OUT/hook$i.txt" 2>&1; echo "hook$i rc=$?"
+    grep -c '^{"rows"' "$OUT/hook$i.txt"; grep -i "error\|fail\|Traceback\|function reset" "$OUT/hook$i.txt" | head -5
+  done
+  ;;
+*) echo "usage: $0 capture"; exit 2 ;;
+esac
