@@ -201,3 +201,10 @@ def test_approximate_weight_bounds_the_exact_fixed_point_mass():
     w = approx.double() * 2.0**32
     e = nx.APPROX_WEIGHT_REL
     assert bool((q <= w * (1 + e)).all()) and bool((q > w * (1 - e) - 1).all())
+
+
+def test_options_not_run_on_a_gpu_are_off_by_default():
+    """filter5's top-p options (approximate masses, the raw exact sweep) have not run on a GPU: a filter
+    built with the defaults takes neither (its kernels are then filter4's H200-verified ones)."""
+    filt = nx.TopKTopPFilter(4, 300, "cpu")
+    assert filt.approx is False and filt.sweep_raw is False and filt.approx_slack == 1.0

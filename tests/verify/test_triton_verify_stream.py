@@ -329,3 +329,17 @@ def test_mode_options_outside_their_values_are_refused():
     for value in ("x", "1,early"):
         with pytest.raises(ValueError, match=triton_verify_stream.EARLY_STOP_ENV):
             triton_verify_stream._early_stop_setting(value)
+
+
+def test_early_stop_is_off_by_default():
+    """Early stop has not run on a GPU: without its environment switch no batch takes it, at the GPU's layouts
+    (a ``meta`` device: nothing is allocated or launched) as on the CPU, and its sub-options are off too."""
+    import os
+
+    if os.environ.get(triton_verify_stream.EARLY_STOP_ENV):
+        pytest.skip(f"{triton_verify_stream.EARLY_STOP_ENV} is set in this process")
+    assert triton_verify_stream.EARLY_STOP_FROM is None
+    for device, vocab in (("meta", 129_280), ("cpu", VOCAB)):
+        verifier = StreamVerifier(256, 5, vocab, device)
+        assert verifier.early_stop is None and not verifier.stop_check and not verifier.early_ready
+        assert not any(verifier.walks_rows(batch) for batch in (1, 7, 16, 64, 253))
