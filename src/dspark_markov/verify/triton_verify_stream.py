@@ -1293,6 +1293,8 @@ class StreamVerifier:
         (CPU: against the reference and the rows-in-parallel order). NOT RUN ON A GPU YET: default
         :data:`EARLY_STOP_FROM` = None, i.e. off (:data:`EARLY_STOP_ENV` turns it on for a process). Its layout:
         ``t1`` about ``batch * tiles / resident`` tiles per row and item (up to 32), ``lag = resident / c1``.
+        Elsewhere (the block method, ``K + 1 > 8``, more than 127 chunks per row) the rows-in-parallel order
+        runs whatever ``early_stop`` says (:meth:`walks_rows` tells which a launch takes).
         Arithmetic (verify5, the bench's inputs: random drafts, a third greedy; the reference's emitted rows on
         CPU-generated inputs of the same distributions): at 16 / 64 / 253 requests (mixed T) the default streams
         63 / 253 / 1002 MB, early stop 14 / 76 / 329 MB if the rows after ``js`` were never started and 24 / 112
