@@ -25,6 +25,34 @@ import tempfile
 VOCAB = 129_280
 
 
+def cuobjdump(cubin, option="-sass"):
+    """``cuobjdump OPTION`` of one cubin (the copy in the running Triton's package)."""
+    import triton  # noqa: PLC0415
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as handle:
+        handle.write(cubin)
+    try:
+        return subprocess.run([tool, option, handle.name], capture_output=True, text=True).stdout
+    finally:
+        os.unlink(handle.name)
+
+
+def instructions(sass):
+    """The instructions of a ``cuobjdump -sass`` listing, addresses dropped (five-digit addresses included)."""
+    return [m.group(1).strip() for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(.*?);", sass)]
+
+
+def main(argv, dump, compare, usage):
+    """``dump PATH`` or ``compare OLD NEW`` (exit status 1 where a variant differs)."""
+    if len(argv) == 3 and argv[1] == "dump":
+        dump(argv[2])
+    elif len(argv) == 4 and argv[1] == "compare":
+        sys.exit(compare(argv[2], argv[3]))
+    else:
+        sys.exit(usage)
+
+
 def dump(path):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import compile_check  # noqa: PLC0415  (the driver stand-in)
@@ -61,14 +89,7 @@ def dump(path):
                 if rows > ft.WIDE_ROWS:
                     filt.finish_options = {"maxnreg": ft.FINISH_MAX_REGISTERS}
                 filt.filter(logits, k, p, logits)
-    tool = os.path.join(os.path.dirname(compile_check.triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    listing = {}
-    for key, cubin in cubins.items():
-        with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as handle:
-            handle.write(cubin)
-        sass = subprocess.run([tool, "-sass", handle.name], capture_output=True, text=True).stdout
-        os.unlink(handle.name)
-        listing[key] = [m.group(1).strip() for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(.*?);", sass)]
+    listing = {key: instructions(cuobjdump(cubin)) for key, cubin in cubins.items()}
     with open(path, "w") as out:
         json.dump(listing, out)
     print(f"{len(listing)} kernel variants written to {path}")
@@ -86,9 +107,4 @@ def compare(old_path, new_path):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "dump":
-        dump(sys.argv[2])
-    elif len(sys.argv) == 4 and sys.argv[1] == "compare":
-        sys.exit(compare(sys.argv[2], sys.argv[3]))
-    else:
-        sys.exit(__doc__)
+    main(sys.argv, dump, compare, __doc__)

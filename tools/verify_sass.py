@@ -22,16 +22,16 @@ import collections
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from filter_sass import cuobjdump, instructions, main  # noqa: E402  (the same SASS listing and command line)
 
 VOCAB = 129_280
 
 
 def dump(path):
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import compile_check  # noqa: PLC0415  (the driver stand-in)
+    import compile_check  # noqa: PLC0415  (the driver stand-in; tools/ is on the path, above)
     import torch  # noqa: PLC0415
     from triton.runtime import driver  # noqa: PLC0415
     from triton.runtime.jit import JITFunction  # noqa: PLC0415
@@ -63,16 +63,9 @@ def dump(path):
                         label[0] = f"k={k} rows={rows} {method} raw={raw} greedy={greedy}"
                         flags = torch.empty(rows, dtype=torch.bool, device=meta) if greedy else None
                         verifier.run(*args, flags, method=method, target_temperature=args[6] if raw else None)
-    tool = os.path.join(os.path.dirname(compile_check.triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    listing = {}
-    for key, cubin in cubins.items():
-        with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as handle:
-            handle.write(cubin)
-        sass = subprocess.run([tool, "-sass", handle.name], capture_output=True, text=True).stdout
-        usage = subprocess.run([tool, "--dump-resource-usage", handle.name], capture_output=True, text=True).stdout
-        os.unlink(handle.name)
-        listing[key] = {"sass": [m.group(1).strip() for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(.*?);", sass)],
-                        "resources": " ".join(re.findall(r"(?:REG|STACK|LOCAL):\d+", usage))}
+    listing = {key: {"sass": instructions(cuobjdump(cubin)),
+                     "resources": " ".join(re.findall(r"(?:REG|STACK|LOCAL):\d+", cuobjdump(cubin, "--dump-resource-usage")))}
+               for key, cubin in cubins.items()}
     with open(path, "w") as out:
         json.dump(listing, out)
     print(f"{len(listing)} kernel variants written to {path}")
@@ -103,9 +96,4 @@ def compare(old_path, new_path):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "dump":
-        dump(sys.argv[2])
-    elif len(sys.argv) == 4 and sys.argv[1] == "compare":
-        sys.exit(compare(sys.argv[2], sys.argv[3]))
-    else:
-        sys.exit(__doc__)
+    main(sys.argv, dump, compare, __doc__)
