@@ -219,13 +219,12 @@ def _stream():
     return StreamVerifier
 
 
-@pytest.mark.parametrize("method,early", [("standard", 0), ("standard", 1), ("block", 0)],
-                         ids=["standard", "standard-early", "block"])
-def test_stream_every_position_follows_the_target(method, early):
-    """The chi-square of every position for the stream kernel (the one verify_drafts runs; ``early``: with early
-    stop, opt-in), with its negative control."""
+@pytest.mark.parametrize("method", ["standard", "block"])
+def test_stream_every_position_follows_the_target(method):
+    """The chi-square of every position for the stream kernel (the one verify_drafts runs), with its
+    negative control; the raw-logit mode (temperature divided in the kernel) on the same trials."""
     rows, calls, support = 253, 48, 24
-    verifier = _stream()(rows, K, VOCAB, "cuda", early_stop=early, stop_check=early, early_ready=early)
+    verifier = _stream()(rows, K, VOCAB, "cuda")
 
     def verify(*args):
         return verifier.run(*args, method=method)
@@ -309,17 +308,14 @@ def test_stream_layouts_agree_and_graph_replays():
         ref = dm.verify_drafts(*fresh, method="standard", target_temperature=fresh[6])
         assert torch.equal(tokens, ref.tokens) and torch.equal(count, ref.num_emitted)
     verifier.check()
-    assert int(verifier.counters.abs().sum()) == 0 and int(verifier.arrivals.abs().sum()) == 0
+    assert int(verifier.counters.abs().sum()) == 0
 
 
-# the options measured against the defaults (issue 18, verify3 to verify5): the compact and the padded program
+# the options measured against the defaults (issue 18, verify3 and verify4): the compact and the padded program
 # orders, the raw mode's split unroll (only the divided slots load fewer tiles at once), the poisoned fast division
-# with 4 tiles at once where values are divided, the L2 prefetch of the emitted row (evict_last), early stop (each
-# stream item walks the rows and skips those after the emitted row; verify5, not yet run on a GPU) alone and with
-# its in-loop check and early ready
+# with 4 tiles at once where values are divided, the L2 prefetch of the emitted row (evict_last)
 OPTION_VARIANTS = {"compact": dict(compact=1), "padded": dict(compact=0), "div_unroll": dict(div_unroll=2),
-                   "fast_divide_2": dict(fast_divide=2, div_unroll=4), "emit_prefetch": dict(emit_prefetch=2),
-                   "early_stop": dict(early_stop=1), "early_stop_all": dict(early_stop=1, stop_check=1, early_ready=1)}
+                   "fast_divide_2": dict(fast_divide=2, div_unroll=4), "emit_prefetch": dict(emit_prefetch=2)}
 
 
 @pytest.mark.parametrize("variant", sorted(OPTION_VARIANTS))
@@ -360,4 +356,4 @@ def test_stream_options_equal_reference_and_replay(rows, variant):
         ref = dm.verify_drafts(*fresh, method="standard")
         assert torch.equal(tokens, ref.tokens) and torch.equal(count, ref.num_emitted)
     verifier.check()
-    assert int(verifier.counters.abs().sum()) == 0 and int(verifier.arrivals.abs().sum()) == 0
+    assert int(verifier.counters.abs().sum()) == 0

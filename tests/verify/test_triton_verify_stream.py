@@ -16,8 +16,7 @@ import dspark_markov as dm
 from dspark_markov.demo.generate import chi_square, chi_square_threshold
 from dspark_markov.verify.reference import scale_target
 from dspark_markov.verify import triton_verify_stream
-from dspark_markov.verify.triton_verify_stream import (StreamVerifier, _divide, _divide_poisoned, _divisor, _pair_softmax,
-                                                       _row_argmax, _terminal, cached_verifier)
+from dspark_markov.verify.triton_verify_stream import StreamVerifier, _divide, _divide_poisoned, _divisor, cached_verifier
 from tests.helpers import VERIFY_VOCAB as VOCAB
 from tests.helpers import fast_interpreter_calls
 from tests.helpers import verify_case as _case
@@ -32,7 +31,7 @@ def _fast_interpreter():
 
 def _run(verifier, args, method, greedy=None, **kwargs):
     tokens, count = verifier.run(*args, greedy, method=method, **kwargs)
-    assert int(verifier.counters.abs().sum()) == 0 and int(verifier.arrivals.abs().sum()) == 0  # reset by the kernel
+    assert int(verifier.counters.abs().sum()) == 0  # reset by the kernel
     verifier.check()
     return tokens.clone(), count.clone()
 
@@ -81,10 +80,9 @@ def test_raw_logits_bit_identical_to_pre_divided(method, monkeypatch):
     trace = torch.zeros(split.programs(7, method), 4, dtype=torch.int64)
     d = _run(split, [raw] + args[1:], method, target_temperature=temperature, trace=trace)
     assert torch.equal(a[0], d[0]) and torch.equal(a[1], d[1])
-    lay = split.layout(7, method)
+    lay = split.layout(7)
     stage, valid = trace[:, 3] & 3, (trace[:, 3] >> 2) & 1
-    per_request = lay.c1 if lay.early else 4 * lay.c1  # (early: one item per chunk walks the rows)
-    assert int(((stage == 0) & (valid == 1)).sum()) == 7 * per_request  # every stream item ran and wrote its line
+    assert int(((stage == 0) & (valid == 1)).sum()) == 7 * 4 * lay.c1  # every stream item ran and wrote its line
     assert int(((stage == 2) & (valid == 1)).sum()) == 7 * lay.c2
     _assert_reference([divided] + args[1:], method, a)
     out = dm.verify_drafts(raw, *args[1:], method=method, impl="triton", target_temperature=temperature)
@@ -111,81 +109,6 @@ def test_layouts_and_explicit_greedy_flags():
     tokens, count = _run(verifier, small, "standard")
     assert tokens.shape == (5, 4)
     _assert_reference(small, "standard", (tokens, count))
-
-
-def test_early_stop_equals_reference():
-    """``early_stop`` (not yet run on a GPU): each stream item walks rows 0..n of its chunk and the rows after the
-    emitted row are skipped; the reference's tokens, pre-divided and raw logits bit for bit, explicit greedy
-    flags, with ``stop_check`` / ``early_ready`` / one-tile chunks; counters and arrival words reset (``_run``)."""
-    args = _case(21)
-    temperature, idx = args[6], args[4]
-    raw = args[0] * torch.where(temperature == 0, 1.0, temperature)[idx.clamp_min(0), None, None]
-    divided = scale_target(raw, temperature, idx)
-    flags = torch.zeros(7, dtype=torch.bool)
-    flags[3] = True
-    counts = []
-    for options in (dict(early_stop=1), dict(early_stop=1, stop_check=1, early_ready=1, t1=1, lag=0)):
-        verifier = StreamVerifier(7, 3, VOCAB, "cpu", **options)
-        assert verifier.layout(7).early and not verifier.layout(7, "block").early
-        a = _run(verifier, [divided] + args[1:], "standard")
-        _assert_reference([divided] + args[1:], "standard", a)
-        b = _run(verifier, [raw] + args[1:], "standard", target_temperature=temperature)
-        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
-        _assert_reference(args, "standard", _run(verifier, args, "standard", flags), flags)
-        counts.append(a[1][idx >= 0])
-    counts = torch.cat(counts)
-    assert int((counts >= 2).sum()) >= 2 and int((counts == 1).sum()) >= 2  # accepts and rejections
-
-
-@triton.jit
-def _stop_kernel(t_ptr, c_ptr, word_ptr, out_ptr, n, tiles, ROW: tl.constexpr, BLOCK: tl.constexpr,
-                 UNROLL: tl.constexpr, STOP: tl.constexpr):
-    t_max, t_sum, c_max, c_sum, redo = _pair_softmax(t_ptr, c_ptr, 0, n, n, tiles, 1.0, 0.7, False, BLOCK, UNROLL,
-                                                     False, 1, INTERIOR=True, stop_ptr=word_ptr, row=ROW, STOP=STOP)
-    value, token = _row_argmax(t_ptr, 0, n, tiles, 1.0, False, BLOCK, 1, 1, True, word_ptr, ROW, STOP)
-    tl.store(out_ptr + tl.arange(0, 8), tl.where(tl.arange(0, 8) == 0, t_max, tl.where(
-        tl.arange(0, 8) == 1, t_sum, tl.where(tl.arange(0, 8) == 2, c_max, tl.where(
-            tl.arange(0, 8) == 3, c_sum, tl.where(tl.arange(0, 8) == 4, value, token.to(tl.float32)))))))
-
-
-@triton.jit
-def _terminal_kernel(mask_ptr, out_ptr):
-    pid = tl.program_id(0)
-    tl.store(out_ptr + pid, _terminal(tl.load(mask_ptr + pid), 8))
-
-
-def test_early_stop_row_loops_and_decision_mask():
-    """The pieces of early stop the interpreter's one-program-at-a-time order never reaches: the streamed loops
-    with ``stop_check`` run to the end while the emitted row is not published before their row (bit for bit the
-    loops without it) and stop after the group in flight once it is (the word is read one group early); and the
-    emitted row a decision mask fixes (the first rejection inside the decided prefix)."""
-    block, unroll, groups = 16, 2, 3
-    n = groups * unroll * block + 5  # whole groups and a masked tail
-    g = torch.Generator().manual_seed(3)
-    target, cache = torch.randn(n, generator=g) * 3, torch.randn(n, generator=g) * 3
-
-    def run(word, stop, length=n):
-        out = torch.zeros(8)
-        _stop_kernel[(1,)](target, cache, torch.tensor([word], dtype=torch.int64), out, length,
-                           triton.cdiv(length, block), ROW=2, BLOCK=block, UNROLL=unroll, STOP=stop)
-        return out
-
-    whole = run(0, False)
-    for open_word in (0, 3 << 56, 7 << 56):  # nothing published, or js = 2 / 6 (row 2 is not after it)
-        assert torch.equal(run(open_word, True), whole)
-    stopped = run(2 << 56, True)  # js = 1 published: row 2 is skipped after its first group / tile
-    first_group, first_tile = run(0, False, unroll * block), run(0, False, block)
-    assert torch.equal(stopped[:4], first_group[:4]) and torch.equal(stopped[4:6], first_tile[4:6])
-    masks, expected = [], []
-    for decided, rejected in ((0b1, 0b0), (0b1, 0b1), (0b111, 0b100), (0b101, 0b100), (0b1011, 0b1000),
-                              (0b1111, 0b0010), (0b11111111, 0b10000000), (0b110, 0b110), (0, 0), (0b11, 0b01)):
-        masks.append(decided | rejected << 8)
-        prefix = (decided ^ (decided + 1)).bit_length() - 1  # rows 0..prefix-1 decided
-        first = (rejected & -rejected).bit_length() - 1 if rejected else 8
-        expected.append(first if first < prefix else -1)
-    out = torch.zeros(len(masks), dtype=torch.int32)
-    _terminal_kernel[(len(masks),)](torch.tensor(masks, dtype=torch.int32), out)
-    assert out.tolist() == expected
 
 
 @pytest.mark.parametrize("k", [0, 1])
@@ -323,23 +246,3 @@ def test_mode_options_outside_their_values_are_refused():
         with pytest.raises(ValueError, match=option):
             StreamVerifier(2, 3, VOCAB, "cpu", **{option: value})
     assert StreamVerifier(2, 3, VOCAB, "cpu", fast_divide=2, emit_prefetch=0).fast_divide == 2
-    # the environment switch of early stop (off when unset: the H200-verified order)
-    assert triton_verify_stream._early_stop_setting(None) == (None, False, False)
-    assert triton_verify_stream._early_stop_setting("16,early_ready") == (16, False, True)
-    for value in ("x", "1,early"):
-        with pytest.raises(ValueError, match=triton_verify_stream.EARLY_STOP_ENV):
-            triton_verify_stream._early_stop_setting(value)
-
-
-def test_early_stop_is_off_by_default():
-    """Early stop has not run on a GPU: without its environment switch no batch takes it, at the GPU's layouts
-    (a ``meta`` device: nothing is allocated or launched) as on the CPU, and its sub-options are off too."""
-    import os
-
-    if os.environ.get(triton_verify_stream.EARLY_STOP_ENV):
-        pytest.skip(f"{triton_verify_stream.EARLY_STOP_ENV} is set in this process")
-    assert triton_verify_stream.EARLY_STOP_FROM is None
-    for device, vocab in (("meta", 129_280), ("cpu", VOCAB)):
-        verifier = StreamVerifier(256, 5, vocab, device)
-        assert verifier.early_stop is None and not verifier.stop_check and not verifier.early_ready
-        assert not any(verifier.walks_rows(batch) for batch in (1, 7, 16, 64, 253))

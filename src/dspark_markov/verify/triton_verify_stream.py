@@ -1,4 +1,4 @@
-"""Verification in one launch that streams each target and cache row at most once (SPEC.md section 6).
+"""Verification in one launch that streams every target and cache row once (SPEC.md section 6).
 
 :class:`StreamVerifier` is the design behind ``verify_drafts(impl="triton")``: one kernel whose
 programs are *items*, numbered by program id, that combine per-request results through
@@ -32,24 +32,9 @@ lag lets a request's stream items finish before its emit items start, which then
 emitted row while it is still in L2. Each request's counters are reset by its last emit item:
 :meth:`StreamVerifier.run` only launches, so it can be captured in a CUDA graph and replayed.
 
-**Early stop** (``early_stop``, standard method; opt-in, NOT RUN ON A GPU YET: see
-:data:`EARLY_STOP_FROM`): a stream item is ``(request, chunk)`` and walks rows ``0..n`` of its
-chunk in turn. Draft ``j``'s acceptance needs only row ``j``'s statistics, so the last item of row
-``j`` to arrive (per-row 7-bit counts in one int64 arrival word per request) decides draft ``j``
-and stores row ``j``'s statistics (``early_ready``: the decision that fixes ``js`` also marks the
-request ready at once); the decision
-that closes the prefix (rows ``0..js`` decided, ``js`` rejected or ``js = n``) publishes ``js + 1``
-in the top bits of the arrival word. Items read it with each row's arrival (and, with
-``stop_check``, once per group of tiles inside the loops) and skip the rows after ``js``: those
-rows cannot change the output, so the result is the same as streaming them, but their bytes are
-not read. No item waits for a decision (no new dependency between programs); the request's last
-stream item finds ``js`` in the decision mask (every item decides before it arrives) and marks the
-request ready or, for greedy and padding requests, writes the output row.
-
-Bytes per live request: ``(n+1) V 4`` target + ``n V c`` cache streamed once from HBM (with early
-stop only the rows up to the emitted one, plus what items read before they see it: about one row),
-plus one target row (and one cache row after a rejection) re-read; ``O((K+1) chunks)`` partials;
-``(K+2) 8`` written.
+Bytes per live request: ``(n+1) V 4`` target + ``n V c`` cache streamed once from HBM, plus one
+target row (and one cache row after a rejection) re-read, normally from L2; ``O((K+1) chunks)``
+partials; ``(K+2) 8`` written.
 
 Raw target logits: with ``target_temperature`` (``[S]`` fp32) the target logits are taken before
 temperature and each element is divided in the kernel by its slot's temperature with the IEEE
@@ -76,8 +61,6 @@ imports Triton.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
@@ -107,27 +90,6 @@ RAW_WIDE = (2, 4)
 GREEDY_DIRECT = True  # greedy / padding requests written by their last stream item (StreamVerifier's greedy_direct)
 EMIT_PREFETCH = 0  # L2 prefetch of the emitted row by the request's last stream item (1; 2: evict_last; 0: none)
 DIV_UNROLL = 0  # raw logits: tiles at once where values are divided (0: the whole raw launch at 2; StreamVerifier's div_unroll)
-EARLY_STOP_ENV = "DSPARK_MARKOV_VERIFY_EARLY_STOP"
-
-
-def _early_stop_setting(value):
-    """``(EARLY_STOP_FROM, STOP_CHECK, EARLY_READY)`` from :data:`EARLY_STOP_ENV` (``"FROM[,stop_check][,early_ready]"``,
-    e.g. ``"1,stop_check,early_ready"``; unset or empty: ``(None, False, False)``)."""
-    if not value:
-        return None, False, False
-    first, *flags = [part.strip() for part in value.split(",")]
-    if not first.isdigit() or any(flag not in ("stop_check", "early_ready") for flag in flags):
-        raise ValueError(f"{EARLY_STOP_ENV}: expected 'FROM[,stop_check][,early_ready]' (FROM requests, an integer), "
-                         f"got {value!r}")
-    return int(first), "stop_check" in flags, "early_ready" in flags
-
-
-# Early stop (StreamVerifier's early_stop): NOT RUN ON A GPU YET (the 2026-12-04 evening session lost its device), so
-# off by default: the rows-in-parallel order below is the H200-verified path. EARLY_STOP_FROM: the batch from which
-# early_stop=None takes it (None: never); STOP_CHECK / EARLY_READY: the defaults of stop_check / early_ready (poll for
-# the emitted row inside the streamed loops too; mark the request ready as soon as js is fixed). The environment
-# variable EARLY_STOP_ENV sets all three for a process (how tools/gpu_plans/issue18_verify.sh times it with the bench).
-EARLY_STOP_FROM, STOP_CHECK, EARLY_READY = _early_stop_setting(os.environ.get(EARLY_STOP_ENV))
 
 _ACCEPT_DOMAIN = tl.constexpr(keys.ACCEPT_DOMAIN)
 _RESAMPLE_DOMAIN = tl.constexpr(keys.RESAMPLE_DOMAIN)
@@ -348,8 +310,7 @@ def _softmax_combine(m, s, scale):
 @triton.jit
 def _pair_softmax(t_ptr, c_ptr, start, end, c_end, tiles, ttemp, c_scale, RAW: tl.constexpr, BLOCK: tl.constexpr,
                   UNROLL: tl.constexpr, HARDWARE: tl.constexpr, PIPE: tl.constexpr, FAST: tl.constexpr = False,
-                  dt=1.0, dr=1.0, ds=1.0, dtiny=0, INTERIOR: tl.constexpr = False, DBUF: tl.constexpr = False,
-                  stop_ptr=None, row=0, STOP: tl.constexpr = False):
+                  dt=1.0, dr=1.0, ds=1.0, dtiny=0, INTERIOR: tl.constexpr = False, DBUF: tl.constexpr = False):
     """:func:`_row_softmax` of a target row over ``[start, end)`` (``/ T`` when ``RAW``) and of its cache
     row over ``[start, c_end)`` (scale ``c_scale``; ``c_end = start``: none) in one loop.
 
@@ -390,19 +351,6 @@ def _pair_softmax(t_ptr, c_ptr, start, end, c_end, tiles, ttemp, c_scale, RAW: t
                     cb = cn
                 m, s, cm, cs, risky = _pair_step(xb, cb, m, s, cm, cs, risky, ttemp, c_scale, RAW, FAST, dt, dr, ds,
                                                  dtiny, HARDWARE)
-        elif STOP:  # the same groups, until the request's emitted row is published before this row
-            g = 0
-            limit = full
-            word = tl.load(stop_ptr, volatile=True)
-            while g < limit:
-                token = lane[None, :] + (g * UNROLL * BLOCK + step)
-                m, s, cm, cs, risky = _pair_step(tl.load(t_ptr + token), tl.load(c_ptr + token), m, s, cm, cs, risky,
-                                                 ttemp, c_scale, RAW, FAST, dt, dr, ds, dtiny, HARDWARE)
-                g += 1
-                # the word read one group earlier (a read consumed at once would wait a round trip per group)
-                limit = tl.where(_row_skipped(word, row), 0, limit)
-                word = tl.load(stop_ptr, volatile=True)
-            full = tl.where(g < full, tiles, full)  # stopped: no tail either (the row cannot change the output)
         else:
             for g in tl.range(0, full, num_stages=PIPE):
                 token = lane[None, :] + (g * UNROLL * BLOCK + step)
@@ -439,16 +387,8 @@ def _pair_softmax(t_ptr, c_ptr, start, end, c_end, tiles, ttemp, c_scale, RAW: t
 
 
 @triton.jit
-def _row_skipped(word, row):
-    """Whether the arrival word of a request (EARLY_STOP: ``js + 1`` in bits 56-59 once published) puts ``row``
-    after the emitted row ``js``."""
-    seen = (word >> 56).to(tl.int32)
-    return (seen != 0) & (row >= seen)
-
-
-@triton.jit
 def _row_argmax(ptr, start, end, tiles, temp, DIVIDE: tl.constexpr, BLOCK: tl.constexpr, UNROLL: tl.constexpr,
-                PIPE: tl.constexpr, SCAN: tl.constexpr = False, stop_ptr=None, row=0, STOP: tl.constexpr = False):
+                PIPE: tl.constexpr, SCAN: tl.constexpr = False):
     """``argmax_first`` of ``row[start:end]`` (``/ T`` when ``DIVIDE``): ``(value, token)``.
 
     Per-lane first maxima over ``[UNROLL, BLOCK]`` tiles (a NaN wins over numbers), combined
@@ -458,20 +398,7 @@ def _row_argmax(ptr, start, end, tiles, temp, DIVIDE: tl.constexpr, BLOCK: tl.co
     step = tl.arange(0, UNROLL)[:, None] * BLOCK
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     index = lane
-    if SCAN & STOP:  # as below, until the request's emitted row is published before this row
-        t = 0
-        limit = tiles
-        word = tl.load(stop_ptr, volatile=True)
-        while t < limit:
-            token = lane + t * BLOCK
-            x = _load_row(ptr, token, token < end, temp, DIVIDE, float("-inf"))
-            better = (x > best) | ((x != x) & (best == best))
-            best = tl.where(better, x, best)
-            index = tl.where(better, token, index)
-            t += 1
-            limit = tl.where(_row_skipped(word, row), 0, limit)  # (the word read one tile earlier)
-            word = tl.load(stop_ptr, volatile=True)
-    elif SCAN:  # one tile at a time, in token order per lane: a strict > keeps the first maximum
+    if SCAN:  # one tile at a time, in token order per lane: a strict > keeps the first maximum
         for t in tl.range(0, tiles, num_stages=PIPE):
             token = lane + t * BLOCK
             x = _load_row(ptr, token, token < end, temp, DIVIDE, float("-inf"))
@@ -678,232 +605,6 @@ def _item_compact(requests, LAG, S1, S2, C1):
     return stage, tl.where(valid, b, 0), row.to(tl.int32), chunk.to(tl.int32), valid
 
 
-@triton.jit
-def _stream_row(t_base, t_row_stride, c_base, c_step_stride, drafts_ptr, d_req_stride, d_step_stride, xv_ptr, pa_ptr,
-                pb_ptr, pi_ptr, b, j, n, chunk, start, end, vocab, greedy, temp, ttemp, T1,
-                K: tl.constexpr, KP1: tl.constexpr, C1P: tl.constexpr, BLOCK: tl.constexpr, UNROLL: tl.constexpr,
-                UR: tl.constexpr, HARDWARE: tl.constexpr, RAW: tl.constexpr, PIPE: tl.constexpr, FUSED: tl.constexpr,
-                FAST_DIVIDE: tl.constexpr, INTERIOR: tl.constexpr, DBUF: tl.constexpr, SCAN_ARGMAX: tl.constexpr,
-                EARLY: tl.constexpr, stop_ptr, STOP: tl.constexpr):
-    """A stream item's work on row ``j <= n`` of request ``b`` (``[start, end)`` of target row ``j`` and, for
-    ``j < n``, of cache row ``j``): its per-chunk partials (max, sum or argmax) into ``pa/pb/pi``.
-
-    ``STOP``: the main loops poll the request's arrival word (``stop_ptr``) once per group of tiles and end
-    when the emitted row is published before ``j`` (then the partials are meaningless and never read)."""
-    R2: tl.constexpr = 2 * K + 1
-    part = (b * R2 + j) * C1P + chunk
-    qpart = (b * R2 + K + 1 + j) * C1P + chunk
-    if EARLY:  # p_j's and q_j's logits at draft j, for the epilogue (no dependent loads there)
-        if j < n:
-            xj = tl.load(drafts_ptr + b * d_req_stride + j * d_step_stride).to(tl.int64)
-            xj = tl.minimum(tl.maximum(xj, 0), vocab - 1)
-            if (xj >= start) & (xj < end):
-                tl.store(xv_ptr + b * 2 * KP1 + j, tl.load(t_base + j * t_row_stride + xj))
-                tl.store(xv_ptr + (b * 2 + 1) * KP1 + j, to_float32(tl.load(c_base + j * c_step_stride + xj)))
-    if greedy:
-        val, tok = _row_argmax(t_base + j * t_row_stride, start, end, T1, ttemp, RAW, BLOCK, UNROLL, PIPE,
-                               SCAN_ARGMAX, stop_ptr, j, STOP)
-        tl.store(pa_ptr + part, val)
-        tl.store(pi_ptr + part, tok)
-    elif FUSED & (temp != 0.0):  # target row j and cache row j (none for j = n) in one loop
-        c_end = tl.where(j < n, end, start)
-        c_scale = tl.math.div_rn(_LOG2E, temp)
-        if (FAST_DIVIDE > 0) & RAW & (ttemp != 0.0) & (ttemp != 1.0):
-            dt, dr, ds, dtiny = _divisor(ttemp)
-            mx, sm, cmx, csm, risky = _pair_softmax(t_base + j * t_row_stride, c_base + j * c_step_stride,
-                                                    start, end, c_end, T1, ttemp, c_scale, RAW, BLOCK,
-                                                    UR, HARDWARE, PIPE, FAST_DIVIDE, dt, dr, ds, dtiny,
-                                                    INTERIOR, DBUF, stop_ptr, j, STOP)
-            if risky:  # a value of magnitude below 2^-100 (or an extreme T): divide exactly
-                mx, sm, cmx, csm, no_risk = _pair_softmax(t_base + j * t_row_stride, c_base + j * c_step_stride,
-                                                          start, end, c_end, T1, ttemp, c_scale, RAW, BLOCK,
-                                                          UR, HARDWARE, 1)
-        elif RAW & (ttemp != 0.0) & (ttemp != 1.0):  # every target value divided (div_rn)
-            mx, sm, cmx, csm, no_risk = _pair_softmax(t_base + j * t_row_stride, c_base + j * c_step_stride,
-                                                      start, end, c_end, T1, ttemp, c_scale, RAW, BLOCK,
-                                                      UR, HARDWARE, PIPE, INTERIOR=INTERIOR, stop_ptr=stop_ptr,
-                                                      row=j, STOP=STOP)
-        else:  # pre-divided, or raw at T = 0 / 1 (x / 1 = x exactly): the standard loop
-            mx, sm, cmx, csm, no_risk = _pair_softmax(t_base + j * t_row_stride, c_base + j * c_step_stride,
-                                                      start, end, c_end, T1, ttemp, c_scale, False, BLOCK,
-                                                      UNROLL, HARDWARE, PIPE, INTERIOR=INTERIOR, DBUF=DBUF,
-                                                      stop_ptr=stop_ptr, row=j, STOP=STOP)
-        tl.store(pa_ptr + part, mx)
-        tl.store(pb_ptr + part, sm)
-        if j < n:
-            tl.store(pa_ptr + qpart, cmx)
-            tl.store(pb_ptr + qpart, csm)
-    else:
-        mx, sm = _row_softmax(t_base + j * t_row_stride, start, end, T1, ttemp, _LOG2E, RAW, BLOCK, UR,
-                              HARDWARE, PIPE)
-        tl.store(pa_ptr + part, mx)
-        tl.store(pb_ptr + part, sm)
-        if j < n:  # the cache row draft j was drawn from
-            if temp == 0.0:
-                val, tok = _row_argmax(c_base + j * c_step_stride, start, end, T1, temp, False, BLOCK, UNROLL,
-                                       PIPE, SCAN_ARGMAX)
-                tl.store(pa_ptr + qpart, val)
-                tl.store(pi_ptr + qpart, tok)
-            else:
-                mx, sm = _row_softmax(c_base + j * c_step_stride, start, end, T1, temp,
-                                      tl.math.div_rn(_LOG2E, temp), False, BLOCK, UNROLL, HARDWARE, PIPE)
-                tl.store(pa_ptr + qpart, mx)
-                tl.store(pb_ptr + qpart, sm)
-
-
-@triton.jit
-def _row_statistics(pa_ptr, pb_ptr, pi_ptr, xv_ptr, drafts_ptr, d_req_stride, d_step_stride, t_base, t_row_stride,
-                    c_base, c_step_stride, b, sel, n, temp, ttemp, seed, position, vocab, C1,
-                    K: tl.constexpr, KP1: tl.constexpr, C1P: tl.constexpr, RAW: tl.constexpr, EARLY: tl.constexpr):
-    """The rows ``sel`` (``[KP1]``) of request ``b`` from their chunks' partials: ``(t_max, t_sum, t_arg, q_cmax,
-    q_sum, q_arg, x, ratio, u, prefix)`` over ``jj = 0..KP1-1`` (the drafts ``x`` and ratios ``p(x)/q(x)`` for
-    ``jj < n``, the acceptance uniforms ``u``); rows outside ``sel`` are not read."""
-    R2: tl.constexpr = 2 * K + 1
-    jj = tl.arange(0, KP1)
-    cc = tl.arange(0, C1P)
-    t_ok = sel[:, None] & (cc < C1)[None, :]
-    q_ok = (sel & (jj < n))[:, None] & (cc < C1)[None, :]  # n = 0 for padding
-    t_off = (b * R2 + jj[:, None]) * C1P + cc[None, :]
-    q_off = (b * R2 + K + 1 + jj[:, None]) * C1P + cc[None, :]
-    tm = tl.load(pa_ptr + t_off, mask=t_ok, other=-_FMAX, volatile=True)
-    ts = tl.load(pb_ptr + t_off, mask=t_ok, other=0.0, volatile=True)
-    ti = tl.load(pi_ptr + t_off, mask=t_ok, other=0, volatile=True)
-    qm = tl.load(pa_ptr + q_off, mask=q_ok, other=-_FMAX, volatile=True)
-    qs = tl.load(pb_ptr + q_off, mask=q_ok, other=0.0, volatile=True)
-    qi = tl.load(pi_ptr + q_off, mask=q_ok, other=0, volatile=True)
-    t_max = tl.max(tm, axis=1)
-    t_sum = tl.sum(ts * tl.exp2((tm - t_max[:, None]) * _LOG2E), axis=1)
-    _, t_arg = block_argmax(tl.where(t_ok, tm, float("-inf")), ti, t_ok | (cc == 0)[None, :], 1)
-    q_cmax = tl.max(qm, axis=1)  # max of the raw cache values (T > 0 rows)
-    q_scale = tl.math.div_rn(_LOG2E, tl.where(temp == 0.0, 1.0, temp))
-    q_sum = tl.sum(qs * tl.exp2((qm - q_cmax[:, None]) * q_scale), axis=1)
-    q_max = _scaled(q_cmax, temp)  # max(c) / T = max(c / T): division is monotone
-    _, q_arg = block_argmax(tl.where(q_ok, qm, float("-inf")), qi, q_ok | (cc == 0)[None, :], 1)
-    t_arg = tl.minimum(tl.maximum(t_arg, 0), vocab - 1)
-    q_arg = tl.minimum(tl.maximum(q_arg, 0), vocab - 1)
-    # p_j(x_j), q_j(x_j), ratio and uniform of each draft j < n.
-    d_ok = jj < n
-    x = tl.load(drafts_ptr + b * d_req_stride + jj * d_step_stride, mask=d_ok, other=0).to(tl.int64)
-    x = tl.minimum(tl.maximum(x, 0), vocab - 1)
-    if EARLY:
-        zx = tl.load(xv_ptr + b * 2 * KP1 + jj, mask=d_ok, other=0.0, volatile=True)
-    else:
-        zx = tl.load(t_base + jj * t_row_stride + x, mask=d_ok, other=0.0)
-    if RAW:
-        zx = _scaled(zx, ttemp)
-    p_x = _prob(zx, t_max, t_sum)
-    if EARLY:
-        c_x = tl.load(xv_ptr + (b * 2 + 1) * KP1 + jj, mask=d_ok, other=0.0, volatile=True)
-    else:
-        c_x = to_float32(tl.load(c_base + jj * c_step_stride + x, mask=d_ok, other=0.0))
-    q_x = _draft_prob(c_x, x, temp, q_max, q_sum, q_arg.to(tl.int64))
-    ratio = tl.where(q_x > 0.0, tl.math.div_rn(p_x, tl.where(q_x > 0.0, q_x, 1.0)), 0.0)
-    prefix = rng_triton.hash_prefix(seed, position - 1, _ACCEPT_DOMAIN)
-    u = rng_triton.uniform32(rng_triton.hash_finish(prefix, jj))
-    return t_max, t_sum, t_arg, q_cmax, q_sum, q_arg, x, ratio, u, prefix
-
-
-@triton.jit
-def _write_output(tokens_ptr, tokens_stride, num_emitted_ptr, b, x, js, emitted, live, K: tl.constexpr,
-                  KP1: tl.constexpr):
-    """Request ``b``'s output row: the drafts ``x`` before ``js``, ``emitted`` at ``js``, -1 after, and ``js + 1``
-    tokens (a padding request, ``live`` false: every token -1, none emitted)."""
-    jj = tl.arange(0, KP1)
-    out = tl.where(jj < js, x, tl.where(jj == js, emitted, -1))
-    tl.store(tokens_ptr + b * tokens_stride + jj, tl.where(live, out, -1), mask=jj <= K)
-    tl.store(num_emitted_ptr + b, tl.where(live, js + 1, 0).to(tl.int64))
-
-
-@triton.jit
-def _greedy_output(request_drafts, d_step_stride, row_stats, js, vocab, KP1: tl.constexpr):
-    """``(x, emitted)`` of a greedy request whose emitted row is ``js`` (early stop): its drafts before ``js``
-    (clamped into ``[0, V)``) and the argmax of row ``js`` (``row_stats``: stored by that row's decision)."""
-    jj = tl.arange(0, KP1)
-    x = tl.load(request_drafts + jj * d_step_stride, mask=jj < js, other=0)
-    x = tl.minimum(tl.maximum(x.to(tl.int64), 0), vocab - 1)
-    t_arg = tl.load(row_stats + 5 * KP1 + js, volatile=True).to(tl.int32, bitcast=True)
-    return x, tl.minimum(tl.maximum(t_arg, 0), vocab - 1).to(tl.int64)
-
-
-@triton.jit
-def _reset_request(counters, arrival_word):
-    """Zero a request's counters and arrival word for the next launch (done by the last of its items)."""
-    tl.store(counters + tl.arange(0, 8), tl.zeros([8], tl.int32))
-    tl.store(arrival_word, 0)
-
-
-@triton.jit
-def _terminal(mask, KP1: tl.constexpr):
-    """The emitted row ``js`` a decision mask fixes (bit ``i``: row ``i`` decided; bit ``8 + i``: draft ``i``
-    rejected, or ``i = n``), or -1: the first rejection inside the decided prefix."""
-    ii = tl.arange(0, KP1)
-    decided = (mask >> ii) & 1
-    rejected = (mask >> (ii + 8)) & 1
-    first_open = tl.min(tl.where(decided == 0, ii, KP1), axis=0)
-    first_reject = tl.min(tl.where(rejected != 0, ii, KP1), axis=0)
-    return tl.where(first_reject < first_open, first_reject, -1)
-
-
-@triton.jit
-def _decide_row(j, b, pa_ptr, pb_ptr, pi_ptr, xv_ptr, drafts_ptr, d_req_stride, d_step_stride, target_ptr, t_req_stride,
-                t_row_stride, cache_ptr, c_slot_stride, c_step_stride, idx_ptr, nd_ptr, pos_ptr, temp_ptr, seeds_ptr,
-                greedy_ptr, tt_ptr, num_slots, row_ptr, counters_ptr, arrivals_ptr, vocab, C1, K: tl.constexpr,
-                KP1: tl.constexpr, C1P: tl.constexpr, RAW: tl.constexpr, EARLY: tl.constexpr,
-                HAS_GREEDY: tl.constexpr, acc_ptr=None, tokens_ptr=None, tokens_stride=0, num_emitted_ptr=None,
-                EARLY_READY: tl.constexpr = False):
-    """EARLY_STOP: the last item of row ``j`` of request ``b`` to arrive decides draft ``j`` (accepted, or rejected:
-    row ``n`` always counts as rejected), stores the row's statistics for the emit items and sets its bits in the
-    request's decision mask; the decision that fixes the emitted row ``js`` publishes ``js + 1`` in the arrival
-    word (bits 56-59). Returns ``js``, or -1 while it is open. (The request's scalars are loaded again here rather
-    than kept live across the streamed loops: registers.)
-
-    ``EARLY_READY``: that decision also stores the count and, for a greedy request, writes its output row (then
-    arrives as the request's writer, see :func:`_finish_arrival`), otherwise marks the request ready for its emit
-    items at once, before its other stream items have seen ``js``."""
-    live, slot, temp, seed, n, position, greedy, ttemp = _request(
-        idx_ptr, nd_ptr, pos_ptr, temp_ptr, seeds_ptr, greedy_ptr, tt_ptr, b, num_slots, K, HAS_GREEDY, RAW)
-    rows = row_ptr + b * 8 * KP1
-    jj = tl.arange(0, KP1)
-    t_max, t_sum, t_arg, q_cmax, q_sum, q_arg, x, ratio, u, prefix = _row_statistics(
-        pa_ptr, pb_ptr, pi_ptr, xv_ptr, drafts_ptr, d_req_stride, d_step_stride, target_ptr + b * t_req_stride,
-        t_row_stride, cache_ptr + slot * c_slot_stride, c_step_stride, b, jj == j, n, temp, ttemp, seed, position,
-        vocab, C1, K, KP1, C1P, RAW, EARLY)
-    d_ok = jj < n
-    accept = tl.where(greedy, d_ok & (x == t_arg.to(tl.int64)), d_ok & (u < ratio))
-    reject = 1 - tl.max(tl.where(jj == j, accept.to(tl.int32), 0), axis=0)  # (row n: always)
-    row_j = jj == j
-    tl.store(rows + 0 * KP1 + jj, t_max, mask=row_j)
-    tl.store(rows + 1 * KP1 + jj, t_sum, mask=row_j)
-    tl.store(rows + 2 * KP1 + jj, q_cmax, mask=row_j)
-    tl.store(rows + 3 * KP1 + jj, q_sum, mask=row_j)
-    tl.store(rows + 5 * KP1 + jj, t_arg.to(tl.float32, bitcast=True), mask=row_j)
-    tl.store(rows + 6 * KP1 + jj, q_arg.to(tl.float32, bitcast=True), mask=row_j)
-    tl.debug_barrier()
-    bits = (1 << j) | (reject << (j + 8))
-    before = tl.atomic_or(counters_ptr + b * 8 + 4, bits)  # acq_rel: row j's statistics are published with it
-    js = _terminal(before | bits, KP1)
-    if (_terminal(before, KP1) < 0) & (js >= 0):  # this decision fixed js: publish it (once)
-        tl.atomic_add(arrivals_ptr + b, (js + 1).to(tl.int64) << 56)
-        if EARLY_READY:
-            tl.store(acc_ptr + b, js)
-            if greedy:  # the output row here (greedy_direct): drafts before js, then the argmax of row js
-                x, emitted = _greedy_output(drafts_ptr + b * d_req_stride, d_step_stride, rows, js, vocab, KP1)
-                _write_output(tokens_ptr, tokens_stride, num_emitted_ptr, b, x, js, emitted, live, K, KP1)
-                _finish_arrival(counters_ptr + b * 8, arrivals_ptr + b, C1 + 1)
-            else:
-                tl.debug_barrier()
-                tl.atomic_xchg(counters_ptr + b * 8 + 3, 1)  # release: ready for the emit items
-    return js
-
-
-@triton.jit
-def _finish_arrival(counters, arrival_word, expected):
-    """EARLY_READY: count one more arrival at ``counters[0]`` (the ``C1`` stream items and the request's output
-    writer); the last of ``expected`` resets the request's counters and arrival word for the next launch."""
-    if _arrive(counters + 0, expected):
-        _reset_request(counters, arrival_word)
-
-
 # --------------------------------------------------------------------------- the kernel
 @triton.jit(do_not_specialize=["num_slots", "requests", "LAG", "C1", "C2", "T1", "T2"])
 def _stream_verify_kernel(
@@ -919,8 +620,7 @@ def _stream_verify_kernel(
     row_ptr,  # [maxB, 8, KP1] fp32: target max, sum, cache max, sum, weights, argmax t, argmax q (bits)
     acc_ptr,  # [maxB] int32 accepted count
     xv_ptr,  # [maxB, 2, KP1] fp32: target and cache logits at each draft (EARLY)
-    counters_ptr,  # [maxB, 8] int32: stream, mass, emit arrivals, ready level, decision mask (EARLY_STOP)
-    arrivals_ptr,  # [maxB] int64 (EARLY_STOP): per-row arrivals (7 bits per row) and js + 1 (bits 56-59)
+    counters_ptr,  # [maxB, 4] int32: stream, mass, emit arrivals, ready level
     status_ptr,  # [1] int32
     tokens_ptr, tokens_stride, num_emitted_ptr,  # [B, K+1] int64, [B] int64
     requests, vocab, LAG, C1, C2, T1, T2,
@@ -931,24 +631,19 @@ def _stream_verify_kernel(
     FAST_DIVIDE: tl.constexpr = 0, INTERIOR: tl.constexpr = False, SCAN_ARGMAX: tl.constexpr = False,
     EARLY: tl.constexpr = False, PREFETCH: tl.constexpr = False, DIV_UNROLL: tl.constexpr = 0, DBUF: tl.constexpr = False,
     trace_ptr=None, TRACE: tl.constexpr = False, COMPACT: tl.constexpr = False, EMIT_PREFETCH: tl.constexpr = 0,
-    GREEDY_DIRECT: tl.constexpr = False, EARLY_STOP: tl.constexpr = False, STOP_CHECK: tl.constexpr = False,
-    EARLY_READY: tl.constexpr = False,
+    GREEDY_DIRECT: tl.constexpr = False,
 ):
     STAGES: tl.constexpr = 3 if BLOCK_METHOD else 2
     MASS_ROWS: tl.constexpr = K - 1 if (BLOCK_METHOD and K >= 2) else 0
     R2: tl.constexpr = 2 * K + 1  # partial rows: targets 0..K, caches K+1..2K
     # tiles loaded at once where target values are divided (RAW, T not 0 or 1): DIV_UNROLL when given
     UR: tl.constexpr = (DIV_UNROLL if DIV_UNROLL > 0 else UNROLL) if RAW else UNROLL
-    if EARLY_STOP:  # stream items per request: one per chunk, covering rows 0..n in turn
-        S1 = C1 * 1
-    else:  # one per (row, chunk)
-        S1 = C1 * (K + 1)
     if TRACE:  # [programs, 4] int64: start ns, after the wait ns, end ns, stage + 4 valid + 8 smid
         t_start, smid = _clock(tl.program_id(0), HARDWARE)
     if COMPACT and not BLOCK_METHOD:  # the padded order without its padding
-        stage, b, j, chunk, valid = _item_compact(requests, LAG, S1, C2, C1)
+        stage, b, j, chunk, valid = _item_compact(requests, LAG, (K + 1) * C1, C2, C1)
     else:
-        stage, b, j, chunk, valid = _item(requests, LAG, S1, MASS_ROWS * C1, C2, C1, STAGES)
+        stage, b, j, chunk, valid = _item(requests, LAG, (K + 1) * C1, MASS_ROWS * C1, C2, C1, STAGES)
     if TRACE:
         t_waited = t_start
     if PREFETCH:  # the first tiles of a stream item's target row, before its request's loads come back
@@ -961,7 +656,7 @@ def _stream_verify_kernel(
     c_base = cache_ptr + slot * c_slot_stride
     rows = row_ptr + b * 8 * KP1
     jj = tl.arange(0, KP1)
-    counters = counters_ptr + b * 8
+    counters = counters_ptr + b * 4
     ready_level = 2 if MASS_ROWS > 0 else 1
     if GREEDY_DIRECT and MASS_ROWS == 0:  # greedy and padding requests: output by the stream epilogue, no emit work
         direct = greedy | ~live
@@ -971,105 +666,149 @@ def _stream_verify_kernel(
         # ---------------------------------------------------------------- stream item
         start = chunk * T1 * BLOCK
         end = tl.minimum(start + T1 * BLOCK, vocab)
-        if EARLY_STOP:
-            # Rows 0..n of this chunk in turn. The last item of row i to arrive decides draft i; once the rows up
-            # to the emitted row js are decided (js rejected, or js = n), js is published in the arrival word and
-            # every item skips the rows after it (they cannot change the output).
-            seen = tl.zeros([], tl.int32)  # js + 1 once published, else 0
-            go = live
-            while go:
-                _stream_row(t_base, t_row_stride, c_base, c_step_stride, drafts_ptr, d_req_stride, d_step_stride,
-                            xv_ptr, pa_ptr, pb_ptr, pi_ptr, b, j, n, chunk, start, end, vocab, greedy, temp, ttemp,
-                            T1, K, KP1, C1P, BLOCK, UNROLL, UR, HARDWARE, RAW, PIPE, FUSED, FAST_DIVIDE, INTERIOR,
-                            DBUF, SCAN_ARGMAX, EARLY, arrivals_ptr + b, STOP_CHECK)
-                shift = (7 * j).to(tl.int64)
-                tl.debug_barrier()  # every thread's partial stores are issued before the arrival
-                old = tl.atomic_add(arrivals_ptr + b, tl.full([], 1, tl.int64) << shift)  # acq_rel
+        if live & (j <= n):
+            part = (b * R2 + j) * C1P + chunk
+            qpart = (b * R2 + K + 1 + j) * C1P + chunk
+            if EARLY:  # p_j's and q_j's logits at draft j, for the epilogue (no dependent loads there)
+                if j < n:
+                    xj = tl.load(drafts_ptr + b * d_req_stride + j * d_step_stride).to(tl.int64)
+                    xj = tl.minimum(tl.maximum(xj, 0), vocab - 1)
+                    if (xj >= start) & (xj < end):
+                        tl.store(xv_ptr + b * 2 * KP1 + j, tl.load(t_base + j * t_row_stride + xj))
+                        tl.store(xv_ptr + (b * 2 + 1) * KP1 + j, to_float32(tl.load(c_base + j * c_step_stride + xj)))
+            if greedy:
+                val, tok = _row_argmax(t_base + j * t_row_stride, start, end, T1, ttemp, RAW, BLOCK, UNROLL, PIPE,
+                                       SCAN_ARGMAX)
+                tl.store(pa_ptr + part, val)
+                tl.store(pi_ptr + part, tok)
+            elif FUSED & (temp != 0.0):  # target row j and cache row j (none for j = n) in one loop
+                c_end = tl.where(j < n, end, start)
+                c_scale = tl.math.div_rn(_LOG2E, temp)
+                if (FAST_DIVIDE > 0) & RAW & (ttemp != 0.0) & (ttemp != 1.0):
+                    dt, dr, ds, dtiny = _divisor(ttemp)
+                    mx, sm, cmx, csm, risky = _pair_softmax(t_base + j * t_row_stride, c_base + j * c_step_stride,
+                                                            start, end, c_end, T1, ttemp, c_scale, RAW, BLOCK,
+                                                            UR, HARDWARE, PIPE, FAST_DIVIDE, dt, dr, ds, dtiny,
+                                                            INTERIOR, DBUF)
+                    if risky:  # a value of magnitude below 2^-100 (or an extreme T): divide exactly
+                        mx, sm, cmx, csm, no_risk = _pair_softmax(t_base + j * t_row_stride, c_base + j * c_step_stride,
+                                                                  start, end, c_end, T1, ttemp, c_scale, RAW, BLOCK,
+                                                                  UR, HARDWARE, 1)
+                elif RAW & (ttemp != 0.0) & (ttemp != 1.0):  # every target value divided (div_rn)
+                    mx, sm, cmx, csm, no_risk = _pair_softmax(t_base + j * t_row_stride, c_base + j * c_step_stride,
+                                                              start, end, c_end, T1, ttemp, c_scale, RAW, BLOCK,
+                                                              UR, HARDWARE, PIPE, INTERIOR=INTERIOR)
+                else:  # pre-divided, or raw at T = 0 / 1 (x / 1 = x exactly): the standard loop
+                    mx, sm, cmx, csm, no_risk = _pair_softmax(t_base + j * t_row_stride, c_base + j * c_step_stride,
+                                                              start, end, c_end, T1, ttemp, c_scale, False, BLOCK,
+                                                              UNROLL, HARDWARE, PIPE, INTERIOR=INTERIOR, DBUF=DBUF)
+                tl.store(pa_ptr + part, mx)
+                tl.store(pb_ptr + part, sm)
+                if j < n:
+                    tl.store(pa_ptr + qpart, cmx)
+                    tl.store(pb_ptr + qpart, csm)
+            else:
+                mx, sm = _row_softmax(t_base + j * t_row_stride, start, end, T1, ttemp, _LOG2E, RAW, BLOCK, UR,
+                                      HARDWARE, PIPE)
+                tl.store(pa_ptr + part, mx)
+                tl.store(pb_ptr + part, sm)
+                if j < n:  # the cache row draft j was drawn from
+                    if temp == 0.0:
+                        val, tok = _row_argmax(c_base + j * c_step_stride, start, end, T1, temp, False, BLOCK, UNROLL,
+                                               PIPE, SCAN_ARGMAX)
+                        tl.store(pa_ptr + qpart, val)
+                        tl.store(pi_ptr + qpart, tok)
+                    else:
+                        mx, sm = _row_softmax(c_base + j * c_step_stride, start, end, T1, temp,
+                                              tl.math.div_rn(_LOG2E, temp), False, BLOCK, UNROLL, HARDWARE, PIPE)
+                        tl.store(pa_ptr + qpart, mx)
+                        tl.store(pb_ptr + qpart, sm)
+        if _arrive(counters + 0, (K + 1) * C1):
+            # Last stream item of request b: row statistics, acceptance, weights.
+            cc = tl.arange(0, C1P)
+            last_row = tl.where(live, n, -1)  # (the interpreter widens vector & scalar-bool to int32)
+            t_ok = (jj <= last_row)[:, None] & (cc < C1)[None, :]
+            q_ok = (jj < n)[:, None] & (cc < C1)[None, :]  # n = 0 for padding
+            t_off = (b * R2 + jj[:, None]) * C1P + cc[None, :]
+            q_off = (b * R2 + K + 1 + jj[:, None]) * C1P + cc[None, :]
+            tm = tl.load(pa_ptr + t_off, mask=t_ok, other=-_FMAX, volatile=True)
+            ts = tl.load(pb_ptr + t_off, mask=t_ok, other=0.0, volatile=True)
+            ti = tl.load(pi_ptr + t_off, mask=t_ok, other=0, volatile=True)
+            qm = tl.load(pa_ptr + q_off, mask=q_ok, other=-_FMAX, volatile=True)
+            qs = tl.load(pb_ptr + q_off, mask=q_ok, other=0.0, volatile=True)
+            qi = tl.load(pi_ptr + q_off, mask=q_ok, other=0, volatile=True)
+            t_max = tl.max(tm, axis=1)
+            t_sum = tl.sum(ts * tl.exp2((tm - t_max[:, None]) * _LOG2E), axis=1)
+            _, t_arg = block_argmax(tl.where(t_ok, tm, float("-inf")), ti, t_ok | (cc == 0)[None, :], 1)
+            q_cmax = tl.max(qm, axis=1)  # max of the raw cache values (T > 0 rows)
+            q_scale = tl.math.div_rn(_LOG2E, tl.where(temp == 0.0, 1.0, temp))
+            q_sum = tl.sum(qs * tl.exp2((qm - q_cmax[:, None]) * q_scale), axis=1)
+            q_max = _scaled(q_cmax, temp)  # max(c) / T = max(c / T): division is monotone
+            _, q_arg = block_argmax(tl.where(q_ok, qm, float("-inf")), qi, q_ok | (cc == 0)[None, :], 1)
+            t_arg = tl.minimum(tl.maximum(t_arg, 0), vocab - 1)
+            q_arg = tl.minimum(tl.maximum(q_arg, 0), vocab - 1)
+            # p_j(x_j), q_j(x_j), ratio and uniform of each draft j < n.
+            d_ok = jj < n
+            x = tl.load(drafts_ptr + b * d_req_stride + jj * d_step_stride, mask=d_ok, other=0).to(tl.int64)
+            x = tl.minimum(tl.maximum(x, 0), vocab - 1)
+            if EARLY:
+                zx = tl.load(xv_ptr + b * 2 * KP1 + jj, mask=d_ok, other=0.0, volatile=True)
+            else:
+                zx = tl.load(t_base + jj * t_row_stride + x, mask=d_ok, other=0.0)
+            if RAW:
+                zx = _scaled(zx, ttemp)
+            p_x = _prob(zx, t_max, t_sum)
+            if EARLY:
+                c_x = tl.load(xv_ptr + (b * 2 + 1) * KP1 + jj, mask=d_ok, other=0.0, volatile=True)
+            else:
+                c_x = to_float32(tl.load(c_base + jj * c_step_stride + x, mask=d_ok, other=0.0))
+            q_x = _draft_prob(c_x, x, temp, q_max, q_sum, q_arg.to(tl.int64))
+            ratio = tl.where(q_x > 0.0, tl.math.div_rn(p_x, tl.where(q_x > 0.0, q_x, 1.0)), 0.0)
+            prefix = rng_triton.hash_prefix(seed, position - 1, _ACCEPT_DOMAIN)
+            u = rng_triton.uniform32(rng_triton.hash_finish(prefix, jj))
+            accept = d_ok & (u < ratio)
+            count = tl.min(tl.where(accept, KP1, jj), axis=0)  # the first failing index (n if none)
+            g_accept = d_ok & (x == t_arg.to(tl.int64))
+            g_count = tl.min(tl.where(g_accept, KP1, jj), axis=0)
+            count = tl.where(greedy, g_count, count)
+            weights = tl.where(jj == 0, 1.0, 0.0)
+            if BLOCK_METHOD:  # w_0 = 1, w_{i+1} = min(w_i ratio_i, 1) (torch.clamp_max: NaN stays NaN)
+                w = 1.0
+                for i in tl.static_range(K):
+                    product = w * tl.sum(tl.where(jj == i, ratio, 0.0), axis=0)
+                    w = tl.where(product > 1.0, 1.0, product)
+                    weights = tl.where(jj == i + 1, w, weights)
+            row_ok = jj <= K
+            tl.store(rows + 0 * KP1 + jj, t_max, mask=row_ok)
+            tl.store(rows + 1 * KP1 + jj, t_sum, mask=row_ok)
+            tl.store(rows + 2 * KP1 + jj, q_cmax, mask=row_ok)  # raw max (the q of the residuals is in c space)
+            tl.store(rows + 3 * KP1 + jj, q_sum, mask=row_ok)
+            tl.store(rows + 4 * KP1 + jj, weights, mask=row_ok)
+            tl.store(rows + 5 * KP1 + jj, t_arg.to(tl.float32, bitcast=True), mask=row_ok)
+            tl.store(rows + 6 * KP1 + jj, q_arg.to(tl.float32, bitcast=True), mask=row_ok)
+            tl.store(rows + 7 * KP1 + jj, u, mask=row_ok)
+            if BLOCK_METHOD and MASS_ROWS == 0:  # K <= 1: no residual masses, count here
+                u_prev = tl.where(jj >= 1, rng_triton.uniform32(rng_triton.hash_finish(prefix, jj - 1)), 1.0)
+                block = _block_count(tl.zeros([KP1], tl.float32), weights, u_prev, n, jj)
+                count = tl.where(greedy, count, block)
+            tl.store(acc_ptr + b, count)
+            if direct:  # the emit items of this request do nothing: write its output row here (as their last would)
+                js = tl.minimum(tl.maximum(count, 0), n)
+                emitted = tl.sum(tl.where(jj == js, t_arg, 0), axis=0).to(tl.int64)  # (t_arg clamped above)
+                out = tl.where(jj < js, x, tl.where(jj == js, emitted, -1))
+                tl.store(tokens_ptr + b * tokens_stride + jj, tl.where(live, out, -1), mask=jj <= K)
+                tl.store(num_emitted_ptr + b, tl.where(live, js + 1, 0).to(tl.int64))
+                tl.store(counters + tl.arange(0, 4), tl.zeros([4], tl.int32))
+            else:
                 tl.debug_barrier()
-                seen = tl.maximum(seen, (old >> 56).to(tl.int32))
-                if ((old >> shift) & 127) == C1 - 1:  # the last of row j: decide draft j
-                    js = _decide_row(j, b, pa_ptr, pb_ptr, pi_ptr, xv_ptr, drafts_ptr, d_req_stride, d_step_stride,
-                                     target_ptr, t_req_stride, t_row_stride, cache_ptr, c_slot_stride, c_step_stride,
-                                     idx_ptr, nd_ptr, pos_ptr, temp_ptr, seeds_ptr, greedy_ptr, tt_ptr, num_slots,
-                                     row_ptr, counters_ptr, arrivals_ptr, vocab, C1, K, KP1, C1P, RAW, EARLY,
-                                     HAS_GREEDY, acc_ptr, tokens_ptr, tokens_stride, num_emitted_ptr, EARLY_READY)
-                    seen = tl.where(js >= 0, js + 1, seen)
-                j += 1
-                go = (j <= n) & ((seen == 0) | (j < seen))
-            if EARLY_READY:  # the decision that fixed js did the request's epilogue; padding requests here
-                if ~live:
-                    _write_output(tokens_ptr, tokens_stride, num_emitted_ptr, b, jj.to(tl.int64), 0, 0, live, K, KP1)
-                _finish_arrival(counters, arrivals_ptr + b, tl.where(live, C1 + 1, C1))
-            elif _arrive(counters + 0, C1):
-                # Last stream item of request b: every decision is in the mask (each item decides before it arrives).
-                js = _terminal(tl.atomic_add(counters + 4, 0), KP1)
-                count = tl.where(live, tl.minimum(tl.maximum(js, 0), n), 0)
-                tl.store(acc_ptr + b, count)
-                if direct:  # greedy / padding: the output row here (the decider of row js stored its argmax)
-                    x, emitted = _greedy_output(drafts_ptr + b * d_req_stride, d_step_stride, rows, count, vocab, KP1)
-                    _write_output(tokens_ptr, tokens_stride, num_emitted_ptr, b, x, count, emitted, live, K, KP1)
-                    _reset_request(counters, arrivals_ptr + b)
-                else:
-                    tl.debug_barrier()
-                    tl.atomic_xchg(counters + 3, 1)  # release: ready for the emit items
-                    if EMIT_PREFETCH > 0:  # the emitted row (and its cache row after a rejection) into L2
-                        _prefetch_row(t_base + count * t_row_stride, vocab, BLOCK, HARDWARE, EMIT_PREFETCH == 2)
-                        if count < n:
-                            _prefetch_row(c_base + count * c_step_stride, vocab, BLOCK, HARDWARE, EMIT_PREFETCH == 2)
-        else:
-            if live & (j <= n):
-                _stream_row(t_base, t_row_stride, c_base, c_step_stride, drafts_ptr, d_req_stride, d_step_stride,
-                            xv_ptr, pa_ptr, pb_ptr, pi_ptr, b, j, n, chunk, start, end, vocab, greedy, temp, ttemp,
-                            T1, K, KP1, C1P, BLOCK, UNROLL, UR, HARDWARE, RAW, PIPE, FUSED, FAST_DIVIDE, INTERIOR,
-                            DBUF, SCAN_ARGMAX, EARLY, arrivals_ptr + b, False)
-            if _arrive(counters + 0, (K + 1) * C1):
-                # Last stream item of request b: row statistics, acceptance, weights.
-                t_max, t_sum, t_arg, q_cmax, q_sum, q_arg, x, ratio, u, prefix = _row_statistics(
-                    pa_ptr, pb_ptr, pi_ptr, xv_ptr, drafts_ptr, d_req_stride, d_step_stride, t_base, t_row_stride,
-                    c_base, c_step_stride, b, jj <= tl.where(live, n, -1), n, temp, ttemp, seed, position, vocab, C1,
-                    K, KP1, C1P, RAW, EARLY)
-                d_ok = jj < n
-                accept = d_ok & (u < ratio)
-                count = tl.min(tl.where(accept, KP1, jj), axis=0)  # the first failing index (n if none)
-                g_accept = d_ok & (x == t_arg.to(tl.int64))
-                g_count = tl.min(tl.where(g_accept, KP1, jj), axis=0)
-                count = tl.where(greedy, g_count, count)
-                weights = tl.where(jj == 0, 1.0, 0.0)
-                if BLOCK_METHOD:  # w_0 = 1, w_{i+1} = min(w_i ratio_i, 1) (torch.clamp_max: NaN stays NaN)
-                    w = 1.0
-                    for i in tl.static_range(K):
-                        product = w * tl.sum(tl.where(jj == i, ratio, 0.0), axis=0)
-                        w = tl.where(product > 1.0, 1.0, product)
-                        weights = tl.where(jj == i + 1, w, weights)
-                row_ok = jj <= K
-                tl.store(rows + 0 * KP1 + jj, t_max, mask=row_ok)
-                tl.store(rows + 1 * KP1 + jj, t_sum, mask=row_ok)
-                tl.store(rows + 2 * KP1 + jj, q_cmax, mask=row_ok)  # raw max (the q of the residuals is in c space)
-                tl.store(rows + 3 * KP1 + jj, q_sum, mask=row_ok)
-                tl.store(rows + 4 * KP1 + jj, weights, mask=row_ok)
-                tl.store(rows + 5 * KP1 + jj, t_arg.to(tl.float32, bitcast=True), mask=row_ok)
-                tl.store(rows + 6 * KP1 + jj, q_arg.to(tl.float32, bitcast=True), mask=row_ok)
-                tl.store(rows + 7 * KP1 + jj, u, mask=row_ok)
-                if BLOCK_METHOD and MASS_ROWS == 0:  # K <= 1: no residual masses, count here
-                    u_prev = tl.where(jj >= 1, rng_triton.uniform32(rng_triton.hash_finish(prefix, jj - 1)), 1.0)
-                    block = _block_count(tl.zeros([KP1], tl.float32), weights, u_prev, n, jj)
-                    count = tl.where(greedy, count, block)
-                tl.store(acc_ptr + b, count)
-                if direct:  # the emit items of this request do nothing: write its output row here (as their last would)
-                    js = tl.minimum(tl.maximum(count, 0), n)
-                    emitted = tl.sum(tl.where(jj == js, t_arg, 0), axis=0).to(tl.int64)  # (t_arg clamped above)
-                    _write_output(tokens_ptr, tokens_stride, num_emitted_ptr, b, x, js, emitted, live, K, KP1)
-                    _reset_request(counters, arrivals_ptr + b)
-                else:
-                    tl.debug_barrier()
-                    tl.atomic_xchg(counters + 3, 1)  # release: ready for the mass / emit items
-                    if EMIT_PREFETCH > 0:  # the emitted row (and its cache row after a rejection) into L2 for the emit items
-                        if MASS_ROWS == 0:
-                            if live & ~greedy:
-                                js = tl.minimum(tl.maximum(count, 0), n)
-                                _prefetch_row(t_base + js * t_row_stride, vocab, BLOCK, HARDWARE, EMIT_PREFETCH == 2)
-                                if js < n:
-                                    _prefetch_row(c_base + js * c_step_stride, vocab, BLOCK, HARDWARE, EMIT_PREFETCH == 2)
+                tl.atomic_xchg(counters + 3, 1)  # release: ready for the mass / emit items
+                if EMIT_PREFETCH > 0:  # the emitted row (and its cache row after a rejection) into L2 for the emit items
+                    if MASS_ROWS == 0:
+                        if live & ~greedy:
+                            js = tl.minimum(tl.maximum(count, 0), n)
+                            _prefetch_row(t_base + js * t_row_stride, vocab, BLOCK, HARDWARE, EMIT_PREFETCH == 2)
+                            if js < n:
+                                _prefetch_row(c_base + js * c_step_stride, vocab, BLOCK, HARDWARE, EMIT_PREFETCH == 2)
     if valid & (stage == 1):
         # ---------------------------------------------------------------- mass item (block)
         _wait(counters + 3, 1, status_ptr)
@@ -1165,11 +904,11 @@ def _stream_verify_kernel(
             x = tl.load(drafts_ptr + b * d_req_stride + jj * d_step_stride, mask=(jj < js) & (jj < K),
                         other=0).to(tl.int64)
             x = tl.minimum(tl.maximum(x, 0), vocab - 1)
-            _write_output(tokens_ptr, tokens_stride, num_emitted_ptr, b, x, js, emitted, live, K, KP1)
-            if EARLY_READY:  # the request's stream items may still be arriving: the last of them all resets
-                _finish_arrival(counters, arrivals_ptr + b, C1 + 1)
-            else:  # every item of request b has arrived: reset its counters for the next call
-                _reset_request(counters, arrivals_ptr + b)
+            out = tl.where(jj < js, x, tl.where(jj == js, emitted, -1))
+            tl.store(tokens_ptr + b * tokens_stride + jj, tl.where(live, out, -1), mask=jj <= K)
+            tl.store(num_emitted_ptr + b, tl.where(live, js + 1, 0).to(tl.int64))
+            # Every item of request b has arrived: reset its counters for the next call.
+            tl.store(counters + tl.arange(0, 4), tl.zeros([4], tl.int32))
     if TRACE:
         t_end, trace_sm = _clock(chunk, HARDWARE)
         pid = tl.program_id(0).to(tl.int64)
@@ -1208,19 +947,15 @@ class Layout:
     """
 
     def __init__(self, batch: int, k: int, vocab: int, block: int, cuda: bool, sms: int, *, t1=None, t2=None,
-                 lag=None, unroll=None, emit_block=None, resident_per_sm=RESIDENT_PER_SM, method="standard",
-                 early=False):
+                 lag=None, unroll=None, emit_block=None, resident_per_sm=RESIDENT_PER_SM, method="standard"):
         tiles = triton.cdiv(vocab, block)
         self.emit_block = int(emit_block or block)
         emit_tiles = triton.cdiv(vocab, self.emit_block)
         per_stream_tile = max(1, block // self.emit_block)  # emit tiles per stream tile
         resident = resident_per_sm * sms
-        self.early = bool(early)
         if cuda:
             default_t1 = min(MAX_T1 if batch < 64 else 2 * MAX_T1,
                              max(2, triton.cdiv(batch * (k + 1) * tiles, resident)))  # 1-tile items: slower
-            if self.early:  # one item per chunk walks every row: about one item per resident program
-                default_t1 = min(2 * MAX_T1, max(1, triton.cdiv(batch * tiles, resident)))
             # (H200, verify4 u3, mixed T: 4-tile emit items at 16 requests 46.5 us against 51.1 for 2, 48.7 for 8;
             # 8 at 64 (108.7 against 111.6 for 4, 110.4 for 16); 16 at 253 (320.3 against 325.8 for 8))
             if batch <= 4:
@@ -1242,7 +977,7 @@ class Layout:
         self.c1 = triton.cdiv(tiles, self.t1)
         self.c2 = triton.cdiv(emit_tiles, self.t2)
         if lag is None:
-            lag = max(1, resident // ((1 if self.early else k + 1) * self.c1)) if cuda else 1
+            lag = max(1, resident // ((k + 1) * self.c1)) if cuda else 1
         self.lag = int(lag)
 
 
@@ -1287,28 +1022,6 @@ class StreamVerifier:
         a rejection) into L2 for the emit items (1; 2: ``evict_last``; default :data:`EMIT_PREFETCH` = 0).
         H200 (verify4 u3, mixed T, ``evict_last``): no gain (12.8 / 52.2 / 109.8 / 327.5 us against
         12.8 / 51.1 / 108.7 / 325.8): it moves the emitted row's DRAM read earlier, it does not remove it.
-    early_stop : standard method, ``K + 1 <= 8`` rows, at most 127 chunks per row: each stream item is one chunk
-        of every row and walks rows ``0..n`` in turn; the last item of a row to arrive decides that draft, and once
-        the emitted row ``js`` is fixed the items skip the rows after it (module docstring). The same tokens
-        (CPU: against the reference and the rows-in-parallel order). NOT RUN ON A GPU YET: default
-        :data:`EARLY_STOP_FROM` = None, i.e. off (:data:`EARLY_STOP_ENV` turns it on for a process). Its layout:
-        ``t1`` about ``batch * tiles / resident`` tiles per row and item (up to 32), ``lag = resident / c1``.
-        Elsewhere (the block method, ``K + 1 > 8``, more than 127 chunks per row) the rows-in-parallel order
-        runs whatever ``early_stop`` says (:meth:`walks_rows` tells which a launch takes).
-        Arithmetic (verify5, the bench's inputs: random drafts, a third greedy; the reference's emitted rows on
-        CPU-generated inputs of the same distributions): at 16 / 64 / 253 requests (mixed T) the default streams
-        63 / 253 / 1002 MB, early stop 14 / 76 / 329 MB if the rows after ``js`` were never started and 24 / 112
-        / 413 MB if each item reads one more row before it sees ``js`` (``stop_check`` cuts into that row); plus
-        the emitted rows' scan, 8 / 33 / 129 MB (ncu at 253 today: 0.13 GB). At T = 1: 70 / 281 / 1112 MB against
-        36 / 152 / 578 (one more row). With high acceptance (the target near the cache, 207 of 253 requests
-        accept every draft) 93-100%: then it saves nothing and costs one arrival atomic per row and item.
-    stop_check : early stop: the streamed loops also read the request's arrival word once per group of tiles
-        (the read one group ahead of its use: a read used at once waited an L2 round trip per group, SASS) and
-        stop mid-row once the emitted row is before theirs (default :data:`STOP_CHECK` = off; not run on a GPU).
-    early_ready : early stop: the decision that fixes ``js`` marks the request ready for its emit items (a greedy
-        request: writes its output row) at once, instead of the request's last stream item; the stream items
-        and that writer then count on one counter whose last arrival resets the request (default
-        :data:`EARLY_READY` = off; not run on a GPU).
 
     Tried on the H200 and removed (verify4 u1-u2): persistent programs taking their items by
     fetch-and-add (request-major stream tickets of 8 tiles, emit tickets of published requests, so that
@@ -1341,8 +1054,7 @@ class StreamVerifier:
                  t1=None, t2=None, lag=None, unroll=None, warps: int | None = None, emit=1,
                  noise_filter=1, stages=None, emit_stages=None, fused=None, emit_block=None, fast_divide=None,
                  max_registers=None, interior=None, scan_argmax=None, early=None, prefetch=None, div_unroll=None,
-                 dbuf=None, compact=None, emit_prefetch=None, greedy_direct=None, early_stop=None, stop_check=None,
-                 early_ready=None):
+                 dbuf=None, compact=None, emit_prefetch=None, greedy_direct=None):
         if int(max_batch) < 1:
             raise ValueError(f"max_batch: expected >= 1, got {max_batch}")
         if int(num_drafts) < 0:
@@ -1392,14 +1104,6 @@ class StreamVerifier:
         self.emit_prefetch = _option("emit_prefetch", emit_prefetch, (0, 1, 2)) if emit_prefetch is not None else EMIT_PREFETCH
         # Greedy and padding requests (standard method): the last stream item writes the output; no emit work.
         self.greedy_direct = bool(greedy_direct) if greedy_direct is not None else GREEDY_DIRECT
-        # Standard method: each stream item walks rows 0..n of its chunk and stops after the emitted row once it is
-        # decided (early_stop; None: from EARLY_STOP_FROM requests, i.e. off; K + 1 <= 8 rows and <= 127 chunks per
-        # row). Not run on a GPU yet.
-        self.early_stop = None if early_stop is None else bool(early_stop)
-        # Early stop: the streamed loops also poll for the emitted row once per group of tiles (stop mid-row).
-        self.stop_check = STOP_CHECK if stop_check is None else bool(stop_check)
-        # Early stop: the decision that fixes js marks the request ready (or writes a greedy request's output) at once.
-        self.early_ready = EARLY_READY if early_ready is None else bool(early_ready)
         self._emit_scan = bool(emit)  # emit=0: a profiling aid (the emit items skip their scan: wrong tokens)
         self.warps = int(warps) if warps else (GPU_WARPS if self.cuda else 4)
         # At most 128 registers (two programs of 8 warps per SM): a variant that needs more spills a
@@ -1425,47 +1129,31 @@ class StreamVerifier:
         self.rows = zeros(mb, 8, self.kp1)
         self.accepted = zeros(mb, dtype=torch.int32)
         self.draft_values = zeros(mb, 2, self.kp1)
-        self.counters = zeros(mb, 8, dtype=torch.int32)
-        self.arrivals = zeros(mb, dtype=torch.int64)
+        self.counters = zeros(mb, 4, dtype=torch.int32)
         self.status = zeros(1, dtype=torch.int32)
         self._no_greedy = zeros(1, dtype=torch.uint8)
         self._no_temp = zeros(1)
         self.tokens = torch.full((mb, k + 1), -1, dtype=torch.int64, device=device)
         self.num_emitted = zeros(mb, dtype=torch.int64)
 
-    def walks_rows(self, batch: int, method: str = "standard") -> bool:
-        """Whether a launch of ``batch`` requests walks the rows in each stream item (EARLY_STOP)."""
-        if method == "block" or self.k + 1 > 8:
-            return False
-        if self.early_stop is None:
-            wanted = EARLY_STOP_FROM is not None and batch >= EARLY_STOP_FROM
-        else:
-            wanted = self.early_stop
-        return wanted and Layout(batch, self.k, self.vocab, self.block, self.cuda, self.sms,
-                                 emit_block=self.emit_block, resident_per_sm=self.resident_per_sm, method=method,
-                                 early=True, **self.overrides).c1 <= 127
-
     def layout(self, batch: int, method: str = "standard") -> Layout:
         return Layout(batch, self.k, self.vocab, self.block, self.cuda, self.sms, emit_block=self.emit_block,
-                      resident_per_sm=self.resident_per_sm, method=method, early=self.walks_rows(batch, method),
-                      **self.overrides)
+                      resident_per_sm=self.resident_per_sm, method=method, **self.overrides)
 
     def programs(self, batch: int, method: str = "standard") -> int:
         """Programs of one launch for ``batch`` requests (stream, mass and emit items, with the lag's padding)."""
         lay = self.layout(batch, method)
-        stream = lay.c1 if lay.early else (self.k + 1) * lay.c1
         if self.compact and method != "block":  # one program per item
-            return batch * (stream + lay.c2)
+            return batch * ((self.k + 1) * lay.c1 + lay.c2)
         stages = 3 if method == "block" else 2
         mass_rows = self.k - 1 if (method == "block" and self.k >= 2) else 0
-        return (batch + (stages - 1) * lay.lag) * (stream + mass_rows * lay.c1 + lay.c2)
+        return (batch + (stages - 1) * lay.lag) * ((self.k + 1) * lay.c1 + mass_rows * lay.c1 + lay.c2)
 
     def check(self) -> None:
         """Raise if a waiting item of an earlier launch timed out (synchronises); then reset."""
         if int(self.status.item()) != 0:
             self.status.zero_()
             self.counters.zero_()
-            self.arrivals.zero_()
             raise DeviceStatusError("StreamVerifier: a waiting item timed out; the outputs of that launch are invalid")
 
     def run(self, target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions, temperature, seeds,
@@ -1514,7 +1202,7 @@ class StreamVerifier:
                 temperature, seeds, target_temperature if raw else self._no_temp, temperature.shape[0],
                 greedy,
                 self.pa, self.pb, self.pi, self.mass, self.ea, self.ei, self.eany,
-                self.rows, self.accepted, self.draft_values, self.counters, self.arrivals, self.status,
+                self.rows, self.accepted, self.draft_values, self.counters, self.status,
                 tokens, tokens.stride(0), num_emitted,
                 batch, vocab, lay.lag, lay.c1, lay.c2, lay.t1, lay.t2)
         meta = dict(K=k, KP1=self.kp1, C1P=self.c1p, C2P=self.c2p, BLOCK=self.block, UNROLL=unroll,
@@ -1523,8 +1211,7 @@ class StreamVerifier:
                     FAST_DIVIDE=fast_divide, INTERIOR=self.interior, SCAN_ARGMAX=self.scan_argmax,
                     EARLY=self.early, PREFETCH=self.prefetch, DIV_UNROLL=div_unroll if raw else 0, DBUF=self.dbuf,
                     COMPACT=self.compact and not block_method, EMIT_PREFETCH=self.emit_prefetch if self.cuda else 0,
-                    GREEDY_DIRECT=self.greedy_direct, EARLY_STOP=lay.early, STOP_CHECK=lay.early and self.stop_check,
-                    EARLY_READY=lay.early and self.early_ready and self.greedy_direct,
+                    GREEDY_DIRECT=self.greedy_direct,
                     num_warps=self.warps,
                     enable_fp_fusion=False)
         if trace is not None:
