@@ -7,29 +7,39 @@
 #   bash tools/gpu_plans/issue18_verify.sh bench    # budget ~100 s: the bench cases (README table), block included
 # Results go to $JOB_OUT (default ./gpu_plan_out). StreamVerifier compiles ~5-7 s per constexpr variant; a Triton
 # cache carried from an earlier job of the same source skips that (tools/gpu_queue.sh). Nothing of early stop
-# (StreamVerifier early_stop / stop_check / early_ready, opt-in, off by default) has run on a GPU; the default
-# kernel is the H200-verified one with its epilogue moved into functions (interpreter: bit-identical tokens over
-# 240 cases; sm_90 SASS: the streamed loops opcode for opcode the same, see the verify5 report).
+# (StreamVerifier early_stop / stop_check / early_ready, opt-in, off by default) has run on a GPU, and it is NOT on
+# main: its change recompiles the default kernel differently (tools/verify_sass.py: none of the 64 default variants
+# keeps a062686's SASS; tokens bit-identical in the interpreter), so main keeps the H200-verified verifier and the
+# early-stop change is tools/gpu_plans/issue18_early_stop.patch (verifier, its CPU and GPU tests, the probe tool),
+# which the parts below apply to the job's copy of the tree (`early_stop_patch`). Land the patch only when `check`
+# passed and `time` shows its default no slower than main's (the committed verify results) and early stop faster.
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${JOB_OUT:-$PWD/gpu_plan_out}
 mkdir -p "$OUT"
 T=tests/gpu/test_triton_verify_gpu.py
+early_stop_patch() {  # apply tools/gpu_plans/issue18_early_stop.patch to this copy of the tree (once)
+  if git apply --check tools/gpu_plans/issue18_early_stop.patch 2>/dev/null; then
+    git apply tools/gpu_plans/issue18_early_stop.patch && echo "early-stop patch applied"
+  fi
+}
 case "${1:-check}" in
 check)
-  # 1. (~70 s) Early stop first: every launch equal to the reference (3 eager launches, pre-divided and raw, then graph
+  # 1. (~50 s) main's (H200-verified) default: its tests not run on the H200 since stop 23: the option tests (16: fast_divide_2, padded;
+  #    253: all), the DSparkStep graph test, the layouts test (block layout of b5c078a).
+  timeout -k 2 50 python3 -m pytest -m gpu -v -p no:cacheprovider $T -k "(options and not early) or dspark_step or layouts" \
+    2>&1 | tee "$OUT/tests_default.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -16
+  # 2. (~70 s) The patch, then early stop: every launch equal to the reference (3 eager launches, pre-divided and raw, then graph
   #    replays with new inputs; counters and arrival words reset) at 16 and 253 requests, alone and with stop_check +
   #    early_ready; then the chi-square of every position with early stop. A failure here: read `_decide_row` (the
   #    per-row decision), `_terminal` (the prefix), the arrival word's fields (7 bits per row, js + 1 at bit 56).
   #    A status error (a waiting item timed out): the emit items' ready flag (early_ready: `_finish_arrival`).
+  early_stop_patch
   timeout -k 2 70 python3 -m pytest -m gpu -v -p no:cacheprovider $T -k "early" 2>&1 | tee "$OUT/tests_early.txt" \
     | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -12
-  # 2. (~50 s) The default's tests not run on the H200 since stop 23: the option tests (16: fast_divide_2, padded;
-  #    253: all), the DSparkStep graph test, the layouts test (block layout of b5c078a).
-  timeout -k 2 50 python3 -m pytest -m gpu -v -p no:cacheprovider $T -k "(options and not early) or dspark_step or layouts" \
-    2>&1 | tee "$OUT/tests_default.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -16
   ;;
 time)
+  early_stop_patch  # probe_stream_verify.py and the early-stop kernels come with it
   # 3. (~60 s) Early stop beside the default (the same run): standard and raw, mixed T, 1/16/64/253 requests; every
   #    replayed output against the reference ("correctness: 0 bad variant-cases" expected). The arithmetic (bench
   #    inputs: js = 0 for ~2/3 of the requests) says early stop reads ~35-50% of today's bytes at 64/253.
@@ -46,6 +56,7 @@ time)
     "std:$E+stop_check=1+early_ready=1" "std:$E+t1=16@253"
   ;;
 ncu)
+  early_stop_patch  # probe_stream_verify.py and the early-stop kernels come with it
   # 6. (~40 s) Where early stop's time goes at 253 and 16 requests (mixed T) beside the default: DRAM bytes (the
   #    skipped rows), L2 hit rate of the emitted row, occupancy (80 registers; the early-stop variants spill 256-770
   #    bytes, a few LDL per streamed group), issue; and raw T = 1 (26 us slower than standard at 253 today).
@@ -73,10 +84,11 @@ bench)
   # 7. (~90 s) The bench's cases for the README (CUDA graph, cold L2, median of alternating rounds): the default
   #    (standard, raw, block, block raw: block's emit items as b5c078a sets them), then early stop through the
   #    environment switch (the bench harness builds StreamVerifier without options). Commit both as
-  #    benchmarks/results/NVIDIA-H200_<date>_verify*_bench.* and make early stop the default (EARLY_STOP_FROM) only
-  #    where it wins and steps 1 and 3 passed.
+  #    benchmarks/results/NVIDIA-H200_<date>_verify*_bench.*; land the patch and make early stop the default
+  #    (EARLY_STOP_FROM) only where it wins and steps 1-3 passed.
   timeout -k 2 50 python3 tools/bench_verify_kernels.py "$OUT/bench_default" verify_standard,verify_raw,verify_block,verify_block_raw \
     --rows 1,16,64,253 --temperatures 1,mixed --rounds 3 --replays 10 2>&1 | grep "^|" | tee "$OUT/bench_default.txt"
+  early_stop_patch  # main's default above, the patched tree's early stop below
   DSPARK_MARKOV_VERIFY_EARLY_STOP=1,stop_check,early_ready timeout -k 2 40 python3 tools/bench_verify_kernels.py \
     "$OUT/bench_early" verify_standard,verify_raw --rows 1,16,64,253 --temperatures 1,mixed --rounds 3 --replays 10 \
     2>&1 | grep "^|" | tee "$OUT/bench_early.txt"
