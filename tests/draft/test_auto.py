@@ -116,6 +116,17 @@ def test_table_from_results_picks_the_fastest_per_size_with_a_margin():
         auto.table_from_results(records, "nope")
 
 
+def test_a_design_not_run_on_a_gpu_never_enters_a_table():
+    from dspark_markov import registry
+
+    assert "cuda_wide" in registry.OPT_IN_DESIGNS
+    records = [_record("loop", 64, "1", 500.0), _record("cuda_wide", 64, "1", 100.0),
+               _record("cuda_wide", 64, "1", 90.0, method="inverse_cdf"), _record("inverse_cdf", 64, "1", 300.0,
+                                                                                  method="inverse_cdf")]
+    assert auto.table_from_results(records, "gumbel") == ((None, "loop"),)
+    assert auto.table_from_results(records, "inverse_cdf") == ((None, "inverse_cdf"),)
+
+
 def test_merge_results_lets_a_later_run_replace_a_design_and_keeps_the_order():
     def record(design, rows, time_us, temperature="1"):
         return {"design": design, "method": "gumbel", "rows": rows, "temperature": temperature, "status": "ok",

@@ -23,8 +23,8 @@ from . import harness, roofline
 VLLM_LOOP = "vllm_loop"  # vLLM's own speculator loop (bench/vllm_loop.py): the yardstick when it can run
 DESIGNS = (VLLM_LOOP, "loop", "gumbel_fused", "inverse_cdf", "fused", "chain", "cuda_chain", "cuda_gumbel", "stream",
            "wide")
-# Designs timed only when named (--designs): cuda_wide has not run on a GPU yet (draft/cuda_wide.py).
-OPT_IN_DESIGNS = ("cuda_wide",)
+# Designs timed only when named (--designs): registry.OPT_IN_DESIGNS have not run on a GPU yet.
+OPT_IN_DESIGNS = registry.OPT_IN_DESIGNS
 KNOWN_DESIGNS = ("reference",) + DESIGNS + OPT_IN_DESIGNS
 TEMPERATURE_MODES = ("1", "mixed")
 MIXED_TEMPERATURES = (0.0, 0.6, 1.0)  # slot s gets MIXED_TEMPERATURES[s % 3]

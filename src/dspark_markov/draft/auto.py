@@ -75,13 +75,15 @@ def table_from_results(records, method: str, *, margin: float = 0.02, exclude=()
     a design beats the incumbent (the fastest so far, in the order of ``records``) only by more than
     ``margin`` (relative), so that noise does not split buckets. A batch between two measured sizes
     takes the choice of the larger one; the last bucket (``None``) takes every larger batch.
-    Designs in ``exclude`` are left out (``PORTABLE_TABLE``: without ``registry.NATIVE_DESIGNS``), and so
+    Designs in ``exclude`` are left out (``PORTABLE_TABLE``: without ``registry.NATIVE_DESIGNS``), as are
+    ``registry.OPT_IN_DESIGNS`` (not run on a GPU yet), and so
     are baselines that are not draft implementations (``vllm_loop``).
     """
     times = {}
     for record in records:
         if (record["method"] != method or record["status"] != "ok" or record["time_us"] is None
-                or record["design"] in exclude or record["design"] not in registry.REGISTRY["draft"]):
+                or record["design"] in exclude or record["design"] not in registry.REGISTRY["draft"]
+                or record["design"] in registry.OPT_IN_DESIGNS):
             continue
         times.setdefault(record["rows"], {}).setdefault(record["design"], []).append(record["time_us"])
     choices = []
