@@ -556,3 +556,28 @@ def assert_args_struct_matches(source: str, struct: str, fields) -> None:
         names += [(kind, name.strip()) for name in declared.split(",")]
     ctypes_kind = {ctypes.c_uint64: "u64", ctypes.c_int64: "i64", ctypes.c_double: "double"}
     assert [(ctypes_kind[kind], name) for name, kind in fields] == names
+
+
+def replays_with_fresh_inputs(sampler, rows, steps, vocab, cache_dtype, seeds=(8, 9), flip_temperature=True):
+    """CUDA-graph test skeleton: capture ``sampler.sample`` once on full-shape CUDA inputs (``cuda_inputs``
+    cloned, ``bench.harness.capture_graph``: PyTorch's warm-up recipe, the garbage collector held off), then per
+    seed refill every input with ``make_inputs`` of that seed (the temperatures reversed), reset the outputs to
+    sentinels, replay and synchronise. Yields ``(fresh inputs, tokens, cache)`` after each replay for the caller's
+    checks against the reference and against an eager call."""
+    from dspark_markov.bench import harness
+
+    static = {name: tensor.clone() for name, tensor in cuda_inputs(rows, steps, vocab, torch.bfloat16).items()}
+    tokens, cache = new_outputs(static, cache_dtype)
+    graph = harness.capture_graph(
+        lambda: sampler.sample(**static, draft_tokens=tokens, logits_cache=cache, check_values=False))
+    for seed in seeds:
+        fresh = make_inputs(rows, steps, vocab, device="cuda", seed=seed, extra_slots=5, embed_vocab=vocab + 1000)
+        if flip_temperature:
+            fresh["temperature"] = fresh["temperature"].flip(0).contiguous()
+        for name, tensor in fresh.items():
+            static[name].copy_(tensor)
+        cache.fill_(SENTINEL)
+        tokens.fill_(-1)
+        graph.replay()
+        torch.cuda.synchronize()
+        yield fresh, tokens, cache

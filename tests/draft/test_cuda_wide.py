@@ -26,6 +26,7 @@ import torch
 import dspark_markov as dm
 from dspark_markov.cuda import build
 from dspark_markov.draft import cuda_wide
+from tests.helpers import assert_args_struct_matches
 
 
 def test_wide_kernels_compile_for_sm90(tmp_path):
@@ -53,15 +54,9 @@ def test_wide_kernels_compile_for_sm90(tmp_path):
 
 
 def test_args_struct_matches_the_kernel():
+    assert_args_struct_matches("wide.cu", "WideArgs", cuda_wide.WideArgs._fields_)
+    assert ctypes.sizeof(cuda_wide.WideArgs) == 8 * len(cuda_wide.WideArgs._fields_)
     text = (build.SOURCE_DIR / "wide.cu").read_text()
-    body = re.search(r"struct WideArgs \{(.*?)\n\};", text, re.S).group(1)
-    body = re.sub(r"//[^\n]*", "", body)
-    names = []
-    for kind, fields in re.findall(r"\b(u64|i64|double)\s+([^;]+);", body):
-        names += [(kind, f.strip()) for f in fields.split(",")]
-    ctypes_kind = {ctypes.c_uint64: "u64", ctypes.c_int64: "i64", ctypes.c_double: "double"}
-    assert [(ctypes_kind[t], n) for n, t in cuda_wide.WideArgs._fields_] == names
-    assert ctypes.sizeof(cuda_wide.WideArgs) == 8 * len(names)
     for define, value in (("DW_GROUP", cuda_wide.GROUP), ("DW_MAX_ROWS", cuda_wide.MAX_ROWS)):
         assert re.search(rf"#define {define} {value}\b", text), define
 

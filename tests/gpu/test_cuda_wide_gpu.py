@@ -30,6 +30,7 @@ import dspark_markov as dm
 from dspark_markov.draft.reference import argmax_first, row_keys
 from tests.helpers import (SENTINEL, bias_bracket, check_draws, check_inverse_cdf, cuda_inputs, make_head, make_inputs,
                            new_outputs, same_values)
+from tests.helpers import replays_with_fresh_inputs
 from tests.helpers import sample_synced as sample
 
 pytestmark = pytest.mark.gpu
@@ -114,26 +115,7 @@ def test_nan_and_all_minus_inf_rows_stay_in_range(head):
 def test_cuda_graph_capture_and_replay(head, rows):
     """Capture sample() once; refill every input with new values; replay equals eager."""
     sampler = wide(head, rows, torch.bfloat16)
-    static = {name: tensor.clone() for name, tensor in cuda_inputs(rows, STEPS, VOCAB, torch.bfloat16).items()}
-    tokens, cache = new_outputs(static, torch.bfloat16)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            sampler.sample(**static, draft_tokens=tokens, logits_cache=cache, check_values=False)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        sampler.sample(**static, draft_tokens=tokens, logits_cache=cache, check_values=False)
-    for seed in (8, 9):
-        fresh = make_inputs(rows, STEPS, VOCAB, device="cuda", seed=seed, extra_slots=5, embed_vocab=VOCAB + 1000)
-        fresh["temperature"] = fresh["temperature"].flip(0).contiguous()
-        for name, tensor in fresh.items():
-            static[name].copy_(tensor)
-        cache.fill_(SENTINEL)
-        tokens.fill_(-1)
-        graph.replay()
-        torch.cuda.synchronize()
+    for fresh, tokens, cache in replays_with_fresh_inputs(sampler, rows, STEPS, VOCAB, torch.bfloat16):
         check_draws(head, fresh, tokens, cache, exact=False)
         eager_tokens, eager_cache = sample(wide(head, rows, torch.bfloat16), fresh, torch.bfloat16)
         assert torch.equal(tokens, eager_tokens)
@@ -231,27 +213,11 @@ def test_inverse_cdf_graph_replay_equals_eager_and_options_draw_the_same(head):
     """253 rows: capture once, refill, replay == eager; flags never change a draw; another grid draws correctly."""
     rows = 253
     sampler = wide(head, rows, torch.bfloat16, "inverse_cdf")
-    static = {name: tensor.clone() for name, tensor in cuda_inputs(rows, STEPS, VOCAB, torch.bfloat16).items()}
-    tokens, cache = new_outputs(static, torch.bfloat16)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            sampler.sample(**static, draft_tokens=tokens, logits_cache=cache, check_values=False)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        sampler.sample(**static, draft_tokens=tokens, logits_cache=cache, check_values=False)
-    fresh = make_inputs(rows, STEPS, VOCAB, device="cuda", seed=8, extra_slots=5, embed_vocab=VOCAB + 1000)
-    for name, tensor in fresh.items():
-        static[name].copy_(tensor)
-    cache.fill_(SENTINEL)
-    tokens.fill_(-1)
-    graph.replay()
-    torch.cuda.synchronize()
-    check_icdf(head, fresh, tokens, cache)
-    eager_tokens, eager_cache = sample(wide(head, rows, torch.bfloat16, "inverse_cdf"), fresh, torch.bfloat16)
-    assert torch.equal(tokens, eager_tokens) and same_values(cache, eager_cache)
+    for fresh, tokens, cache in replays_with_fresh_inputs(sampler, rows, STEPS, VOCAB, torch.bfloat16, seeds=(8,),
+                                                          flip_temperature=False):
+        check_icdf(head, fresh, tokens, cache)
+        eager_tokens, eager_cache = sample(wide(head, rows, torch.bfloat16, "inverse_cdf"), fresh, torch.bfloat16)
+        assert torch.equal(tokens, eager_tokens) and same_values(cache, eager_cache)
     other, other_cache = sample(wide(head, rows, torch.bfloat16, "inverse_cdf", flags=0), fresh, torch.bfloat16)
     assert torch.equal(eager_tokens, other) and same_values(eager_cache, other_cache)
     # another grid moves the block boundaries (another summation order): checked, not compared
