@@ -62,9 +62,9 @@ CHAIN_KERNELS = tuple(f"dm_chain_w{w}_r{r}_nt{nt}" for w, r in ((16, 0), (16, 1)
                           "dm_noise_bound", "dm_noise_table")
 
 
-@functools.lru_cache(maxsize=None)
-def chain_kernels(device_index: int):
-    """The loaded functions of ``chain.cu`` on one device (compiled or read from the disk cache)."""
+def load_kernels(source: str, names, device_index: int):
+    """The functions ``names`` of ``source`` (a file of this package) loaded on one device, compiled with NVRTC
+    or read from the disk cache; the device's primary context (torch's) made current first."""
     import torch
 
     from . import build as _build
@@ -72,7 +72,13 @@ def chain_kernels(device_index: int):
     torch.cuda.init()
     with torch.cuda.device(device_index):
         torch.empty(1, device=f"cuda:{device_index}")  # the runtime makes the primary context current
-        return _build.Kernels(_build.cached_cubin("chain.cu"), CHAIN_KERNELS, device_index)
+        return _build.Kernels(_build.cached_cubin(source), names, device_index)
+
+
+@functools.lru_cache(maxsize=None)
+def chain_kernels(device_index: int):
+    """The loaded functions of ``chain.cu`` on one device (compiled or read from the disk cache)."""
+    return load_kernels("chain.cu", CHAIN_KERNELS, device_index)
 
 
 BLOCKS_KERNELS = tuple(f"dm_blocks_b{b}_c{c}_v{v}_s{s}" for b in (0, 1) for c in (0, 1) for v in (0, 1)
@@ -84,14 +90,7 @@ TB_SIZE = 33 << 6  # noise.cuh DM_TB_SIZE (fp32 entries)
 @functools.lru_cache(maxsize=None)
 def blocks_kernels(device_index: int):
     """The loaded functions of ``blocks.cu`` (``impl="cuda_gumbel"``) on one device."""
-    import torch
-
-    from . import build as _build
-
-    torch.cuda.init()
-    with torch.cuda.device(device_index):
-        torch.empty(1, device=f"cuda:{device_index}")
-        return _build.Kernels(_build.cached_cubin("blocks.cu"), BLOCKS_KERNELS, device_index)
+    return load_kernels("blocks.cu", BLOCKS_KERNELS, device_index)
 
 
 _noise_tables: dict = {}

@@ -80,6 +80,8 @@ def unverified_reason() -> str | None:
         return None
     return (f"impl 'cuda_wide' has not run on a GPU yet (written without device time; its GPU tests are "
             f"tools/gpu_plans/issue12_cuda_wide.sh): set {UNVERIFIED_ENV}=cuda_wide to run it")
+
+
 WARPS_PER_GROUP = (1, 2)
 DEFAULT_WARPS_PER_GROUP = 1
 
@@ -123,12 +125,9 @@ def icdf_blocks(vocab: int, max_blocks: int) -> tuple:
 @functools.lru_cache(maxsize=None)
 def wide_kernels(device_index: int):
     """The loaded functions of ``wide.cu`` on one device (compiled, or read from the disk cache)."""
-    from ..cuda import build
+    from .. import cuda
 
-    torch.cuda.init()
-    with torch.cuda.device(device_index):
-        torch.empty(1, device=f"cuda:{device_index}")  # the runtime makes the primary context current
-        return build.Kernels(build.cached_cubin("wide.cu"), KERNELS, device_index)
+    return cuda.load_kernels("wide.cu", KERNELS, device_index)
 
 
 def _aligned(tensor: torch.Tensor, dims, nbytes: int) -> bool:
