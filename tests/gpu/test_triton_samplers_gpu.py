@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import dspark_markov as dm
-from tests.helpers import SENTINEL, check_draws, cuda_inputs, make_head, make_inputs, new_outputs, same_values
+from tests.helpers import check_draws, cuda_inputs, make_head, make_inputs, new_outputs, same_values
+from tests.helpers import replays_with_fresh_inputs
 from tests.helpers import sample_synced as sample
 
 pytestmark = pytest.mark.gpu
@@ -79,28 +80,7 @@ def test_nan_and_all_minus_inf_rows_stay_in_range(head):
 def test_cuda_graph_capture_and_replay(head, impl, rows):
     """Capture sample() once; refill every input with new values; replay equals eager."""
     sampler = dm.MarkovSampler(head, STEPS, rows, cache_dtype=torch.bfloat16, method="gumbel", impl=impl)
-    first = inputs_for(rows, torch.bfloat16, seed=7)
-    static = {name: tensor.clone() for name, tensor in first.items()}
-    tokens, cache = new_outputs(static, torch.bfloat16)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm-up: compiles the kernels, picks cuBLAS algorithms
-        for _ in range(2):
-            sampler.sample(**static, draft_tokens=tokens, logits_cache=cache, check_values=False)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        sampler.sample(**static, draft_tokens=tokens, logits_cache=cache, check_values=False)
-
-    for seed in (8, 9):
-        fresh = make_inputs(rows, STEPS, VOCAB, device="cuda", seed=seed, extra_slots=5, embed_vocab=VOCAB + 1000)
-        fresh["temperature"] = fresh["temperature"].flip(0).contiguous()  # other temperatures per slot
-        for name, tensor in fresh.items():
-            static[name].copy_(tensor)
-        cache.fill_(SENTINEL)
-        tokens.fill_(-1)
-        graph.replay()
-        torch.cuda.synchronize()
+    for fresh, tokens, cache in replays_with_fresh_inputs(sampler, rows, STEPS, VOCAB, torch.bfloat16):
         check_draws(head, fresh, tokens, cache, exact=False)
         eager_tokens, eager_cache = sample(dm.MarkovSampler(head, STEPS, rows, cache_dtype=torch.bfloat16, method="gumbel", impl=impl),
                                            fresh, torch.bfloat16)
