@@ -499,25 +499,8 @@ DM_BLOCKS_VARIANT(15)
 #endif
 
 // The noise upper-bound table: words[b] = the largest gumbel32(uniform32(h)) over every hash h with
-// tb_bucket(h) == b, as tb_order words (the caller zero-fills; an empty bucket stays 0). The same
-// sweep as chain.cu's dm_noise_table, kept here so that this module builds without the chain.
-extern "C" __global__ void dm_blocks_noise_table(u32* words) {
-  const u64 first = ((u64)blockIdx.x * blockDim.x + threadIdx.x) * 4096ull;
-  if (first >= (1ull << 32)) return;
-  u32 bucket = dm::tb_bucket((u32)first), best = 0;
-  for (u32 i = 0; i < 4096u; ++i) {
-    const u32 h = (u32)first + i;
-    const u32 b = dm::tb_bucket(h);
-    if (b != bucket) {
-      atomicMax(&words[bucket], best);
-      bucket = b;
-      best = 0;
-    }
-    const u32 o = dm::tb_order(dm::gumbel32(dm::uniform32(h)));
-    best = o > best ? o : best;
-  }
-  atomicMax(&words[bucket], best);
-}
+// tb_bucket(h) == b, as tb_order words (common.cuh dm::tb_sweep, also chain.cu's dm_noise_table).
+extern "C" __global__ void dm_blocks_noise_table(u32* words) { dm::tb_sweep(words); }
 
 // words (tb_order) -> fp32 bounds in place (an empty bucket -> -inf).
 extern "C" __global__ void dm_blocks_table_floats(u32* words) {

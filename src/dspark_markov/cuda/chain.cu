@@ -1233,23 +1233,5 @@ extern "C" __global__ void dm_noise_bound(u32 h0, u64 count, u32* worst) {
 
 
 // The noise upper-bound table of V6 & 64: table[b] = the largest gumbel32(uniform32(h)) over every
-// hash h with tb_bucket(h) == b, as tb_order words (the caller zero-fills; an empty bucket stays 0).
-// Every thread scans 4096 consecutive hashes (a bucket is an interval of h) and merges each bucket
-// it met with one atomicMax. Grid: 2^20 threads in all (e.g. 4096 blocks of 256).
-extern "C" __global__ void dm_noise_table(u32* table) {
-  const u64 first = ((u64)blockIdx.x * blockDim.x + threadIdx.x) * 4096ull;
-  if (first >= (1ull << 32)) return;
-  u32 bucket = dm::tb_bucket((u32)first), best = 0;
-  for (u32 i = 0; i < 4096u; ++i) {
-    const u32 h = (u32)first + i;
-    const u32 b = dm::tb_bucket(h);
-    if (b != bucket) {
-      atomicMax(&table[bucket], best);
-      bucket = b;
-      best = 0;
-    }
-    const u32 o = dm::tb_order(dm::gumbel32(dm::uniform32(h)));
-    best = o > best ? o : best;
-  }
-  atomicMax(&table[bucket], best);
-}
+// hash h with tb_bucket(h) == b (common.cuh dm::tb_sweep). Grid: 2^20 threads in all (e.g. 4096 blocks of 256).
+extern "C" __global__ void dm_noise_table(u32* table) { dm::tb_sweep(table); }

@@ -6,7 +6,8 @@
 // - dm::mma16816: mma.sync m16n8k16 bf16 x bf16 -> fp32 (chain.cu's; the rank may be permuted
 //   identically in A and B so that every lane loads 16-byte chunks);
 // - dm::skip_threshold: blocks.cu's exact-bound skip test (a bound below it cannot reach the key);
-// - dm::shfl_xor_i64, streaming loads and stores.
+// - dm::shfl_xor_i64, streaming loads and stores;
+// - dm::tb_sweep: the sweep of all 2^32 hashes that builds the noise upper-bound table (chain.cu, blocks.cu).
 #pragma once
 
 #include "noise.cuh"
@@ -88,5 +89,28 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) 
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// The noise upper-bound table's sweep (chain.cu dm_noise_table, blocks.cu dm_blocks_noise_table):
+// words[b] = the largest gumbel32(uniform32(h)) over every hash h with tb_bucket(h) == b, as tb_order
+// words (the caller zero-fills; an empty bucket stays 0). Every thread scans 4096 consecutive hashes (a
+// bucket is an interval of h) and merges each bucket it met with one atomicMax. Grid: 2^20 threads in all
+// (e.g. 4096 blocks of 256).
+__device__ __forceinline__ void tb_sweep(u32* words) {
+  const u64 first = ((u64)blockIdx.x * blockDim.x + threadIdx.x) * 4096ull;
+  if (first >= (1ull << 32)) return;
+  u32 bucket = tb_bucket((u32)first), best = 0;
+  for (u32 i = 0; i < 4096u; ++i) {
+    const u32 h = (u32)first + i;
+    const u32 b = tb_bucket(h);
+    if (b != bucket) {
+      atomicMax(&words[bucket], best);
+      bucket = b;
+      best = 0;
+    }
+    const u32 o = tb_order(gumbel32(uniform32(h)));
+    best = o > best ? o : best;
+  }
+  atomicMax(&words[bucket], best);
+}
 
 }  // namespace dm
