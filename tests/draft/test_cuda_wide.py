@@ -160,6 +160,21 @@ def test_runs_only_when_opted_in_until_its_gpu_tests_pass(monkeypatch):
     assert "cuda_wide" not in repr(auto.AUTO_TABLE) and "cuda_wide" not in repr(auto.PORTABLE_TABLE)
 
 
+def test_refuses_weights_not_16_byte_aligned(monkeypatch):
+    """wide.cu reads W2 rows by cp.async and W1 rows as uint4: a weight view at a storage offset that is not a
+    multiple of 16 bytes is refused before any launch (a misaligned address would kill the CUDA context)."""
+    from dspark_markov import cuda
+
+    monkeypatch.setenv(cuda_wide.UNVERIFIED_ENV, "cuda_wide")
+    monkeypatch.setattr(cuda, "availability", lambda *args, **kwargs: None)  # as if on an H200: no launch follows
+    flat = torch.zeros(300 * 256 + 1, dtype=torch.bfloat16)
+    aligned, shifted = torch.zeros(300, 256, dtype=torch.bfloat16), flat[1:].view(300, 256)  # 2 bytes off
+    for embed, weight, name in ((aligned, shifted, "head_weight"), (shifted, aligned, "embed_weight")):
+        with pytest.raises(ValueError, match=name):
+            cuda_wide.CudaWideBackend(dm.MarkovHead(embed, weight), 5, 4, method="gumbel", cache_dtype=torch.bfloat16,
+                                      device="cuda")
+
+
 # --------------------------------------------------------------------------- the ranking, emulated
 # dm_wide_step's decision logic replayed on the CPU in one legal interleaving of its warps (round robin over teams,
 # each in its own m-tile order): bounds z * (1/T) + table[bucket(hash)], one word per row merged with max, a seed

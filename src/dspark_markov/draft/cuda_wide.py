@@ -185,6 +185,11 @@ class CudaWideBackend:
             raise ValueError(f"head_weight: impl 'cuda_wide' needs bf16 weights, got {head.dtype}")
         if head.rank != RANK:
             raise ValueError(f"head_weight: impl 'cuda_wide' needs rank {RANK}, got {head.rank}")
+        for name, weight in (("head_weight", head.head_weight), ("embed_weight", head.embed_weight)):
+            if weight.data_ptr() % 16:  # wide.cu reads 16-byte chunks (cp.async of W2 rows, uint4 of W1 rows)
+                raise ValueError(f"{name}: impl 'cuda_wide' needs a 16-byte aligned tensor (its rows are read in "
+                                 f"16-byte chunks), got one at address {weight.data_ptr():#x} (a view at a storage "
+                                 f"offset): pass a copy")
         index = device.index if device.index is not None else torch.cuda.current_device()
         self.device = torch.device("cuda", index)
         self.head = head
