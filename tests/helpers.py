@@ -581,3 +581,18 @@ def replays_with_fresh_inputs(sampler, rows, steps, vocab, cache_dtype, seeds=(8
         graph.replay()
         torch.cuda.synchronize()
         yield fresh, tokens, cache
+
+
+def special_rows_inputs(rows, steps, vocab, seed=17):
+    """fp32 CUDA inputs (``make_inputs``, ``rows >= 4``) with non-finite logits: row 0 step 0 has NaN at tokens
+    100,000 and 70,000 (its first NaN, so a Gumbel draw takes 70,000), row 1 is all -inf (token 0), row 3 step 1
+    is all 3e38 (z/T overflows), row 2 step 2 has +inf at token 5,000."""
+    inputs = make_inputs(rows, steps, vocab, logit_dtype=torch.float32, device="cuda", seed=seed,
+                         embed_vocab=vocab + 1000)
+    base = inputs["base_logits"]
+    base[0, 0, 100_000] = float("nan")
+    base[0, 0, 70_000] = float("nan")
+    base[1] = float("-inf")
+    base[3, 1, :] = 3.0e38
+    base[2, 2, 5_000] = float("inf")
+    return inputs

@@ -30,7 +30,7 @@ import dspark_markov as dm
 from dspark_markov.draft.reference import argmax_first, row_keys
 from tests.helpers import (SENTINEL, bias_bracket, check_draws, check_inverse_cdf, cuda_inputs, make_head, make_inputs,
                            new_outputs, same_values)
-from tests.helpers import replays_with_fresh_inputs
+from tests.helpers import replays_with_fresh_inputs, special_rows_inputs
 from tests.helpers import sample_synced as sample
 
 pytestmark = pytest.mark.gpu
@@ -58,10 +58,14 @@ def wide(head, rows, cache_dtype, method="gumbel", **backend_kwargs):
     return sampler
 
 
-@pytest.mark.parametrize("rows,logit_dtype,cache_dtype", [
+# (rows, base logits dtype, cache dtype) of the full-shape tests of both methods
+FULL_SHAPES = [
     (32, torch.bfloat16, torch.bfloat16), (64, torch.bfloat16, torch.bfloat16), (128, torch.bfloat16, torch.bfloat16),
     (253, torch.bfloat16, torch.bfloat16), (64, torch.float32, torch.float32), (253, torch.float32, torch.float32),
-    (64, torch.bfloat16, torch.float32), (1, torch.bfloat16, torch.bfloat16)])
+    (64, torch.bfloat16, torch.float32), (1, torch.bfloat16, torch.bfloat16)]
+
+
+@pytest.mark.parametrize("rows,logit_dtype,cache_dtype", FULL_SHAPES)
 def test_draws_the_reference_from_its_own_cache_at_full_shape(head, rows, logit_dtype, cache_dtype):
     inputs = cuda_inputs(rows, STEPS, VOCAB, logit_dtype)
     tokens, cache = sample(wide(head, rows, cache_dtype), inputs, cache_dtype)
@@ -98,13 +102,7 @@ def test_vocabulary_not_a_multiple_of_4_takes_the_scalar_path(head):
 
 
 def test_nan_and_all_minus_inf_rows_stay_in_range(head):
-    inputs = make_inputs(20, STEPS, VOCAB, logit_dtype=torch.float32, device="cuda", seed=17, embed_vocab=VOCAB + 1000)
-    base = inputs["base_logits"]
-    base[0, 0, 100_000] = float("nan")
-    base[0, 0, 70_000] = float("nan")
-    base[1] = float("-inf")
-    base[3, 1, :] = 3.0e38
-    base[2, 2, 5_000] = float("inf")
+    inputs = special_rows_inputs(20, STEPS, VOCAB)
     tokens, cache = sample(wide(head, 20, torch.bfloat16), inputs, torch.bfloat16)
     assert tokens.min() >= 0 and tokens.max() < VOCAB
     assert tokens[0, 0] == 70_000 and bool((tokens[1] == 0).all())
@@ -161,10 +159,7 @@ def check_icdf(head, inputs, tokens, cache):
     assert bool((cache[~written].float() == SENTINEL).all()), "a padding sample's or unused slot's cache row written"
 
 
-@pytest.mark.parametrize("rows,logit_dtype,cache_dtype", [
-    (32, torch.bfloat16, torch.bfloat16), (64, torch.bfloat16, torch.bfloat16), (128, torch.bfloat16, torch.bfloat16),
-    (253, torch.bfloat16, torch.bfloat16), (64, torch.float32, torch.float32), (253, torch.float32, torch.float32),
-    (64, torch.bfloat16, torch.float32), (1, torch.bfloat16, torch.bfloat16)])
+@pytest.mark.parametrize("rows,logit_dtype,cache_dtype", FULL_SHAPES)
 def test_inverse_cdf_draws_from_its_own_cache_at_full_shape(head, rows, logit_dtype, cache_dtype):
     inputs = cuda_inputs(rows, STEPS, VOCAB, logit_dtype)
     tokens, cache = sample(wide(head, rows, cache_dtype, "inverse_cdf"), inputs, cache_dtype)
@@ -182,14 +177,9 @@ def test_inverse_cdf_all_t1_and_all_greedy(head, temp):
 def test_inverse_cdf_special_rows_strided_scale_and_scalar_path(head):
     """NaN / +inf / all -inf / z / T overflow / sparse rows (fp32 cache: the values stay as given); then strided logits
     with a bias scale; then V % 4 != 0 (the scalar path, a partial last block)."""
-    inputs = make_inputs(20, STEPS, VOCAB, logit_dtype=torch.float32, device="cuda", seed=17, embed_vocab=VOCAB + 1000)
+    inputs = special_rows_inputs(20, STEPS, VOCAB)
     inputs["temperature"] = torch.tensor([0.6, 1.0, 2.0])[torch.arange(inputs["temperature"].shape[0]) % 3].cuda()
     base = inputs["base_logits"]
-    base[0, 0, 100_000] = float("nan")
-    base[0, 0, 70_000] = float("nan")
-    base[1] = float("-inf")
-    base[3, 1, :] = 3.0e38
-    base[2, 2, 5_000] = float("inf")
     base[4, :, ::3] = float("-inf")
     base[5, :, :120_000] = float("-inf")
     tokens, cache = sample(wide(head, 20, torch.float32, "inverse_cdf"), inputs, torch.float32)
