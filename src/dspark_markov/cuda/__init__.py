@@ -75,6 +75,23 @@ def load_kernels(source: str, names, device_index: int):
         return _build.Kernels(_build.cached_cubin(source), names, device_index)
 
 
+def unavailable_reason(load, gate=None) -> str | None:
+    """Why a design whose kernels ``load(device_index)`` builds and loads cannot run here, or ``None``:
+    :func:`availability` without the chain's build, then ``gate()`` (e.g. an opt-in reason), then the build
+    and load on the current GPU (cached on disk), whose ``BuildError`` is the reason."""
+    import torch
+
+    from . import build as _build
+
+    why = availability(build=False) or (gate() if gate is not None else None)
+    if why is None:
+        try:
+            load(torch.cuda.current_device())
+        except _build.BuildError as error:
+            return str(error)
+    return why
+
+
 @functools.lru_cache(maxsize=None)
 def chain_kernels(device_index: int):
     """The loaded functions of ``chain.cu`` on one device (compiled or read from the disk cache)."""

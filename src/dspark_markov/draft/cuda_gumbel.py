@@ -169,15 +169,8 @@ class CudaGumbelBackend(GumbelBlocksBackend):
         load), or ``None``. Builds ``blocks.cu`` (cached on disk) as ``cuda_chain``'s check builds
         ``chain.cu``, so that ``auto`` falls back to the portable table instead of failing at construction."""
         from .. import cuda
-        from ..cuda import build
 
-        why = cuda.availability(build=False)
-        if why is None:
-            try:
-                cuda.blocks_kernels(torch.cuda.current_device())
-            except build.BuildError as error:
-                return str(error)
-        return why
+        return cuda.unavailable_reason(cuda.blocks_kernels)
 
     def kernel_name(self, base_logits, logits_cache) -> str:
         vec = (self.head.vocab_size % 8 == 0 and _aligned16(base_logits, (0, 1)) and _aligned16(logits_cache, (0, 1))
@@ -190,9 +183,7 @@ class CudaGumbelBackend(GumbelBlocksBackend):
         """Blocks per SM of the launch of entry point ``name``: ``blocks_per_sm``, or all that fit at once."""
         if self.blocks_per_sm is not None:
             return self.blocks_per_sm
-        if name not in self._resident:
-            self._resident[name] = max(1, self.kernels.blocks_per_sm(name, THREADS, 0))
-        return self._resident[name]
+        return self._resident[name]  # every entry point queried in __init__
 
     def call_range(self, rows, name) -> int:
         """Chunks per work item of a call of ``rows`` rows through entry point ``name`` (see :data:`RANGE`)."""

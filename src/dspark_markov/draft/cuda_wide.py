@@ -238,15 +238,8 @@ class CudaWideBackend:
         """Why this design cannot run here (no GPU, not sm_90, no NVRTC, not opted in while it has not run on a GPU,
         ``wide.cu`` does not build or load), or ``None``. Builds ``wide.cu`` (cached on disk)."""
         from .. import cuda
-        from ..cuda import build
 
-        why = cuda.availability(build=False) or unverified_reason()
-        if why is None:
-            try:
-                wide_kernels(torch.cuda.current_device())
-            except build.BuildError as error:
-                return str(error)
-        return why
+        return cuda.unavailable_reason(wide_kernels, unverified_reason)
 
     def kernel_name(self, base_logits, logits_cache) -> str:
         vocab = self.head.vocab_size
