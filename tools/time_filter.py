@@ -13,6 +13,9 @@ so that the events between them measure the kernels, not the host (median of ``R
 ``--compare SIZES NAMES`` (issue 16, filter4): the same per-launch profile for the filter options of
 :data:`VARIANTS` side by side (alternating per repeat, one process), written to ``$JOB_OUT/compare.txt``
 case by case before each variant is checked bit for bit against the sort reference.
+``--cuda`` (issue 16, the cluster-resident filter ``impl="cuda"``, opt-in: set ``DSPARK_MARKOV_UNVERIFIED=cuda_filter``):
+the bench's filter cases for it too, in the same grid (kernel ``filter_row``, impl ``cuda``, beside the Triton
+filter's default layout), each checked against the sort reference by its first call.
 ``--profile CONFIGS``: one call per ``requests:case:kind:variant`` between cudaProfilerStart/Stop, for
 ``ncu --profile-from-start off --clock-control none``.
 """
@@ -239,6 +242,9 @@ def main():
         phases(sizes)
         return
     out = Path(os.environ.get("JOB_OUT", "/tmp"))
+    with_cuda = "--cuda" in sys.argv
+    if with_cuda:
+        sys.argv.remove("--cuda")
     sizes = tuple(int(r) for r in (sys.argv[1] if len(sys.argv) > 1 else "1,253,16,64").split(","))
     filters = []
 
@@ -251,14 +257,19 @@ def main():
     start = time.time()
     bw = roofline.measure_bandwidth(torch.device("cuda"))
     env = report.environment("cuda", ["tools/time_filter.py"])
+    impls = ("triton", "cuda") if with_cuda else ("triton",)
     full = vg.VerifyBenchConfig(kernels=("filter_row", "filter_split"), rows=sizes, rounds=3, replays=15,
-                                eager_calls=1)
+                                eager_calls=1, impls=impls)
     records = []
     for rows in sizes:
         kernel = "filter_split" if rows <= 16 else "filter_row"
-        config = vg.VerifyBenchConfig(kernels=(kernel,), rows=(rows,), rounds=3, replays=15, eager_calls=1)
-        records += vg.run_grid(config, bw, progress=False)
-        print(vg.format_table(records[-6:], bw), end="", flush=True)
+        new = []
+        for kernels, group in (((kernel,), ("triton",)), (("filter_row",), ("cuda",)))[:len(impls)]:
+            config = vg.VerifyBenchConfig(kernels=kernels, rows=(rows,), rounds=3, replays=15, eager_calls=1,
+                                          impls=group)
+            new += vg.run_grid(config, bw, progress=False)
+        records += new
+        print(vg.format_table(new, bw), end="", flush=True)
         print(f"t={time.time() - start:.1f}s rows needing search rounds: {[int(f.state.searched) for f in filters[-6:]]}",
               flush=True)
         vg.write_json(out / "NVIDIA-H200_filter_verify.json", env, full, bw, records)

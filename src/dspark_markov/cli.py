@@ -97,6 +97,11 @@ def info(out=None) -> int:
         else:
             status = _impl_status(impl)
         print(f"  {impl:<13} {status}", file=out)
+    from .verify import cuda_filtering
+
+    reason = cuda_filtering.unavailable_reason()
+    print("top-k / top-p (top_k_top_p impl=): reference, triton (auto on CUDA), cuda: "
+          + ("available" if reason is None else f"unavailable: {reason}"), file=out)
     return 0
 
 

@@ -46,7 +46,7 @@ def test_bytes_model_deepseek_shapes():
     (lambda: verify_grid.kernel_bytes(verify_grid.VerifyBenchConfig(), "warp_drive", 1), "kernel"),
     (lambda: verify_grid.VerifyBenchConfig(rows=(300,)), "rows"),
     (lambda: verify_grid.VerifyBenchConfig(kernels=("verify",)), "kernels"),
-    (lambda: verify_grid.VerifyBenchConfig(impls=("cuda",)), "impls"),
+    (lambda: verify_grid.VerifyBenchConfig(impls=("cudnn",)), "impls"),
     (lambda: verify_grid.VerifyBenchConfig(top_p=1.5), "top_p"),
 ])
 def test_bad_values_name_the_argument(call, name):
@@ -101,6 +101,18 @@ def test_triton_without_interpreter_is_na_and_a_wrong_filter_is_an_error(monkeyp
     assert by_key[("block_inputs", "reference")]["status"] == "ok"
     table = verify_grid.format_table(records, FAKE_BANDWIDTH)
     assert "not measured:" in table and "disagrees" in table
+
+
+def test_cuda_filter_impl_is_na_off_a_gpu_and_for_other_kernels():
+    """impl "cuda" (the cluster-resident filter, opt-in) is timed only as filter_row on a CUDA device; elsewhere its
+    records say n/a and why."""
+    config = verify_grid.VerifyBenchConfig(device="cpu", vocab=300, rows=(2,), kernels=("filter_row", "block_inputs"),
+                                           impls=("cuda",), rounds=3, replays=1, filter_inputs=("gaussian",),
+                                           filter_cases=("p",))
+    records = verify_grid.run_grid(config, FAKE_BANDWIDTH, progress=False)
+    assert len(records) == 2
+    for record in records:
+        assert record["status"] == "n/a" and "filter_row on a CUDA device" in record["reason"], record
 
 
 # ---------------------------------------------------------------------------------------------- CLI

@@ -58,7 +58,7 @@ from . import harness, report, roofline
 
 KERNELS = ("verify_standard", "verify_block", "verify_raw", "verify_block_raw", "filter_row", "filter_split",
            "block_inputs")
-IMPLS = ("triton", "reference")
+IMPLS = ("triton", "reference", "cuda")  # "cuda": the cluster-resident filter (filter_row only; opt-in, verify/cuda_filtering.py)
 TEMPERATURE_MODES = ("1", "mixed")
 EXTRA_TEMPERATURE_MODES = ("0.6",)  # on request: T = 0.6 at every slot (the raw modes divide every target value)
 MIXED_TEMPERATURES = (0.0, 0.6, 1.0)  # slot s gets MIXED_TEMPERATURES[s % 3]
@@ -215,7 +215,9 @@ class Runner:
     def __init__(self, kernel: str, impl: str, mode: str, rows: int, shared: SharedInputs,
                  config: VerifyBenchConfig):
         cuda = config.device == "cuda"
-        if cuda and impl != "triton":
+        if impl == "cuda" and (kernel != "filter_row" or not cuda):
+            raise ValueError("impls: 'cuda' is the CUDA top-k / top-p filter: kernel filter_row on a CUDA device")
+        if cuda and impl not in ("triton", "cuda"):
             raise ValueError(f"impls: {impl!r} allocates per call (not CUDA-graph safe); timed on the CPU only")
         if not cuda and impl == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError("impls: 'triton' needs a GPU, or TRITON_INTERPRET=1 for the CPU interpreter")
@@ -344,6 +346,10 @@ class FilterRunner(Runner):
                 raise ValueError("kernels: filter_split is a layout of the Triton filter (the reference sorts)")
             self.block, self.chunks = split_chunks(work, config.vocab, device)
             self.layout = f"split x{self.chunks}"
+        elif self.impl == "cuda":
+            from ..verify import cuda_filtering
+
+            self.layout = f"cluster x{cuda_filtering.CLUSTER}"
         else:
             self.layout = "row" if self.impl == "triton" else "sort"
             if self.impl == "triton":
@@ -356,6 +362,10 @@ class FilterRunner(Runner):
             from ..verify.triton_filtering import TopKTopPFilter
 
             self.filter = TopKTopPFilter(work, config.vocab, device, block=self.block, chunks=self.chunks)
+        elif self.impl == "cuda":  # ValueError (the record says n/a and why) unless it can run and is opted in
+            from ..verify.cuda_filtering import CudaTopKTopPFilter
+
+            self.filter = CudaTopKTopPFilter(work, config.vocab, device)
 
     def prepare(self):
         self.out.copy_(self.logits)

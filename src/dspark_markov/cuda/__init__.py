@@ -8,6 +8,8 @@
   and the sweep that builds the noise upper-bound table (:func:`noise_table`, kept on disk);
 - ``wide.cu``: the tensor-core large-batch Gumbel kernel of ``impl="cuda_wide"``
   (:mod:`dspark_markov.draft.cuda_wide`, which loads it; opt-in until it has run on a GPU);
+- ``filter.cu``: the cluster-resident top-k / top-p filter of ``top_k_top_p(impl="cuda")``
+  (:mod:`dspark_markov.verify.cuda_filtering`, which loads it; opt-in until it has run on a GPU);
 - ``common.cuh``: helpers shared by the kernels (``mma.sync`` m16n8k16, bf16 rounding, the skip threshold,
   64-bit shuffles, streaming loads and stores); editing it changes every build key and the noise table's;
 - :mod:`.build`: NVRTC and the CUDA driver through ``ctypes``, the disk cache.
@@ -73,6 +75,19 @@ def load_kernels(source: str, names, device_index: int):
     with torch.cuda.device(device_index):
         torch.empty(1, device=f"cuda:{device_index}")  # the runtime makes the primary context current
         return _build.Kernels(_build.cached_cubin(source), names, device_index)
+
+
+UNVERIFIED_ENV = "DSPARK_MARKOV_UNVERIFIED"  # comma-separated designs (or "1": all) allowed to run before their GPU tests
+
+
+def unverified_reason(design: str, plan: str) -> str | None:
+    """``None`` when :data:`UNVERIFIED_ENV` opts in to ``design`` (it has never run on a GPU), else why it does not
+    run; ``plan`` names the script of GPU tests that would validate it."""
+    wanted = {name.strip() for name in os.environ.get(UNVERIFIED_ENV, "").split(",")}
+    if "1" in wanted or design in wanted:
+        return None
+    return (f"impl {design!r} has not run on a GPU yet (written without device time; its GPU tests are "
+            f"{plan}): set {UNVERIFIED_ENV}={design} to run it")
 
 
 def unavailable_reason(load, gate=None) -> str | None:

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 
 import torch
 
@@ -70,16 +69,14 @@ STEP_KERNELS = tuple(f"dm_wide_b{b}_c{c}_v{v}_s{s}" for b in (0, 1) for c in (0,
 ICDF_KERNELS = tuple(f"dm_wide_b{b}_c{c}_v{v}_s{s}_icdf" for b in (0, 1) for c in (0, 1) for v in (0, 1)
                      for s in (0, 1))
 KERNELS = STEP_KERNELS + ICDF_KERNELS + ("dm_wide_finish", "dm_wide_pick")
-UNVERIFIED_ENV = "DSPARK_MARKOV_UNVERIFIED"  # comma-separated designs (or "1": all) allowed to run before their GPU tests
+UNVERIFIED_ENV = "DSPARK_MARKOV_UNVERIFIED"  # cuda.UNVERIFIED_ENV
 
 
 def unverified_reason() -> str | None:
-    """``None`` when :data:`UNVERIFIED_ENV` opts in to this design (it has never run on a GPU), else why it does not run."""
-    wanted = {name.strip() for name in os.environ.get(UNVERIFIED_ENV, "").split(",")}
-    if "1" in wanted or "cuda_wide" in wanted:
-        return None
-    return (f"impl 'cuda_wide' has not run on a GPU yet (written without device time; its GPU tests are "
-            f"tools/gpu_plans/issue12_cuda_wide.sh): set {UNVERIFIED_ENV}=cuda_wide to run it")
+    """``None`` when ``DSPARK_MARKOV_UNVERIFIED`` opts in to this design (it has never run on a GPU), else why not."""
+    from .. import cuda
+
+    return cuda.unverified_reason("cuda_wide", "tools/gpu_plans/issue12_cuda_wide.sh")
 
 
 WARPS_PER_GROUP = (1, 2)

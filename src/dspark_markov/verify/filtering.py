@@ -41,7 +41,7 @@ from ..validate import check_tensor, check_triton_runs, check_vector
 from .filtering_reference import (EXP_COEFFS, EXP_FLOOR, KEY_FLOOR, LOG2E, MASS_ONE,  # noqa: F401  (re-exported)
                                   top_k_top_p_reference, weight_fixed_point)
 
-IMPLS = ("triton", "reference")
+IMPLS = ("triton", "reference", "cuda")
 
 
 # --------------------------------------------------------------------------- validation
@@ -90,12 +90,13 @@ def top_k_top_p(logits, k=None, p=None, *, impl=registry.DEFAULT_IMPL, out=None)
     p : float, torch.Tensor or None
         Scalar (``>= 0``) or per-row ``[B]`` fp32; ``p >= 1`` means no top-p (a per-row NaN too;
         a negative per-row value acts as 0).
-    impl : {"auto", "triton", "reference"}
+    impl : {"auto", "triton", "reference", "cuda"}
         ``"auto"`` (the default, :mod:`dspark_markov.registry`): ``"triton"`` on CUDA, the
-        reference elsewhere; both give the same result by contract.
+        reference elsewhere; all give the same result by contract.
         ``"triton"``: threshold-search kernels that sort only a few candidates per row (interpreter
-        on CPU); ``"reference"``: a torch sort of every row.
-        Never falls back silently.
+        on CPU); ``"reference"``: a torch sort of every row; ``"cuda"``: one launch with each row
+        resident in an 8-block cluster (:mod:`.cuda_filtering`; sm_90 with NVRTC, opt-in while it
+        has not run on a GPU). Never falls back silently.
     out : torch.Tensor, optional
         ``[B, V]`` fp32 output (last stride 1); ``logits`` is then left unchanged.
 
@@ -130,6 +131,13 @@ def top_k_top_p(logits, k=None, p=None, *, impl=registry.DEFAULT_IMPL, out=None)
             device=logits.device, dtype=torch.float32)
         keep = top_k_top_p_reference(logits, k_rows, p_rows)
         torch.where(keep, logits, torch.full((), float("-inf"), device=logits.device), out=target)
+        return target
+    if impl == "cuda":
+        from . import cuda_filtering  # noqa: PLC0415
+
+        if logits.device.type != "cuda":
+            raise ValueError(f"impl: 'cuda' filters CUDA tensors, got logits on {logits.device}")
+        cuda_filtering.launch_top_k_top_p(logits, k, p, target)
         return target
     check_triton_runs(impl, logits.device)
     from . import triton_filtering  # noqa: PLC0415  (Triton is imported only when used)

@@ -1,0 +1,525 @@
+// Top-k / top-p filter with each row resident in the shared memory of one 8-block cluster (sm_90): issue 16.
+//
+// Semantics: verify/filtering.py's module doc, bit for bit (the kept set of the stable sort reference; masses are
+// exact integer sums of q = trunc(exp(x - max) 2^32) from the software exp of filtering_reference.weight_fixed_point).
+//
+// One launch, one cluster of DF_C = 8 blocks per row; block `rank` holds tokens [rank S, rank S + S) of the row in
+// shared memory (S = ceil(V / 8) rounded up to 4: 64,640 bytes at V = 129,280, two blocks per SM):
+//   1. load the slice once (16-byte streaming loads), its max and NaN flag; cluster barrier; every block reads the
+//      8 partials through distributed shared memory: the row max m (a NaN row, an all -inf row or a row without
+//      top-k and top-p is left as it is, copied when out is not logits);
+//   2. one pass over the slice: bucket(x) = 0 where x == m, else min(floor((m - x) 64), 2047) (monotone in the
+//      ranking: better tokens never fall in a later bucket), and q (top-p only); a local histogram of
+//      (count << 48) + mass per bucket, one 64-bit shared atomic per token (a warp's tokens of the last bucket,
+//      e.g. -inf, in one); cluster barrier; block r sums buckets [256 r, 256 r + 256) over the 8 blocks;
+//   3. a search finds the token at a target of the ranking: the k-th best (top-k), the first whose inclusive
+//      mass reaches L = ceil(p * S) (top-p; "mass before < p S" for an integer mass is "before < L"), or the
+//      best (p <= 0): the range (8 totals), the bucket (256 sums, a block scan), then, if the bucket holds more
+//      than DF_CAP tokens, 256-way narrowing passes on the packed (key, index) word (8 bits per pass), and the
+//      bucket's (or the narrowed range's) tokens gathered into every block's candidate array, sorted there
+//      (bitonic, descending packed word), their q scanned: the target's word and its inclusive mass;
+//      top-k first (its inclusive mass is S for top-p), then top-p;
+//   4. the row written once: out = packed(x, i) >= cut ? x : -inf.
+// Every block makes the same decisions from the same integer sums, so a row needs no broadcast; the cluster
+// barriers order every exchange (release / acquire), and a last one keeps every block's shared memory alive until
+// no other block can read it.
+//
+// Bytes: the row read once and written once (2 x 4 V per row); the candidate exchanges stay on chip.
+// Instructions: ~45-55 per logit in step 2 with top-p (q: the 7-term polynomial with IEEE adds and multiplies,
+// floor, the 64-bit atomic), ~8 without (top-k alone), ~8 in steps 1 and 4.
+//
+// NOT RUN ON A GPU YET (written 2026-12-04 without a device): compiled for sm_90 with NVRTC; the search is
+// emulated on the CPU (tests/verify/test_cuda_filtering.py) and the weight / bucket / key helpers are compiled
+// as host C++ and compared with the torch reference bit for bit.
+#include "noise.cuh"
+
+namespace dm {
+
+#define DF_C 8            // blocks per cluster (one row)
+#define DF_T 256          // threads per block
+#define DF_NB 2048        // level-1 buckets: 1/64 of a logit wide below the max, the last one open
+#define DF_RANGE (DF_NB / DF_C)  // buckets reduced by each block (= DF_T: one per thread)
+#define DF_CAP 2048       // most candidates gathered and sorted at once
+#define DF_SCALE 64.0f
+// A histogram bin of one block is two 32-bit words (native shared atomics; a 64-bit add would be a CAS loop):
+// lo = the mass mod 2^32, hi = count << 16 | mass >> 32 (a slice has <= 65,535 tokens and q <= 2^32, so a
+// block's bin holds < 2^48 of mass and the fields never overflow); the carry out of lo is added to hi.
+
+// ----------------------------------------------------------------- helpers (host C++ too: the CPU test)
+// filtering_reference.weight_fixed_point, bit for bit: q = trunc(exp(x - m) 2^32) by the software exp (Cody-Waite,
+// degree-7 Taylor, IEEE fp32 adds and multiplies in the reference's order). d < -22.5: q = 0 (exp(-22.5) 2^32 =
+// 0.72; the test checks every fp32 d in [-44, -22.5) against the reference), which also skips the clamp at -44.
+DM_HD u64 df_weight(float x, float m) {
+  if (x == m) return 1ull << 32;
+  const float d = sub_rn(x, m);
+  if (!(d >= -22.5f)) return 0ull;
+  const float n = floorf(add_rn(mul_rn(d, 0x1.715476p+0f), 0.5f));
+  const float r = sub_rn(sub_rn(d, mul_rn(n, 0x1.63p-1f)), mul_rn(n, -0x1.bd0106p-13f));
+  float poly = 0x1.a01a02p-13f;
+  poly = add_rn(mul_rn(poly, r), 0x1.6c16c2p-10f);
+  poly = add_rn(mul_rn(poly, r), 0x1.111112p-7f);
+  poly = add_rn(mul_rn(poly, r), 0x1.555556p-5f);
+  poly = add_rn(mul_rn(poly, r), 0x1.555556p-3f);
+  poly = add_rn(mul_rn(poly, r), 0.5f);
+  poly = add_rn(mul_rn(poly, r), 1.0f);
+  poly = add_rn(mul_rn(poly, r), 1.0f);
+  // poly 2^n 2^32 in one exact product (n >= -33: a normal power of two); truncated toward zero
+  const float scale = as_float((u32)((i32)n + 159) << 23);
+  return (u64)mul_rn(poly, scale);
+}
+
+// Level-1 bucket: 0 for the max itself (also +inf == +inf), else floor((m - x) 64) capped at DF_NB - 1. m - x is
+// rounded monotonically, so x1 >= x2 gives bucket(x1) <= bucket(x2).
+DM_HD u32 df_bucket(float x, float m) {
+  if (x == m) return 0u;
+  const float e = mul_rn(sub_rn(m, x), DF_SCALE);
+  return e < (float)(DF_NB - 1) ? (u32)e : (u32)(DF_NB - 1);
+}
+
+// The packed (key, index) word with its sign bit flipped: unsigned order = ranking order (larger = better).
+DM_HD u64 df_word(float x, i64 index) { return (u64)pack_word(x, (i32)index) ^ (1ull << 63); }
+DM_HD float df_word_value(u64 word) { return word_key((i64)(word ^ (1ull << 63))); }
+
+}  // namespace dm
+
+#if defined(__CUDACC__)
+#include "common.cuh"
+
+namespace dm {
+
+struct FilterArgs {  // 8-byte fields (verify/cuda_filtering.py FilterArgs)
+  u64 logits, out, k_ptr, p_ptr, stats;  // stats: [1] int32 running total: searches that needed narrowing passes
+  i64 rows, vocab, in_stride, out_stride, slice, k_value, k_per_row, k64, p_per_row;
+  double p_value;  // the fp32 value of a scalar p (1: no top-p)
+};
+
+struct FilterShared {
+  float part_max;    // this block's slice max and NaN flag (read by the others)
+  u32 part_nan;
+  float m;           // the row max
+  u32 nan_row;
+  u32 counter;       // rank 0's: gather slots
+  u32 tot_cnt;       // this block's reduced range: count and mass
+  u64 tot_mass;
+  u64 warp_sum[DF_T / 32];
+  u64 warp_sum2[DF_T / 32];
+  // a search's state (every block alike)
+  u32 sel;           // the selected range / bucket / digit
+  u32 sel_cnt;       // its count
+  u64 base_cnt, base_mass;  // count and mass of every better token
+  u64 found_word, found_mass;
+  i32 cached_bucket; // the bucket whose sorted candidates s_cand holds (-1: none)
+  u32 gathered;      // a search has gathered candidates before
+};
+
+__device__ __forceinline__ u32 df_rank() {
+  u32 r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void df_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ u32 df_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ u32 df_map(u32 addr, u32 rank) {  // the same variable in block `rank`'s shared memory
+  u32 r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ u64 df_ld64(u32 addr) {
+  u64 v;
+  asm volatile("ld.shared::cluster.u64 %0, [%1];" : "=l"(v) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ u32 df_ld32(u32 addr) {
+  u32 v;
+  asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ void df_st64(u32 addr, u64 v) {
+  asm volatile("st.shared::cluster.u64 [%0], %1;" :: "r"(addr), "l"(v) : "memory");
+}
+__device__ __forceinline__ u32 df_atom_add(u32 addr, u32 v) {
+  u32 old;
+  asm volatile("atom.shared::cluster.add.u32 %0, [%1], %2;" : "=r"(old) : "r"(addr), "r"(v) : "memory");
+  return old;
+}
+
+// One token into a histogram bin (module doc: the two-word bin).
+__device__ __forceinline__ void df_add(u32* lo, u32* hi, u32 bin, u64 q) {
+  const u32 low = (u32)q;
+  u32 carry = 0;
+  if (low != 0) {
+    const u32 old = atomicAdd(&lo[bin], low);
+    carry = old + low < old;
+  }
+  atomicAdd(&hi[bin], (1u << 16) + (u32)(q >> 32) + carry);
+}
+// The count and mass of bin `bin` summed over the cluster's blocks (their lo / hi arrays in shared memory).
+__device__ __forceinline__ void df_bin_sum(const u32* lo, const u32* hi, u32 bin, u64& cnt, u64& mass) {
+  cnt = 0;
+  mass = 0;
+#pragma unroll
+  for (u32 r = 0; r < DF_C; ++r) {
+    const u32 h = df_ld32(df_map(df_addr(&hi[bin]), r)), l = df_ld32(df_map(df_addr(&lo[bin]), r));
+    cnt += h >> 16;
+    mass += ((u64)(h & 0xFFFFu) << 32) + l;
+  }
+}
+
+__device__ __forceinline__ u64 df_shfl_up64(u64 v, int off) {
+  const u32 lo = __shfl_up_sync(0xFFFFFFFFu, (u32)v, off), hi = __shfl_up_sync(0xFFFFFFFFu, (u32)(v >> 32), off);
+  return ((u64)hi << 32) | lo;
+}
+
+// Inclusive prefix sums over the block's threads (thread order) of two values at once; every thread calls it.
+__device__ __forceinline__ void df_scan2(u64& a, u64& b, FilterShared& sh) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const u64 ta = df_shfl_up64(a, off), tb = df_shfl_up64(b, off);
+    if (lane >= off) { a += ta; b += tb; }
+  }
+  if (lane == 31) { sh.warp_sum[warp] = a; sh.warp_sum2[warp] = b; }
+  __syncthreads();
+  u64 add_a = 0, add_b = 0;
+  for (int w = 0; w < warp; ++w) { add_a += sh.warp_sum[w]; add_b += sh.warp_sum2[w]; }
+  __syncthreads();
+  a += add_a;
+  b += add_b;
+}
+
+// Thread t holds (count, mass) of the t-th item in ranking order (better first); selects the item where the target
+// falls: the count reaches `target` (by_mass false) or the mass does; it becomes sh.sel with sh.sel_cnt, and its
+// better items' count and mass are added to sh.base_cnt / base_mass. The caller guarantees the target is reached
+// within the items. Ends with a block barrier.
+__device__ __forceinline__ void df_select(u64 cnt, u64 mass, bool by_mass, u64 target, FilterShared& sh) {
+  const u64 base_cnt = sh.base_cnt, base_mass = sh.base_mass;
+  u64 c = cnt, s = mass;
+  df_scan2(c, s, sh);  // inclusive
+  const u64 before = by_mass ? base_mass + s - mass : base_cnt + c - cnt;
+  const u64 upto = by_mass ? base_mass + s : base_cnt + c;
+  if (before < target && target <= upto) {  // exactly one item (an empty one has before == upto)
+    sh.sel = threadIdx.x;
+    sh.sel_cnt = (u32)cnt;
+    sh.base_cnt = base_cnt + c - cnt;
+    sh.base_mass = base_mass + s - mass;
+  }
+  __syncthreads();
+}
+
+// The token at a target of the row's ranking (module doc, step 3): sh.found_word and sh.found_mass (the inclusive
+// mass of every token up to it). Called by every thread of every block of the cluster alike.
+__device__ __noinline__ void df_search(bool by_mass, u64 target, bool masses, const float* s_x, int n, i64 lo, float m,
+                          u64* s_hist, u64* s_cand, u32* s_rcnt, u64* s_rmass, u64* s_dig, FilterShared& sh,
+                          u32 rank, const FilterArgs& a) {
+  const int tid = threadIdx.x, lane = tid & 31;
+  if (tid == 0) { sh.base_cnt = 0; sh.base_mass = 0; }
+  __syncthreads();
+  // the range: block r's totals, in rank order (thread r < 8)
+  {
+    u64 cnt = 0, mass = 0;
+    if (tid < DF_C) {
+      cnt = df_ld32(df_map(df_addr(&sh.tot_cnt), tid));
+      mass = df_ld64(df_map(df_addr(&sh.tot_mass), tid));
+    }
+    df_select(cnt, mass, by_mass, target, sh);
+  }
+  const u32 range = sh.sel;
+  // the bucket within it: one per thread
+  {
+    const u64 cnt = df_ld32(df_map(df_addr(&s_rcnt[tid]), range));
+    const u64 mass = df_ld64(df_map(df_addr(&s_rmass[tid]), range));
+    df_select(cnt, mass, by_mass, target, sh);
+  }
+  const u32 bucket = range * DF_RANGE + sh.sel;
+  u32 count = sh.sel_cnt;
+  // narrowing passes on the word's bits while the range is too large to sort
+  int shift = 64;
+  u64 prefix = 0;
+  const bool narrowed = count > DF_CAP;
+  while (count > DF_CAP) {
+    shift -= 8;
+    u32* dig_lo = reinterpret_cast<u32*>(s_dig);
+    u32* dig_hi = dig_lo + 256;
+    for (int i = tid; i < 512; i += DF_T) dig_lo[i] = 0;
+    __syncthreads();
+    for (int i = tid; i < n; i += DF_T) {
+      const float x = s_x[i];
+      if (df_bucket(x, m) != bucket) continue;
+      const u64 w = df_word(x, lo + i);
+      if (shift < 56 && (w >> (shift + 8)) != prefix) continue;
+      df_add(dig_lo, dig_hi, (u32)(w >> shift) & 255u, masses ? df_weight(x, m) : 0ull);
+    }
+    df_cluster_sync();
+    u64 cnt, mass;
+    df_bin_sum(dig_lo, dig_hi, 255u - (u32)tid, cnt, mass);  // descending digits: better first
+    df_select(cnt, mass, by_mass, target, sh);
+    prefix = (prefix << 8) | (255u - sh.sel);
+    count = sh.sel_cnt;
+    df_cluster_sync();  // every block has read every s_dig before the next pass clears its own
+  }
+  // gather (unless s_cand already holds this bucket, sorted), sort, scan
+  const int size = count <= 32 ? 32 : 1 << (32 - __clz(count - 1));  // a power of two >= count
+  if (narrowed || sh.cached_bucket != (i32)bucket) {
+    if (sh.gathered) df_cluster_sync();  // every block is done with its previous candidates; rank 0's counter is 0
+    const u32 counter = df_map(df_addr(&sh.counter), 0);
+    const int rounds = (n + DF_T - 1) / DF_T;
+    for (int it = 0; it < rounds; ++it) {  // warp-uniform trip count: ballots below
+      const int i = it * DF_T + tid;
+      bool member = false;
+      u64 w = 0;
+      if (i < n) {
+        const float x = s_x[i];
+        if (df_bucket(x, m) == bucket) {
+          w = df_word(x, lo + i);
+          member = shift == 64 || (w >> shift) == prefix;
+        }
+      }
+      const u32 ballot = __ballot_sync(0xFFFFFFFFu, member);
+      if (ballot == 0) continue;
+      const int leader = __ffs(ballot) - 1;
+      u32 slot = 0;
+      if (lane == leader) slot = df_atom_add(counter, __popc(ballot));
+      slot = __shfl_sync(0xFFFFFFFFu, slot, leader) + __popc(ballot & ((1u << lane) - 1u));
+      if (member) {
+#pragma unroll
+        for (u32 r = 0; r < DF_C; ++r) df_st64(df_map(df_addr(&s_cand[slot]), r), w);
+      }
+    }
+    df_cluster_sync();  // every block's candidates complete
+    if (rank == 0 && tid == 0) sh.counter = 0;  // the next gather follows a cluster barrier
+    for (int i = (int)count + tid; i < size; i += DF_T) s_cand[i] = 0;  // pads sort last
+    __syncthreads();
+    for (int k = 2; k <= size; k <<= 1) {  // bitonic sort, descending
+      for (int j = k >> 1; j > 0; j >>= 1) {
+        for (int i = tid; i < size; i += DF_T) {
+          const int l = i ^ j;
+          if (l > i) {
+            const u64 x = s_cand[i], y = s_cand[l];
+            if (((i & k) == 0) ? (x < y) : (x > y)) { s_cand[i] = y; s_cand[l] = x; }
+          }
+        }
+        __syncthreads();
+      }
+    }
+    // inclusive masses of the sorted candidates into s_hist (free after the level-1 reduction)
+    const int per = size / DF_T > 0 ? size / DF_T : 1;
+    u64 local = 0;
+    if (tid * per < size) {
+      for (int e = 0; e < per; ++e) {
+        const int i = tid * per + e;
+        const u64 q = (masses && i < (int)count) ? df_weight(df_word_value(s_cand[i]), m) : 0ull;
+        local += q;
+        s_hist[i] = local;
+      }
+    }
+    u64 incl = local, unused = 0;
+    df_scan2(incl, unused, sh);
+    if (tid * per < size) {
+      for (int e = 0; e < per; ++e) s_hist[tid * per + e] += incl - local;
+    }
+    __syncthreads();
+    if (tid == 0) {
+      sh.cached_bucket = narrowed ? -1 : (i32)bucket;
+      sh.gathered = 1;
+      if (narrowed && rank == 0) atomicAdd(reinterpret_cast<u32*>(a.stats), 1u);
+    }
+  }
+  // the target among the candidates (base_* are the bucket's or the narrowed range's)
+  const u64 base_cnt = sh.base_cnt, base_mass = sh.base_mass;
+  if (!by_mass) {
+    if (tid == 0) {
+      const int i = (int)(target - base_cnt) - 1;
+      sh.found_word = s_cand[i];
+      sh.found_mass = base_mass + s_hist[i];
+    }
+  } else {
+    for (int i = tid; i < (int)count; i += DF_T) {
+      const u64 upto = base_mass + s_hist[i], before = i == 0 ? base_mass : base_mass + s_hist[i - 1];
+      if (before < target && target <= upto) {
+        sh.found_word = s_cand[i];
+        sh.found_mass = upto;
+      }
+    }
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ void df_copy(const float* s_x, float* dst, int n, bool vec) {
+  if (vec) {
+    for (int i = threadIdx.x; i < n / 4; i += DF_T) reinterpret_cast<float4*>(dst)[i] = reinterpret_cast<const float4*>(s_x)[i];
+    for (int i = (n / 4) * 4 + threadIdx.x; i < n; i += DF_T) dst[i] = s_x[i];
+  } else {
+    for (int i = threadIdx.x; i < n; i += DF_T) dst[i] = s_x[i];
+  }
+}
+
+__device__ __forceinline__ void df_track(float x, float& mx, u32& nan) {
+  mx = x > mx ? x : mx;
+  nan |= x != x;
+}
+
+extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 2) dm_filter(const FilterArgs a) {
+  extern __shared__ __align__(16) float s_x[];  // [slice]: this block's tokens of the row
+  __shared__ u64 s_hist[DF_NB];                  // level-1 histogram; then the candidates' inclusive masses
+  __shared__ u64 s_cand[DF_CAP];                 // the gathered candidates (packed words), sorted
+  __shared__ u64 s_rmass[DF_RANGE];              // this block's reduced buckets
+  __shared__ u32 s_rcnt[DF_RANGE];
+  __shared__ u64 s_dig[256];                     // a narrowing pass's local histogram (256 lo, 256 hi words)
+  __shared__ FilterShared sh;
+  u32* hist_lo = reinterpret_cast<u32*>(s_hist);  // the level-1 bins (module doc: two words per bin)
+  u32* hist_hi = hist_lo + DF_NB;
+  const u32 rank = df_rank();
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const i64 row = blockIdx.x / DF_C, vocab = a.vocab, lo = (i64)rank * a.slice;
+  const int n = (int)(lo < vocab ? (vocab - lo < a.slice ? vocab - lo : a.slice) : 0);
+  const float* src = reinterpret_cast<const float*>(a.logits) + row * a.in_stride + lo;
+  float* dst = reinterpret_cast<float*>(a.out) + row * a.out_stride + lo;
+  const bool copy = a.out != a.logits || a.out_stride != a.in_stride;
+  const bool vec_in = ((reinterpret_cast<u64>(src)) & 15) == 0, vec_out = ((reinterpret_cast<u64>(dst)) & 15) == 0;
+
+  const i64 k = a.k_per_row ? (a.k64 ? reinterpret_cast<const i64*>(a.k_ptr)[row]
+                                     : (i64) reinterpret_cast<const i32*>(a.k_ptr)[row]) : a.k_value;
+  const float p = a.p_per_row ? reinterpret_cast<const float*>(a.p_ptr)[row] : (float)a.p_value;
+  const bool use_k = k > 0 && k < vocab, use_p = p < 1.0f;
+
+  for (int i = tid; i < DF_NB; i += DF_T) s_hist[i] = 0;
+  if (tid == 0) { sh.counter = 0; sh.cached_bucket = -1; sh.gathered = 0; }
+  // 1. the slice into shared memory, its max and NaN flag
+  float mx = -__int_as_float(0x7f800000);
+  u32 nan = 0;
+  if (vec_in) {
+    for (int i = tid; i < n / 4; i += DF_T) {
+      const uint4 v = load_cs16(src + 4 * i);
+      const float4 f = make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w));
+      reinterpret_cast<float4*>(s_x)[i] = f;
+      df_track(f.x, mx, nan); df_track(f.y, mx, nan); df_track(f.z, mx, nan); df_track(f.w, mx, nan);
+    }
+    for (int i = (n / 4) * 4 + tid; i < n; i += DF_T) { s_x[i] = src[i]; df_track(s_x[i], mx, nan); }
+  } else {
+    for (int i = tid; i < n; i += DF_T) { s_x[i] = src[i]; df_track(s_x[i], mx, nan); }
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float o = __shfl_xor_sync(0xFFFFFFFFu, mx, off);
+    mx = o > mx ? o : mx;
+    nan |= __shfl_xor_sync(0xFFFFFFFFu, nan, off);
+  }
+  if (lane == 0) { sh.warp_sum[warp] = __float_as_uint(mx); sh.warp_sum2[warp] = nan; }
+  __syncthreads();
+  if (tid == 0) {
+    float bm = -__int_as_float(0x7f800000);
+    u32 bn = 0;
+    for (int w = 0; w < DF_T / 32; ++w) {
+      const float o = __uint_as_float((u32)sh.warp_sum[w]);
+      bm = o > bm ? o : bm;
+      bn |= (u32)sh.warp_sum2[w];
+    }
+    sh.part_max = bm;
+    sh.part_nan = bn;
+  }
+  df_cluster_sync();
+  if (warp == 0) {
+    float o = -__int_as_float(0x7f800000);
+    u32 on = 0;
+    if (lane < DF_C) {
+      o = __uint_as_float(df_ld32(df_map(df_addr(&sh.part_max), lane)));
+      on = df_ld32(df_map(df_addr(&sh.part_nan), lane));
+    }
+#pragma unroll
+    for (int off = 4; off > 0; off >>= 1) {
+      const float t = __shfl_xor_sync(0xFFFFFFFFu, o, off);
+      o = t > o ? t : o;
+      on |= __shfl_xor_sync(0xFFFFFFFFu, on, off);
+    }
+    if (lane == 0) { sh.m = o; sh.nan_row = on; }
+  }
+  __syncthreads();
+  const float m = sh.m;
+  if (sh.nan_row || m == -__int_as_float(0x7f800000) || !(use_k || use_p)) {  // left as it is
+    if (copy) df_copy(s_x, dst, n, vec_out);
+    df_cluster_sync();  // the other blocks have read part_max / part_nan
+    return;
+  }
+  // 2. the level-1 histogram
+  {
+    const int rounds = (n + DF_T - 1) / DF_T;
+    for (int it = 0; it < rounds; ++it) {
+      const int i = it * DF_T + tid;
+      u32 b = DF_NB - 1;
+      u64 q = 0;
+      if (i < n) {
+        const float x = s_x[i];
+        b = df_bucket(x, m);
+        if (use_p) q = df_weight(x, m);
+      }
+      const bool last = b == DF_NB - 1;  // q = 0 there (m - x >= 31.98); padding lanes too, adding nothing
+      const u32 ballot = __ballot_sync(0xFFFFFFFFu, last && i < n);
+      if (!last) {
+        df_add(hist_lo, hist_hi, b, q);
+      } else if (ballot != 0 && lane == __ffs(ballot) - 1) {
+        atomicAdd(&hist_hi[DF_NB - 1], (u32)__popc(ballot) << 16);
+      }
+    }
+  }
+  df_cluster_sync();
+  {
+    u64 cnt, mass;
+    df_bin_sum(hist_lo, hist_hi, rank * DF_RANGE + tid, cnt, mass);
+    s_rcnt[tid] = (u32)cnt;
+    s_rmass[tid] = mass;
+    df_scan2(cnt, mass, sh);
+    if (tid == DF_T - 1) { sh.tot_cnt = (u32)cnt; sh.tot_mass = mass; }
+  }
+  df_cluster_sync();  // the reduced ranges complete; s_hist is free
+  // 3. the cut: top-k, then top-p among its survivors
+  u64 cut = 0;  // keep every token
+  u64 total = 0;
+  if (use_k) {
+    df_search(false, (u64)k, use_p, s_x, n, lo, m, s_hist, s_cand, s_rcnt, s_rmass, s_dig, sh, rank, a);
+    cut = sh.found_word;
+    total = sh.found_mass;
+  } else if (use_p) {
+    if (tid < DF_C) sh.warp_sum[tid] = df_ld64(df_map(df_addr(&sh.tot_mass), tid));
+    __syncthreads();
+    for (int r = 0; r < DF_C; ++r) total += sh.warp_sum[r];
+    __syncthreads();
+  }
+  if (use_p) {
+    const double limit = (double)(p > 0.0f ? p : 0.0f) * (double)total;  // every sum < 2^53: exact in fp64
+    const u64 target = (u64)ceil(limit);  // mass before < limit  <=>  mass before < ceil(limit)
+    if (target == 0) {
+      df_search(false, 1ull, false, s_x, n, lo, m, s_hist, s_cand, s_rcnt, s_rmass, s_dig, sh, rank, a);
+    } else {
+      df_search(true, target, true, s_x, n, lo, m, s_hist, s_cand, s_rcnt, s_rmass, s_dig, sh, rank, a);
+    }
+    cut = sh.found_word > cut ? sh.found_word : cut;
+  }
+  // 4. the row written once
+  if (vec_out) {
+    for (int i = tid; i < n / 4; i += DF_T) {
+      float4 f = reinterpret_cast<const float4*>(s_x)[i];
+      const i64 t = lo + 4 * i;
+      const float ninf = -__int_as_float(0x7f800000);
+      f.x = df_word(f.x, t) >= cut ? f.x : ninf;
+      f.y = df_word(f.y, t + 1) >= cut ? f.y : ninf;
+      f.z = df_word(f.z, t + 2) >= cut ? f.z : ninf;
+      f.w = df_word(f.w, t + 3) >= cut ? f.w : ninf;
+      store_cs16(dst + 4 * i, __float_as_uint(f.x), __float_as_uint(f.y), __float_as_uint(f.z), __float_as_uint(f.w));
+    }
+    for (int i = (n / 4) * 4 + tid; i < n; i += DF_T) {
+      const float x = s_x[i];
+      dst[i] = df_word(x, lo + i) >= cut ? x : -__int_as_float(0x7f800000);
+    }
+  } else {
+    for (int i = tid; i < n; i += DF_T) {
+      const float x = s_x[i];
+      dst[i] = df_word(x, lo + i) >= cut ? x : -__int_as_float(0x7f800000);
+    }
+  }
+  df_cluster_sync();  // no block leaves while another may still read its shared memory
+}
+
+}  // namespace dm
+#endif

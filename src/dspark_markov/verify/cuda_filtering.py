@@ -1,0 +1,153 @@
+"""``top_k_top_p(impl="cuda")``: the top-k / top-p filter with each row resident in one 8-block cluster, CUDA C++.
+
+``dspark_markov/cuda/filter.cu`` (NVRTC at first use, cached on disk), one launch per call: every row is read
+from memory once into the shared memory of a cluster of 8 blocks (64.6 KB per block at V = 129,280), its max,
+a 2,048-bucket histogram of exact counts and integer masses over ``m - x`` (1/64 of a logit per bucket), then the
+cut of top-k and of top-p from the histogram and the sorted candidates of the one bucket that holds each target
+(narrowing passes on the packed (key, index) word when a bucket holds more than 2,048 tokens: flat or heavily tied
+rows), and the row written once. Semantics: :mod:`.filtering`'s, bit for bit (the kept set of the sort reference).
+
+Why (issue 16): the Triton filter makes three whole-row passes (statistics, sweep, apply) and its top-p sweep is
+bound by the exact weights' instructions; p alone missed its targets (H200: 41.6-44.9 / 128-130 / 438-455 /
+1,481-1,491 us at 1 / 16 / 64 / 253 requests against 40 / 100 / 300 / 1,000). Here the row crosses HBM twice
+(read, write: ~360 us at 253 requests) and the weights are computed once, from shared memory, by two resident
+blocks per SM that overlap each other's loads: expected ~400-600 us at 253 requests, ~20-30 at one (not measured).
+
+Requirements (``ValueError`` otherwise): a CUDA device of compute capability 9.0 with NVRTC, fp32 logits with
+``V <= 8 * MAX_SLICE``, and the opt-in below. CUDA-graph safe: one launch, no allocation after construction
+(``stats``, a running count of narrowed searches, is the only state).
+
+**Not run on a GPU yet.** Written on 2026-12-04 in a session without a device: it compiles for sm_90 (NVRTC 13.0,
+no spill), its search is emulated on the CPU in the kernel's order of decisions and equals the sort reference
+(tests/verify/test_cuda_filtering.py), and its weight, bucket and key helpers, compiled as host C++, equal the
+torch reference bit for bit; it has never filtered a row on a GPU. So it runs only when
+``DSPARK_MARKOV_UNVERIFIED`` lists ``cuda_filter`` (or is ``1``); :func:`unavailable_reason` says why not. The GPU
+plan that verifies and times it: ``tools/gpu_plans/issue16_cluster.sh``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from .. import cuda
+
+CLUSTER = 8  # filter.cu DF_C: blocks per row
+THREADS = 256  # filter.cu DF_T
+BUCKETS = 2048  # filter.cu DF_NB
+CAPACITY = 2048  # filter.cu DF_CAP: candidates sorted at once
+STATIC_SMEM = 38_096  # ptxas: the kernel's static shared memory (NVRTC 13.0)
+SMEM_LIMIT = 227 * 1024  # an sm_90 block's shared memory
+MAX_SLICE = 48_000  # tokens per block: below (SMEM_LIMIT - STATIC_SMEM) / 4 = 48,588 (and 2^16, the bins' counts)
+KERNELS = ("dm_filter",)
+PLAN = "tools/gpu_plans/issue16_cluster.sh"
+
+
+class FilterArgs(ctypes.Structure):
+    """The kernel's argument (``struct FilterArgs`` in filter.cu): 8-byte fields, in order."""
+
+    _fields_ = [(name, ctypes.c_uint64) for name in ("logits", "out", "k_ptr", "p_ptr", "stats")] + [
+        (name, ctypes.c_int64) for name in ("rows", "vocab", "in_stride", "out_stride", "slice", "k_value", "k_per_row",
+                                            "k64", "p_per_row")] + [("p_value", ctypes.c_double)]
+
+
+def slice_len(vocab: int) -> int:
+    """Tokens per block: ``ceil(V / 8)`` rounded up to a multiple of 4 (16-byte rows in shared memory)."""
+    per_block = -(-vocab // CLUSTER)
+    return -(-per_block // 4) * 4
+
+
+def smem_bytes(vocab: int) -> int:
+    """Dynamic shared memory of one block: its slice of the row in fp32."""
+    return slice_len(vocab) * 4
+
+
+@functools.lru_cache(maxsize=None)
+def filter_kernels(device_index: int):
+    """The loaded ``filter.cu`` on one device (compiled with NVRTC or read from the disk cache)."""
+    return cuda.load_kernels("filter.cu", KERNELS, device_index)
+
+
+def opt_in_reason() -> str | None:
+    """``None`` when ``DSPARK_MARKOV_UNVERIFIED`` opts in to this filter (never run on a GPU), else why not."""
+    return cuda.unverified_reason("cuda_filter", PLAN)
+
+
+def unavailable_reason() -> str | None:
+    """``None`` if the filter can run on the current GPU, else why not (for ``dspark-markov info``)."""
+    return cuda.unavailable_reason(filter_kernels, opt_in_reason)
+
+
+class CudaTopKTopPFilter:
+    """The cluster-resident filter for batches of up to ``max_rows`` rows of ``vocab`` (module doc).
+
+    ``filter(logits, k, p, out)`` has :class:`.triton_filtering.TopKTopPFilter`'s interface: ``logits`` ``[B, V]``
+    fp32 CUDA (last stride 1), ``k`` / ``p`` None, Python scalars or validated ``[B]`` tensors (int32 / int64,
+    fp32; ``filtering._check``), ``out`` ``[B, V]`` fp32 (may be ``logits``: in place). One launch of ``B * 8``
+    blocks; nothing allocated per call (CUDA-graph safe). ``stats`` (``[1]`` int32, CUDA) counts the searches that
+    needed narrowing passes (flat or heavily tied buckets), a running total.
+    """
+
+    def __init__(self, max_rows: int, vocab: int, device):
+        device = torch.device(device)
+        if device.type != "cuda":
+            raise ValueError(f"device: the CUDA filter needs a CUDA device, got {device}")
+        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+            raise ValueError(f"max_rows: expected an int >= 1, got {max_rows!r}")
+        if isinstance(vocab, bool) or not isinstance(vocab, int) or not 1 <= vocab <= CLUSTER * MAX_SLICE:
+            raise ValueError(f"vocab: expected 1 <= V <= {CLUSTER * MAX_SLICE} (a row must fit in the shared memory "
+                             f"of {CLUSTER} blocks), got {vocab!r}")
+        why = cuda.availability(device, build=False) or opt_in_reason()
+        if why is not None:
+            raise ValueError(f"impl: 'cuda' top-k / top-p cannot run here: {why}")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.max_rows, self.vocab, self.device = max_rows, vocab, device
+        self.slice = slice_len(vocab)
+        self.smem = smem_bytes(vocab)
+        self.kernels = filter_kernels(device.index)
+        self.kernels.set_dynamic_smem(KERNELS[0], self.smem)
+        self.stats = torch.zeros(1, dtype=torch.int32, device=device)
+
+    def filter(self, logits, k, p, out):
+        """Filter ``logits [B <= max_rows, vocab]`` into ``out`` (may be ``logits``); see the class doc."""
+        rows, vocab = logits.shape
+        if rows > self.max_rows or vocab != self.vocab or logits.device != self.device:
+            raise ValueError(f"logits: expected [<= {self.max_rows}, {self.vocab}] on {self.device}, got "
+                             f"{list(logits.shape)} on {logits.device}")
+        same = out.data_ptr() == logits.data_ptr()
+        if same and out.stride() != logits.stride():
+            raise ValueError("out: shares logits' memory with other strides (pass logits itself to filter in place)")
+        if rows == 0 or (k is None and p is None):
+            if not same:
+                out.copy_(logits)
+            return out
+        k_per_row, p_per_row = isinstance(k, torch.Tensor), isinstance(p, torch.Tensor)
+        args = FilterArgs(
+            logits=logits.data_ptr(), out=out.data_ptr(), k_ptr=k.data_ptr() if k_per_row else 0,
+            p_ptr=p.data_ptr() if p_per_row else 0, stats=self.stats.data_ptr(), rows=rows, vocab=vocab,
+            in_stride=logits.stride(0), out_stride=out.stride(0), slice=self.slice,
+            k_value=0 if k_per_row or k is None else max(min(int(k), 2**62), -(2**62)),
+            k_per_row=int(k_per_row), k64=int(k_per_row and k.dtype == torch.int64), p_per_row=int(p_per_row),
+            # a scalar p as the fp32 value the reference compares (torch.full(..., p) is fp32)
+            p_value=1.0 if p_per_row or p is None else float(torch.tensor(float(p), dtype=torch.float32)))
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        self.kernels.launch(KERNELS[0], rows * CLUSTER, THREADS, self.smem, stream, [args])
+        return out
+
+
+_FILTERS: dict = {}
+
+
+def launch_top_k_top_p(logits, k, p, out):
+    """Filter ``logits`` into ``out`` through a cached :class:`CudaTopKTopPFilter` of this shape (allocated the
+    first time a shape, or a larger batch of it, is seen)."""
+    rows, vocab = logits.shape
+    key = (logits.device, vocab)
+    filt = _FILTERS.get(key)
+    if filt is None or filt.max_rows < rows:
+        filt = CudaTopKTopPFilter(max(rows, 1), vocab, logits.device)
+        _FILTERS[key] = filt
+    return filt.filter(logits, k, p, out)

@@ -1,0 +1,104 @@
+"""``top_k_top_p(impl="cuda")`` on the H200 at V = 129,280: the cluster-resident filter == the sort reference, bit for bit.
+
+The filter has not run on a GPU before these tests (written 2026-12-04 without device time), so they opt in
+(``DSPARK_MARKOV_UNVERIFIED=cuda_filter``) themselves. Every input kind of tests/gpu/test_filtering_gpu.py (Gaussian,
+peaked, bf16 ties, the edge rows) and every case (k + p, p, k, the per-row mixed cycles with k beyond the
+candidate capacity and p at 0 / 1e-9 / 0.99), at 6, 96 and 1518 rows, in and out of place; flat and tied rows
+whose target bucket needs the narrowing passes (``stats`` counts them); scalar and per-row int32 k; a row stride
+larger than V; CUDA-graph replay with fresh values and no allocation per call.
+"""
+
+import pytest
+import torch
+
+import dspark_markov as dm
+from dspark_markov import cuda
+from tests.gpu.test_filtering_gpu import CASES, KINDS, VOCAB, assert_same, logits, parameters, reference
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def opted_in(monkeypatch):
+    monkeypatch.setenv(cuda.UNVERIFIED_ENV, "cuda_filter")
+    from dspark_markov.verify import cuda_filtering
+
+    why = cuda_filtering.unavailable_reason()
+    if why is not None:
+        pytest.skip(f"the CUDA filter cannot run here: {why}")
+    return cuda_filtering
+
+
+def run(filt, x, k, p, in_place):
+    out = x.clone() if in_place else torch.full_like(x, 123.0)
+    filt.filter(out if in_place else x, k, p, out)
+    return out
+
+
+@pytest.mark.parametrize("rows", [6, 96, 1518])
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_and_case_equals_reference(opted_in, kind, rows):
+    x = logits(kind, rows)
+    filt = opted_in.CudaTopKTopPFilter(rows, VOCAB, "cuda")
+    for index, case in enumerate(CASES):
+        k, p = parameters(case, rows)
+        assert_same(run(filt, x, k, p, in_place=index % 2 == 0), reference(x, k, p))
+    k, p = parameters("mixed", rows)
+    assert_same(dm.top_k_top_p(x.clone(), k, p, impl="cuda"), reference(x, k, p))  # the public function
+
+
+def test_flat_and_tied_rows_narrow(opted_in):
+    """Rows whose target bucket holds more than 2,048 tokens: all equal, two values, a narrow Gaussian, bf16 ties of
+    a narrow Gaussian, a constant with -inf halves; the narrowing passes run (stats) and the kept set is exact."""
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    rows = [torch.zeros(VOCAB, device="cuda"), torch.randint(0, 2, (VOCAB,), generator=gen, device="cuda").float(),
+            torch.randn(VOCAB, generator=gen, device="cuda") * 0.01,
+            (torch.randn(VOCAB, generator=gen, device="cuda") * 0.05).to(torch.bfloat16).float(),
+            torch.full((VOCAB,), -3.5, device="cuda").index_fill_(0, torch.arange(0, VOCAB, 2, device="cuda"),
+                                                                  float("-inf"))]
+    x = torch.stack(rows)
+    filt = opted_in.CudaTopKTopPFilter(len(rows), VOCAB, "cuda")
+    for k, p in ((None, 0.5), (7000, None), (12345, 0.3), (None, 1e-9), (3, 0.999), (None, 0.0), (100_000, 0.9)):
+        kk = None if k is None else torch.full((len(rows),), k, device="cuda")
+        pp = None if p is None else torch.full((len(rows),), p, device="cuda")
+        assert_same(run(filt, x, kk, pp, in_place=True), reference(x, kk, pp))
+    assert int(filt.stats) > 0
+
+
+def test_scalar_and_int32_arguments_and_a_wide_stride(opted_in):
+    x = logits("gaussian", 12, seed=4)
+    filt = opted_in.CudaTopKTopPFilter(12, VOCAB, "cuda")
+    for k, p in ((50, 0.9), (None, 0.9), (1000, None), (torch.full((12,), 50, dtype=torch.int32, device="cuda"), 0.5)):
+        kk = k if not isinstance(k, int) else torch.full((12,), k, device="cuda")
+        pp = p if p is None else torch.full((12,), p, device="cuda")
+        assert_same(run(filt, x, k, p, in_place=False), reference(x, kk, pp))
+    wide = torch.full((12, VOCAB + 3), 7.0, device="cuda")[:, 1:VOCAB + 1]  # stride V + 3, rows not 16-byte aligned
+    wide.copy_(x)
+    filt.filter(wide, None, 0.9, wide)
+    assert_same(wide, reference(x, None, torch.full((12,), 0.9, device="cuda")))
+
+
+@pytest.mark.parametrize("rows", [6, 1518])
+def test_cuda_graph_replay_and_no_allocation(opted_in, rows):
+    x = logits("edge", rows, seed=3)
+    k, p = parameters("mixed", rows)
+    filt = opted_in.CudaTopKTopPFilter(rows, VOCAB, "cuda")
+    static = x.clone()
+    filt.filter(static, k, p, static)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    filt.filter(static, k, p, static)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
+    graph = torch.cuda.CUDAGraph()
+    static.copy_(x)
+    with torch.cuda.graph(graph):
+        filt.filter(static, k, p, static)
+    for seed, kind in ((4, "edge"), (5, "peaked"), (6, "bf16")):
+        fresh = logits(kind, rows, seed=seed)
+        fresh_k, fresh_p = parameters("mixed", rows)
+        static.copy_(fresh)
+        k.copy_(fresh_k.roll(seed))
+        p.copy_(fresh_p.roll(seed))
+        graph.replay()
+        assert_same(static, reference(fresh, k, p))

@@ -1,0 +1,343 @@
+"""``top_k_top_p(impl="cuda")`` (verify/cuda_filtering.py, cuda/filter.cu) on the CPU: what can be checked without a GPU.
+
+- ``filter.cu`` compiles for sm_90 (NVRTC, else nvcc; skipped without either) without spills,
+  two blocks per SM (registers and shared memory), and its argument struct matches the ctypes one;
+- its weight, bucket and packed-word helpers, compiled as host C++ (``-ffp-contract=off``), equal the torch
+  reference bit for bit (the weight on every fp32 ``d`` in [-44, -22.5), where the kernel skips the polynomial);
+- the kernel's search, emulated in numpy in its order of decisions (:func:`emulate`: eight slices with their
+  two-word bins, the level-1 buckets, the 256-way narrowing passes, the sorted candidates, the targets), keeps
+  exactly the sort reference's set on hard rows, on the bench's input kinds at full V and with the candidate
+  capacity forced down (every search narrows);
+- the opt-in gate, the registry entry and the argument checks.
+The kernel itself is checked on the H200 by tests/gpu/test_filtering_gpu.py (tools/gpu_plans/issue16_cluster.sh).
+"""
+
+import ctypes
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+import dspark_markov as dm
+from dspark_markov import registry
+from dspark_markov.cuda import build
+from dspark_markov.verify import cuda_filtering as cf
+from dspark_markov.verify.filtering_reference import top_k_top_p_reference, weight_fixed_point
+from tests.helpers import assert_args_struct_matches
+from tests.verify.test_filtering import hard_rows
+
+NEG_INF = float("-inf")
+CAPACITY = 2048  # filter.cu DF_CAP
+
+
+def test_filter_kernel_compiles_for_sm90(tmp_path):
+    try:
+        _, log = build.compile_cubin("filter.cu", verbose=True)
+    except build.BuildError as error:
+        if "no NVRTC library" not in str(error):
+            raise
+        nvcc = shutil.which("nvcc")
+        if nvcc is None:
+            pytest.skip("neither NVRTC (libnvrtc.so) nor nvcc is available to compile filter.cu for sm_90")
+        result = subprocess.run([nvcc, "-arch=sm_90", "-cubin", "-fmad=false", "-std=c++17", "-Xptxas", "-v",
+                                 str(build.SOURCE_DIR / "filter.cu"), "-o", str(tmp_path / "filter.cubin")],
+                                capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        log = result.stderr
+    entry = log[log.index("Function properties for dm_filter"):]
+    assert " 0 bytes spill stores" in entry.splitlines()[1], entry  # (the stack frame: df_search's call, no spill)
+    registers = int(re.search(r"Used (\d+) registers", entry).group(1))
+    static = int(re.search(r"(\d+) bytes smem", entry).group(1))
+    assert registers <= 128  # __launch_bounds__(256, 2)
+    assert static == cf.STATIC_SMEM
+    slice_bytes = cf.smem_bytes(129_280)
+    assert slice_bytes == 64_640 and 2 * (static + slice_bytes + 1024) <= 228 * 1024  # two blocks per SM
+    assert static + cf.MAX_SLICE * 4 <= cf.SMEM_LIMIT and cf.MAX_SLICE < 2**16
+
+
+def test_args_struct_and_constants_match_the_kernel():
+    assert_args_struct_matches("filter.cu", "FilterArgs", cf.FilterArgs._fields_)
+    assert ctypes.sizeof(cf.FilterArgs) == 8 * len(cf.FilterArgs._fields_)
+    text = (build.SOURCE_DIR / "filter.cu").read_text()
+    for define, value in (("DF_C", cf.CLUSTER), ("DF_T", cf.THREADS), ("DF_NB", cf.BUCKETS), ("DF_CAP", cf.CAPACITY)):
+        assert re.search(rf"#define {define} {value}\b", text), define
+    assert cf.slice_len(129_280) == 16_160 and cf.slice_len(300) == 40 and cf.slice_len(7) == 4
+
+
+# --------------------------------------------------------------------------- the helpers as host C++
+HARNESS = r"""
+#include "filter.cu"
+using namespace dm;
+extern "C" void weights(const float* x, const float* m, unsigned long long* q, long n) {
+  for (long i = 0; i < n; ++i) q[i] = df_weight(x[i], m[i]);
+}
+extern "C" void buckets(const float* x, const float* m, unsigned* b, long n) {
+  for (long i = 0; i < n; ++i) b[i] = df_bucket(x[i], m[i]);
+}
+extern "C" void words(const float* x, const long long* index, unsigned long long* w, float* back, long n) {
+  for (long i = 0; i < n; ++i) { w[i] = df_word(x[i], index[i]); back[i] = df_word_value(w[i]); }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    compiler = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if compiler is None:
+        pytest.skip("no host C++ compiler (g++/c++/clang++) to build filter.cu's helpers for the host")
+    folder = tmp_path_factory.mktemp("filter_host")
+    (folder / "harness.cpp").write_text(HARNESS)
+    library = folder / "libfilter.so"
+    subprocess.run([compiler, "-O2", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC",
+                    f"-I{build.SOURCE_DIR}", str(folder / "harness.cpp"), "-o", str(library)], check=True)
+    return ctypes.CDLL(str(library))
+
+
+def ptr(a):
+    """The address of ``a``'s data (the caller keeps ``a`` alive during the call)."""
+    return ctypes.c_void_p(a.ctypes.data)
+
+
+def host_weights(lib, x, m):
+    x, m = np.ascontiguousarray(x, np.float32), np.ascontiguousarray(np.broadcast_to(m, x.shape), np.float32)
+    q = np.zeros(x.shape, np.uint64)
+    lib.weights(ptr(x), ptr(m), ptr(q), ctypes.c_long(x.size))
+    return q
+
+
+def all_floats(lo, hi):
+    """Every fp32 value in [lo, hi) for lo < hi <= 0 (negative floats: the bits grow with the magnitude)."""
+    first = 0x80000000 if hi == 0 else int(np.float32(hi).view(np.uint32))
+    return np.arange(first + 1, int(np.float32(lo).view(np.uint32)) + 1, dtype=np.uint32).view(np.float32)
+
+
+def test_weight_is_the_reference_bit_for_bit(host):
+    below = all_floats(-44.0, -22.5)  # every d the kernel skips: the reference's q is 0 there too
+    assert below.min() == -44.0 and below.max() < -22.5 and len(below) > 5_000_000
+    assert not weight_fixed_point(torch.from_numpy(below), torch.zeros(())).any()
+    assert not host_weights(host, below, np.float32(0)).any()
+    gen = np.random.default_rng(1)
+    d = np.concatenate([all_floats(-22.5, -22.0), -np.logspace(-40, 1.36, 200_000).astype(np.float32),
+                        gen.uniform(-23, 0, 2_000_000).astype(np.float32), -np.arange(0, 23, 2**-10, dtype=np.float32)])
+    m = gen.choice(np.array([0.0, 1.0, -7.25, 13.5, 3e4, -1e-3], np.float32), len(d))
+    x = (m + d).astype(np.float32)  # x - m is then d or a neighbour of it
+    want = weight_fixed_point(torch.from_numpy(x), torch.from_numpy(m)).numpy().astype(np.uint64)
+    assert np.array_equal(host_weights(host, x, m), want)
+    specials = np.array([np.inf, -np.inf, 3.4e38, -3.4e38, 0.0, -0.0, 1e-45, 1.0, -1.0], np.float32)
+    xs, ms = np.meshgrid(specials, specials)
+    xs, ms = xs.ravel(), ms.ravel()
+    keep = (ms >= xs) & ~((ms == -np.inf) & (xs == -np.inf))  # m is a row max (an all -inf row is left alone)
+    xs, ms = xs[keep], ms[keep]
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = weight_fixed_point(torch.from_numpy(xs), torch.from_numpy(ms)).numpy().astype(np.uint64)
+    assert np.array_equal(host_weights(host, xs, ms), want)
+
+
+def np_bucket(x, m):
+    """filter.cu df_bucket in numpy fp32."""
+    x = np.asarray(x, np.float32)
+    m = np.broadcast_to(np.asarray(m, np.float32), x.shape)
+    with np.errstate(invalid="ignore", over="ignore"):
+        e = (m - x).astype(np.float32) * np.float32(64.0)
+    b = np.full(x.shape, 2047, np.int64)
+    small = e < np.float32(2047.0)
+    b[small] = e[small].astype(np.int64)  # e >= 0: the conversion truncates, as the kernel's
+    b[x == m] = 0
+    return b
+
+
+def np_words(x, index):
+    """filter.cu df_word: the packed (key, index) word with its sign bit flipped, uint64."""
+    bits = np.asarray(x, np.float32).view(np.int32).astype(np.int64)
+    bits = np.where((bits & 0x7FFFFFFF) == 0, 0, bits)
+    ordered = np.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    word = (ordered << 32) | (0x7FFFFFFF - np.asarray(index, np.int64))
+    return word.view(np.uint64) ^ np.uint64(1 << 63)
+
+
+def test_bucket_and_word_helpers(host):
+    gen = np.random.default_rng(2)
+    x = np.concatenate([gen.normal(0, 3, 100_000), gen.uniform(-40, 5, 50_000), [np.inf, -np.inf, 0.0, -0.0, 5.0, 1e30,
+                                                                                 -1e30]]).astype(np.float32)
+    for m in (np.float32(5.0), np.float32(np.inf), np.float32(1e30)):
+        xs = np.minimum(x, m)
+        b, ms = np.zeros(len(xs), np.uint32), np.full(len(xs), m, np.float32)
+        host.buckets(ptr(xs), ptr(ms), ptr(b), ctypes.c_long(len(xs)))
+        assert np.array_equal(b.astype(np.int64), np_bucket(xs, m))
+        order = np.argsort(-xs.astype(np.float64), kind="stable")
+        assert (np.diff(b[order].astype(np.int64)) >= 0).all()  # better tokens never in a later bucket
+    index = gen.integers(0, 2**31 - 1, len(x))
+    w, back, index = np.zeros(len(x), np.uint64), np.zeros(len(x), np.float32), index.astype(np.int64)
+    host.words(ptr(x), ptr(index), ptr(w), ptr(back), ctypes.c_long(len(x)))
+    assert np.array_equal(w, np_words(x, index))
+    assert np.array_equal(back, np.where(x == 0, np.float32(0.0), x))  # -0.0 comes back as +0.0
+    pairs = np_words(np.array([1.0, 1.0, -0.0, 0.0, -np.inf, -3.0], np.float32), np.array([3, 4, 9, 2, 0, 0]))
+    assert pairs[0] > pairs[1] and pairs[3] > pairs[2] and pairs[5] > pairs[4] > 0  # value desc, then index asc
+
+
+# --------------------------------------------------------------------------- the search, emulated
+def emulate(logits, k, p, capacity=CAPACITY, stats=None):
+    """filter.cu's decisions for ``logits [B, V]`` fp32 (CPU tensor), per-row ``k`` int64 and ``p`` fp32; returns
+    the filtered rows. Mirrors dm_filter step by step (module doc of filter.cu); ``stats`` collects the searches
+    that narrowed."""
+    out = logits.clone()
+    rows, vocab = logits.shape
+    width = cf.slice_len(vocab)
+    for row in range(rows):
+        x = logits[row].numpy()
+        kr, pr = int(k[row]), np.float32(p[row])
+        use_k, use_p = 0 < kr < vocab, bool(pr < 1)
+        if np.isnan(x).any() or not (use_k or use_p):
+            continue
+        m = np.float32(x.max())
+        if m == -np.inf:
+            continue
+        index = np.arange(vocab)
+        bucket = np_bucket(x, m)
+        word = np_words(x, index)
+        with np.errstate(invalid="ignore", over="ignore"):
+            q = weight_fixed_point(torch.from_numpy(x), torch.tensor(m)).numpy().astype(np.uint64)
+        qm = q if use_p else np.zeros(vocab, np.uint64)
+        for r in range(cf.CLUSTER):  # each block's two-word bins: count < 2^16 and mass < 2^48 (no field overflows)
+            part = slice(r * width, min((r + 1) * width, vocab))
+            if part.start < vocab:
+                per = np.zeros(cf.BUCKETS, np.uint64)
+                np.add.at(per, bucket[part], qm[part])
+                assert np.bincount(bucket[part]).max() < 2**16 and per.max() < 2**48
+        cnt = np.bincount(bucket, minlength=cf.BUCKETS).astype(np.int64)
+
+        def select(cnts, masses, by_mass, target, base_cnt, base_mass):
+            c, s = np.cumsum(cnts).astype(np.int64), np.cumsum(masses.astype(np.uint64))
+            before = (base_mass + s - masses) if by_mass else (base_cnt + c - cnts)
+            upto = (base_mass + s) if by_mass else (base_cnt + c)
+            hit = np.nonzero((before < target) & (target <= upto))[0]
+            assert len(hit) == 1, (target, hit)
+            j = int(hit[0])
+            return j, int(cnts[j]), base_cnt + int(c[j] - cnts[j]), base_mass + int(s[j] - masses[j])
+
+        def search(by_mass, target, masses):
+            qv = qm if masses else np.zeros(vocab, np.uint64)
+            mass_b = np.zeros(cf.BUCKETS, np.uint64)
+            np.add.at(mass_b, bucket, qv)
+            ranges = cf.BUCKETS // cf.CLUSTER
+            r, _, base_cnt, base_mass = select(cnt.reshape(cf.CLUSTER, ranges).sum(1),
+                                               mass_b.reshape(cf.CLUSTER, ranges).sum(1), by_mass, target, 0, 0)
+            j, count, base_cnt, base_mass = select(cnt[r * ranges:(r + 1) * ranges], mass_b[r * ranges:(r + 1) * ranges],
+                                                   by_mass, target, base_cnt, base_mass)
+            b = r * ranges + j
+            shift, prefix = 64, 0
+            member = bucket == b
+            if count > capacity and stats is not None:
+                stats.append(row)
+            while count > capacity:
+                shift -= 8
+                digit = ((word >> np.uint64(shift)) & np.uint64(255)).astype(np.int64)
+                dig_cnt = np.bincount(255 - digit[member], minlength=256)  # descending digits: better first
+                dig_mass = np.zeros(256, np.uint64)
+                np.add.at(dig_mass, 255 - digit[member], qv[member])
+                t, count, base_cnt, base_mass = select(dig_cnt, dig_mass, by_mass, target, base_cnt, base_mass)
+                prefix = (prefix << 8) | (255 - t)
+                member = member & (digit == 255 - t)
+            order = np.argsort(word[member])[::-1]  # descending words (unique: the index is in them)
+            cand, qc = word[member][order], qv[member][order]
+            assert len(cand) == count
+            incl = np.cumsum(qc)
+            if not by_mass:
+                i = target - base_cnt - 1
+                return int(cand[i]), base_mass + int(incl[i])
+            hit = np.nonzero((base_mass + incl - qc < target) & (target <= base_mass + incl))[0]
+            assert len(hit) == 1
+            return int(cand[hit[0]]), base_mass + int(incl[hit[0]])
+
+        cut, total = 0, int(qm.sum())
+        if use_k:
+            cut, total = search(False, kr, use_p)
+        if use_p:
+            limit = float(max(pr, np.float32(0))) * float(total)
+            target = int(np.ceil(limit))
+            found, _ = search(False, 1, False) if target == 0 else search(True, target, True)
+            cut = max(cut, found)
+        keep = word >= np.uint64(cut)
+        out[row] = torch.where(torch.from_numpy(keep), logits[row], NEG_INF)
+    return out
+
+
+def reference(logits, k, p):
+    keep = top_k_top_p_reference(logits, k, p)
+    return torch.where(keep, logits, torch.full((), NEG_INF))
+
+
+def assert_same(a, b):
+    torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("capacity", [CAPACITY, 16, 1])
+def test_emulated_search_on_hard_rows(capacity):
+    """The ten edge rows of the Triton filter's tests (ties, huge and -inf logits, NaN, p = 0 and below resolution,
+    signed zeros), with capacity 2,048 (the kernel's), 16 and 1 (every search narrows to a single word)."""
+    for vocab, seed in ((777, 0), (1001, 1), (4099, 2)):
+        x, k, p = hard_rows(vocab, seed)
+        stats = []
+        assert_same(emulate(x, k, p, capacity, stats), reference(x, k, p))
+        if capacity == 1:
+            assert len(stats) >= 6
+
+
+def test_emulated_search_on_the_bench_inputs_at_full_vocab():
+    """Gaussian N(0, 2^2), peaked (LLM-like) and bf16-rounded rows of V = 129,280, top-k 50 with top-p 0.9, top-p
+    0.9 alone, and a spread of p; no search of these narrows at the kernel's capacity."""
+    from dspark_markov.bench.verify_grid import filter_logits
+
+    gen = torch.Generator().manual_seed(3)
+    gaussian = torch.randn(4, 129_280, generator=gen) * 2
+    for kind in ("gaussian", "peaked", "bf16"):
+        x = filter_logits(kind, gaussian, gen)
+        for k, p in ((50, 0.9), (0, 0.9), (0, 0.5), (1000, 0.99), (0, 0.999)):
+            stats = []
+            kk, pp = torch.full((4,), k, dtype=torch.int64), torch.full((4,), p)
+            assert_same(emulate(x, kk, pp, stats=stats), reference(x, kk, pp))
+            assert not stats, (kind, k, p)
+
+
+def test_emulated_search_on_flat_and_tied_rows():
+    """Rows whose target bucket holds more than the capacity: all equal, two values, a narrow Gaussian, bf16 ties of
+    a narrow Gaussian; k and p across them; the narrowing passes resolve by index within ties."""
+    gen = torch.Generator().manual_seed(4)
+    vocab = 20_000
+    rows = torch.stack([torch.zeros(vocab), torch.randint(0, 2, (vocab,), generator=gen).float(),
+                        torch.randn(vocab, generator=gen) * 0.01,
+                        (torch.randn(vocab, generator=gen) * 0.05).to(torch.bfloat16).float(),
+                        torch.full((vocab,), -3.5)])
+    for k, p in ((0, 0.5), (7000, 1.0), (12345, 0.3), (0, 1e-9), (3, 0.999), (0, 0.0)):
+        stats = []
+        kk, pp = torch.full((5,), k, dtype=torch.int64), torch.full((5,), p)
+        assert_same(emulate(rows, kk, pp, stats=stats), reference(rows, kk, pp))
+        assert stats, (k, p)
+
+
+# --------------------------------------------------------------------------- gate, registry, checks
+def test_runs_only_when_opted_in_and_on_cuda(monkeypatch):
+    from dspark_markov import cuda
+
+    monkeypatch.delenv(cuda.UNVERIFIED_ENV, raising=False)
+    assert "has not run on a GPU" in cf.opt_in_reason() and "cuda_filter" in cf.opt_in_reason()
+    for value in ("cuda_filter", "1", "cuda_wide,cuda_filter"):
+        monkeypatch.setenv(cuda.UNVERIFIED_ENV, value)
+        assert cf.opt_in_reason() is None
+    assert registry.resolve("top_k_top_p", "auto", "cuda") == "triton"  # never picked by auto
+    assert registry.resolve("top_k_top_p", "cuda", "cuda") == "cuda"
+    with pytest.raises(ValueError, match="impl"):
+        dm.top_k_top_p(torch.randn(2, 300), 5, 0.9, impl="cuda")  # CPU tensors
+    with pytest.raises(ValueError, match="device"):
+        cf.CudaTopKTopPFilter(2, 300, "cpu")
+    monkeypatch.setattr(cuda, "availability", lambda *args, **kwargs: None)  # as if on an H200: only the checks
+    for rows, vocab, name in ((0, 300, "max_rows"), (2, 0, "vocab"), (2, 8 * cf.MAX_SLICE + 1, "vocab"),
+                              (True, 300, "max_rows")):
+        with pytest.raises(ValueError, match=name):
+            cf.CudaTopKTopPFilter(rows, vocab, "cuda")
+    monkeypatch.delenv(cuda.UNVERIFIED_ENV)
+    with pytest.raises(ValueError, match="has not run on a GPU"):
+        cf.CudaTopKTopPFilter(2, 300, "cuda")

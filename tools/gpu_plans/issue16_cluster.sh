@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# GPU plan for the cluster-resident top-k / top-p filter of issue 16 (top_k_top_p(impl="cuda"): cuda/filter.cu,
+# verify/cuda_filtering.py), written 2026-12-04 WITHOUT device time: it compiles for sm_90 (NVRTC 13.0, 98 registers,
+# no spill, 38 KB static + 64.6 KB dynamic shared memory: two blocks per SM) and its search is emulated on the CPU,
+# but it has NEVER RUN ON A GPU. Opt-in: DSPARK_MARKOV_UNVERIFIED=cuda_filter (set below). Run from the repository
+# root on an H200, PYTHONPATH=$PWD/src, one part per job:
+#   bash tools/gpu_plans/issue16_cluster.sh check     # budget ~90 s: exact at full shapes? (run this first)
+#   bash tools/gpu_plans/issue16_cluster.sh sanitize  # budget ~60 s: memcheck + racecheck + synccheck, small shape
+#   bash tools/gpu_plans/issue16_cluster.sh bench     # budget ~150 s: the bench's filter cases, Triton and cuda
+#   bash tools/gpu_plans/issue16_cluster.sh ncu       # budget ~80 s: where the time goes at 253 requests, p alone
+# Results go to $JOB_OUT (default ./gpu_plan_out). NVRTC builds filter.cu in ~1 s (cached on disk).
+# If the first launch fails with an invalid-configuration error: cuLaunchKernel is assumed to honour the
+# compile-time __cluster_dims__(8, 1, 1) (the CUDA guide: such a kernel launches with <<< >>>); the fallback is
+# cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION in cuda/build.py.
+set -u
+export PYTHONUNBUFFERED=1
+export DSPARK_MARKOV_UNVERIFIED=cuda_filter
+OUT=${JOB_OUT:-$PWD/gpu_plan_out}
+mkdir -p "$OUT"
+case "${1:-check}" in
+check)
+  # 1. (~60-80 s) tests/gpu/test_cuda_filtering_gpu.py (15): every input kind (Gaussian, peaked, bf16 ties, edge rows:
+  #    ties, a huge logit, -inf halves, all -inf, NaN) x every case (k + p, p, k, the mixed per-row cycles) at 6, 96
+  #    and 1518 rows, in and out of place; flat / tied rows through the narrowing passes; int32 k, scalars, a row
+  #    stride of V + 3 with misaligned rows; CUDA-graph replay with fresh values and no allocation. A failure in
+  #    the flat rows alone: the narrowing passes (df_search's loop); in every p case: the level-1 histogram or the
+  #    mass target; a hang (the job's timeout): a cluster barrier not reached by every thread.
+  timeout -k 2 110 python3 -m pytest -m gpu -q -x --durations=6 tests/gpu/test_cuda_filtering_gpu.py 2>&1 \
+    | tee "$OUT/cluster_tests.txt" | tail -15
+  ;;
+sanitize)
+  cat > "$OUT/cluster_call.py" <<'PY'
+import torch
+from dspark_markov.verify import cuda_filtering as cf
+gen = torch.Generator(device="cuda").manual_seed(0)
+x = torch.randn(16, 4096, generator=gen, device="cuda") * 2
+x[3] = 0.0  # a flat row: narrowing passes
+filt = cf.CudaTopKTopPFilter(16, 4096, "cuda")
+for k, p in ((50, 0.9), (None, 0.9), (7, None)):
+    y = x.clone()
+    filt.filter(y, k, p, y)
+torch.cuda.synchronize()
+print("calls done, narrowed searches:", int(filt.stats))
+PY
+  for tool in memcheck racecheck synccheck; do
+    timeout -k 2 55 compute-sanitizer --tool $tool --print-limit 30 python3 "$OUT/cluster_call.py" \
+      > "$OUT/cluster_sanitize_$tool.log" 2>&1 &
+  done
+  wait
+  for tool in memcheck racecheck synccheck; do echo "== $tool"; tail -4 "$OUT/cluster_sanitize_$tool.log"; done
+  ;;
+bench)
+  # 2. (~120-150 s) tools/time_filter.py --cuda: the bench's filter cases (Gaussian, peaked, bf16; k = 50 + p = 0.9 and
+  #    p = 0.9 alone; CUDA-graph replays, cold L2, in place, 3 rounds x 15 replays, each case checked against the
+  #    sort reference by its first call) for the Triton default layout AND impl="cuda" at 1 / 16 / 64 / 253 requests.
+  #    Expected for cuda (not measured): p alone ~20-30 / 35-60 / 120-200 / 400-600 us (targets 40 / 100 / 300 /
+  #    1,000); k + p about the same (the histogram pass dominates; targets 40 / 80 / 250 / 900). If it pays, commit
+  #    the files as benchmarks/results/NVIDIA-H200_<date>_cluster_filter_verify.{json,csv}, then consider making it
+  #    "auto" on sm_90 (registry "top_k_top_p") after dropping its opt-in gate.
+  timeout -k 2 170 python3 tools/time_filter.py --cuda 1,16,64,253 2>&1 | tee "$OUT/cluster_bench.txt"
+  ;;
+ncu)
+  # 3. (~60-80 s) one call per configuration under Nsight Compute (full set): 253 requests (1518 rows) p alone, Gaussian
+  #    and peaked; 1 request (6 rows) p alone. Read: dram throughput vs issue-slot utilisation, the shared-atomic
+  #    and cluster-barrier stalls (smsp__pcsamp_warps_issue_stalled_barrier / _membar), achieved occupancy (2 blocks).
+  cat > "$OUT/cluster_ncu.py" <<'PY'
+import sys
+import torch
+from dspark_markov.bench.verify_grid import filter_logits
+from dspark_markov.verify import cuda_filtering as cf
+for rows, kind in ((1518, "gaussian"), (1518, "peaked"), (6, "gaussian")):
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    x = filter_logits(kind, torch.randn(rows, 129_280, generator=gen, device="cuda") * 2, gen)
+    filt = cf.CudaTopKTopPFilter(rows, 129_280, "cuda")
+    p = torch.full((rows,), 0.9, device="cuda")
+    filt.filter(x.clone(), None, p, x.clone())
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    y = x.clone()
+    filt.filter(y, None, p, y)
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+PY
+  timeout -k 2 100 ncu --profile-from-start off --clock-control none --set full -k dm_filter \
+    -o "$OUT/cluster_ncu" -f python3 "$OUT/cluster_ncu.py" > "$OUT/cluster_ncu_log.txt" 2>&1
+  ncu --import "$OUT/cluster_ncu.ncu-rep" --page details 2>/dev/null \
+    | grep -E "Duration|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|Shared Memory Configuration" \
+    | tee "$OUT/cluster_ncu.txt"
+  ;;
+*)
+  echo "usage: $0 check|sanitize|bench|ncu" >&2
+  exit 2
+  ;;
+esac
