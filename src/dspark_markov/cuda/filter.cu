@@ -9,9 +9,9 @@
 //      8 partials through distributed shared memory: the row max m (a NaN row, an all -inf row or a row without
 //      top-k and top-p is left as it is, copied when out is not logits);
 //   2. one pass over the slice: bucket(x) = 0 where x == m, else min(floor((m - x) 64), 2047) (monotone in the
-//      ranking: better tokens never fall in a later bucket), and q (top-p only); a local histogram of
-//      (count << 48) + mass per bucket, one 64-bit shared atomic per token (a warp's tokens of the last bucket,
-//      e.g. -inf, in one); cluster barrier; block r sums buckets [256 r, 256 r + 256) over the 8 blocks;
+//      ranking: better tokens never fall in a later bucket), and q (top-p only); a local histogram of counts
+//      and masses per bucket in three 32-bit words (red.shared, no branch); cluster barrier; block r sums
+//      buckets [256 r, 256 r + 256) over the 8 blocks;
 //   3. a search finds the token at a target of the ranking: the k-th best (top-k), the first whose inclusive
 //      mass reaches L = ceil(p * S) (top-p; "mass before < p S" for an integer mass is "before < L"), or the
 //      best (p <= 0): the range (8 totals), the bucket (256 sums, a block scan), then, if the bucket holds more
@@ -25,11 +25,13 @@
 // no other block can read it.
 //
 // Bytes: the row read once and written once (2 x 4 V per row); the candidate exchanges stay on chip.
-// Instructions: ~45-55 per logit in step 2 with top-p (q: the 7-term polynomial with IEEE adds and multiplies,
-// floor, the 64-bit atomic), ~8 without (top-k alone), ~8 in steps 1 and 4.
-//
-// NOT RUN ON A GPU YET (written 2026-12-04 without a device): compiled for sm_90 with NVRTC; the search is
-// emulated on the CPU (tests/verify/test_cuda_filtering.py) and the weight / bucket / key helpers are compiled
+// Instructions (NVRTC 13.0 SASS): 49 per logit in step 2 with top-p (the weight ~30: the 7-term polynomial with
+// IEEE adds and multiplies, floor without conversions, one F2I.U64; bucket 5; three red.shared), ~10 without;
+// ~4 in step 1, ~6 in step 4. At 253 requests (1,518 rows): ~360 M warp instructions, ~350 us at the H200's
+// issue rate, against ~375 us to read and write the rows at 4.2 TB/s: two blocks per SM overlap one's loads with
+// the other's histogram.
+// NOT RUN ON A GPU YET (written 2026-12-04 without a device): compiled for sm_90 with NVRTC 13.0 (100 registers, no
+// spill; 47,312 bytes of static shared memory + the slice); the search is emulated on the CPU (tests/verify/test_cuda_filtering.py) and the weight / bucket / key helpers are compiled
 // as host C++ and compared with the torch reference bit for bit.
 #include "noise.cuh"
 
@@ -41,20 +43,27 @@ namespace dm {
 #define DF_RANGE (DF_NB / DF_C)  // buckets reduced by each block (= DF_T: one per thread)
 #define DF_CAP 2048       // most candidates gathered and sorted at once
 #define DF_SCALE 64.0f
-// A histogram bin of one block is two 32-bit words (native shared atomics; a 64-bit add would be a CAS loop):
-// lo = the mass mod 2^32, hi = count << 16 | mass >> 32 (a slice has <= 65,535 tokens and q <= 2^32, so a
-// block's bin holds < 2^48 of mass and the fields never overflow); the carry out of lo is added to hi.
+// A histogram bin of one block is three 32-bit words, each added by one red.shared (a 64-bit shared add would be a
+// CAS loop, and a carry between two words would make the add wait for the first's result): the count, the sum
+// of q & 0xFFFF and the sum of q >> 16 (a slice has <= 65,535 tokens and q <= 2^32: no word overflows).
 
 // ----------------------------------------------------------------- helpers (host C++ too: the CPU test)
 // filtering_reference.weight_fixed_point, bit for bit: q = trunc(exp(x - m) 2^32) by the software exp (Cody-Waite,
-// degree-7 Taylor, IEEE fp32 adds and multiplies in the reference's order). d < -22.5: q = 0 (exp(-22.5) 2^32 =
-// 0.72; the test checks every fp32 d in [-44, -22.5) against the reference), which also skips the clamp at -44.
+// degree-7 Taylor, IEEE fp32 adds and multiplies in the reference's order), without a branch. d < -22.5: q = 0
+// (exp(-22.5) 2^32 = 0.72; the test checks every fp32 d in [-44, -22.5) against the reference), so d is clamped at
+// -23 instead of -44 (n >= -34 keeps 2^(n + 32) normal); x == m (also +inf == +inf, where d is NaN): 2^32.
+// floor(y) without conversions (1/4 of the FP32 rate on sm_90): y + 1.5 2^23 rounds y (|y| < 2^22) to the nearest
+// integer f, whose bits are 0x4B400000 + f; floor(y) = f, or f - 1 where f > y.
 DM_HD u64 df_weight(float x, float m) {
-  if (x == m) return 1ull << 32;
   const float d = sub_rn(x, m);
-  if (!(d >= -22.5f)) return 0ull;
-  const float n = floorf(add_rn(mul_rn(d, 0x1.715476p+0f), 0.5f));
-  const float r = sub_rn(sub_rn(d, mul_rn(n, 0x1.63p-1f)), mul_rn(n, -0x1.bd0106p-13f));
+  const float dc = d >= -23.0f ? d : -23.0f;
+  const float y = add_rn(mul_rn(dc, 0x1.715476p+0f), 0.5f);
+  const float shifted = add_rn(y, 12582912.0f);
+  const float f = sub_rn(shifted, 12582912.0f);
+  const bool down = f > y;
+  const float n = down ? sub_rn(f, 1.0f) : f;
+  const i32 n_int = (i32)as_u32(shifted) - 0x4B400000 - (down ? 1 : 0);
+  const float r = sub_rn(sub_rn(dc, mul_rn(n, 0x1.63p-1f)), mul_rn(n, -0x1.bd0106p-13f));
   float poly = 0x1.a01a02p-13f;
   poly = add_rn(mul_rn(poly, r), 0x1.6c16c2p-10f);
   poly = add_rn(mul_rn(poly, r), 0x1.111112p-7f);
@@ -63,17 +72,17 @@ DM_HD u64 df_weight(float x, float m) {
   poly = add_rn(mul_rn(poly, r), 0.5f);
   poly = add_rn(mul_rn(poly, r), 1.0f);
   poly = add_rn(mul_rn(poly, r), 1.0f);
-  // poly 2^n 2^32 in one exact product (n >= -33: a normal power of two); truncated toward zero
-  const float scale = as_float((u32)((i32)n + 159) << 23);
-  return (u64)mul_rn(poly, scale);
+  // poly 2^n 2^32 in one exact product (a normal power of two), selected, then truncated toward zero
+  const float w = mul_rn(poly, as_float((u32)(n_int + 159) << 23));
+  return (u64)(x == m ? 4294967296.0f : (d >= -22.5f ? w : 0.0f));
 }
 
 // Level-1 bucket: 0 for the max itself (also +inf == +inf), else floor((m - x) 64) capped at DF_NB - 1. m - x is
 // rounded monotonically, so x1 >= x2 gives bucket(x1) <= bucket(x2).
-DM_HD u32 df_bucket(float x, float m) {
-  if (x == m) return 0u;
-  const float e = mul_rn(sub_rn(m, x), DF_SCALE);
-  return e < (float)(DF_NB - 1) ? (u32)e : (u32)(DF_NB - 1);
+DM_HD u32 df_bucket(float x, float m) {  // (no branch: selects; RN(x - m) (-64) = RN(m - x) 64, as df_weight's d)
+  const float e = mul_rn(sub_rn(x, m), -DF_SCALE);
+  const u32 b = e < (float)(DF_NB - 1) ? (u32)e : (u32)(DF_NB - 1);
+  return x == m ? 0u : b;
 }
 
 // The packed (key, index) word with its sign bit flipped: unsigned order = ranking order (larger = better).
@@ -145,25 +154,28 @@ __device__ __forceinline__ u32 df_atom_add(u32 addr, u32 v) {
   return old;
 }
 
-// One token into a histogram bin (module doc: the two-word bin).
-__device__ __forceinline__ void df_add(u32* lo, u32* hi, u32 bin, u64 q) {
-  const u32 low = (u32)q;
-  u32 carry = 0;
-  if (low != 0) {
-    const u32 old = atomicAdd(&lo[bin], low);
-    carry = old + low < old;
-  }
-  atomicAdd(&hi[bin], (1u << 16) + (u32)(q >> 32) + carry);
+__device__ __forceinline__ void df_red(u32 addr, u32 v) {  // shared-memory add, no result
+  asm volatile("red.shared.add.u32 [%0], %1;" :: "r"(addr), "r"(v) : "memory");
 }
-// The count and mass of bin `bin` summed over the cluster's blocks (their lo / hi arrays in shared memory).
-__device__ __forceinline__ void df_bin_sum(const u32* lo, const u32* hi, u32 bin, u64& cnt, u64& mass) {
+// One token into bin `bin` of a three-word histogram whose words start at shared address `base` (count, then
+// mass & 0xFFFF, then mass >> 16, `stride` bytes apart): three adds without a branch (q = 0 adds 0).
+__device__ __forceinline__ void df_add(u32 base, u32 stride, u32 bin, u64 q) {
+  const u32 a = base + 4u * bin;
+  df_red(a, 1u);
+  df_red(a + stride, (u32)q & 0xFFFFu);
+  df_red(a + 2u * stride, (u32)(q >> 16));
+}
+// The count and mass of bin `bin` of a three-word histogram (words from `words`, `stride` words apart) summed over
+// the cluster's blocks.
+__device__ __forceinline__ void df_bin_sum(const u32* words, u32 stride, u32 bin, u64& cnt, u64& mass) {
   cnt = 0;
   mass = 0;
+  const u32 a = df_addr(words + bin);
 #pragma unroll
   for (u32 r = 0; r < DF_C; ++r) {
-    const u32 h = df_ld32(df_map(df_addr(&hi[bin]), r)), l = df_ld32(df_map(df_addr(&lo[bin]), r));
-    cnt += h >> 16;
-    mass += ((u64)(h & 0xFFFFu) << 32) + l;
+    const u32 ra = df_map(a, r);
+    cnt += df_ld32(ra);
+    mass += df_ld32(ra + 4u * stride) + ((u64)df_ld32(ra + 8u * stride) << 16);
   }
 }
 
@@ -211,7 +223,7 @@ __device__ __forceinline__ void df_select(u64 cnt, u64 mass, bool by_mass, u64 t
 // The token at a target of the row's ranking (module doc, step 3): sh.found_word and sh.found_mass (the inclusive
 // mass of every token up to it). Called by every thread of every block of the cluster alike.
 __device__ __noinline__ void df_search(bool by_mass, u64 target, bool masses, const float* s_x, int n, i64 lo, float m,
-                          u64* s_hist, u64* s_cand, u32* s_rcnt, u64* s_rmass, u64* s_dig, FilterShared& sh,
+                          u64* s_hist, u64* s_cand, u32* s_rcnt, u64* s_rmass, u32* s_dig, FilterShared& sh,
                           u32 rank, const FilterArgs& a) {
   const int tid = threadIdx.x, lane = tid & 31;
   if (tid == 0) { sh.base_cnt = 0; sh.base_mass = 0; }
@@ -240,20 +252,19 @@ __device__ __noinline__ void df_search(bool by_mass, u64 target, bool masses, co
   const bool narrowed = count > DF_CAP;
   while (count > DF_CAP) {
     shift -= 8;
-    u32* dig_lo = reinterpret_cast<u32*>(s_dig);
-    u32* dig_hi = dig_lo + 256;
-    for (int i = tid; i < 512; i += DF_T) dig_lo[i] = 0;
+    for (int i = tid; i < 3 * 256; i += DF_T) s_dig[i] = 0;
     __syncthreads();
+    const u32 dig = df_addr(s_dig);
     for (int i = tid; i < n; i += DF_T) {
       const float x = s_x[i];
       if (df_bucket(x, m) != bucket) continue;
       const u64 w = df_word(x, lo + i);
       if (shift < 56 && (w >> (shift + 8)) != prefix) continue;
-      df_add(dig_lo, dig_hi, (u32)(w >> shift) & 255u, masses ? df_weight(x, m) : 0ull);
+      df_add(dig, 4u * 256u, (u32)(w >> shift) & 255u, masses ? df_weight(x, m) : 0ull);
     }
     df_cluster_sync();
     u64 cnt, mass;
-    df_bin_sum(dig_lo, dig_hi, 255u - (u32)tid, cnt, mass);  // descending digits: better first
+    df_bin_sum(s_dig, 256u, 255u - (u32)tid, cnt, mass);  // descending digits: better first
     df_select(cnt, mass, by_mass, target, sh);
     prefix = (prefix << 8) | (255u - sh.sel);
     count = sh.sel_cnt;
@@ -362,14 +373,13 @@ __device__ __forceinline__ void df_track(float x, float& mx, u32& nan) {
 
 extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 2) dm_filter(const FilterArgs a) {
   extern __shared__ __align__(16) float s_x[];  // [slice]: this block's tokens of the row
-  __shared__ u64 s_hist[DF_NB];                  // level-1 histogram; then the candidates' inclusive masses
+  __shared__ u64 s_hist[3 * DF_NB / 2];          // level-1 bins (3 x DF_NB words); then the candidates' masses
   __shared__ u64 s_cand[DF_CAP];                 // the gathered candidates (packed words), sorted
   __shared__ u64 s_rmass[DF_RANGE];              // this block's reduced buckets
   __shared__ u32 s_rcnt[DF_RANGE];
-  __shared__ u64 s_dig[256];                     // a narrowing pass's local histogram (256 lo, 256 hi words)
+  __shared__ u32 s_dig[3 * 256];                 // a narrowing pass's bins (3 x 256 words)
   __shared__ FilterShared sh;
-  u32* hist_lo = reinterpret_cast<u32*>(s_hist);  // the level-1 bins (module doc: two words per bin)
-  u32* hist_hi = hist_lo + DF_NB;
+  u32* bins = reinterpret_cast<u32*>(s_hist);  // the level-1 bins (three words each, DF_NB words apart)
   const u32 rank = df_rank();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const i64 row = blockIdx.x / DF_C, vocab = a.vocab, lo = (i64)rank * a.slice;
@@ -384,7 +394,7 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
   const float p = a.p_per_row ? reinterpret_cast<const float*>(a.p_ptr)[row] : (float)a.p_value;
   const bool use_k = k > 0 && k < vocab, use_p = p < 1.0f;
 
-  for (int i = tid; i < DF_NB; i += DF_T) s_hist[i] = 0;
+  for (int i = tid; i < 3 * DF_NB / 2; i += DF_T) s_hist[i] = 0;
   if (tid == 0) { sh.counter = 0; sh.cached_bucket = -1; sh.gathered = 0; }
   // 1. the slice into shared memory, its max and NaN flag
   float mx = -__int_as_float(0x7f800000);
@@ -438,35 +448,28 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
   __syncthreads();
   const float m = sh.m;
   if (sh.nan_row || m == -__int_as_float(0x7f800000) || !(use_k || use_p)) {  // left as it is
+    df_cluster_sync();  // the other blocks have read part_max / part_nan: no remote access after this
     if (copy) df_copy(s_x, dst, n, vec_out);
-    df_cluster_sync();  // the other blocks have read part_max / part_nan
     return;
   }
-  // 2. the level-1 histogram
+  // 2. the level-1 histogram (q only for top-p: top-k alone needs counts)
   {
-    const int rounds = (n + DF_T - 1) / DF_T;
-    for (int it = 0; it < rounds; ++it) {
-      const int i = it * DF_T + tid;
-      u32 b = DF_NB - 1;
-      u64 q = 0;
-      if (i < n) {
+    const u32 base = df_addr(bins);
+    if (use_p) {
+#pragma unroll 4
+      for (int i = tid; i < n; i += DF_T) {
         const float x = s_x[i];
-        b = df_bucket(x, m);
-        if (use_p) q = df_weight(x, m);
+        df_add(base, 4u * DF_NB, df_bucket(x, m), df_weight(x, m));
       }
-      const bool last = b == DF_NB - 1;  // q = 0 there (m - x >= 31.98); padding lanes too, adding nothing
-      const u32 ballot = __ballot_sync(0xFFFFFFFFu, last && i < n);
-      if (!last) {
-        df_add(hist_lo, hist_hi, b, q);
-      } else if (ballot != 0 && lane == __ffs(ballot) - 1) {
-        atomicAdd(&hist_hi[DF_NB - 1], (u32)__popc(ballot) << 16);
-      }
+    } else {  // top-k alone: counts
+#pragma unroll 4
+      for (int i = tid; i < n; i += DF_T) df_red(base + 4u * df_bucket(s_x[i], m), 1u);
     }
   }
   df_cluster_sync();
   {
     u64 cnt, mass;
-    df_bin_sum(hist_lo, hist_hi, rank * DF_RANGE + tid, cnt, mass);
+    df_bin_sum(bins, DF_NB, rank * DF_RANGE + tid, cnt, mass);
     s_rcnt[tid] = (u32)cnt;
     s_rmass[tid] = mass;
     df_scan2(cnt, mass, sh);
@@ -496,29 +499,32 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
     }
     cut = sh.found_word > cut ? sh.found_word : cut;
   }
-  // 4. the row written once
+  df_cluster_sync();  // the last remote access of the row is behind: the blocks may write and leave
+  // 4. the row written once: kept iff (x, index) ranks at or above the cut, i.e. x > cut value, or x equal to it
+  // (-0.0 == +0.0, as the keys) at an index not above the cut's (no cut: everything)
+  const float ninf = -__int_as_float(0x7f800000);
+  const float cut_x = cut == 0 ? ninf : df_word_value(cut);
+  const i64 cut_i = cut == 0 ? vocab : (i64)(0x7FFFFFFF - (i32)(cut & 0x7FFFFFFFull));
   if (vec_out) {
     for (int i = tid; i < n / 4; i += DF_T) {
       float4 f = reinterpret_cast<const float4*>(s_x)[i];
       const i64 t = lo + 4 * i;
-      const float ninf = -__int_as_float(0x7f800000);
-      f.x = df_word(f.x, t) >= cut ? f.x : ninf;
-      f.y = df_word(f.y, t + 1) >= cut ? f.y : ninf;
-      f.z = df_word(f.z, t + 2) >= cut ? f.z : ninf;
-      f.w = df_word(f.w, t + 3) >= cut ? f.w : ninf;
+      f.x = (f.x > cut_x || (f.x == cut_x && t <= cut_i)) ? f.x : ninf;
+      f.y = (f.y > cut_x || (f.y == cut_x && t + 1 <= cut_i)) ? f.y : ninf;
+      f.z = (f.z > cut_x || (f.z == cut_x && t + 2 <= cut_i)) ? f.z : ninf;
+      f.w = (f.w > cut_x || (f.w == cut_x && t + 3 <= cut_i)) ? f.w : ninf;
       store_cs16(dst + 4 * i, __float_as_uint(f.x), __float_as_uint(f.y), __float_as_uint(f.z), __float_as_uint(f.w));
     }
     for (int i = (n / 4) * 4 + tid; i < n; i += DF_T) {
       const float x = s_x[i];
-      dst[i] = df_word(x, lo + i) >= cut ? x : -__int_as_float(0x7f800000);
+      dst[i] = (x > cut_x || (x == cut_x && lo + i <= cut_i)) ? x : ninf;
     }
   } else {
     for (int i = tid; i < n; i += DF_T) {
       const float x = s_x[i];
-      dst[i] = df_word(x, lo + i) >= cut ? x : -__int_as_float(0x7f800000);
+      dst[i] = (x > cut_x || (x == cut_x && lo + i <= cut_i)) ? x : ninf;
     }
   }
-  df_cluster_sync();  // no block leaves while another may still read its shared memory
 }
 
 }  // namespace dm
