@@ -32,6 +32,7 @@ def opted_in(monkeypatch):
 def run(filt, x, k, p, in_place):
     out = x.clone() if in_place else torch.full_like(x, 123.0)
     filt.filter(out if in_place else x, k, p, out)
+    assert int(filt.stats[1]) == 0  # no search missed its target
     return out
 
 
@@ -102,3 +103,15 @@ def test_cuda_graph_replay_and_no_allocation(opted_in, rows):
         p.copy_(fresh_p.roll(seed))
         graph.replay()
         assert_same(static, reference(fresh, k, p))
+
+
+def test_two_vocabulary_sizes_in_one_process(opted_in):
+    """Filters of different V share the kernel: a small one built after a large one must not lower the large one's
+    shared-memory limit (the launch would fail)."""
+    big, small = logits("peaked", 6, seed=8), torch.randn(6, 4096, device="cuda") * 2
+    p = torch.full((6,), 0.9, device="cuda")
+    first = opted_in.CudaTopKTopPFilter(6, VOCAB, "cuda")
+    second = opted_in.CudaTopKTopPFilter(6, 4096, "cuda")
+    assert_same(run(first, big, None, p, in_place=True), reference(big, None, p))
+    assert_same(run(second, small, None, p, in_place=True), reference(small, None, p))
+    assert_same(run(first, big, None, p, in_place=False), reference(big, None, p))

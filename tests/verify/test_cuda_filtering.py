@@ -341,3 +341,10 @@ def test_runs_only_when_opted_in_and_on_cuda(monkeypatch):
     monkeypatch.delenv(cuda.UNVERIFIED_ENV)
     with pytest.raises(ValueError, match="has not run on a GPU"):
         cf.CudaTopKTopPFilter(2, 300, "cuda")
+
+
+def test_overlap_of_logits_and_out():
+    x = torch.zeros(4, 300)
+    assert cf._overlap(x, x) and cf._overlap(x, x[1:]) and cf._overlap(x[:, 5:], x[:, :5])
+    assert not cf._overlap(x[:2], x[2:]) and not cf._overlap(x, torch.zeros(4, 300))
+    assert not cf._overlap(x[:0], x)

@@ -171,6 +171,7 @@ _driver = None
 CU_FUNC_ATTRIBUTE_NUM_REGS = 4
 CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9  # percent of the unified L1 / shared memory as shared
 CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
 
 
@@ -235,6 +236,11 @@ class Kernels:
         _check_cu(self.lib, self.lib.cuFuncSetAttribute(self.functions[name],
                                                         CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                                         int(nbytes)), f"cuFuncSetAttribute({name})")
+
+    def set_attribute(self, name: str, attribute: int, value: int) -> None:
+        """``cuFuncSetAttribute`` (e.g. :data:`CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`)."""
+        _check_cu(self.lib, self.lib.cuFuncSetAttribute(self.functions[name], int(attribute), int(value)),
+                  f"cuFuncSetAttribute({name}, {attribute})")
 
     def blocks_per_sm(self, name: str, threads: int, smem: int) -> int:
         count = ctypes.c_int()

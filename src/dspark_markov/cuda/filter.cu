@@ -97,7 +97,7 @@ DM_HD float df_word_value(u64 word) { return word_key((i64)(word ^ (1ull << 63))
 namespace dm {
 
 struct FilterArgs {  // 8-byte fields (verify/cuda_filtering.py FilterArgs)
-  u64 logits, out, k_ptr, p_ptr, stats;  // stats: [1] int32 running total: searches that needed narrowing passes
+  u64 logits, out, k_ptr, p_ptr, stats;  // stats: [2] int32: searches that narrowed (running total), 1 = a search failed
   i64 rows, vocab, in_stride, out_stride, slice, k_value, k_per_row, k64, p_per_row;
   double p_value;  // the fp32 value of a scalar p (1: no top-p)
 };
@@ -204,9 +204,11 @@ __device__ __forceinline__ void df_scan2(u64& a, u64& b, FilterShared& sh) {
 // Thread t holds (count, mass) of the t-th item in ranking order (better first); selects the item where the target
 // falls: the count reaches `target` (by_mass false) or the mass does; it becomes sh.sel with sh.sel_cnt, and its
 // better items' count and mass are added to sh.base_cnt / base_mass. The caller guarantees the target is reached
-// within the items. Ends with a block barrier.
+// within the items; if no item holds it (a broken invariant), sh.sel is DF_NONE. Ends with a block barrier.
+#define DF_NONE 0xFFFFFFFFu
 __device__ __forceinline__ void df_select(u64 cnt, u64 mass, bool by_mass, u64 target, FilterShared& sh) {
   const u64 base_cnt = sh.base_cnt, base_mass = sh.base_mass;
+  if (threadIdx.x == 0) sh.sel = DF_NONE;  // (df_scan2's barriers order it before the selecting thread's write)
   u64 c = cnt, s = mass;
   df_scan2(c, s, sh);  // inclusive
   const u64 before = by_mass ? base_mass + s - mass : base_cnt + c - cnt;
@@ -220,11 +222,23 @@ __device__ __forceinline__ void df_select(u64 cnt, u64 mass, bool by_mass, u64 t
   __syncthreads();
 }
 
+// A search whose target no item held (never, unless an invariant broke: the sums are exact): the row keeps every
+// token (found_word 0) and stats[1] records it; every block of the cluster fails at the same selection, so the
+// cluster barrier here is matched (it also stands for the pass's barrier that would have followed).
+__device__ __noinline__ void df_fail(FilterShared& sh, u32* stats, u32 rank) {
+  if (threadIdx.x == 0) {
+    sh.found_word = 0;
+    sh.found_mass = 0;
+    if (rank == 0) atomicOr(stats + 1, 1u);
+  }
+  df_cluster_sync();
+}
+
 // The token at a target of the row's ranking (module doc, step 3): sh.found_word and sh.found_mass (the inclusive
 // mass of every token up to it). Called by every thread of every block of the cluster alike.
 __device__ __noinline__ void df_search(bool by_mass, u64 target, bool masses, const float* s_x, int n, i64 lo, float m,
                           u64* s_hist, u64* s_cand, u32* s_rcnt, u64* s_rmass, u32* s_dig, FilterShared& sh,
-                          u32 rank, const FilterArgs& a) {
+                          u32 rank, u32* stats) {
   const int tid = threadIdx.x, lane = tid & 31;
   if (tid == 0) { sh.base_cnt = 0; sh.base_mass = 0; }
   __syncthreads();
@@ -237,6 +251,7 @@ __device__ __noinline__ void df_search(bool by_mass, u64 target, bool masses, co
     }
     df_select(cnt, mass, by_mass, target, sh);
   }
+  if (sh.sel == DF_NONE) return df_fail(sh, stats, rank);
   const u32 range = sh.sel;
   // the bucket within it: one per thread
   {
@@ -244,6 +259,7 @@ __device__ __noinline__ void df_search(bool by_mass, u64 target, bool masses, co
     const u64 mass = df_ld64(df_map(df_addr(&s_rmass[tid]), range));
     df_select(cnt, mass, by_mass, target, sh);
   }
+  if (sh.sel == DF_NONE) return df_fail(sh, stats, rank);
   const u32 bucket = range * DF_RANGE + sh.sel;
   u32 count = sh.sel_cnt;
   // narrowing passes on the word's bits while the range is too large to sort
@@ -266,6 +282,7 @@ __device__ __noinline__ void df_search(bool by_mass, u64 target, bool masses, co
     u64 cnt, mass;
     df_bin_sum(s_dig, 256u, 255u - (u32)tid, cnt, mass);  // descending digits: better first
     df_select(cnt, mass, by_mass, target, sh);
+    if (sh.sel == DF_NONE) return df_fail(sh, stats, rank);
     prefix = (prefix << 8) | (255u - sh.sel);
     count = sh.sel_cnt;
     df_cluster_sync();  // every block has read every s_dig before the next pass clears its own
@@ -334,11 +351,13 @@ __device__ __noinline__ void df_search(bool by_mass, u64 target, bool masses, co
     if (tid == 0) {
       sh.cached_bucket = narrowed ? -1 : (i32)bucket;
       sh.gathered = 1;
-      if (narrowed && rank == 0) atomicAdd(reinterpret_cast<u32*>(a.stats), 1u);
+      if (narrowed && rank == 0) atomicAdd(stats, 1u);
     }
   }
   // the target among the candidates (base_* are the bucket's or the narrowed range's)
   const u64 base_cnt = sh.base_cnt, base_mass = sh.base_mass;
+  if (tid == 0) sh.found_word = 0;  // (a real word is > 0: 0 after the search means nothing matched)
+  __syncthreads();
   if (!by_mass) {
     if (tid == 0) {
       const int i = (int)(target - base_cnt) - 1;
@@ -355,6 +374,7 @@ __device__ __noinline__ void df_search(bool by_mass, u64 target, bool masses, co
     }
   }
   __syncthreads();
+  if (tid == 0 && rank == 0 && sh.found_word == 0) atomicOr(stats + 1, 2u);  // (never: a broken invariant)
 }
 
 __device__ __forceinline__ void df_copy(const float* s_x, float* dst, int n, bool vec) {
@@ -382,6 +402,7 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
   u32* bins = reinterpret_cast<u32*>(s_hist);  // the level-1 bins (three words each, DF_NB words apart)
   const u32 rank = df_rank();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  u32* stats = reinterpret_cast<u32*>(a.stats);
   const i64 row = blockIdx.x / DF_C, vocab = a.vocab, lo = (i64)rank * a.slice;
   const int n = (int)(lo < vocab ? (vocab - lo < a.slice ? vocab - lo : a.slice) : 0);
   const float* src = reinterpret_cast<const float*>(a.logits) + row * a.in_stride + lo;
@@ -480,7 +501,7 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
   u64 cut = 0;  // keep every token
   u64 total = 0;
   if (use_k) {
-    df_search(false, (u64)k, use_p, s_x, n, lo, m, s_hist, s_cand, s_rcnt, s_rmass, s_dig, sh, rank, a);
+    df_search(false, (u64)k, use_p, s_x, n, lo, m, s_hist, s_cand, s_rcnt, s_rmass, s_dig, sh, rank, stats);
     cut = sh.found_word;
     total = sh.found_mass;
   } else if (use_p) {
@@ -493,9 +514,9 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
     const double limit = (double)(p > 0.0f ? p : 0.0f) * (double)total;  // every sum < 2^53: exact in fp64
     const u64 target = (u64)ceil(limit);  // mass before < limit  <=>  mass before < ceil(limit)
     if (target == 0) {
-      df_search(false, 1ull, false, s_x, n, lo, m, s_hist, s_cand, s_rcnt, s_rmass, s_dig, sh, rank, a);
+      df_search(false, 1ull, false, s_x, n, lo, m, s_hist, s_cand, s_rcnt, s_rmass, s_dig, sh, rank, stats);
     } else {
-      df_search(true, target, true, s_x, n, lo, m, s_hist, s_cand, s_rcnt, s_rmass, s_dig, sh, rank, a);
+      df_search(true, target, true, s_x, n, lo, m, s_hist, s_cand, s_rcnt, s_rmass, s_dig, sh, rank, stats);
     }
     cut = sh.found_word > cut ? sh.found_word : cut;
   }

@@ -67,8 +67,15 @@ def smem_bytes(vocab: int) -> int:
 
 @functools.lru_cache(maxsize=None)
 def filter_kernels(device_index: int):
-    """The loaded ``filter.cu`` on one device (compiled with NVRTC or read from the disk cache)."""
-    return cuda.load_kernels("filter.cu", KERNELS, device_index)
+    """The loaded ``filter.cu`` on one device (compiled with NVRTC or read from the disk cache), its dynamic shared
+    memory limit raised once to the largest slice (a per-filter value would break the filters of larger V, which
+    share the function) and its carveout to all shared memory (two blocks per SM need ~219 KB)."""
+    from ..cuda import build
+
+    kernels = cuda.load_kernels("filter.cu", KERNELS, device_index)
+    kernels.set_dynamic_smem(KERNELS[0], MAX_SLICE * 4)
+    kernels.set_attribute(KERNELS[0], build.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
+    return kernels
 
 
 def opt_in_reason() -> str | None:
@@ -86,9 +93,11 @@ class CudaTopKTopPFilter:
 
     ``filter(logits, k, p, out)`` has :class:`.triton_filtering.TopKTopPFilter`'s interface: ``logits`` ``[B, V]``
     fp32 CUDA (last stride 1), ``k`` / ``p`` None, Python scalars or validated ``[B]`` tensors (int32 / int64,
-    fp32; ``filtering._check``), ``out`` ``[B, V]`` fp32 (may be ``logits``: in place). One launch of ``B * 8``
-    blocks; nothing allocated per call (CUDA-graph safe). ``stats`` (``[1]`` int32, CUDA) counts the searches that
-    needed narrowing passes (flat or heavily tied buckets), a running total.
+    fp32; ``filtering._check``), ``out`` ``[B, V]`` fp32 (``logits`` itself: in place; any other overlap is refused).
+    One launch of ``B * 8`` blocks; nothing allocated per call (CUDA-graph safe). ``stats`` (``[2]`` int32, CUDA):
+    ``[0]`` counts the searches that needed narrowing passes (flat or heavily tied buckets), a running total;
+    ``[1]`` is non-zero if a search ever found no token at its target (a broken invariant: that row kept every
+    token; the GPU tests require 0).
     """
 
     def __init__(self, max_rows: int, vocab: int, device):
@@ -109,8 +118,7 @@ class CudaTopKTopPFilter:
         self.slice = slice_len(vocab)
         self.smem = smem_bytes(vocab)
         self.kernels = filter_kernels(device.index)
-        self.kernels.set_dynamic_smem(KERNELS[0], self.smem)
-        self.stats = torch.zeros(1, dtype=torch.int32, device=device)
+        self.stats = torch.zeros(2, dtype=torch.int32, device=device)
 
     def filter(self, logits, k, p, out):
         """Filter ``logits [B <= max_rows, vocab]`` into ``out`` (may be ``logits``); see the class doc."""
@@ -119,8 +127,8 @@ class CudaTopKTopPFilter:
             raise ValueError(f"logits: expected [<= {self.max_rows}, {self.vocab}] on {self.device}, got "
                              f"{list(logits.shape)} on {logits.device}")
         same = out.data_ptr() == logits.data_ptr()
-        if same and out.stride() != logits.stride():
-            raise ValueError("out: shares logits' memory with other strides (pass logits itself to filter in place)")
+        if (same and out.stride() != logits.stride()) or (not same and _overlap(logits, out)):
+            raise ValueError("out: overlaps logits without being it (pass logits itself to filter in place)")
         if rows == 0 or (k is None and p is None):
             if not same:
                 out.copy_(logits)
@@ -137,6 +145,16 @@ class CudaTopKTopPFilter:
         stream = torch.cuda.current_stream(self.device).cuda_stream
         self.kernels.launch(KERNELS[0], rows * CLUSTER, THREADS, self.smem, stream, [args])
         return out
+
+
+def _overlap(a, b) -> bool:
+    """Whether the memory spans of two ``[B, V]`` fp32 tensors (last stride 1) intersect."""
+    def span(t):
+        start = t.data_ptr()
+        return start, start + ((t.shape[0] - 1) * t.stride(0) + t.shape[1]) * t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a.numel() > 0 and b.numel() > 0 and a0 < b1 and b0 < a1
 
 
 _FILTERS: dict = {}
