@@ -115,3 +115,24 @@ def test_two_vocabulary_sizes_in_one_process(opted_in):
     assert_same(run(first, big, None, p, in_place=True), reference(big, None, p))
     assert_same(run(second, small, None, p, in_place=True), reference(small, None, p))
     assert_same(run(first, big, None, p, in_place=False), reference(big, None, p))
+
+
+@pytest.mark.parametrize("rows", [6, 1518])
+def test_raw_logits_with_temperature(opted_in, rows):
+    """Raw logits and a per-row temperature (0, 0.6, 1, 1.7, ... cycling; a scalar too): the kernel divides as it loads
+    (IEEE x / T) and equals the filter of the pre-divided rows bit for bit, for every case, in and out of place."""
+    from dspark_markov.draft.reference import scaled_logits
+
+    temp = torch.tensor([0.0, 0.6, 1.0, 1.7, 0.25], device="cuda").repeat(rows // 5 + 1)[:rows].contiguous()
+    filt = opted_in.CudaTopKTopPFilter(rows, VOCAB, "cuda")
+    for index, kind in enumerate(("peaked", "bf16", "edge")):
+        x = logits(kind, rows, seed=9)
+        for case in CASES:
+            k, p = parameters(case, rows)
+            expected = reference(scaled_logits(x, temp), k, p)
+            out = x.clone() if index % 2 == 0 else torch.full_like(x, 3.0)
+            filt.filter(x if index % 2 else out, k, p, out, temp)
+            assert_same(out, expected)
+        assert_same(dm.top_k_top_p(x.clone(), None, 0.9, impl="cuda", temperature=0.6),
+                    reference(scaled_logits(x, torch.full((rows,), 0.6, device="cuda")), None, 0.9))
+    assert int(filt.stats[1]) == 0

@@ -348,3 +348,27 @@ def test_overlap_of_logits_and_out():
     assert cf._overlap(x, x) and cf._overlap(x, x[1:]) and cf._overlap(x[:, 5:], x[:, :5])
     assert not cf._overlap(x[:2], x[2:]) and not cf._overlap(x, torch.zeros(4, 300))
     assert not cf._overlap(x[:0], x)
+
+
+def test_raw_logits_with_temperature_equal_the_filter_of_the_divided_rows():
+    """top_k_top_p(raw, k, p, temperature=T): the reference divides first (x / T, T = 0 unscaled) and filters; the
+    result is the filter of scaled_logits(raw, T), in and out of place, scalar and per-row T (the CUDA filter, which
+    divides as it loads, is compared with this on the H200). The Triton filter refuses it (ValueError)."""
+    from dspark_markov.draft.reference import scaled_logits
+
+    x, k, p = hard_rows(1001, 3)
+    temp = torch.tensor([0.6, 0.0, 1.0, 2.5, 0.7, 0.3, 1.3, 0.0, 0.9, 1.7])
+    expected = reference(scaled_logits(x, temp), k, p)
+    assert_same(dm.top_k_top_p(x.clone(), k, p, impl="reference", temperature=temp), expected)
+    out = torch.full_like(x, 5.0)
+    assert_same(dm.top_k_top_p(x, k, p, impl="reference", out=out, temperature=temp), expected)
+    assert_same(out, expected)
+    ones = torch.full((10,), 0.7)
+    assert_same(dm.top_k_top_p(x.clone(), None, None, impl="reference", temperature=0.7), scaled_logits(x, ones))
+    assert_same(dm.top_k_top_p(x.clone(), 50, 0.9, impl="reference", temperature=0.7),
+                reference(scaled_logits(x, ones), torch.full((10,), 50), torch.full((10,), 0.9)))
+    with pytest.raises(ValueError, match="temperature"):
+        dm.top_k_top_p(x.clone(), k, p, impl="triton", temperature=temp)
+    for bad in (-1.0, float("nan"), torch.ones(3), torch.ones(10, dtype=torch.float64), "hot"):
+        with pytest.raises(ValueError, match="temperature"):
+            dm.top_k_top_p(x.clone(), k, p, impl="reference", temperature=bad)

@@ -3,6 +3,10 @@
 // Semantics: verify/filtering.py's module doc, bit for bit (the kept set of the stable sort reference; masses are
 // exact integer sums of q = trunc(exp(x - max) 2^32) from the software exp of filtering_reference.weight_fixed_point).
 //
+// Raw logits (t_ptr / t_value): every value is divided by the row's temperature as it is loaded (x / T, the IEEE
+// division; T = 0 unscaled), and the filter works on, and writes, the divided row: the output is bit for bit the
+// filter of the pre-divided logits, without a separate temperature pass (issue 18).
+//
 // One launch, one cluster of DF_C = 8 blocks per row; block `rank` holds tokens [rank S, rank S + S) of the row in
 // shared memory (S = ceil(V / 8) rounded up to 4: 64,640 bytes at V = 129,280, two blocks per SM):
 //   1. load the slice once (16-byte streaming loads), its max and NaN flag; cluster barrier; every block reads the
@@ -100,6 +104,9 @@ struct FilterArgs {  // 8-byte fields (verify/cuda_filtering.py FilterArgs)
   u64 logits, out, k_ptr, p_ptr, stats;  // stats: [2] int32: searches that narrowed (running total), 1 = a search failed
   i64 rows, vocab, in_stride, out_stride, slice, k_value, k_per_row, k64, p_per_row;
   double p_value;  // the fp32 value of a scalar p (1: no top-p)
+  u64 t_ptr;       // [rows] fp32 temperatures (t_per_row), or a scalar t_value: the logits are RAW, divided first
+  i64 t_per_row;
+  double t_value;  // the fp32 value of a scalar temperature (1: none; 0: unscaled)
 };
 
 struct FilterShared {
@@ -407,7 +414,10 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
   const int n = (int)(lo < vocab ? (vocab - lo < a.slice ? vocab - lo : a.slice) : 0);
   const float* src = reinterpret_cast<const float*>(a.logits) + row * a.in_stride + lo;
   float* dst = reinterpret_cast<float*>(a.out) + row * a.out_stride + lo;
-  const bool copy = a.out != a.logits || a.out_stride != a.in_stride;
+  // raw logits: x / T (IEEE division, as torch's z / T) where T is neither 0 (unscaled) nor 1 (x / 1 = x)
+  const float t = a.t_per_row ? reinterpret_cast<const float*>(a.t_ptr)[row] : (float)a.t_value;
+  const bool divide = t != 0.0f && t != 1.0f;
+  const bool copy = divide || a.out != a.logits || a.out_stride != a.in_stride;  // the output differs from the input
   const bool vec_in = ((reinterpret_cast<u64>(src)) & 15) == 0, vec_out = ((reinterpret_cast<u64>(dst)) & 15) == 0;
 
   const i64 k = a.k_per_row ? (a.k64 ? reinterpret_cast<const i64*>(a.k_ptr)[row]
@@ -423,13 +433,20 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
   if (vec_in) {
     for (int i = tid; i < n / 4; i += DF_T) {
       const uint4 v = load_cs16(src + 4 * i);
-      const float4 f = make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w));
+      float4 f = make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w));
+      if (divide) f = make_float4(__fdiv_rn(f.x, t), __fdiv_rn(f.y, t), __fdiv_rn(f.z, t), __fdiv_rn(f.w, t));
       reinterpret_cast<float4*>(s_x)[i] = f;
       df_track(f.x, mx, nan); df_track(f.y, mx, nan); df_track(f.z, mx, nan); df_track(f.w, mx, nan);
     }
-    for (int i = (n / 4) * 4 + tid; i < n; i += DF_T) { s_x[i] = src[i]; df_track(s_x[i], mx, nan); }
+    for (int i = (n / 4) * 4 + tid; i < n; i += DF_T) {
+      s_x[i] = divide ? __fdiv_rn(src[i], t) : src[i];
+      df_track(s_x[i], mx, nan);
+    }
   } else {
-    for (int i = tid; i < n; i += DF_T) { s_x[i] = src[i]; df_track(s_x[i], mx, nan); }
+    for (int i = tid; i < n; i += DF_T) {
+      s_x[i] = divide ? __fdiv_rn(src[i], t) : src[i];
+      df_track(s_x[i], mx, nan);
+    }
   }
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) {

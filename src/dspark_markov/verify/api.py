@@ -124,7 +124,9 @@ def verify_drafts(target_logits, draft_tokens, logits_cache, num_drafts, idx_map
         may filter the RAW logits first (``top_k_top_p(raw, k)``; dividing by T > 0 keeps the order,
         -inf stays -inf, so the kept set is the same except at ties that the division's rounding
         creates at the k-th value); top-p depends on T: divide first (``scale_target``), filter,
-        and pass the filtered logits pre-divided (no ``target_temperature``).
+        and pass the filtered logits pre-divided (no ``target_temperature``), or let the filter
+        divide as it reads the rows: ``top_k_top_p(raw, k, p, temperature=T_rows, impl="cuda")``
+        writes the divided, filtered rows in one pass (bit for bit the same as dividing first).
 
     Returns
     -------

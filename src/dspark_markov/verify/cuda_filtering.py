@@ -51,7 +51,8 @@ class FilterArgs(ctypes.Structure):
 
     _fields_ = [(name, ctypes.c_uint64) for name in ("logits", "out", "k_ptr", "p_ptr", "stats")] + [
         (name, ctypes.c_int64) for name in ("rows", "vocab", "in_stride", "out_stride", "slice", "k_value", "k_per_row",
-                                            "k64", "p_per_row")] + [("p_value", ctypes.c_double)]
+                                            "k64", "p_per_row")] + [("p_value", ctypes.c_double), ("t_ptr", ctypes.c_uint64),
+                                                                     ("t_per_row", ctypes.c_int64), ("t_value", ctypes.c_double)]
 
 
 def slice_len(vocab: int) -> int:
@@ -120,8 +121,13 @@ class CudaTopKTopPFilter:
         self.kernels = filter_kernels(device.index)
         self.stats = torch.zeros(2, dtype=torch.int32, device=device)
 
-    def filter(self, logits, k, p, out):
-        """Filter ``logits [B <= max_rows, vocab]`` into ``out`` (may be ``logits``); see the class doc."""
+    def filter(self, logits, k, p, out, temperature=None):
+        """Filter ``logits [B <= max_rows, vocab]`` into ``out`` (may be ``logits``); see the class doc.
+
+        ``temperature`` (None, a Python float or a validated ``[B]`` fp32 tensor): the logits are RAW; each row is
+        divided by its temperature first (the IEEE ``x / T``; ``T == 0`` unscaled) and ``out`` receives the filter
+        of the divided row, bit for bit what filtering ``draft.reference.scaled_logits(logits, T)`` gives.
+        """
         rows, vocab = logits.shape
         if rows > self.max_rows or vocab != self.vocab or logits.device != self.device:
             raise ValueError(f"logits: expected [<= {self.max_rows}, {self.vocab}] on {self.device}, got "
@@ -129,11 +135,12 @@ class CudaTopKTopPFilter:
         same = out.data_ptr() == logits.data_ptr()
         if (same and out.stride() != logits.stride()) or (not same and _overlap(logits, out)):
             raise ValueError("out: overlaps logits without being it (pass logits itself to filter in place)")
-        if rows == 0 or (k is None and p is None):
+        if rows == 0 or (k is None and p is None and temperature is None):
             if not same:
                 out.copy_(logits)
             return out
         k_per_row, p_per_row = isinstance(k, torch.Tensor), isinstance(p, torch.Tensor)
+        t_per_row = isinstance(temperature, torch.Tensor)
         args = FilterArgs(
             logits=logits.data_ptr(), out=out.data_ptr(), k_ptr=k.data_ptr() if k_per_row else 0,
             p_ptr=p.data_ptr() if p_per_row else 0, stats=self.stats.data_ptr(), rows=rows, vocab=vocab,
@@ -141,10 +148,17 @@ class CudaTopKTopPFilter:
             k_value=0 if k_per_row or k is None else max(min(int(k), 2**62), -(2**62)),
             k_per_row=int(k_per_row), k64=int(k_per_row and k.dtype == torch.int64), p_per_row=int(p_per_row),
             # a scalar p as the fp32 value the reference compares (torch.full(..., p) is fp32)
-            p_value=1.0 if p_per_row or p is None else float(torch.tensor(float(p), dtype=torch.float32)))
+            p_value=1.0 if p_per_row or p is None else _fp32(p),
+            t_ptr=temperature.data_ptr() if t_per_row else 0, t_per_row=int(t_per_row),
+            t_value=1.0 if t_per_row or temperature is None else _fp32(temperature))
         stream = torch.cuda.current_stream(self.device).cuda_stream
         self.kernels.launch(KERNELS[0], rows * CLUSTER, THREADS, self.smem, stream, [args])
         return out
+
+
+def _fp32(value) -> float:
+    """The fp32 value of a Python scalar (the reference compares ``torch.full(..., value)``, fp32)."""
+    return float(torch.tensor(float(value), dtype=torch.float32))
 
 
 def _overlap(a, b) -> bool:
@@ -160,13 +174,13 @@ def _overlap(a, b) -> bool:
 _FILTERS: dict = {}
 
 
-def launch_top_k_top_p(logits, k, p, out):
-    """Filter ``logits`` into ``out`` through a cached :class:`CudaTopKTopPFilter` of this shape (allocated the
-    first time a shape, or a larger batch of it, is seen)."""
+def launch_top_k_top_p(logits, k, p, out, temperature=None):
+    """Filter ``logits`` (RAW when ``temperature`` is given) into ``out`` through a cached
+    :class:`CudaTopKTopPFilter` of this shape (allocated the first time a shape, or a larger batch of it, is seen)."""
     rows, vocab = logits.shape
     key = (logits.device, vocab)
     filt = _FILTERS.get(key)
     if filt is None or filt.max_rows < rows:
         filt = CudaTopKTopPFilter(max(rows, 1), vocab, logits.device)
         _FILTERS[key] = filt
-    return filt.filter(logits, k, p, out)
+    return filt.filter(logits, k, p, out, temperature)

@@ -60,7 +60,7 @@ def _per_row(name, value, rows, device, dtypes, kind):
     return float(value)
 
 
-def _check(logits, k, p, impl, out):
+def _check(logits, k, p, impl, out, temperature=None):
     if impl not in IMPLS:
         raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
     check_tensor("logits", logits, dim=2, dtypes=(torch.float32,), last_stride_one=True)
@@ -74,11 +74,16 @@ def _check(logits, k, p, impl, out):
     if out is not None:
         check_tensor("out", out, shape=logits.shape, dtypes=(torch.float32,), device=logits.device,
                      last_stride_one=True)
-    return k, p
+    if temperature is not None:
+        temperature = _per_row("temperature", temperature, rows, logits.device, (torch.float32,), float)
+        if impl == "triton":
+            raise ValueError("temperature: raw logits divided inside the filter are implemented by impl='cuda' and "
+                             "'reference'; with 'triton' divide first (draft.reference.scaled_logits)")
+    return k, p, temperature
 
 
 # --------------------------------------------------------------------------- public function
-def top_k_top_p(logits, k=None, p=None, *, impl=registry.DEFAULT_IMPL, out=None):
+def top_k_top_p(logits, k=None, p=None, *, impl=registry.DEFAULT_IMPL, out=None, temperature=None):
     """Mask all but the top-k / top-p tokens of each row with ``-inf`` (semantics: module doc).
 
     Parameters
@@ -99,6 +104,12 @@ def top_k_top_p(logits, k=None, p=None, *, impl=registry.DEFAULT_IMPL, out=None)
         has not run on a GPU). Never falls back silently.
     out : torch.Tensor, optional
         ``[B, V]`` fp32 output (last stride 1); ``logits`` is then left unchanged.
+    temperature : float, torch.Tensor or None
+        Raw logits: a scalar (``>= 0``) or per-row ``[B]`` fp32 temperature; each row is divided
+        by it first (the IEEE ``x / T``, ``T == 0`` unscaled, as ``draft.reference.scaled_logits``)
+        and the result is the filter of the divided row, bit for bit, written to ``out`` (or
+        ``logits``): the temperature pass fused into the filter (issue 18). ``impl="cuda"`` divides
+        as it loads each row (no extra pass); ``"reference"`` divides first; ``"triton"`` refuses it.
 
     Returns
     -------
@@ -116,12 +127,25 @@ def top_k_top_p(logits, k=None, p=None, *, impl=registry.DEFAULT_IMPL, out=None)
     """
     if isinstance(logits, torch.Tensor):
         impl = registry.resolve("top_k_top_p", impl, logits.device)
-    k, p = _check(logits, k, p, impl, out)
+    k, p, temperature = _check(logits, k, p, impl, out, temperature)
     registry.check_capturable("top_k_top_p", impl, logits.device)
     target = logits if out is None else out
+    if impl == "cuda":
+        from . import cuda_filtering  # noqa: PLC0415
+
+        if logits.device.type != "cuda":
+            raise ValueError(f"impl: 'cuda' filters CUDA tensors, got logits on {logits.device}")
+        cuda_filtering.launch_top_k_top_p(logits, k, p, target, temperature)
+        return target
+    if temperature is not None:  # (the reference: divide first, then filter the divided rows)
+        from ..draft.reference import scaled_logits  # noqa: PLC0415
+
+        rows = logits.shape[0]
+        temp = temperature if isinstance(temperature, torch.Tensor) else torch.full((rows,), temperature)
+        logits = scaled_logits(logits, temp.to(device=logits.device, dtype=torch.float32))
     if k is None and p is None:
-        if out is not None:
-            out.copy_(logits)
+        if target is not logits:
+            target.copy_(logits)
         return target
     if impl == "reference":
         rows, vocab = logits.shape
@@ -131,13 +155,6 @@ def top_k_top_p(logits, k=None, p=None, *, impl=registry.DEFAULT_IMPL, out=None)
             device=logits.device, dtype=torch.float32)
         keep = top_k_top_p_reference(logits, k_rows, p_rows)
         torch.where(keep, logits, torch.full((), float("-inf"), device=logits.device), out=target)
-        return target
-    if impl == "cuda":
-        from . import cuda_filtering  # noqa: PLC0415
-
-        if logits.device.type != "cuda":
-            raise ValueError(f"impl: 'cuda' filters CUDA tensors, got logits on {logits.device}")
-        cuda_filtering.launch_top_k_top_p(logits, k, p, target)
         return target
     check_triton_runs(impl, logits.device)
     from . import triton_filtering  # noqa: PLC0415  (Triton is imported only when used)
