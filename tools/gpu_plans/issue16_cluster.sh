@@ -19,7 +19,7 @@ OUT=${JOB_OUT:-$PWD/gpu_plan_out}
 mkdir -p "$OUT"
 case "${1:-check}" in
 check)
-  # 1. (~60-80 s) tests/gpu/test_cuda_filtering_gpu.py (18): every input kind (Gaussian, peaked, bf16 ties, edge rows:
+  # 1. (~60-80 s) tests/gpu/test_cuda_filtering_gpu.py (19): every input kind (Gaussian, peaked, bf16 ties, edge rows:
   #    ties, a huge logit, -inf halves, all -inf, NaN) x every case (k + p, p, k, the mixed per-row cycles) at 6, 96
   #    and 1518 rows, in and out of place; flat / tied rows through the narrowing passes; int32 k, scalars, a row
   #    stride of V + 3 with misaligned rows; CUDA-graph replay with fresh values and no allocation; two vocabulary
