@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU plan for the cluster-resident top-k / top-p filter of issue 16 (top_k_top_p(impl="cuda"): cuda/filter.cu,
-# verify/cuda_filtering.py), written 2026-12-04 WITHOUT device time: it compiles for sm_90 (NVRTC 13.0, 100 registers,
+# verify/cuda_filtering.py), written 2026-12-04 WITHOUT device time: it compiles for sm_90 (NVRTC 13.0, 99 registers,
 # no spill, 46 KB static + 64.6 KB dynamic shared memory: two blocks per SM) and its search is emulated on the CPU,
 # but it has NEVER RUN ON A GPU. Opt-in: DSPARK_MARKOV_UNVERIFIED=cuda_filter (set below). Run from the repository
 # root on an H200, PYTHONPATH=$PWD/src, one part per job:

@@ -34,7 +34,7 @@
 // ~4 in step 1, ~6 in step 4. At 253 requests (1,518 rows): ~360 M warp instructions, ~350 us at the H200's
 // issue rate, against ~375 us to read and write the rows at 4.2 TB/s: two blocks per SM overlap one's loads with
 // the other's histogram.
-// NOT RUN ON A GPU YET (written 2026-12-04 without a device): compiled for sm_90 with NVRTC 13.0 (100 registers, no
+// NOT RUN ON A GPU YET (written 2026-12-04 without a device): compiled for sm_90 with NVRTC 13.0 (99 registers, no
 // spill; 47,312 bytes of static shared memory + the slice); the search is emulated on the CPU (tests/verify/test_cuda_filtering.py) and the weight / bucket / key helpers are compiled
 // as host C++ and compared with the torch reference bit for bit.
 #include "noise.cuh"
@@ -47,6 +47,7 @@ namespace dm {
 #define DF_RANGE (DF_NB / DF_C)  // buckets reduced by each block (= DF_T: one per thread)
 #define DF_CAP 2048       // most candidates gathered and sorted at once
 #define DF_SCALE 64.0f
+#define DF_LOADS 8        // 16-byte loads in flight per thread while the slice is read
 // A histogram bin of one block is three 32-bit words, each added by one red.shared (a 64-bit shared add would be a
 // CAS loop, and a carry between two words would make the add wait for the first's result): the count, the sum
 // of q & 0xFFFF and the sum of q >> 16 (a slice has <= 65,535 tokens and q <= 2^32: no word overflows).
@@ -431,12 +432,27 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
   float mx = -__int_as_float(0x7f800000);
   u32 nan = 0;
   if (vec_in) {
-    for (int i = tid; i < n / 4; i += DF_T) {
-      const uint4 v = load_cs16(src + 4 * i);
-      float4 f = make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w));
-      if (divide) f = make_float4(__fdiv_rn(f.x, t), __fdiv_rn(f.y, t), __fdiv_rn(f.z, t), __fdiv_rn(f.w, t));
-      reinterpret_cast<float4*>(s_x)[i] = f;
-      df_track(f.x, mx, nan); df_track(f.y, mx, nan); df_track(f.z, mx, nan); df_track(f.w, mx, nan);
+    // DF_LOADS 16-byte loads in flight per thread (32 KB per block) before any is used: the slice arrives in two
+    // round trips of HBM latency instead of one per 8 KB
+    const int n4 = n / 4;
+    for (int first = 0; first < n4; first += DF_LOADS * DF_T) {
+      uint4 v[DF_LOADS];
+#pragma unroll
+      for (int u = 0; u < DF_LOADS; ++u) {
+        const int i = first + u * DF_T + tid;
+        if (i < n4) v[u] = load_cs16(src + 4 * i);
+      }
+#pragma unroll
+      for (int u = 0; u < DF_LOADS; ++u) {
+        const int i = first + u * DF_T + tid;
+        if (i < n4) {
+          float4 f = make_float4(__uint_as_float(v[u].x), __uint_as_float(v[u].y), __uint_as_float(v[u].z),
+                                 __uint_as_float(v[u].w));
+          if (divide) f = make_float4(__fdiv_rn(f.x, t), __fdiv_rn(f.y, t), __fdiv_rn(f.z, t), __fdiv_rn(f.w, t));
+          reinterpret_cast<float4*>(s_x)[i] = f;
+          df_track(f.x, mx, nan); df_track(f.y, mx, nan); df_track(f.z, mx, nan); df_track(f.w, mx, nan);
+        }
+      }
     }
     for (int i = (n / 4) * 4 + tid; i < n; i += DF_T) {
       s_x[i] = divide ? __fdiv_rn(src[i], t) : src[i];
