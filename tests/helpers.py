@@ -596,3 +596,52 @@ def special_rows_inputs(rows, steps, vocab, seed=17):
     base[3, 1, :] = 3.0e38
     base[2, 2, 5_000] = float("inf")
     return inputs
+
+
+def sm90_compile_log(source: str, tmp_path, nvcc_defines=()):
+    """``(log, nvrtc)``: the ``-Xptxas -v`` log of ``cuda/<source>`` compiled for sm_90 with the package's NVRTC
+    path (``nvrtc`` True), else with ``nvcc -cubin`` and ``nvcc_defines`` (e.g. fewer entry points); the test is
+    skipped when neither compiler is available."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    from dspark_markov.cuda import build
+
+    try:
+        cubin, log = build.compile_cubin(source, verbose=True)
+        assert len(cubin) > 0
+        return log, True
+    except build.BuildError as error:
+        if "no NVRTC library" not in str(error):
+            raise
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip(f"neither NVRTC (libnvrtc.so) nor nvcc is available to compile {source} for sm_90")
+    result = subprocess.run([nvcc, "-arch=sm_90", "-cubin", "-fmad=false", "-std=c++17", "-Xptxas", "-v",
+                             *[f"-D{define}" for define in nvcc_defines], str(build.SOURCE_DIR / source), "-o",
+                             str(tmp_path / f"{Path(source).stem}.cubin")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return result.stderr, False
+
+
+def host_library(folder, source_text: str, what: str):
+    """``ctypes.CDLL`` of the host C++ ``source_text`` (which includes headers of ``cuda/``) built in ``folder``
+    with IEEE fp32 semantics (``-ffp-contract=off``); the test is skipped without a host compiler."""
+    import ctypes
+    import shutil
+    import subprocess
+
+    import pytest
+
+    from dspark_markov.cuda import build
+
+    compiler = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if compiler is None:
+        pytest.skip(f"no host C++ compiler (g++/c++/clang++) to build {what} for the host")
+    (folder / "host.cpp").write_text(source_text)
+    library = folder / "libhost.so"
+    subprocess.run([compiler, "-O2", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC",
+                    f"-I{build.SOURCE_DIR}", str(folder / "host.cpp"), "-o", str(library)], check=True)
+    return ctypes.CDLL(str(library))

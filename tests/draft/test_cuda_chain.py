@@ -14,8 +14,6 @@ The kernel itself needs an sm_90 GPU (tests/gpu/test_cuda_chain_gpu.py). Here:
 
 import ctypes
 import re
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -23,9 +21,8 @@ import torch
 
 import dspark_markov as dm
 from dspark_markov import rng
-from dspark_markov.cuda import build
 from dspark_markov.draft import cuda_chain
-from tests.helpers import assert_args_struct_matches
+from tests.helpers import assert_args_struct_matches, host_library, sm90_compile_log
 
 HOST_WRAPPER = r"""
 #include "noise.cuh"
@@ -59,15 +56,7 @@ void slack(const float* x, float margin, float* out, long n) {
 
 @pytest.fixture(scope="module")
 def host_noise(tmp_path_factory):
-    compiler = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
-    if compiler is None:
-        pytest.skip("no host C++ compiler (g++/c++/clang++) to build noise.cuh for the host")
-    folder = tmp_path_factory.mktemp("noise")
-    (folder / "wrapper.cpp").write_text(HOST_WRAPPER)
-    library = folder / "libnoise.so"
-    subprocess.run([compiler, "-O2", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC",
-                    f"-I{build.SOURCE_DIR}", str(folder / "wrapper.cpp"), "-o", str(library)], check=True)
-    return ctypes.CDLL(str(library))
+    return host_library(tmp_path_factory.mktemp("noise"), HOST_WRAPPER, "noise.cuh")
 
 
 def ptr(array: np.ndarray):
@@ -159,28 +148,9 @@ def test_exact_keys_and_packed_words(host_noise):
     assert order == [8, 9, 1, 3, 5, 2, 4, 6, 0]
 
 
-def nvcc_compile(tmp_path):
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        return None
-    result = subprocess.run([nvcc, "-arch=sm_90", "-cubin", "-fmad=false", "-std=c++17", "-Xptxas", "-v",
-                             str(build.SOURCE_DIR / "chain.cu"), "-o", str(tmp_path / "chain.cubin")],
-                            capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    return result.stderr
-
-
 def test_chain_kernels_compile_for_sm90(tmp_path):
     """NVRTC (the path the backend uses) if a libnvrtc is found, else nvcc; skipped without either."""
-    try:
-        cubin, log = build.compile_cubin("chain.cu", verbose=True)
-        assert len(cubin) > 0
-    except build.BuildError as error:
-        if "no NVRTC library" not in str(error):
-            raise
-        log = nvcc_compile(tmp_path)
-        if log is None:
-            pytest.skip("neither NVRTC (libnvrtc.so) nor nvcc is available to compile chain.cu for sm_90")
+    log, _ = sm90_compile_log("chain.cu", tmp_path)
     from dspark_markov.cuda import CHAIN_KERNELS
 
     for name in CHAIN_KERNELS:

@@ -12,8 +12,6 @@ The draws themselves are checked on the H200 (tests/gpu/test_cuda_gumbel_gpu.py)
 
 import ctypes
 import re
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -21,7 +19,7 @@ import torch
 
 import dspark_markov as dm
 from dspark_markov.cuda import BLOCKS_KERNELS, build
-from tests.helpers import assert_args_struct_matches
+from tests.helpers import assert_args_struct_matches, sm90_compile_log
 
 cuda_gumbel = pytest.importorskip("dspark_markov.draft.cuda_gumbel")  # imports Triton (the combine)
 
@@ -31,21 +29,9 @@ F32 = np.float32
 def test_blocks_kernels_compile_for_sm90(tmp_path):
     """NVRTC (the path the backend uses; every entry point) if a libnvrtc is found, else nvcc (two entry
     points); skipped without either."""
-    try:
-        cubin, log = build.compile_cubin("blocks.cu", verbose=True)
-        assert len(cubin) > 0
-    except build.BuildError as error:
-        if "no NVRTC library" not in str(error):
-            raise
-        nvcc = shutil.which("nvcc")
-        if nvcc is None:
-            pytest.skip("neither NVRTC (libnvrtc.so) nor nvcc is available to compile blocks.cu for sm_90")
-        # Two entry points (every template bit both ways): the 16 take ~13 s with nvcc, too long for CPU CI.
-        result = subprocess.run([nvcc, "-arch=sm_90", "-cubin", "-fmad=false", "-std=c++17", "-Xptxas", "-v",
-                                 "-DDM_BLOCKS_TWO_ENTRIES", str(build.SOURCE_DIR / "blocks.cu"), "-o",
-                                 str(tmp_path / "blocks.cubin")], capture_output=True, text=True)
-        assert result.returncode == 0, result.stderr
-        log = result.stderr
+    # nvcc: two entry points (every template bit both ways): the 16 take ~13 s with nvcc, too long for CPU CI.
+    log, nvrtc = sm90_compile_log("blocks.cu", tmp_path, ("DM_BLOCKS_TWO_ENTRIES",))
+    if not nvrtc:
         names = ("dm_blocks_b0_c0_v1_s0", "dm_blocks_b1_c1_v0_s1", "dm_blocks_noise_table", "dm_blocks_table_floats")
     else:
         names = BLOCKS_KERNELS

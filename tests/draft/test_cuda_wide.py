@@ -16,8 +16,6 @@ blocks.cu's (``dm::skip_threshold``, tests/draft/test_cuda_gumbel.py proves it).
 
 import ctypes
 import re
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -26,27 +24,14 @@ import torch
 import dspark_markov as dm
 from dspark_markov.cuda import build
 from dspark_markov.draft import cuda_wide
-from tests.helpers import assert_args_struct_matches
+from tests.helpers import assert_args_struct_matches, host_library, sm90_compile_log
 
 
 def test_wide_kernels_compile_for_sm90(tmp_path):
-    try:
-        cubin, log = build.compile_cubin("wide.cu", verbose=True)
-        assert len(cubin) > 0
-        names = cuda_wide.KERNELS
-    except build.BuildError as error:
-        if "no NVRTC library" not in str(error):
-            raise
-        nvcc = shutil.which("nvcc")
-        if nvcc is None:
-            pytest.skip("neither NVRTC (libnvrtc.so) nor nvcc is available to compile wide.cu for sm_90")
-        result = subprocess.run([nvcc, "-arch=sm_90", "-cubin", "-fmad=false", "-std=c++17", "-Xptxas", "-v",
-                                 "-DDW_TWO_ENTRIES", str(build.SOURCE_DIR / "wide.cu"), "-o",
-                                 str(tmp_path / "wide.cubin")], capture_output=True, text=True)
-        assert result.returncode == 0, result.stderr
-        log = result.stderr
-        names = ("dm_wide_b0_c0_v1_s0", "dm_wide_b1_c1_v0_s1", "dm_wide_b0_c0_v1_s0_p2", "dm_wide_b0_c0_v1_s0_icdf",
-                 "dm_wide_b1_c1_v0_s1_icdf", "dm_wide_finish", "dm_wide_pick")
+    log, nvrtc = sm90_compile_log("wide.cu", tmp_path, ("DW_TWO_ENTRIES",))
+    names = cuda_wide.KERNELS if nvrtc else (
+        "dm_wide_b0_c0_v1_s0", "dm_wide_b1_c1_v0_s1", "dm_wide_b0_c0_v1_s0_p2", "dm_wide_b0_c0_v1_s0_icdf",
+        "dm_wide_b1_c1_v0_s1_icdf", "dm_wide_finish", "dm_wide_pick")
     for name in names:
         assert f"'{name}'" in log, name
     frames = [int(x) for x in re.findall(r"(\d+) bytes stack frame", log)]
@@ -501,16 +486,9 @@ def test_division_by_t_is_ieee_exact_as_host_cpp(tmp_path):
     a stride of 1999 over every float (zero, subnormals, inf, NaN included) for 24 t (1 / T near 1, tiny and huge T, the
     range ends 2^-16 and 2^16 and beyond). Host C++ (-ffp-contract=off; std::fmaf is the IEEE FMA like __fmaf_rn).
     (One correction passed this too; the second makes it Markstein's theorem: q1 is within one ulp.)"""
-    compiler = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
-    if compiler is None:
-        pytest.skip("no host C++ compiler (g++/c++/clang++)")
     text = (build.SOURCE_DIR / "wide.cu").read_text()
     part = re.search(r"// BEGIN host-tested[^\n]*\n(.*?)// END host-tested", text, re.S).group(1)
-    (tmp_path / "div.cpp").write_text(DIV_HARNESS % part)
-    library = tmp_path / "libdiv.so"
-    subprocess.run([compiler, "-O2", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC",
-                    f"-I{build.SOURCE_DIR}", str(tmp_path / "div.cpp"), "-o", str(library)], check=True)
-    lib = ctypes.CDLL(str(library))
+    lib = host_library(tmp_path, DIV_HARNESS % part, "wide.cu's division")
     lib.check_div.restype = ctypes.c_long
     lib.check_div.argtypes = [ctypes.c_float, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
                               ctypes.POINTER(ctypes.c_float)]

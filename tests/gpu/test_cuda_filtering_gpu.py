@@ -13,7 +13,8 @@ import torch
 
 import dspark_markov as dm
 from dspark_markov import cuda
-from tests.gpu.test_filtering_gpu import CASES, KINDS, VOCAB, assert_same, logits, parameters, reference
+from tests.gpu.test_filtering_gpu import (CASES, KINDS, VOCAB, assert_same, check_graph_replay_and_no_allocation,
+                                          logits, parameters, reference)
 
 pytestmark = pytest.mark.gpu
 
@@ -81,28 +82,9 @@ def test_scalar_and_int32_arguments_and_a_wide_stride(opted_in):
 
 @pytest.mark.parametrize("rows", [6, 1518])
 def test_cuda_graph_replay_and_no_allocation(opted_in, rows):
-    x = logits("edge", rows, seed=3)
-    k, p = parameters("mixed", rows)
     filt = opted_in.CudaTopKTopPFilter(rows, VOCAB, "cuda")
-    static = x.clone()
-    filt.filter(static, k, p, static)
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    filt.filter(static, k, p, static)
-    torch.cuda.synchronize()
-    assert torch.cuda.memory_allocated() == before
-    graph = torch.cuda.CUDAGraph()
-    static.copy_(x)
-    with torch.cuda.graph(graph):
-        filt.filter(static, k, p, static)
-    for seed, kind in ((4, "edge"), (5, "peaked"), (6, "bf16")):
-        fresh = logits(kind, rows, seed=seed)
-        fresh_k, fresh_p = parameters("mixed", rows)
-        static.copy_(fresh)
-        k.copy_(fresh_k.roll(seed))
-        p.copy_(fresh_p.roll(seed))
-        graph.replay()
-        assert_same(static, reference(fresh, k, p))
+    check_graph_replay_and_no_allocation(filt, rows)
+    assert int(filt.stats[1]) == 0
 
 
 def test_two_vocabulary_sizes_in_one_process(opted_in):

@@ -14,8 +14,6 @@ The kernel itself is checked on the H200 by tests/gpu/test_filtering_gpu.py (too
 
 import ctypes
 import re
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -26,7 +24,7 @@ from dspark_markov import registry
 from dspark_markov.cuda import build
 from dspark_markov.verify import cuda_filtering as cf
 from dspark_markov.verify.filtering_reference import top_k_top_p_reference, weight_fixed_point
-from tests.helpers import assert_args_struct_matches
+from tests.helpers import assert_args_struct_matches, host_library, sm90_compile_log
 from tests.verify.test_filtering import hard_rows
 
 NEG_INF = float("-inf")
@@ -34,19 +32,7 @@ CAPACITY = 2048  # filter.cu DF_CAP
 
 
 def test_filter_kernel_compiles_for_sm90(tmp_path):
-    try:
-        _, log = build.compile_cubin("filter.cu", verbose=True)
-    except build.BuildError as error:
-        if "no NVRTC library" not in str(error):
-            raise
-        nvcc = shutil.which("nvcc")
-        if nvcc is None:
-            pytest.skip("neither NVRTC (libnvrtc.so) nor nvcc is available to compile filter.cu for sm_90")
-        result = subprocess.run([nvcc, "-arch=sm_90", "-cubin", "-fmad=false", "-std=c++17", "-Xptxas", "-v",
-                                 str(build.SOURCE_DIR / "filter.cu"), "-o", str(tmp_path / "filter.cubin")],
-                                capture_output=True, text=True)
-        assert result.returncode == 0, result.stderr
-        log = result.stderr
+    log, _ = sm90_compile_log("filter.cu", tmp_path)
     entry = log[log.index("Function properties for dm_filter"):]
     assert " 0 bytes spill stores" in entry.splitlines()[1], entry  # (the stack frame: df_search's call, no spill)
     registers = int(re.search(r"Used (\d+) registers", entry).group(1))
@@ -85,15 +71,7 @@ extern "C" void words(const float* x, const long long* index, unsigned long long
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
-    compiler = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
-    if compiler is None:
-        pytest.skip("no host C++ compiler (g++/c++/clang++) to build filter.cu's helpers for the host")
-    folder = tmp_path_factory.mktemp("filter_host")
-    (folder / "harness.cpp").write_text(HARNESS)
-    library = folder / "libfilter.so"
-    subprocess.run([compiler, "-O2", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC",
-                    f"-I{build.SOURCE_DIR}", str(folder / "harness.cpp"), "-o", str(library)], check=True)
-    return ctypes.CDLL(str(library))
+    return host_library(tmp_path_factory.mktemp("filter_host"), HARNESS, "filter.cu's helpers")
 
 
 def ptr(a):
