@@ -157,10 +157,10 @@ def test_bucket_and_word_helpers(host):
 
 
 # --------------------------------------------------------------------------- the search, emulated
-def emulate(logits, k, p, capacity=CAPACITY, stats=None):
+def emulate(logits, k, p, capacity=CAPACITY, stats=None, paths=None):
     """filter.cu's decisions for ``logits [B, V]`` fp32 (CPU tensor), per-row ``k`` int64 and ``p`` fp32; returns
     the filtered rows. Mirrors dm_filter step by step (module doc of filter.cu); ``stats`` collects the searches
-    that narrowed."""
+    that narrowed, ``paths`` the rows that took top-k + top-p's prefix path."""
     out = logits.clone()
     rows, vocab = logits.shape
     width = cf.slice_len(vocab)
@@ -231,6 +231,23 @@ def emulate(logits, k, p, capacity=CAPACITY, stats=None):
             return int(cand[hit[0]]), base_mass + int(incl[hit[0]])
 
         cut, total = 0, int(qm.sum())
+        if use_k and use_p:  # the prefix path: every token of the buckets up to the k-th's fits in one gather
+            ranges = cf.BUCKETS // cf.CLUSTER
+            zero = np.zeros(cf.BUCKETS, np.uint64)
+            r, _, base_cnt, _ = select(cnt.reshape(cf.CLUSTER, ranges).sum(1), zero[:cf.CLUSTER], False, kr, 0, 0)
+            j, count, base_cnt, _ = select(cnt[r * ranges:(r + 1) * ranges], zero[:ranges], False, kr, base_cnt, 0)
+            if base_cnt + count <= capacity:
+                member = bucket <= r * ranges + j
+                order = np.argsort(word[member])[::-1]
+                cand, incl = word[member][order], np.cumsum(q[member][order])
+                assert len(cand) == base_cnt + count
+                target = int(np.ceil(float(max(pr, np.float32(0))) * float(incl[kr - 1])))
+                i = 0 if target == 0 else int(np.nonzero(incl >= target)[0][0])
+                assert i <= kr - 1
+                if paths is not None:
+                    paths.append("prefix")
+                out[row] = torch.where(torch.from_numpy(word >= cand[i]), logits[row], NEG_INF)
+                continue
         if use_k:
             cut, total = search(False, kr, use_p)
         if use_p:
@@ -258,10 +275,12 @@ def test_emulated_search_on_hard_rows(capacity):
     signed zeros), with capacity 2,048 (the kernel's), 16 and 1 (every search narrows to a single word)."""
     for vocab, seed in ((777, 0), (1001, 1), (4099, 2)):
         x, k, p = hard_rows(vocab, seed)
-        stats = []
-        assert_same(emulate(x, k, p, capacity, stats), reference(x, k, p))
+        stats, paths = [], []
+        assert_same(emulate(x, k, p, capacity, stats, paths), reference(x, k, p))
         if capacity == 1:
-            assert len(stats) >= 6
+            assert len(stats) >= 6 and not paths  # every k + p row takes the mass histogram after all
+        if capacity == CAPACITY:
+            assert 2 <= len(paths) < int(((k > 0) & (k < vocab) & (p < 1)).sum())  # row 3's top-k does not fit
 
 
 def test_emulated_search_on_the_bench_inputs_at_full_vocab():
@@ -273,11 +292,12 @@ def test_emulated_search_on_the_bench_inputs_at_full_vocab():
     gaussian = torch.randn(4, 129_280, generator=gen) * 2
     for kind in ("gaussian", "peaked", "bf16"):
         x = filter_logits(kind, gaussian, gen)
-        for k, p in ((50, 0.9), (0, 0.9), (0, 0.5), (1000, 0.99), (0, 0.999)):
-            stats = []
+        for k, p in ((50, 0.9), (0, 0.9), (0, 0.5), (1000, 0.99), (0, 0.999), (50, 0.0)):
+            stats, paths = [], []
             kk, pp = torch.full((4,), k, dtype=torch.int64), torch.full((4,), p)
-            assert_same(emulate(x, kk, pp, stats=stats), reference(x, kk, pp))
+            assert_same(emulate(x, kk, pp, stats=stats, paths=paths), reference(x, kk, pp))
             assert not stats, (kind, k, p)
+            assert len(paths) == (4 if k > 0 else 0), (kind, k, p, paths)  # k and p: the prefix path
 
 
 def test_emulated_search_on_flat_and_tied_rows():

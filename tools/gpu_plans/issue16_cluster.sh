@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU plan for the cluster-resident top-k / top-p filter of issue 16 (top_k_top_p(impl="cuda"): cuda/filter.cu,
-# verify/cuda_filtering.py), written 2026-12-04 WITHOUT device time: it compiles for sm_90 (NVRTC 13.0, 99 registers,
+# verify/cuda_filtering.py), written 2026-12-04 WITHOUT device time: it compiles for sm_90 (NVRTC 13.0, 104 registers,
 # no spill, 46 KB static + 64.6 KB dynamic shared memory: two blocks per SM) and its search is emulated on the CPU,
 # but it has NEVER RUN ON A GPU. Opt-in: DSPARK_MARKOV_UNVERIFIED=cuda_filter (set below). Run from the repository
 # root on an H200, PYTHONPATH=$PWD/src, one part per job:
@@ -56,7 +56,8 @@ bench)
   #    p = 0.9 alone; CUDA-graph replays, cold L2, in place, 3 rounds x 15 replays, each case checked against the
   #    sort reference by its first call) for the Triton default layout AND impl="cuda" at 1 / 16 / 64 / 253 requests.
   #    Expected for cuda (not measured): p alone ~20-30 / 35-60 / 120-200 / 400-600 us (targets 40 / 100 / 300 /
-  #    1,000); k + p about the same (the histogram pass dominates; targets 40 / 80 / 250 / 900). If it pays, commit
+  #    1,000); k + p below that (counts only, the k best gathered and sorted: ~memory-bound, ~400 us at 253
+  #    requests; targets 40 / 80 / 250 / 900). If it pays, commit
   #    the files as benchmarks/results/NVIDIA-H200_<date>_cluster_filter_verify.{json,csv}, then consider making it
   #    "auto" on sm_90 (registry "top_k_top_p") after dropping its opt-in gate.
   timeout -k 2 170 python3 tools/time_filter.py --cuda 1,16,64,253 2>&1 | tee "$OUT/cluster_bench.txt"

@@ -22,19 +22,23 @@
 //      than DF_CAP tokens, 256-way narrowing passes on the packed (key, index) word (8 bits per pass), and the
 //      bucket's (or the narrowed range's) tokens gathered into every block's candidate array, sorted there
 //      (bitonic, descending packed word), their q scanned: the target's word and its inclusive mass;
-//      top-k first (its inclusive mass is S for top-p), then top-p;
+//      top-k first (its inclusive mass is S for top-p), then top-p. With top-k and top-p together the histogram
+//      holds counts only, and when every token of the buckets up to the k-th token's fits in one gather (k = 50:
+//      a few hundred), those are gathered and sorted and both cuts come from their inclusive masses (top-p keeps
+//      a prefix of the k best): the row's weights are never computed; else the masses are histogrammed after all;
 //   4. the row written once: out = packed(x, i) >= cut ? x : -inf.
 // Every block makes the same decisions from the same integer sums, so a row needs no broadcast; the cluster
 // barriers order every exchange (release / acquire), and a last one keeps every block's shared memory alive until
 // no other block can read it.
 //
 // Bytes: the row read once and written once (2 x 4 V per row); the candidate exchanges stay on chip.
-// Instructions (NVRTC 13.0 SASS): 49 per logit in step 2 with top-p (the weight ~30: the 7-term polynomial with
-// IEEE adds and multiplies, floor without conversions, one F2I.U64; bucket 5; three red.shared), ~10 without;
+// Instructions (NVRTC 13.0 SASS): 49 per logit in step 2 for top-p alone (the weight ~30: the 7-term polynomial
+// with IEEE adds and multiplies, floor without conversions, one F2I.U64; bucket 5; three red.shared), ~10 with
+// top-k (counts);
 // ~4 in step 1, ~6 in step 4. At 253 requests (1,518 rows): ~360 M warp instructions, ~350 us at the H200's
 // issue rate, against ~375 us to read and write the rows at 4.2 TB/s: two blocks per SM overlap one's loads with
 // the other's histogram.
-// NOT RUN ON A GPU YET (written 2026-12-04 without a device): compiled for sm_90 with NVRTC 13.0 (99 registers, no
+// NOT RUN ON A GPU YET (written 2026-12-04 without a device): compiled for sm_90 with NVRTC 13.0 (104 registers, no
 // spill; 47,312 bytes of static shared memory + the slice); the search is emulated on the CPU (tests/verify/test_cuda_filtering.py) and the weight / bucket / key helpers are compiled
 // as host C++ and compared with the torch reference bit for bit.
 #include "noise.cuh"
@@ -242,33 +246,139 @@ __device__ __noinline__ void df_fail(FilterShared& sh, u32* stats, u32 rank) {
   df_cluster_sync();
 }
 
-// The token at a target of the row's ranking (module doc, step 3): sh.found_word and sh.found_mass (the inclusive
-// mass of every token up to it). Called by every thread of every block of the cluster alike.
-__device__ __noinline__ void df_search(bool by_mass, u64 target, bool masses, const float* s_x, int n, i64 lo, float m,
-                          u64* s_hist, u64* s_cand, u32* s_rcnt, u64* s_rmass, u32* s_dig, FilterShared& sh,
-                          u32 rank, u32* stats) {
-  const int tid = threadIdx.x, lane = tid & 31;
+// The level-1 bucket holding a target (module doc, step 3): the range (the 8 blocks' totals), then the bucket (its
+// block's 256 reduced sums); sh.base_cnt / base_mass the count and mass of every better bucket, sh.sel_cnt the
+// bucket's count. Returns the bucket, or DF_NONE (a broken invariant: the caller fails the search).
+__device__ __forceinline__ u32 df_locate(bool by_mass, u64 target, const u32* s_rcnt, const u64* s_rmass,
+                                         FilterShared& sh) {
+  const int tid = threadIdx.x;
   if (tid == 0) { sh.base_cnt = 0; sh.base_mass = 0; }
   __syncthreads();
-  // the range: block r's totals, in rank order (thread r < 8)
   {
     u64 cnt = 0, mass = 0;
-    if (tid < DF_C) {
+    if (tid < DF_C) {  // block r's totals, in rank order
       cnt = df_ld32(df_map(df_addr(&sh.tot_cnt), tid));
       mass = df_ld64(df_map(df_addr(&sh.tot_mass), tid));
     }
     df_select(cnt, mass, by_mass, target, sh);
   }
-  if (sh.sel == DF_NONE) return df_fail(sh, stats, rank);
+  if (sh.sel == DF_NONE) return DF_NONE;
   const u32 range = sh.sel;
-  // the bucket within it: one per thread
   {
     const u64 cnt = df_ld32(df_map(df_addr(&s_rcnt[tid]), range));
     const u64 mass = df_ld64(df_map(df_addr(&s_rmass[tid]), range));
     df_select(cnt, mass, by_mass, target, sh);
   }
-  if (sh.sel == DF_NONE) return df_fail(sh, stats, rank);
-  const u32 bucket = range * DF_RANGE + sh.sel;
+  return sh.sel == DF_NONE ? DF_NONE : range * DF_RANGE + sh.sel;
+}
+
+// Gather the `count` tokens of the cluster's row that are in `bucket` (upto: in any bucket <= `bucket`; else also
+// with the word's bits above `shift` equal to `prefix`, shift 64: none) into every block's s_cand, sort them there
+// (descending words), and write their inclusive masses (q when `masses`, else 0) to s_hist. Ends with a block
+// barrier; the next gather must follow a cluster barrier (df_search's, or the caller's).
+__device__ __noinline__ void df_collect(const float* s_x, int n, i64 lo, float m, u32 bucket, bool upto, int shift,
+                                        u64 prefix, u32 count, bool masses, u64* s_hist, u64* s_cand,
+                                        FilterShared& sh, u32 rank) {
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int size = count <= 32 ? 32 : 1 << (32 - __clz(count - 1));  // a power of two >= count
+  if (sh.gathered) df_cluster_sync();  // every block is done with its previous candidates; rank 0's counter is 0
+  const u32 counter = df_map(df_addr(&sh.counter), 0);
+  const int rounds = (n + DF_T - 1) / DF_T;
+  for (int it = 0; it < rounds; ++it) {  // warp-uniform trip count: ballots below
+    const int i = it * DF_T + tid;
+    bool member = false;
+    u64 w = 0;
+    if (i < n) {
+      const float x = s_x[i];
+      const u32 b = df_bucket(x, m);
+      if (upto ? b <= bucket : b == bucket) {
+        w = df_word(x, lo + i);
+        member = shift == 64 || (w >> shift) == prefix;
+      }
+    }
+    const u32 ballot = __ballot_sync(0xFFFFFFFFu, member);
+    if (ballot == 0) continue;
+    const int leader = __ffs(ballot) - 1;
+    u32 slot = 0;
+    if (lane == leader) slot = df_atom_add(counter, __popc(ballot));
+    slot = __shfl_sync(0xFFFFFFFFu, slot, leader) + __popc(ballot & ((1u << lane) - 1u));
+    if (member) {
+#pragma unroll
+      for (u32 r = 0; r < DF_C; ++r) df_st64(df_map(df_addr(&s_cand[slot]), r), w);
+    }
+  }
+  df_cluster_sync();  // every block's candidates complete
+  if (rank == 0 && tid == 0) sh.counter = 0;  // the next gather follows a cluster barrier
+  for (int i = (int)count + tid; i < size; i += DF_T) s_cand[i] = 0;  // pads sort last
+  __syncthreads();
+  for (int k = 2; k <= size; k <<= 1) {  // bitonic sort, descending
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = tid; i < size; i += DF_T) {
+        const int l = i ^ j;
+        if (l > i) {
+          const u64 x = s_cand[i], y = s_cand[l];
+          if (((i & k) == 0) ? (x < y) : (x > y)) { s_cand[i] = y; s_cand[l] = x; }
+        }
+      }
+      __syncthreads();
+    }
+  }
+  // inclusive masses of the sorted candidates into s_hist (free after the level-1 reduction)
+  const int per = size / DF_T > 0 ? size / DF_T : 1;
+  u64 local = 0;
+  if (tid * per < size) {
+    for (int e = 0; e < per; ++e) {
+      const int i = tid * per + e;
+      const u64 q = (masses && i < (int)count) ? df_weight(df_word_value(s_cand[i]), m) : 0ull;
+      local += q;
+      s_hist[i] = local;
+    }
+  }
+  u64 incl = local, unused = 0;
+  df_scan2(incl, unused, sh);
+  if (tid * per < size) {
+    for (int e = 0; e < per; ++e) s_hist[tid * per + e] += incl - local;
+  }
+  __syncthreads();
+  if (tid == 0) sh.gathered = 1;
+}
+
+// The candidate where a target falls among `count` sorted candidates whose better tokens count base_cnt and weigh
+// base_mass (inclusive masses in s_hist): the (target - base_cnt)-th (by count) or the first whose inclusive mass
+// reaches the target (by mass); sh.found_word / found_mass (0 / stats[1] if none: a broken invariant).
+__device__ __forceinline__ void df_find(bool by_mass, u64 target, u32 count, u64 base_cnt, u64 base_mass,
+                                        const u64* s_hist, const u64* s_cand, FilterShared& sh, u32 rank,
+                                        u32* stats) {
+  const int tid = threadIdx.x;
+  if (tid == 0) sh.found_word = 0;  // (a real word is > 0: 0 after the search means nothing matched)
+  __syncthreads();
+  if (!by_mass) {
+    if (tid == 0) {
+      const int i = (int)(target - base_cnt) - 1;
+      sh.found_word = s_cand[i];
+      sh.found_mass = base_mass + s_hist[i];
+    }
+  } else {
+    for (int i = tid; i < (int)count; i += DF_T) {
+      const u64 upto = base_mass + s_hist[i], before = i == 0 ? base_mass : base_mass + s_hist[i - 1];
+      if (before < target && target <= upto) {
+        sh.found_word = s_cand[i];
+        sh.found_mass = upto;
+      }
+    }
+  }
+  __syncthreads();
+  if (tid == 0 && rank == 0 && sh.found_word == 0) atomicOr(stats + 1, 2u);
+}
+
+// The token at a target of the row's ranking (module doc, step 3): sh.found_word and sh.found_mass (the inclusive
+// mass of every token up to it). Called by every thread of every block of the cluster alike.
+__device__ __noinline__ void df_search(bool by_mass, u64 target, bool masses, const float* s_x, int n, i64 lo, float m,
+                          u64* s_hist, u64* s_cand, u32* s_rcnt, u64* s_rmass, u32* s_dig, FilterShared& sh,
+                          u32 rank, u32* stats) {
+  const int tid = threadIdx.x;
+  const u32 bucket = df_locate(by_mass, target, s_rcnt, s_rmass, sh);
+  if (bucket == DF_NONE) return df_fail(sh, stats, rank);
   u32 count = sh.sel_cnt;
   // narrowing passes on the word's bits while the range is too large to sort
   int shift = 64;
@@ -296,93 +406,42 @@ __device__ __noinline__ void df_search(bool by_mass, u64 target, bool masses, co
     df_cluster_sync();  // every block has read every s_dig before the next pass clears its own
   }
   // gather (unless s_cand already holds this bucket, sorted), sort, scan
-  const int size = count <= 32 ? 32 : 1 << (32 - __clz(count - 1));  // a power of two >= count
   if (narrowed || sh.cached_bucket != (i32)bucket) {
-    if (sh.gathered) df_cluster_sync();  // every block is done with its previous candidates; rank 0's counter is 0
-    const u32 counter = df_map(df_addr(&sh.counter), 0);
-    const int rounds = (n + DF_T - 1) / DF_T;
-    for (int it = 0; it < rounds; ++it) {  // warp-uniform trip count: ballots below
-      const int i = it * DF_T + tid;
-      bool member = false;
-      u64 w = 0;
-      if (i < n) {
-        const float x = s_x[i];
-        if (df_bucket(x, m) == bucket) {
-          w = df_word(x, lo + i);
-          member = shift == 64 || (w >> shift) == prefix;
-        }
-      }
-      const u32 ballot = __ballot_sync(0xFFFFFFFFu, member);
-      if (ballot == 0) continue;
-      const int leader = __ffs(ballot) - 1;
-      u32 slot = 0;
-      if (lane == leader) slot = df_atom_add(counter, __popc(ballot));
-      slot = __shfl_sync(0xFFFFFFFFu, slot, leader) + __popc(ballot & ((1u << lane) - 1u));
-      if (member) {
-#pragma unroll
-        for (u32 r = 0; r < DF_C; ++r) df_st64(df_map(df_addr(&s_cand[slot]), r), w);
-      }
-    }
-    df_cluster_sync();  // every block's candidates complete
-    if (rank == 0 && tid == 0) sh.counter = 0;  // the next gather follows a cluster barrier
-    for (int i = (int)count + tid; i < size; i += DF_T) s_cand[i] = 0;  // pads sort last
-    __syncthreads();
-    for (int k = 2; k <= size; k <<= 1) {  // bitonic sort, descending
-      for (int j = k >> 1; j > 0; j >>= 1) {
-        for (int i = tid; i < size; i += DF_T) {
-          const int l = i ^ j;
-          if (l > i) {
-            const u64 x = s_cand[i], y = s_cand[l];
-            if (((i & k) == 0) ? (x < y) : (x > y)) { s_cand[i] = y; s_cand[l] = x; }
-          }
-        }
-        __syncthreads();
-      }
-    }
-    // inclusive masses of the sorted candidates into s_hist (free after the level-1 reduction)
-    const int per = size / DF_T > 0 ? size / DF_T : 1;
-    u64 local = 0;
-    if (tid * per < size) {
-      for (int e = 0; e < per; ++e) {
-        const int i = tid * per + e;
-        const u64 q = (masses && i < (int)count) ? df_weight(df_word_value(s_cand[i]), m) : 0ull;
-        local += q;
-        s_hist[i] = local;
-      }
-    }
-    u64 incl = local, unused = 0;
-    df_scan2(incl, unused, sh);
-    if (tid * per < size) {
-      for (int e = 0; e < per; ++e) s_hist[tid * per + e] += incl - local;
-    }
-    __syncthreads();
+    df_collect(s_x, n, lo, m, bucket, false, shift, prefix, count, masses, s_hist, s_cand, sh, rank);
     if (tid == 0) {
       sh.cached_bucket = narrowed ? -1 : (i32)bucket;
-      sh.gathered = 1;
       if (narrowed && rank == 0) atomicAdd(stats, 1u);
     }
   }
-  // the target among the candidates (base_* are the bucket's or the narrowed range's)
-  const u64 base_cnt = sh.base_cnt, base_mass = sh.base_mass;
-  if (tid == 0) sh.found_word = 0;  // (a real word is > 0: 0 after the search means nothing matched)
-  __syncthreads();
-  if (!by_mass) {
-    if (tid == 0) {
-      const int i = (int)(target - base_cnt) - 1;
-      sh.found_word = s_cand[i];
-      sh.found_mass = base_mass + s_hist[i];
+  df_find(by_mass, target, count, sh.base_cnt, sh.base_mass, s_hist, s_cand, sh, rank, stats);
+}
+
+// The level-1 histogram of this block's slice (module doc, step 2): q only with `masses` (else counts), into the
+// zeroed bins; then, after a cluster barrier, this block's 256 buckets summed over the cluster into s_rcnt / s_rmass
+// and its totals into sh.tot_cnt / tot_mass. Ends with a cluster barrier (the sums complete everywhere; the bins
+// free).
+__device__ __noinline__ void df_histogram(const float* s_x, int n, float m, bool masses, u32* bins, u32* s_rcnt,
+                                          u64* s_rmass, FilterShared& sh, u32 rank) {
+  const int tid = threadIdx.x;
+  const u32 base = df_addr(bins);
+  if (masses) {
+#pragma unroll 4
+    for (int i = tid; i < n; i += DF_T) {
+      const float x = s_x[i];
+      df_add(base, 4u * DF_NB, df_bucket(x, m), df_weight(x, m));
     }
   } else {
-    for (int i = tid; i < (int)count; i += DF_T) {
-      const u64 upto = base_mass + s_hist[i], before = i == 0 ? base_mass : base_mass + s_hist[i - 1];
-      if (before < target && target <= upto) {
-        sh.found_word = s_cand[i];
-        sh.found_mass = upto;
-      }
-    }
+#pragma unroll 4
+    for (int i = tid; i < n; i += DF_T) df_red(base + 4u * df_bucket(s_x[i], m), 1u);
   }
-  __syncthreads();
-  if (tid == 0 && rank == 0 && sh.found_word == 0) atomicOr(stats + 1, 2u);  // (never: a broken invariant)
+  df_cluster_sync();
+  u64 cnt, mass;
+  df_bin_sum(bins, DF_NB, rank * DF_RANGE + tid, cnt, mass);
+  s_rcnt[tid] = (u32)cnt;
+  s_rmass[tid] = mass;
+  df_scan2(cnt, mass, sh);
+  if (tid == DF_T - 1) { sh.tot_cnt = (u32)cnt; sh.tot_mass = mass; }
+  df_cluster_sync();
 }
 
 __device__ __forceinline__ void df_copy(const float* s_x, float* dst, int n, bool vec) {
@@ -506,44 +565,47 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
     if (copy) df_copy(s_x, dst, n, vec_out);
     return;
   }
-  // 2. the level-1 histogram (q only for top-p: top-k alone needs counts)
-  {
-    const u32 base = df_addr(bins);
-    if (use_p) {
-#pragma unroll 4
-      for (int i = tid; i < n; i += DF_T) {
-        const float x = s_x[i];
-        df_add(base, 4u * DF_NB, df_bucket(x, m), df_weight(x, m));
-      }
-    } else {  // top-k alone: counts
-#pragma unroll 4
-      for (int i = tid; i < n; i += DF_T) df_red(base + 4u * df_bucket(s_x[i], m), 1u);
-    }
-  }
-  df_cluster_sync();
-  {
-    u64 cnt, mass;
-    df_bin_sum(bins, DF_NB, rank * DF_RANGE + tid, cnt, mass);
-    s_rcnt[tid] = (u32)cnt;
-    s_rmass[tid] = mass;
-    df_scan2(cnt, mass, sh);
-    if (tid == DF_T - 1) { sh.tot_cnt = (u32)cnt; sh.tot_mass = mass; }
-  }
-  df_cluster_sync();  // the reduced ranges complete; s_hist is free
+  // 2. the level-1 histogram: masses for top-p alone; counts for top-k (with top-p too: see 3.)
+  df_histogram(s_x, n, m, use_p && !use_k, bins, s_rcnt, s_rmass, sh, rank);
   // 3. the cut: top-k, then top-p among its survivors
   u64 cut = 0;  // keep every token
   u64 total = 0;
-  if (use_k) {
+  bool done = false;
+  if (use_k && use_p) {
+    // top-k and top-p: when every token of the buckets up to the k-th token's fits in one gather (k = 50: ~50-500
+    // tokens), those are gathered and sorted, and both cuts come from their inclusive masses (top-p only ever
+    // keeps a prefix of the k best): no mass histogram of the row. Else the masses are histogrammed after all.
+    const u32 bucket = df_locate(false, (u64)k, s_rcnt, s_rmass, sh);
+    if (bucket == DF_NONE) {
+      df_fail(sh, stats, rank);
+      done = true;
+    } else if (sh.base_cnt + sh.sel_cnt <= DF_CAP) {
+      const u32 count = (u32)(sh.base_cnt + sh.sel_cnt);
+      df_collect(s_x, n, lo, m, bucket, true, 64, 0, count, true, s_hist, s_cand, sh, rank);
+      total = s_hist[k - 1];  // the mass of the k best
+      const double limit = (double)(p > 0.0f ? p : 0.0f) * (double)total;
+      const u64 target = (u64)ceil(limit);
+      df_find(target != 0, target == 0 ? 1ull : target, count, 0, 0, s_hist, s_cand, sh, rank, stats);
+      cut = sh.found_word;  // at or above the k-th word: the top-p cut is the tighter one
+      done = true;
+    } else {
+      df_cluster_sync();  // every block has read the count sums before they are replaced
+      for (int i = tid; i < 3 * DF_NB / 2; i += DF_T) s_hist[i] = 0;
+      __syncthreads();
+      df_histogram(s_x, n, m, true, bins, s_rcnt, s_rmass, sh, rank);
+    }
+  }
+  if (!done && use_k) {
     df_search(false, (u64)k, use_p, s_x, n, lo, m, s_hist, s_cand, s_rcnt, s_rmass, s_dig, sh, rank, stats);
     cut = sh.found_word;
     total = sh.found_mass;
-  } else if (use_p) {
+  } else if (!done && use_p) {
     if (tid < DF_C) sh.warp_sum[tid] = df_ld64(df_map(df_addr(&sh.tot_mass), tid));
     __syncthreads();
     for (int r = 0; r < DF_C; ++r) total += sh.warp_sum[r];
     __syncthreads();
   }
-  if (use_p) {
+  if (!done && use_p) {
     const double limit = (double)(p > 0.0f ? p : 0.0f) * (double)total;  // every sum < 2^53: exact in fp64
     const u64 target = (u64)ceil(limit);  // mass before < limit  <=>  mass before < ceil(limit)
     if (target == 0) {

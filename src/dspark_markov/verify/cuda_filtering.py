@@ -19,7 +19,7 @@ Requirements (``ValueError`` otherwise): a CUDA device of compute capability 9.0
 (``stats``, a running count of narrowed searches, is the only state).
 
 **Not run on a GPU yet.** Written on 2026-12-04 in a session without a device: it compiles for sm_90 (NVRTC 13.0,
-99 registers, no spill), its search is emulated on the CPU in the kernel's order of decisions and equals the sort reference
+104 registers, no spill), its search is emulated on the CPU in the kernel's order of decisions and equals the sort reference
 (tests/verify/test_cuda_filtering.py), and its weight, bucket and key helpers, compiled as host C++, equal the
 torch reference bit for bit; it has never filtered a row on a GPU. So it runs only when
 ``DSPARK_MARKOV_UNVERIFIED`` lists ``cuda_filter`` (or is ``1``); :func:`unavailable_reason` says why not. The GPU
