@@ -7,6 +7,8 @@
 # its budget) with PYTHONPATH=src, JOB_OUT=<a folder of its own>, a shared TRITON_CACHE_DIR;
 # its folder (log.txt + what it wrote) comes back as $OUT/JOB.tgz.
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton_cache
+# CUBINs built on the CPU with the GPU's NVRTC (tools/prebuild_cubins.py): jobs that do not set their own cache use them
+if [ -d gpu_jobs/cuda_cache ] && [ -z "${DSPARK_MARKOV_CACHE:-}" ]; then export DSPARK_MARKOV_CACHE=$PWD/gpu_jobs/cuda_cache; fi
 mkdir -p $TRITON_CACHE_DIR /tmp/jobout
 if [ -f gpu_jobs/triton_cache.tar.xz ]; then tar -xJf gpu_jobs/triton_cache.tar.xz -C / 2>/dev/null; fi
 { date; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv;

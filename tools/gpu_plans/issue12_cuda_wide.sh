@@ -12,7 +12,7 @@
 # file of an earlier GPU job (its content depends only on noise.cuh) skip all three.
 set -u
 export DSPARK_MARKOV_UNVERIFIED=cuda_wide PYTHONUNBUFFERED=1
-export DSPARK_MARKOV_CACHE=${DSPARK_MARKOV_CACHE:-$PWD/gpu_jobs/cuda_wide_cache}
+export DSPARK_MARKOV_CACHE=${DSPARK_MARKOV_CACHE:-$PWD/gpu_jobs/cuda_cache}
 OUT=${JOB_OUT:-$PWD/gpu_plan_out}
 mkdir -p "$OUT" "$DSPARK_MARKOV_CACHE"
 VLLM=${VLLM_CACHE:-.vllm-cache}

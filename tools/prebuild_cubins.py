@@ -1,0 +1,45 @@
+"""Build every CUDA C++ source of the package for sm_90 on a CPU machine, into a cache a GPU job then loads.
+
+A GPU job otherwise spends device time on NVRTC (chain.cu ~10-30 s, blocks.cu ~30 s, wide.cu ~7 s, filter.cu ~1 s
+on a fresh machine). ``cuda.build.cached_cubin`` keys a CUBIN by the sources, the options, the NVRTC version and
+the architecture, so a cache built here with the GPU image's NVRTC (13.0: the ``nvidia-cuda-nvrtc`` cu13 wheel's
+``libnvrtc.so.13``, through ``DSPARK_MARKOV_NVRTC``) is exactly what the GPU would build. ``tools/gpu_queue.sh``
+points ``DSPARK_MARKOV_CACHE`` at ``gpu_jobs/cuda_cache`` (git-ignored; carry ``gpu_jobs``) when it exists. Any
+edit of a ``.cu`` / ``.cuh`` afterwards changes the key: the GPU then builds that source itself (nothing stale is
+ever loaded). The noise table (``cuda.noise_table``) is not built here (it needs the GPU's sweep, ~10-20 s).
+
+Usage: ``DSPARK_MARKOV_NVRTC=/path/libnvrtc.so.13 PYTHONPATH=src python tools/prebuild_cubins.py [DIR]``
+(default ``gpu_jobs/cuda_cache``); prints each source's key file and the NVRTC version.
+"""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+SOURCES = ("chain.cu", "blocks.cu", "wide.cu", "filter.cu")
+WANTED_NVRTC = (13, 0)  # the H200 image's (torch 2.11+cu130)
+
+
+def main(argv) -> int:
+    folder = Path(argv[1] if len(argv) > 1 else "gpu_jobs/cuda_cache").resolve()
+    os.environ["DSPARK_MARKOV_CACHE"] = str(folder)  # cache_dir() = $DSPARK_MARKOV_CACHE/cuda
+    from dspark_markov.cuda import build  # noqa: PLC0415  (after the environment is set)
+
+    version = build.nvrtc_version()
+    if version != WANTED_NVRTC:
+        print(f"prebuild_cubins: NVRTC {version} is not the GPU image's {WANTED_NVRTC}: its keys would not match "
+              "(set DSPARK_MARKOV_NVRTC to a libnvrtc.so.13)", file=sys.stderr)
+        return 2
+    for name in SOURCES:
+        start = time.time()
+        build.cached_cubin(name)
+        print(f"{name}: {time.time() - start:.1f} s", flush=True)
+    for path in sorted(build.cache_dir().glob("*.cubin")):
+        print(path.name)
+    print(f"NVRTC {version[0]}.{version[1]}, cache {build.cache_dir()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
