@@ -4,7 +4,7 @@ Tests that need the extracted copies (``python tools/extract_vllm.py``, git-igno
 ``.vllm-cache/``) skip with the loader's reason where they are absent (the CI machine); the
 extractor's rewriting and the stand-in launcher are tested on synthetic inputs that need no vLLM.
 
-Under Triton's interpreter two things of vLLM's kernels need help (:func:`_interpreter_shims`,
+Under Triton's interpreter two things of vLLM's kernels need help (``vllm_ops.interpreter_shims``,
 interpreter only, nothing of vLLM's code changes): ``tl.range`` there yields Python ints, on which
 vLLM's filter calls ``.to(tl.int64)``; and libdevice is not interpreted (``tldevice.log1p`` of the
 rejection sampler's resampling), so ``log1p(x)`` is computed as ``log(1 + x)`` there.
@@ -12,10 +12,8 @@ rejection sampler's resampling), so ``log1p(x)`` is computed as ``log(1 + x)`` t
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import math
-import os
 import sys
 import zipfile
 
@@ -28,41 +26,11 @@ from dspark_markov.bench import vllm_ops
 from dspark_markov.verify.filtering_reference import top_k_top_p_reference
 from tests.helpers import load_tool
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 NEG_INF = float("-inf")
 
 
 # ------------------------------------------------------------------------------ helpers
-@contextlib.contextmanager
-def _interpreter_shims():
-    """Under ``TRITON_INTERPRET=1``: ``tl.range`` yields interpreter tensors (not ints) and libdevice's
-    ``log1p(x)`` is ``log(1 + x)``; elsewhere nothing changes."""
-    if not INTERPRET:
-        yield
-        return
-    from triton.runtime import interpreter
-    import triton.language.extra.libdevice as libdevice
-
-    original = interpreter._patch_lang_core
-
-    def patch_core(lang, scope):
-        original(lang, scope)
-
-        def tensor_range(arg1, arg2=None, step=None, **kwargs):
-            start, end = (0, arg1) if arg2 is None else (arg1, arg2)
-            for value in range(int(start), int(end), int(1 if step is None else step)):
-                yield interpreter._implicit_cvt(value)
-
-        scope.set_attr(lang, "range", tensor_range)
-
-    old_log1p = libdevice.log1p
-    interpreter._patch_lang_core = patch_core
-    libdevice.log1p = lambda x: tl.log(x + 1.0)
-    try:
-        yield
-    finally:
-        interpreter._patch_lang_core = original
-        libdevice.log1p = old_log1p
+_interpreter_shims = vllm_ops.interpreter_shims
 
 
 def _load(op):
@@ -455,3 +423,13 @@ def test_vllm_rejection_sampler_mixed_temperatures_stay_in_range(device):
         emitted = sampled[r, :int(counts[r])]
         assert bool(((emitted >= 0) & (emitted < vocab)).all())
         assert math.isfinite(float(emitted.float().sum()))
+
+
+def test_interpreter_shims_restore_what_they_patch():
+    import triton.language.extra.libdevice as libdevice
+    from triton.runtime import interpreter
+
+    log1p, patch = libdevice.log1p, interpreter._patch_lang_core
+    with vllm_ops.interpreter_shims():
+        pass
+    assert libdevice.log1p is log1p and interpreter._patch_lang_core is patch

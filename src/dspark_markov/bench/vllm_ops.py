@@ -21,13 +21,19 @@ is part of this package. When neither source works, ``ImportError`` says what wa
 
 The stand-in launcher compiles a kernel variant at its first call (vLLM compiles them ahead, at
 start-up): call once before timing or capturing a CUDA graph.
+
+On the CPU (``TRITON_INTERPRET=1``) run them inside :func:`interpreter_shims`: Triton's interpreter
+yields Python ints from ``tl.range`` (vLLM's filter calls ``.to(tl.int64)`` on one) and does not
+interpret libdevice (the rejection sampler's ``tldevice.log1p``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
+import os
 import re
 import sys
 from pathlib import Path
@@ -158,3 +164,38 @@ def availability(source: str = "auto") -> dict:
         except ImportError as error:
             result[op] = f"unavailable: {error}"
     return result
+
+
+@contextlib.contextmanager
+def interpreter_shims():
+    """Under ``TRITON_INTERPRET=1``, for the duration: ``tl.range`` yields interpreter tensors (as
+    compiled Triton's loop variables are) instead of Python ints, and libdevice's ``log1p(x)`` is
+    computed as ``log(1 + x)`` (less accurate for ``|x|`` near 0; compiled code keeps libdevice).
+    Elsewhere it changes nothing. It patches Triton's interpreter internals (checked with Triton 3.9)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        yield
+        return
+    import triton.language as tl
+    import triton.language.extra.libdevice as libdevice
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_core
+
+    def patch_core(lang, scope):
+        original(lang, scope)
+
+        def tensor_range(arg1, arg2=None, step=None, **kwargs):
+            start, end = (0, arg1) if arg2 is None else (arg1, arg2)
+            for value in range(int(start), int(end), int(1 if step is None else step)):
+                yield interpreter._implicit_cvt(value)
+
+        scope.set_attr(lang, "range", tensor_range)
+
+    old_log1p = libdevice.log1p
+    interpreter._patch_lang_core = patch_core
+    libdevice.log1p = lambda x: tl.log(x + 1.0)
+    try:
+        yield
+    finally:
+        interpreter._patch_lang_core = original
+        libdevice.log1p = old_log1p
