@@ -219,6 +219,7 @@ __device__ __forceinline__ void df_scan2(u64& a, u64& b, FilterShared& sh) {
 // within the items; if no item holds it (a broken invariant), sh.sel is DF_NONE. Ends with a block barrier.
 #define DF_NONE 0xFFFFFFFFu
 __device__ __forceinline__ void df_select(u64 cnt, u64 mass, bool by_mass, u64 target, FilterShared& sh) {
+  __syncthreads();  // every thread has read the previous selection (sh.sel, sel_cnt) before it is reset below
   const u64 base_cnt = sh.base_cnt, base_mass = sh.base_mass;
   if (threadIdx.x == 0) sh.sel = DF_NONE;  // (df_scan2's barriers order it before the selecting thread's write)
   u64 c = cnt, s = mass;
@@ -599,6 +600,7 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
     df_search(false, (u64)k, use_p, s_x, n, lo, m, s_hist, s_cand, s_rcnt, s_rmass, s_dig, sh, rank, stats);
     cut = sh.found_word;
     total = sh.found_mass;
+    done = cut == 0;  // a failed search (stats[1]): the row keeps every token, top-p included
   } else if (!done && use_p) {
     if (tid < DF_C) sh.warp_sum[tid] = df_ld64(df_map(df_addr(&sh.tot_mass), tid));
     __syncthreads();
@@ -624,11 +626,11 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
   if (vec_out) {
     for (int i = tid; i < n / 4; i += DF_T) {
       float4 f = reinterpret_cast<const float4*>(s_x)[i];
-      const i64 t = lo + 4 * i;
-      f.x = (f.x > cut_x || (f.x == cut_x && t <= cut_i)) ? f.x : ninf;
-      f.y = (f.y > cut_x || (f.y == cut_x && t + 1 <= cut_i)) ? f.y : ninf;
-      f.z = (f.z > cut_x || (f.z == cut_x && t + 2 <= cut_i)) ? f.z : ninf;
-      f.w = (f.w > cut_x || (f.w == cut_x && t + 3 <= cut_i)) ? f.w : ninf;
+      const i64 t0 = lo + 4 * i;
+      f.x = (f.x > cut_x || (f.x == cut_x && t0 <= cut_i)) ? f.x : ninf;
+      f.y = (f.y > cut_x || (f.y == cut_x && t0 + 1 <= cut_i)) ? f.y : ninf;
+      f.z = (f.z > cut_x || (f.z == cut_x && t0 + 2 <= cut_i)) ? f.z : ninf;
+      f.w = (f.w > cut_x || (f.w == cut_x && t0 + 3 <= cut_i)) ? f.w : ninf;
       store_cs16(dst + 4 * i, __float_as_uint(f.x), __float_as_uint(f.y), __float_as_uint(f.z), __float_as_uint(f.w));
     }
     for (int i = (n / 4) * 4 + tid; i < n; i += DF_T) {
