@@ -433,3 +433,54 @@ def test_interpreter_shims_restore_what_they_patch():
     with vllm_ops.interpreter_shims():
         pass
     assert libdevice.log1p is log1p and interpreter._patch_lang_core is patch
+
+
+# ------------------------------------------------------------------------------ tools/time_vllm_ops.py
+def test_time_vllm_ops_arguments_and_cases():
+    tool = load_tool("time_vllm_ops")
+    args = tool.parse_args(["--rows", "1,16", "--parts", "filter", "--kinds", "bf16", "--cases", "p",
+                            "--filter-impls", "vllm,triton"])
+    assert tool.cases(args) == [("filter", "vllm", "bf16 p"), ("filter", "triton", "bf16 p")]
+    assert args.rows == (1, 16) and args.config.vocab == 129_280 and args.config.steps == 5
+    default = tool.parse_args([])
+    assert len(tool.cases(default)) == 3 * 2 * 3 + 2  # kinds x cases x impls + rejection impls (mixed T)
+    assert tool.main(["--parts", "sort"]) == 2
+    assert tool.main(["--rows", "300"]) == 2  # more than bench --verify's max_reqs
+
+
+def test_time_vllm_ops_records_why_a_part_cannot_run(tmp_path, monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU-only path: no CUDA device")
+    tool = load_tool("time_vllm_ops")
+    assert tool.main(["--out", str(tmp_path), "--parts", "rejection"]) == 0
+    import json
+
+    records = json.loads((tmp_path / "vllm_ops.json").read_text())["results"]
+    assert records and all(r["status"] == "n/a" and "no CUDA device" in r["reason"] for r in records)
+    assert (tmp_path / "vllm_ops.csv").read_text().count("\n") == len(records) + 1
+
+
+def test_time_vllm_ops_runs_on_the_cpu(tmp_path, device):
+    """A tiny CPU run (interpreter): vLLM's filter (p alone) and rejection sampler, checked as on the GPU;
+    without the extracted copies the records say why (n/a)."""
+    if device.type == "cuda":
+        pytest.skip("the CPU path; the GPU session runs the tool itself")
+    import json
+
+    tool = load_tool("time_vllm_ops")
+    assert tool.main(["--device", "cpu", "--vocab", "600", "--rows", "2", "--kinds", "peaked", "--cases", "p",
+                      "--filter-impls", "vllm", "--rejection-impls", "vllm", "--rounds", "1", "--replays", "1",
+                      "--eager-calls", "1", "--out", str(tmp_path)]) == 0
+    records = {r["part"]: r for r in json.loads((tmp_path / "vllm_ops.json").read_text())["results"]}
+    assert set(records) == {"filter", "rejection"}
+    available = vllm_ops.availability()
+    for part, op in (("filter", "filter"), ("rejection", "rejection")):
+        if available[op].startswith("unavailable"):
+            assert records[part]["status"] == "n/a" and "extract_vllm" in records[part]["reason"]
+        else:
+            assert records[part]["status"] == "ok", records[part]["reason"]
+            assert records[part]["time_us"] > 0
+    if records["filter"]["status"] == "ok":
+        assert records["filter"]["agreement_rows"] == 1.0  # peaked rows: one clear top set
+    if records["rejection"]["status"] == "ok":
+        assert records["rejection"]["greedy_match"] is True  # slot 0 has T = 0 (mixed)
