@@ -8,8 +8,8 @@ committed or copied into ``src/``: the cache is ``.vllm-cache/`` at the reposito
 
 Source of the file, in order: ``--wheel PATH`` (a vllm-0.33.0 wheel), an installed vllm 0.33.0 in
 ``--site-packages DIR`` (default: the side venv ``.venv-vllm/`` of ``tools/check_vllm.sh``), or
-``pip download --no-deps vllm==0.33.0`` into a temporary folder (a large wheel; only the one
-member is read). Written:
+``pip download --no-deps vllm==0.33.0`` into a temporary folder (a large wheel; only these
+members are read). Written:
 
 - ``.vllm-cache/vllm-0.33.0/gumbel.py``: ``vllm/v1/worker/gpu/sample/gumbel.py`` byte for byte;
 - ``.vllm-cache/vllm-0.33.0/gumbel_standalone.py``: the same file with its one vLLM import

@@ -103,6 +103,10 @@ def _from_cache(op: str, tried: list):
             tried.append(f"{folder}: {', '.join(edited + unrecorded)} "
                          f"{'differ from' if edited else 'missing in'} SOURCE.txt (run tools/extract_vllm.py again)")
             continue
+        ours = Path(__file__).resolve().parents[3] / "tools" / "vllm_standins.py"  # in a source checkout
+        if ours.is_file() and ours.read_bytes() != (folder / "vllm_standins.py").read_bytes():
+            tried.append(f"{folder / 'vllm_standins.py'} differs from {ours} (run tools/extract_vllm.py again)")
+            continue
         module_name = f"{stem}_standalone"
         sys.path.insert(0, str(folder))
         try:
