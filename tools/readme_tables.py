@@ -65,7 +65,7 @@ FILTER_TARGETS = {1: (40, 40), 16: (80, 100), 64: (250, 300), 253: (900, 1000)}
 
 
 def _ok(records, **match):
-    return [r for r in records if r["status"] == "ok" and r["time_us"] and all(r[k] == v for k, v in match.items())]
+    return [r for r in records if r["status"] == "ok" and r["time_us"] and all(r.get(k) == v for k, v in match.items())]
 
 
 def verify_table(records) -> str:
@@ -92,24 +92,34 @@ def verify_table(records) -> str:
     return "\n".join(lines)
 
 
+def _filter_cell(records, rows, case, impls, target):
+    """The times of the faster layout of ``impls`` (lower median over the input kinds) as "lo-hi", bold if the
+    slowest input kind is within ``target``; "n/a" without a record."""
+    best = None
+    for kernel in ("filter_row", "filter_split"):
+        times = sorted(r["time_us"] for r in _ok(records, kernel=kernel, rows=rows)
+                       if r["inputs"].split()[-1] == case and r.get("impl", "triton") in impls)
+        if times and (best is None or times[len(times) // 2] < best[len(best) // 2]):
+            best = times
+    text = "n/a" if best is None else (f"{best[0]:.0f}" if round(best[0]) == round(best[-1])
+                                       else f"{best[0]:.0f}-{best[-1]:.0f}")
+    return f"**{text}**" if best and target is not None and best[-1] <= target else text
+
+
 def filter_table(records) -> str:
-    """Top-k/top-p: per request count and case, the layout with the lower median over the input kinds."""
-    lines = ["| requests (rows) | k + p: ours / vLLM / target | p only: ours / vLLM / target "
+    """Top-k/top-p: per request count and case, the layout with the lower median over the input kinds; with records
+    of the CUDA filter (impl "cuda") beside the Triton filter's, both: "triton / cuda"."""
+    with_cuda = bool(_ok(records, kernel="filter_row", impl="cuda"))
+    ours = "ours (triton / cuda)" if with_cuda else "ours"
+    lines = [f"| requests (rows) | k + p: {ours} / vLLM / target | p only: {ours} / vLLM / target "
              "| floor (read + write once) | block inputs |", "|---:|---:|---:|---:|---:|"]
     for rows in sorted({r["rows"] for r in _ok(records, kernel="filter_row")}):
         cells = []
         for index, case in enumerate(("k+p", "p")):
-            best = None
-            for kernel in ("filter_row", "filter_split"):
-                times = sorted(r["time_us"] for r in _ok(records, kernel=kernel, rows=rows)
-                               if r["inputs"].split()[-1] == case)
-                if times and (best is None or times[len(times) // 2] < best[len(best) // 2]):
-                    best = times
             target = FILTER_TARGETS.get(rows, (None, None))[index]
-            text = "n/a" if best is None else (f"{best[0]:.0f}" if round(best[0]) == round(best[-1])
-                                               else f"{best[0]:.0f}-{best[-1]:.0f}")
-            if best and target is not None and best[-1] <= target:
-                text = f"**{text}**"
+            text = _filter_cell(records, rows, case, ("triton", "reference"), target)
+            if with_cuda:
+                text += " / " + _filter_cell(records, rows, case, ("cuda",), target)
             cells.append(f"{text} / {VLLM_FILTER.get(rows, ('-', '-'))[index]} / "
                          + (f"<= {target}" if target is not None else "-"))
         any_filter = _ok(records, kernel="filter_row", rows=rows)[0]

@@ -393,6 +393,11 @@ def test_readme_verify_tables_take_the_faster_filter_layout_and_bold_met_targets
     assert verify[2] == "| 1 | 24.0 / **18.0** | 30.0 / n/a | n/a / n/a | n/a / n/a | <= 20 / 22 | 23.4 (34.2) | 1.0 |"
     # split (median 41) beats row (130); its range 39-41 misses the 40 us target: not bold
     assert filters[2] == "| 1 (6) | 39-41 / 106-141 / <= 40 | 75 / 70-100 / <= 40 | 1.0 | 5.5 |"
+    cuda = [dict(record("filter_row", 1, time, inputs=inputs, work_rows=6), impl="cuda")
+            for time, inputs in ((22.0, "gaussian k+p"), (25.0, "bf16 k+p"), (31.0, "gaussian p"))]
+    both = tool.filter_table(records + cuda).splitlines()
+    assert both[0].startswith("| requests (rows) | k + p: ours (triton / cuda) / vLLM / target")
+    assert both[2] == "| 1 (6) | 39-41 / **22-25** / 106-141 / <= 40 | 75 / **31** / 70-100 / <= 40 | 1.0 | 5.5 |"
 
 
 def test_a_replay_after_the_timing_must_draw_the_eager_tokens_again():
