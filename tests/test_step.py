@@ -115,6 +115,39 @@ def test_verify_with_top_k_filters_the_target():
         for j in range(int(out.num_emitted[b])):
             assert int(out.tokens[b, j]) in keep[b, j].tolist()
 
+@pytest.mark.parametrize("verify_impl", ["reference", "triton"])
+def test_verify_raw_target_logits_with_temperature(verify_impl):
+    """verify(target_temperature=T): raw target logits, divided by each request's slot temperature inside verification
+    (no filter) or by the filter as it reads them (top_k / top_p; filter_impl 'reference' here, 'cuda' on the GPU):
+    the tokens and the filtered rows are those of passing scale_target's pre-divided logits; the Triton filter refuses
+    raw rows."""
+    from dspark_markov.verify.reference import scale_target
+
+    head = _head()
+    kinds = dict(num_steps=N, max_reqs=MAX_REQS, num_slots=SLOTS, mask_token_id=MASK, max_model_len=MAX_LEN,
+                 draft_impl="reference", verify_impl=verify_impl, block_inputs_impl="reference")
+    step = DSparkStep(head, _Backbone(), filter_impl="reference", **kinds)
+    last_pos, bonus, slots, temperature, seeds = _inputs(5)
+    step.draft(last_pos, bonus, slots, temperature, seeds)
+    raw = _target(step.draft_tokens, step.logits_cache, step.req_slots, temperature, 6) * 1.7
+    target_t = torch.rand(SLOTS, generator=torch.Generator().manual_seed(7)) + 0.4
+    target_t[slots[1]] = 0.0  # an unscaled slot
+    num_drafts = torch.full((MAX_REQS,), N)
+    divided = scale_target(raw, target_t, step.req_slots)
+    for top_k, top_p in ((None, None), (7, None), (None, 0.8), (20, 0.7)):
+        expected_rows = divided.clone()
+        expected = step.verify(expected_rows, num_drafts, temperature, seeds, top_k=top_k, top_p=top_p)
+        expected = (expected.tokens.clone(), expected.num_emitted.clone())
+        rows = raw.clone()
+        out = step.verify(rows, num_drafts, temperature, seeds, top_k=top_k, top_p=top_p, target_temperature=target_t)
+        assert torch.equal(out.tokens, expected[0]) and torch.equal(out.num_emitted, expected[1])
+        if top_k is not None or top_p is not None:
+            assert torch.equal(rows, expected_rows)  # divided (the padding request unscaled), then filtered
+    triton_filter = DSparkStep(head, _Backbone(), filter_impl="triton", **kinds)
+    with pytest.raises(ValueError, match="target_temperature"):
+        triton_filter.verify(raw.clone(), num_drafts, temperature, seeds, top_p=0.8, target_temperature=target_t)
+
+
 def test_bad_arguments():
     head = _head()
     with pytest.raises(ValueError, match="backbone"):

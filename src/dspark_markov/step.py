@@ -121,6 +121,11 @@ class DSparkStep:
         self.logits_cache = torch.zeros(self.num_slots, n, self.vocab, dtype=cache_dtype, device=device)
         self.req_slots, self.req_positions = i64(r, fill=-1), i64(r)
         self.tokens, self.num_emitted = i64(r, n + 1, fill=-1), i64(r)
+        # verify(target_temperature=) with top_k / top_p: each target row's temperature (its request's slot; padding
+        # requests 0: unscaled), [max_reqs*(N+1)], refilled per call without allocation
+        self.row_slot, self.slot_clamped = i64(r * (n + 1)), i64(r)
+        self.row_temperature = torch.zeros(r * (n + 1), dtype=torch.float32, device=device)
+        self.live_b, self.live_f = torch.zeros(r, dtype=torch.bool, device=device), torch.zeros(r, device=device)
 
     def draft(self, last_pos, bonus_tokens, req_slots, temperature, seeds, *, num_reqs=None,
               check_values: bool | None = None) -> torch.Tensor:
@@ -188,8 +193,20 @@ class DSparkStep:
         or ``None`` (reference verification)."""
         return None if self.verifier is None else getattr(self.verifier, "status", None)
 
+    def _row_temperatures(self, target_temperature):
+        """``[max_reqs*(N+1)]`` fp32: each target row's slot temperature (0 for padding requests), in persistent
+        buffers (no allocation: CUDA-graph safe)."""
+        r, n = self.max_reqs, self.num_steps
+        torch.clamp(self.req_slots, min=0, out=self.slot_clamped)
+        self.row_slot.view(r, n + 1).copy_(self.slot_clamped.view(r, 1).expand(r, n + 1))
+        torch.index_select(target_temperature, 0, self.row_slot, out=self.row_temperature)
+        torch.ge(self.req_slots, 0, out=self.live_b)
+        self.live_f.copy_(self.live_b)
+        self.row_temperature.view(r, n + 1).mul_(self.live_f.view(r, 1))
+        return self.row_temperature
+
     def verify(self, target_logits, num_drafts, temperature, seeds, *, target_greedy=None, top_k=None, top_p=None,
-               check_values: bool | None = None) -> StepVerifyOutput:
+               target_temperature=None, check_values: bool | None = None) -> StepVerifyOutput:
         """Verify the last :meth:`draft`'s tokens against the target (SPEC.md section 6).
 
         Parameters
@@ -201,6 +218,13 @@ class DSparkStep:
         target_greedy : optional ``[max_reqs]`` bool (default: greedy iff the slot's T == 0).
         top_k, top_p : optional filtering of the target rows before verification: a scalar, or a
             per-row tensor over the ``max_reqs*(N+1)`` rows of ``target_logits`` (request-major).
+        target_temperature : optional ``[S]`` fp32 per slot: ``target_logits`` are RAW, divided by
+            their request's slot temperature (IEEE ``z / T``, ``T == 0`` and padding requests
+            unscaled) without a separate pass: inside verification (``verify_drafts``'
+            ``target_temperature``), or, with ``top_k``/``top_p``, by the filter as it reads each
+            row (``filter_impl="cuda"``, or ``"reference"``; the Triton filter cannot), which leaves
+            ``target_logits`` divided and filtered for verification. Either way the tokens are
+            those of passing the pre-divided logits (``verify.reference.scale_target``).
 
         Returns ``StepVerifyOutput(tokens [max_reqs, N+1], num_emitted [max_reqs])`` (views of
         persistent buffers with the Triton verifier). CUDA-graph safe with ``verify_impl="triton"``,
@@ -211,7 +235,8 @@ class DSparkStep:
         n, r = self.num_steps, self.max_reqs
         # Shapes, dtypes and strides are checked on every call (no host sync); values only when asked.
         check_verify_inputs(target_logits, self.draft_tokens, self.logits_cache, num_drafts, self.req_slots,
-                            self.req_positions, temperature, seeds, target_greedy, check_values=check_values)
+                            self.req_positions, temperature, seeds, target_greedy, check_values=check_values,
+                            target_temperature=target_temperature)
         if tuple(target_logits.shape) != (r, n + 1, self.vocab):
             raise ValueError(f"target_logits: expected shape {(r, n + 1, self.vocab)}, got {tuple(target_logits.shape)}")
         if top_k is not None or top_p is not None:
@@ -220,19 +245,28 @@ class DSparkStep:
                 raise ValueError("target_logits: expected a contiguous tensor when filtering (filtered in place)")
             from .verify.filtering import top_k_top_p
 
-            top_k_top_p(target_logits.view(r * (n + 1), self.vocab), top_k, top_p, impl=self.filter_impl)
+            row_temperature = None
+            if target_temperature is not None:  # the filter divides the raw rows; verification reads them divided
+                if self.filter_impl == "triton":
+                    raise ValueError("target_temperature: with top_k / top_p the filter divides the raw rows, which "
+                                     "filter_impl 'triton' cannot: use filter_impl='cuda' (or 'reference')")
+                row_temperature = self._row_temperatures(target_temperature)
+                target_temperature = None
+            top_k_top_p(target_logits.view(r * (n + 1), self.vocab), top_k, top_p, impl=self.filter_impl,
+                        temperature=row_temperature)
         if self.verifier is not None:
             tokens, count = self.verifier.run(target_logits, self.draft_tokens, self.logits_cache, num_drafts,
                                               self.req_slots, self.req_positions, temperature, seeds, target_greedy,
                                               method=self.verify_method, tokens=self.tokens,
-                                              num_emitted=self.num_emitted)
+                                              num_emitted=self.num_emitted, target_temperature=target_temperature)
             return StepVerifyOutput(tokens, count)
         registry.check_capturable("verify", self.verify_impl, self.device, argument="verify_impl")
         from .verify.api import verify_drafts
 
         out = verify_drafts(target_logits, self.draft_tokens, self.logits_cache, num_drafts, self.req_slots,
                             self.req_positions, temperature, seeds, target_greedy=target_greedy,
-                            method=self.verify_method, impl="reference", check_values=False)
+                            method=self.verify_method, impl="reference", check_values=False,
+                            target_temperature=target_temperature)
         self.tokens.copy_(out.tokens)
         self.num_emitted.copy_(out.num_emitted)
         return StepVerifyOutput(self.tokens, self.num_emitted)
