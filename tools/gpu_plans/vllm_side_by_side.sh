@@ -14,11 +14,13 @@
 #                                                          #   only after issue16_cluster.sh check passed
 # Results go to $JOB_OUT (default ./gpu_plan_out): one folder per part and batch size, each with vllm_ops.json /
 # vllm_ops.csv (time_us = CUDA-graph replay, L2 flushed, median of 5 round medians; bench --verify's method) and
-# the table in log.txt. vLLM's kernels compile at their first call (~2-5 s per variant; a carried Triton cache skips
+# the table in <part>_b<rows>.txt / rejection.txt. vLLM's kernels compile at their first call (~2-5 s per variant; a carried Triton cache skips
 # that). What to look at: time_us of impl vllm vs triton per (rows, mode); agreement_rows / kept_diff of vllm (its
 # pivot search is approximate at the top-p boundary; interpreter runs against top_k_top_p_reference: k+p every row
 # identical (64 rows V=4096, 6 rows V=129,280, all kinds); p alone, monolithic kernel (rows > 64 on the GPU), V=4096:
-# Gaussian 69% of rows identical (-1..+2 tokens), peaked and bf16 100%; p alone, split pipeline (<= 64 rows on the
+# Gaussian 69% of rows identical (-1..+2 tokens), peaked and bf16 100%; at V=129,280 (6 rows, the CPU's tiles of 256,
+# not the GPU's 8192) 0% / 17% / 67% (gaussian / peaked / bf16) identical, kept counts off by up to -602..+449 tokens
+# (of thousands kept; tokens alike >= 99.8%); p alone, split pipeline (<= 64 rows on the
 # GPU, x16 slices at 6 rows of V=129,280): a third of the rows identical, 0..+6 tokens more kept); greedy_match True
 # and graph_output_match True for every vllm record; any status other than ok (reason column).
 set -u
