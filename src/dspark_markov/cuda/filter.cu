@@ -11,7 +11,7 @@
 // shared memory (S = ceil(V / 8) rounded up to 4: 64,640 bytes at V = 129,280, two blocks per SM):
 //   1. load the slice once (16-byte streaming loads), its max and NaN flag; cluster barrier; every block reads the
 //      8 partials through distributed shared memory: the row max m (a NaN row, an all -inf row or a row without
-//      top-k and top-p is left as it is, copied when out is not logits);
+//      top-k and top-p is left as it is: written out when out is not logits or the row was divided);
 //   2. one pass over the slice: bucket(x) = 0 where x == m, else min(floor((m - x) 64), 2047) (monotone in the
 //      ranking: better tokens never fall in a later bucket), and q (top-p only); a local histogram of counts
 //      and masses per bucket in three 32-bit words (red.shared, no branch); cluster barrier; block r sums
@@ -26,7 +26,8 @@
 //      holds counts only, and when every token of the buckets up to the k-th token's fits in one gather (k = 50:
 //      a few hundred), those are gathered and sorted and both cuts come from their inclusive masses (top-p keeps
 //      a prefix of the k best): the row's weights are never computed; else the masses are histogrammed after all;
-//   4. the row written once: out = packed(x, i) >= cut ? x : -inf.
+//   4. the row written once: out = packed(x, i) >= cut ? x : -inf (compared as x > cut value, or x equal to it at
+//      an index not above the cut's).
 // Every block makes the same decisions from the same integer sums, so a row needs no broadcast; the cluster
 // barriers order every exchange (release / acquire), and a last one keeps every block's shared memory alive until
 // no other block can read it.
@@ -34,13 +35,14 @@
 // Bytes: the row read once and written once (2 x 4 V per row); the candidate exchanges stay on chip.
 // Instructions (NVRTC 13.0 SASS): 49 per logit in step 2 for top-p alone (the weight ~30: the 7-term polynomial
 // with IEEE adds and multiplies, floor without conversions, one F2I.U64; bucket 5; three red.shared), ~10 with
-// top-k (counts);
-// ~4 in step 1, ~6 in step 4. At 253 requests (1,518 rows): ~360 M warp instructions, ~350 us at the H200's
-// issue rate, against ~375 us to read and write the rows at 4.2 TB/s: two blocks per SM overlap one's loads with
-// the other's histogram.
-// NOT RUN ON A GPU YET (written 2026-12-04 without a device): compiled for sm_90 with NVRTC 13.0 (104 registers, no
-// spill; 47,312 bytes of static shared memory + the slice); the search is emulated on the CPU (tests/verify/test_cuda_filtering.py) and the weight / bucket / key helpers are compiled
-// as host C++ and compared with the torch reference bit for bit.
+// top-k (counts); ~4 in step 1, ~6 in step 4. At 253 requests (1,518 rows), top-p alone: ~360 M warp
+// instructions, ~350 us at the H200's issue rate, against ~375 us to read and write the rows at 4.2 TB/s: two
+// blocks per SM overlap one's loads with the other's histogram.
+//
+// NOT RUN ON A GPU YET (written 2026-12-04/05 without a device): compiled for sm_90 with NVRTC 13.0 (104 registers,
+// no spill; 47,312 bytes of static shared memory + the slice); the search is emulated on the CPU
+// (tests/verify/test_cuda_filtering.py), the weight / bucket / key helpers compiled as host C++ equal the torch
+// reference bit for bit, and two desk reviews found the barrier and shared-memory protocol sound (after fixes).
 #include "noise.cuh"
 
 namespace dm {
