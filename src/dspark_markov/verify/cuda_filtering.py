@@ -16,12 +16,12 @@ expected ~450-600 us at 253 requests, ~20-30 at one (not measured).
 
 Requirements (``ValueError`` otherwise): a CUDA device of compute capability 9.0 with NVRTC, fp32 logits with
 ``V <= 8 * MAX_SLICE``, and the opt-in below. CUDA-graph safe: one launch, no allocation after construction
-(``stats``, a running count of narrowed searches, is the only state).
+(``stats`` is the only state). ``temperature=``: raw logits divided as each row is read (issue 18).
 
-**Not run on a GPU yet.** Written on 2026-12-04 in a session without a device: it compiles for sm_90 (NVRTC 13.0,
-104 registers, no spill), its search is emulated on the CPU in the kernel's order of decisions and equals the sort reference
-(tests/verify/test_cuda_filtering.py), and its weight, bucket and key helpers, compiled as host C++, equal the
-torch reference bit for bit; it has never filtered a row on a GPU. So it runs only when
+**Not run on a GPU yet.** Written on 2026-12-04/05 in sessions without a device: it compiles for sm_90 (NVRTC 13.0,
+104 registers, no spill), its search is emulated on the CPU in the kernel's order of decisions and equals the sort
+reference (tests/verify/test_cuda_filtering.py), its weight, bucket and key helpers, compiled as host C++, equal the
+torch reference bit for bit, and two desk reviews checked its barriers; it has never filtered a row on a GPU. So it runs only when
 ``DSPARK_MARKOV_UNVERIFIED`` lists ``cuda_filter`` (or is ``1``); :func:`unavailable_reason` says why not. The GPU
 plan that verifies and times it: ``tools/gpu_plans/issue16_cluster.sh``.
 """
@@ -49,10 +49,11 @@ PLAN = "tools/gpu_plans/issue16_cluster.sh"
 class FilterArgs(ctypes.Structure):
     """The kernel's argument (``struct FilterArgs`` in filter.cu): 8-byte fields, in order."""
 
-    _fields_ = [(name, ctypes.c_uint64) for name in ("logits", "out", "k_ptr", "p_ptr", "stats")] + [
-        (name, ctypes.c_int64) for name in ("rows", "vocab", "in_stride", "out_stride", "slice", "k_value", "k_per_row",
-                                            "k64", "p_per_row")] + [("p_value", ctypes.c_double), ("t_ptr", ctypes.c_uint64),
-                                                                     ("t_per_row", ctypes.c_int64), ("t_value", ctypes.c_double)]
+    _fields_ = ([(name, ctypes.c_uint64) for name in ("logits", "out", "k_ptr", "p_ptr", "stats")]
+                + [(name, ctypes.c_int64) for name in ("rows", "vocab", "in_stride", "out_stride", "slice", "k_value",
+                                                       "k_per_row", "k64", "p_per_row")]
+                + [("p_value", ctypes.c_double), ("t_ptr", ctypes.c_uint64), ("t_per_row", ctypes.c_int64),
+                   ("t_value", ctypes.c_double)])
 
 
 def slice_len(vocab: int) -> int:
