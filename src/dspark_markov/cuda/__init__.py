@@ -138,19 +138,12 @@ def noise_table(device_index: int):
     text of blocks.cu and its headers and by ``TB_SIZE`` (an edit of either source sweeps again): a
     machine sweeps the hashes once per source version. ``tests/gpu/test_cuda_gumbel_gpu.py`` rebuilds it and compares.
     """
-    import hashlib
-
     import torch
-
-    from . import build as _build
 
     table = _noise_tables.get(device_index)
     if table is not None:
         return table
-    texts = _build.sources("blocks.cu")  # blocks.cu (the sweep) and the headers (the noise)
-    material = "".join(f"{name}\0{texts[name]}\0" for name in sorted(texts)) + f"TB_SIZE={TB_SIZE}"
-    key = hashlib.sha256(material.encode()).hexdigest()[:24]
-    path = _build.cache_dir() / f"noise_table-{key}.f32"
+    path = noise_table_path()
     device = torch.device("cuda", device_index)
     if path.exists() and path.stat().st_size == TB_SIZE * 4:
         table = torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.float32).to(device)
@@ -165,6 +158,19 @@ def noise_table(device_index: int):
             pass
     _noise_tables[device_index] = table
     return table
+
+
+def noise_table_path():
+    """Where :func:`noise_table` keeps the table on disk: keyed by the text of blocks.cu (the sweep) and its headers
+    (the noise) and by ``TB_SIZE`` (``tools/prebuild_noise_table.py`` writes the same file from a host sweep)."""
+    import hashlib
+
+    from . import build as _build
+
+    texts = _build.sources("blocks.cu")
+    material = "".join(f"{name}\0{texts[name]}\0" for name in sorted(texts)) + f"TB_SIZE={TB_SIZE}"
+    key = hashlib.sha256(material.encode()).hexdigest()[:24]
+    return _build.cache_dir() / f"noise_table-{key}.f32"
 
 
 def build_noise_table(device_index: int):
