@@ -219,6 +219,7 @@ def _emulate_step(z, temp, seed, step, pos, teams, margin, table, exact):
     h = rng.murmur3_hash32(rng.draft_step_seed(seed[:, None], step), rng.draft_key_pos(pos[:, None]), tokens)
     greedy = temp == 0
     inv = torch.where(greedy, torch.ones_like(temp), 1.0 / temp)
+    inv = torch.where(inv <= 3.402823466e38, inv, float("nan"))  # wide_row: 1 / T overflowed (subnormal T): NaN bounds
     bound = torch.where(greedy[:, None], z, z * inv[:, None] + table[_bucket(h)])
     with np.errstate(invalid="ignore"):  # the table bounds every key used here (NaN keys aside)
         assert bool(((bound >= exact) | torch.isnan(exact) | torch.isnan(bound) | greedy[:, None]).all())
@@ -265,7 +266,9 @@ def test_emulated_ranking_draws_the_reference():
     z[3, 7] = float("inf")
     z[4, :] = 2.5  # a row of ties
     z[5, 999] = 3e38
+    z[9] = -z[9].abs() - 0.25  # every z < 0 at a subnormal T (below): the keys are finite, 1 / T is not
     temp = torch.tensor([0.0, 0.6, 1.0, 2.5])[torch.arange(rows) % 4]
+    temp[9] = 1e-39
     seed = torch.randint(-(2**62), 2**62, (rows,), generator=gen)
     pos = torch.randint(1, 1 << 20, (rows,), generator=gen)
     for step, teams, margin in ((0, 5, 0.0), (3, 64, 1e-3)):  # interleavings, margins
@@ -343,12 +346,12 @@ def _pick(z, temp, u, part, gpb):
     if np.isnan(m):
         lo, hi = span(int(np.flatnonzero(np.isnan(part[:, 0]))[0]))
         return lo + int(np.flatnonzero(np.isnan(z[lo:hi]))[0])
-    if m == _NINF:
+    if m == _NINF and temp == 0:
         return 0
     if temp == 0:  # the first block whose max is the row's, then its first such token
         lo, hi = span(int(np.flatnonzero(part[:, 0] == m)[0]))
         return lo + int(np.flatnonzero(z[lo:hi] == m)[0])
-    if m == np.inf:
+    if m == np.inf or m == _NINF:  # not finite: argmax_first(z) (z itself may be finite: z / T overflowed)
         return int(np.flatnonzero(z == z.max())[0])
     per = -(-nb // 32)
     mass = np.where(part[:, 1] > 0, part[:, 1] * _ex(part[:, 0] - m), np.float32(0)).astype(np.float32)
@@ -422,8 +425,10 @@ def test_emulated_inverse_cdf_draws_the_reference():
         z[11, [vocab - 40, 40]] = 50.0  # greedy rows (T = 0 at rows 3 mod 4): a tie across blocks, +inf, all -inf
         z[15, [vocab - 2, 3]] = float("inf")
         z[19] = float("-inf")
+        z[13] = -3e38  # finite z whose z / 0.01 all overflow to -inf: argmax_first(z) (desk review 2026-12-05)
+        z[13, 99] = -1e38
         temp = torch.tensor([1.0, 0.6, 2.5, 0.0])[torch.arange(rows) % 4]
-        temp[[1, 2, 3, 5, 6, 7, 9]] = torch.tensor([1.0, 1.0, 0.6, 1.0, 0.6, 2.5, 1.0])
+        temp[[1, 2, 3, 5, 6, 7, 9, 13]] = torch.tensor([1.0, 1.0, 0.6, 1.0, 0.6, 2.5, 1.0, 0.01])
         seed = torch.randint(-(2**62), 2**62, (rows,), generator=gen)
         pos = torch.randint(1, 1 << 20, (rows,), generator=gen)
         step = 2
@@ -435,8 +440,8 @@ def test_emulated_inverse_cdf_draws_the_reference():
         assert torch.equal(got, want), (vocab, torch.nonzero(got != want).flatten().tolist())
         assert torch.equal(got[temp == 0], argmax_first(z[temp == 0]))
         assert got[1] == 0 and got[2] == vocab // 3 and got[3] == 7 and got[6] == vocab - 5
-        assert got[11] == 40 and got[15] == 3 and got[19] == 0
-        finite = [r for r in range(rows) if temp[r] > 0 and r not in (1, 2, 3, 6)]
+        assert got[11] == 40 and got[15] == 3 and got[19] == 0 and got[13] == 99
+        finite = [r for r in range(rows) if temp[r] > 0 and r not in (1, 2, 3, 6, 13)]
         check_inverse_cdf(z[finite], temp[finite], seed[finite], step, pos[finite], got[finite])
         finite = finite + [r for r in range(rows) if temp[r] == 0 and r not in (15, 19)]  # greedy: x = z
         safe = torch.where(temp > 0, temp, torch.ones_like(temp))

@@ -111,6 +111,9 @@ __device__ __forceinline__ WideRow wide_row(const WideArgs& a, i64 row, i64 step
   r.prefix = dm::draft_prefix(seed, (int)step, position);
   r.temp = temp;
   r.inv_temp = temp == 0.0f ? 1.0f : dm::div_rn(1.0f, temp);
+  // A subnormal T (1 / T overflows) would make the bound of every z < 0 -inf although its exact key div_rn(z, T) + g
+  // is finite: NaN bounds instead, so that every token of such a row gets its exact key (seeding skips NaN bounds).
+  if (!(r.inv_temp <= 3.402823466e38f)) r.inv_temp = __int_as_float(0x7fffffff);
   r.base_off = row * a.stride_br + step * a.stride_bn;
   r.cache_off = live ? slot * a.stride_cs + step * a.vocab : -1;
   r.pad = 0;
@@ -726,12 +729,13 @@ __device__ __forceinline__ i64 dw_pick(const WideArgs& a, i64 row, const WideRow
     const i64 t = first_in_block(first_block(true, 0.0f), true, 0.0f);
     return t < 0 ? 0 : t;  // (a NaN partial has a NaN z)
   }
-  if (m == ninf) return 0;  // every z is -inf: argmax_first gives 0
+  if (m == ninf && greedy) return 0;  // every z is -inf: argmax_first gives 0
   if (greedy) {  // the first maximum of z: in the first block whose max is the row's
     const i64 t = first_in_block(first_block(false, m), false, m);
     return t < 0 ? 0 : t;
   }
-  if (m == pinf) {  // z / T = +inf somewhere (z = +inf, or z / T overflows): the first maximum of z over the row (rare)
+  if (m == pinf || m == ninf) {  // z / T = +inf somewhere (z = +inf, or z / T overflows), or every z / T = -inf (z = -inf,
+    // or finite z whose z / T overflows to -inf): not finite, so argmax_first(z), the first maximum of z over the row
     float bz = ninf;
     i64 bi = 0x7FFFFFFFll;
     for (i64 t = lane; t < vocab; t += 32) {
