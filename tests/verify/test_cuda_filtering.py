@@ -370,3 +370,37 @@ def test_raw_logits_with_temperature_equal_the_filter_of_the_divided_rows():
     for bad in (-1.0, float("nan"), torch.ones(3), torch.ones(10, dtype=torch.float64), "hot"):
         with pytest.raises(ValueError, match="temperature"):
             dm.top_k_top_p(x.clone(), k, p, impl="reference", temperature=bad)
+
+
+def test_launch_arguments(monkeypatch):
+    """filter() builds the kernel's argument struct from scalars and per-row tensors (CPU tensors and a recording
+    launcher stand in for the GPU): one launch of rows x 8 blocks, the slice's shared memory, every field."""
+    launches = []
+
+    class Recorder:
+        def launch(self, name, grid, threads, smem, stream, params):
+            launches.append((name, grid, threads, smem, params[0]))
+
+    filt = cf.CudaTopKTopPFilter.__new__(cf.CudaTopKTopPFilter)
+    filt.max_rows, filt.vocab, filt.device = 6, 1001, torch.device("cpu")
+    filt.slice, filt.smem, filt.kernels = cf.slice_len(1001), cf.smem_bytes(1001), Recorder()
+    filt.stats = torch.zeros(2, dtype=torch.int32)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 0})())
+    x, out = torch.randn(5, 1001), torch.empty(5, 1001)
+    k32, p, temp = torch.full((5,), 7, dtype=torch.int32), torch.full((5,), 0.5), torch.ones(5)
+    filt.filter(x, k32, 0.1, out, temperature=temp)
+    filt.filter(x, 50, p, x)
+    filt.filter(x, None, None, x)  # nothing to do in place: no launch
+    (name, grid, threads, smem, a), (_, _, _, _, b) = launches
+    assert len(launches) == 2 and name == "dm_filter" and grid == 5 * 8 and threads == 256 and smem == 128 * 4
+    assert (a.logits, a.out, a.k_ptr, a.p_ptr, a.t_ptr) == (x.data_ptr(), out.data_ptr(), k32.data_ptr(), 0,
+                                                            temp.data_ptr())
+    assert (a.rows, a.vocab, a.in_stride, a.out_stride, a.slice) == (5, 1001, 1001, 1001, 128)
+    assert (a.k_per_row, a.k64, a.p_per_row, a.t_per_row) == (1, 0, 0, 1)
+    assert a.p_value == float(torch.tensor(0.1)) != 0.1  # the fp32 value of p
+    assert (b.k_value, b.k_per_row, b.p_per_row, b.p_ptr, b.t_per_row, b.t_value) == (50, 0, 1, p.data_ptr(), 0, 1.0)
+    assert b.out == b.logits == x.data_ptr() and a.stats == b.stats == filt.stats.data_ptr()
+    with pytest.raises(ValueError, match="out"):
+        filt.filter(x, 5, None, x[1:])  # overlapping without being it
+    with pytest.raises(ValueError, match="logits"):
+        filt.filter(torch.randn(7, 1001), 5, None, torch.empty(7, 1001))  # more rows than max_rows
