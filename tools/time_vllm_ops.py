@@ -155,13 +155,8 @@ class _Run:
         if cuda:
             from dspark_markov.bench import harness
 
-            eager = [out.clone() for out in self.outputs()]
-            self.graph = harness.capture_graph(self.call)
-            self.clear()
-            self.prepare()
-            self.graph.replay()
-            torch.cuda.synchronize()
-            self.graph_output_match = all(torch.equal(a, b) for a, b in zip(self.outputs(), eager))
+            self.graph, self.graph_output_match = harness.capture_checked(self.call, self.outputs, self.prepare,
+                                                                          self.clear)
 
     def prepare(self):
         """Restore what an in-place run overwrote (untimed, before each timed call)."""

@@ -96,6 +96,24 @@ def capture_graph(fn: Callable[[], object], warmup: int = 2) -> "torch.cuda.CUDA
     return graph
 
 
+def capture_checked(fn: Callable[[], object], outputs: Callable[[], list], prepare: Callable[[], None],
+                    clear: Callable[[], None] | None = None):
+    """``(graph, match)``: ``fn`` captured (:func:`capture_graph`) after its eager call, then replayed once on
+    cleared outputs (``clear``, default: zero every tensor of ``outputs()``) and restored inputs (``prepare``);
+    ``match`` says whether the replay wrote exactly what the eager call had (same inputs, same keys)."""
+    eager = [out.clone() for out in outputs()]
+    graph = capture_graph(fn)
+    if clear is None:
+        for out in outputs():
+            out.zero_()
+    else:
+        clear()
+    prepare()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph, all(torch.equal(a, b) for a, b in zip(outputs(), eager))
+
+
 def time_graph_replays(graph, count: int, flush: Callable[[], None],
                        prepare: Callable[[], None] | None = None) -> list:
     """Microseconds of ``count`` replays of ``graph``, each after a flush and timed by its own events.
