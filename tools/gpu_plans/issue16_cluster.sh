@@ -4,7 +4,7 @@
 # no spill, 46 KB static + 64.6 KB dynamic shared memory: two blocks per SM) and its search is emulated on the CPU,
 # but it has NEVER RUN ON A GPU. Opt-in: DSPARK_MARKOV_UNVERIFIED=cuda_filter (set below). Run from the repository
 # root on an H200, PYTHONPATH=$PWD/src, one part per job:
-#   bash tools/gpu_plans/issue16_cluster.sh check     # budget ~90 s: exact at full shapes? (run this first)
+#   bash tools/gpu_plans/issue16_cluster.sh check     # budget ~120 s: a smoke run, then exact at full shapes? (first)
 #   bash tools/gpu_plans/issue16_cluster.sh sanitize  # budget ~60 s: memcheck + racecheck + synccheck, small shape
 #   bash tools/gpu_plans/issue16_cluster.sh bench     # budget ~150 s: the bench's filter cases, Triton and cuda
 #   bash tools/gpu_plans/issue16_cluster.sh ncu       # budget ~80 s: where the time goes at 253 requests, p alone
@@ -27,6 +27,25 @@ check)
   #    "the same for top-k/top-p": equal to the filter of the pre-divided rows). A failure in
   #    the flat rows alone: the narrowing passes (df_search's loop); in every p case: the level-1 histogram or the
   #    mass target; a hang (the job's timeout): a cluster barrier not reached by every thread.
+  #    First a smoke run (~5 s, its own process, each case printed before it runs): a fault or a hang (a cluster
+  #    barrier not reached by every thread) then names its case instead of killing the whole pytest run.
+  cat > "$OUT/cluster_smoke.py" <<'PY'
+import torch
+from dspark_markov.verify import cuda_filtering as cf
+from dspark_markov.verify.filtering import top_k_top_p
+gen = torch.Generator(device="cuda").manual_seed(0)
+x = torch.randn(6, 129_280, generator=gen, device="cuda") * 2
+x[3] = 0.0  # a flat row: narrowing passes
+filt = cf.CudaTopKTopPFilter(6, 129_280, "cuda")
+for name, k, p in (("k+p", 50, 0.9), ("p", None, 0.9), ("k", 50, None), ("p=0", None, 0.0), ("k=5000+p", 5000, 0.9)):
+    print("case", name, flush=True)
+    y = x.clone()
+    filt.filter(y, k, p, y)
+    torch.cuda.synchronize()
+    ref = top_k_top_p(x.clone(), k, p, impl="reference")
+    print("  equal to the reference:", torch.equal(y, ref), "stats", filt.stats.tolist(), flush=True)
+PY
+  timeout -k 2 30 python3 "$OUT/cluster_smoke.py" 2>&1 | tee "$OUT/cluster_smoke.txt" | tail -12
   timeout -k 2 110 python3 -m pytest -m gpu -q -x --durations=6 tests/gpu/test_cuda_filtering_gpu.py 2>&1 \
     | tee "$OUT/cluster_tests.txt" | tail -15
   ;;
