@@ -6,6 +6,7 @@
 #   bash tools/gpu_plans/issue12_cuda_wide.sh bench   # budget ~150 s: the committed benchmark with vLLM's loop
 #   bash tools/gpu_plans/issue12_cuda_wide.sh icdf       # budget ~110 s: method="inverse_cdf" correct? (after check)
 #   bash tools/gpu_plans/issue12_cuda_wide.sh icdf_time  # budget ~110 s: method="inverse_cdf" timed and profiled
+#   bash tools/gpu_plans/issue12_cuda_wide.sh chain_trace  # budget ~60 s: where cuda_chain's 83 / 142 us go (1 / 16 rows)
 # Results go to $JOB_OUT (default ./gpu_plan_out). The design runs only when opted in (draft/cuda_wide.py).
 # Builds: wide.cu takes ~7 s of NVRTC, blocks.cu (the noise table's sweep kernel) ~30 s, the table sweep ~10-20 s;
 # a DSPARK_MARKOV_CACHE built on the CPU with the GPU's NVRTC version (CONTRIBUTING "CUDA kernels") and the table
@@ -108,5 +109,11 @@ icdf_time)
     grep -E "dm_wide|Duration|inst_executed|dram__bytes|Achieved Occ|Compute \(SM\) Th|DRAM Th|Issue Slots" \
       "$OUT/ncu_icdf_$rows.txt" | head -30
   done
+  ;;
+chain_trace)
+  # Small batch (issue 12's 1 / 16 rows: cuda_chain 83 / 142 us against 40 / 60; not worked on since stop 23): the
+  # kernel's own phase timestamps per step (compute, barrier wait, token phase; first and last block), the default
+  # variants and flags, T = 1. Read before changing chain.cu: which phase a 40 us call must shrink.
+  timeout -k 2 55 python3 tools/trace_cuda_chain.py --rows 1,16 --flags 15 2>&1 | tee "$OUT/chain_trace.txt" | tail -40
   ;;
 esac
