@@ -118,3 +118,37 @@ def test_raw_logits_with_temperature(opted_in, rows):
         assert_same(dm.top_k_top_p(x.clone(), None, 0.9, impl="cuda", temperature=0.6),
                     reference(scaled_logits(x, torch.full((rows,), 0.6, device="cuda")), None, 0.9))
     assert int(filt.stats[1]) == 0
+
+
+def test_dspark_step_raw_target_logits_filtered_by_the_cuda_filter(opted_in):
+    """DSparkStep.verify(target_temperature=, top_k / top_p, filter_impl="cuda") at V = 129,280: the filter divides the
+    raw rows as it reads them; tokens and filtered rows equal the reference filter on scale_target's pre-divided rows."""
+    from dspark_markov.step import DSparkStep
+    from dspark_markov.verify.reference import scale_target
+    from tests.helpers import make_head
+
+    steps, reqs, slots = 5, 4, 6
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    head = make_head(VOCAB, 256, embed_extra=1000, dtype=torch.bfloat16, device="cuda", seed=4)
+    base = torch.randn(reqs, steps, VOCAB, generator=gen, device="cuda").to(torch.bfloat16)
+    common = dict(num_steps=steps, max_reqs=reqs, num_slots=slots, mask_token_id=VOCAB - 1, max_model_len=4096)
+    cuda_step = DSparkStep(head, lambda ids, pos: base, filter_impl="cuda", **common)
+    ref_step = DSparkStep(head, lambda ids, pos: base, filter_impl="reference", **common)
+    last_pos = torch.tensor([10, 500, 77], device="cuda")
+    bonus = torch.tensor([5, 6, 7], device="cuda")
+    req_slots = torch.tensor([4, 1, 2], device="cuda")
+    temperature = torch.tensor([0.7, 1.0, 0.0, 0.9, 0.6, 1.3], device="cuda")
+    seeds = torch.arange(slots, device="cuda") * 977
+    for step in (cuda_step, ref_step):
+        step.draft(last_pos, bonus, req_slots, temperature, seeds)
+    assert torch.equal(cuda_step.draft_tokens, ref_step.draft_tokens)
+    raw = torch.randn(reqs, steps + 1, VOCAB, generator=gen, device="cuda") * 3
+    target_t = torch.tensor([0.5, 1.0, 0.0, 2.0, 0.8, 1.1], device="cuda")
+    num_drafts = torch.full((reqs,), steps, device="cuda")
+    for top_k, top_p in ((50, 0.9), (None, 0.9), (1000, None)):
+        rows = raw.clone()
+        out = cuda_step.verify(rows, num_drafts, temperature, seeds, top_k=top_k, top_p=top_p, target_temperature=target_t)
+        expected_rows = scale_target(raw, target_t, ref_step.req_slots)
+        expected = ref_step.verify(expected_rows, num_drafts, temperature, seeds, top_k=top_k, top_p=top_p)
+        assert_same(rows, expected_rows)
+        assert torch.equal(out.tokens, expected.tokens) and torch.equal(out.num_emitted, expected.num_emitted)

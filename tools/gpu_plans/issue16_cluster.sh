@@ -19,12 +19,13 @@ OUT=${JOB_OUT:-$PWD/gpu_plan_out}
 mkdir -p "$OUT"
 case "${1:-check}" in
 check)
-  # 1. (~60-80 s) tests/gpu/test_cuda_filtering_gpu.py (19): every input kind (Gaussian, peaked, bf16 ties, edge rows:
+  # 1. (~60-80 s) tests/gpu/test_cuda_filtering_gpu.py (20): every input kind (Gaussian, peaked, bf16 ties, edge rows:
   #    ties, a huge logit, -inf halves, all -inf, NaN) x every case (k + p, p, k, the mixed per-row cycles) at 6, 96
   #    and 1518 rows, in and out of place; flat / tied rows through the narrowing passes; int32 k, scalars, a row
   #    stride of V + 3 with misaligned rows; CUDA-graph replay with fresh values and no allocation; two vocabulary
   #    sizes in one process; raw logits with a per-row / scalar temperature divided in the kernel (issue 18's
-  #    "the same for top-k/top-p": equal to the filter of the pre-divided rows). A failure in
+  #    "the same for top-k/top-p": equal to the filter of the pre-divided rows), also through
+  #    DSparkStep.verify(target_temperature=, filter_impl="cuda"). A failure in
   #    the flat rows alone: the narrowing passes (df_search's loop); in every p case: the level-1 histogram or the
   #    mass target; a hang (the job's timeout): a cluster barrier not reached by every thread.
   #    First a smoke run (~5 s, its own process, each case printed before it runs): a fault or a hang (a cluster
