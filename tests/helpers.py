@@ -201,13 +201,16 @@ def bias_bracket(head, prev):
     return bias, slack
 
 
-def check_draws(head, inputs, tokens, cache, *, exact=True):
+def check_draws(head, inputs, tokens, cache, *, exact=True, method="gumbel"):
     """Every SPEC.md invariant of one call, given the sampler's tokens ``[R, N]`` and cache.
 
     - the cache row of each live sample is the reference ``z`` computed with the sampler's own
       previous tokens (bit-exact with ``exact``, else inside the bracket that a bias within
       :func:`bias_bracket` allows, rounding being monotone);
     - each live sample's token is ``draw_gumbel`` of the sampler's own cached row (always exact);
+      with ``method="inverse_cdf"``: greedy rows and rows whose max of ``z / T`` is not finite (or that
+      hold a NaN) ``argmax_first`` of the own row, every other token the inverse CDF of its uniform
+      (:func:`check_inverse_cdf`, within the fp32 sums);
     - a padding sample's token is ``argmax_first`` of the reference ``z`` (``exact``), or a token
       whose ``z`` can be the maximum (bias slack);
     - cache entries that no live sample owns keep their initial value; tokens lie in ``[0, V)``.
@@ -240,7 +243,17 @@ def check_draws(head, inputs, tokens, cache, *, exact=True):
             got, lo, hi = own[live].float(), z_lo[live].float(), z_hi[live].float()
             inside = (got >= lo) & (got <= hi) | (torch.isnan(got) & torch.isnan(lo))
             assert bool(inside.all()), f"step {step}: cached logits outside the one-ulp bias bracket"
-        if bool(live.any()):
+        if method == "inverse_cdf":
+            own = own.float()
+            scaled = own / torch.where(temp > 0, temp, torch.ones_like(temp))[:, None]
+            finite = torch.isfinite(scaled.amax(dim=-1)) & ~torch.isnan(own).any(dim=-1)
+            argmax_rows = live & ((temp == 0) | ~finite)
+            if bool(argmax_rows.any()):
+                assert torch.equal(tokens[argmax_rows, step], argmax_first(own[argmax_rows])), f"step {step}: argmax rows"
+            drawn = live & (temp > 0) & finite
+            if bool(drawn.any()):
+                check_inverse_cdf(own[drawn], temp[drawn], seed[drawn], step, pos[drawn], tokens[drawn, step])
+        elif bool(live.any()):
             want = draw_gumbel(own[live], temp[live], seed[live], step, pos[live])
             assert torch.equal(tokens[live, step], want), f"step {step}: tokens differ from draw_gumbel(own cache)"
         if bool(padding.any()):
@@ -583,10 +596,10 @@ def replays_with_fresh_inputs(sampler, rows, steps, vocab, cache_dtype, seeds=(8
         yield fresh, tokens, cache
 
 
-def special_rows_inputs(rows, steps, vocab, seed=17):
+def special_rows_inputs(rows, steps, vocab, seed=17, plus_inf=True):
     """fp32 CUDA inputs (``make_inputs``, ``rows >= 4``) with non-finite logits: row 0 step 0 has NaN at tokens
     100,000 and 70,000 (its first NaN, so a Gumbel draw takes 70,000), row 1 is all -inf (token 0), row 3 step 1
-    is all 3e38 (z/T overflows), row 2 step 2 has +inf at token 5,000."""
+    is all 3e38 (z/T overflows), and with ``plus_inf`` row 2 step 2 has +inf at token 5,000."""
     inputs = make_inputs(rows, steps, vocab, logit_dtype=torch.float32, device="cuda", seed=seed,
                          embed_vocab=vocab + 1000)
     base = inputs["base_logits"]
@@ -594,7 +607,8 @@ def special_rows_inputs(rows, steps, vocab, seed=17):
     base[0, 0, 70_000] = float("nan")
     base[1] = float("-inf")
     base[3, 1, :] = 3.0e38
-    base[2, 2, 5_000] = float("inf")
+    if plus_inf:
+        base[2, 2, 5_000] = float("inf")
     return inputs
 
 

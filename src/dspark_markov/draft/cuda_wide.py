@@ -50,6 +50,7 @@ import functools
 
 import torch
 
+from ..cuda import UNVERIFIED_ENV  # noqa: F401  (re-exported: the opt-in variable)
 from ..ops.constants import FILTER_MARGIN
 
 MAX_ROWS = 256  # wide.cu DW_MAX_ROWS: the codes of every row fit in shared memory
@@ -69,7 +70,6 @@ STEP_KERNELS = tuple(f"dm_wide_b{b}_c{c}_v{v}_s{s}" for b in (0, 1) for c in (0,
 ICDF_KERNELS = tuple(f"dm_wide_b{b}_c{c}_v{v}_s{s}_icdf" for b in (0, 1) for c in (0, 1) for v in (0, 1)
                      for s in (0, 1))
 KERNELS = STEP_KERNELS + ICDF_KERNELS + ("dm_wide_finish", "dm_wide_pick")
-UNVERIFIED_ENV = "DSPARK_MARKOV_UNVERIFIED"  # cuda.UNVERIFIED_ENV
 
 
 def unverified_reason() -> str | None:

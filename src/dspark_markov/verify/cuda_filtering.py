@@ -34,6 +34,7 @@ import functools
 import torch
 
 from .. import cuda
+from ..rng import f32
 
 CLUSTER = 8  # filter.cu DF_C: blocks per row
 THREADS = 256  # filter.cu DF_T
@@ -148,18 +149,13 @@ class CudaTopKTopPFilter:
             in_stride=logits.stride(0), out_stride=out.stride(0), slice=self.slice,
             k_value=0 if k_per_row or k is None else max(min(int(k), 2**62), -(2**62)),
             k_per_row=int(k_per_row), k64=int(k_per_row and k.dtype == torch.int64), p_per_row=int(p_per_row),
-            # a scalar p as the fp32 value the reference compares (torch.full(..., p) is fp32)
-            p_value=1.0 if p_per_row or p is None else _fp32(p),
+            # scalars as the fp32 values the reference compares (torch.full(..., p) is fp32)
+            p_value=1.0 if p_per_row or p is None else f32(p),
             t_ptr=temperature.data_ptr() if t_per_row else 0, t_per_row=int(t_per_row),
-            t_value=1.0 if t_per_row or temperature is None else _fp32(temperature))
+            t_value=1.0 if t_per_row or temperature is None else f32(temperature))
         stream = torch.cuda.current_stream(self.device).cuda_stream
         self.kernels.launch(KERNELS[0], rows * CLUSTER, THREADS, self.smem, stream, [args])
         return out
-
-
-def _fp32(value) -> float:
-    """The fp32 value of a Python scalar (the reference compares ``torch.full(..., value)``, fp32)."""
-    return float(torch.tensor(float(value), dtype=torch.float32))
 
 
 def _overlap(a, b) -> bool:
