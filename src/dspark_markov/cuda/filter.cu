@@ -133,7 +133,20 @@ struct FilterShared {
   u64 found_word, found_mass;
   i32 cached_bucket; // the bucket whose sorted candidates s_cand holds (-1: none)
   u32 gathered;      // a search has gathered candidates before
+#ifdef DF_TRACE
+  long long* trace;  // this block's DF_TRACE_SLOTS clock64() marks, or null (an untraced row)
+#endif
 };
+
+// Phase timestamps for tools/trace_cluster_filter.py (compiled with -DDF_TRACE only; the default build has none):
+// thread 0 of every block of rows 0 and rows / 2 records clock64() at each mark into the stats buffer after its two
+// words, [2 rows][DF_C blocks][DF_TRACE_SLOTS] int64 (the tool allocates it).
+#define DF_TRACE_SLOTS 24
+#ifdef DF_TRACE
+#define DF_MARK(k) do { if (threadIdx.x == 0 && sh.trace) sh.trace[k] = clock64(); } while (0)
+#else
+#define DF_MARK(k) do { } while (0)
+#endif
 
 __device__ __forceinline__ u32 df_rank() {
   u32 r;
@@ -310,7 +323,9 @@ __device__ __noinline__ void df_collect(const float* s_x, int n, i64 lo, float m
       for (u32 r = 0; r < DF_C; ++r) df_st64(df_map(df_addr(&s_cand[slot]), r), w);
     }
   }
+  DF_MARK(13);
   df_cluster_sync();  // every block's candidates complete
+  DF_MARK(14);
   if (rank == 0 && tid == 0) sh.counter = 0;  // the next gather follows a cluster barrier
   for (int i = (int)count + tid; i < size; i += DF_T) s_cand[i] = 0;  // pads sort last
   __syncthreads();
@@ -326,6 +341,7 @@ __device__ __noinline__ void df_collect(const float* s_x, int n, i64 lo, float m
       __syncthreads();
     }
   }
+  DF_MARK(15);
   // inclusive masses of the sorted candidates into s_hist (free after the level-1 reduction)
   const int per = size / DF_T > 0 ? size / DF_T : 1;
   u64 local = 0;
@@ -343,6 +359,7 @@ __device__ __noinline__ void df_collect(const float* s_x, int n, i64 lo, float m
     for (int e = 0; e < per; ++e) s_hist[tid * per + e] += incl - local;
   }
   __syncthreads();
+  DF_MARK(16);
   if (tid == 0) sh.gathered = 1;
 }
 
@@ -381,6 +398,7 @@ __device__ __noinline__ void df_search(bool by_mass, u64 target, bool masses, co
                           u32 rank, u32* stats) {
   const int tid = threadIdx.x;
   const u32 bucket = df_locate(by_mass, target, s_rcnt, s_rmass, sh);
+  DF_MARK(7);
   if (bucket == DF_NONE) return df_fail(sh, stats, rank);
   u32 count = sh.sel_cnt;
   // narrowing passes on the word's bits while the range is too large to sort
@@ -408,6 +426,7 @@ __device__ __noinline__ void df_search(bool by_mass, u64 target, bool masses, co
     count = sh.sel_cnt;
     df_cluster_sync();  // every block has read every s_dig before the next pass clears its own
   }
+  DF_MARK(8);
   // gather (unless s_cand already holds this bucket, sorted), sort, scan
   if (narrowed || sh.cached_bucket != (i32)bucket) {
     df_collect(s_x, n, lo, m, bucket, false, shift, prefix, count, masses, s_hist, s_cand, sh, rank);
@@ -416,7 +435,9 @@ __device__ __noinline__ void df_search(bool by_mass, u64 target, bool masses, co
       if (narrowed && rank == 0) atomicAdd(stats, 1u);
     }
   }
+  DF_MARK(9);
   df_find(by_mass, target, count, sh.base_cnt, sh.base_mass, s_hist, s_cand, sh, rank, stats);
+  DF_MARK(10);
 }
 
 // The level-1 histogram of this block's slice (module doc, step 2): q only with `masses` (else counts), into the
@@ -437,7 +458,9 @@ __device__ __noinline__ void df_histogram(const float* s_x, int n, float m, bool
 #pragma unroll 4
     for (int i = tid; i < n; i += DF_T) df_red(base + 4u * df_bucket(s_x[i], m), 1u);
   }
+  DF_MARK(18);
   df_cluster_sync();
+  DF_MARK(19);
   u64 cnt, mass;
   df_bin_sum(bins, DF_NB, rank * DF_RANGE + tid, cnt, mass);
   s_rcnt[tid] = (u32)cnt;
@@ -490,6 +513,14 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
 
   for (int i = tid; i < 3 * DF_NB / 2; i += DF_T) s_hist[i] = 0;
   if (tid == 0) { sh.counter = 0; sh.cached_bucket = -1; sh.gathered = 0; }
+#ifdef DF_TRACE
+  if (tid == 0) {
+    const bool traced = row == 0 || row == a.rows / 2;
+    sh.trace = traced ? reinterpret_cast<long long*>(a.stats + 8) + ((row == 0 ? 0 : DF_C) + rank) * DF_TRACE_SLOTS
+                      : nullptr;
+  }
+#endif
+  DF_MARK(0);
   // 1. the slice into shared memory, its max and NaN flag
   float mx = -__int_as_float(0x7f800000);
   u32 nan = 0;
@@ -526,6 +557,7 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
       df_track(s_x[i], mx, nan);
     }
   }
+  DF_MARK(1);
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) {
     const float o = __shfl_xor_sync(0xFFFFFFFFu, mx, off);
@@ -562,6 +594,7 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
     if (lane == 0) { sh.m = o; sh.nan_row = on; }
   }
   __syncthreads();
+  DF_MARK(2);
   const float m = sh.m;
   if (sh.nan_row || m == -__int_as_float(0x7f800000) || !(use_k || use_p)) {  // left as it is
     df_cluster_sync();  // the other blocks have read part_max / part_nan: no remote access after this
@@ -570,6 +603,7 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
   }
   // 2. the level-1 histogram: masses for top-p alone; counts for top-k (with top-p too: see 3.)
   df_histogram(s_x, n, m, use_p && !use_k, bins, s_rcnt, s_rmass, sh, rank);
+  DF_MARK(3);
   // 3. the cut: top-k, then top-p among its survivors
   u64 cut = 0;  // keep every token
   u64 total = 0;
@@ -579,16 +613,19 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
     // tokens), those are gathered and sorted, and both cuts come from their inclusive masses (top-p only ever
     // keeps a prefix of the k best): no mass histogram of the row. Else the masses are histogrammed after all.
     const u32 bucket = df_locate(false, (u64)k, s_rcnt, s_rmass, sh);
+    DF_MARK(4);
     if (bucket == DF_NONE) {
       df_fail(sh, stats, rank);
       done = true;
     } else if (sh.base_cnt + sh.sel_cnt <= DF_CAP) {
       const u32 count = (u32)(sh.base_cnt + sh.sel_cnt);
       df_collect(s_x, n, lo, m, bucket, true, 64, 0, count, true, s_hist, s_cand, sh, rank);
+      DF_MARK(5);
       total = s_hist[k - 1];  // the mass of the k best
       const double limit = (double)(p > 0.0f ? p : 0.0f) * (double)total;
       const u64 target = (u64)ceil(limit);
       df_find(target != 0, target == 0 ? 1ull : target, count, 0, 0, s_hist, s_cand, sh, rank, stats);
+      DF_MARK(6);
       cut = sh.found_word;  // at or above the k-th word: the top-p cut is the tighter one
       done = true;
     } else {
@@ -619,7 +656,9 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
     }
     cut = sh.found_word > cut ? sh.found_word : cut;
   }
+  DF_MARK(11);
   df_cluster_sync();  // the last remote access of the row is behind: the blocks may write and leave
+  DF_MARK(12);
   // 4. the row written once: kept iff (x, index) ranks at or above the cut, i.e. x > cut value, or x equal to it
   // (-0.0 == +0.0, as the keys) at an index not above the cut's (no cut: everything)
   const float ninf = -__int_as_float(0x7f800000);
@@ -645,6 +684,7 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
       dst[i] = (x > cut_x || (x == cut_x && lo + i <= cut_i)) ? x : ninf;
     }
   }
+  DF_MARK(17);
 }
 
 }  // namespace dm
