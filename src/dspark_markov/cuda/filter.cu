@@ -154,7 +154,11 @@ __device__ __forceinline__ u32 df_rank() {
   return r;
 }
 __device__ __forceinline__ void df_cluster_sync() {
+#ifdef DF_RELAXED_EXPERIMENT  // timing experiment only (tools/trace_cluster_filter.py): no release, so no GPU fence
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
 }
 __device__ __forceinline__ u32 df_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ u32 df_map(u32 addr, u32 rank) {  // the same variable in block `rank`'s shared memory
