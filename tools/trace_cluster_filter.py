@@ -2,7 +2,8 @@
 
 Usage (an H200): ``PYTHONPATH=src python3 tools/trace_cluster_filter.py [--rows 6,96,1518]``. Compiles filter.cu
 with ``-DDF_TRACE`` (thread 0 of every block of rows 0 and rows / 2 records clock64() at each DF_MARK: filter.cu),
-runs each case (k = 50 + p = 0.9, p = 0.9 alone; Gaussian and peaked rows) eagerly after an L2 flush, and prints for
+runs each case (k = 50 + p = 0.9, p = 0.9 alone; Gaussian and peaked rows) eagerly after an L2 flush, for each
+``--flags`` value (the gather / ordering options, cuda_filtering.FLAG_*), and prints for
 the traced rows the marks in time order with the cycles since the previous mark (rank 0, and the slowest block of
 the cluster), and microseconds at the clock implied by the call's event time at the smallest batch.
 
@@ -29,6 +30,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", default="6,96,1518")
     parser.add_argument("--calls", type=int, default=3)
+    parser.add_argument("--flags", default=str(cf.FLAGS),
+                        help="comma-separated FilterArgs.flags values to run (cuda_filtering.FLAG_*), e.g. 0,3")
     parser.add_argument("--relaxed", action="store_true",
                         help="also time a build whose cluster barriers arrive relaxed (-DDF_RELAXED_EXPERIMENT: no "
                              "GPU-scope fence; a timing experiment, its results may differ from the reference)")
@@ -41,10 +44,12 @@ def main():
         kernels = build.Kernels(cubin, cf.KERNELS, 0)
         kernels.set_dynamic_smem(cf.KERNELS[0], cf.MAX_SLICE * 4)
         kernels.set_attribute(cf.KERNELS[0], build.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
-        run(kernels, args, vocab, device)
+        for flags in map(int, args.flags.split(",")):
+            print(f"== flags {flags}", flush=True)
+            run(kernels, args, vocab, device, flags)
 
 
-def run(kernels, args, vocab, device):
+def run(kernels, args, vocab, device, flags):
     flush = harness.L2Flusher(device)
     ghz = None
     for rows in map(int, args.rows.split(",")):
@@ -59,7 +64,7 @@ def run(kernels, args, vocab, device):
                     logits=x.data_ptr(), out=out.data_ptr(), k_ptr=0, p_ptr=0, stats=stats.data_ptr(), rows=rows,
                     vocab=vocab, in_stride=vocab, out_stride=vocab, slice=cf.slice_len(vocab),
                     k_value=k or 0, k_per_row=0, k64=0, p_per_row=0, p_value=cf.f32(p), t_ptr=0, t_per_row=0,
-                    t_value=1.0)
+                    t_value=1.0, flags=flags)
                 stream = torch.cuda.current_stream().cuda_stream
                 for _ in range(args.calls):
                     stats.zero_()

@@ -157,10 +157,12 @@ def test_bucket_and_word_helpers(host):
 
 
 # --------------------------------------------------------------------------- the search, emulated
-def emulate(logits, k, p, capacity=CAPACITY, stats=None, paths=None):
+def emulate(logits, k, p, capacity=CAPACITY, stats=None, paths=None, refine=True, small=256, refined=None):
     """filter.cu's decisions for ``logits [B, V]`` fp32 (CPU tensor), per-row ``k`` int64 and ``p`` fp32; returns
     the filtered rows. Mirrors dm_filter step by step (module doc of filter.cu); ``stats`` collects the searches
-    that narrowed, ``paths`` the rows that took top-k + top-p's prefix path."""
+    that narrowed, ``paths`` the rows that took top-k + top-p's prefix path. ``refine`` (DF_FLAG_REFINE): a
+    search's gathered bucket of more than ``small`` (DF_SMALL) tokens is narrowed by df_refine's digit passes
+    (``refined`` collects the passes per search)."""
     out = logits.clone()
     rows, vocab = logits.shape
     width = cf.slice_len(vocab)
@@ -219,9 +221,25 @@ def emulate(logits, k, p, capacity=CAPACITY, stats=None, paths=None):
                 t, count, base_cnt, base_mass = select(dig_cnt, dig_mass, by_mass, target, base_cnt, base_mass)
                 prefix = (prefix << 8) | (255 - t)
                 member = member & (digit == 255 - t)
-            order = np.argsort(word[member])[::-1]  # descending words (unique: the index is in them)
-            cand, qc = word[member][order], qv[member][order]
+            cand, qc = word[member], qv[member]
             assert len(cand) == count
+            passes = 0
+            while refine and count > small:  # df_refine: the digit below the top bit where the words differ
+                diff = int(np.bitwise_or.reduce(cand)) ^ int(np.bitwise_and.reduce(cand))
+                shift = max(diff.bit_length() - 1 - 7, 0)
+                digit = ((cand >> np.uint64(shift)) & np.uint64(255)).astype(np.int64)
+                dig_cnt = np.bincount(255 - digit, minlength=256)
+                dig_mass = np.zeros(256, np.uint64)
+                np.add.at(dig_mass, 255 - digit, qc)
+                t, count, base_cnt, base_mass = select(dig_cnt, dig_mass, by_mass, target, base_cnt, base_mass)
+                keep = digit == 255 - t
+                cand, qc = cand[keep], qc[keep]
+                assert len(cand) == count and 0 < count
+                passes += 1
+            if refined is not None:
+                refined.append(passes)
+            order = np.argsort(cand)[::-1]  # descending words (unique: the index is in them)
+            cand, qc = cand[order], qc[order]
             incl = np.cumsum(qc)
             if not by_mass:
                 i = target - base_cnt - 1
@@ -270,17 +288,22 @@ def assert_same(a, b):
 
 
 @pytest.mark.parametrize("capacity", [CAPACITY, 16, 1])
-def test_emulated_search_on_hard_rows(capacity):
+@pytest.mark.parametrize("refine", [(False, 256), (True, 256), (True, 2)], ids=["bitonic", "refine", "refine-2"])
+def test_emulated_search_on_hard_rows(capacity, refine):
     """The ten edge rows of the Triton filter's tests (ties, huge and -inf logits, NaN, p = 0 and below resolution,
-    signed zeros), with capacity 2,048 (the kernel's), 16 and 1 (every search narrows to a single word)."""
+    signed zeros), with capacity 2,048 (the kernel's), 16 and 1 (every search narrows to a single word); without
+    df_refine, with it, and with it down to 2 candidates (refinement passes in almost every search)."""
+    refined = []
     for vocab, seed in ((777, 0), (1001, 1), (4099, 2)):
         x, k, p = hard_rows(vocab, seed)
         stats, paths = [], []
-        assert_same(emulate(x, k, p, capacity, stats, paths), reference(x, k, p))
+        assert_same(emulate(x, k, p, capacity, stats, paths, refine[0], refine[1], refined), reference(x, k, p))
         if capacity == 1:
             assert len(stats) >= 6 and not paths  # every k + p row takes the mass histogram after all
         if capacity == CAPACITY:
             assert 2 <= len(paths) < int(((k > 0) & (k < vocab) & (p < 1)).sum())  # row 3's top-k does not fit
+    if refine == (True, 2) and capacity == CAPACITY:
+        assert sum(refined) >= 3, refined
 
 
 def test_emulated_search_on_the_bench_inputs_at_full_vocab():
@@ -293,10 +316,12 @@ def test_emulated_search_on_the_bench_inputs_at_full_vocab():
     for kind in ("gaussian", "peaked", "bf16"):
         x = filter_logits(kind, gaussian, gen)
         for k, p in ((50, 0.9), (0, 0.9), (0, 0.5), (1000, 0.99), (0, 0.999), (50, 0.0)):
-            stats, paths = [], []
+            stats, paths, refined = [], [], []
             kk, pp = torch.full((4,), k, dtype=torch.int64), torch.full((4,), p)
-            assert_same(emulate(x, kk, pp, stats=stats, paths=paths), reference(x, kk, pp))
+            assert_same(emulate(x, kk, pp, stats=stats, paths=paths, refined=refined), reference(x, kk, pp))
             assert not stats, (kind, k, p)
+            if (kind, k, p) == ("gaussian", 0, 0.9):  # the bench's p-alone bucket (~300-1,000 tokens) is refined
+                assert refined and min(refined) >= 1, refined
             assert len(paths) == (4 if k > 0 else 0), (kind, k, p, paths)  # k and p: the prefix path
 
 
@@ -310,10 +335,11 @@ def test_emulated_search_on_flat_and_tied_rows():
                         (torch.randn(vocab, generator=gen) * 0.05).to(torch.bfloat16).float(),
                         torch.full((vocab,), -3.5)])
     for k, p in ((0, 0.5), (7000, 1.0), (12345, 0.3), (0, 1e-9), (3, 0.999), (0, 0.0)):
-        stats = []
-        kk, pp = torch.full((5,), k, dtype=torch.int64), torch.full((5,), p)
-        assert_same(emulate(rows, kk, pp, stats=stats), reference(rows, kk, pp))
-        assert stats, (k, p)
+        for refine in (False, True):
+            stats = []
+            kk, pp = torch.full((5,), k, dtype=torch.int64), torch.full((5,), p)
+            assert_same(emulate(rows, kk, pp, stats=stats, refine=refine), reference(rows, kk, pp))
+            assert stats, (k, p)
 
 
 # --------------------------------------------------------------------------- gate, registry, checks
@@ -382,7 +408,7 @@ def test_launch_arguments(monkeypatch):
             launches.append((name, grid, threads, smem, params[0]))
 
     filt = cf.CudaTopKTopPFilter.__new__(cf.CudaTopKTopPFilter)
-    filt.max_rows, filt.vocab, filt.device = 6, 1001, torch.device("cpu")
+    filt.max_rows, filt.vocab, filt.device, filt.flags = 6, 1001, torch.device("cpu"), cf.FLAG_REFINE
     filt.slice, filt.smem, filt.kernels = cf.slice_len(1001), cf.smem_bytes(1001), Recorder()
     filt.stats = torch.zeros(2, dtype=torch.int32)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 0})())
@@ -400,6 +426,7 @@ def test_launch_arguments(monkeypatch):
     assert a.p_value == float(torch.tensor(0.1)) != 0.1  # the fp32 value of p
     assert (b.k_value, b.k_per_row, b.p_per_row, b.p_ptr, b.t_per_row, b.t_value) == (50, 0, 1, p.data_ptr(), 0, 1.0)
     assert b.out == b.logits == x.data_ptr() and a.stats == b.stats == filt.stats.data_ptr()
+    assert a.flags == b.flags == cf.FLAG_REFINE
     with pytest.raises(ValueError, match="out"):
         filt.filter(x, 5, None, x[1:])  # overlapping without being it
     with pytest.raises(ValueError, match="logits"):

@@ -114,7 +114,16 @@ struct FilterArgs {  // 8-byte fields (verify/cuda_filtering.py FilterArgs)
   u64 t_ptr;       // [rows] fp32 temperatures (t_per_row), or a scalar t_value: the logits are RAW, divided first
   i64 t_per_row;
   double t_value;  // the fp32 value of a scalar temperature (1: none; 0: unscaled)
+  i64 flags;       // DF_FLAG_* (stop 26): 0 = the stop-25 gather and bitonic sort
 };
+
+// Options (FilterArgs.flags; verify/cuda_filtering.py FLAGS), every one drawing the same kept set:
+#define DF_FLAG_MASK_GATHER 1  // candidates marked in a 64-bit register mask per thread first (no vote per token),
+                               // one cluster atomic per warp, then only the members stored
+#define DF_FLAG_REFINE 2       // a search's gathered bucket narrowed in shared memory (256-way digit passes on the
+                               // bits where its words differ, no cluster barrier) to <= DF_SMALL, then candidates
+                               // ranked by counting instead of the bitonic sort (also the prefix path's <= DF_SMALL)
+#define DF_SMALL 256           // candidates ranked by counting: one per thread
 
 struct FilterShared {
   float part_max;    // this block's slice max and NaN flag (read by the others)
@@ -133,6 +142,8 @@ struct FilterShared {
   u64 found_word, found_mass;
   i32 cached_bucket; // the bucket whose sorted candidates s_cand holds (-1: none)
   u32 gathered;      // a search has gathered candidates before
+  u32 flags;         // FilterArgs.flags
+  u32 refine_n;      // a refinement pass's kept candidates
 #ifdef DF_TRACE
   long long* trace;  // this block's DF_TRACE_SLOTS clock64() marks, or null (an untraced row)
 #endif
@@ -185,8 +196,10 @@ __device__ __forceinline__ u32 df_atom_add(u32 addr, u32 v) {
   return old;
 }
 
-__device__ __forceinline__ void df_red(u32 addr, u32 v) {  // shared-memory add, no result
-  asm volatile("red.shared.add.u32 [%0], %1;" :: "r"(addr), "r"(v) : "memory");
+// Shared-memory add, no result. No "memory" clobber: the histogram loops' loads of s_x may then be scheduled ahead of
+// the adds (with it, each load waited for the previous add); every read of the bins follows a barrier.
+__device__ __forceinline__ void df_red(u32 addr, u32 v) {
+  asm volatile("red.shared.add.u32 [%0], %1;" :: "r"(addr), "r"(v));
 }
 // One token into bin `bin` of a three-word histogram whose words start at shared address `base` (count, then
 // mass & 0xFFFF, then mass >> 16, `stride` bytes apart): three adds without a branch (q = 0 adds 0).
@@ -292,57 +305,187 @@ __device__ __forceinline__ u32 df_locate(bool by_mass, u64 target, const u32* s_
   return sh.sel == DF_NONE ? DF_NONE : range * DF_RANGE + sh.sel;
 }
 
+__device__ __forceinline__ u64 df_shfl_xor64(u64 v, int mask) {
+  const u32 lo = __shfl_xor_sync(0xFFFFFFFFu, (u32)v, mask), hi = __shfl_xor_sync(0xFFFFFFFFu, (u32)(v >> 32), mask);
+  return ((u64)hi << 32) | lo;
+}
+
+// Narrow `count` (> DF_SMALL) unsorted candidates at the front of s_cand to those of the 256-way digit where the
+// target falls, pass after pass, until <= DF_SMALL remain (at the front of s_cand). Every block of the cluster does
+// the same on the same words (no cluster barrier). A pass's digit is the 8 bits below and including the highest bit
+// where the candidates' words differ, so it keeps one value of that bit (progress); digits descending (better first);
+// df_select moves sh.base_cnt / base_mass past the better digits, as df_search's narrowing passes do. Returns the
+// remaining count; 0 if no digit held the target (a broken invariant: the caller fails the search).
+__device__ __noinline__ u32 df_refine(u32 count, bool masses, bool by_mass, u64 target, float m, u64* s_cand,
+                                      u32* s_dig, FilterShared& sh) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const u32 dig = df_addr(s_dig);
+  while (count > DF_SMALL) {
+    u64 w_or = 0, w_and = ~0ull;
+    for (int i = tid; i < (int)count; i += DF_T) {
+      const u64 w = s_cand[i];
+      w_or |= w;
+      w_and &= w;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      w_or |= df_shfl_xor64(w_or, off);
+      w_and &= df_shfl_xor64(w_and, off);
+    }
+    if (lane == 0) { sh.warp_sum[warp] = w_or; sh.warp_sum2[warp] = w_and; }
+    for (int i = tid; i < 3 * 256; i += DF_T) s_dig[i] = 0;
+    if (tid == 0) sh.refine_n = 0;
+    __syncthreads();
+    w_or = 0;
+    w_and = ~0ull;
+#pragma unroll
+    for (int w = 0; w < DF_T / 32; ++w) { w_or |= sh.warp_sum[w]; w_and &= sh.warp_sum2[w]; }
+    const int top = 63 - __clzll((long long)(w_or ^ w_and));  // the words are unique and count > 1: they differ
+    const int shift = top >= 7 ? top - 7 : 0;
+    for (int i = tid; i < (int)count; i += DF_T) {
+      const u64 w = s_cand[i];
+      df_add(dig, 4u * 256u, (u32)(w >> shift) & 255u, masses ? df_weight(df_word_value(w), m) : 0ull);
+    }
+    __syncthreads();
+    const u32 d = 255u - (u32)tid;  // descending digits: better first
+    const u64 cnt = s_dig[d], mass = (u64)s_dig[256 + d] + ((u64)s_dig[512 + d] << 16);
+    df_select(cnt, mass, by_mass, target, sh);  // (its first barrier: every read of warp_sum above is done)
+    if (sh.sel == DF_NONE) return 0;
+    const u32 want = 255u - sh.sel;
+    u64 keep[DF_CAP / DF_T];
+    bool kept[DF_CAP / DF_T];
+#pragma unroll
+    for (int e = 0; e < DF_CAP / DF_T; ++e) {
+      const int i = tid + e * DF_T;
+      keep[e] = i < (int)count ? s_cand[i] : 0ull;
+      kept[e] = i < (int)count && ((u32)(keep[e] >> shift) & 255u) == want;
+    }
+    __syncthreads();  // every candidate read before the kept ones move to the front
+#pragma unroll
+    for (int e = 0; e < DF_CAP / DF_T; ++e) {
+      if (kept[e]) s_cand[atomicAdd(&sh.refine_n, 1u)] = keep[e];
+    }
+    __syncthreads();
+    count = sh.sel_cnt;
+  }
+  return count;
+}
+
 // Gather the `count` tokens of the cluster's row that are in `bucket` (upto: in any bucket <= `bucket`; else also
 // with the word's bits above `shift` equal to `prefix`, shift 64: none) into every block's s_cand, sort them there
-// (descending words), and write their inclusive masses (q when `masses`, else 0) to s_hist. Ends with a block
+// (descending words), and write their inclusive masses (q when `masses`, else 0) to s_hist. With DF_FLAG_REFINE and
+// `refine` (a search: `by_mass`, `target`, sh.base_cnt / base_mass as df_select leaves them), a bucket of more than
+// DF_SMALL tokens is first narrowed to the digit holding the target (df_refine), which moves the bases; returns the
+// count of sorted candidates (0: a refinement found no digit at the target, a broken invariant). Ends with a block
 // barrier; the next gather must follow a cluster barrier (df_search's, or the caller's).
-__device__ __noinline__ void df_collect(const float* s_x, int n, i64 lo, float m, u32 bucket, bool upto, int shift,
-                                        u64 prefix, u32 count, bool masses, u64* s_hist, u64* s_cand,
-                                        FilterShared& sh, u32 rank) {
+__device__ __noinline__ u32 df_collect(const float* s_x, int n, i64 lo, float m, u32 bucket, bool upto, int shift,
+                                       u64 prefix, u32 count, bool masses, u64* s_hist, u64* s_cand,
+                                       FilterShared& sh, u32 rank, bool refine, bool by_mass, u64 target,
+                                       u32* s_dig) {
   const int tid = threadIdx.x, lane = tid & 31;
-  const int size = count <= 32 ? 32 : 1 << (32 - __clz(count - 1));  // a power of two >= count
   if (sh.gathered) df_cluster_sync();  // every block is done with its previous candidates; rank 0's counter is 0
   const u32 counter = df_map(df_addr(&sh.counter), 0);
   const int rounds = (n + DF_T - 1) / DF_T;
-  for (int it = 0; it < rounds; ++it) {  // warp-uniform trip count: ballots below
-    const int i = it * DF_T + tid;
-    bool member = false;
-    u64 w = 0;
-    if (i < n) {
-      const float x = s_x[i];
-      const u32 b = df_bucket(x, m);
-      if (upto ? b <= bucket : b == bucket) {
-        w = df_word(x, lo + i);
-        member = shift == 64 || (w >> shift) == prefix;
+  const u32 flags = sh.flags;
+  if (flags & DF_FLAG_MASK_GATHER) {
+    // membership of up to 64 of this thread's tokens at a time in a register mask (independent iterations: the
+    // loads and bucket arithmetic overlap), then one cluster atomic per warp and the members' words stored
+    for (int c0 = 0; c0 < rounds; c0 += 64) {
+      u64 mask = 0;
+#pragma unroll 8
+      for (int j = 0; j < 64; ++j) {
+        const int i = (c0 + j) * DF_T + tid;
+        if (i < n) {
+          const float x = s_x[i];
+          const u32 b = df_bucket(x, m);
+          bool member = upto ? b <= bucket : b == bucket;
+          if (member && shift != 64) member = (df_word(x, lo + i) >> shift) == prefix;
+          mask |= (u64)member << j;
+        }
+      }
+      const u32 mine = (u32)__popcll(mask);
+      u32 incl = mine;
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1) {
+        const u32 t = __shfl_up_sync(0xFFFFFFFFu, incl, off);
+        if (lane >= off) incl += t;
+      }
+      const u32 total = __shfl_sync(0xFFFFFFFFu, incl, 31);
+      if (total == 0) continue;  // warp-uniform
+      u32 slot = 0;
+      if (lane == 0) slot = df_atom_add(counter, total);
+      slot = __shfl_sync(0xFFFFFFFFu, slot, 0) + incl - mine;
+      while (mask != 0) {
+        const int j = __ffsll((long long)mask) - 1;
+        mask &= mask - 1;
+        const int i = (c0 + j) * DF_T + tid;
+        const u64 w = df_word(s_x[i], lo + i);
+#pragma unroll
+        for (u32 r = 0; r < DF_C; ++r) df_st64(df_map(df_addr(&s_cand[slot]), r), w);
+        ++slot;
       }
     }
-    const u32 ballot = __ballot_sync(0xFFFFFFFFu, member);
-    if (ballot == 0) continue;
-    const int leader = __ffs(ballot) - 1;
-    u32 slot = 0;
-    if (lane == leader) slot = df_atom_add(counter, __popc(ballot));
-    slot = __shfl_sync(0xFFFFFFFFu, slot, leader) + __popc(ballot & ((1u << lane) - 1u));
-    if (member) {
+  } else {
+    for (int it = 0; it < rounds; ++it) {  // warp-uniform trip count: ballots below
+      const int i = it * DF_T + tid;
+      bool member = false;
+      u64 w = 0;
+      if (i < n) {
+        const float x = s_x[i];
+        const u32 b = df_bucket(x, m);
+        if (upto ? b <= bucket : b == bucket) {
+          w = df_word(x, lo + i);
+          member = shift == 64 || (w >> shift) == prefix;
+        }
+      }
+      const u32 ballot = __ballot_sync(0xFFFFFFFFu, member);
+      if (ballot == 0) continue;
+      const int leader = __ffs(ballot) - 1;
+      u32 slot = 0;
+      if (lane == leader) slot = df_atom_add(counter, __popc(ballot));
+      slot = __shfl_sync(0xFFFFFFFFu, slot, leader) + __popc(ballot & ((1u << lane) - 1u));
+      if (member) {
 #pragma unroll
-      for (u32 r = 0; r < DF_C; ++r) df_st64(df_map(df_addr(&s_cand[slot]), r), w);
+        for (u32 r = 0; r < DF_C; ++r) df_st64(df_map(df_addr(&s_cand[slot]), r), w);
+      }
     }
   }
   DF_MARK(13);
   df_cluster_sync();  // every block's candidates complete
   DF_MARK(14);
   if (rank == 0 && tid == 0) sh.counter = 0;  // the next gather follows a cluster barrier
-  for (int i = (int)count + tid; i < size; i += DF_T) s_cand[i] = 0;  // pads sort last
-  __syncthreads();
-  for (int k = 2; k <= size; k <<= 1) {  // bitonic sort, descending
-    for (int j = k >> 1; j > 0; j >>= 1) {
-      for (int i = tid; i < size; i += DF_T) {
-        const int l = i ^ j;
-        if (l > i) {
-          const u64 x = s_cand[i], y = s_cand[l];
-          if (((i & k) == 0) ? (x < y) : (x > y)) { s_cand[i] = y; s_cand[l] = x; }
+  const bool small_sort = (flags & DF_FLAG_REFINE) != 0;
+  if (small_sort && refine && count > DF_SMALL) {
+    count = df_refine(count, masses, by_mass, target, m, s_cand, s_dig, sh);
+    if (count == 0) return 0;
+  }
+  const int size = count <= 32 ? 32 : 1 << (32 - __clz(count - 1));  // a power of two >= count
+  if (small_sort && count <= DF_SMALL) {
+    // rank by counting: thread t's candidate goes where the number of better candidates says (words are unique)
+    u64 w = 0;
+    u32 better = 0;
+    if (tid < (int)count) {
+      w = s_cand[tid];
+#pragma unroll 4
+      for (u32 j = 0; j < count; ++j) better += s_cand[j] > w ? 1u : 0u;
+    }
+    __syncthreads();
+    if (tid < (int)count) s_cand[better] = w;
+    __syncthreads();
+  } else {
+    for (int i = (int)count + tid; i < size; i += DF_T) s_cand[i] = 0;  // pads sort last
+    __syncthreads();
+    for (int k = 2; k <= size; k <<= 1) {  // bitonic sort, descending
+      for (int j = k >> 1; j > 0; j >>= 1) {
+        for (int i = tid; i < size; i += DF_T) {
+          const int l = i ^ j;
+          if (l > i) {
+            const u64 x = s_cand[i], y = s_cand[l];
+            if (((i & k) == 0) ? (x < y) : (x > y)) { s_cand[i] = y; s_cand[l] = x; }
+          }
         }
+        __syncthreads();
       }
-      __syncthreads();
     }
   }
   DF_MARK(15);
@@ -365,6 +508,7 @@ __device__ __noinline__ void df_collect(const float* s_x, int n, i64 lo, float m
   __syncthreads();
   DF_MARK(16);
   if (tid == 0) sh.gathered = 1;
+  return count;
 }
 
 // The candidate where a target falls among `count` sorted candidates whose better tokens count base_cnt and weigh
@@ -433,11 +577,14 @@ __device__ __noinline__ void df_search(bool by_mass, u64 target, bool masses, co
   DF_MARK(8);
   // gather (unless s_cand already holds this bucket, sorted), sort, scan
   if (narrowed || sh.cached_bucket != (i32)bucket) {
-    df_collect(s_x, n, lo, m, bucket, false, shift, prefix, count, masses, s_hist, s_cand, sh, rank);
+    const u32 sorted = df_collect(s_x, n, lo, m, bucket, false, shift, prefix, count, masses, s_hist, s_cand, sh,
+                                  rank, true, by_mass, target, s_dig);
+    if (sorted == 0) return df_fail(sh, stats, rank);
     if (tid == 0) {
-      sh.cached_bucket = narrowed ? -1 : (i32)bucket;
+      sh.cached_bucket = narrowed || sorted != count ? -1 : (i32)bucket;  // a refined bucket is only part of it
       if (narrowed && rank == 0) atomicAdd(stats, 1u);
     }
+    count = sorted;
   }
   DF_MARK(9);
   df_find(by_mass, target, count, sh.base_cnt, sh.base_mass, s_hist, s_cand, sh, rank, stats);
@@ -516,7 +663,7 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
   const bool use_k = k > 0 && k < vocab, use_p = p < 1.0f;
 
   for (int i = tid; i < 3 * DF_NB / 2; i += DF_T) s_hist[i] = 0;
-  if (tid == 0) { sh.counter = 0; sh.cached_bucket = -1; sh.gathered = 0; }
+  if (tid == 0) { sh.counter = 0; sh.cached_bucket = -1; sh.gathered = 0; sh.flags = (u32)a.flags; }
 #ifdef DF_TRACE
   if (tid == 0) {
     const bool traced = row == 0 || row == a.rows / 2;
@@ -623,7 +770,7 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
       done = true;
     } else if (sh.base_cnt + sh.sel_cnt <= DF_CAP) {
       const u32 count = (u32)(sh.base_cnt + sh.sel_cnt);
-      df_collect(s_x, n, lo, m, bucket, true, 64, 0, count, true, s_hist, s_cand, sh, rank);
+      df_collect(s_x, n, lo, m, bucket, true, 64, 0, count, true, s_hist, s_cand, sh, rank, false, false, 0, s_dig);
       DF_MARK(5);
       total = s_hist[k - 1];  // the mass of the k best
       const double limit = (double)(p > 0.0f ? p : 0.0f) * (double)total;

@@ -40,9 +40,9 @@ CLUSTER = 8  # filter.cu DF_C: blocks per row
 THREADS = 256  # filter.cu DF_T
 BUCKETS = 2048  # filter.cu DF_NB
 CAPACITY = 2048  # filter.cu DF_CAP: candidates sorted at once
-STATIC_SMEM = 47_312  # ptxas: the kernel's static shared memory (NVRTC 13.0)
+STATIC_SMEM = 47_328  # ptxas: the kernel's static shared memory (NVRTC 13.0)
 SMEM_LIMIT = 227 * 1024  # an sm_90 block's shared memory
-MAX_SLICE = 46_000  # tokens per block: below (SMEM_LIMIT - STATIC_SMEM) / 4 = 46,284 (and 2^16, the bins' counts)
+MAX_SLICE = 46_000  # tokens per block: below (SMEM_LIMIT - STATIC_SMEM) / 4 = 46,280 (and 2^16, the bins' counts)
 KERNELS = ("dm_filter",)
 PLAN = "tools/gpu_plans/issue16_cluster.sh"
 
@@ -54,7 +54,14 @@ class FilterArgs(ctypes.Structure):
                 + [(name, ctypes.c_int64) for name in ("rows", "vocab", "in_stride", "out_stride", "slice", "k_value",
                                                        "k_per_row", "k64", "p_per_row")]
                 + [("p_value", ctypes.c_double), ("t_ptr", ctypes.c_uint64), ("t_per_row", ctypes.c_int64),
-                   ("t_value", ctypes.c_double)])
+                   ("t_value", ctypes.c_double), ("flags", ctypes.c_int64)])
+
+# filter.cu DF_FLAG_*: how candidates are gathered and ordered (every option keeps the same set). MASK_GATHER: each
+# thread marks its members in a register mask first (the stop-25 loop voted per token: ~9-12 us a row on the H200);
+# REFINE: a search's bucket of > 256 tokens narrowed by 256-way digit passes in shared memory, then <= 256 candidates
+# ranked by counting (the stop-25 bitonic sort of up to 2,048: 4-13 us a row).
+FLAG_MASK_GATHER, FLAG_REFINE = 1, 2
+FLAGS = FLAG_MASK_GATHER | FLAG_REFINE
 
 
 def slice_len(vocab: int) -> int:
@@ -103,7 +110,7 @@ class CudaTopKTopPFilter:
     token; the GPU tests require 0).
     """
 
-    def __init__(self, max_rows: int, vocab: int, device):
+    def __init__(self, max_rows: int, vocab: int, device, flags: int = FLAGS):
         device = torch.device(device)
         if device.type != "cuda":
             raise ValueError(f"device: the CUDA filter needs a CUDA device, got {device}")
@@ -117,7 +124,9 @@ class CudaTopKTopPFilter:
             raise ValueError(f"impl: 'cuda' top-k / top-p cannot run here: {why}")
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
-        self.max_rows, self.vocab, self.device = max_rows, vocab, device
+        if isinstance(flags, bool) or not isinstance(flags, int) or not 0 <= flags <= FLAGS:
+            raise ValueError(f"flags: expected an int in [0, {FLAGS}] (FLAG_MASK_GATHER | FLAG_REFINE), got {flags!r}")
+        self.max_rows, self.vocab, self.device, self.flags = max_rows, vocab, device, flags
         self.slice = slice_len(vocab)
         self.smem = smem_bytes(vocab)
         self.kernels = filter_kernels(device.index)
@@ -152,7 +161,7 @@ class CudaTopKTopPFilter:
             # scalars as the fp32 values the reference compares (torch.full(..., p) is fp32)
             p_value=1.0 if p_per_row or p is None else f32(p),
             t_ptr=temperature.data_ptr() if t_per_row else 0, t_per_row=int(t_per_row),
-            t_value=1.0 if t_per_row or temperature is None else f32(temperature))
+            t_value=1.0 if t_per_row or temperature is None else f32(temperature), flags=self.flags)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         self.kernels.launch(KERNELS[0], rows * CLUSTER, THREADS, self.smem, stream, [args])
         return out
