@@ -1,7 +1,7 @@
 """``top_k_top_p(impl="cuda")`` on the H200 at V = 129,280: the cluster-resident filter == the sort reference, bit for bit.
 
-The filter has not run on a GPU before these tests (written 2026-12-04 without device time), so they opt in
-(``DSPARK_MARKOV_UNVERIFIED=cuda_filter``) themselves. Every input kind of tests/gpu/test_filtering_gpu.py (Gaussian,
+First run and passed on the H200 on 2026-12-05 (benchmarks/results/NVIDIA-H200_2026-12-05_checks_r1.txt and
+..._cluster_filter_v2_check.txt, with every FilterArgs.flags option). Every input kind of tests/gpu/test_filtering_gpu.py (Gaussian,
 peaked, bf16 ties, the edge rows) and every case (k + p, p, k, the per-row mixed cycles with k beyond the
 candidate capacity and p at 0 / 1e-9 / 0.99), at 6, 96 and 1518 rows, in and out of place; flat and tied rows
 whose target bucket needs the narrowing passes (``stats`` counts them); scalar and per-row int32 k; a row stride
@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import dspark_markov as dm
-from dspark_markov import cuda
 from tests.gpu.test_filtering_gpu import (CASES, KINDS, VOCAB, assert_same, check_graph_replay_and_no_allocation,
                                           logits, parameters, reference)
 
@@ -20,8 +19,7 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(autouse=True)
-def opted_in(monkeypatch):
-    monkeypatch.setenv(cuda.UNVERIFIED_ENV, "cuda_filter")
+def opted_in():
     from dspark_markov.verify import cuda_filtering
 
     why = cuda_filtering.unavailable_reason()

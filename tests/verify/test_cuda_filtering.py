@@ -63,6 +63,9 @@ extern "C" void weights(const float* x, const float* m, unsigned long long* q, l
 extern "C" void buckets(const float* x, const float* m, unsigned* b, long n) {
   for (long i = 0; i < n; ++i) b[i] = df_bucket(x[i], m[i]);
 }
+extern "C" void thresholds(float m, const int* b1, const int* b2, float* t1, float* t2, long n) {
+  for (long i = 0; i < n; ++i) df_thresholds(m, b1[i], b2[i], t1[i], t2[i]);
+}
 extern "C" void words(const float* x, const long long* index, unsigned long long* w, float* back, long n) {
   for (long i = 0; i < n; ++i) { w[i] = df_word(x[i], index[i]); back[i] = df_word_value(w[i]); }
 }
@@ -154,6 +157,32 @@ def test_bucket_and_word_helpers(host):
     assert np.array_equal(back, np.where(x == 0, np.float32(0.0), x))  # -0.0 comes back as +0.0
     pairs = np_words(np.array([1.0, 1.0, -0.0, 0.0, -np.inf, -3.0], np.float32), np.array([3, 4, 9, 2, 0, 0]))
     assert pairs[0] > pairs[1] and pairs[3] > pairs[2] and pairs[5] > pairs[4] > 0  # value desc, then index asc
+
+
+def test_thresholds_decide_exactly_as_the_bucket(host):
+    """df_thresholds (the gather's two fp32 compares) against df_bucket itself: for every bound b and row max m, the
+    tokens x <= m with bucket(x) <= b are exactly those with x >= t, on Gaussian values, the 64 floats on either side
+    of each threshold, signed zeros, -inf and m."""
+    gen = np.random.default_rng(5)
+    base = np.concatenate([gen.normal(0, 3, 20_000), gen.uniform(-60, 8, 5_000), [-np.inf, 0.0, -0.0, -1e30]])
+    host.thresholds.argtypes = [ctypes.c_float] + [ctypes.c_void_p] * 4 + [ctypes.c_long]
+    bounds = np.array([-1, 0, 1, 2, 63, 64, 500, 1023, 2045, 2046, 2047, 2048], np.int32)
+    for m in (np.float32(4.25), np.float32(0.0), np.float32(-7.3), np.float32(1e30), np.float32(np.inf),
+              np.float32(0.015625)):
+        b1, b2 = bounds, bounds[::-1].copy()
+        t1, t2 = np.zeros(len(bounds), np.float32), np.zeros(len(bounds), np.float32)
+        host.thresholds(m, ptr(b1), ptr(b2), ptr(t1), ptr(t2), ctypes.c_long(len(bounds)))
+        near = [np.float32(t).view(np.uint32).astype(np.int64) for t in np.concatenate([t1, t2]) if np.isfinite(t)]
+        steps = np.arange(-64, 65)
+        keys = np.concatenate([(k + steps) % 2**32 for k in near] + [steps[:0]]).astype(np.uint32).view(np.float32)
+        x = np.concatenate([base.astype(np.float32), keys[np.isfinite(keys)], [m]]).astype(np.float32)
+        x = x[x <= m]
+        bx, ms = np.zeros(len(x), np.uint32), np.full(len(x), m, np.float32)
+        host.buckets(ptr(x), ptr(ms), ptr(bx), ctypes.c_long(len(x)))
+        for b, t in list(zip(b1, t1)) + list(zip(b2, t2)):
+            if b >= 0:  # (b < 0 gives +inf; the gather never compares with it: `bounded` is false then)
+                assert np.array_equal(bx.astype(np.int64) <= b, x >= t), (m, b, t)
+        assert t1[0] == np.inf and t1[-1] == t1[-2] == -np.inf  # b < 0: nothing; b >= 2047: everything
 
 
 # --------------------------------------------------------------------------- the search, emulated
@@ -343,28 +372,38 @@ def test_emulated_search_on_flat_and_tied_rows():
 
 
 # --------------------------------------------------------------------------- gate, registry, checks
-def test_runs_only_when_opted_in_and_on_cuda(monkeypatch):
+def test_runs_only_on_cuda_and_auto_picks_it_for_one_wave(monkeypatch):
     from dspark_markov import cuda
 
-    monkeypatch.delenv(cuda.UNVERIFIED_ENV, raising=False)
-    assert "has not run on a GPU" in cf.opt_in_reason() and "cuda_filter" in cf.opt_in_reason()
-    for value in ("cuda_filter", "1", "cuda_wide,cuda_filter"):
-        monkeypatch.setenv(cuda.UNVERIFIED_ENV, value)
-        assert cf.opt_in_reason() is None
-    assert registry.resolve("top_k_top_p", "auto", "cuda") == "triton"  # never picked by auto
     assert registry.resolve("top_k_top_p", "cuda", "cuda") == "cuda"
     with pytest.raises(ValueError, match="impl"):
         dm.top_k_top_p(torch.randn(2, 300), 5, 0.9, impl="cuda")  # CPU tensors
     with pytest.raises(ValueError, match="device"):
         cf.CudaTopKTopPFilter(2, 300, "cpu")
+    assert not cf.auto_picks(torch.randn(2, 300), None)  # a CPU tensor: the reference
     monkeypatch.setattr(cuda, "availability", lambda *args, **kwargs: None)  # as if on an H200: only the checks
     for rows, vocab, name in ((0, 300, "max_rows"), (2, 0, "vocab"), (2, 8 * cf.MAX_SLICE + 1, "vocab"),
                               (True, 300, "max_rows")):
         with pytest.raises(ValueError, match=name):
             cf.CudaTopKTopPFilter(rows, vocab, "cuda")
-    monkeypatch.delenv(cuda.UNVERIFIED_ENV)
-    with pytest.raises(ValueError, match="has not run on a GPU"):
-        cf.CudaTopKTopPFilter(2, 300, "cuda")
+    with pytest.raises(ValueError, match="flags"):
+        cf.CudaTopKTopPFilter(2, 300, "cuda", flags=4)
+
+    class Meta:  # a [rows, V] CUDA tensor's shape and device, nothing allocated
+        def __init__(self, rows, vocab):
+            self.shape, self.device = (rows, vocab), torch.device("cuda", 0)
+
+        def dim(self):
+            return 2
+
+    monkeypatch.setattr(torch, "Tensor", Meta)  # (auto_picks checks isinstance(logits, torch.Tensor))
+    monkeypatch.setattr(cf, "_runs_on", lambda index: True)
+    assert cf.auto_picks(Meta(cf.AUTO_MAX_ROWS, 129_280), None) and cf.auto_picks(Meta(6, 300), None)
+    assert not cf.auto_picks(Meta(cf.AUTO_MAX_ROWS + 1, 129_280), None)  # beyond one wave: the Triton filter
+    assert cf.auto_picks(Meta(1518, 129_280), 0.7)  # raw logits with a temperature: only this filter divides them
+    assert not cf.auto_picks(Meta(6, 8 * cf.MAX_SLICE + 1), 0.7)  # a row too large for a cluster
+    monkeypatch.setattr(cf, "_runs_on", lambda index: False)  # no sm_90 / NVRTC: never
+    assert not cf.auto_picks(Meta(6, 129_280), 0.7)
 
 
 def test_overlap_of_logits_and_out():

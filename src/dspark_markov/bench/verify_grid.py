@@ -58,7 +58,7 @@ from . import harness, report, roofline
 
 KERNELS = ("verify_standard", "verify_block", "verify_raw", "verify_block_raw", "filter_row", "filter_split",
            "block_inputs")
-IMPLS = ("triton", "reference", "cuda")  # "cuda": the cluster-resident filter (filter_row only; opt-in, verify/cuda_filtering.py)
+IMPLS = ("triton", "reference", "cuda")  # "cuda": the cluster-resident filter (filter_row only; verify/cuda_filtering.py)
 TEMPERATURE_MODES = ("1", "mixed")
 EXTRA_TEMPERATURE_MODES = ("0.6",)  # on request: T = 0.6 at every slot (the raw modes divide every target value)
 MIXED_TEMPERATURES = (0.0, 0.6, 1.0)  # slot s gets MIXED_TEMPERATURES[s % 3]

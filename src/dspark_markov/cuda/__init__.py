@@ -9,7 +9,7 @@
 - ``wide.cu``: the tensor-core large-batch Gumbel kernel of ``impl="cuda_wide"``
   (:mod:`dspark_markov.draft.cuda_wide`, which loads it; opt-in until it has run on a GPU);
 - ``filter.cu``: the cluster-resident top-k / top-p filter of ``top_k_top_p(impl="cuda")``
-  (:mod:`dspark_markov.verify.cuda_filtering`, which loads it; opt-in until it has run on a GPU);
+  (:mod:`dspark_markov.verify.cuda_filtering`, which loads it; verified on the H200 2026-12-05; auto at one request);
 - ``common.cuh``: helpers shared by the kernels (``mma.sync`` m16n8k16, bf16 rounding, the skip threshold,
   64-bit shuffles, streaming loads and stores); editing it changes every build key and the noise table's;
 - :mod:`.build`: NVRTC and the CUDA driver through ``ctypes``, the disk cache.

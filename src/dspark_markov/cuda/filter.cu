@@ -96,6 +96,31 @@ DM_HD u32 df_bucket(float x, float m) {  // (no branch: selects; RN(x - m) (-64)
   return x == m ? 0u : b;
 }
 
+// Order-preserving 32-bit keys of floats (larger float, larger key; -0.0 just below +0.0) and back.
+DM_HD u32 df_fkey(float x) { const u32 u = as_u32(x); return (u & 0x80000000u) ? ~u : (u | 0x80000000u); }
+DM_HD float df_fkey_value(u32 k) { return as_float((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k); }
+
+// The smallest float t (in key order, from -inf up to m) with df_bucket(t, m) <= b, for two bucket bounds at once
+// (two interleaved binary searches on the key: df_bucket is monotone, non-increasing in x, and bucket(m) = 0).
+// Then for every x <= m of the row, df_bucket(x, m) <= b  <=>  x >= t (an fp32 compare: x >= t holds exactly for
+// the keys from t's up, as -0.0 and +0.0 share a bucket); t = -inf when every x qualifies. A bound b < 0 gives +inf
+// (the gather never compares with it).
+DM_HD void df_thresholds(float m, i32 b1, i32 b2, float& t1, float& t2) {
+  const u32 bottom = df_fkey(-as_float(0x7f800000u)), top = df_fkey(m);
+  u32 lo1 = bottom, hi1 = top, lo2 = bottom, hi2 = top;  // invariant: bucket(hi) <= b; lo's only if lo == bottom
+  const bool all1 = b1 >= 0 && (i32)df_bucket(df_fkey_value(bottom), m) <= b1;
+  const bool all2 = b2 >= 0 && (i32)df_bucket(df_fkey_value(bottom), m) <= b2;
+  for (int it = 0; it < 32; ++it) {  // each halves (hi - lo): < 2^32 to start
+    const u32 mid1 = lo1 + ((hi1 - lo1) >> 1), mid2 = lo2 + ((hi2 - lo2) >> 1);
+    const bool ok1 = (i32)df_bucket(df_fkey_value(mid1), m) <= b1, ok2 = (i32)df_bucket(df_fkey_value(mid2), m) <= b2;
+    if (hi1 - lo1 > 1) { if (ok1) hi1 = mid1; else lo1 = mid1; }
+    if (hi2 - lo2 > 1) { if (ok2) hi2 = mid2; else lo2 = mid2; }
+  }
+  const float inf = as_float(0x7f800000u);
+  t1 = b1 < 0 ? inf : (all1 ? -inf : df_fkey_value(hi1));
+  t2 = b2 < 0 ? inf : (all2 ? -inf : df_fkey_value(hi2));
+}
+
 // The packed (key, index) word with its sign bit flipped: unsigned order = ranking order (larger = better).
 DM_HD u64 df_word(float x, i64 index) { return (u64)pack_word(x, (i32)index) ^ (1ull << 63); }
 DM_HD float df_word_value(u64 word) { return word_key((i64)(word ^ (1ull << 63))); }
@@ -387,7 +412,51 @@ __device__ __noinline__ u32 df_collect(const float* s_x, int n, i64 lo, float m,
   const u32 counter = df_map(df_addr(&sh.counter), 0);
   const int rounds = (n + DF_T - 1) / DF_T;
   const u32 flags = sh.flags;
-  if (flags & DF_FLAG_MASK_GATHER) {
+  if ((flags & DF_FLAG_MASK_GATHER) && shift == 64) {
+    // membership by two fp32 compares against the bucket's bounds (df_thresholds: exactly df_bucket's decision), 4
+    // tokens per 16-byte load, 64 tokens per mask; members: x >= t_lo, and below t_hi unless `upto` or bucket 0
+    float t_lo, t_hi;
+    df_thresholds(m, (i32)bucket, upto ? -1 : (i32)bucket - 1, t_lo, t_hi);
+    const bool bounded = !upto && bucket != 0;
+    const int n4 = (n + 3) / 4;  // the slice is a multiple of 4 tokens: the last group's loads stay inside it
+    const int rounds4 = (n4 + DF_T - 1) / DF_T;
+    for (int c0 = 0; c0 < rounds4; c0 += 16) {
+      u64 mask = 0;
+#pragma unroll 4
+      for (int j = 0; j < 16; ++j) {
+        const int v = (c0 + j) * DF_T + tid;
+        if (v < n4) {
+          const float4 f = reinterpret_cast<const float4*>(s_x)[v];
+          u32 bits = (u32)(f.x >= t_lo && !(bounded && f.x >= t_hi)) | ((u32)(f.y >= t_lo && !(bounded && f.y >= t_hi)) << 1)
+                     | ((u32)(f.z >= t_lo && !(bounded && f.z >= t_hi)) << 2)
+                     | ((u32)(f.w >= t_lo && !(bounded && f.w >= t_hi)) << 3);
+          if (4 * v + 4 > n) bits &= (1u << (n - 4 * v)) - 1u;  // tokens past the slice's end
+          mask |= (u64)bits << (4 * j);
+        }
+      }
+      const u32 mine = (u32)__popcll(mask);
+      u32 incl = mine;
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1) {
+        const u32 t = __shfl_up_sync(0xFFFFFFFFu, incl, off);
+        if (lane >= off) incl += t;
+      }
+      const u32 total = __shfl_sync(0xFFFFFFFFu, incl, 31);
+      if (total == 0) continue;  // warp-uniform
+      u32 slot = 0;
+      if (lane == 0) slot = df_atom_add(counter, total);
+      slot = __shfl_sync(0xFFFFFFFFu, slot, 0) + incl - mine;
+      while (mask != 0) {
+        const int b = __ffsll((long long)mask) - 1;
+        mask &= mask - 1;
+        const int i = 4 * ((c0 + (b >> 2)) * DF_T + tid) + (b & 3);
+        const u64 w = df_word(s_x[i], lo + i);
+#pragma unroll
+        for (u32 r = 0; r < DF_C; ++r) df_st64(df_map(df_addr(&s_cand[slot]), r), w);
+        ++slot;
+      }
+    }
+  } else if (flags & DF_FLAG_MASK_GATHER) {
     // membership of up to 64 of this thread's tokens at a time in a register mask (independent iterations: the
     // loads and bucket arithmetic overlap), then one cluster atomic per warp and the members' words stored
     for (int c0 = 0; c0 < rounds; c0 += 64) {

@@ -7,23 +7,25 @@ cut of top-k and of top-p from the histogram and the sorted candidates of the on
 (narrowing passes on the packed (key, index) word when a bucket holds more than 2,048 tokens: flat or heavily tied
 rows), and the row written once. Semantics: :mod:`.filtering`'s, bit for bit (the kept set of the sort reference).
 
-Why (issue 16): the Triton filter makes three whole-row passes (statistics, sweep, apply) and its top-p sweep is
-bound by the exact weights' instructions; p alone missed its targets (H200: 41.6-44.9 / 128-130 / 438-455 /
-1,481-1,491 us at 1 / 16 / 64 / 253 requests against 40 / 100 / 300 / 1,000). Here the row crosses HBM twice
-(read, write: ~375 us at 253 requests) and the weights are computed once, from shared memory (49 SASS instructions
-per logit: ~350 us of issue at 253 requests), by two resident blocks per SM that overlap each other's loads:
-expected ~450-600 us at 253 requests, ~20-30 at one (not measured).
+Why (issue 16): the Triton filter makes three whole-row passes (statistics, sweep, apply); at small batches its
+launches and passes dominate. Here the row crosses HBM twice (read, write) and every phase runs from shared memory.
+
+Measured on the H200 (2026-12-05, ``benchmarks/results/NVIDIA-H200_2026-12-05_cluster_filter_v3_verify.*``;
+1 / 16 / 64 / 253 requests of 6 rows, Gaussian): k = 50 + p = 0.9 24.2 / 96.8 / 321.5 / 1,219 us, p = 0.9 alone
+32.9 / 125.4 / 415.7 / 1,585 us (the Triton filter: 29.7 / 63.6 / 180.3 / 579 and 44.1 / 129.2 / 436.5 / 1,484).
+It is the faster one at one request, so ``impl="auto"`` picks it up to :data:`AUTO_MAX_ROWS` rows, and for raw
+logits with a temperature (the Triton filter has none). Beyond one
+wave each row's ~25-40 us of latency-bound phases (phase trace: ``tools/trace_cluster_filter.py``) at two blocks
+per SM cannot keep up with the Triton filter's throughput.
 
 Requirements (``ValueError`` otherwise): a CUDA device of compute capability 9.0 with NVRTC, fp32 logits with
-``V <= 8 * MAX_SLICE``, and the opt-in below. CUDA-graph safe: one launch, no allocation after construction
-(``stats`` is the only state). ``temperature=``: raw logits divided as each row is read (issue 18).
+``V <= 8 * MAX_SLICE``. CUDA-graph safe: one launch, no allocation after construction (``stats`` is the only
+state). ``temperature=``: raw logits divided as each row is read (issue 18).
 
-**Not run on a GPU yet.** Written on 2026-12-04/05 in sessions without a device: it compiles for sm_90 (NVRTC 13.0,
-104 registers, no spill), its search is emulated on the CPU in the kernel's order of decisions and equals the sort
-reference (tests/verify/test_cuda_filtering.py), its weight, bucket and key helpers, compiled as host C++, equal the
-torch reference bit for bit, and two desk reviews checked its barriers; it has never filtered a row on a GPU. So it runs only when
-``DSPARK_MARKOV_UNVERIFIED`` lists ``cuda_filter`` (or is ``1``); :func:`unavailable_reason` says why not. The GPU
-plan that verifies and times it: ``tools/gpu_plans/issue16_cluster.sh``.
+Verified on the H200 (2026-12-05): tests/gpu/test_cuda_filtering_gpu.py (every input kind and case at 6 / 96 /
+1,518 rows, flat and tied rows, strides, graph replay, temperatures, DSparkStep.verify), every ``flags`` option
+equal to the reference, compute-sanitizer memcheck / racecheck / synccheck clean; on the CPU its search is emulated
+in the kernel's order of decisions (tests/verify/test_cuda_filtering.py) and its helpers run as host C++.
 """
 
 from __future__ import annotations
@@ -44,7 +46,11 @@ STATIC_SMEM = 47_328  # ptxas: the kernel's static shared memory (NVRTC 13.0)
 SMEM_LIMIT = 227 * 1024  # an sm_90 block's shared memory
 MAX_SLICE = 46_000  # tokens per block: below (SMEM_LIMIT - STATIC_SMEM) / 4 = 46,280 (and 2^16, the bins' counts)
 KERNELS = ("dm_filter",)
-PLAN = "tools/gpu_plans/issue16_cluster.sh"
+# top_k_top_p(impl="auto") runs this filter up to this many rows: measured faster than the Triton filter at 6 rows
+# (one request of K + 1 = 6; 24.2 / 32.9 us against 29.7 / 44.1 for k + p / p alone), slower at 96 for k + p. Up
+# to one wave (the H200 holds 30 clusters of this kernel at once, ncu "Max Active Clusters") its time should stay
+# that of 6 rows; raise this bound once tools/time_filter.py --cuda 1,2,3,4,5 has measured it.
+AUTO_MAX_ROWS = 6
 
 
 class FilterArgs(ctypes.Structure):
@@ -88,14 +94,28 @@ def filter_kernels(device_index: int):
     return kernels
 
 
-def opt_in_reason() -> str | None:
-    """``None`` when ``DSPARK_MARKOV_UNVERIFIED`` opts in to this filter (never run on a GPU), else why not."""
-    return cuda.unverified_reason("cuda_filter", PLAN)
-
-
 def unavailable_reason() -> str | None:
-    """``None`` if the filter can run on the current GPU, else why not (for ``dspark-markov info``)."""
-    return cuda.unavailable_reason(filter_kernels, opt_in_reason)
+    """``None`` if the filter can run on the current GPU, else why not (for ``dspark-markov info`` and ``auto``)."""
+    return cuda.unavailable_reason(filter_kernels)
+
+
+def auto_picks(logits, temperature) -> bool:
+    """Whether ``top_k_top_p(impl="auto")`` runs this filter for ``logits [B, V]``: on a CUDA device where it can
+    run, when the batch is small (``B <= AUTO_MAX_ROWS``: faster than the Triton filter there,
+    measured) or the logits are raw with a temperature (only this filter divides them on the GPU)."""
+    if not isinstance(logits, torch.Tensor) or logits.device.type != "cuda" or logits.dim() != 2:
+        return False
+    rows, vocab = logits.shape
+    if vocab > CLUSTER * MAX_SLICE or (temperature is None and rows > AUTO_MAX_ROWS):
+        return False
+    index = logits.device.index if logits.device.index is not None else torch.cuda.current_device()
+    return _runs_on(index)
+
+
+@functools.lru_cache(maxsize=None)
+def _runs_on(device_index: int) -> bool:
+    with torch.cuda.device(device_index):
+        return unavailable_reason() is None
 
 
 class CudaTopKTopPFilter:
@@ -119,13 +139,13 @@ class CudaTopKTopPFilter:
         if isinstance(vocab, bool) or not isinstance(vocab, int) or not 1 <= vocab <= CLUSTER * MAX_SLICE:
             raise ValueError(f"vocab: expected 1 <= V <= {CLUSTER * MAX_SLICE} (a row must fit in the shared memory "
                              f"of {CLUSTER} blocks), got {vocab!r}")
-        why = cuda.availability(device, build=False) or opt_in_reason()
+        if isinstance(flags, bool) or not isinstance(flags, int) or not 0 <= flags <= FLAGS:
+            raise ValueError(f"flags: expected an int in [0, {FLAGS}] (FLAG_MASK_GATHER | FLAG_REFINE), got {flags!r}")
+        why = cuda.availability(device, build=False)
         if why is not None:
             raise ValueError(f"impl: 'cuda' top-k / top-p cannot run here: {why}")
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
-        if isinstance(flags, bool) or not isinstance(flags, int) or not 0 <= flags <= FLAGS:
-            raise ValueError(f"flags: expected an int in [0, {FLAGS}] (FLAG_MASK_GATHER | FLAG_REFINE), got {flags!r}")
         self.max_rows, self.vocab, self.device, self.flags = max_rows, vocab, device, flags
         self.slice = slice_len(vocab)
         self.smem = smem_bytes(vocab)

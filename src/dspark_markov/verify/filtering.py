@@ -96,12 +96,13 @@ def top_k_top_p(logits, k=None, p=None, *, impl=registry.DEFAULT_IMPL, out=None,
         Scalar (``>= 0``) or per-row ``[B]`` fp32; ``p >= 1`` means no top-p (a per-row NaN too;
         a negative per-row value acts as 0).
     impl : {"auto", "triton", "reference", "cuda"}
-        ``"auto"`` (the default, :mod:`dspark_markov.registry`): ``"triton"`` on CUDA, the
-        reference elsewhere; all give the same result by contract.
+        ``"auto"`` (the default): on CUDA ``"cuda"`` where it runs (sm_90 with NVRTC) for a batch
+        of at most ``cuda_filtering.AUTO_MAX_ROWS`` rows or raw logits with a ``temperature``,
+        else ``"triton"``; the reference elsewhere; all give the same result by contract.
         ``"triton"``: threshold-search kernels that sort only a few candidates per row (interpreter
         on CPU); ``"reference"``: a torch sort of every row; ``"cuda"``: one launch with each row
-        resident in an 8-block cluster (:mod:`.cuda_filtering`; sm_90 with NVRTC, opt-in while it
-        has not run on a GPU). Never falls back silently.
+        resident in an 8-block cluster (:mod:`.cuda_filtering`; sm_90 with NVRTC). An explicit
+        ``impl`` never falls back silently.
     out : torch.Tensor, optional
         ``[B, V]`` fp32 output (last stride 1); ``logits`` is then left unchanged.
     temperature : float, torch.Tensor or None
@@ -125,6 +126,11 @@ def top_k_top_p(logits, k=None, p=None, *, impl=registry.DEFAULT_IMPL, out=None,
     batch seen (allocated on the first call, so call once before capturing; a serving engine can
     own one ``TopKTopPFilter(max_rows, V, device)`` itself). The reference path sorts and allocates.
     """
+    if impl == registry.AUTO and isinstance(logits, torch.Tensor) and logits.device.type == "cuda":
+        from . import cuda_filtering  # noqa: PLC0415
+
+        if cuda_filtering.auto_picks(logits, temperature):
+            impl = "cuda"
     if isinstance(logits, torch.Tensor):
         impl = registry.resolve("top_k_top_p", impl, logits.device)
     k, p, temperature = _check(logits, k, p, impl, out, temperature)
