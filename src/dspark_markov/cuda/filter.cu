@@ -396,6 +396,35 @@ __device__ __noinline__ u32 df_refine(u32 count, bool masses, bool by_mass, u64 
   return count;
 }
 
+// A gather's members of this thread, bit b of `mask` (vec: token 4 ((c0 + b / 4) DF_T + tid) + b % 4, else token
+// (c0 + b) DF_T + tid of the slice): slots claimed with one cluster atomic per warp on rank 0's counter, and the
+// members' words stored into every block's s_cand. Every lane of the warp calls it.
+__device__ __forceinline__ void df_store_members(u64 mask, bool vec, int c0, const float* s_x, i64 lo, u32 counter,
+                                                 u64* s_cand) {
+  const int tid = threadIdx.x, lane = tid & 31;
+  const u32 mine = (u32)__popcll(mask);
+  u32 incl = mine;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const u32 t = __shfl_up_sync(0xFFFFFFFFu, incl, off);
+    if (lane >= off) incl += t;
+  }
+  const u32 total = __shfl_sync(0xFFFFFFFFu, incl, 31);
+  if (total == 0) return;  // warp-uniform
+  u32 slot = 0;
+  if (lane == 0) slot = df_atom_add(counter, total);
+  slot = __shfl_sync(0xFFFFFFFFu, slot, 0) + incl - mine;
+  while (mask != 0) {
+    const int b = __ffsll((long long)mask) - 1;
+    mask &= mask - 1;
+    const int i = vec ? 4 * ((c0 + (b >> 2)) * DF_T + tid) + (b & 3) : (c0 + b) * DF_T + tid;
+    const u64 w = df_word(s_x[i], lo + i);
+#pragma unroll
+    for (u32 r = 0; r < DF_C; ++r) df_st64(df_map(df_addr(&s_cand[slot]), r), w);
+    ++slot;
+  }
+}
+
 // Gather the `count` tokens of the cluster's row that are in `bucket` (upto: in any bucket <= `bucket`; else also
 // with the word's bits above `shift` equal to `prefix`, shift 64: none) into every block's s_cand, sort them there
 // (descending words), and write their inclusive masses (q when `masses`, else 0) to s_hist. With DF_FLAG_REFINE and
@@ -434,27 +463,7 @@ __device__ __noinline__ u32 df_collect(const float* s_x, int n, i64 lo, float m,
           mask |= (u64)bits << (4 * j);
         }
       }
-      const u32 mine = (u32)__popcll(mask);
-      u32 incl = mine;
-#pragma unroll
-      for (int off = 1; off < 32; off <<= 1) {
-        const u32 t = __shfl_up_sync(0xFFFFFFFFu, incl, off);
-        if (lane >= off) incl += t;
-      }
-      const u32 total = __shfl_sync(0xFFFFFFFFu, incl, 31);
-      if (total == 0) continue;  // warp-uniform
-      u32 slot = 0;
-      if (lane == 0) slot = df_atom_add(counter, total);
-      slot = __shfl_sync(0xFFFFFFFFu, slot, 0) + incl - mine;
-      while (mask != 0) {
-        const int b = __ffsll((long long)mask) - 1;
-        mask &= mask - 1;
-        const int i = 4 * ((c0 + (b >> 2)) * DF_T + tid) + (b & 3);
-        const u64 w = df_word(s_x[i], lo + i);
-#pragma unroll
-        for (u32 r = 0; r < DF_C; ++r) df_st64(df_map(df_addr(&s_cand[slot]), r), w);
-        ++slot;
-      }
+      df_store_members(mask, true, c0, s_x, lo, counter, s_cand);
     }
   } else if (flags & DF_FLAG_MASK_GATHER) {
     // membership of up to 64 of this thread's tokens at a time in a register mask (independent iterations: the
@@ -472,27 +481,7 @@ __device__ __noinline__ u32 df_collect(const float* s_x, int n, i64 lo, float m,
           mask |= (u64)member << j;
         }
       }
-      const u32 mine = (u32)__popcll(mask);
-      u32 incl = mine;
-#pragma unroll
-      for (int off = 1; off < 32; off <<= 1) {
-        const u32 t = __shfl_up_sync(0xFFFFFFFFu, incl, off);
-        if (lane >= off) incl += t;
-      }
-      const u32 total = __shfl_sync(0xFFFFFFFFu, incl, 31);
-      if (total == 0) continue;  // warp-uniform
-      u32 slot = 0;
-      if (lane == 0) slot = df_atom_add(counter, total);
-      slot = __shfl_sync(0xFFFFFFFFu, slot, 0) + incl - mine;
-      while (mask != 0) {
-        const int j = __ffsll((long long)mask) - 1;
-        mask &= mask - 1;
-        const int i = (c0 + j) * DF_T + tid;
-        const u64 w = df_word(s_x[i], lo + i);
-#pragma unroll
-        for (u32 r = 0; r < DF_C; ++r) df_st64(df_map(df_addr(&s_cand[slot]), r), w);
-        ++slot;
-      }
+      df_store_members(mask, false, c0, s_x, lo, counter, s_cand);
     }
   } else {
     for (int it = 0; it < rounds; ++it) {  // warp-uniform trip count: ballots below
