@@ -91,7 +91,8 @@ REGISTRY = {
     "top_k_top_p": {
         "reference": Entry("dspark_markov.verify.filtering_reference", "top_k_top_p_reference", graph_safe=False),
         "triton": Entry("dspark_markov.verify.triton_filtering", "launch_top_k_top_p"),
-        # the cluster-resident CUDA C++ filter (issue 16): by name only, opt-in until it has run on a GPU
+        # the cluster-resident CUDA C++ filter (issue 16; sm_90): verify.filtering.top_k_top_p's "auto" picks it
+        # for small batches and temperatures (verify.cuda_filtering.auto_picks), registry.resolve never does
         "cuda": Entry("dspark_markov.verify.cuda_filtering", "launch_top_k_top_p", devices=("cuda",)),
     },
     "block_inputs": {

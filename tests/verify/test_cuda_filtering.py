@@ -8,10 +8,12 @@
   two-word bins, the level-1 buckets, the 256-way narrowing passes, the sorted candidates, the targets), keeps
   exactly the sort reference's set on hard rows, on the bench's input kinds at full V and with the candidate
   capacity forced down (every search narrows);
-- the opt-in gate, the registry entry and the argument checks.
-The kernel itself is checked on the H200 by tests/gpu/test_filtering_gpu.py (tools/gpu_plans/issue16_cluster.sh).
+- df_thresholds (the gather's compares) decides exactly as df_bucket;
+- ``auto``'s choice (:func:`cf.auto_picks`, also under CUDA-graph capture), the registry entry and the argument checks.
+The kernel itself is checked on the H200 by tests/gpu/test_cuda_filtering_gpu.py (tools/gpu_plans/issue16_cluster.sh).
 """
 
+import contextlib
 import ctypes
 import re
 
@@ -389,21 +391,51 @@ def test_runs_only_on_cuda_and_auto_picks_it_for_one_wave(monkeypatch):
     with pytest.raises(ValueError, match="flags"):
         cf.CudaTopKTopPFilter(2, 300, "cuda", flags=4)
 
-    class Meta:  # a [rows, V] CUDA tensor's shape and device, nothing allocated
-        def __init__(self, rows, vocab):
-            self.shape, self.device = (rows, vocab), torch.device("cuda", 0)
+    class Meta:  # a [rows, V] CUDA tensor's shape, dtype, strides and device, nothing allocated
+        def __init__(self, rows, vocab, dtype=torch.float32, last_stride=1):
+            self.shape, self.device, self.dtype = (rows, vocab), torch.device("cuda", 0), dtype
+            self.last_stride = last_stride
 
         def dim(self):
             return 2
 
+        def stride(self, dim):
+            return self.last_stride
+
+    from dspark_markov.verify import filtering
+
     monkeypatch.setattr(torch, "Tensor", Meta)  # (auto_picks checks isinstance(logits, torch.Tensor))
-    monkeypatch.setattr(cf, "_runs_on", lambda index: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(cf, "_RUNS_ON", {0: True})
     assert cf.auto_picks(Meta(cf.AUTO_MAX_ROWS, 129_280), None) and cf.auto_picks(Meta(6, 300), None)
-    assert not cf.auto_picks(Meta(cf.AUTO_MAX_ROWS + 1, 129_280), None)  # beyond one wave: the Triton filter
+    assert filtering._auto_impl("auto", Meta(6, 300), None) == "cuda"  # top_k_top_p's routing
+    assert filtering._auto_impl("triton", Meta(6, 300), None) == "triton"  # an explicit impl is kept
+    assert filtering._auto_impl("auto", Meta(7, 300), None) == "auto"  # (registry.resolve: the Triton filter)
+    assert not cf.auto_picks(Meta(cf.AUTO_MAX_ROWS + 1, 129_280), None)  # beyond: the Triton filter
     assert cf.auto_picks(Meta(1518, 129_280), 0.7)  # raw logits with a temperature: only this filter divides them
     assert not cf.auto_picks(Meta(6, 8 * cf.MAX_SLICE + 1), 0.7)  # a row too large for a cluster
-    monkeypatch.setattr(cf, "_runs_on", lambda index: False)  # no sm_90 / NVRTC: never
+    assert not cf.auto_picks(Meta(6, 300, torch.bfloat16), None)  # the checks' ValueError, not a compile first
+    assert not cf.auto_picks(Meta(6, 300, last_stride=2), None)
+    # under graph capture: only a filter already built for this shape (no build, load or allocation in a capture)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(cf, "_FILTERS", {})
+    assert not cf.auto_picks(Meta(6, 300), None)
+    built = type("Built", (), {"max_rows": 4})()
+    cf._FILTERS[(torch.device("cuda", 0), 300)] = built
+    assert cf.auto_picks(Meta(4, 300), None) and not cf.auto_picks(Meta(5, 300), None)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(cf, "_RUNS_ON", {0: False})  # no sm_90 / NVRTC: never
     assert not cf.auto_picks(Meta(6, 129_280), 0.7)
+
+    def broken():
+        raise PermissionError("cache file")
+
+    monkeypatch.setattr(cf, "_RUNS_ON", {})
+    monkeypatch.setattr(cf, "unavailable_reason", broken)
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    assert not cf.auto_picks(Meta(6, 129_280), None) and cf._RUNS_ON == {}  # the Triton filter; asked again later
+    monkeypatch.setattr(cf, "unavailable_reason", lambda: None)
+    assert cf.auto_picks(Meta(6, 129_280), None) and cf._RUNS_ON == {0: True}
 
 
 def test_overlap_of_logits_and_out():

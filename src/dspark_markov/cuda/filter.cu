@@ -20,8 +20,10 @@
 //      mass reaches L = ceil(p * S) (top-p; "mass before < p S" for an integer mass is "before < L"), or the
 //      best (p <= 0): the range (8 totals), the bucket (256 sums, a block scan), then, if the bucket holds more
 //      than DF_CAP tokens, 256-way narrowing passes on the packed (key, index) word (8 bits per pass), and the
-//      bucket's (or the narrowed range's) tokens gathered into every block's candidate array, sorted there
-//      (bitonic, descending packed word), their q scanned: the target's word and its inclusive mass;
+//      bucket's (or the narrowed range's) tokens gathered into every block's candidate array (flags: by two fp32
+//      compares against the bucket's exact bounds, df_thresholds, into a register mask per thread), a bucket of
+//      more than DF_SMALL narrowed there by 256-way digit passes (df_refine), then sorted (<= DF_SMALL: ranked by
+//      counting; else bitonic), descending packed word, their q scanned: the target's word and its inclusive mass;
 //      top-k first (its inclusive mass is S for top-p), then top-p. With top-k and top-p together the histogram
 //      holds counts only, and when every token of the buckets up to the k-th token's fits in one gather (k = 50:
 //      a few hundred), those are gathered and sorted and both cuts come from their inclusive masses (top-p keeps
@@ -35,14 +37,15 @@
 // Bytes: the row read once and written once (2 x 4 V per row); the candidate exchanges stay on chip.
 // Instructions (NVRTC 13.0 SASS): 49 per logit in step 2 for top-p alone (the weight ~30: the 7-term polynomial
 // with IEEE adds and multiplies, floor without conversions, one F2I.U64; bucket 5; three red.shared), ~10 with
-// top-k (counts); ~4 in step 1, ~6 in step 4. At 253 requests (1,518 rows), top-p alone: ~360 M warp
-// instructions, ~350 us at the H200's issue rate, against ~375 us to read and write the rows at 4.2 TB/s: two
-// blocks per SM overlap one's loads with the other's histogram.
+// top-k (counts); ~4 in step 1, ~6 in step 4.
+// Measured (H200, 2026-12-05; tools/trace_cluster_filter.py reads the DF_MARK phase stamps of a -DDF_TRACE build):
+// each row is a chain of ~25 (k + p) to ~37 us (p alone) of latency-bound phases, two blocks per SM (36-45% of
+// the issue slots, 30 clusters resident), so 1,518 rows take ~50 waves: 1.2 / 1.6 ms (verify/cuda_filtering.py).
 //
-// NOT RUN ON A GPU YET (written 2026-12-04/05 without a device): compiled for sm_90 with NVRTC 13.0 (104 registers,
-// no spill; 47,312 bytes of static shared memory + the slice); the search is emulated on the CPU
-// (tests/verify/test_cuda_filtering.py), the weight / bucket / key helpers compiled as host C++ equal the torch
-// reference bit for bit, and two desk reviews found the barrier and shared-memory protocol sound (after fixes).
+// Verified on the H200 (2026-12-05): its GPU tests (tests/gpu/test_cuda_filtering_gpu.py) and every flags option
+// equal the sort reference; compute-sanitizer memcheck / racecheck / synccheck clean. 118 registers, no spill,
+// 47,328 bytes of static shared memory + the slice. On the CPU: the search emulated in its order of decisions, the
+// helpers compiled as host C++ (tests/verify/test_cuda_filtering.py).
 #include "noise.cuh"
 
 namespace dm {
@@ -374,6 +377,8 @@ __device__ __noinline__ u32 df_refine(u32 count, bool masses, bool by_mass, u64 
     __syncthreads();
     const u32 d = 255u - (u32)tid;  // descending digits: better first
     const u64 cnt = s_dig[d], mass = (u64)s_dig[256 + d] + ((u64)s_dig[512 + d] << 16);
+    // (without masses sh.base_mass stays as it was: only searches whose mass nothing reads run so, top-k without
+    // top-p and the p <= 0 search)
     df_select(cnt, mass, by_mass, target, sh);  // (its first barrier: every read of warp_sum above is done)
     if (sh.sel == DF_NONE) return 0;
     const u32 want = 255u - sh.sel;

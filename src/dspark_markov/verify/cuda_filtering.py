@@ -100,22 +100,32 @@ def unavailable_reason() -> str | None:
 
 
 def auto_picks(logits, temperature) -> bool:
-    """Whether ``top_k_top_p(impl="auto")`` runs this filter for ``logits [B, V]``: on a CUDA device where it can
-    run, when the batch is small (``B <= AUTO_MAX_ROWS``: faster than the Triton filter there,
-    measured) or the logits are raw with a temperature (only this filter divides them on the GPU)."""
+    """Whether ``top_k_top_p(impl="auto")`` runs this filter for ``logits [B, V]``: fp32 CUDA rows (last stride 1) on
+    a device where it can run, when the batch is small (``B <= AUTO_MAX_ROWS``: faster than the Triton filter there,
+    measured) or the logits are raw with a temperature (only this filter divides them on the GPU; with top-k and
+    top-p at hundreds of rows dividing first and the Triton filter would be faster, but allocate). Under CUDA-graph
+    capture only a filter this shape already built (nothing compiled, loaded or allocated inside the capture)."""
     if not isinstance(logits, torch.Tensor) or logits.device.type != "cuda" or logits.dim() != 2:
         return False
+    if logits.dtype != torch.float32 or logits.stride(-1) != 1:
+        return False  # (the usual ValueError comes from the filter's checks)
     rows, vocab = logits.shape
     if vocab > CLUSTER * MAX_SLICE or (temperature is None and rows > AUTO_MAX_ROWS):
         return False
+    if torch.cuda.is_current_stream_capturing():
+        built = _FILTERS.get((logits.device, vocab))
+        return built is not None and built.max_rows >= rows
     index = logits.device.index if logits.device.index is not None else torch.cuda.current_device()
-    return _runs_on(index)
+    if index not in _RUNS_ON:
+        try:
+            with torch.cuda.device(index):
+                _RUNS_ON[index] = unavailable_reason() is None
+        except Exception:  # noqa: BLE001 - anything else (a cache file, the driver): Triton this time, ask again later
+            return False
+    return _RUNS_ON[index]
 
 
-@functools.lru_cache(maxsize=None)
-def _runs_on(device_index: int) -> bool:
-    with torch.cuda.device(device_index):
-        return unavailable_reason() is None
+_RUNS_ON: dict = {}  # device index -> whether the filter builds and loads there (a definite answer, kept)
 
 
 class CudaTopKTopPFilter:

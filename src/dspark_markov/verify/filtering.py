@@ -83,6 +83,16 @@ def _check(logits, k, p, impl, out, temperature=None):
 
 
 # --------------------------------------------------------------------------- public function
+def _auto_impl(impl, logits, temperature):
+    """``"cuda"`` where ``impl`` is ``"auto"`` and :func:`.cuda_filtering.auto_picks` takes the call, else ``impl``."""
+    if impl == registry.AUTO and isinstance(logits, torch.Tensor) and logits.device.type == "cuda":
+        from . import cuda_filtering  # noqa: PLC0415
+
+        if cuda_filtering.auto_picks(logits, temperature):
+            return "cuda"
+    return impl
+
+
 def top_k_top_p(logits, k=None, p=None, *, impl=registry.DEFAULT_IMPL, out=None, temperature=None):
     """Mask all but the top-k / top-p tokens of each row with ``-inf`` (semantics: module doc).
 
@@ -126,11 +136,7 @@ def top_k_top_p(logits, k=None, p=None, *, impl=registry.DEFAULT_IMPL, out=None,
     batch seen (allocated on the first call, so call once before capturing; a serving engine can
     own one ``TopKTopPFilter(max_rows, V, device)`` itself). The reference path sorts and allocates.
     """
-    if impl == registry.AUTO and isinstance(logits, torch.Tensor) and logits.device.type == "cuda":
-        from . import cuda_filtering  # noqa: PLC0415
-
-        if cuda_filtering.auto_picks(logits, temperature):
-            impl = "cuda"
+    impl = _auto_impl(impl, logits, temperature)
     if isinstance(logits, torch.Tensor):
         impl = registry.resolve("top_k_top_p", impl, logits.device)
     k, p, temperature = _check(logits, k, p, impl, out, temperature)
