@@ -47,6 +47,38 @@ def test_every_kind_and_case_equals_reference(opted_in, kind, rows):
     assert_same(dm.top_k_top_p(x.clone(), k, p, impl="cuda"), reference(x, k, p))  # the public function
 
 
+@pytest.mark.parametrize("flags", [0, 1, 2, 3])
+@pytest.mark.parametrize("vocab", [1001, 50_257, VOCAB])
+def test_every_option_and_ragged_slices(opted_in, flags, vocab):
+    """Every FilterArgs.flags option at vocabularies whose last block holds a token count that is not a multiple of 4
+    (1,001: 125 tokens; 50,257: 6,269; the gather's tail mask) and at the full V; Gaussian, peaked and bf16 rows and
+    a narrow row (a large bucket: refinement passes) through every case."""
+    gen = torch.Generator(device="cuda").manual_seed(21)
+    x = torch.randn(8, vocab, generator=gen, device="cuda") * 2
+    x[5] = x[5].to(torch.bfloat16).float()
+    x[6, :32] += 12.0  # peaked
+    x[7] = torch.randn(vocab, generator=gen, device="cuda") * 0.02
+    filt = opted_in.CudaTopKTopPFilter(8, vocab, "cuda", flags=flags)
+    for index, case in enumerate(CASES):
+        k, p = parameters(case, 8)
+        assert_same(run(filt, x, k, p, in_place=index % 2 == 0), reference(x, k, p))
+
+
+def test_auto_routes_small_batches_and_temperatures_to_the_cluster_filter(opted_in, monkeypatch):
+    """top_k_top_p(impl="auto") runs this filter at <= AUTO_MAX_ROWS rows and for raw logits with a temperature,
+    the Triton filter otherwise (the call counted where it lands); every result equals the reference."""
+    calls = []
+    launch = opted_in.launch_top_k_top_p
+    monkeypatch.setattr(opted_in, "launch_top_k_top_p", lambda *a, **kw: calls.append(a[0].shape[0]) or launch(*a, **kw))
+    small, large = logits("gaussian", opted_in.AUTO_MAX_ROWS), logits("gaussian", opted_in.AUTO_MAX_ROWS + 90)
+    for x in (small, large):
+        assert_same(dm.top_k_top_p(x.clone(), 50, 0.9), reference(x, 50, 0.9))
+    assert calls == [opted_in.AUTO_MAX_ROWS]
+    got = dm.top_k_top_p(large * 0.7, None, 0.9, temperature=0.7)  # raw logits: divided in the kernel
+    assert calls == [opted_in.AUTO_MAX_ROWS, large.shape[0]]
+    assert_same(got, reference((large * 0.7) / 0.7, None, 0.9))
+
+
 def test_flat_and_tied_rows_narrow(opted_in):
     """Rows whose target bucket holds more than 2,048 tokens: all equal, two values, a narrow Gaussian, bf16 ties of
     a narrow Gaussian, a constant with -inf halves; the narrowing passes run (stats) and the kept set is exact."""

@@ -82,7 +82,8 @@ def test_every_kind_and_case_equals_reference(kind, rows):
         for index, (chunks, filt) in enumerate(filters.items()):
             got = run(filt, x, k, p, in_place=index % 2 == 0)
             assert_same(got, expected)
-        assert_same(dm.top_k_top_p(x.clone(), k, p), expected)  # the public function (cached filter)
+        assert_same(dm.top_k_top_p(x.clone(), k, p, impl="triton"), expected)  # the public function (cached filter)
+        assert_same(dm.top_k_top_p(x.clone(), k, p), expected)  # auto (the cluster filter at <= 6 rows on sm_90)
 
 
 @pytest.mark.parametrize("rows", [6, 1518])
