@@ -148,6 +148,33 @@ def test_verify_raw_target_logits_with_temperature(verify_impl):
         triton_filter.verify(raw.clone(), num_drafts, temperature, seeds, top_p=0.8, target_temperature=target_t)
 
 
+def test_verify_filter_auto_asks_top_k_top_p_auto_on_every_call(monkeypatch):
+    """filter_impl="auto" (the default) leaves the choice to top_k_top_p's auto on each call (on sm_90: the cluster
+    filter for a small step or raw rows); an explicit filter_impl is used as it is."""
+    from dspark_markov.verify import filtering
+
+    head = _head()
+    kinds = dict(num_steps=N, max_reqs=MAX_REQS, num_slots=SLOTS, mask_token_id=MASK, max_model_len=MAX_LEN,
+                 draft_impl="reference", verify_impl="reference", block_inputs_impl="reference")
+    asked = []
+    real = filtering._auto_impl
+    monkeypatch.setattr(filtering, "_auto_impl", lambda impl, rows, t: (impl == "auto" and asked.append(
+        (tuple(rows.shape), t))) or real(impl, rows, t))  # (top_k_top_p asks again with the step's answer)
+    last_pos, bonus, slots, temperature, seeds = _inputs(5)
+    num_drafts = torch.full((MAX_REQS,), N)
+    target_t = torch.full((SLOTS,), 0.5)
+    for filter_impl, expected in (("auto", 2), ("reference", 0)):
+        asked.clear()
+        step = DSparkStep(head, _Backbone(), filter_impl=filter_impl, **kinds)
+        step.draft(last_pos, bonus, slots, temperature, seeds)
+        raw = _target(step.draft_tokens, step.logits_cache, step.req_slots, temperature, 6)
+        step.verify(raw.clone(), num_drafts, temperature, seeds, top_p=0.8)
+        step.verify(raw.clone(), num_drafts, temperature, seeds, top_k=5, target_temperature=target_t)
+        assert len(asked) == expected and step.filter_impl == "reference"  # (the CPU: auto's answer is the reference)
+        if expected:
+            assert asked[0] == ((MAX_REQS * (N + 1), head.vocab_size), None) and asked[1][1] is target_t
+
+
 def test_bad_arguments():
     head = _head()
     with pytest.raises(ValueError, match="backbone"):

@@ -60,8 +60,10 @@ class DSparkStep:
     draft_method, draft_impl : :class:`~dspark_markov.MarkovSampler`'s ``method`` and ``impl``.
     verify_method : ``"standard"`` or ``"block"``. verify_impl, block_inputs_impl, filter_impl :
         ``"auto"`` (the default: ``"triton"`` on CUDA, the reference on the CPU;
-        :mod:`dspark_markov.registry`), ``"triton"`` or ``"reference"`` (the references allocate
-        and are not capturable: capturing with one raises ``ValueError``).
+        :mod:`dspark_markov.registry`; ``filter_impl="auto"`` follows ``top_k_top_p``'s ``auto``
+        on every call: the cluster filter on sm_90 for a step of <= 6 rows or raw logits with
+        ``target_temperature``), ``"triton"``, ``"cuda"`` (the filter) or ``"reference"`` (the
+        references allocate and are not capturable: capturing with one raises ``ValueError``).
 
     Attributes
     ----------
@@ -89,6 +91,7 @@ class DSparkStep:
         if verify_method not in ("standard", "block"):
             raise ValueError(f"verify_method: expected 'standard' or 'block', got {verify_method!r}")
         block_inputs_impl = registry.resolve("block_inputs", block_inputs_impl, head.device, "block_inputs_impl")
+        self._filter_auto = filter_impl == registry.AUTO  # top_k_top_p's own choice per call (verify())
         filter_impl = registry.resolve("top_k_top_p", filter_impl, head.device, "filter_impl")
         self.head = head
         self.backbone = backbone
@@ -222,7 +225,8 @@ class DSparkStep:
             their request's slot temperature (IEEE ``z / T``, ``T == 0`` and padding requests
             unscaled) without a separate pass: inside verification (``verify_drafts``'
             ``target_temperature``), or, with ``top_k``/``top_p``, by the filter as it reads each
-            row (``filter_impl="cuda"``, or ``"reference"``; the Triton filter cannot), which leaves
+            row (``filter_impl="cuda"``, ``"auto"`` where the cluster filter runs, or ``"reference"``;
+            the Triton filter cannot), which leaves
             ``target_logits`` divided and filtered for verification. Either way the tokens are
             those of passing the pre-divided logits (``verify.reference.scale_target``).
 
@@ -240,20 +244,24 @@ class DSparkStep:
         if tuple(target_logits.shape) != (r, n + 1, self.vocab):
             raise ValueError(f"target_logits: expected shape {(r, n + 1, self.vocab)}, got {tuple(target_logits.shape)}")
         if top_k is not None or top_p is not None:
-            registry.check_capturable("top_k_top_p", self.filter_impl, self.device, argument="filter_impl")
             if not target_logits.is_contiguous():
                 raise ValueError("target_logits: expected a contiguous tensor when filtering (filtered in place)")
-            from .verify.filtering import top_k_top_p
+            from .verify.filtering import _auto_impl, top_k_top_p
 
+            rows = target_logits.view(r * (n + 1), self.vocab)
+            filter_impl = self.filter_impl
+            if self._filter_auto:  # "auto": the cluster filter for a small step or raw rows, where it runs
+                filter_impl = _auto_impl(registry.AUTO, rows, target_temperature)
+                filter_impl = self.filter_impl if filter_impl == registry.AUTO else filter_impl
+            registry.check_capturable("top_k_top_p", filter_impl, self.device, argument="filter_impl")
             row_temperature = None
             if target_temperature is not None:  # the filter divides the raw rows; verification reads them divided
-                if self.filter_impl == "triton":
+                if filter_impl == "triton":
                     raise ValueError("target_temperature: with top_k / top_p the filter divides the raw rows, which "
                                      "filter_impl 'triton' cannot: use filter_impl='cuda' (or 'reference')")
                 row_temperature = self._row_temperatures(target_temperature)
                 target_temperature = None
-            top_k_top_p(target_logits.view(r * (n + 1), self.vocab), top_k, top_p, impl=self.filter_impl,
-                        temperature=row_temperature)
+            top_k_top_p(rows, top_k, top_p, impl=filter_impl, temperature=row_temperature)
         if self.verifier is not None:
             tokens, count = self.verifier.run(target_logits, self.draft_tokens, self.logits_cache, num_drafts,
                                               self.req_slots, self.req_positions, temperature, seeds, target_greedy,
