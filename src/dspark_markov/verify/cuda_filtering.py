@@ -14,9 +14,9 @@ Measured on the H200 (2026-12-05, ``benchmarks/results/NVIDIA-H200_2026-12-05_cl
 1 / 16 / 64 / 253 requests of 6 rows, Gaussian): k = 50 + p = 0.9 24.2 / 96.8 / 321.5 / 1,219 us, p = 0.9 alone
 32.9 / 125.4 / 415.7 / 1,585 us (the Triton filter: 29.7 / 63.6 / 180.3 / 579 and 44.1 / 129.2 / 436.5 / 1,484).
 It is the faster one at one request, so ``impl="auto"`` picks it up to :data:`AUTO_MAX_ROWS` rows, and for raw
-logits with a temperature (the Triton filter has none). Beyond one
-wave each row's ~25-40 us of latency-bound phases (phase trace: ``tools/trace_cluster_filter.py``) at two blocks
-per SM cannot keep up with the Triton filter's throughput.
+logits with a temperature (the Triton filter has none). Beyond one wave of clusters each row's ~25-40 us of
+latency-bound phases (phase trace: ``tools/trace_cluster_filter.py``) at two blocks per SM cannot keep up with the
+Triton filter's throughput.
 
 Requirements (``ValueError`` otherwise): a CUDA device of compute capability 9.0 with NVRTC, fp32 logits with
 ``V <= 8 * MAX_SLICE``. CUDA-graph safe: one launch, no allocation after construction (``stats`` is the only
