@@ -100,8 +100,9 @@ def info(out=None) -> int:
     from .verify import cuda_filtering
 
     reason = cuda_filtering.unavailable_reason()
-    print("top-k / top-p (top_k_top_p impl=): reference, triton (auto on CUDA), cuda: "
-          + ("available" if reason is None else f"unavailable: {reason}"), file=out)
+    print(f"top-k / top-p (top_k_top_p impl=): reference, triton (auto on CUDA beyond "
+          f"{cuda_filtering.AUTO_MAX_ROWS} rows), cuda (auto up to {cuda_filtering.AUTO_MAX_ROWS} rows and for "
+          "temperature=): " + ("available" if reason is None else f"unavailable: {reason}"), file=out)
     return 0
 
 
