@@ -7,6 +7,7 @@
 #   bash tools/gpu_plans/issue12_cuda_wide.sh icdf       # budget ~110 s: method="inverse_cdf" correct? (after check)
 #   bash tools/gpu_plans/issue12_cuda_wide.sh icdf_time  # budget ~110 s: method="inverse_cdf" timed and profiled
 #   bash tools/gpu_plans/issue12_cuda_wide.sh chain_trace  # budget ~60 s: where cuda_chain's 83 / 142 us go (1 / 16 rows)
+#   bash tools/gpu_plans/issue12_cuda_wide.sh fault        # budget ~120 s: the 64-row illegal address of 2026-12-05 under memcheck
 # Results go to $JOB_OUT (default ./gpu_plan_out). The design runs only when opted in (draft/cuda_wide.py).
 # Builds: wide.cu takes ~7 s of NVRTC, blocks.cu (the noise table's sweep kernel) ~30 s, the table sweep ~10-20 s;
 # a DSPARK_MARKOV_CACHE built on the CPU with the GPU's NVRTC version (CONTRIBUTING "CUDA kernels") and the table
@@ -109,6 +110,15 @@ icdf_time)
     grep -E "dm_wide|Duration|inst_executed|dram__bytes|Achieved Occ|Compute \(SM\) Th|DRAM Th|Issue Slots" \
       "$OUT/ncu_icdf_$rows.txt" | head -30
   done
+  ;;
+fault)
+  # (~120 s) stop 26's timing sweep hit an illegal memory access right after the 32-row timings (64 rows next;
+  # ..._2026-12-05_cuda_wide_time.txt), not reproduced by the bench or the GPU tests: the same sweep under
+  # compute-sanitizer memcheck (first error with its kernel and address), 32 / 64 rows, T = 1 then mixed.
+  timeout -k 2 115 compute-sanitizer --tool memcheck --print-limit 10 python3 tools/sweep_cuda_wide.py --out "$OUT/fault" \
+    --check "" --time 32,64 --temperature both --designs cuda_gumbel,cuda_wide \
+    --options '{"p2": {"warps_per_group": 2}, "noprefetch": {"flags": 0}}' > "$OUT/fault.txt" 2>&1
+  grep -m 12 -E "Invalid|ERROR SUMMARY|at 0x|by thread|time cuda" "$OUT/fault.txt"
   ;;
 chain_trace)
   # Small batch (issue 12's 1 / 16 rows: cuda_chain 83 / 142 us against 40 / 60; not worked on since stop 23): the

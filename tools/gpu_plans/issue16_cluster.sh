@@ -8,6 +8,8 @@
 #   bash tools/gpu_plans/issue16_cluster.sh sanitize  # budget ~60 s: memcheck + racecheck + synccheck, small shape
 #   bash tools/gpu_plans/issue16_cluster.sh bench     # budget ~150 s: the bench's filter cases, Triton and cuda
 #   bash tools/gpu_plans/issue16_cluster.sh ncu       # budget ~80 s: where the time goes at 253 requests, p alone
+#   bash tools/gpu_plans/issue16_cluster.sh newtests  # budget ~120 s: the GPU tests written after stop 26 (ragged V, auto routing)
+#   bash tools/gpu_plans/issue16_cluster.sh crossover # budget ~120 s: cluster vs Triton filter at 1-16 requests (AUTO_MAX_ROWS)
 # Results go to $JOB_OUT (default ./gpu_plan_out). NVRTC builds filter.cu in ~1 s (cached on disk).
 # If the first launch fails with an invalid-configuration error: cuLaunchKernel is assumed to honour the
 # compile-time __cluster_dims__(8, 1, 1) (the CUDA guide: such a kernel launches with <<< >>>); the fallback is
@@ -110,8 +112,22 @@ PY
     | grep -E "Duration|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|Shared Memory Configuration" \
     | tee "$OUT/cluster_ncu.txt"
   ;;
+newtests)
+  # (~60 s) The GPU tests written after stop 26's device time ran out (NOT RUN yet): every FilterArgs.flags option at
+  # V = 1,001 / 50,257 (a last block whose token count is not a multiple of 4: the gather's tail mask, never run on a
+  # GPU; V = 129,280 splits evenly), auto's routing (<= AUTO_MAX_ROWS and temperatures to this filter), the Triton
+  # filter's public path at 6 rows named explicitly, the no-allocation check through auto at 4 rows.
+  timeout -k 2 110 python3 -m pytest -m gpu -q -x tests/gpu/test_cuda_filtering_gpu.py tests/gpu/test_filtering_gpu.py \
+    tests/gpu/test_robustness_gpu.py -k "not chain_barrier" 2>&1 | tee "$OUT/newtests.txt" | tail -6
+  ;;
+crossover)
+  # (~60 s) Where the cluster filter stops beating the Triton filter between 1 and 16 requests (6-96 rows): if it is
+  # still faster at 5 requests (30 rows: one wave of the H200's 30 resident clusters), raise
+  # verify/cuda_filtering.AUTO_MAX_ROWS to the last size where it wins for both k + p and p alone.
+  timeout -k 2 110 python3 tools/time_filter.py --cuda 1,2,3,4,5,8,16 2>&1 | tee "$OUT/crossover.txt" | grep "^| filter"
+  ;;
 *)
-  echo "usage: $0 check|sanitize|bench|ncu" >&2
+  echo "usage: $0 check|sanitize|bench|ncu|newtests|crossover" >&2
   exit 2
   ;;
 esac
