@@ -414,6 +414,7 @@ def test_runs_only_on_cuda_and_auto_picks_it_for_one_wave(monkeypatch):
     assert not cf.auto_picks(Meta(cf.AUTO_MAX_ROWS + 1, 129_280), None)  # beyond: the Triton filter
     assert cf.auto_picks(Meta(1518, 129_280), 0.7)  # raw logits with a temperature: only this filter divides them
     assert not cf.auto_picks(Meta(6, 8 * cf.MAX_SLICE + 1), 0.7)  # a row too large for a cluster
+    assert not cf.auto_picks(Meta(6, 50_257), None)  # a ragged last slice: not run on a GPU yet (explicit impl only)
     assert not cf.auto_picks(Meta(6, 300, torch.bfloat16), None)  # the checks' ValueError, not a compile first
     assert not cf.auto_picks(Meta(6, 300, last_stride=2), None)
     # under graph capture: only a filter already built for this shape (no build, load or allocation in a capture)
