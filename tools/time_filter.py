@@ -15,7 +15,9 @@ so that the events between them measure the kernels, not the host (median of ``R
 case by case before each variant is checked bit for bit against the sort reference.
 ``--cuda`` (issue 16, the cluster-resident filter ``impl="cuda"``, opt-in: set ``DSPARK_MARKOV_UNVERIFIED=cuda_filter``):
 the bench's filter cases for it too, in the same grid (kernel ``filter_row``, impl ``cuda``, beside the Triton
-filter's default layout), each checked against the sort reference by its first call.
+filter's default layout), each checked against the sort reference by its first call. ``--cuda-flags 3,15``: one
+``cuda`` group per ``FilterArgs.flags`` value (``cuda_filtering.FLAG_*``; layout ``cluster x8 f15``), each checked
+the same way; ``--cuda-only`` leaves the Triton group out.
 ``--profile CONFIGS``: one call per ``requests:case:kind:variant`` between cudaProfilerStart/Stop, for
 ``ncu --profile-from-start off --clock-control none``.
 """
@@ -245,6 +247,15 @@ def main():
     with_cuda = "--cuda" in sys.argv
     if with_cuda:
         sys.argv.remove("--cuda")
+    cuda_flags = (None,)
+    if "--cuda-flags" in sys.argv:  # e.g. --cuda-flags 3,15: one cuda group per FilterArgs.flags value, alternating
+        at = sys.argv.index("--cuda-flags")
+        cuda_flags = tuple(int(f) for f in sys.argv[at + 1].split(","))
+        del sys.argv[at:at + 2]
+        with_cuda = True
+    cuda_only = "--cuda-only" in sys.argv  # no Triton group (the cuda groups alone: a flags comparison)
+    if cuda_only:
+        sys.argv.remove("--cuda-only")
     sizes = tuple(int(r) for r in (sys.argv[1] if len(sys.argv) > 1 else "1,253,16,64").split(","))
     filters = []
 
@@ -264,9 +275,12 @@ def main():
     for rows in sizes:
         kernel = "filter_split" if rows <= 16 else "filter_row"
         new = []
-        for kernels, group in (((kernel,), ("triton",)), (("filter_row",), ("cuda",)))[:len(impls)]:
+        groups = [] if cuda_only else [((kernel,), ("triton",), None)]
+        if with_cuda or cuda_only:
+            groups += [(("filter_row",), ("cuda",), flags) for flags in cuda_flags]
+        for kernels, group, flags in groups:
             config = vg.VerifyBenchConfig(kernels=kernels, rows=(rows,), rounds=3, replays=15, eager_calls=1,
-                                          impls=group)
+                                          impls=group, cuda_filter_flags=flags)
             new += vg.run_grid(config, bw, progress=False)
         records += new
         print(vg.format_table(new, bw), end="", flush=True)

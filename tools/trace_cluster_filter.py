@@ -30,7 +30,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", default="6,96,1518")
     parser.add_argument("--calls", type=int, default=3)
-    parser.add_argument("--flags", default=str(cf.FLAGS),
+    parser.add_argument("--flags", default=str(cf.DEFAULT_FLAGS),
                         help="comma-separated FilterArgs.flags values to run (cuda_filtering.FLAG_*), e.g. 0,3")
     parser.add_argument("--relaxed", action="store_true",
                         help="also time a build whose cluster barriers arrive relaxed (-DDF_RELAXED_EXPERIMENT: no "

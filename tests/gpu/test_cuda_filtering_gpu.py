@@ -47,12 +47,16 @@ def test_every_kind_and_case_equals_reference(opted_in, kind, rows):
     assert_same(dm.top_k_top_p(x.clone(), k, p, impl="cuda"), reference(x, k, p))  # the public function
 
 
-@pytest.mark.parametrize("flags", [0, 1, 2, 3])
+@pytest.mark.parametrize("flags", [0, 1, 2, 3, 7, 11, 19, 31])
 @pytest.mark.parametrize("vocab", [1001, 50_257, VOCAB])
 def test_every_option_and_ragged_slices(opted_in, flags, vocab):
     """Every FilterArgs.flags option at vocabularies whose last block holds a token count that is not a multiple of 4
-    (1,001: 125 tokens; 50,257: 6,269; the gather's tail mask) and at the full V; Gaussian, peaked and bf16 rows and
-    a narrow row (a large bucket: refinement passes) through every case."""
+    (1,001: 125 tokens; 50,257: 6,269; the gather's tail mask, the histogram's and the async load's scalar tails) and
+    at the full V; Gaussian, peaked and bf16 rows and a narrow row (a large bucket: refinement passes) through every
+    case; raw logits with per-row temperatures (the async load divides in shared memory) and a row misaligned for
+    16-byte copies (the register-load path whatever the flags)."""
+    from dspark_markov.draft.reference import scaled_logits
+
     gen = torch.Generator(device="cuda").manual_seed(21)
     x = torch.randn(8, vocab, generator=gen, device="cuda") * 2
     x[5] = x[5].to(torch.bfloat16).float()
@@ -62,6 +66,17 @@ def test_every_option_and_ragged_slices(opted_in, flags, vocab):
     for index, case in enumerate(CASES):
         k, p = parameters(case, 8)
         assert_same(run(filt, x, k, p, in_place=index % 2 == 0), reference(x, k, p))
+    temp = torch.tensor([0.0, 0.6, 1.0, 1.7, 0.25, 0.6, 1.3, 0.9], device="cuda")
+    for case in ("k+p", "p"):
+        k, p = parameters(case, 8)
+        out = torch.full_like(x, 3.0)
+        filt.filter(x, k, p, out, temp)
+        assert_same(out, reference(scaled_logits(x, temp), k, p))
+    shifted = torch.full((8, vocab + 1), 5.0, device="cuda")[:, 1:]  # rows 4 bytes past 16-byte alignment
+    shifted.copy_(x)
+    filt.filter(shifted, None, 0.9, shifted)
+    assert_same(shifted, reference(x, None, torch.full((8,), 0.9, device="cuda")))
+    assert int(filt.stats[1]) == 0
 
 
 def test_auto_routes_small_batches_and_temperatures_to_the_cluster_filter(opted_in, monkeypatch):

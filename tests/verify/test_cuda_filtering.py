@@ -50,8 +50,12 @@ def test_args_struct_and_constants_match_the_kernel():
     assert_args_struct_matches("filter.cu", "FilterArgs", cf.FilterArgs._fields_)
     assert ctypes.sizeof(cf.FilterArgs) == 8 * len(cf.FilterArgs._fields_)
     text = (build.SOURCE_DIR / "filter.cu").read_text()
-    for define, value in (("DF_C", cf.CLUSTER), ("DF_T", cf.THREADS), ("DF_NB", cf.BUCKETS), ("DF_CAP", cf.CAPACITY)):
+    for define, value in (("DF_C", cf.CLUSTER), ("DF_T", cf.THREADS), ("DF_NB", cf.BUCKETS), ("DF_CAP", cf.CAPACITY),
+                          ("DF_FLAG_MASK_GATHER", cf.FLAG_MASK_GATHER), ("DF_FLAG_REFINE", cf.FLAG_REFINE),
+                          ("DF_FLAG_ILP", cf.FLAG_ILP), ("DF_FLAG_ASYNC_LOAD", cf.FLAG_ASYNC_LOAD),
+                          ("DF_FLAG_WARP_THRESHOLDS", cf.FLAG_WARP_THRESHOLDS)):
         assert re.search(rf"#define {define} {value}\b", text), define
+    assert cf.FLAGS_ALL == 31 and cf.DEFAULT_FLAGS & ~cf.FLAGS_ALL == 0
     assert cf.slice_len(129_280) == 16_160 and cf.slice_len(300) == 40 and cf.slice_len(7) == 4
 
 
@@ -67,6 +71,23 @@ extern "C" void buckets(const float* x, const float* m, unsigned* b, long n) {
 }
 extern "C" void thresholds(float m, const int* b1, const int* b2, float* t1, float* t2, long n) {
   for (long i = 0; i < n; ++i) df_thresholds(m, b1[i], b2[i], t1[i], t2[i]);
+}
+extern "C" void thresholds16(float m, const int* b, float* t, int* rounds, long n) {  // df_thresholds_warp's rounds
+  for (long i = 0; i < n; ++i) {                                                       // (one half-warp, its lanes
+    u32 lo = df_fkey(-as_float(0x7f800000u)), hi = df_fkey(m);                         // as a loop)
+    rounds[i] = 0;
+    while (hi - lo > 1) {
+      u32 ok = 0;
+      for (u32 j = 0; j < 15; ++j) {
+        const u32 probe = df_probe(lo, hi, j);
+        if (probe == hi || (i32)df_bucket(df_fkey_value(probe), m) <= b[i]) ok |= 1u << j;
+      }
+      df_narrow(lo, hi, ok);
+      ++rounds[i];
+    }
+    const float inf = as_float(0x7f800000u);
+    t[i] = b[i] < 0 ? inf : ((i32)df_bucket(-inf, m) <= b[i] ? -inf : df_fkey_value(hi));
+  }
 }
 extern "C" void words(const float* x, const long long* index, unsigned long long* w, float* back, long n) {
   for (long i = 0; i < n; ++i) { w[i] = df_word(x[i], index[i]); back[i] = df_word_value(w[i]); }
@@ -185,6 +206,26 @@ def test_thresholds_decide_exactly_as_the_bucket(host):
             if b >= 0:  # (b < 0 gives +inf; the gather never compares with it: `bounded` is false then)
                 assert np.array_equal(bx.astype(np.int64) <= b, x >= t), (m, b, t)
         assert t1[0] == np.inf and t1[-1] == t1[-2] == -np.inf  # b < 0: nothing; b >= 2047: everything
+
+
+def test_sixteen_way_threshold_rounds_equal_the_binary_search(host):
+    """df_thresholds_warp (DF_FLAG_WARP_THRESHOLDS): its rounds (df_probe / df_narrow, the lanes of a half-warp as a
+    loop) end at df_thresholds' threshold for every bound and row max, in at most 9 rounds instead of 32."""
+    host.thresholds.argtypes = [ctypes.c_float] + [ctypes.c_void_p] * 4 + [ctypes.c_long]
+    host.thresholds16.argtypes = [ctypes.c_float] + [ctypes.c_void_p] * 3 + [ctypes.c_long]
+    gen = np.random.default_rng(8)
+    bounds = np.concatenate([np.arange(-1, 2050), gen.integers(0, 2048, 200)]).astype(np.int32)
+    maxima = [4.25, 0.0, -0.0, -7.3, 1e30, -1e30, np.inf, 0.015625, 3e-39, -3e-39, 1e-45, 16777216.0, 1024.5]
+    maxima += list(gen.normal(0, 10, 40)) + list(gen.uniform(-1e6, 1e6, 10))
+    worst = 0
+    for m in np.array(maxima, np.float32):
+        binary, unused, warp = (np.zeros(len(bounds), np.float32) for _ in range(3))
+        rounds = np.zeros(len(bounds), np.int32)
+        host.thresholds(m, ptr(bounds), ptr(bounds), ptr(binary), ptr(unused), ctypes.c_long(len(bounds)))
+        host.thresholds16(m, ptr(bounds), ptr(warp), ptr(rounds), ctypes.c_long(len(bounds)))
+        assert np.array_equal(binary.view(np.uint32), warp.view(np.uint32)), m
+        worst = max(worst, int(rounds.max()))
+    assert 1 <= worst <= 9
 
 
 # --------------------------------------------------------------------------- the search, emulated
@@ -388,8 +429,9 @@ def test_runs_only_on_cuda_and_auto_picks_it_for_one_wave(monkeypatch):
                               (True, 300, "max_rows")):
         with pytest.raises(ValueError, match=name):
             cf.CudaTopKTopPFilter(rows, vocab, "cuda")
-    with pytest.raises(ValueError, match="flags"):
-        cf.CudaTopKTopPFilter(2, 300, "cuda", flags=4)
+    for flags in (cf.FLAGS_ALL + 1, -1, True, 3.0):
+        with pytest.raises(ValueError, match="flags"):
+            cf.CudaTopKTopPFilter(2, 300, "cuda", flags=flags)
 
     class Meta:  # a [rows, V] CUDA tensor's shape, dtype, strides and device, nothing allocated
         def __init__(self, rows, vocab, dtype=torch.float32, last_stride=1):

@@ -10,6 +10,8 @@
 #   bash tools/gpu_plans/issue16_cluster.sh ncu       # budget ~80 s: where the time goes at 253 requests, p alone
 #   bash tools/gpu_plans/issue16_cluster.sh newtests  # budget ~120 s: the GPU tests written after stop 26 (ragged V, auto routing)
 #   bash tools/gpu_plans/issue16_cluster.sh crossover # budget ~120 s: cluster vs Triton filter at 1-16 requests (AUTO_MAX_ROWS)
+#   bash tools/gpu_plans/issue16_cluster.sh flags     # budget ~120 s: stop 27's FLAG_ILP / _ASYNC_LOAD / _WARP_THRESHOLDS exact, sanitized
+#   bash tools/gpu_plans/issue16_cluster.sh flags_time # budget ~170 s: and timed beside the default (3), phase trace
 # Results go to $JOB_OUT (default ./gpu_plan_out). NVRTC builds filter.cu in ~1 s (cached on disk).
 # If the first launch fails with an invalid-configuration error: cuLaunchKernel is assumed to honour the
 # compile-time __cluster_dims__(8, 1, 1) (the CUDA guide: such a kernel launches with <<< >>>); the fallback is
@@ -126,8 +128,55 @@ crossover)
   # verify/cuda_filtering.AUTO_MAX_ROWS to the last size where it wins for both k + p and p alone.
   timeout -k 2 110 python3 tools/time_filter.py --cuda 1,2,3,4,5,8,16 2>&1 | tee "$OUT/crossover.txt" | grep "^| filter"
   ;;
+flags)
+  # (~110 s; then flags_time, ~170 s) stop 27's options, NOT RUN on a GPU yet: FLAG_ILP (4: the level-1 histogram
+  # four tokens per step; the one-token loop compiles to one dependent chain of ~45 instructions per token),
+  # FLAG_ASYNC_LOAD (8: the slice read by cp.async, every copy in flight) and FLAG_WARP_THRESHOLDS (16: the gather's
+  # bucket bounds in <= 9 16-way rounds across the lanes). First exact (the GPU test over the options 7 / 11 / 19 / 31
+  # beside 0-3: ragged V, raw temperatures, misaligned rows; ~40 s), then memcheck + racecheck with flags 31 on a
+  # small shape. flags_time: timed beside the default 3 (7: ILP alone; 31: all) without the Triton group, then the
+  # phase trace of each option (trace_cluster_filter.py: which phase each one shortens). Expected: the histogram
+  # phase 8-10 -> ~4 us with masses (p alone), ~4 -> ~1.5 with counts; the load ~4-6 -> ~2-3 us; the bounds ~1.5 ->
+  # ~0.5 us: p alone ~24 us a row (96 rows ~95 us, 1,518 rows ~1.25 ms), k + p ~19 us. Make the winner DEFAULT_FLAGS
+  # (verify/cuda_filtering.py) only if it is exact and faster at every size, then re-run `crossover`
+  # (AUTO_MAX_ROWS) and `bench` for the committed files and the README.
+  timeout -k 2 60 python3 -m pytest -m gpu -q -x tests/gpu/test_cuda_filtering_gpu.py -k every_option 2>&1 \
+    | tee "$OUT/flags_tests.txt" | tail -4
+  FILTER_FLAGS=31 bash "$0" sanitize_only memcheck racecheck
+  ;;
+flags_time)
+  # (~170 s) the timing half of `flags` (after it passed)
+  timeout -k 2 120 python3 tools/time_filter.py --cuda-only --cuda-flags 3,7,31 1,16,64,253 2>&1 \
+    | tee "$OUT/flags_bench.txt" | grep -E "^filter_row|rows needing"
+  timeout -k 2 40 python3 tools/trace_cluster_filter.py --rows 6,1518 --flags 3,7,11,19,31 2>&1 | tee "$OUT/flags_trace.txt" | tail -30
+  ;;
+sanitize_only)
+  # (used by `flags`) memcheck / racecheck on 16 rows of V = 4,096 with FILTER_FLAGS (default 3), tools in $2...
+  shift
+  cat > "$OUT/cluster_call_flags.py" <<'PY'
+import os
+import torch
+from dspark_markov.verify import cuda_filtering as cf
+gen = torch.Generator(device="cuda").manual_seed(0)
+x = torch.randn(16, 4096, generator=gen, device="cuda") * 2
+x[3] = 0.0  # a flat row: narrowing passes
+filt = cf.CudaTopKTopPFilter(16, 4096, "cuda", flags=int(os.environ.get("FILTER_FLAGS", "3")))
+t = torch.full((16,), 0.7, device="cuda")
+for k, p, temp in ((50, 0.9, None), (None, 0.9, None), (7, None, None), (None, 0.9, t)):
+    y = x.clone()
+    filt.filter(y, k, p, y, temp)
+torch.cuda.synchronize()
+print("calls done, flags", filt.flags, "narrowed searches:", filt.stats.tolist())
+PY
+  for tool in "$@"; do
+    timeout -k 2 55 compute-sanitizer --tool $tool --print-limit 30 python3 "$OUT/cluster_call_flags.py" \
+      > "$OUT/cluster_sanitize_flags_$tool.log" 2>&1 &
+  done
+  wait
+  for tool in "$@"; do echo "== $tool (flags ${FILTER_FLAGS:-3})"; tail -3 "$OUT/cluster_sanitize_flags_$tool.log"; done
+  ;;
 *)
-  echo "usage: $0 check|sanitize|bench|ncu|newtests|crossover" >&2
+  echo "usage: $0 check|sanitize|bench|ncu|newtests|crossover|flags|flags_time" >&2
   exit 2
   ;;
 esac

@@ -98,6 +98,7 @@ class VerifyBenchConfig:
     replays: int = 30
     eager_calls: int = 10
     seed: int = 2026
+    cuda_filter_flags: int | None = None  # impl "cuda": cuda_filtering.FLAG_* options (None: its defaults)
 
     def __post_init__(self):
         harness.check_config(self, ("vocab", "steps", "max_reqs", "rounds", "replays", "eager_calls"))
@@ -341,7 +342,8 @@ class FilterRunner(Runner):
         elif self.impl == "cuda":
             from ..verify import cuda_filtering
 
-            self.layout = f"cluster x{cuda_filtering.CLUSTER}"
+            flags = config.cuda_filter_flags
+            self.layout = f"cluster x{cuda_filtering.CLUSTER}" + ("" if flags is None else f" f{flags}")
         else:
             self.layout = "row" if self.impl == "triton" else "sort"
             if self.impl == "triton":
@@ -357,7 +359,7 @@ class FilterRunner(Runner):
         elif self.impl == "cuda":  # ValueError (the record says n/a and why) unless it can run and is opted in
             from ..verify.cuda_filtering import CudaTopKTopPFilter
 
-            self.filter = CudaTopKTopPFilter(work, config.vocab, device)
+            self.filter = CudaTopKTopPFilter(work, config.vocab, device, flags=config.cuda_filter_flags)
 
     def prepare(self):
         self.out.copy_(self.logits)

@@ -42,6 +42,9 @@
 // each row is a chain of ~25 (k + p) to ~37 us (p alone) of latency-bound phases, two blocks per SM (36-45% of
 // the issue slots, 30 clusters resident), so 1,518 rows take ~50 waves: 1.2 / 1.6 ms (verify/cuda_filtering.py).
 //
+// Options (FilterArgs.flags, DF_FLAG_*): the default (3) is what ran on the H200; ILP (4), ASYNC_LOAD (8) and
+// WARP_THRESHOLDS (16), written on 2026-12-05 without device time from the SASS of the default (the histogram loop is
+// one dependent chain per token, the load two round trips, the bounds 32 serial halvings), are opt-in until timed.
 // Verified on the H200 (2026-12-05): its GPU tests (tests/gpu/test_cuda_filtering_gpu.py) and every flags option
 // equal the sort reference; compute-sanitizer memcheck / racecheck / synccheck clean. 118 registers, no spill,
 // 47,328 bytes of static shared memory + the slice. On the CPU: the search emulated in its order of decisions, the
@@ -124,6 +127,29 @@ DM_HD void df_thresholds(float m, i32 b1, i32 b2, float& t1, float& t2) {
   t2 = b2 < 0 ? inf : (all2 ? -inf : df_fkey_value(hi2));
 }
 
+// One round of a 16-way threshold search (df_thresholds_warp: a half-warp per bound, stop 27): probe j (0..14) of the
+// key range (lo, hi] is lo + (j + 1) step, step = (hi - lo) / 16 (at least 1; a probe at or past hi is hi, which
+// qualifies); `ok` has bit j set where probe j qualifies (bucket <= b: a suffix of the bits, the bucket being
+// monotone). The range then shrinks to (the last failing probe, the first qualifying one]: about 16 times per round,
+// ~8 rounds over 2^32 keys instead of df_thresholds' 32 dependent halvings. The invariant is df_thresholds' (hi
+// qualifies; lo does not, unless it is the bottom key, which the caller checks), so both end at the same hi.
+DM_HD u32 df_probe(u32 lo, u32 hi, u32 j) {
+  const u32 step = (hi - lo) >> 4 ? (hi - lo) >> 4 : 1u;
+  return (j + 1) * step < hi - lo ? lo + (j + 1) * step : hi;
+}
+DM_HD void df_narrow(u32& lo, u32& hi, u32 ok) {
+  const u32 step = (hi - lo) >> 4 ? (hi - lo) >> 4 : 1u;
+  if (ok == 0) {  // only when step = (hi - lo) / 16 >= 1: 15 step < hi - lo
+    lo += 15u * step;
+    return;
+  }
+  u32 first = 0;
+  while (!((ok >> first) & 1u)) ++first;  // (the device passes a ballot's bits; <= 14 iterations)
+  const u32 new_hi = df_probe(lo, hi, first);
+  lo = first ? df_probe(lo, hi, first - 1) : lo;
+  hi = new_hi;
+}
+
 // The packed (key, index) word with its sign bit flipped: unsigned order = ranking order (larger = better).
 DM_HD u64 df_word(float x, i64 index) { return (u64)pack_word(x, (i32)index) ^ (1ull << 63); }
 DM_HD float df_word_value(u64 word) { return word_key((i64)(word ^ (1ull << 63))); }
@@ -152,6 +178,15 @@ struct FilterArgs {  // 8-byte fields (verify/cuda_filtering.py FilterArgs)
                                // bits where its words differ, no cluster barrier) to <= DF_SMALL, then candidates
                                // ranked by counting instead of the bitonic sort (also the prefix path's <= DF_SMALL)
 #define DF_SMALL 256           // candidates ranked by counting: one per thread
+#define DF_FLAG_ILP 4          // (stop 27, not run on a GPU) the level-1 histogram four tokens per step (one 16-byte
+                               // shared load, four independent weight chains): the SASS of the one-token loop is a
+                               // single dependent chain of ~45 instructions per token (~150-200 cycles with two
+                               // warps per scheduler), which is the ~8-10 us "histogram" phase of the trace
+#define DF_FLAG_ASYNC_LOAD 8   // (stop 27, not run on a GPU) the slice read with cp.async (16 bytes each, every copy
+                               // of the thread in flight at once, no registers held) instead of two rounds of eight
+                               // register loads; the max, NaN flag and the division by T then read shared memory
+#define DF_FLAG_WARP_THRESHOLDS 16  // (stop 27, not run on a GPU) the gather's bucket bounds by 16-way rounds across
+                               // the lanes (df_thresholds_warp, ~8 rounds) instead of 32 dependent halvings per thread
 
 struct FilterShared {
   float part_max;    // this block's slice max and NaN flag (read by the others)
@@ -222,6 +257,12 @@ __device__ __forceinline__ u32 df_atom_add(u32 addr, u32 v) {
   u32 old;
   asm volatile("atom.shared::cluster.add.u32 %0, [%1], %2;" : "=r"(old) : "r"(addr), "r"(v) : "memory");
   return old;
+}
+
+// A 16-byte copy from global memory into shared memory (shared address `dst`), asynchronous: waited for with
+// cp.async.wait_group; .cg: cached in L2 only, as the streaming loads it replaces.
+__device__ __forceinline__ void df_cp_async16(u32 dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src) : "memory");
 }
 
 // Shared-memory add, no result. No "memory" clobber: the histogram loops' loads of s_x may then be scheduled ahead of
@@ -338,6 +379,26 @@ __device__ __forceinline__ u64 df_shfl_xor64(u64 v, int mask) {
   return ((u64)hi << 32) | lo;
 }
 
+// df_thresholds by 16-way rounds (df_probe / df_narrow), lanes 0-15 searching for b1 and lanes 16-31 for b2 at once
+// (DF_FLAG_WARP_THRESHOLDS; every lane of the warp calls it and gets both results; same values as df_thresholds).
+__device__ __forceinline__ void df_thresholds_warp(float m, i32 b1, i32 b2, float& t1, float& t2) {
+  const u32 lane = threadIdx.x & 31u, half = lane >> 4, j = lane & 15u;
+  const i32 b = half ? b2 : b1;
+  const u32 bottom = df_fkey(-as_float(0x7f800000u)), top = df_fkey(m);
+  u32 lo = bottom, hi = top;
+  while (__any_sync(0xFFFFFFFFu, hi - lo > 1)) {
+    const u32 probe = df_probe(lo, hi, j);
+    const bool ok = j == 15u || probe == hi || (i32)df_bucket(df_fkey_value(probe), m) <= b;
+    const u32 bits = (__ballot_sync(0xFFFFFFFFu, ok) >> (16u * half)) & 0x7FFFu;
+    if (hi - lo > 1) df_narrow(lo, hi, bits);
+  }
+  const u32 hi1 = __shfl_sync(0xFFFFFFFFu, hi, 0), hi2 = __shfl_sync(0xFFFFFFFFu, hi, 16);
+  const u32 bottom_bucket = df_bucket(df_fkey_value(bottom), m);
+  const float inf = as_float(0x7f800000u);
+  t1 = b1 < 0 ? inf : ((i32)bottom_bucket <= b1 ? -inf : df_fkey_value(hi1));
+  t2 = b2 < 0 ? inf : ((i32)bottom_bucket <= b2 ? -inf : df_fkey_value(hi2));
+}
+
 // Narrow `count` (> DF_SMALL) unsorted candidates at the front of s_cand to those of the 256-way digit where the
 // target falls, pass after pass, until <= DF_SMALL remain (at the front of s_cand). Every block of the cluster does
 // the same on the same words (no cluster barrier). A pass's digit is the 8 bits below and including the highest bit
@@ -450,7 +511,8 @@ __device__ __noinline__ u32 df_collect(const float* s_x, int n, i64 lo, float m,
     // membership by two fp32 compares against the bucket's bounds (df_thresholds: exactly df_bucket's decision), 4
     // tokens per 16-byte load, 64 tokens per mask; members: x >= t_lo, and below t_hi unless `upto` or bucket 0
     float t_lo, t_hi;
-    df_thresholds(m, (i32)bucket, upto ? -1 : (i32)bucket - 1, t_lo, t_hi);
+    if (flags & DF_FLAG_WARP_THRESHOLDS) df_thresholds_warp(m, (i32)bucket, upto ? -1 : (i32)bucket - 1, t_lo, t_hi);
+    else df_thresholds(m, (i32)bucket, upto ? -1 : (i32)bucket - 1, t_lo, t_hi);
     const bool bounded = !upto && bucket != 0;
     const int n4 = (n + 3) / 4;  // the slice is a multiple of 4 tokens: the last group's loads stay inside it
     const int rounds4 = (n4 + DF_T - 1) / DF_T;
@@ -662,7 +724,37 @@ __device__ __noinline__ void df_histogram(const float* s_x, int n, float m, bool
                                           u64* s_rmass, FilterShared& sh, u32 rank) {
   const int tid = threadIdx.x;
   const u32 base = df_addr(bins);
-  if (masses) {
+  if (sh.flags & DF_FLAG_ILP) {
+    // four tokens per step: independent chains the scheduler interleaves (then 4 or 12 adds); the ragged tail of the
+    // last block's slice one token at a time (the order of integer adds does not matter)
+    const int n4 = n / 4;
+    if (masses) {
+      for (int v = tid; v < n4; v += DF_T) {
+        const float4 f = reinterpret_cast<const float4*>(s_x)[v];
+        const u64 q0 = df_weight(f.x, m), q1 = df_weight(f.y, m), q2 = df_weight(f.z, m), q3 = df_weight(f.w, m);
+        const u32 b0 = df_bucket(f.x, m), b1 = df_bucket(f.y, m), b2 = df_bucket(f.z, m), b3 = df_bucket(f.w, m);
+        df_add(base, 4u * DF_NB, b0, q0);
+        df_add(base, 4u * DF_NB, b1, q1);
+        df_add(base, 4u * DF_NB, b2, q2);
+        df_add(base, 4u * DF_NB, b3, q3);
+      }
+    } else {
+#pragma unroll 2
+      for (int v = tid; v < n4; v += DF_T) {
+        const float4 f = reinterpret_cast<const float4*>(s_x)[v];
+        const u32 b0 = df_bucket(f.x, m), b1 = df_bucket(f.y, m), b2 = df_bucket(f.z, m), b3 = df_bucket(f.w, m);
+        df_red(base + 4u * b0, 1u);
+        df_red(base + 4u * b1, 1u);
+        df_red(base + 4u * b2, 1u);
+        df_red(base + 4u * b3, 1u);
+      }
+    }
+    for (int i = 4 * n4 + tid; i < n; i += DF_T) {
+      const float x = s_x[i];
+      if (masses) df_add(base, 4u * DF_NB, df_bucket(x, m), df_weight(x, m));
+      else df_red(base + 4u * df_bucket(x, m), 1u);
+    }
+  } else if (masses) {
 #pragma unroll 4
     for (int i = tid; i < n; i += DF_T) {
       const float x = s_x[i];
@@ -738,7 +830,27 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
   // 1. the slice into shared memory, its max and NaN flag
   float mx = -__int_as_float(0x7f800000);
   u32 nan = 0;
-  if (vec_in) {
+  if (vec_in && (a.flags & DF_FLAG_ASYNC_LOAD)) {
+    // every 16-byte copy of the thread in flight at once (cp.async, no registers held), then this thread's own
+    // copies read back (visible to it after the wait: no block barrier), divided in place, their max and NaN flag
+    const int n4 = n / 4;
+    const u32 s_base = df_addr(s_x);
+#pragma unroll 4
+    for (int i = tid; i < n4; i += DF_T) df_cp_async16(s_base + 16u * (u32)i, src + 4 * i);
+    asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
+    for (int i = tid; i < n4; i += DF_T) {
+      float4 f = reinterpret_cast<const float4*>(s_x)[i];
+      if (divide) {
+        f = make_float4(__fdiv_rn(f.x, t), __fdiv_rn(f.y, t), __fdiv_rn(f.z, t), __fdiv_rn(f.w, t));
+        reinterpret_cast<float4*>(s_x)[i] = f;
+      }
+      df_track(f.x, mx, nan); df_track(f.y, mx, nan); df_track(f.z, mx, nan); df_track(f.w, mx, nan);
+    }
+    for (int i = 4 * n4 + tid; i < n; i += DF_T) {
+      s_x[i] = divide ? __fdiv_rn(src[i], t) : src[i];
+      df_track(s_x[i], mx, nan);
+    }
+  } else if (vec_in) {
     // DF_LOADS 16-byte loads in flight per thread (32 KB per block) before any is used: the slice arrives in two
     // round trips of HBM latency instead of one per 8 KB
     const int n4 = n / 4;

@@ -62,12 +62,18 @@ class FilterArgs(ctypes.Structure):
                 + [("p_value", ctypes.c_double), ("t_ptr", ctypes.c_uint64), ("t_per_row", ctypes.c_int64),
                    ("t_value", ctypes.c_double), ("flags", ctypes.c_int64)])
 
-# filter.cu DF_FLAG_*: how candidates are gathered and ordered (every option keeps the same set). MASK_GATHER: each
-# thread marks its members in a register mask first (the stop-25 loop voted per token: ~9-12 us a row on the H200);
-# REFINE: a search's bucket of > 256 tokens narrowed by 256-way digit passes in shared memory, then <= 256 candidates
-# ranked by counting (the stop-25 bitonic sort of up to 2,048: 4-13 us a row).
-FLAG_MASK_GATHER, FLAG_REFINE = 1, 2
-FLAGS = FLAG_MASK_GATHER | FLAG_REFINE
+# filter.cu DF_FLAG_*: how the kernel schedules its work (every option keeps the same set). MASK_GATHER: each thread
+# marks its members in a register mask first (the stop-25 loop voted per token: ~9-12 us a row on the H200); REFINE: a
+# search's bucket of > 256 tokens narrowed by 256-way digit passes in shared memory, then <= 256 candidates ranked by
+# counting (the stop-25 bitonic sort of up to 2,048: 4-13 us a row). Not run on a GPU yet (stop 27; opt-in until
+# tools/gpu_plans/issue16_cluster.sh flags has timed them): ILP, the level-1 histogram four tokens per step (the
+# one-token loop compiles to a single dependent chain of ~45 instructions per token: the trace's 8-10 us "histogram"
+# phase with masses, ~4 us with counts); ASYNC_LOAD, the slice read with cp.async, every copy in flight at once;
+# WARP_THRESHOLDS, the gather's bucket bounds by 16-way rounds across a warp's lanes (~8 rounds instead of 32 dependent
+# halvings, ~1-2 us a gather).
+FLAG_MASK_GATHER, FLAG_REFINE, FLAG_ILP, FLAG_ASYNC_LOAD, FLAG_WARP_THRESHOLDS = 1, 2, 4, 8, 16
+FLAGS_ALL = FLAG_MASK_GATHER | FLAG_REFINE | FLAG_ILP | FLAG_ASYNC_LOAD | FLAG_WARP_THRESHOLDS
+DEFAULT_FLAGS = FLAG_MASK_GATHER | FLAG_REFINE  # the options measured on the H200 (2026-12-05)
 
 
 def slice_len(vocab: int) -> int:
@@ -142,7 +148,7 @@ class CudaTopKTopPFilter:
     token; the GPU tests require 0).
     """
 
-    def __init__(self, max_rows: int, vocab: int, device, flags: int = FLAGS):
+    def __init__(self, max_rows: int, vocab: int, device, flags: int | None = None):
         device = torch.device(device)
         if device.type != "cuda":
             raise ValueError(f"device: the CUDA filter needs a CUDA device, got {device}")
@@ -151,8 +157,11 @@ class CudaTopKTopPFilter:
         if isinstance(vocab, bool) or not isinstance(vocab, int) or not 1 <= vocab <= CLUSTER * MAX_SLICE:
             raise ValueError(f"vocab: expected 1 <= V <= {CLUSTER * MAX_SLICE} (a row must fit in the shared memory "
                              f"of {CLUSTER} blocks), got {vocab!r}")
-        if isinstance(flags, bool) or not isinstance(flags, int) or not 0 <= flags <= FLAGS:
-            raise ValueError(f"flags: expected an int in [0, {FLAGS}] (FLAG_MASK_GATHER | FLAG_REFINE), got {flags!r}")
+        if flags is None:
+            flags = DEFAULT_FLAGS
+        if isinstance(flags, bool) or not isinstance(flags, int) or not 0 <= flags <= FLAGS_ALL:
+            raise ValueError(f"flags: expected None (DEFAULT_FLAGS) or a combination of the FLAG_* bits, an int in "
+                             f"[0, {FLAGS_ALL}], got {flags!r}")
         why = cuda.availability(device, build=False)
         if why is not None:
             raise ValueError(f"impl: 'cuda' top-k / top-p cannot run here: {why}")
