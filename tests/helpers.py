@@ -612,10 +612,10 @@ def special_rows_inputs(rows, steps, vocab, seed=17, plus_inf=True):
     return inputs
 
 
-def sm90_compile_log(source: str, tmp_path, nvcc_defines=()):
+def sm90_compile_log(source: str, tmp_path, nvcc_defines=(), defines=()):
     """``(log, nvrtc)``: the ``-Xptxas -v`` log of ``cuda/<source>`` compiled for sm_90 with the package's NVRTC
-    path (``nvrtc`` True), else with ``nvcc -cubin`` and ``nvcc_defines`` (e.g. fewer entry points); the test is
-    skipped when neither compiler is available."""
+    path (``nvrtc`` True), else with ``nvcc -cubin`` and ``nvcc_defines`` (e.g. fewer entry points); ``defines``: a
+    compile-time variant of the source (both compilers); the test is skipped when neither compiler is available."""
     import shutil
     import subprocess
 
@@ -624,7 +624,7 @@ def sm90_compile_log(source: str, tmp_path, nvcc_defines=()):
     from dspark_markov.cuda import build
 
     try:
-        cubin, log = build.compile_cubin(source, verbose=True)
+        cubin, log = build.compile_cubin(source, verbose=True, extra_options=[f"-D{define}" for define in defines])
         assert len(cubin) > 0
         return log, True
     except build.BuildError as error:
@@ -634,7 +634,7 @@ def sm90_compile_log(source: str, tmp_path, nvcc_defines=()):
     if nvcc is None:
         pytest.skip(f"neither NVRTC (libnvrtc.so) nor nvcc is available to compile {source} for sm_90")
     result = subprocess.run([nvcc, "-arch=sm_90", "-cubin", "-fmad=false", "-std=c++17", "-Xptxas", "-v",
-                             *[f"-D{define}" for define in nvcc_defines], str(build.SOURCE_DIR / source), "-o",
+                             *[f"-D{define}" for define in (*nvcc_defines, *defines)], str(build.SOURCE_DIR / source), "-o",
                              str(tmp_path / f"{Path(source).stem}.cubin")], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     return result.stderr, False

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 SOURCES = ("chain.cu", "blocks.cu", "wide.cu", "filter.cu")
+VARIANTS = (("filter.cu", ("DF_L2_ROWS",)),)  # compile-time variants (verify/cuda_filtering.L2_DEFINES)
 WANTED_NVRTC = (13, 0)  # the H200 image's (torch 2.11+cu130)
 
 
@@ -31,10 +32,10 @@ def main(argv) -> int:
         print(f"prebuild_cubins: NVRTC {version} is not the GPU image's {WANTED_NVRTC}: its keys would not match "
               "(set DSPARK_MARKOV_NVRTC to a libnvrtc.so.13)", file=sys.stderr)
         return 2
-    for name in SOURCES:
+    for name, defines in [(name, ()) for name in SOURCES] + list(VARIANTS):
         start = time.time()
-        build.cached_cubin(name)
-        print(f"{name}: {time.time() - start:.1f} s", flush=True)
+        build.cached_cubin(name, defines=defines)
+        print(f"{name} {' '.join(f'-D{d}' for d in defines)}: {time.time() - start:.1f} s", flush=True)
     for path in sorted(build.cache_dir().glob("*.cubin")):
         print(path.name)
     print(f"NVRTC {version[0]}.{version[1]}, cache {build.cache_dir()}")

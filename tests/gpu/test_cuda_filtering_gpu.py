@@ -28,6 +28,13 @@ def opted_in():
     return cuda_filtering
 
 
+def aligned_rows(x):
+    """A copy of ``x [B, V]`` whose rows start on 16-byte boundaries (stride V rounded up to a multiple of 4)."""
+    rows, vocab = x.shape
+    out = torch.full((rows, -(-vocab // 4) * 4), 9.0, device=x.device)[:, :vocab]
+    return out.copy_(x)
+
+
 def run(filt, x, k, p, in_place):
     out = x.clone() if in_place else torch.full_like(x, 123.0)
     filt.filter(out if in_place else x, k, p, out)
@@ -35,11 +42,12 @@ def run(filt, x, k, p, in_place):
     return out
 
 
+@pytest.mark.parametrize("flags", [None, 63])  # 63: every option, the L2-row build included (not run on a GPU yet)
 @pytest.mark.parametrize("rows", [6, 96, 1518])
 @pytest.mark.parametrize("kind", KINDS)
-def test_every_kind_and_case_equals_reference(opted_in, kind, rows):
+def test_every_kind_and_case_equals_reference(opted_in, kind, rows, flags):
     x = logits(kind, rows)
-    filt = opted_in.CudaTopKTopPFilter(rows, VOCAB, "cuda")
+    filt = opted_in.CudaTopKTopPFilter(rows, VOCAB, "cuda", flags=flags)
     for index, case in enumerate(CASES):
         k, p = parameters(case, rows)
         assert_same(run(filt, x, k, p, in_place=index % 2 == 0), reference(x, k, p))
@@ -47,14 +55,15 @@ def test_every_kind_and_case_equals_reference(opted_in, kind, rows):
     assert_same(dm.top_k_top_p(x.clone(), k, p, impl="cuda"), reference(x, k, p))  # the public function
 
 
-@pytest.mark.parametrize("flags", [0, 1, 2, 3, 7, 11, 19, 31])
+@pytest.mark.parametrize("flags", [0, 1, 2, 3, 7, 11, 19, 31, 35, 63])
 @pytest.mark.parametrize("vocab", [1001, 50_257, VOCAB])
 def test_every_option_and_ragged_slices(opted_in, flags, vocab):
     """Every FilterArgs.flags option at vocabularies whose last block holds a token count that is not a multiple of 4
     (1,001: 125 tokens; 50,257: 6,269; the gather's tail mask, the histogram's and the async load's scalar tails) and
     at the full V; Gaussian, peaked and bf16 rows and a narrow row (a large bucket: refinement passes) through every
-    case; raw logits with per-row temperatures (the async load divides in shared memory) and a row misaligned for
-    16-byte copies (the register-load path whatever the flags)."""
+    case, contiguous and with rows padded to 16 bytes (the L2-row build takes aligned rows only); raw logits with
+    per-row temperatures (the async load divides in shared memory; FLAG_L2_ROWS sends them to the default build) and
+    rows misaligned for 16-byte copies (the register-load path whatever the flags)."""
     from dspark_markov.draft.reference import scaled_logits
 
     gen = torch.Generator(device="cuda").manual_seed(21)
@@ -66,6 +75,10 @@ def test_every_option_and_ragged_slices(opted_in, flags, vocab):
     for index, case in enumerate(CASES):
         k, p = parameters(case, 8)
         assert_same(run(filt, x, k, p, in_place=index % 2 == 0), reference(x, k, p))
+        padded = aligned_rows(x)  # 16-byte aligned rows: the L2-row build (FLAG_L2_ROWS) at ragged V too
+        out = padded if index % 2 == 0 else torch.full_like(x, 123.0)  # in place, or into contiguous rows
+        filt.filter(padded, k, p, out)
+        assert_same(out, reference(x, k, p))
     temp = torch.tensor([0.0, 0.6, 1.0, 1.7, 0.25, 0.6, 1.3, 0.9], device="cuda")
     for case in ("k+p", "p"):
         k, p = parameters(case, 8)
@@ -94,7 +107,8 @@ def test_auto_routes_small_batches_and_temperatures_to_the_cluster_filter(opted_
     assert_same(got, reference((large * 0.7) / 0.7, None, 0.9))
 
 
-def test_flat_and_tied_rows_narrow(opted_in):
+@pytest.mark.parametrize("flags", [None, 63])
+def test_flat_and_tied_rows_narrow(opted_in, flags):
     """Rows whose target bucket holds more than 2,048 tokens: all equal, two values, a narrow Gaussian, bf16 ties of
     a narrow Gaussian, a constant with -inf halves; the narrowing passes run (stats) and the kept set is exact."""
     gen = torch.Generator(device="cuda").manual_seed(11)
@@ -104,7 +118,7 @@ def test_flat_and_tied_rows_narrow(opted_in):
             torch.full((VOCAB,), -3.5, device="cuda").index_fill_(0, torch.arange(0, VOCAB, 2, device="cuda"),
                                                                   float("-inf"))]
     x = torch.stack(rows)
-    filt = opted_in.CudaTopKTopPFilter(len(rows), VOCAB, "cuda")
+    filt = opted_in.CudaTopKTopPFilter(len(rows), VOCAB, "cuda", flags=flags)
     for k, p in ((None, 0.5), (7000, None), (12345, 0.3), (None, 1e-9), (3, 0.999), (None, 0.0), (100_000, 0.9)):
         kk = None if k is None else torch.full((len(rows),), k, device="cuda")
         pp = None if p is None else torch.full((len(rows),), p, device="cuda")
@@ -125,9 +139,10 @@ def test_scalar_and_int32_arguments_and_a_wide_stride(opted_in):
     assert_same(wide, reference(x, None, torch.full((12,), 0.9, device="cuda")))
 
 
+@pytest.mark.parametrize("flags", [None, 63])
 @pytest.mark.parametrize("rows", [6, 1518])
-def test_cuda_graph_replay_and_no_allocation(opted_in, rows):
-    filt = opted_in.CudaTopKTopPFilter(rows, VOCAB, "cuda")
+def test_cuda_graph_replay_and_no_allocation(opted_in, rows, flags):
+    filt = opted_in.CudaTopKTopPFilter(rows, VOCAB, "cuda", flags=flags)
     check_graph_replay_and_no_allocation(filt, rows)
     assert int(filt.stats[1]) == 0
 

@@ -46,6 +46,18 @@ def test_filter_kernel_compiles_for_sm90(tmp_path):
     assert static + cf.MAX_SLICE * 4 <= cf.SMEM_LIMIT and cf.MAX_SLICE < 2**16
 
 
+def test_l2_row_build_compiles_for_four_blocks_per_sm(tmp_path):
+    """The -DDF_L2_ROWS build (FLAG_L2_ROWS): no slice in shared memory, so four blocks per SM (64 registers, the same
+    static shared memory), and its cache-hinted loads in the SASS where NVRTC built it."""
+    log, _ = sm90_compile_log("filter.cu", tmp_path, defines=cf.L2_DEFINES)
+    entry = log[log.index("Function properties for dm_filter"):]
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", entry)
+    assert int(spills.group(1)) <= 16 and int(spills.group(2)) <= 64, entry  # (a few words at the 64-register cap)
+    assert int(re.search(r"Used (\d+) registers", entry).group(1)) <= 64
+    static = int(re.search(r"(\d+) bytes smem", entry).group(1))
+    assert static <= cf.STATIC_SMEM and 4 * (static + 1024) <= 228 * 1024
+
+
 def test_args_struct_and_constants_match_the_kernel():
     assert_args_struct_matches("filter.cu", "FilterArgs", cf.FilterArgs._fields_)
     assert ctypes.sizeof(cf.FilterArgs) == 8 * len(cf.FilterArgs._fields_)
@@ -55,7 +67,8 @@ def test_args_struct_and_constants_match_the_kernel():
                           ("DF_FLAG_ILP", cf.FLAG_ILP), ("DF_FLAG_ASYNC_LOAD", cf.FLAG_ASYNC_LOAD),
                           ("DF_FLAG_WARP_THRESHOLDS", cf.FLAG_WARP_THRESHOLDS)):
         assert re.search(rf"#define {define} {value}\b", text), define
-    assert cf.FLAGS_ALL == 31 and cf.DEFAULT_FLAGS & ~cf.FLAGS_ALL == 0
+    assert cf.KERNEL_FLAGS == 31 and cf.FLAGS_ALL == 63 and cf.DEFAULT_FLAGS & ~cf.FLAGS_ALL == 0
+    assert re.search(r"#ifdef DF_L2_ROWS\n#define DF_MIN_BLOCKS 4\n", text) and cf.L2_DEFINES == ("DF_L2_ROWS",)
     assert cf.slice_len(129_280) == 16_160 and cf.slice_len(300) == 40 and cf.slice_len(7) == 4
 
 
@@ -524,6 +537,7 @@ def test_launch_arguments(monkeypatch):
     filt = cf.CudaTopKTopPFilter.__new__(cf.CudaTopKTopPFilter)
     filt.max_rows, filt.vocab, filt.device, filt.flags = 6, 1001, torch.device("cpu"), cf.FLAG_REFINE
     filt.slice, filt.smem, filt.kernels = cf.slice_len(1001), cf.smem_bytes(1001), Recorder()
+    filt.l2_kernels = None
     filt.stats = torch.zeros(2, dtype=torch.int32)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 0})())
     x, out = torch.randn(5, 1001), torch.empty(5, 1001)
@@ -541,6 +555,21 @@ def test_launch_arguments(monkeypatch):
     assert (b.k_value, b.k_per_row, b.p_per_row, b.p_ptr, b.t_per_row, b.t_value) == (50, 0, 1, p.data_ptr(), 0, 1.0)
     assert b.out == b.logits == x.data_ptr() and a.stats == b.stats == filt.stats.data_ptr()
     assert a.flags == b.flags == cf.FLAG_REFINE
+    # FLAG_L2_ROWS: the L2-row build (no dynamic shared memory) for 16-byte aligned rows without a temperature, the
+    # kernel's flags without the bit; misaligned rows and raw logits go to the default build
+    class L2Recorder(Recorder):
+        def launch(self, name, grid, threads, smem, stream, params):
+            launches.append(("l2", grid, threads, smem, params[0]))
+
+    launches.clear()
+    filt.flags, filt.l2_kernels = cf.FLAG_L2_ROWS | cf.DEFAULT_FLAGS, L2Recorder()
+    padded = torch.zeros(5, 1004)[:, :1001]  # 16-byte aligned rows (CPU tensors: 64-byte aligned storage)
+    filt.filter(padded, 50, 0.9, padded)
+    filt.filter(x, 50, 0.9, x)  # stride 1001: rows not aligned
+    filt.filter(padded, 50, 0.9, padded, temperature=temp)
+    assert [(w, s) for w, _, _, s, _ in launches] == [("l2", 0), ("dm_filter", 128 * 4), ("dm_filter", 128 * 4)]
+    assert all(a.flags == cf.DEFAULT_FLAGS for *_, a in launches)
+    filt.flags, filt.l2_kernels = cf.FLAG_REFINE, None
     with pytest.raises(ValueError, match="out"):
         filt.filter(x, 5, None, x[1:])  # overlapping without being it
     with pytest.raises(ValueError, match="logits"):

@@ -10,8 +10,10 @@
 #   bash tools/gpu_plans/issue16_cluster.sh ncu       # budget ~80 s: where the time goes at 253 requests, p alone
 #   bash tools/gpu_plans/issue16_cluster.sh newtests  # budget ~120 s: the GPU tests written after stop 26 (ragged V, auto routing)
 #   bash tools/gpu_plans/issue16_cluster.sh crossover # budget ~120 s: cluster vs Triton filter at 1-16 requests (AUTO_MAX_ROWS)
-#   bash tools/gpu_plans/issue16_cluster.sh flags     # budget ~120 s: stop 27's FLAG_ILP / _ASYNC_LOAD / _WARP_THRESHOLDS exact, sanitized
-#   bash tools/gpu_plans/issue16_cluster.sh flags_time # budget ~170 s: and timed beside the default (3), phase trace
+#   bash tools/gpu_plans/issue16_cluster.sh flags     # budget ~170 s: stop 27's options (ILP, ASYNC_LOAD, WARP_THRESHOLDS,
+#                                                     #   L2_ROWS): the GPU test file with them
+#   bash tools/gpu_plans/issue16_cluster.sh flags_sanitize # budget ~70 s: memcheck + racecheck, flags 31 and 63
+#   bash tools/gpu_plans/issue16_cluster.sh flags_time # budget ~170 s: timed beside the default (3), phase trace
 # Results go to $JOB_OUT (default ./gpu_plan_out). NVRTC builds filter.cu in ~1 s (cached on disk).
 # If the first launch fails with an invalid-configuration error: cuLaunchKernel is assumed to honour the
 # compile-time __cluster_dims__(8, 1, 1) (the CUDA guide: such a kernel launches with <<< >>>); the fallback is
@@ -87,10 +89,11 @@ bench)
   timeout -k 2 170 python3 tools/time_filter.py --cuda 1,16,64,253 2>&1 | tee "$OUT/cluster_bench.txt"
   ;;
 ncu)
-  # 3. (~60-80 s) one call per configuration under Nsight Compute (full set): 253 requests (1518 rows) p alone, Gaussian
+  # 3. (~60-80 s; FILTER_FLAGS=63 for the L2-row build) one call per configuration under Nsight Compute (full set): 253 requests (1518 rows) p alone, Gaussian
   #    and peaked; 1 request (6 rows) p alone. Read: dram throughput vs issue-slot utilisation, the shared-atomic
   #    and cluster-barrier stalls (smsp__pcsamp_warps_issue_stalled_barrier / _membar), achieved occupancy (2 blocks).
   cat > "$OUT/cluster_ncu.py" <<'PY'
+import os
 import sys
 import torch
 from dspark_markov.bench.verify_grid import filter_logits
@@ -98,7 +101,7 @@ from dspark_markov.verify import cuda_filtering as cf
 for rows, kind in ((1518, "gaussian"), (1518, "peaked"), (6, "gaussian")):
     gen = torch.Generator(device="cuda").manual_seed(1)
     x = filter_logits(kind, torch.randn(rows, 129_280, generator=gen, device="cuda") * 2, gen)
-    filt = cf.CudaTopKTopPFilter(rows, 129_280, "cuda")
+    filt = cf.CudaTopKTopPFilter(rows, 129_280, "cuda", flags=int(os.environ.get("FILTER_FLAGS", "3")))
     p = torch.full((rows,), 0.9, device="cuda")
     filt.filter(x.clone(), None, p, x.clone())
     torch.cuda.synchronize()
@@ -111,7 +114,7 @@ PY
   timeout -k 2 100 ncu --profile-from-start off --clock-control none --set full -k dm_filter \
     -o "$OUT/cluster_ncu" -f python3 "$OUT/cluster_ncu.py" > "$OUT/cluster_ncu_log.txt" 2>&1
   ncu --import "$OUT/cluster_ncu.ncu-rep" --page details 2>/dev/null \
-    | grep -E "Duration|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|Shared Memory Configuration" \
+    | grep -E "Duration|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|Shared Memory Configuration|L2 Hit Rate|Memory Throughput" \
     | tee "$OUT/cluster_ncu.txt"
   ;;
 newtests)
@@ -129,24 +132,32 @@ crossover)
   timeout -k 2 110 python3 tools/time_filter.py --cuda 1,2,3,4,5,8,16 2>&1 | tee "$OUT/crossover.txt" | grep "^| filter"
   ;;
 flags)
-  # (~110 s; then flags_time, ~170 s) stop 27's options, NOT RUN on a GPU yet: FLAG_ILP (4: the level-1 histogram
-  # four tokens per step; the one-token loop compiles to one dependent chain of ~45 instructions per token),
-  # FLAG_ASYNC_LOAD (8: the slice read by cp.async, every copy in flight) and FLAG_WARP_THRESHOLDS (16: the gather's
-  # bucket bounds in <= 9 16-way rounds across the lanes). First exact (the GPU test over the options 7 / 11 / 19 / 31
-  # beside 0-3: ragged V, raw temperatures, misaligned rows; ~40 s), then memcheck + racecheck with flags 31 on a
-  # small shape. flags_time: timed beside the default 3 (7: ILP alone; 31: all) without the Triton group, then the
-  # phase trace of each option (trace_cluster_filter.py: which phase each one shortens). Expected: the histogram
-  # phase 8-10 -> ~4 us with masses (p alone), ~4 -> ~1.5 with counts; the load ~4-6 -> ~2-3 us; the bounds ~1.5 ->
-  # ~0.5 us: p alone ~24 us a row (96 rows ~95 us, 1,518 rows ~1.25 ms), k + p ~19 us. Make the winner DEFAULT_FLAGS
-  # (verify/cuda_filtering.py) only if it is exact and faster at every size, then re-run `crossover`
-  # (AUTO_MAX_ROWS) and `bench` for the committed files and the README.
-  timeout -k 2 60 python3 -m pytest -m gpu -q -x tests/gpu/test_cuda_filtering_gpu.py -k every_option 2>&1 \
+  # (~150 s; then flags_sanitize ~60 s, flags_time ~170 s) stop 27's options, NOT RUN on a GPU yet: FLAG_ILP (4: the
+  # level-1 histogram four tokens per step; the one-token loop compiles to one dependent chain of ~45 instructions per
+  # token), FLAG_ASYNC_LOAD (8: the slice read by cp.async, every copy in flight), FLAG_WARP_THRESHOLDS (16: the
+  # gather's bucket bounds in <= 9 16-way rounds across the lanes) and FLAG_L2_ROWS (32: the -DDF_L2_ROWS build, no
+  # slice in shared memory, the row re-read from L2 at every pass, four blocks per SM). The whole GPU test file: the
+  # options 7 / 11 / 19 / 31 / 35 / 63 beside 0-3 at ragged V (contiguous and 16-byte aligned rows), raw temperatures,
+  # misaligned rows; every input kind at 6 / 96 / 1,518 rows, flat and tied rows and graph replay with 63. A failure
+  # only with 35 / 63: the L2-row build (DF_AT reads; stats[1] bit 4: a row reached it misaligned or divided).
+  timeout -k 2 170 python3 -m pytest -m gpu -q -x tests/gpu/test_cuda_filtering_gpu.py 2>&1 \
     | tee "$OUT/flags_tests.txt" | tail -4
+  ;;
+flags_sanitize)
+  # (~60 s) memcheck + racecheck with flags 31 (resident) and 63 (the L2-row build) on 16 rows of V = 4,096
   FILTER_FLAGS=31 bash "$0" sanitize_only memcheck racecheck
+  FILTER_FLAGS=63 bash "$0" sanitize_only memcheck racecheck
   ;;
 flags_time)
-  # (~170 s) the timing half of `flags` (after it passed)
-  timeout -k 2 120 python3 tools/time_filter.py --cuda-only --cuda-flags 3,7,31 1,16,64,253 2>&1 \
+  # (~170 s) timed beside the default 3 (7: ILP alone; 31: every resident option; 63: the L2-row build with them)
+  # without the Triton group, then the phase trace of the resident options. Expected: the histogram phase 8-10 -> ~4
+  # us with masses (p alone), ~4 -> ~1.5 with counts; the load ~4-6 -> ~2-3 us; the bounds ~1.5 -> ~0.5 us: p alone
+  # ~24 us a row (96 rows ~95 us, 1,518 rows ~1.25 ms), k + p ~19 us; the L2-row build slower per row (every pass
+  # from L2) but ~60 rows in flight instead of 30: ~0.8-1.0 ms p alone at 1,518 rows if the rows stay in L2 (the
+  # ncu part with flags 63 says: lts hit rate, dram bytes ~2 x 785 MB). Make a winner DEFAULT_FLAGS
+  # (verify/cuda_filtering.py; by rows if the L2 build wins only at large batches) only if it is exact and faster,
+  # then re-run `crossover` (AUTO_MAX_ROWS) and `bench` for the committed files and the README.
+  timeout -k 2 120 python3 tools/time_filter.py --cuda-only --cuda-flags 3,7,31,63 1,16,64,253 2>&1 \
     | tee "$OUT/flags_bench.txt" | grep -E "^filter_row|rows needing"
   timeout -k 2 40 python3 tools/trace_cluster_filter.py --rows 6,1518 --flags 3,7,11,19,31 2>&1 | tee "$OUT/flags_trace.txt" | tail -30
   ;;
@@ -176,7 +187,7 @@ PY
   for tool in "$@"; do echo "== $tool (flags ${FILTER_FLAGS:-3})"; tail -3 "$OUT/cluster_sanitize_flags_$tool.log"; done
   ;;
 *)
-  echo "usage: $0 check|sanitize|bench|ncu|newtests|crossover|flags|flags_time" >&2
+  echo "usage: $0 check|sanitize|bench|ncu|newtests|crossover|flags|flags_sanitize|flags_time" >&2
   exit 2
   ;;
 esac

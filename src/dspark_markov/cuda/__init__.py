@@ -64,9 +64,10 @@ CHAIN_KERNELS = tuple(f"dm_chain_w{w}_r{r}_nt{nt}" for w, r in ((16, 0), (16, 1)
                           "dm_noise_bound", "dm_noise_table")
 
 
-def load_kernels(source: str, names, device_index: int):
-    """The functions ``names`` of ``source`` (a file of this package) loaded on one device, compiled with NVRTC
-    or read from the disk cache; the device's primary context (torch's) made current first."""
+def load_kernels(source: str, names, device_index: int, defines=()):
+    """The functions ``names`` of ``source`` (a file of this package, built with the macros ``defines``) loaded on
+    one device, compiled with NVRTC or read from the disk cache; the device's primary context (torch's) made current
+    first."""
     import torch
 
     from . import build as _build
@@ -74,7 +75,7 @@ def load_kernels(source: str, names, device_index: int):
     torch.cuda.init()
     with torch.cuda.device(device_index):
         torch.empty(1, device=f"cuda:{device_index}")  # the runtime makes the primary context current
-        return _build.Kernels(_build.cached_cubin(source), names, device_index)
+        return _build.Kernels(_build.cached_cubin(source, defines=defines), names, device_index)
 
 
 UNVERIFIED_ENV = "DSPARK_MARKOV_UNVERIFIED"  # comma-separated designs (or "1": all) allowed to run before their GPU tests

@@ -148,14 +148,17 @@ def cache_dir() -> Path:
     return Path(os.environ.get("DSPARK_MARKOV_CACHE", Path.home() / ".cache" / "dspark_markov")) / "cuda"
 
 
-def cached_cubin(name: str = "chain.cu", arch: str = ARCH) -> bytes:
-    """The CUBIN of ``name`` for ``arch``: from the disk cache, or compiled now and stored."""
+def cached_cubin(name: str = "chain.cu", arch: str = ARCH, defines=()) -> bytes:
+    """The CUBIN of ``name`` for ``arch``: from the disk cache, or compiled now and stored. ``defines``: macro names
+    defined for this build (``-D``), a compile-time variant of the source with its own cache entry."""
     files = sources(name)
-    key = hashlib.sha256(repr((sorted(files.items()), arch, OPTIONS, nvrtc_version())).encode()).hexdigest()[:24]
+    defines = tuple(defines)
+    key_items = (sorted(files.items()), arch, OPTIONS, nvrtc_version()) + ((defines,) if defines else ())
+    key = hashlib.sha256(repr(key_items).encode()).hexdigest()[:24]
     path = cache_dir() / f"{Path(name).stem}-{arch}-{key}.cubin"
     if path.exists():
         return path.read_bytes()
-    cubin, _ = compile_cubin(name, arch)
+    cubin, _ = compile_cubin(name, arch, extra_options=[f"-D{define}" for define in defines])
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")

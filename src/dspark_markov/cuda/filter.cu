@@ -45,6 +45,10 @@
 // Options (FilterArgs.flags, DF_FLAG_*): the default (3) is what ran on the H200; ILP (4), ASYNC_LOAD (8) and
 // WARP_THRESHOLDS (16), written on 2026-12-05 without device time from the SASS of the default (the histogram loop is
 // one dependent chain per token, the load two round trips, the bounds 32 serial halvings), are opt-in until timed.
+// So is the build with -DDF_L2_ROWS (same source, same decisions; verify/cuda_filtering.py FLAG_L2_ROWS): no slice in
+// shared memory, every pass re-reads the block's slice from global memory (kept in L2 by an evict_last policy; the
+// last read evict_first), four blocks per SM at 64 registers: twice the rows in flight, each row slower. The default
+// build's SASS is unchanged by it (DF_AT & co. expand to the shared-memory reads).
 // Verified on the H200 (2026-12-05): its GPU tests (tests/gpu/test_cuda_filtering_gpu.py) and every flags option
 // equal the sort reference; compute-sanitizer memcheck / racecheck / synccheck clean. 118 registers, no spill,
 // 47,328 bytes of static shared memory + the slice. On the CPU: the search emulated in its order of decisions, the
@@ -160,6 +164,56 @@ DM_HD float df_word_value(u64 word) { return word_key((i64)(word ^ (1ull << 63))
 #include "common.cuh"
 
 namespace dm {
+
+// The row's values: in shared memory (the default build: s_x is the block's slice), or, in the build with
+// -DDF_L2_ROWS (kernel dm_filter from the same source, verify/cuda_filtering.py FLAG_L2_ROWS), re-read from global
+// memory at every pass (s_x is then the row's slice in global memory), kept in L2 by an evict_last policy between the
+// passes: no slice in shared memory, four blocks per SM instead of two (64 registers), so twice the rows in flight.
+// Rows must then be 16-byte aligned and not divided by a temperature (the launcher sends those to the default build).
+#ifdef DF_L2_ROWS
+#define DF_MIN_BLOCKS 4
+#define DF_ROW_POLICY const u64 df_policy = df_keep_policy()
+#define DF_AT(i) df_ldg(s_x + (i), df_policy)
+#define DF_AT4(v) df_ldg4(s_x + 4 * (v), df_policy)
+#define DF_AT4_PART(v, n) df_ldg4_part(s_x, (v), (n), df_policy)
+#else
+#define DF_MIN_BLOCKS 2
+#define DF_ROW_POLICY do { } while (0)
+#define DF_AT(i) s_x[i]
+#define DF_AT4(v) reinterpret_cast<const float4*>(s_x)[v]
+#define DF_AT4_PART(v, n) reinterpret_cast<const float4*>(s_x)[v]
+#endif
+__device__ __forceinline__ u64 df_keep_policy() {  // L2: keep these lines (the row is read again)
+  u64 policy;
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+__device__ __forceinline__ u64 df_drop_policy() {  // L2: the row's last read
+  u64 policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+__device__ __forceinline__ float df_ldg(const float* ptr, u64 policy) {
+  float v;
+  asm("ld.global.L1::no_allocate.L2::cache_hint.f32 %0, [%1], %2;" : "=f"(v) : "l"(ptr), "l"(policy));
+  return v;
+}
+__device__ __forceinline__ float4 df_ldg4(const float* ptr, u64 policy) {  // 16-byte aligned
+  float4 v;
+  asm("ld.global.L1::no_allocate.L2::cache_hint.v4.f32 {%0,%1,%2,%3}, [%4], %5;"
+      : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(ptr), "l"(policy));
+  return v;
+}
+// Group v of four tokens of a slice of n when the group may run past n (the last group of the row's last block):
+// the tokens past n are not read (0 instead; the caller masks them out).
+__device__ __forceinline__ float4 df_ldg4_part(const float* row, int v, int n, u64 policy) {
+  if (4 * v + 4 <= n) return df_ldg4(row + 4 * v, policy);
+  float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  f.x = df_ldg(row + 4 * v, policy);
+  if (4 * v + 1 < n) f.y = df_ldg(row + 4 * v + 1, policy);
+  if (4 * v + 2 < n) f.z = df_ldg(row + 4 * v + 2, policy);
+  return f;
+}
 
 struct FilterArgs {  // 8-byte fields (verify/cuda_filtering.py FilterArgs)
   u64 logits, out, k_ptr, p_ptr, stats;  // stats: [2] int32: searches that narrowed (running total), 1 = a search failed
@@ -477,6 +531,7 @@ __device__ __forceinline__ void df_store_members(u64 mask, bool vec, int c0, con
   }
   const u32 total = __shfl_sync(0xFFFFFFFFu, incl, 31);
   if (total == 0) return;  // warp-uniform
+  DF_ROW_POLICY;
   u32 slot = 0;
   if (lane == 0) slot = df_atom_add(counter, total);
   slot = __shfl_sync(0xFFFFFFFFu, slot, 0) + incl - mine;
@@ -484,7 +539,7 @@ __device__ __forceinline__ void df_store_members(u64 mask, bool vec, int c0, con
     const int b = __ffsll((long long)mask) - 1;
     mask &= mask - 1;
     const int i = vec ? 4 * ((c0 + (b >> 2)) * DF_T + tid) + (b & 3) : (c0 + b) * DF_T + tid;
-    const u64 w = df_word(s_x[i], lo + i);
+    const u64 w = df_word(DF_AT(i), lo + i);
 #pragma unroll
     for (u32 r = 0; r < DF_C; ++r) df_st64(df_map(df_addr(&s_cand[slot]), r), w);
     ++slot;
@@ -507,6 +562,7 @@ __device__ __noinline__ u32 df_collect(const float* s_x, int n, i64 lo, float m,
   const u32 counter = df_map(df_addr(&sh.counter), 0);
   const int rounds = (n + DF_T - 1) / DF_T;
   const u32 flags = sh.flags;
+  DF_ROW_POLICY;
   if ((flags & DF_FLAG_MASK_GATHER) && shift == 64) {
     // membership by two fp32 compares against the bucket's bounds (df_thresholds: exactly df_bucket's decision), 4
     // tokens per 16-byte load, 64 tokens per mask; members: x >= t_lo, and below t_hi unless `upto` or bucket 0
@@ -522,7 +578,7 @@ __device__ __noinline__ u32 df_collect(const float* s_x, int n, i64 lo, float m,
       for (int j = 0; j < 16; ++j) {
         const int v = (c0 + j) * DF_T + tid;
         if (v < n4) {
-          const float4 f = reinterpret_cast<const float4*>(s_x)[v];
+          const float4 f = DF_AT4_PART(v, n);
           u32 bits = (u32)(f.x >= t_lo && !(bounded && f.x >= t_hi)) | ((u32)(f.y >= t_lo && !(bounded && f.y >= t_hi)) << 1)
                      | ((u32)(f.z >= t_lo && !(bounded && f.z >= t_hi)) << 2)
                      | ((u32)(f.w >= t_lo && !(bounded && f.w >= t_hi)) << 3);
@@ -541,7 +597,7 @@ __device__ __noinline__ u32 df_collect(const float* s_x, int n, i64 lo, float m,
       for (int j = 0; j < 64; ++j) {
         const int i = (c0 + j) * DF_T + tid;
         if (i < n) {
-          const float x = s_x[i];
+          const float x = DF_AT(i);
           const u32 b = df_bucket(x, m);
           bool member = upto ? b <= bucket : b == bucket;
           if (member && shift != 64) member = (df_word(x, lo + i) >> shift) == prefix;
@@ -556,7 +612,7 @@ __device__ __noinline__ u32 df_collect(const float* s_x, int n, i64 lo, float m,
       bool member = false;
       u64 w = 0;
       if (i < n) {
-        const float x = s_x[i];
+        const float x = DF_AT(i);
         const u32 b = df_bucket(x, m);
         if (upto ? b <= bucket : b == bucket) {
           w = df_word(x, lo + i);
@@ -683,8 +739,9 @@ __device__ __noinline__ void df_search(bool by_mass, u64 target, bool masses, co
     for (int i = tid; i < 3 * 256; i += DF_T) s_dig[i] = 0;
     __syncthreads();
     const u32 dig = df_addr(s_dig);
+    DF_ROW_POLICY;
     for (int i = tid; i < n; i += DF_T) {
-      const float x = s_x[i];
+      const float x = DF_AT(i);
       if (df_bucket(x, m) != bucket) continue;
       const u64 w = df_word(x, lo + i);
       if (shift < 56 && (w >> (shift + 8)) != prefix) continue;
@@ -724,13 +781,15 @@ __device__ __noinline__ void df_histogram(const float* s_x, int n, float m, bool
                                           u64* s_rmass, FilterShared& sh, u32 rank) {
   const int tid = threadIdx.x;
   const u32 base = df_addr(bins);
+  DF_ROW_POLICY;
   if (sh.flags & DF_FLAG_ILP) {
     // four tokens per step: independent chains the scheduler interleaves (then 4 or 12 adds); the ragged tail of the
     // last block's slice one token at a time (the order of integer adds does not matter)
     const int n4 = n / 4;
     if (masses) {
+#pragma unroll 2
       for (int v = tid; v < n4; v += DF_T) {
-        const float4 f = reinterpret_cast<const float4*>(s_x)[v];
+        const float4 f = DF_AT4(v);
         const u64 q0 = df_weight(f.x, m), q1 = df_weight(f.y, m), q2 = df_weight(f.z, m), q3 = df_weight(f.w, m);
         const u32 b0 = df_bucket(f.x, m), b1 = df_bucket(f.y, m), b2 = df_bucket(f.z, m), b3 = df_bucket(f.w, m);
         df_add(base, 4u * DF_NB, b0, q0);
@@ -741,7 +800,7 @@ __device__ __noinline__ void df_histogram(const float* s_x, int n, float m, bool
     } else {
 #pragma unroll 2
       for (int v = tid; v < n4; v += DF_T) {
-        const float4 f = reinterpret_cast<const float4*>(s_x)[v];
+        const float4 f = DF_AT4(v);
         const u32 b0 = df_bucket(f.x, m), b1 = df_bucket(f.y, m), b2 = df_bucket(f.z, m), b3 = df_bucket(f.w, m);
         df_red(base + 4u * b0, 1u);
         df_red(base + 4u * b1, 1u);
@@ -750,19 +809,19 @@ __device__ __noinline__ void df_histogram(const float* s_x, int n, float m, bool
       }
     }
     for (int i = 4 * n4 + tid; i < n; i += DF_T) {
-      const float x = s_x[i];
+      const float x = DF_AT(i);
       if (masses) df_add(base, 4u * DF_NB, df_bucket(x, m), df_weight(x, m));
       else df_red(base + 4u * df_bucket(x, m), 1u);
     }
   } else if (masses) {
 #pragma unroll 4
     for (int i = tid; i < n; i += DF_T) {
-      const float x = s_x[i];
+      const float x = DF_AT(i);
       df_add(base, 4u * DF_NB, df_bucket(x, m), df_weight(x, m));
     }
   } else {
 #pragma unroll 4
-    for (int i = tid; i < n; i += DF_T) df_red(base + 4u * df_bucket(s_x[i], m), 1u);
+    for (int i = tid; i < n; i += DF_T) df_red(base + 4u * df_bucket(DF_AT(i), m), 1u);
   }
   DF_MARK(18);
   df_cluster_sync();
@@ -777,11 +836,12 @@ __device__ __noinline__ void df_histogram(const float* s_x, int n, float m, bool
 }
 
 __device__ __forceinline__ void df_copy(const float* s_x, float* dst, int n, bool vec) {
+  DF_ROW_POLICY;
   if (vec) {
-    for (int i = threadIdx.x; i < n / 4; i += DF_T) reinterpret_cast<float4*>(dst)[i] = reinterpret_cast<const float4*>(s_x)[i];
-    for (int i = (n / 4) * 4 + threadIdx.x; i < n; i += DF_T) dst[i] = s_x[i];
+    for (int i = threadIdx.x; i < n / 4; i += DF_T) reinterpret_cast<float4*>(dst)[i] = DF_AT4(i);
+    for (int i = (n / 4) * 4 + threadIdx.x; i < n; i += DF_T) dst[i] = DF_AT(i);
   } else {
-    for (int i = threadIdx.x; i < n; i += DF_T) dst[i] = s_x[i];
+    for (int i = threadIdx.x; i < n; i += DF_T) dst[i] = DF_AT(i);
   }
 }
 
@@ -790,8 +850,10 @@ __device__ __forceinline__ void df_track(float x, float& mx, u32& nan) {
   nan |= x != x;
 }
 
-extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 2) dm_filter(const FilterArgs a) {
+extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, DF_MIN_BLOCKS) dm_filter(const FilterArgs a) {
+#ifndef DF_L2_ROWS
   extern __shared__ __align__(16) float s_x[];  // [slice]: this block's tokens of the row
+#endif
   __shared__ u64 s_hist[3 * DF_NB / 2];          // level-1 bins (3 x DF_NB words); then the candidates' masses
   __shared__ u64 s_cand[DF_CAP];                 // the gathered candidates (packed words), sorted
   __shared__ u64 s_rmass[DF_RANGE];              // this block's reduced buckets
@@ -811,6 +873,9 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
   const bool divide = t != 0.0f && t != 1.0f;
   const bool copy = divide || a.out != a.logits || a.out_stride != a.in_stride;  // the output differs from the input
   const bool vec_in = ((reinterpret_cast<u64>(src)) & 15) == 0, vec_out = ((reinterpret_cast<u64>(dst)) & 15) == 0;
+#ifdef DF_L2_ROWS
+  const float* const s_x = src;  // the row's slice, read at every pass (DF_AT)
+#endif
 
   const i64 k = a.k_per_row ? (a.k64 ? reinterpret_cast<const i64*>(a.k_ptr)[row]
                                      : (i64) reinterpret_cast<const i32*>(a.k_ptr)[row]) : a.k_value;
@@ -830,6 +895,23 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
   // 1. the slice into shared memory, its max and NaN flag
   float mx = -__int_as_float(0x7f800000);
   u32 nan = 0;
+#ifdef DF_L2_ROWS
+  if (!vec_in || divide) {  // never sent here (verify/cuda_filtering.py: aligned rows, no temperature): unfiltered
+    if (tid == 0 && rank == 0) atomicOr(stats + 1, 4u);
+    for (int i = tid; i < n && copy; i += DF_T) dst[i] = divide ? __fdiv_rn(src[i], t) : src[i];
+    return;  // (every block of the cluster: the row's base decides both; no cluster barrier was reached)
+  }
+  {  // the first read (from HBM), kept in L2 for the passes
+    const u64 df_policy = df_keep_policy();
+    const int n4 = n / 4;
+#pragma unroll 4
+    for (int i = tid; i < n4; i += DF_T) {
+      const float4 f = DF_AT4(i);
+      df_track(f.x, mx, nan); df_track(f.y, mx, nan); df_track(f.z, mx, nan); df_track(f.w, mx, nan);
+    }
+    for (int i = 4 * n4 + tid; i < n; i += DF_T) df_track(DF_AT(i), mx, nan);
+  }
+#else
   if (vec_in && (a.flags & DF_FLAG_ASYNC_LOAD)) {
     // every 16-byte copy of the thread in flight at once (cp.async, no registers held), then this thread's own
     // copies read back (visible to it after the wait: no block barrier), divided in place, their max and NaN flag
@@ -883,6 +965,7 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
       df_track(s_x[i], mx, nan);
     }
   }
+#endif
   DF_MARK(1);
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) {
@@ -990,9 +1073,12 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
   const float ninf = -__int_as_float(0x7f800000);
   const float cut_x = cut == 0 ? ninf : df_word_value(cut);
   const i64 cut_i = cut == 0 ? vocab : (i64)(0x7FFFFFFF - (i32)(cut & 0x7FFFFFFFull));
+#ifdef DF_L2_ROWS
+  const u64 df_policy = df_drop_policy();  // the row's last read
+#endif
   if (vec_out) {
     for (int i = tid; i < n / 4; i += DF_T) {
-      float4 f = reinterpret_cast<const float4*>(s_x)[i];
+      float4 f = DF_AT4(i);
       const i64 t0 = lo + 4 * i;
       f.x = (f.x > cut_x || (f.x == cut_x && t0 <= cut_i)) ? f.x : ninf;
       f.y = (f.y > cut_x || (f.y == cut_x && t0 + 1 <= cut_i)) ? f.y : ninf;
@@ -1001,12 +1087,12 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
       store_cs16(dst + 4 * i, __float_as_uint(f.x), __float_as_uint(f.y), __float_as_uint(f.z), __float_as_uint(f.w));
     }
     for (int i = (n / 4) * 4 + tid; i < n; i += DF_T) {
-      const float x = s_x[i];
+      const float x = DF_AT(i);
       dst[i] = (x > cut_x || (x == cut_x && lo + i <= cut_i)) ? x : ninf;
     }
   } else {
     for (int i = tid; i < n; i += DF_T) {
-      const float x = s_x[i];
+      const float x = DF_AT(i);
       dst[i] = (x > cut_x || (x == cut_x && lo + i <= cut_i)) ? x : ninf;
     }
   }

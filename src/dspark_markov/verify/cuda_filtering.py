@@ -71,8 +71,16 @@ class FilterArgs(ctypes.Structure):
 # phase with masses, ~4 us with counts); ASYNC_LOAD, the slice read with cp.async, every copy in flight at once;
 # WARP_THRESHOLDS, the gather's bucket bounds by 16-way rounds across a warp's lanes (~8 rounds instead of 32 dependent
 # halvings, ~1-2 us a gather).
-FLAG_MASK_GATHER, FLAG_REFINE, FLAG_ILP, FLAG_ASYNC_LOAD, FLAG_WARP_THRESHOLDS = 1, 2, 4, 8, 16
-FLAGS_ALL = FLAG_MASK_GATHER | FLAG_REFINE | FLAG_ILP | FLAG_ASYNC_LOAD | FLAG_WARP_THRESHOLDS
+# L2_ROWS (this module, not a kernel flag): the build of filter.cu with -DDF_L2_ROWS, which keeps no slice in shared
+# memory and re-reads the row at every pass from L2 (an evict_last policy between the passes, evict_first at the last
+# read): four blocks per SM (64 registers) instead of two, twice the rows in flight at large batches (each row's
+# ~25-35 us of latency-bound phases is what limits the resident design: 1,518 rows take ~50 waves of 30 clusters).
+# Used for the calls whose rows are 16-byte aligned and not divided by a temperature (the others run the default
+# build). ASYNC_LOAD has no effect in it (no slice is loaded).
+FLAG_MASK_GATHER, FLAG_REFINE, FLAG_ILP, FLAG_ASYNC_LOAD, FLAG_WARP_THRESHOLDS, FLAG_L2_ROWS = 1, 2, 4, 8, 16, 32
+KERNEL_FLAGS = FLAG_MASK_GATHER | FLAG_REFINE | FLAG_ILP | FLAG_ASYNC_LOAD | FLAG_WARP_THRESHOLDS  # FilterArgs.flags
+FLAGS_ALL = KERNEL_FLAGS | FLAG_L2_ROWS
+L2_DEFINES = ("DF_L2_ROWS",)
 DEFAULT_FLAGS = FLAG_MASK_GATHER | FLAG_REFINE  # the options measured on the H200 (2026-12-05)
 
 
@@ -88,14 +96,16 @@ def smem_bytes(vocab: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def filter_kernels(device_index: int):
+def filter_kernels(device_index: int, l2_rows: bool = False):
     """The loaded ``filter.cu`` on one device (compiled with NVRTC or read from the disk cache), its dynamic shared
     memory limit raised once to the largest slice (a per-filter value would break the filters of larger V, which
-    share the function) and its carveout to all shared memory (two blocks per SM need ~219 KB)."""
+    share the function) and its carveout to all shared memory (two blocks per SM need ~219 KB). ``l2_rows``: the
+    -DDF_L2_ROWS build (:data:`FLAG_L2_ROWS`; no dynamic shared memory, four blocks per SM need ~189 KB)."""
     from ..cuda import build
 
-    kernels = cuda.load_kernels("filter.cu", KERNELS, device_index)
-    kernels.set_dynamic_smem(KERNELS[0], MAX_SLICE * 4)
+    kernels = cuda.load_kernels("filter.cu", KERNELS, device_index, defines=L2_DEFINES if l2_rows else ())
+    if not l2_rows:
+        kernels.set_dynamic_smem(KERNELS[0], MAX_SLICE * 4)
     kernels.set_attribute(KERNELS[0], build.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
     return kernels
 
@@ -171,6 +181,7 @@ class CudaTopKTopPFilter:
         self.slice = slice_len(vocab)
         self.smem = smem_bytes(vocab)
         self.kernels = filter_kernels(device.index)
+        self.l2_kernels = filter_kernels(device.index, True) if flags & FLAG_L2_ROWS else None
         self.stats = torch.zeros(2, dtype=torch.int32, device=device)
 
     def filter(self, logits, k, p, out, temperature=None):
@@ -202,10 +213,18 @@ class CudaTopKTopPFilter:
             # scalars as the fp32 values the reference compares (torch.full(..., p) is fp32)
             p_value=1.0 if p_per_row or p is None else f32(p),
             t_ptr=temperature.data_ptr() if t_per_row else 0, t_per_row=int(t_per_row),
-            t_value=1.0 if t_per_row or temperature is None else f32(temperature), flags=self.flags)
+            t_value=1.0 if t_per_row or temperature is None else f32(temperature), flags=self.flags & KERNEL_FLAGS)
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        self.kernels.launch(KERNELS[0], rows * CLUSTER, THREADS, self.smem, stream, [args])
+        if self.l2_kernels is not None and temperature is None and _aligned_rows(logits):
+            self.l2_kernels.launch(KERNELS[0], rows * CLUSTER, THREADS, 0, stream, [args])
+        else:
+            self.kernels.launch(KERNELS[0], rows * CLUSTER, THREADS, self.smem, stream, [args])
         return out
+
+
+def _aligned_rows(t) -> bool:
+    """Whether every row of ``t`` (fp32, last stride 1) starts on a 16-byte boundary (the L2-row build's loads)."""
+    return t.data_ptr() % 16 == 0 and (t.shape[0] <= 1 or t.stride(0) % 4 == 0)
 
 
 def _overlap(a, b) -> bool:
