@@ -786,10 +786,13 @@ __device__ __noinline__ void df_histogram(const float* s_x, int n, float m, bool
     // four tokens per step: independent chains the scheduler interleaves (then 4 or 12 adds); the ragged tail of the
     // last block's slice one token at a time (the order of integer adds does not matter)
     const int n4 = n / 4;
+    // the next group read before this one is used (the L2-row build's reads then wait behind a group's arithmetic,
+    // not before it)
+    float4 next = tid < n4 ? DF_AT4(tid) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (masses) {
-#pragma unroll 2
       for (int v = tid; v < n4; v += DF_T) {
-        const float4 f = DF_AT4(v);
+        const float4 f = next;
+        if (v + DF_T < n4) next = DF_AT4(v + DF_T);
         const u64 q0 = df_weight(f.x, m), q1 = df_weight(f.y, m), q2 = df_weight(f.z, m), q3 = df_weight(f.w, m);
         const u32 b0 = df_bucket(f.x, m), b1 = df_bucket(f.y, m), b2 = df_bucket(f.z, m), b3 = df_bucket(f.w, m);
         df_add(base, 4u * DF_NB, b0, q0);
@@ -800,7 +803,8 @@ __device__ __noinline__ void df_histogram(const float* s_x, int n, float m, bool
     } else {
 #pragma unroll 2
       for (int v = tid; v < n4; v += DF_T) {
-        const float4 f = DF_AT4(v);
+        const float4 f = next;
+        if (v + DF_T < n4) next = DF_AT4(v + DF_T);
         const u32 b0 = df_bucket(f.x, m), b1 = df_bucket(f.y, m), b2 = df_bucket(f.z, m), b3 = df_bucket(f.w, m);
         df_red(base + 4u * b0, 1u);
         df_red(base + 4u * b1, 1u);
@@ -1075,6 +1079,32 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
   const i64 cut_i = cut == 0 ? vocab : (i64)(0x7FFFFFFF - (i32)(cut & 0x7FFFFFFFull));
 #ifdef DF_L2_ROWS
   const u64 df_policy = df_drop_policy();  // the row's last read
+  if (vec_out) {  // four 16-byte reads in flight before the first store (a store waits for nothing, a read does)
+    for (int first = tid; first < n / 4; first += 4 * DF_T) {
+      float4 f[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        if (first + u * DF_T < n / 4) f[u] = DF_AT4(first + u * DF_T);
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int i = first + u * DF_T;
+        if (i < n / 4) {
+          const i64 t0 = lo + 4 * i;
+          f[u].x = (f[u].x > cut_x || (f[u].x == cut_x && t0 <= cut_i)) ? f[u].x : ninf;
+          f[u].y = (f[u].y > cut_x || (f[u].y == cut_x && t0 + 1 <= cut_i)) ? f[u].y : ninf;
+          f[u].z = (f[u].z > cut_x || (f[u].z == cut_x && t0 + 2 <= cut_i)) ? f[u].z : ninf;
+          f[u].w = (f[u].w > cut_x || (f[u].w == cut_x && t0 + 3 <= cut_i)) ? f[u].w : ninf;
+          store_cs16(dst + 4 * i, __float_as_uint(f[u].x), __float_as_uint(f[u].y), __float_as_uint(f[u].z),
+                     __float_as_uint(f[u].w));
+        }
+      }
+    }
+    for (int i = (n / 4) * 4 + tid; i < n; i += DF_T) {
+      const float x = DF_AT(i);
+      dst[i] = (x > cut_x || (x == cut_x && lo + i <= cut_i)) ? x : ninf;
+    }
+  } else
 #endif
   if (vec_out) {
     for (int i = tid; i < n / 4; i += DF_T) {
