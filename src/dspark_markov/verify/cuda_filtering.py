@@ -18,6 +18,10 @@ logits with a temperature (the Triton filter has none). Beyond one wave of clust
 latency-bound phases (phase trace: ``tools/trace_cluster_filter.py``) at two blocks per SM cannot keep up with the
 Triton filter's throughput.
 
+Options not run on a GPU yet (``flags``; :data:`DEFAULT_FLAGS` is what the H200 measured): ``FLAG_ILP``,
+``FLAG_ASYNC_LOAD``, ``FLAG_WARP_THRESHOLDS`` (shorter phases of one row) and ``FLAG_L2_ROWS`` (the ``-DDF_L2_ROWS``
+build: the row re-read from L2 at every pass instead of held in shared memory, four blocks per SM).
+
 Requirements (``ValueError`` otherwise): a CUDA device of compute capability 9.0 with NVRTC, fp32 logits with
 ``V <= 8 * MAX_SLICE``. CUDA-graph safe: one launch, no allocation after construction (``stats`` is the only
 state). ``temperature=``: raw logits divided as each row is read (issue 18).
