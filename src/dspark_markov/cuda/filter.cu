@@ -908,7 +908,7 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
   {  // the first read (from HBM), kept in L2 for the passes
     const u64 df_policy = df_keep_policy();
     const int n4 = n / 4;
-#pragma unroll 4
+#pragma unroll 8
     for (int i = tid; i < n4; i += DF_T) {
       const float4 f = DF_AT4(i);
       df_track(f.x, mx, nan); df_track(f.y, mx, nan); df_track(f.z, mx, nan); df_track(f.w, mx, nan);
