@@ -3,9 +3,10 @@
 Usage (an H200): ``PYTHONPATH=src python3 tools/trace_cluster_filter.py [--rows 6,96,1518]``. Compiles filter.cu
 with ``-DDF_TRACE`` (thread 0 of every block of rows 0 and rows / 2 records clock64() at each DF_MARK: filter.cu),
 runs each case (k = 50 + p = 0.9, p = 0.9 alone; Gaussian and peaked rows) eagerly after an L2 flush, for each
-``--flags`` value (the gather / ordering options, cuda_filtering.FLAG_*), and prints for
-the traced rows the marks in time order with the cycles since the previous mark (rank 0, and the slowest block of
-the cluster), and microseconds at the clock implied by the call's event time at the smallest batch.
+``--flags`` value (the kernel's options, cuda_filtering.FLAG_*; a value with FLAG_L2_ROWS runs the -DDF_L2_ROWS
+build), and prints for the traced rows the marks in time order with the cycles since the previous mark (rank 0, and
+the slowest block of the cluster), and microseconds at the clock implied by the call's event time at the smallest
+batch.
 
 Marks: 0 start, 1 slice loaded, 2 row max known (cluster barrier), 18 level-1 bins added, 19 cluster barrier,
 3 histogram reduced (scan, cluster barrier), 4 k+p: bucket located, 13 candidates gathered, 14 cluster barrier,
@@ -38,18 +39,22 @@ def main():
     args = parser.parse_args()
     vocab, device = 129_280, torch.device("cuda")
     torch.empty(1, device=device)
+    all_flags = [int(f) for f in args.flags.split(",")]
     for options in (("-DDF_TRACE",), ("-DDF_TRACE", "-DDF_RELAXED_EXPERIMENT"))[:2 if args.relaxed else 1]:
-        print("== build", " ".join(options), flush=True)
-        cubin, _ = build.compile_cubin("filter.cu", extra_options=options)
-        kernels = build.Kernels(cubin, cf.KERNELS, 0)
-        kernels.set_dynamic_smem(cf.KERNELS[0], cf.MAX_SLICE * 4)
-        kernels.set_attribute(cf.KERNELS[0], build.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
-        for flags in map(int, args.flags.split(",")):
-            print(f"== flags {flags}", flush=True)
-            run(kernels, args, vocab, device, flags)
+        for l2 in sorted({bool(f & cf.FLAG_L2_ROWS) for f in all_flags}):  # FLAG_L2_ROWS: the -DDF_L2_ROWS build
+            build_options = options + tuple(f"-D{d}" for d in (cf.L2_DEFINES if l2 else ()))
+            print("== build", " ".join(build_options), flush=True)
+            cubin, _ = build.compile_cubin("filter.cu", extra_options=build_options)
+            kernels = build.Kernels(cubin, cf.KERNELS, 0)
+            if not l2:
+                kernels.set_dynamic_smem(cf.KERNELS[0], cf.MAX_SLICE * 4)
+            kernels.set_attribute(cf.KERNELS[0], build.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
+            for flags in (f for f in all_flags if bool(f & cf.FLAG_L2_ROWS) == l2):
+                print(f"== flags {flags}", flush=True)
+                run(kernels, args, vocab, device, flags & cf.KERNEL_FLAGS, 0 if l2 else cf.smem_bytes(vocab))
 
 
-def run(kernels, args, vocab, device, flags):
+def run(kernels, args, vocab, device, flags, smem):
     flush = harness.L2Flusher(device)
     ghz = None
     for rows in map(int, args.rows.split(",")):
@@ -71,7 +76,7 @@ def run(kernels, args, vocab, device, flags):
                     flush()
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
-                    kernels.launch(cf.KERNELS[0], rows * cf.CLUSTER, cf.THREADS, cf.smem_bytes(vocab), stream, [fa])
+                    kernels.launch(cf.KERNELS[0], rows * cf.CLUSTER, cf.THREADS, smem, stream, [fa])
                     end.record()
                     torch.cuda.synchronize()
                 event_us = start.elapsed_time(end) * 1e3

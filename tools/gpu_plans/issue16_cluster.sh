@@ -13,7 +13,7 @@
 #   bash tools/gpu_plans/issue16_cluster.sh flags     # budget ~170 s: stop 27's options (ILP, ASYNC_LOAD, WARP_THRESHOLDS,
 #                                                     #   L2_ROWS): the GPU test file with them
 #   bash tools/gpu_plans/issue16_cluster.sh flags_sanitize # budget ~70 s: memcheck + racecheck, flags 31 and 63
-#   bash tools/gpu_plans/issue16_cluster.sh flags_time # budget ~170 s: timed beside the default (3), phase trace
+#   bash tools/gpu_plans/issue16_cluster.sh flags_time # budget ~210 s: timed beside the default (3), phase trace
 # Results go to $JOB_OUT (default ./gpu_plan_out). NVRTC builds filter.cu in ~1 s (cached on disk).
 # If the first launch fails with an invalid-configuration error: cuLaunchKernel is assumed to honour the
 # compile-time __cluster_dims__(8, 1, 1) (the CUDA guide: such a kernel launches with <<< >>>); the fallback is
@@ -132,7 +132,7 @@ crossover)
   timeout -k 2 110 python3 tools/time_filter.py --cuda 1,2,3,4,5,8,16 2>&1 | tee "$OUT/crossover.txt" | grep "^| filter"
   ;;
 flags)
-  # (~150 s; then flags_sanitize ~60 s, flags_time ~170 s) stop 27's options, NOT RUN on a GPU yet: FLAG_ILP (4: the
+  # (~150 s; then flags_sanitize ~60 s, flags_time ~210 s) stop 27's options, NOT RUN on a GPU yet: FLAG_ILP (4: the
   # level-1 histogram four tokens per step; the one-token loop compiles to one dependent chain of ~45 instructions per
   # token), FLAG_ASYNC_LOAD (8: the slice read by cp.async, every copy in flight), FLAG_WARP_THRESHOLDS (16: the
   # gather's bucket bounds in <= 9 16-way rounds across the lanes) and FLAG_L2_ROWS (32: the -DDF_L2_ROWS build, no
@@ -149,7 +149,8 @@ flags_sanitize)
   FILTER_FLAGS=63 bash "$0" sanitize_only memcheck racecheck
   ;;
 flags_time)
-  # (~170 s) timed beside the default 3 (7: ILP alone; 31: every resident option; 63: the L2-row build with them)
+  # (~210 s) timed beside the default 3 (31: every resident option; 63: the L2-row build with them; the trace
+  # separates the resident options)
   # without the Triton group, then the phase trace of the resident options. Expected: the histogram phase 8-10 -> ~4
   # us with masses (p alone), ~4 -> ~1.5 with counts; the load ~4-6 -> ~2-3 us; the bounds ~1.5 -> ~0.5 us: p alone
   # ~24 us a row (96 rows ~95 us, 1,518 rows ~1.25 ms), k + p ~19 us; the L2-row build slower per row (every pass
@@ -157,9 +158,9 @@ flags_time)
   # ncu part with flags 63 says: lts hit rate, dram bytes ~2 x 785 MB). Make a winner DEFAULT_FLAGS
   # (verify/cuda_filtering.py; by rows if the L2 build wins only at large batches) only if it is exact and faster,
   # then re-run `crossover` (AUTO_MAX_ROWS) and `bench` for the committed files and the README.
-  timeout -k 2 120 python3 tools/time_filter.py --cuda-only --cuda-flags 3,7,31,63 1,16,64,253 2>&1 \
+  timeout -k 2 160 python3 tools/time_filter.py --cuda-only --cuda-flags 3,31,63 1,16,64,253 2>&1 \
     | tee "$OUT/flags_bench.txt" | grep -E "^filter_row|rows needing"
-  timeout -k 2 40 python3 tools/trace_cluster_filter.py --rows 6,1518 --flags 3,7,11,19,31 2>&1 | tee "$OUT/flags_trace.txt" | tail -30
+  timeout -k 2 40 python3 tools/trace_cluster_filter.py --rows 6,1518 --flags 3,7,11,19,31,63 2>&1 | tee "$OUT/flags_trace.txt" | tail -30
   ;;
 sanitize_only)
   # (used by `flags`) memcheck / racecheck on 16 rows of V = 4,096 with FILTER_FLAGS (default 3), tools in $2...
