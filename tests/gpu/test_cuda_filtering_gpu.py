@@ -55,12 +55,13 @@ def test_every_kind_and_case_equals_reference(opted_in, kind, rows, flags):
     assert_same(dm.top_k_top_p(x.clone(), k, p, impl="cuda"), reference(x, k, p))  # the public function
 
 
-@pytest.mark.parametrize("flags", [0, 1, 2, 3, 7, 11, 19, 31, 35, 63])
-@pytest.mark.parametrize("vocab", [1001, 50_257, VOCAB])
-def test_every_option_and_ragged_slices(opted_in, flags, vocab):
+@pytest.mark.parametrize("flags", [0, 1, 2, 3, 7, 11, 19, 31, 34, 35, 63])
+@pytest.mark.parametrize("vocab", [1001, 1003, 50_258, VOCAB])
+def test_every_option_and_ragged_slices(opted_in, flags, vocab, monkeypatch):
     """Every FilterArgs.flags option at vocabularies whose last block holds a token count that is not a multiple of 4
-    (1,001: 125 tokens; 50,257: 6,269; the gather's tail mask, the histogram's and the async load's scalar tails) and
-    at the full V; Gaussian, peaked and bf16 rows and a narrow row (a large bucket: refinement passes) through every
+    (1,001: 105 tokens; 1,003: 107; 50,258: 6,270: remainders 1, 3 and 2 for the gather's tail mask, the L2 build's
+    partial groups, the histogram's and the async load's scalar tails) and at the full V; Gaussian, peaked and bf16
+    rows and a narrow row (a large bucket: refinement passes) through every
     case, contiguous and with rows padded to 16 bytes (the L2-row build takes aligned rows only); raw logits with
     per-row temperatures (the async load divides in shared memory; FLAG_L2_ROWS sends them to the default build) and
     rows misaligned for 16-byte copies (the register-load path whatever the flags)."""
@@ -72,6 +73,10 @@ def test_every_option_and_ragged_slices(opted_in, flags, vocab):
     x[6, :32] += 12.0  # peaked
     x[7] = torch.randn(vocab, generator=gen, device="cuda") * 0.02
     filt = opted_in.CudaTopKTopPFilter(8, vocab, "cuda", flags=flags)
+    l2_calls = []
+    if filt.l2_kernels is not None:  # FLAG_L2_ROWS: count the calls that reach the L2-row build
+        launch = filt.l2_kernels.launch
+        monkeypatch.setattr(filt.l2_kernels, "launch", lambda *a: l2_calls.append(a[1]) or launch(*a))
     for index, case in enumerate(CASES):
         k, p = parameters(case, 8)
         assert_same(run(filt, x, k, p, in_place=index % 2 == 0), reference(x, k, p))
@@ -90,6 +95,10 @@ def test_every_option_and_ragged_slices(opted_in, flags, vocab):
     filt.filter(shifted, None, 0.9, shifted)
     assert_same(shifted, reference(x, None, torch.full((8,), 0.9, device="cuda")))
     assert int(filt.stats[1]) == 0
+    if flags & opted_in.FLAG_L2_ROWS:  # every padded call, and the contiguous ones when V is a multiple of 4
+        assert len(l2_calls) == len(CASES) * (2 if vocab % 4 == 0 else 1), l2_calls
+    else:
+        assert filt.l2_kernels is None
 
 
 def test_auto_routes_small_batches_and_temperatures_to_the_cluster_filter(opted_in, monkeypatch):

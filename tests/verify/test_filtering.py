@@ -234,11 +234,21 @@ def test_public_function_triton_and_noop():
     (lambda x: dm.top_k_top_p(x, None, torch.ones(2, dtype=torch.float64)), "p"),
     (lambda x: dm.top_k_top_p(x, 3, out=torch.empty(2, 5)), "out"),
     (lambda x: dm.top_k_top_p(x, 3, impl="sorted"), "impl"),
+    (lambda x: dm.top_k_top_p(x[:1].expand(2, 300), 3), "logits"),  # in place, one row written twice
+    (lambda x: dm.top_k_top_p(x, 3, out=torch.empty(1, 300).expand(2, 300)), "out"),
 ])
 def test_bad_input_names_the_argument(call, name):
     x = torch.randn(2, 300)
     with pytest.raises(ValueError, match=rf"^{name}\b"):
         call(x)
+
+
+def test_expanded_rows_filter_out_of_place():
+    """An expanded batch (stride 0: every row the same storage) is refused in place but filtered into separate rows."""
+    x = torch.randn(1, 300).expand(3, 300)
+    out = torch.empty(3, 300)
+    dm.top_k_top_p(x, 5, 0.9, out=out)
+    assert torch.equal(out, reference(x.contiguous(), torch.full((3,), 5), torch.full((3,), 0.9)))
 
 
 def test_filter_object_allocates_nothing_per_call(monkeypatch):

@@ -144,7 +144,7 @@ flags)
     | tee "$OUT/flags_tests.txt" | tail -4
   ;;
 flags_sanitize)
-  # (~60 s) memcheck + racecheck with flags 31 (resident) and 63 (the L2-row build) on 16 rows of V = 4,096
+  # (~60 s) memcheck + racecheck with flags 31 (resident) and 63 (the L2-row build) on 16 rows of V = 4,099
   FILTER_FLAGS=31 bash "$0" sanitize_only memcheck racecheck
   FILTER_FLAGS=63 bash "$0" sanitize_only memcheck racecheck
   ;;
@@ -163,19 +163,22 @@ flags_time)
   timeout -k 2 40 python3 tools/trace_cluster_filter.py --rows 6,1518 --flags 3,7,11,19,31,63 2>&1 | tee "$OUT/flags_trace.txt" | tail -30
   ;;
 sanitize_only)
-  # (used by `flags`) memcheck / racecheck on 16 rows of V = 4,096 with FILTER_FLAGS (default 3), tools in $2...
+  # (used by `flags_sanitize`) memcheck / racecheck on 16 aligned rows of V = 4,099 with FILTER_FLAGS (default 3),
+  # tools in $2...
   shift
   cat > "$OUT/cluster_call_flags.py" <<'PY'
 import os
 import torch
 from dspark_markov.verify import cuda_filtering as cf
 gen = torch.Generator(device="cuda").manual_seed(0)
-x = torch.randn(16, 4096, generator=gen, device="cuda") * 2
+x = torch.full((16, 4100), 5.0, device="cuda")[:, :4099]  # rows 16-byte aligned, a last block of 3 mod 4 tokens
+x.copy_(torch.randn(16, 4099, generator=gen, device="cuda") * 2)
 x[3] = 0.0  # a flat row: narrowing passes
-filt = cf.CudaTopKTopPFilter(16, 4096, "cuda", flags=int(os.environ.get("FILTER_FLAGS", "3")))
+filt = cf.CudaTopKTopPFilter(16, 4099, "cuda", flags=int(os.environ.get("FILTER_FLAGS", "3")))
 t = torch.full((16,), 0.7, device="cuda")
 for k, p, temp in ((50, 0.9, None), (None, 0.9, None), (7, None, None), (None, 0.9, t)):
-    y = x.clone()
+    y = torch.full((16, 4100), 5.0, device="cuda")[:, :4099]
+    y.copy_(x)
     filt.filter(y, k, p, y, temp)
 torch.cuda.synchronize()
 print("calls done, flags", filt.flags, "narrowed searches:", filt.stats.tolist())

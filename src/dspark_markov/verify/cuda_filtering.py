@@ -158,8 +158,9 @@ class CudaTopKTopPFilter:
     fp32; ``filtering._check``), ``out`` ``[B, V]`` fp32 (``logits`` itself: in place; any other overlap is refused).
     One launch of ``B * 8`` blocks; nothing allocated per call (CUDA-graph safe). ``stats`` (``[2]`` int32, CUDA):
     ``[0]`` counts the searches that needed narrowing passes (flat or heavily tied buckets), a running total;
-    ``[1]`` is non-zero if a search ever found no token at its target (a broken invariant: that row kept every
-    token; the GPU tests require 0).
+    ``[1]`` is non-zero if a search ever found no token at its target (bits 1 / 2: a broken invariant, that row
+    kept every token) or a row reached the L2-row build misaligned or to be divided (bit 4: left unfiltered; the
+    launcher never sends one); the GPU tests require 0.
     """
 
     def __init__(self, max_rows: int, vocab: int, device, flags: int | None = None):
