@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from dspark_markov.sharded import ShardedMarkovSampler
+from tests.helpers import leave_process_group_and_exit
 from tests.sharded.worker import make_problem, reference
 
 GROUP_TIMEOUT_S = 30
@@ -83,5 +84,7 @@ def worker(rank, world, init_file, done_dir):
         scenario(rank, world)
         dist.barrier()
         open(os.path.join(done_dir, f"rank{rank}.ok"), "w").close()
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    leave_process_group_and_exit()

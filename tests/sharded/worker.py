@@ -22,6 +22,8 @@ from dspark_markov.sharded import (
     sharded_token_probability,
 )
 
+from tests.helpers import leave_process_group_and_exit
+
 RANK_KEY = 48  # R_k of the test heads
 
 
@@ -268,8 +270,9 @@ SCENARIOS = {"main": scenario_main, "special": scenario_special, "setup": scenar
 
 def worker(rank, world, init_file, scenarios, done_dir, vocabs):
     torch.set_num_threads(1)
+    # (a generous group timeout: 2 busy CI cores slow every rank; a hang still fails at the test's join deadline)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
+                            timeout=datetime.timedelta(seconds=180))
     try:
         for name in scenarios:
             if name == "main":
@@ -278,5 +281,7 @@ def worker(rank, world, init_file, scenarios, done_dir, vocabs):
                 SCENARIOS[name](rank, world)
             dist.barrier()
         open(os.path.join(done_dir, f"rank{rank}.ok"), "w").close()
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    leave_process_group_and_exit()

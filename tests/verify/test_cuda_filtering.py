@@ -572,5 +572,7 @@ def test_launch_arguments(monkeypatch):
     filt.flags, filt.l2_kernels = cf.FLAG_REFINE, None
     with pytest.raises(ValueError, match="out"):
         filt.filter(x, 5, None, x[1:])  # overlapping without being it
+    with pytest.raises(ValueError, match="out: rows overlap"):
+        filt.filter(x[:3], 5, None, torch.empty(1, 1001).expand(3, 1001))
     with pytest.raises(ValueError, match="logits"):
         filt.filter(torch.randn(7, 1001), 5, None, torch.empty(7, 1001))  # more rows than max_rows

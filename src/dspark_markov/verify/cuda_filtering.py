@@ -203,6 +203,8 @@ class CudaTopKTopPFilter:
         same = out.data_ptr() == logits.data_ptr()
         if (same and out.stride() != logits.stride()) or (not same and _overlap(logits, out)):
             raise ValueError("out: overlaps logits without being it (pass logits itself to filter in place)")
+        if rows > 1 and out.stride(0) < vocab:
+            raise ValueError(f"out: rows overlap (stride {out.stride(0)} < V = {vocab}); every row is written")
         if rows == 0 or (k is None and p is None and temperature is None):
             if not same:
                 out.copy_(logits)
