@@ -107,7 +107,7 @@ def timing(rows_list, designs, temperatures, options, out, rounds=3, replays=15)
                 def call(sampler=sampler, tokens=tokens, cache=cache):
                     sampler.sample(base, anchor, idx, pos, temp, seeds, draft_tokens=tokens, logits_cache=cache,
                                    check_values=False)
-                graphs[label] = harness.capture_graph(call)
+                graphs[label] = harness.capture_graph(call)  # (it keeps call, so the sampler and buffers, alive)
             medians = {label: [] for label in graphs}
             for _ in range(rounds):
                 for label, graph in graphs.items():

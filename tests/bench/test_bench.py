@@ -58,6 +58,38 @@ def test_summarize_median_of_round_medians():
     assert harness.summarize([[1.0, 1.0, 1000.0]] * 3).median == 1.0
 
 
+def test_a_captured_graph_keeps_its_callable_alive(monkeypatch):
+    """capture_graph's graph holds ``fn`` and so what ``fn`` holds: a caller keeping only the graph must not let the
+    buffers it replays into be freed (CUDA stand-ins: the capture itself needs a GPU)."""
+    import contextlib
+    import gc
+    import weakref
+
+    class Graph:
+        pass
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda: type("S", (), {"wait_stream": lambda self, other: None})())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: type("S", (), {"wait_stream": lambda self, o: None})())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda g: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+
+    class Buffers:
+        pass
+
+    def make():
+        buffers = Buffers()
+        return harness.capture_graph(lambda buffers=buffers: None), weakref.ref(buffers)
+
+    graph, alive = make()
+    gc.collect()
+    assert alive() is not None
+    del graph
+    gc.collect()
+    assert alive() is None
+
+
 def test_summarize_rejects_empty():
     with pytest.raises(ValueError, match="rounds"):
         harness.summarize([])

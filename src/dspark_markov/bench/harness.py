@@ -75,6 +75,10 @@ def capture_graph(fn: Callable[[], object], warmup: int = 2) -> "torch.cuda.CUDA
     around its captures): a collection inside the capture may free an earlier ``CUDAGraph`` held in a
     reference cycle, whose destruction (``cudaGraphExecDestroy``) is not permitted while a stream captures
     and invalidates the capture (``cudaErrorStreamCaptureInvalidated``; the 2026-12-04 hook-timing failures).
+
+    The graph keeps ``fn`` (``graph.keepalive``), and so whatever ``fn`` holds (a sampler, its buffers, the
+    outputs): a graph replays raw device pointers, and a caller that kept only the graph would otherwise replay
+    into freed memory (tools/sweep_cuda_wide.py's illegal address at 64 rows on 2026-12-05, helper-18's analysis).
     """
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -93,6 +97,7 @@ def capture_graph(fn: Callable[[], object], warmup: int = 2) -> "torch.cuda.CUDA
         if enabled:
             gc.enable()
     torch.cuda.synchronize()
+    graph.keepalive = fn
     return graph
 
 
