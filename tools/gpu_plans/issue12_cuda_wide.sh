@@ -7,7 +7,7 @@
 #   bash tools/gpu_plans/issue12_cuda_wide.sh icdf       # budget ~110 s: method="inverse_cdf" correct? (after check)
 #   bash tools/gpu_plans/issue12_cuda_wide.sh icdf_time  # budget ~110 s: method="inverse_cdf" timed and profiled
 #   bash tools/gpu_plans/issue12_cuda_wide.sh chain_trace  # budget ~60 s: where cuda_chain's 83 / 142 us go (1 / 16 rows)
-#   bash tools/gpu_plans/issue12_cuda_wide.sh fault        # budget ~120 s: the 64-row illegal address of 2026-12-05 under memcheck
+#   bash tools/gpu_plans/issue12_cuda_wide.sh fault        # budget ~120 s: the 64-row illegal address of 2026-12-05 (explained: freed buffers) re-run under memcheck
 # Results go to $JOB_OUT (default ./gpu_plan_out). The design runs only when opted in (draft/cuda_wide.py).
 # Builds: wide.cu takes ~7 s of NVRTC, blocks.cu (the noise table's sweep kernel) ~30 s, the table sweep ~10-20 s;
 # a DSPARK_MARKOV_CACHE built on the CPU with the GPU's NVRTC version (CONTRIBUTING "CUDA kernels") and the table
@@ -112,7 +112,9 @@ icdf_time)
   done
   ;;
 fault)
-  # (~120 s) stop 26's timing sweep hit an illegal memory access right after the 32-row timings (64 rows next;
+  # (~120 s) Explained on the CPU (stop 27, helper-18): the sweep kept only the graphs, so replays ran into freed
+  # samplers' buffers; harness.capture_graph now keeps the callable alive. This part confirms it: no fault expected.
+  # Stop 26's timing sweep hit an illegal memory access right after the 32-row timings (64 rows next;
   # ..._2026-12-05_cuda_wide_time.txt), not reproduced by the bench or the GPU tests: the same sweep under
   # compute-sanitizer memcheck (first error with its kernel and address), 32 / 64 rows, T = 1 then mixed.
   timeout -k 2 115 compute-sanitizer --tool memcheck --print-limit 10 python3 tools/sweep_cuda_wide.py --out "$OUT/fault" \
