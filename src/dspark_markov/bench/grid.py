@@ -10,6 +10,7 @@ the previous round -- so clock or thermal drift lands on all designs alike.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import sys
 
@@ -272,6 +273,7 @@ def run_grid(config: BenchConfig, bandwidth: roofline.Bandwidth, *, progress: bo
     bar = _progress_bar(len(cases) * len(config.designs) * (1 + config.rounds), progress)
     records = []
     for rows, mode in cases:
+        gc.collect()  # the previous case's runs (each holds its graph, which holds its call: a cycle)
         try:
             inputs = Inputs(config, rows, mode, logits_all, cache_all, generator)
             records += _time_case(config, head, inputs, rows, mode, flush, bar)

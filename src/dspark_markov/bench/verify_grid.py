@@ -47,6 +47,7 @@ positions and slots).
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import re
 import sys
@@ -529,6 +530,7 @@ def run_grid(config: VerifyBenchConfig, bandwidth: roofline.Bandwidth, *, progre
         bar = _NoBar()
     records = []
     for rows in config.rows:
+        gc.collect()  # the previous size's runners (each holds its graph, which holds its call: a cycle)
         try:
             records += _time_rows(config, rows, shared, flush, bar)
         except Exception as error:  # noqa: BLE001 - e.g. out of memory: keep the other batch sizes
