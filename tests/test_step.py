@@ -158,8 +158,8 @@ def test_verify_filter_auto_asks_top_k_top_p_auto_on_every_call(monkeypatch):
                  draft_impl="reference", verify_impl="reference", block_inputs_impl="reference")
     asked = []
     real = filtering._auto_impl
-    monkeypatch.setattr(filtering, "_auto_impl", lambda impl, rows, t: (impl == "auto" and asked.append(
-        (tuple(rows.shape), t))) or real(impl, rows, t))  # (top_k_top_p asks again with the step's answer)
+    monkeypatch.setattr(filtering, "_auto_impl", lambda impl, rows, t, k=None: (impl == "auto" and asked.append(
+        (tuple(rows.shape), t, k))) or real(impl, rows, t, k))  # (top_k_top_p asks again with the step's answer)
     last_pos, bonus, slots, temperature, seeds = _inputs(5)
     num_drafts = torch.full((MAX_REQS,), N)
     target_t = torch.full((SLOTS,), 0.5)
@@ -172,7 +172,8 @@ def test_verify_filter_auto_asks_top_k_top_p_auto_on_every_call(monkeypatch):
         step.verify(raw.clone(), num_drafts, temperature, seeds, top_k=5, target_temperature=target_t)
         assert len(asked) == expected and step.filter_impl == "reference"  # (the CPU: auto's answer is the reference)
         if expected:
-            assert asked[0] == ((MAX_REQS * (N + 1), head.vocab_size), None) and asked[1][1] is target_t
+            assert asked[0] == ((MAX_REQS * (N + 1), head.vocab_size), None, None)  # top-p alone: no k
+            assert asked[1][1] is target_t and asked[1][2] == 5
 
 
 def test_bad_arguments():

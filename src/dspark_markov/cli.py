@@ -100,9 +100,11 @@ def info(out=None) -> int:
     from .verify import cuda_filtering
 
     reason = cuda_filtering.unavailable_reason()
-    print(f"top-k / top-p (top_k_top_p impl=): reference, triton (auto on CUDA beyond "
-          f"{cuda_filtering.AUTO_MAX_ROWS} rows), cuda (auto up to {cuda_filtering.AUTO_MAX_ROWS} rows and for "
-          "temperature=): " + ("available" if reason is None else f"unavailable: {reason}"), file=out)
+    up_to, p_alone = cuda_filtering.AUTO_MAX_ROWS, cuda_filtering.AUTO_MAX_ROWS_P_ALONE
+    rows = f"{up_to} rows" if p_alone == up_to else f"{up_to} rows, {p_alone} with top-p alone"
+    print(f"top-k / top-p (top_k_top_p impl=): reference, triton (auto on CUDA beyond {rows}), cuda (auto up to "
+          f"{rows} and for temperature=): " + ("available" if reason is None else f"unavailable: {reason}"),
+          file=out)
     return 0
 
 

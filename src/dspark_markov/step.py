@@ -251,7 +251,7 @@ class DSparkStep:
             rows = target_logits.view(r * (n + 1), self.vocab)
             filter_impl = self.filter_impl
             if self._filter_auto:  # "auto": the cluster filter for a small step or raw rows, where it runs
-                filter_impl = _auto_impl(registry.AUTO, rows, target_temperature)
+                filter_impl = _auto_impl(registry.AUTO, rows, target_temperature, top_k)
                 filter_impl = self.filter_impl if filter_impl == registry.AUTO else filter_impl
             registry.check_capturable("top_k_top_p", filter_impl, self.device, argument="filter_impl")
             row_temperature = None

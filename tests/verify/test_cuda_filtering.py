@@ -468,6 +468,11 @@ def test_runs_only_on_cuda_and_auto_picks_it_for_one_wave(monkeypatch):
     assert filtering._auto_impl("auto", Meta(7, 300), None) == "auto"  # (registry.resolve: the Triton filter)
     assert not cf.auto_picks(Meta(cf.AUTO_MAX_ROWS + 1, 129_280), None)  # beyond: the Triton filter
     assert cf.auto_picks(Meta(1518, 129_280), 0.7)  # raw logits with a temperature: only this filter divides them
+    monkeypatch.setattr(cf, "AUTO_MAX_ROWS_P_ALONE", 2000)  # (once measured faster for top-p alone at large batches)
+    assert cf.auto_picks(Meta(1518, 129_280), None) and not cf.auto_picks(Meta(1518, 129_280), None, 50)
+    assert filtering._auto_impl("auto", Meta(1518, 300), None) == "cuda"
+    assert filtering._auto_impl("auto", Meta(1518, 300), None, 50) == "auto"
+    monkeypatch.setattr(cf, "AUTO_MAX_ROWS_P_ALONE", cf.AUTO_MAX_ROWS)
     assert not cf.auto_picks(Meta(6, 8 * cf.MAX_SLICE + 1), 0.7)  # a row too large for a cluster
     assert not cf.auto_picks(Meta(6, 50_257), None)  # a ragged last slice: not run on a GPU yet (explicit impl only)
     assert not cf.auto_picks(Meta(6, 300, torch.bfloat16), None)  # the checks' ValueError, not a compile first

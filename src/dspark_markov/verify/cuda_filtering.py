@@ -55,6 +55,10 @@ KERNELS = ("dm_filter",)
 # to one wave (the H200 holds 30 clusters of this kernel at once, ncu "Max Active Clusters") its time should stay
 # that of 6 rows; raise this bound once tools/time_filter.py --cuda 1,2,3,4,5 has measured it.
 AUTO_MAX_ROWS = 6
+# ... and with top-p alone (no top-k) up to this many rows: the same bound until the options of stop 27 are timed
+# (tools/gpu_plans/issue16_cluster.sh flags_time: the L2-row build may beat the Triton filter for p alone at every
+# batch while the Triton filter keeps k + p from 16 requests on).
+AUTO_MAX_ROWS_P_ALONE = AUTO_MAX_ROWS
 
 
 class FilterArgs(ctypes.Structure):
@@ -119,18 +123,21 @@ def unavailable_reason() -> str | None:
     return cuda.unavailable_reason(filter_kernels)
 
 
-def auto_picks(logits, temperature) -> bool:
+def auto_picks(logits, temperature, k=None) -> bool:
     """Whether ``top_k_top_p(impl="auto")`` runs this filter for ``logits [B, V]``: fp32 CUDA rows (last stride 1, V a
-    multiple of 4 until a ragged last slice has run on a GPU) on a device where it can run, when the batch is small (``B <= AUTO_MAX_ROWS``: faster than the Triton filter there,
-    measured) or the logits are raw with a temperature (only this filter divides them on the GPU; with top-k and
-    top-p at hundreds of rows dividing first and the Triton filter would be faster, but allocate). Under CUDA-graph
-    capture only a filter this shape already built (nothing compiled, loaded or allocated inside the capture)."""
+    multiple of 4 until a ragged last slice has run on a GPU) on a device where it can run, when the batch is small
+    (``B <= AUTO_MAX_ROWS``, or ``AUTO_MAX_ROWS_P_ALONE`` for top-p alone, ``k`` None: faster than the Triton filter
+    there, measured) or the logits are raw with a temperature (only this filter divides them on the GPU; with top-k
+    and top-p at hundreds of rows dividing first and the Triton filter would be faster, but allocate). Under
+    CUDA-graph capture only a filter this shape already built (nothing compiled, loaded or allocated inside the
+    capture)."""
     if not isinstance(logits, torch.Tensor) or logits.device.type != "cuda" or logits.dim() != 2:
         return False
     if logits.dtype != torch.float32 or logits.stride(-1) != 1:
         return False  # (the usual ValueError comes from the filter's checks)
     rows, vocab = logits.shape
-    if vocab > CLUSTER * MAX_SLICE or (temperature is None and rows > AUTO_MAX_ROWS):
+    if vocab > CLUSTER * MAX_SLICE or (temperature is None and rows > (AUTO_MAX_ROWS if k is not None
+                                                                       else AUTO_MAX_ROWS_P_ALONE)):
         return False
     if vocab % 4:  # a last slice whose token count is not a multiple of 4 (the gather's tail mask) has not run on a
         return False  # GPU yet: tests/gpu/test_cuda_filtering_gpu.py::test_every_option_and_ragged_slices; lift after

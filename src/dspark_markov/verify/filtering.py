@@ -88,12 +88,13 @@ def _check(logits, k, p, impl, out, temperature=None):
 
 
 # --------------------------------------------------------------------------- public function
-def _auto_impl(impl, logits, temperature):
-    """``"cuda"`` where ``impl`` is ``"auto"`` and :func:`.cuda_filtering.auto_picks` takes the call, else ``impl``."""
+def _auto_impl(impl, logits, temperature, k=None):
+    """``"cuda"`` where ``impl`` is ``"auto"`` and :func:`.cuda_filtering.auto_picks` takes the call, else ``impl``
+    (``k``: the call's top-k, None for top-p alone, which the two filters' measurements separate)."""
     if impl == registry.AUTO and isinstance(logits, torch.Tensor) and logits.device.type == "cuda":
         from . import cuda_filtering  # noqa: PLC0415
 
-        if cuda_filtering.auto_picks(logits, temperature):
+        if cuda_filtering.auto_picks(logits, temperature, k):
             return "cuda"
     return impl
 
@@ -141,7 +142,7 @@ def top_k_top_p(logits, k=None, p=None, *, impl=registry.DEFAULT_IMPL, out=None,
     batch seen (allocated on the first call, so call once before capturing; a serving engine can
     own one ``TopKTopPFilter(max_rows, V, device)`` itself). The reference path sorts and allocates.
     """
-    impl = _auto_impl(impl, logits, temperature)
+    impl = _auto_impl(impl, logits, temperature, k)
     if isinstance(logits, torch.Tensor):
         impl = registry.resolve("top_k_top_p", impl, logits.device)
     k, p, temperature = _check(logits, k, p, impl, out, temperature)
