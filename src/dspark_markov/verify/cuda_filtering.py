@@ -167,7 +167,8 @@ class CudaTopKTopPFilter:
     ``[0]`` counts the searches that needed narrowing passes (flat or heavily tied buckets), a running total;
     ``[1]`` is non-zero if a search ever found no token at its target (bits 1 / 2: a broken invariant, that row
     kept every token) or a row reached the L2-row build misaligned or to be divided (bit 4: left unfiltered; the
-    launcher never sends one); the GPU tests require 0.
+    launcher never sends one); the GPU tests require 0. ``flags``: None (:data:`DEFAULT_FLAGS`) or a combination of
+    the ``FLAG_*`` bits (the options above; every one keeps the same set).
     """
 
     def __init__(self, max_rows: int, vocab: int, device, flags: int | None = None):
