@@ -572,7 +572,9 @@ def test_launch_arguments(monkeypatch):
     filt.filter(padded, 50, 0.9, padded)
     filt.filter(x, 50, 0.9, x)  # stride 1001: rows not aligned
     filt.filter(padded, 50, 0.9, padded, temperature=temp)
-    assert [(w, s) for w, _, _, s, _ in launches] == [("l2", 0), ("dm_filter", 128 * 4), ("dm_filter", 128 * 4)]
+    monkeypatch.setattr(cf, "L2_MIN_ROWS", 6)  # (a threshold by rows: 5 rows then run the resident build)
+    filt.filter(padded, 50, 0.9, padded)
+    assert [(w, s) for w, _, _, s, _ in launches] == [("l2", 0)] + [("dm_filter", 128 * 4)] * 3
     assert all(a.flags == cf.DEFAULT_FLAGS for *_, a in launches)
     filt.flags, filt.l2_kernels = cf.FLAG_REFINE, None
     with pytest.raises(ValueError, match="out"):

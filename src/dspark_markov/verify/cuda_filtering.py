@@ -89,6 +89,7 @@ FLAG_MASK_GATHER, FLAG_REFINE, FLAG_ILP, FLAG_ASYNC_LOAD, FLAG_WARP_THRESHOLDS, 
 KERNEL_FLAGS = FLAG_MASK_GATHER | FLAG_REFINE | FLAG_ILP | FLAG_ASYNC_LOAD | FLAG_WARP_THRESHOLDS  # FilterArgs.flags
 FLAGS_ALL = KERNEL_FLAGS | FLAG_L2_ROWS
 L2_DEFINES = ("DF_L2_ROWS",)
+L2_MIN_ROWS = 1  # FLAG_L2_ROWS applies to calls of at least this many rows (smaller ones: the resident build)
 DEFAULT_FLAGS = FLAG_MASK_GATHER | FLAG_REFINE  # the options measured on the H200 (2026-12-05)
 
 
@@ -230,7 +231,7 @@ class CudaTopKTopPFilter:
             t_ptr=temperature.data_ptr() if t_per_row else 0, t_per_row=int(t_per_row),
             t_value=1.0 if t_per_row or temperature is None else f32(temperature), flags=self.flags & KERNEL_FLAGS)
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        if self.l2_kernels is not None and temperature is None and _aligned_rows(logits):
+        if self.l2_kernels is not None and temperature is None and rows >= L2_MIN_ROWS and _aligned_rows(logits):
             self.l2_kernels.launch(KERNELS[0], rows * CLUSTER, THREADS, 0, stream, [args])
         else:
             self.kernels.launch(KERNELS[0], rows * CLUSTER, THREADS, self.smem, stream, [args])
