@@ -10,7 +10,7 @@
 #   bash tools/gpu_plans/issue16_cluster.sh ncu       # budget ~80 s: where the time goes at 253 requests, p alone
 #   bash tools/gpu_plans/issue16_cluster.sh newtests  # budget ~120 s: the GPU tests written after stop 26 (ragged V, auto routing)
 #   bash tools/gpu_plans/issue16_cluster.sh crossover # budget ~120 s: cluster vs Triton filter at 1-16 requests (AUTO_MAX_ROWS)
-#   bash tools/gpu_plans/issue16_cluster.sh flags     # budget ~170 s: stop 27's options (ILP, ASYNC_LOAD, WARP_THRESHOLDS,
+#   bash tools/gpu_plans/issue16_cluster.sh flags     # budget ~200 s: stop 27's options (ILP, ASYNC_LOAD, WARP_THRESHOLDS,
 #                                                     #   L2_ROWS): the GPU test file with them
 #   bash tools/gpu_plans/issue16_cluster.sh flags_sanitize # budget ~70 s: memcheck + racecheck, flags 31 and 63
 #   bash tools/gpu_plans/issue16_cluster.sh flags_time # budget ~210 s: timed beside the default (3), phase trace
@@ -132,7 +132,7 @@ crossover)
   timeout -k 2 110 python3 tools/time_filter.py --cuda 1,2,3,4,5,8,16 2>&1 | tee "$OUT/crossover.txt" | grep "^| filter"
   ;;
 flags)
-  # (~150 s; then flags_sanitize ~60 s, flags_time ~210 s) stop 27's options, NOT RUN on a GPU yet: FLAG_ILP (4: the
+  # (~190 s; then flags_sanitize ~60 s, flags_time ~210 s) stop 27's options, NOT RUN on a GPU yet: FLAG_ILP (4: the
   # level-1 histogram four tokens per step; the one-token loop compiles to one dependent chain of ~45 instructions per
   # token), FLAG_ASYNC_LOAD (8: the slice read by cp.async, every copy in flight), FLAG_WARP_THRESHOLDS (16: the
   # gather's bucket bounds in <= 9 16-way rounds across the lanes) and FLAG_L2_ROWS (32: the -DDF_L2_ROWS build, no
@@ -140,8 +140,10 @@ flags)
   # options 7 / 11 / 19 / 31 / 35 / 63 beside 0-3 at ragged V (contiguous and 16-byte aligned rows), raw temperatures,
   # misaligned rows; every input kind at 6 / 96 / 1,518 rows, flat and tied rows and graph replay with 63. A failure
   # only with 35 / 63: the L2-row build (DF_AT reads; stats[1] bit 4: a row reached it misaligned or divided).
-  timeout -k 2 170 python3 -m pytest -m gpu -q -x tests/gpu/test_cuda_filtering_gpu.py 2>&1 \
-    | tee "$OUT/flags_tests.txt" | tail -4
+  timeout -k 2 70 python3 -m pytest -m gpu -q tests/gpu/test_cuda_filtering_gpu.py -k every_option 2>&1 \
+    | tee "$OUT/flags_tests_options.txt" | tail -6
+  timeout -k 2 120 python3 -m pytest -m gpu -q tests/gpu/test_cuda_filtering_gpu.py -k "not every_option" 2>&1 \
+    | tee "$OUT/flags_tests_rest.txt" | tail -6
   ;;
 flags_sanitize)
   # (~60 s) memcheck + racecheck with flags 31 (resident) and 63 (the L2-row build) on 16 rows of V = 4,099
