@@ -34,3 +34,25 @@ def test_plan_parses_and_its_programs_exist(plan):
         assert (REPO / tool).exists() or tool in patched, f"{plan.name} runs {tool}, which is nowhere"
     for script in set(re.findall(r"bash (tools/[\w/]+\.sh)", text)):
         assert (REPO / script).exists(), f"{plan.name} runs {script}, which is nowhere"
+
+
+def test_prepare_writes_a_job_per_plan_part(tmp_path):
+    """tools/gpu_plans/prepare.sh --jobs-only: one tools/gpu_queue.sh job file per part listed in a plan's header,
+    with the header's budget plus 15 s."""
+    if not shutil.which("bash"):
+        pytest.skip("needs bash")
+    env = dict(__import__("os").environ, GPU_JOBS_DIR=str(tmp_path))
+    result = subprocess.run(["bash", str(REPO / "tools" / "gpu_plans" / "prepare.sh"), "--jobs-only"], env=env,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    expected = {}
+    for plan in PLANS:
+        for part, budget in re.findall(rf"^#   bash tools/gpu_plans/{plan.stem}\.sh (\w+) *# budget ~(\d+) s",
+                                       plan.read_text(), re.M):
+            expected[f"{plan.stem}.{part}.sh"] = (int(budget) + 15, f"bash tools/gpu_plans/{plan.name} {part}")
+    assert len(expected) >= 20 and "issue16_cluster.flags.sh" in expected
+    written = {path.name: path.read_text().splitlines() for path in (tmp_path / "queue").iterdir()}
+    assert written == {name: [f"# budget: {budget}", line] for name, (budget, line) in expected.items()}
+    for name, (_, line) in expected.items():  # every part named in a header is a case of its script
+        plan, part = line.split()[1], line.split()[2]
+        assert re.search(rf"^{part}\)$", (REPO / plan).read_text(), re.M), name
