@@ -250,9 +250,9 @@ class DSparkStep:
 
             rows = target_logits.view(r * (n + 1), self.vocab)
             filter_impl = self.filter_impl
-            if self._filter_auto:  # "auto": the cluster filter for a small step or raw rows, where it runs
-                filter_impl = _auto_impl(registry.AUTO, rows, target_temperature, top_k)
-                filter_impl = self.filter_impl if filter_impl == registry.AUTO else filter_impl
+            # "auto": the cluster filter for a small step or raw rows, where it runs
+            if self._filter_auto and _auto_impl(registry.AUTO, rows, target_temperature, top_k) == "cuda":
+                filter_impl = "cuda"
             registry.check_capturable("top_k_top_p", filter_impl, self.device, argument="filter_impl")
             row_temperature = None
             if target_temperature is not None:  # the filter divides the raw rows; verification reads them divided

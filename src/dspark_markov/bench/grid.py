@@ -162,14 +162,9 @@ def _first_call_and_graph(run, config: BenchConfig, cuda: bool) -> None:
     run.graph = None
     run.graph_tokens_match = None
     run.eager_tokens = tokens.clone()
-    if cuda:
-        eager_tokens = run.eager_tokens
-        run.graph = harness.capture_graph(run.call)
-        tokens.fill_(-1)
-        run.graph.replay()
-        torch.cuda.synchronize()
-        # Same inputs and seeds: a replay must draw exactly what the eager call drew.
-        run.graph_tokens_match = bool(torch.equal(tokens, eager_tokens))
+    if cuda:  # same inputs and seeds: a replay must draw exactly what the eager call drew
+        run.graph, run.graph_tokens_match = harness.capture_checked(run.call, lambda: [tokens], lambda: None,
+                                                                    clear=lambda: tokens.fill_(-1))
 
 
 class VllmLoopRun:

@@ -316,12 +316,6 @@ __device__ __forceinline__ u32 df_atom_add(u32 addr, u32 v) {
   return old;
 }
 
-// A 16-byte copy from global memory into shared memory (shared address `dst`), asynchronous: waited for with
-// cp.async.wait_group; .cg: cached in L2 only, as the streaming loads it replaces.
-__device__ __forceinline__ void df_cp_async16(u32 dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src) : "memory");
-}
-
 // Shared-memory add, no result. No "memory" clobber: the histogram loops' loads of s_x may then be scheduled ahead of
 // the adds (with it, each load waited for the previous add); every read of the bins follows a barrier.
 __device__ __forceinline__ void df_red(u32 addr, u32 v) {
@@ -431,11 +425,6 @@ __device__ __forceinline__ u32 df_locate(bool by_mass, u64 target, const u32* s_
   return sh.sel == DF_NONE ? DF_NONE : range * DF_RANGE + sh.sel;
 }
 
-__device__ __forceinline__ u64 df_shfl_xor64(u64 v, int mask) {
-  const u32 lo = __shfl_xor_sync(0xFFFFFFFFu, (u32)v, mask), hi = __shfl_xor_sync(0xFFFFFFFFu, (u32)(v >> 32), mask);
-  return ((u64)hi << 32) | lo;
-}
-
 // df_thresholds by 16-way rounds (df_probe / df_narrow), lanes 0-15 searching for b1 and lanes 16-31 for b2 at once
 // (DF_FLAG_WARP_THRESHOLDS; every lane of the warp calls it and gets both results; same values as df_thresholds).
 __device__ __forceinline__ void df_thresholds_warp(float m, i32 b1, i32 b2, float& t1, float& t2) {
@@ -475,8 +464,8 @@ __device__ __noinline__ u32 df_refine(u32 count, bool masses, bool by_mass, u64 
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
-      w_or |= df_shfl_xor64(w_or, off);
-      w_and &= df_shfl_xor64(w_and, off);
+      w_or |= (u64)shfl_xor_i64((i64)w_or, off);  // (common.cuh)
+      w_and &= (u64)shfl_xor_i64((i64)w_and, off);
     }
     if (lane == 0) { sh.warp_sum[warp] = w_or; sh.warp_sum2[warp] = w_and; }
     for (int i = tid; i < 3 * 256; i += DF_T) s_dig[i] = 0;
@@ -923,10 +912,10 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
     // every 16-byte copy of the thread in flight at once (cp.async, no registers held), then this thread's own
     // copies read back (visible to it after the wait: no block barrier), divided in place, their max and NaN flag
     const int n4 = n / 4;
-    const u32 s_base = df_addr(s_x);
 #pragma unroll 4
-    for (int i = tid; i < n4; i += DF_T) df_cp_async16(s_base + 16u * (u32)i, src + 4 * i);
-    asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
+    for (int i = tid; i < n4; i += DF_T) cp_async16(s_x + 4 * i, src + 4 * i, true);  // (common.cuh: .cg, L2 only)
+    cp_async_commit();
+    cp_async_wait_all();
     for (int i = tid; i < n4; i += DF_T) {
       float4 f = reinterpret_cast<const float4*>(s_x)[i];
       if (divide) {

@@ -75,7 +75,7 @@ def _check(logits, k, p, impl, out, temperature=None):
         check_tensor("out", out, shape=logits.shape, dtypes=(torch.float32,), device=logits.device,
                      last_stride_one=True)
     written = logits if out is None else out
-    if rows > 1 and 0 <= written.stride(0) < vocab:  # (an expanded row, stride 0: one row written by several)
+    if rows > 1 and written.stride(0) < vocab:  # (an expanded row, stride 0: one row written by several)
         name = "logits" if out is None else "out"
         raise ValueError(f"{name}: rows overlap (stride {written.stride(0)} < V = {vocab}); the filter writes every row"
                          + ("; pass out= to filter them into separate rows" if out is None else ""))
