@@ -1,6 +1,6 @@
 """Time the Triton filter (``verify/triton_filtering.py``, issue 16) in ``bench --verify``'s filter
 cases (every case checked against the sort reference by its first call) and print the rows that
-needed search rounds after the first pass. Writes ``NVIDIA-H200_filter_verify.{json,csv}`` to ``$JOB_OUT``
+needed search rounds after the first pass. Writes ``<GPU>_filter_verify.{json,csv}`` (e.g. ``NVIDIA-H100-80GB-HBM3_...``) to ``$JOB_OUT``
 (or /tmp) after each group, so a timeout keeps what finished.
 
 Usage on the GPU machine: ``PYTHONPATH=src python3 tools/time_filter.py [batch sizes, e.g. 1,253]``.
@@ -23,6 +23,7 @@ the same way; ``--cuda-only`` leaves the Triton group out.
 """
 
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -268,6 +269,7 @@ def main():
     start = time.time()
     bw = roofline.measure_bandwidth(torch.device("cuda"))
     env = report.environment("cuda", ["tools/time_filter.py"])
+    gpu = re.sub(r"[^A-Za-z0-9]+", "-", env["gpu"] or "cpu").strip("-")  # (as the bench's file names)
     impls = ("triton", "cuda") if with_cuda else ("triton",)
     full = vg.VerifyBenchConfig(kernels=("filter_row", "filter_split"), rows=sizes, rounds=3, replays=15,
                                 eager_calls=1, impls=impls)
@@ -286,8 +288,8 @@ def main():
         print(vg.format_table(new, bw), end="", flush=True)
         print(f"t={time.time() - start:.1f}s rows needing search rounds: {[int(f.state.searched) for f in filters[-6:]]}",
               flush=True)
-        vg.write_json(out / "NVIDIA-H200_filter_verify.json", env, full, bw, records)
-        vg.write_csv(out / "NVIDIA-H200_filter_verify.csv", env, full, bw, records)
+        vg.write_json(out / f"{gpu}_filter_verify.json", env, full, bw, records)
+        vg.write_csv(out / f"{gpu}_filter_verify.csv", env, full, bw, records)
     print(vg.format_table(records, bw, markdown=True), flush=True)
 
 

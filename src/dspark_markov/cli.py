@@ -101,10 +101,10 @@ def info(out=None) -> int:
 
     reason = cuda_filtering.unavailable_reason()
     up_to, p_alone = cuda_filtering.AUTO_MAX_ROWS, cuda_filtering.AUTO_MAX_ROWS_P_ALONE
-    rows = f"{up_to} rows" if p_alone == up_to else f"{up_to} rows, {p_alone} with top-p alone"
-    print(f"top-k / top-p (top_k_top_p impl=): reference, triton (auto on CUDA beyond {rows}), cuda (auto up to "
-          f"{rows} and for temperature=): " + ("available" if reason is None else f"unavailable: {reason}"),
-          file=out)
+    alone = "any batch" if p_alone is None else f"{p_alone} rows"
+    print(f"top-k / top-p (top_k_top_p impl=): reference, triton (auto on CUDA with top-k beyond {up_to} rows), cuda "
+          f"(auto up to {up_to} rows with top-k, {alone} with top-p alone, and for temperature=): "
+          + ("available" if reason is None else f"unavailable: {reason}"), file=out)
     return 0
 
 

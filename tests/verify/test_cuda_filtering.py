@@ -462,19 +462,25 @@ def test_runs_only_on_cuda_and_auto_picks_it_for_one_wave(monkeypatch):
     monkeypatch.setattr(torch, "Tensor", Meta)  # (auto_picks checks isinstance(logits, torch.Tensor))
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(cf, "_RUNS_ON", {0: True})
-    assert cf.auto_picks(Meta(cf.AUTO_MAX_ROWS, 129_280), None) and cf.auto_picks(Meta(6, 300), None)
-    assert filtering._auto_impl("auto", Meta(6, 300), None) == "cuda"  # top_k_top_p's routing
-    assert filtering._auto_impl("triton", Meta(6, 300), None) == "triton"  # an explicit impl is kept
-    assert filtering._auto_impl("auto", Meta(7, 300), None) == "auto"  # (registry.resolve: the Triton filter)
-    assert not cf.auto_picks(Meta(cf.AUTO_MAX_ROWS + 1, 129_280), None)  # beyond: the Triton filter
-    assert cf.auto_picks(Meta(1518, 129_280), 0.7)  # raw logits with a temperature: only this filter divides them
-    monkeypatch.setattr(cf, "AUTO_MAX_ROWS_P_ALONE", 2000)  # (once measured faster for top-p alone at large batches)
-    assert cf.auto_picks(Meta(1518, 129_280), None) and not cf.auto_picks(Meta(1518, 129_280), None, 50)
+    assert cf.auto_picks(Meta(cf.AUTO_MAX_ROWS, 129_280), None, 50) and cf.auto_picks(Meta(6, 300), None, 50)
+    assert filtering._auto_impl("auto", Meta(6, 300), None, 50) == "cuda"  # top_k_top_p's routing
+    assert filtering._auto_impl("triton", Meta(6, 300), None, 50) == "triton"  # an explicit impl is kept
+    over = cf.AUTO_MAX_ROWS + 1
+    assert filtering._auto_impl("auto", Meta(over, 300), None, 50) == "auto"  # (registry.resolve: the Triton filter)
+    assert not cf.auto_picks(Meta(over, 129_280), None, 50)  # top-k on, beyond: the Triton filter
+    assert not cf.auto_picks(Meta(over, 129_280), None, torch.zeros(1))  # a per-row k counts as on
+    assert cf.auto_picks(Meta(1518, 129_280), 0.7, 50)  # raw logits with a temperature: only this filter divides them
+    assert cf.AUTO_MAX_ROWS_P_ALONE is None  # top-p alone: measured faster at every batch
+    for off in (None, 0, -3, 129_280, 10**9):  # top-k absent or disabled: top-p alone
+        assert cf.auto_picks(Meta(1518, 129_280), None, off)
     assert filtering._auto_impl("auto", Meta(1518, 300), None) == "cuda"
     assert filtering._auto_impl("auto", Meta(1518, 300), None, 50) == "auto"
-    monkeypatch.setattr(cf, "AUTO_MAX_ROWS_P_ALONE", cf.AUTO_MAX_ROWS)
+    assert not cf.auto_picks(Meta(over, 129_280), None, "5")  # not an int: top-k on (the checks then raise)
+    monkeypatch.setattr(cf, "AUTO_MAX_ROWS_P_ALONE", 2000)  # a bound, when one is set
+    assert cf.auto_picks(Meta(2000, 129_280), None) and not cf.auto_picks(Meta(2001, 129_280), None)
+    monkeypatch.setattr(cf, "AUTO_MAX_ROWS_P_ALONE", None)
     assert not cf.auto_picks(Meta(6, 8 * cf.MAX_SLICE + 1), 0.7)  # a row too large for a cluster
-    assert not cf.auto_picks(Meta(6, 50_257), None)  # a ragged last slice: not run on a GPU yet (explicit impl only)
+    assert cf.auto_picks(Meta(6, 50_257), None)  # a ragged last slice (run on the H100: every option exact)
     assert not cf.auto_picks(Meta(6, 300, torch.bfloat16), None)  # the checks' ValueError, not a compile first
     assert not cf.auto_picks(Meta(6, 300, last_stride=2), None)
     # under graph capture: only a filter already built for this shape (no build, load or allocation in a capture)
@@ -569,13 +575,17 @@ def test_launch_arguments(monkeypatch):
     launches.clear()
     filt.flags, filt.l2_kernels = cf.FLAG_L2_ROWS | cf.DEFAULT_FLAGS, L2Recorder()
     padded = torch.zeros(5, 1004)[:, :1001]  # 16-byte aligned rows (CPU tensors: 64-byte aligned storage)
-    filt.filter(padded, 50, 0.9, padded)
-    filt.filter(x, 50, 0.9, x)  # stride 1001: rows not aligned
-    filt.filter(padded, 50, 0.9, padded, temperature=temp)
+    monkeypatch.setattr(cf, "L2_MIN_ROWS", 5)
+    filt.filter(padded, None, 0.9, padded)
+    filt.filter(padded, 0, 0.9, padded)  # top-k disabled: top-p alone
+    filt.filter(padded, 50, 0.9, padded)  # top-k on: the resident build (faster with counts-only histograms)
+    filt.filter(padded, k32, 0.9, padded)  # (a per-row k counts as on)
+    filt.filter(x, None, 0.9, x)  # stride 1001: rows not aligned
+    filt.filter(padded, None, 0.9, padded, temperature=temp)
     monkeypatch.setattr(cf, "L2_MIN_ROWS", 6)  # (a threshold by rows: 5 rows then run the resident build)
-    filt.filter(padded, 50, 0.9, padded)
-    assert [(w, s) for w, _, _, s, _ in launches] == [("l2", 0)] + [("dm_filter", 128 * 4)] * 3
-    assert all(a.flags == cf.DEFAULT_FLAGS for *_, a in launches)
+    filt.filter(padded, None, 0.9, padded)
+    assert [(w, s) for w, _, _, s, _ in launches] == [("l2", 0)] * 2 + [("dm_filter", 128 * 4)] * 5
+    assert all(a.flags == cf.DEFAULT_FLAGS & cf.KERNEL_FLAGS for *_, a in launches)
     filt.flags, filt.l2_kernels = cf.FLAG_REFINE, None
     with pytest.raises(ValueError, match="out"):
         filt.filter(x, 5, None, x[1:])  # overlapping without being it

@@ -11,16 +11,18 @@ Why (issue 16): the Triton filter makes three whole-row passes (statistics, swee
 launches and passes dominate. Here the row crosses HBM twice (read, write) and every phase runs from shared memory.
 
 Measured on the H200 (2026-12-05, ``benchmarks/results/NVIDIA-H200_2026-12-05_cluster_filter_v3_verify.*``;
-1 / 16 / 64 / 253 requests of 6 rows, Gaussian): k = 50 + p = 0.9 24.2 / 96.8 / 321.5 / 1,219 us, p = 0.9 alone
-32.9 / 125.4 / 415.7 / 1,585 us (the Triton filter: 29.7 / 63.6 / 180.3 / 579 and 44.1 / 129.2 / 436.5 / 1,484).
-It is the faster one at one request, so ``impl="auto"`` picks it up to :data:`AUTO_MAX_ROWS` rows, and for raw
-logits with a temperature (the Triton filter has none). Beyond one wave of clusters each row's ~25-40 us of
-latency-bound phases (phase trace: ``tools/trace_cluster_filter.py``) at two blocks per SM cannot keep up with the
-Triton filter's throughput.
+1 / 16 / 64 / 253 requests of 6 rows, Gaussian, flags 3): k = 50 + p = 0.9 24.2 / 96.8 / 321.5 / 1,219 us, p = 0.9
+alone 32.9 / 125.4 / 415.7 / 1,585 us (the Triton filter: 29.7 / 63.6 / 180.3 / 579 and 44.1 / 129.2 / 436.5 /
+1,484). Each row is a chain of ~25-40 us of latency-bound phases (phase trace: ``tools/trace_cluster_filter.py``),
+two blocks per SM, so beyond one wave of clusters time grows as waves x one row's latency.
 
-Options not run on a GPU yet (``flags``; :data:`DEFAULT_FLAGS` is what the H200 measured): ``FLAG_ILP``,
-``FLAG_ASYNC_LOAD``, ``FLAG_WARP_THRESHOLDS`` (shorter phases of one row) and ``FLAG_L2_ROWS`` (the ``-DDF_L2_ROWS``
-build: the row re-read from L2 at every pass instead of held in shared memory, four blocks per SM).
+The options (``flags``; :data:`DEFAULT_FLAGS` = all of them since the H100 measurements of 2026-12-05,
+``..._NVIDIA-H100..._filter_flags.*``): ``FLAG_ILP``, ``FLAG_ASYNC_LOAD``, ``FLAG_WARP_THRESHOLDS`` shorten a row's
+phases (k + p 1,355 -> 1,165 us, p alone 1,766 -> 1,527 at 1,518 rows on the H100), and ``FLAG_L2_ROWS`` (the
+``-DDF_L2_ROWS`` build: the row re-read from L2 at every pass instead of held in shared memory, four blocks per SM,
+twice the rows in flight) takes top-p alone beyond :data:`L2_MIN_ROWS` rows (1,527 -> 1,388 us). So ``impl="auto"``
+picks this filter with top-k on up to :data:`AUTO_MAX_ROWS` rows, with top-p alone at every batch, and for raw
+logits with a temperature (the Triton filter has none).
 
 Requirements (``ValueError`` otherwise): a CUDA device of compute capability 9.0 with NVRTC, fp32 logits with
 ``V <= 8 * MAX_SLICE``. CUDA-graph safe: one launch, no allocation after construction (``stats`` is the only
@@ -50,16 +52,16 @@ STATIC_SMEM = 47_328  # ptxas: the kernel's static shared memory (NVRTC 13.0)
 SMEM_LIMIT = 227 * 1024  # an sm_90 block's shared memory
 MAX_SLICE = 46_000  # tokens per block: below (SMEM_LIMIT - STATIC_SMEM) / 4 = 46,280 (and 2^16, the bins' counts)
 KERNELS = ("dm_filter",)
-# top_k_top_p(impl="auto") runs this filter up to this many rows: measured faster than the Triton filter at 6 rows
-# (one request of K + 1 = 6; 24.2 / 32.9 us against 29.7 / 44.1 for k + p / p alone), slower at 96 for k + p. Up
-# to one wave (the H200 holds 30 clusters of this kernel at once, ncu "Max Active Clusters") its time should stay
-# that of 6 rows; raise this bound once tools/time_filter.py --cuda 1,2,3,4,5 has measured it.
-AUTO_MAX_ROWS = 6
-# ... and with top-p alone (no top-k) up to this many rows: the same bound until the options of stop 27 are timed
-# (tools/gpu_plans/issue16_cluster.sh flags_time: the L2-row build may beat the Triton filter for p alone at every
-# batch while the Triton filter keeps k + p from 16 requests on).
-AUTO_MAX_ROWS_P_ALONE = AUTO_MAX_ROWS
-
+# top_k_top_p(impl="auto") runs this filter up to this many rows with top-k on: measured faster than the Triton filter
+# at 6 / 12 / 30 rows (1 / 2 / 5 requests of K + 1 = 6; H100 2026-12-05, k = 50 + p = 0.9: 24.1 / 25.8 / 34.6 us
+# against 29.6 / 32.2 / 39.8), slower at 96 (100-101 against 72). 30 rows is about one wave of clusters (the H200
+# holds 30 at once, ncu "Max Active Clusters").
+AUTO_MAX_ROWS = 30
+# ... and with top-p alone (no top-k) at every batch (None: no bound): the default flags (the L2-row build beyond
+# L2_MIN_ROWS) measured faster than the Triton filter at every size on the H100 (2026-12-05, p = 0.9, Gaussian /
+# peaked / bf16 rows): 6 rows 30.0-33.8 us against 42.7-44.2, 96 rows 114.7-124.4 against 141.6-143.5, 384 rows
+# 375-416 against 484-502, 1,518 rows 1,335-1,458 against 1,684-1,695.
+AUTO_MAX_ROWS_P_ALONE = None
 
 class FilterArgs(ctypes.Structure):
     """The kernel's argument (``struct FilterArgs`` in filter.cu): 8-byte fields, in order."""
@@ -89,8 +91,16 @@ FLAG_MASK_GATHER, FLAG_REFINE, FLAG_ILP, FLAG_ASYNC_LOAD, FLAG_WARP_THRESHOLDS, 
 KERNEL_FLAGS = FLAG_MASK_GATHER | FLAG_REFINE | FLAG_ILP | FLAG_ASYNC_LOAD | FLAG_WARP_THRESHOLDS  # FilterArgs.flags
 FLAGS_ALL = KERNEL_FLAGS | FLAG_L2_ROWS
 L2_DEFINES = ("DF_L2_ROWS",)
-L2_MIN_ROWS = 1  # FLAG_L2_ROWS applies to calls of at least this many rows (smaller ones: the resident build)
-DEFAULT_FLAGS = FLAG_MASK_GATHER | FLAG_REFINE  # the options measured on the H200 (2026-12-05)
+# FLAG_L2_ROWS applies to calls of top-p alone of at least this many rows (smaller ones, and top-k, the resident build):
+# one wave of the resident build holds ~30 rows, the L2-row build twice as many, each slower (H100 2026-12-05, p = 0.9
+# alone: 30 rows 40.5-44.1 us resident against 47.2-50.0 in L2; 96 rows 117-137 against 115-124; 1,518 rows
+# 1,426-1,630 against 1,335-1,458); with top-k on the resident build is faster at every size (1,518 rows: 1,161-1,168
+# against 1,347-1,355), its histogram holding counts only.
+L2_MIN_ROWS = 31
+# Every option (FLAGS_ALL): exact on the H100 (2026-12-05: the GPU tests of every flags value, memcheck and racecheck
+# with 31 and 63) and faster than the stop-26 default 3 at every size (k + p 1,355 -> 1,165 us at 1,518 rows, p alone
+# 1,766 -> 1,388; 6 rows 26.2 -> 24.0 and 37.2 -> 33.9 us; tools/time_filter.py --cuda-flags 3,31,63).
+DEFAULT_FLAGS = FLAGS_ALL
 
 
 def slice_len(vocab: int) -> int:
@@ -125,10 +135,10 @@ def unavailable_reason() -> str | None:
 
 
 def auto_picks(logits, temperature, k=None) -> bool:
-    """Whether ``top_k_top_p(impl="auto")`` runs this filter for ``logits [B, V]``: fp32 CUDA rows (last stride 1, V a
-    multiple of 4 until a ragged last slice has run on a GPU) on a device where it can run, when the batch is small
-    (``B <= AUTO_MAX_ROWS``, or ``AUTO_MAX_ROWS_P_ALONE`` for top-p alone, ``k`` None: faster than the Triton filter
-    there, measured) or the logits are raw with a temperature (only this filter divides them on the GPU; with top-k
+    """Whether ``top_k_top_p(impl="auto")`` runs this filter for ``logits [B, V]``: fp32 CUDA rows (last stride 1) on a
+    device where it can run, when top-k is on and the batch is small (``B <= AUTO_MAX_ROWS``), with top-p alone
+    (``k`` None or a scalar outside ``(0, V)``: up to ``AUTO_MAX_ROWS_P_ALONE`` rows, None: any batch; faster than
+    the Triton filter there, measured) or when the logits are raw with a temperature (only this filter divides them on the GPU; with top-k
     and top-p at hundreds of rows dividing first and the Triton filter would be faster, but allocate). Under
     CUDA-graph capture only a filter this shape already built (nothing compiled, loaded or allocated inside the
     capture)."""
@@ -137,11 +147,9 @@ def auto_picks(logits, temperature, k=None) -> bool:
     if logits.dtype != torch.float32 or logits.stride(-1) != 1:
         return False  # (the usual ValueError comes from the filter's checks)
     rows, vocab = logits.shape
-    if vocab > CLUSTER * MAX_SLICE or (temperature is None and rows > (AUTO_MAX_ROWS if k is not None
-                                                                       else AUTO_MAX_ROWS_P_ALONE)):
+    bound = AUTO_MAX_ROWS_P_ALONE if _top_k_off(k, vocab) else AUTO_MAX_ROWS
+    if vocab > CLUSTER * MAX_SLICE or (temperature is None and bound is not None and rows > bound):
         return False
-    if vocab % 4:  # a last slice whose token count is not a multiple of 4 (the gather's tail mask) has not run on a
-        return False  # GPU yet: tests/gpu/test_cuda_filtering_gpu.py::test_every_option_and_ragged_slices; lift after
     if torch.cuda.is_current_stream_capturing():
         built = _FILTERS.get((logits.device, vocab))
         return built is not None and built.max_rows >= rows
@@ -231,11 +239,19 @@ class CudaTopKTopPFilter:
             t_ptr=temperature.data_ptr() if t_per_row else 0, t_per_row=int(t_per_row),
             t_value=1.0 if t_per_row or temperature is None else f32(temperature), flags=self.flags & KERNEL_FLAGS)
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        if self.l2_kernels is not None and temperature is None and rows >= L2_MIN_ROWS and _aligned_rows(logits):
+        if (self.l2_kernels is not None and temperature is None and rows >= L2_MIN_ROWS and _top_k_off(k, vocab)
+                and _aligned_rows(logits)):
             self.l2_kernels.launch(KERNELS[0], rows * CLUSTER, THREADS, 0, stream, [args])
         else:
             self.kernels.launch(KERNELS[0], rows * CLUSTER, THREADS, self.smem, stream, [args])
         return out
+
+
+def _top_k_off(k, vocab) -> bool:
+    """Whether top-k is off for every row: ``k`` None or a scalar outside ``(0, V)`` (a per-row tensor counts as on)."""
+    if k is None:
+        return True
+    return not isinstance(k, bool) and isinstance(k, int) and not 0 < k < vocab  # (else validated later)
 
 
 def _aligned_rows(t) -> bool:
