@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 SOURCES = ("chain.cu", "blocks.cu", "wide.cu", "filter.cu")
-VARIANTS = (("filter.cu", ("DF_L2_ROWS",)),)  # compile-time variants (verify/cuda_filtering.L2_DEFINES)
+VARIANTS = (("filter.cu", ("DF_L2_ROWS",)), ("filter.cu", ("DF_L2_ROWS", "DF_C=4")))  # verify/cuda_filtering L2_DEFINES, L2_C4_DEFINES
 WANTED_NVRTC = (13, 0)  # the H200 image's (torch 2.11+cu130)
 
 

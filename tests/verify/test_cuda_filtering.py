@@ -67,7 +67,7 @@ def test_args_struct_and_constants_match_the_kernel():
                           ("DF_FLAG_ILP", cf.FLAG_ILP), ("DF_FLAG_ASYNC_LOAD", cf.FLAG_ASYNC_LOAD),
                           ("DF_FLAG_WARP_THRESHOLDS", cf.FLAG_WARP_THRESHOLDS)):
         assert re.search(rf"#define {define} {value}\b", text), define
-    assert cf.KERNEL_FLAGS == 31 and cf.FLAGS_ALL == 63 and cf.DEFAULT_FLAGS & ~cf.FLAGS_ALL == 0
+    assert cf.KERNEL_FLAGS == 31 and cf.FLAGS_ALL == 127 and cf.DEFAULT_FLAGS & ~cf.FLAGS_ALL == 0
     assert re.search(r"#ifdef DF_L2_ROWS\n#define DF_MIN_BLOCKS 4\n", text) and cf.L2_DEFINES == ("DF_L2_ROWS",)
     assert cf.slice_len(129_280) == 16_160 and cf.slice_len(300) == 40 and cf.slice_len(7) == 4
 
@@ -548,7 +548,7 @@ def test_launch_arguments(monkeypatch):
     filt = cf.CudaTopKTopPFilter.__new__(cf.CudaTopKTopPFilter)
     filt.max_rows, filt.vocab, filt.device, filt.flags = 6, 1001, torch.device("cpu"), cf.FLAG_REFINE
     filt.slice, filt.smem, filt.kernels = cf.slice_len(1001), cf.smem_bytes(1001), Recorder()
-    filt.l2_kernels = None
+    filt.l2_kernels, filt.l2_cluster, filt.l2_slice = None, 8, cf.slice_len(1001)
     filt.stats = torch.zeros(2, dtype=torch.int32)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 0})())
     x, out = torch.randn(5, 1001), torch.empty(5, 1001)
@@ -586,6 +586,15 @@ def test_launch_arguments(monkeypatch):
     filt.filter(padded, None, 0.9, padded)
     assert [(w, s) for w, _, _, s, _ in launches] == [("l2", 0)] * 2 + [("dm_filter", 128 * 4)] * 5
     assert all(a.flags == cf.DEFAULT_FLAGS & cf.KERNEL_FLAGS for *_, a in launches)
+    assert all((g, a.slice) == (5 * 8, 128) for _, g, _, _, a in launches)
+    # FLAG_L2_CLUSTER4: the 4-block build, slices of ceil(V / 4) rounded up to 4 tokens
+    launches.clear()
+    filt.l2_cluster, filt.l2_slice = 4, cf.slice_len(1001, 4)
+    monkeypatch.setattr(cf, "L2_MIN_ROWS", 5)
+    filt.filter(padded, None, 0.9, padded)
+    filt.filter(padded, 50, 0.9, padded)
+    assert [(w, g, sm, a.slice) for w, g, _, sm, a in launches] == [("l2", 5 * 4, 6144, 252),
+                                                                    ("dm_filter", 5 * 8, 128 * 4, 128)]
     filt.flags, filt.l2_kernels = cf.FLAG_REFINE, None
     with pytest.raises(ValueError, match="out"):
         filt.filter(x, 5, None, x[1:])  # overlapping without being it

@@ -57,10 +57,17 @@
 
 namespace dm {
 
-#define DF_C 8            // blocks per cluster (one row)
+#ifndef DF_C
+#define DF_C 8            // blocks per cluster (one row); -DDF_C=4 with -DDF_L2_ROWS: the 4-block L2-row build
+#endif
 #define DF_T 256          // threads per block
 #define DF_NB 2048        // level-1 buckets: 1/64 of a logit wide below the max, the last one open
-#define DF_RANGE (DF_NB / DF_C)  // buckets reduced by each block (= DF_T: one per thread)
+#define DF_RANGE (DF_NB / DF_C)  // buckets reduced by each block
+#define DF_PER (DF_RANGE / DF_T)  // ... per thread: 1 (8 blocks) or 2 (4 blocks: adjacent buckets, better first)
+static_assert(DF_C == 8 || DF_C == 4, "DF_C: 8 or 4 blocks per cluster");
+#if DF_C != 8 && !defined(DF_L2_ROWS)
+#error "DF_C=4 is the L2-row build's option (-DDF_L2_ROWS): a resident slice of V / 4 leaves one block per SM"
+#endif
 #define DF_CAP 2048       // most candidates gathered and sorted at once
 #define DF_SCALE 64.0f
 #define DF_LOADS 8        // 16-byte loads in flight per thread while the slice is read
@@ -400,7 +407,7 @@ __device__ __noinline__ void df_fail(FilterShared& sh, u32* stats, u32 rank) {
 }
 
 // The level-1 bucket holding a target (module doc, step 3): the range (the 8 blocks' totals), then the bucket (its
-// block's 256 reduced sums); sh.base_cnt / base_mass the count and mass of every better bucket, sh.sel_cnt the
+// block's DF_RANGE reduced sums); sh.base_cnt / base_mass the count and mass of every better bucket, sh.sel_cnt the
 // bucket's count. Returns the bucket, or DF_NONE (a broken invariant: the caller fails the search).
 __device__ __forceinline__ u32 df_locate(bool by_mass, u64 target, const u32* s_rcnt, const u64* s_rmass,
                                          FilterShared& sh) {
@@ -417,12 +424,30 @@ __device__ __forceinline__ u32 df_locate(bool by_mass, u64 target, const u32* s_
   }
   if (sh.sel == DF_NONE) return DF_NONE;
   const u32 range = sh.sel;
-  {
-    const u64 cnt = df_ld32(df_map(df_addr(&s_rcnt[tid]), range));
-    const u64 mass = df_ld64(df_map(df_addr(&s_rmass[tid]), range));
+  {  // thread t: the block's buckets [DF_PER t, DF_PER t + DF_PER), summed
+    u64 cnt = 0, mass = 0;
+#pragma unroll
+    for (int e = 0; e < DF_PER; ++e) {
+      cnt += df_ld32(df_map(df_addr(&s_rcnt[DF_PER * tid + e]), range));
+      mass += df_ld64(df_map(df_addr(&s_rmass[DF_PER * tid + e]), range));
+    }
     df_select(cnt, mass, by_mass, target, sh);
   }
+#if DF_PER > 1
+  if (sh.sel == DF_NONE) return DF_NONE;
+  const u32 group = sh.sel;
+  {  // the bucket within the selected thread's group (threads 0 .. DF_PER - 1; the base moved to the group's start)
+    u64 cnt = 0, mass = 0;
+    if (tid < DF_PER) {
+      cnt = df_ld32(df_map(df_addr(&s_rcnt[DF_PER * group + tid]), range));
+      mass = df_ld64(df_map(df_addr(&s_rmass[DF_PER * group + tid]), range));
+    }
+    df_select(cnt, mass, by_mass, target, sh);
+  }
+  return sh.sel == DF_NONE ? DF_NONE : range * DF_RANGE + DF_PER * group + sh.sel;
+#else
   return sh.sel == DF_NONE ? DF_NONE : range * DF_RANGE + sh.sel;
+#endif
 }
 
 // df_thresholds by 16-way rounds (df_probe / df_narrow), lanes 0-15 searching for b1 and lanes 16-31 for b2 at once
@@ -766,7 +791,7 @@ __device__ __noinline__ void df_search(bool by_mass, u64 target, bool masses, co
 }
 
 // The level-1 histogram of this block's slice (module doc, step 2): q only with `masses` (else counts), into the
-// zeroed bins; then, after a cluster barrier, this block's 256 buckets summed over the cluster into s_rcnt / s_rmass
+// zeroed bins; then, after a cluster barrier, this block's DF_RANGE buckets summed over the cluster into s_rcnt / s_rmass
 // and its totals into sh.tot_cnt / tot_mass. Ends with a cluster barrier (the sums complete everywhere; the bins
 // free).
 __device__ __noinline__ void df_histogram(const float* s_x, int n, float m, bool masses, u32* bins, u32* s_rcnt,
@@ -822,10 +847,16 @@ __device__ __noinline__ void df_histogram(const float* s_x, int n, float m, bool
   DF_MARK(18);
   df_cluster_sync();
   DF_MARK(19);
-  u64 cnt, mass;
-  df_bin_sum(bins, DF_NB, rank * DF_RANGE + tid, cnt, mass);
-  s_rcnt[tid] = (u32)cnt;
-  s_rmass[tid] = mass;
+  u64 cnt = 0, mass = 0;
+#pragma unroll
+  for (int e = 0; e < DF_PER; ++e) {  // thread t: buckets [DF_PER t, DF_PER t + DF_PER) of the block's range
+    u64 c, s;
+    df_bin_sum(bins, DF_NB, rank * DF_RANGE + DF_PER * tid + e, c, s);
+    s_rcnt[DF_PER * tid + e] = (u32)c;
+    s_rmass[DF_PER * tid + e] = s;
+    cnt += c;
+    mass += s;
+  }
   df_scan2(cnt, mass, sh);
   if (tid == DF_T - 1) { sh.tot_cnt = (u32)cnt; sh.tot_mass = mass; }
   df_cluster_sync();
@@ -852,8 +883,15 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
 #endif
   __shared__ u64 s_hist[3 * DF_NB / 2];          // level-1 bins (3 x DF_NB words); then the candidates' masses
   __shared__ u64 s_cand[DF_CAP];                 // the gathered candidates (packed words), sorted
+#if DF_C == 8
   __shared__ u64 s_rmass[DF_RANGE];              // this block's reduced buckets
   __shared__ u32 s_rcnt[DF_RANGE];
+#else  // (static shared memory stops at 48 KB: the 4-block build's 512 reduced buckets are its dynamic shared memory,
+       // DF_RANGE x 12 bytes; verify/cuda_filtering.L2_C4_SMEM)
+  extern __shared__ __align__(16) u64 s_dyn[];
+  u64* const s_rmass = s_dyn;
+  u32* const s_rcnt = reinterpret_cast<u32*>(s_dyn + DF_RANGE);
+#endif
   __shared__ u32 s_dig[3 * 256];                 // a narrowing pass's bins (3 x 256 words)
   __shared__ FilterShared sh;
   u32* bins = reinterpret_cast<u32*>(s_hist);  // the level-1 bins (three words each, DF_NB words apart)

@@ -87,25 +87,32 @@ class FilterArgs(ctypes.Structure):
 # ~25-35 us of latency-bound phases is what limits the resident design: 1,518 rows take ~50 waves of 30 clusters).
 # Used for the calls whose rows are 16-byte aligned and not divided by a temperature (the others run the default
 # build). ASYNC_LOAD has no effect in it (no slice is loaded).
+# L2_CLUSTER4 (with L2_ROWS; this module): that build with clusters of 4 blocks (-DDF_C=4; each block 1/4 of the row,
+# two adjacent level-1 buckets per thread in the reductions), so twice its rows in flight again (~130 on an H100 or
+# H200), each row slower; for V <= 4 x L2_C4_MAX_SLICE. Not measured yet (opt-in).
 FLAG_MASK_GATHER, FLAG_REFINE, FLAG_ILP, FLAG_ASYNC_LOAD, FLAG_WARP_THRESHOLDS, FLAG_L2_ROWS = 1, 2, 4, 8, 16, 32
+FLAG_L2_CLUSTER4 = 64
 KERNEL_FLAGS = FLAG_MASK_GATHER | FLAG_REFINE | FLAG_ILP | FLAG_ASYNC_LOAD | FLAG_WARP_THRESHOLDS  # FilterArgs.flags
-FLAGS_ALL = KERNEL_FLAGS | FLAG_L2_ROWS
+FLAGS_ALL = KERNEL_FLAGS | FLAG_L2_ROWS | FLAG_L2_CLUSTER4
 L2_DEFINES = ("DF_L2_ROWS",)
+L2_C4_DEFINES = ("DF_L2_ROWS", "DF_C=4")
+L2_C4_MAX_SLICE = 65_532  # the 4-block build's slice: the bins' 16-bit mass words hold <= 65,535 tokens
+L2_C4_SMEM = BUCKETS // 4 * 12  # its dynamic shared memory: the block's 512 reduced buckets (u64 mass, u32 count)
 # FLAG_L2_ROWS applies to calls of top-p alone of at least this many rows (smaller ones, and top-k, the resident build):
 # one wave of the resident build holds ~30 rows, the L2-row build twice as many, each slower (H100 2026-12-05, p = 0.9
 # alone: 30 rows 40.5-44.1 us resident against 47.2-50.0 in L2; 96 rows 117-137 against 115-124; 1,518 rows
 # 1,426-1,630 against 1,335-1,458); with top-k on the resident build is faster at every size (1,518 rows: 1,161-1,168
 # against 1,347-1,355), its histogram holding counts only.
 L2_MIN_ROWS = 31
-# Every option (FLAGS_ALL): exact on the H100 (2026-12-05: the GPU tests of every flags value, memcheck and racecheck
+# Every option but FLAG_L2_CLUSTER4: exact on the H100 (2026-12-05: the GPU tests of every flags value, memcheck and racecheck
 # with 31 and 63) and faster than the stop-26 default 3 at every size (k + p 1,355 -> 1,165 us at 1,518 rows, p alone
 # 1,766 -> 1,388; 6 rows 26.2 -> 24.0 and 37.2 -> 33.9 us; tools/time_filter.py --cuda-flags 3,31,63).
-DEFAULT_FLAGS = FLAGS_ALL
+DEFAULT_FLAGS = KERNEL_FLAGS | FLAG_L2_ROWS
 
 
-def slice_len(vocab: int) -> int:
-    """Tokens per block: ``ceil(V / 8)`` rounded up to a multiple of 4 (16-byte rows in shared memory)."""
-    per_block = -(-vocab // CLUSTER)
+def slice_len(vocab: int, cluster: int = CLUSTER) -> int:
+    """Tokens per block: ``ceil(V / cluster)`` rounded up to a multiple of 4 (16-byte rows in shared memory)."""
+    per_block = -(-vocab // cluster)
     return -(-per_block // 4) * 4
 
 
@@ -115,16 +122,20 @@ def smem_bytes(vocab: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def filter_kernels(device_index: int, l2_rows: bool = False):
+def filter_kernels(device_index: int, l2_rows: bool = False, cluster: int = CLUSTER):
     """The loaded ``filter.cu`` on one device (compiled with NVRTC or read from the disk cache), its dynamic shared
     memory limit raised once to the largest slice (a per-filter value would break the filters of larger V, which
     share the function) and its carveout to all shared memory (two blocks per SM need ~219 KB). ``l2_rows``: the
-    -DDF_L2_ROWS build (:data:`FLAG_L2_ROWS`; no dynamic shared memory, four blocks per SM need ~189 KB)."""
+    -DDF_L2_ROWS build (:data:`FLAG_L2_ROWS`; no dynamic shared memory, four blocks per SM need ~189 KB; ``cluster``
+    4: with -DDF_C=4, :data:`FLAG_L2_CLUSTER4`)."""
     from ..cuda import build
 
-    kernels = cuda.load_kernels("filter.cu", KERNELS, device_index, defines=L2_DEFINES if l2_rows else ())
+    defines = (L2_C4_DEFINES if cluster == 4 else L2_DEFINES) if l2_rows else ()
+    kernels = cuda.load_kernels("filter.cu", KERNELS, device_index, defines=defines)
     if not l2_rows:
         kernels.set_dynamic_smem(KERNELS[0], MAX_SLICE * 4)
+    elif cluster == 4:  # (static + dynamic above 48 KB needs the limit raised, even for 6 KB of dynamic)
+        kernels.set_dynamic_smem(KERNELS[0], L2_C4_SMEM)
     kernels.set_attribute(KERNELS[0], build.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
     return kernels
 
@@ -203,7 +214,9 @@ class CudaTopKTopPFilter:
         self.slice = slice_len(vocab)
         self.smem = smem_bytes(vocab)
         self.kernels = filter_kernels(device.index)
-        self.l2_kernels = filter_kernels(device.index, True) if flags & FLAG_L2_ROWS else None
+        self.l2_cluster = 4 if flags & FLAG_L2_CLUSTER4 and slice_len(vocab, 4) <= L2_C4_MAX_SLICE else CLUSTER
+        self.l2_slice = slice_len(vocab, self.l2_cluster)
+        self.l2_kernels = filter_kernels(device.index, True, self.l2_cluster) if flags & FLAG_L2_ROWS else None
         self.stats = torch.zeros(2, dtype=torch.int32, device=device)
 
     def filter(self, logits, k, p, out, temperature=None):
@@ -226,12 +239,14 @@ class CudaTopKTopPFilter:
             if not same:
                 out.copy_(logits)
             return out
+        l2 = (self.l2_kernels is not None and temperature is None and rows >= L2_MIN_ROWS and _top_k_off(k, vocab)
+              and _aligned_rows(logits))
         k_per_row, p_per_row = isinstance(k, torch.Tensor), isinstance(p, torch.Tensor)
         t_per_row = isinstance(temperature, torch.Tensor)
         args = FilterArgs(
             logits=logits.data_ptr(), out=out.data_ptr(), k_ptr=k.data_ptr() if k_per_row else 0,
             p_ptr=p.data_ptr() if p_per_row else 0, stats=self.stats.data_ptr(), rows=rows, vocab=vocab,
-            in_stride=logits.stride(0), out_stride=out.stride(0), slice=self.slice,
+            in_stride=logits.stride(0), out_stride=out.stride(0), slice=self.l2_slice if l2 else self.slice,
             k_value=0 if k_per_row or k is None else max(min(int(k), 2**62), -(2**62)),
             k_per_row=int(k_per_row), k64=int(k_per_row and k.dtype == torch.int64), p_per_row=int(p_per_row),
             # scalars as the fp32 values the reference compares (torch.full(..., p) is fp32)
@@ -239,9 +254,9 @@ class CudaTopKTopPFilter:
             t_ptr=temperature.data_ptr() if t_per_row else 0, t_per_row=int(t_per_row),
             t_value=1.0 if t_per_row or temperature is None else f32(temperature), flags=self.flags & KERNEL_FLAGS)
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        if (self.l2_kernels is not None and temperature is None and rows >= L2_MIN_ROWS and _top_k_off(k, vocab)
-                and _aligned_rows(logits)):
-            self.l2_kernels.launch(KERNELS[0], rows * CLUSTER, THREADS, 0, stream, [args])
+        if l2:
+            smem = L2_C4_SMEM if self.l2_cluster == 4 else 0
+            self.l2_kernels.launch(KERNELS[0], rows * self.l2_cluster, THREADS, smem, stream, [args])
         else:
             self.kernels.launch(KERNELS[0], rows * CLUSTER, THREADS, self.smem, stream, [args])
         return out
