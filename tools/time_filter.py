@@ -1,6 +1,6 @@
 """Time the Triton filter (``verify/triton_filtering.py``, issue 16) in ``bench --verify``'s filter
 cases (every case checked against the sort reference by its first call) and print the rows that
-needed search rounds after the first pass. Writes ``<GPU>_filter_verify.{json,csv}`` (e.g. ``NVIDIA-H100-80GB-HBM3_...``) to ``$JOB_OUT``
+needed search rounds after the first pass. Writes ``<GPU>_filter_verify_r<sizes>[_f<flags>].{json,csv}`` to ``$JOB_OUT``
 (or /tmp) after each group, so a timeout keeps what finished.
 
 Usage on the GPU machine: ``PYTHONPATH=src python3 tools/time_filter.py [batch sizes, e.g. 1,253]``.
@@ -270,6 +270,9 @@ def main():
     bw = roofline.measure_bandwidth(torch.device("cuda"))
     env = report.environment("cuda", ["tools/time_filter.py"])
     gpu = re.sub(r"[^A-Za-z0-9]+", "-", env["gpu"] or "cpu").strip("-")  # (as the bench's file names)
+    # one pair of files per invocation (two runs in one job folder must not overwrite each other)
+    stem = f"{gpu}_filter_verify_r{'-'.join(map(str, sizes))}" + ("" if cuda_flags == (None,) else
+                                                                  "_f" + "-".join(map(str, cuda_flags)))
     impls = ("triton", "cuda") if with_cuda else ("triton",)
     full = vg.VerifyBenchConfig(kernels=("filter_row", "filter_split"), rows=sizes, rounds=3, replays=15,
                                 eager_calls=1, impls=impls)
@@ -288,8 +291,8 @@ def main():
         print(vg.format_table(new, bw), end="", flush=True)
         print(f"t={time.time() - start:.1f}s rows needing search rounds: {[int(f.state.searched) for f in filters[-6:]]}",
               flush=True)
-        vg.write_json(out / f"{gpu}_filter_verify.json", env, full, bw, records)
-        vg.write_csv(out / f"{gpu}_filter_verify.csv", env, full, bw, records)
+        vg.write_json(out / f"{stem}.json", env, full, bw, records)
+        vg.write_csv(out / f"{stem}.csv", env, full, bw, records)
     print(vg.format_table(records, bw, markdown=True), flush=True)
 
 
