@@ -61,8 +61,8 @@ class DSparkStep:
     verify_method : ``"standard"`` or ``"block"``. verify_impl, block_inputs_impl, filter_impl :
         ``"auto"`` (the default: ``"triton"`` on CUDA, the reference on the CPU;
         :mod:`dspark_markov.registry`; ``filter_impl="auto"`` follows ``top_k_top_p``'s ``auto``
-        on every call: the cluster filter on sm_90 for a step of <= 6 rows or raw logits with
-        ``target_temperature``), ``"triton"``, ``"cuda"`` (the filter) or ``"reference"`` (the
+        on every call: the cluster filter on sm_90 with top-k for a step of <= 30 rows, with top-p
+        alone at any size, or for raw logits with ``target_temperature``), ``"triton"``, ``"cuda"`` (the filter) or ``"reference"`` (the
         references allocate and are not capturable: capturing with one raises ``ValueError``).
 
     Attributes

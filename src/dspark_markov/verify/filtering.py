@@ -112,9 +112,9 @@ def top_k_top_p(logits, k=None, p=None, *, impl=registry.DEFAULT_IMPL, out=None,
         Scalar (``>= 0``) or per-row ``[B]`` fp32; ``p >= 1`` means no top-p (a per-row NaN too;
         a negative per-row value acts as 0).
     impl : {"auto", "triton", "reference", "cuda"}
-        ``"auto"`` (the default): on CUDA ``"cuda"`` where it runs (sm_90 with NVRTC) for a batch
-        of at most ``cuda_filtering.AUTO_MAX_ROWS`` rows or raw logits with a ``temperature``,
-        else ``"triton"``; the reference elsewhere; all give the same result by contract.
+        ``"auto"`` (the default): on CUDA ``"cuda"`` where it runs (sm_90 with NVRTC) with top-k on
+        for a batch of at most ``cuda_filtering.AUTO_MAX_ROWS`` rows, with top-p alone at any batch
+        (``AUTO_MAX_ROWS_P_ALONE``) and for raw logits with a ``temperature``, else ``"triton"``; the reference elsewhere; all give the same result by contract.
         ``"triton"``: threshold-search kernels that sort only a few candidates per row (interpreter
         on CPU); ``"reference"``: a torch sort of every row; ``"cuda"``: one launch with each row
         resident in an 8-block cluster (:mod:`.cuda_filtering`; sm_90 with NVRTC). An explicit
