@@ -15,6 +15,7 @@
 #   bash tools/gpu_plans/issue16_cluster.sh flags_sanitize # budget ~70 s: memcheck + racecheck, flags 31 and 63
 #   bash tools/gpu_plans/issue16_cluster.sh flags_time # budget ~210 s: timed beside the default (3), phase trace
 #   bash tools/gpu_plans/issue16_cluster.sh ncu_l2    # budget ~80 s: `ncu` with FILTER_FLAGS=63 (the L2-row build)
+#   bash tools/gpu_plans/issue16_cluster.sh regress   # budget ~230 s: the GPU tests that reach top_k_top_p's auto routing
 # Results go to $JOB_OUT (default ./gpu_plan_out). NVRTC builds filter.cu in ~1 s (cached on disk).
 # If the first launch fails with an invalid-configuration error: cuLaunchKernel is assumed to honour the
 # compile-time __cluster_dims__(8, 1, 1) (the CUDA guide: such a kernel launches with <<< >>>); the fallback is
@@ -165,6 +166,14 @@ flags_time)
     | tee "$OUT/flags_bench.txt" | grep -E "^filter_row|rows needing"
   timeout -k 2 40 python3 tools/trace_cluster_filter.py --rows 6,1518 --flags 3,7,11,19,31,63 2>&1 | tee "$OUT/flags_trace.txt" | tail -30
   ;;
+regress)
+  # (~100-230 s) stop 28 changed auto's routing (top-p alone to the cluster filter at every batch, top-k up to 30 rows)
+  # and the default flags (63): the GPU test files whose calls go through it (Triton filter tests with impl="auto",
+  # robustness, verification incl. DSparkStep) beside the cluster filter's own file. Expect every test to pass.
+  timeout -k 2 225 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_filtering_gpu.py \
+    tests/gpu/test_robustness_gpu.py tests/gpu/test_triton_verify_gpu.py tests/gpu/test_cuda_filtering_gpu.py 2>&1 \
+    | tee "$OUT/regress.txt" | tail -15
+  ;;
 ncu_l2)
   # (~80 s) the ncu part on the L2-row build (flags 63): its L2 hit rate and DRAM bytes say whether the rows stayed in L2
   FILTER_FLAGS=63 bash "$0" ncu
@@ -199,7 +208,7 @@ PY
   for tool in "$@"; do echo "== $tool (flags ${FILTER_FLAGS:-3})"; tail -3 "$OUT/cluster_sanitize_flags_$tool.log"; done
   ;;
 *)
-  echo "usage: $0 check|sanitize|bench|ncu|ncu_l2|newtests|crossover|flags|flags_sanitize|flags_time" >&2
+  echo "usage: $0 check|sanitize|bench|ncu|ncu_l2|newtests|crossover|flags|flags_sanitize|flags_time|regress" >&2
   exit 2
   ;;
 esac
