@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 SOURCES = ("chain.cu", "blocks.cu", "wide.cu", "filter.cu")
-VARIANTS = (("filter.cu", ("DF_L2_ROWS",)), ("filter.cu", ("DF_L2_ROWS", "DF_C=4")))  # verify/cuda_filtering L2_DEFINES, L2_C4_DEFINES
 WANTED_NVRTC = (13, 0)  # the H200 image's (torch 2.11+cu130)
 
 
@@ -26,13 +25,17 @@ def main(argv) -> int:
     folder = Path(argv[1] if len(argv) > 1 else "gpu_jobs/cuda_cache").resolve()
     os.environ["DSPARK_MARKOV_CACHE"] = str(folder)  # cache_dir() = $DSPARK_MARKOV_CACHE/cuda
     from dspark_markov.cuda import build  # noqa: PLC0415  (after the environment is set)
+    from dspark_markov.verify import cuda_filtering  # noqa: PLC0415
+
+    # compile-time variants: the L2-row builds of filter.cu (cuda_filtering.L2_DEFINES, L2_C4_DEFINES)
+    variants = (("filter.cu", cuda_filtering.L2_DEFINES), ("filter.cu", cuda_filtering.L2_C4_DEFINES))
 
     version = build.nvrtc_version()
     if version != WANTED_NVRTC:
         print(f"prebuild_cubins: NVRTC {version} is not the GPU image's {WANTED_NVRTC}: its keys would not match "
               "(set DSPARK_MARKOV_NVRTC to a libnvrtc.so.13)", file=sys.stderr)
         return 2
-    for name, defines in [(name, ()) for name in SOURCES] + list(VARIANTS):
+    for name, defines in [(name, ()) for name in SOURCES] + list(variants):
         start = time.time()
         build.cached_cubin(name, defines=defines)
         print(f"{name} {' '.join(f'-D{d}' for d in defines)}: {time.time() - start:.1f} s", flush=True)

@@ -31,7 +31,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", default="6,96,1518")
     parser.add_argument("--calls", type=int, default=3)
-    parser.add_argument("--flags", default=str(cf.DEFAULT_FLAGS),
+    parser.add_argument("--flags", default=f"{cf.KERNEL_FLAGS},{cf.DEFAULT_FLAGS}",  # resident, then the L2-row build
                         help="comma-separated FilterArgs.flags values to run (cuda_filtering.FLAG_*), e.g. 0,3")
     parser.add_argument("--relaxed", action="store_true",
                         help="also time a build whose cluster barriers arrive relaxed (-DDF_RELAXED_EXPERIMENT: no "

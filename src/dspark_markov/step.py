@@ -62,8 +62,9 @@ class DSparkStep:
         ``"auto"`` (the default: ``"triton"`` on CUDA, the reference on the CPU;
         :mod:`dspark_markov.registry`; ``filter_impl="auto"`` follows ``top_k_top_p``'s ``auto``
         on every call: the cluster filter on sm_90 with top-k for a step of <= 30 rows, with top-p
-        alone at any size, or for raw logits with ``target_temperature``), ``"triton"``, ``"cuda"`` (the filter) or ``"reference"`` (the
-        references allocate and are not capturable: capturing with one raises ``ValueError``).
+        alone at any size, or for raw logits with ``target_temperature``), ``"triton"``, ``"cuda"``
+        (the filter) or ``"reference"`` (the references allocate and are not capturable: capturing
+        with one raises ``ValueError``).
 
     Attributes
     ----------

@@ -58,6 +58,54 @@ def test_l2_row_build_compiles_for_four_blocks_per_sm(tmp_path):
     assert static <= cf.STATIC_SMEM and 4 * (static + 1024) <= 228 * 1024
 
 
+def test_four_block_l2_build_compiles_for_four_blocks_per_sm(tmp_path):
+    """The -DDF_L2_ROWS -DDF_C=4 build (FLAG_L2_CLUSTER4): 64 registers, static shared memory under the 48 KB a static
+    declaration may take, its reduced buckets (DF_RANGE x 12 bytes) as dynamic shared memory, four blocks per SM."""
+    log, _ = sm90_compile_log("filter.cu", tmp_path, defines=cf.L2_C4_DEFINES)
+    entry = log[log.index("Function properties for dm_filter"):]
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", entry)
+    assert int(spills.group(1)) <= 16 and int(spills.group(2)) <= 64, entry
+    assert int(re.search(r"Used (\d+) registers", entry).group(1)) <= 64
+    static = int(re.search(r"(\d+) bytes smem", entry).group(1))
+    assert cf.L2_C4_SMEM == cf.BUCKETS // 4 * 12 == 6144
+    assert static <= 48 * 1024 and 4 * (static + cf.L2_C4_SMEM + 1024) <= 228 * 1024
+    assert cf.slice_len(129_280, 4) == 32_320 <= cf.L2_C4_MAX_SLICE < 2**16
+
+
+def test_filter_kernels_builds_each_variant_with_its_defines(monkeypatch):
+    """filter_kernels: the resident build raises its dynamic shared memory to the largest slice, the L2-row build
+    keeps none, the 4-block one raises it to L2_C4_SMEM; each with its defines (a recording loader)."""
+    from dspark_markov import cuda
+
+    calls = []
+
+    class Loaded:
+        def __init__(self, defines):
+            self.defines = defines
+
+        def set_dynamic_smem(self, name, nbytes):
+            calls.append((self.defines, "smem", nbytes))
+
+        def set_attribute(self, name, attribute, value):
+            calls.append((self.defines, "attribute", value))
+
+    monkeypatch.setattr(cuda, "load_kernels", lambda source, names, index, defines=(): Loaded(tuple(defines)))
+    cf._load_filter.cache_clear()
+    try:
+        cf.filter_kernels(7)
+        cf.filter_kernels(7, True)
+        cf.filter_kernels(7, True, 4)
+        cf.filter_kernels(7, True, 8)  # (the same build as (7, True): loaded once)
+        cf.filter_kernels(7, False, 4)  # (the cluster is the L2-row build's option: the resident build again)
+        assert calls == [((), "smem", cf.MAX_SLICE * 4), ((), "attribute", 100), (cf.L2_DEFINES, "attribute", 100),
+                         (cf.L2_C4_DEFINES, "smem", cf.L2_C4_SMEM), (cf.L2_C4_DEFINES, "attribute", 100)]
+        calls.clear()
+        cf._default_kernels(7)  # what auto's availability check loads: the default flags' builds (cached above)
+        assert calls == []
+    finally:
+        cf._load_filter.cache_clear()
+
+
 def test_args_struct_and_constants_match_the_kernel():
     assert_args_struct_matches("filter.cu", "FilterArgs", cf.FilterArgs._fields_)
     assert ctypes.sizeof(cf.FilterArgs) == 8 * len(cf.FilterArgs._fields_)
@@ -442,7 +490,7 @@ def test_runs_only_on_cuda_and_auto_picks_it_for_one_wave(monkeypatch):
                               (True, 300, "max_rows")):
         with pytest.raises(ValueError, match=name):
             cf.CudaTopKTopPFilter(rows, vocab, "cuda")
-    for flags in (cf.FLAGS_ALL + 1, -1, True, 3.0):
+    for flags in (cf.FLAGS_ALL + 1, -1, True, 3.0, cf.FLAG_L2_CLUSTER4, cf.FLAG_L2_CLUSTER4 | cf.KERNEL_FLAGS):
         with pytest.raises(ValueError, match="flags"):
             cf.CudaTopKTopPFilter(2, 300, "cuda", flags=flags)
 

@@ -7,18 +7,19 @@
 // division; T = 0 unscaled), and the filter works on, and writes, the divided row: the output is bit for bit the
 // filter of the pre-divided logits, without a separate temperature pass (issue 18).
 //
-// One launch, one cluster of DF_C = 8 blocks per row; block `rank` holds tokens [rank S, rank S + S) of the row in
-// shared memory (S = ceil(V / 8) rounded up to 4: 64,640 bytes at V = 129,280, two blocks per SM):
+// One launch, one cluster of DF_C = 8 blocks per row (4 in the -DDF_C=4 L2-row build); block `rank` holds tokens
+// [rank S, rank S + S) of the row in shared memory (S = ceil(V / DF_C) rounded up to 4: 64,640 bytes at V = 129,280,
+// two blocks per SM; the -DDF_L2_ROWS build re-reads them from L2 instead):
 //   1. load the slice once (16-byte streaming loads), its max and NaN flag; cluster barrier; every block reads the
 //      8 partials through distributed shared memory: the row max m (a NaN row, an all -inf row or a row without
 //      top-k and top-p is left as it is: written out when out is not logits or the row was divided);
 //   2. one pass over the slice: bucket(x) = 0 where x == m, else min(floor((m - x) 64), 2047) (monotone in the
 //      ranking: better tokens never fall in a later bucket), and q (top-p only); a local histogram of counts
 //      and masses per bucket in three 32-bit words (red.shared, no branch); cluster barrier; block r sums
-//      buckets [256 r, 256 r + 256) over the 8 blocks;
+//      buckets [DF_RANGE r, DF_RANGE r + DF_RANGE) over the DF_C blocks (DF_RANGE = 2048 / DF_C);
 //   3. a search finds the token at a target of the ranking: the k-th best (top-k), the first whose inclusive
 //      mass reaches L = ceil(p * S) (top-p; "mass before < p S" for an integer mass is "before < L"), or the
-//      best (p <= 0): the range (8 totals), the bucket (256 sums, a block scan), then, if the bucket holds more
+//      best (p <= 0): the range (DF_C totals), the bucket (DF_RANGE sums, block scans), then, if it holds more
 //      than DF_CAP tokens, 256-way narrowing passes on the packed (key, index) word (8 bits per pass), and the
 //      bucket's (or the narrowed range's) tokens gathered into every block's candidate array (flags: by two fp32
 //      compares against the bucket's exact bounds, df_thresholds, into a register mask per thread), a bucket of
@@ -42,13 +43,15 @@
 // each row is a chain of ~25 (k + p) to ~37 us (p alone) of latency-bound phases, two blocks per SM (36-45% of
 // the issue slots, 30 clusters resident), so 1,518 rows take ~50 waves: 1.2 / 1.6 ms (verify/cuda_filtering.py).
 //
-// Options (FilterArgs.flags, DF_FLAG_*): the default (3) is what ran on the H200; ILP (4), ASYNC_LOAD (8) and
-// WARP_THRESHOLDS (16), written on 2026-12-05 without device time from the SASS of the default (the histogram loop is
-// one dependent chain per token, the load two round trips, the bounds 32 serial halvings), are opt-in until timed.
-// So is the build with -DDF_L2_ROWS (same source, same decisions; verify/cuda_filtering.py FLAG_L2_ROWS): no slice in
-// shared memory, every pass re-reads the block's slice from global memory (kept in L2 by an evict_last policy; the
-// last read evict_first), four blocks per SM at 64 registers: twice the rows in flight, each row slower. The default
-// build's SASS is unchanged by it (DF_AT & co. expand to the shared-memory reads).
+// Options (FilterArgs.flags, DF_FLAG_*): ILP (4), ASYNC_LOAD (8) and WARP_THRESHOLDS (16), written from the SASS of
+// the first default (3: the histogram loop was one dependent chain per token, the load two round trips, the bounds 32
+// serial halvings), measured exact and faster on the H100 and the H200 (2026-12-05): all on by default (31). The
+// build with -DDF_L2_ROWS (same source, same decisions; verify/cuda_filtering.py FLAG_L2_ROWS, default for top-p
+// alone from 31 rows): no slice in shared memory, every pass re-reads the block's slice from global memory (kept in
+// L2 by an evict_last policy; the last read evict_first), four blocks per SM at 64 registers: twice the rows in
+// flight, each row slower. With -DDF_C=4 as well (FLAG_L2_CLUSTER4, opt-in: exact, slower) clusters of 4 blocks, two
+// level-1 buckets per thread in the reductions. The resident build's SASS is unchanged by the macros (DF_AT & co.
+// expand to the shared-memory reads).
 // Verified on the H200 (2026-12-05): its GPU tests (tests/gpu/test_cuda_filtering_gpu.py) and every flags option
 // equal the sort reference; compute-sanitizer memcheck / racecheck / synccheck clean. 118 registers, no spill,
 // 47,328 bytes of static shared memory + the slice. On the CPU: the search emulated in its order of decisions, the
@@ -242,14 +245,14 @@ struct FilterArgs {  // 8-byte fields (verify/cuda_filtering.py FilterArgs)
                                // bits where its words differ, no cluster barrier) to <= DF_SMALL, then candidates
                                // ranked by counting instead of the bitonic sort (also the prefix path's <= DF_SMALL)
 #define DF_SMALL 256           // candidates ranked by counting: one per thread
-#define DF_FLAG_ILP 4          // (stop 27, not run on a GPU) the level-1 histogram four tokens per step (one 16-byte
+#define DF_FLAG_ILP 4          // (stop 27; measured 2026-12-05) the level-1 histogram four tokens per step (one 16-byte
                                // shared load, four independent weight chains): the SASS of the one-token loop is a
                                // single dependent chain of ~45 instructions per token (~150-200 cycles with two
                                // warps per scheduler), which is the ~8-10 us "histogram" phase of the trace
-#define DF_FLAG_ASYNC_LOAD 8   // (stop 27, not run on a GPU) the slice read with cp.async (16 bytes each, every copy
+#define DF_FLAG_ASYNC_LOAD 8   // (stop 27; measured 2026-12-05) the slice read with cp.async (16 bytes each, every copy
                                // of the thread in flight at once, no registers held) instead of two rounds of eight
                                // register loads; the max, NaN flag and the division by T then read shared memory
-#define DF_FLAG_WARP_THRESHOLDS 16  // (stop 27, not run on a GPU) the gather's bucket bounds by 16-way rounds across
+#define DF_FLAG_WARP_THRESHOLDS 16  // (stop 27; measured 2026-12-05) the gather's bucket bounds by 16-way rounds across
                                // the lanes (df_thresholds_warp, ~8 rounds) instead of 32 dependent halvings per thread
 
 struct FilterShared {
@@ -791,7 +794,8 @@ __device__ __noinline__ void df_search(bool by_mass, u64 target, bool masses, co
 }
 
 // The level-1 histogram of this block's slice (module doc, step 2): q only with `masses` (else counts), into the
-// zeroed bins; then, after a cluster barrier, this block's DF_RANGE buckets summed over the cluster into s_rcnt / s_rmass
+// zeroed bins; then, after a cluster barrier, this block's DF_RANGE buckets summed over the cluster into s_rcnt /
+// s_rmass
 // and its totals into sh.tot_cnt / tot_mass. Ends with a cluster barrier (the sums complete everywhere; the bins
 // free).
 __device__ __noinline__ void df_histogram(const float* s_x, int n, float m, bool masses, u32* bins, u32* s_rcnt,

@@ -6,6 +6,8 @@ a 2,048-bucket histogram of exact counts and integer masses over ``m - x`` (1/64
 cut of top-k and of top-p from the histogram and the sorted candidates of the one bucket that holds each target
 (narrowing passes on the packed (key, index) word when a bucket holds more than 2,048 tokens: flat or heavily tied
 rows), and the row written once. Semantics: :mod:`.filtering`'s, bit for bit (the kept set of the sort reference).
+(With top-p alone from :data:`L2_MIN_ROWS` rows the default flags run the L2-row build instead: no row in shared
+memory, every pass re-reads it from L2; see the options below.)
 
 Why (issue 16): the Triton filter makes three whole-row passes (statistics, sweep, apply); at small batches its
 launches and passes dominate. Here the row crosses HBM twice (read, write) and every phase runs from shared memory.
@@ -16,8 +18,8 @@ alone 32.9 / 125.4 / 415.7 / 1,585 us (the Triton filter: 29.7 / 63.6 / 180.3 / 
 1,484). Each row is a chain of ~25-40 us of latency-bound phases (phase trace: ``tools/trace_cluster_filter.py``),
 two blocks per SM, so beyond one wave of clusters time grows as waves x one row's latency.
 
-The options (``flags``; :data:`DEFAULT_FLAGS` = all of them since the H100 measurements of 2026-12-05,
-``..._NVIDIA-H100..._filter_flags.*``): ``FLAG_ILP``, ``FLAG_ASYNC_LOAD``, ``FLAG_WARP_THRESHOLDS`` shorten a row's
+The options (``flags``; :data:`DEFAULT_FLAGS` = all but ``FLAG_L2_CLUSTER4`` since the H100 measurements of
+2026-12-05, ``..._NVIDIA-H100..._filter_flags.*``): ``FLAG_ILP``, ``FLAG_ASYNC_LOAD``, ``FLAG_WARP_THRESHOLDS`` shorten a row's
 phases (k + p 1,355 -> 1,165 us, p alone 1,766 -> 1,527 at 1,518 rows on the H100), and ``FLAG_L2_ROWS`` (the
 ``-DDF_L2_ROWS`` build: the row re-read from L2 at every pass instead of held in shared memory, four blocks per SM,
 twice the rows in flight) takes top-p alone beyond :data:`L2_MIN_ROWS` rows (1,527 -> 1,388 us). So ``impl="auto"``
@@ -63,6 +65,7 @@ AUTO_MAX_ROWS = 30
 # 375-416 against 484-502, 1,518 rows 1,335-1,458 against 1,684-1,695.
 AUTO_MAX_ROWS_P_ALONE = None
 
+
 class FilterArgs(ctypes.Structure):
     """The kernel's argument (``struct FilterArgs`` in filter.cu): 8-byte fields, in order."""
 
@@ -75,21 +78,21 @@ class FilterArgs(ctypes.Structure):
 # filter.cu DF_FLAG_*: how the kernel schedules its work (every option keeps the same set). MASK_GATHER: each thread
 # marks its members in a register mask first (the stop-25 loop voted per token: ~9-12 us a row on the H200); REFINE: a
 # search's bucket of > 256 tokens narrowed by 256-way digit passes in shared memory, then <= 256 candidates ranked by
-# counting (the stop-25 bitonic sort of up to 2,048: 4-13 us a row). Not run on a GPU yet (stop 27; opt-in until
-# tools/gpu_plans/issue16_cluster.sh flags has timed them): ILP, the level-1 histogram four tokens per step (the
-# one-token loop compiles to a single dependent chain of ~45 instructions per token: the trace's 8-10 us "histogram"
-# phase with masses, ~4 us with counts); ASYNC_LOAD, the slice read with cp.async, every copy in flight at once;
-# WARP_THRESHOLDS, the gather's bucket bounds by 16-way rounds across a warp's lanes (~8 rounds instead of 32 dependent
-# halvings, ~1-2 us a gather).
+# counting (the stop-25 bitonic sort of up to 2,048: 4-13 us a row). Written in stop 27, measured in stop 28 (H100 and
+# H200: exact, faster; in DEFAULT_FLAGS): ILP, the level-1 histogram four tokens per step (the one-token loop compiled
+# to a single dependent chain of ~45 instructions per token: the histogram phase with masses 9.0 -> 5.3 us on the
+# H100); ASYNC_LOAD, the slice read with cp.async, every copy in flight at once; WARP_THRESHOLDS, the gather's bucket
+# bounds by 16-way rounds across a warp's lanes (~8 rounds instead of 32 dependent halvings).
 # L2_ROWS (this module, not a kernel flag): the build of filter.cu with -DDF_L2_ROWS, which keeps no slice in shared
 # memory and re-reads the row at every pass from L2 (an evict_last policy between the passes, evict_first at the last
 # read): four blocks per SM (64 registers) instead of two, twice the rows in flight at large batches (each row's
 # ~25-35 us of latency-bound phases is what limits the resident design: 1,518 rows take ~50 waves of 30 clusters).
-# Used for the calls whose rows are 16-byte aligned and not divided by a temperature (the others run the default
-# build). ASYNC_LOAD has no effect in it (no slice is loaded).
+# Used for the calls of top-p alone of at least L2_MIN_ROWS rows whose rows are 16-byte aligned and not divided by a
+# temperature (the others run the resident build). ASYNC_LOAD has no effect in it (no slice is loaded).
 # L2_CLUSTER4 (with L2_ROWS; this module): that build with clusters of 4 blocks (-DDF_C=4; each block 1/4 of the row,
 # two adjacent level-1 buckets per thread in the reductions), so twice its rows in flight again (~130 on an H100 or
-# H200), each row slower; for V <= 4 x L2_C4_MAX_SLICE. Not measured yet (opt-in).
+# H200), each row slower; for V <= 4 x L2_C4_MAX_SLICE. Measured (H100, 2026-12-05): exact but slower at every size
+# (a row's passes take twice as long): opt-in.
 FLAG_MASK_GATHER, FLAG_REFINE, FLAG_ILP, FLAG_ASYNC_LOAD, FLAG_WARP_THRESHOLDS, FLAG_L2_ROWS = 1, 2, 4, 8, 16, 32
 FLAG_L2_CLUSTER4 = 64
 KERNEL_FLAGS = FLAG_MASK_GATHER | FLAG_REFINE | FLAG_ILP | FLAG_ASYNC_LOAD | FLAG_WARP_THRESHOLDS  # FilterArgs.flags
@@ -104,7 +107,8 @@ L2_C4_SMEM = BUCKETS // 4 * 12  # its dynamic shared memory: the block's 512 red
 # 1,426-1,630 against 1,335-1,458); with top-k on the resident build is faster at every size (1,518 rows: 1,161-1,168
 # against 1,347-1,355), its histogram holding counts only.
 L2_MIN_ROWS = 31
-# Every option but FLAG_L2_CLUSTER4: exact on the H100 (2026-12-05: the GPU tests of every flags value, memcheck and racecheck
+# Every option but FLAG_L2_CLUSTER4: exact on the H100 (2026-12-05: the GPU tests of every flags value, memcheck and
+# racecheck
 # with 31 and 63) and faster than the stop-26 default 3 at every size (k + p 1,355 -> 1,165 us at 1,518 rows, p alone
 # 1,766 -> 1,388; 6 rows 26.2 -> 24.0 and 37.2 -> 33.9 us; tools/time_filter.py --cuda-flags 3,31,63).
 DEFAULT_FLAGS = KERNEL_FLAGS | FLAG_L2_ROWS
@@ -121,13 +125,18 @@ def smem_bytes(vocab: int) -> int:
     return slice_len(vocab) * 4
 
 
-@functools.lru_cache(maxsize=None)
 def filter_kernels(device_index: int, l2_rows: bool = False, cluster: int = CLUSTER):
-    """The loaded ``filter.cu`` on one device (compiled with NVRTC or read from the disk cache), its dynamic shared
-    memory limit raised once to the largest slice (a per-filter value would break the filters of larger V, which
-    share the function) and its carveout to all shared memory (two blocks per SM need ~219 KB). ``l2_rows``: the
-    -DDF_L2_ROWS build (:data:`FLAG_L2_ROWS`; no dynamic shared memory, four blocks per SM need ~189 KB; ``cluster``
-    4: with -DDF_C=4, :data:`FLAG_L2_CLUSTER4`)."""
+    """The loaded ``filter.cu`` on one device (compiled with NVRTC or read from the disk cache; loaded once per
+    device and build), its dynamic shared memory limit raised once to the largest slice (a per-filter value would
+    break the filters of larger V, which share the function) and its carveout to all shared memory (two blocks per
+    SM need ~219 KB). ``l2_rows``: the -DDF_L2_ROWS build (:data:`FLAG_L2_ROWS`; no dynamic shared memory, four
+    blocks per SM need ~189 KB; ``cluster`` 4: with -DDF_C=4, :data:`FLAG_L2_CLUSTER4`, 6 KB of dynamic shared
+    memory, :data:`L2_C4_SMEM`)."""
+    return _load_filter(int(device_index), bool(l2_rows), int(cluster) if l2_rows else CLUSTER)
+
+
+@functools.lru_cache(maxsize=None)
+def _load_filter(device_index: int, l2_rows: bool, cluster: int):
     from ..cuda import build
 
     defines = (L2_C4_DEFINES if cluster == 4 else L2_DEFINES) if l2_rows else ()
@@ -140,17 +149,27 @@ def filter_kernels(device_index: int, l2_rows: bool = False, cluster: int = CLUS
     return kernels
 
 
+def _default_kernels(device_index: int):
+    """Every build a filter with :data:`DEFAULT_FLAGS` loads (the resident one, and the L2-row one it takes for top-p
+    alone), so that ``auto`` never picks a filter whose construction would then fail."""
+    kernels = filter_kernels(device_index)
+    if DEFAULT_FLAGS & FLAG_L2_ROWS:
+        filter_kernels(device_index, True, 4 if DEFAULT_FLAGS & FLAG_L2_CLUSTER4 else CLUSTER)
+    return kernels
+
+
 def unavailable_reason() -> str | None:
     """``None`` if the filter can run on the current GPU, else why not (for ``dspark-markov info`` and ``auto``)."""
-    return cuda.unavailable_reason(filter_kernels)
+    return cuda.unavailable_reason(_default_kernels)
 
 
 def auto_picks(logits, temperature, k=None) -> bool:
     """Whether ``top_k_top_p(impl="auto")`` runs this filter for ``logits [B, V]``: fp32 CUDA rows (last stride 1) on a
     device where it can run, when top-k is on and the batch is small (``B <= AUTO_MAX_ROWS``), with top-p alone
     (``k`` None or a scalar outside ``(0, V)``: up to ``AUTO_MAX_ROWS_P_ALONE`` rows, None: any batch; faster than
-    the Triton filter there, measured) or when the logits are raw with a temperature (only this filter divides them on the GPU; with top-k
-    and top-p at hundreds of rows dividing first and the Triton filter would be faster, but allocate). Under
+    the Triton filter there, measured) or when the logits are raw with a temperature (only this filter divides them
+    on the GPU; with top-k and top-p at hundreds of rows dividing first and the Triton filter would be faster, but
+    allocate). Under
     CUDA-graph capture only a filter this shape already built (nothing compiled, loaded or allocated inside the
     capture)."""
     if not isinstance(logits, torch.Tensor) or logits.device.type != "cuda" or logits.dim() != 2:
@@ -183,7 +202,7 @@ class CudaTopKTopPFilter:
     ``filter(logits, k, p, out)`` has :class:`.triton_filtering.TopKTopPFilter`'s interface: ``logits`` ``[B, V]``
     fp32 CUDA (last stride 1), ``k`` / ``p`` None, Python scalars or validated ``[B]`` tensors (int32 / int64,
     fp32; ``filtering._check``), ``out`` ``[B, V]`` fp32 (``logits`` itself: in place; any other overlap is refused).
-    One launch of ``B * 8`` blocks; nothing allocated per call (CUDA-graph safe). ``stats`` (``[2]`` int32, CUDA):
+    One launch of ``B * 8`` blocks (``B * 4`` in the 4-block L2-row build); nothing allocated per call (CUDA-graph safe). ``stats`` (``[2]`` int32, CUDA):
     ``[0]`` counts the searches that needed narrowing passes (flat or heavily tied buckets), a running total;
     ``[1]`` is non-zero if a search ever found no token at its target (bits 1 / 2: a broken invariant, that row
     kept every token) or a row reached the L2-row build misaligned or to be divided (bit 4: left unfiltered; the
@@ -205,6 +224,9 @@ class CudaTopKTopPFilter:
         if isinstance(flags, bool) or not isinstance(flags, int) or not 0 <= flags <= FLAGS_ALL:
             raise ValueError(f"flags: expected None (DEFAULT_FLAGS) or a combination of the FLAG_* bits, an int in "
                              f"[0, {FLAGS_ALL}], got {flags!r}")
+        if flags & FLAG_L2_CLUSTER4 and not flags & FLAG_L2_ROWS:
+            raise ValueError(f"flags: FLAG_L2_CLUSTER4 ({FLAG_L2_CLUSTER4}) is an option of the L2-row build: set "
+                             f"FLAG_L2_ROWS ({FLAG_L2_ROWS}) with it, got {flags}")
         why = cuda.availability(device, build=False)
         if why is not None:
             raise ValueError(f"impl: 'cuda' top-k / top-p cannot run here: {why}")

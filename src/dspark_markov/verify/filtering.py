@@ -114,10 +114,12 @@ def top_k_top_p(logits, k=None, p=None, *, impl=registry.DEFAULT_IMPL, out=None,
     impl : {"auto", "triton", "reference", "cuda"}
         ``"auto"`` (the default): on CUDA ``"cuda"`` where it runs (sm_90 with NVRTC) with top-k on
         for a batch of at most ``cuda_filtering.AUTO_MAX_ROWS`` rows, with top-p alone at any batch
-        (``AUTO_MAX_ROWS_P_ALONE``) and for raw logits with a ``temperature``, else ``"triton"``; the reference elsewhere; all give the same result by contract.
+        (``AUTO_MAX_ROWS_P_ALONE``) and for raw logits with a ``temperature``, else ``"triton"``;
+        the reference elsewhere; all give the same result by contract.
         ``"triton"``: threshold-search kernels that sort only a few candidates per row (interpreter
         on CPU); ``"reference"``: a torch sort of every row; ``"cuda"``: one launch with each row
-        resident in an 8-block cluster (:mod:`.cuda_filtering`; sm_90 with NVRTC). An explicit
+        resident in an 8-block cluster, or re-read from L2 for top-p alone at larger batches
+        (:mod:`.cuda_filtering`; sm_90 with NVRTC). An explicit
         ``impl`` never falls back silently.
     out : torch.Tensor, optional
         ``[B, V]`` fp32 output (last stride 1); ``logits`` is then left unchanged.
