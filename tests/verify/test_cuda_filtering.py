@@ -290,15 +290,17 @@ def test_sixteen_way_threshold_rounds_equal_the_binary_search(host):
 
 
 # --------------------------------------------------------------------------- the search, emulated
-def emulate(logits, k, p, capacity=CAPACITY, stats=None, paths=None, refine=True, small=256, refined=None):
+def emulate(logits, k, p, capacity=CAPACITY, stats=None, paths=None, refine=True, small=256, refined=None,
+            cluster=cf.CLUSTER):
     """filter.cu's decisions for ``logits [B, V]`` fp32 (CPU tensor), per-row ``k`` int64 and ``p`` fp32; returns
     the filtered rows. Mirrors dm_filter step by step (module doc of filter.cu); ``stats`` collects the searches
     that narrowed, ``paths`` the rows that took top-k + top-p's prefix path. ``refine`` (DF_FLAG_REFINE): a
     search's gathered bucket of more than ``small`` (DF_SMALL) tokens is narrowed by df_refine's digit passes
-    (``refined`` collects the passes per search)."""
+    (``refined`` collects the passes per search). ``cluster`` 4: the -DDF_C=4 build (FLAG_L2_CLUSTER4), whose bucket
+    location selects the block, then a pair of adjacent buckets (one per thread), then the bucket of the pair."""
     out = logits.clone()
     rows, vocab = logits.shape
-    width = cf.slice_len(vocab)
+    width = cf.slice_len(vocab, cluster)
     for row in range(rows):
         x = logits[row].numpy()
         kr, pr = int(k[row]), np.float32(p[row])
@@ -314,7 +316,7 @@ def emulate(logits, k, p, capacity=CAPACITY, stats=None, paths=None, refine=True
         with np.errstate(invalid="ignore", over="ignore"):
             q = weight_fixed_point(torch.from_numpy(x), torch.tensor(m)).numpy().astype(np.uint64)
         qm = q if use_p else np.zeros(vocab, np.uint64)
-        for r in range(cf.CLUSTER):  # each block's two-word bins: count < 2^16 and mass < 2^48 (no field overflows)
+        for r in range(cluster):  # each block's two-word bins: count < 2^16 and mass < 2^48 (no field overflows)
             part = slice(r * width, min((r + 1) * width, vocab))
             if part.start < vocab:
                 per = np.zeros(cf.BUCKETS, np.uint64)
@@ -335,11 +337,18 @@ def emulate(logits, k, p, capacity=CAPACITY, stats=None, paths=None, refine=True
             qv = qm if masses else np.zeros(vocab, np.uint64)
             mass_b = np.zeros(cf.BUCKETS, np.uint64)
             np.add.at(mass_b, bucket, qv)
-            ranges = cf.BUCKETS // cf.CLUSTER
-            r, _, base_cnt, base_mass = select(cnt.reshape(cf.CLUSTER, ranges).sum(1),
-                                               mass_b.reshape(cf.CLUSTER, ranges).sum(1), by_mass, target, 0, 0)
-            j, count, base_cnt, base_mass = select(cnt[r * ranges:(r + 1) * ranges], mass_b[r * ranges:(r + 1) * ranges],
-                                                   by_mass, target, base_cnt, base_mass)
+            ranges = cf.BUCKETS // cluster
+            per = ranges // cf.THREADS  # buckets per thread (DF_PER): 1, or 2 with 4 blocks
+            r, _, base_cnt, base_mass = select(cnt.reshape(cluster, ranges).sum(1),
+                                               mass_b.reshape(cluster, ranges).sum(1), by_mass, target, 0, 0)
+            c_r, m_r = cnt[r * ranges:(r + 1) * ranges], mass_b[r * ranges:(r + 1) * ranges]
+            g, count, base_cnt, base_mass = select(c_r.reshape(-1, per).sum(1), m_r.reshape(-1, per).sum(1), by_mass,
+                                                   target, base_cnt, base_mass)
+            j = g
+            if per > 1:  # the bucket within the selected thread's group, its base moved to the group's start
+                e, count, base_cnt, base_mass = select(c_r[per * g:per * g + per], m_r[per * g:per * g + per],
+                                                       by_mass, target, base_cnt, base_mass)
+                j = per * g + e
             b = r * ranges + j
             shift, prefix = 64, 0
             member = bucket == b
@@ -420,17 +429,20 @@ def assert_same(a, b):
     torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("cluster", [8, 4])
 @pytest.mark.parametrize("capacity", [CAPACITY, 16, 1])
 @pytest.mark.parametrize("refine", [(False, 256), (True, 256), (True, 2)], ids=["bitonic", "refine", "refine-2"])
-def test_emulated_search_on_hard_rows(capacity, refine):
+def test_emulated_search_on_hard_rows(capacity, refine, cluster):
     """The ten edge rows of the Triton filter's tests (ties, huge and -inf logits, NaN, p = 0 and below resolution,
     signed zeros), with capacity 2,048 (the kernel's), 16 and 1 (every search narrows to a single word); without
-    df_refine, with it, and with it down to 2 candidates (refinement passes in almost every search)."""
+    df_refine, with it, and with it down to 2 candidates (refinement passes in almost every search); clusters of 8
+    blocks and of 4 (the 4-block L2-row build: two buckets per thread in the bucket location)."""
     refined = []
     for vocab, seed in ((777, 0), (1001, 1), (4099, 2)):
         x, k, p = hard_rows(vocab, seed)
         stats, paths = [], []
-        assert_same(emulate(x, k, p, capacity, stats, paths, refine[0], refine[1], refined), reference(x, k, p))
+        assert_same(emulate(x, k, p, capacity, stats, paths, refine[0], refine[1], refined, cluster),
+                    reference(x, k, p))
         if capacity == 1:
             assert len(stats) >= 6 and not paths  # every k + p row takes the mass histogram after all
         if capacity == CAPACITY:
