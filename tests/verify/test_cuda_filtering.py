@@ -608,7 +608,7 @@ def test_launch_arguments(monkeypatch):
     filt = cf.CudaTopKTopPFilter.__new__(cf.CudaTopKTopPFilter)
     filt.max_rows, filt.vocab, filt.device, filt.flags = 6, 1001, torch.device("cpu"), cf.FLAG_REFINE
     filt.slice, filt.smem, filt.kernels = cf.slice_len(1001), cf.smem_bytes(1001), Recorder()
-    filt.l2_kernels, filt.l2_cluster, filt.l2_slice = None, 8, cf.slice_len(1001)
+    filt.l2_kernels, filt.l2_cluster, filt.l2_slice, filt.l2_smem = None, 8, cf.slice_len(1001), 0
     filt.stats = torch.zeros(2, dtype=torch.int32)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 0})())
     x, out = torch.randn(5, 1001), torch.empty(5, 1001)
@@ -649,7 +649,7 @@ def test_launch_arguments(monkeypatch):
     assert all((g, a.slice) == (5 * 8, 128) for _, g, _, _, a in launches)
     # FLAG_L2_CLUSTER4: the 4-block build, slices of ceil(V / 4) rounded up to 4 tokens
     launches.clear()
-    filt.l2_cluster, filt.l2_slice = 4, cf.slice_len(1001, 4)
+    filt.l2_cluster, filt.l2_slice, filt.l2_smem = 4, cf.slice_len(1001, 4), cf.L2_C4_SMEM
     monkeypatch.setattr(cf, "L2_MIN_ROWS", 5)
     filt.filter(padded, None, 0.9, padded)
     filt.filter(padded, 50, 0.9, padded)

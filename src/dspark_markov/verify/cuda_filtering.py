@@ -19,12 +19,12 @@ alone 32.9 / 125.4 / 415.7 / 1,585 us (the Triton filter: 29.7 / 63.6 / 180.3 / 
 two blocks per SM, so beyond one wave of clusters time grows as waves x one row's latency.
 
 The options (``flags``; :data:`DEFAULT_FLAGS` = all but ``FLAG_L2_CLUSTER4`` since the H100 measurements of
-2026-12-05, ``..._NVIDIA-H100..._filter_flags.*``): ``FLAG_ILP``, ``FLAG_ASYNC_LOAD``, ``FLAG_WARP_THRESHOLDS`` shorten a row's
-phases (k + p 1,355 -> 1,165 us, p alone 1,766 -> 1,527 at 1,518 rows on the H100), and ``FLAG_L2_ROWS`` (the
-``-DDF_L2_ROWS`` build: the row re-read from L2 at every pass instead of held in shared memory, four blocks per SM,
-twice the rows in flight) takes top-p alone beyond :data:`L2_MIN_ROWS` rows (1,527 -> 1,388 us). So ``impl="auto"``
-picks this filter with top-k on up to :data:`AUTO_MAX_ROWS` rows, with top-p alone at every batch, and for raw
-logits with a temperature (the Triton filter has none).
+2026-12-05, ``..._NVIDIA-H100..._filter_flags.*``): ``FLAG_ILP``, ``FLAG_ASYNC_LOAD``, ``FLAG_WARP_THRESHOLDS``
+shorten a row's phases (k + p 1,355 -> 1,165 us, p alone 1,766 -> 1,527 at 1,518 rows on the H100), and
+``FLAG_L2_ROWS`` (the ``-DDF_L2_ROWS`` build: the row re-read from L2 at every pass instead of held in shared
+memory, four blocks per SM, twice the rows in flight) takes top-p alone beyond :data:`L2_MIN_ROWS` rows (1,527 ->
+1,388 us). So ``impl="auto"`` picks this filter with top-k on up to :data:`AUTO_MAX_ROWS` rows, with top-p alone at
+every batch, and for raw logits with a temperature (the Triton filter has none).
 
 Requirements (``ValueError`` otherwise): a CUDA device of compute capability 9.0 with NVRTC, fp32 logits with
 ``V <= 8 * MAX_SLICE``. CUDA-graph safe: one launch, no allocation after construction (``stats`` is the only
@@ -169,9 +169,8 @@ def auto_picks(logits, temperature, k=None) -> bool:
     (``k`` None or a scalar outside ``(0, V)``: up to ``AUTO_MAX_ROWS_P_ALONE`` rows, None: any batch; faster than
     the Triton filter there, measured) or when the logits are raw with a temperature (only this filter divides them
     on the GPU; with top-k and top-p at hundreds of rows dividing first and the Triton filter would be faster, but
-    allocate). Under
-    CUDA-graph capture only a filter this shape already built (nothing compiled, loaded or allocated inside the
-    capture)."""
+    allocate). Under CUDA-graph capture only a filter this shape already built (nothing compiled, loaded or allocated
+    inside the capture)."""
     if not isinstance(logits, torch.Tensor) or logits.device.type != "cuda" or logits.dim() != 2:
         return False
     if logits.dtype != torch.float32 or logits.stride(-1) != 1:
@@ -202,7 +201,8 @@ class CudaTopKTopPFilter:
     ``filter(logits, k, p, out)`` has :class:`.triton_filtering.TopKTopPFilter`'s interface: ``logits`` ``[B, V]``
     fp32 CUDA (last stride 1), ``k`` / ``p`` None, Python scalars or validated ``[B]`` tensors (int32 / int64,
     fp32; ``filtering._check``), ``out`` ``[B, V]`` fp32 (``logits`` itself: in place; any other overlap is refused).
-    One launch of ``B * 8`` blocks (``B * 4`` in the 4-block L2-row build); nothing allocated per call (CUDA-graph safe). ``stats`` (``[2]`` int32, CUDA):
+    One launch of ``B * 8`` blocks (``B * 4`` in the 4-block L2-row build); nothing allocated per call (CUDA-graph
+    safe). ``stats`` (``[2]`` int32, CUDA):
     ``[0]`` counts the searches that needed narrowing passes (flat or heavily tied buckets), a running total;
     ``[1]`` is non-zero if a search ever found no token at its target (bits 1 / 2: a broken invariant, that row
     kept every token) or a row reached the L2-row build misaligned or to be divided (bit 4: left unfiltered; the
@@ -238,6 +238,7 @@ class CudaTopKTopPFilter:
         self.kernels = filter_kernels(device.index)
         self.l2_cluster = 4 if flags & FLAG_L2_CLUSTER4 and slice_len(vocab, 4) <= L2_C4_MAX_SLICE else CLUSTER
         self.l2_slice = slice_len(vocab, self.l2_cluster)
+        self.l2_smem = L2_C4_SMEM if self.l2_cluster == 4 else 0
         self.l2_kernels = filter_kernels(device.index, True, self.l2_cluster) if flags & FLAG_L2_ROWS else None
         self.stats = torch.zeros(2, dtype=torch.int32, device=device)
 
@@ -277,8 +278,7 @@ class CudaTopKTopPFilter:
             t_value=1.0 if t_per_row or temperature is None else f32(temperature), flags=self.flags & KERNEL_FLAGS)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         if l2:
-            smem = L2_C4_SMEM if self.l2_cluster == 4 else 0
-            self.l2_kernels.launch(KERNELS[0], rows * self.l2_cluster, THREADS, smem, stream, [args])
+            self.l2_kernels.launch(KERNELS[0], rows * self.l2_cluster, THREADS, self.l2_smem, stream, [args])
         else:
             self.kernels.launch(KERNELS[0], rows * CLUSTER, THREADS, self.smem, stream, [args])
         return out
