@@ -12,7 +12,9 @@ Usage::
     DSPARK_MARKOV_NVRTC=/path/libnvrtc.so.13 PYTHONPATH=src /work/venv-t36/bin/python tools/cuda_sass.py dump new.json
     python tools/cuda_sass.py compare old.json new.json     # per source: IDENTICAL / DIFFERS per function
 
-(review5, 2026-12-04: blocks.cu 25/25 and chain.cu 16/16 functions identical between a062686 and the header move.)
+(review5, 2026-12-04: blocks.cu 25/25 and chain.cu 16/16 functions identical between a062686 and the header move.
+Stop 29, 2026-12-05: filter.cu's three builds (resident, -DDF_L2_ROWS, -DDF_L2_ROWS -DDF_C=4) added to the list; all
+five identical between a9d3421 and FLAG_PERSIST's change, which moved prefetch_l2_bulk into common.cuh.)
 """
 
 import json
@@ -23,18 +25,22 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from filter_sass import cuobjdump, instructions, main  # noqa: E402  (the same SASS listing and command line)
 
-SOURCES = ("blocks.cu", "chain.cu")  # the H200-verified CUDA sources (wide.cu has not run on a GPU)
+# The GPU-verified CUDA builds: (source, defines); filter.cu in its three builds (verify/cuda_filtering.py: resident,
+# the L2-row build, the 4-block L2-row build). wide.cu is opt-in and left out.
+SOURCES = (("blocks.cu", ()), ("chain.cu", ()), ("filter.cu", ()), ("filter.cu", ("DF_L2_ROWS",)),
+           ("filter.cu", ("DF_L2_ROWS", "DF_C=4")))
 
 
 def dump(path):
     from dspark_markov.cuda import build  # noqa: PLC0415
 
     listing = {}
-    for source in SOURCES:
-        cubin, _ = build.compile_cubin(source)
+    for source, defines in SOURCES:
+        cubin, _ = build.compile_cubin(source, extra_options=[f"-D{define}" for define in defines])
         parts = re.split(r"\n\s*Function : (\S+)", cuobjdump(cubin))
-        listing[source] = {name: instructions(body) for name, body in zip(parts[1::2], parts[2::2])}
-        print(f"{source}: {len(listing[source])} functions", flush=True)
+        key = " ".join((source, *(f"-D{define}" for define in defines)))
+        listing[key] = {name: instructions(body) for name, body in zip(parts[1::2], parts[2::2])}
+        print(f"{key}: {len(listing[key])} functions", flush=True)
     with open(path, "w") as out:
         json.dump(listing, out)
 

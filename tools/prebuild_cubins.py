@@ -27,8 +27,11 @@ def main(argv) -> int:
     from dspark_markov.cuda import build  # noqa: PLC0415  (after the environment is set)
     from dspark_markov.verify import cuda_filtering  # noqa: PLC0415
 
-    # compile-time variants: the L2-row builds of filter.cu (cuda_filtering.L2_DEFINES, L2_C4_DEFINES)
-    variants = (("filter.cu", cuda_filtering.L2_DEFINES), ("filter.cu", cuda_filtering.L2_C4_DEFINES))
+    # compile-time variants: the L2-row builds of filter.cu (cuda_filtering.L2_DEFINES, L2_C4_DEFINES), and each of
+    # the three with FLAG_PERSIST's -DDF_PERSIST
+    builds = ((), cuda_filtering.L2_DEFINES, cuda_filtering.L2_C4_DEFINES)
+    variants = ([("filter.cu", d) for d in builds[1:]]
+                + [("filter.cu", d + cuda_filtering.PERSIST_DEFINES) for d in builds])
 
     version = build.nvrtc_version()
     if version != WANTED_NVRTC:

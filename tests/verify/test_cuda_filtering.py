@@ -72,6 +72,43 @@ def test_four_block_l2_build_compiles_for_four_blocks_per_sm(tmp_path):
     assert cf.slice_len(129_280, 4) == 32_320 <= cf.L2_C4_MAX_SLICE < 2**16
 
 
+@pytest.mark.parametrize("defines", [(), cf.L2_DEFINES, cf.L2_C4_DEFINES], ids=["resident", "l2", "l2_c4"])
+def test_persistent_builds_compile_without_spills_in_their_loops(tmp_path, defines):
+    """FLAG_PERSIST's builds (-DDF_PERSIST with each build's defines): the row's body inlined into the loop over the
+    cluster's rows keeps the one-row build's registers and static shared memory, spills at most a few words (none in
+    the resident build: NVRTC 13.0 gives 0 / 32 bytes), and the loop and the next row's bulk prefetch are in it."""
+    base, _ = sm90_compile_log("filter.cu", tmp_path, defines=defines)
+    log, nvrtc = sm90_compile_log("filter.cu", tmp_path, defines=defines + cf.PERSIST_DEFINES)
+
+    def properties(text):
+        entry = text[text.index("Function properties for dm_filter"):]
+        spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", entry)
+        registers = int(re.search(r"Used (\d+) registers", entry).group(1))
+        return registers, int(re.search(r"(\d+) bytes smem", entry).group(1)), int(spills.group(1)), int(spills.group(2))
+
+    (base_regs, base_smem, _, _), (regs, smem, stores, loads) = properties(base), properties(log)
+    assert regs <= (128 if not defines else 64) and smem == base_smem, log
+    assert stores <= 32 and loads <= 32, log
+    assert "df_row" not in log  # (inlined: a called df_row spilled inside the per-token loops)
+    if not defines:
+        assert stores == loads == 0, log
+    text = (build.SOURCE_DIR / "filter.cu").read_text()
+    assert "for (i64 row = blockIdx.x / DF_C; row < a.rows; row += clusters)" in text
+    assert text.count("df_prefetch_next(a, next, lo, n)") == 2
+
+
+def test_one_row_builds_are_the_measured_text():
+    """The one-row builds (no DF_PERSIST) keep the kernel's measured text: the row from the block index where it was
+    always computed, every exit a return (DF_PERSIST's changes are all behind its macro)."""
+    text = (build.SOURCE_DIR / "filter.cu").read_text()
+    assert "#else\n  const i64 row = blockIdx.x / DF_C, vocab = a.vocab, lo = (i64)rank * a.slice;\n#endif" in text
+    # the body's opening line: df_row's with DF_PERSIST, else the kernel's own
+    assert re.search(r"\n__device__ __forceinline__ void df_row\(const FilterArgs& a, const i64 the_row, "
+                     r"const i64 next\) {\n#else\nextern \"C\" __global__ void __cluster_dims__\(DF_C, 1, 1\) __launch_bounds__\(DF_T, "
+                     r"DF_MIN_BLOCKS\) dm_filter\(const FilterArgs a\) {\n#endif\n", text)
+    assert "continue" not in text[text.index("void df_row("):text.index("#ifdef DF_PERSIST\nextern")]
+
+
 def test_filter_kernels_builds_each_variant_with_its_defines(monkeypatch):
     """filter_kernels: the resident build raises its dynamic shared memory to the largest slice, the L2-row build
     keeps none, the 4-block one raises it to L2_C4_SMEM; each with its defines (a recording loader)."""
@@ -100,6 +137,15 @@ def test_filter_kernels_builds_each_variant_with_its_defines(monkeypatch):
         assert calls == [((), "smem", cf.MAX_SLICE * 4), ((), "attribute", 100), (cf.L2_DEFINES, "attribute", 100),
                          (cf.L2_C4_DEFINES, "smem", cf.L2_C4_SMEM), (cf.L2_C4_DEFINES, "attribute", 100)]
         calls.clear()
+        cf.filter_kernels(7, persist=True)  # FLAG_PERSIST: each build again with -DDF_PERSIST
+        cf.filter_kernels(7, True, 8, True)
+        cf.filter_kernels(7, True, 4, True)
+        persist = cf.PERSIST_DEFINES
+        assert calls == [(persist, "smem", cf.MAX_SLICE * 4), (persist, "attribute", 100),
+                         (cf.L2_DEFINES + persist, "attribute", 100),
+                         (cf.L2_C4_DEFINES + persist, "smem", cf.L2_C4_SMEM),
+                         (cf.L2_C4_DEFINES + persist, "attribute", 100)]
+        calls.clear()
         cf._default_kernels(7)  # what auto's availability check loads: the default flags' builds (cached above)
         assert calls == []
     finally:
@@ -115,7 +161,8 @@ def test_args_struct_and_constants_match_the_kernel():
                           ("DF_FLAG_ILP", cf.FLAG_ILP), ("DF_FLAG_ASYNC_LOAD", cf.FLAG_ASYNC_LOAD),
                           ("DF_FLAG_WARP_THRESHOLDS", cf.FLAG_WARP_THRESHOLDS)):
         assert re.search(rf"#define {define} {value}\b", text), define
-    assert cf.KERNEL_FLAGS == 31 and cf.FLAGS_ALL == 127 and cf.DEFAULT_FLAGS & ~cf.FLAGS_ALL == 0
+    assert cf.KERNEL_FLAGS == 31 and cf.FLAGS_ALL == 255 and cf.DEFAULT_FLAGS & ~cf.FLAGS_ALL == 0
+    assert not cf.DEFAULT_FLAGS & cf.FLAG_PERSIST and cf.PERSIST_DEFINES == ("DF_PERSIST",)  # (opt-in: not measured)
     assert re.search(r"#ifdef DF_L2_ROWS\n#define DF_MIN_BLOCKS 4\n", text) and cf.L2_DEFINES == ("DF_L2_ROWS",)
     assert cf.slice_len(129_280) == 16_160 and cf.slice_len(300) == 40 and cf.slice_len(7) == 4
 
@@ -565,6 +612,43 @@ def test_runs_only_on_cuda_and_auto_picks_it_for_one_wave(monkeypatch):
     assert cf.auto_picks(Meta(6, 129_280), None) and cf._RUNS_ON == {0: True}
 
 
+def test_resident_clusters_from_the_driver_or_the_blocks_per_sm(monkeypatch):
+    """FLAG_PERSIST's grid: the driver's cuOccupancyMaxActiveClusters, else (it fails, or answers 0) the SMs' blocks
+    divided by the cluster size; never below one cluster."""
+
+    class Loaded:
+        def __init__(self, answer, per_sm):
+            self.answer, self.per_sm, self.asked = answer, per_sm, []
+
+        def max_active_clusters(self, name, cluster, threads, smem):
+            self.asked.append((name, cluster, threads, smem))
+            if isinstance(self.answer, Exception):
+                raise self.answer
+            return self.answer
+
+        def blocks_per_sm(self, name, threads, smem):
+            return self.per_sm
+
+    props = type("Props", (), {"multi_processor_count": 132})()
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+    driver = Loaded(30, 2)
+    assert cf.resident_clusters(driver, 8, 64_640, "cuda") == 30
+    assert driver.asked == [("dm_filter", 8, cf.THREADS, 64_640)]
+    assert cf.resident_clusters(Loaded(build.BuildError("no cuOccupancyMaxActiveClusters"), 4), 8, 0, "cuda") == 66
+    assert cf.resident_clusters(Loaded(0, 4), 4, cf.L2_C4_SMEM, "cuda") == 132
+    assert cf.resident_clusters(Loaded(0, 0), 8, 0, "cuda") == 1
+
+
+def test_launch_config_struct_is_the_drivers():
+    """The ctypes CUlaunchConfig of cuOccupancyMaxActiveClusters: seven 32-bit fields, the stream and attribute
+    pointers at 8-byte alignment, the attribute count (56 bytes on a 64-bit host, as cuda.h's struct)."""
+    fields = [name for name, _ in build._LaunchConfig._fields_]
+    assert fields == ["gridDimX", "gridDimY", "gridDimZ", "blockDimX", "blockDimY", "blockDimZ", "sharedMemBytes",
+                      "hStream", "attrs", "numAttrs"]
+    assert build._LaunchConfig.hStream.offset == 32 and build._LaunchConfig.numAttrs.offset == 48
+    assert ctypes.sizeof(build._LaunchConfig) == 56
+
+
 def test_overlap_of_logits_and_out():
     x = torch.zeros(4, 300)
     assert cf._overlap(x, x) and cf._overlap(x, x[1:]) and cf._overlap(x[:, 5:], x[:, :5])
@@ -609,6 +693,7 @@ def test_launch_arguments(monkeypatch):
     filt.max_rows, filt.vocab, filt.device, filt.flags = 6, 1001, torch.device("cpu"), cf.FLAG_REFINE
     filt.slice, filt.smem, filt.kernels = cf.slice_len(1001), cf.smem_bytes(1001), Recorder()
     filt.l2_kernels, filt.l2_cluster, filt.l2_slice, filt.l2_smem = None, 8, cf.slice_len(1001), 0
+    filt.clusters = filt.l2_clusters = None  # (FLAG_PERSIST off: a cluster per row)
     filt.stats = torch.zeros(2, dtype=torch.int32)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 0})())
     x, out = torch.randn(5, 1001), torch.empty(5, 1001)
@@ -655,6 +740,16 @@ def test_launch_arguments(monkeypatch):
     filt.filter(padded, 50, 0.9, padded)
     assert [(w, g, sm, a.slice) for w, g, _, sm, a in launches] == [("l2", 5 * 4, 6144, 252),
                                                                     ("dm_filter", 5 * 8, 128 * 4, 128)]
+    # FLAG_PERSIST: at most the clusters that fit at once, every row's arguments as before (the kernel loops)
+    launches.clear()
+    filt.clusters, filt.l2_clusters = 2, 3
+    filt.filter(padded, None, 0.9, padded)  # (the 4-block L2 build: 3 clusters of 4)
+    filt.filter(padded, 50, 0.9, padded)  # (the resident build: 2 clusters of 8)
+    filt.clusters = 9
+    filt.filter(padded, 50, 0.9, padded)  # (fewer rows than clusters: one per row)
+    assert [(w, g, a.rows) for w, g, _, _, a in launches] == [("l2", 3 * 4, 5), ("dm_filter", 2 * 8, 5),
+                                                             ("dm_filter", 5 * 8, 5)]
+    filt.clusters = filt.l2_clusters = None
     filt.flags, filt.l2_kernels = cf.FLAG_REFINE, None
     with pytest.raises(ValueError, match="out"):
         filt.filter(x, 5, None, x[1:])  # overlapping without being it

@@ -16,6 +16,9 @@
 #   bash tools/gpu_plans/issue16_cluster.sh flags_time # budget ~210 s: timed beside the default (3), phase trace
 #   bash tools/gpu_plans/issue16_cluster.sh ncu_l2    # budget ~80 s: `ncu` with FILTER_FLAGS=63 (the L2-row build)
 #   bash tools/gpu_plans/issue16_cluster.sh regress   # budget ~230 s: the GPU tests that reach top_k_top_p's auto routing
+#   bash tools/gpu_plans/issue16_cluster.sh persist   # budget ~150 s: FLAG_PERSIST (stop 29, not run yet): its GPU tests
+#   bash tools/gpu_plans/issue16_cluster.sh persist_sanitize # budget ~70 s: memcheck + racecheck, 159 / 191, 3 clusters
+#   bash tools/gpu_plans/issue16_cluster.sh persist_time # budget ~170 s: 31 / 63 beside 159 / 191 at 1-253 requests
 # Results go to $JOB_OUT (default ./gpu_plan_out). NVRTC builds filter.cu in ~1 s (cached on disk).
 # If the first launch fails with an invalid-configuration error: cuLaunchKernel is assumed to honour the
 # compile-time __cluster_dims__(8, 1, 1) (the CUDA guide: such a kernel launches with <<< >>>); the fallback is
@@ -174,6 +177,31 @@ regress)
     tests/gpu/test_robustness_gpu.py tests/gpu/test_triton_verify_gpu.py tests/gpu/test_cuda_filtering_gpu.py 2>&1 \
     | tee "$OUT/regress.txt" | tail -15
   ;;
+persist)
+  # (~150 s) FLAG_PERSIST (128; stop 29, written without a GPU: compiled, SASS of the hot loops compared, NOT RUN):
+  # persistent clusters (as many as fit, each looping over rows c, c + G, ...) with the next row's slice prefetched
+  # into L2. The GPU test file's persist cases: every kind and case at 6 / 96 / 1,518 rows with 159 (31 + persist) and
+  # 191 (63 + persist), every option at ragged V with 159 / 191 / 255, flat and tied rows with 191, graph replay, and
+  # one cluster (or 3 / 7) looping over 96 mixed rows (NaN, all -inf and left-alone rows between filtered ones). A
+  # hang (the timeout) or a fault: a cluster barrier count that differs between rows, or shared memory written by
+  # the next row while another block still reads it (see df_row's comment in filter.cu).
+  timeout -k 2 140 python3 -m pytest -m gpu -q -x tests/gpu/test_cuda_filtering_gpu.py -k "159 or 191 or 255 or persistent" \
+    2>&1 | tee "$OUT/persist_tests.txt" | tail -8
+  ;;
+persist_sanitize)
+  # (~60 s) memcheck + racecheck with 159 / 191 and 3 clusters for 16 rows (every cluster loops)
+  FILTER_FLAGS=159 FILTER_CLUSTERS=3 bash "$0" sanitize_only memcheck racecheck
+  FILTER_FLAGS=191 FILTER_CLUSTERS=3 bash "$0" sanitize_only memcheck racecheck
+  ;;
+persist_time)
+  # (~170 s) does it pay? 31 / 63 (today's default builds) beside 159 / 191 at 1 / 16 / 64 / 253 requests, every case
+  # checked against the reference by its first call. Expected where it helps: 64 / 253 requests (a row's HBM load,
+  # 4-11 us of ~65 in the L2-row build, from L2 instead; no wave of clusters waiting for its slowest row). If 191 wins
+  # for p alone: DEFAULT_FLAGS |= FLAG_PERSIST in verify/cuda_filtering.py (check that the L2 hit rate holds: the
+  # prefetched rows add ~34 MB to the L2-row build's working set), then `bench` for the committed files and README.
+  timeout -k 2 165 python3 tools/time_filter.py --cuda-only --cuda-flags 31,159,63,191 1,16,64,253 2>&1 \
+    | tee "$OUT/persist_bench.txt" | grep -E "^filter_row|rows needing"
+  ;;
 ncu_l2)
   # (~80 s) the ncu part on the L2-row build (flags 63): its L2 hit rate and DRAM bytes say whether the rows stayed in L2
   FILTER_FLAGS=63 bash "$0" ncu
@@ -192,6 +220,10 @@ x.copy_(torch.randn(16, 4099, generator=gen, device="cuda") * 2)
 x[3] = 0.0  # a flat row: narrowing passes
 cf.L2_MIN_ROWS = 1  # (the L2-row builds take top-p alone from 31 rows by default: these 16 reach them too)
 filt = cf.CudaTopKTopPFilter(16, 4099, "cuda", flags=int(os.environ.get("FILTER_FLAGS", "3")))
+clusters = int(os.environ.get("FILTER_CLUSTERS", "0"))  # FLAG_PERSIST: fewer clusters than rows (the loop over rows)
+if clusters and filt.clusters is not None:
+    filt.clusters = clusters
+    filt.l2_clusters = clusters if filt.l2_clusters is not None else None
 t = torch.full((16,), 0.7, device="cuda")
 for k, p, temp in ((50, 0.9, None), (None, 0.9, None), (7, None, None), (None, 0.9, t)):
     y = torch.full((16, 4100), 5.0, device="cuda")[:, :4099]
@@ -202,13 +234,15 @@ print("calls done, flags", filt.flags, "narrowed searches:", filt.stats.tolist()
 PY
   for tool in "$@"; do
     timeout -k 2 55 compute-sanitizer --tool $tool --print-limit 30 python3 "$OUT/cluster_call_flags.py" \
-      > "$OUT/cluster_sanitize_flags_$tool.log" 2>&1 &
+      > "$OUT/cluster_sanitize_flags${FILTER_FLAGS:-3}_$tool.log" 2>&1 &
   done
   wait
-  for tool in "$@"; do echo "== $tool (flags ${FILTER_FLAGS:-3})"; tail -3 "$OUT/cluster_sanitize_flags_$tool.log"; done
+  for tool in "$@"; do
+    echo "== $tool (flags ${FILTER_FLAGS:-3})"; tail -3 "$OUT/cluster_sanitize_flags${FILTER_FLAGS:-3}_$tool.log"
+  done
   ;;
 *)
-  echo "usage: $0 check|sanitize|bench|ncu|ncu_l2|newtests|crossover|flags|flags_sanitize|flags_time|regress" >&2
+  echo "usage: $0 check|sanitize|bench|ncu|ncu_l2|newtests|crossover|flags|flags_sanitize|flags_time|regress|persist|persist_sanitize|persist_time" >&2
   exit 2
   ;;
 esac

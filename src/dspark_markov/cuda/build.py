@@ -199,6 +199,14 @@ def _check_cu(lib, result, what):
         raise BuildError(f"CUDA driver {what} failed ({result}: {(text.value or b'?').decode()})")
 
 
+class _LaunchConfig(ctypes.Structure):
+    """The driver's ``CUlaunchConfig`` (cuda.h): grid, block, dynamic shared memory, stream, launch attributes."""
+
+    _fields_ = [(name, ctypes.c_uint) for name in ("gridDimX", "gridDimY", "gridDimZ", "blockDimX", "blockDimY",
+                                                   "blockDimZ", "sharedMemBytes")] + [
+        ("hStream", ctypes.c_void_p), ("attrs", ctypes.c_void_p), ("numAttrs", ctypes.c_uint)]
+
+
 class Kernels:
     """The functions of one CUBIN loaded into the current device's primary context (torch's)."""
 
@@ -250,6 +258,17 @@ class Kernels:
         _check_cu(self.lib, self.lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(
             ctypes.byref(count), self.functions[name], int(threads), ctypes.c_size_t(int(smem))),
             "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+        return count.value
+
+    def max_active_clusters(self, name: str, cluster: int, threads: int, smem: int) -> int:
+        """``cuOccupancyMaxActiveClusters``: how many clusters of ``name`` (its compile-time ``__cluster_dims__`` of
+        ``cluster`` blocks, ``threads`` each, ``smem`` bytes of dynamic shared memory) the device holds at once."""
+        config = _LaunchConfig(gridDimX=int(cluster), gridDimY=1, gridDimZ=1, blockDimX=int(threads), blockDimY=1,
+                               blockDimZ=1, sharedMemBytes=int(smem), hStream=None, attrs=None, numAttrs=0)
+        count = ctypes.c_int()
+        _check_cu(self.lib, self.lib.cuOccupancyMaxActiveClusters(ctypes.byref(count), self.functions[name],
+                                                                  ctypes.byref(config)),
+                  f"cuOccupancyMaxActiveClusters({name})")
         return count.value
 
     def launch(self, name: str, grid: int, threads: int, smem: int, stream: int, params) -> None:

@@ -41,6 +41,7 @@ using dm::i32;
 using dm::i64;
 using dm::u32;
 using dm::u64;
+using dm::prefetch_l2_bulk;
 
 #define DM_MAX_ROWS 16
 #define DM_RANK 256
@@ -140,10 +141,6 @@ __device__ __forceinline__ void cp_async16(uint4* dst, const uint4* src, bool ok
                :: "r"(addr), "l"(src), "r"(ok ? 16 : 0), "l"(policy) : "memory");
 }
 
-// Bulk prefetch of [ptr, ptr + bytes) into L2 (sm_90 copy engine; ptr 16-byte aligned, bytes % 16 == 0).
-__device__ __forceinline__ void prefetch_l2_bulk(const void* ptr, u32 bytes) {
-  if (bytes) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(ptr), "r"(bytes) : "memory");
-}
 __device__ __forceinline__ void prefetch_l2_bulk_keep(const void* ptr, u32 bytes, u64 policy) {
   if (bytes)
     asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" :: "l"(ptr), "r"(bytes), "l"(policy)

@@ -76,6 +76,10 @@ __device__ __forceinline__ void store_cs16(void* ptr, u32 x, u32 y, u32 z, u32 w
 __device__ __forceinline__ void prefetch_l2(const void* ptr) {
   asm volatile("prefetch.global.L2 [%0];" :: "l"(ptr));
 }
+// Bulk prefetch of [ptr, ptr + bytes) into L2 (sm_90 copy engine; ptr 16-byte aligned, bytes % 16 == 0).
+__device__ __forceinline__ void prefetch_l2_bulk(const void* ptr, u32 bytes) {
+  if (bytes) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(ptr), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ i64 load_relaxed_i64(const i64* ptr) {  // another block's word (from L2)
   i64 v;
   asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(ptr) : "memory");

@@ -51,7 +51,8 @@
 // L2 by an evict_last policy; the last read evict_first), four blocks per SM at 64 registers: twice the rows in
 // flight, each row slower. With -DDF_C=4 as well (FLAG_L2_CLUSTER4, opt-in: exact, slower) clusters of 4 blocks, two
 // level-1 buckets per thread in the reductions. The resident build's SASS is unchanged by the macros (DF_AT & co.
-// expand to the shared-memory reads).
+// expand to the shared-memory reads). Either build with -DDF_PERSIST (FLAG_PERSIST, opt-in, not run on a GPU yet):
+// persistent clusters, the next row's slice prefetched into L2 (see df_row).
 // Verified on the H200 (2026-12-05): its GPU tests (tests/gpu/test_cuda_filtering_gpu.py) and every flags option
 // equal the sort reference; compute-sanitizer memcheck / racecheck / synccheck clean. 118 registers, no spill,
 // 47,328 bytes of static shared memory + the slice. On the CPU: the search emulated in its order of decisions, the
@@ -881,7 +882,29 @@ __device__ __forceinline__ void df_track(float x, float& mx, u32& nan) {
   nan |= x != x;
 }
 
+// -DDF_PERSIST (verify/cuda_filtering.py FLAG_PERSIST): persistent clusters. Cluster c filters rows c, c + G,
+// c + 2 G, ... of the G launched clusters (as many as fit at once: no cluster waits for a launch, no wave of clusters
+// waits for its slowest row), and this block's slice of the cluster's next row is prefetched into L2 while a row is
+// filtered (the resident build at the row's start, the L2-row build when its row is read a last time), so a row's
+// first read comes from L2. The row's body is then a function, df_row (inlined into the loop: 0 / 32 bytes of spill
+// in the resident / L2-row build, none in the hot loops; not inlined it spilled in them), made of the one-row kernel's
+// text, whose preprocessed source, and SASS, stay the measured ones (tools/cuda_sass.py). Written without a GPU
+// (2026-12-05): compiled and its hot loops' SASS compared, not run.
+#ifdef DF_PERSIST
+// This block's slice of row `next` into L2, one bulk prefetch: a hint (a row that does not start on 16 bytes is left
+// out, and so are the slice's last n % 4 tokens).
+__device__ __forceinline__ void df_prefetch_next(const FilterArgs& a, i64 next, i64 lo, int n) {
+  const float* p = reinterpret_cast<const float*>(a.logits) + next * a.in_stride + lo;
+  if ((reinterpret_cast<u64>(p) & 15) == 0) prefetch_l2_bulk(p, (u32)(4 * n) & ~15u);
+}
+
+// One row by this block of the row's cluster; `next`: the row the cluster filters after it (-1: none). Every remote
+// access of the row's shared memory is behind a cluster barrier when it returns (its last df_cluster_sync, or the
+// one before the unfiltered copy; the L2-row build's misaligned exit reaches none, in every block alike).
+__device__ __forceinline__ void df_row(const FilterArgs& a, const i64 the_row, const i64 next) {
+#else
 extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, DF_MIN_BLOCKS) dm_filter(const FilterArgs a) {
+#endif
 #ifndef DF_L2_ROWS
   extern __shared__ __align__(16) float s_x[];  // [slice]: this block's tokens of the row
 #endif
@@ -902,10 +925,17 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
   const u32 rank = df_rank();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   u32* stats = reinterpret_cast<u32*>(a.stats);
+#ifdef DF_PERSIST
+  const i64 row = the_row, vocab = a.vocab, lo = (i64)rank * a.slice;
+#else
   const i64 row = blockIdx.x / DF_C, vocab = a.vocab, lo = (i64)rank * a.slice;
+#endif
   const int n = (int)(lo < vocab ? (vocab - lo < a.slice ? vocab - lo : a.slice) : 0);
   const float* src = reinterpret_cast<const float*>(a.logits) + row * a.in_stride + lo;
   float* dst = reinterpret_cast<float*>(a.out) + row * a.out_stride + lo;
+#ifdef DF_PERSIST
+  __builtin_assume(__isGlobal(src) && __isGlobal(dst));  // (as the kernel's own pointer arguments: STG, not ST)
+#endif
   // raw logits: x / T (IEEE division, as torch's z / T) where T is neither 0 (unscaled) nor 1 (x / 1 = x)
   const float t = a.t_per_row ? reinterpret_cast<const float*>(a.t_ptr)[row] : (float)a.t_value;
   const bool divide = t != 0.0f && t != 1.0f;
@@ -930,6 +960,9 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
   }
 #endif
   DF_MARK(0);
+#if defined(DF_PERSIST) && !defined(DF_L2_ROWS)
+  if (next >= 0 && tid == 0) df_prefetch_next(a, next, lo, n);  // (its load then comes from L2)
+#endif
   // 1. the slice into shared memory, its max and NaN flag
   float mx = -__int_as_float(0x7f800000);
   u32 nan = 0;
@@ -1106,6 +1139,9 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
   DF_MARK(11);
   df_cluster_sync();  // the last remote access of the row is behind: the blocks may write and leave
   DF_MARK(12);
+#if defined(DF_PERSIST) && defined(DF_L2_ROWS)
+  if (next >= 0 && tid == 0) df_prefetch_next(a, next, lo, n);  // (this row's lines are read a last time now)
+#endif
   // 4. the row written once: kept iff (x, index) ranks at or above the cut, i.e. x > cut value, or x equal to it
   // (-0.0 == +0.0, as the keys) at an index not above the cut's (no cut: everything)
   const float ninf = -__int_as_float(0x7f800000);
@@ -1162,6 +1198,16 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
   }
   DF_MARK(17);
 }
+
+#ifdef DF_PERSIST
+extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, DF_MIN_BLOCKS) dm_filter(const FilterArgs a) {
+  const i64 clusters = gridDim.x / DF_C;
+  for (i64 row = blockIdx.x / DF_C; row < a.rows; row += clusters) {
+    df_row(a, row, row + clusters < a.rows ? row + clusters : -1);
+    __syncthreads();  // this block's reads of the row's shared memory are done before the next row writes it
+  }
+}
+#endif
 
 }  // namespace dm
 #endif

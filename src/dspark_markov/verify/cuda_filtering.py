@@ -95,10 +95,20 @@ class FilterArgs(ctypes.Structure):
 # (a row's passes take twice as long): opt-in.
 FLAG_MASK_GATHER, FLAG_REFINE, FLAG_ILP, FLAG_ASYNC_LOAD, FLAG_WARP_THRESHOLDS, FLAG_L2_ROWS = 1, 2, 4, 8, 16, 32
 FLAG_L2_CLUSTER4 = 64
+# PERSIST (this module; written 2026-12-05 without a GPU, opt-in until measured): every build compiled with
+# -DDF_PERSIST: persistent clusters. As many clusters as the device holds at once are launched (the driver's
+# cuOccupancyMaxActiveClusters) and cluster c filters rows c, c + G, c + 2 G, ...; while one row is filtered each block
+# prefetches its slice of the cluster's next row into L2 (one bulk prefetch: the resident build at the row's start, the
+# L2-row build once its row is read a last time), so every row after a cluster's first is read from L2, not HBM. Why:
+# the H100 phase trace at 1,518 rows (L2-row build, 2026-12-05) spends 4-11 us of a row's ~65 us loading the slice
+# from HBM and 6-12 us at the barrier after it waiting for the cluster's slowest block; beyond one wave every cluster
+# also waits for eight free block slots of a GPC. The one-row builds' SASS is unchanged (tools/cuda_sass.py).
+FLAG_PERSIST = 128
 KERNEL_FLAGS = FLAG_MASK_GATHER | FLAG_REFINE | FLAG_ILP | FLAG_ASYNC_LOAD | FLAG_WARP_THRESHOLDS  # FilterArgs.flags
-FLAGS_ALL = KERNEL_FLAGS | FLAG_L2_ROWS | FLAG_L2_CLUSTER4
+FLAGS_ALL = KERNEL_FLAGS | FLAG_L2_ROWS | FLAG_L2_CLUSTER4 | FLAG_PERSIST
 L2_DEFINES = ("DF_L2_ROWS",)
 L2_C4_DEFINES = ("DF_L2_ROWS", "DF_C=4")
+PERSIST_DEFINES = ("DF_PERSIST",)
 L2_C4_MAX_SLICE = 65_532  # the 4-block build's slice: the bins' 16-bit mass words hold <= 65,535 tokens
 L2_C4_SMEM = BUCKETS // 4 * 12  # its dynamic shared memory: the block's 512 reduced buckets (u64 mass, u32 count)
 # FLAG_L2_ROWS applies to calls of top-p alone of at least this many rows (smaller ones, and top-k, the resident build):
@@ -125,21 +135,22 @@ def smem_bytes(vocab: int) -> int:
     return slice_len(vocab) * 4
 
 
-def filter_kernels(device_index: int, l2_rows: bool = False, cluster: int = CLUSTER):
+def filter_kernels(device_index: int, l2_rows: bool = False, cluster: int = CLUSTER, persist: bool = False):
     """The loaded ``filter.cu`` on one device (compiled with NVRTC or read from the disk cache; loaded once per
     device and build), its dynamic shared memory limit raised once to the largest slice (a per-filter value would
     break the filters of larger V, which share the function) and its carveout to all shared memory (two blocks per
     SM need ~219 KB). ``l2_rows``: the -DDF_L2_ROWS build (:data:`FLAG_L2_ROWS`; no dynamic shared memory, four
     blocks per SM need ~189 KB; ``cluster`` 4: with -DDF_C=4, :data:`FLAG_L2_CLUSTER4`, 6 KB of dynamic shared
-    memory, :data:`L2_C4_SMEM`)."""
-    return _load_filter(int(device_index), bool(l2_rows), int(cluster) if l2_rows else CLUSTER)
+    memory, :data:`L2_C4_SMEM`). ``persist``: that build with -DDF_PERSIST (:data:`FLAG_PERSIST`)."""
+    return _load_filter(int(device_index), bool(l2_rows), int(cluster) if l2_rows else CLUSTER, bool(persist))
 
 
 @functools.lru_cache(maxsize=None)
-def _load_filter(device_index: int, l2_rows: bool, cluster: int):
+def _load_filter(device_index: int, l2_rows: bool, cluster: int, persist: bool = False):
     from ..cuda import build
 
     defines = (L2_C4_DEFINES if cluster == 4 else L2_DEFINES) if l2_rows else ()
+    defines += PERSIST_DEFINES if persist else ()
     kernels = cuda.load_kernels("filter.cu", KERNELS, device_index, defines=defines)
     if not l2_rows:
         kernels.set_dynamic_smem(KERNELS[0], MAX_SLICE * 4)
@@ -147,6 +158,21 @@ def _load_filter(device_index: int, l2_rows: bool, cluster: int):
         kernels.set_dynamic_smem(KERNELS[0], L2_C4_SMEM)
     kernels.set_attribute(KERNELS[0], build.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
     return kernels
+
+
+def resident_clusters(kernels, cluster: int, smem: int, device) -> int:
+    """How many clusters of ``cluster`` blocks (``smem`` bytes of dynamic shared memory each) of a loaded filter build
+    the device holds at once: the driver's ``cuOccupancyMaxActiveClusters``, else (an older driver) the SMs' blocks
+    divided by the cluster size, an upper bound (a persistent grid larger than what fits is still correct: the
+    clusters that do not fit start as others finish)."""
+    try:
+        count = kernels.max_active_clusters(KERNELS[0], cluster, THREADS, smem)
+    except Exception:  # noqa: BLE001 - the driver's answer is a hint: fall back to the bound
+        count = 0
+    if count < 1:
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        count = sms * kernels.blocks_per_sm(KERNELS[0], THREADS, smem) // cluster
+    return max(1, int(count))
 
 
 def _default_kernels(device_index: int):
@@ -201,8 +227,8 @@ class CudaTopKTopPFilter:
     ``filter(logits, k, p, out)`` has :class:`.triton_filtering.TopKTopPFilter`'s interface: ``logits`` ``[B, V]``
     fp32 CUDA (last stride 1), ``k`` / ``p`` None, Python scalars or validated ``[B]`` tensors (int32 / int64,
     fp32; ``filtering._check``), ``out`` ``[B, V]`` fp32 (``logits`` itself: in place; any other overlap is refused).
-    One launch of ``B * 8`` blocks (``B * 4`` in the 4-block L2-row build); nothing allocated per call (CUDA-graph
-    safe). ``stats`` (``[2]`` int32, CUDA):
+    One launch of ``B * 8`` blocks (``B * 4`` in the 4-block L2-row build; with :data:`FLAG_PERSIST` at most as many
+    clusters as fit at once); nothing allocated per call (CUDA-graph safe). ``stats`` (``[2]`` int32, CUDA):
     ``[0]`` counts the searches that needed narrowing passes (flat or heavily tied buckets), a running total;
     ``[1]`` is non-zero if a search ever found no token at its target (bits 1 / 2: a broken invariant, that row
     kept every token) or a row reached the L2-row build misaligned or to be divided (bit 4: left unfiltered; the
@@ -235,11 +261,17 @@ class CudaTopKTopPFilter:
         self.max_rows, self.vocab, self.device, self.flags = max_rows, vocab, device, flags
         self.slice = slice_len(vocab)
         self.smem = smem_bytes(vocab)
-        self.kernels = filter_kernels(device.index)
+        persist = bool(flags & FLAG_PERSIST)
+        self.kernels = filter_kernels(device.index, persist=persist)
         self.l2_cluster = 4 if flags & FLAG_L2_CLUSTER4 and slice_len(vocab, 4) <= L2_C4_MAX_SLICE else CLUSTER
         self.l2_slice = slice_len(vocab, self.l2_cluster)
         self.l2_smem = L2_C4_SMEM if self.l2_cluster == 4 else 0
-        self.l2_kernels = filter_kernels(device.index, True, self.l2_cluster) if flags & FLAG_L2_ROWS else None
+        self.l2_kernels = (filter_kernels(device.index, True, self.l2_cluster, persist) if flags & FLAG_L2_ROWS
+                           else None)
+        # FLAG_PERSIST: the clusters launched at most (a grid of min(rows, these)); None: one cluster per row
+        self.clusters = resident_clusters(self.kernels, CLUSTER, self.smem, device) if persist else None
+        self.l2_clusters = (resident_clusters(self.l2_kernels, self.l2_cluster, self.l2_smem, device)
+                            if persist and self.l2_kernels is not None else None)
         self.stats = torch.zeros(2, dtype=torch.int32, device=device)
 
     def filter(self, logits, k, p, out, temperature=None):
@@ -278,9 +310,11 @@ class CudaTopKTopPFilter:
             t_value=1.0 if t_per_row or temperature is None else f32(temperature), flags=self.flags & KERNEL_FLAGS)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         if l2:
-            self.l2_kernels.launch(KERNELS[0], rows * self.l2_cluster, THREADS, self.l2_smem, stream, [args])
+            clusters = rows if self.l2_clusters is None else min(rows, self.l2_clusters)
+            self.l2_kernels.launch(KERNELS[0], clusters * self.l2_cluster, THREADS, self.l2_smem, stream, [args])
         else:
-            self.kernels.launch(KERNELS[0], rows * CLUSTER, THREADS, self.smem, stream, [args])
+            clusters = rows if self.clusters is None else min(rows, self.clusters)
+            self.kernels.launch(KERNELS[0], clusters * CLUSTER, THREADS, self.smem, stream, [args])
         return out
 
 
