@@ -17,7 +17,8 @@
 #   bash tools/gpu_plans/issue16_cluster.sh ncu_l2    # budget ~80 s: `ncu` with FILTER_FLAGS=63 (the L2-row build)
 #   bash tools/gpu_plans/issue16_cluster.sh regress   # budget ~230 s: the GPU tests that reach top_k_top_p's auto routing
 #   bash tools/gpu_plans/issue16_cluster.sh persist   # budget ~150 s: FLAG_PERSIST (stop 29, not run yet): its GPU tests
-#   bash tools/gpu_plans/issue16_cluster.sh persist_sanitize # budget ~70 s: memcheck + racecheck, 159 / 191, 3 clusters
+#   bash tools/gpu_plans/issue16_cluster.sh persist_sanitize # budget ~65 s: memcheck + racecheck, 159, 3 clusters
+#   bash tools/gpu_plans/issue16_cluster.sh persist_sanitize_l2 # budget ~65 s: the same with 191 (the L2-row build)
 #   bash tools/gpu_plans/issue16_cluster.sh persist_time # budget ~170 s: 31 / 63 beside 159 / 191 at 1-253 requests
 # Results go to $JOB_OUT (default ./gpu_plan_out). NVRTC builds filter.cu in ~1 s (cached on disk).
 # If the first launch fails with an invalid-configuration error: cuLaunchKernel is assumed to honour the
@@ -185,12 +186,16 @@ persist)
   # one cluster (or 3 / 7) looping over 96 mixed rows (NaN, all -inf and left-alone rows between filtered ones). A
   # hang (the timeout) or a fault: a cluster barrier count that differs between rows, or shared memory written by
   # the next row while another block still reads it (see df_row's comment in filter.cu).
-  timeout -k 2 140 python3 -m pytest -m gpu -q -x tests/gpu/test_cuda_filtering_gpu.py -k "159 or 191 or 255 or persistent" \
+  # (-v: a hang's log names the test that hung)
+  timeout -k 2 140 python3 -m pytest -m gpu -v -x tests/gpu/test_cuda_filtering_gpu.py -k "159 or 191 or 255 or persistent" \
     2>&1 | tee "$OUT/persist_tests.txt" | tail -8
   ;;
 persist_sanitize)
-  # (~60 s) memcheck + racecheck with 159 / 191 and 3 clusters for 16 rows (every cluster loops)
+  # (~55 s) memcheck + racecheck with 159 and 3 clusters for 16 rows (every cluster loops; a flat row among them)
   FILTER_FLAGS=159 FILTER_CLUSTERS=3 bash "$0" sanitize_only memcheck racecheck
+  ;;
+persist_sanitize_l2)
+  # (~55 s) the same with 191 (the L2-row build takes top-p alone: L2_MIN_ROWS is lowered in the script)
   FILTER_FLAGS=191 FILTER_CLUSTERS=3 bash "$0" sanitize_only memcheck racecheck
   ;;
 persist_time)
@@ -242,7 +247,7 @@ PY
   done
   ;;
 *)
-  echo "usage: $0 check|sanitize|bench|ncu|ncu_l2|newtests|crossover|flags|flags_sanitize|flags_time|regress|persist|persist_sanitize|persist_time" >&2
+  echo "usage: $0 check|sanitize|bench|ncu|ncu_l2|newtests|crossover|flags|flags_sanitize|flags_time|regress|persist|persist_sanitize|persist_sanitize_l2|persist_time" >&2
   exit 2
   ;;
 esac

@@ -206,7 +206,8 @@ __device__ __forceinline__ u64 df_drop_policy() {  // L2: the row's last read
 }
 // No "memory" clobber and not volatile (the compiler may merge or reorder these reads): safe because nothing writes
 // the row before its last read, each element's one store (step 4) using the value read by the same thread; a store
-// to the row before a later read of it would need these to become volatile.
+// to the row before a later read of it would need these to become volatile. (-DDF_PERSIST reads row i + G after
+// writing row i: other addresses, as the launcher refuses overlapping rows, so reordering them is harmless too.)
 __device__ __forceinline__ float df_ldg(const float* ptr, u64 policy) {
   float v;
   asm("ld.global.L1::no_allocate.L2::cache_hint.f32 %0, [%1], %2;" : "=f"(v) : "l"(ptr), "l"(policy));

@@ -160,19 +160,17 @@ def _load_filter(device_index: int, l2_rows: bool, cluster: int, persist: bool =
     return kernels
 
 
-def resident_clusters(kernels, cluster: int, smem: int, device) -> int:
+def resident_clusters(kernels, cluster: int, smem: int) -> int | None:
     """How many clusters of ``cluster`` blocks (``smem`` bytes of dynamic shared memory each) of a loaded filter build
-    the device holds at once: the driver's ``cuOccupancyMaxActiveClusters``, else (an older driver) the SMs' blocks
-    divided by the cluster size, an upper bound (a persistent grid larger than what fits is still correct: the
-    clusters that do not fit start as others finish)."""
+    the device holds at once: the driver's ``cuOccupancyMaxActiveClusters``; None where the driver cannot say (then a
+    cluster per row, as without FLAG_PERSIST: a count that ignores how clusters pack into a GPU's GPCs, e.g. the SMs'
+    blocks over the cluster size, 33 where 30 fit, would leave the clusters that do not fit waiting for a whole share
+    of rows)."""
     try:
-        count = kernels.max_active_clusters(KERNELS[0], cluster, THREADS, smem)
-    except Exception:  # noqa: BLE001 - the driver's answer is a hint: fall back to the bound
-        count = 0
-    if count < 1:
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        count = sms * kernels.blocks_per_sm(KERNELS[0], THREADS, smem) // cluster
-    return max(1, int(count))
+        count = int(kernels.max_active_clusters(KERNELS[0], cluster, THREADS, smem))
+    except Exception:  # noqa: BLE001 - a missing symbol (older driver) or a driver error: no persistent grid
+        return None
+    return count if count >= 1 else None
 
 
 def _default_kernels(device_index: int):
@@ -269,8 +267,8 @@ class CudaTopKTopPFilter:
         self.l2_kernels = (filter_kernels(device.index, True, self.l2_cluster, persist) if flags & FLAG_L2_ROWS
                            else None)
         # FLAG_PERSIST: the clusters launched at most (a grid of min(rows, these)); None: one cluster per row
-        self.clusters = resident_clusters(self.kernels, CLUSTER, self.smem, device) if persist else None
-        self.l2_clusters = (resident_clusters(self.l2_kernels, self.l2_cluster, self.l2_smem, device)
+        self.clusters = resident_clusters(self.kernels, CLUSTER, self.smem) if persist else None
+        self.l2_clusters = (resident_clusters(self.l2_kernels, self.l2_cluster, self.l2_smem)
                             if persist and self.l2_kernels is not None else None)
         self.stats = torch.zeros(2, dtype=torch.int32, device=device)
 
