@@ -42,6 +42,8 @@ def main():
     all_flags = [int(f) for f in args.flags.split(",")]
     if any(f & cf.FLAG_L2_CLUSTER4 for f in all_flags):  # (its trace layout is [2 rows][8 blocks])
         parser.error("--flags: FLAG_L2_CLUSTER4 (the 4-block build) is not traced by this tool")
+    if any(f & cf.FLAG_PERSIST for f in all_flags):  # (it launches a cluster per row, as the one-row builds)
+        parser.error("--flags: FLAG_PERSIST (the -DDF_PERSIST builds) is not traced by this tool")
     for options in (("-DDF_TRACE",), ("-DDF_TRACE", "-DDF_RELAXED_EXPERIMENT"))[:2 if args.relaxed else 1]:
         for l2 in sorted({bool(f & cf.FLAG_L2_ROWS) for f in all_flags}):  # FLAG_L2_ROWS: the -DDF_L2_ROWS build
             build_options = options + tuple(f"-D{d}" for d in (cf.L2_DEFINES if l2 else ()))
