@@ -16,10 +16,10 @@
 #   bash tools/gpu_plans/issue16_cluster.sh flags_time # budget ~210 s: timed beside the default (3), phase trace
 #   bash tools/gpu_plans/issue16_cluster.sh ncu_l2    # budget ~80 s: `ncu` with FILTER_FLAGS=63 (the L2-row build)
 #   bash tools/gpu_plans/issue16_cluster.sh regress   # budget ~230 s: the GPU tests that reach top_k_top_p's auto routing
-#   bash tools/gpu_plans/issue16_cluster.sh persist   # budget ~150 s: FLAG_PERSIST (stop 29, not run yet): its GPU tests
-#   bash tools/gpu_plans/issue16_cluster.sh persist_sanitize # budget ~65 s: memcheck + racecheck, 159, 3 clusters
-#   bash tools/gpu_plans/issue16_cluster.sh persist_sanitize_l2 # budget ~65 s: the same with 191 (the L2-row build)
-#   bash tools/gpu_plans/issue16_cluster.sh persist_time # budget ~170 s: 31 / 63 beside 159 / 191 at 1-253 requests
+#   bash tools/gpu_plans/issue16_cluster.sh persist   # budget ~200 s: FLAG_PERSIST / FLAG_CARRY (stop 29, not run yet)
+#   bash tools/gpu_plans/issue16_cluster.sh persist_sanitize # budget ~65 s: memcheck + racecheck, 415, 3 clusters
+#   bash tools/gpu_plans/issue16_cluster.sh persist_sanitize_l2 # budget ~65 s: the same with 447 (the L2-row build)
+#   bash tools/gpu_plans/issue16_cluster.sh persist_time # budget ~230 s: 31 / 63 beside 159 / 191 / 415 / 447
 # Results go to $JOB_OUT (default ./gpu_plan_out). NVRTC builds filter.cu in ~1 s (cached on disk).
 # If the first launch fails with an invalid-configuration error: cuLaunchKernel is assumed to honour the
 # compile-time __cluster_dims__(8, 1, 1) (the CUDA guide: such a kernel launches with <<< >>>); the fallback is
@@ -179,32 +179,36 @@ regress)
     | tee "$OUT/regress.txt" | tail -15
   ;;
 persist)
-  # (~150 s) FLAG_PERSIST (128; stop 29, written without a GPU: compiled, SASS of the hot loops compared, NOT RUN):
-  # persistent clusters (as many as fit, each looping over rows c, c + G, ...) with the next row's slice prefetched
-  # into L2. The GPU test file's persist cases: every kind and case at 6 / 96 / 1,518 rows with 159 (31 + persist) and
-  # 191 (63 + persist), every option at ragged V with 159 / 191 / 255, flat and tied rows with 191, graph replay, and
-  # one cluster (or 3 / 7) looping over 96 mixed rows (NaN, all -inf and left-alone rows between filtered ones). A
-  # hang (the timeout) or a fault: a cluster barrier count that differs between rows, or shared memory written by
-  # the next row while another block still reads it (see df_row's comment in filter.cu).
+  # (~190 s) FLAG_PERSIST (128) and FLAG_CARRY (256) (stop 29, written without a GPU: compiled, SASS of the hot loops
+  # checked, NOT RUN): persistent clusters (as many as fit, each looping over rows c, c + G, ...) with the next row's
+  # slice prefetched into L2; with CARRY a row's write also loads the next row (resident: cp.async refills of the
+  # slice's slots; L2-row build: its groups read and their max tracked). The GPU test file's persist cases: every kind
+  # and case at 6 / 96 / 1,518 rows with 159 / 191 (31 / 63 + persist) and 415 / 447 (+ carry), every option at ragged
+  # V with 159 / 191 / 255 / 415 / 447 / 511, flat and tied rows, graph replay, and one cluster (or 3 / 7) looping over
+  # 96 mixed rows (NaN, all -inf and left-alone rows between filtered ones, raw logits). A hang (the timeout) or a
+  # fault: a cluster barrier count that differs between rows, or shared memory written by the next row while another
+  # block still reads it (see df_row's comment in filter.cu); a wrong result only with 415 / 447 / 511: the carry.
   # (-v: a hang's log names the test that hung)
-  timeout -k 2 140 python3 -m pytest -m gpu -v -x tests/gpu/test_cuda_filtering_gpu.py -k "159 or 191 or 255 or persistent" \
-    2>&1 | tee "$OUT/persist_tests.txt" | tail -8
+  timeout -k 2 185 python3 -m pytest -m gpu -v -x tests/gpu/test_cuda_filtering_gpu.py \
+    -k "159 or 191 or 255 or 415 or 447 or 511 or persistent" 2>&1 | tee "$OUT/persist_tests.txt" | tail -8
   ;;
 persist_sanitize)
-  # (~55 s) memcheck + racecheck with 159 and 3 clusters for 16 rows (every cluster loops; a flat row among them)
-  FILTER_FLAGS=159 FILTER_CLUSTERS=3 bash "$0" sanitize_only memcheck racecheck
+  # (~55 s) memcheck + racecheck with 415 (persist + carry, resident) and 3 clusters for 16 rows (every cluster loops; a
+  # flat row among them; the cp.async refills of the slice are what racecheck should look at)
+  FILTER_FLAGS=415 FILTER_CLUSTERS=3 bash "$0" sanitize_only memcheck racecheck
   ;;
 persist_sanitize_l2)
-  # (~55 s) the same with 191 (the L2-row build takes top-p alone: L2_MIN_ROWS is lowered in the script)
-  FILTER_FLAGS=191 FILTER_CLUSTERS=3 bash "$0" sanitize_only memcheck racecheck
+  # (~55 s) the same with 447 (the L2-row build takes top-p alone: L2_MIN_ROWS is lowered in the script)
+  FILTER_FLAGS=447 FILTER_CLUSTERS=3 bash "$0" sanitize_only memcheck racecheck
   ;;
 persist_time)
-  # (~170 s) does it pay? 31 / 63 (today's default builds) beside 159 / 191 at 1 / 16 / 64 / 253 requests, every case
-  # checked against the reference by its first call. Expected where it helps: 64 / 253 requests (a row's HBM load,
-  # 4-11 us of ~65 in the L2-row build, from L2 instead; no wave of clusters waiting for its slowest row). If 191 wins
-  # for p alone: DEFAULT_FLAGS |= FLAG_PERSIST in verify/cuda_filtering.py (check that the L2 hit rate holds: the
-  # prefetched rows add ~34 MB to the L2-row build's working set), then `bench` for the committed files and README.
-  timeout -k 2 165 python3 tools/time_filter.py --cuda-only --cuda-flags 31,159,63,191 1,16,64,253 2>&1 \
+  # (~220 s) does it pay? 31 / 63 (today's default builds) beside 159 / 191 (persist) and 415 / 447 (persist + carry) at
+  # 1 / 16 / 64 / 253 requests, every case checked against the reference by its first call. Expected where it helps:
+  # 64 / 253 requests (a row's HBM load, 4-11 us of ~65 in the L2-row build, from L2 or inside the last row's write;
+  # no wave of clusters waiting for its slowest row). If one wins for p alone: DEFAULT_FLAGS |= those bits in
+  # verify/cuda_filtering.py (by rows if it pays only at large batches), then `bench` for the committed files and
+  # the README.
+  timeout -k 2 215 python3 tools/time_filter.py --cuda-only --cuda-flags 31,159,415,63,191,447 1,16,64,253 2>&1 \
     | tee "$OUT/persist_bench.txt" | grep -E "^filter_row|rows needing"
   ;;
 ncu_l2)

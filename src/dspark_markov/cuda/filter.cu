@@ -52,7 +52,8 @@
 // flight, each row slower. With -DDF_C=4 as well (FLAG_L2_CLUSTER4, opt-in: exact, slower) clusters of 4 blocks, two
 // level-1 buckets per thread in the reductions. The resident build's SASS is unchanged by the macros (DF_AT & co.
 // expand to the shared-memory reads). Either build with -DDF_PERSIST (FLAG_PERSIST, opt-in, not run on a GPU yet):
-// persistent clusters, the next row's slice prefetched into L2 (see df_row).
+// persistent clusters, the next row's slice prefetched into L2, and with DF_FLAG_CARRY loaded during a row's write
+// (see df_row, DfCarry).
 // Verified on the H200 (2026-12-05): its GPU tests (tests/gpu/test_cuda_filtering_gpu.py) and every flags option
 // equal the sort reference; compute-sanitizer memcheck / racecheck / synccheck clean. 118 registers, no spill,
 // 47,328 bytes of static shared memory + the slice. On the CPU: the search emulated in its order of decisions, the
@@ -256,6 +257,8 @@ struct FilterArgs {  // 8-byte fields (verify/cuda_filtering.py FilterArgs)
                                // register loads; the max, NaN flag and the division by T then read shared memory
 #define DF_FLAG_WARP_THRESHOLDS 16  // (stop 27; measured 2026-12-05) the gather's bucket bounds by 16-way rounds across
                                // the lanes (df_thresholds_warp, ~8 rounds) instead of 32 dependent halvings per thread
+#define DF_FLAG_CARRY 256      // (stop 29, -DDF_PERSIST builds only; not run on a GPU) the next row's slice read during
+                               // this row's write (step 4): df_row's DfCarry
 
 struct FilterShared {
   float part_max;    // this block's slice max and NaN flag (read by the others)
@@ -899,10 +902,22 @@ __device__ __forceinline__ void df_prefetch_next(const FilterArgs& a, i64 next, 
   if ((reinterpret_cast<u64>(p) & 15) == 0) prefetch_l2_bulk(p, (u32)(4 * n) & ~15u);
 }
 
+// DF_FLAG_CARRY: what a row's write (step 4) leaves for the cluster's next row. The resident build: this thread's
+// 16-byte groups of the next row's slice copied (cp.async, each into the slot its own write just read: the same
+// groups, the same thread) into shared memory, so the next row's load only waits for them; the L2-row build: the
+// next row's groups read from HBM (kept in L2) and this thread's max and NaN flag over them, so the next row starts
+// with them. Only where the write took the 16-byte path and the next row is 16-byte aligned (the resident build: and
+// FLAG_ASYNC_LOAD); a row that leaves early (unfiltered) carries nothing. The ragged tail (n % 4) is loaded as usual.
+struct DfCarry {
+  bool on;    // the groups are loaded (resident) / read and tracked (L2-row build)
+  float mx;   // (L2-row build) this thread's max over them
+  u32 nan;    // (L2-row build) ... and NaN flag
+};
+
 // One row by this block of the row's cluster; `next`: the row the cluster filters after it (-1: none). Every remote
 // access of the row's shared memory is behind a cluster barrier when it returns (its last df_cluster_sync, or the
 // one before the unfiltered copy; the L2-row build's misaligned exit reaches none, in every block alike).
-__device__ __forceinline__ void df_row(const FilterArgs& a, const i64 the_row, const i64 next) {
+__device__ __forceinline__ void df_row(const FilterArgs& a, const i64 the_row, const i64 next, DfCarry& carry) {
 #else
 extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, DF_MIN_BLOCKS) dm_filter(const FilterArgs a) {
 #endif
@@ -936,6 +951,10 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
   float* dst = reinterpret_cast<float*>(a.out) + row * a.out_stride + lo;
 #ifdef DF_PERSIST
   __builtin_assume(__isGlobal(src) && __isGlobal(dst));  // (as the kernel's own pointer arguments: STG, not ST)
+  const bool carried = carry.on;  // (DF_FLAG_CARRY) the last row's write loaded this row's groups
+  carry.on = false;
+  const float* const next_src = reinterpret_cast<const float*>(a.logits) + (next >= 0 ? next : 0) * a.in_stride + lo;
+  const bool carry_next = next >= 0 && (a.flags & DF_FLAG_CARRY) && (reinterpret_cast<u64>(next_src) & 15) == 0;
 #endif
   // raw logits: x / T (IEEE division, as torch's z / T) where T is neither 0 (unscaled) nor 1 (x / 1 = x)
   const float t = a.t_per_row ? reinterpret_cast<const float*>(a.t_ptr)[row] : (float)a.t_value;
@@ -976,11 +995,20 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
   {  // the first read (from HBM), kept in L2 for the passes
     const u64 df_policy = df_keep_policy();
     const int n4 = n / 4;
+#ifdef DF_PERSIST
+    if (carried) {  // (DF_FLAG_CARRY) read by the last row's write: its max and NaN flag
+      mx = carry.mx;
+      nan = carry.nan;
+    } else {
+#endif
 #pragma unroll 8
     for (int i = tid; i < n4; i += DF_T) {
       const float4 f = DF_AT4(i);
       df_track(f.x, mx, nan); df_track(f.y, mx, nan); df_track(f.z, mx, nan); df_track(f.w, mx, nan);
     }
+#ifdef DF_PERSIST
+    }
+#endif
     for (int i = 4 * n4 + tid; i < n; i += DF_T) df_track(DF_AT(i), mx, nan);
   }
 #else
@@ -988,8 +1016,14 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
     // every 16-byte copy of the thread in flight at once (cp.async, no registers held), then this thread's own
     // copies read back (visible to it after the wait: no block barrier), divided in place, their max and NaN flag
     const int n4 = n / 4;
+#ifdef DF_PERSIST
+    if (!carried) {  // (DF_FLAG_CARRY: the last row's write issued these copies)
+#endif
 #pragma unroll 4
     for (int i = tid; i < n4; i += DF_T) cp_async16(s_x + 4 * i, src + 4 * i, true);  // (common.cuh: .cg, L2 only)
+#ifdef DF_PERSIST
+    }
+#endif
     cp_async_commit();
     cp_async_wait_all();
     for (int i = tid; i < n4; i += DF_T) {
@@ -1151,8 +1185,22 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
 #ifdef DF_L2_ROWS
   const u64 df_policy = df_drop_policy();  // the row's last read
   if (vec_out) {  // four 16-byte reads in flight before the first store (a store waits for nothing, a read does)
+#ifdef DF_PERSIST
+    float cmx = -__int_as_float(0x7f800000);  // (DF_FLAG_CARRY) the next row's groups: this thread's max, NaN flag
+    u32 cnan = 0;
+    const u64 keep = df_keep_policy();
+#endif
     for (int first = tid; first < n / 4; first += 4 * DF_T) {
       float4 f[4];
+#ifdef DF_PERSIST
+      float4 g[4];  // (DF_FLAG_CARRY) the next row's same groups, read with this row's (kept in L2 for its passes)
+      if (carry_next) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          if (first + u * DF_T < n / 4) g[u] = df_ldg4(next_src + 4 * (first + u * DF_T), keep);
+        }
+      }
+#endif
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         if (first + u * DF_T < n / 4) f[u] = DF_AT4(first + u * DF_T);
@@ -1168,9 +1216,18 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
           f[u].w = (f[u].w > cut_x || (f[u].w == cut_x && t0 + 3 <= cut_i)) ? f[u].w : ninf;
           store_cs16(dst + 4 * i, __float_as_uint(f[u].x), __float_as_uint(f[u].y), __float_as_uint(f[u].z),
                      __float_as_uint(f[u].w));
+#ifdef DF_PERSIST
+          if (carry_next) {
+            df_track(g[u].x, cmx, cnan); df_track(g[u].y, cmx, cnan); df_track(g[u].z, cmx, cnan);
+            df_track(g[u].w, cmx, cnan);
+          }
+#endif
         }
       }
     }
+#ifdef DF_PERSIST
+    if (carry_next) carry = DfCarry{true, cmx, cnan};
+#endif
     for (int i = (n / 4) * 4 + tid; i < n; i += DF_T) {
       const float x = DF_AT(i);
       dst[i] = (x > cut_x || (x == cut_x && lo + i <= cut_i)) ? x : ninf;
@@ -1178,6 +1235,11 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
   } else
 #endif
   if (vec_out) {
+#if defined(DF_PERSIST) && !defined(DF_L2_ROWS)
+    // (DF_FLAG_CARRY, with the load's cp.async path) each group's slot refilled with the next row's group once its
+    // value is stored (the store waits for the read of the slot; no other thread reads this thread's slots now)
+    const bool refill = carry_next && (a.flags & DF_FLAG_ASYNC_LOAD);
+#endif
     for (int i = tid; i < n / 4; i += DF_T) {
       float4 f = DF_AT4(i);
       const i64 t0 = lo + 4 * i;
@@ -1186,7 +1248,16 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
       f.z = (f.z > cut_x || (f.z == cut_x && t0 + 2 <= cut_i)) ? f.z : ninf;
       f.w = (f.w > cut_x || (f.w == cut_x && t0 + 3 <= cut_i)) ? f.w : ninf;
       store_cs16(dst + 4 * i, __float_as_uint(f.x), __float_as_uint(f.y), __float_as_uint(f.z), __float_as_uint(f.w));
+#if defined(DF_PERSIST) && !defined(DF_L2_ROWS)
+      if (refill) cp_async16(s_x + 4 * i, next_src + 4 * i, true);
+#endif
     }
+#if defined(DF_PERSIST) && !defined(DF_L2_ROWS)
+    if (refill) {
+      cp_async_commit();
+      carry.on = true;
+    }
+#endif
     for (int i = (n / 4) * 4 + tid; i < n; i += DF_T) {
       const float x = DF_AT(i);
       dst[i] = (x > cut_x || (x == cut_x && lo + i <= cut_i)) ? x : ninf;
@@ -1203,8 +1274,9 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
 #ifdef DF_PERSIST
 extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, DF_MIN_BLOCKS) dm_filter(const FilterArgs a) {
   const i64 clusters = gridDim.x / DF_C;
+  DfCarry carry{false, 0.0f, 0u};
   for (i64 row = blockIdx.x / DF_C; row < a.rows; row += clusters) {
-    df_row(a, row, row + clusters < a.rows ? row + clusters : -1);
+    df_row(a, row, row + clusters < a.rows ? row + clusters : -1, carry);
     __syncthreads();  // this block's reads of the row's shared memory are done before the next row writes it
   }
 }

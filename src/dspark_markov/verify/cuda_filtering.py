@@ -104,8 +104,15 @@ FLAG_L2_CLUSTER4 = 64
 # from HBM and 6-12 us at the barrier after it waiting for the cluster's slowest block; beyond one wave every cluster
 # also waits for eight free block slots of a GPC. The one-row builds' SASS is unchanged (tools/cuda_sass.py).
 FLAG_PERSIST = 128
-KERNEL_FLAGS = FLAG_MASK_GATHER | FLAG_REFINE | FLAG_ILP | FLAG_ASYNC_LOAD | FLAG_WARP_THRESHOLDS  # FilterArgs.flags
-FLAGS_ALL = KERNEL_FLAGS | FLAG_L2_ROWS | FLAG_L2_CLUSTER4 | FLAG_PERSIST
+# CARRY (with PERSIST; a kernel flag, filter.cu DF_FLAG_CARRY; written 2026-12-05 without a GPU, opt-in): a row's write
+# (step 4) also loads the cluster's next row: the resident build refills each 16-byte slot of the slice with the next
+# row's group as soon as its value is stored (cp.async; with FLAG_ASYNC_LOAD), the L2-row build reads the next row's
+# groups beside its own and tracks their max, so the next row starts with its slice arriving or its max known: its
+# load phase (and in the L2-row build its whole first pass over the slice) leaves the row's chain of phases.
+FLAG_CARRY = 256
+KERNEL_FLAGS = FLAG_MASK_GATHER | FLAG_REFINE | FLAG_ILP | FLAG_ASYNC_LOAD | FLAG_WARP_THRESHOLDS  # measured options
+ARG_FLAGS = KERNEL_FLAGS | FLAG_CARRY  # the bits FilterArgs.flags carries to the kernel
+FLAGS_ALL = KERNEL_FLAGS | FLAG_L2_ROWS | FLAG_L2_CLUSTER4 | FLAG_PERSIST | FLAG_CARRY
 L2_DEFINES = ("DF_L2_ROWS",)
 L2_C4_DEFINES = ("DF_L2_ROWS", "DF_C=4")
 PERSIST_DEFINES = ("DF_PERSIST",)
@@ -248,6 +255,9 @@ class CudaTopKTopPFilter:
         if isinstance(flags, bool) or not isinstance(flags, int) or not 0 <= flags <= FLAGS_ALL:
             raise ValueError(f"flags: expected None (DEFAULT_FLAGS) or a combination of the FLAG_* bits, an int in "
                              f"[0, {FLAGS_ALL}], got {flags!r}")
+        if flags & FLAG_CARRY and not flags & FLAG_PERSIST:
+            raise ValueError(f"flags: FLAG_CARRY ({FLAG_CARRY}) is an option of the persistent builds: set "
+                             f"FLAG_PERSIST ({FLAG_PERSIST}) with it, got {flags}")
         if flags & FLAG_L2_CLUSTER4 and not flags & FLAG_L2_ROWS:
             raise ValueError(f"flags: FLAG_L2_CLUSTER4 ({FLAG_L2_CLUSTER4}) is an option of the L2-row build: set "
                              f"FLAG_L2_ROWS ({FLAG_L2_ROWS}) with it, got {flags}")
@@ -305,7 +315,7 @@ class CudaTopKTopPFilter:
             # scalars as the fp32 values the reference compares (torch.full(..., p) is fp32)
             p_value=1.0 if p_per_row or p is None else f32(p),
             t_ptr=temperature.data_ptr() if t_per_row else 0, t_per_row=int(t_per_row),
-            t_value=1.0 if t_per_row or temperature is None else f32(temperature), flags=self.flags & KERNEL_FLAGS)
+            t_value=1.0 if t_per_row or temperature is None else f32(temperature), flags=self.flags & ARG_FLAGS)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         if l2:
             clusters = rows if self.l2_clusters is None else min(rows, self.l2_clusters)
