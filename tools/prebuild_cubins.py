@@ -28,10 +28,11 @@ def main(argv) -> int:
     from dspark_markov.verify import cuda_filtering  # noqa: PLC0415
 
     # compile-time variants: the L2-row builds of filter.cu (cuda_filtering.L2_DEFINES, L2_C4_DEFINES), and each of
-    # the three with FLAG_PERSIST's -DDF_PERSIST
+    # the three with FLAG_PERSIST's -DDF_PERSIST, and with FLAG_CARRY's -DDF_PERSIST -DDF_CARRY
     builds = ((), cuda_filtering.L2_DEFINES, cuda_filtering.L2_C4_DEFINES)
     variants = ([("filter.cu", d) for d in builds[1:]]
-                + [("filter.cu", d + cuda_filtering.PERSIST_DEFINES) for d in builds])
+                + [("filter.cu", d + extra) for extra in (cuda_filtering.PERSIST_DEFINES, cuda_filtering.CARRY_DEFINES)
+                   for d in builds])
 
     version = build.nvrtc_version()
     if version != WANTED_NVRTC:

@@ -52,8 +52,8 @@
 // flight, each row slower. With -DDF_C=4 as well (FLAG_L2_CLUSTER4, opt-in: exact, slower) clusters of 4 blocks, two
 // level-1 buckets per thread in the reductions. The resident build's SASS is unchanged by the macros (DF_AT & co.
 // expand to the shared-memory reads). Either build with -DDF_PERSIST (FLAG_PERSIST, opt-in, not run on a GPU yet):
-// persistent clusters, the next row's slice prefetched into L2, and with DF_FLAG_CARRY loaded during a row's write
-// (see df_row, DfCarry).
+// persistent clusters, the next row's slice prefetched into L2, and with -DDF_CARRY as well loaded during a row's
+// write (see df_row, DfCarry).
 // Verified on the H200 (2026-12-05): its GPU tests (tests/gpu/test_cuda_filtering_gpu.py) and every flags option
 // equal the sort reference; compute-sanitizer memcheck / racecheck / synccheck clean. 118 registers, no spill,
 // 47,328 bytes of static shared memory + the slice. On the CPU: the search emulated in its order of decisions, the
@@ -257,8 +257,6 @@ struct FilterArgs {  // 8-byte fields (verify/cuda_filtering.py FilterArgs)
                                // register loads; the max, NaN flag and the division by T then read shared memory
 #define DF_FLAG_WARP_THRESHOLDS 16  // (stop 27; measured 2026-12-05) the gather's bucket bounds by 16-way rounds across
                                // the lanes (df_thresholds_warp, ~8 rounds) instead of 32 dependent halvings per thread
-#define DF_FLAG_CARRY 256      // (stop 29, -DDF_PERSIST builds only; not run on a GPU) the next row's slice read during
-                               // this row's write (step 4): df_row's DfCarry
 
 struct FilterShared {
   float part_max;    // this block's slice max and NaN flag (read by the others)
@@ -894,6 +892,9 @@ __device__ __forceinline__ void df_track(float x, float& mx, u32& nan) {
 // in the resident / L2-row build, none in the hot loops; not inlined it spilled in them), made of the one-row kernel's
 // text, whose preprocessed source, and SASS, stay the measured ones (tools/cuda_sass.py). Written without a GPU
 // (2026-12-05): compiled and its hot loops' SASS compared, not run.
+#if defined(DF_CARRY) && !defined(DF_PERSIST)
+#error "DF_CARRY is an option of the persistent builds (-DDF_PERSIST)"
+#endif
 #ifdef DF_PERSIST
 // This block's slice of row `next` into L2, one bulk prefetch: a hint (a row that does not start on 16 bytes is left
 // out, and so are the slice's last n % 4 tokens).
@@ -902,12 +903,14 @@ __device__ __forceinline__ void df_prefetch_next(const FilterArgs& a, i64 next, 
   if ((reinterpret_cast<u64>(p) & 15) == 0) prefetch_l2_bulk(p, (u32)(4 * n) & ~15u);
 }
 
-// DF_FLAG_CARRY: what a row's write (step 4) leaves for the cluster's next row. The resident build: this thread's
-// 16-byte groups of the next row's slice copied (cp.async, each into the slot its own write just read: the same
-// groups, the same thread) into shared memory, so the next row's load only waits for them; the L2-row build: the
-// next row's groups read from HBM (kept in L2) and this thread's max and NaN flag over them, so the next row starts
-// with them. Only where the write took the 16-byte path and the next row is 16-byte aligned (the resident build: and
-// FLAG_ASYNC_LOAD); a row that leaves early (unfiltered) carries nothing. The ragged tail (n % 4) is loaded as usual.
+// -DDF_CARRY (with -DDF_PERSIST; verify/cuda_filtering.py FLAG_CARRY, builds of their own: the carry's registers
+// spill words of the row's body at the 64-register cap, which the persist-only builds should not pay): what a row's
+// write (step 4) leaves for the cluster's next row. The resident build: this thread's 16-byte groups of the next
+// row's slice copied (cp.async, each into the slot its own write just read: the same groups, the same thread) into
+// shared memory, so the next row's load only waits for them; the L2-row build: the next row's groups read from HBM
+// (kept in L2) and this thread's max and NaN flag over them, so the next row starts with them. Only where the write
+// took the 16-byte path and the next row is 16-byte aligned (the resident build: and FLAG_ASYNC_LOAD); a row that
+// leaves early (unfiltered) carries nothing. The ragged tail (n % 4) is loaded as usual.
 struct DfCarry {
   bool on;    // the groups are loaded (resident) / read and tracked (L2-row build)
   float mx;   // (L2-row build) this thread's max over them
@@ -951,10 +954,12 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
   float* dst = reinterpret_cast<float*>(a.out) + row * a.out_stride + lo;
 #ifdef DF_PERSIST
   __builtin_assume(__isGlobal(src) && __isGlobal(dst));  // (as the kernel's own pointer arguments: STG, not ST)
-  const bool carried = carry.on;  // (DF_FLAG_CARRY) the last row's write loaded this row's groups
+#endif
+#ifdef DF_CARRY
+  const bool carried = carry.on;  // the last row's write loaded this row's groups
   carry.on = false;
   const float* const next_src = reinterpret_cast<const float*>(a.logits) + (next >= 0 ? next : 0) * a.in_stride + lo;
-  const bool carry_next = next >= 0 && (a.flags & DF_FLAG_CARRY) && (reinterpret_cast<u64>(next_src) & 15) == 0;
+  const bool carry_next = next >= 0 && (reinterpret_cast<u64>(next_src) & 15) == 0;
 #endif
   // raw logits: x / T (IEEE division, as torch's z / T) where T is neither 0 (unscaled) nor 1 (x / 1 = x)
   const float t = a.t_per_row ? reinterpret_cast<const float*>(a.t_ptr)[row] : (float)a.t_value;
@@ -995,8 +1000,8 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
   {  // the first read (from HBM), kept in L2 for the passes
     const u64 df_policy = df_keep_policy();
     const int n4 = n / 4;
-#ifdef DF_PERSIST
-    if (carried) {  // (DF_FLAG_CARRY) read by the last row's write: its max and NaN flag
+#ifdef DF_CARRY
+    if (carried) {  // read by the last row's write: its max and NaN flag
       mx = carry.mx;
       nan = carry.nan;
     } else {
@@ -1006,7 +1011,7 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
       const float4 f = DF_AT4(i);
       df_track(f.x, mx, nan); df_track(f.y, mx, nan); df_track(f.z, mx, nan); df_track(f.w, mx, nan);
     }
-#ifdef DF_PERSIST
+#ifdef DF_CARRY
     }
 #endif
     for (int i = 4 * n4 + tid; i < n; i += DF_T) df_track(DF_AT(i), mx, nan);
@@ -1016,12 +1021,12 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
     // every 16-byte copy of the thread in flight at once (cp.async, no registers held), then this thread's own
     // copies read back (visible to it after the wait: no block barrier), divided in place, their max and NaN flag
     const int n4 = n / 4;
-#ifdef DF_PERSIST
-    if (!carried) {  // (DF_FLAG_CARRY: the last row's write issued these copies)
+#ifdef DF_CARRY
+    if (!carried) {  // (the last row's write issued these copies)
 #endif
 #pragma unroll 4
     for (int i = tid; i < n4; i += DF_T) cp_async16(s_x + 4 * i, src + 4 * i, true);  // (common.cuh: .cg, L2 only)
-#ifdef DF_PERSIST
+#ifdef DF_CARRY
     }
 #endif
     cp_async_commit();
@@ -1185,15 +1190,15 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
 #ifdef DF_L2_ROWS
   const u64 df_policy = df_drop_policy();  // the row's last read
   if (vec_out) {  // four 16-byte reads in flight before the first store (a store waits for nothing, a read does)
-#ifdef DF_PERSIST
-    float cmx = -__int_as_float(0x7f800000);  // (DF_FLAG_CARRY) the next row's groups: this thread's max, NaN flag
+#ifdef DF_CARRY
+    float cmx = -__int_as_float(0x7f800000);  // the next row's groups: this thread's max, NaN flag
     u32 cnan = 0;
     const u64 keep = df_keep_policy();
 #endif
     for (int first = tid; first < n / 4; first += 4 * DF_T) {
       float4 f[4];
-#ifdef DF_PERSIST
-      float4 g[4];  // (DF_FLAG_CARRY) the next row's same groups, read with this row's (kept in L2 for its passes)
+#ifdef DF_CARRY
+      float4 g[4];  // the next row's same groups, read with this row's (kept in L2 for its passes)
       if (carry_next) {
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
@@ -1216,7 +1221,7 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
           f[u].w = (f[u].w > cut_x || (f[u].w == cut_x && t0 + 3 <= cut_i)) ? f[u].w : ninf;
           store_cs16(dst + 4 * i, __float_as_uint(f[u].x), __float_as_uint(f[u].y), __float_as_uint(f[u].z),
                      __float_as_uint(f[u].w));
-#ifdef DF_PERSIST
+#ifdef DF_CARRY
           if (carry_next) {
             df_track(g[u].x, cmx, cnan); df_track(g[u].y, cmx, cnan); df_track(g[u].z, cmx, cnan);
             df_track(g[u].w, cmx, cnan);
@@ -1225,7 +1230,7 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
         }
       }
     }
-#ifdef DF_PERSIST
+#ifdef DF_CARRY
     if (carry_next) carry = DfCarry{true, cmx, cnan};
 #endif
     for (int i = (n / 4) * 4 + tid; i < n; i += DF_T) {
@@ -1235,10 +1240,10 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
   } else
 #endif
   if (vec_out) {
-#if defined(DF_PERSIST) && !defined(DF_L2_ROWS)
-    // (DF_FLAG_CARRY, with the load's cp.async path) each group's slot refilled with the next row's group once its
+#if defined(DF_CARRY) && !defined(DF_L2_ROWS)
+    // (with the load's cp.async path) each group's slot refilled with the next row's group once its
     // value is stored (the store waits for the read of the slot; no other thread reads this thread's slots now)
-    const bool refill = carry_next && (a.flags & DF_FLAG_ASYNC_LOAD);
+    const bool refill = carry_next && (a.flags & DF_FLAG_ASYNC_LOAD);  // (the load's path that waits for cp.async)
 #endif
     for (int i = tid; i < n / 4; i += DF_T) {
       float4 f = DF_AT4(i);
@@ -1248,11 +1253,11 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
       f.z = (f.z > cut_x || (f.z == cut_x && t0 + 2 <= cut_i)) ? f.z : ninf;
       f.w = (f.w > cut_x || (f.w == cut_x && t0 + 3 <= cut_i)) ? f.w : ninf;
       store_cs16(dst + 4 * i, __float_as_uint(f.x), __float_as_uint(f.y), __float_as_uint(f.z), __float_as_uint(f.w));
-#if defined(DF_PERSIST) && !defined(DF_L2_ROWS)
+#if defined(DF_CARRY) && !defined(DF_L2_ROWS)
       if (refill) cp_async16(s_x + 4 * i, next_src + 4 * i, true);
 #endif
     }
-#if defined(DF_PERSIST) && !defined(DF_L2_ROWS)
+#if defined(DF_CARRY) && !defined(DF_L2_ROWS)
     if (refill) {
       cp_async_commit();
       carry.on = true;

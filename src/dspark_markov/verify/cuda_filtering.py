@@ -104,18 +104,19 @@ FLAG_L2_CLUSTER4 = 64
 # from HBM and 6-12 us at the barrier after it waiting for the cluster's slowest block; beyond one wave every cluster
 # also waits for eight free block slots of a GPC. The one-row builds' SASS is unchanged (tools/cuda_sass.py).
 FLAG_PERSIST = 128
-# CARRY (with PERSIST; a kernel flag, filter.cu DF_FLAG_CARRY; written 2026-12-05 without a GPU, opt-in): a row's write
-# (step 4) also loads the cluster's next row: the resident build refills each 16-byte slot of the slice with the next
+# CARRY (with PERSIST; this module: the persistent builds with -DDF_CARRY as well, builds of their own so that PERSIST
+# alone does not pay the carry's registers; written 2026-12-05 without a GPU, opt-in): a row's write (step 4) also
+# loads the cluster's next row: the resident build refills each 16-byte slot of the slice with the next
 # row's group as soon as its value is stored (cp.async; with FLAG_ASYNC_LOAD), the L2-row build reads the next row's
 # groups beside its own and tracks their max, so the next row starts with its slice arriving or its max known: its
 # load phase (and in the L2-row build its whole first pass over the slice) leaves the row's chain of phases.
 FLAG_CARRY = 256
-KERNEL_FLAGS = FLAG_MASK_GATHER | FLAG_REFINE | FLAG_ILP | FLAG_ASYNC_LOAD | FLAG_WARP_THRESHOLDS  # measured options
-ARG_FLAGS = KERNEL_FLAGS | FLAG_CARRY  # the bits FilterArgs.flags carries to the kernel
+KERNEL_FLAGS = FLAG_MASK_GATHER | FLAG_REFINE | FLAG_ILP | FLAG_ASYNC_LOAD | FLAG_WARP_THRESHOLDS  # FilterArgs.flags
 FLAGS_ALL = KERNEL_FLAGS | FLAG_L2_ROWS | FLAG_L2_CLUSTER4 | FLAG_PERSIST | FLAG_CARRY
 L2_DEFINES = ("DF_L2_ROWS",)
 L2_C4_DEFINES = ("DF_L2_ROWS", "DF_C=4")
 PERSIST_DEFINES = ("DF_PERSIST",)
+CARRY_DEFINES = ("DF_PERSIST", "DF_CARRY")
 L2_C4_MAX_SLICE = 65_532  # the 4-block build's slice: the bins' 16-bit mass words hold <= 65,535 tokens
 L2_C4_SMEM = BUCKETS // 4 * 12  # its dynamic shared memory: the block's 512 reduced buckets (u64 mass, u32 count)
 # FLAG_L2_ROWS applies to calls of top-p alone of at least this many rows (smaller ones, and top-k, the resident build):
@@ -142,22 +143,25 @@ def smem_bytes(vocab: int) -> int:
     return slice_len(vocab) * 4
 
 
-def filter_kernels(device_index: int, l2_rows: bool = False, cluster: int = CLUSTER, persist: bool = False):
+def filter_kernels(device_index: int, l2_rows: bool = False, cluster: int = CLUSTER, persist: bool = False,
+                   carry: bool = False):
     """The loaded ``filter.cu`` on one device (compiled with NVRTC or read from the disk cache; loaded once per
     device and build), its dynamic shared memory limit raised once to the largest slice (a per-filter value would
     break the filters of larger V, which share the function) and its carveout to all shared memory (two blocks per
     SM need ~219 KB). ``l2_rows``: the -DDF_L2_ROWS build (:data:`FLAG_L2_ROWS`; no dynamic shared memory, four
     blocks per SM need ~189 KB; ``cluster`` 4: with -DDF_C=4, :data:`FLAG_L2_CLUSTER4`, 6 KB of dynamic shared
-    memory, :data:`L2_C4_SMEM`). ``persist``: that build with -DDF_PERSIST (:data:`FLAG_PERSIST`)."""
-    return _load_filter(int(device_index), bool(l2_rows), int(cluster) if l2_rows else CLUSTER, bool(persist))
+    memory, :data:`L2_C4_SMEM`). ``persist``: that build with -DDF_PERSIST (:data:`FLAG_PERSIST`); ``carry`` (with
+    it): and -DDF_CARRY (:data:`FLAG_CARRY`)."""
+    return _load_filter(int(device_index), bool(l2_rows), int(cluster) if l2_rows else CLUSTER, bool(persist),
+                        bool(persist and carry))
 
 
 @functools.lru_cache(maxsize=None)
-def _load_filter(device_index: int, l2_rows: bool, cluster: int, persist: bool = False):
+def _load_filter(device_index: int, l2_rows: bool, cluster: int, persist: bool = False, carry: bool = False):
     from ..cuda import build
 
     defines = (L2_C4_DEFINES if cluster == 4 else L2_DEFINES) if l2_rows else ()
-    defines += PERSIST_DEFINES if persist else ()
+    defines += (CARRY_DEFINES if carry else PERSIST_DEFINES) if persist else ()
     kernels = cuda.load_kernels("filter.cu", KERNELS, device_index, defines=defines)
     if not l2_rows:
         kernels.set_dynamic_smem(KERNELS[0], MAX_SLICE * 4)
@@ -269,13 +273,13 @@ class CudaTopKTopPFilter:
         self.max_rows, self.vocab, self.device, self.flags = max_rows, vocab, device, flags
         self.slice = slice_len(vocab)
         self.smem = smem_bytes(vocab)
-        persist = bool(flags & FLAG_PERSIST)
-        self.kernels = filter_kernels(device.index, persist=persist)
+        persist, carry = bool(flags & FLAG_PERSIST), bool(flags & FLAG_CARRY)
+        self.kernels = filter_kernels(device.index, persist=persist, carry=carry)
         self.l2_cluster = 4 if flags & FLAG_L2_CLUSTER4 and slice_len(vocab, 4) <= L2_C4_MAX_SLICE else CLUSTER
         self.l2_slice = slice_len(vocab, self.l2_cluster)
         self.l2_smem = L2_C4_SMEM if self.l2_cluster == 4 else 0
-        self.l2_kernels = (filter_kernels(device.index, True, self.l2_cluster, persist) if flags & FLAG_L2_ROWS
-                           else None)
+        self.l2_kernels = (filter_kernels(device.index, True, self.l2_cluster, persist, carry)
+                           if flags & FLAG_L2_ROWS else None)
         # FLAG_PERSIST: the clusters launched at most (a grid of min(rows, these)); None: one cluster per row
         self.clusters = resident_clusters(self.kernels, CLUSTER, self.smem) if persist else None
         self.l2_clusters = (resident_clusters(self.l2_kernels, self.l2_cluster, self.l2_smem)
@@ -315,7 +319,7 @@ class CudaTopKTopPFilter:
             # scalars as the fp32 values the reference compares (torch.full(..., p) is fp32)
             p_value=1.0 if p_per_row or p is None else f32(p),
             t_ptr=temperature.data_ptr() if t_per_row else 0, t_per_row=int(t_per_row),
-            t_value=1.0 if t_per_row or temperature is None else f32(temperature), flags=self.flags & ARG_FLAGS)
+            t_value=1.0 if t_per_row or temperature is None else f32(temperature), flags=self.flags & KERNEL_FLAGS)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         if l2:
             clusters = rows if self.l2_clusters is None else min(rows, self.l2_clusters)
