@@ -16,7 +16,7 @@
 #   bash tools/gpu_plans/issue16_cluster.sh flags_time # budget ~210 s: timed beside the default (3), phase trace
 #   bash tools/gpu_plans/issue16_cluster.sh ncu_l2    # budget ~80 s: `ncu` with FILTER_FLAGS=63 (the L2-row build)
 #   bash tools/gpu_plans/issue16_cluster.sh regress   # budget ~230 s: the GPU tests that reach top_k_top_p's auto routing
-#   bash tools/gpu_plans/issue16_cluster.sh persist   # budget ~200 s: FLAG_PERSIST / FLAG_CARRY (stop 29, not run yet)
+#   bash tools/gpu_plans/issue16_cluster.sh persist   # budget ~280 s: FLAG_PERSIST / FLAG_CARRY (stop 29, not run yet)
 #   bash tools/gpu_plans/issue16_cluster.sh persist_sanitize # budget ~65 s: memcheck + racecheck, 415, 3 clusters
 #   bash tools/gpu_plans/issue16_cluster.sh persist_sanitize_l2 # budget ~65 s: the same with 447 (the L2-row build)
 #   bash tools/gpu_plans/issue16_cluster.sh persist_time # budget ~230 s: 31 / 63 beside 159 / 191 / 415 / 447
@@ -179,7 +179,7 @@ regress)
     | tee "$OUT/regress.txt" | tail -15
   ;;
 persist)
-  # (~190 s) FLAG_PERSIST (128) and FLAG_CARRY (256) (stop 29, written without a GPU: compiled, SASS of the hot loops
+  # (~200-270 s: ~105 tests, the sort reference at 1,518 rows dominates) FLAG_PERSIST (128) and FLAG_CARRY (256) (stop 29, written without a GPU: compiled, SASS of the hot loops
   # checked, NOT RUN): persistent clusters (as many as fit, each looping over rows c, c + G, ...) with the next row's
   # slice prefetched into L2; with CARRY a row's write also loads the next row (resident: cp.async refills of the
   # slice's slots; L2-row build: its groups read and their max tracked). The GPU test file's persist cases: every kind
@@ -189,7 +189,7 @@ persist)
   # fault: a cluster barrier count that differs between rows, or shared memory written by the next row while another
   # block still reads it (see df_row's comment in filter.cu); a wrong result only with 415 / 447 / 511: the carry.
   # (-v: a hang's log names the test that hung)
-  timeout -k 2 185 python3 -m pytest -m gpu -v -x tests/gpu/test_cuda_filtering_gpu.py \
+  timeout -k 2 270 python3 -m pytest -m gpu -v -x tests/gpu/test_cuda_filtering_gpu.py \
     -k "159 or 191 or 255 or 415 or 447 or 511 or persistent" 2>&1 | tee "$OUT/persist_tests.txt" | tail -8
   ;;
 persist_sanitize)
