@@ -1241,8 +1241,8 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
 #endif
   if (vec_out) {
 #if defined(DF_CARRY) && !defined(DF_L2_ROWS)
-    // (with the load's cp.async path) each group's slot refilled with the next row's group once its
-    // value is stored (the store waits for the read of the slot; no other thread reads this thread's slots now)
+    // (with the load's cp.async path) each group's slot refilled with the next row's group once its value is stored
+    // (the store waits for the read of the slot; no other thread reads this thread's slots now)
     const bool refill = carry_next && (a.flags & DF_FLAG_ASYNC_LOAD);  // (the load's path that waits for cp.async)
 #endif
     for (int i = tid; i < n / 4; i += DF_T) {
