@@ -3,6 +3,7 @@
 import csv
 import datetime
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -446,3 +447,34 @@ def test_a_replay_after_the_timing_must_draw_the_eager_tokens_again():
     with pytest.raises(RuntimeError, match="after the timed rounds drew other tokens"):
         grid._check_replay_again(run)
     grid._check_replay_again(types.SimpleNamespace(graph=None))  # no graph (CPU runs): nothing to replay
+
+
+def test_committed_results_plot_from_their_json(tmp_path, monkeypatch):
+    """report.png_from_json renders a committed GPU run (written there with --no-plot) from its JSON alone: both
+    floors among the lines of each panel (the floor and issue 12's W2-read-once floor), one panel per temperature
+    mode; a JSON that is not a sampler grid is refused by name."""
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    source = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "NVIDIA-H200_2026-12-04_large4_bf16.json"
+    saved = []
+    monkeypatch.setattr(plt.Figure, "savefig", lambda figure, path, **kwargs: saved.append((figure, Path(path))))
+    monkeypatch.setattr(plt, "close", lambda figure: None)
+    path = report.png_from_json(source, tmp_path / "large4.png")
+    assert path == tmp_path / "large4.png" and saved[0][1] == path
+    axes = saved[0][0].axes
+    assert [axis.get_title() for axis in axes] == ["T = 1", "mixed T (0 / 0.6 / 1)"]
+    for axis in axes:
+        labels = [line.get_label() for line in axis.get_lines()]
+        assert "floor: minimal bytes / read BW" in labels and "floor with W2 read once per call" in labels
+        legend = [text.get_text() for text in axis.get_legend().get_texts()]
+        assert {"vllm_loop", "cuda_gumbel"} <= set(legend)
+    once = [line for line in axes[0].get_lines() if line.get_label() == "floor with W2 read once per call"][0]
+    records = json.loads(source.read_text())["results"]
+    expected = sorted({(r["rows"], r["floor_w2_once_us"]) for r in records if r["temperature"] == "1"})
+    assert list(zip(once.get_xdata(), once.get_ydata())) == expected
+    not_a_grid = tmp_path / "verify.json"
+    not_a_grid.write_text(json.dumps({"environment": {}, "config": {}, "results": [{"case": "filter"}]}))
+    with pytest.raises(ValueError, match="json_path"):
+        report.png_from_json(not_a_grid)

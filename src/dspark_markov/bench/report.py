@@ -16,6 +16,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -305,7 +306,10 @@ def write_records_csv(path, env, shape: dict, bandwidth, records, record_fields)
 
 
 def write_png(path, env, config, records):
-    """Time against rows per design (log-log), one panel per temperature mode, with the floor.
+    """Time against rows per design (log-log), one panel per temperature mode, with the floor (minimal bytes at the
+    measured read bandwidth) and, where the records have it, the second floor of issue 12 (W2 read once per call).
+    ``config``: anything with ``vocab``, ``rank``, ``steps`` and ``cache_dtype`` (a :class:`grid.GridConfig`, or the
+    ``config`` section of a results JSON: :func:`png_from_json`).
 
     Returns the path, or ``None`` when matplotlib is not installed (``pip install dspark-markov[bench]``).
     """
@@ -332,6 +336,9 @@ def write_png(path, env, config, records):
             axis.errorbar(rows, times, yerr=spread, marker="o", capsize=3, label=design)
         floor = sorted({(r["rows"], r["floor_us"]) for r in subset})
         axis.plot([f[0] for f in floor], [f[1] for f in floor], "k--", label="floor: minimal bytes / read BW")
+        once = sorted({(r["rows"], r["floor_w2_once_us"]) for r in subset if r.get("floor_w2_once_us") is not None})
+        if once:
+            axis.plot([f[0] for f in once], [f[1] for f in once], "k:", label="floor with W2 read once per call")
         axis.set_xscale("log")
         axis.set_yscale("log")
         axis.minorticks_off()
@@ -350,3 +357,16 @@ def write_png(path, env, config, records):
     figure.savefig(path, dpi=120)
     plt.close(figure)
     return path
+
+
+def png_from_json(json_path, png_path=None):
+    """The plot of :func:`write_png` for a committed results JSON (``dspark-markov bench``'s ``{stem}.json``: its
+    ``environment``, ``config`` and ``results``), written next to it as ``{stem}.png`` unless ``png_path`` is given.
+    Returns the path, or ``None`` without matplotlib; ``ValueError`` for a JSON that is not a sampler grid."""
+    json_path = Path(json_path)
+    payload = json.loads(json_path.read_text())
+    records = payload.get("results")
+    if not isinstance(records, list) or not records or not all("design" in r and "floor_us" in r for r in records):
+        raise ValueError(f"json_path: {json_path} holds no sampler grid (a results list with design and floor_us)")
+    config = SimpleNamespace(**payload["config"])
+    return write_png(png_path or json_path.with_suffix(".png"), payload["environment"], config, records)
