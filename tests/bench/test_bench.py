@@ -468,8 +468,8 @@ def test_committed_results_plot_from_their_json(tmp_path, monkeypatch):
     for axis in axes:
         labels = [line.get_label() for line in axis.get_lines()]
         assert "floor: minimal bytes / read BW" in labels and "floor with W2 read once per call" in labels
-        legend = [text.get_text() for text in axis.get_legend().get_texts()]
-        assert {"vllm_loop", "cuda_gumbel"} <= set(legend)
+    (legend,) = saved[0][0].legends  # (one, below the panels)
+    assert {"vllm_loop", "cuda_gumbel", "floor with W2 read once per call"} <= {t.get_text() for t in legend.get_texts()}
     once = [line for line in axes[0].get_lines() if line.get_label() == "floor with W2 read once per call"][0]
     records = json.loads(source.read_text())["results"]
     expected = sorted({(r["rows"], r["floor_w2_once_us"]) for r in records if r["temperature"] == "1"})

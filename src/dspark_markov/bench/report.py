@@ -347,12 +347,17 @@ def write_png(path, env, config, records):
         axis.set_xlabel("rows")
         axis.set_title("T = 1" if mode == "1" else "mixed T (0 / 0.6 / 1)")
         axis.grid(True, which="both", alpha=0.3)
-        axis.legend(fontsize=8)
     axes[0][0].set_ylabel("microseconds per call (all steps)")
     cache = str(config.cache_dtype).replace("torch.", "")
     figure.suptitle(f"{env['gpu'] or 'cpu'}: V={config.vocab}, rank {config.rank}, N={config.steps}, "
                     f"{cache} cache")
-    figure.tight_layout()
+    legend = {}  # one legend below the panels (inside them it hid the lines): every panel's designs and floors
+    for axis in axes[0]:
+        for handle, label in zip(*axis.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    columns = min(len(legend), 6)
+    figure.legend(list(legend.values()), list(legend), loc="lower center", ncol=columns, fontsize=8, frameon=False)
+    figure.tight_layout(rect=(0, 0.04 * -(-len(legend) // columns) + 0.02, 1, 1))
     path = Path(path)
     figure.savefig(path, dpi=120)
     plt.close(figure)
