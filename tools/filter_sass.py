@@ -25,11 +25,16 @@ import tempfile
 VOCAB = 129_280
 
 
-def cuobjdump(cubin, option="-sass"):
-    """``cuobjdump OPTION`` of one cubin (the copy in the running Triton's package)."""
+def cuobjdump_tool():
+    """The path of the ``cuobjdump`` in the running Triton's package (it may be absent: check before use)."""
     import triton  # noqa: PLC0415
 
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+
+
+def cuobjdump(cubin, option="-sass"):
+    """``cuobjdump OPTION`` of one cubin (the copy in the running Triton's package)."""
+    tool = cuobjdump_tool()
     with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as handle:
         handle.write(cubin)
     try:

@@ -26,7 +26,7 @@ from dspark_markov import registry
 from dspark_markov.cuda import build
 from dspark_markov.verify import cuda_filtering as cf
 from dspark_markov.verify.filtering_reference import top_k_top_p_reference, weight_fixed_point
-from tests.helpers import assert_args_struct_matches, host_library, sm90_compile_log
+from tests.helpers import assert_args_struct_matches, host_library, load_tool, sm90_compile_log
 from tests.verify.test_filtering import hard_rows
 
 NEG_INF = float("-inf")
@@ -113,22 +113,11 @@ def test_persistent_builds_compile_without_spills_in_their_loops(tmp_path, defin
 
 
 def cuobjdump_sass(cubin):
-    """``cuobjdump -sass`` of a cubin with the copy in Triton's package (None where there is none)."""
+    """``cuobjdump -sass`` of a cubin (tools/filter_sass.py's: Triton's copy of the tool; None where it is absent)."""
     import os
-    import subprocess
-    import tempfile
 
-    import triton
-
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    if not os.path.exists(tool):
-        return None
-    with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as handle:
-        handle.write(cubin)
-    try:
-        return subprocess.run([tool, "-sass", handle.name], capture_output=True, text=True, check=True).stdout
-    finally:
-        os.unlink(handle.name)
+    sass = load_tool("filter_sass")
+    return sass.cuobjdump(cubin) if os.path.exists(sass.cuobjdump_tool()) else None
 
 
 def sass_loops(sass):
@@ -805,6 +794,11 @@ def test_launch_arguments(monkeypatch):
     filt.flags = cf.FLAGS_ALL
     filt.filter(padded, 50, 0.9, padded)
     assert launches[0][4].flags == cf.KERNEL_FLAGS
+    filt.cap_clusters(4)  # (a test knob: a cap where a persistent grid exists, none added elsewhere)
+    assert (filt.clusters, filt.l2_clusters) == (4, 4)
+    filt.clusters = None
+    filt.cap_clusters(2)
+    assert (filt.clusters, filt.l2_clusters) == (None, 2)
     filt.clusters = filt.l2_clusters = None
     filt.flags, filt.l2_kernels = cf.FLAG_REFINE, None
     with pytest.raises(ValueError, match="out"):

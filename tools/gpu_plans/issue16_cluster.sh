@@ -231,9 +231,8 @@ x[3] = 0.0  # a flat row: narrowing passes
 cf.L2_MIN_ROWS = 1  # (the L2-row builds take top-p alone from 31 rows by default: these 16 reach them too)
 filt = cf.CudaTopKTopPFilter(16, 4099, "cuda", flags=int(os.environ.get("FILTER_FLAGS", "3")))
 clusters = int(os.environ.get("FILTER_CLUSTERS", "0"))  # FLAG_PERSIST: fewer clusters than rows (the loop over rows)
-if clusters and filt.clusters is not None:
-    filt.clusters = clusters
-    filt.l2_clusters = clusters if filt.l2_clusters is not None else None
+if clusters:
+    filt.cap_clusters(clusters)
 t = torch.full((16,), 0.7, device="cuda")
 for k, p, temp in ((50, 0.9, None), (None, 0.9, None), (7, None, None), (None, 0.9, t)):
     y = torch.full((16, 4100), 5.0, device="cuda")[:, :4099]

@@ -320,14 +320,20 @@ class CudaTopKTopPFilter:
             p_value=1.0 if p_per_row or p is None else f32(p),
             t_ptr=temperature.data_ptr() if t_per_row else 0, t_per_row=int(t_per_row),
             t_value=1.0 if t_per_row or temperature is None else f32(temperature), flags=self.flags & KERNEL_FLAGS)
+        kernels, cluster, smem, fit = ((self.l2_kernels, self.l2_cluster, self.l2_smem, self.l2_clusters) if l2
+                                       else (self.kernels, CLUSTER, self.smem, self.clusters))
+        clusters = rows if fit is None else min(rows, fit)
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        if l2:
-            clusters = rows if self.l2_clusters is None else min(rows, self.l2_clusters)
-            self.l2_kernels.launch(KERNELS[0], clusters * self.l2_cluster, THREADS, self.l2_smem, stream, [args])
-        else:
-            clusters = rows if self.clusters is None else min(rows, self.clusters)
-            self.kernels.launch(KERNELS[0], clusters * CLUSTER, THREADS, self.smem, stream, [args])
+        kernels.launch(KERNELS[0], clusters * cluster, THREADS, smem, stream, [args])
         return out
+
+    def cap_clusters(self, count: int) -> None:
+        """:data:`FLAG_PERSIST`: launch at most ``count`` clusters, fewer than fit at once, so that every cluster loops
+        over more rows (tests, sanitizer runs). Without FLAG_PERSIST nothing changes: a cluster per row."""
+        if self.clusters is not None:
+            self.clusters = int(count)
+        if self.l2_clusters is not None:
+            self.l2_clusters = int(count)
 
 
 def _top_k_off(k, vocab) -> bool:
