@@ -1,11 +1,13 @@
 """Time verification designs and layouts side by side on the GPU (CUDA graph, cold L2, median of rounds).
 
-Usage: ``PYTHONPATH=src python3 tools/sweep_verify.py [rows ...] [--variants NAME,...] [--rounds R]``.
+Usage: ``PYTHONPATH=src python3 tools/sweep_verify.py [rows ...] [--variants NAME,...] [--rounds R]
+[--inputs random|close]``.
 Inputs as ``dspark-markov bench --verify`` (fp32 target N(0, 2^2), bf16 cache, random drafts,
-K = 5, V = 129,280, mixed T 0 / 0.6 / 1 per slot). Variants: ``stream`` (:class:`StreamVerifier`,
+K = 5, V = 129,280, mixed T 0 / 0.6 / 1 per slot); ``--inputs close``: the raw target is the cache plus
+N(0, 0.05^2), so nearly every draft is accepted (every row is needed: the worst case of ``phases``). Variants: ``stream`` (:class:`StreamVerifier`,
 default layout), ``raw`` (the
 stream kernel on raw logits with the per-slot temperature), ``stream:t1=4,lag=2`` (layout
-overrides), ``block``/``raw_block`` (block verification). Prints microseconds and whether every
+overrides; ``stream:phases=1`` or ``phases=1/2``: phased launches), ``block``/``raw_block`` (block verification). Prints microseconds and whether every
 variant's tokens equal the first variant's of its method (raw against pre-divided: bit equality).
 """
 
@@ -22,10 +24,15 @@ V, K = 129_280, 5
 
 
 def parse(argv):
-    rows, variants, rounds = [], ["stream", "raw", "block", "raw_block"], 5
+    rows, variants, rounds, inputs = [], ["stream", "raw", "block", "raw_block"], 5, "random"
     i = 0
     while i < len(argv):
-        if argv[i] == "--variants":
+        if argv[i] == "--inputs":
+            inputs = argv[i + 1]
+            if inputs not in ("random", "close"):
+                raise SystemExit(f"--inputs: expected random or close, got {inputs!r}")
+            i += 2
+        elif argv[i] == "--variants":
             variants = argv[i + 1].split(",") if "," in argv[i + 1] else [argv[i + 1]]
             i += 2
         elif argv[i] == "--rounds":
@@ -34,7 +41,7 @@ def parse(argv):
         else:
             rows.append(int(argv[i]))
             i += 1
-    return rows or [1, 16, 64, 253], [v.replace(";", ",") for v in variants], rounds
+    return rows or [1, 16, 64, 253], [v.replace(";", ",") for v in variants], rounds, inputs
 
 
 def options(spec):
@@ -42,17 +49,20 @@ def options(spec):
     opts = {}
     for item in filter(None, rest.split("+")):
         key, _, value = item.partition("=")
-        opts[key] = int(value)
+        opts[key] = tuple(int(v) for v in value.split("/")) if "/" in value else int(value)
     return name, opts
 
 
 def main(argv):
-    rows_list, variants, rounds = parse(argv)
+    rows_list, variants, rounds, inputs = parse(argv)
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(2026)
     big = max(rows_list)
     raw_target = torch.randn(big, K + 1, V, generator=g, device=dev) * 2.0
     cache = (torch.randn(big, K, V, generator=g, device=dev) * 2.0).bfloat16()
+    if inputs == "close":  # p ~ q at every token: (almost) every draft accepted
+        raw_target = torch.cat([cache.float(), cache[:, -1:].float()], dim=1) + 0.05 * torch.randn(
+            big, K + 1, V, generator=g, device=dev)
     drafts = torch.randint(0, V, (big, K), generator=g, device=dev)
     positions = torch.randint(1, 1 << 20, (big,), generator=g, device=dev)
     seeds = torch.randint(-(1 << 62), 1 << 62, (big,), generator=g, device=dev)
@@ -60,7 +70,7 @@ def main(argv):
     temperature = table[torch.arange(big, device=dev) % 3]
     target = scaled_logits(raw_target, temperature)  # pre-divided, as the standard mode takes them
     flush = harness.L2Flusher(dev)
-    print(f"V={V} K={K} bf16 cache, mixed T; variants {variants}")
+    print(f"V={V} K={K} bf16 cache, mixed T, {inputs} inputs; variants {variants}")
     for rows in rows_list:
         args = (target[:rows], drafts[:rows], cache[:rows], torch.full((rows,), K, device=dev),
                 torch.arange(rows, device=dev), positions[:rows], temperature[:rows], seeds[:rows])
@@ -103,7 +113,8 @@ def main(argv):
             same = torch.equal(tokens, ref_tokens) and torch.equal(count, ref_count)
             t = statistics.median(times[spec])
             print(f"rows {rows:4d} {spec:28s} {t:9.1f} us  ({min(times[spec]):.1f}-{max(times[spec]):.1f})  "
-                  f"floor {floor:6.1f}  {100 * floor / t:5.1f}%  equal to {ref_spec}: {same}")
+                  f"floor {floor:6.1f}  {100 * floor / t:5.1f}%  equal to {ref_spec}: {same}  "
+                  f"mean emitted {count.double().mean().item():.2f}")
         for verifier in keep:
             verifier.check()
     from dspark_markov.verify import triton_verify_stream as ts

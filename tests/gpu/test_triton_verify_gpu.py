@@ -315,7 +315,9 @@ def test_stream_layouts_agree_and_graph_replays():
 # orders, the raw mode's split unroll (only the divided slots load fewer tiles at once), the poisoned fast division
 # with 4 tiles at once where values are divided, the L2 prefetch of the emitted row (evict_last)
 OPTION_VARIANTS = {"compact": dict(compact=1), "padded": dict(compact=0), "div_unroll": dict(div_unroll=2),
-                   "fast_divide_2": dict(fast_divide=2, div_unroll=4), "emit_prefetch": dict(emit_prefetch=2)}
+                   "fast_divide_2": dict(fast_divide=2, div_unroll=4), "emit_prefetch": dict(emit_prefetch=2),
+                   # phased launches (not run on a GPU before): row 0, then rows 1..K; and three launches
+                   "phases_1": dict(phases=1), "phases_1_2": dict(phases=(1, 2))}
 
 
 @pytest.mark.parametrize("variant", sorted(OPTION_VARIANTS))
@@ -357,3 +359,37 @@ def test_stream_options_equal_reference_and_replay(rows, variant):
         assert torch.equal(tokens, ref.tokens) and torch.equal(count, ref.num_emitted)
     verifier.check()
     assert int(verifier.counters.abs().sum()) == 0
+
+
+@pytest.mark.parametrize("closeness", [0.5, 0.02], ids=["mixed", "mostly_accepted"])
+@pytest.mark.parametrize("rows", [16, 253])
+def test_phased_launches_equal_one_launch_and_skip_later_rows(rows, closeness):
+    """``phases`` at full shapes: the tokens of one launch (and the reference), with drafts mostly rejected early or
+    mostly accepted (every launch has work); no stream item of a launch after the one holding a request's emitted row
+    wrote its partials (a sentinel stays); the counters are reset."""
+    StreamVerifier = _stream()
+    args = _case(rows, 41, closeness=closeness)
+    one = StreamVerifier(rows, K, VOCAB, "cuda", phases=())
+    expected = [x.clone() for x in one.run(*args)]
+    ref = dm.verify_drafts(*args)
+    assert torch.equal(expected[0], ref.tokens) and torch.equal(expected[1], ref.num_emitted)
+    live = args[4] >= 0
+    for bounds in ((1,), (1, 2), (3,)):
+        verifier = StreamVerifier(rows, K, VOCAB, "cuda", phases=bounds)
+        verifier.pa.fill_(1234.5)
+        tokens, count = verifier.run(*args)
+        torch.cuda.synchronize()
+        verifier.check()
+        assert torch.equal(tokens, expected[0]) and torch.equal(count, expected[1]), bounds
+        assert int(verifier.counters.abs().sum()) == 0
+        cut = torch.tensor(bounds, device="cuda")
+        phase_of_emitted = ((count - 1).clamp_min(0)[:, None] >= cut[None, :]).sum(1)  # [B]
+        phase_of_row = (torch.arange(K + 1, device="cuda")[:, None] >= cut[None, :]).sum(1)  # [K+1]
+        later = phase_of_row[None, :] > phase_of_emitted[:, None]  # [B, K+1]
+        written = (verifier.pa[:rows, :K + 1] != 1234.5).any(-1)
+        in_request = live[:, None] & (torch.arange(K + 1, device="cuda")[None, :] <= args[3][:, None])
+        assert torch.equal(written, in_request & ~later), bounds
+    n, emitted = args[3][live], expected[1][live]
+    all_accepted = float((emitted == n + 1).double().mean())
+    early = int(((n >= 1) & (emitted == 1)).sum())
+    assert all_accepted >= 0.75 if closeness < 0.1 else (early >= 1 and int((emitted >= 2).sum()) >= 1)

@@ -246,3 +246,64 @@ def test_mode_options_outside_their_values_are_refused():
         with pytest.raises(ValueError, match=option):
             StreamVerifier(2, 3, VOCAB, "cpu", **{option: value})
     assert StreamVerifier(2, 3, VOCAB, "cpu", fast_divide=2, emit_prefetch=0).fast_divide == 2
+
+
+def _phase_of(row, bounds):
+    """Index of the launch (of ``StreamVerifier.launches``) that streams ``row``."""
+    return sum(row >= cut for cut in bounds)
+
+
+@pytest.mark.parametrize("seed, closeness", [(24, 0.7), (22, 0.02)], ids=["mixed", "mostly_accepted"])
+def test_phased_launches_equal_one_launch_and_skip_later_rows(seed, closeness):
+    """``phases``: the same tokens as one launch (and the reference) for every split of the rows, greedy targets,
+    padding and ``n < K`` included; a launch after the one holding a request's emitted row streams nothing of it
+    (its partial statistics keep a sentinel); the counters are reset after every call and the verifier is reused."""
+    args = _case(seed, batch=8, closeness=closeness)
+    flags = torch.zeros(8, dtype=torch.bool)
+    flags[5] = True
+    one = StreamVerifier(8, 3, VOCAB, "cpu", phases=())
+    for greedy in (None, flags):
+        expected = _run(one, args, "standard", greedy)
+        _assert_reference(args, "standard", expected, greedy)
+        emitted = expected[1] if greedy is None else emitted
+        for bounds in ((1,), (2,), (3,), (1, 2), (1, 2, 3)):
+            verifier = StreamVerifier(8, 3, VOCAB, "cpu", phases=bounds)
+            verifier.pa.fill_(1234.5)  # rows no stream item wrote keep it
+            out = _run(verifier, args, "standard", greedy)
+            assert torch.equal(out[0], expected[0]) and torch.equal(out[1], expected[1]), bounds
+            for b in range(8):
+                emitted_row = int(out[1][b]) - 1
+                for row in range(4):
+                    written = bool((verifier.pa[b, row] != 1234.5).any())
+                    live_row = int(args[4][b]) >= 0 and row <= int(args[3][b])
+                    later = emitted_row < 0 or _phase_of(row, bounds) > _phase_of(emitted_row, bounds)
+                    assert written == (live_row and not later), (bounds, b, row, emitted_row)
+            assert torch.equal(_run(verifier, args, "standard", greedy)[0], expected[0])  # reused: counters reset
+    live, n = args[4] >= 0, args[3]
+    accepted_all = int((live & (n >= 2) & (emitted == n + 1)).sum())  # (without greedy flags)
+    assert accepted_all >= 4 if closeness < 0.1 else (accepted_all >= 2 and int((live & (n >= 1) & (emitted == 1)).sum()) >= 2)
+
+
+def test_phased_raw_logits_and_launch_plan(monkeypatch):
+    """Raw logits through phases equal pre-divided logits through one launch; ``launches`` (block: one; boundaries
+    beyond K dropped; PHASES from PHASES_FROM requests); ``phases`` values refused with the argument's name."""
+    args = _case(22, closeness=0.3)
+    temperature, idx = args[6], args[4]
+    raw = args[0] * torch.where(temperature == 0, 1.0, temperature)[idx.clamp_min(0), None, None]
+    divided = scale_target(raw, temperature, idx)
+    a = _run(StreamVerifier(7, 3, VOCAB, "cpu", phases=()), [divided] + args[1:], "standard")
+    phased = StreamVerifier(7, 3, VOCAB, "cpu", phases=1)
+    b = _run(phased, [raw] + args[1:], "standard", target_temperature=temperature)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert phased.launches(7) == [(0, 1), (1, 0)] and phased.launches(7, "block") == [(0, 0)]
+    assert StreamVerifier(7, 3, VOCAB, "cpu", phases=(2, 4, 9)).launches(3) == [(0, 2), (2, 0)]
+    assert StreamVerifier(7, 0, VOCAB, "cpu", phases=1).launches(3) == [(0, 0)]  # K = 0: one row
+    monkeypatch.setattr(triton_verify_stream, "PHASES_FROM", 5)
+    default = StreamVerifier(7, 3, VOCAB, "cpu")
+    assert default.launches(4) == [(0, 0)] and default.launches(5) == [(0, 1), (1, 0)]
+    assert StreamVerifier(7, 3, VOCAB, "cpu", phases=()).launches(7) == [(0, 0)]
+    for value in (0, (2, 1), (1, 1), "1", 1.0, True, (1, None)):
+        with pytest.raises(ValueError, match="phases"):
+            StreamVerifier(2, 3, VOCAB, "cpu", phases=value)
+    with pytest.raises(ValueError, match="trace"):
+        phased.run(*args, trace=torch.zeros(phased.programs(7), 4, dtype=torch.int64))

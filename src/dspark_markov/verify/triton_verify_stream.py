@@ -36,6 +36,17 @@ Bytes per live request: ``(n+1) V 4`` target + ``n V c`` cache streamed once fro
 target row (and one cache row after a rejection) re-read, normally from L2; ``O((K+1) chunks)``
 partials; ``(K+2) 8`` written.
 
+**Phased launches** (``phases``, standard method; opt-in, NOT RUN ON A GPU YET, see :data:`PHASES_FROM`):
+a call becomes one launch per range of rows (``phases=1``: row 0, then rows 1..K). Draft ``j``'s
+acceptance needs only row ``j``'s statistics, so a launch's epilogue decides every request whose
+first rejection (or bonus row) lies in the launch's rows and emits its token exactly as above; a
+request whose drafts in those rows were all accepted stores the launch's end row as its accepted
+count, and only such requests have items in the next launch (the others' items exit at once). The
+rows after a request's first rejection are never read (the issue-18 benchmark's random drafts are
+mostly rejected at row 0 or 1), and a launch still streams its rows in parallel; what it costs is a
+launch boundary per phase when drafts are accepted. Decisions cross launches only through the
+kernel boundary (no program waits on another launch), so the interpreter runs every branch.
+
 Raw target logits: with ``target_temperature`` (``[S]`` fp32) the target logits are taken before
 temperature and each element is divided in the kernel by its slot's temperature with the IEEE
 division ``tl.math.div_rn`` (``T == 0``: unscaled), the same correctly rounded division as
@@ -90,6 +101,10 @@ RAW_WIDE = (2, 4)
 GREEDY_DIRECT = True  # greedy / padding requests written by their last stream item (StreamVerifier's greedy_direct)
 EMIT_PREFETCH = 0  # L2 prefetch of the emitted row by the request's last stream item (1; 2: evict_last; 0: none)
 DIV_UNROLL = 0  # raw logits: tiles at once where values are divided (0: the whole raw launch at 2; StreamVerifier's div_unroll)
+# Phased launches (StreamVerifier's phases, standard method): NOT RUN ON A GPU YET, so off by default. PHASES_FROM: the
+# batch from which phases=None takes PHASES (None: never); PHASES: the row boundaries (1: row 0, then rows 1..K).
+PHASES = (1,)
+PHASES_FROM = None
 
 _ACCEPT_DOMAIN = tl.constexpr(keys.ACCEPT_DOMAIN)
 _RESAMPLE_DOMAIN = tl.constexpr(keys.RESAMPLE_DOMAIN)
@@ -631,19 +646,28 @@ def _stream_verify_kernel(
     FAST_DIVIDE: tl.constexpr = 0, INTERIOR: tl.constexpr = False, SCAN_ARGMAX: tl.constexpr = False,
     EARLY: tl.constexpr = False, PREFETCH: tl.constexpr = False, DIV_UNROLL: tl.constexpr = 0, DBUF: tl.constexpr = False,
     trace_ptr=None, TRACE: tl.constexpr = False, COMPACT: tl.constexpr = False, EMIT_PREFETCH: tl.constexpr = 0,
-    GREEDY_DIRECT: tl.constexpr = False,
+    GREEDY_DIRECT: tl.constexpr = False, ROW_LO: tl.constexpr = 0, ROW_HI: tl.constexpr = 0,
 ):
     STAGES: tl.constexpr = 3 if BLOCK_METHOD else 2
     MASS_ROWS: tl.constexpr = K - 1 if (BLOCK_METHOD and K >= 2) else 0
+    # A phased launch (standard method, StreamVerifier's phases) streams rows [ROW_LO, HI) of the requests whose
+    # drafts 0 .. ROW_LO-1 an earlier launch accepted; ROW_HI = 0: up to row K. Not phased: ROWS = K + 1.
+    PHASED: tl.constexpr = (ROW_LO > 0) or (ROW_HI > 0)
+    HI: tl.constexpr = ROW_HI if ROW_HI > 0 else K + 1
+    ROWS: tl.constexpr = HI - ROW_LO
     R2: tl.constexpr = 2 * K + 1  # partial rows: targets 0..K, caches K+1..2K
     # tiles loaded at once where target values are divided (RAW, T not 0 or 1): DIV_UNROLL when given
     UR: tl.constexpr = (DIV_UNROLL if DIV_UNROLL > 0 else UNROLL) if RAW else UNROLL
     if TRACE:  # [programs, 4] int64: start ns, after the wait ns, end ns, stage + 4 valid + 8 smid
         t_start, smid = _clock(tl.program_id(0), HARDWARE)
     if COMPACT and not BLOCK_METHOD:  # the padded order without its padding
-        stage, b, j, chunk, valid = _item_compact(requests, LAG, (K + 1) * C1, C2, C1)
+        stage, b, j, chunk, valid = _item_compact(requests, LAG, ROWS * C1, C2, C1)
     else:
-        stage, b, j, chunk, valid = _item(requests, LAG, (K + 1) * C1, MASS_ROWS * C1, C2, C1, STAGES)
+        stage, b, j, chunk, valid = _item(requests, LAG, ROWS * C1, MASS_ROWS * C1, C2, C1, STAGES)
+    if PHASED:
+        j = j + ROW_LO  # (a stream item's row; emit items ignore it)
+        if ROW_LO > 0:  # only requests that the earlier launches left undecided (accepted count = ROW_LO)
+            valid = valid & (tl.load(acc_ptr + b) >= ROW_LO)
     if TRACE:
         t_waited = t_start
     if PREFETCH:  # the first tiles of a stream item's target row, before its request's loads come back
@@ -723,12 +747,16 @@ def _stream_verify_kernel(
                                               tl.math.div_rn(_LOG2E, temp), False, BLOCK, UNROLL, HARDWARE, PIPE)
                         tl.store(pa_ptr + qpart, mx)
                         tl.store(pb_ptr + qpart, sm)
-        if _arrive(counters + 0, (K + 1) * C1):
+        if _arrive(counters + 0, ROWS * C1):
             # Last stream item of request b: row statistics, acceptance, weights.
             cc = tl.arange(0, C1P)
             last_row = tl.where(live, n, -1)  # (the interpreter widens vector & scalar-bool to int32)
             t_ok = (jj <= last_row)[:, None] & (cc < C1)[None, :]
             q_ok = (jj < n)[:, None] & (cc < C1)[None, :]  # n = 0 for padding
+            if PHASED:  # this launch's rows only (earlier ones were accepted before, later ones are not read yet)
+                in_phase = (jj >= ROW_LO) & (jj < HI)
+                t_ok = t_ok & in_phase[:, None]
+                q_ok = q_ok & in_phase[:, None]
             t_off = (b * R2 + jj[:, None]) * C1P + cc[None, :]
             q_off = (b * R2 + K + 1 + jj[:, None]) * C1P + cc[None, :]
             tm = tl.load(pa_ptr + t_off, mask=t_ok, other=-_FMAX, volatile=True)
@@ -767,8 +795,11 @@ def _stream_verify_kernel(
             prefix = rng_triton.hash_prefix(seed, position - 1, _ACCEPT_DOMAIN)
             u = rng_triton.uniform32(rng_triton.hash_finish(prefix, jj))
             accept = d_ok & (u < ratio)
-            count = tl.min(tl.where(accept, KP1, jj), axis=0)  # the first failing index (n if none)
             g_accept = d_ok & (x == t_arg.to(tl.int64))
+            if PHASED:  # drafts before ROW_LO: accepted by an earlier launch; from HI on: not decided yet
+                accept = (d_ok & (jj < ROW_LO)) | (accept & (jj < HI))
+                g_accept = (d_ok & (jj < ROW_LO)) | (g_accept & (jj < HI))
+            count = tl.min(tl.where(accept, KP1, jj), axis=0)  # the first failing index (n if none)
             g_count = tl.min(tl.where(g_accept, KP1, jj), axis=0)
             count = tl.where(greedy, g_count, count)
             weights = tl.where(jj == 0, 1.0, 0.0)
@@ -779,6 +810,8 @@ def _stream_verify_kernel(
                     w = tl.where(product > 1.0, 1.0, product)
                     weights = tl.where(jj == i + 1, w, weights)
             row_ok = jj <= K
+            if PHASED:
+                row_ok = row_ok & in_phase
             tl.store(rows + 0 * KP1 + jj, t_max, mask=row_ok)
             tl.store(rows + 1 * KP1 + jj, t_sum, mask=row_ok)
             tl.store(rows + 2 * KP1 + jj, q_cmax, mask=row_ok)  # raw max (the q of the residuals is in c space)
@@ -791,13 +824,18 @@ def _stream_verify_kernel(
                 u_prev = tl.where(jj >= 1, rng_triton.uniform32(rng_triton.hash_finish(prefix, jj - 1)), 1.0)
                 block = _block_count(tl.zeros([KP1], tl.float32), weights, u_prev, n, jj)
                 count = tl.where(greedy, count, block)
-            tl.store(acc_ptr + b, count)
+            tl.store(acc_ptr + b, count)  # (phased: HI when drafts up to HI - 1 are accepted and n >= HI)
+            if PHASED:
+                decided = count < HI  # else a later launch streams the next rows of this request
+            else:
+                decided = True
             if direct:  # the emit items of this request do nothing: write its output row here (as their last would)
-                js = tl.minimum(tl.maximum(count, 0), n)
-                emitted = tl.sum(tl.where(jj == js, t_arg, 0), axis=0).to(tl.int64)  # (t_arg clamped above)
-                out = tl.where(jj < js, x, tl.where(jj == js, emitted, -1))
-                tl.store(tokens_ptr + b * tokens_stride + jj, tl.where(live, out, -1), mask=jj <= K)
-                tl.store(num_emitted_ptr + b, tl.where(live, js + 1, 0).to(tl.int64))
+                if decided:
+                    js = tl.minimum(tl.maximum(count, 0), n)
+                    emitted = tl.sum(tl.where(jj == js, t_arg, 0), axis=0).to(tl.int64)  # (t_arg clamped above)
+                    out = tl.where(jj < js, x, tl.where(jj == js, emitted, -1))
+                    tl.store(tokens_ptr + b * tokens_stride + jj, tl.where(live, out, -1), mask=jj <= K)
+                    tl.store(num_emitted_ptr + b, tl.where(live, js + 1, 0).to(tl.int64))
                 tl.store(counters + tl.arange(0, 4), tl.zeros([4], tl.int32))
             else:
                 tl.debug_barrier()
@@ -854,7 +892,12 @@ def _stream_verify_kernel(
         _wait(counters + 3, ready_level, status_ptr)
         if TRACE:
             t_waited, trace_sm = _clock(chunk, HARDWARE)
-        js = tl.minimum(tl.maximum(tl.load(acc_ptr + b, volatile=True), 0), n)
+        count = tl.load(acc_ptr + b, volatile=True)
+        js = tl.minimum(tl.maximum(count, 0), n)
+        if PHASED:
+            decided = count < HI  # else rows HI.. come in a later launch: this one only resets the counters
+        else:
+            decided = True
         part = b * C2P + chunk
         t_max = tl.load(rows + 0 * KP1 + js, volatile=True)
         t_inv = tl.math.div_rn(1.0, tl.load(rows + 1 * KP1 + js, volatile=True))
@@ -869,7 +912,10 @@ def _stream_verify_kernel(
         t_row = t_base + js * t_row_stride
         c_row = c_base + js * c_step_stride  # read only after a rejection (js < n <= K)
         rejected = js < n
-        if live & ~greedy & EMIT_SCAN:
+        scan = live & ~greedy & EMIT_SCAN
+        if PHASED:
+            scan = scan & decided
+        if scan:
             start = chunk * T2 * EMIT_BLOCK
             end = tl.minimum(start + T2 * EMIT_BLOCK, vocab)
             val, tok, pos, risky = _emit_scan(t_row, c_row, prefix, start, end, T2, ttemp, temp, w, t_max, t_inv,
@@ -884,29 +930,30 @@ def _stream_verify_kernel(
             tl.store(ei_ptr + part, tok)
             tl.store(eany_ptr + part, pos)
         if _arrive(counters + 2, C2):
-            cc = tl.arange(0, C2P)
-            in_row = cc < C2
-            off = b * C2P + cc
-            val = tl.load(ea_ptr + off, mask=in_row, other=float("-inf"), volatile=True)
-            tok = tl.load(ei_ptr + off, mask=in_row, other=0, volatile=True)
-            _, sampled = block_argmax(val, tok, in_row)
-            if live & ~greedy & rejected:
-                if tl.max(tl.load(eany_ptr + off, mask=in_row, other=0, volatile=True), axis=0) == 0:
-                    # The residual is all zero in fp32: draw from p_j instead (the bonus keys of row j),
-                    # here in one program over the whole row (p == q to the last bit: rare).
-                    bonus_key, bonus_tok, no_pos, no_risk = _emit_scan(
-                        t_row, c_row, prefix, 0, vocab, tl.cdiv(vocab, BLOCK), ttemp, temp, w, t_max, t_inv, q_cmax,
-                        q_scale, q_inv, q_arg, False, RAW, True, HARDWARE, BLOCK)
-                    sampled = bonus_tok
-            sampled = tl.minimum(tl.maximum(sampled, 0), vocab - 1)
-            t_arg = tl.load(rows + 5 * KP1 + js, volatile=True).to(tl.int32, bitcast=True)
-            emitted = tl.where(greedy, tl.minimum(tl.maximum(t_arg, 0), vocab - 1), sampled).to(tl.int64)
-            x = tl.load(drafts_ptr + b * d_req_stride + jj * d_step_stride, mask=(jj < js) & (jj < K),
-                        other=0).to(tl.int64)
-            x = tl.minimum(tl.maximum(x, 0), vocab - 1)
-            out = tl.where(jj < js, x, tl.where(jj == js, emitted, -1))
-            tl.store(tokens_ptr + b * tokens_stride + jj, tl.where(live, out, -1), mask=jj <= K)
-            tl.store(num_emitted_ptr + b, tl.where(live, js + 1, 0).to(tl.int64))
+            if decided:  # (phased: an undecided request's output row comes from a later launch)
+                cc = tl.arange(0, C2P)
+                in_row = cc < C2
+                off = b * C2P + cc
+                val = tl.load(ea_ptr + off, mask=in_row, other=float("-inf"), volatile=True)
+                tok = tl.load(ei_ptr + off, mask=in_row, other=0, volatile=True)
+                _, sampled = block_argmax(val, tok, in_row)
+                if live & ~greedy & rejected:
+                    if tl.max(tl.load(eany_ptr + off, mask=in_row, other=0, volatile=True), axis=0) == 0:
+                        # The residual is all zero in fp32: draw from p_j instead (the bonus keys of row j),
+                        # here in one program over the whole row (p == q to the last bit: rare).
+                        bonus_key, bonus_tok, no_pos, no_risk = _emit_scan(
+                            t_row, c_row, prefix, 0, vocab, tl.cdiv(vocab, BLOCK), ttemp, temp, w, t_max, t_inv, q_cmax,
+                            q_scale, q_inv, q_arg, False, RAW, True, HARDWARE, BLOCK)
+                        sampled = bonus_tok
+                sampled = tl.minimum(tl.maximum(sampled, 0), vocab - 1)
+                t_arg = tl.load(rows + 5 * KP1 + js, volatile=True).to(tl.int32, bitcast=True)
+                emitted = tl.where(greedy, tl.minimum(tl.maximum(t_arg, 0), vocab - 1), sampled).to(tl.int64)
+                x = tl.load(drafts_ptr + b * d_req_stride + jj * d_step_stride, mask=(jj < js) & (jj < K),
+                            other=0).to(tl.int64)
+                x = tl.minimum(tl.maximum(x, 0), vocab - 1)
+                out = tl.where(jj < js, x, tl.where(jj == js, emitted, -1))
+                tl.store(tokens_ptr + b * tokens_stride + jj, tl.where(live, out, -1), mask=jj <= K)
+                tl.store(num_emitted_ptr + b, tl.where(live, js + 1, 0).to(tl.int64))
             # Every item of request b has arrived: reset its counters for the next call.
             tl.store(counters + tl.arange(0, 4), tl.zeros([4], tl.int32))
     if TRACE:
@@ -928,6 +975,20 @@ RESIDENT_PER_SM = 2  # Layout's default: 8-warp programs per SM at 128 registers
 MAX_T1 = 16  # tiles per stream item at most (32K values: 128 KB of target, 64 KB of bf16 cache)
 
 
+def _phase_bounds(value) -> tuple:
+    """``phases`` as a tuple of row boundaries (an int is one), strictly increasing, each >= 1; ``()``: off."""
+    bounds = (value,) if isinstance(value, int) and not isinstance(value, bool) else value
+    try:
+        bounds = tuple(bounds)
+    except TypeError:
+        bounds = None
+    if bounds is None or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in bounds) or any(
+            b <= a for a, b in zip(bounds, bounds[1:])):
+        raise ValueError(f"phases: expected row boundaries >= 1 in increasing order (an int or a tuple of ints), "
+                         f"got {value!r}")
+    return bounds
+
+
 def _option(name, value, allowed) -> int:
     """``value`` as one of the ints ``allowed`` (a mode switch); ``ValueError`` naming ``name`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, int) or value not in allowed:
@@ -947,7 +1008,8 @@ class Layout:
     """
 
     def __init__(self, batch: int, k: int, vocab: int, block: int, cuda: bool, sms: int, *, t1=None, t2=None,
-                 lag=None, unroll=None, emit_block=None, resident_per_sm=RESIDENT_PER_SM, method="standard"):
+                 lag=None, unroll=None, emit_block=None, resident_per_sm=RESIDENT_PER_SM, method="standard", rows=None):
+        rows = k + 1 if rows is None else int(rows)  # rows streamed per request (a phased launch: fewer)
         tiles = triton.cdiv(vocab, block)
         self.emit_block = int(emit_block or block)
         emit_tiles = triton.cdiv(vocab, self.emit_block)
@@ -955,7 +1017,7 @@ class Layout:
         resident = resident_per_sm * sms
         if cuda:
             default_t1 = min(MAX_T1 if batch < 64 else 2 * MAX_T1,
-                             max(2, triton.cdiv(batch * (k + 1) * tiles, resident)))  # 1-tile items: slower
+                             max(2, triton.cdiv(batch * rows * tiles, resident)))  # 1-tile items: slower
             # (H200, verify4 u3, mixed T: 4-tile emit items at 16 requests 46.5 us against 51.1 for 2, 48.7 for 8;
             # 8 at 64 (108.7 against 111.6 for 4, 110.4 for 16); 16 at 253 (320.3 against 325.8 for 8))
             if batch <= 4:
@@ -977,7 +1039,7 @@ class Layout:
         self.c1 = triton.cdiv(tiles, self.t1)
         self.c2 = triton.cdiv(emit_tiles, self.t2)
         if lag is None:
-            lag = max(1, resident // ((k + 1) * self.c1)) if cuda else 1
+            lag = max(1, resident // (rows * self.c1)) if cuda else 1
         self.lag = int(lag)
 
 
@@ -1037,6 +1099,17 @@ class StreamVerifier:
         :data:`COMPACT_ORDER` = off). H200 (verify3 u3): slower than the padded order at every batch
         (19.3 / 57.3 / 114.6 / 344.6 us against 18.4 / 54.5 / 111.9 / 339.3, mixed T).
     max_registers : the launch's register cap (default 80: three 8-warp programs per SM).
+    phases : standard method: row boundaries that split a call into launches (``1``: row 0 of every
+        request, then rows 1..K of the requests whose draft 0 was accepted; ``(1, 2)``: three launches). A
+        draft's acceptance needs only its own row, so a launch decides every request whose first rejection
+        (or bonus row) falls in its rows, emits its token as the one-launch kernel does, and leaves the
+        others to the next launch, whose items of decided requests exit at once: rows after a request's
+        first rejection are never read (on random drafts, mostly rejected at row 0, about a third of the
+        bytes; with every draft accepted, all of them and a launch boundary more). Rows inside a launch are
+        streamed in parallel as without phases, and decisions cross launches only at kernel boundaries, so
+        no program waits on another launch's. The same tokens as one launch (the same statistics, ratios and
+        keys for every row up to the emitted one). Default ``None``: :data:`PHASES` from :data:`PHASES_FROM`
+        requests on (``None``: never); ``()``: never. NOT RUN ON A GPU YET.
     emit_block : values per emit-scan tile (default 1024 on the GPU, ``block`` on the CPU).
     stages, emit_stages : Triton pipelining of the streamed / emitted tiles (default 1 = none:
         measured slower on the H200).
@@ -1054,7 +1127,7 @@ class StreamVerifier:
                  t1=None, t2=None, lag=None, unroll=None, warps: int | None = None, emit=1,
                  noise_filter=1, stages=None, emit_stages=None, fused=None, emit_block=None, fast_divide=None,
                  max_registers=None, interior=None, scan_argmax=None, early=None, prefetch=None, div_unroll=None,
-                 dbuf=None, compact=None, emit_prefetch=None, greedy_direct=None):
+                 dbuf=None, compact=None, emit_prefetch=None, greedy_direct=None, phases=None):
         if int(max_batch) < 1:
             raise ValueError(f"max_batch: expected >= 1, got {max_batch}")
         if int(num_drafts) < 0:
@@ -1104,6 +1177,8 @@ class StreamVerifier:
         self.emit_prefetch = _option("emit_prefetch", emit_prefetch, (0, 1, 2)) if emit_prefetch is not None else EMIT_PREFETCH
         # Greedy and padding requests (standard method): the last stream item writes the output; no emit work.
         self.greedy_direct = bool(greedy_direct) if greedy_direct is not None else GREEDY_DIRECT
+        # Standard method: launches over row ranges (rows after a request's first rejection are never read).
+        self.phases = None if phases is None else _phase_bounds(phases)
         self._emit_scan = bool(emit)  # emit=0: a profiling aid (the emit items skip their scan: wrong tokens)
         self.warps = int(warps) if warps else (GPU_WARPS if self.cuda else 4)
         # At most 128 registers (two programs of 8 warps per SM): a variant that needs more spills a
@@ -1136,18 +1211,33 @@ class StreamVerifier:
         self.tokens = torch.full((mb, k + 1), -1, dtype=torch.int64, device=device)
         self.num_emitted = zeros(mb, dtype=torch.int64)
 
-    def layout(self, batch: int, method: str = "standard") -> Layout:
+    def layout(self, batch: int, method: str = "standard", rows: int | None = None) -> Layout:
+        """The :class:`Layout` of a launch streaming ``rows`` rows per request (default ``K + 1``: all)."""
         return Layout(batch, self.k, self.vocab, self.block, self.cuda, self.sms, emit_block=self.emit_block,
-                      resident_per_sm=self.resident_per_sm, method=method, **self.overrides)
+                      resident_per_sm=self.resident_per_sm, method=method, rows=rows, **self.overrides)
 
-    def programs(self, batch: int, method: str = "standard") -> int:
-        """Programs of one launch for ``batch`` requests (stream, mass and emit items, with the lag's padding)."""
-        lay = self.layout(batch, method)
+    def launches(self, batch: int, method: str = "standard") -> list:
+        """``[(row_lo, row_hi)]`` of one call, the kernel's ``ROW_LO`` / ``ROW_HI``: ``[(0, 0)]`` is one launch over
+        every row; with ``phases`` (standard method, boundaries up to ``K``) one launch per row range, the last
+        one's ``row_hi`` 0 (up to row ``K``)."""
+        bounds = self.phases
+        if bounds is None:
+            bounds = PHASES if PHASES_FROM is not None and batch >= PHASES_FROM else ()
+        cuts = [int(c) for c in bounds if c <= self.k]
+        if method == "block" or not cuts:  # block verification needs every row's residual mass
+            return [(0, 0)]
+        return list(zip([0] + cuts, cuts + [0]))
+
+    def programs(self, batch: int, method: str = "standard", rows: int | None = None) -> int:
+        """Programs of one launch for ``batch`` requests streaming ``rows`` rows each (default ``K + 1``; stream,
+        mass and emit items, with the lag's padding)."""
+        rows = self.k + 1 if rows is None else int(rows)
+        lay = self.layout(batch, method, rows)
         if self.compact and method != "block":  # one program per item
-            return batch * ((self.k + 1) * lay.c1 + lay.c2)
+            return batch * (rows * lay.c1 + lay.c2)
         stages = 3 if method == "block" else 2
         mass_rows = self.k - 1 if (method == "block" and self.k >= 2) else 0
-        return (batch + (stages - 1) * lay.lag) * ((self.k + 1) * lay.c1 + mass_rows * lay.c1 + lay.c2)
+        return (batch + (stages - 1) * lay.lag) * (rows * lay.c1 + mass_rows * lay.c1 + lay.c2)
 
     def check(self) -> None:
         """Raise if a waiting item of an earlier launch timed out (synchronises); then reset."""
@@ -1184,7 +1274,7 @@ class StreamVerifier:
         lay = self.layout(batch, method)
         block_method = method == "block"
         raw = target_temperature is not None
-        programs = self.programs(batch, method)
+        launches = self.launches(batch, method)
         # The raw mode divides every loaded value: 2 tiles at a time keep it at ~117 registers
         # (4 tiles: ~170, one program per SM instead of two).
         fast_divide, div_unroll = self.fast_divide, self.div_unroll
@@ -1194,7 +1284,8 @@ class StreamVerifier:
         has_greedy = target_greedy is not None
         greedy = target_greedy.view(torch.uint8) if has_greedy else self._no_greedy
         d_step = draft_tokens.stride(1) if draft_tokens.dim() == 2 and k > 0 else 1
-        # Bytes: B*((n+1)*V*4 + n*V*c) streamed + B*V*(4 + c) re-read (L2), O(B*K*C1) partials, B*(K+2)*8 written.
+        # Bytes: B*((n+1)*V*4 + n*V*c) streamed + B*V*(4 + c) re-read (L2), O(B*K*C1) partials, B*(K+2)*8 written
+        # (phases: only the rows up to each request's emitted one, plus those a launch reads before it rejects).
         args = (target_logits, target_logits.stride(0), target_logits.stride(1),
                 draft_tokens, draft_tokens.stride(0), d_step,
                 logits_cache, logits_cache.stride(0), logits_cache.stride(1),
@@ -1204,7 +1295,7 @@ class StreamVerifier:
                 self.pa, self.pb, self.pi, self.mass, self.ea, self.ei, self.eany,
                 self.rows, self.accepted, self.draft_values, self.counters, self.status,
                 tokens, tokens.stride(0), num_emitted,
-                batch, vocab, lay.lag, lay.c1, lay.c2, lay.t1, lay.t2)
+                batch, vocab)
         meta = dict(K=k, KP1=self.kp1, C1P=self.c1p, C2P=self.c2p, BLOCK=self.block, UNROLL=unroll,
                     HARDWARE=self.cuda, EMIT_SCAN=self._emit_scan, NOISE_FILTER=self.noise_filter, HAS_GREEDY=has_greedy, RAW=raw, BLOCK_METHOD=block_method,
                     PIPE=self.stages, EMIT_PIPE=self.emit_stages, FUSED=self.fused, EMIT_BLOCK=self.emit_block,
@@ -1215,16 +1306,25 @@ class StreamVerifier:
                     num_warps=self.warps,
                     enable_fp_fusion=False)
         if trace is not None:
+            programs = self.programs(batch, method)
+            if len(launches) > 1:
+                raise ValueError("trace: a phased call makes several launches; trace one with phases=()")
             if trace.shape != (programs, 4) or trace.dtype != torch.int64:
                 raise ValueError(f"trace: expected [{programs}, 4] int64, got {tuple(trace.shape)} {trace.dtype}")
             meta.update(trace_ptr=trace, TRACE=True)
-        try:
-            _stream_verify_kernel[(programs,)](*args, **meta, **self._launch_options)
-        except KeyError:  # a Triton without the maxnreg option: the compiler's own register count
-            if not self._launch_options:
-                raise
-            self._launch_options = {}
-            _stream_verify_kernel[(programs,)](*args, **meta)
+        for row_lo, row_hi in launches:  # in stream order: a launch reads the accepted counts of the one before
+            rows = (row_hi or k + 1) - row_lo
+            lay = self.layout(batch, method, rows)
+            grid = (self.programs(batch, method, rows),)
+            shape = (lay.lag, lay.c1, lay.c2, lay.t1, lay.t2)
+            try:
+                _stream_verify_kernel[grid](*args, *shape, **meta, ROW_LO=row_lo, ROW_HI=row_hi,
+                                            **self._launch_options)
+            except KeyError:  # a Triton without the maxnreg option: the compiler's own register count
+                if not self._launch_options:
+                    raise
+                self._launch_options = {}
+                _stream_verify_kernel[grid](*args, *shape, **meta, ROW_LO=row_lo, ROW_HI=row_hi)
         return tokens, num_emitted
 
 
