@@ -107,11 +107,12 @@ phased_check)
   ;;
 phased_time)
   # 9. (~150 s) Phased launches beside the default in one run (CUDA graph, cold L2, mixed T; each variant's tokens
-  #    against the first's): the bench's random drafts, then close inputs (nearly every draft accepted: every row
+  #    against the first's; lag: the Layout's lag of every launch, runtime, no compile: a row-0 launch's own lag is
+  #    resident / c1 requests, ~198 at 253, where its emit items may re-read row 0 from DRAM): the bench's random drafts, then close inputs (nearly every draft accepted: every row
   #    needed, the worst case). Make it the default (PHASES_FROM, PHASES) only where it wins on random drafts and
   #    loses at most a few us on close ones; then `bench` for the committed files and the README table.
   timeout -k 2 90 python3 tools/sweep_verify.py 1 16 64 253 --rounds 3 \
-    --variants "stream,stream:phases=1,stream:phases=1/2,stream:phases=1/2/3/4/5,raw,raw:phases=1" \
+    --variants "stream,stream:phases=1,stream:phases=1/2,stream:phases=1/2/3/4/5,stream:phases=1+lag=16,stream:phases=1+lag=64,raw,raw:phases=1" \
     2>&1 | tee "$OUT/sweep_phased_random.txt"
   timeout -k 2 60 python3 tools/sweep_verify.py 16 64 253 --rounds 3 --inputs close \
     --variants "stream,stream:phases=1,stream:phases=1/2" 2>&1 | tee "$OUT/sweep_phased_close.txt"
