@@ -4,7 +4,8 @@ Usage: ``PYTHONPATH=src python3 tools/sweep_verify.py [rows ...] [--variants NAM
 [--inputs random|close]``.
 Inputs as ``dspark-markov bench --verify`` (fp32 target N(0, 2^2), bf16 cache, random drafts,
 K = 5, V = 129,280, mixed T 0 / 0.6 / 1 per slot); ``--inputs close``: the raw target is the cache plus
-N(0, 0.05^2), so nearly every draft is accepted (every row is needed: the worst case of ``phases``). Variants: ``stream`` (:class:`StreamVerifier`,
+N(0, 0.05^2) and the greedy slots' drafts are their target rows' argmaxes, so nearly every draft is accepted
+(every row is needed: the worst case of ``phases``). Variants: ``stream`` (:class:`StreamVerifier`,
 default layout), ``raw`` (the
 stream kernel on raw logits with the per-slot temperature), ``stream:t1=4,lag=2`` (layout
 overrides; ``stream:phases=1`` or ``phases=1/2``: phased launches), ``block``/``raw_block`` (block verification). Prints microseconds and whether every
@@ -69,6 +70,9 @@ def main(argv):
     table = torch.tensor([0.0, 0.6, 1.0], device=dev)
     temperature = table[torch.arange(big, device=dev) % 3]
     target = scaled_logits(raw_target, temperature)  # pre-divided, as the standard mode takes them
+    if inputs == "close":  # greedy slots (T = 0) accept a draft equal to their target row's argmax: those too
+        greedy = temperature == 0
+        drafts[greedy] = target[greedy, :K].argmax(-1)
     flush = harness.L2Flusher(dev)
     print(f"V={V} K={K} bf16 cache, mixed T, {inputs} inputs; variants {variants}")
     for rows in rows_list:

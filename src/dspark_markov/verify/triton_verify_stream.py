@@ -842,7 +842,7 @@ def _stream_verify_kernel(
                 tl.atomic_xchg(counters + 3, 1)  # release: ready for the mass / emit items
                 if EMIT_PREFETCH > 0:  # the emitted row (and its cache row after a rejection) into L2 for the emit items
                     if MASS_ROWS == 0:
-                        if live & ~greedy:
+                        if live & ~greedy & decided:  # (phased: an undecided request has no emitted row yet)
                             js = tl.minimum(tl.maximum(count, 0), n)
                             _prefetch_row(t_base + js * t_row_stride, vocab, BLOCK, HARDWARE, EMIT_PREFETCH == 2)
                             if js < n:
