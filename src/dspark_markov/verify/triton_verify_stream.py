@@ -1104,8 +1104,8 @@ class StreamVerifier:
         draft's acceptance needs only its own row, so a launch decides every request whose first rejection
         (or bonus row) falls in its rows, emits its token as the one-launch kernel does, and leaves the
         others to the next launch, whose items of decided requests exit at once: rows after a request's
-        first rejection are never read (on random drafts, mostly rejected at row 0, about a third of the
-        bytes; with every draft accepted, all of them and a launch boundary more). Rows inside a launch are
+        first rejection are never read (with a launch per row only rows 0..j*: about a third of the target
+        bytes on the bench's random drafts; with every draft accepted, all of them and a boundary per launch). Rows inside a launch are
         streamed in parallel as without phases, and decisions cross launches only at kernel boundaries, so
         no program waits on another launch's. The same tokens as one launch (the same statistics, ratios and
         keys for every row up to the emitted one). Default ``None``: :data:`PHASES` from :data:`PHASES_FROM`
@@ -1223,7 +1223,7 @@ class StreamVerifier:
         bounds = self.phases
         if bounds is None:
             bounds = PHASES if PHASES_FROM is not None and batch >= PHASES_FROM else ()
-        cuts = [int(c) for c in bounds if c <= self.k]
+        cuts = [c for c in bounds if c <= self.k]
         if method == "block" or not cuts:  # block verification needs every row's residual mass
             return [(0, 0)]
         return list(zip([0] + cuts, cuts + [0]))
@@ -1232,7 +1232,10 @@ class StreamVerifier:
         """Programs of one launch for ``batch`` requests streaming ``rows`` rows each (default ``K + 1``; stream,
         mass and emit items, with the lag's padding)."""
         rows = self.k + 1 if rows is None else int(rows)
-        lay = self.layout(batch, method, rows)
+        return self._grid(self.layout(batch, method, rows), batch, method, rows)
+
+    def _grid(self, lay: Layout, batch: int, method: str, rows: int) -> int:
+        """:meth:`programs` of a launch whose :class:`Layout` is ``lay``."""
         if self.compact and method != "block":  # one program per item
             return batch * (rows * lay.c1 + lay.c2)
         stages = 3 if method == "block" else 2
@@ -1271,10 +1274,11 @@ class StreamVerifier:
             return tokens, num_emitted
         vocab = self.vocab
         k = self.k
-        lay = self.layout(batch, method)
         block_method = method == "block"
         raw = target_temperature is not None
-        launches = self.launches(batch, method)
+        launches = [(lo, hi, (hi or k + 1) - lo) for lo, hi in self.launches(batch, method)]  # (ROW_LO, ROW_HI, rows)
+        layouts = [self.layout(batch, method, rows) for _, _, rows in launches]
+        lay = layouts[0]  # (unroll: the same for every launch)
         # The raw mode divides every loaded value: 2 tiles at a time keep it at ~117 registers
         # (4 tiles: ~170, one program per SM instead of two).
         fast_divide, div_unroll = self.fast_divide, self.div_unroll
@@ -1306,16 +1310,14 @@ class StreamVerifier:
                     num_warps=self.warps,
                     enable_fp_fusion=False)
         if trace is not None:
-            programs = self.programs(batch, method)
+            programs = self._grid(lay, batch, method, k + 1)
             if len(launches) > 1:
                 raise ValueError("trace: a phased call makes several launches; trace one with phases=()")
             if trace.shape != (programs, 4) or trace.dtype != torch.int64:
                 raise ValueError(f"trace: expected [{programs}, 4] int64, got {tuple(trace.shape)} {trace.dtype}")
             meta.update(trace_ptr=trace, TRACE=True)
-        for row_lo, row_hi in launches:  # in stream order: a launch reads the accepted counts of the one before
-            rows = (row_hi or k + 1) - row_lo
-            lay = self.layout(batch, method, rows)
-            grid = (self.programs(batch, method, rows),)
+        for (row_lo, row_hi, rows), lay in zip(launches, layouts):  # in order: each reads the counts the last stored
+            grid = (self._grid(lay, batch, method, rows),)
             shape = (lay.lag, lay.c1, lay.c2, lay.t1, lay.t2)
             try:
                 _stream_verify_kernel[grid](*args, *shape, **meta, ROW_LO=row_lo, ROW_HI=row_hi,
