@@ -51,7 +51,7 @@
 // L2 by an evict_last policy; the last read evict_first), four blocks per SM at 64 registers: twice the rows in
 // flight, each row slower. With -DDF_C=4 as well (FLAG_L2_CLUSTER4, opt-in: exact, slower) clusters of 4 blocks, two
 // level-1 buckets per thread in the reductions. The resident build's SASS is unchanged by the macros (DF_AT & co.
-// expand to the shared-memory reads). Either build with -DDF_PERSIST (FLAG_PERSIST, opt-in, not run on a GPU yet):
+// expand to the shared-memory reads). Either build with -DDF_PERSIST (FLAG_PERSIST, opt-in: exact, slower on the H200):
 // persistent clusters, the next row's slice prefetched into L2, and with -DDF_CARRY as well loaded during a row's
 // write (see df_row, DfCarry).
 // Verified on the H200 (2026-12-05): its GPU tests (tests/gpu/test_cuda_filtering_gpu.py) and every flags option
@@ -891,7 +891,8 @@ __device__ __forceinline__ void df_track(float x, float& mx, u32& nan) {
 // first read comes from L2. The row's body is then a function, df_row (inlined into the loop: 0 / 32 bytes of spill
 // in the resident / L2-row build, none in the hot loops; not inlined it spilled in them), made of the one-row kernel's
 // text, whose preprocessed source, and SASS, stay the measured ones (tools/cuda_sass.py). Written without a GPU
-// (2026-12-05): compiled and its hot loops' SASS compared, not run.
+// (2026-12-05); run on the H200 later that day: equal to the sort reference in every GPU test, memcheck and racecheck
+// clean (with DF_CARRY too), and slower than the one-row launches for top-p alone (verify/cuda_filtering.py).
 #if defined(DF_CARRY) && !defined(DF_PERSIST)
 #error "DF_CARRY is an option of the persistent builds (-DDF_PERSIST)"
 #endif

@@ -95,7 +95,7 @@ class FilterArgs(ctypes.Structure):
 # (a row's passes take twice as long): opt-in.
 FLAG_MASK_GATHER, FLAG_REFINE, FLAG_ILP, FLAG_ASYNC_LOAD, FLAG_WARP_THRESHOLDS, FLAG_L2_ROWS = 1, 2, 4, 8, 16, 32
 FLAG_L2_CLUSTER4 = 64
-# PERSIST (this module; written 2026-12-05 without a GPU, opt-in until measured): every build compiled with
+# PERSIST (this module; written 2026-12-05 without a GPU, measured later: opt-in, see below): every build compiled with
 # -DDF_PERSIST: persistent clusters. As many clusters as the device holds at once are launched (the driver's
 # cuOccupancyMaxActiveClusters) and cluster c filters rows c, c + G, c + 2 G, ...; while one row is filtered each block
 # prefetches its slice of the cluster's next row into L2 (one bulk prefetch: the resident build at the row's start, the
@@ -103,9 +103,14 @@ FLAG_L2_CLUSTER4 = 64
 # the H100 phase trace at 1,518 rows (L2-row build, 2026-12-05) spends 4-11 us of a row's ~65 us loading the slice
 # from HBM and 6-12 us at the barrier after it waiting for the cluster's slowest block; beyond one wave every cluster
 # also waits for eight free block slots of a GPC. The one-row builds' SASS is unchanged (tools/cuda_sass.py).
+# Measured on the H200 (2026-12-05, `..._filter_persist_verify.*`): exact (the GPU tests, 105 persist / carry cases)
+# and sanitizer clean, but SLOWER for top-p alone at every batch (253 requests: 1,215-1,340 us with 63 against
+# 1,365-1,518 with 191 = 63 + PERSIST and 1,407-1,571 with 447 = + CARRY; k + p within 1-4%): opt-in. Not profiled;
+# a guess to check first: the one-row launch already overlaps a new cluster's loads with the running clusters'
+# latency-bound searches, which the prefetch then only moves earlier while adding its own L2 traffic.
 FLAG_PERSIST = 128
 # CARRY (with PERSIST; this module: the persistent builds with -DDF_CARRY as well, builds of their own so that PERSIST
-# alone does not pay the carry's registers; written 2026-12-05 without a GPU, opt-in): a row's write (step 4) also
+# alone does not pay the carry's registers; written 2026-12-05 without a GPU, measured: opt-in): a row's write (step 4) also
 # loads the cluster's next row: the resident build refills each 16-byte slot of the slice with the next
 # row's group as soon as its value is stored (cp.async; with FLAG_ASYNC_LOAD), the L2-row build reads the next row's
 # groups beside its own and tracks their max, so the next row starts with its slice arriving or its max known: its

@@ -36,7 +36,7 @@ Bytes per live request: ``(n+1) V 4`` target + ``n V c`` cache streamed once fro
 target row (and one cache row after a rejection) re-read, normally from L2; ``O((K+1) chunks)``
 partials; ``(K+2) 8`` written.
 
-**Phased launches** (``phases``, standard method; opt-in, NOT RUN ON A GPU YET, see :data:`PHASES_FROM`):
+**Phased launches** (``phases``, standard method; opt-in, measured on the H200, see :data:`PHASES_FROM`):
 a call becomes one launch per range of rows (``phases=1``: row 0, then rows 1..K). Draft ``j``'s
 acceptance needs only row ``j``'s statistics, so a launch's epilogue decides every request whose
 first rejection (or bonus row) lies in the launch's rows and emits its token exactly as above; a
@@ -45,7 +45,11 @@ count, and only such requests have items in the next launch (the others' items e
 rows after a request's first rejection are never read (the issue-18 benchmark's random drafts are
 mostly rejected at row 0 or 1), and a launch still streams its rows in parallel; what it costs is a
 launch boundary per phase when drafts are accepted. Decisions cross launches only through the
-kernel boundary (no program waits on another launch), so the interpreter runs every branch.
+kernel boundary (no program waits on another launch), so the interpreter runs every branch. H200
+(2026-12-05, ``benchmarks/results/NVIDIA-H200_2026-12-05_verify_phased_sweep.txt``, mixed T): ``phases=1``
+pays only at large batches with low acceptance: 253 requests of random drafts 323 -> 272 us (raw logits
+378 -> 316), but 310 -> 345 us with nearly every draft accepted, and slower at 64 requests or fewer
+(110 -> 118, 48 -> 67, 12.6 -> 15.5 us) whatever the drafts; more boundaries are slower still.
 
 Raw target logits: with ``target_temperature`` (``[S]`` fp32) the target logits are taken before
 temperature and each element is divided in the kernel by its slot's temperature with the IEEE
@@ -101,8 +105,10 @@ RAW_WIDE = (2, 4)
 GREEDY_DIRECT = True  # greedy / padding requests written by their last stream item (StreamVerifier's greedy_direct)
 EMIT_PREFETCH = 0  # L2 prefetch of the emitted row by the request's last stream item (1; 2: evict_last; 0: none)
 DIV_UNROLL = 0  # raw logits: tiles at once where values are divided (0: the whole raw launch at 2; StreamVerifier's div_unroll)
-# Phased launches (StreamVerifier's phases, standard method): NOT RUN ON A GPU YET, so off by default. PHASES_FROM: the
-# batch from which phases=None takes PHASES (None: never); PHASES: the row boundaries (1: row 0, then rows 1..K).
+# Phased launches (StreamVerifier's phases, standard method): off by default. On the H200 phases=1 wins only at large
+# batches of mostly rejected drafts (253 requests: 323 -> 272 us on random drafts, 310 -> 345 us on nearly all accepted
+# ones) and loses at <= 64 requests: a default cannot know the acceptance, an engine that does can pass phases=1.
+# PHASES_FROM: the batch from which phases=None takes PHASES (None: never); PHASES: the row boundaries.
 PHASES = (1,)
 PHASES_FROM = None
 
@@ -1109,7 +1115,9 @@ class StreamVerifier:
         streamed in parallel as without phases, and decisions cross launches only at kernel boundaries, so
         no program waits on another launch's. The same tokens as one launch (the same statistics, ratios and
         keys for every row up to the emitted one). Default ``None``: :data:`PHASES` from :data:`PHASES_FROM`
-        requests on (``None``: never); ``()``: never. NOT RUN ON A GPU YET.
+        requests on (``None``: never); ``()``: never. Pass ``1`` only for large batches whose draft 0 is often
+        rejected: on the H200 it took 272 instead of 323 us at 253 requests of random drafts, 345 instead of 310
+        with nearly every draft accepted, and more time at <= 64 requests (the module docstring).
     emit_block : values per emit-scan tile (default 1024 on the GPU, ``block`` on the CPU).
     stages, emit_stages : Triton pipelining of the streamed / emitted tiles (default 1 = none:
         measured slower on the H200).
