@@ -81,14 +81,15 @@ def load_kernels(source: str, names, device_index: int, defines=()):
 UNVERIFIED_ENV = "DSPARK_MARKOV_UNVERIFIED"  # comma-separated designs (or "1": all) allowed to run before their GPU tests
 
 
-def unverified_reason(design: str, plan: str) -> str | None:
-    """``None`` when :data:`UNVERIFIED_ENV` opts in to ``design`` (it has never run on a GPU), else why it does not
-    run; ``plan`` names the script of GPU tests that would validate it."""
+def unverified_reason(design: str, plan: str, status: str | None = None) -> str | None:
+    """``None`` when :data:`UNVERIFIED_ENV` opts in to ``design`` (not validated for default use), else why it does
+    not run; ``plan`` names the script of its GPU tests; ``status`` what is known of it (default: it has never run
+    on a GPU)."""
     wanted = {name.strip() for name in os.environ.get(UNVERIFIED_ENV, "").split(",")}
     if "1" in wanted or design in wanted:
         return None
-    return (f"impl {design!r} has not run on a GPU yet (written without device time; its GPU tests are "
-            f"{plan}): set {UNVERIFIED_ENV}={design} to run it")
+    status = status or "has not run on a GPU yet (written without device time)"
+    return f"impl {design!r} {status} (its GPU tests: {plan}): set {UNVERIFIED_ENV}={design} to run it"
 
 
 def unavailable_reason(load, gate=None) -> str | None:

@@ -22,7 +22,8 @@
 // Bytes per step: W2 (V x 512) once, rows * V * (base + cache bytes), codes (rows x 512) per block from L2,
 // words (rows x 8) per m-tile and group from L2.
 //
-// NOT RUN ON A GPU YET (written 2026-12-04; the device was withdrawn before the first round): compiled for sm_90 with
+// Written 2026-12-04 without a GPU (measured on the H200 2026-12-05: exact, slower than predicted below, 1,079 us per
+// call at 253 rows, bf16, T = 1; opt-in, see draft/cuda_wide.py): compiled for sm_90 with
 // NVRTC 13.0 (144-152 registers, no stack frame on the 8-warp entry points; the _p2 ones spill 8-32 bytes at 128),
 // 430 SASS instructions per 16-row x 16-token m-tile on the bf16 vector path (~54 per logit, of which ~20 the
 // bound: hash ~10, bucket + table 4, scale-add, select, compare). Expected, from that count at the H200's 4 issue
@@ -30,7 +31,7 @@
 // ~31 us at 0.5 HMMA per clock per SM), i.e. ~300-420 us per call; at 64 rows ~25 us per step, bound by W2's
 // 66 MB read (~15 us) plus base and cache. tools/gpu_plans/issue12_cuda_wide.sh measures it.
 //
-// method="inverse_cdf" (icdf5, 2026-12-04, NOT RUN ON A GPU either): the _icdf step entry points (8 warps, WPG = 1) give
+// method="inverse_cdf" (icdf5, 2026-12-04; on the H200: exact, 1,171 us at 253 rows against wide's 544): the _icdf step entry points (8 warps, WPG = 1) give
 // each block a contiguous run of icdf_gpb groups (64 = 1,024 tokens at V = 129,280 on 132 SMs: 127 blocks); the bias,
 // z and the cache exactly as above; per row each 16-token group's partial (max x, sum exp(x - max)), x = z / T (div_rn's
 // value from the row's 1 / T and two Markstein FMA corrections, dw_div_rcp; the identity at T = 1; z on greedy rows),

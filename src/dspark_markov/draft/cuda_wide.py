@@ -31,12 +31,15 @@ Requirements (``ValueError`` otherwise): a CUDA device of compute capability 9.0
 (:func:`dspark_markov.cuda.availability`), bf16 weights of rank 256, at most :data:`MAX_ROWS` rows, and the
 opt-in below. Base logits bf16 or fp32, cache bf16 or fp32, any mix of temperatures, padding rows.
 
-**Not run on a GPU yet.** This design was written on 2026-12-04 in a session whose GPU was withdrawn before its
-first round: it compiles for sm_90 (NVRTC 13.0 and nvcc: no stack frame on the default entry points, 144-152
-registers, 430 SASS instructions per 16-row x 16-token m-tile), its tensor-core fragment layout and its ranking
-rules are checked on the CPU (tests/draft/test_cuda_wide.py), but it has never drawn a token. Expected from its
-SASS (wide.cu's header): ~300-420 us per call at 253 rows, ~125-170 at 64 (bf16, T = 1); unmeasured. Inverse CDF
-(the partials and the pick emulated on the CPU, never run): ~260-360 us at 253 rows, ~150-180 at 64, unmeasured. So it runs only when
+**Measured, and kept opt-in.** Written on 2026-12-04 without a GPU (it compiles for sm_90: no stack frame on the
+default entry points, 144-152 registers, 430 SASS instructions per 16-row x 16-token m-tile; its tensor-core
+fragment layout and ranking rules are checked on the CPU, tests/draft/test_cuda_wide.py), then run on the H200 on
+2026-12-05: exact in its GPU tests (tests/gpu/test_cuda_wide_gpu.py, both methods), but slower than the designs
+``auto`` already picks (``benchmarks/results/NVIDIA-H200_2026-12-05_cuda_wide_*``; bf16, T = 1): Gumbel 250 / 352 /
+589 / 1,079 us at 32 / 64 / 128 / 253 rows against ``cuda_gumbel``'s 254 / 304 / 468 / 745 (the SASS count had
+predicted ~300-420 us at 253 rows), inverse CDF 390 / 1,171 us at 64 / 253 against ``wide``'s 231 / 544. One H200
+timing run faulted with an illegal address at 64 rows; the same sweep under compute-sanitizer memcheck (H100) was
+clean, and the cause is not known. So it runs only when
 ``DSPARK_MARKOV_UNVERIFIED`` lists it (``DSPARK_MARKOV_UNVERIFIED=cuda_wide``, or ``1`` for every unverified
 design): otherwise constructing it raises ``ValueError`` and :meth:`CudaWideBackend.unavailable_reason` (``dspark-markov
 info``) says why. ``auto`` never picks it and ``dspark-markov bench`` times it only when named (``--designs``).
@@ -72,11 +75,17 @@ ICDF_KERNELS = tuple(f"dm_wide_b{b}_c{c}_v{v}_s{s}_icdf" for b in (0, 1) for c i
 KERNELS = STEP_KERNELS + ICDF_KERNELS + ("dm_wide_finish", "dm_wide_pick")
 
 
+# What `dspark-markov info` says of this design without the opt-in (the module docstring has the figures).
+STATUS = ("is opt-in: exact in its H200 GPU tests (2026-12-05) but slower than cuda_gumbel (Gumbel) and wide (inverse "
+          "CDF) from 64 rows on, and one H200 timing run faulted (illegal address at 64 rows; clean under memcheck on an "
+          "H100, not explained)")
+
+
 def unverified_reason() -> str | None:
-    """``None`` when ``DSPARK_MARKOV_UNVERIFIED`` opts in to this design (it has never run on a GPU), else why not."""
+    """``None`` when ``DSPARK_MARKOV_UNVERIFIED`` opts in to this design, else why not (:data:`STATUS`)."""
     from .. import cuda
 
-    return cuda.unverified_reason("cuda_wide", "tools/gpu_plans/issue12_cuda_wide.sh")
+    return cuda.unverified_reason("cuda_wide", "tools/gpu_plans/issue12_cuda_wide.sh", STATUS)
 
 
 WARPS_PER_GROUP = (1, 2)
@@ -227,12 +236,12 @@ class CudaWideBackend:
 
     @staticmethod
     def opt_in_reason() -> str | None:
-        """Why this design does not run without the opt-in (it has not run on a GPU yet), or ``None``; no build."""
+        """Why this design does not run without the opt-in (:data:`STATUS`), or ``None``; no build."""
         return unverified_reason()
 
     @staticmethod
     def unavailable_reason() -> str | None:
-        """Why this design cannot run here (no GPU, not sm_90, no NVRTC, not opted in while it has not run on a GPU,
+        """Why this design cannot run here (no GPU, not sm_90, no NVRTC, not opted in (:data:`STATUS`),
         ``wide.cu`` does not build or load), or ``None``. Builds ``wide.cu`` (cached on disk)."""
         from .. import cuda
 
