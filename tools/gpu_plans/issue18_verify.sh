@@ -7,6 +7,7 @@
 #   bash tools/gpu_plans/issue18_verify.sh bench    # budget ~100 s: the bench cases (README table), block included
 #   bash tools/gpu_plans/issue18_verify.sh phased_check  # budget ~250 s: phased launches (stop 30, main, opt-in): GPU tests
 #   bash tools/gpu_plans/issue18_verify.sh phased_time   # budget ~300 s: phased launches beside the default, 2 input kinds
+#   bash tools/gpu_plans/issue18_verify.sh trace         # budget ~100 s: where one launch's time goes at 16 / 64 / 253 requests
 # Results go to $JOB_OUT (default ./gpu_plan_out). StreamVerifier compiles ~5-7 s per constexpr variant; a Triton
 # cache carried from an earlier job of the same source skips that (tools/gpu_queue.sh). Nothing of early stop
 # (StreamVerifier early_stop / stop_check / early_ready, opt-in, off by default) has run on a GPU, and it is NOT on
@@ -116,5 +117,14 @@ phased_time)
     2>&1 | tee "$OUT/sweep_phased_random.txt"
   timeout -k 2 95 python3 tools/sweep_verify.py 253 64 16 --rounds 3 --inputs close \
     --variants "stream,stream:phases=1,stream:phases=1/2" 2>&1 | tee "$OUT/sweep_phased_close.txt"
+  ;;
+trace)
+  # 10. (~60-90 s: a traced variant compiles ~6 s per layout) Stop 31: at 16 / 64 requests the one launch runs at ~34% /
+  #    ~58% of the read bandwidth (47.7 / 109.8 us, floors 16.0 / 64.1) and phases do not help there. Where does the
+  #    time go: the stream items' start ramp, their duration (bandwidth per item), the emit items' wait for their
+  #    request's last stream item, or the tail? tools/trace_verify.py prints per stage start / wait / duration / end
+  #    and the items running at tenths of the launch (a traced launch, eager, after an L2 flush).
+  timeout -k 2 60 python3 tools/trace_verify.py 16 64 253 --variants "stream,raw" 2>&1 | tee "$OUT/trace_random.txt"
+  timeout -k 2 30 python3 tools/trace_verify.py 16 64 --inputs close 2>&1 | tee "$OUT/trace_close.txt"
   ;;
 esac

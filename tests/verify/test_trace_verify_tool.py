@@ -1,0 +1,66 @@
+"""tools/trace_verify.py on the CPU: its summary of a synthetic trace, and one traced launch in the interpreter."""
+
+import pytest
+import torch
+
+from tests.helpers import load_tool
+
+tool = load_tool("trace_verify")
+
+
+def row(start_ns, waited_ns, end_ns, stage, valid, sm):
+    return [start_ns, waited_ns, end_ns, stage + 4 * int(valid) + 8 * sm]
+
+
+def test_summary_of_a_known_trace():
+    base = 5_000_000  # the launch's first valid start, in ns
+    trace = torch.tensor([
+        row(base, base, base + 10_000, 0, True, 0),  # stream items: 0-10, 2-12, 4-20 us
+        row(base + 2_000, base + 2_000, base + 12_000, 0, True, 1),
+        row(base + 4_000, base + 4_000, base + 20_000, 0, True, 1),
+        row(base + 1_000, base + 9_000, base + 25_000, 2, True, 2),  # emit items: waited 8 / 4 us, 1-25 and 12-30
+        row(base + 12_000, base + 16_000, base + 30_000, 2, True, 0),
+        row(base - 50_000, base - 50_000, base + 90_000, 0, False, 7),  # lag padding: ignored but counted
+    ], dtype=torch.int64)
+    summary = tool.summarize(trace, points=3)  # instants 0, 10, 20 us
+    assert summary["total_us"] == 30.0 and summary["sms"] == 3 and summary["padding"] == 1
+    stream, emit = summary["stages"]["stream"], summary["stages"]["emit"]
+    assert stream["n"] == 3 and stream["start"] == (0.0, 2.0, 4.0) and stream["end"] == (10.0, 12.0, 20.0)
+    assert stream["duration"] == (10.0, 16.0) and stream["wait_median"] == 0.0
+    assert stream["active"] == [1, 2, 0]  # at 0 us: the first only; at 10: the 2nd and 3rd; at 20: none
+    assert emit["n"] == 2 and emit["wait_median"] == 6.0 and emit["duration"] == (21.0, 24.0)  # (median of 18, 24)
+    assert emit["active"] == [0, 1, 2]
+    assert "mass" not in summary["stages"]
+    text = tool.format_summary("rows 1 stream", summary)
+    assert text.startswith("rows 1 stream: total 30.0 us on 3 SMs, 1 programs not valid")
+    assert "active at tenths 1 2 0" in text
+
+
+def test_summary_refuses_a_wrong_shape_and_reports_an_empty_launch():
+    with pytest.raises(ValueError, match="trace"):
+        tool.summarize(torch.zeros(4, 3, dtype=torch.int64))
+    empty = tool.summarize(torch.zeros(4, 4, dtype=torch.int64))  # no valid program
+    assert empty == {"total_us": 0.0, "sms": 0, "padding": 4, "stages": {}}
+
+
+def test_options_and_arguments():
+    assert tool.options("stream:t1=8+lag=4") == ("stream", {"t1": 8, "lag": 4})
+    assert tool.options("raw") == ("raw", {})
+    with pytest.raises(SystemExit, match="variants"):
+        tool.options("block")
+    assert tool.parse(["16", "--variants", "stream,raw", "--vocab", "300"]) == ([16], ["stream", "raw"], "random", 300)
+    with pytest.raises(SystemExit, match="inputs"):
+        tool.parse(["--inputs", "flat"])
+
+
+def test_one_traced_launch_runs_in_the_interpreter(capsys):
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter run is the CPU's; on a GPU the tool times the real shapes")
+    from dspark_markov.verify.triton_verify_stream import StreamVerifier
+
+    tool.main(["2", "--vocab", "300", "--variants", "stream,raw"])
+    out = capsys.readouterr().out
+    assert "rows 2 stream (mean emitted" in out and "rows 2 raw (mean emitted" in out
+    items = 2 * 6 * StreamVerifier(2, 5, 300, "cpu").layout(2).c1  # every stream item of the launch is traced
+    assert out.count(f"stream n={items:5d}") == 2, out

@@ -1,0 +1,164 @@
+"""Where one launch of the stream verifier spends its time: a per-program ``%globaltimer`` trace, summarised.
+
+Usage: ``PYTHONPATH=src python3 tools/trace_verify.py [rows ...] [--variants stream,raw,stream:t1=8]
+[--inputs random|close] [--vocab V]`` (defaults 16 64 253, ``stream``, random drafts, V = 129,280).
+
+Inputs as ``tools/sweep_verify.py`` (fp32 target, bf16 cache, K = 5, mixed T 0 / 0.6 / 1 per slot). Each variant
+(:class:`StreamVerifier` options after the colon, ``+``-separated; ``raw``: raw logits with the per-slot
+temperature) is compiled with ``trace=`` (a separately compiled variant of the kernel: its timings are close to
+the untraced one's, not equal), run once eagerly to compile, then once after an L2 flush; each program of that
+launch writes its start, after-wait and end times and its stage (0 stream item, 1 mass item, 2 emit item),
+validity and SM. Printed per stage: items, when they start (first / median / last, us after the launch's first
+start), how long they wait for their request's flag, how long they run (median / p90), when they end, and how
+many run at tenths of the launch (the ramp, the overlap of stream and emit items, the tail). The issue-18 question
+it answers: at 16 / 64 requests the one launch runs at ~34% / ~58% of the read bandwidth; is the time in the
+stream items' start ramp, their duration, the emit items' wait for the last stream item of their request, or
+the tail? Phased calls make several launches: trace one launch (``phases=()``).
+On the CPU (``TRITON_INTERPRET=1``) the kernel writes zeros for the times: the tool then checks only that the
+launch and the summary run.
+"""
+
+import statistics
+import sys
+
+import torch
+
+STAGES = {0: "stream", 1: "mass", 2: "emit"}
+
+
+def summarize(trace: torch.Tensor, points: int = 10) -> dict:
+    """Summary of a ``[programs, 4]`` int64 trace (start ns, after-wait ns, end ns, stage + 4 valid + 8 smid).
+
+    Returns ``{"total_us", "sms", "padding", "stages": {name: {...}}}``, times in us after the first start of a
+    valid program; ``active``: running items of the stage at ``points`` evenly spaced instants of the launch
+    (the first at its first start, the last just before its end). Programs that are not valid (lag padding, or
+    items of requests an earlier launch decided) are counted in ``padding`` only."""
+    trace = trace.detach().to("cpu", torch.int64)
+    if trace.dim() != 2 or trace.shape[1] != 4:
+        raise ValueError(f"trace: expected [programs, 4] int64, got {tuple(trace.shape)}")
+    code = trace[:, 3]
+    valid = (code >> 2) & 1 == 1
+    stage = code & 3
+    smid = code >> 3
+    if not bool(valid.any()):
+        return {"total_us": 0.0, "sms": 0, "padding": int(trace.shape[0]), "stages": {}}
+    t0 = int(trace[valid, 0].min())
+    start = (trace[:, 0] - t0).double() / 1e3
+    waited = (trace[:, 1] - trace[:, 0]).double() / 1e3
+    end = (trace[:, 2] - t0).double() / 1e3
+    total = float(end[valid].max())
+    instants = [total * i / points for i in range(points)]
+    out = {"total_us": total, "sms": int(torch.unique(smid[valid]).numel()), "padding": int((~valid).sum()),
+           "stages": {}}
+    for value, name in STAGES.items():
+        mask = valid & (stage == value)
+        if not bool(mask.any()):
+            continue
+        s, w, e = start[mask].tolist(), waited[mask].tolist(), end[mask].tolist()
+        dur = sorted(b - a for a, b in zip(s, e))
+        out["stages"][name] = {
+            "n": len(s), "start": (min(s), statistics.median(s), max(s)), "wait_median": statistics.median(w),
+            "duration": (statistics.median(dur), dur[min(len(dur) - 1, int(0.9 * len(dur)))]),
+            "end": (min(e), statistics.median(e), max(e)),
+            "active": [sum(1 for a, b in zip(s, e) if a <= t < b) for t in instants],
+        }
+    return out
+
+
+def format_summary(label: str, summary: dict) -> str:
+    lines = [f"{label}: total {summary['total_us']:.1f} us on {summary['sms']} SMs, {summary['padding']} programs "
+             f"not valid"]
+    for name, st in summary["stages"].items():
+        lines.append(
+            f"  {name:6s} n={st['n']:5d}  start {st['start'][0]:6.1f} / {st['start'][1]:6.1f} / {st['start'][2]:6.1f}"
+            f"  wait med {st['wait_median']:5.2f}  dur med {st['duration'][0]:6.2f} p90 {st['duration'][1]:6.2f}"
+            f"  end {st['end'][0]:6.1f} / {st['end'][1]:6.1f} / {st['end'][2]:6.1f}  active at tenths "
+            + " ".join(str(a) for a in st["active"]))
+    return "\n".join(lines)
+
+
+def parse(argv):
+    rows, variants, inputs, vocab = [], ["stream"], "random", 129_280
+    i = 0
+    while i < len(argv):
+        if argv[i] in ("--variants", "--inputs", "--vocab"):
+            if i + 1 >= len(argv):
+                raise SystemExit(f"{argv[i]}: expected a value")
+            value = argv[i + 1]
+            if argv[i] == "--variants":
+                variants = value.split(",")
+            elif argv[i] == "--inputs":
+                if value not in ("random", "close"):
+                    raise SystemExit(f"--inputs: expected random or close, got {value!r}")
+                inputs = value
+            else:
+                vocab = int(value)
+            i += 2
+        else:
+            rows.append(int(argv[i]))
+            i += 1
+    return rows or [16, 64, 253], variants, inputs, vocab
+
+
+def options(spec):
+    """``stream:t1=8+lag=4`` -> ``("stream", {"t1": 8, "lag": 4})`` (``a/b`` values are tuples)."""
+    name, _, rest = spec.partition(":")
+    opts = {}
+    for item in filter(None, rest.split("+")):
+        key, _, value = item.partition("=")
+        opts[key] = tuple(int(v) for v in value.split("/")) if "/" in value else int(value)
+    if name not in ("stream", "raw"):
+        raise SystemExit(f"--variants: expected stream or raw (with options), got {spec!r}")
+    return name, opts
+
+
+def main(argv):
+    from dspark_markov.draft.reference import scaled_logits
+    from dspark_markov.verify.triton_verify_stream import StreamVerifier
+
+    rows_list, variants, inputs, vocab = parse(argv)
+    k = 5
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    g = torch.Generator(device=dev).manual_seed(2026)
+    big = max(rows_list)
+    raw_target = torch.randn(big, k + 1, vocab, generator=g, device=dev) * 2.0
+    cache = (torch.randn(big, k, vocab, generator=g, device=dev) * 2.0).bfloat16()
+    if inputs == "close":  # nearly every draft accepted (tools/sweep_verify.py --inputs close)
+        raw_target = torch.cat([cache.float(), cache[:, -1:].float()], dim=1) + 0.05 * torch.randn(
+            big, k + 1, vocab, generator=g, device=dev)
+    drafts = torch.randint(0, vocab, (big, k), generator=g, device=dev)
+    positions = torch.randint(1, 1 << 20, (big,), generator=g, device=dev)
+    seeds = torch.randint(-(1 << 62), 1 << 62, (big,), generator=g, device=dev)
+    temperature = torch.tensor([0.0, 0.6, 1.0], device=dev)[torch.arange(big, device=dev) % 3]
+    target = scaled_logits(raw_target, temperature)
+    if inputs == "close":
+        greedy = temperature == 0
+        drafts[greedy] = target[greedy, :k].argmax(-1)
+    flush = None
+    if dev.type == "cuda":
+        from dspark_markov.bench import harness
+
+        flush = harness.L2Flusher(dev)
+        print(torch.cuda.get_device_name(dev), "torch", torch.__version__)
+    print(f"V={vocab} K={k} bf16 cache, mixed T, {inputs} inputs")
+    for rows in rows_list:
+        args = (target[:rows], drafts[:rows], cache[:rows], torch.full((rows,), k, device=dev),
+                torch.arange(rows, device=dev), positions[:rows], temperature[:rows], seeds[:rows])
+        for spec in variants:
+            name, opts = options(spec)
+            opts.setdefault("phases", ())
+            verifier = StreamVerifier(rows, k, vocab, dev, **opts)
+            trace = torch.zeros(verifier.programs(rows), 4, dtype=torch.int64, device=dev)
+            call_args = ((raw_target[:rows],) + args[1:]) if name == "raw" else args
+            extra = {"target_temperature": args[6]} if name == "raw" else {}
+            for _ in range(2):  # compile, then the traced launch after an L2 flush
+                if flush is not None:
+                    flush()
+                tokens, count = verifier.run(*call_args, trace=trace, **extra)
+            verifier.check()
+            print(format_summary(f"rows {rows} {spec} (mean emitted {count.double().mean().item():.2f})",
+                                 summarize(trace)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
