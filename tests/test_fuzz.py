@@ -321,7 +321,7 @@ def test_fuzz_sample_drafts(impl, method, data):
 @fuzz_settings("sampler", gpu=True)
 @given(data=st.data())
 def test_fuzz_sample_drafts_gpu(impl, method, data):
-    # a design not yet run on a GPU (cuda_wide) runs only when opted in; any other unavailable design fails here
+    # an opt-in design (cuda_wide: registry.OPT_IN_DESIGNS) runs only when opted in; any other unavailable one fails here
     opt_in = getattr(registry.load("draft", impl), "opt_in_reason", None)
     if opt_in is not None and opt_in() is not None:
         pytest.skip(opt_in())

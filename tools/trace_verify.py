@@ -8,9 +8,11 @@ Inputs as ``tools/sweep_verify.py`` (fp32 target, bf16 cache, K = 5, mixed T 0 /
 temperature) is compiled with ``trace=`` (a separately compiled variant of the kernel: its timings are close to
 the untraced one's, not equal), run once eagerly to compile, then once after an L2 flush; each program of that
 launch writes its start, after-wait and end times and its stage (0 stream item, 1 mass item, 2 emit item),
-validity and SM. Printed per stage: items, when they start (first / median / last, us after the launch's first
-start), how long they wait for their request's flag, how long they run (median / p90), when they end, and how
-many run at tenths of the launch (the ramp, the overlap of stream and emit items, the tail). The issue-18 question
+validity and SM, and whether its request is greedy or padding (``greedy_direct``: those requests' emit items
+do no work and are counted apart, as ``emit (no work)``). Printed per stage: items, when they start (first /
+median / last, us after the launch's first start), how long they wait for their request's flag, how long they
+run (median / p90), when they end, and how many run at each tenth of the launch (at 0, 0.1, ..., 0.9 of it: the
+ramp, the overlap of stream and emit items, the tail). The issue-18 question
 it answers: at 16 / 64 requests the one launch runs at ~34% / ~58% of the read bandwidth; is the time in the
 stream items' start ramp, their duration, the emit items' wait for the last stream item of their request, or
 the tail? Phased calls make several launches: trace one launch (``phases=()``).
@@ -18,28 +20,33 @@ On the CPU (``TRITON_INTERPRET=1``) the kernel writes zeros for the times: the t
 launch and the summary run.
 """
 
+import math
 import statistics
 import sys
 
 import torch
 
 STAGES = {0: "stream", 1: "mass", 2: "emit"}
+DIRECT = 1 << 16  # the trace word's flag of a greedy / padding request (the kernel's `direct`)
 
 
 def summarize(trace: torch.Tensor, points: int = 10) -> dict:
-    """Summary of a ``[programs, 4]`` int64 trace (start ns, after-wait ns, end ns, stage + 4 valid + 8 smid).
+    """Summary of a ``[programs, 4]`` int64 trace (start ns, after-wait ns, end ns, stage + 4 valid + 8 smid +
+    2^16 direct).
 
     Returns ``{"total_us", "sms", "padding", "stages": {name: {...}}}``, times in us after the first start of a
-    valid program; ``active``: running items of the stage at ``points`` evenly spaced instants of the launch
-    (the first at its first start, the last just before its end). Programs that are not valid (lag padding, or
-    items of requests an earlier launch decided) are counted in ``padding`` only."""
+    valid program; ``active``: running items of the stage at ``points`` instants ``total * i / points`` (i = 0 ..
+    points - 1); ``duration``: (median, p90 by the nearest rank). Programs that are not valid (lag padding, or
+    items of requests an earlier launch decided) are counted in ``padding`` only; the emit items of greedy and
+    padding requests (``direct``: they do no work) form the stage ``"emit (no work)"``, apart from ``"emit"``."""
     trace = trace.detach().to("cpu", torch.int64)
     if trace.dim() != 2 or trace.shape[1] != 4:
         raise ValueError(f"trace: expected [programs, 4] int64, got {tuple(trace.shape)}")
     code = trace[:, 3]
     valid = (code >> 2) & 1 == 1
     stage = code & 3
-    smid = code >> 3
+    direct = (code & DIRECT) != 0
+    smid = (code >> 3) & (DIRECT // 8 - 1)
     if not bool(valid.any()):
         return {"total_us": 0.0, "sms": 0, "padding": int(trace.shape[0]), "stages": {}}
     t0 = int(trace[valid, 0].min())
@@ -50,15 +57,16 @@ def summarize(trace: torch.Tensor, points: int = 10) -> dict:
     instants = [total * i / points for i in range(points)]
     out = {"total_us": total, "sms": int(torch.unique(smid[valid]).numel()), "padding": int((~valid).sum()),
            "stages": {}}
-    for value, name in STAGES.items():
-        mask = valid & (stage == value)
+    groups = [(name, valid & (stage == value) & ~(direct & (stage == 2))) for value, name in STAGES.items()]
+    groups.append(("emit (no work)", valid & (stage == 2) & direct))
+    for name, mask in groups:
         if not bool(mask.any()):
             continue
         s, w, e = start[mask].tolist(), waited[mask].tolist(), end[mask].tolist()
         dur = sorted(b - a for a, b in zip(s, e))
         out["stages"][name] = {
             "n": len(s), "start": (min(s), statistics.median(s), max(s)), "wait_median": statistics.median(w),
-            "duration": (statistics.median(dur), dur[min(len(dur) - 1, int(0.9 * len(dur)))]),
+            "duration": (statistics.median(dur), dur[max(0, math.ceil(0.9 * len(dur)) - 1)]),
             "end": (min(e), statistics.median(e), max(e)),
             "active": [sum(1 for a, b in zip(s, e) if a <= t < b) for t in instants],
         }
@@ -70,7 +78,7 @@ def format_summary(label: str, summary: dict) -> str:
              f"not valid"]
     for name, st in summary["stages"].items():
         lines.append(
-            f"  {name:6s} n={st['n']:5d}  start {st['start'][0]:6.1f} / {st['start'][1]:6.1f} / {st['start'][2]:6.1f}"
+            f"  {name:14s} n={st['n']:5d}  start {st['start'][0]:6.1f} / {st['start'][1]:6.1f} / {st['start'][2]:6.1f}"
             f"  wait med {st['wait_median']:5.2f}  dur med {st['duration'][0]:6.2f} p90 {st['duration'][1]:6.2f}"
             f"  end {st['end'][0]:6.1f} / {st['end'][1]:6.1f} / {st['end'][2]:6.1f}  active at tenths "
             + " ".join(str(a) for a in st["active"]))

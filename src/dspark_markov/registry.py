@@ -106,8 +106,8 @@ REGISTRY = {
 # unavailable on a CUDA machine (no NVRTC, not sm_90: their class's ``unavailable_reason()`` says why);
 # ``auto`` then runs the fastest measured portable (Triton) design instead (draft/auto.py).
 NATIVE_DESIGNS = ("cuda_chain", "cuda_gumbel", "cuda_wide")
-# Draft designs not validated for default use (never run on a GPU, or run and not kept: cuda_wide is exact, slower,
-# and faulted once): constructed only when opted in (DSPARK_MARKOV_UNVERIFIED, see the design's module), timed by
+# Draft designs not for default use (never run on a GPU, or run and not kept: cuda_wide is exact but slower than the
+# designs auto picks): constructed only when opted in (DSPARK_MARKOV_UNVERIFIED, see the design's module), timed by
 # `bench` only when named, and never in an `auto` table, even from a results file that measured them
 # (draft/auto.py table_from_results), until the design is validated and leaves this list.
 OPT_IN_DESIGNS = ("cuda_wide",)

@@ -15,8 +15,8 @@ bracket, every other T > 0 token the inverse CDF of its uniform under softmax(ow
 another order move a rounding boundary); rows 1-253, both dtypes, all-T = 1 and all-greedy batches, NaN / +inf /
 all -inf / overflowing rows, V % 4 != 0, strided + scale, CUDA-graph replay equal to eager.
 
-cuda_wide is opt-in (passed these tests on the H200 on 2026-12-05, but slower than cuda_gumbel / wide and one
-timing run faulted), so these tests skip unless ``DSPARK_MARKOV_UNVERIFIED=cuda_wide`` is set: a run should be its own process
+cuda_wide is opt-in (passed these tests on the H200 on 2026-12-05, but slower than cuda_gumbel / wide), so these
+tests skip unless ``DSPARK_MARKOV_UNVERIFIED=cuda_wide`` is set: a run should be its own process
 (``tools/gpu_plans/issue12_cuda_wide.sh check``), since a kernel fault would poison the CUDA context of every later
 test in the same pytest session.
 """

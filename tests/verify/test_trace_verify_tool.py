@@ -8,8 +8,9 @@ from tests.helpers import load_tool
 tool = load_tool("trace_verify")
 
 
-def row(start_ns, waited_ns, end_ns, stage, valid, sm):
-    return [start_ns, waited_ns, end_ns, stage + 4 * int(valid) + 8 * sm]
+def row(start_ns, waited_ns, end_ns, stage, valid, sm, direct=False):
+    """A trace row as the kernel writes it (triton_verify_stream's TRACE store)."""
+    return [start_ns, waited_ns, end_ns, stage + 4 * int(valid) + 8 * sm + (1 << 16) * int(direct)]
 
 
 def test_summary_of_a_known_trace():
@@ -21,18 +22,21 @@ def test_summary_of_a_known_trace():
         row(base + 1_000, base + 9_000, base + 25_000, 2, True, 2),  # emit items: waited 8 / 4 us, 1-25 and 12-30
         row(base + 12_000, base + 16_000, base + 30_000, 2, True, 0),
         row(base - 50_000, base - 50_000, base + 90_000, 0, False, 7),  # lag padding: ignored but counted
+        row(base + 3_000, base + 3_000, base + 3_100, 2, True, 131, direct=True),  # a greedy request's emit item
     ], dtype=torch.int64)
     summary = tool.summarize(trace, points=3)  # instants 0, 10, 20 us
-    assert summary["total_us"] == 30.0 and summary["sms"] == 3 and summary["padding"] == 1
+    assert summary["total_us"] == 30.0 and summary["sms"] == 4 and summary["padding"] == 1
     stream, emit = summary["stages"]["stream"], summary["stages"]["emit"]
     assert stream["n"] == 3 and stream["start"] == (0.0, 2.0, 4.0) and stream["end"] == (10.0, 12.0, 20.0)
     assert stream["duration"] == (10.0, 16.0) and stream["wait_median"] == 0.0
     assert stream["active"] == [1, 2, 0]  # at 0 us: the first only; at 10: the 2nd and 3rd; at 20: none
     assert emit["n"] == 2 and emit["wait_median"] == 6.0 and emit["duration"] == (21.0, 24.0)  # (median of 18, 24)
     assert emit["active"] == [0, 1, 2]
+    idle = summary["stages"]["emit (no work)"]  # apart: its zero wait and 0.1 us would pull the emit medians down
+    assert idle["n"] == 1 and idle["duration"] == pytest.approx((0.1, 0.1)) and idle["active"] == [0, 0, 0]
     assert "mass" not in summary["stages"]
     text = tool.format_summary("rows 1 stream", summary)
-    assert text.startswith("rows 1 stream: total 30.0 us on 3 SMs, 1 programs not valid")
+    assert text.startswith("rows 1 stream: total 30.0 us on 4 SMs, 1 programs not valid")
     assert "active at tenths 1 2 0" in text
 
 
@@ -63,4 +67,5 @@ def test_one_traced_launch_runs_in_the_interpreter(capsys):
     out = capsys.readouterr().out
     assert "rows 2 stream (mean emitted" in out and "rows 2 raw (mean emitted" in out
     items = 2 * 6 * StreamVerifier(2, 5, 300, "cpu").layout(2).c1  # every stream item of the launch is traced
-    assert out.count(f"stream n={items:5d}") == 2, out
+    assert out.count(f"{'stream':14s} n={items:5d}") == 2, out
+    assert out.count("emit (no work)") == 2, out  # request 0 is greedy (T = 0): its emit items do no work

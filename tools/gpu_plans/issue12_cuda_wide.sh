@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU plan for impl="cuda_wide" (issue 12, large-batch Gumbel; written 2026-12-04 without device time: NOTHING of it
-# has run on a GPU). Run from the repository root on an H200 (sm_90), PYTHONPATH=$PWD/src, one part per job:
+# GPU plan for impl="cuda_wide" (issue 12, large-batch Gumbel; written 2026-12-04 without device time; its parts ran on
+# the H200 / H100 on 2026-12-05: exact, slower than cuda_gumbel / wide, opt-in). Run from the repository root on an H200 (sm_90), PYTHONPATH=$PWD/src, one part per job:
 #   bash tools/gpu_plans/issue12_cuda_wide.sh check   # budget ~110 s: is it correct? (run this first)
 #   bash tools/gpu_plans/issue12_cuda_wide.sh time    # budget ~110 s: how fast, and where does the time go?
 #   bash tools/gpu_plans/issue12_cuda_wide.sh bench   # budget ~150 s: the committed benchmark with vLLM's loop
@@ -73,7 +73,7 @@ bench)
   timeout -k 2 35 python3 -m pytest -q -m gpu tests/gpu/test_cuda_gumbel_gpu.py -x -k "full_shape or graph" 2>&1 | tail -4
   ;;
 icdf)
-  # 8. (~60 s) method="inverse_cdf" (icdf5, 2026-12-04, not run): the GPU tests at V = 129,280 (check_icdf: cache in the
+  # 8. (~60 s) method="inverse_cdf" (icdf5, 2026-12-04; passed on an H100 2026-12-05): the GPU tests at V = 129,280 (check_icdf: cache in the
   #    bias bracket, greedy / NaN / +inf / all -inf rows argmax_first of the own cache bit for bit, T > 0 tokens the
   #    inverse CDF of u within the fp32 sums; rows 1-253 both dtypes, all T = 1 / all greedy, strided + scale,
   #    V % 4 != 0, graph replay == eager). If the special-rows test alone fails: dw_pick's NaN / +inf / -inf branches;

@@ -24,7 +24,7 @@ from . import harness, roofline
 VLLM_LOOP = "vllm_loop"  # vLLM's own speculator loop (bench/vllm_loop.py): the yardstick when it can run
 DESIGNS = (VLLM_LOOP, "loop", "gumbel_fused", "inverse_cdf", "fused", "chain", "cuda_chain", "cuda_gumbel", "stream",
            "wide")
-# Designs timed only when named (--designs): registry.OPT_IN_DESIGNS have not run on a GPU yet.
+# Designs timed only when named (--designs): registry.OPT_IN_DESIGNS are not for default use (see registry.py).
 OPT_IN_DESIGNS = registry.OPT_IN_DESIGNS
 KNOWN_DESIGNS = ("reference",) + DESIGNS + OPT_IN_DESIGNS
 TEMPERATURE_MODES = ("1", "mixed")

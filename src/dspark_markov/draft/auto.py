@@ -76,7 +76,7 @@ def table_from_results(records, method: str, *, margin: float = 0.02, exclude=()
     ``margin`` (relative), so that noise does not split buckets. A batch between two measured sizes
     takes the choice of the larger one; the last bucket (``None``) takes every larger batch.
     Designs in ``exclude`` are left out (``PORTABLE_TABLE``: without ``registry.NATIVE_DESIGNS``), as are
-    ``registry.OPT_IN_DESIGNS`` (not run on a GPU yet), and so
+    ``registry.OPT_IN_DESIGNS`` (not for default use: never run on a GPU, or slower), and so
     are baselines that are not draft implementations (``vllm_loop``).
     """
     times = {}

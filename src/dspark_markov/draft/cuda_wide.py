@@ -34,12 +34,14 @@ opt-in below. Base logits bf16 or fp32, cache bf16 or fp32, any mix of temperatu
 **Measured, and kept opt-in.** Written on 2026-12-04 without a GPU (it compiles for sm_90: no stack frame on the
 default entry points, 144-152 registers, 430 SASS instructions per 16-row x 16-token m-tile; its tensor-core
 fragment layout and ranking rules are checked on the CPU, tests/draft/test_cuda_wide.py), then run on the H200 on
-2026-12-05: exact in its GPU tests (tests/gpu/test_cuda_wide_gpu.py, both methods), but slower than the designs
+2026-12-05: exact in its GPU tests (tests/gpu/test_cuda_wide_gpu.py: 26 on the H200, the inverse-CDF ones again on
+an H100), but slower than the designs
 ``auto`` already picks (``benchmarks/results/NVIDIA-H200_2026-12-05_cuda_wide_*``; bf16, T = 1): Gumbel 250 / 352 /
 589 / 1,079 us at 32 / 64 / 128 / 253 rows against ``cuda_gumbel``'s 254 / 304 / 468 / 745 (the SASS count had
-predicted ~300-420 us at 253 rows), inverse CDF 390 / 1,171 us at 64 / 253 against ``wide``'s 231 / 544. One H200
-timing run faulted with an illegal address at 64 rows; the same sweep under compute-sanitizer memcheck (H100) was
-clean, and the cause is not known. So it runs only when
+predicted ~300-420 us at 253 rows), inverse CDF 390 / 1,171 us at 64 / 253 against ``wide``'s 231 / 544. (An
+illegal address in one H200 timing sweep at 64 rows was the sweep's: it kept only the CUDA graphs, whose replays
+then ran into freed buffers; ``bench.harness.capture_graph`` now keeps the callable alive, and the same sweep ran
+clean under compute-sanitizer memcheck.) Where its time goes has not been profiled. So it runs only when
 ``DSPARK_MARKOV_UNVERIFIED`` lists it (``DSPARK_MARKOV_UNVERIFIED=cuda_wide``, or ``1`` for every unverified
 design): otherwise constructing it raises ``ValueError`` and :meth:`CudaWideBackend.unavailable_reason` (``dspark-markov
 info``) says why. ``auto`` never picks it and ``dspark-markov bench`` times it only when named (``--designs``).
@@ -76,9 +78,8 @@ KERNELS = STEP_KERNELS + ICDF_KERNELS + ("dm_wide_finish", "dm_wide_pick")
 
 
 # What `dspark-markov info` says of this design without the opt-in (the module docstring has the figures).
-STATUS = ("is opt-in: exact in its H200 GPU tests (2026-12-05) but slower than cuda_gumbel (Gumbel) and wide (inverse "
-          "CDF) from 64 rows on, and one H200 timing run faulted (illegal address at 64 rows; clean under memcheck on an "
-          "H100, not explained)")
+STATUS = ("is opt-in: exact in its GPU tests (H200 and H100, 2026-12-05) but slower than cuda_gumbel (Gumbel) and wide "
+          "(inverse CDF) from 64 rows on, so auto never picks it")
 
 
 def unverified_reason() -> str | None:
@@ -149,7 +150,7 @@ class CudaWideBackend:
     two per group, on the unscaled 16-byte paths; never changes a draw; inverse CDF: 1 only). Scratch (codes in
     A-fragment order, one word per row, every step's row keys, the noise table; inverse CDF: the block partials) is
     allocated once; ``run`` only launches (CUDA-graph
-    safe). Not run on a GPU yet: needs the opt-in of the module docstring.
+    safe). Exact on the H200 but slower than ``cuda_gumbel`` / ``wide``: needs the opt-in of the module docstring.
     """
 
     NAME = "cuda_wide"
