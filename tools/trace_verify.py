@@ -21,10 +21,14 @@ launch and the summary run.
 """
 
 import math
+import os
 import statistics
 import sys
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sweep_verify import options as sweep_options  # noqa: E402  (the variants' syntax)
 
 STAGES = {0: "stream", 1: "mass", 2: "emit"}
 DIRECT = 1 << 16  # the trace word's flag of a greedy / padding request (the kernel's `direct`)
@@ -109,12 +113,9 @@ def parse(argv):
 
 
 def options(spec):
-    """``stream:t1=8+lag=4`` -> ``("stream", {"t1": 8, "lag": 4})`` (``a/b`` values are tuples)."""
-    name, _, rest = spec.partition(":")
-    opts = {}
-    for item in filter(None, rest.split("+")):
-        key, _, value = item.partition("=")
-        opts[key] = tuple(int(v) for v in value.split("/")) if "/" in value else int(value)
+    """``stream:t1=8+lag=4`` -> ``("stream", {"t1": 8, "lag": 4})`` (tools/sweep_verify.py's syntax; ``a/b`` values
+    are tuples); only the stream kernel's standard method (``stream``, ``raw``) is traced."""
+    name, opts = sweep_options(spec)
     if name not in ("stream", "raw"):
         raise SystemExit(f"--variants: expected stream or raw (with options), got {spec!r}")
     return name, opts
