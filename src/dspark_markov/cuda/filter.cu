@@ -892,7 +892,7 @@ __device__ __forceinline__ void df_track(float x, float& mx, u32& nan) {
 // in the resident / L2-row build, none in the hot loops; not inlined it spilled in them), made of the one-row kernel's
 // text, whose preprocessed source, and SASS, stay the measured ones (tools/cuda_sass.py). Written without a GPU
 // (2026-12-05); run on the H200 later that day: equal to the sort reference in every GPU test, memcheck and racecheck
-// clean (with DF_CARRY too), and slower than the one-row launches for top-p alone (verify/cuda_filtering.py).
+// clean in the DF_CARRY builds (flags 415 / 447, persistent loop included), and slower than the one-row launches for top-p alone (verify/cuda_filtering.py).
 #if defined(DF_CARRY) && !defined(DF_PERSIST)
 #error "DF_CARRY is an option of the persistent builds (-DDF_PERSIST)"
 #endif

@@ -104,7 +104,7 @@ FLAG_L2_CLUSTER4 = 64
 # from HBM and 6-12 us at the barrier after it waiting for the cluster's slowest block; beyond one wave every cluster
 # also waits for eight free block slots of a GPC. The one-row builds' SASS is unchanged (tools/cuda_sass.py).
 # Measured on the H200 (2026-12-05, `..._filter_persist_verify.*`): exact (the GPU tests, 105 persist / carry cases)
-# and sanitizer clean, but SLOWER than 63 for top-p alone at every batch (253 requests: 1,215-1,340 us with 63 against
+# and sanitizer clean (415 / 447), but SLOWER than 63 for top-p alone at every batch (253 requests: 1,215-1,340 us with 63 against
 # 1,365-1,518 with 191 = 63 + PERSIST and 1,407-1,571 with 447 = + CARRY; k + p 0-7% slower, within 1% with CARRY from
 # 64 requests on): opt-in. Not profiled;
 # a guess to check first: the one-row launch already overlaps a new cluster's loads with the running clusters'
