@@ -54,17 +54,17 @@ def options(spec):
     return name, opts
 
 
-def main(argv):
-    rows_list, variants, rounds, inputs = parse(argv)
-    dev = torch.device("cuda")
+def make_inputs(big, inputs="random", dev="cuda", vocab=V):
+    """The inputs of ``big`` requests (module docstring; ``inputs``: random or close), as
+    ``(raw_target, args)``: ``args(rows)`` gives ``StreamVerifier.run``'s positional inputs of the first ``rows``
+    requests (pre-divided target logits; swap in ``raw_target[:rows]`` with ``target_temperature=args[6]``)."""
     g = torch.Generator(device=dev).manual_seed(2026)
-    big = max(rows_list)
-    raw_target = torch.randn(big, K + 1, V, generator=g, device=dev) * 2.0
-    cache = (torch.randn(big, K, V, generator=g, device=dev) * 2.0).bfloat16()
+    raw_target = torch.randn(big, K + 1, vocab, generator=g, device=dev) * 2.0
+    cache = (torch.randn(big, K, vocab, generator=g, device=dev) * 2.0).bfloat16()
     if inputs == "close":  # p ~ q at every token: (almost) every draft accepted
         raw_target = torch.cat([cache.float(), cache[:, -1:].float()], dim=1) + 0.05 * torch.randn(
-            big, K + 1, V, generator=g, device=dev)
-    drafts = torch.randint(0, V, (big, K), generator=g, device=dev)
+            big, K + 1, vocab, generator=g, device=dev)
+    drafts = torch.randint(0, vocab, (big, K), generator=g, device=dev)
     positions = torch.randint(1, 1 << 20, (big,), generator=g, device=dev)
     seeds = torch.randint(-(1 << 62), 1 << 62, (big,), generator=g, device=dev)
     table = torch.tensor([0.0, 0.6, 1.0], device=dev)
@@ -73,11 +73,21 @@ def main(argv):
     if inputs == "close":  # greedy slots (T = 0) accept a draft equal to their target row's argmax: those too
         greedy = temperature == 0
         drafts[greedy] = target[greedy, :K].argmax(-1)
+
+    def args(rows):
+        return (target[:rows], drafts[:rows], cache[:rows], torch.full((rows,), K, device=dev),
+                torch.arange(rows, device=dev), positions[:rows], temperature[:rows], seeds[:rows])
+    return raw_target, args
+
+
+def main(argv):
+    rows_list, variants, rounds, inputs = parse(argv)
+    dev = torch.device("cuda")
+    raw_target, batch_args = make_inputs(max(rows_list), inputs, dev)
     flush = harness.L2Flusher(dev)
     print(f"V={V} K={K} bf16 cache, mixed T, {inputs} inputs; variants {variants}")
     for rows in rows_list:
-        args = (target[:rows], drafts[:rows], cache[:rows], torch.full((rows,), K, device=dev),
-                torch.arange(rows, device=dev), positions[:rows], temperature[:rows], seeds[:rows])
+        args = batch_args(rows)
         raw_args = (raw_target[:rows],) + args[1:]
         graphs, keep, outputs = {}, [], {}
         for spec in variants:

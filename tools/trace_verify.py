@@ -28,7 +28,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sweep_verify import options as sweep_options  # noqa: E402  (the variants' syntax)
+from sweep_verify import K, make_inputs, options as sweep_options  # noqa: E402  (its inputs and variants' syntax)
 
 STAGES = {0: "stream", 1: "mass", 2: "emit"}
 DIRECT = 1 << 16  # the trace word's flag of a greedy / padding request (the kernel's `direct`)
@@ -122,41 +122,24 @@ def options(spec):
 
 
 def main(argv):
-    from dspark_markov.draft.reference import scaled_logits
     from dspark_markov.verify.triton_verify_stream import StreamVerifier
 
     rows_list, variants, inputs, vocab = parse(argv)
-    k = 5
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    g = torch.Generator(device=dev).manual_seed(2026)
-    big = max(rows_list)
-    raw_target = torch.randn(big, k + 1, vocab, generator=g, device=dev) * 2.0
-    cache = (torch.randn(big, k, vocab, generator=g, device=dev) * 2.0).bfloat16()
-    if inputs == "close":  # nearly every draft accepted (tools/sweep_verify.py --inputs close)
-        raw_target = torch.cat([cache.float(), cache[:, -1:].float()], dim=1) + 0.05 * torch.randn(
-            big, k + 1, vocab, generator=g, device=dev)
-    drafts = torch.randint(0, vocab, (big, k), generator=g, device=dev)
-    positions = torch.randint(1, 1 << 20, (big,), generator=g, device=dev)
-    seeds = torch.randint(-(1 << 62), 1 << 62, (big,), generator=g, device=dev)
-    temperature = torch.tensor([0.0, 0.6, 1.0], device=dev)[torch.arange(big, device=dev) % 3]
-    target = scaled_logits(raw_target, temperature)
-    if inputs == "close":
-        greedy = temperature == 0
-        drafts[greedy] = target[greedy, :k].argmax(-1)
+    raw_target, batch_args = make_inputs(max(rows_list), inputs, dev, vocab)
     flush = None
     if dev.type == "cuda":
         from dspark_markov.bench import harness
 
         flush = harness.L2Flusher(dev)
         print(torch.cuda.get_device_name(dev), "torch", torch.__version__)
-    print(f"V={vocab} K={k} bf16 cache, mixed T, {inputs} inputs")
+    print(f"V={vocab} K={K} bf16 cache, mixed T, {inputs} inputs")
     for rows in rows_list:
-        args = (target[:rows], drafts[:rows], cache[:rows], torch.full((rows,), k, device=dev),
-                torch.arange(rows, device=dev), positions[:rows], temperature[:rows], seeds[:rows])
+        args = batch_args(rows)
         for spec in variants:
             name, opts = options(spec)
             opts.setdefault("phases", ())
-            verifier = StreamVerifier(rows, k, vocab, dev, **opts)
+            verifier = StreamVerifier(rows, K, vocab, dev, **opts)
             trace = torch.zeros(verifier.programs(rows), 4, dtype=torch.int64, device=dev)
             call_args = ((raw_target[:rows],) + args[1:]) if name == "raw" else args
             extra = {"target_temperature": args[6]} if name == "raw" else {}

@@ -1321,9 +1321,9 @@ class StreamVerifier:
                     num_warps=self.warps,
                     enable_fp_fusion=False)
         if trace is not None:
-            programs = self._grid(lay, batch, method, k + 1)
             if len(launches) > 1:
                 raise ValueError("trace: a phased call makes several launches; trace one with phases=()")
+            programs = self._grid(lay, batch, method, k + 1)
             if trace.shape != (programs, 4) or trace.dtype != torch.int64:
                 raise ValueError(f"trace: expected [{programs}, 4] int64, got {tuple(trace.shape)} {trace.dtype}")
             meta.update(trace_ptr=trace, TRACE=True)
