@@ -8,11 +8,13 @@ Inputs as ``tools/sweep_verify.py`` (fp32 target, bf16 cache, K = 5, mixed T 0 /
 temperature) is compiled with ``trace=`` (a separately compiled variant of the kernel: its timings are close to
 the untraced one's, not equal), run once eagerly to compile, then once after an L2 flush; each program of that
 launch writes its start, after-wait and end times and its stage (0 stream item, 1 mass item, 2 emit item),
-validity and SM, and whether its request is greedy or padding (``greedy_direct``: those requests' emit items
-do no work and are counted apart, as ``emit (no work)``). Printed per stage: items, when they start (first /
-median / last, us after the launch's first start), how long they wait for their request's flag, how long they
-run (median / p90), when they end, and how many run at each tenth of the launch (at 0, 0.1, ..., 0.9 of it: the
-ramp, the overlap of stream and emit items, the tail). The issue-18 question
+validity and SM, whether its request is greedy or padding (``greedy_direct``: those requests' emit items
+do no work and are counted apart, as ``emit (no work)``) and a stream item's row. Printed per stage: items, when
+they start (first / median / last, us after the launch's first start), how long they wait for their request's
+flag, how long they run (median / p90), when they end, and how many run at each tenth of the launch (at 0, 0.1,
+..., 0.9 of it: the ramp, the overlap of stream and emit items, the tail); the stream items also by kind (greedy
+argmax, bonus row, target and cache row pair) and by how many of them their SM ran (stop 32: at 16 requests on an
+H100 the stream items of equal size ended anywhere between 17.6 and 41.3 us). The issue-18 question
 it answers: at 16 / 64 requests the one launch runs at ~34% / ~58% of the read bandwidth; is the time in the
 stream items' start ramp, their duration, the emit items' wait for the last stream item of their request, or
 the tail? Phased calls make several launches: trace one launch (``phases=()``).
@@ -32,17 +34,23 @@ from sweep_verify import K, make_inputs, options as sweep_options  # noqa: E402 
 
 STAGES = {0: "stream", 1: "mass", 2: "emit"}
 DIRECT = 1 << 16  # the trace word's flag of a greedy / padding request (the kernel's `direct`)
+ROW_SHIFT = 17  # the trace word's row of a stream item (4 bits, capped at 15)
 
 
-def summarize(trace: torch.Tensor, points: int = 10) -> dict:
+def summarize(trace: torch.Tensor, points: int = 10, bonus_row: int | None = None) -> dict:
     """Summary of a ``[programs, 4]`` int64 trace (start ns, after-wait ns, end ns, stage + 4 valid + 8 smid +
-    2^16 direct).
+    2^16 direct + 2^17 row).
 
     Returns ``{"total_us", "sms", "padding", "stages": {name: {...}}}``, times in us after the first start of a
     valid program; ``active``: running items of the stage at ``points`` instants ``total * i / points`` (i = 0 ..
     points - 1); ``duration``: (median, p90 by the nearest rank). Programs that are not valid (lag padding, or
     items of requests an earlier launch decided) are counted in ``padding`` only; the emit items of greedy and
-    padding requests (``direct``: they do no work) form the stage ``"emit (no work)"``, apart from ``"emit"``."""
+    padding requests (``direct``: they do no work) form the stage ``"emit (no work)"``, apart from ``"emit"``.
+    With ``bonus_row`` (the row index of every request's bonus row: ``K`` when every request has ``K`` drafts) the
+    stream items are also summarised by kind: ``"stream: greedy"`` (greedy requests' argmax items), ``"stream:
+    bonus row"`` (a target row without a cache row) and ``"stream: pair"`` (a target and a cache row).
+    ``"sm_load"``: ``{stream items on an SM: (SMs, median over those SMs of their last stream item's end)}``: whether
+    the stream phase's tail comes from the SMs that run more items."""
     trace = trace.detach().to("cpu", torch.int64)
     if trace.dim() != 2 or trace.shape[1] != 4:
         raise ValueError(f"trace: expected [programs, 4] int64, got {tuple(trace.shape)}")
@@ -63,6 +71,17 @@ def summarize(trace: torch.Tensor, points: int = 10) -> dict:
            "stages": {}}
     groups = [(name, valid & (stage == value) & ~(direct & (stage == 2))) for value, name in STAGES.items()]
     groups.append(("emit (no work)", valid & (stage == 2) & direct))
+    streamed = valid & (stage == 0)
+    if bonus_row is not None:
+        row = (code >> ROW_SHIFT) & 15
+        groups += [("stream: greedy", streamed & direct),
+                   ("stream: bonus row", streamed & ~direct & (row == bonus_row)),
+                   ("stream: pair", streamed & ~direct & (row != bonus_row))]
+    load: dict = {}
+    for sm in torch.unique(smid[streamed]).tolist():
+        on_sm = streamed & (smid == sm)
+        load.setdefault(int(on_sm.sum()), []).append(float(end[on_sm].max()))
+    out["sm_load"] = {count: (len(ends), statistics.median(ends)) for count, ends in sorted(load.items())}
     for name, mask in groups:
         if not bool(mask.any()):
             continue
@@ -86,6 +105,9 @@ def format_summary(label: str, summary: dict) -> str:
             f"  wait med {st['wait_median']:5.2f}  dur med {st['duration'][0]:6.2f} p90 {st['duration'][1]:6.2f}"
             f"  end {st['end'][0]:6.1f} / {st['end'][1]:6.1f} / {st['end'][2]:6.1f}  active at tenths "
             + " ".join(str(a) for a in st["active"]))
+    if summary.get("sm_load"):
+        lines.append("  stream items per SM: " + ", ".join(f"{count} on {sms} SMs (their last end med {last:.1f} us)"
+                                                             for count, (sms, last) in summary["sm_load"].items()))
     return "\n".join(lines)
 
 
@@ -149,7 +171,7 @@ def main(argv):
                 tokens, count = verifier.run(*call_args, trace=trace, **extra)
             verifier.check()
             print(format_summary(f"rows {rows} {spec} (mean emitted {count.double().mean().item():.2f})",
-                                 summarize(trace)))
+                                 summarize(trace, bonus_row=K)))  # (make_inputs: K drafts in every request)
 
 
 if __name__ == "__main__":

@@ -8,9 +8,10 @@ from tests.helpers import load_tool
 tool = load_tool("trace_verify")
 
 
-def row(start_ns, waited_ns, end_ns, stage, valid, sm, direct=False):
+def row(start_ns, waited_ns, end_ns, stage, valid, sm, direct=False, item_row=0):
     """A trace row as the kernel writes it (triton_verify_stream's TRACE store)."""
-    return [start_ns, waited_ns, end_ns, stage + 4 * int(valid) + 8 * sm + (1 << 16) * int(direct)]
+    code = stage + 4 * int(valid) + 8 * sm + (1 << 16) * int(direct) + (1 << 17) * item_row
+    return [start_ns, waited_ns, end_ns, code]
 
 
 def test_summary_of_a_known_trace():
@@ -38,6 +39,28 @@ def test_summary_of_a_known_trace():
     text = tool.format_summary("rows 1 stream", summary)
     assert text.startswith("rows 1 stream: total 30.0 us on 4 SMs, 1 programs not valid")
     assert "active at tenths 1 2 0" in text
+    assert summary["sm_load"] == {1: (1, 10.0), 2: (1, 20.0)}  # SM 0 ran one stream item (to 10 us), SM 1 two
+    assert ("stream items per SM: 1 on 1 SMs (their last end med 10.0 us), "
+            "2 on 1 SMs (their last end med 20.0 us)") in text
+    assert "stream: pair" not in summary["stages"]  # kinds only with a bonus row
+
+
+def test_stream_items_by_kind_and_sm_load():
+    base = 1_000_000
+    trace = torch.tensor([
+        row(base, base, base + 10_000, 0, True, 0, item_row=0),  # a pair (target and cache row 0)
+        row(base, base, base + 14_000, 0, True, 0, item_row=4),  # a pair of row 4
+        row(base, base, base + 6_000, 0, True, 1, item_row=5),  # the bonus row (K = 5)
+        row(base, base, base + 30_000, 0, True, 2, direct=True, item_row=3),  # a greedy request's argmax item
+        row(base, base, base + 2_000, 2, True, 1, direct=True),  # its emit item (no work): not a stream item
+    ], dtype=torch.int64)
+    summary = tool.summarize(trace, points=2, bonus_row=5)
+    stages = summary["stages"]
+    assert stages["stream"]["n"] == 4 and stages["stream: pair"]["n"] == 2
+    assert stages["stream: pair"]["end"] == (10.0, 12.0, 14.0)
+    assert stages["stream: bonus row"]["n"] == 1 and stages["stream: bonus row"]["duration"] == (6.0, 6.0)
+    assert stages["stream: greedy"]["n"] == 1 and stages["stream: greedy"]["end"] == (30.0, 30.0, 30.0)
+    assert summary["sm_load"] == {1: (2, 18.0), 2: (1, 14.0)}  # SMs 1 and 2 ran one (ends 6, 30), SM 0 two
 
 
 def test_summary_refuses_a_wrong_shape_and_reports_an_empty_launch():
@@ -68,4 +91,7 @@ def test_one_traced_launch_runs_in_the_interpreter(capsys):
     assert "rows 2 stream (mean emitted" in out and "rows 2 raw (mean emitted" in out
     items = 2 * 6 * StreamVerifier(2, 5, 300, "cpu").layout(2).c1  # every stream item of the launch is traced
     assert out.count(f"{'stream':14s} n={items:5d}") == 2, out
+    greedy = 6 * StreamVerifier(2, 5, 300, "cpu").layout(2).c1  # request 0 (T = 0): its six rows' argmax items
+    assert out.count(f"stream: greedy n={greedy:5d}") == 2 and out.count("stream: bonus row") == 2, out
+    assert out.count("stream items per SM") == 2, out
     assert out.count("emit (no work)") == 2, out  # request 0 is greedy (T = 0): its emit items do no work

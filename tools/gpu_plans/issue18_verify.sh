@@ -7,7 +7,8 @@
 #   bash tools/gpu_plans/issue18_verify.sh bench    # budget ~100 s: the bench cases (README table), block included
 #   bash tools/gpu_plans/issue18_verify.sh phased_check  # budget ~250 s: phased launches (stop 30, main, opt-in): GPU tests
 #   bash tools/gpu_plans/issue18_verify.sh phased_time   # budget ~300 s: phased launches beside the default, 2 input kinds
-#   bash tools/gpu_plans/issue18_verify.sh trace         # budget ~100 s: where one launch's time goes at 16 / 64 / 253 requests
+#   bash tools/gpu_plans/issue18_verify.sh trace         # budget ~150 s: where one launch's time goes at 1 / 16 / 64 / 253 requests
+#   bash tools/gpu_plans/issue18_verify.sh dbuf          # budget ~150 s: the double-buffered fused loop (never timed) beside the default
 # Results go to $JOB_OUT (default ./gpu_plan_out). StreamVerifier compiles ~5-7 s per constexpr variant; a Triton
 # cache carried from an earlier job of the same source skips that (tools/gpu_queue.sh). Nothing of early stop
 # (StreamVerifier early_stop / stop_check / early_ready, opt-in, off by default) has run on a GPU, and it is NOT on
@@ -124,7 +125,21 @@ trace)
   #    time go: the stream items' start ramp, their duration (bandwidth per item), the emit items' wait for their
   #    request's last stream item, or the tail? tools/trace_verify.py prints per stage start / wait / duration / end
   #    and the items running at tenths of the launch (a traced launch, eager, after an L2 flush).
-  timeout -k 2 60 python3 tools/trace_verify.py 16 64 253 --variants "stream,raw" 2>&1 | tee "$OUT/trace_random.txt"
+  timeout -k 2 100 python3 tools/trace_verify.py 1 16 64 253 --variants "stream,stream:compact=1,raw" 2>&1 | tee "$OUT/trace_random.txt"
   timeout -k 2 30 python3 tools/trace_verify.py 16 64 --inputs close 2>&1 | tee "$OUT/trace_close.txt"
+  ;;
+dbuf)
+  # 11. (~130 s) Stop 32's trace (H100, 16 requests): the stream items of equal size end between 17.6 and 41.3 us and
+  #    the plateau streams at ~84% of the read bandwidth; each fused-loop group of 4 tiles is loaded, then reduced with
+  #    no load in flight. dbuf=1 (exact on the CPU, tests/verify layouts test) keeps the next group's loads in flight
+  #    during the reduction; it has never run on a GPU. At the default 80 registers it spills 300 bytes (496 raw;
+  #    tools/compile_verify.py dbuf=1), at max_registers=128 none (two programs per SM instead of three: the Layout
+  #    follows). Tokens checked against the default by the sweep; then the trace, per kind of stream item and per SM
+  #    load (where the tail comes from).
+  timeout -k 2 100 python3 tools/sweep_verify.py 16 64 253 --rounds 3 \
+    --variants "stream,stream:dbuf=1,stream:dbuf=1+max_registers=128,raw,raw:dbuf=1+max_registers=128" \
+    2>&1 | tee "$OUT/sweep_dbuf.txt"
+  timeout -k 2 40 python3 tools/trace_verify.py 16 64 --variants "stream,stream:dbuf=1+max_registers=128" 2>&1 \
+    | tee "$OUT/trace_dbuf.txt"
   ;;
 esac
