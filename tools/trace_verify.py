@@ -14,7 +14,9 @@ they start (first / median / last, us after the launch's first start), how long 
 flag, how long they run (median / p90), when they end, and how many run at each tenth of the launch (at 0, 0.1,
 ..., 0.9 of it: the ramp, the overlap of stream and emit items, the tail); the stream items also by kind (greedy
 argmax, bonus row, target and cache row pair) and by how many of them their SM ran (stop 32: at 16 requests on an
-H100 the stream items of equal size ended anywhere between 17.6 and 41.3 us). The issue-18 question
+H100 the stream items of equal size ended anywhere between 17.6 and 41.3 us; with ``claim`` a stream program streams
+the chunks it claims, so its recorded row, hence its kind, is only that of its place in the program order). The
+issue-18 question
 it answers: at 16 / 64 requests the one launch runs at ~34% / ~58% of the read bandwidth; is the time in the
 stream items' start ramp, their duration, the emit items' wait for the last stream item of their request, or
 the tail? Phased calls make several launches: trace one launch (``phases=()``).

@@ -317,7 +317,9 @@ def test_stream_layouts_agree_and_graph_replays():
 OPTION_VARIANTS = {"compact": dict(compact=1), "padded": dict(compact=0), "div_unroll": dict(div_unroll=2),
                    "fast_divide_2": dict(fast_divide=2, div_unroll=4), "emit_prefetch": dict(emit_prefetch=2),
                    # phased launches (passed on the H200, stop 31): row 0, then rows 1..K; and three launches
-                   "phases_1": dict(phases=1), "phases_1_2": dict(phases=(1, 2))}
+                   "phases_1": dict(phases=1), "phases_1_2": dict(phases=(1, 2)),
+                   # a request's chunks claimed from a counter (stop 32, not yet run on a GPU), alone and phased
+                   "claim_4": dict(claim=4), "claim_2_phases_1": dict(claim=2, phases=1)}
 
 
 @pytest.mark.parametrize("variant", sorted(OPTION_VARIANTS))

@@ -100,7 +100,8 @@ def test_layouts_and_explicit_greedy_flags():
     # (fused: the target and cache rows in one loop; stages: pipelining, which the interpreter ignores)
     for options in (dict(t1=1, t2=1, lag=0, fused=1, stages=3), dict(t1=6, t2=6, lag=3, noise_filter=0, fused=0),
                     dict(t1=6, t2=2, lag=1, unroll=2, dbuf=1, greedy_direct=0),  # dbuf: 2 interior groups double-buffered
-                    dict(t1=2, t2=2, lag=2, compact=0)):  # the padded program order (standard)
+                    dict(t1=2, t2=2, lag=2, compact=0),  # the padded program order (standard)
+                    dict(t2=3, lag=1, claim=3), dict(t1=1, lag=2, claim=8, compact=1)):  # chunks claimed from a counter
         verifier = StreamVerifier(8, 3, VOCAB, "cpu", **options)
         for method in ("standard", "block"):
             outs.append(_run(verifier, args, method, flags))
@@ -242,10 +243,17 @@ def test_fast_division_is_correctly_rounded():
 
 
 def test_mode_options_outside_their_values_are_refused():
-    for option, value in (("fast_divide", 3), ("fast_divide", True), ("emit_prefetch", 5), ("emit_prefetch", 1.0)):
+    for option, value in (("fast_divide", 3), ("fast_divide", True), ("emit_prefetch", 5), ("emit_prefetch", 1.0),
+                          ("claim", 5), ("claim", -1)):
         with pytest.raises(ValueError, match=option):
             StreamVerifier(2, 3, VOCAB, "cpu", **{option: value})
     assert StreamVerifier(2, 3, VOCAB, "cpu", fast_divide=2, emit_prefetch=0).fast_divide == 2
+    claimed = StreamVerifier(16, 5, 129_280, "meta", claim=4)  # GPU layouts: about as many stream programs
+    for batch in (1, 16, 64, 253):
+        plain, lay = StreamVerifier(16, 5, 129_280, "meta").layout(batch), claimed.layout(batch)
+        # (at 1 request the 2-tile items become 1-tile chunks: half as many programs, 4 chunks each)
+        assert lay.s1 == -(-6 * lay.c1 // 4) and plain.s1 // 2 <= lay.s1 <= plain.s1 + 6, (batch, lay.s1, plain.s1)
+        assert claimed.layout(batch, "block").claim == 0  # the block method keeps its fixed items
 
 
 def _phase_of(row, bounds):
@@ -267,7 +275,7 @@ def test_phased_launches_equal_one_launch_and_skip_later_rows(seed, closeness):
         _assert_reference(args, "standard", expected, greedy)
         emitted = expected[1] if greedy is None else emitted
         for bounds in ((1,), (2,), (3,), (1, 2), (1, 2, 3)):
-            verifier = StreamVerifier(8, 3, VOCAB, "cpu", phases=bounds)
+            verifier = StreamVerifier(8, 3, VOCAB, "cpu", phases=bounds, claim=2 if len(bounds) > 1 else 0)
             verifier.pa.fill_(1234.5)  # rows no stream item wrote keep it
             out = _run(verifier, args, "standard", greedy)
             assert torch.equal(out[0], expected[0]) and torch.equal(out[1], expected[1]), bounds

@@ -9,6 +9,7 @@
 #   bash tools/gpu_plans/issue18_verify.sh phased_time   # budget ~300 s: phased launches beside the default, 2 input kinds
 #   bash tools/gpu_plans/issue18_verify.sh trace         # budget ~150 s: where one launch's time goes at 1 / 16 / 64 / 253 requests
 #   bash tools/gpu_plans/issue18_verify.sh dbuf          # budget ~150 s: the double-buffered fused loop (never timed) beside the default
+#   bash tools/gpu_plans/issue18_verify.sh claim         # budget ~330 s: claimed chunks (stop 32, never run): GPU tests, sweep, trace
 # Results go to $JOB_OUT (default ./gpu_plan_out). StreamVerifier compiles ~5-7 s per constexpr variant; a Triton
 # cache carried from an earlier job of the same source skips that (tools/gpu_queue.sh). Nothing of early stop
 # (StreamVerifier early_stop / stop_check / early_ready, opt-in, off by default) has run on a GPU, and it is NOT on
@@ -127,6 +128,21 @@ trace)
   #    and the items running at tenths of the launch (a traced launch, eager, after an L2 flush).
   timeout -k 2 100 python3 tools/trace_verify.py 1 16 64 253 --variants "stream,stream:compact=1,raw" 2>&1 | tee "$OUT/trace_random.txt"
   timeout -k 2 30 python3 tools/trace_verify.py 16 64 --inputs close 2>&1 | tee "$OUT/trace_close.txt"
+  ;;
+claim)
+  # 12. (~300 s) StreamVerifier(claim=G) (stop 32, CPU-tested, opt-in): each request's chunks of t1 / G tiles are claimed
+  #    from a counter by ~as many programs as the fixed items had, so a request's programs end within one chunk of each
+  #    other instead of 17.6-41.3 us apart (stop 32's H100 trace at 16 requests). First its GPU tests (reference, raw,
+  #    graph replay, counters reset; alone and phased), then the sweep (tokens against the default) and the trace (the
+  #    stream stage's end spread per request is what should shrink). At 80 registers claim=4 spills 20 bytes (raw 284:
+  #    default 0 / 116; tools/compile_verify.py), at 128 none (two programs per SM). If it wins at 16 / 64 requests:
+  #    CLAIM (a default by batch, as PHASES_FROM) and `bench` for the committed files and the README table.
+  timeout -k 2 150 python3 -m pytest -m gpu -v -p no:cacheprovider $T -k "claim" 2>&1 | tee "$OUT/tests_claim.txt" \
+    | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -6
+  timeout -k 2 120 python3 tools/sweep_verify.py 1 16 64 253 --rounds 3 \
+    --variants "stream,stream:claim=2,stream:claim=4,stream:claim=8,stream:claim=4+max_registers=128,raw,raw:claim=4" \
+    2>&1 | tee "$OUT/sweep_claim.txt"
+  timeout -k 2 40 python3 tools/trace_verify.py 16 64 --variants "stream,stream:claim=4" 2>&1 | tee "$OUT/trace_claim.txt"
   ;;
 dbuf)
   # 11. (~130 s) Stop 32's trace (H100, 16 requests): the stream items of equal size end between 17.6 and 41.3 us and

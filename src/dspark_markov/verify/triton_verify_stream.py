@@ -111,6 +111,9 @@ DIV_UNROLL = 0  # raw logits: tiles at once where values are divided (0: the who
 # PHASES_FROM: the batch from which phases=None takes PHASES (None: never); PHASES: the row boundaries.
 PHASES = (1,)
 PHASES_FROM = None
+# Claimed chunks (StreamVerifier's claim, standard method): 0 = off (every stream item has its fixed chunk); written in
+# stop 32 for the 16-request tail (trace: equal stream items ending 17.6-41.3 us on an H100), not yet run on a GPU.
+CLAIM = 0
 
 _ACCEPT_DOMAIN = tl.constexpr(keys.ACCEPT_DOMAIN)
 _RESAMPLE_DOMAIN = tl.constexpr(keys.RESAMPLE_DOMAIN)
@@ -554,6 +557,78 @@ def _emit_scan(t_row, c_row, prefix, start, end, tiles, ttemp, temp, w, t_max, t
 
 
 @triton.jit
+def _stream_chunk(t_base, c_base, t_row_stride, c_step_stride, drafts_ptr, d_req_stride, d_step_stride, xv_ptr,
+                  pa_ptr, pb_ptr, pi_ptr, b, j, chunk, live, n, greedy, temp, ttemp, vocab, T1,
+                  K: tl.constexpr, KP1: tl.constexpr, R2: tl.constexpr, C1P: tl.constexpr, BLOCK: tl.constexpr,
+                  UNROLL: tl.constexpr, UR: tl.constexpr, HARDWARE: tl.constexpr, PIPE: tl.constexpr,
+                  FAST_DIVIDE: tl.constexpr, RAW: tl.constexpr, INTERIOR: tl.constexpr, DBUF: tl.constexpr,
+                  FUSED: tl.constexpr, EARLY: tl.constexpr, SCAN_ARGMAX: tl.constexpr):
+    """One stream item's work: chunk ``chunk`` of target row ``j`` and cache row ``j`` of request ``b`` reduced to
+    its partial statistics (``pa`` / ``pb`` / ``pi`` at ``(b, j, chunk)`` and ``(b, K + 1 + j, chunk)``), and with
+    ``EARLY`` the logits at draft ``j`` when the chunk holds it. Nothing for a row past ``n`` or a padding request.
+    Bytes: ``T1 BLOCK`` target values (fp32) and as many cache values (bf16 / fp32), read once."""
+    start = chunk * T1 * BLOCK
+    end = tl.minimum(start + T1 * BLOCK, vocab)
+    if live & (j <= n):
+        part = (b * R2 + j) * C1P + chunk
+        qpart = (b * R2 + K + 1 + j) * C1P + chunk
+        if EARLY:  # p_j's and q_j's logits at draft j, for the epilogue (no dependent loads there)
+            if j < n:
+                xj = tl.load(drafts_ptr + b * d_req_stride + j * d_step_stride).to(tl.int64)
+                xj = tl.minimum(tl.maximum(xj, 0), vocab - 1)
+                if (xj >= start) & (xj < end):
+                    tl.store(xv_ptr + b * 2 * KP1 + j, tl.load(t_base + j * t_row_stride + xj))
+                    tl.store(xv_ptr + (b * 2 + 1) * KP1 + j, to_float32(tl.load(c_base + j * c_step_stride + xj)))
+        if greedy:
+            val, tok = _row_argmax(t_base + j * t_row_stride, start, end, T1, ttemp, RAW, BLOCK, UNROLL, PIPE,
+                                   SCAN_ARGMAX)
+            tl.store(pa_ptr + part, val)
+            tl.store(pi_ptr + part, tok)
+        elif FUSED & (temp != 0.0):  # target row j and cache row j (none for j = n) in one loop
+            c_end = tl.where(j < n, end, start)
+            c_scale = tl.math.div_rn(_LOG2E, temp)
+            if (FAST_DIVIDE > 0) & RAW & (ttemp != 0.0) & (ttemp != 1.0):
+                dt, dr, ds, dtiny = _divisor(ttemp)
+                mx, sm, cmx, csm, risky = _pair_softmax(t_base + j * t_row_stride, c_base + j * c_step_stride,
+                                                        start, end, c_end, T1, ttemp, c_scale, RAW, BLOCK,
+                                                        UR, HARDWARE, PIPE, FAST_DIVIDE, dt, dr, ds, dtiny,
+                                                        INTERIOR, DBUF)
+                if risky:  # a value of magnitude below 2^-100 (or an extreme T): divide exactly
+                    mx, sm, cmx, csm, no_risk = _pair_softmax(t_base + j * t_row_stride, c_base + j * c_step_stride,
+                                                              start, end, c_end, T1, ttemp, c_scale, RAW, BLOCK,
+                                                              UR, HARDWARE, 1)
+            elif RAW & (ttemp != 0.0) & (ttemp != 1.0):  # every target value divided (div_rn)
+                mx, sm, cmx, csm, no_risk = _pair_softmax(t_base + j * t_row_stride, c_base + j * c_step_stride,
+                                                          start, end, c_end, T1, ttemp, c_scale, RAW, BLOCK,
+                                                          UR, HARDWARE, PIPE, INTERIOR=INTERIOR)
+            else:  # pre-divided, or raw at T = 0 / 1 (x / 1 = x exactly): the standard loop
+                mx, sm, cmx, csm, no_risk = _pair_softmax(t_base + j * t_row_stride, c_base + j * c_step_stride,
+                                                          start, end, c_end, T1, ttemp, c_scale, False, BLOCK,
+                                                          UNROLL, HARDWARE, PIPE, INTERIOR=INTERIOR, DBUF=DBUF)
+            tl.store(pa_ptr + part, mx)
+            tl.store(pb_ptr + part, sm)
+            if j < n:
+                tl.store(pa_ptr + qpart, cmx)
+                tl.store(pb_ptr + qpart, csm)
+        else:
+            mx, sm = _row_softmax(t_base + j * t_row_stride, start, end, T1, ttemp, _LOG2E, RAW, BLOCK, UR,
+                                  HARDWARE, PIPE)
+            tl.store(pa_ptr + part, mx)
+            tl.store(pb_ptr + part, sm)
+            if j < n:  # the cache row draft j was drawn from
+                if temp == 0.0:
+                    val, tok = _row_argmax(c_base + j * c_step_stride, start, end, T1, temp, False, BLOCK, UNROLL,
+                                           PIPE, SCAN_ARGMAX)
+                    tl.store(pa_ptr + qpart, val)
+                    tl.store(pi_ptr + qpart, tok)
+                else:
+                    mx, sm = _row_softmax(c_base + j * c_step_stride, start, end, T1, temp,
+                                          tl.math.div_rn(_LOG2E, temp), False, BLOCK, UNROLL, HARDWARE, PIPE)
+                    tl.store(pa_ptr + qpart, mx)
+                    tl.store(pb_ptr + qpart, sm)
+
+
+@triton.jit
 def _arrive(counter_ptr, expected):
     """Count this item in; True for the last of ``expected`` items (which then sees their stores)."""
     tl.debug_barrier()  # every thread's stores of this item are issued before the arrival
@@ -653,6 +728,7 @@ def _stream_verify_kernel(
     EARLY: tl.constexpr = False, PREFETCH: tl.constexpr = False, DIV_UNROLL: tl.constexpr = 0, DBUF: tl.constexpr = False,
     trace_ptr=None, TRACE: tl.constexpr = False, COMPACT: tl.constexpr = False, EMIT_PREFETCH: tl.constexpr = 0,
     GREEDY_DIRECT: tl.constexpr = False, ROW_LO: tl.constexpr = 0, ROW_HI: tl.constexpr = 0,
+    CLAIM: tl.constexpr = 0,
 ):
     STAGES: tl.constexpr = 3 if BLOCK_METHOD else 2
     MASS_ROWS: tl.constexpr = K - 1 if (BLOCK_METHOD and K >= 2) else 0
@@ -662,21 +738,28 @@ def _stream_verify_kernel(
     HI: tl.constexpr = ROW_HI if ROW_HI > 0 else K + 1
     ROWS: tl.constexpr = HI - ROW_LO
     R2: tl.constexpr = 2 * K + 1  # partial rows: targets 0..K, caches K+1..2K
+    # CLAIM > 0 (standard method): a request's ROWS * C1 chunks are claimed one at a time by its cdiv(., CLAIM) stream
+    # programs from a counter (counters word 1, the block method's mass arrivals), so they end together
+    CLAIMED: tl.constexpr = (CLAIM > 0) and not BLOCK_METHOD
+    if CLAIMED:
+        S1 = tl.cdiv(ROWS * C1, CLAIM)  # stream programs per request
+    else:
+        S1 = ROWS * C1
     # tiles loaded at once where target values are divided (RAW, T not 0 or 1): DIV_UNROLL when given
     UR: tl.constexpr = (DIV_UNROLL if DIV_UNROLL > 0 else UNROLL) if RAW else UNROLL
     if TRACE:  # [programs, 4] int64: start, after-wait, end ns, stage + 4 valid + 8 smid + 2^16 direct + 2^17 row
         t_start, smid = _clock(tl.program_id(0), HARDWARE)
     if COMPACT and not BLOCK_METHOD:  # the padded order without its padding
-        stage, b, j, chunk, valid = _item_compact(requests, LAG, ROWS * C1, C2, C1)
+        stage, b, j, chunk, valid = _item_compact(requests, LAG, S1, C2, C1)
     else:
-        stage, b, j, chunk, valid = _item(requests, LAG, ROWS * C1, MASS_ROWS * C1, C2, C1, STAGES)
+        stage, b, j, chunk, valid = _item(requests, LAG, S1, MASS_ROWS * C1, C2, C1, STAGES)
     if PHASED:
         j = j + ROW_LO  # (a stream item's row; emit items ignore it)
         if ROW_LO > 0:  # only requests that the earlier launches left undecided (accepted count = ROW_LO)
             valid = valid & (tl.load(acc_ptr + b) >= ROW_LO)
     if TRACE:
         t_waited = t_start
-    if PREFETCH:  # the first tiles of a stream item's target row, before its request's loads come back
+    if PREFETCH and not CLAIMED:  # the first tiles of a stream item's target row, before its request's loads come back
         if valid & (stage == 0):
             sector = chunk * T1 * BLOCK + tl.arange(0, UNROLL * BLOCK // 8) * 8  # one address per 32 bytes
             _prefetch_l2(target_ptr + b * t_req_stride + j * t_row_stride + tl.minimum(sector, vocab - 1), HARDWARE)
@@ -694,66 +777,22 @@ def _stream_verify_kernel(
         direct = live & ~live
     if valid & (stage == 0):
         # ---------------------------------------------------------------- stream item
-        start = chunk * T1 * BLOCK
-        end = tl.minimum(start + T1 * BLOCK, vocab)
-        if live & (j <= n):
-            part = (b * R2 + j) * C1P + chunk
-            qpart = (b * R2 + K + 1 + j) * C1P + chunk
-            if EARLY:  # p_j's and q_j's logits at draft j, for the epilogue (no dependent loads there)
-                if j < n:
-                    xj = tl.load(drafts_ptr + b * d_req_stride + j * d_step_stride).to(tl.int64)
-                    xj = tl.minimum(tl.maximum(xj, 0), vocab - 1)
-                    if (xj >= start) & (xj < end):
-                        tl.store(xv_ptr + b * 2 * KP1 + j, tl.load(t_base + j * t_row_stride + xj))
-                        tl.store(xv_ptr + (b * 2 + 1) * KP1 + j, to_float32(tl.load(c_base + j * c_step_stride + xj)))
-            if greedy:
-                val, tok = _row_argmax(t_base + j * t_row_stride, start, end, T1, ttemp, RAW, BLOCK, UNROLL, PIPE,
-                                       SCAN_ARGMAX)
-                tl.store(pa_ptr + part, val)
-                tl.store(pi_ptr + part, tok)
-            elif FUSED & (temp != 0.0):  # target row j and cache row j (none for j = n) in one loop
-                c_end = tl.where(j < n, end, start)
-                c_scale = tl.math.div_rn(_LOG2E, temp)
-                if (FAST_DIVIDE > 0) & RAW & (ttemp != 0.0) & (ttemp != 1.0):
-                    dt, dr, ds, dtiny = _divisor(ttemp)
-                    mx, sm, cmx, csm, risky = _pair_softmax(t_base + j * t_row_stride, c_base + j * c_step_stride,
-                                                            start, end, c_end, T1, ttemp, c_scale, RAW, BLOCK,
-                                                            UR, HARDWARE, PIPE, FAST_DIVIDE, dt, dr, ds, dtiny,
-                                                            INTERIOR, DBUF)
-                    if risky:  # a value of magnitude below 2^-100 (or an extreme T): divide exactly
-                        mx, sm, cmx, csm, no_risk = _pair_softmax(t_base + j * t_row_stride, c_base + j * c_step_stride,
-                                                                  start, end, c_end, T1, ttemp, c_scale, RAW, BLOCK,
-                                                                  UR, HARDWARE, 1)
-                elif RAW & (ttemp != 0.0) & (ttemp != 1.0):  # every target value divided (div_rn)
-                    mx, sm, cmx, csm, no_risk = _pair_softmax(t_base + j * t_row_stride, c_base + j * c_step_stride,
-                                                              start, end, c_end, T1, ttemp, c_scale, RAW, BLOCK,
-                                                              UR, HARDWARE, PIPE, INTERIOR=INTERIOR)
-                else:  # pre-divided, or raw at T = 0 / 1 (x / 1 = x exactly): the standard loop
-                    mx, sm, cmx, csm, no_risk = _pair_softmax(t_base + j * t_row_stride, c_base + j * c_step_stride,
-                                                              start, end, c_end, T1, ttemp, c_scale, False, BLOCK,
-                                                              UNROLL, HARDWARE, PIPE, INTERIOR=INTERIOR, DBUF=DBUF)
-                tl.store(pa_ptr + part, mx)
-                tl.store(pb_ptr + part, sm)
-                if j < n:
-                    tl.store(pa_ptr + qpart, cmx)
-                    tl.store(pb_ptr + qpart, csm)
-            else:
-                mx, sm = _row_softmax(t_base + j * t_row_stride, start, end, T1, ttemp, _LOG2E, RAW, BLOCK, UR,
-                                      HARDWARE, PIPE)
-                tl.store(pa_ptr + part, mx)
-                tl.store(pb_ptr + part, sm)
-                if j < n:  # the cache row draft j was drawn from
-                    if temp == 0.0:
-                        val, tok = _row_argmax(c_base + j * c_step_stride, start, end, T1, temp, False, BLOCK, UNROLL,
-                                               PIPE, SCAN_ARGMAX)
-                        tl.store(pa_ptr + qpart, val)
-                        tl.store(pi_ptr + qpart, tok)
-                    else:
-                        mx, sm = _row_softmax(c_base + j * c_step_stride, start, end, T1, temp,
-                                              tl.math.div_rn(_LOG2E, temp), False, BLOCK, UNROLL, HARDWARE, PIPE)
-                        tl.store(pa_ptr + qpart, mx)
-                        tl.store(pb_ptr + qpart, sm)
-        if _arrive(counters + 0, ROWS * C1):
+        if CLAIMED:  # chunks of this request taken one at a time from its claim counter (the next claim in flight)
+            claim = counters + 1
+            c = tl.atomic_add(claim, 1, sem="relaxed")
+            while c < ROWS * C1:
+                following = tl.atomic_add(claim, 1, sem="relaxed")
+                _stream_chunk(t_base, c_base, t_row_stride, c_step_stride, drafts_ptr, d_req_stride, d_step_stride,
+                              xv_ptr, pa_ptr, pb_ptr, pi_ptr, b, ROW_LO + c // C1, c % C1, live, n, greedy, temp, ttemp,
+                              vocab, T1, K, KP1, R2, C1P, BLOCK, UNROLL, UR, HARDWARE, PIPE, FAST_DIVIDE, RAW,
+                              INTERIOR, DBUF, FUSED, EARLY, SCAN_ARGMAX)
+                c = following
+        else:
+            _stream_chunk(t_base, c_base, t_row_stride, c_step_stride, drafts_ptr, d_req_stride, d_step_stride,
+                          xv_ptr, pa_ptr, pb_ptr, pi_ptr, b, j, chunk, live, n, greedy, temp, ttemp, vocab, T1, K,
+                          KP1, R2, C1P, BLOCK, UNROLL, UR, HARDWARE, PIPE, FAST_DIVIDE, RAW, INTERIOR, DBUF, FUSED,
+                          EARLY, SCAN_ARGMAX)
+        if _arrive(counters + 0, S1):
             # Last stream item of request b: row statistics, acceptance, weights.
             cc = tl.arange(0, C1P)
             last_row = tl.where(live, n, -1)  # (the interpreter widens vector & scalar-bool to int32)
@@ -1018,7 +1057,8 @@ class Layout:
     """
 
     def __init__(self, batch: int, k: int, vocab: int, block: int, cuda: bool, sms: int, *, t1=None, t2=None,
-                 lag=None, unroll=None, emit_block=None, resident_per_sm=RESIDENT_PER_SM, method="standard", rows=None):
+                 lag=None, unroll=None, emit_block=None, resident_per_sm=RESIDENT_PER_SM, method="standard", rows=None,
+                 claim=0):
         rows = k + 1 if rows is None else int(rows)  # rows streamed per request (a phased launch: fewer)
         tiles = triton.cdiv(vocab, block)
         self.emit_block = int(emit_block or block)
@@ -1042,14 +1082,21 @@ class Layout:
                 default_t2 = 8 * per_stream_tile
         else:
             default_t1, default_t2 = 2, 2
+        # claim (standard method): chunks of t1 tiles claimed by rows * c1 / claim programs per request, about as
+        # many programs as without it (the chunks a claim smaller)
+        self.claim = int(claim) if method == "standard" else 0
+        if self.claim and not t1:
+            default_t1 = max(1, default_t1 // self.claim)
         self.t1 = max(1, min(int(t1 or default_t1), tiles))
         self.t2 = max(1, min(int(t2 or default_t2), emit_tiles))
         # 4 tiles in flight at every batch size (one compiled variant; the raw mode takes 2, see run)
         self.unroll = int(unroll) if unroll else 4
         self.c1 = triton.cdiv(tiles, self.t1)
         self.c2 = triton.cdiv(emit_tiles, self.t2)
+        # stream programs per request (the kernel's S1)
+        self.s1 = triton.cdiv(rows * self.c1, self.claim) if self.claim else rows * self.c1
         if lag is None:
-            lag = max(1, resident // (rows * self.c1)) if cuda else 1
+            lag = max(1, resident // self.s1) if cuda else 1
         self.lag = int(lag)
 
 
@@ -1109,6 +1156,13 @@ class StreamVerifier:
         :data:`COMPACT_ORDER` = off). H200 (verify3 u3): slower than the padded order at every batch
         (19.3 / 57.3 / 114.6 / 344.6 us against 18.4 / 54.5 / 111.9 / 339.3, mixed T).
     max_registers : the launch's register cap (default 80: three 8-warp programs per SM).
+    claim : standard method: each request's stream work is cut into chunks of ``t1`` tiles (default: the
+        Layout's ``t1 // claim``) that its ``cdiv(rows * c1, claim)`` stream programs take one at a time from a
+        counter (the next claim in flight while a chunk streams), instead of one fixed chunk per program: a
+        program that runs fast takes more, so a request's programs end within about one chunk of each other
+        (stop 32's trace: equal fixed items ended 17.6-41.3 us apart at 16 requests on an H100, and a request is
+        ready only when its slowest item ends). The same partial statistics per chunk, so the same tokens.
+        Default :data:`CLAIM` = 0 (off); allowed 1, 2, 3, 4, 6, 8 (chunks per program on average). Not yet run on a GPU.
     phases : standard method: row boundaries that split a call into launches (``1``: row 0 of every
         request, then rows 1..K of the requests whose draft 0 was accepted; ``(1, 2)``: three launches). A
         draft's acceptance needs only its own row, so a launch decides every request whose first rejection
@@ -1139,7 +1193,7 @@ class StreamVerifier:
                  t1=None, t2=None, lag=None, unroll=None, warps: int | None = None, emit=1,
                  noise_filter=1, stages=None, emit_stages=None, fused=None, emit_block=None, fast_divide=None,
                  max_registers=None, interior=None, scan_argmax=None, early=None, prefetch=None, div_unroll=None,
-                 dbuf=None, compact=None, emit_prefetch=None, greedy_direct=None, phases=None):
+                 dbuf=None, compact=None, emit_prefetch=None, greedy_direct=None, phases=None, claim=None):
         if int(max_batch) < 1:
             raise ValueError(f"max_batch: expected >= 1, got {max_batch}")
         if int(num_drafts) < 0:
@@ -1191,6 +1245,8 @@ class StreamVerifier:
         self.greedy_direct = bool(greedy_direct) if greedy_direct is not None else GREEDY_DIRECT
         # Standard method: launches over row ranges (rows after a request's first rejection are never read).
         self.phases = None if phases is None else _phase_bounds(phases)
+        # Standard method: a request's chunks claimed from a counter by fewer programs (they end together).
+        self.claim = CLAIM if claim is None else _option("claim", claim, (0, 1, 2, 3, 4, 6, 8))
         self._emit_scan = bool(emit)  # emit=0: a profiling aid (the emit items skip their scan: wrong tokens)
         self.warps = int(warps) if warps else (GPU_WARPS if self.cuda else 4)
         # At most 128 registers (two programs of 8 warps per SM): a variant that needs more spills a
@@ -1226,7 +1282,8 @@ class StreamVerifier:
     def layout(self, batch: int, method: str = "standard", rows: int | None = None) -> Layout:
         """The :class:`Layout` of a launch streaming ``rows`` rows per request (default ``K + 1``: all)."""
         return Layout(batch, self.k, self.vocab, self.block, self.cuda, self.sms, emit_block=self.emit_block,
-                      resident_per_sm=self.resident_per_sm, method=method, rows=rows, **self.overrides)
+                      resident_per_sm=self.resident_per_sm, method=method, rows=rows, claim=self.claim,
+                      **self.overrides)
 
     def launches(self, batch: int, method: str = "standard") -> list:
         """``[(row_lo, row_hi)]`` of one call, the kernel's ``ROW_LO`` / ``ROW_HI``: ``[(0, 0)]`` is one launch over
@@ -1249,10 +1306,10 @@ class StreamVerifier:
     def _grid(self, lay: Layout, batch: int, method: str, rows: int) -> int:
         """:meth:`programs` of a launch whose :class:`Layout` is ``lay``."""
         if self.compact and method != "block":  # one program per item
-            return batch * (rows * lay.c1 + lay.c2)
+            return batch * (lay.s1 + lay.c2)
         stages = 3 if method == "block" else 2
         mass_rows = self.k - 1 if (method == "block" and self.k >= 2) else 0
-        return (batch + (stages - 1) * lay.lag) * (rows * lay.c1 + mass_rows * lay.c1 + lay.c2)
+        return (batch + (stages - 1) * lay.lag) * (lay.s1 + mass_rows * lay.c1 + lay.c2)
 
     def check(self) -> None:
         """Raise if a waiting item of an earlier launch timed out (synchronises); then reset."""
@@ -1319,7 +1376,7 @@ class StreamVerifier:
                     FAST_DIVIDE=fast_divide, INTERIOR=self.interior, SCAN_ARGMAX=self.scan_argmax,
                     EARLY=self.early, PREFETCH=self.prefetch, DIV_UNROLL=div_unroll if raw else 0, DBUF=self.dbuf,
                     COMPACT=self.compact and not block_method, EMIT_PREFETCH=self.emit_prefetch if self.cuda else 0,
-                    GREEDY_DIRECT=self.greedy_direct,
+                    GREEDY_DIRECT=self.greedy_direct, CLAIM=lay.claim,
                     num_warps=self.warps,
                     enable_fp_fusion=False)
         if trace is not None:
