@@ -118,6 +118,8 @@ def test_no_or_one_draft_and_padding_only(k):
     verifier = StreamVerifier(4, k, 300, "cpu")
     for method in ("standard", "block"):
         _assert_reference(args, method, _run(verifier, args, method))
+    claimed = StreamVerifier(4, k, 300, "cpu", claim=2, greedy_direct=0)  # claimed chunks, n <= 1 rows
+    _assert_reference(args, "standard", _run(claimed, args, "standard"))
     args[4] = torch.full((4,), -1)
     tokens, count = _run(verifier, args, "block")
     assert bool((tokens == -1).all()) and bool((count == 0).all())
@@ -251,8 +253,9 @@ def test_mode_options_outside_their_values_are_refused():
     claimed = StreamVerifier(16, 5, 129_280, "meta", claim=4)  # GPU layouts: about as many stream programs
     for batch in (1, 16, 64, 253):
         plain, lay = StreamVerifier(16, 5, 129_280, "meta").layout(batch), claimed.layout(batch)
-        # (at 1 request the 2-tile items become 1-tile chunks: half as many programs, 4 chunks each)
-        assert lay.s1 == -(-6 * lay.c1 // 4) and plain.s1 // 2 <= lay.s1 <= plain.s1 + 6, (batch, lay.s1, plain.s1)
+        # (at 1 request the 2-tile items stay 2-tile chunks: a quarter as many programs, 4 chunks each)
+        assert lay.s1 == -(-6 * lay.c1 // 4) and plain.s1 // 4 <= lay.s1 <= plain.s1 + 6, (batch, lay.s1, plain.s1)
+        assert lay.t1 >= min(plain.t1, 4)
         assert claimed.layout(batch, "block").claim == 0  # the block method keeps its fixed items
 
 

@@ -134,13 +134,14 @@ claim)
   #    from a counter by ~as many programs as the fixed items had, so a request's programs end within one chunk of each
   #    other instead of 17.6-41.3 us apart (stop 32's H100 trace at 16 requests). First its GPU tests (reference, raw,
   #    graph replay, counters reset; alone and phased), then the sweep (tokens against the default) and the trace (the
-  #    stream stage's end spread per request is what should shrink). At 80 registers claim=4 spills 20 bytes (raw 284:
+  #    stream stage's end spread per request is what should shrink). At 80 registers claim=4 spills 20 bytes (raw 280:
   #    default 0 / 116; tools/compile_verify.py), at 128 none (two programs per SM). If it wins at 16 / 64 requests:
-  #    CLAIM (a default by batch, as PHASES_FROM) and `bench` for the committed files and the README table.
+  #    CLAIM (a default by batch, as PHASES_FROM) and `bench` for the committed files and the README table. (claim
+  #    turns the stream items' L2 prefetch off: stream:prefetch=0 is the like-for-like baseline.)
   timeout -k 2 150 python3 -m pytest -m gpu -v -p no:cacheprovider $T -k "claim" 2>&1 | tee "$OUT/tests_claim.txt" \
     | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -6
   timeout -k 2 120 python3 tools/sweep_verify.py 1 16 64 253 --rounds 3 \
-    --variants "stream,stream:claim=2,stream:claim=4,stream:claim=8,stream:claim=4+max_registers=128,raw,raw:claim=4" \
+    --variants "stream,stream:prefetch=0,stream:claim=2,stream:claim=4,stream:claim=8,stream:claim=4+max_registers=128,raw,raw:claim=4" \
     2>&1 | tee "$OUT/sweep_claim.txt"
   timeout -k 2 40 python3 tools/trace_verify.py 16 64 --variants "stream,stream:claim=4" 2>&1 | tee "$OUT/trace_claim.txt"
   ;;

@@ -29,12 +29,17 @@ program ids, which the GPU dispatches first (blocks start in increasing id order
 decoupled look-back relies on too), so it waits for running or finished programs; the bound
 turns a broken assumption into a status flag (:meth:`StreamVerifier.check`), never a hang. The
 lag lets a request's stream items finish before its emit items start, which then re-read the
-emitted row while it is still in L2. Each request's counters are reset by its last emit item:
+emitted row while it is still in L2. Each request's counters are reset by its last emit item (a
+greedy or padding request's, with ``greedy_direct``, by its last stream item):
 :meth:`StreamVerifier.run` only launches, so it can be captured in a CUDA graph and replayed.
 
 Bytes per live request: ``(n+1) V 4`` target + ``n V c`` cache streamed once from HBM, plus one
 target row (and one cache row after a rejection) re-read, normally from L2; ``O((K+1) chunks)``
 partials; ``(K+2) 8`` written.
+
+**Claimed chunks** (``claim``, standard method; opt-in, not yet run on a GPU): a request's stream programs take
+their chunks one at a time from a per-request counter instead of one fixed chunk each, so they end within about
+one chunk of each other; the partials, the epilogue and the emit items are unchanged.
 
 **Phased launches** (``phases``, standard method; opt-in, measured on the H200, see :data:`PHASES_FROM`):
 a call becomes one launch per range of rows (``phases=1``: row 0, then rows 1..K). Draft ``j``'s
@@ -716,7 +721,7 @@ def _stream_verify_kernel(
     row_ptr,  # [maxB, 8, KP1] fp32: target max, sum, cache max, sum, weights, argmax t, argmax q (bits)
     acc_ptr,  # [maxB] int32 accepted count
     xv_ptr,  # [maxB, 2, KP1] fp32: target and cache logits at each draft (EARLY)
-    counters_ptr,  # [maxB, 4] int32: stream, mass, emit arrivals, ready level
+    counters_ptr,  # [maxB, 4] int32: stream, mass (block) or claimed chunks (CLAIM), emit arrivals, ready level
     status_ptr,  # [1] int32
     tokens_ptr, tokens_stride, num_emitted_ptr,  # [B, K+1] int64, [B] int64
     requests, vocab, LAG, C1, C2, T1, T2,
@@ -738,7 +743,7 @@ def _stream_verify_kernel(
     HI: tl.constexpr = ROW_HI if ROW_HI > 0 else K + 1
     ROWS: tl.constexpr = HI - ROW_LO
     R2: tl.constexpr = 2 * K + 1  # partial rows: targets 0..K, caches K+1..2K
-    # CLAIM > 0 (standard method): a request's ROWS * C1 chunks are claimed one at a time by its cdiv(., CLAIM) stream
+    # CLAIM > 0 (standard method): a request's chunks are claimed one at a time by its cdiv(ROWS * C1, CLAIM) stream
     # programs from a counter (counters word 1, the block method's mass arrivals), so they end together
     CLAIMED: tl.constexpr = (CLAIM > 0) and not BLOCK_METHOD
     if CLAIMED:
@@ -777,16 +782,18 @@ def _stream_verify_kernel(
         direct = live & ~live
     if valid & (stage == 0):
         # ---------------------------------------------------------------- stream item
-        if CLAIMED:  # chunks of this request taken one at a time from its claim counter (the next claim in flight)
+        if CLAIMED:  # this request's chunks of rows ROW_LO..min(n, HI - 1), taken one at a time from its counter
             claim = counters + 1
-            c = tl.atomic_add(claim, 1, sem="relaxed")
-            while c < ROWS * C1:
-                following = tl.atomic_add(claim, 1, sem="relaxed")
-                _stream_chunk(t_base, c_base, t_row_stride, c_step_stride, drafts_ptr, d_req_stride, d_step_stride,
-                              xv_ptr, pa_ptr, pb_ptr, pi_ptr, b, ROW_LO + c // C1, c % C1, live, n, greedy, temp, ttemp,
-                              vocab, T1, K, KP1, R2, C1P, BLOCK, UNROLL, UR, HARDWARE, PIPE, FAST_DIVIDE, RAW,
-                              INTERIOR, DBUF, FUSED, EARLY, SCAN_ARGMAX)
-                c = following
+            rows_left = tl.minimum(tl.maximum(tl.minimum(n, HI - 1) + 1 - ROW_LO, 0), ROWS)
+            total = tl.where(live, rows_left, 0) * C1  # chunks to hand out (none for a padding request)
+            if total > 0:
+                c = tl.atomic_add(claim, 1, sem="relaxed")  # (one thread's atomic, then a barrier: not overlapped)
+                while c < total:
+                    _stream_chunk(t_base, c_base, t_row_stride, c_step_stride, drafts_ptr, d_req_stride, d_step_stride,
+                                  xv_ptr, pa_ptr, pb_ptr, pi_ptr, b, ROW_LO + c // C1, c % C1, live, n, greedy, temp,
+                                  ttemp, vocab, T1, K, KP1, R2, C1P, BLOCK, UNROLL, UR, HARDWARE, PIPE, FAST_DIVIDE,
+                                  RAW, INTERIOR, DBUF, FUSED, EARLY, SCAN_ARGMAX)
+                    c = tl.atomic_add(claim, 1, sem="relaxed")  # after the chunk: programs end <= one chunk apart
         else:
             _stream_chunk(t_base, c_base, t_row_stride, c_step_stride, drafts_ptr, d_req_stride, d_step_stride,
                           xv_ptr, pa_ptr, pb_ptr, pi_ptr, b, j, chunk, live, n, greedy, temp, ttemp, vocab, T1, K,
@@ -1082,11 +1089,12 @@ class Layout:
                 default_t2 = 8 * per_stream_tile
         else:
             default_t1, default_t2 = 2, 2
-        # claim (standard method): chunks of t1 tiles claimed by rows * c1 / claim programs per request, about as
-        # many programs as without it (the chunks a claim smaller)
+        # claim (standard method): chunks of t1 tiles claimed by cdiv(rows * c1, claim) programs per request: as many
+        # programs as without it where the default t1 >= 4 claim (chunks of t1 // claim tiles), fewer below (chunks
+        # of at least min(default t1, 4) tiles: smaller ones stream fewer tiles at once)
         self.claim = int(claim) if method == "standard" else 0
         if self.claim and not t1:
-            default_t1 = max(1, default_t1 // self.claim)
+            default_t1 = max(min(default_t1, 4), default_t1 // self.claim)
         self.t1 = max(1, min(int(t1 or default_t1), tiles))
         self.t2 = max(1, min(int(t2 or default_t2), emit_tiles))
         # 4 tiles in flight at every batch size (one compiled variant; the raw mode takes 2, see run)
@@ -1157,12 +1165,15 @@ class StreamVerifier:
         (19.3 / 57.3 / 114.6 / 344.6 us against 18.4 / 54.5 / 111.9 / 339.3, mixed T).
     max_registers : the launch's register cap (default 80: three 8-warp programs per SM).
     claim : standard method: each request's stream work is cut into chunks of ``t1`` tiles (default: the
-        Layout's ``t1 // claim``) that its ``cdiv(rows * c1, claim)`` stream programs take one at a time from a
-        counter (the next claim in flight while a chunk streams), instead of one fixed chunk per program: a
+        Layout's ``t1 // claim``, at least ``min(t1, 4)``) that its ``cdiv(rows * c1, claim)`` stream programs
+        take one at a time from a counter (a claim after each chunk: one atomic round trip per chunk), instead
+        of one fixed chunk per program; only the chunks of rows up to the request's last are handed out. A
         program that runs fast takes more, so a request's programs end within about one chunk of each other
         (stop 32's trace: equal fixed items ended 17.6-41.3 us apart at 16 requests on an H100, and a request is
-        ready only when its slowest item ends). The same partial statistics per chunk, so the same tokens.
-        Default :data:`CLAIM` = 0 (off); allowed 1, 2, 3, 4, 6, 8 (chunks per program on average). Not yet run on a GPU.
+        ready only when its slowest item ends). ``prefetch`` does not apply (a chunk is known only when claimed).
+        Tokens: the reference's, as every layout (a different ``t1`` groups the partial sums differently).
+        Default :data:`CLAIM` = 0 (off); allowed 1, 2, 3, 4, 6, 8 (chunks per program on average). Not yet run
+        on a GPU.
     phases : standard method: row boundaries that split a call into launches (``1``: row 0 of every
         request, then rows 1..K of the requests whose draft 0 was accepted; ``(1, 2)``: three launches). A
         draft's acceptance needs only its own row, so a launch decides every request whose first rejection
