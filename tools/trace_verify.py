@@ -13,7 +13,8 @@ do no work and are counted apart, as ``emit (no work)``) and a stream item's row
 they start (first / median / last, us after the launch's first start), how long they wait for their request's
 flag, how long they run (median / p90), when they end, and how many run at each tenth of the launch (at 0, 0.1,
 ..., 0.9 of it: the ramp, the overlap of stream and emit items, the tail); the stream items also by kind (greedy
-argmax, bonus row, target and cache row pair) and by how many of them their SM ran (stop 32: at 16 requests on an
+argmax, bonus row, target and cache row pair), by request (the spread of their ends and when the last ends) and by
+how many of them their SM ran (stop 32: at 16 requests on an
 H100 the stream items of equal size ended anywhere between 17.6 and 41.3 us; with ``claim`` a stream program streams
 the chunks it claims, so its recorded row says nothing of them and the kinds are not printed). The issue-18 question
 it answers: at 16 / 64 requests the one launch runs at ~34% / ~58% of the read bandwidth; is the time in the
@@ -36,11 +37,12 @@ from sweep_verify import K, make_inputs, options as sweep_options  # noqa: E402 
 STAGES = {0: "stream", 1: "mass", 2: "emit"}
 DIRECT = 1 << 16  # the trace word's flag of a greedy / padding request (the kernel's `direct`)
 ROW_SHIFT = 17  # the trace word's row of a stream item (4 bits, capped at 15)
+REQUEST_SHIFT = 24  # the trace word's request
 
 
 def summarize(trace: torch.Tensor, points: int = 10, bonus_row: int | None = None) -> dict:
     """Summary of a ``[programs, 4]`` int64 trace (start ns, after-wait ns, end ns, stage + 4 valid + 8 smid +
-    2^16 direct + 2^17 row).
+    2^16 direct + 2^17 row + 2^24 request).
 
     Returns ``{"total_us", "sms", "padding", "stages": {name: {...}}}``, times in us after the first start of a
     valid program; ``active``: running items of the stage at ``points`` instants ``total * i / points`` (i = 0 ..
@@ -51,7 +53,9 @@ def summarize(trace: torch.Tensor, points: int = 10, bonus_row: int | None = Non
     stream items are also summarised by kind: ``"stream: greedy"`` (greedy requests' argmax items), ``"stream:
     bonus row"`` (a target row without a cache row) and ``"stream: pair"`` (a target and a cache row).
     ``"sm_load"``: ``{stream items on an SM: (SMs, median over those SMs of their last stream item's end)}``: whether
-    the stream phase's tail comes from the SMs that run more items."""
+    the stream phase's tail comes from the SMs that run more items. ``"requests"``: over the requests with stream
+    items, the median and largest spread of their stream items' ends (last - first) and the median and largest last
+    end (when the request's statistics are ready): what ``claim`` should shrink."""
     trace = trace.detach().to("cpu", torch.int64)
     if trace.dim() != 2 or trace.shape[1] != 4:
         raise ValueError(f"trace: expected [programs, 4] int64, got {tuple(trace.shape)}")
@@ -83,6 +87,15 @@ def summarize(trace: torch.Tensor, points: int = 10, bonus_row: int | None = Non
         on_sm = streamed & (smid == sm)
         load.setdefault(int(on_sm.sum()), []).append(float(end[on_sm].max()))
     out["sm_load"] = {count: (len(ends), statistics.median(ends)) for count, ends in sorted(load.items())}
+    request = code >> REQUEST_SHIFT
+    spreads, lasts = [], []
+    for b in torch.unique(request[streamed]).tolist():
+        ends = end[streamed & (request == b)]
+        spreads.append(float(ends.max() - ends.min()))
+        lasts.append(float(ends.max()))
+    if lasts:
+        out["requests"] = {"n": len(lasts), "spread": (statistics.median(spreads), max(spreads)),
+                           "ready": (statistics.median(lasts), max(lasts))}
     for name, mask in groups:
         if not bool(mask.any()):
             continue
@@ -106,6 +119,11 @@ def format_summary(label: str, summary: dict) -> str:
             f"  wait med {st['wait_median']:5.2f}  dur med {st['duration'][0]:6.2f} p90 {st['duration'][1]:6.2f}"
             f"  end {st['end'][0]:6.1f} / {st['end'][1]:6.1f} / {st['end'][2]:6.1f}  active at tenths "
             + " ".join(str(a) for a in st["active"]))
+    if summary.get("requests"):
+        req = summary["requests"]
+        lines.append(f"  requests ({req['n']}): stream ends spread med {req['spread'][0]:.1f} / max "
+                     f"{req['spread'][1]:.1f} us, last stream end (ready) med {req['ready'][0]:.1f} / max "
+                     f"{req['ready'][1]:.1f} us")
     if summary.get("sm_load"):
         lines.append("  stream items per SM: " + ", ".join(f"{count} on {sms} SMs (their last end med {last:.1f} us)"
                                                              for count, (sms, last) in summary["sm_load"].items()))

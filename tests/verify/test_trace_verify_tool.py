@@ -8,9 +8,9 @@ from tests.helpers import load_tool
 tool = load_tool("trace_verify")
 
 
-def row(start_ns, waited_ns, end_ns, stage, valid, sm, direct=False, item_row=0):
+def row(start_ns, waited_ns, end_ns, stage, valid, sm, direct=False, item_row=0, request=0):
     """A trace row as the kernel writes it (triton_verify_stream's TRACE store)."""
-    code = stage + 4 * int(valid) + 8 * sm + (1 << 16) * int(direct) + (1 << 17) * item_row
+    code = stage + 4 * int(valid) + 8 * sm + (1 << 16) * int(direct) + (1 << 17) * item_row + (1 << 24) * request
     return [start_ns, waited_ns, end_ns, code]
 
 
@@ -51,7 +51,7 @@ def test_stream_items_by_kind_and_sm_load():
         row(base, base, base + 10_000, 0, True, 0, item_row=0),  # a pair (target and cache row 0)
         row(base, base, base + 14_000, 0, True, 0, item_row=4),  # a pair of row 4
         row(base, base, base + 6_000, 0, True, 1, item_row=5),  # the bonus row (K = 5)
-        row(base, base, base + 30_000, 0, True, 2, direct=True, item_row=3),  # a greedy request's argmax item
+        row(base, base, base + 30_000, 0, True, 2, direct=True, item_row=3, request=1),  # greedy request 1's argmax
         row(base, base, base + 2_000, 2, True, 1, direct=True),  # its emit item (no work): not a stream item
     ], dtype=torch.int64)
     summary = tool.summarize(trace, points=2, bonus_row=5)
@@ -61,6 +61,10 @@ def test_stream_items_by_kind_and_sm_load():
     assert stages["stream: bonus row"]["n"] == 1 and stages["stream: bonus row"]["duration"] == (6.0, 6.0)
     assert stages["stream: greedy"]["n"] == 1 and stages["stream: greedy"]["end"] == (30.0, 30.0, 30.0)
     assert summary["sm_load"] == {1: (2, 18.0), 2: (1, 14.0)}  # SMs 1 and 2 ran one (ends 6, 30), SM 0 two
+    # request 0: ends 10, 14, 6 (spread 8, ready at 14); request 1: one item ending at 30 (spread 0)
+    assert summary["requests"] == {"n": 2, "spread": (4.0, 8.0), "ready": (22.0, 30.0)}
+    assert "requests (2): stream ends spread med 4.0 / max 8.0 us, last stream end (ready) med 22.0 / max 30.0 us" in (
+        tool.format_summary("rows 2 stream", summary))
 
 
 def test_summary_refuses_a_wrong_shape_and_reports_an_empty_launch():
@@ -93,5 +97,5 @@ def test_one_traced_launch_runs_in_the_interpreter(capsys):
     assert out.count(f"{'stream':14s} n={items:5d}") == 2, out
     greedy = 6 * StreamVerifier(2, 5, 300, "cpu").layout(2).c1  # request 0 (T = 0): its six rows' argmax items
     assert out.count(f"stream: greedy n={greedy:5d}") == 2 and out.count("stream: bonus row") == 2, out
-    assert out.count("stream items per SM") == 2, out
+    assert out.count("stream items per SM") == 2 and out.count("requests (2): stream ends spread") == 2, out
     assert out.count("emit (no work)") == 2, out  # request 0 is greedy (T = 0): its emit items do no work

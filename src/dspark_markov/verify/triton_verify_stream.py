@@ -752,7 +752,7 @@ def _stream_verify_kernel(
         S1 = ROWS * C1
     # tiles loaded at once where target values are divided (RAW, T not 0 or 1): DIV_UNROLL when given
     UR: tl.constexpr = (DIV_UNROLL if DIV_UNROLL > 0 else UNROLL) if RAW else UNROLL
-    if TRACE:  # [programs, 4] int64: start, after-wait, end ns, stage + 4 valid + 8 smid + 2^16 direct + 2^17 row
+    if TRACE:  # [programs, 4] int64: start, after-wait, end ns; stage + 4 valid + 8 smid + 2^16 direct + 2^17 row + 2^24 b
         t_start, smid = _clock(tl.program_id(0), HARDWARE)
     if COMPACT and not BLOCK_METHOD:  # the padded order without its padding
         stage, b, j, chunk, valid = _item_compact(requests, LAG, S1, C2, C1)
@@ -1015,10 +1015,11 @@ def _stream_verify_kernel(
         tl.store(trace_ptr + pid * 4 + 1, t_waited)
         tl.store(trace_ptr + pid * 4 + 2, t_end)
         # (direct: a greedy or padding request, whose emit items do no work: the trace reader tells them apart;
-        # row: a stream item's row, capped at 15)
+        # row: a stream item's row, capped at 15; then the request)
         tl.store(trace_ptr + pid * 4 + 3, (stage + 4 * valid.to(tl.int64) + 8 * smid.to(tl.int64)
                                            + 65536 * direct.to(tl.int64)
-                                           + 131072 * tl.minimum(j, 15).to(tl.int64)).to(tl.int64))
+                                           + 131072 * tl.minimum(j, 15).to(tl.int64)
+                                           + 16777216 * b.to(tl.int64)).to(tl.int64))
 
 
 # --------------------------------------------------------------------------- the verifier
@@ -1346,8 +1347,8 @@ class StreamVerifier:
 
         trace : a profiling aid, ``[programs(batch), 4]`` int64 (a separately compiled variant): each
         program writes its start, after-wait and end ``%globaltimer`` (ns) and ``stage + 4 valid +
-        8 smid + 2^16 direct + 2^17 row`` (direct: a greedy or padding request with ``greedy_direct``, whose emit
-        items do no work; row: a stream item's row, at most 15). ``tools/trace_verify.py`` summarises it.
+        8 smid + 2^16 direct + 2^17 row + 2^24 request`` (direct: a greedy or padding request with ``greedy_direct``,
+        whose emit items do no work; row: a stream item's row, at most 15). ``tools/trace_verify.py`` summarises it.
         """
         batch, tokens, num_emitted, finished = start_run(self, target_logits, method, temperature, tokens,
                                                          num_emitted)
