@@ -40,6 +40,11 @@ ROW_SHIFT = 17  # the trace word's row of a stream item (4 bits, capped at 15)
 REQUEST_SHIFT = 24  # the trace word's request
 
 
+def _ends_by(key: torch.Tensor, mask: torch.Tensor, end: torch.Tensor) -> list:
+    """The ends of the programs in ``mask``, one tensor per value of ``key`` among them (an SM, a request)."""
+    return [end[mask & (key == k)] for k in torch.unique(key[mask]).tolist()]
+
+
 def summarize(trace: torch.Tensor, points: int = 10, bonus_row: int | None = None) -> dict:
     """Summary of a ``[programs, 4]`` int64 trace (start ns, after-wait ns, end ns, stage + 4 valid + 8 smid +
     2^16 direct + 2^17 row + 2^24 request).
@@ -83,16 +88,12 @@ def summarize(trace: torch.Tensor, points: int = 10, bonus_row: int | None = Non
                    ("stream: bonus row", streamed & ~direct & (row == bonus_row)),
                    ("stream: pair", streamed & ~direct & (row != bonus_row))]
     load: dict = {}
-    for sm in torch.unique(smid[streamed]).tolist():
-        on_sm = streamed & (smid == sm)
-        load.setdefault(int(on_sm.sum()), []).append(float(end[on_sm].max()))
+    for ends in _ends_by(smid, streamed, end):
+        load.setdefault(len(ends), []).append(float(ends.max()))
     out["sm_load"] = {count: (len(ends), statistics.median(ends)) for count, ends in sorted(load.items())}
-    request = code >> REQUEST_SHIFT
-    spreads, lasts = [], []
-    for b in torch.unique(request[streamed]).tolist():
-        ends = end[streamed & (request == b)]
-        spreads.append(float(ends.max() - ends.min()))
-        lasts.append(float(ends.max()))
+    per_request = _ends_by(code >> REQUEST_SHIFT, streamed, end)
+    spreads = [float(ends.max() - ends.min()) for ends in per_request]
+    lasts = [float(ends.max()) for ends in per_request]
     if lasts:
         out["requests"] = {"n": len(lasts), "spread": (statistics.median(spreads), max(spreads)),
                            "ready": (statistics.median(lasts), max(lasts))}

@@ -784,7 +784,7 @@ def _stream_verify_kernel(
         # ---------------------------------------------------------------- stream item
         if CLAIMED:  # this request's chunks of rows ROW_LO..min(n, HI - 1), taken one at a time from its counter
             claim = counters + 1
-            rows_left = tl.minimum(tl.maximum(tl.minimum(n, HI - 1) + 1 - ROW_LO, 0), ROWS)
+            rows_left = tl.maximum(tl.minimum(n + 1, HI) - ROW_LO, 0)  # (<= ROWS: n <= K)
             total = tl.where(live, rows_left, 0) * C1  # chunks to hand out (none for a padding request)
             if total > 0:
                 c = tl.atomic_add(claim, 1, sem="relaxed")  # (one thread's atomic, then a barrier: not overlapped)
