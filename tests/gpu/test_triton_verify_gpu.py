@@ -318,8 +318,11 @@ OPTION_VARIANTS = {"compact": dict(compact=1), "padded": dict(compact=0), "div_u
                    "fast_divide_2": dict(fast_divide=2, div_unroll=4), "emit_prefetch": dict(emit_prefetch=2),
                    # phased launches (passed on the H200, stop 31): row 0, then rows 1..K; and three launches
                    "phases_1": dict(phases=1), "phases_1_2": dict(phases=(1, 2)),
-                   # a request's chunks claimed from a counter (stop 32, not yet run on a GPU), alone and phased
-                   "claim_4": dict(claim=4), "claim_2_phases_1": dict(claim=2, phases=1)}
+                   # a request's chunks claimed from a counter (stop 32; exact on an H100, slower), alone and phased
+                   "claim_4": dict(claim=4), "claim_2_phases_1": dict(claim=2, phases=1),
+                   # double-buffered stream loops (pairs, bonus rows, greedy argmaxes): two 8-warp programs per SM
+                   # at 128 registers, or groups of 2 tiles at 80
+                   "dbuf_128": dict(dbuf=1, max_registers=128), "dbuf_unroll_2": dict(dbuf=1, unroll=2)}
 
 
 def _poison(verifier, variant):

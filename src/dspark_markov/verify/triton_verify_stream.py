@@ -315,6 +315,15 @@ def _pair_step(xb, cb, m, s, cm, cs, risky, ttemp, c_scale, RAW: tl.constexpr, F
                HARDWARE: tl.constexpr):
     """One loaded group of a target tile ``xb`` (raw when ``RAW``) and a cache tile ``cb`` into both rows'
     running statistics, as the loop of :func:`_pair_softmax` does it (``FAST``: :func:`_divide`)."""
+    m, s, risky = _target_step(xb, m, s, risky, ttemp, RAW, FAST, dt, dr, ds, dtiny, HARDWARE)
+    cm, cs = _softmax_step(to_float32(cb), cm, cs, c_scale, HARDWARE)
+    return m, s, cm, cs, risky
+
+
+@triton.jit
+def _target_step(xb, m, s, risky, ttemp, RAW: tl.constexpr, FAST: tl.constexpr, dt, dr, ds, dtiny,
+                 HARDWARE: tl.constexpr):
+    """The target half of :func:`_pair_step` (a bonus row's group: no cache row)."""
     x = to_float32(xb)
     if FAST == 2:
         x = _divide_poisoned(x, dt, dr, ds, dtiny)
@@ -325,8 +334,7 @@ def _pair_step(xb, cb, m, s, cm, cs, risky, ttemp, c_scale, RAW: tl.constexpr, F
         if (ttemp != 0.0) & (ttemp != 1.0):
             x = tl.math.div_rn(x, ttemp)
     m, s = _softmax_step(x, m, s, _LOG2E, HARDWARE)
-    cm, cs = _softmax_step(to_float32(cb), cm, cs, c_scale, HARDWARE)
-    return m, s, cm, cs, risky
+    return m, s, risky
 
 
 @triton.jit
@@ -353,8 +361,9 @@ def _pair_softmax(t_ptr, c_ptr, start, end, c_end, tiles, ttemp, c_scale, RAW: t
     the caller recomputes without ``FAST``.
 
     ``DBUF`` (with ``INTERIOR``): the interior groups are double-buffered in registers (group ``g + 1``
-    is loaded before group ``g`` is reduced, so a load is always in flight); the same groups in the
-    same order, so the statistics are bit-identical.
+    is loaded before group ``g`` is reduced, so a load is always in flight), a bonus row's
+    (``c_end = start``) target groups too; the same groups in the same order, so the statistics are
+    bit-identical (a bonus row's cache statistics stay ``(-FLT_MAX, 0)`` either way and are not used).
     """
     lane = start + tl.arange(0, BLOCK)
     step = tl.arange(0, UNROLL)[:, None] * BLOCK
@@ -380,6 +389,16 @@ def _pair_softmax(t_ptr, c_ptr, start, end, c_end, tiles, ttemp, c_scale, RAW: t
                     cb = cn
                 m, s, cm, cs, risky = _pair_step(xb, cb, m, s, cm, cs, risky, ttemp, c_scale, RAW, FAST, dt, dr, ds,
                                                  dtiny, HARDWARE)
+            # a bonus row (no cache row: c_end = start): its target groups double-buffered alone
+            alone = tl.where((c_end == start) & (end > start), (end - start) // (UNROLL * BLOCK), 0)
+            if alone > 0:
+                xb = tl.load(t_ptr + lane[None, :] + step)
+                for g in tl.range(1, alone):
+                    xn = tl.load(t_ptr + lane[None, :] + (g * UNROLL * BLOCK + step))  # in flight during group g - 1
+                    m, s, risky = _target_step(xb, m, s, risky, ttemp, RAW, FAST, dt, dr, ds, dtiny, HARDWARE)
+                    xb = xn
+                m, s, risky = _target_step(xb, m, s, risky, ttemp, RAW, FAST, dt, dr, ds, dtiny, HARDWARE)
+            full = full + alone  # (one of the two is 0)
         else:
             for g in tl.range(0, full, num_stages=PIPE):
                 token = lane[None, :] + (g * UNROLL * BLOCK + step)
@@ -416,24 +435,69 @@ def _pair_softmax(t_ptr, c_ptr, start, end, c_end, tiles, ttemp, c_scale, RAW: t
 
 
 @triton.jit
+def _scan_tile(x, token, best, index):
+    """One tile into the per-lane first maxima (a strict ``>`` keeps the first; a NaN wins over numbers)."""
+    better = (x > best) | ((x != x) & (best == best))
+    return tl.where(better, x, best), tl.where(better, token, index)
+
+
+@triton.jit
 def _row_argmax(ptr, start, end, tiles, temp, DIVIDE: tl.constexpr, BLOCK: tl.constexpr, UNROLL: tl.constexpr,
-                PIPE: tl.constexpr, SCAN: tl.constexpr = False):
+                PIPE: tl.constexpr, SCAN: tl.constexpr = False, DBUF: tl.constexpr = False):
     """``argmax_first`` of ``row[start:end]`` (``/ T`` when ``DIVIDE``): ``(value, token)``.
 
     Per-lane first maxima over ``[UNROLL, BLOCK]`` tiles (a NaN wins over numbers), combined
     across lanes once with :func:`block_argmax`; an all ``-inf`` range gives its first token.
+    ``DBUF`` (with ``SCAN``): the whole groups of 4 tiles (2 when ``UNROLL < 4``) are double-buffered
+    in registers (group ``g + 1`` loaded before group ``g`` is scanned, so a group stays in flight);
+    the tiles are scanned in the same order, so the result is bit-identical.
     """
     lane = start + tl.arange(0, BLOCK)
     step = tl.arange(0, UNROLL)[:, None] * BLOCK
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     index = lane
+    first = 0
+    if SCAN & DBUF:  # groups of 4 tiles (2 when UNROLL < 4)
+        if UNROLL >= 4:
+            span = 4 * BLOCK
+        else:
+            span = 2 * BLOCK
+        full = (end - start) // span
+        if full > 0:
+            x0 = _load_row(ptr, lane, None, temp, DIVIDE, None)
+            x1 = _load_row(ptr, lane + BLOCK, None, temp, DIVIDE, None)
+            if UNROLL >= 4:
+                x2 = _load_row(ptr, lane + 2 * BLOCK, None, temp, DIVIDE, None)
+                x3 = _load_row(ptr, lane + 3 * BLOCK, None, temp, DIVIDE, None)
+            for g in tl.range(1, full):
+                token = lane + g * span
+                n0 = _load_row(ptr, token, None, temp, DIVIDE, None)  # in flight while group g - 1 is scanned
+                n1 = _load_row(ptr, token + BLOCK, None, temp, DIVIDE, None)
+                if UNROLL >= 4:
+                    n2 = _load_row(ptr, token + 2 * BLOCK, None, temp, DIVIDE, None)
+                    n3 = _load_row(ptr, token + 3 * BLOCK, None, temp, DIVIDE, None)
+                token = token - span
+                best, index = _scan_tile(x0, token, best, index)
+                best, index = _scan_tile(x1, token + BLOCK, best, index)
+                x0 = n0
+                x1 = n1
+                if UNROLL >= 4:
+                    best, index = _scan_tile(x2, token + 2 * BLOCK, best, index)
+                    best, index = _scan_tile(x3, token + 3 * BLOCK, best, index)
+                    x2 = n2
+                    x3 = n3
+            token = lane + (full - 1) * span
+            best, index = _scan_tile(x0, token, best, index)
+            best, index = _scan_tile(x1, token + BLOCK, best, index)
+            if UNROLL >= 4:
+                best, index = _scan_tile(x2, token + 2 * BLOCK, best, index)
+                best, index = _scan_tile(x3, token + 3 * BLOCK, best, index)
+        first = full * (span // BLOCK)
     if SCAN:  # one tile at a time, in token order per lane: a strict > keeps the first maximum
-        for t in tl.range(0, tiles, num_stages=PIPE):
+        for t in tl.range(first, tiles, num_stages=PIPE):
             token = lane + t * BLOCK
             x = _load_row(ptr, token, token < end, temp, DIVIDE, float("-inf"))
-            better = (x > best) | ((x != x) & (best == best))
-            best = tl.where(better, x, best)
-            index = tl.where(better, token, index)
+            best, index = _scan_tile(x, token, best, index)
     else:
         for t in tl.range(0, tiles, UNROLL, num_stages=PIPE):
             token = lane[None, :] + (t * BLOCK + step)
@@ -586,7 +650,7 @@ def _stream_chunk(t_base, c_base, t_row_stride, c_step_stride, drafts_ptr, d_req
                     tl.store(xv_ptr + (b * 2 + 1) * KP1 + j, to_float32(tl.load(c_base + j * c_step_stride + xj)))
         if greedy:
             val, tok = _row_argmax(t_base + j * t_row_stride, start, end, T1, ttemp, RAW, BLOCK, UNROLL, PIPE,
-                                   SCAN_ARGMAX)
+                                   SCAN_ARGMAX, DBUF)
             tl.store(pa_ptr + part, val)
             tl.store(pi_ptr + part, tok)
         elif FUSED & (temp != 0.0):  # target row j and cache row j (none for j = n) in one loop
