@@ -116,6 +116,14 @@ DIV_UNROLL = 0  # raw logits: tiles at once where values are divided (0: the who
 # PHASES_FROM: the batch from which phases=None takes PHASES (None: never); PHASES: the row boundaries.
 PHASES = (1,)
 PHASES_FROM = None
+# Double-buffered stream loops (StreamVerifier's dbuf) at DBUF_REGISTERS registers for every standard-method launch
+# (pre-divided and raw logits) of a GPU verifier given neither dbuf nor max_registers: the next group of tiles is in
+# flight while one is reduced (pairs, bonus rows, greedy argmaxes), two 8-warp programs per SM instead of three (at
+# 80 registers the double buffers spill). H100 (2026-12-05, two runs; no H200 was lent): pre-divided 55.9 -> 53.3 us
+# at 16 requests, 132.0 -> 132.7 at 64, 425.1 -> 424.9 at 253; raw 61.7 -> 57.0, 147.1 -> 144.7, 467.6 -> 446.7.
+# The block method keeps the single-buffered loops at MAX_REGISTERS (not measured with dbuf).
+DBUF_STANDARD = True
+DBUF_REGISTERS = 128
 # Claimed chunks (StreamVerifier's claim, standard method): 0 = off (every stream item has its fixed chunk); written in
 # stop 32 for the 16-request tail (trace: equal stream items ending 17.6-41.3 us on an H100), not yet run on a GPU.
 CLAIM = 0
@@ -1223,12 +1231,15 @@ class StreamVerifier:
     the per-program bandwidth, and items of one request finished up to 16 us apart under the saturated
     memory system, so the emitted row was re-read from DRAM anyway (ncu at 253: 1.18 GB read, 34% L2
     hits).
-    dbuf : the fused loop's interior groups double-buffered in registers (default off; exact on the
-        CPU, not timed on the H200).
+    dbuf : the stream loops double-buffered in registers (the fused loop's interior groups, a bonus row's,
+        a greedy row's argmax; bit-identical). Default (with ``max_registers`` not given either): on for the
+        standard method's GPU launches at :data:`DBUF_REGISTERS` registers (:data:`DBUF_STANDARD`), off for
+        the block method and on the CPU.
     compact : standard method: the program order without the lag's padding (default
         :data:`COMPACT_ORDER` = off). H200 (verify3 u3): slower than the padded order at every batch
         (19.3 / 57.3 / 114.6 / 344.6 us against 18.4 / 54.5 / 111.9 / 339.3, mixed T).
-    max_registers : the launch's register cap (default 80: three 8-warp programs per SM).
+    max_registers : the launch's register cap (default 80: three 8-warp programs per SM; 128 for the
+        standard method's double-buffered default, see ``dbuf``).
     claim : standard method: each request's stream work is cut into chunks of ``t1`` tiles (default: the
         Layout's ``t1 // claim``, at least ``min(t1, 4)``) that its ``cdiv(rows * c1, claim)`` stream programs
         take one at a time from a counter (a claim after each chunk: one atomic round trip per chunk), instead
@@ -1313,6 +1324,8 @@ class StreamVerifier:
         self.div_unroll = int(div_unroll) if div_unroll is not None else DIV_UNROLL
         # Fused interior loop double-buffered in registers (the next group's loads in flight during a reduction).
         self.dbuf = bool(dbuf) if dbuf is not None else False
+        # (neither dbuf nor max_registers given: standard-method launches double-buffered at DBUF_REGISTERS)
+        self._dbuf_standard = DBUF_STANDARD and dbuf is None and max_registers is None
         # Standard method: the program order without the lag's padding (no program launched only to exit).
         self.compact = bool(compact) if compact is not None else COMPACT_ORDER
         # The last stream item of a request prefetches its emitted row into L2 (1; 2: evict_last), GPU only.
@@ -1328,9 +1341,7 @@ class StreamVerifier:
         # At most 128 registers (two programs of 8 warps per SM): a variant that needs more spills a
         # little rather than halving the programs in flight.
         self.max_registers = int(max_registers) if max_registers else MAX_REGISTERS
-        self._launch_options = {"maxnreg": self.max_registers} if self.cuda and self.warps == GPU_WARPS else {}
-        # programs per SM the register file holds (65536 registers; 80 per thread: 3 of 8 warps)
-        self.resident_per_sm = max(1, 65536 // (self.max_registers * 32 * self.warps)) if self.cuda else 1
+        self._maxnreg = self.cuda and self.warps == GPU_WARPS  # (off after a Triton without the option)
         tiles = triton.cdiv(self.vocab, self.block)
         self.kp1 = max(2, triton.next_power_of_2(self.k + 1))
         self.c1p = triton.next_power_of_2(tiles)  # enough for any layout (c1 <= tiles)
@@ -1355,11 +1366,22 @@ class StreamVerifier:
         self.tokens = torch.full((mb, k + 1), -1, dtype=torch.int64, device=device)
         self.num_emitted = zeros(mb, dtype=torch.int64)
 
+    def _resident(self, registers: int) -> int:
+        """8-warp programs per SM at ``registers`` per thread (65536 in the register file; 1 on the CPU)."""
+        return max(1, 65536 // (registers * 32 * self.warps)) if self.cuda else 1
+
+    def buffering(self, method: str = "standard") -> tuple:
+        """``(dbuf, max_registers)`` of this verifier's ``method`` launches (``dbuf``'s default: on for the standard
+        method's GPU launches at :data:`DBUF_REGISTERS`)."""
+        if self._dbuf_standard and self.cuda and method == "standard":
+            return True, DBUF_REGISTERS
+        return self.dbuf, self.max_registers
+
     def layout(self, batch: int, method: str = "standard", rows: int | None = None) -> Layout:
         """The :class:`Layout` of a launch streaming ``rows`` rows per request (default ``K + 1``: all)."""
         return Layout(batch, self.k, self.vocab, self.block, self.cuda, self.sms, emit_block=self.emit_block,
-                      resident_per_sm=self.resident_per_sm, method=method, rows=rows, claim=self.claim,
-                      **self.overrides)
+                      resident_per_sm=self._resident(self.buffering(method)[1]), method=method, rows=rows,
+                      claim=self.claim, **self.overrides)
 
     def launches(self, batch: int, method: str = "standard") -> list:
         """``[(row_lo, row_hi)]`` of one call, the kernel's ``ROW_LO`` / ``ROW_HI``: ``[(0, 0)]`` is one launch over
@@ -1431,6 +1453,7 @@ class StreamVerifier:
         if raw and self._raw_wide and batch >= RAW_WIDE_FROM and not block_method:  # (block: measured without it)
             fast_divide, div_unroll = RAW_WIDE
         unroll = min(lay.unroll, 2) if raw and self.overrides["unroll"] is None and not div_unroll else lay.unroll
+        dbuf, registers = self.buffering(method)
         has_greedy = target_greedy is not None
         greedy = target_greedy.view(torch.uint8) if has_greedy else self._no_greedy
         d_step = draft_tokens.stride(1) if draft_tokens.dim() == 2 and k > 0 else 1
@@ -1450,7 +1473,7 @@ class StreamVerifier:
                     HARDWARE=self.cuda, EMIT_SCAN=self._emit_scan, NOISE_FILTER=self.noise_filter, HAS_GREEDY=has_greedy, RAW=raw, BLOCK_METHOD=block_method,
                     PIPE=self.stages, EMIT_PIPE=self.emit_stages, FUSED=self.fused, EMIT_BLOCK=self.emit_block,
                     FAST_DIVIDE=fast_divide, INTERIOR=self.interior, SCAN_ARGMAX=self.scan_argmax,
-                    EARLY=self.early, PREFETCH=self.prefetch, DIV_UNROLL=div_unroll if raw else 0, DBUF=self.dbuf,
+                    EARLY=self.early, PREFETCH=self.prefetch, DIV_UNROLL=div_unroll if raw else 0, DBUF=dbuf,
                     COMPACT=self.compact and not block_method, EMIT_PREFETCH=self.emit_prefetch if self.cuda else 0,
                     GREEDY_DIRECT=self.greedy_direct, CLAIM=lay.claim,
                     num_warps=self.warps,
@@ -1467,11 +1490,11 @@ class StreamVerifier:
             shape = (lay.lag, lay.c1, lay.c2, lay.t1, lay.t2)
             try:
                 _stream_verify_kernel[grid](*args, *shape, **meta, ROW_LO=row_lo, ROW_HI=row_hi,
-                                            **self._launch_options)
+                                            **({"maxnreg": registers} if self._maxnreg else {}))
             except KeyError:  # a Triton without the maxnreg option: the compiler's own register count
-                if not self._launch_options:
+                if not self._maxnreg:
                     raise
-                self._launch_options = {}
+                self._maxnreg = False
                 _stream_verify_kernel[grid](*args, *shape, **meta, ROW_LO=row_lo, ROW_HI=row_hi)
         return tokens, num_emitted
 
