@@ -37,9 +37,15 @@ Bytes per live request: ``(n+1) V 4`` target + ``n V c`` cache streamed once fro
 target row (and one cache row after a rejection) re-read, normally from L2; ``O((K+1) chunks)``
 partials; ``(K+2) 8`` written.
 
-**Claimed chunks** (``claim``, standard method; opt-in, not yet run on a GPU): a request's stream programs take
-their chunks one at a time from a per-request counter instead of one fixed chunk each, so they end within about
-one chunk of each other; the partials, the epilogue and the emit items are unchanged.
+**Double-buffered stream loops** (``dbuf``; the standard method's default on the GPU, at 128 registers): each
+stream loop (a pair of rows, a bonus row alone, a greedy row's argmax) loads its next group of tiles before it
+reduces the current one, so a group is always in flight; the same groups in the same order, so the partials are
+bit-identical. Two 8-warp programs per SM instead of three (at 80 registers the buffers spill); see
+:data:`DBUF_STANDARD` for the measurements.
+
+**Claimed chunks** (``claim``, standard method; opt-in, exact on an H100 and slower there): a request's stream
+programs take their chunks one at a time from a per-request counter instead of one fixed chunk each, so they end
+within about one chunk of each other; the partials, the epilogue and the emit items are unchanged.
 
 **Phased launches** (``phases``, standard method; opt-in, measured on the H200, see :data:`PHASES_FROM`):
 a call becomes one launch per range of rows (``phases=1``: row 0, then rows 1..K). Draft ``j``'s
@@ -125,7 +131,10 @@ PHASES_FROM = None
 DBUF_STANDARD = True
 DBUF_REGISTERS = 128
 # Claimed chunks (StreamVerifier's claim, standard method): 0 = off (every stream item has its fixed chunk); written in
-# stop 32 for the 16-request tail (trace: equal stream items ending 17.6-41.3 us on an H100), not yet run on a GPU.
+# stop 32 for the 16-request tail (trace: equal stream items ending 17.6-41.3 us on an H100). H100 (2026-12-05,
+# benchmarks/results/NVIDIA-H100-80GB-HBM3_2026-12-05_verify_dbuf_stop33.txt): exact, and slower at every batch and G
+# (claim=2: 16.8 / 59.8 / 139.0 / 442.9 us against 13.0 / 56.2 / 133.1 / 424.8 at 1 / 16 / 64 / 253 requests): a
+# request's ends move closer (spread 14.8 -> 7.7 us at 16) but later (each claim is an atomic round trip and a barrier).
 CLAIM = 0
 
 _ACCEPT_DOMAIN = tl.constexpr(keys.ACCEPT_DOMAIN)
@@ -1248,8 +1257,8 @@ class StreamVerifier:
         (stop 32's trace: equal fixed items ended 17.6-41.3 us apart at 16 requests on an H100, and a request is
         ready only when its slowest item ends). ``prefetch`` does not apply (a chunk is known only when claimed).
         Tokens: the reference's, as every layout (a different ``t1`` groups the partial sums differently).
-        Default :data:`CLAIM` = 0 (off); allowed 1, 2, 3, 4, 6, 8 (chunks per program on average). Not yet run
-        on a GPU.
+        Default :data:`CLAIM` = 0 (off); allowed 1, 2, 3, 4, 6, 8 (chunks per program on average). Exact on an
+        H100, and slower there at every batch and ``G`` (see :data:`CLAIM`).
     phases : standard method: row boundaries that split a call into launches (``1``: row 0 of every
         request, then rows 1..K of the requests whose draft 0 was accepted; ``(1, 2)``: three launches). A
         draft's acceptance needs only its own row, so a launch decides every request whose first rejection
