@@ -320,9 +320,12 @@ OPTION_VARIANTS = {"compact": dict(compact=1), "padded": dict(compact=0), "div_u
                    "phases_1": dict(phases=1), "phases_1_2": dict(phases=(1, 2)),
                    # a request's chunks claimed from a counter (stop 32; exact on an H100, slower), alone and phased
                    "claim_4": dict(claim=4), "claim_2_phases_1": dict(claim=2, phases=1),
-                   # double-buffered stream loops (pairs, bonus rows, greedy argmaxes): two 8-warp programs per SM
-                   # at 128 registers, or groups of 2 tiles at 80
-                   "dbuf_128": dict(dbuf=1, max_registers=128), "dbuf_unroll_2": dict(dbuf=1, unroll=2)}
+                   # double-buffered stream loops (pairs, bonus rows, greedy argmaxes; stop 33, passed on an H100):
+                   # two 8-warp programs per SM at 128 registers (the standard method's default since), or groups
+                   # of 2 tiles at 80
+                   "dbuf_128": dict(dbuf=1, max_registers=128), "dbuf_unroll_2": dict(dbuf=1, unroll=2),
+                   # the emit scan double-buffered (stop 33, not yet run on a GPU)
+                   "emit_dbuf": dict(emit_dbuf=1)}
 
 
 def _poison(verifier, variant):

@@ -102,7 +102,7 @@ def test_layouts_and_explicit_greedy_flags():
     # (fused: the target and cache rows in one loop; stages: pipelining, which the interpreter ignores)
     for options in (dict(t1=1, t2=1, lag=0, fused=1, stages=3), dict(t1=6, t2=6, lag=3, noise_filter=0, fused=0),
                     # dbuf: 64-value tiles so the double-buffered loops turn (5 groups of 2 tiles)
-                    dict(t1=11, t2=2, lag=1, unroll=2, block=64, dbuf=1, greedy_direct=0),
+                    dict(t1=11, t2=2, lag=1, unroll=2, block=64, dbuf=1, greedy_direct=0, emit_dbuf=1),
                     dict(t1=2, t2=2, lag=2, compact=0),  # the padded program order (standard)
                     dict(t2=3, lag=1, claim=3), dict(t1=1, lag=2, claim=8, compact=1)):  # chunks claimed from a counter
         verifier = StreamVerifier(8, 3, VOCAB, "cpu", **options)
@@ -116,26 +116,29 @@ def test_layouts_and_explicit_greedy_flags():
 
 
 def test_double_buffered_loops_give_the_same_partials():
-    """``dbuf``: every stream item's partial statistics (pairs, bonus rows, greedy argmaxes; pre-divided and raw
-    logits; groups of 2 and 4 tiles) bit-identical to the single-buffered loops', at 64-value tiles so each
-    double-buffered loop turns."""
+    """``dbuf`` / ``emit_dbuf``: every stream item's partial statistics (pairs, bonus rows, greedy argmaxes;
+    pre-divided and raw logits; groups of 2 and 4 tiles) and every emit item's (key, token, positive residual)
+    bit-identical to the single-buffered loops', at 64-value tiles so each double-buffered loop turns."""
     args = _case(21, batch=8)
     flags = torch.zeros(8, dtype=torch.bool)
     flags[3] = True
     args[0][3, :, 230] = args[0][0, :, 250] = 50.0  # greedy rows' maxima in the 4th tile of a double-buffered group
     raw = args[0] * torch.where(args[6] == 0, 1.0, args[6])[args[4].clamp_min(0), None, None]
-    for (target, extra), unroll in itertools.product(((args[0], {}), (raw, dict(target_temperature=args[6]))), (2, 4)):
+    cases = itertools.product(((args[0], {}), (raw, dict(target_temperature=args[6]))), ((2, 0), (4, 1)))
+    for (target, extra), (unroll, noise_filter) in cases:  # (the exact keys in the loop: a wrong key shows)
         partials = []
         for dbuf in (0, 1):
-            verifier = StreamVerifier(8, 3, VOCAB, "cpu", t1=11, unroll=unroll, block=64, dbuf=dbuf, greedy_direct=0)
+            verifier = StreamVerifier(8, 3, VOCAB, "cpu", t1=11, t2=11, unroll=unroll, block=64, dbuf=dbuf,
+                                      greedy_direct=0, emit_dbuf=dbuf, noise_filter=noise_filter)
             out = _run(verifier, [target] + args[1:], "standard", flags, **extra)
-            partials.append((out, verifier.pa.clone(), verifier.pb.clone(), verifier.pi.clone()))
+            partials.append((out, *(x.clone() for x in (verifier.pa, verifier.pb, verifier.pi, verifier.ea,
+                                                         verifier.ei, verifier.eany))))
         (out0, *p0), (out1, *p1) = partials
         assert torch.equal(out0[0], out1[0]) and torch.equal(out0[1], out1[1])
         for a, b in zip(p0, p1):
             assert torch.equal(a.view(torch.int32) if a.is_floating_point() else a,
                                b.view(torch.int32) if b.is_floating_point() else b)
-        assert bool(p0[2].ne(0).any())  # greedy argmax tokens were written
+        assert bool(p0[2].ne(0).any()) and bool(p0[4].ne(0).any())  # greedy argmaxes and emitted tokens written
 
 
 @pytest.mark.parametrize("k", [0, 1])

@@ -9,7 +9,8 @@
 #   bash tools/gpu_plans/issue18_verify.sh phased_time   # budget ~300 s: phased launches beside the default, 2 input kinds
 #   bash tools/gpu_plans/issue18_verify.sh trace         # budget ~150 s: where one launch's time goes at 1 / 16 / 64 / 253 requests
 #   bash tools/gpu_plans/issue18_verify.sh dbuf          # budget ~150 s: the double-buffered fused loop (never timed) beside the default
-#   bash tools/gpu_plans/issue18_verify.sh claim         # budget ~480 s: claimed chunks (stop 32, never run): the whole GPU test file, sweep, trace
+#   bash tools/gpu_plans/issue18_verify.sh claim         # budget ~480 s: claimed chunks (stop 32; ran in stop 33 on an H100: exact, slower)
+#   bash tools/gpu_plans/issue18_verify.sh emit_dbuf     # budget ~330 s: the double-buffered emit scan (stop 33, never run): GPU tests, sweep, trace
 # Results go to $JOB_OUT (default ./gpu_plan_out). StreamVerifier compiles ~5-7 s per constexpr variant; a Triton
 # cache carried from an earlier job of the same source skips that (tools/gpu_queue.sh). Nothing of early stop
 # (StreamVerifier early_stop / stop_check / early_ready, opt-in, off by default) has run on a GPU, and it is NOT on
@@ -146,6 +147,20 @@ claim)
     --variants "stream,stream:prefetch=0,stream:claim=2,stream:claim=4,stream:claim=8,stream:claim=4+max_registers=128,raw,raw:claim=4" \
     2>&1 | tee "$OUT/sweep_claim.txt"
   timeout -k 2 40 python3 tools/trace_verify.py 16 64 --variants "stream,stream:claim=4" 2>&1 | tee "$OUT/trace_claim.txt"
+  ;;
+emit_dbuf)
+  # 12. (~300 s) Stop 33: the stream loops are double-buffered by default now (dbuf + 128 registers, standard method);
+  #    the trace still shows each emit item scanning one 1,024-value tile at a time (~2 us a tile: the load, then the
+  #    noise and key arithmetic with nothing in flight). emit_dbuf=1 loads tile t + 1 before tile t's keys (same keys:
+  #    tests/verify test_double_buffered_loops_give_the_same_partials, exact noise too). First the GPU tests of the
+  #    option (16 and 253 requests, eager and graph replays against the reference), then the times beside the new
+  #    default (tokens checked by the sweep), then the trace (emit duration per item is the measure).
+  timeout -k 2 110 python3 -m pytest -m gpu -v -p no:cacheprovider $T -k "emit_dbuf" 2>&1 | tee "$OUT/tests_emit_dbuf.txt" \
+    | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -4
+  timeout -k 2 110 python3 tools/sweep_verify.py 1 16 64 253 --rounds 3 \
+    --variants "stream,stream:emit_dbuf=1,raw,raw:emit_dbuf=1,block,block:emit_dbuf=1" 2>&1 | tee "$OUT/sweep_emit_dbuf.txt"
+  timeout -k 2 60 python3 tools/trace_verify.py 16 64 253 --variants "stream,stream:emit_dbuf=1" 2>&1 \
+    | tee "$OUT/trace_emit_dbuf.txt"
   ;;
 dbuf)
   # 11. (~130 s) Stop 32's trace (H100, 16 requests): the stream items of equal size end between 17.6 and 41.3 us and

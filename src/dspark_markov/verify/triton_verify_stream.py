@@ -130,6 +130,10 @@ PHASES_FROM = None
 # The block method keeps the single-buffered loops at MAX_REGISTERS (not measured with dbuf).
 DBUF_STANDARD = True
 DBUF_REGISTERS = 128
+# Emit scans double-buffered (StreamVerifier's emit_dbuf): the next emit tile's target and cache values loaded before
+# the current tile's keys are computed (the trace: ~2 us per 1,024-value tile with one tile in flight). Written in stop
+# 33 without a GPU: off until timed (plan part issue18_verify.emit_dbuf).
+EMIT_DBUF = False
 # Claimed chunks (StreamVerifier's claim, standard method): 0 = off (every stream item has its fixed chunk); written in
 # stop 32 for the 16-request tail (trace: equal stream items ending 17.6-41.3 us on an H100). H100 (2026-12-05,
 # benchmarks/results/NVIDIA-H100-80GB-HBM3_2026-12-05_verify_dbuf_stop33.txt): exact, and slower at every batch and G
@@ -568,22 +572,33 @@ def _fast_draft_prob(c, token, temp, c_max, scale, inv_sum, q_arg, HARDWARE: tl.
 
 @triton.jit
 def _emit_keys(t_row, c_row, prefix, token, ok, ttemp, temp, w, t_max, t_inv, q_cmax, q_scale, q_inv, q_arg,
-               residual_mode, RAW: tl.constexpr, EXACT: tl.constexpr, HARDWARE: tl.constexpr):
+               residual_mode, RAW: tl.constexpr, EXACT: tl.constexpr, HARDWARE: tl.constexpr, X=None, C=None):
     """Gumbel-max keys of the emitted row at ``token`` and whether its residual is positive.
 
     After a rejection (``residual_mode``): ``log(max(w p - q, 0)) + g`` (residuals below the
     smallest normal count as 0, NaN as 0: key -inf); otherwise the bonus ``x + g`` (one fp32
     addition, as the reference). ``g`` is the exact keyed noise, or (``EXACT=False``) the cheap
     noise of :func:`dspark_markov.ops.noise.approx_gumbel` (within ``NOISE_BOUND``) used only to rank.
+    ``X`` / ``C``: the tile's target and cache values already loaded (:func:`_emit_load`; the target
+    not yet divided), instead of loading them here.
     """
     u = rng_triton.uniform32(rng_triton.hash_finish(prefix, token))
     if EXACT:
         g = rng_triton.gumbel32(u)
     else:
         g = approx_gumbel(u, HARDWARE)
-    x = _load_row(t_row, token, ok, ttemp, RAW, float("-inf"))
+    if X is None:
+        x = _load_row(t_row, token, ok, ttemp, RAW, float("-inf"))
+    else:
+        x = X
+        if RAW:
+            if (ttemp != 0.0) & (ttemp != 1.0):
+                x = tl.math.div_rn(x, ttemp)  # as _load_row divides (-inf of a masked lane stays -inf)
     if residual_mode:
-        c = _load_row(c_row, token, ok, temp, False, 0.0)
+        if C is None:
+            c = _load_row(c_row, token, ok, temp, False, 0.0)
+        else:
+            c = C
         d = w * _fast_prob(x, t_max, _LOG2E, t_inv, HARDWARE) - _fast_draft_prob(
             c, token, temp, q_cmax, q_scale, q_inv, q_arg, HARDWARE)
         residual = tl.where(ok & (d >= _TINY), d, 0.0)
@@ -596,9 +611,18 @@ def _emit_keys(t_row, c_row, prefix, token, ok, ttemp, temp, w, t_max, t_inv, q_
 
 
 @triton.jit
+def _emit_load(t_row, c_row, token, end, residual_mode):
+    """One emit tile's values as :func:`_emit_keys` loads them (the target undivided; the cache only after a
+    rejection, else 0): ``(x, c)`` fp32. Lanes at or past ``end`` load nothing."""
+    x = _load_row(t_row, token, token < end, 1.0, False, float("-inf"))
+    c = _load_row(c_row, token, token < tl.where(residual_mode, end, 0), 1.0, False, 0.0)
+    return x, c
+
+
+@triton.jit
 def _emit_scan(t_row, c_row, prefix, start, end, tiles, ttemp, temp, w, t_max, t_inv, q_cmax, q_scale, q_inv,
                q_arg, residual_mode, RAW: tl.constexpr, EXACT: tl.constexpr, HARDWARE: tl.constexpr,
-               BLOCK: tl.constexpr, PIPE: tl.constexpr = 1):
+               BLOCK: tl.constexpr, PIPE: tl.constexpr = 1, DBUF: tl.constexpr = False):
     """``(best key, first token, any positive residual, risky)`` of the emitted row over ``[start, end)``.
 
     ``EXACT``: the argmax of the exact keys (``torch.argmax`` semantics: a NaN wins). Otherwise the
@@ -606,6 +630,9 @@ def _emit_scan(t_row, c_row, prefix, start, end, tiles, ttemp, temp, w, t_max, t
     best is computed, and ``risky`` is set when that cannot be the exact answer: a NaN key, or a
     lane whose runner-up is within the noise bound's slack of its best and of the winner (then the
     caller rescans exactly; such near-ties are about 1e-4 per chunk).
+
+    ``DBUF``: tile ``t + 1`` is loaded before tile ``t``'s keys are computed (:func:`_emit_load`), so a
+    load is in flight during the noise and key arithmetic; the same keys in the same order per lane.
     """
     lane = start + tl.arange(0, BLOCK)
     best = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -613,10 +640,19 @@ def _emit_scan(t_row, c_row, prefix, start, end, tiles, ttemp, temp, w, t_max, t
     best_tok = lane
     positive = tl.zeros([BLOCK], tl.int32)
     nan = tl.zeros([BLOCK], tl.int32)
+    if DBUF:
+        nx, nc = _emit_load(t_row, c_row, lane, end, residual_mode)
     for t in tl.range(0, tiles, num_stages=PIPE):
         token = lane + t * BLOCK
-        key, pos = _emit_keys(t_row, c_row, prefix, token, token < end, ttemp, temp, w, t_max, t_inv, q_cmax,
-                              q_scale, q_inv, q_arg, residual_mode, RAW, EXACT, HARDWARE)
+        if DBUF:
+            x = nx
+            c = nc
+            nx, nc = _emit_load(t_row, c_row, token + BLOCK, end, residual_mode)  # (past the chunk: nothing)
+            key, pos = _emit_keys(t_row, c_row, prefix, token, token < end, ttemp, temp, w, t_max, t_inv, q_cmax,
+                                  q_scale, q_inv, q_arg, residual_mode, RAW, EXACT, HARDWARE, x, c)
+        else:
+            key, pos = _emit_keys(t_row, c_row, prefix, token, token < end, ttemp, temp, w, t_max, t_inv, q_cmax,
+                                  q_scale, q_inv, q_arg, residual_mode, RAW, EXACT, HARDWARE)
         positive = positive | pos.to(tl.int32)
         if EXACT:
             better = (key > best) | ((key != key) & (best == best))
@@ -810,6 +846,7 @@ def _stream_verify_kernel(
     UNROLL: tl.constexpr, HARDWARE: tl.constexpr, EMIT_SCAN: tl.constexpr, NOISE_FILTER: tl.constexpr,
     HAS_GREEDY: tl.constexpr, RAW: tl.constexpr, BLOCK_METHOD: tl.constexpr, PIPE: tl.constexpr = 1,
     EMIT_PIPE: tl.constexpr = 1, FUSED: tl.constexpr = False, EMIT_BLOCK: tl.constexpr = 2048,
+    EMIT_DBUF: tl.constexpr = False,
     FAST_DIVIDE: tl.constexpr = 0, INTERIOR: tl.constexpr = False, SCAN_ARGMAX: tl.constexpr = False,
     EARLY: tl.constexpr = False, PREFETCH: tl.constexpr = False, DIV_UNROLL: tl.constexpr = 0, DBUF: tl.constexpr = False,
     trace_ptr=None, TRACE: tl.constexpr = False, COMPACT: tl.constexpr = False, EMIT_PREFETCH: tl.constexpr = 0,
@@ -1053,7 +1090,7 @@ def _stream_verify_kernel(
             end = tl.minimum(start + T2 * EMIT_BLOCK, vocab)
             val, tok, pos, risky = _emit_scan(t_row, c_row, prefix, start, end, T2, ttemp, temp, w, t_max, t_inv,
                                               q_cmax, q_scale, q_inv, q_arg, rejected, RAW, not NOISE_FILTER,
-                                              HARDWARE, EMIT_BLOCK, EMIT_PIPE)
+                                              HARDWARE, EMIT_BLOCK, EMIT_PIPE, EMIT_DBUF)
             if NOISE_FILTER:
                 if risky:  # a near-tie of the cheap noise (rare): the exact keys of the chunk
                     val, tok, pos, no_risk = _emit_scan(t_row, c_row, prefix, start, end, T2, ttemp, temp, w, t_max,
@@ -1275,6 +1312,8 @@ class StreamVerifier:
     emit_block : values per emit-scan tile (default 1024 on the GPU, ``block`` on the CPU).
     stages, emit_stages : Triton pipelining of the streamed / emitted tiles (default 1 = none:
         measured slower on the H200).
+    emit_dbuf : the emit scan double-buffered in registers (tile ``t + 1`` loaded before tile ``t``'s
+        keys; the same keys; default :data:`EMIT_DBUF`, off: not yet timed).
 
     Measured on the H200 (issue 18, ``verify2`` rounds 1-2): the fused loop, 80 registers and
     1024-value emit tiles gave 352 / 342 us at 253 requests (T = 1 / mixed) against 457 / 404 for
@@ -1289,7 +1328,8 @@ class StreamVerifier:
                  t1=None, t2=None, lag=None, unroll=None, warps: int | None = None, emit=1,
                  noise_filter=1, stages=None, emit_stages=None, fused=None, emit_block=None, fast_divide=None,
                  max_registers=None, interior=None, scan_argmax=None, early=None, prefetch=None, div_unroll=None,
-                 dbuf=None, compact=None, emit_prefetch=None, greedy_direct=None, phases=None, claim=None):
+                 dbuf=None, compact=None, emit_prefetch=None, greedy_direct=None, phases=None, claim=None,
+                 emit_dbuf=None):
         if int(max_batch) < 1:
             raise ValueError(f"max_batch: expected >= 1, got {max_batch}")
         if int(num_drafts) < 0:
@@ -1315,6 +1355,8 @@ class StreamVerifier:
         # ``stages - 1`` tiles ahead); 1 = none. The interpreter ignores it.
         self.stages = int(stages) if stages else 1
         self.emit_stages = int(emit_stages) if emit_stages else 1
+        # Emit scans with the next tile's loads in flight during a tile's key arithmetic (EMIT_DBUF).
+        self.emit_dbuf = bool(emit_dbuf) if emit_dbuf is not None else EMIT_DBUF
         # Target row j and cache row j streamed in one loop (one round trip per tile, not two loops).
         self.fused = True if fused is None else bool(fused)
         # Raw logits (fused loop): the target values divided without a divide per element (_divide).
@@ -1481,6 +1523,7 @@ class StreamVerifier:
         meta = dict(K=k, KP1=self.kp1, C1P=self.c1p, C2P=self.c2p, BLOCK=self.block, UNROLL=unroll,
                     HARDWARE=self.cuda, EMIT_SCAN=self._emit_scan, NOISE_FILTER=self.noise_filter, HAS_GREEDY=has_greedy, RAW=raw, BLOCK_METHOD=block_method,
                     PIPE=self.stages, EMIT_PIPE=self.emit_stages, FUSED=self.fused, EMIT_BLOCK=self.emit_block,
+                    EMIT_DBUF=self.emit_dbuf,
                     FAST_DIVIDE=fast_divide, INTERIOR=self.interior, SCAN_ARGMAX=self.scan_argmax,
                     EARLY=self.early, PREFETCH=self.prefetch, DIV_UNROLL=div_unroll if raw else 0, DBUF=dbuf,
                     COMPACT=self.compact and not block_method, EMIT_PREFETCH=self.emit_prefetch if self.cuda else 0,
