@@ -11,6 +11,7 @@
 #   bash tools/gpu_plans/issue18_verify.sh dbuf          # budget ~150 s: the double-buffered fused loop (never timed) beside the default
 #   bash tools/gpu_plans/issue18_verify.sh claim         # budget ~480 s: claimed chunks (stop 32; ran in stop 33 on an H100: exact, slower)
 #   bash tools/gpu_plans/issue18_verify.sh emit_dbuf     # budget ~330 s: the double-buffered emit scan (stop 33, never run): GPU tests, sweep, trace
+#   bash tools/gpu_plans/issue18_verify.sh layout_dbuf   # budget ~150 s: stream / emit chunk sizes again under the double-buffered default
 # Results go to $JOB_OUT (default ./gpu_plan_out). StreamVerifier compiles ~5-7 s per constexpr variant; a Triton
 # cache carried from an earlier job of the same source skips that (tools/gpu_queue.sh). Nothing of early stop
 # (StreamVerifier early_stop / stop_check / early_ready, opt-in, off by default) has run on a GPU, and it is NOT on
@@ -161,6 +162,14 @@ emit_dbuf)
     --variants "stream,stream:emit_dbuf=1,raw,raw:emit_dbuf=1,block,block:emit_dbuf=1" 2>&1 | tee "$OUT/sweep_emit_dbuf.txt"
   timeout -k 2 60 python3 tools/trace_verify.py 16 64 253 --variants "stream,stream:emit_dbuf=1" 2>&1 \
     | tee "$OUT/trace_emit_dbuf.txt"
+  ;;
+layout_dbuf)
+  # 13. (~140 s) The Layout's t1 / t2 defaults were measured with three 8-warp programs per SM; the double-buffered
+  #    default (stop 33) runs two, and at 16 requests its 384 stream items (t1 = 16) need two waves of 264 slots (the
+  #    H100 trace: items start up to 23 us in; t1 = 22 or 32, fewer items, were slower there). Smaller chunks (more,
+  #    shorter waves) and the emit chunk sizes beside the default; every variant's tokens checked by the sweep.
+  timeout -k 2 130 python3 tools/sweep_verify.py 16 64 253 --rounds 3 \
+    --variants "stream,stream:t1=8,stream:t1=12,stream:t2=2,stream:t2=8,stream:t1=12+t2=2" 2>&1 | tee "$OUT/sweep_layout_dbuf.txt"
   ;;
 dbuf)
   # 11. (~130 s) Stop 32's trace (H100, 16 requests): the stream items of equal size end between 17.6 and 41.3 us and
