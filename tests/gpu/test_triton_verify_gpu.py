@@ -320,10 +320,9 @@ OPTION_VARIANTS = {"compact": dict(compact=1), "padded": dict(compact=0), "div_u
                    "phases_1": dict(phases=1), "phases_1_2": dict(phases=(1, 2)),
                    # a request's chunks claimed from a counter (stop 32; exact on an H100, slower), alone and phased
                    "claim_4": dict(claim=4), "claim_2_phases_1": dict(claim=2, phases=1),
-                   # double-buffered stream loops (pairs, bonus rows, greedy argmaxes; stop 33, passed on an H100):
-                   # two 8-warp programs per SM at 128 registers (the standard method's default since), or groups
-                   # of 2 tiles at 80
-                   "dbuf_128": dict(dbuf=1, max_registers=128), "dbuf_unroll_2": dict(dbuf=1, unroll=2),
+                   # the single-buffered stream loops at 80 registers (the standard method's default until stop 33,
+                   # now double-buffered at 128), and the double buffers in groups of 2 tiles at 80 (passed on an H100)
+                   "dbuf_0": dict(dbuf=0), "dbuf_unroll_2": dict(dbuf=1, unroll=2, max_registers=80),
                    # the emit scan double-buffered (stop 33, not yet run on a GPU)
                    "emit_dbuf": dict(emit_dbuf=1)}
 
@@ -338,14 +337,14 @@ def _poison(verifier, variant):
 @pytest.mark.parametrize("variant", sorted(OPTION_VARIANTS))
 @pytest.mark.parametrize("rows", [16, 253])
 def test_stream_options_equal_reference_and_replay(rows, variant):
-    """Each option on repeated eager launches (raw and pre-divided; block too for div_unroll, the one option that
-    changes it) and on graph replays with new inputs: every launch equals the reference, and the counters are
+    """Each option on repeated eager launches (raw and pre-divided; block too for div_unroll, fast_divide_2 and
+    emit_dbuf, the options that change it) and on graph replays with new inputs: every launch equals the reference, and the counters are
     reset."""
     verifier = _stream()(rows, K, VOCAB, "cuda", **OPTION_VARIANTS[variant])
     first = _case(rows, 31)
     temperature = first[6]
     raw = first[0] * torch.where(temperature == 0, 1.0, temperature)[first[4].clamp_min(0), None, None]
-    both = variant in ("div_unroll", "fast_divide_2")  # (the options that change the block method too)
+    both = variant in ("div_unroll", "fast_divide_2", "emit_dbuf")  # (the options that change the block method too)
     for method in ("standard", "block") if both else ("standard",):
         ref = dm.verify_drafts(first[0], *first[1:], method=method)
         ref_raw = dm.verify_drafts(raw, *first[1:], method=method, target_temperature=temperature)

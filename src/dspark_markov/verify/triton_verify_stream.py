@@ -233,6 +233,15 @@ def _scaled(x, temp):
 
 
 @triton.jit
+def _divide_by(x, temp):
+    """``x / T`` with the IEEE division where ``T`` is not 0 or 1 (``x / 1 = x`` exactly; ``T == 0``: unscaled):
+    a uniform branch, so those slots cost what pre-divided logits cost. ``x``: fp32, any shape."""
+    if (temp != 0.0) & (temp != 1.0):
+        x = tl.math.div_rn(x, temp)  # (-inf / T = -inf: a masked lane stays itself)
+    return x
+
+
+@triton.jit
 def _load_row(ptr, token, valid, temp, DIVIDE: tl.constexpr, other):
     """fp32 values of one row's tile (bf16 widened exactly), divided by ``temp`` when ``DIVIDE``.
 
@@ -245,8 +254,7 @@ def _load_row(ptr, token, valid, temp, DIVIDE: tl.constexpr, other):
     else:
         x = to_float32(tl.load(ptr + token, mask=valid, other=other))
     if DIVIDE:
-        if (temp != 0.0) & (temp != 1.0):
-            x = tl.math.div_rn(x, temp)  # other = -inf or 0 stays itself (T > 0)
+        x = _divide_by(x, temp)  # other = -inf or 0 stays itself (T > 0)
     return x
 
 
@@ -344,7 +352,8 @@ def _pair_step(xb, cb, m, s, cm, cs, risky, ttemp, c_scale, RAW: tl.constexpr, F
 @triton.jit
 def _target_step(xb, m, s, risky, ttemp, RAW: tl.constexpr, FAST: tl.constexpr, dt, dr, ds, dtiny,
                  HARDWARE: tl.constexpr):
-    """The target half of :func:`_pair_step` (a bonus row's group: no cache row)."""
+    """The target half of :func:`_pair_step` (a bonus row's group: no cache row): ``xb`` ``[UNROLL, BLOCK]``
+    fp32 (raw when ``RAW``) into the per-lane ``m, s`` ``[BLOCK]`` fp32 (``risky`` ``[BLOCK]`` int32: ``FAST`` 1's flags)."""
     x = to_float32(xb)
     if FAST == 2:
         x = _divide_poisoned(x, dt, dr, ds, dtiny)
@@ -352,8 +361,7 @@ def _target_step(xb, m, s, risky, ttemp, RAW: tl.constexpr, FAST: tl.constexpr, 
         x, tiny = _divide(x, dt, dr, ds, dtiny)
         risky = risky | tl.max(tiny.to(tl.int32), axis=0)
     elif RAW:
-        if (ttemp != 0.0) & (ttemp != 1.0):
-            x = tl.math.div_rn(x, ttemp)
+        x = _divide_by(x, ttemp)
     m, s = _softmax_step(x, m, s, _LOG2E, HARDWARE)
     return m, s, risky
 
@@ -457,9 +465,36 @@ def _pair_softmax(t_ptr, c_ptr, start, end, c_end, tiles, ttemp, c_scale, RAW: t
 
 @triton.jit
 def _scan_tile(x, token, best, index):
-    """One tile into the per-lane first maxima (a strict ``>`` keeps the first; a NaN wins over numbers)."""
+    """One tile ``x`` (``[BLOCK]`` fp32, tokens ``token`` int32) into the per-lane first maxima ``best`` / ``index``
+    (a strict ``>`` keeps the first; a NaN wins over numbers)."""
     better = (x > best) | ((x != x) & (best == best))
     return tl.where(better, x, best), tl.where(better, token, index)
+
+
+@triton.jit
+def _load_group(ptr, token, temp, DIVIDE: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr):
+    """Tiles ``token + i BLOCK`` (``token`` ``[BLOCK]`` int32, whole: no mask) of a double-buffered argmax group, ``i <
+    4`` (``WIDE``) or ``i < 2`` (then the last two are the first two again, unused): four ``[BLOCK]`` fp32."""
+    x0 = _load_row(ptr, token, None, temp, DIVIDE, None)
+    x1 = _load_row(ptr, token + BLOCK, None, temp, DIVIDE, None)
+    if WIDE:
+        x2 = _load_row(ptr, token + 2 * BLOCK, None, temp, DIVIDE, None)
+        x3 = _load_row(ptr, token + 3 * BLOCK, None, temp, DIVIDE, None)
+    else:
+        x2 = x0
+        x3 = x1
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _scan_group(x0, x1, x2, x3, token, best, index, BLOCK: tl.constexpr, WIDE: tl.constexpr):
+    """A group from :func:`_load_group` at ``token`` into the per-lane first maxima, its tiles in token order."""
+    best, index = _scan_tile(x0, token, best, index)
+    best, index = _scan_tile(x1, token + BLOCK, best, index)
+    if WIDE:
+        best, index = _scan_tile(x2, token + 2 * BLOCK, best, index)
+        best, index = _scan_tile(x3, token + 3 * BLOCK, best, index)
+    return best, index
 
 
 @triton.jit
@@ -479,40 +514,17 @@ def _row_argmax(ptr, start, end, tiles, temp, DIVIDE: tl.constexpr, BLOCK: tl.co
     index = lane
     first = 0
     if SCAN & DBUF:  # groups of 4 tiles (2 when UNROLL < 4)
-        if UNROLL >= 4:
-            span = 4 * BLOCK
-        else:
-            span = 2 * BLOCK
+        WIDE: tl.constexpr = UNROLL >= 4
+        span = (4 if WIDE else 2) * BLOCK
         full = (end - start) // span
         if full > 0:
-            x0 = _load_row(ptr, lane, None, temp, DIVIDE, None)
-            x1 = _load_row(ptr, lane + BLOCK, None, temp, DIVIDE, None)
-            if UNROLL >= 4:
-                x2 = _load_row(ptr, lane + 2 * BLOCK, None, temp, DIVIDE, None)
-                x3 = _load_row(ptr, lane + 3 * BLOCK, None, temp, DIVIDE, None)
+            x0, x1, x2, x3 = _load_group(ptr, lane, temp, DIVIDE, BLOCK, WIDE)
             for g in tl.range(1, full):
                 token = lane + g * span
-                n0 = _load_row(ptr, token, None, temp, DIVIDE, None)  # in flight while group g - 1 is scanned
-                n1 = _load_row(ptr, token + BLOCK, None, temp, DIVIDE, None)
-                if UNROLL >= 4:
-                    n2 = _load_row(ptr, token + 2 * BLOCK, None, temp, DIVIDE, None)
-                    n3 = _load_row(ptr, token + 3 * BLOCK, None, temp, DIVIDE, None)
-                token = token - span
-                best, index = _scan_tile(x0, token, best, index)
-                best, index = _scan_tile(x1, token + BLOCK, best, index)
-                x0 = n0
-                x1 = n1
-                if UNROLL >= 4:
-                    best, index = _scan_tile(x2, token + 2 * BLOCK, best, index)
-                    best, index = _scan_tile(x3, token + 3 * BLOCK, best, index)
-                    x2 = n2
-                    x3 = n3
-            token = lane + (full - 1) * span
-            best, index = _scan_tile(x0, token, best, index)
-            best, index = _scan_tile(x1, token + BLOCK, best, index)
-            if UNROLL >= 4:
-                best, index = _scan_tile(x2, token + 2 * BLOCK, best, index)
-                best, index = _scan_tile(x3, token + 3 * BLOCK, best, index)
+                n0, n1, n2, n3 = _load_group(ptr, token, temp, DIVIDE, BLOCK, WIDE)  # in flight during group g - 1
+                best, index = _scan_group(x0, x1, x2, x3, token - span, best, index, BLOCK, WIDE)
+                x0, x1, x2, x3 = n0, n1, n2, n3
+            best, index = _scan_group(x0, x1, x2, x3, lane + (full - 1) * span, best, index, BLOCK, WIDE)
         first = full * (span // BLOCK)
     if SCAN:  # one tile at a time, in token order per lane: a strict > keeps the first maximum
         for t in tl.range(first, tiles, num_stages=PIPE):
@@ -579,8 +591,8 @@ def _emit_keys(t_row, c_row, prefix, token, ok, ttemp, temp, w, t_max, t_inv, q_
     smallest normal count as 0, NaN as 0: key -inf); otherwise the bonus ``x + g`` (one fp32
     addition, as the reference). ``g`` is the exact keyed noise, or (``EXACT=False``) the cheap
     noise of :func:`dspark_markov.ops.noise.approx_gumbel` (within ``NOISE_BOUND``) used only to rank.
-    ``X`` / ``C``: the tile's target and cache values already loaded (:func:`_emit_load`; the target
-    not yet divided), instead of loading them here.
+    ``X`` / ``C``: the tile's target and cache values (``[BLOCK]`` fp32, as :func:`_emit_load` gives them:
+    the target not yet divided, the cache 0 without a rejection) instead of loading them here.
     """
     u = rng_triton.uniform32(rng_triton.hash_finish(prefix, token))
     if EXACT:
@@ -592,8 +604,7 @@ def _emit_keys(t_row, c_row, prefix, token, ok, ttemp, temp, w, t_max, t_inv, q_
     else:
         x = X
         if RAW:
-            if (ttemp != 0.0) & (ttemp != 1.0):
-                x = tl.math.div_rn(x, ttemp)  # as _load_row divides (-inf of a masked lane stays -inf)
+            x = _divide_by(x, ttemp)  # as _load_row divides
     if residual_mode:
         if C is None:
             c = _load_row(c_row, token, ok, temp, False, 0.0)
@@ -612,8 +623,9 @@ def _emit_keys(t_row, c_row, prefix, token, ok, ttemp, temp, w, t_max, t_inv, q_
 
 @triton.jit
 def _emit_load(t_row, c_row, token, end, residual_mode):
-    """One emit tile's values as :func:`_emit_keys` loads them (the target undivided; the cache only after a
-    rejection, else 0): ``(x, c)`` fp32. Lanes at or past ``end`` load nothing."""
+    """One emit tile's values at ``token`` (``[BLOCK]`` int32) as :func:`_emit_keys` loads them (the target
+    undivided; the cache only after a rejection, else 0): ``(x, c)``, ``[BLOCK]`` fp32 each. Lanes at or past
+    ``end`` load nothing."""
     x = _load_row(t_row, token, token < end, 1.0, False, float("-inf"))
     c = _load_row(c_row, token, token < tl.where(residual_mode, end, 0), 1.0, False, 0.0)
     return x, c
@@ -1278,9 +1290,11 @@ class StreamVerifier:
     memory system, so the emitted row was re-read from DRAM anyway (ncu at 253: 1.18 GB read, 34% L2
     hits).
     dbuf : the stream loops double-buffered in registers (the fused loop's interior groups, a bonus row's,
-        a greedy row's argmax; bit-identical). Default (with ``max_registers`` not given either): on for the
-        standard method's GPU launches at :data:`DBUF_REGISTERS` registers (:data:`DBUF_STANDARD`), off for
-        the block method and on the CPU.
+        a greedy row's argmax; raw logits with ``fast_divide=0``: the greedy argmax only; bit-identical). Default
+        (with ``max_registers`` not given either): on for the standard method's GPU launches at
+        :data:`DBUF_REGISTERS` registers (:data:`DBUF_STANDARD`), off for the block method and on the CPU;
+        ``dbuf=1`` without ``max_registers``: at :data:`DBUF_REGISTERS` (:meth:`buffering` says what a launch
+        uses).
     compact : standard method: the program order without the lag's padding (default
         :data:`COMPACT_ORDER` = off). H200 (verify3 u3): slower than the padded order at every batch
         (19.3 / 57.3 / 114.6 / 344.6 us against 18.4 / 54.5 / 111.9 / 339.3, mixed T).
@@ -1375,8 +1389,10 @@ class StreamVerifier:
         self.div_unroll = int(div_unroll) if div_unroll is not None else DIV_UNROLL
         # Fused interior loop double-buffered in registers (the next group's loads in flight during a reduction).
         self.dbuf = bool(dbuf) if dbuf is not None else False
-        # (neither dbuf nor max_registers given: standard-method launches double-buffered at DBUF_REGISTERS)
-        self._dbuf_standard = DBUF_STANDARD and dbuf is None and max_registers is None
+        # (neither dbuf nor max_registers given: standard-method launches double-buffered at DBUF_REGISTERS; dbuf on
+        # without max_registers: at DBUF_REGISTERS too, where its buffers do not spill)
+        self._dbuf_standard = DBUF_STANDARD and dbuf is None and not max_registers
+        self._registers_given = bool(max_registers)
         # Standard method: the program order without the lag's padding (no program launched only to exit).
         self.compact = bool(compact) if compact is not None else COMPACT_ORDER
         # The last stream item of a request prefetches its emitted row into L2 (1; 2: evict_last), GPU only.
@@ -1421,10 +1437,13 @@ class StreamVerifier:
         """8-warp programs per SM at ``registers`` per thread (65536 in the register file; 1 on the CPU)."""
         return max(1, 65536 // (registers * 32 * self.warps)) if self.cuda else 1
 
-    def buffering(self, method: str = "standard") -> tuple:
-        """``(dbuf, max_registers)`` of this verifier's ``method`` launches (``dbuf``'s default: on for the standard
-        method's GPU launches at :data:`DBUF_REGISTERS`)."""
+    def buffering(self, method: str = "standard") -> tuple[bool, int]:
+        """``(dbuf, max_registers)`` of this verifier's ``method`` launches, what its launches use (``self.dbuf`` /
+        ``self.max_registers`` are the arguments): by default on for the standard method's GPU launches at
+        :data:`DBUF_REGISTERS`; ``dbuf`` given without ``max_registers``: at :data:`DBUF_REGISTERS`."""
         if self._dbuf_standard and self.cuda and method == "standard":
+            return True, DBUF_REGISTERS
+        if self.dbuf and not self._registers_given:
             return True, DBUF_REGISTERS
         return self.dbuf, self.max_registers
 
