@@ -323,8 +323,9 @@ OPTION_VARIANTS = {"compact": dict(compact=1), "padded": dict(compact=0), "div_u
                    # the single-buffered stream loops at 80 registers (the standard method's default until stop 33,
                    # now double-buffered at 128), and the double buffers in groups of 2 tiles at 80 (passed on an H100)
                    "dbuf_0": dict(dbuf=0), "dbuf_unroll_2": dict(dbuf=1, unroll=2, max_registers=80),
-                   # the emit scan double-buffered (stop 33, not yet run on a GPU)
-                   "emit_dbuf": dict(emit_dbuf=1)}
+                   # the emit scan double-buffered, reversed, both (stop 33, not yet run on a GPU)
+                   "emit_dbuf": dict(emit_dbuf=1), "emit_reverse": dict(emit_reverse=1),
+                   "emit_dbuf_reverse": dict(emit_dbuf=1, emit_reverse=1)}
 
 
 def _poison(verifier, variant):
@@ -338,13 +339,14 @@ def _poison(verifier, variant):
 @pytest.mark.parametrize("rows", [16, 253])
 def test_stream_options_equal_reference_and_replay(rows, variant):
     """Each option on repeated eager launches (raw and pre-divided; block too for div_unroll, fast_divide_2 and
-    emit_dbuf, the options that change it) and on graph replays with new inputs: every launch equals the reference, and the counters are
+    the emit scan's dbuf / reverse, the options that change it) and on graph replays with new inputs: every launch equals the reference, and the counters are
     reset."""
     verifier = _stream()(rows, K, VOCAB, "cuda", **OPTION_VARIANTS[variant])
     first = _case(rows, 31)
     temperature = first[6]
     raw = first[0] * torch.where(temperature == 0, 1.0, temperature)[first[4].clamp_min(0), None, None]
-    both = variant in ("div_unroll", "fast_divide_2", "emit_dbuf")  # (the options that change the block method too)
+    # (the options that change the block method too)
+    both = variant in ("div_unroll", "fast_divide_2", "emit_dbuf", "emit_reverse", "emit_dbuf_reverse")
     for method in ("standard", "block") if both else ("standard",):
         ref = dm.verify_drafts(first[0], *first[1:], method=method)
         ref_raw = dm.verify_drafts(raw, *first[1:], method=method, target_temperature=temperature)

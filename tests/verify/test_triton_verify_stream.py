@@ -116,7 +116,7 @@ def test_layouts_and_explicit_greedy_flags():
 
 
 def test_double_buffered_loops_give_the_same_partials():
-    """``dbuf`` / ``emit_dbuf``: every stream item's partial statistics (pairs, bonus rows, greedy argmaxes;
+    """``dbuf`` / ``emit_dbuf`` / ``emit_reverse``: every stream item's partial statistics (pairs, bonus rows, greedy argmaxes;
     pre-divided and raw logits; groups of 2 and 4 tiles) and every emit item's (key, token, positive residual)
     bit-identical to the single-buffered loops', at 32-value tiles in two chunks per row (the second starting at
     352) so each double-buffered loop turns; greedy rows' maxima planted in different tiles of the groups, and
@@ -128,21 +128,25 @@ def test_double_buffered_loops_give_the_same_partials():
     for (b, j), tokens in {(3, 0): [70], (3, 1): [100], (3, 2): [390], (3, 3): [500], (5, 0): [200], (5, 1): [620],
                            (5, 2): [390, 422], (5, 3): [421, 453]}.items():
         args[0][b, j, tokens] = 50.0
+    args[0][4, :, [100, 132]] = float("nan")  # request 4: NaN keys in one lane of two tiles (the first wins)
     raw = args[0] * torch.where(args[6] == 0, 1.0, args[6])[args[4].clamp_min(0), None, None]
     cases = itertools.product(((args[0], {}), (raw, dict(target_temperature=args[6]))), ((2, 0), (4, 1)))
     for (target, extra), (unroll, noise_filter) in cases:  # (the exact keys in the loop: a wrong key shows)
         partials = []
-        for dbuf in (0, 1):
+        # (single-buffered, then double-buffered, then the emit scans reversed: with and without emit_dbuf)
+        for dbuf, reverse in ((0, 0), (1, 0), (1, 1), (0, 1)):
             verifier = StreamVerifier(8, 3, VOCAB, "cpu", t1=11, t2=11, unroll=unroll, block=32, dbuf=dbuf,
-                                      greedy_direct=0, emit_dbuf=dbuf, noise_filter=noise_filter)
+                                      greedy_direct=0, emit_dbuf=dbuf, emit_reverse=reverse, noise_filter=noise_filter)
             out = _run(verifier, [target] + args[1:], "standard", flags, **extra)
             partials.append((out, *(x.clone() for x in (verifier.pa, verifier.pb, verifier.pi, verifier.ea,
                                                          verifier.ei, verifier.eany))))
-        (out0, *p0), (out1, *p1) = partials
-        assert torch.equal(out0[0], out1[0]) and torch.equal(out0[1], out1[1])
-        for a, b in zip(p0, p1):
-            assert torch.equal(a.view(torch.int32) if a.is_floating_point() else a,
-                               b.view(torch.int32) if b.is_floating_point() else b)
+        (out0, *p0) = partials[0]
+        assert out0[0][4, 0] == 100  # (no drafts: its bonus keys, the first NaN)
+        for out1, *p1 in partials[1:]:
+            assert torch.equal(out0[0], out1[0]) and torch.equal(out0[1], out1[1])
+            for a, b in zip(p0, p1):
+                assert torch.equal(a.view(torch.int32) if a.is_floating_point() else a,
+                                   b.view(torch.int32) if b.is_floating_point() else b)
         assert bool(p0[4].ne(0).any())  # emitted tokens written
         if not extra:  # the planted maxima found (pi: [B, 2K + 1, chunks] tokens of rows 0..K, then the cache's)
             found = p0[2]

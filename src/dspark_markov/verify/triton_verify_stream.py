@@ -134,6 +134,11 @@ DBUF_REGISTERS = 128
 # the current tile's keys are computed (the trace: ~2 us per 1,024-value tile with one tile in flight). Written in stop
 # 33 without a GPU: off until timed (plan part issue18_verify.emit_dbuf).
 EMIT_DBUF = False
+# Emit scans in decreasing token order (StreamVerifier's emit_reverse): at 253 requests ~0.13 GB of the 1.13 GB read is
+# the emitted row re-read from DRAM (ncu on the H200: 13.8% L2 hits); a stream item reads its chunk front to back, so a
+# forward emit scan reaches the most recently streamed (still cached) lines last, after ~30 us of other traffic. Written
+# in stop 33 without a GPU: off until timed (plan part issue18_verify.emit_dbuf).
+EMIT_REVERSE = False
 # Claimed chunks (StreamVerifier's claim, standard method): 0 = off (every stream item has its fixed chunk); written in
 # stop 32 for the 16-request tail (trace: equal stream items ending 17.6-41.3 us on an H100). H100 (2026-12-05,
 # benchmarks/results/NVIDIA-H100-80GB-HBM3_2026-12-05_verify_dbuf_stop33.txt): exact, and slower at every batch and G
@@ -622,19 +627,21 @@ def _emit_keys(t_row, c_row, prefix, token, ok, ttemp, temp, w, t_max, t_inv, q_
 
 
 @triton.jit
-def _emit_load(t_row, c_row, token, end, residual_mode):
+def _emit_load(t_row, c_row, token, start, end, residual_mode):
     """One emit tile's values at ``token`` (``[BLOCK]`` int32) as :func:`_emit_keys` loads them (the target
-    undivided; the cache only after a rejection, else 0): ``(x, c)``, ``[BLOCK]`` fp32 each. Lanes at or past
-    ``end`` load nothing."""
-    x = _load_row(t_row, token, token < end, 1.0, False, float("-inf"))
-    c = _load_row(c_row, token, token < tl.where(residual_mode, end, 0), 1.0, False, 0.0)
+    undivided; the cache only after a rejection, else 0): ``(x, c)``, ``[BLOCK]`` fp32 each. Lanes outside
+    ``[start, end)`` load nothing."""
+    inside = token >= start
+    x = _load_row(t_row, token, inside & (token < end), 1.0, False, float("-inf"))
+    c = _load_row(c_row, token, inside & (token < tl.where(residual_mode, end, 0)), 1.0, False, 0.0)
     return x, c
 
 
 @triton.jit
 def _emit_scan(t_row, c_row, prefix, start, end, tiles, ttemp, temp, w, t_max, t_inv, q_cmax, q_scale, q_inv,
                q_arg, residual_mode, RAW: tl.constexpr, EXACT: tl.constexpr, HARDWARE: tl.constexpr,
-               BLOCK: tl.constexpr, PIPE: tl.constexpr = 1, DBUF: tl.constexpr = False):
+               BLOCK: tl.constexpr, PIPE: tl.constexpr = 1, DBUF: tl.constexpr = False,
+               REVERSE: tl.constexpr = False):
     """``(best key, first token, any positive residual, risky)`` of the emitted row over ``[start, end)``.
 
     ``EXACT``: the argmax of the exact keys (``torch.argmax`` semantics: a NaN wins). Otherwise the
@@ -645,6 +652,9 @@ def _emit_scan(t_row, c_row, prefix, start, end, tiles, ttemp, temp, w, t_max, t
 
     ``DBUF``: tile ``t + 1`` is loaded before tile ``t``'s keys are computed (:func:`_emit_load`), so a
     load is in flight during the noise and key arithmetic; the same keys in the same order per lane.
+    ``REVERSE``: the tiles in decreasing token order (the row's most recently streamed lines, those most
+    likely still in L2, first), the first maximum kept by ``>=`` (and, exact, the first NaN by replacing
+    on any NaN): the same best key, token, runner-up and flags per lane as the forward scan.
     """
     lane = start + tl.arange(0, BLOCK)
     best = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -652,14 +662,18 @@ def _emit_scan(t_row, c_row, prefix, start, end, tiles, ttemp, temp, w, t_max, t
     best_tok = lane
     positive = tl.zeros([BLOCK], tl.int32)
     nan = tl.zeros([BLOCK], tl.int32)
+    if REVERSE:
+        first, step = lane + (tiles - 1) * BLOCK, -BLOCK
+    else:
+        first, step = lane, BLOCK
     if DBUF:
-        nx, nc = _emit_load(t_row, c_row, lane, end, residual_mode)
+        nx, nc = _emit_load(t_row, c_row, first, start, end, residual_mode)
     for t in tl.range(0, tiles, num_stages=PIPE):
-        token = lane + t * BLOCK
+        token = first + t * step
         if DBUF:
             x = nx
             c = nc
-            nx, nc = _emit_load(t_row, c_row, token + BLOCK, end, residual_mode)  # (past the chunk: nothing)
+            nx, nc = _emit_load(t_row, c_row, token + step, start, end, residual_mode)  # (outside: nothing)
             key, pos = _emit_keys(t_row, c_row, prefix, token, token < end, ttemp, temp, w, t_max, t_inv, q_cmax,
                                   q_scale, q_inv, q_arg, residual_mode, RAW, EXACT, HARDWARE, x, c)
         else:
@@ -667,10 +681,16 @@ def _emit_scan(t_row, c_row, prefix, start, end, tiles, ttemp, temp, w, t_max, t
                                   q_scale, q_inv, q_arg, residual_mode, RAW, EXACT, HARDWARE)
         positive = positive | pos.to(tl.int32)
         if EXACT:
-            better = (key > best) | ((key != key) & (best == best))
+            if REVERSE:  # (a NaN of a smaller token replaces any best; an equal key too)
+                better = (key >= best) | (key != key)
+            else:
+                better = (key > best) | ((key != key) & (best == best))
         else:
             nan = nan | (key != key).to(tl.int32)
-            better = key > best
+            if REVERSE:
+                better = key >= best
+            else:
+                better = key > best
             runner = tl.where(better, best, tl.maximum(runner, key))
         best = tl.where(better, key, best)
         best_tok = tl.where(better, token, best_tok)
@@ -858,7 +878,7 @@ def _stream_verify_kernel(
     UNROLL: tl.constexpr, HARDWARE: tl.constexpr, EMIT_SCAN: tl.constexpr, NOISE_FILTER: tl.constexpr,
     HAS_GREEDY: tl.constexpr, RAW: tl.constexpr, BLOCK_METHOD: tl.constexpr, PIPE: tl.constexpr = 1,
     EMIT_PIPE: tl.constexpr = 1, FUSED: tl.constexpr = False, EMIT_BLOCK: tl.constexpr = 2048,
-    EMIT_DBUF: tl.constexpr = False,
+    EMIT_DBUF: tl.constexpr = False, EMIT_REVERSE: tl.constexpr = False,
     FAST_DIVIDE: tl.constexpr = 0, INTERIOR: tl.constexpr = False, SCAN_ARGMAX: tl.constexpr = False,
     EARLY: tl.constexpr = False, PREFETCH: tl.constexpr = False, DIV_UNROLL: tl.constexpr = 0, DBUF: tl.constexpr = False,
     trace_ptr=None, TRACE: tl.constexpr = False, COMPACT: tl.constexpr = False, EMIT_PREFETCH: tl.constexpr = 0,
@@ -1102,7 +1122,7 @@ def _stream_verify_kernel(
             end = tl.minimum(start + T2 * EMIT_BLOCK, vocab)
             val, tok, pos, risky = _emit_scan(t_row, c_row, prefix, start, end, T2, ttemp, temp, w, t_max, t_inv,
                                               q_cmax, q_scale, q_inv, q_arg, rejected, RAW, not NOISE_FILTER,
-                                              HARDWARE, EMIT_BLOCK, EMIT_PIPE, EMIT_DBUF)
+                                              HARDWARE, EMIT_BLOCK, EMIT_PIPE, EMIT_DBUF, EMIT_REVERSE)
             if NOISE_FILTER:
                 if risky:  # a near-tie of the cheap noise (rare): the exact keys of the chunk
                     val, tok, pos, no_risk = _emit_scan(t_row, c_row, prefix, start, end, T2, ttemp, temp, w, t_max,
@@ -1328,6 +1348,8 @@ class StreamVerifier:
         measured slower on the H200).
     emit_dbuf : the emit scan double-buffered in registers (tile ``t + 1`` loaded before tile ``t``'s
         keys; the same keys; default :data:`EMIT_DBUF`, off: not yet timed).
+    emit_reverse : the emit scan in decreasing token order (the same result; default :data:`EMIT_REVERSE`,
+        off: not yet timed).
 
     Measured on the H200 (issue 18, ``verify2`` rounds 1-2): the fused loop, 80 registers and
     1024-value emit tiles gave 352 / 342 us at 253 requests (T = 1 / mixed) against 457 / 404 for
@@ -1343,7 +1365,7 @@ class StreamVerifier:
                  noise_filter=1, stages=None, emit_stages=None, fused=None, emit_block=None, fast_divide=None,
                  max_registers=None, interior=None, scan_argmax=None, early=None, prefetch=None, div_unroll=None,
                  dbuf=None, compact=None, emit_prefetch=None, greedy_direct=None, phases=None, claim=None,
-                 emit_dbuf=None):
+                 emit_dbuf=None, emit_reverse=None):
         if int(max_batch) < 1:
             raise ValueError(f"max_batch: expected >= 1, got {max_batch}")
         if int(num_drafts) < 0:
@@ -1371,6 +1393,8 @@ class StreamVerifier:
         self.emit_stages = int(emit_stages) if emit_stages else 1
         # Emit scans with the next tile's loads in flight during a tile's key arithmetic (EMIT_DBUF).
         self.emit_dbuf = bool(emit_dbuf) if emit_dbuf is not None else EMIT_DBUF
+        # Emit scans in decreasing token order (EMIT_REVERSE): the emitted row's most recently streamed lines first.
+        self.emit_reverse = bool(emit_reverse) if emit_reverse is not None else EMIT_REVERSE
         # Target row j and cache row j streamed in one loop (one round trip per tile, not two loops).
         self.fused = True if fused is None else bool(fused)
         # Raw logits (fused loop): the target values divided without a divide per element (_divide).
@@ -1542,7 +1566,7 @@ class StreamVerifier:
         meta = dict(K=k, KP1=self.kp1, C1P=self.c1p, C2P=self.c2p, BLOCK=self.block, UNROLL=unroll,
                     HARDWARE=self.cuda, EMIT_SCAN=self._emit_scan, NOISE_FILTER=self.noise_filter, HAS_GREEDY=has_greedy, RAW=raw, BLOCK_METHOD=block_method,
                     PIPE=self.stages, EMIT_PIPE=self.emit_stages, FUSED=self.fused, EMIT_BLOCK=self.emit_block,
-                    EMIT_DBUF=self.emit_dbuf,
+                    EMIT_DBUF=self.emit_dbuf, EMIT_REVERSE=self.emit_reverse,
                     FAST_DIVIDE=fast_divide, INTERIOR=self.interior, SCAN_ARGMAX=self.scan_argmax,
                     EARLY=self.early, PREFETCH=self.prefetch, DIV_UNROLL=div_unroll if raw else 0, DBUF=dbuf,
                     COMPACT=self.compact and not block_method, EMIT_PREFETCH=self.emit_prefetch if self.cuda else 0,
