@@ -339,8 +339,8 @@ def _poison(verifier, variant):
 @pytest.mark.parametrize("rows", [16, 253])
 def test_stream_options_equal_reference_and_replay(rows, variant):
     """Each option on repeated eager launches (raw and pre-divided; block too for div_unroll, fast_divide_2 and
-    the emit scan's dbuf / reverse, the options that change it) and on graph replays with new inputs: every launch equals the reference, and the counters are
-    reset."""
+    the emit scan's dbuf / reverse, the options that change it) and on graph replays with new inputs: every launch
+    equals the reference, and the counters are reset."""
     verifier = _stream()(rows, K, VOCAB, "cuda", **OPTION_VARIANTS[variant])
     first = _case(rows, 31)
     temperature = first[6]

@@ -116,11 +116,12 @@ def test_layouts_and_explicit_greedy_flags():
 
 
 def test_double_buffered_loops_give_the_same_partials():
-    """``dbuf`` / ``emit_dbuf`` / ``emit_reverse``: every stream item's partial statistics (pairs, bonus rows, greedy argmaxes;
-    pre-divided and raw logits; groups of 2 and 4 tiles) and every emit item's (key, token, positive residual)
-    bit-identical to the single-buffered loops', at 32-value tiles in two chunks per row (the second starting at
-    352) so each double-buffered loop turns; greedy rows' maxima planted in different tiles of the groups, and
-    equal maxima in one lane of two tiles (the first must win)."""
+    """``dbuf`` / ``emit_dbuf`` / ``emit_reverse``: every stream item's partial statistics (pairs, bonus rows,
+    greedy argmaxes; pre-divided and raw logits; groups of 2 and 4 tiles) and every emit item's (key, token,
+    positive residual) bit-identical to the single-buffered forward loops', at 32-value tiles in two chunks per
+    row (the second starting at 352) so each double-buffered loop turns; greedy rows' maxima planted in different
+    tiles of the groups, and equal maxima (and NaN emit keys, and equal emit keys) in one lane of two tiles: the
+    first must win."""
     args = _case(21, batch=8)
     flags = torch.zeros(8, dtype=torch.bool)
     flags[[3, 5, 6]] = True  # (explicit flags: request 6's rows keep their random maxima)
@@ -129,6 +130,7 @@ def test_double_buffered_loops_give_the_same_partials():
                            (5, 2): [390, 422], (5, 3): [421, 453]}.items():
         args[0][b, j, tokens] = 50.0
     args[0][4, :, [100, 132]] = float("nan")  # request 4: NaN keys in one lane of two tiles (the first wins)
+    args[0][4, :, [400, 432]] = 1e30  # and in its second chunk equal keys in one lane (x + g rounds to x: the first)
     raw = args[0] * torch.where(args[6] == 0, 1.0, args[6])[args[4].clamp_min(0), None, None]
     cases = itertools.product(((args[0], {}), (raw, dict(target_temperature=args[6]))), ((2, 0), (4, 1)))
     for (target, extra), (unroll, noise_filter) in cases:  # (the exact keys in the loop: a wrong key shows)
@@ -141,7 +143,7 @@ def test_double_buffered_loops_give_the_same_partials():
             partials.append((out, *(x.clone() for x in (verifier.pa, verifier.pb, verifier.pi, verifier.ea,
                                                          verifier.ei, verifier.eany))))
         (out0, *p0) = partials[0]
-        assert out0[0][4, 0] == 100  # (no drafts: its bonus keys, the first NaN)
+        assert out0[0][4, 0] == 100 and p0[4][4, 1] == 400  # (no drafts: its bonus keys; the first NaN, first tie)
         for out1, *p1 in partials[1:]:
             assert torch.equal(out0[0], out1[0]) and torch.equal(out0[1], out1[1])
             for a, b in zip(p0, p1):

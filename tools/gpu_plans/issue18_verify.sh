@@ -10,7 +10,7 @@
 #   bash tools/gpu_plans/issue18_verify.sh trace         # budget ~150 s: where one launch's time goes at 1 / 16 / 64 / 253 requests
 #   bash tools/gpu_plans/issue18_verify.sh dbuf          # budget ~150 s: the double-buffered fused loop (never timed) beside the default
 #   bash tools/gpu_plans/issue18_verify.sh claim         # budget ~480 s: claimed chunks (stop 32; ran in stop 33 on an H100: exact, slower)
-#   bash tools/gpu_plans/issue18_verify.sh emit_dbuf     # budget ~420 s: the double-buffered / reversed emit scans (stop 33, never run): GPU tests, sweep, trace
+#   bash tools/gpu_plans/issue18_verify.sh emit_dbuf     # budget ~470 s: the double-buffered / reversed emit scans (stop 33, never run): GPU tests, sweep, trace
 #   bash tools/gpu_plans/issue18_verify.sh layout_dbuf   # budget ~150 s: stream / emit chunk sizes again under the double-buffered default
 # Results go to $JOB_OUT (default ./gpu_plan_out). StreamVerifier compiles ~5-7 s per constexpr variant; a Triton
 # cache carried from an earlier job of the same source skips that (tools/gpu_queue.sh). Nothing of early stop
@@ -150,7 +150,7 @@ claim)
   timeout -k 2 40 python3 tools/trace_verify.py 16 64 --variants "stream,stream:claim=4" 2>&1 | tee "$OUT/trace_claim.txt"
   ;;
 emit_dbuf)
-  # 12. (~300 s) Stop 33: the stream loops are double-buffered by default now (dbuf + 128 registers, standard method);
+  # 12. (~440 s) Stop 33: the stream loops are double-buffered by default now (dbuf + 128 registers, standard method);
   #    the trace still shows each emit item scanning one 1,024-value tile at a time (~2 us a tile: the load, then the
   #    noise and key arithmetic with nothing in flight). emit_dbuf=1 loads tile t + 1 before tile t's keys (same keys:
   #    tests/verify test_double_buffered_loops_give_the_same_partials, exact noise too). emit_reverse=1 scans each
@@ -159,7 +159,7 @@ emit_dbuf)
   #    First the GPU tests of the options (16 and 253 requests, standard and block, eager and graph replays against the
   #    reference), then the times beside the new default (tokens checked by the sweep), then the trace (emit duration
   #    per item is the measure).
-  timeout -k 2 190 python3 -m pytest -m gpu -v -p no:cacheprovider $T -k "emit_dbuf or emit_reverse" 2>&1 \
+  timeout -k 2 240 python3 -m pytest -m gpu -v -p no:cacheprovider $T -k "emit_dbuf or emit_reverse" 2>&1 \
     | tee "$OUT/tests_emit_dbuf.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -8
   timeout -k 2 130 python3 tools/sweep_verify.py 1 16 64 253 --rounds 3 --variants "stream,stream:emit_dbuf=1,\
 stream:emit_reverse=1,stream:emit_dbuf=1+emit_reverse=1,raw,raw:emit_dbuf=1+emit_reverse=1,block,block:emit_dbuf=1" \

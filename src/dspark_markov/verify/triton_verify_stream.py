@@ -358,7 +358,8 @@ def _pair_step(xb, cb, m, s, cm, cs, risky, ttemp, c_scale, RAW: tl.constexpr, F
 def _target_step(xb, m, s, risky, ttemp, RAW: tl.constexpr, FAST: tl.constexpr, dt, dr, ds, dtiny,
                  HARDWARE: tl.constexpr):
     """The target half of :func:`_pair_step` (a bonus row's group: no cache row): ``xb`` ``[UNROLL, BLOCK]``
-    fp32 (raw when ``RAW``) into the per-lane ``m, s`` ``[BLOCK]`` fp32 (``risky`` ``[BLOCK]`` int32: ``FAST`` 1's flags)."""
+    fp32 (raw when ``RAW``) into the per-lane ``m, s`` ``[BLOCK]`` fp32 (``risky`` ``[BLOCK]`` int32: ``FAST``
+    1's flags)."""
     x = to_float32(xb)
     if FAST == 2:
         x = _divide_poisoned(x, dt, dr, ds, dtiny)
@@ -627,13 +628,17 @@ def _emit_keys(t_row, c_row, prefix, token, ok, ttemp, temp, w, t_max, t_inv, q_
 
 
 @triton.jit
-def _emit_load(t_row, c_row, token, start, end, residual_mode):
+def _emit_load(t_row, c_row, token, start, end, residual_mode, REVERSE: tl.constexpr):
     """One emit tile's values at ``token`` (``[BLOCK]`` int32) as :func:`_emit_keys` loads them (the target
-    undivided; the cache only after a rejection, else 0): ``(x, c)``, ``[BLOCK]`` fp32 each. Lanes outside
-    ``[start, end)`` load nothing."""
-    inside = token >= start
-    x = _load_row(t_row, token, inside & (token < end), 1.0, False, float("-inf"))
-    c = _load_row(c_row, token, inside & (token < tl.where(residual_mode, end, 0)), 1.0, False, 0.0)
+    undivided; the cache only after a rejection, else 0): ``(x, c)``, ``[BLOCK]`` fp32 each. Lanes at or past
+    ``end`` (``REVERSE``: outside ``[start, end)``, the prefetch after the first tile) load nothing."""
+    c_end = tl.where(residual_mode, end, 0)
+    if REVERSE:
+        x = _load_row(t_row, token, (token >= start) & (token < end), 1.0, False, float("-inf"))
+        c = _load_row(c_row, token, (token >= start) & (token < c_end), 1.0, False, 0.0)
+    else:
+        x = _load_row(t_row, token, token < end, 1.0, False, float("-inf"))
+        c = _load_row(c_row, token, token < c_end, 1.0, False, 0.0)
     return x, c
 
 
@@ -667,13 +672,13 @@ def _emit_scan(t_row, c_row, prefix, start, end, tiles, ttemp, temp, w, t_max, t
     else:
         first, step = lane, BLOCK
     if DBUF:
-        nx, nc = _emit_load(t_row, c_row, first, start, end, residual_mode)
+        nx, nc = _emit_load(t_row, c_row, first, start, end, residual_mode, REVERSE)
     for t in tl.range(0, tiles, num_stages=PIPE):
         token = first + t * step
         if DBUF:
             x = nx
             c = nc
-            nx, nc = _emit_load(t_row, c_row, token + step, start, end, residual_mode)  # (outside: nothing)
+            nx, nc = _emit_load(t_row, c_row, token + step, start, end, residual_mode, REVERSE)  # (outside: nothing)
             key, pos = _emit_keys(t_row, c_row, prefix, token, token < end, ttemp, temp, w, t_max, t_inv, q_cmax,
                                   q_scale, q_inv, q_arg, residual_mode, RAW, EXACT, HARDWARE, x, c)
         else:
