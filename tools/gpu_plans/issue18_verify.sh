@@ -8,7 +8,7 @@
 #   bash tools/gpu_plans/issue18_verify.sh phased_check  # budget ~250 s: phased launches (stop 30, main, opt-in): GPU tests
 #   bash tools/gpu_plans/issue18_verify.sh phased_time   # budget ~300 s: phased launches beside the default, 2 input kinds
 #   bash tools/gpu_plans/issue18_verify.sh trace         # budget ~150 s: where one launch's time goes at 1 / 16 / 64 / 253 requests
-#   bash tools/gpu_plans/issue18_verify.sh dbuf          # budget ~150 s: the double-buffered fused loop (never timed) beside the default
+#   bash tools/gpu_plans/issue18_verify.sh dbuf          # budget ~150 s: the double-buffered fused loop beside the old default (ran in stop 33, H100)
 #   bash tools/gpu_plans/issue18_verify.sh claim         # budget ~480 s: claimed chunks (stop 32; ran in stop 33 on an H100: exact, slower)
 #   bash tools/gpu_plans/issue18_verify.sh emit_dbuf     # budget ~470 s: the double-buffered / reversed emit scans (stop 33, never run): GPU tests, sweep, trace
 #   bash tools/gpu_plans/issue18_verify.sh layout_dbuf   # budget ~150 s: stream / emit chunk sizes again under the double-buffered default
