@@ -632,14 +632,12 @@ def _emit_load(t_row, c_row, token, start, end, residual_mode, REVERSE: tl.const
     """One emit tile's values at ``token`` (``[BLOCK]`` int32) as :func:`_emit_keys` loads them (the target
     undivided; the cache only after a rejection, else 0): ``(x, c)``, ``[BLOCK]`` fp32 each. Lanes at or past
     ``end`` (``REVERSE``: outside ``[start, end)``, the prefetch after the first tile) load nothing."""
-    c_end = tl.where(residual_mode, end, 0)
+    ok = token < end
+    c_ok = token < tl.where(residual_mode, end, 0)
     if REVERSE:
-        x = _load_row(t_row, token, (token >= start) & (token < end), 1.0, False, float("-inf"))
-        c = _load_row(c_row, token, (token >= start) & (token < c_end), 1.0, False, 0.0)
-    else:
-        x = _load_row(t_row, token, token < end, 1.0, False, float("-inf"))
-        c = _load_row(c_row, token, token < c_end, 1.0, False, 0.0)
-    return x, c
+        ok = ok & (token >= start)
+        c_ok = c_ok & (token >= start)
+    return (_load_row(t_row, token, ok, 1.0, False, float("-inf")), _load_row(c_row, token, c_ok, 1.0, False, 0.0))
 
 
 @triton.jit
@@ -675,15 +673,14 @@ def _emit_scan(t_row, c_row, prefix, start, end, tiles, ttemp, temp, w, t_max, t
         nx, nc = _emit_load(t_row, c_row, first, start, end, residual_mode, REVERSE)
     for t in tl.range(0, tiles, num_stages=PIPE):
         token = first + t * step
+        x = None  # (None: _emit_keys loads the tile itself)
+        c = None
         if DBUF:
             x = nx
             c = nc
             nx, nc = _emit_load(t_row, c_row, token + step, start, end, residual_mode, REVERSE)  # (outside: nothing)
-            key, pos = _emit_keys(t_row, c_row, prefix, token, token < end, ttemp, temp, w, t_max, t_inv, q_cmax,
-                                  q_scale, q_inv, q_arg, residual_mode, RAW, EXACT, HARDWARE, x, c)
-        else:
-            key, pos = _emit_keys(t_row, c_row, prefix, token, token < end, ttemp, temp, w, t_max, t_inv, q_cmax,
-                                  q_scale, q_inv, q_arg, residual_mode, RAW, EXACT, HARDWARE)
+        key, pos = _emit_keys(t_row, c_row, prefix, token, token < end, ttemp, temp, w, t_max, t_inv, q_cmax,
+                              q_scale, q_inv, q_arg, residual_mode, RAW, EXACT, HARDWARE, x, c)
         positive = positive | pos.to(tl.int32)
         if EXACT:
             if REVERSE:  # (a NaN of a smaller token replaces any best; an equal key too)
@@ -1418,10 +1415,8 @@ class StreamVerifier:
         self.div_unroll = int(div_unroll) if div_unroll is not None else DIV_UNROLL
         # Fused interior loop double-buffered in registers (the next group's loads in flight during a reduction).
         self.dbuf = bool(dbuf) if dbuf is not None else False
-        # (neither dbuf nor max_registers given: standard-method launches double-buffered at DBUF_REGISTERS; dbuf on
-        # without max_registers: at DBUF_REGISTERS too, where its buffers do not spill)
-        self._dbuf_standard = DBUF_STANDARD and dbuf is None and not max_registers
-        self._registers_given = bool(max_registers)
+        # (what each launch uses follows from these arguments: buffering)
+        self._dbuf_given, self._registers_given = dbuf is not None, bool(max_registers)
         # Standard method: the program order without the lag's padding (no program launched only to exit).
         self.compact = bool(compact) if compact is not None else COMPACT_ORDER
         # The last stream item of a request prefetches its emitted row into L2 (1; 2: evict_last), GPU only.
@@ -1470,11 +1465,11 @@ class StreamVerifier:
         """``(dbuf, max_registers)`` of this verifier's ``method`` launches, what its launches use (``self.dbuf`` /
         ``self.max_registers`` are the arguments): by default on for the standard method's GPU launches at
         :data:`DBUF_REGISTERS`; ``dbuf`` given without ``max_registers``: at :data:`DBUF_REGISTERS`."""
-        if self._dbuf_standard and self.cuda and method == "standard":
-            return True, DBUF_REGISTERS
-        if self.dbuf and not self._registers_given:
-            return True, DBUF_REGISTERS
-        return self.dbuf, self.max_registers
+        dbuf = self.dbuf if self._dbuf_given else (
+            DBUF_STANDARD and self.cuda and method == "standard" and not self._registers_given)
+        if self._registers_given:
+            return dbuf, self.max_registers
+        return dbuf, DBUF_REGISTERS if dbuf else MAX_REGISTERS
 
     def layout(self, batch: int, method: str = "standard", rows: int | None = None) -> Layout:
         """The :class:`Layout` of a launch streaming ``rows`` rows per request (default ``K + 1``: all)."""
