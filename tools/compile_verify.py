@@ -6,7 +6,7 @@ standard and raw modes of both methods. Run it with the GPU machine's Triton bef
 
 Usage: ``PYTHONPATH=src:tools /work/venv-t36/bin/python tools/compile_verify.py [option=value ...]``
 (options are :class:`StreamVerifier` keyword arguments, integers, e.g. ``unroll=4 max_registers=72``;
-``trace=1`` compiles the launch-trace variant).
+``trace=1`` compiles the launch-trace variant; ``batch=16`` the launches of 16 requests instead of 253).
 """
 
 import sys
@@ -28,7 +28,7 @@ def main(argv):
         key, _, value = item.partition("=")
         options[key] = int(value)
     traced = bool(options.pop("trace", 0))  # trace=1: the launch-trace variant (run(trace=))
-    vocab, k, rows = 129_280, 5, 253
+    vocab, k, rows = 129_280, 5, options.pop("batch", 253)
     meta = torch.device("meta")
     verifier = StreamVerifier(rows, k, vocab, meta, **options)
     target = torch.empty(rows, k + 1, vocab, device=meta)
@@ -42,7 +42,8 @@ def main(argv):
         for raw in (False, True):
             label = f"{method} raw={raw} {options}"
             try:
-                trace = torch.empty(verifier.programs(rows, method), 4, dtype=torch.int64, device=meta) if traced else None
+                trace = (torch.empty(verifier.programs(rows, method, raw=raw), 4, dtype=torch.int64, device=meta)
+                         if traced else None)
                 verifier.run(*args, method=method, target_temperature=args[6] if raw else None, trace=trace)
                 for (name, warps), (regs, spills, shared) in sorted(compile_check._COMPILED.items()):
                     print(f"ok   {label}: {name} warps={warps} registers {regs} spill bytes {spills} shared {shared}")

@@ -182,7 +182,7 @@ def main(argv):
             name, opts = options(spec)
             opts.setdefault("phases", ())
             verifier = StreamVerifier(rows, K, vocab, dev, **opts)
-            trace = torch.zeros(verifier.programs(rows), 4, dtype=torch.int64, device=dev)
+            trace = torch.zeros(verifier.programs(rows, raw=name == "raw"), 4, dtype=torch.int64, device=dev)
             call_args = ((raw_target[:rows],) + args[1:]) if name == "raw" else args
             extra = {"target_temperature": args[6]} if name == "raw" else {}
             for _ in range(2):  # compile, then the traced launch after an L2 flush

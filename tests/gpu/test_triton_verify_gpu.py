@@ -323,14 +323,23 @@ OPTION_VARIANTS = {"compact": dict(compact=1), "padded": dict(compact=0), "div_u
                    # the single-buffered stream loops at 80 registers (the standard method's default until stop 33,
                    # now double-buffered at 128), and the double buffers in groups of 2 tiles at 80 (passed on an H100)
                    "dbuf_0": dict(dbuf=0), "dbuf_unroll_2": dict(dbuf=1, unroll=2, max_registers=80),
-                   # the emit scan double-buffered, reversed, both (stop 33, not yet run on a GPU)
+                   # the emit scan double-buffered, reversed, both (stop 33; passed on an H100 in stop 34; both the
+                   # standard method's default since), and neither (the standard method's old emit scan)
                    "emit_dbuf": dict(emit_dbuf=1), "emit_reverse": dict(emit_reverse=1),
-                   "emit_dbuf_reverse": dict(emit_dbuf=1, emit_reverse=1)}
+                   "emit_dbuf_reverse": dict(emit_dbuf=1, emit_reverse=1), "emit_off": dict(emit_dbuf=0, emit_reverse=0),
+                   # the double-buffered loops on pre-divided logits above 16 requests (off there by default)
+                   "dbuf_1": dict(dbuf=1),
+                   # rows end to end in items crossing row ends (stop 34, passed on the H200): the default layout
+                   # (16 requests: 16 items of 24 tiles; 253: 6 of 64, one row each), 40-tile items (every row's
+                   # partials from two or three items), and with the emit scan's options
+                   "span": dict(span=1), "span_t1_40": dict(span=1, t1=40),
+                   "span_emit": dict(span=1, emit_dbuf=1, emit_reverse=1)}
 
 
 def _poison(verifier, variant):
-    """Claimed chunks: NaN partials before a run, so a chunk that no program streamed cannot pass on stale values."""
-    if "claim" in variant:
+    """Claimed chunks and spanned items: NaN partials before a run, so a chunk that no program streamed (or a
+    partial of another row) cannot pass on stale values."""
+    if "claim" in variant or "span" in variant:
         verifier.pa.fill_(float("nan"))
         verifier.pb.fill_(float("nan"))
 

@@ -115,6 +115,64 @@ def test_layouts_and_explicit_greedy_flags():
     _assert_reference(small, "standard", (tokens, count))
 
 
+def test_spanned_items_equal_reference():
+    """``span``: a request's rows end to end, cut into items of ``t1`` tiles that end one row and start the next
+    (700 values: 6 tiles of 128 per row, the last one ragged; K = 3: 24 tiles per request). Items of 5 and 7 tiles
+    cross rows at every boundary but one, 6 end at row ends, 4 is the fewest a row's partials hold (t1 = 2 is raised
+    to it); greedy flags, a padding request, rows past a request's drafts, the raw mode and the double-buffered loops
+    (64-value tiles, 11 per row) too; tokens as the reference."""
+    args = _case(11, batch=8)
+    flags = torch.zeros(8, dtype=torch.bool)
+    flags[3] = True
+    temperature, idx = args[6], args[4]
+    raw = args[0] * torch.where(temperature == 0, 1.0, temperature)[idx.clamp_min(0), None, None]
+    divided = scale_target(raw, temperature, idx)
+    plain = StreamVerifier(8, 3, VOCAB, "cpu")
+    _run(plain, [divided] + args[1:], "standard", flags)
+    for options in (dict(t1=5), dict(t1=7, lag=2), dict(t1=6, t2=1), dict(t1=2),
+                    dict(t1=9, block=64, unroll=2, dbuf=1, emit_dbuf=1)):
+        verifier = StreamVerifier(8, 3, VOCAB, "cpu", span=1, **options)
+        verifier.pa.fill_(3e38)  # a partial that no item of this call wrote must not be read
+        verifier.pb.fill_(float("nan"))
+        verifier.pi.fill_(-7)
+        lay = verifier.layout(8)
+        assert lay.span and lay.s1 == lay.c1 == triton.cdiv(4 * triton.cdiv(VOCAB, verifier.block), lay.t1)
+        assert lay.t1 == max(options["t1"], 4)
+        out = _run(verifier, [divided] + args[1:], "standard", flags)
+        _assert_reference([divided] + args[1:], "standard", out, flags)
+        # every row's statistics from all of its pieces and no other row's (the fields a request uses: a greedy
+        # target's argmax only, a T = 0 draft's cache argmax): maxima and argmaxes exact, sums to rounding
+        for b in range(8):
+            n, slot = int(args[3][b]), int(idx[b])
+            if slot < 0:
+                continue
+            fields = [(0, True), (5, True)] if flags[b] else [(0, True), (5, True), (1, False), (2, True), (6, True)]
+            if not flags[b] and float(temperature[slot]) != 0.0:
+                fields.append((3, False))
+            for field, exact in fields:
+                used = n + 1 if field in (0, 1, 5) else n  # target rows 0..n, cache rows 0..n-1
+                got, want = verifier.rows[b, field, :used], plain.rows[b, field, :used]
+                if exact:
+                    assert torch.equal(got, want), (options, b, field)
+                else:
+                    torch.testing.assert_close(got, want, rtol=1e-5, atol=0)
+        assert torch.equal(out[0], _run(verifier, [raw] + args[1:], "standard", flags, target_temperature=temperature)[0])
+        block = _run(verifier, [divided] + args[1:], "block", flags)  # (the block method keeps whole-row chunks)
+        _assert_reference([divided] + args[1:], "block", block, flags)
+    assert not StreamVerifier(8, 3, VOCAB, "cpu", span=1, claim=2).layout(8).span
+
+
+def test_span_layout_fills_one_wave_at_gpu_shapes():
+    """The default span layout at V = 129,280 (64 tiles of 2,048 per row, 6 rows) on 132 SMs of two programs: one
+    wave of items up to 44 requests, the fewest waves giving each request >= 6 items above, never more than 64 items
+    per request (the partials' room)."""
+    for batch, t1, s1 in ((16, 24, 16), (4, 6, 64), (32, 48, 8), (64, 48, 8), (253, 64, 6), (1, 6, 64)):
+        lay = triton_verify_stream.Layout(batch, 5, 129280, 2048, True, 132, resident_per_sm=2, span=True)
+        assert (lay.t1, lay.s1, lay.c1) == (t1, s1, s1), (batch, lay.t1, lay.s1)
+        assert lay.lag == max(1, 264 // s1)
+    assert not triton_verify_stream.Layout(16, 5, 129280, 2048, True, 132, span=True, rows=1).span  # a phased launch
+
+
 def test_double_buffered_loops_give_the_same_partials():
     """``dbuf`` / ``emit_dbuf`` / ``emit_reverse``: every stream item's partial statistics (pairs, bonus rows,
     greedy argmaxes; pre-divided and raw logits; groups of 2 and 4 tiles) and every emit item's (key, token,

@@ -12,6 +12,9 @@
 #   bash tools/gpu_plans/issue18_verify.sh claim         # budget ~480 s: claimed chunks (stop 32; ran in stop 33 on an H100: exact, slower)
 #   bash tools/gpu_plans/issue18_verify.sh emit_dbuf     # budget ~470 s: the double-buffered / reversed emit scans (stop 33, never run): GPU tests, sweep, trace
 #   bash tools/gpu_plans/issue18_verify.sh layout_dbuf   # budget ~150 s: stream / emit chunk sizes again under the double-buffered default
+#   bash tools/gpu_plans/issue18_verify.sh stop34        # budget ~470 s: the bench cases with stop 34's defaults, then the GPU tests of those defaults
+#   bash tools/gpu_plans/issue18_verify.sh defaults      # budget ~150 s: the double-buffered default against the single-buffered one and the emit options, same call
+#   bash tools/gpu_plans/issue18_verify.sh span          # budget ~420 s: rows end to end in items crossing row ends (stop 34, never run): GPU tests, sweep, trace
 # Results go to $JOB_OUT (default ./gpu_plan_out). StreamVerifier compiles ~5-7 s per constexpr variant; a Triton
 # cache carried from an earlier job of the same source skips that (tools/gpu_queue.sh). Nothing of early stop
 # (StreamVerifier early_stop / stop_check / early_ready, opt-in, off by default) has run on a GPU, and it is NOT on
@@ -174,6 +177,41 @@ layout_dbuf)
   #    shorter waves) and the emit chunk sizes beside the default; every variant's tokens checked by the sweep.
   timeout -k 2 130 python3 tools/sweep_verify.py 16 64 253 --rounds 3 \
     --variants "stream,stream:t1=8,stream:t1=12,stream:t2=2,stream:t2=8,stream:t1=12+t2=2" 2>&1 | tee "$OUT/sweep_layout_dbuf.txt"
+  ;;
+stop34)
+  # 16. (~450 s) Stop 34's defaults (emit_dbuf + emit_reverse for the standard method; double-buffered stream loops
+  #    for raw logits and for pre-divided ones up to 16 requests): the bench cases for the committed files and the
+  #    README table, then the GPU tests of the default paths, then the variants that keep the other paths covered.
+  timeout -k 2 60 python3 tools/bench_verify_kernels.py "$OUT/bench_default" verify_standard,verify_raw,verify_block,verify_block_raw \
+    --rows 1,16,64,253 --temperatures 1,mixed --rounds 3 --replays 10 2>&1 | grep "^|" | tee "$OUT/bench_default.txt"
+  timeout -k 2 240 python3 -m pytest -m gpu -v -p no:cacheprovider $T -k "not options" 2>&1 \
+    | tee "$OUT/tests_defaults.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -40
+  timeout -k 2 130 python3 -m pytest -m gpu -v -p no:cacheprovider $T -k "emit_off or dbuf_1 or dbuf_0" 2>&1 \
+    | tee "$OUT/tests_variants.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -8
+  ;;
+defaults)
+  # 15. (~120 s) Stop 34's span run on the H200 measured the double-buffered default (stop 33, chosen on an H100) at
+  #    45.9 / 111.9 / 338.9 us for 16 / 64 / 253 requests, where stop 31's single-buffered default had 47.7 / 109.8 /
+  #    323.1 in its own session: the two (dbuf=0: single-buffered at 80 registers, three programs per SM) side by side,
+  #    each with and without the emit scan's options, pre-divided, raw and block; tokens checked against the default.
+  timeout -k 2 140 python3 tools/sweep_verify.py 1 16 32 64 128 253 --rounds 3 --variants "stream,stream:dbuf=0,\
+stream:emit_dbuf=1+emit_reverse=1,stream:dbuf=0+emit_dbuf=1+emit_reverse=1,stream:dbuf=0+emit_reverse=1,raw,raw:dbuf=0,\
+raw:emit_dbuf=1+emit_reverse=1,raw:dbuf=0+emit_dbuf=1+emit_reverse=1,block,block:emit_reverse=1" 2>&1 \
+    | tee "$OUT/sweep_defaults.txt"
+  ;;
+span)
+  # 14. (~400 s) Stop 34: span=1 lays a request's rows end to end and cuts them into items that may cross a row's end,
+  #    so the stream items fill one wave of resident programs (16 requests: 16 items of 24 tiles on 264 slots instead
+  #    of 384 items of 16 tiles in two waves, where the H100 trace showed the second wave ending ~39 us in, the
+  #    requests ready at 32 / 39 us median / max). First the GPU tests (16 and 253 requests; NaN partials before each
+  #    run so a partial that no item wrote cannot pass), then the times beside the default (tokens checked), then
+  #    the trace at 16 (stream ends, ready times) and 64.
+  timeout -k 2 200 python3 -m pytest -m gpu -v -p no:cacheprovider $T -k "span" 2>&1 \
+    | tee "$OUT/tests_span.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -8
+  timeout -k 2 150 python3 tools/sweep_verify.py 4 16 32 64 253 --rounds 3 --variants "stream,stream:span=1,\
+stream:span=1+emit_dbuf=1+emit_reverse=1,stream:emit_dbuf=1+emit_reverse=1,raw,raw:span=1,\
+raw:span=1+emit_dbuf=1+emit_reverse=1" 2>&1 | tee "$OUT/sweep_span.txt"
+  timeout -k 2 50 python3 tools/trace_verify.py 16 64 --variants "stream,stream:span=1" 2>&1 | tee "$OUT/trace_span.txt"
   ;;
 dbuf)
   # 11. (~130 s) Stop 32's trace (H100, 16 requests): the stream items of equal size end between 17.6 and 41.3 us and

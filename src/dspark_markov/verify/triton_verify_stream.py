@@ -122,29 +122,44 @@ DIV_UNROLL = 0  # raw logits: tiles at once where values are divided (0: the who
 # PHASES_FROM: the batch from which phases=None takes PHASES (None: never); PHASES: the row boundaries.
 PHASES = (1,)
 PHASES_FROM = None
-# Double-buffered stream loops (StreamVerifier's dbuf) at DBUF_REGISTERS registers for every standard-method launch
-# (pre-divided and raw logits) of a GPU verifier given neither dbuf nor max_registers: the next group of tiles is in
-# flight while one is reduced (pairs, bonus rows, greedy argmaxes), two 8-warp programs per SM instead of three (at
-# 80 registers the double buffers spill). H100 (2026-12-05, two runs; no H200 was lent): pre-divided 55.9 -> 53.3 us
-# at 16 requests, 132.0 -> 132.7 at 64, 425.1 -> 424.9 at 253; raw 61.7 -> 57.0, 147.1 -> 144.7, 467.6 -> 446.7.
-# The block method keeps the single-buffered loops at MAX_REGISTERS (not measured with dbuf).
+# Double-buffered stream loops (StreamVerifier's dbuf) at DBUF_REGISTERS registers for the standard-method launches
+# of a GPU verifier given neither dbuf nor max_registers: raw logits at every batch, pre-divided logits up to
+# DBUF_PREDIVIDED_TO requests (above: the single-buffered loops at MAX_REGISTERS, three programs per SM). The next
+# group of tiles is in flight while one is reduced (pairs, bonus rows, greedy argmaxes), two 8-warp programs per SM
+# instead of three (at 80 registers the double buffers spill). H200, one call (2026-12-05, stop 34,
+# benchmarks/results/NVIDIA-H200_2026-12-05_verify_defaults_stop34.txt; mixed T, with the emit options below), us at
+# 1 / 16 / 32 / 64 / 128 / 253 requests, double- against single-buffered: pre-divided 12.7 / 46.0 / 71.1 / 111.6 /
+# 189.9 / 328.5 against 12.7 / 46.8 / 71.1 / 108.7 / 183.2 / 321.2; raw 12.6 / 50.6 / 80.0 / 123.9 / 212.7 / 361.4
+# against 12.8 / 55.3 / 83.8 / 125.1 / 212.6 / 366.8. (On an H100 the double buffers were no slower at 64 / 253
+# pre-divided, stop 33: three programs of the single-buffered loops keep more bytes in flight than two, which the
+# H200's bandwidth needs.) The block method keeps the single-buffered loops at MAX_REGISTERS.
 DBUF_STANDARD = True
 DBUF_REGISTERS = 128
+DBUF_PREDIVIDED_TO = 16
 # Emit scans double-buffered (StreamVerifier's emit_dbuf): the next emit tile's target and cache values loaded before
-# the current tile's keys are computed (the trace: ~2 us per 1,024-value tile with one tile in flight). Written in stop
-# 33 without a GPU: off until timed (plan part issue18_verify.emit_dbuf).
-EMIT_DBUF = False
-# Emit scans in decreasing token order (StreamVerifier's emit_reverse): at 253 requests ~0.13 GB of the 1.13 GB read is
-# the emitted row re-read from DRAM (ncu on the H200: 13.8% L2 hits); a stream item reads its chunk front to back, so a
-# forward emit scan reaches the most recently streamed (still cached) lines last, after ~30 us of other traffic. Written
-# in stop 33 without a GPU: off until timed (plan part issue18_verify.emit_dbuf).
-EMIT_REVERSE = False
+# the current tile's keys are computed. Emit scans in decreasing token order (StreamVerifier's emit_reverse): a stream
+# item reads its chunk front to back, so a forward emit scan reaches the emitted row's most recently streamed (likelier
+# cached) lines last (at 253 requests ncu counted ~0.13 GB of the 1.13 GB read as the emitted row re-read from DRAM).
+# Both on by default for the standard method's GPU launches: H200 (stop 34, same call) 46.3 -> 46.0 us at 16 requests,
+# 112.3 -> 111.6 at 64, 339.4 -> 328.5 at 253 (double-buffered loops), 109.2 -> 108.7 / 323.6 -> 321.2 (single); raw
+# 50.8 -> 50.6, 127.0 -> 123.9, 379.8 -> 361.4. Off for the block method (emit_reverse: 140.6 -> 143.0 at 64,
+# 444.0 -> 454.0 at 253; emit_dbuf slower there on an H100).
+EMIT_DBUF = True
+EMIT_REVERSE = True
 # Claimed chunks (StreamVerifier's claim, standard method): 0 = off (every stream item has its fixed chunk); written in
 # stop 32 for the 16-request tail (trace: equal stream items ending 17.6-41.3 us on an H100). H100 (2026-12-05,
 # benchmarks/results/NVIDIA-H100-80GB-HBM3_2026-12-05_verify_dbuf_stop33.txt): exact, and slower at every batch and G
 # (claim=2: 16.8 / 59.8 / 139.0 / 442.9 us against 13.0 / 56.2 / 133.1 / 424.8 at 1 / 16 / 64 / 253 requests): a
 # request's ends move closer (spread 14.8 -> 7.7 us at 16) but later (each claim is an atomic round trip and a barrier).
 CLAIM = 0
+# Rows laid end to end (StreamVerifier's span): written in stop 34 for the 16-request tail (the double-buffered
+# default's 384 stream items of 16 tiles need two waves of 264 slots there; span cuts each request's 6 rows into 16
+# items of 24 tiles, one wave). H200 (stop 34, benchmarks/results/NVIDIA-H200_2026-12-05_verify_span_stop34.txt):
+# exact, slower at 4 / 16 / 32 / 64 requests (29.5 / 51.9 / 74.6 / 114.0 us against 28.1 / 45.9 / 72.3 / 111.9: the
+# one wave ends no sooner, its items stream at the same aggregate rate), 330.5 against 338.9 at 253 (one whole row
+# per item), raw slower everywhere. Off: SPAN_FROM None (never); SPAN_FROM..SPAN_TO requests otherwise.
+SPAN_FROM = None
+SPAN_TO = 32
 
 _ACCEPT_DOMAIN = tl.constexpr(keys.ACCEPT_DOMAIN)
 _RESAMPLE_DOMAIN = tl.constexpr(keys.RESAMPLE_DOMAIN)
@@ -714,17 +729,16 @@ def _emit_scan(t_row, c_row, prefix, start, end, tiles, ttemp, temp, w, t_max, t
 
 @triton.jit
 def _stream_chunk(t_base, c_base, t_row_stride, c_step_stride, drafts_ptr, d_req_stride, d_step_stride, xv_ptr,
-                  pa_ptr, pb_ptr, pi_ptr, b, j, chunk, live, n, greedy, temp, ttemp, vocab, T1,
+                  pa_ptr, pb_ptr, pi_ptr, b, j, chunk, start, end, live, n, greedy, temp, ttemp, vocab, T1,
                   K: tl.constexpr, KP1: tl.constexpr, R2: tl.constexpr, C1P: tl.constexpr, BLOCK: tl.constexpr,
                   UNROLL: tl.constexpr, UR: tl.constexpr, HARDWARE: tl.constexpr, PIPE: tl.constexpr,
                   FAST_DIVIDE: tl.constexpr, RAW: tl.constexpr, INTERIOR: tl.constexpr, DBUF: tl.constexpr,
                   FUSED: tl.constexpr, EARLY: tl.constexpr, SCAN_ARGMAX: tl.constexpr):
-    """One stream item's work: chunk ``chunk`` of target row ``j`` and cache row ``j`` of request ``b`` reduced to
-    its partial statistics (``pa`` / ``pb`` / ``pi`` at ``(b, j, chunk)`` and ``(b, K + 1 + j, chunk)``), and with
-    ``EARLY`` the logits at draft ``j`` when the chunk holds it. Nothing for a row past ``n`` or a padding request.
-    Bytes: ``T1 BLOCK`` target values (fp32) and as many cache values (bf16 / fp32), read once."""
-    start = chunk * T1 * BLOCK
-    end = tl.minimum(start + T1 * BLOCK, vocab)
+    """One stream item's work: tokens ``[start, end)`` (``T1`` tiles at most) of target row ``j`` and cache row ``j``
+    of request ``b`` reduced to its partial statistics (``pa`` / ``pb`` / ``pi`` at ``(b, j, chunk)`` and
+    ``(b, K + 1 + j, chunk)``), and with ``EARLY`` the logits at draft ``j`` when the range holds it. Nothing for a
+    row past ``n`` or a padding request. Bytes: ``end - start`` target values (fp32) and as many cache values
+    (bf16 / fp32), read once."""
     if live & (j <= n):
         part = (b * R2 + j) * C1P + chunk
         qpart = (b * R2 + K + 1 + j) * C1P + chunk
@@ -885,7 +899,7 @@ def _stream_verify_kernel(
     EARLY: tl.constexpr = False, PREFETCH: tl.constexpr = False, DIV_UNROLL: tl.constexpr = 0, DBUF: tl.constexpr = False,
     trace_ptr=None, TRACE: tl.constexpr = False, COMPACT: tl.constexpr = False, EMIT_PREFETCH: tl.constexpr = 0,
     GREEDY_DIRECT: tl.constexpr = False, ROW_LO: tl.constexpr = 0, ROW_HI: tl.constexpr = 0,
-    CLAIM: tl.constexpr = 0,
+    CLAIM: tl.constexpr = 0, SPAN: tl.constexpr = False,
 ):
     STAGES: tl.constexpr = 3 if BLOCK_METHOD else 2
     MASS_ROWS: tl.constexpr = K - 1 if (BLOCK_METHOD and K >= 2) else 0
@@ -898,8 +912,15 @@ def _stream_verify_kernel(
     # CLAIM > 0 (standard method): a request's chunks are claimed one at a time by its cdiv(ROWS * C1, CLAIM) stream
     # programs from a counter (counters word 1, the block method's mass arrivals), so they end together
     CLAIMED: tl.constexpr = (CLAIM > 0) and not BLOCK_METHOD
+    # SPAN (standard method, one launch): a request's rows laid end to end, TPR tiles each (the last one ragged),
+    # cut into C1 items of T1 consecutive tiles, so an item may end a row and start the next; item e's partials of
+    # row j sit at chunk e, and row j's are those of items (j TPR) // T1 .. ((j + 1) TPR - 1) // T1
+    SPANNED: tl.constexpr = SPAN and not CLAIMED and not BLOCK_METHOD and not PHASED
+    TPR = tl.cdiv(vocab, BLOCK)
     if CLAIMED:
         S1 = tl.cdiv(ROWS * C1, CLAIM)  # stream programs per request
+    elif SPANNED:
+        S1 = C1
     else:
         S1 = ROWS * C1
     # tiles loaded at once where target values are divided (RAW, T not 0 or 1): DIV_UNROLL when given
@@ -918,8 +939,14 @@ def _stream_verify_kernel(
         t_waited = t_start
     if PREFETCH and not CLAIMED:  # the first tiles of a stream item's target row, before its request's loads come back
         if valid & (stage == 0):
-            sector = chunk * T1 * BLOCK + tl.arange(0, UNROLL * BLOCK // 8) * 8  # one address per 32 bytes
-            _prefetch_l2(target_ptr + b * t_req_stride + j * t_row_stride + tl.minimum(sector, vocab - 1), HARDWARE)
+            if SPANNED:  # the item's first row and tile
+                pf_row = (chunk * T1) // TPR
+                sector = (chunk * T1 - pf_row * TPR) * BLOCK + tl.arange(0, UNROLL * BLOCK // 8) * 8
+            else:
+                pf_row = j
+                sector = chunk * T1 * BLOCK + tl.arange(0, UNROLL * BLOCK // 8) * 8  # one address per 32 bytes
+            _prefetch_l2(target_ptr + b * t_req_stride + pf_row * t_row_stride + tl.minimum(sector, vocab - 1),
+                         HARDWARE)
     live, slot, temp, seed, n, position, greedy, ttemp = _request(
         idx_ptr, nd_ptr, pos_ptr, temp_ptr, seeds_ptr, greedy_ptr, tt_ptr, b, num_slots, K, HAS_GREEDY, RAW)
     t_base = target_ptr + b * t_req_stride
@@ -941,22 +968,45 @@ def _stream_verify_kernel(
             if total > 0:
                 c = tl.atomic_add(claim, 1, sem="relaxed")  # (one thread's atomic, then a barrier: not overlapped)
                 while c < total:
+                    c_start = (c % C1) * T1 * BLOCK
                     _stream_chunk(t_base, c_base, t_row_stride, c_step_stride, drafts_ptr, d_req_stride, d_step_stride,
-                                  xv_ptr, pa_ptr, pb_ptr, pi_ptr, b, ROW_LO + c // C1, c % C1, live, n, greedy, temp,
-                                  ttemp, vocab, T1, K, KP1, R2, C1P, BLOCK, UNROLL, UR, HARDWARE, PIPE, FAST_DIVIDE,
+                                  xv_ptr, pa_ptr, pb_ptr, pi_ptr, b, ROW_LO + c // C1, c % C1, c_start,
+                                  tl.minimum(c_start + T1 * BLOCK, vocab), live, n, greedy, temp, ttemp, vocab, T1, K, KP1, R2, C1P, BLOCK, UNROLL, UR, HARDWARE, PIPE, FAST_DIVIDE,
                                   RAW, INTERIOR, DBUF, FUSED, EARLY, SCAN_ARGMAX)
                     c = tl.atomic_add(claim, 1, sem="relaxed")  # after the chunk: programs end <= one chunk apart
+        elif SPANNED:  # tiles [chunk T1, chunk T1 + T1) of the request's rows laid end to end: one or two pieces
+            g0 = chunk * T1
+            g1 = tl.minimum(g0 + T1, ROWS * TPR)
+            j0 = g0 // TPR
+            for piece in tl.range(0, 2):
+                row = j0 + piece
+                lo = tl.maximum(g0 - row * TPR, 0)
+                hi = tl.minimum(g1 - row * TPR, TPR)
+                if (hi > lo) & (row < ROWS):
+                    _stream_chunk(t_base, c_base, t_row_stride, c_step_stride, drafts_ptr, d_req_stride,
+                                  d_step_stride, xv_ptr, pa_ptr, pb_ptr, pi_ptr, b, row, chunk, lo * BLOCK,
+                                  tl.minimum(hi * BLOCK, vocab), live, n, greedy, temp, ttemp, vocab, hi - lo, K,
+                                  KP1, R2, C1P, BLOCK, UNROLL, UR, HARDWARE, PIPE, FAST_DIVIDE, RAW, INTERIOR, DBUF,
+                                  FUSED, EARLY, SCAN_ARGMAX)
         else:
+            c_start = chunk * T1 * BLOCK
             _stream_chunk(t_base, c_base, t_row_stride, c_step_stride, drafts_ptr, d_req_stride, d_step_stride,
-                          xv_ptr, pa_ptr, pb_ptr, pi_ptr, b, j, chunk, live, n, greedy, temp, ttemp, vocab, T1, K,
-                          KP1, R2, C1P, BLOCK, UNROLL, UR, HARDWARE, PIPE, FAST_DIVIDE, RAW, INTERIOR, DBUF, FUSED,
-                          EARLY, SCAN_ARGMAX)
+                          xv_ptr, pa_ptr, pb_ptr, pi_ptr, b, j, chunk, c_start, tl.minimum(c_start + T1 * BLOCK, vocab),
+                          live, n, greedy, temp, ttemp, vocab, T1, K, KP1, R2, C1P, BLOCK, UNROLL, UR, HARDWARE, PIPE,
+                          FAST_DIVIDE, RAW, INTERIOR, DBUF, FUSED, EARLY, SCAN_ARGMAX)
         if _arrive(counters + 0, S1):
             # Last stream item of request b: row statistics, acceptance, weights.
             cc = tl.arange(0, C1P)
             last_row = tl.where(live, n, -1)  # (the interpreter widens vector & scalar-bool to int32)
-            t_ok = (jj <= last_row)[:, None] & (cc < C1)[None, :]
-            q_ok = (jj < n)[:, None] & (cc < C1)[None, :]  # n = 0 for padding
+            if SPANNED:  # row j's partials: chunks (j TPR) // T1 .. ((j + 1) TPR - 1) // T1
+                first_c = (jj * TPR) // T1
+                c_in = ((cc[None, :] >= first_c[:, None]) & (cc[None, :] <= ((jj + 1) * TPR - 1)[:, None] // T1)
+                        & (cc < C1)[None, :])
+                t_ok = (jj <= last_row)[:, None] & c_in
+                q_ok = (jj < n)[:, None] & c_in
+            else:
+                t_ok = (jj <= last_row)[:, None] & (cc < C1)[None, :]
+                q_ok = (jj < n)[:, None] & (cc < C1)[None, :]  # n = 0 for padding
             if PHASED:  # this launch's rows only (earlier ones were accepted before, later ones are not read yet)
                 in_phase = (jj >= ROW_LO) & (jj < HI)
                 t_ok = t_ok & in_phase[:, None]
@@ -971,12 +1021,20 @@ def _stream_verify_kernel(
             qi = tl.load(pi_ptr + q_off, mask=q_ok, other=0, volatile=True)
             t_max = tl.max(tm, axis=1)
             t_sum = tl.sum(ts * tl.exp2((tm - t_max[:, None]) * _LOG2E), axis=1)
-            _, t_arg = block_argmax(tl.where(t_ok, tm, float("-inf")), ti, t_ok | (cc == 0)[None, :], 1)
+            if SPANNED:  # (a row's first partial always counts: an all -inf row's first token)
+                t_valid = t_ok | (cc[None, :] == first_c[:, None])
+            else:
+                t_valid = t_ok | (cc == 0)[None, :]
+            _, t_arg = block_argmax(tl.where(t_ok, tm, float("-inf")), ti, t_valid, 1)
             q_cmax = tl.max(qm, axis=1)  # max of the raw cache values (T > 0 rows)
             q_scale = tl.math.div_rn(_LOG2E, tl.where(temp == 0.0, 1.0, temp))
             q_sum = tl.sum(qs * tl.exp2((qm - q_cmax[:, None]) * q_scale), axis=1)
             q_max = _scaled(q_cmax, temp)  # max(c) / T = max(c / T): division is monotone
-            _, q_arg = block_argmax(tl.where(q_ok, qm, float("-inf")), qi, q_ok | (cc == 0)[None, :], 1)
+            if SPANNED:
+                q_valid = q_ok | (cc[None, :] == first_c[:, None])
+            else:
+                q_valid = q_ok | (cc == 0)[None, :]
+            _, q_arg = block_argmax(tl.where(q_ok, qm, float("-inf")), qi, q_valid, 1)
             t_arg = tl.minimum(tl.maximum(t_arg, 0), vocab - 1)
             q_arg = tl.minimum(tl.maximum(q_arg, 0), vocab - 1)
             # p_j(x_j), q_j(x_j), ratio and uniform of each draft j < n.
@@ -1218,7 +1276,7 @@ class Layout:
 
     def __init__(self, batch: int, k: int, vocab: int, block: int, cuda: bool, sms: int, *, t1=None, t2=None,
                  lag=None, unroll=None, emit_block=None, resident_per_sm=RESIDENT_PER_SM, method="standard", rows=None,
-                 claim=0):
+                 claim=0, span=False):
         rows = k + 1 if rows is None else int(rows)  # rows streamed per request (a phased launch: fewer)
         tiles = triton.cdiv(vocab, block)
         self.emit_block = int(emit_block or block)
@@ -1256,6 +1314,21 @@ class Layout:
         self.c2 = triton.cdiv(emit_tiles, self.t2)
         # stream programs per request (the kernel's S1)
         self.s1 = triton.cdiv(rows * self.c1, self.claim) if self.claim else rows * self.c1
+        # span (standard method, one launch over every row): the request's rows end to end, cut into items of t1
+        # tiles that may cross a row's end. Default t1: about one wave of resident items over the batch (the fewest
+        # waves that give each request at least `rows` items), at most `tiles` items per request (the partials'
+        # room per row)
+        self.span = bool(span) and method == "standard" and not self.claim and rows == k + 1
+        if self.span:
+            total = rows * tiles
+            if t1:
+                per_item = int(t1)
+            else:
+                waves = triton.cdiv(batch * rows, resident)
+                per_item = triton.cdiv(total, min(tiles, max(rows, waves * resident // batch)))
+            self.t1 = max(per_item, triton.cdiv(total, tiles))
+            self.c1 = triton.cdiv(total, self.t1)
+            self.s1 = self.c1
         if lag is None:
             lag = max(1, resident // self.s1) if cuda else 1
         self.lag = int(lag)
@@ -1313,10 +1386,10 @@ class StreamVerifier:
     hits).
     dbuf : the stream loops double-buffered in registers (the fused loop's interior groups, a bonus row's,
         a greedy row's argmax; raw logits with ``fast_divide=0``: the greedy argmax only; bit-identical). Default
-        (with ``max_registers`` not given either): on for the standard method's GPU launches at
-        :data:`DBUF_REGISTERS` registers (:data:`DBUF_STANDARD`), off for the block method and on the CPU;
-        ``dbuf=1`` without ``max_registers``: at :data:`DBUF_REGISTERS` (:meth:`buffering` says what a launch
-        uses).
+        (with ``max_registers`` not given either): on for the standard method's GPU launches of raw logits and of
+        pre-divided ones up to :data:`DBUF_PREDIVIDED_TO` requests, at :data:`DBUF_REGISTERS` registers
+        (:data:`DBUF_STANDARD`), off for the block method and on the CPU; ``dbuf=1`` without ``max_registers``: at
+        :data:`DBUF_REGISTERS` (:meth:`buffering` says what a launch uses).
     compact : standard method: the program order without the lag's padding (default
         :data:`COMPACT_ORDER` = off). H200 (verify3 u3): slower than the padded order at every batch
         (19.3 / 57.3 / 114.6 / 344.6 us against 18.4 / 54.5 / 111.9 / 339.3, mixed T).
@@ -1349,9 +1422,16 @@ class StreamVerifier:
     stages, emit_stages : Triton pipelining of the streamed / emitted tiles (default 1 = none:
         measured slower on the H200).
     emit_dbuf : the emit scan double-buffered in registers (tile ``t + 1`` loaded before tile ``t``'s
-        keys; the same keys; default :data:`EMIT_DBUF`, off: not yet timed).
-    emit_reverse : the emit scan in decreasing token order (the same result; default :data:`EMIT_REVERSE`,
-        off: not yet timed).
+        keys; the same keys). Default :data:`EMIT_DBUF`: on for the standard method's GPU launches, off for the
+        block method and on the CPU (:meth:`emit_options`).
+    emit_reverse : the emit scan in decreasing token order (the same result). Default :data:`EMIT_REVERSE`, as
+        ``emit_dbuf``.
+    span : standard method, one launch: the request's rows laid end to end and cut into stream items of ``t1``
+        tiles that may end one row and start the next (default ``t1``: about one wave of resident items, see
+        :class:`Layout`); row ``j``'s statistics combine the partials of the items that cover it. The tokens are the
+        reference's as with any layout. Default: off (:data:`SPAN_FROM`); on the H200 slower at 4-64 requests
+        (16: 51.9 against 45.9 us: one wave of 24-tile items ends no sooner than two waves of 16-tile items, the
+        stream phase being bound by the memory system) and 2.5% faster at 253, where its items are whole rows.
 
     Measured on the H200 (issue 18, ``verify2`` rounds 1-2): the fused loop, 80 registers and
     1024-value emit tiles gave 352 / 342 us at 253 requests (T = 1 / mixed) against 457 / 404 for
@@ -1367,7 +1447,7 @@ class StreamVerifier:
                  noise_filter=1, stages=None, emit_stages=None, fused=None, emit_block=None, fast_divide=None,
                  max_registers=None, interior=None, scan_argmax=None, early=None, prefetch=None, div_unroll=None,
                  dbuf=None, compact=None, emit_prefetch=None, greedy_direct=None, phases=None, claim=None,
-                 emit_dbuf=None, emit_reverse=None):
+                 emit_dbuf=None, emit_reverse=None, span=None):
         if int(max_batch) < 1:
             raise ValueError(f"max_batch: expected >= 1, got {max_batch}")
         if int(num_drafts) < 0:
@@ -1393,10 +1473,10 @@ class StreamVerifier:
         # ``stages - 1`` tiles ahead); 1 = none. The interpreter ignores it.
         self.stages = int(stages) if stages else 1
         self.emit_stages = int(emit_stages) if emit_stages else 1
-        # Emit scans with the next tile's loads in flight during a tile's key arithmetic (EMIT_DBUF).
-        self.emit_dbuf = bool(emit_dbuf) if emit_dbuf is not None else EMIT_DBUF
-        # Emit scans in decreasing token order (EMIT_REVERSE): the emitted row's most recently streamed lines first.
-        self.emit_reverse = bool(emit_reverse) if emit_reverse is not None else EMIT_REVERSE
+        # Emit scans with the next tile's loads in flight during a tile's key arithmetic (EMIT_DBUF), in decreasing
+        # token order (EMIT_REVERSE): None = the default of the launch's method (:meth:`emit_options`).
+        self.emit_dbuf = None if emit_dbuf is None else bool(emit_dbuf)
+        self.emit_reverse = None if emit_reverse is None else bool(emit_reverse)
         # Target row j and cache row j streamed in one loop (one round trip per tile, not two loops).
         self.fused = True if fused is None else bool(fused)
         # Raw logits (fused loop): the target values divided without a divide per element (_divide).
@@ -1427,6 +1507,8 @@ class StreamVerifier:
         self.phases = None if phases is None else _phase_bounds(phases)
         # Standard method: a request's chunks claimed from a counter by fewer programs (they end together).
         self.claim = CLAIM if claim is None else _option("claim", claim, (0, 1, 2, 3, 4, 6, 8))
+        # Standard method, one launch: the request's rows end to end in items that may cross a row's end.
+        self.span = None if span is None else bool(span)
         self._emit_scan = bool(emit)  # emit=0: a profiling aid (the emit items skip their scan: wrong tokens)
         self.warps = int(warps) if warps else (GPU_WARPS if self.cuda else 4)
         # At most 128 registers (two programs of 8 warps per SM): a variant that needs more spills a
@@ -1461,21 +1543,38 @@ class StreamVerifier:
         """8-warp programs per SM at ``registers`` per thread (65536 in the register file; 1 on the CPU)."""
         return max(1, 65536 // (registers * 32 * self.warps)) if self.cuda else 1
 
-    def buffering(self, method: str = "standard") -> tuple[bool, int]:
-        """``(dbuf, max_registers)`` of this verifier's ``method`` launches, what its launches use (``self.dbuf`` /
-        ``self.max_registers`` are the arguments): by default on for the standard method's GPU launches at
-        :data:`DBUF_REGISTERS`; ``dbuf`` given without ``max_registers``: at :data:`DBUF_REGISTERS`."""
+    def _span(self, batch: int) -> bool:
+        """Whether a standard one-launch call of ``batch`` requests lays its rows end to end (``span``; default
+        :data:`SPAN_FROM` / :data:`SPAN_TO`, GPU only)."""
+        if self.span is not None:
+            return self.span
+        return self.cuda and SPAN_FROM is not None and SPAN_FROM <= batch <= SPAN_TO
+
+    def buffering(self, method: str = "standard", batch: int | None = None, raw: bool = False) -> tuple[bool, int]:
+        """``(dbuf, max_registers)`` of this verifier's ``method`` launches of ``batch`` requests (raw logits or not),
+        what its launches use (``self.dbuf`` / ``self.max_registers`` are the arguments): by default on for the
+        standard method's GPU launches of raw logits, and of pre-divided ones up to :data:`DBUF_PREDIVIDED_TO`
+        requests (``batch`` None: any), at :data:`DBUF_REGISTERS`; ``dbuf`` given without ``max_registers``: at
+        :data:`DBUF_REGISTERS`."""
         dbuf = self.dbuf if self._dbuf_given else (
-            DBUF_STANDARD and self.cuda and method == "standard" and not self._registers_given)
+            DBUF_STANDARD and self.cuda and method == "standard" and not self._registers_given
+            and (raw or batch is None or batch <= DBUF_PREDIVIDED_TO))
         if self._registers_given:
             return dbuf, self.max_registers
         return dbuf, DBUF_REGISTERS if dbuf else MAX_REGISTERS
 
-    def layout(self, batch: int, method: str = "standard", rows: int | None = None) -> Layout:
+    def emit_options(self, method: str = "standard") -> tuple[bool, bool]:
+        """``(emit_dbuf, emit_reverse)`` of this verifier's ``method`` launches: as given, else :data:`EMIT_DBUF` /
+        :data:`EMIT_REVERSE` for the standard method on the GPU, off for the block method and on the CPU."""
+        default = self.cuda and method == "standard"
+        return (default and EMIT_DBUF if self.emit_dbuf is None else self.emit_dbuf,
+                default and EMIT_REVERSE if self.emit_reverse is None else self.emit_reverse)
+
+    def layout(self, batch: int, method: str = "standard", rows: int | None = None, raw: bool = False) -> Layout:
         """The :class:`Layout` of a launch streaming ``rows`` rows per request (default ``K + 1``: all)."""
         return Layout(batch, self.k, self.vocab, self.block, self.cuda, self.sms, emit_block=self.emit_block,
-                      resident_per_sm=self._resident(self.buffering(method)[1]), method=method, rows=rows,
-                      claim=self.claim, **self.overrides)
+                      resident_per_sm=self._resident(self.buffering(method, batch, raw)[1]), method=method, rows=rows,
+                      claim=self.claim, span=self._span(batch), **self.overrides)
 
     def launches(self, batch: int, method: str = "standard") -> list:
         """``[(row_lo, row_hi)]`` of one call, the kernel's ``ROW_LO`` / ``ROW_HI``: ``[(0, 0)]`` is one launch over
@@ -1489,11 +1588,11 @@ class StreamVerifier:
             return [(0, 0)]
         return list(zip([0] + cuts, cuts + [0]))
 
-    def programs(self, batch: int, method: str = "standard", rows: int | None = None) -> int:
+    def programs(self, batch: int, method: str = "standard", rows: int | None = None, raw: bool = False) -> int:
         """Programs of one launch for ``batch`` requests streaming ``rows`` rows each (default ``K + 1``; stream,
-        mass and emit items, with the lag's padding)."""
+        mass and emit items, with the lag's padding), of raw logits or not."""
         rows = self.k + 1 if rows is None else int(rows)
-        return self._grid(self.layout(batch, method, rows), batch, method, rows)
+        return self._grid(self.layout(batch, method, rows, raw), batch, method, rows)
 
     def _grid(self, lay: Layout, batch: int, method: str, rows: int) -> int:
         """:meth:`programs` of a launch whose :class:`Layout` is ``lay``."""
@@ -1539,7 +1638,7 @@ class StreamVerifier:
         block_method = method == "block"
         raw = target_temperature is not None
         launches = [(lo, hi, (hi or k + 1) - lo) for lo, hi in self.launches(batch, method)]  # (ROW_LO, ROW_HI, rows)
-        layouts = [self.layout(batch, method, rows) for _, _, rows in launches]
+        layouts = [self.layout(batch, method, rows, raw) for _, _, rows in launches]
         lay = layouts[0]  # (unroll: the same for every launch)
         # The raw mode divides every loaded value: 2 tiles at a time keep it at ~117 registers
         # (4 tiles: ~170, one program per SM instead of two).
@@ -1547,7 +1646,8 @@ class StreamVerifier:
         if raw and self._raw_wide and batch >= RAW_WIDE_FROM and not block_method:  # (block: measured without it)
             fast_divide, div_unroll = RAW_WIDE
         unroll = min(lay.unroll, 2) if raw and self.overrides["unroll"] is None and not div_unroll else lay.unroll
-        dbuf, registers = self.buffering(method)
+        dbuf, registers = self.buffering(method, batch, raw)
+        emit_dbuf, emit_reverse = self.emit_options(method)
         has_greedy = target_greedy is not None
         greedy = target_greedy.view(torch.uint8) if has_greedy else self._no_greedy
         d_step = draft_tokens.stride(1) if draft_tokens.dim() == 2 and k > 0 else 1
@@ -1566,7 +1666,7 @@ class StreamVerifier:
         meta = dict(K=k, KP1=self.kp1, C1P=self.c1p, C2P=self.c2p, BLOCK=self.block, UNROLL=unroll,
                     HARDWARE=self.cuda, EMIT_SCAN=self._emit_scan, NOISE_FILTER=self.noise_filter, HAS_GREEDY=has_greedy, RAW=raw, BLOCK_METHOD=block_method,
                     PIPE=self.stages, EMIT_PIPE=self.emit_stages, FUSED=self.fused, EMIT_BLOCK=self.emit_block,
-                    EMIT_DBUF=self.emit_dbuf, EMIT_REVERSE=self.emit_reverse,
+                    EMIT_DBUF=emit_dbuf, EMIT_REVERSE=emit_reverse,
                     FAST_DIVIDE=fast_divide, INTERIOR=self.interior, SCAN_ARGMAX=self.scan_argmax,
                     EARLY=self.early, PREFETCH=self.prefetch, DIV_UNROLL=div_unroll if raw else 0, DBUF=dbuf,
                     COMPACT=self.compact and not block_method, EMIT_PREFETCH=self.emit_prefetch if self.cuda else 0,
@@ -1584,13 +1684,13 @@ class StreamVerifier:
             grid = (self._grid(lay, batch, method, rows),)
             shape = (lay.lag, lay.c1, lay.c2, lay.t1, lay.t2)
             try:
-                _stream_verify_kernel[grid](*args, *shape, **meta, ROW_LO=row_lo, ROW_HI=row_hi,
+                _stream_verify_kernel[grid](*args, *shape, **meta, ROW_LO=row_lo, ROW_HI=row_hi, SPAN=lay.span,
                                             **({"maxnreg": registers} if self._maxnreg else {}))
             except KeyError:  # a Triton without the maxnreg option: the compiler's own register count
                 if not self._maxnreg:
                     raise
                 self._maxnreg = False
-                _stream_verify_kernel[grid](*args, *shape, **meta, ROW_LO=row_lo, ROW_HI=row_hi)
+                _stream_verify_kernel[grid](*args, *shape, **meta, ROW_LO=row_lo, ROW_HI=row_hi, SPAN=lay.span)
         return tokens, num_emitted
 
 
