@@ -13,6 +13,7 @@
 #   bash tools/gpu_plans/issue18_verify.sh emit_dbuf     # budget ~470 s: the double-buffered / reversed emit scans (stop 33, never run): GPU tests, sweep, trace
 #   bash tools/gpu_plans/issue18_verify.sh layout_dbuf   # budget ~150 s: stream / emit chunk sizes again under the double-buffered default
 #   bash tools/gpu_plans/issue18_verify.sh stop34        # budget ~470 s: the bench cases with stop 34's defaults, then the GPU tests of those defaults
+#   bash tools/gpu_plans/issue18_verify.sh t1_large      # budget ~110 s: whole-row stream items (t1 = 64) at 64-253 requests under stop 34's defaults
 #   bash tools/gpu_plans/issue18_verify.sh defaults      # budget ~150 s: the double-buffered default against the single-buffered one and the emit options, same call
 #   bash tools/gpu_plans/issue18_verify.sh span          # budget ~420 s: rows end to end in items crossing row ends (stop 34, never run): GPU tests, sweep, trace
 # Results go to $JOB_OUT (default ./gpu_plan_out). StreamVerifier compiles ~5-7 s per constexpr variant; a Triton
@@ -177,6 +178,13 @@ layout_dbuf)
   #    shorter waves) and the emit chunk sizes beside the default; every variant's tokens checked by the sweep.
   timeout -k 2 130 python3 tools/sweep_verify.py 16 64 253 --rounds 3 \
     --variants "stream,stream:t1=8,stream:t1=12,stream:t2=2,stream:t2=8,stream:t1=12+t2=2" 2>&1 | tee "$OUT/sweep_layout_dbuf.txt"
+  ;;
+t1_large)
+  # 17. (~100 s) span=1 at 253 requests (whole rows per item there: t1 = 64) was 8 us faster than the 32-tile items
+  #    on the H200 (stop 34); without span that is t1 = 64 (one chunk per row). Under stop 34's defaults (single-
+  #    buffered pre-divided loops from 17 requests, emit options on), pre-divided and raw, with the trace at 253.
+  timeout -k 2 100 python3 tools/sweep_verify.py 64 128 253 --rounds 3 --variants "stream,stream:t1=64,stream:t1=48,\
+stream:t1=64+t2=32,raw,raw:t1=64" 2>&1 | tee "$OUT/sweep_t1_large.txt"
   ;;
 stop34)
   # 16. (~450 s) Stop 34's defaults (emit_dbuf + emit_reverse for the standard method; double-buffered stream loops
