@@ -37,7 +37,8 @@ Bytes per live request: ``(n+1) V 4`` target + ``n V c`` cache streamed once fro
 target row (and one cache row after a rejection) re-read, normally from L2; ``O((K+1) chunks)``
 partials; ``(K+2) 8`` written.
 
-**Double-buffered stream loops** (``dbuf``; the standard method's default on the GPU, at 128 registers): each
+**Double-buffered stream loops** (``dbuf``; the standard method's GPU default for raw logits, and for pre-divided
+ones up to :data:`DBUF_PREDIVIDED_TO` requests, at 128 registers): each
 stream loop (a pair of rows, a bonus row alone, a greedy row's argmax) loads its next group of tiles before it
 reduces the current one, so a group is always in flight; the same groups in the same order, so the partials are
 bit-identical. Two 8-warp programs per SM instead of three (at 80 registers the buffers spill); see
@@ -46,6 +47,16 @@ bit-identical. Two 8-warp programs per SM instead of three (at 80 registers the 
 **Claimed chunks** (``claim``, standard method; opt-in, exact on an H100 and slower there): a request's stream
 programs take their chunks one at a time from a per-request counter instead of one fixed chunk each, so they end
 within about one chunk of each other; the partials, the epilogue and the emit items are unchanged.
+
+**Spanned items** (``span``, standard method, one launch; opt-in, exact on the H200 and slower there below 253
+requests, see :data:`SPAN_FROM`): a request's rows laid end to end and cut into stream items of ``t1`` tiles that
+may end one row and start the next (at most two pieces per item); item ``e`` stores its piece of row ``j`` at
+partial ``(j, e)``, and the epilogue combines, for row ``j``, the items ``(j TPR) // t1 .. ((j + 1) TPR - 1) // t1``
+(``TPR`` tiles per row).
+
+**Emit scans** (``emit_dbuf``, ``emit_reverse``; the standard method's GPU default): the next emit tile's values are
+loaded before the current tile's keys are computed, and each emit chunk is scanned from its end (the emitted row's
+most recently streamed lines first); the same per-lane results (``>=`` keeps the first maximum in the reversed scan).
 
 **Phased launches** (``phases``, standard method; opt-in, measured on the H200, see :data:`PHASES_FROM`):
 a call becomes one launch per range of rows (``phases=1``: row 0, then rows 1..K). Draft ``j``'s
