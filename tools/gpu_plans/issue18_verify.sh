@@ -176,8 +176,9 @@ layout_dbuf)
   #    default (stop 33) runs two, and at 16 requests its 384 stream items (t1 = 16) need two waves of 264 slots (the
   #    H100 trace: items start up to 23 us in; t1 = 22 or 32, fewer items, were slower there). Smaller chunks (more,
   #    shorter waves) and the emit chunk sizes beside the default; every variant's tokens checked by the sweep.
-  timeout -k 2 130 python3 tools/sweep_verify.py 16 64 253 --rounds 3 \
-    --variants "stream,stream:t1=8,stream:t1=12,stream:t2=2,stream:t2=8,stream:t1=12+t2=2" 2>&1 | tee "$OUT/sweep_layout_dbuf.txt"
+  #    (Stop 34: at 16 / 32 requests, where the pre-divided default keeps the double buffers; raw too.)
+  timeout -k 2 130 python3 tools/sweep_verify.py 16 32 --rounds 3 --variants "stream,stream:t1=8,stream:t1=10,\
+stream:t1=12,stream:t1=8+t2=2,stream:t2=8,raw,raw:t1=8,raw:t1=12" 2>&1 | tee "$OUT/sweep_layout_dbuf.txt"
   ;;
 t1_large)
   # 17. (~100 s) span=1 at 253 requests (whole rows per item there: t1 = 64) was 8 us faster than the 32-tile items
