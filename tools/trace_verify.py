@@ -191,8 +191,9 @@ def main(argv):
                 tokens, count = verifier.run(*call_args, trace=trace, **extra)
             verifier.check()
             print(format_summary(f"rows {rows} {spec} (mean emitted {count.double().mean().item():.2f})",
-                                 summarize(trace, bonus_row=None if opts.get("claim") else K)))
-            # (make_inputs: K drafts in every request; a claimed program's row says nothing of what it streamed)
+                                 summarize(trace, bonus_row=None if opts.get("claim") or opts.get("span") else K)))
+            # (make_inputs: K drafts in every request; a claimed program's row says nothing of what it streamed, a
+            # spanned item's row is 0)
 
 
 if __name__ == "__main__":

@@ -118,9 +118,10 @@ def test_layouts_and_explicit_greedy_flags():
 def test_spanned_items_equal_reference():
     """``span``: a request's rows end to end, cut into items of ``t1`` tiles that end one row and start the next
     (700 values: 6 tiles of 128 per row, the last one ragged; K = 3: 24 tiles per request). Items of 5 and 7 tiles
-    cross rows at every boundary but one, 6 end at row ends, 4 is the fewest a row's partials hold (t1 = 2 is raised
-    to it); greedy flags, a padding request, rows past a request's drafts, the raw mode and the double-buffered loops
-    (64-value tiles, 11 per row) too; tokens as the reference."""
+    cross rows at every boundary but one, 6 end at row ends, 13 cover three rows, 4 is the fewest a row's partials
+    hold (t1 = 2 is raised to it); with 1,024-value tiles a row is one tile and an item covers all four rows; greedy
+    flags, a padding request, rows past a request's drafts, the raw mode and the double-buffered loops (64-value
+    tiles, 11 per row) too; tokens as the reference, and every row's statistics as whole-row chunks give them."""
     args = _case(11, batch=8)
     flags = torch.zeros(8, dtype=torch.bool)
     flags[3] = True
@@ -130,14 +131,17 @@ def test_spanned_items_equal_reference():
     plain = StreamVerifier(8, 3, VOCAB, "cpu")
     _run(plain, [divided] + args[1:], "standard", flags)
     for options in (dict(t1=5), dict(t1=7, lag=2), dict(t1=6, t2=1), dict(t1=2),
-                    dict(t1=9, block=64, unroll=2, dbuf=1, emit_dbuf=1)):
+                    dict(t1=9, block=64, unroll=2, dbuf=1, emit_dbuf=1),
+                    # items over three rows (13 tiles of 6-tile rows), and one-tile rows (so 4 rows per item)
+                    dict(t1=13), dict(t1=2, block=1024)):
         verifier = StreamVerifier(8, 3, VOCAB, "cpu", span=1, **options)
         verifier.pa.fill_(3e38)  # a partial that no item of this call wrote must not be read
         verifier.pb.fill_(float("nan"))
         verifier.pi.fill_(-7)
         lay = verifier.layout(8)
-        assert lay.span and lay.s1 == lay.c1 == triton.cdiv(4 * triton.cdiv(VOCAB, verifier.block), lay.t1)
-        assert lay.t1 == max(options["t1"], 4)
+        tiles = triton.cdiv(VOCAB, verifier.block)
+        assert lay.span and lay.s1 == lay.c1 == triton.cdiv(4 * tiles, lay.t1) <= tiles
+        assert lay.t1 == max(options["t1"], triton.cdiv(4 * tiles, tiles))
         out = _run(verifier, [divided] + args[1:], "standard", flags)
         _assert_reference([divided] + args[1:], "standard", out, flags)
         # every row's statistics from all of its pieces and no other row's (the fields a request uses: a greedy

@@ -272,7 +272,7 @@ class VerifyRunner(Runner):
             from ..verify.triton_verify_stream import StreamVerifier
 
             self.verifier = StreamVerifier(b, k, config.vocab, device)
-            lay = self.verifier.layout(b, self.method)
+            lay = self.verifier.layout(b, self.method, raw=self.kernel in RAW_KERNELS)  # (raw: its own registers)
             self.layout = f"t1={lay.t1} t2={lay.t2} lag={lay.lag}"
 
     def _args(self):

@@ -50,7 +50,7 @@ within about one chunk of each other; the partials, the epilogue and the emit it
 
 **Spanned items** (``span``, standard method, one launch; opt-in, exact on the H200 and slower there below 253
 requests, see :data:`SPAN_FROM`): a request's rows laid end to end and cut into stream items of ``t1`` tiles that
-may end one row and start the next (at most two pieces per item); item ``e`` stores its piece of row ``j`` at
+may end one row and start the next (a piece per row it covers); item ``e`` stores its piece of row ``j`` at
 partial ``(j, e)``, and the epilogue combines, for row ``j``, the items ``(j TPR) // t1 .. ((j + 1) TPR - 1) // t1``
 (``TPR`` tiles per row).
 
@@ -985,15 +985,13 @@ def _stream_verify_kernel(
                                   tl.minimum(c_start + T1 * BLOCK, vocab), live, n, greedy, temp, ttemp, vocab, T1, K, KP1, R2, C1P, BLOCK, UNROLL, UR, HARDWARE, PIPE, FAST_DIVIDE,
                                   RAW, INTERIOR, DBUF, FUSED, EARLY, SCAN_ARGMAX)
                     c = tl.atomic_add(claim, 1, sem="relaxed")  # after the chunk: programs end <= one chunk apart
-        elif SPANNED:  # tiles [chunk T1, chunk T1 + T1) of the request's rows laid end to end: one or two pieces
+        elif SPANNED:  # tiles [chunk T1, chunk T1 + T1) of the request's rows laid end to end: a piece per row
             g0 = chunk * T1
             g1 = tl.minimum(g0 + T1, ROWS * TPR)
-            j0 = g0 // TPR
-            for piece in tl.range(0, 2):
-                row = j0 + piece
+            for row in tl.range(g0 // TPR, (g1 - 1) // TPR + 1):  # (two rows at most while T1 <= TPR + 1)
                 lo = tl.maximum(g0 - row * TPR, 0)
                 hi = tl.minimum(g1 - row * TPR, TPR)
-                if (hi > lo) & (row < ROWS):
+                if hi > lo:
                     _stream_chunk(t_base, c_base, t_row_stride, c_step_stride, drafts_ptr, d_req_stride,
                                   d_step_stride, xv_ptr, pa_ptr, pb_ptr, pi_ptr, b, row, chunk, lo * BLOCK,
                                   tl.minimum(hi * BLOCK, vocab), live, n, greedy, temp, ttemp, vocab, hi - lo, K,
@@ -1565,8 +1563,9 @@ class StreamVerifier:
         """``(dbuf, max_registers)`` of this verifier's ``method`` launches of ``batch`` requests (raw logits or not),
         what its launches use (``self.dbuf`` / ``self.max_registers`` are the arguments): by default on for the
         standard method's GPU launches of raw logits, and of pre-divided ones up to :data:`DBUF_PREDIVIDED_TO`
-        requests (``batch`` None: any), at :data:`DBUF_REGISTERS`; ``dbuf`` given without ``max_registers``: at
-        :data:`DBUF_REGISTERS`."""
+        requests, at :data:`DBUF_REGISTERS`; ``dbuf`` given without ``max_registers``: at :data:`DBUF_REGISTERS`.
+        ``batch`` None: the answer for a batch of at most :data:`DBUF_PREDIVIDED_TO` requests (every launch passes
+        its batch)."""
         dbuf = self.dbuf if self._dbuf_given else (
             DBUF_STANDARD and self.cuda and method == "standard" and not self._registers_given
             and (raw or batch is None or batch <= DBUF_PREDIVIDED_TO))
@@ -1638,7 +1637,8 @@ class StreamVerifier:
         trace : a profiling aid, ``[programs(batch), 4]`` int64 (a separately compiled variant): each
         program writes its start, after-wait and end ``%globaltimer`` (ns) and ``stage + 4 valid +
         8 smid + 2^16 direct + 2^17 row + 2^24 request`` (direct: a greedy or padding request with ``greedy_direct``,
-        whose emit items do no work; row: a stream item's row, at most 15). ``tools/trace_verify.py`` summarises it.
+        whose emit items do no work; row: a stream item's row, at most 15; 0 with ``span``, whose items cross rows).
+        ``tools/trace_verify.py`` summarises it.
         """
         batch, tokens, num_emitted, finished = start_run(self, target_logits, method, temperature, tokens,
                                                          num_emitted)
