@@ -333,7 +333,10 @@ OPTION_VARIANTS = {"compact": dict(compact=1), "padded": dict(compact=0), "div_u
                    # (16 requests: 16 items of 24 tiles; 253: 6 of 64, one row each), 40-tile items (every row's
                    # partials from two or three items), and with the emit scan's options
                    "span": dict(span=1), "span_t1_40": dict(span=1, t1=40),
-                   "span_emit": dict(span=1, emit_dbuf=1, emit_reverse=1)}
+                   "span_emit": dict(span=1, emit_dbuf=1, emit_reverse=1),
+                   # emit items with fewer dependent round trips (stop 34; passed on the H200 and the default since),
+                   # and without (the emit chain before it)
+                   "emit_eager": dict(emit_eager=1), "emit_eager_0": dict(emit_eager=0)}
 
 
 def _poison(verifier, variant):
@@ -356,7 +359,8 @@ def test_stream_options_equal_reference_and_replay(rows, variant):
     temperature = first[6]
     raw = first[0] * torch.where(temperature == 0, 1.0, temperature)[first[4].clamp_min(0), None, None]
     # (the options that change the block method too)
-    both = variant in ("div_unroll", "fast_divide_2", "emit_dbuf", "emit_reverse", "emit_dbuf_reverse")
+    both = variant in ("div_unroll", "fast_divide_2", "emit_dbuf", "emit_reverse", "emit_dbuf_reverse", "emit_eager",
+                       "emit_eager_0")
     for method in ("standard", "block") if both else ("standard",):
         ref = dm.verify_drafts(first[0], *first[1:], method=method)
         ref_raw = dm.verify_drafts(raw, *first[1:], method=method, target_temperature=temperature)

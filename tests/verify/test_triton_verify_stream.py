@@ -104,7 +104,8 @@ def test_layouts_and_explicit_greedy_flags():
                     # dbuf: 64-value tiles so the double-buffered loops turn (5 groups of 2 tiles)
                     dict(t1=11, t2=2, lag=1, unroll=2, block=64, dbuf=1, greedy_direct=0, emit_dbuf=1),
                     dict(t1=2, t2=2, lag=2, compact=0),  # the padded program order (standard)
-                    dict(t2=3, lag=1, claim=3), dict(t1=1, lag=2, claim=8, compact=1)):  # chunks claimed from a counter
+                    dict(t2=3, lag=1, claim=3), dict(t1=1, lag=2, claim=8, compact=1),  # chunks claimed from a counter
+                    dict(t2=1, emit_eager=0)):  # emit items without their epilogue loads at once (the default)
         verifier = StreamVerifier(8, 3, VOCAB, "cpu", **options)
         for method in ("standard", "block"):
             outs.append(_run(verifier, args, method, flags))
@@ -241,10 +242,19 @@ def test_masked_and_nan_logits_stay_in_range():
     assert bool((last[live] < 150).all())
     args[0][0, :, 7] = float("nan")
     args[0][2] = float("nan")  # every p NaN: rejected, residual all zero -> the bonus keys, a NaN wins
+    # request 3 (sampled, one draft): p of row 0 NaN, so draft 0 is rejected and the residual is all zero; the bonus
+    # keys of row 0 then win at the NaN (token 20), where the residual keys (all -inf) would give token 0
+    args[0][3, 0, 20] = float("nan")
     for method in ("standard", "block"):
         out = dm.verify_drafts(*args, impl="triton", method=method)
         assert bool(((out.tokens >= -1) & (out.tokens < 300)).all())
         _assert_reference(args, method, out)
+        assert int(out.tokens[3, 0]) == 20 and int(out.num_emitted[3]) == 1
+        # emit_eager (the default: the last emit item's epilogue loads, the all-zero-residual flags among them, issued
+        # at once) and without it
+        for eager in (0, 1):
+            again = _run(StreamVerifier(7, 3, 300, "cpu", emit_eager=eager), args, method)
+            assert torch.equal(again[0], out.tokens) and torch.equal(again[1], out.num_emitted)
 
 
 def test_cached_verifier_is_reused():

@@ -14,6 +14,7 @@
 #   bash tools/gpu_plans/issue18_verify.sh layout_dbuf   # budget ~150 s: stream / emit chunk sizes again under the double-buffered default
 #   bash tools/gpu_plans/issue18_verify.sh stop34        # budget ~470 s: the bench cases with stop 34's defaults, then the GPU tests of those defaults
 #   bash tools/gpu_plans/issue18_verify.sh t1_large      # budget ~110 s: whole-row stream items (t1 = 64) at 64-253 requests under stop 34's defaults
+#   bash tools/gpu_plans/issue18_verify.sh eager         # budget ~200 s: emit items with fewer dependent round trips (stop 34): GPU tests, sweep
 #   bash tools/gpu_plans/issue18_verify.sh defaults      # budget ~150 s: the double-buffered default against the single-buffered one and the emit options, same call
 #   bash tools/gpu_plans/issue18_verify.sh span          # budget ~420 s: rows end to end in items crossing row ends (stop 34, never run): GPU tests, sweep, trace
 # Results go to $JOB_OUT (default ./gpu_plan_out). StreamVerifier compiles ~5-7 s per constexpr variant; a Triton
@@ -179,6 +180,16 @@ layout_dbuf)
   #    (Stop 34: at 16 / 32 requests, where the pre-divided default keeps the double buffers; raw too.)
   timeout -k 2 130 python3 tools/sweep_verify.py 16 32 --rounds 3 --variants "stream,stream:t1=8,stream:t1=10,\
 stream:t1=12,stream:t1=8+t2=2,stream:t2=8,raw,raw:t1=8,raw:t1=12" 2>&1 | tee "$OUT/sweep_layout_dbuf.txt"
+  ;;
+eager)
+  # 18. (~190 s) emit_eager=1 (stop 34): an emit item acquires an already-set ready flag once (the wait's second
+  #    acquire only after polling), and the last emit item of a request issues its epilogue loads together (partials,
+  #    positive-residual flags, target argmax, drafts: one round trip instead of four): the emit chain of the last
+  #    request ready is the 16-request tail. GPU tests (16 and 253, standard and block), then the times.
+  timeout -k 2 110 python3 -m pytest -m gpu -v -p no:cacheprovider $T -k "emit_eager" 2>&1 \
+    | tee "$OUT/tests_eager.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -4
+  timeout -k 2 80 python3 tools/sweep_verify.py 1 16 64 253 --rounds 3 --variants "stream,stream:emit_eager=1,raw,\
+raw:emit_eager=1,block,block:emit_eager=1" 2>&1 | tee "$OUT/sweep_eager.txt"
   ;;
 t1_large)
   # 17. (~100 s) span=1 at 253 requests (whole rows per item there: t1 = 64) was 8 us faster than the 32-tile items

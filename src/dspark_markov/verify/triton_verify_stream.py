@@ -157,6 +157,14 @@ DBUF_PREDIVIDED_TO = 16
 # 444.0 -> 454.0 at 253; emit_dbuf slower there on an H100).
 EMIT_DBUF = True
 EMIT_REVERSE = True
+# Emit items with fewer dependent round trips (StreamVerifier's emit_eager): the ready flag acquired once when it is
+# already up (the wait's second acquire only after polling), and the last emit item's epilogue loads (partials, the
+# positive-residual flags, the target argmax, the drafts) issued together. Written in stop 34 for the 16-request tail
+# (the emit chain of the last request ready, ~9 us). H200, same call (stop 34,
+# benchmarks/results/NVIDIA-H200_2026-12-05_verify_eager_stop34.txt; mixed T, us at 1 / 16 / 64 / 253 requests):
+# standard 12.8 / 46.4 / 109.2 / 318.0 -> 12.8 / 45.3 / 107.7 / 316.5, raw 12.6 / 50.7 / 123.5 / 361.0 -> 12.6 / 50.3 /
+# 123.1 / 359.1, block 24.4 / 69.8 / 139.3 / 439.7 -> 23.8 / 68.4 / 139.6 / 437.2; its GPU tests pass. On by default.
+EMIT_EAGER = True
 # Claimed chunks (StreamVerifier's claim, standard method): 0 = off (every stream item has its fixed chunk); written in
 # stop 32 for the 16-request tail (trace: equal stream items ending 17.6-41.3 us on an H100). H100 (2026-12-05,
 # benchmarks/results/NVIDIA-H100-80GB-HBM3_2026-12-05_verify_dbuf_stop33.txt): exact, and slower at every batch and G
@@ -819,16 +827,27 @@ def _arrive(counter_ptr, expected):
 
 
 @triton.jit
-def _wait(flag_ptr, level, status_ptr):
-    """Bounded spin until ``*flag_ptr >= level``; sets ``status`` bit 1 on a timeout."""
+def _wait(flag_ptr, level, status_ptr, FAST: tl.constexpr = False):
+    """Bounded spin until ``*flag_ptr >= level``; sets ``status`` bit 1 on a timeout. ``FAST``: when the first
+    (acquiring) read already sees the level, no second acquire (one round trip instead of two)."""
     seen = tl.atomic_add(flag_ptr, 0)  # acquire
-    spins = 0
-    while (seen < level) & (spins < _SPIN):
-        seen = tl.load(flag_ptr, volatile=True)
-        spins += 1
-    if seen < level:
-        tl.atomic_or(status_ptr, 1)
-    tl.atomic_add(flag_ptr, 0)  # acquire: the producer's stores are visible to what follows
+    if FAST:
+        if seen < level:
+            spins = 0
+            while (seen < level) & (spins < _SPIN):
+                seen = tl.load(flag_ptr, volatile=True)
+                spins += 1
+            if seen < level:
+                tl.atomic_or(status_ptr, 1)
+            tl.atomic_add(flag_ptr, 0)  # acquire after the relaxed polls
+    else:
+        spins = 0
+        while (seen < level) & (spins < _SPIN):
+            seen = tl.load(flag_ptr, volatile=True)
+            spins += 1
+        if seen < level:
+            tl.atomic_or(status_ptr, 1)
+        tl.atomic_add(flag_ptr, 0)  # acquire: the producer's stores are visible to what follows
     tl.debug_barrier()
 
 
@@ -910,7 +929,7 @@ def _stream_verify_kernel(
     EARLY: tl.constexpr = False, PREFETCH: tl.constexpr = False, DIV_UNROLL: tl.constexpr = 0, DBUF: tl.constexpr = False,
     trace_ptr=None, TRACE: tl.constexpr = False, COMPACT: tl.constexpr = False, EMIT_PREFETCH: tl.constexpr = 0,
     GREEDY_DIRECT: tl.constexpr = False, ROW_LO: tl.constexpr = 0, ROW_HI: tl.constexpr = 0,
-    CLAIM: tl.constexpr = 0, SPAN: tl.constexpr = False,
+    CLAIM: tl.constexpr = 0, SPAN: tl.constexpr = False, EMIT_EAGER: tl.constexpr = False,
 ):
     STAGES: tl.constexpr = 3 if BLOCK_METHOD else 2
     MASS_ROWS: tl.constexpr = K - 1 if (BLOCK_METHOD and K >= 2) else 0
@@ -1160,7 +1179,7 @@ def _stream_verify_kernel(
             tl.atomic_xchg(counters + 3, 2)
     if valid & (stage == 2) & ~direct:
         # ---------------------------------------------------------------- emit item
-        _wait(counters + 3, ready_level, status_ptr)
+        _wait(counters + 3, ready_level, status_ptr, EMIT_EAGER)
         if TRACE:
             t_waited, trace_sm = _clock(chunk, HARDWARE)
         count = tl.load(acc_ptr + b, volatile=True)
@@ -1207,9 +1226,16 @@ def _stream_verify_kernel(
                 off = b * C2P + cc
                 val = tl.load(ea_ptr + off, mask=in_row, other=float("-inf"), volatile=True)
                 tok = tl.load(ei_ptr + off, mask=in_row, other=0, volatile=True)
+                if EMIT_EAGER:  # every load of this epilogue in flight at once (one round trip, not four)
+                    e_any = tl.load(eany_ptr + off, mask=in_row, other=0, volatile=True)
+                    t_bits = tl.load(rows + 5 * KP1 + js, volatile=True)
+                    x = tl.load(drafts_ptr + b * d_req_stride + jj * d_step_stride, mask=(jj < js) & (jj < K),
+                                other=0)
                 _, sampled = block_argmax(val, tok, in_row)
                 if live & ~greedy & rejected:
-                    if tl.max(tl.load(eany_ptr + off, mask=in_row, other=0, volatile=True), axis=0) == 0:
+                    if not EMIT_EAGER:
+                        e_any = tl.load(eany_ptr + off, mask=in_row, other=0, volatile=True)
+                    if tl.max(e_any, axis=0) == 0:
                         # The residual is all zero in fp32: draw from p_j instead (the bonus keys of row j),
                         # here in one program over the whole row (p == q to the last bit: rare).
                         bonus_key, bonus_tok, no_pos, no_risk = _emit_scan(
@@ -1217,11 +1243,14 @@ def _stream_verify_kernel(
                             q_scale, q_inv, q_arg, False, RAW, True, HARDWARE, BLOCK)
                         sampled = bonus_tok
                 sampled = tl.minimum(tl.maximum(sampled, 0), vocab - 1)
-                t_arg = tl.load(rows + 5 * KP1 + js, volatile=True).to(tl.int32, bitcast=True)
+                if not EMIT_EAGER:
+                    t_bits = tl.load(rows + 5 * KP1 + js, volatile=True)
+                t_arg = t_bits.to(tl.int32, bitcast=True)
                 emitted = tl.where(greedy, tl.minimum(tl.maximum(t_arg, 0), vocab - 1), sampled).to(tl.int64)
-                x = tl.load(drafts_ptr + b * d_req_stride + jj * d_step_stride, mask=(jj < js) & (jj < K),
-                            other=0).to(tl.int64)
-                x = tl.minimum(tl.maximum(x, 0), vocab - 1)
+                if not EMIT_EAGER:
+                    x = tl.load(drafts_ptr + b * d_req_stride + jj * d_step_stride, mask=(jj < js) & (jj < K),
+                                other=0)
+                x = tl.minimum(tl.maximum(x.to(tl.int64), 0), vocab - 1)
                 out = tl.where(jj < js, x, tl.where(jj == js, emitted, -1))
                 tl.store(tokens_ptr + b * tokens_stride + jj, tl.where(live, out, -1), mask=jj <= K)
                 tl.store(num_emitted_ptr + b, tl.where(live, js + 1, 0).to(tl.int64))
@@ -1435,6 +1464,9 @@ class StreamVerifier:
         block method and on the CPU (:meth:`emit_options`).
     emit_reverse : the emit scan in decreasing token order (the same result). Default :data:`EMIT_REVERSE`, as
         ``emit_dbuf``.
+    emit_eager : emit items with fewer dependent round trips (one acquire of an already-set ready flag; the last
+        item's epilogue loads issued together); the same tokens. Default :data:`EMIT_EAGER` (on, every method and
+        device).
     span : standard method, one launch: the request's rows laid end to end and cut into stream items of ``t1``
         tiles that may end one row and start the next (default ``t1``: about one wave of resident items, see
         :class:`Layout`); row ``j``'s statistics combine the partials of the items that cover it. The tokens are the
@@ -1456,7 +1488,7 @@ class StreamVerifier:
                  noise_filter=1, stages=None, emit_stages=None, fused=None, emit_block=None, fast_divide=None,
                  max_registers=None, interior=None, scan_argmax=None, early=None, prefetch=None, div_unroll=None,
                  dbuf=None, compact=None, emit_prefetch=None, greedy_direct=None, phases=None, claim=None,
-                 emit_dbuf=None, emit_reverse=None, span=None):
+                 emit_dbuf=None, emit_reverse=None, span=None, emit_eager=None):
         if int(max_batch) < 1:
             raise ValueError(f"max_batch: expected >= 1, got {max_batch}")
         if int(num_drafts) < 0:
@@ -1486,6 +1518,9 @@ class StreamVerifier:
         # token order (EMIT_REVERSE): None = the default of the launch's method (:meth:`emit_options`).
         self.emit_dbuf = None if emit_dbuf is None else bool(emit_dbuf)
         self.emit_reverse = None if emit_reverse is None else bool(emit_reverse)
+        # Emit items: one acquire when the ready flag is already up; the request's output row from loads in flight
+        # together (EMIT_EAGER).
+        self.emit_eager = EMIT_EAGER if emit_eager is None else bool(emit_eager)
         # Target row j and cache row j streamed in one loop (one round trip per tile, not two loops).
         self.fused = True if fused is None else bool(fused)
         # Raw logits (fused loop): the target values divided without a divide per element (_divide).
@@ -1677,7 +1712,7 @@ class StreamVerifier:
         meta = dict(K=k, KP1=self.kp1, C1P=self.c1p, C2P=self.c2p, BLOCK=self.block, UNROLL=unroll,
                     HARDWARE=self.cuda, EMIT_SCAN=self._emit_scan, NOISE_FILTER=self.noise_filter, HAS_GREEDY=has_greedy, RAW=raw, BLOCK_METHOD=block_method,
                     PIPE=self.stages, EMIT_PIPE=self.emit_stages, FUSED=self.fused, EMIT_BLOCK=self.emit_block,
-                    EMIT_DBUF=emit_dbuf, EMIT_REVERSE=emit_reverse,
+                    EMIT_DBUF=emit_dbuf, EMIT_REVERSE=emit_reverse, EMIT_EAGER=self.emit_eager,
                     FAST_DIVIDE=fast_divide, INTERIOR=self.interior, SCAN_ARGMAX=self.scan_argmax,
                     EARLY=self.early, PREFETCH=self.prefetch, DIV_UNROLL=div_unroll if raw else 0, DBUF=dbuf,
                     COMPACT=self.compact and not block_method, EMIT_PREFETCH=self.emit_prefetch if self.cuda else 0,
