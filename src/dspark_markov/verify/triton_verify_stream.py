@@ -827,27 +827,28 @@ def _arrive(counter_ptr, expected):
 
 
 @triton.jit
+def _poll(flag_ptr, level, status_ptr, seen):
+    """:func:`_wait`'s bounded spin from a first reading ``seen``, then an acquire (the producer's stores are
+    visible to what follows); ``status`` bit 1 on a timeout."""
+    spins = 0
+    while (seen < level) & (spins < _SPIN):
+        seen = tl.load(flag_ptr, volatile=True)
+        spins += 1
+    if seen < level:
+        tl.atomic_or(status_ptr, 1)
+    tl.atomic_add(flag_ptr, 0)  # acquire
+
+
+@triton.jit
 def _wait(flag_ptr, level, status_ptr, FAST: tl.constexpr = False):
     """Bounded spin until ``*flag_ptr >= level``; sets ``status`` bit 1 on a timeout. ``FAST``: when the first
     (acquiring) read already sees the level, no second acquire (one round trip instead of two)."""
     seen = tl.atomic_add(flag_ptr, 0)  # acquire
     if FAST:
         if seen < level:
-            spins = 0
-            while (seen < level) & (spins < _SPIN):
-                seen = tl.load(flag_ptr, volatile=True)
-                spins += 1
-            if seen < level:
-                tl.atomic_or(status_ptr, 1)
-            tl.atomic_add(flag_ptr, 0)  # acquire after the relaxed polls
+            _poll(flag_ptr, level, status_ptr, seen)
     else:
-        spins = 0
-        while (seen < level) & (spins < _SPIN):
-            seen = tl.load(flag_ptr, volatile=True)
-            spins += 1
-        if seen < level:
-            tl.atomic_or(status_ptr, 1)
-        tl.atomic_add(flag_ptr, 0)  # acquire: the producer's stores are visible to what follows
+        _poll(flag_ptr, level, status_ptr, seen)
     tl.debug_barrier()
 
 
