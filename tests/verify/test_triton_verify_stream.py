@@ -105,7 +105,8 @@ def test_layouts_and_explicit_greedy_flags():
                     dict(t1=11, t2=2, lag=1, unroll=2, block=64, dbuf=1, greedy_direct=0, emit_dbuf=1),
                     dict(t1=2, t2=2, lag=2, compact=0),  # the padded program order (standard)
                     dict(t2=3, lag=1, claim=3), dict(t1=1, lag=2, claim=8, compact=1),  # chunks claimed from a counter
-                    dict(t2=1, emit_eager=0)):  # emit items without their epilogue loads at once (the default)
+                    dict(t2=1, emit_eager=0),  # emit items without their epilogue loads at once (the default)
+                    dict(t2=2, emit_gather=1)):  # emit items with every row's statistics loaded with the count
         verifier = StreamVerifier(8, 3, VOCAB, "cpu", **options)
         for method in ("standard", "block"):
             outs.append(_run(verifier, args, method, flags))
@@ -176,6 +177,24 @@ def test_span_layout_fills_one_wave_at_gpu_shapes():
         assert (lay.t1, lay.s1, lay.c1) == (t1, s1, s1), (batch, lay.t1, lay.s1)
         assert lay.lag == max(1, 264 // s1)
     assert not triton_verify_stream.Layout(16, 5, 129280, 2048, True, 132, span=True, rows=1).span  # a phased launch
+
+
+def test_emit_items_read_the_emitted_rows_statistics():
+    """The emit items' ways to fetch the emitted row's statistics (per field after the accepted count, or every row's
+    with it: ``emit_gather``) and their epilogue loads (``emit_eager``) give the reference's tokens when requests
+    reject at later rows whose statistics differ from row 0's (target rows 1.. shifted by +6: the same
+    probabilities, another max and normaliser, so row 0's statistics in their place scale p by e^6 and change the
+    residual)."""
+    args = _case(13, batch=8, closeness=0.9)
+    args[0][:, 1:] += 6.0
+    later = 0
+    for options in (dict(emit_gather=1), dict(emit_gather=1, emit_eager=0), dict(emit_gather=0)):
+        for method in ("standard", "block"):
+            out = _run(StreamVerifier(8, 3, VOCAB, "cpu", **options), args, method)
+            _assert_reference(args, method, out)
+            live = args[4] >= 0
+            later += int((live & (out[1] >= 2) & (out[1] <= args[3])).sum())  # rejected at a row j >= 1
+    assert later >= 6
 
 
 def test_double_buffered_loops_give_the_same_partials():
@@ -253,7 +272,7 @@ def test_masked_and_nan_logits_stay_in_range():
         # emit_eager (the default: the last emit item's epilogue loads, the all-zero-residual flags among them, issued
         # at once) and without it
         for eager in (0, 1):
-            again = _run(StreamVerifier(7, 3, 300, "cpu", emit_eager=eager), args, method)
+            again = _run(StreamVerifier(7, 3, 300, "cpu", emit_eager=eager, emit_gather=eager), args, method)
             assert torch.equal(again[0], out.tokens) and torch.equal(again[1], out.num_emitted)
 
 

@@ -14,6 +14,7 @@
 #   bash tools/gpu_plans/issue18_verify.sh layout_dbuf   # budget ~150 s: stream / emit chunk sizes again under the double-buffered default
 #   bash tools/gpu_plans/issue18_verify.sh stop34        # budget ~470 s: the bench cases with stop 34's defaults, then the GPU tests of those defaults
 #   bash tools/gpu_plans/issue18_verify.sh t1_large      # budget ~110 s: whole-row stream items (t1 = 64) at 64-253 requests under stop 34's defaults
+#   bash tools/gpu_plans/issue18_verify.sh gather        # budget ~160 s: emit items loading every row's statistics with the count (stop 34, never run)
 #   bash tools/gpu_plans/issue18_verify.sh eager         # budget ~200 s: emit items with fewer dependent round trips (stop 34): GPU tests, sweep
 #   bash tools/gpu_plans/issue18_verify.sh defaults      # budget ~150 s: the double-buffered default against the single-buffered one and the emit options, same call
 #   bash tools/gpu_plans/issue18_verify.sh span          # budget ~420 s: rows end to end in items crossing row ends (stop 34, never run): GPU tests, sweep, trace
@@ -180,6 +181,15 @@ layout_dbuf)
   #    (Stop 34: at 16 / 32 requests, where the pre-divided default keeps the double buffers; raw too.)
   timeout -k 2 130 python3 tools/sweep_verify.py 16 32 --rounds 3 --variants "stream,stream:t1=8,stream:t1=10,\
 stream:t1=12,stream:t1=8+t2=2,stream:t2=8,raw,raw:t1=8,raw:t1=12" 2>&1 | tee "$OUT/sweep_layout_dbuf.txt"
+  ;;
+gather)
+  # 19. (~150 s) emit_gather=1 (stop 34, written after the device time ran out): an emit item loads every row's
+  #    statistics ([8, KP1] words) with the accepted count and picks row js (one round trip instead of two before its
+  #    scan). GPU tests (16 and 253, both methods, raw), then the times beside the default (emit_eager on).
+  timeout -k 2 110 python3 -m pytest -m gpu -v -p no:cacheprovider $T -k "emit_gather" 2>&1 \
+    | tee "$OUT/tests_gather.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -4
+  timeout -k 2 60 python3 tools/sweep_verify.py 16 64 253 --rounds 3 --variants "stream,stream:emit_gather=1,raw,\
+raw:emit_gather=1,block,block:emit_gather=1" 2>&1 | tee "$OUT/sweep_gather.txt"
   ;;
 eager)
   # 18. (~190 s) emit_eager=1 (stop 34): an emit item acquires an already-set ready flag once (the wait's second

@@ -165,6 +165,10 @@ EMIT_REVERSE = True
 # standard 12.8 / 46.4 / 109.2 / 318.0 -> 12.8 / 45.3 / 107.7 / 316.5, raw 12.6 / 50.7 / 123.5 / 361.0 -> 12.6 / 50.3 /
 # 123.1 / 359.1, block 24.4 / 69.8 / 139.3 / 439.7 -> 23.8 / 68.4 / 139.6 / 437.2; its GPU tests pass. On by default.
 EMIT_EAGER = True
+# Emit items load every row's statistics ([8, KP1] words) together with the accepted count and pick row js from them
+# (StreamVerifier's emit_gather): one round trip instead of two before the scan. (Stop 32's `gather` on an H100, the
+# same idea before the emit options and emit_eager: no gain, not landed.) Written in stop 34: off until timed.
+EMIT_GATHER = False
 # Claimed chunks (StreamVerifier's claim, standard method): 0 = off (every stream item has its fixed chunk); written in
 # stop 32 for the 16-request tail (trace: equal stream items ending 17.6-41.3 us on an H100). H100 (2026-12-05,
 # benchmarks/results/NVIDIA-H100-80GB-HBM3_2026-12-05_verify_dbuf_stop33.txt): exact, and slower at every batch and G
@@ -827,6 +831,12 @@ def _arrive(counter_ptr, expected):
 
 
 @triton.jit
+def _field(picked, fields, f: tl.constexpr):
+    """Field ``f`` of a request's row statistics (``picked``: ``[8]`` int32 bits, one per field) as fp32."""
+    return tl.sum(tl.where(fields == f, picked, 0), axis=0).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _poll(flag_ptr, level, status_ptr, seen):
     """:func:`_wait`'s bounded spin from a first reading ``seen``, then an acquire (the producer's stores are
     visible to what follows); ``status`` bit 1 on a timeout."""
@@ -931,6 +941,7 @@ def _stream_verify_kernel(
     trace_ptr=None, TRACE: tl.constexpr = False, COMPACT: tl.constexpr = False, EMIT_PREFETCH: tl.constexpr = 0,
     GREEDY_DIRECT: tl.constexpr = False, ROW_LO: tl.constexpr = 0, ROW_HI: tl.constexpr = 0,
     CLAIM: tl.constexpr = 0, SPAN: tl.constexpr = False, EMIT_EAGER: tl.constexpr = False,
+    EMIT_GATHER: tl.constexpr = False,
 ):
     STAGES: tl.constexpr = 3 if BLOCK_METHOD else 2
     MASS_ROWS: tl.constexpr = K - 1 if (BLOCK_METHOD and K >= 2) else 0
@@ -1184,18 +1195,30 @@ def _stream_verify_kernel(
         if TRACE:
             t_waited, trace_sm = _clock(chunk, HARDWARE)
         count = tl.load(acc_ptr + b, volatile=True)
+        if EMIT_GATHER:  # every row's statistics loaded with the count (one round trip, not two), row js picked
+            fields = tl.arange(0, 8)
+            stats = tl.load(rows + fields[:, None] * KP1 + jj[None, :], volatile=True).to(tl.int32, bitcast=True)
         js = tl.minimum(tl.maximum(count, 0), n)
         if PHASED:
             decided = count < HI  # else rows HI.. come in a later launch: this one only resets the counters
         else:
             decided = True
         part = b * C2P + chunk
-        t_max = tl.load(rows + 0 * KP1 + js, volatile=True)
-        t_inv = tl.math.div_rn(1.0, tl.load(rows + 1 * KP1 + js, volatile=True))
-        q_cmax = tl.load(rows + 2 * KP1 + js, volatile=True)
-        q_inv = tl.math.div_rn(1.0, tl.load(rows + 3 * KP1 + js, volatile=True))
-        w = tl.load(rows + 4 * KP1 + js, volatile=True)
-        q_arg = tl.load(rows + 6 * KP1 + js, volatile=True).to(tl.int32, bitcast=True)
+        if EMIT_GATHER:  # (picked as bits: no float arithmetic touches them)
+            picked = tl.sum(tl.where(jj[None, :] == js, stats, 0), axis=1)  # [8] int32: field f of row js
+            t_max = _field(picked, fields, 0)
+            t_inv = tl.math.div_rn(1.0, _field(picked, fields, 1))
+            q_cmax = _field(picked, fields, 2)
+            q_inv = tl.math.div_rn(1.0, _field(picked, fields, 3))
+            w = _field(picked, fields, 4)
+            q_arg = _field(picked, fields, 6).to(tl.int32, bitcast=True)
+        else:
+            t_max = tl.load(rows + 0 * KP1 + js, volatile=True)
+            t_inv = tl.math.div_rn(1.0, tl.load(rows + 1 * KP1 + js, volatile=True))
+            q_cmax = tl.load(rows + 2 * KP1 + js, volatile=True)
+            q_inv = tl.math.div_rn(1.0, tl.load(rows + 3 * KP1 + js, volatile=True))
+            w = tl.load(rows + 4 * KP1 + js, volatile=True)
+            q_arg = tl.load(rows + 6 * KP1 + js, volatile=True).to(tl.int32, bitcast=True)
         q_scale = tl.math.div_rn(_LOG2E, tl.where(temp == 0.0, 1.0, temp))
         if not BLOCK_METHOD:
             w = 1.0
@@ -1468,6 +1491,8 @@ class StreamVerifier:
     emit_eager : emit items with fewer dependent round trips (one acquire of an already-set ready flag; the last
         item's epilogue loads issued together); the same tokens. Default :data:`EMIT_EAGER` (on, every method and
         device).
+    emit_gather : emit items load every row's statistics with the accepted count (one round trip, not two); the
+        same tokens. Default :data:`EMIT_GATHER` (off until timed).
     span : standard method, one launch: the request's rows laid end to end and cut into stream items of ``t1``
         tiles that may end one row and start the next (default ``t1``: about one wave of resident items, see
         :class:`Layout`); row ``j``'s statistics combine the partials of the items that cover it. The tokens are the
@@ -1489,7 +1514,7 @@ class StreamVerifier:
                  noise_filter=1, stages=None, emit_stages=None, fused=None, emit_block=None, fast_divide=None,
                  max_registers=None, interior=None, scan_argmax=None, early=None, prefetch=None, div_unroll=None,
                  dbuf=None, compact=None, emit_prefetch=None, greedy_direct=None, phases=None, claim=None,
-                 emit_dbuf=None, emit_reverse=None, span=None, emit_eager=None):
+                 emit_dbuf=None, emit_reverse=None, span=None, emit_eager=None, emit_gather=None):
         if int(max_batch) < 1:
             raise ValueError(f"max_batch: expected >= 1, got {max_batch}")
         if int(num_drafts) < 0:
@@ -1522,6 +1547,8 @@ class StreamVerifier:
         # Emit items: one acquire when the ready flag is already up; the request's output row from loads in flight
         # together (EMIT_EAGER).
         self.emit_eager = EMIT_EAGER if emit_eager is None else bool(emit_eager)
+        # Emit items: every row's statistics loaded with the accepted count (EMIT_GATHER).
+        self.emit_gather = EMIT_GATHER if emit_gather is None else bool(emit_gather)
         # Target row j and cache row j streamed in one loop (one round trip per tile, not two loops).
         self.fused = True if fused is None else bool(fused)
         # Raw logits (fused loop): the target values divided without a divide per element (_divide).
@@ -1714,6 +1741,7 @@ class StreamVerifier:
                     HARDWARE=self.cuda, EMIT_SCAN=self._emit_scan, NOISE_FILTER=self.noise_filter, HAS_GREEDY=has_greedy, RAW=raw, BLOCK_METHOD=block_method,
                     PIPE=self.stages, EMIT_PIPE=self.emit_stages, FUSED=self.fused, EMIT_BLOCK=self.emit_block,
                     EMIT_DBUF=emit_dbuf, EMIT_REVERSE=emit_reverse, EMIT_EAGER=self.emit_eager,
+                    EMIT_GATHER=self.emit_gather,
                     FAST_DIVIDE=fast_divide, INTERIOR=self.interior, SCAN_ARGMAX=self.scan_argmax,
                     EARLY=self.early, PREFETCH=self.prefetch, DIV_UNROLL=div_unroll if raw else 0, DBUF=dbuf,
                     COMPACT=self.compact and not block_method, EMIT_PREFETCH=self.emit_prefetch if self.cuda else 0,
