@@ -264,15 +264,28 @@ def test_masked_and_nan_logits_stay_in_range():
     # request 3 (sampled, one draft): p of row 0 NaN, so draft 0 is rejected and the residual is all zero; the bonus
     # keys of row 0 then win at the NaN (token 20), where the residual keys (all -inf) would give token 0
     args[0][3, 0, 20] = float("nan")
+    # request 4 (sampled, two drafts, its own cache slot 2, T ~ 1.5): draft 0 at token 5, where row 0 is -inf with the
+    # rest of the first 128 tokens (the first emit chunk with t2 = 1 on the CPU): rejected. Its residual is zero in chunks 0 and 2
+    # and positive in chunk 1 at token 140 only (p flat over 128-149 but lower at 140, q slightly above p on the others
+    # and 0 at 140), so the draw is 140; the bonus keys' fallback, wrongly taken, would almost never draw 140
+    args[1][4, 0] = 5
+    args[0][4, 0, :128] = float("-inf")
+    args[0][4, 0, 128:150] = 0.0
+    args[0][4, 0, 140] = -3.0
+    args[2][2, 0] = float("-inf")
+    args[2][2, 0, 128:150] = 1.0
+    args[2][2, 0, 140] = float("-inf")
+    args[2][2, 0, 5] = -10.0
     for method in ("standard", "block"):
         out = dm.verify_drafts(*args, impl="triton", method=method)
         assert bool(((out.tokens >= -1) & (out.tokens < 300)).all())
         _assert_reference(args, method, out)
         assert int(out.tokens[3, 0]) == 20 and int(out.num_emitted[3]) == 1
+        assert int(out.tokens[4, 0]) == 140 and int(out.num_emitted[4]) == 1
         # emit_eager (the default: the last emit item's epilogue loads, the all-zero-residual flags among them, issued
         # at once) and without it
         for eager in (0, 1):
-            again = _run(StreamVerifier(7, 3, 300, "cpu", emit_eager=eager, emit_gather=eager), args, method)
+            again = _run(StreamVerifier(7, 3, 300, "cpu", emit_eager=eager, emit_gather=eager, t2=1), args, method)
             assert torch.equal(again[0], out.tokens) and torch.equal(again[1], out.num_emitted)
 
 
