@@ -1013,7 +1013,8 @@ def _stream_verify_kernel(
                     c_start = (c % C1) * T1 * BLOCK
                     _stream_chunk(t_base, c_base, t_row_stride, c_step_stride, drafts_ptr, d_req_stride, d_step_stride,
                                   xv_ptr, pa_ptr, pb_ptr, pi_ptr, b, ROW_LO + c // C1, c % C1, c_start,
-                                  tl.minimum(c_start + T1 * BLOCK, vocab), live, n, greedy, temp, ttemp, vocab, T1, K, KP1, R2, C1P, BLOCK, UNROLL, UR, HARDWARE, PIPE, FAST_DIVIDE,
+                                  tl.minimum(c_start + T1 * BLOCK, vocab), live, n, greedy, temp, ttemp, vocab, T1,
+                                  K, KP1, R2, C1P, BLOCK, UNROLL, UR, HARDWARE, PIPE, FAST_DIVIDE,
                                   RAW, INTERIOR, DBUF, FUSED, EARLY, SCAN_ARGMAX)
                     c = tl.atomic_add(claim, 1, sem="relaxed")  # after the chunk: programs end <= one chunk apart
         elif SPANNED:  # tiles [chunk T1, chunk T1 + T1) of the request's rows laid end to end: a piece per row
