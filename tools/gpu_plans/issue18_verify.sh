@@ -14,6 +14,7 @@
 #   bash tools/gpu_plans/issue18_verify.sh layout_dbuf   # budget ~150 s: stream / emit chunk sizes again under the double-buffered default
 #   bash tools/gpu_plans/issue18_verify.sh stop34        # budget ~470 s: the bench cases with stop 34's defaults, then the GPU tests of those defaults
 #   bash tools/gpu_plans/issue18_verify.sh t1_large      # budget ~110 s: whole-row stream items (t1 = 64) at 64-253 requests under stop 34's defaults
+#   bash tools/gpu_plans/issue18_verify.sh ncu_raw       # budget ~120 s: Nsight Compute of the default kernel at 253 requests, pre-divided against raw (stop 34, never run)
 #   bash tools/gpu_plans/issue18_verify.sh gather        # budget ~160 s: emit items loading every row's statistics with the count (stop 34, never run)
 #   bash tools/gpu_plans/issue18_verify.sh eager         # budget ~200 s: emit items with fewer dependent round trips (stop 34): GPU tests, sweep
 #   bash tools/gpu_plans/issue18_verify.sh defaults      # budget ~150 s: the double-buffered default against the single-buffered one and the emit options, same call
@@ -181,6 +182,20 @@ layout_dbuf)
   #    (Stop 34: at 16 / 32 requests, where the pre-divided default keeps the double buffers; raw too.)
   timeout -k 2 130 python3 tools/sweep_verify.py 16 32 --rounds 3 --variants "stream,stream:t1=8,stream:t1=10,\
 stream:t1=12,stream:t1=8+t2=2,stream:t2=8,raw,raw:t1=8,raw:t1=12" 2>&1 | tee "$OUT/sweep_layout_dbuf.txt"
+  ;;
+ncu_raw)
+  # 20. (~110 s) Raw logits at 253 requests cost ~43 us more than pre-divided ones on the H200 (359.1 against 316.5,
+  #    stop 34) although only the T = 0.6 third of the mixed-T slots divides: where does it go (issue slots, executed
+  #    instructions, stall reasons, DRAM bytes)? The sweep's first launches compile and check; the profiled one is the
+  #    4th launch of the verifier kernel (adjust --launch-skip if the sweep's launch order changed).
+  for spec in stream raw; do
+    timeout -k 2 50 ncu --clock-control none -k regex:_stream_verify_kernel --launch-skip 3 --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section InstructionStats --section Occupancy \
+      --metrics dram__bytes_read.sum,lts__t_sector_hit_rate.pct \
+      python3 tools/sweep_verify.py 253 --rounds 1 --variants $spec > "$OUT/ncu_${spec}_253.txt" 2>&1
+    grep -E "Duration|dram__bytes|lts__t|Issue Slots|Executed Instructions |Achieved Occ|Stall|No Instruction" \
+      "$OUT/ncu_${spec}_253.txt" | head -30
+  done
   ;;
 gather)
   # 19. (~150 s) emit_gather=1 (stop 34, written after the device time ran out): an emit item loads every row's
