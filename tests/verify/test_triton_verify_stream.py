@@ -265,9 +265,10 @@ def test_masked_and_nan_logits_stay_in_range():
     # keys of row 0 then win at the NaN (token 20), where the residual keys (all -inf) would give token 0
     args[0][3, 0, 20] = float("nan")
     # request 4 (sampled, two drafts, its own cache slot 2, T ~ 1.5): draft 0 at token 5, where row 0 is -inf with the
-    # rest of the first 128 tokens (the first emit chunk with t2 = 1 on the CPU): rejected. Its residual is zero in chunks 0 and 2
-    # and positive in chunk 1 at token 140 only (p flat over 128-149 but lower at 140, q slightly above p on the others
-    # and 0 at 140), so the draw is 140; the bonus keys' fallback, wrongly taken, would almost never draw 140
+    # rest of the first 128 tokens (the first emit chunk with t2 = 1 on the CPU): rejected. Its residual is zero in
+    # chunks 0 and 2 and positive in chunk 1 at token 140 only (p flat over 128-149 but lower at 140, q slightly above
+    # p on the others and 0 at 140), so the draw is 140; the bonus keys' fallback, wrongly taken, would almost never
+    # draw 140
     args[1][4, 0] = 5
     args[0][4, 0, :128] = float("-inf")
     args[0][4, 0, 128:150] = 0.0
