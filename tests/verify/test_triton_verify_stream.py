@@ -162,7 +162,8 @@ def test_spanned_items_equal_reference():
                     assert torch.equal(got, want), (options, b, field)
                 else:
                     torch.testing.assert_close(got, want, rtol=1e-5, atol=0)
-        assert torch.equal(out[0], _run(verifier, [raw] + args[1:], "standard", flags, target_temperature=temperature)[0])
+        raw_out = _run(verifier, [raw] + args[1:], "standard", flags, target_temperature=temperature)
+        assert torch.equal(out[0], raw_out[0])
         block = _run(verifier, [divided] + args[1:], "block", flags)  # (the block method keeps whole-row chunks)
         _assert_reference([divided] + args[1:], "block", block, flags)
     assert not StreamVerifier(8, 3, VOCAB, "cpu", span=1, claim=2).layout(8).span
