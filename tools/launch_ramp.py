@@ -19,27 +19,21 @@ import torch
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _now():
-    """``(%globaltimer ns, %smid)``."""
-    t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
-    sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-    return t, sm
+from dspark_markov.verify.triton_verify_stream import _clock  # (%globaltimer, %smid), as the verifier's trace reads them
 
 
 @triton.jit
 def _ramp_kernel(out_ptr, hold_ns, EVERY: tl.constexpr):
     """Program ``p`` stores its start time and SM, then (every ``EVERY``-th program) spins ``hold_ns``.
     Bytes: 16 written per program."""
-    start, sm = _now()
     pid = tl.program_id(0)
+    start, sm = _clock(pid, True)
     tl.store(out_ptr + pid * 2, start)
     tl.store(out_ptr + pid * 2 + 1, sm.to(tl.int64))
     if pid % EVERY == 0:
         now = start
         while now - start < hold_ns:
-            now, sm = _now()
+            now, sm = _clock(pid, True)
 
 
 def ramp(programs: int, registers: int, hold_us: float, every: int = 1, flush=None) -> dict:

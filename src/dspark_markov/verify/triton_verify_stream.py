@@ -831,6 +831,12 @@ def _arrive(counter_ptr, expected):
 
 
 @triton.jit
+def _accepted_drafts(drafts, d_step_stride, jj, js, K: tl.constexpr):
+    """A request's draft tokens before its emitted position ``js`` (``jj`` ``[KP1]``; 0 elsewhere), as stored."""
+    return tl.load(drafts + jj * d_step_stride, mask=(jj < js) & (jj < K), other=0)
+
+
+@triton.jit
 def _field(picked, fields, f: tl.constexpr):
     """Field ``f`` of a request's row statistics (``picked``: ``[8]`` int32 bits, one per field) as fp32."""
     return tl.sum(tl.where(fields == f, picked, 0), axis=0).to(tl.float32, bitcast=True)
@@ -1041,6 +1047,7 @@ def _stream_verify_kernel(
             last_row = tl.where(live, n, -1)  # (the interpreter widens vector & scalar-bool to int32)
             if SPANNED:  # row j's partials: chunks (j TPR) // T1 .. ((j + 1) TPR - 1) // T1
                 first_c = (jj * TPR) // T1
+                c_first = cc[None, :] == first_c[:, None]  # (a row's first partial: an all -inf row's first token)
                 c_in = ((cc[None, :] >= first_c[:, None]) & (cc[None, :] <= ((jj + 1) * TPR - 1)[:, None] // T1)
                         & (cc < C1)[None, :])
                 t_ok = (jj <= last_row)[:, None] & c_in
@@ -1062,8 +1069,8 @@ def _stream_verify_kernel(
             qi = tl.load(pi_ptr + q_off, mask=q_ok, other=0, volatile=True)
             t_max = tl.max(tm, axis=1)
             t_sum = tl.sum(ts * tl.exp2((tm - t_max[:, None]) * _LOG2E), axis=1)
-            if SPANNED:  # (a row's first partial always counts: an all -inf row's first token)
-                t_valid = t_ok | (cc[None, :] == first_c[:, None])
+            if SPANNED:
+                t_valid = t_ok | c_first
             else:
                 t_valid = t_ok | (cc == 0)[None, :]
             _, t_arg = block_argmax(tl.where(t_ok, tm, float("-inf")), ti, t_valid, 1)
@@ -1072,7 +1079,7 @@ def _stream_verify_kernel(
             q_sum = tl.sum(qs * tl.exp2((qm - q_cmax[:, None]) * q_scale), axis=1)
             q_max = _scaled(q_cmax, temp)  # max(c) / T = max(c / T): division is monotone
             if SPANNED:
-                q_valid = q_ok | (cc[None, :] == first_c[:, None])
+                q_valid = q_ok | c_first
             else:
                 q_valid = q_ok | (cc == 0)[None, :]
             _, q_arg = block_argmax(tl.where(q_ok, qm, float("-inf")), qi, q_valid, 1)
@@ -1254,8 +1261,7 @@ def _stream_verify_kernel(
                 if EMIT_EAGER:  # every load of this epilogue in flight at once (one round trip, not four)
                     e_any = tl.load(eany_ptr + off, mask=in_row, other=0, volatile=True)
                     t_bits = tl.load(rows + 5 * KP1 + js, volatile=True)
-                    x = tl.load(drafts_ptr + b * d_req_stride + jj * d_step_stride, mask=(jj < js) & (jj < K),
-                                other=0)
+                    x = _accepted_drafts(drafts_ptr + b * d_req_stride, d_step_stride, jj, js, K)
                 _, sampled = block_argmax(val, tok, in_row)
                 if live & ~greedy & rejected:
                     if not EMIT_EAGER:
@@ -1273,8 +1279,7 @@ def _stream_verify_kernel(
                 t_arg = t_bits.to(tl.int32, bitcast=True)
                 emitted = tl.where(greedy, tl.minimum(tl.maximum(t_arg, 0), vocab - 1), sampled).to(tl.int64)
                 if not EMIT_EAGER:
-                    x = tl.load(drafts_ptr + b * d_req_stride + jj * d_step_stride, mask=(jj < js) & (jj < K),
-                                other=0)
+                    x = _accepted_drafts(drafts_ptr + b * d_req_stride, d_step_stride, jj, js, K)
                 x = tl.minimum(tl.maximum(x.to(tl.int64), 0), vocab - 1)
                 out = tl.where(jj < js, x, tl.where(jj == js, emitted, -1))
                 tl.store(tokens_ptr + b * tokens_stride + jj, tl.where(live, out, -1), mask=jj <= K)
