@@ -1,7 +1,7 @@
 """``dspark-markov bench --verify`` restricted to some kernels (same harness, same JSON/CSV writers).
 
 Usage: ``PYTHONPATH=src python3 tools/bench_verify_kernels.py OUT_DIR [kernel,...] [--rows 1,16,64,253]
-[--temperatures 1,mixed] [--rounds R] [--replays N]``. Default kernels: the four verification
+[--temperatures 1,mixed] [--impls triton,cuda] [--rounds R] [--replays N]``. Default kernels: the four verification
 kernels (``verify_standard``, ``verify_block``, ``verify_raw``, ``verify_block_raw``). The files are
 named and written as the full benchmark writes them (``<gpu>_<date>_bf16_verify.json/.csv``).
 """
@@ -18,6 +18,7 @@ def main(argv):
     out = Path(argv[0])
     kernels = ("verify_standard", "verify_block", "verify_raw", "verify_block_raw")
     rows, temperatures, rounds, replays = (1, 16, 64, 253), ("1", "mixed"), 5, 30
+    impls = ("triton",)
     rest = argv[1:]
     i = 0
     while i < len(rest):
@@ -30,6 +31,9 @@ def main(argv):
         elif rest[i] == "--rounds":
             rounds = int(rest[i + 1])
             i += 2
+        elif rest[i] == "--impls":
+            impls = tuple(rest[i + 1].split(","))
+            i += 2
         elif rest[i] == "--replays":
             replays = int(rest[i + 1])
             i += 2
@@ -37,7 +41,7 @@ def main(argv):
             kernels = tuple(rest[i].split(","))
             i += 1
     config = verify_grid.VerifyBenchConfig(device="cuda", rows=rows, kernels=kernels, temperatures=temperatures,
-                                           rounds=rounds, replays=replays)
+                                           rounds=rounds, replays=replays, impls=impls)
     env = report.environment("cuda", ["bench", "--verify"] + argv[1:])
     env["command"] = "python3 tools/bench_verify_kernels.py " + " ".join(argv)
     bandwidth = roofline.measure_bandwidth(torch.device("cuda"))

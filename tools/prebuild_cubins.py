@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-SOURCES = ("chain.cu", "blocks.cu", "wide.cu", "filter.cu")
+SOURCES = ("chain.cu", "blocks.cu", "wide.cu", "filter.cu", "verify.cu")
 WANTED_NVRTC = (13, 0)  # the H200 image's (torch 2.11+cu130)
 
 

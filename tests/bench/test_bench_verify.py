@@ -104,15 +104,16 @@ def test_triton_without_interpreter_is_na_and_a_wrong_filter_is_an_error(monkeyp
 
 
 def test_cuda_filter_impl_is_na_off_a_gpu_and_for_other_kernels():
-    """impl "cuda" (the cluster-resident filter, opt-in) is timed only as filter_row on a CUDA device; elsewhere its
-    records say n/a and why."""
-    config = verify_grid.VerifyBenchConfig(device="cpu", vocab=300, rows=(2,), kernels=("filter_row", "block_inputs"),
+    """impl "cuda" (the cluster-resident filter; the CUDA verifier) is timed only as filter_row / verify_standard /
+    verify_raw on a CUDA device; elsewhere its records say n/a and why."""
+    config = verify_grid.VerifyBenchConfig(device="cpu", vocab=304, rows=(2,),
+                                           kernels=("filter_row", "block_inputs", "verify_standard"),
                                            impls=("cuda",), rounds=3, replays=1, filter_inputs=("gaussian",),
-                                           filter_cases=("p",))
+                                           filter_cases=("p",), temperatures=("1",))
     records = verify_grid.run_grid(config, FAKE_BANDWIDTH, progress=False)
-    assert len(records) == 2
+    assert len(records) == 3
     for record in records:
-        assert record["status"] == "n/a" and "filter_row on a CUDA device" in record["reason"], record
+        assert record["status"] == "n/a" and "on a CUDA device" in record["reason"], record
 
 
 # ---------------------------------------------------------------------------------------------- CLI

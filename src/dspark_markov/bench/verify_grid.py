@@ -59,7 +59,9 @@ from . import harness, report, roofline
 
 KERNELS = ("verify_standard", "verify_block", "verify_raw", "verify_block_raw", "filter_row", "filter_split",
            "block_inputs")
-IMPLS = ("triton", "reference", "cuda")  # "cuda": the cluster-resident filter (filter_row only; verify/cuda_filtering.py)
+# "cuda": the cluster-resident filter (filter_row; verify/cuda_filtering.py) and the persistent-warp verifier
+# (verify_standard / verify_raw; verify/cuda_verify.py)
+IMPLS = ("triton", "reference", "cuda")
 TEMPERATURE_MODES = ("1", "mixed")
 EXTRA_TEMPERATURE_MODES = ("0.6",)  # on request: T = 0.6 at every slot (the raw modes divide every target value)
 MIXED_TEMPERATURES = (0.0, 0.6, 1.0)  # slot s gets MIXED_TEMPERATURES[s % 3]
@@ -217,8 +219,9 @@ class Runner:
     def __init__(self, kernel: str, impl: str, mode: str, rows: int, shared: SharedInputs,
                  config: VerifyBenchConfig):
         cuda = config.device == "cuda"
-        if impl == "cuda" and (kernel != "filter_row" or not cuda):
-            raise ValueError("impls: 'cuda' is the CUDA top-k / top-p filter: kernel filter_row on a CUDA device")
+        if impl == "cuda" and (kernel not in ("filter_row", "verify_standard", "verify_raw") or not cuda):
+            raise ValueError("impls: 'cuda' is the CUDA top-k / top-p filter (kernel filter_row) and the CUDA "
+                             "verifier (verify_standard, verify_raw), on a CUDA device")
         if cuda and impl not in ("triton", "cuda"):
             raise ValueError(f"impls: {impl!r} allocates per call (not CUDA-graph safe); timed on the CPU only")
         if not cuda and impl == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -274,6 +277,12 @@ class VerifyRunner(Runner):
             self.verifier = StreamVerifier(b, k, config.vocab, device)
             lay = self.verifier.layout(b, self.method, raw=self.kernel in RAW_KERNELS)  # (raw: its own registers)
             self.layout = f"t1={lay.t1} t2={lay.t2} lag={lay.lag}"
+        elif self.impl == "cuda":  # the persistent-warp CUDA C++ verifier (standard method; verify/cuda_verify.py)
+            from ..verify.cuda_verify import CudaVerifier, schedule
+
+            self.verifier = CudaVerifier(b, k, config.vocab, device)
+            lag, iters = schedule(b)
+            self.layout = f"lag={lag} emit_iters={iters}"
 
     def _args(self):
         return (self.target, self.drafts, self.cache, self.num_drafts, self.idx_mapping, self.positions,
@@ -458,6 +467,8 @@ def _cases(config: VerifyBenchConfig) -> list:
         for impl in config.impls:
             if kernel == "filter_split" and impl != "triton":
                 continue  # a layout of the Triton filter only
+            if impl == "cuda" and VERIFY_METHODS.get(kernel) == "block":
+                continue  # the CUDA verifier runs the standard method only
             cases += [(kernel, impl, mode) for mode in modes]
     return cases
 

@@ -1,0 +1,633 @@
+// Standard verification in one persistent launch (issue 18; verify/cuda_verify.py is the launcher and the
+// reference of every formula here is verify/triton_verify_stream.py, whose arithmetic this follows step by step).
+//
+// Work is a list of tickets that warps take one at a time from one atomic counter, so every warp streams until the list is empty and a request's pieces end within
+// one piece of each other, whatever the batch:
+//   stream item (request b, row, segment): 16 KB of target row j (4,096 fp32) or of cache row j (8,192 bf16 /
+//     4,096 fp32), reduced to (max, sum 2^((x - max) scale), first argmax) and stored as one partial; the last
+//     stream item of a request (an arrival counter) combines the partials, computes p_j(x_j), q_j(x_j), the
+//     ratios and acceptance uniforms, the accepted count, and either writes the output row (greedy or padding
+//     requests) or publishes the emitted row's statistics and raises the request's ready flag;
+//   emit item (request b, segment e) of the emitted row j*: the Gumbel keys of the residual
+//     log(max(p - q, 0)) + g (after a rejection) or of the bonus x + g, ranked by the cheap noise with the
+//     exact noise for each lane's best (an exact rescan of the segment on a near-tie); the last emit item of a
+//     request combines the segments and writes the output row.
+// A request's emit items come `lag` requests after its stream items in the list. A warp waits only for a
+// request whose stream tickets were all taken before its own (by warps that never wait for later tickets), so
+// the wait always ends; a bounded spin turns a broken assumption into status bit 1, never a hang. Counters are
+// reset by their last user, so the launch can be replayed from a CUDA graph.
+//
+// Bytes per live request: (n + 1) V 4 target + n V c cache read once, the emitted row re-read (normally from L2),
+// 16 B per stream item and per emit item of partials. Inputs: V % 8 == 0, 16-byte aligned rows (the launcher
+// checks; otherwise the Triton verifier runs). Built with --fmad=false: the keys, uniforms and noise are the
+// IEEE operations of rng.py, bit for bit.
+#include "common.cuh"
+#include "verify_plan.cuh"
+
+#define DV_THREADS 256
+#define DV_WARPS (DV_THREADS / 32)
+#define DV_TARGET_SEG 4096           // fp32 target values per stream item (16 KB)
+#define DV_SEG_BYTES 16384           // bytes per stream item (a cache row: 8,192 bf16 or 4,096 fp32)
+#define DV_SPIN (1 << 22)            // polls (~64 ns apart) before a waiting emit item gives up: status bit 1
+#define DV_MAX_ROWS 8                // K + 1 <= 8 (four lanes per row in the decision)
+
+namespace dm {
+
+// Flags (VerifyArgs.flags).
+#define DV_HAS_GREEDY 1
+#define DV_RAW 2
+#define DV_CACHE_BF16 4
+#define DV_DRAFTS_I64 8
+#define DV_IDX_I64 16
+#define DV_ND_I64 32
+#define DV_POS_I64 64
+
+struct VerifyArgs {  // 8-byte fields; cuda_verify.VerifyArgs mirrors it
+  const float* target;          // [B, K+1, V] fp32 (raw with DV_RAW)
+  const void* drafts;           // [B, K] int32 / int64
+  const void* cache;            // [S, N, V] bf16 / fp32
+  const void* idx;              // [B] int32 / int64 slots (outside [0, S): padding)
+  const void* nd;               // [B] num_drafts
+  const void* pos;              // [B] positions
+  const float* temp;            // [S] draft temperature
+  const i64* seeds;             // [S]
+  const unsigned char* greedy;  // [B] target greedy (DV_HAS_GREEDY; else T == 0)
+  const float* ttemp;           // [S] target temperature (DV_RAW)
+  float4* part;                 // [B, 2K+1, ST] stream partials (max, sum, argmax value, argmax token bits)
+  float4* epart;                // [B, E] emit partials (key, token bits, any positive residual, -)
+  float* emitp;                 // [B, 8] the emitted row: js, t_max, t_inv, q_cmax, q_inv, q_scale, q_arg, -
+  int* counters;                // [B, 4]: stream arrivals, emit arrivals, ready flag, -
+  int* global;                  // [4]: ticket counter, exits, status
+  i64* tokens;                  // [B, K+1] output (stride tok_stride)
+  i64* num_emitted;             // [B]
+  i64 t_req, t_row, d_req, d_step, c_slot, c_step, tok_stride;
+  i64 batch, vocab, num_slots, k, flags, lag, emit_iters;
+};
+
+__device__ __forceinline__ i64 load_int(const void* ptr, i64 i, bool wide) {
+  return wide ? __ldg((const i64*)ptr + i) : (i64)__ldg((const int*)ptr + i);
+}
+
+struct Req {
+  bool live, greedy;
+  int n;
+  i64 slot, seed, position;
+  float temp, ttemp;
+};
+
+__device__ __forceinline__ Req request(const VerifyArgs& a, i64 b) {  // _request of the Triton verifier
+  Req q;
+  const i64 slot = load_int(a.idx, b, a.flags & DV_IDX_I64);
+  q.live = slot >= 0 && slot < a.num_slots;
+  q.slot = q.live ? slot : 0;
+  i64 n = load_int(a.nd, b, a.flags & DV_ND_I64);
+  n = n < 0 ? 0 : (n > a.k ? a.k : n);
+  q.n = q.live ? (int)n : 0;
+  q.position = load_int(a.pos, b, a.flags & DV_POS_I64);
+  q.temp = q.live ? __ldg(a.temp + q.slot) : 0.0f;
+  q.seed = q.live ? __ldg(a.seeds + q.slot) : 0;
+  q.ttemp = (q.live && (a.flags & DV_RAW)) ? __ldg(a.ttemp + q.slot) : 0.0f;
+  q.greedy = (a.flags & DV_HAS_GREEDY) ? __ldg(a.greedy + b) != 0 : q.temp == 0.0f;
+  return q;
+}
+
+__device__ __forceinline__ float ex2(float x) {  // ex2.approx.ftz (the Triton verifier's hardware _exp2)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float scaled(float x, float t) { return t == 0.0f ? x : div_rn(x, t); }
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+// Arrival on a counter with acquire-release semantics (the arriving warp's stores before it are visible to the
+// last arriver) instead of __threadfence (a fence.sc.gpu per piece: the first version, written so, took ~20 ns of
+// the whole launch per ticket on an H100, 1.6 ms at 253 requests).
+__device__ __forceinline__ int arrive(int* counter) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
+  return old;
+}
+__device__ __forceinline__ int load_acquire(const int* flag) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
+  return v;
+}
+__device__ __forceinline__ void store_release(int* flag, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;" :: "l"(flag), "r"(v) : "memory");
+}
+// The last arriver's warp: lane 0 acquired with its arrival; the other lanes acquire the counter themselves.
+__device__ __forceinline__ bool last_arrival(int* counter, int expected, int lane) {
+  int last = 0;
+  if (lane == 0) last = arrive(counter) == expected - 1;
+  last = __shfl_sync(0xFFFFFFFFu, last, 0);
+  if (last && lane != 0) load_acquire(counter);
+  return last;
+}
+
+#define DV_LOG2E 1.4426950408889634f
+#define DV_LN2 0.6931471805599453f
+#define DV_FMAX 3.4028234663852886e38f
+#define DV_TINY 1.1754943508222875e-38f
+#define DV_ACCEPT_DOMAIN 0x243F6A88u
+#define DV_RESAMPLE_DOMAIN 0x85A308D3u
+#define DV_FILTER_MARGIN 1e-4f  // ops.constants.FILTER_MARGIN (4 NOISE_BOUND)
+
+// Argmax pairs: a NaN wins (the first NaN), else the larger value, ties to the lower token.
+__device__ __forceinline__ bool beats(float v, int i, float bv, int bi) {
+  const bool vn = v != v, bn = bv != bv;
+  if (vn || bn) return vn && (!bn || i < bi);
+  return v > bv || (v == bv && i < bi);
+}
+__device__ __forceinline__ void warp_argmax(float& v, int& i, int width = 32) {
+  for (int off = 1; off < width; off <<= 1) {
+    const float ov = __shfl_xor_sync(0xFFFFFFFFu, v, off);
+    const int oi = __shfl_xor_sync(0xFFFFFFFFu, i, off);
+    if (beats(ov, oi, v, i)) { v = ov; i = oi; }
+  }
+}
+// (max, sum 2^((x - max) scale)) pairs merged.
+__device__ __forceinline__ void merge_softmax(float& m, float& s, float om, float os, float scale) {
+  const float nm = fmaxf(m, om);
+  s = add_rn(mul_rn(s, ex2(mul_rn(sub_rn(m, nm), scale))), mul_rn(os, ex2(mul_rn(sub_rn(om, nm), scale))));
+  m = nm;
+}
+
+// ------------------------------------------------------------------ stream item
+struct Stats {
+  float m, s, av;
+  int ai;
+};
+
+// Eight values of one lane (tokens first..first+3, then second..second+3, increasing) into its running statistics.
+__device__ __forceinline__ void absorb8(Stats& st, const float* x, int first, int second, float scale) {
+  float bm = x[0];
+#pragma unroll
+  for (int i = 1; i < 8; ++i) bm = fmaxf(bm, x[i]);
+  const float nm = fmaxf(st.m, bm);
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) sum = add_rn(sum, ex2(mul_rn(sub_rn(x[i], nm), scale)));
+  st.s = add_rn(mul_rn(st.s, ex2(mul_rn(sub_rn(st.m, nm), scale))), sum);
+  st.m = nm;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const bool better = x[i] > st.av || (x[i] != x[i] && st.av == st.av);
+    if (better) { st.av = x[i]; st.ai = (i < 4 ? first : second - 4) + i; }
+  }
+}
+
+__device__ __forceinline__ void widen(const uint4 v, bool bf16_row, float* x, int half) {
+  if (bf16_row) {
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) { x[2 * i] = __uint_as_float(w[i] << 16); x[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u); }
+  } else {
+    x[4 * half + 0] = __uint_as_float(v.x); x[4 * half + 1] = __uint_as_float(v.y);
+    x[4 * half + 2] = __uint_as_float(v.z); x[4 * half + 3] = __uint_as_float(v.w);
+  }
+}
+
+// One 16 KB piece of a row (1,024 uint4; len valid tokens, a multiple of 8), each warp-wide load 512 contiguous
+// bytes: lane l takes uint4 number (8 bt + i) 32 + l of batch bt; a bf16 uint4 holds 8 tokens, an fp32 one 4 (two
+// of them, 32 apart, make the 8 values of one absorb8). Two batches of 8 uint4 (8 KB a warp) in flight.
+template <bool BF16>
+__device__ __forceinline__ Stats stream_piece(const char* row, int start, int len, float scale, bool divide,
+                                              float t, int lane) {
+  constexpr int PER_TOKEN_SHIFT = BF16 ? 3 : 2;  // tokens per uint4: 8 or 4
+  const int vectors = len >> PER_TOKEN_SHIFT;
+  Stats st;
+  st.m = -DV_FMAX; st.s = 0.0f; st.av = neg_inf();
+  st.ai = lane < vectors ? start + (lane << PER_TOKEN_SHIFT) : 0x7FFFFFFF;
+  uint4 buf[2][8];
+  auto load = [&](uint4* dst, int batch) {
+    const uint4 ninf = BF16 ? make_uint4(0xFF80FF80u, 0xFF80FF80u, 0xFF80FF80u, 0xFF80FF80u)
+                            : make_uint4(0xff800000u, 0xff800000u, 0xff800000u, 0xff800000u);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int u = (batch * 8 + i) * 32 + lane;
+      dst[i] = u < vectors ? __ldcg((const uint4*)(row) + u) : ninf;
+    }
+  };
+  load(buf[0], 0);
+  load(buf[1], 1);
+#pragma unroll
+  for (int bt = 0; bt < 4; ++bt) {
+    uint4* cur = buf[bt & 1];
+    if (BF16) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int u = (bt * 8 + i) * 32 + lane;
+        float x[8];
+        widen(cur[i], true, x, 0);
+        absorb8(st, x, start + 8 * u, start + 8 * u + 4, scale);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; i += 2) {
+        const int u = (bt * 8 + i) * 32 + lane;
+        float x[8];
+        widen(cur[i], false, x, 0);
+        widen(cur[i + 1], false, x, 1);
+        if (divide) {  // raw target logits: x / T correctly rounded (T not 0 or 1; -inf stays -inf)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) x[j] = div_rn(x[j], t);
+        }
+        absorb8(st, x, start + 4 * u, start + 4 * (u + 32), scale);
+      }
+    }
+    if (bt + 2 < 4) load(buf[bt & 1], bt + 2);
+  }
+  return st;
+}
+
+__device__ __forceinline__ void reduce_stats(Stats& st, float scale) {
+  float m = st.m;
+  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
+  float s = mul_rn(st.s, ex2(mul_rn(sub_rn(st.m, m), scale)));
+  for (int off = 16; off > 0; off >>= 1) s = add_rn(s, __shfl_xor_sync(0xFFFFFFFFu, s, off));
+  st.m = m;
+  st.s = s;
+  warp_argmax(st.av, st.ai);
+}
+
+// ------------------------------------------------------------------ the request's decision
+// The last stream item's warp: four lanes per row j = lane / 4 (rows 0..K), each merging every fourth partial.
+__device__ void decide(const VerifyArgs& a, const Plan& p, i64 b, const Req& q, int lane) {
+  const int k = (int)a.k, n = q.n;
+  const int j = lane >> 2, sub = lane & 3;
+  const bool row = j <= k;
+  const float q_scale = div_rn(DV_LOG2E, q.temp == 0.0f ? 1.0f : q.temp);
+  const bool t_ok = row && q.live && j <= n;
+  const bool q_ok = row && q.live && j < n && !q.greedy;
+  Stats ts, cs;
+  ts.m = -DV_FMAX; ts.s = 0.0f; ts.av = neg_inf(); ts.ai = 0x7FFFFFFF;
+  cs = ts;
+  const float4* tp = a.part + (b * p.rows + j) * p.st;
+  const float4* cp = a.part + (b * p.rows + k + 1 + j) * p.st;
+  // draft j, its target logit and its cached logit, loaded beside the partials
+  const bool d_ok = row && j < n;
+  i64 x = d_ok ? load_int(a.drafts, b * a.d_req + j * a.d_step, a.flags & DV_DRAFTS_I64) : 0;
+  x = x < 0 ? 0 : (x >= a.vocab ? a.vocab - 1 : x);
+  float zx = d_ok ? __ldg(a.target + b * a.t_req + j * a.t_row + x) : 0.0f;
+  float cx = 0.0f;
+  if (d_ok) {
+    const i64 off = q.slot * a.c_slot + j * a.c_step + x;
+    cx = (a.flags & DV_CACHE_BF16) ? __uint_as_float((u32)__ldg((const unsigned short*)a.cache + off) << 16)
+                                  : __ldg((const float*)a.cache + off);
+  }
+  if (t_ok) {
+    for (int s = sub; s < p.st; s += 4) {
+      const float4 v = __ldcg(tp + s);
+      merge_softmax(ts.m, ts.s, v.x, v.y, DV_LOG2E);
+      if (beats(v.z, __float_as_int(v.w), ts.av, ts.ai)) { ts.av = v.z; ts.ai = __float_as_int(v.w); }
+    }
+  }
+  if (q_ok) {
+    for (int s = sub; s < p.sc; s += 4) {
+      const float4 v = __ldcg(cp + s);
+      merge_softmax(cs.m, cs.s, v.x, v.y, q_scale);
+      if (beats(v.z, __float_as_int(v.w), cs.av, cs.ai)) { cs.av = v.z; cs.ai = __float_as_int(v.w); }
+    }
+  }
+#pragma unroll
+  for (int off = 1; off < 4; off <<= 1) {
+    merge_softmax(ts.m, ts.s, __shfl_xor_sync(0xFFFFFFFFu, ts.m, off), __shfl_xor_sync(0xFFFFFFFFu, ts.s, off),
+                  DV_LOG2E);
+    merge_softmax(cs.m, cs.s, __shfl_xor_sync(0xFFFFFFFFu, cs.m, off), __shfl_xor_sync(0xFFFFFFFFu, cs.s, off),
+                  q_scale);
+  }
+  warp_argmax(ts.av, ts.ai, 4);
+  warp_argmax(cs.av, cs.ai, 4);
+  const int t_arg = ts.ai < 0 ? 0 : (ts.ai >= a.vocab ? (int)a.vocab - 1 : ts.ai);
+  const int q_arg = cs.ai < 0 ? 0 : (cs.ai >= a.vocab ? (int)a.vocab - 1 : cs.ai);
+  // p_j(x_j), q_j(x_j), the ratio and the uniform (the Triton verifier's epilogue, operation for operation)
+  if (a.flags & DV_RAW) zx = scaled(zx, q.ttemp);
+  const float p_x = div_rn(exp2f(mul_rn(sub_rn(zx, ts.m), DV_LOG2E)), ts.s);
+  const float q_max = scaled(cs.m, q.temp);
+  const float soft = div_rn(exp2f(mul_rn(sub_rn(scaled(cx, q.temp), q_max), DV_LOG2E)), cs.s);
+  const float q_x = q.temp == 0.0f ? ((int)x == q_arg ? 1.0f : 0.0f) : soft;
+  const float ratio = q_x > 0.0f ? div_rn(p_x, q_x) : 0.0f;
+  const u32 prefix = hash_prefix(q.seed, q.position - 1, DV_ACCEPT_DOMAIN);
+  const float u = uniform32(hash_finish(prefix, (u32)j));
+  const bool accept = d_ok && u < ratio;
+  const bool g_accept = d_ok && (int)x == t_arg;
+  const u32 lead = 0x11111111u;  // one lane per row
+  const u32 acc = __ballot_sync(0xFFFFFFFFu, accept) & lead;
+  const u32 gacc = __ballot_sync(0xFFFFFFFFu, g_accept) & lead;
+  const int count = (__ffs(~acc & lead) - 1) >> 2;  // the first failing row (rows past n fail)
+  const int g_count = (__ffs(~gacc & lead) - 1) >> 2;
+  int js = q.greedy ? g_count : count;
+  js = js < 0 ? 0 : (js > n ? n : js);
+  const int src = 4 * js;
+  const float e_tmax = __shfl_sync(0xFFFFFFFFu, ts.m, src), e_tsum = __shfl_sync(0xFFFFFFFFu, ts.s, src);
+  const float e_qmax = __shfl_sync(0xFFFFFFFFu, cs.m, src), e_qsum = __shfl_sync(0xFFFFFFFFu, cs.s, src);
+  const int e_qarg = __shfl_sync(0xFFFFFFFFu, q_arg, src), e_targ = __shfl_sync(0xFFFFFFFFu, t_arg, src);
+  const bool direct = q.greedy || !q.live;
+  if (direct) {  // the output row now (the emit items of this request do nothing)
+    const int xj = __shfl_sync(0xFFFFFFFFu, (int)x, 4 * (lane & 7));
+    if (lane <= k) {
+      i64 out = lane < js ? (i64)xj : (lane == js ? (i64)e_targ : -1);
+      a.tokens[b * a.tok_stride + lane] = q.live ? out : -1;
+    }
+    if (lane == 0) a.num_emitted[b] = q.live ? js + 1 : 0;
+  } else if (lane == 0) {
+    float* e = a.emitp + b * 8;
+    e[0] = __int_as_float(js);
+    e[1] = e_tmax;
+    e[2] = div_rn(1.0f, e_tsum);
+    e[3] = e_qmax;
+    e[4] = div_rn(1.0f, e_qsum);
+    e[5] = q_scale;
+    e[6] = __int_as_float(e_qarg);
+    e[7] = __int_as_float(e_targ);
+    store_release(a.counters + 4 * b + 2, 1);  // ready
+  }
+  if (lane == 0) a.counters[4 * b] = 0;  // every stream item of b has arrived
+}
+
+// ------------------------------------------------------------------ emit item
+struct EmitRow {
+  int js, q_arg;
+  float t_max, t_inv, q_cmax, q_inv, q_scale;
+  bool rejected;
+  u32 prefix;
+};
+
+// Key of one token of the emitted row (x: target value, already divided; c: cache value).
+__device__ __forceinline__ float emit_key(const EmitRow& r, float x, float c, int token, float temp, float g,
+                                          bool& positive) {
+  if (r.rejected) {
+    const float p = mul_rn(ex2(mul_rn(sub_rn(x, r.t_max), DV_LOG2E)), r.t_inv);
+    const float qv = temp == 0.0f ? (token == r.q_arg ? 1.0f : 0.0f)
+                                  : mul_rn(ex2(mul_rn(sub_rn(c, r.q_cmax), r.q_scale)), r.q_inv);
+    const float d = sub_rn(p, qv);
+    const float residual = d >= DV_TINY ? d : 0.0f;  // (NaN: 0)
+    positive = residual > 0.0f;
+    return add_rn(mul_rn(hw_log2(residual), DV_LN2), g);
+  }
+  positive = false;
+  return add_rn(x, g);
+}
+
+// (key, token, any positive residual) of tokens [start, end) of the emitted row; exact: the exact noise for
+// every token, else the cheap noise ranks and the exact noise decides among each lane's best (risky: a lane
+// whose runner-up is too close, or a NaN: the caller rescans exactly).
+template <bool BF16>
+__device__ void emit_scan(const VerifyArgs& a, const EmitRow& r, const float* trow, const void* crow, int start,
+                          int end, float temp, float ttemp, bool divide, bool exact, int lane, float& out_key,
+                          int& out_tok, bool& out_pos, bool& risky) {
+  float best = neg_inf(), runner = neg_inf();
+  int best_tok = 0x7FFFFFFF;
+  float best_x = 0.0f, best_c = 0.0f;
+  bool pos = false, nan = false;
+  // Per step of 256 tokens a lane takes tokens base + 4 lane .. + 3 and base + 128 + 4 lane .. + 3 (each warp-wide
+  // load contiguous); the next step's values are loaded before this step's keys are computed.
+  const uint4 ninf = make_uint4(0xff800000u, 0xff800000u, 0xff800000u, 0xff800000u), zero = make_uint4(0u, 0u, 0u, 0u);
+  uint4 nt0 = ninf, nt1 = ninf, nc0 = zero, nc1 = zero;
+  auto fetch = [&](int base) {
+    const int t0 = base + 4 * lane, t1 = t0 + 128;
+    nt0 = t0 < end ? *((const uint4*)(trow + t0)) : ninf;
+    nt1 = t1 < end ? *((const uint4*)(trow + t1)) : ninf;
+    if (r.rejected) {
+      if (BF16) {
+        const uint2 c0 = t0 < end ? *((const uint2*)((const unsigned short*)crow + t0)) : make_uint2(0u, 0u);
+        const uint2 c1 = t1 < end ? *((const uint2*)((const unsigned short*)crow + t1)) : make_uint2(0u, 0u);
+        nc0 = make_uint4(c0.x, c0.y, c1.x, c1.y);
+      } else {
+        nc0 = t0 < end ? *((const uint4*)((const float*)crow + t0)) : zero;
+        nc1 = t1 < end ? *((const uint4*)((const float*)crow + t1)) : zero;
+      }
+    }
+  };
+  const bool valid = start + 4 * lane < end;  // the lane holds at least one token
+  fetch(start);
+#pragma unroll 1
+  for (int base = start; base < end; base += 256) {
+    float x[8], c[8];
+    widen(nt0, false, x, 0);
+    widen(nt1, false, x, 1);
+    if (r.rejected) {
+      if (BF16) {
+        widen(nc0, true, c, 0);  // (tokens t0..t0+3, then t1..t1+3)
+      } else {
+        widen(nc0, false, c, 0);
+        widen(nc1, false, c, 1);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) c[i] = 0.0f;
+    }
+    if (base + 256 < end) fetch(base + 256);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int token = base + 4 * lane + (i < 4 ? i : 124 + i);  // (i >= 4: base + 128 + 4 lane + i - 4)
+      if (token >= end) continue;
+      const float xv = divide ? div_rn(x[i], ttemp) : x[i];
+      const u32 h = hash_finish(r.prefix, (u32)token);
+      const float u = uniform32(h);
+      const float g = exact ? gumbel32(u) : approx_gumbel(u);
+      bool p_i;
+      const float key = emit_key(r, xv, c[i], token, temp, g, p_i);
+      pos |= p_i;
+      if (exact) {
+        if (key > best || (key != key && best == best)) { best = key; best_tok = token; }
+      } else {
+        nan |= key != key;
+        const bool better = key > best;
+        runner = better ? best : fmaxf(runner, key);
+        if (better) { best = key; best_tok = token; best_x = xv; best_c = c[i]; }
+      }
+    }
+  }
+  float value = best;
+  int token = best_tok;
+  if (!exact) {  // the exact key of the lane's best
+    if (valid && best_tok != 0x7FFFFFFF) {
+      bool unused;
+      value = emit_key(r, best_x, best_c, best_tok, temp,
+                       gumbel32(uniform32(hash_finish(r.prefix, (u32)best_tok))), unused);
+    } else if (valid) {  // every key -inf: the lane's first token
+      token = start + 4 * lane;
+    }
+  } else if (valid && best_tok == 0x7FFFFFFF) {
+    token = start + 4 * lane;
+  }
+  if (!valid) { value = neg_inf(); token = 0x7FFFFFFF; }
+  warp_argmax(value, token);
+  out_key = value;
+  out_tok = token;
+  out_pos = __any_sync(0xFFFFFFFFu, pos);
+  if (exact) {
+    risky = false;
+  } else {
+    const float mag = value < 0.0f ? -value : value;
+    const float slack = add_rn(DV_FILTER_MARGIN, mul_rn(add_rn(mag, 64.0f), 0x1p-20f));
+    const float reach = value > neg_inf() ? value : __int_as_float(0x7f800000);
+    const bool close = valid && runner >= sub_rn(best, slack) && add_rn(runner, slack) >= reach;
+    risky = __any_sync(0xFFFFFFFFu, close || nan);
+  }
+}
+
+__device__ __forceinline__ bool wait_ready(const VerifyArgs& a, i64 b, int lane) {
+  int seen = 0;
+  if (lane == 0) {
+    int spins = 0;
+    while (true) {
+      seen = load_acquire(a.counters + 4 * b + 2);
+      if (seen != 0 || ++spins > DV_SPIN) break;
+      __nanosleep(64);
+    }
+    if (seen == 0) atomicOr(a.global + 2, 1);
+  }
+  seen = __shfl_sync(0xFFFFFFFFu, seen, 0);
+  if (lane != 0) load_acquire(a.counters + 4 * b + 2);  // every lane's own acquire of the flag lane 0 saw
+  return seen != 0;
+}
+
+template <bool BF16>
+__device__ void emit_item(const VerifyArgs& a, const Plan& p, i64 b, int e, const Req& q, int lane) {
+  wait_ready(a, b, lane);
+  const float* ep = a.emitp + b * 8;
+  EmitRow r;
+  r.js = __float_as_int(__ldcg(ep + 0));
+  r.t_max = __ldcg(ep + 1);
+  r.t_inv = __ldcg(ep + 2);
+  r.q_cmax = __ldcg(ep + 3);
+  r.q_inv = __ldcg(ep + 4);
+  r.q_scale = __ldcg(ep + 5);
+  r.q_arg = __float_as_int(__ldcg(ep + 6));
+  r.rejected = r.js < q.n;
+  r.prefix = hash_prefix(q.seed, q.position + r.js - 1, DV_RESAMPLE_DOMAIN);
+  const float* trow = a.target + b * a.t_req + r.js * a.t_row;
+  const char* crow = (const char*)a.cache + (q.slot * a.c_slot + (i64)(r.rejected ? r.js : 0) * a.c_step) * (BF16 ? 2 : 4);
+  const bool divide = (a.flags & DV_RAW) && q.ttemp != 0.0f && q.ttemp != 1.0f;
+  const int start = e * p.es;
+  const int end = (int)(start + p.es < a.vocab ? start + p.es : a.vocab);
+  float key;
+  int tok;
+  bool pos, risky;
+  emit_scan<BF16>(a, r, trow, crow, start, end, q.temp, q.ttemp, divide, false, lane, key, tok, pos, risky);
+  if (risky) {
+    bool unused;
+    emit_scan<BF16>(a, r, trow, crow, start, end, q.temp, q.ttemp, divide, true, lane, key, tok, pos, unused);
+  }
+  if (lane == 0) a.epart[b * p.e + e] = make_float4(key, __int_as_float(tok), pos ? 1.0f : 0.0f, 0.0f);
+  if (!last_arrival(a.counters + 4 * b + 1, p.e, lane)) return;
+  // The last emit item of b: combine the segments (in token order) and write the output row.
+  float v = neg_inf();
+  int t = 0x7FFFFFFF;
+  bool any = false;
+  for (int s = lane; s < p.e; s += 32) {
+    const float4 w = __ldcg(a.epart + b * p.e + s);
+    if (beats(w.x, __float_as_int(w.y), v, t)) { v = w.x; t = __float_as_int(w.y); }
+    any |= w.z != 0.0f;
+  }
+  warp_argmax(v, t);
+  any = __any_sync(0xFFFFFFFFu, any);
+  if (r.rejected && !any) {  // the residual is all zero in fp32: the bonus keys of row js (rare), one warp
+    EmitRow bonus = r;
+    bonus.rejected = false;
+    v = neg_inf();
+    t = 0x7FFFFFFF;
+    for (int s = 0; s < a.vocab; s += p.es) {
+      const int stop = (int)(s + p.es < a.vocab ? s + p.es : a.vocab);
+      float kk;
+      int tt;
+      bool pp, rr;
+      emit_scan<BF16>(a, bonus, trow, crow, s, stop, q.temp, q.ttemp, divide, false, lane, kk, tt, pp, rr);
+      if (rr) emit_scan<BF16>(a, bonus, trow, crow, s, stop, q.temp, q.ttemp, divide, true, lane, kk, tt, pp, rr);
+      if (beats(kk, tt, v, t)) { v = kk; t = tt; }
+    }
+  }
+  const int sampled = t < 0 ? 0 : (t >= a.vocab ? (int)a.vocab - 1 : t);
+  if (lane <= a.k) {
+    i64 out = -1;
+    if (lane < r.js) {
+      i64 x = load_int(a.drafts, b * a.d_req + lane * a.d_step, a.flags & DV_DRAFTS_I64);
+      out = x < 0 ? 0 : (x >= a.vocab ? a.vocab - 1 : x);
+    } else if (lane == r.js) {
+      out = sampled;
+    }
+    a.tokens[b * a.tok_stride + lane] = out;
+  }
+  if (lane == 0) {
+    a.num_emitted[b] = r.js + 1;
+    a.counters[4 * b + 1] = 0;  // every emit item of b has arrived (and passed its wait)
+    a.counters[4 * b + 2] = 0;
+  }
+}
+
+template <bool BF16>
+__device__ void stream_item(const VerifyArgs& a, const Plan& p, i64 b, int r, const Req& q, int lane) {
+  const int k = (int)a.k;
+  const bool is_target = r < (k + 1) * p.st;
+  const int j = is_target ? r / p.st : (r - (k + 1) * p.st) / p.sc;
+  const int s = is_target ? r % p.st : (r - (k + 1) * p.st) % p.sc;
+  const bool work = q.live && (is_target ? j <= q.n : (j < q.n && !q.greedy));
+  if (work) {
+    Stats st;
+    if (is_target) {
+      const int start = s * DV_TARGET_SEG;
+      const int len = (int)(a.vocab - start < DV_TARGET_SEG ? a.vocab - start : DV_TARGET_SEG);
+      const float* row = a.target + b * a.t_req + j * a.t_row + start;
+      const bool divide = (a.flags & DV_RAW) && q.ttemp != 0.0f && q.ttemp != 1.0f;
+      st = stream_piece<false>((const char*)row, start, len, DV_LOG2E, divide, q.ttemp, lane);
+      reduce_stats(st, DV_LOG2E);
+    } else {
+      const float q_scale = div_rn(DV_LOG2E, q.temp == 0.0f ? 1.0f : q.temp);
+      const int seg = BF16 ? DV_SEG_BYTES / 2 : DV_SEG_BYTES / 4;
+      const int start = s * seg;
+      const int len = (int)(a.vocab - start < seg ? a.vocab - start : seg);
+      const char* row = (const char*)a.cache + (q.slot * a.c_slot + (i64)j * a.c_step + start) * (BF16 ? 2 : 4);
+      st = stream_piece<BF16>(row, start, len, q_scale, false, 1.0f, lane);
+      reduce_stats(st, q_scale);
+    }
+    if (lane == 0) {
+      const int row_index = is_target ? j : k + 1 + j;
+      a.part[(b * p.rows + row_index) * p.st + s] = make_float4(st.m, st.s, st.av, __int_as_float(st.ai));
+    }
+  }
+  if (last_arrival(a.counters + 4 * b, p.si, lane)) decide(a, p, b, q, lane);
+}
+
+template <bool BF16>
+__device__ __forceinline__ void run(const VerifyArgs& a) {
+  const int lane = threadIdx.x & 31;
+  const Plan p = plan_of(a.batch, a.vocab, a.k, (a.flags & DV_CACHE_BF16) != 0, a.lag, a.emit_iters);
+  // Every ticket comes from the counter (a block takes its warps' first ones in one atomic), so a ticket is only
+  // ever held by a running warp: a waiting emit item never waits for a block that has not started.
+  __shared__ unsigned int first;
+  if (threadIdx.x == 0) first = atomicAdd((unsigned int*)a.global, (unsigned int)DV_WARPS);
+  __syncthreads();
+  i64 ticket = (i64)first + (threadIdx.x >> 5);
+#pragma unroll 1
+  while (ticket < p.total) {
+    unsigned int taken = 0;
+    if (lane == 0) taken = atomicAdd((unsigned int*)a.global, 1u);  // the next ticket, in flight meanwhile
+    bool emit;
+    i64 b;
+    int r;
+    decode(ticket, p, a.batch, emit, b, r);
+    const Req q = request(a, b);
+    if (emit) {
+      if (!(q.greedy || !q.live)) emit_item<BF16>(a, p, b, r, q, lane);
+    } else {
+      stream_item<BF16>(a, p, b, r, q, lane);
+    }
+    ticket = (i64)__shfl_sync(0xFFFFFFFFu, taken, 0);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0 && atomicAdd(a.global + 1, 1) == (int)gridDim.x - 1) {
+    a.global[0] = 0;  // the last block out resets the counters for the next launch
+    a.global[1] = 0;
+  }
+}
+
+}  // namespace dm
+
+extern "C" __global__ void __launch_bounds__(DV_THREADS, 2) dm_verify_bf16(const dm::VerifyArgs a) {
+  dm::run<true>(a);
+}
+extern "C" __global__ void __launch_bounds__(DV_THREADS, 2) dm_verify_f32(const dm::VerifyArgs a) {
+  dm::run<false>(a);
+}

@@ -1,0 +1,193 @@
+"""Standard verification in one persistent CUDA C++ launch (issue 18): :class:`CudaVerifier`.
+
+``dspark_markov/cuda/verify.cu`` (NVRTC at first use, cached on disk). The Triton verifier
+(:mod:`.triton_verify_stream`) numbers its work by program id, one fixed item per program, so a request
+is ready only when its slowest item ends, and a program's next item starts only after a launch-order
+gap. Here every warp of a grid sized to the GPU takes *tickets* one at a time from one atomic counter (the
+next one fetched while the current ticket runs): 16 KB pieces of a
+target or cache row (``(max, sum 2^((x - max) scale), first argmax)`` each), then, ``lag`` requests
+later in the list, the pieces of each request's emitted row (the residual or bonus Gumbel keys, the
+cheap noise ranking and the exact noise deciding). Warps stream until the list is empty, so the pieces
+of a request end within about one piece of each other at any batch. The formulas are the Triton
+verifier's, operation for operation (the module docstring of :mod:`.triton_verify_stream` says which
+values are exact and which are within fp32 rounding of the reference): the tokens equal the reference's
+and, with raw logits, are bit-identical to the pre-divided mode (each value divided with ``__fdiv_rn``).
+
+Scope: the standard method, ``K + 1 <= 8``, ``V % 8 == 0``, 16-byte aligned target and cache rows
+(:meth:`CudaVerifier.unsupported` says why a call is not covered; ``verify_drafts`` then runs the Triton
+verifier). Requirements: a CUDA device of compute capability 9.0 with NVRTC (``dspark-markov info``).
+CUDA-graph safe: one launch, no allocation after construction; counters are reset by their last user.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from .. import cuda
+from ..validate import DeviceStatusError
+from .run_start import start_run
+
+THREADS = 256  # verify.cu DV_THREADS
+BLOCKS_PER_SM = 2  # __launch_bounds__(256, 2)
+TARGET_SEG = 4096  # verify.cu DV_TARGET_SEG: fp32 target values per stream item
+SEG_BYTES = 16384  # verify.cu DV_SEG_BYTES
+MAX_ROWS = 8  # verify.cu DV_MAX_ROWS: K + 1 <= 8
+KERNELS = ("dm_verify_bf16", "dm_verify_f32")
+DESIGN = "cuda_verify"
+PLAN = "tools/gpu_plans/issue18_cuda.sh"
+# The list's lag (requests between a request's stream pieces and its emit pieces) and the emit piece's size
+# (256 tokens x emit_iters) by batch: (up to this many requests, lag, emit_iters). Written without device time.
+SCHEDULE = ((16, 4, 4), (64, 8, 8), (None, 8, 16))
+_FLAGS = dict(has_greedy=1, raw=2, cache_bf16=4, drafts_i64=8, idx_i64=16, nd_i64=32, pos_i64=64)
+
+
+class VerifyArgs(ctypes.Structure):
+    """The kernel's argument (``struct VerifyArgs`` in verify.cu): 8-byte fields, in order."""
+
+    _fields_ = ([(name, ctypes.c_uint64) for name in (
+        "target", "drafts", "cache", "idx", "nd", "pos", "temp", "seeds", "greedy", "ttemp", "part", "epart", "emitp",
+        "counters", "global_", "tokens", "num_emitted")]
+        + [(name, ctypes.c_int64) for name in (
+            "t_req", "t_row", "d_req", "d_step", "c_slot", "c_step", "tok_stride", "batch", "vocab", "num_slots", "k",
+            "flags", "lag", "emit_iters")])
+
+
+@functools.lru_cache(maxsize=None)
+def verify_kernels(device_index: int):
+    """The loaded functions of ``verify.cu`` on one device (compiled with NVRTC or read from the disk cache)."""
+    return cuda.load_kernels("verify.cu", KERNELS, device_index)
+
+
+def unavailable_reason() -> str | None:
+    """Why :class:`CudaVerifier` cannot run here (no sm_90 GPU, no NVRTC, a failed build, or not opted in
+    while its GPU tests have not passed), else ``None``."""
+    return cuda.unavailable_reason(verify_kernels, lambda: cuda.unverified_reason(DESIGN, PLAN))
+
+
+def schedule(batch: int) -> tuple[int, int]:
+    """``(lag, emit_iters)`` of a launch of ``batch`` requests (:data:`SCHEDULE`)."""
+    for bound, lag, iters in SCHEDULE:
+        if bound is None or batch <= bound:
+            return lag, iters
+    raise AssertionError("SCHEDULE ends with None")
+
+
+def pieces(k: int, vocab: int, cache_bytes: int, emit_iters: int) -> tuple[int, int, int, int]:
+    """``(ST, SC, SI, E)``: stream pieces of a target row and of a cache row, stream pieces per request, emit pieces
+    per request (verify.cu ``plan_of``)."""
+    st = -(-vocab // TARGET_SEG)
+    sc = -(-vocab // (SEG_BYTES // cache_bytes))
+    return st, sc, (k + 1) * st + k * sc, -(-vocab // (256 * emit_iters))
+
+
+def _aligned(t: torch.Tensor, strides) -> bool:
+    return t.data_ptr() % 16 == 0 and all((s * t.element_size()) % 16 == 0 for s in strides)
+
+
+class CudaVerifier:
+    """Persistent-warp verification (standard method) with scratch allocated once; :meth:`run` only launches.
+
+    Parameters: ``max_batch`` (largest ``B``), ``num_drafts`` (``K``, at most 7), ``vocab_size`` (``V``, a multiple
+    of 8), ``device`` (CUDA, sm_90); ``lag`` / ``emit_iters``: override :data:`SCHEDULE` (tests, sweeps).
+    Scratch: ``B (2K+1) ST + B E`` 16-byte partials, ``B`` x 8 words of the emitted rows, ``B`` x 4 counters.
+    """
+
+    def __init__(self, max_batch: int, num_drafts: int, vocab_size: int, device, *, lag=None, emit_iters=None):
+        device = torch.device(device)
+        if device.type != "cuda":
+            raise ValueError(f"device: CudaVerifier needs a CUDA device, got {device}")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
+        self.max_batch, self.k, self.vocab = int(max_batch), int(num_drafts), int(vocab_size)
+        if not 0 <= self.k < MAX_ROWS:
+            raise ValueError(f"num_drafts: CudaVerifier takes K + 1 <= {MAX_ROWS} rows, got K = {self.k}")
+        if self.vocab < 8 or self.vocab % 8:
+            raise ValueError(f"vocab_size: CudaVerifier needs a multiple of 8, got {self.vocab}")
+        if emit_iters is not None and int(emit_iters) < 1:
+            raise ValueError(f"emit_iters: expected >= 1 (256 tokens each), got {emit_iters}")
+        if lag is not None and int(lag) < 0:
+            raise ValueError(f"lag: expected >= 0, got {lag}")
+        self.lag, self.emit_iters = lag, emit_iters
+        self.kernels = verify_kernels(device.index)
+        self.sms = torch.cuda.get_device_properties(device).multi_processor_count
+        mb, k = self.max_batch, self.k
+        st, _, _, e_max = pieces(k, self.vocab, 2, 1)  # (the smallest emit piece: the most partials)
+        self.part = torch.zeros(mb * (2 * k + 1) * st * 4, dtype=torch.float32, device=device)
+        self.epart = torch.zeros(mb * e_max * 4, dtype=torch.float32, device=device)
+        self.emitp = torch.zeros(mb * 8, dtype=torch.float32, device=device)
+        self.counters = torch.zeros(mb * 4, dtype=torch.int32, device=device)
+        self.globals = torch.zeros(4, dtype=torch.int32, device=device)
+        self.tokens = torch.full((mb, k + 1), -1, dtype=torch.int64, device=device)
+        self.num_emitted = torch.zeros(mb, dtype=torch.int64, device=device)
+        self._no_greedy = torch.zeros(1, dtype=torch.uint8, device=device)
+        self._no_temp = torch.zeros(1, dtype=torch.float32, device=device)
+
+    def unsupported(self, target_logits, draft_tokens, logits_cache, method: str = "standard") -> str | None:
+        """Why this call is outside the kernel's scope (the block method, a row not 16-byte aligned), or ``None``."""
+        if method != "standard":
+            return f"method {method!r}: CudaVerifier runs the standard method only"
+        if logits_cache.dtype not in (torch.bfloat16, torch.float32):
+            return f"logits_cache: bf16 or fp32, got {logits_cache.dtype}"
+        if not _aligned(target_logits, target_logits.stride()[:2]):
+            return "target_logits: rows must start on 16-byte boundaries"
+        if not _aligned(logits_cache, logits_cache.stride()[:2]):
+            return "logits_cache: rows must start on 16-byte boundaries"
+        return None
+
+    def check(self) -> None:
+        """Raise if a waiting emit item of an earlier launch timed out (synchronises); then reset."""
+        if int(self.globals[2].item()) != 0:
+            self.globals.zero_()
+            self.counters.zero_()
+            raise DeviceStatusError("CudaVerifier: a waiting item timed out; the outputs of that launch are invalid")
+
+    def run(self, target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions, temperature, seeds,
+            target_greedy=None, *, method: str = "standard", target_temperature=None, tokens=None,
+            num_emitted=None):
+        """Verify a batch: the arguments and outputs of :meth:`.StreamVerifier.run` (validated by the caller;
+        ``ValueError`` for a call :meth:`unsupported` rejects). Allocates nothing, never synchronises.
+
+        target_logits ``[B, K+1, V]`` fp32 (raw with ``target_temperature`` ``[S]`` fp32: divided in the kernel,
+        bit-identical to pre-divided), draft_tokens ``[B, K]``, logits_cache ``[S, N >= K, V]`` bf16 / fp32,
+        num_drafts / idx_mapping / positions ``[B]`` int32 / int64, temperature ``[S]`` fp32, seeds ``[S]`` int64,
+        target_greedy ``[B]`` bool or None. Returns ``(tokens [B, K+1] int64, num_emitted [B] int64)``.
+        Bytes: ``B ((n+1) V 4 + n V c)`` streamed, the emitted rows re-read, 16 B per piece of partials.
+        """
+        why = self.unsupported(target_logits, draft_tokens, logits_cache, method)
+        if why is not None:
+            raise ValueError(why)
+        batch, tokens, num_emitted, finished = start_run(self, target_logits, method, temperature, tokens,
+                                                         num_emitted)
+        if finished:
+            return tokens, num_emitted
+        lag, iters = schedule(batch)
+        lag = lag if self.lag is None else int(self.lag)
+        iters = iters if self.emit_iters is None else int(self.emit_iters)
+        raw = target_temperature is not None
+        bf16 = logits_cache.dtype == torch.bfloat16
+        flags = ((_FLAGS["has_greedy"] if target_greedy is not None else 0) | (_FLAGS["raw"] if raw else 0)
+                 | (_FLAGS["cache_bf16"] if bf16 else 0)
+                 | (_FLAGS["drafts_i64"] if draft_tokens.dtype == torch.int64 else 0)
+                 | (_FLAGS["idx_i64"] if idx_mapping.dtype == torch.int64 else 0)
+                 | (_FLAGS["nd_i64"] if num_drafts.dtype == torch.int64 else 0)
+                 | (_FLAGS["pos_i64"] if positions.dtype == torch.int64 else 0))
+        greedy = target_greedy.view(torch.uint8) if target_greedy is not None else self._no_greedy
+        d_step = draft_tokens.stride(1) if draft_tokens.dim() == 2 and self.k > 0 else 1
+        args = VerifyArgs(
+            target=target_logits.data_ptr(), drafts=draft_tokens.data_ptr(), cache=logits_cache.data_ptr(),
+            idx=idx_mapping.data_ptr(), nd=num_drafts.data_ptr(), pos=positions.data_ptr(),
+            temp=temperature.data_ptr(), seeds=seeds.data_ptr(), greedy=greedy.data_ptr(),
+            ttemp=(target_temperature if raw else self._no_temp).data_ptr(), part=self.part.data_ptr(),
+            epart=self.epart.data_ptr(), emitp=self.emitp.data_ptr(), counters=self.counters.data_ptr(),
+            global_=self.globals.data_ptr(), tokens=tokens.data_ptr(), num_emitted=num_emitted.data_ptr(),
+            t_req=target_logits.stride(0), t_row=target_logits.stride(1), d_req=draft_tokens.stride(0),
+            d_step=d_step, c_slot=logits_cache.stride(0), c_step=logits_cache.stride(1),
+            tok_stride=tokens.stride(0), batch=batch, vocab=self.vocab, num_slots=temperature.shape[0], k=self.k,
+            flags=flags, lag=lag, emit_iters=iters)
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        self.kernels.launch(KERNELS[0] if bf16 else KERNELS[1], self.sms * BLOCKS_PER_SM, THREADS, 0, stream, [args])
+        return tokens, num_emitted

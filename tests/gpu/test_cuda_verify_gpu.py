@@ -1,0 +1,167 @@
+"""CudaVerifier (verify/cuda_verify.py, cuda/verify.cu) on the GPU at DeepSeek-V4.1 shapes (V = 129,280, K = 5).
+
+Equality with the reference (and with the Triton verifier, whose formulas it follows) on the random inputs of
+test_triton_verify_gpu.py, raw logits bit-identical to pre-divided ones, CUDA-graph replays with new inputs (the
+kernel resets its own counters), other schedules giving the same tokens, masked and NaN rows staying in range,
+and the chi-square of every position against the target with its negative control.
+"""
+
+import pytest
+import torch
+
+import dspark_markov as dm
+from dspark_markov.demo.generate import chi_square, chi_square_threshold
+from tests.gpu.test_triton_verify_gpu import K, VOCAB, _case, position_counts
+
+pytestmark = pytest.mark.gpu
+
+
+def _verifier(rows, **options):
+    from dspark_markov import cuda
+    from dspark_markov.verify.cuda_verify import CudaVerifier
+
+    why = cuda.availability(build=False)
+    if why is not None:
+        pytest.skip(why)
+    return CudaVerifier(rows, K, VOCAB, "cuda", **options)
+
+
+def _triton(rows):
+    from dspark_markov.verify.triton_verify_stream import StreamVerifier
+
+    return StreamVerifier(rows, K, VOCAB, "cuda")
+
+
+@pytest.mark.parametrize("rows", [1, 16, 64, 253])
+def test_equals_reference_and_triton_at_full_shapes(rows):
+    verifier = _verifier(rows)
+    triton_verifier = _triton(rows)
+    for seed in range(3):
+        args = _case(rows, seed)
+        ref = dm.verify_drafts(*args)
+        tokens, count = verifier.run(*args)
+        verifier.check()
+        assert torch.equal(count, ref.num_emitted), (seed, count.tolist(), ref.num_emitted.tolist())
+        assert torch.equal(tokens, ref.tokens), seed
+        t_tokens, t_count = triton_verifier.run(*args)
+        assert torch.equal(tokens, t_tokens) and torch.equal(count, t_count)
+
+
+def test_fp32_cache_explicit_greedy_flags_and_int32_inputs():
+    rows = 64
+    args = _case(rows, 7, cache_dtype=torch.float32)
+    flags = torch.zeros(rows, dtype=torch.bool, device="cuda")
+    flags[::3] = True
+    ref = dm.verify_drafts(*args, target_greedy=flags)
+    verifier = _verifier(rows)
+    tokens, count = verifier.run(*args, target_greedy=flags)
+    assert torch.equal(tokens, ref.tokens) and torch.equal(count, ref.num_emitted)
+    narrow = list(args)
+    for i in (1, 3, 4, 5):  # drafts, num_drafts, idx_mapping, positions as int32
+        narrow[i] = args[i].to(torch.int32)
+    tokens, count = verifier.run(*narrow, target_greedy=flags)
+    assert torch.equal(tokens, ref.tokens) and torch.equal(count, ref.num_emitted)
+    verifier.check()
+
+
+@pytest.mark.parametrize("rows", [1, 16, 253])
+def test_raw_logits_bit_identical_to_pre_divided(rows):
+    from dspark_markov.verify.reference import scale_target
+
+    args = _case(rows, 11)
+    temperature = args[6]
+    temperature[args[4][0]] = 1.0
+    raw = args[0] * torch.where(temperature == 0, 1.0, temperature)[args[4].clamp_min(0), None, None]
+    tiny = 2 if rows > 2 else 0
+    raw[tiny, 0, :4] = torch.tensor([1e-35, -0.0, float("-inf"), 1e-42], device=raw.device)
+    divided = scale_target(raw, temperature, args[4])
+    verifier = _verifier(rows)
+    a = [x.clone() for x in verifier.run(divided, *args[1:])]
+    b = verifier.run(raw, *args[1:], target_temperature=temperature)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    ref = dm.verify_drafts(raw, *args[1:], target_temperature=temperature)
+    assert torch.equal(a[0], ref.tokens) and torch.equal(a[1], ref.num_emitted)
+    verifier.check()
+
+
+@pytest.mark.parametrize("options", [dict(lag=0), dict(lag=1, emit_iters=1), dict(lag=40, emit_iters=2),
+                                     dict(emit_iters=32)], ids=["lag0", "lag1_e1", "lag40_e2", "e32"])
+def test_schedules_agree(options):
+    rows = 64
+    args = _case(rows, 21)
+    ref = dm.verify_drafts(*args)
+    verifier = _verifier(rows, **options)
+    for _ in range(3):  # repeated launches: the counters are reset by the kernel
+        tokens, count = verifier.run(*args)
+        assert torch.equal(tokens, ref.tokens) and torch.equal(count, ref.num_emitted)
+    verifier.check()
+
+
+@pytest.mark.parametrize("raw", [False, True])
+def test_cuda_graph_capture_and_replay_equals_eager(raw):
+    rows = 64
+    verifier = _verifier(rows)
+    first = _case(rows, 1)
+    static = [x.clone() for x in first]
+    extra = dict(target_temperature=static[6]) if raw else {}
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        verifier.run(*static, **extra)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tokens, count = verifier.run(*static, **extra)
+    for seed in (2, 3, 4):
+        fresh = _case(rows, seed)
+        for dst, src in zip(static, fresh):
+            dst.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = dm.verify_drafts(*fresh, **({"target_temperature": fresh[6]} if raw else {}))
+        assert torch.equal(tokens, ref.tokens) and torch.equal(count, ref.num_emitted)
+    verifier.check()
+
+
+def test_masked_and_nan_rows_stay_in_range():
+    rows = 16
+    args = _case(rows, 5)
+    target, cache = args[0], args[2]
+    target[3, :, 1000:] = float("-inf")  # a masked target (top-k style): equal to the reference
+    target[4, 2, 77] = float("nan")  # a NaN row: any token in range
+    cache[args[4][5], 1, 5] = float("nan")
+    verifier = _verifier(rows)
+    tokens, count = verifier.run(*args)
+    verifier.check()
+    ref = dm.verify_drafts(*args)
+    assert torch.equal(tokens[3], ref.tokens[3]) and int(count[3]) == int(ref.num_emitted[3])
+    live = count > 0
+    assert bool(((count >= 0) & (count <= K + 1)).all())
+    emitted = tokens[live]
+    kept = torch.arange(K + 1, device="cuda")[None, :] < count[live][:, None]
+    assert bool(((emitted >= 0) & (emitted < VOCAB))[kept].all())
+    assert bool((emitted[~kept] == -1).all())
+
+
+def test_every_position_follows_the_target():
+    rows, calls, support = 253, 48, 24
+    verifier = _verifier(rows)
+
+    def verify(*args):
+        return verifier.run(*args)
+
+    counts, p, accepted = position_counts(verify, torch.device("cuda"), vocab=VOCAB, k=K, rows=rows, calls=calls,
+                                          support=support)
+    verifier.check()
+    assert float(counts[:, support:].sum()) == 0
+    statistic, dof = chi_square(counts[:, :support].cpu(), (p[:, :support] * rows * calls).cpu())
+    assert statistic <= chi_square_threshold(dof), f"chi-square {statistic:.1f} on {dof} df"
+    assert accepted > 0.5
+
+    def wrong_q(target, drafts, cache, num_drafts, slots, positions, temp, seeds):
+        return verifier.run(target, drafts, cache, num_drafts, slots, positions, temp * 1.5, seeds)
+
+    counts, p, _ = position_counts(wrong_q, torch.device("cuda"), vocab=VOCAB, k=K, rows=rows, calls=calls,
+                                   support=support)
+    statistic, dof = chi_square(counts[:, :support].cpu(), (p[:, :support] * rows * calls).cpu())
+    assert statistic > chi_square_threshold(dof)

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# GPU plan for issue 18: the persistent-warp CUDA C++ verifier (verify/cuda_verify.py, cuda/verify.cu; stop 35,
+# written without device time). Run from the repository root on an H200 (sm_90), PYTHONPATH=$PWD/src, one part per job:
+#   bash tools/gpu_plans/issue18_cuda.sh check     # budget ~200 s: its GPU tests (first run), then a bench beside the Triton verifier
+#   bash tools/gpu_plans/issue18_cuda.sh quick     # budget ~230 s: the GPU tests, the bench (mixed T) beside the Triton verifier, ncu at 253
+#   bash tools/gpu_plans/issue18_cuda.sh bench     # budget ~150 s: the bench cases (standard, raw; T = 1 and mixed) beside the Triton verifier
+#   bash tools/gpu_plans/issue18_cuda.sh ncu       # budget ~170 s: Nsight Compute of the CUDA verifier at 16 and 253 requests
+#   bash tools/gpu_plans/issue18_cuda.sh sanitize  # budget ~150 s: compute-sanitizer memcheck / racecheck of the CUDA verifier's tests at 16 requests
+# Results go to $JOB_OUT (default ./gpu_plan_out).
+set -u
+export PYTHONUNBUFFERED=1 DSPARK_MARKOV_UNVERIFIED=cuda_verify
+OUT=${JOB_OUT:-$PWD/gpu_plan_out}
+mkdir -p "$OUT"
+T=tests/gpu/test_cuda_verify_gpu.py
+case "${1:-check}" in
+check)
+  # 1. (~15 s) one batch first: a hang or a wrong token shows here before the long tests
+  timeout -k 2 60 python3 -m pytest -m gpu -x -v -p no:cacheprovider $T -k "full_shapes and 16" 2>&1 \
+    | tee "$OUT/tests_smoke.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed|Error|assert" | tail -12
+  # 2. (~90 s) the whole file
+  timeout -k 2 120 python3 -m pytest -m gpu -v -p no:cacheprovider $T 2>&1 | tee "$OUT/tests.txt" \
+    | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -20
+  # 3. (~60 s) the bench cases beside the Triton verifier (mixed T)
+  timeout -k 2 70 python3 tools/bench_verify_kernels.py "$OUT/bench" verify_standard,verify_raw --impls triton,cuda \
+    --rows 1,16,64,253 --temperatures mixed --rounds 3 --replays 10 2>&1 | grep -E "^\||bandwidth|Error|error" \
+    | tee "$OUT/bench.txt"
+  ;;
+quick)
+  timeout -k 2 90 python3 -m pytest -m gpu -x -v -p no:cacheprovider $T 2>&1 | tee "$OUT/tests.txt" \
+    | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -20
+  timeout -k 2 70 python3 tools/bench_verify_kernels.py "$OUT/bench" verify_standard,verify_raw --impls triton,cuda \
+    --rows 1,16,64,253 --temperatures mixed --rounds 3 --replays 10 2>&1 | grep -E "^\||bandwidth|Error|error" \
+    | tee "$OUT/bench.txt"
+  timeout -k 2 60 ncu --kernel-name regex:dm_verify --launch-skip 3 --launch-count 1 --section SpeedOfLight \
+    --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section SchedulerStats \
+    --section SourceCounters python3 tools/time_cuda_verify.py 253 5 > "$OUT/ncu_253.txt" 2>&1
+  grep -E "Duration|DRAM Throughput|L2 Hit|Achieved Occupancy|Issue Slots|Stall" "$OUT/ncu_253.txt" | head -30
+  ;;
+bench)
+  timeout -k 2 140 python3 tools/bench_verify_kernels.py "$OUT/bench" verify_standard,verify_raw --impls triton,cuda \
+    --rows 1,16,64,253 --temperatures 1,mixed --rounds 5 --replays 20 2>&1 | grep -E "^\||bandwidth|Error|error" \
+    | tee "$OUT/bench.txt"
+  ;;
+ncu)
+  for rows in 16 253; do
+    timeout -k 2 80 ncu --kernel-name regex:dm_verify --launch-skip 3 --launch-count 1 --section SpeedOfLight \
+      --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section SchedulerStats --section ComputeWorkloadAnalysis --section SourceCounters \
+      python3 tools/time_cuda_verify.py $rows 5 > "$OUT/ncu_$rows.txt" 2>&1
+    grep -E "Duration|DRAM Throughput|Memory Throughput|L2 Hit|Achieved Occupancy|Registers|Issue Slots|Stall" "$OUT/ncu_$rows.txt" | head -30
+  done
+  ;;
+sanitize)
+  for tool in memcheck racecheck; do
+    timeout -k 2 70 compute-sanitizer --tool $tool python3 tools/time_cuda_verify.py 16 2 > "$OUT/sanitize_$tool.txt" 2>&1
+    tail -3 "$OUT/sanitize_$tool.txt"
+  done
+  ;;
+esac
