@@ -52,14 +52,14 @@ HARNESS = r"""
 using namespace dm;
 // pieces of the plan, then (emit, b, r) of every ticket
 extern "C" long long plan(long long batch, long long vocab, long long k, int bf16, long long lag, long long iters,
-                          int* counts) {
-  const Plan p = plan_of(batch, vocab, k, bf16 != 0, lag, iters);
+                          long long mult, int* counts) {
+  const Plan p = plan_of(batch, vocab, k, bf16 != 0, lag, iters, mult);
   counts[0] = p.st; counts[1] = p.sc; counts[2] = p.si; counts[3] = p.e; counts[4] = p.lag;
   return p.total;
 }
 extern "C" void tickets(long long batch, long long vocab, long long k, int bf16, long long lag, long long iters,
-                        long long* out) {
-  const Plan p = plan_of(batch, vocab, k, bf16 != 0, lag, iters);
+                        long long mult, long long* out) {
+  const Plan p = plan_of(batch, vocab, k, bf16 != 0, lag, iters, mult);
   for (long long t = 0; t < p.total; ++t) {
     bool emit; long long b; int r;
     decode(t, p, batch, emit, b, r);
@@ -73,22 +73,22 @@ extern "C" void tickets(long long batch, long long vocab, long long k, int bf16,
 def host(tmp_path_factory):
     lib = host_library(tmp_path_factory.mktemp("verify_plan"), HARNESS, "verify_plan.cuh")
     lib.plan.restype = ctypes.c_longlong
-    lib.plan.argtypes = [ctypes.c_longlong] * 3 + [ctypes.c_int] + [ctypes.c_longlong] * 2 + [ctypes.c_void_p]
-    lib.tickets.argtypes = [ctypes.c_longlong] * 3 + [ctypes.c_int] + [ctypes.c_longlong] * 2 + [ctypes.c_void_p]
+    lib.plan.argtypes = [ctypes.c_longlong] * 3 + [ctypes.c_int] + [ctypes.c_longlong] * 3 + [ctypes.c_void_p]
+    lib.tickets.argtypes = [ctypes.c_longlong] * 3 + [ctypes.c_int] + [ctypes.c_longlong] * 3 + [ctypes.c_void_p]
     return lib
 
 
-@pytest.mark.parametrize("batch,vocab,k,bf16,lag,iters", [
-    (1, 129_280, 5, 1, 4, 4), (16, 129_280, 5, 1, 4, 4), (5, 129_280, 5, 0, 8, 16), (7, 4096, 3, 1, 0, 1),
-    (9, 8200, 7, 0, 3, 2), (3, 304, 0, 1, 40, 32), (253, 129_280, 5, 1, 8, 16)])
-def test_every_piece_is_one_ticket_and_emits_follow_their_stream(host, batch, vocab, k, bf16, lag, iters):
+@pytest.mark.parametrize("batch,vocab,k,bf16,lag,iters,mult", [
+    (1, 129_280, 5, 1, 4, 4, 1), (16, 129_280, 5, 1, 4, 4, 2), (5, 129_280, 5, 0, 8, 16, 3), (7, 4096, 3, 1, 0, 1, 1),
+    (9, 8200, 7, 0, 3, 2, 5), (3, 304, 0, 1, 40, 32, 1), (253, 129_280, 5, 1, 16, 16, 4)])
+def test_every_ticket_is_one_piece_and_emits_follow_their_stream(host, batch, vocab, k, bf16, lag, iters, mult):
     counts = (ctypes.c_int * 5)()
-    total = host.plan(batch, vocab, k, bf16, lag, iters, counts)
+    total = host.plan(batch, vocab, k, bf16, lag, iters, mult, counts)
     st, sc, si, e, lag_used = list(counts)
-    assert (st, sc, si, e) == cv.pieces(k, vocab, 2 if bf16 else 4, iters)
+    assert (st, sc, si, e) == cv.pieces(k, vocab, 2 if bf16 else 4, iters, mult)
     assert lag_used == min(lag, batch) and total == batch * (si + e)
     out = torch.zeros(3 * total, dtype=torch.int64)
-    host.tickets(batch, vocab, k, bf16, lag, iters, ctypes.c_void_p(out.data_ptr()))
+    host.tickets(batch, vocab, k, bf16, lag, iters, mult, ctypes.c_void_p(out.data_ptr()))
     emit, b, r = out.view(total, 3).unbind(1)
     assert bool(((b >= 0) & (b < batch)).all())
     for kind, pieces in ((0, si), (1, e)):
@@ -106,7 +106,7 @@ def test_every_piece_is_one_ticket_and_emits_follow_their_stream(host, batch, vo
 def test_launcher_rejects_what_the_kernel_does_not_cover():
     with pytest.raises(ValueError, match="device: CudaVerifier needs a CUDA device"):
         cv.CudaVerifier(4, 5, 129_280, "cpu")
-    assert cv.schedule(1) == (4, 4) and cv.schedule(16) == (4, 4) and cv.schedule(253) == (8, 16)
+    assert [len(cv.schedule(b)) for b in (1, 16, 64, 253)] == [3] * 4 and cv.SCHEDULE[-1][0] is None
 
     class Fake:  # unsupported() reads only these
         def __init__(self, ptr, strides, size=4, dtype=torch.float32):

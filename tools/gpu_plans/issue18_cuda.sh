@@ -3,6 +3,7 @@
 # written without device time). Run from the repository root on an H200 (sm_90), PYTHONPATH=$PWD/src, one part per job:
 #   bash tools/gpu_plans/issue18_cuda.sh check     # budget ~200 s: its GPU tests (first run), then a bench beside the Triton verifier
 #   bash tools/gpu_plans/issue18_cuda.sh quick     # budget ~230 s: the GPU tests, the bench (mixed T) beside the Triton verifier, ncu at 253
+#   bash tools/gpu_plans/issue18_cuda.sh sweep     # budget ~180 s: schedules (lag, emit piece, stream piece) beside the Triton verifier; a traced launch per batch
 #   bash tools/gpu_plans/issue18_cuda.sh bench     # budget ~150 s: the bench cases (standard, raw; T = 1 and mixed) beside the Triton verifier
 #   bash tools/gpu_plans/issue18_cuda.sh ncu       # budget ~170 s: Nsight Compute of the CUDA verifier at 16 and 253 requests
 #   bash tools/gpu_plans/issue18_cuda.sh sanitize  # budget ~150 s: compute-sanitizer memcheck / racecheck of the CUDA verifier's tests at 16 requests
@@ -35,6 +36,12 @@ quick)
     --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section SchedulerStats \
     --section SourceCounters python3 tools/time_cuda_verify.py 253 5 > "$OUT/ncu_253.txt" 2>&1
   grep -E "Duration|DRAM Throughput|L2 Hit|Achieved Occupancy|Issue Slots|Stall" "$OUT/ncu_253.txt" | head -30
+  ;;
+sweep)
+  timeout -k 2 30 python3 -m pytest -m gpu -x -p no:cacheprovider $T -k "schedules or full_shapes" 2>&1 | tail -3
+  timeout -k 2 80 python3 tools/sweep_cuda_verify.py --rows 1,16,64,253 --variants -:-:-,-:-:2,-:-:4,32:-:4,-:32:4 \
+    --rounds 3 --replays 10 2>&1 | tee "$OUT/sweep.txt" | grep -v Warning
+  timeout -k 2 40 python3 tools/trace_cuda_verify.py --rows 1,16,64,253 2>&1 | tee "$OUT/trace.txt" | grep -v Warning
   ;;
 bench)
   timeout -k 2 140 python3 tools/bench_verify_kernels.py "$OUT/bench" verify_standard,verify_raw --impls triton,cuda \

@@ -281,8 +281,8 @@ class VerifyRunner(Runner):
             from ..verify.cuda_verify import CudaVerifier, schedule
 
             self.verifier = CudaVerifier(b, k, config.vocab, device)
-            lag, iters = schedule(b)
-            self.layout = f"lag={lag} emit_iters={iters}"
+            lag, iters, mult = schedule(b)
+            self.layout = f"lag={lag} emit_iters={iters} piece_mult={mult}"
 
     def _args(self):
         return (self.target, self.drafts, self.cache, self.num_drafts, self.idx_mapping, self.positions,

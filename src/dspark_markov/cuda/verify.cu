@@ -60,8 +60,9 @@ struct VerifyArgs {  // 8-byte fields; cuda_verify.VerifyArgs mirrors it
   int* global;                  // [4]: ticket counter, exits, status
   i64* tokens;                  // [B, K+1] output (stride tok_stride)
   i64* num_emitted;             // [B]
+  u64* trace;                   // [tickets, 4] or null: per ticket start / mid / end %globaltimer ns and what it was
   i64 t_req, t_row, d_req, d_step, c_slot, c_step, tok_stride;
-  i64 batch, vocab, num_slots, k, flags, lag, emit_iters;
+  i64 batch, vocab, num_slots, k, flags, lag, emit_iters, piece_mult;
 };
 
 __device__ __forceinline__ i64 load_int(const void* ptr, i64 i, bool wide) {
@@ -98,6 +99,11 @@ __device__ __forceinline__ float ex2(float x) {  // ex2.approx.ftz (the Triton v
 }
 __device__ __forceinline__ float scaled(float x, float t) { return t == 0.0f ? x : div_rn(x, t); }
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+__device__ __forceinline__ u64 now_ns() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
 
 // Arrival on a counter with acquire-release semantics (the arriving warp's stores before it are visible to the
 // last arriver) instead of __threadfence (a fence.sc.gpu per piece: the first version, written so, took ~20 ns of
@@ -276,6 +282,7 @@ __device__ void decide(const VerifyArgs& a, const Plan& p, i64 b, const Req& q, 
                                   : __ldg((const float*)a.cache + off);
   }
   if (t_ok) {
+#pragma unroll 8
     for (int s = sub; s < p.st; s += 4) {
       const float4 v = __ldcg(tp + s);
       merge_softmax(ts.m, ts.s, v.x, v.y, DV_LOG2E);
@@ -283,6 +290,7 @@ __device__ void decide(const VerifyArgs& a, const Plan& p, i64 b, const Req& q, 
     }
   }
   if (q_ok) {
+#pragma unroll 4
     for (int s = sub; s < p.sc; s += 4) {
       const float4 v = __ldcg(cp + s);
       merge_softmax(cs.m, cs.s, v.x, v.y, q_scale);
@@ -559,32 +567,37 @@ __device__ void emit_item(const VerifyArgs& a, const Plan& p, i64 b, int e, cons
 
 template <bool BF16>
 __device__ void stream_item(const VerifyArgs& a, const Plan& p, i64 b, int r, const Req& q, int lane) {
+  // stream ticket r of request b: pieces s0 .. s0 + mult - 1 of target row j (r < (K+1) stt) or of cache row j
   const int k = (int)a.k;
-  const bool is_target = r < (k + 1) * p.st;
-  const int j = is_target ? r / p.st : (r - (k + 1) * p.st) / p.sc;
-  const int s = is_target ? r % p.st : (r - (k + 1) * p.st) % p.sc;
+  const bool is_target = r < (k + 1) * p.stt;
+  const int rr = is_target ? r : r - (k + 1) * p.stt;
+  const int per_row = is_target ? p.stt : p.sct;
+  const int j = rr / per_row;
+  const int s0 = (rr % per_row) * p.mult;
+  const int s1 = (s0 + p.mult < (is_target ? p.st : p.sc)) ? s0 + p.mult : (is_target ? p.st : p.sc);
   const bool work = q.live && (is_target ? j <= q.n : (j < q.n && !q.greedy));
   if (work) {
-    Stats st;
-    if (is_target) {
-      const int start = s * DV_TARGET_SEG;
-      const int len = (int)(a.vocab - start < DV_TARGET_SEG ? a.vocab - start : DV_TARGET_SEG);
-      const float* row = a.target + b * a.t_req + j * a.t_row + start;
-      const bool divide = (a.flags & DV_RAW) && q.ttemp != 0.0f && q.ttemp != 1.0f;
-      st = stream_piece<false>((const char*)row, start, len, DV_LOG2E, divide, q.ttemp, lane);
-      reduce_stats(st, DV_LOG2E);
-    } else {
-      const float q_scale = div_rn(DV_LOG2E, q.temp == 0.0f ? 1.0f : q.temp);
-      const int seg = BF16 ? DV_SEG_BYTES / 2 : DV_SEG_BYTES / 4;
-      const int start = s * seg;
-      const int len = (int)(a.vocab - start < seg ? a.vocab - start : seg);
-      const char* row = (const char*)a.cache + (q.slot * a.c_slot + (i64)j * a.c_step + start) * (BF16 ? 2 : 4);
-      st = stream_piece<BF16>(row, start, len, q_scale, false, 1.0f, lane);
-      reduce_stats(st, q_scale);
-    }
-    if (lane == 0) {
-      const int row_index = is_target ? j : k + 1 + j;
-      a.part[(b * p.rows + row_index) * p.st + s] = make_float4(st.m, st.s, st.av, __int_as_float(st.ai));
+    const int row_index = is_target ? j : k + 1 + j;
+    const bool divide = (a.flags & DV_RAW) && q.ttemp != 0.0f && q.ttemp != 1.0f;
+    const float q_scale = div_rn(DV_LOG2E, q.temp == 0.0f ? 1.0f : q.temp);
+#pragma unroll 1
+    for (int s = s0; s < s1; ++s) {
+      Stats st;
+      if (is_target) {
+        const int start = s * DV_TARGET_SEG;
+        const int len = (int)(a.vocab - start < DV_TARGET_SEG ? a.vocab - start : DV_TARGET_SEG);
+        const float* row = a.target + b * a.t_req + j * a.t_row + start;
+        st = stream_piece<false>((const char*)row, start, len, DV_LOG2E, divide, q.ttemp, lane);
+        reduce_stats(st, DV_LOG2E);
+      } else {
+        const int seg = BF16 ? DV_SEG_BYTES / 2 : DV_SEG_BYTES / 4;
+        const int start = s * seg;
+        const int len = (int)(a.vocab - start < seg ? a.vocab - start : seg);
+        const char* row = (const char*)a.cache + (q.slot * a.c_slot + (i64)j * a.c_step + start) * (BF16 ? 2 : 4);
+        st = stream_piece<BF16>(row, start, len, q_scale, false, 1.0f, lane);
+        reduce_stats(st, q_scale);
+      }
+      if (lane == 0) a.part[(b * p.rows + row_index) * p.st + s] = make_float4(st.m, st.s, st.av, __int_as_float(st.ai));
     }
   }
   if (last_arrival(a.counters + 4 * b, p.si, lane)) decide(a, p, b, q, lane);
@@ -593,7 +606,7 @@ __device__ void stream_item(const VerifyArgs& a, const Plan& p, i64 b, int r, co
 template <bool BF16>
 __device__ __forceinline__ void run(const VerifyArgs& a) {
   const int lane = threadIdx.x & 31;
-  const Plan p = plan_of(a.batch, a.vocab, a.k, (a.flags & DV_CACHE_BF16) != 0, a.lag, a.emit_iters);
+  const Plan p = plan_of(a.batch, a.vocab, a.k, (a.flags & DV_CACHE_BF16) != 0, a.lag, a.emit_iters, a.piece_mult);
   // Every ticket comes from the counter (a block takes its warps' first ones in one atomic), so a ticket is only
   // ever held by a running warp: a waiting emit item never waits for a block that has not started.
   __shared__ unsigned int first;
@@ -603,16 +616,29 @@ __device__ __forceinline__ void run(const VerifyArgs& a) {
 #pragma unroll 1
   while (ticket < p.total) {
     unsigned int taken = 0;
-    if (lane == 0) taken = atomicAdd((unsigned int*)a.global, 1u);  // the next ticket, in flight meanwhile
     bool emit;
     i64 b;
     int r;
     decode(ticket, p, a.batch, emit, b, r);
     const Req q = request(a, b);
+    const u64 t_start = a.trace ? now_ns() : 0;
     if (emit) {
+      // the next ticket only after this one: a warp waiting for a decision holds no other ticket (a stream ticket
+      // taken ahead would delay its request's decision by this wait, and so on down the list)
       if (!(q.greedy || !q.live)) emit_item<BF16>(a, p, b, r, q, lane);
+      if (lane == 0) taken = atomicAdd((unsigned int*)a.global, 1u);
     } else {
+      if (lane == 0) taken = atomicAdd((unsigned int*)a.global, 1u);  // the next ticket, in flight meanwhile
       stream_item<BF16>(a, p, b, r, q, lane);
+    }
+    if (a.trace && lane == 0) {  // tools/trace_cuda_verify.py: [start, end, smid + 2^8 emit + 2^9 direct, b]
+      u32 smid;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+      u64* t = a.trace + 4 * ticket;
+      t[0] = t_start;
+      t[1] = now_ns();
+      t[2] = smid + (emit ? 256u : 0u) + ((q.greedy || !q.live) ? 512u : 0u);
+      t[3] = (u64)b;
     }
     ticket = (i64)__shfl_sync(0xFFFFFFFFu, taken, 0);
   }

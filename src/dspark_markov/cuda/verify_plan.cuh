@@ -11,17 +11,23 @@
 namespace dm {
 
 struct Plan {
-  int st, sc, si, e, es, lag, rows;  // pieces per target row / cache row / request's stream, per emitted row
-  i64 total;                         // tickets
+  int st, sc;            // 16 KB pieces per target row / cache row (one partial each)
+  int mult, stt, sct;    // pieces per stream ticket; stream tickets per target row / cache row
+  int si, e, es;         // stream tickets per request; emit tickets per request, tokens per emit ticket
+  int lag, rows;
+  i64 total;             // tickets
 };
 
-DM_HD Plan plan_of(i64 batch, i64 vocab, i64 k_drafts, bool bf16_cache, i64 lag, i64 emit_iters) {
+DM_HD Plan plan_of(i64 batch, i64 vocab, i64 k_drafts, bool bf16_cache, i64 lag, i64 emit_iters, i64 piece_mult) {
   Plan p;
   const int v = (int)vocab, k = (int)k_drafts;
   p.st = (v + DV_TARGET_SEG - 1) / DV_TARGET_SEG;
   const int c_seg = bf16_cache ? DV_SEG_BYTES / 2 : DV_SEG_BYTES / 4;
   p.sc = (v + c_seg - 1) / c_seg;
-  p.si = (k + 1) * p.st + k * p.sc;
+  p.mult = (int)piece_mult;
+  p.stt = (p.st + p.mult - 1) / p.mult;
+  p.sct = (p.sc + p.mult - 1) / p.mult;
+  p.si = (k + 1) * p.stt + k * p.sct;
   p.es = 256 * (int)emit_iters;
   p.e = (v + p.es - 1) / p.es;
   p.lag = (int)(lag < batch ? lag : batch);
@@ -30,8 +36,8 @@ DM_HD Plan plan_of(i64 batch, i64 vocab, i64 k_drafts, bool bf16_cache, i64 lag,
   return p;
 }
 
-// Ticket t -> (emit?, request b, piece r): the stream pieces of requests 0..lag-1, then for each later request g
-// its stream pieces followed by the emit pieces of request g - lag, then the emit pieces of the last lag requests.
+// Ticket t -> (emit?, request b, index r): the stream tickets of requests 0..lag-1, then for each later request g
+// its stream tickets followed by the emit pieces of request g - lag, then the emit pieces of the last lag requests.
 DM_HD void decode(i64 t, const Plan& p, i64 batch, bool& emit, i64& b, int& r) {
   const i64 head = (i64)p.lag * p.si;
   if (t < head) {

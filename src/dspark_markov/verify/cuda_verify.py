@@ -38,9 +38,10 @@ MAX_ROWS = 8  # verify.cu DV_MAX_ROWS: K + 1 <= 8
 KERNELS = ("dm_verify_bf16", "dm_verify_f32")
 DESIGN = "cuda_verify"
 PLAN = "tools/gpu_plans/issue18_cuda.sh"
-# The list's lag (requests between a request's stream pieces and its emit pieces) and the emit piece's size
-# (256 tokens x emit_iters) by batch: (up to this many requests, lag, emit_iters). Written without device time.
-SCHEDULE = ((16, 4, 4), (64, 8, 8), (None, 8, 16))
+# The list's lag (requests between a request's stream tickets and its emit tickets), the emit ticket's size
+# (256 tokens x emit_iters) and the 16 KB pieces per stream ticket by batch: (up to this many requests, lag,
+# emit_iters, piece_mult).
+SCHEDULE = ((16, 4, 4, 1), (64, 8, 8, 1), (None, 16, 16, 1))
 _FLAGS = dict(has_greedy=1, raw=2, cache_bf16=4, drafts_i64=8, idx_i64=16, nd_i64=32, pos_i64=64)
 
 
@@ -49,10 +50,10 @@ class VerifyArgs(ctypes.Structure):
 
     _fields_ = ([(name, ctypes.c_uint64) for name in (
         "target", "drafts", "cache", "idx", "nd", "pos", "temp", "seeds", "greedy", "ttemp", "part", "epart", "emitp",
-        "counters", "global_", "tokens", "num_emitted")]
+        "counters", "global_", "tokens", "num_emitted", "trace")]
         + [(name, ctypes.c_int64) for name in (
             "t_req", "t_row", "d_req", "d_step", "c_slot", "c_step", "tok_stride", "batch", "vocab", "num_slots", "k",
-            "flags", "lag", "emit_iters")])
+            "flags", "lag", "emit_iters", "piece_mult")])
 
 
 @functools.lru_cache(maxsize=None)
@@ -67,20 +68,21 @@ def unavailable_reason() -> str | None:
     return cuda.unavailable_reason(verify_kernels, lambda: cuda.unverified_reason(DESIGN, PLAN))
 
 
-def schedule(batch: int) -> tuple[int, int]:
-    """``(lag, emit_iters)`` of a launch of ``batch`` requests (:data:`SCHEDULE`)."""
-    for bound, lag, iters in SCHEDULE:
+def schedule(batch: int) -> tuple[int, int, int]:
+    """``(lag, emit_iters, piece_mult)`` of a launch of ``batch`` requests (:data:`SCHEDULE`)."""
+    for bound, lag, iters, mult in SCHEDULE:
         if bound is None or batch <= bound:
-            return lag, iters
+            return lag, iters, mult
     raise AssertionError("SCHEDULE ends with None")
 
 
-def pieces(k: int, vocab: int, cache_bytes: int, emit_iters: int) -> tuple[int, int, int, int]:
-    """``(ST, SC, SI, E)``: stream pieces of a target row and of a cache row, stream pieces per request, emit pieces
-    per request (verify.cu ``plan_of``)."""
+def pieces(k: int, vocab: int, cache_bytes: int, emit_iters: int, piece_mult: int = 1) -> tuple[int, int, int, int]:
+    """``(ST, SC, SI, E)``: 16 KB pieces of a target row and of a cache row, stream tickets per request, emit tickets
+    per request (verify_plan.cuh ``plan_of``)."""
     st = -(-vocab // TARGET_SEG)
     sc = -(-vocab // (SEG_BYTES // cache_bytes))
-    return st, sc, (k + 1) * st + k * sc, -(-vocab // (256 * emit_iters))
+    si = (k + 1) * -(-st // piece_mult) + k * -(-sc // piece_mult)
+    return st, sc, si, -(-vocab // (256 * emit_iters))
 
 
 def _aligned(t: torch.Tensor, strides) -> bool:
@@ -95,7 +97,8 @@ class CudaVerifier:
     Scratch: ``B (2K+1) ST + B E`` 16-byte partials, ``B`` x 8 words of the emitted rows, ``B`` x 4 counters.
     """
 
-    def __init__(self, max_batch: int, num_drafts: int, vocab_size: int, device, *, lag=None, emit_iters=None):
+    def __init__(self, max_batch: int, num_drafts: int, vocab_size: int, device, *, lag=None, emit_iters=None,
+                 piece_mult=None):
         device = torch.device(device)
         if device.type != "cuda":
             raise ValueError(f"device: CudaVerifier needs a CUDA device, got {device}")
@@ -111,7 +114,9 @@ class CudaVerifier:
             raise ValueError(f"emit_iters: expected >= 1 (256 tokens each), got {emit_iters}")
         if lag is not None and int(lag) < 0:
             raise ValueError(f"lag: expected >= 0, got {lag}")
-        self.lag, self.emit_iters = lag, emit_iters
+        if piece_mult is not None and not 1 <= int(piece_mult) <= 64:
+            raise ValueError(f"piece_mult: expected 1..64 pieces of 16 KB per stream ticket, got {piece_mult}")
+        self.lag, self.emit_iters, self.piece_mult = lag, emit_iters, piece_mult
         self.kernels = verify_kernels(device.index)
         self.sms = torch.cuda.get_device_properties(device).multi_processor_count
         mb, k = self.max_batch, self.k
@@ -138,6 +143,25 @@ class CudaVerifier:
             return "logits_cache: rows must start on 16-byte boundaries"
         return None
 
+    def schedule_of(self, batch: int) -> tuple[int, int, int]:
+        """``(lag, emit_iters, piece_mult)`` this verifier launches ``batch`` requests with."""
+        lag, iters, mult = schedule(batch)
+        return (lag if self.lag is None else int(self.lag), iters if self.emit_iters is None else int(self.emit_iters),
+                mult if self.piece_mult is None else int(self.piece_mult))
+
+    def tickets(self, batch: int, cache_dtype=torch.bfloat16) -> int:
+        """Tickets of a launch of ``batch`` requests (verify_plan.cuh ``Plan.total``)."""
+        _, iters, mult = self.schedule_of(batch)
+        _, _, si, e = pieces(self.k, self.vocab, 2 if cache_dtype == torch.bfloat16 else 4, iters, mult)
+        return batch * (si + e)
+
+    def _trace_ptr(self, trace, batch, cache_dtype) -> int:
+        rows = self.tickets(batch, cache_dtype)
+        if trace.shape != (rows, 4) or trace.dtype != torch.int64 or not trace.is_contiguous():
+            raise ValueError(f"trace: expected a contiguous [{rows}, 4] int64 tensor, got {tuple(trace.shape)} "
+                             f"{trace.dtype}")
+        return trace.data_ptr()
+
     def check(self) -> None:
         """Raise if a waiting emit item of an earlier launch timed out (synchronises); then reset."""
         if int(self.globals[2].item()) != 0:
@@ -147,7 +171,7 @@ class CudaVerifier:
 
     def run(self, target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions, temperature, seeds,
             target_greedy=None, *, method: str = "standard", target_temperature=None, tokens=None,
-            num_emitted=None):
+            num_emitted=None, trace=None):
         """Verify a batch: the arguments and outputs of :meth:`.StreamVerifier.run` (validated by the caller;
         ``ValueError`` for a call :meth:`unsupported` rejects). Allocates nothing, never synchronises.
 
@@ -156,6 +180,9 @@ class CudaVerifier:
         num_drafts / idx_mapping / positions ``[B]`` int32 / int64, temperature ``[S]`` fp32, seeds ``[S]`` int64,
         target_greedy ``[B]`` bool or None. Returns ``(tokens [B, K+1] int64, num_emitted [B] int64)``.
         Bytes: ``B ((n+1) V 4 + n V c)`` streamed, the emitted rows re-read, 16 B per piece of partials.
+
+        trace : a profiling aid, ``[tickets(batch), 4]`` int64 (:meth:`tickets`): per ticket its start and end
+        ``%globaltimer`` (ns), ``smid + 256 emit + 512 direct`` and the request (``tools/trace_cuda_verify.py``).
         """
         why = self.unsupported(target_logits, draft_tokens, logits_cache, method)
         if why is not None:
@@ -164,9 +191,7 @@ class CudaVerifier:
                                                          num_emitted)
         if finished:
             return tokens, num_emitted
-        lag, iters = schedule(batch)
-        lag = lag if self.lag is None else int(self.lag)
-        iters = iters if self.emit_iters is None else int(self.emit_iters)
+        lag, iters, mult = self.schedule_of(batch)
         raw = target_temperature is not None
         bf16 = logits_cache.dtype == torch.bfloat16
         flags = ((_FLAGS["has_greedy"] if target_greedy is not None else 0) | (_FLAGS["raw"] if raw else 0)
@@ -184,10 +209,11 @@ class CudaVerifier:
             ttemp=(target_temperature if raw else self._no_temp).data_ptr(), part=self.part.data_ptr(),
             epart=self.epart.data_ptr(), emitp=self.emitp.data_ptr(), counters=self.counters.data_ptr(),
             global_=self.globals.data_ptr(), tokens=tokens.data_ptr(), num_emitted=num_emitted.data_ptr(),
+            trace=0 if trace is None else self._trace_ptr(trace, batch, logits_cache.dtype),
             t_req=target_logits.stride(0), t_row=target_logits.stride(1), d_req=draft_tokens.stride(0),
             d_step=d_step, c_slot=logits_cache.stride(0), c_step=logits_cache.stride(1),
             tok_stride=tokens.stride(0), batch=batch, vocab=self.vocab, num_slots=temperature.shape[0], k=self.k,
-            flags=flags, lag=lag, emit_iters=iters)
+            flags=flags, lag=lag, emit_iters=iters, piece_mult=mult)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         self.kernels.launch(KERNELS[0] if bf16 else KERNELS[1], self.sms * BLOCKS_PER_SM, THREADS, 0, stream, [args])
         return tokens, num_emitted
