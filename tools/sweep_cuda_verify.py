@@ -1,6 +1,6 @@
 """Time CudaVerifier schedules beside the Triton verifier, same call, same inputs as ``bench --verify``.
 
-Usage: ``PYTHONPATH=src python3 tools/sweep_cuda_verify.py [--rows 1,16,64,253] [--variants LAG:ITERS:MULT,...] [--raw]
+Usage: ``PYTHONPATH=src python3 tools/sweep_cuda_verify.py [--rows 1,16,64,253] [--variants LAG:ITERS:MULT[:s],...] [--raw]
 [--rounds 5] [--replays 20]``: for each batch, the bench's inputs (``bench.verify_grid.SharedInputs``, mixed T),
 the Triton :class:`StreamVerifier` default and one :class:`CudaVerifier` per ``lag:emit_iters:piece_mult`` (``-`` keeps
 the default), each captured in a CUDA graph; rounds alternate the variants, each replay after an L2 flush;
@@ -40,10 +40,12 @@ def main(argv):
         extra = dict(target_temperature=temperature) if raw else {}
         runs = {"triton": StreamVerifier(b, k, vocab, "cuda")}
         for v in variants:
-            given = [None if x == "-" else int(x) for x in (v.split(":") + ["-", "-", "-"])[:3]]
+            fields = v.split(":")
+            static = fields[-1] == "s"
+            given = [None if x == "-" else int(x) for x in ([f for f in fields if f != "s"] + ["-", "-", "-"])[:3]]
             used = [d if g is None else g for g, d in zip(given, schedule(b))]
-            runs["cuda lag={} e={} m={}".format(*used)] = CudaVerifier(b, k, vocab, "cuda", lag=given[0],
-                                                                       emit_iters=given[1], piece_mult=given[2])
+            runs["cuda lag={} e={} m={}".format(*used) + (" static" if static else "")] = CudaVerifier(
+                b, k, vocab, "cuda", lag=given[0], emit_iters=given[1], piece_mult=given[2], static=static)
         graphs, outs = {}, {}
         for name, verifier in runs.items():
             tokens = torch.full((b, k + 1), -1, dtype=torch.int64, device="cuda")

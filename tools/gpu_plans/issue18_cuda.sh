@@ -39,7 +39,7 @@ quick)
   ;;
 sweep)
   timeout -k 2 30 python3 -m pytest -m gpu -x -p no:cacheprovider $T -k "schedules or full_shapes" 2>&1 | tail -3
-  timeout -k 2 80 python3 tools/sweep_cuda_verify.py --rows 1,16,64,253 --variants -:-:-,-:-:2,-:-:4,32:-:4,-:32:4 \
+  timeout -k 2 80 python3 tools/sweep_cuda_verify.py --rows 1,16,64,253 --variants -:-:-,-:-:4,32:-:4,-:32:4,-:-:-:s,-:-:4:s \
     --rounds 3 --replays 10 2>&1 | tee "$OUT/sweep.txt" | grep -v Warning
   timeout -k 2 40 python3 tools/trace_cuda_verify.py --rows 1,16,64,253 2>&1 | tee "$OUT/trace.txt" | grep -v Warning
   ;;

@@ -41,6 +41,7 @@ namespace dm {
 #define DV_IDX_I64 16
 #define DV_ND_I64 32
 #define DV_POS_I64 64
+#define DV_STATIC 128  // warp w takes tickets w, w + W, w + 2W, ... (no counter; every block must be resident)
 
 struct VerifyArgs {  // 8-byte fields; cuda_verify.VerifyArgs mirrors it
   const float* target;          // [B, K+1, V] fp32 (raw with DV_RAW)
@@ -609,8 +610,10 @@ __device__ __forceinline__ void run(const VerifyArgs& a) {
   const Plan p = plan_of(a.batch, a.vocab, a.k, (a.flags & DV_CACHE_BF16) != 0, a.lag, a.emit_iters, a.piece_mult);
   // Every ticket comes from the counter (a block takes its warps' first ones in one atomic), so a ticket is only
   // ever held by a running warp: a waiting emit item never waits for a block that has not started.
+  const bool fixed = (a.flags & DV_STATIC) != 0;
+  const unsigned int warps = gridDim.x * DV_WARPS;
   __shared__ unsigned int first;
-  if (threadIdx.x == 0) first = atomicAdd((unsigned int*)a.global, (unsigned int)DV_WARPS);
+  if (threadIdx.x == 0) first = fixed ? blockIdx.x * DV_WARPS : atomicAdd((unsigned int*)a.global, (unsigned int)DV_WARPS);
   __syncthreads();
   i64 ticket = (i64)first + (threadIdx.x >> 5);
 #pragma unroll 1
@@ -626,9 +629,9 @@ __device__ __forceinline__ void run(const VerifyArgs& a) {
       // the next ticket only after this one: a warp waiting for a decision holds no other ticket (a stream ticket
       // taken ahead would delay its request's decision by this wait, and so on down the list)
       if (!(q.greedy || !q.live)) emit_item<BF16>(a, p, b, r, q, lane);
-      if (lane == 0) taken = atomicAdd((unsigned int*)a.global, 1u);
+      if (lane == 0) taken = fixed ? (unsigned int)ticket + warps : atomicAdd((unsigned int*)a.global, 1u);
     } else {
-      if (lane == 0) taken = atomicAdd((unsigned int*)a.global, 1u);  // the next ticket, in flight meanwhile
+      if (lane == 0) taken = fixed ? (unsigned int)ticket + warps : atomicAdd((unsigned int*)a.global, 1u);
       stream_item<BF16>(a, p, b, r, q, lane);
     }
     if (a.trace && lane == 0) {  // tools/trace_cuda_verify.py: [start, end, smid + 2^8 emit + 2^9 direct, b]

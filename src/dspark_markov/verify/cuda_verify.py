@@ -42,7 +42,8 @@ PLAN = "tools/gpu_plans/issue18_cuda.sh"
 # (256 tokens x emit_iters) and the 16 KB pieces per stream ticket by batch: (up to this many requests, lag,
 # emit_iters, piece_mult).
 SCHEDULE = ((16, 4, 4, 1), (64, 8, 8, 1), (None, 16, 16, 1))
-_FLAGS = dict(has_greedy=1, raw=2, cache_bf16=4, drafts_i64=8, idx_i64=16, nd_i64=32, pos_i64=64)
+_FLAGS = dict(has_greedy=1, raw=2, cache_bf16=4, drafts_i64=8, idx_i64=16, nd_i64=32, pos_i64=64, static=128)
+STATIC = False  # tickets from the counter (False) or warp w's tickets w, w + W, ... (True: needs every block resident)
 
 
 class VerifyArgs(ctypes.Structure):
@@ -98,7 +99,7 @@ class CudaVerifier:
     """
 
     def __init__(self, max_batch: int, num_drafts: int, vocab_size: int, device, *, lag=None, emit_iters=None,
-                 piece_mult=None):
+                 piece_mult=None, static=None):
         device = torch.device(device)
         if device.type != "cuda":
             raise ValueError(f"device: CudaVerifier needs a CUDA device, got {device}")
@@ -117,6 +118,7 @@ class CudaVerifier:
         if piece_mult is not None and not 1 <= int(piece_mult) <= 64:
             raise ValueError(f"piece_mult: expected 1..64 pieces of 16 KB per stream ticket, got {piece_mult}")
         self.lag, self.emit_iters, self.piece_mult = lag, emit_iters, piece_mult
+        self.static = STATIC if static is None else bool(static)
         self.kernels = verify_kernels(device.index)
         self.sms = torch.cuda.get_device_properties(device).multi_processor_count
         mb, k = self.max_batch, self.k
@@ -199,7 +201,8 @@ class CudaVerifier:
                  | (_FLAGS["drafts_i64"] if draft_tokens.dtype == torch.int64 else 0)
                  | (_FLAGS["idx_i64"] if idx_mapping.dtype == torch.int64 else 0)
                  | (_FLAGS["nd_i64"] if num_drafts.dtype == torch.int64 else 0)
-                 | (_FLAGS["pos_i64"] if positions.dtype == torch.int64 else 0))
+                 | (_FLAGS["pos_i64"] if positions.dtype == torch.int64 else 0)
+                 | (_FLAGS["static"] if self.static else 0))
         greedy = target_greedy.view(torch.uint8) if target_greedy is not None else self._no_greedy
         d_step = draft_tokens.stride(1) if draft_tokens.dim() == 2 and self.k > 0 else 1
         args = VerifyArgs(
