@@ -41,6 +41,7 @@ def test_args_struct_and_constants_match_the_kernel():
     assert re.search(rf"#define DV_THREADS {cv.THREADS}\b", text)
     assert re.search(rf"__launch_bounds__\(DV_THREADS, {cv.BLOCKS_PER_SM}\)", text)
     assert re.search(rf"#define DV_MAX_ROWS {cv.MAX_ROWS}\b", text)
+    assert re.search(rf"#define DV_COUNTERS {cv.COUNTERS}\b", text) and cv.COUNTERS >= 4 + 2 * cv.MAX_ROWS - 1
     assert re.search(rf"#define DV_TARGET_SEG {cv.TARGET_SEG}\b", plan)
     assert re.search(rf"#define DV_SEG_BYTES {cv.SEG_BYTES}\b", plan)
     for name, value in cv._FLAGS.items():

@@ -42,6 +42,8 @@ namespace dm {
 #define DV_ND_I64 32
 #define DV_POS_I64 64
 #define DV_STATIC 128  // warp w takes tickets w, w + W, w + 2W, ... (no counter; every block must be resident)
+#define DV_ROW_ARRIVALS 256  // stream tickets arrive on their row's counter, each row's last on the request's
+#define DV_COUNTERS 32  // ints per request: stream arrivals, emit arrivals, ready flag, -, then a counter per row
 
 struct VerifyArgs {  // 8-byte fields; cuda_verify.VerifyArgs mirrors it
   const float* target;          // [B, K+1, V] fp32 (raw with DV_RAW)
@@ -57,7 +59,7 @@ struct VerifyArgs {  // 8-byte fields; cuda_verify.VerifyArgs mirrors it
   float4* part;                 // [B, 2K+1, ST] stream partials (max, sum, argmax value, argmax token bits)
   float4* epart;                // [B, E] emit partials (key, token bits, any positive residual, -)
   float* emitp;                 // [B, 8] the emitted row: js, t_max, t_inv, q_cmax, q_inv, q_scale, q_arg, -
-  int* counters;                // [B, 4]: stream arrivals, emit arrivals, ready flag, -
+  int* counters;                // [B, DV_COUNTERS]: stream arrivals, emit arrivals, ready flag, -, per-row arrivals
   int* global;                  // [4]: ticket counter, exits, status
   i64* tokens;                  // [B, K+1] output (stride tok_stride)
   i64* num_emitted;             // [B]
@@ -349,9 +351,9 @@ __device__ void decide(const VerifyArgs& a, const Plan& p, i64 b, const Req& q, 
     e[5] = q_scale;
     e[6] = __int_as_float(e_qarg);
     e[7] = __int_as_float(e_targ);
-    store_release(a.counters + 4 * b + 2, 1);  // ready
+    store_release(a.counters + DV_COUNTERS * b + 2, 1);  // ready
   }
-  if (lane == 0) a.counters[4 * b] = 0;  // every stream item of b has arrived
+  if (lane == 0) a.counters[DV_COUNTERS * b] = 0;  // every stream item of b has arrived
 }
 
 // ------------------------------------------------------------------ emit item
@@ -482,14 +484,14 @@ __device__ __forceinline__ bool wait_ready(const VerifyArgs& a, i64 b, int lane)
   if (lane == 0) {
     int spins = 0;
     while (true) {
-      seen = load_acquire(a.counters + 4 * b + 2);
+      seen = load_acquire(a.counters + DV_COUNTERS * b + 2);
       if (seen != 0 || ++spins > DV_SPIN) break;
       __nanosleep(64);
     }
     if (seen == 0) atomicOr(a.global + 2, 1);
   }
   seen = __shfl_sync(0xFFFFFFFFu, seen, 0);
-  if (lane != 0) load_acquire(a.counters + 4 * b + 2);  // every lane's own acquire of the flag lane 0 saw
+  if (lane != 0) load_acquire(a.counters + DV_COUNTERS * b + 2);  // every lane's own acquire of the flag lane 0 saw
   return seen != 0;
 }
 
@@ -521,7 +523,7 @@ __device__ void emit_item(const VerifyArgs& a, const Plan& p, i64 b, int e, cons
     emit_scan<BF16>(a, r, trow, crow, start, end, q.temp, q.ttemp, divide, true, lane, key, tok, pos, unused);
   }
   if (lane == 0) a.epart[b * p.e + e] = make_float4(key, __int_as_float(tok), pos ? 1.0f : 0.0f, 0.0f);
-  if (!last_arrival(a.counters + 4 * b + 1, p.e, lane)) return;
+  if (!last_arrival(a.counters + DV_COUNTERS * b + 1, p.e, lane)) return;
   // The last emit item of b: combine the segments (in token order) and write the output row.
   float v = neg_inf();
   int t = 0x7FFFFFFF;
@@ -561,8 +563,8 @@ __device__ void emit_item(const VerifyArgs& a, const Plan& p, i64 b, int e, cons
   }
   if (lane == 0) {
     a.num_emitted[b] = r.js + 1;
-    a.counters[4 * b + 1] = 0;  // every emit item of b has arrived (and passed its wait)
-    a.counters[4 * b + 2] = 0;
+    a.counters[DV_COUNTERS * b + 1] = 0;  // every emit item of b has arrived (and passed its wait)
+    a.counters[DV_COUNTERS * b + 2] = 0;
   }
 }
 
@@ -601,7 +603,16 @@ __device__ void stream_item(const VerifyArgs& a, const Plan& p, i64 b, int r, co
       if (lane == 0) a.part[(b * p.rows + row_index) * p.st + s] = make_float4(st.m, st.s, st.av, __int_as_float(st.ai));
     }
   }
-  if (last_arrival(a.counters + 4 * b, p.si, lane)) decide(a, p, b, q, lane);
+  int* counters = a.counters + DV_COUNTERS * b;
+  if (a.flags & DV_ROW_ARRIVALS) {  // two levels: fewer arrivals on one word (same-address atomics serialise)
+    const int row_index = is_target ? j : k + 1 + j;
+    if (last_arrival(counters + 4 + row_index, per_row, lane)) {
+      if (lane == 0) counters[4 + row_index] = 0;  // every ticket of this row has arrived
+      if (last_arrival(counters, p.rows, lane)) decide(a, p, b, q, lane);
+    }
+  } else if (last_arrival(counters, p.si, lane)) {
+    decide(a, p, b, q, lane);
+  }
 }
 
 template <bool BF16>

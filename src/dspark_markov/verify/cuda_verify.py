@@ -42,8 +42,11 @@ PLAN = "tools/gpu_plans/issue18_cuda.sh"
 # (256 tokens x emit_iters) and the 16 KB pieces per stream ticket by batch: (up to this many requests, lag,
 # emit_iters, piece_mult).
 SCHEDULE = ((16, 4, 4, 1), (64, 8, 8, 1), (None, 16, 16, 1))
-_FLAGS = dict(has_greedy=1, raw=2, cache_bf16=4, drafts_i64=8, idx_i64=16, nd_i64=32, pos_i64=64, static=128)
+_FLAGS = dict(has_greedy=1, raw=2, cache_bf16=4, drafts_i64=8, idx_i64=16, nd_i64=32, pos_i64=64, static=128,
+              row_arrivals=256)
+COUNTERS = 32  # verify.cu DV_COUNTERS: ints per request
 STATIC = False  # tickets from the counter (False) or warp w's tickets w, w + W, ... (True: needs every block resident)
+ROW_ARRIVALS = False  # stream tickets arrive on their row's counter, each row's last on the request's (two levels)
 
 
 class VerifyArgs(ctypes.Structure):
@@ -95,11 +98,11 @@ class CudaVerifier:
 
     Parameters: ``max_batch`` (largest ``B``), ``num_drafts`` (``K``, at most 7), ``vocab_size`` (``V``, a multiple
     of 8), ``device`` (CUDA, sm_90); ``lag`` / ``emit_iters``: override :data:`SCHEDULE` (tests, sweeps).
-    Scratch: ``B (2K+1) ST + B E`` 16-byte partials, ``B`` x 8 words of the emitted rows, ``B`` x 4 counters.
+    Scratch: ``B (2K+1) ST + B E`` 16-byte partials, ``B`` x 8 words of the emitted rows, ``B`` x 32 counters.
     """
 
     def __init__(self, max_batch: int, num_drafts: int, vocab_size: int, device, *, lag=None, emit_iters=None,
-                 piece_mult=None, static=None):
+                 piece_mult=None, static=None, row_arrivals=None):
         device = torch.device(device)
         if device.type != "cuda":
             raise ValueError(f"device: CudaVerifier needs a CUDA device, got {device}")
@@ -119,6 +122,7 @@ class CudaVerifier:
             raise ValueError(f"piece_mult: expected 1..64 pieces of 16 KB per stream ticket, got {piece_mult}")
         self.lag, self.emit_iters, self.piece_mult = lag, emit_iters, piece_mult
         self.static = STATIC if static is None else bool(static)
+        self.row_arrivals = ROW_ARRIVALS if row_arrivals is None else bool(row_arrivals)
         self.kernels = verify_kernels(device.index)
         self.sms = torch.cuda.get_device_properties(device).multi_processor_count
         mb, k = self.max_batch, self.k
@@ -126,7 +130,7 @@ class CudaVerifier:
         self.part = torch.zeros(mb * (2 * k + 1) * st * 4, dtype=torch.float32, device=device)
         self.epart = torch.zeros(mb * e_max * 4, dtype=torch.float32, device=device)
         self.emitp = torch.zeros(mb * 8, dtype=torch.float32, device=device)
-        self.counters = torch.zeros(mb * 4, dtype=torch.int32, device=device)
+        self.counters = torch.zeros(mb * COUNTERS, dtype=torch.int32, device=device)
         self.globals = torch.zeros(4, dtype=torch.int32, device=device)
         self.tokens = torch.full((mb, k + 1), -1, dtype=torch.int64, device=device)
         self.num_emitted = torch.zeros(mb, dtype=torch.int64, device=device)
@@ -202,7 +206,7 @@ class CudaVerifier:
                  | (_FLAGS["idx_i64"] if idx_mapping.dtype == torch.int64 else 0)
                  | (_FLAGS["nd_i64"] if num_drafts.dtype == torch.int64 else 0)
                  | (_FLAGS["pos_i64"] if positions.dtype == torch.int64 else 0)
-                 | (_FLAGS["static"] if self.static else 0))
+                 | (_FLAGS["static"] if self.static else 0) | (_FLAGS["row_arrivals"] if self.row_arrivals else 0))
         greedy = target_greedy.view(torch.uint8) if target_greedy is not None else self._no_greedy
         d_step = draft_tokens.stride(1) if draft_tokens.dim() == 2 and self.k > 0 else 1
         args = VerifyArgs(
