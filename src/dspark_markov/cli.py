@@ -105,6 +105,12 @@ def info(out=None) -> int:
     print(f"top-k / top-p (top_k_top_p impl=): reference, triton (auto on CUDA with top-k beyond {up_to} rows), cuda "
           f"(auto up to {up_to} rows with top-k, {alone} with top-p alone, and for temperature=): "
           + ("available" if reason is None else f"unavailable: {reason}"), file=out)
+    from .verify import cuda_verify
+
+    reason = cuda_verify.unavailable_reason()
+    print("verification (verify_drafts impl=): reference, triton (auto on CUDA); CudaVerifier (verify/cuda_verify.py, "
+          "standard method, opt-in, slower than triton so far): "
+          + ("available" if reason is None else f"unavailable: {reason}"), file=out)
     return 0
 
 
