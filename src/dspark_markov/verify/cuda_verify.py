@@ -45,8 +45,14 @@ SCHEDULE = ((16, 4, 4, 1), (64, 8, 8, 1), (None, 16, 16, 1))
 _FLAGS = dict(has_greedy=1, raw=2, cache_bf16=4, drafts_i64=8, idx_i64=16, nd_i64=32, pos_i64=64, static=128,
               row_arrivals=256)
 COUNTERS = 32  # verify.cu DV_COUNTERS: ints per request
-STATIC = False  # tickets from the counter (False) or warp w's tickets w, w + W, ... (True: needs every block resident)
-ROW_ARRIVALS = False  # stream tickets arrive on their row's counter, each row's last on the request's (two levels)
+# How tickets are taken and arrivals counted. Measured on an H100 (stop 35) with the counter (STATIC False) and one
+# arrival word per request (ROW_ARRIVALS False) only: 2.1-4.5x slower than the Triton verifier, ~17-21 ns of launch per
+# ticket at every batch. tools/model_cuda_verify.py reproduces those times (16-253 requests) if an atomic on one word
+# takes ~20 ns and same-word atomics serialise, and predicts ~27-30 / ~90 / ~345 us at 16 / 64 / 253 requests on an
+# H100 without the counter and with a word per row (the Triton verifier: 52 / 128 / 404). Both on by default on that
+# model's word, until tools/gpu_plans/issue18_cuda.sh (mini) has measured them.
+STATIC = True  # warp w's tickets w, w + W, ... (True: every block must be resident) or the counter's (False)
+ROW_ARRIVALS = True  # stream tickets arrive on their row's counter, each row's last on the request's (two levels)
 
 
 class VerifyArgs(ctypes.Structure):
