@@ -33,10 +33,8 @@ def main(argv):
     k, vocab = config.steps, config.vocab
     print(f"{torch.cuda.get_device_name()} | {'raw' if raw else 'pre-divided'} logits, mixed T, one traced launch")
     for b in rows_list:
-        table = torch.tensor(verify_grid.MIXED_TEMPERATURES, dtype=torch.float32, device="cuda")
-        temperature = table[torch.arange(b, device="cuda") % len(verify_grid.MIXED_TEMPERATURES)]
-        args = (shared.target[:b], shared.drafts[:b], shared.cache[:b], torch.full((b,), k, device="cuda"),
-                torch.arange(b, device="cuda"), shared.positions[:b], temperature, shared.seeds[:b])
+        temperature = verify_grid.mixed_temperatures(b, "cuda")
+        args = verify_grid.standard_args(shared, b, temperature)
         extra = dict(target_temperature=temperature) if raw else {}
         verifier = CudaVerifier(b, k, vocab, "cuda", lag=given[0], emit_iters=given[1], piece_mult=given[2])
         for _ in range(3):

@@ -208,6 +208,21 @@ class SharedInputs:
         return self._filter_inputs[kind]
 
 
+def mixed_temperatures(slots: int, device) -> torch.Tensor:
+    """``[slots]`` fp32 draft temperatures of the mixed mode: slot ``s`` gets ``MIXED_TEMPERATURES[s % 3]``."""
+    table = torch.tensor(MIXED_TEMPERATURES, dtype=torch.float32, device=device)
+    return table[torch.arange(slots, device=device) % len(MIXED_TEMPERATURES)]
+
+
+def standard_args(shared: "SharedInputs", batch: int, temperature: torch.Tensor) -> tuple:
+    """The positional inputs of a ``verify_drafts`` call on the first ``batch`` requests of ``shared`` (``K`` drafts
+    each, slot ``b`` for request ``b``), as ``VerifyRunner`` builds them; ``temperature`` ``[batch]`` fp32."""
+    k, device = shared.drafts.shape[1], shared.drafts.device
+    return (shared.target[:batch], shared.drafts[:batch], shared.cache[:batch],
+            torch.full((batch,), k, dtype=torch.int64, device=device), torch.arange(batch, device=device),
+            shared.positions[:batch], temperature, shared.seeds[:batch])
+
+
 class Runner:
     """One kernel set up on one batch size: ``call()`` (eager), ``outputs()``, and on CUDA a graph.
 
@@ -263,8 +278,7 @@ class VerifyRunner(Runner):
         elif self.mode == "0.6":
             self.temperature = torch.full((b,), 0.6, dtype=torch.float32, device=device)  # [S]
         else:
-            table = torch.tensor(MIXED_TEMPERATURES, dtype=torch.float32, device=device)
-            self.temperature = table[torch.arange(b, device=device) % len(MIXED_TEMPERATURES)]
+            self.temperature = mixed_temperatures(b, device)
         self.seeds = shared.seeds[:b]  # [S]
         self.tokens = torch.full((b, k + 1), -1, dtype=torch.int64, device=device)  # [B, K+1]
         self.num_emitted = torch.zeros(b, dtype=torch.int64, device=device)  # [B]

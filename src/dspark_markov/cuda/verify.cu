@@ -108,9 +108,9 @@ __device__ __forceinline__ u64 now_ns() {
   return t;
 }
 
-// Arrival on a counter with acquire-release semantics (the arriving warp's stores before it are visible to the
-// last arriver) instead of __threadfence (a fence.sc.gpu per piece: the first version, written so, took ~20 ns of
-// the whole launch per ticket on an H100, 1.6 ms at 253 requests).
+// Arrival on a counter with acquire-release semantics: the arriving warp's stores before it are visible to the last
+// arriver, with no fence.sc (__threadfence) per piece. (The first version's fences were not what made it slow: the
+// same times without them; tools/model_cuda_verify.py puts it on same-word atomics, see cuda_verify.STATIC.)
 __device__ __forceinline__ int arrive(int* counter) {
   int old;
   asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
@@ -259,6 +259,16 @@ __device__ __forceinline__ void reduce_stats(Stats& st, float scale) {
   warp_argmax(st.av, st.ai);
 }
 
+// Partials sub, sub + 4, ... of one row (pieces < count) merged into st (its softmax statistics and first argmax).
+__device__ __forceinline__ void merge_partials(Stats& st, const float4* part, int sub, int count, float scale) {
+#pragma unroll 8
+  for (int s = sub; s < count; s += 4) {
+    const float4 v = __ldcg(part + s);
+    merge_softmax(st.m, st.s, v.x, v.y, scale);
+    if (beats(v.z, __float_as_int(v.w), st.av, st.ai)) { st.av = v.z; st.ai = __float_as_int(v.w); }
+  }
+}
+
 // ------------------------------------------------------------------ the request's decision
 // The last stream item's warp: four lanes per row j = lane / 4 (rows 0..K), each merging every fourth partial.
 __device__ void decide(const VerifyArgs& a, const Plan& p, i64 b, const Req& q, int lane) {
@@ -284,22 +294,8 @@ __device__ void decide(const VerifyArgs& a, const Plan& p, i64 b, const Req& q, 
     cx = (a.flags & DV_CACHE_BF16) ? __uint_as_float((u32)__ldg((const unsigned short*)a.cache + off) << 16)
                                   : __ldg((const float*)a.cache + off);
   }
-  if (t_ok) {
-#pragma unroll 8
-    for (int s = sub; s < p.st; s += 4) {
-      const float4 v = __ldcg(tp + s);
-      merge_softmax(ts.m, ts.s, v.x, v.y, DV_LOG2E);
-      if (beats(v.z, __float_as_int(v.w), ts.av, ts.ai)) { ts.av = v.z; ts.ai = __float_as_int(v.w); }
-    }
-  }
-  if (q_ok) {
-#pragma unroll 4
-    for (int s = sub; s < p.sc; s += 4) {
-      const float4 v = __ldcg(cp + s);
-      merge_softmax(cs.m, cs.s, v.x, v.y, q_scale);
-      if (beats(v.z, __float_as_int(v.w), cs.av, cs.ai)) { cs.av = v.z; cs.ai = __float_as_int(v.w); }
-    }
-  }
+  if (t_ok) merge_partials(ts, tp, sub, p.st, DV_LOG2E);
+  if (q_ok) merge_partials(cs, cp, sub, p.sc, q_scale);
 #pragma unroll
   for (int off = 1; off < 4; off <<= 1) {
     merge_softmax(ts.m, ts.s, __shfl_xor_sync(0xFFFFFFFFu, ts.m, off), __shfl_xor_sync(0xFFFFFFFFu, ts.s, off),
