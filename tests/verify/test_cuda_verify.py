@@ -42,6 +42,11 @@ def test_args_struct_and_constants_match_the_kernel():
     assert re.search(rf"__launch_bounds__\(DV_THREADS, {cv.BLOCKS_PER_SM}\)", text)
     assert re.search(rf"#define DV_MAX_ROWS {cv.MAX_ROWS}\b", text)
     assert re.search(rf"#define DV_COUNTERS {cv.COUNTERS}\b", text) and cv.COUNTERS >= 4 + 2 * cv.MAX_ROWS - 1
+    assert re.search(rf"#define DV_EMIT_GROUP {cv.EMIT_GROUP}\b", text)
+    # the default schedules' emit groups fit beside the rows' counters at V = 129,280, K = 7
+    for batch in (1, 16, 64, 253):
+        _, iters, mult = cv.schedule(batch)
+        assert 4 + 15 + -(-cv.pieces(7, 129_280, 2, iters, mult)[3] // cv.EMIT_GROUP) <= cv.COUNTERS
     assert re.search(rf"#define DV_TARGET_SEG {cv.TARGET_SEG}\b", plan)
     assert re.search(rf"#define DV_SEG_BYTES {cv.SEG_BYTES}\b", plan)
     for name, value in cv._FLAGS.items():

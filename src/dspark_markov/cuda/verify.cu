@@ -42,8 +42,11 @@ namespace dm {
 #define DV_ND_I64 32
 #define DV_POS_I64 64
 #define DV_STATIC 128  // warp w takes tickets w, w + W, w + 2W, ... (no counter; every block must be resident)
-#define DV_ROW_ARRIVALS 256  // stream tickets arrive on their row's counter, each row's last on the request's
-#define DV_COUNTERS 32  // ints per request: stream arrivals, emit arrivals, ready flag, -, then a counter per row
+#define DV_ROW_ARRIVALS 256  // stream tickets arrive on their row's counter, each row's last on the request's (and
+                             // emit tickets on their group's counter, each group's last on the request's)
+#define DV_EMIT_GROUP 16     // emit tickets per group counter
+#define DV_COUNTERS 128      // ints per request: stream arrivals, emit arrivals, ready flag, -, a counter per row
+                             // (2K + 1), a counter per emit group (the launcher checks that they fit)
 
 struct VerifyArgs {  // 8-byte fields; cuda_verify.VerifyArgs mirrors it
   const float* target;          // [B, K+1, V] fp32 (raw with DV_RAW)
@@ -59,7 +62,7 @@ struct VerifyArgs {  // 8-byte fields; cuda_verify.VerifyArgs mirrors it
   float4* part;                 // [B, 2K+1, ST] stream partials (max, sum, argmax value, argmax token bits)
   float4* epart;                // [B, E] emit partials (key, token bits, any positive residual, -)
   float* emitp;                 // [B, 8] the emitted row: js, t_max, t_inv, q_cmax, q_inv, q_scale, q_arg, -
-  int* counters;                // [B, DV_COUNTERS]: stream arrivals, emit arrivals, ready flag, -, per-row arrivals
+  int* counters;                // [B, DV_COUNTERS]: stream arrivals, emit arrivals, ready flag, -, rows', groups' ones
   int* global;                  // [4]: ticket counter, exits, status
   i64* tokens;                  // [B, K+1] output (stride tok_stride)
   i64* num_emitted;             // [B]
@@ -519,7 +522,17 @@ __device__ void emit_item(const VerifyArgs& a, const Plan& p, i64 b, int e, cons
     emit_scan<BF16>(a, r, trow, crow, start, end, q.temp, q.ttemp, divide, true, lane, key, tok, pos, unused);
   }
   if (lane == 0) a.epart[b * p.e + e] = make_float4(key, __int_as_float(tok), pos ? 1.0f : 0.0f, 0.0f);
-  if (!last_arrival(a.counters + DV_COUNTERS * b + 1, p.e, lane)) return;
+  int* counters = a.counters + DV_COUNTERS * b;
+  if (a.flags & DV_ROW_ARRIVALS) {  // two levels: groups of DV_EMIT_GROUP emit tickets, then the groups' last ones
+    const int group = e / DV_EMIT_GROUP, groups = (p.e + DV_EMIT_GROUP - 1) / DV_EMIT_GROUP;
+    const int members = p.e - group * DV_EMIT_GROUP < DV_EMIT_GROUP ? p.e - group * DV_EMIT_GROUP : DV_EMIT_GROUP;
+    int* word = counters + 4 + p.rows + group;
+    if (!last_arrival(word, members, lane)) return;
+    if (lane == 0) *word = 0;  // every emit ticket of this group has arrived
+    if (!last_arrival(counters + 1, groups, lane)) return;
+  } else if (!last_arrival(counters + 1, p.e, lane)) {
+    return;
+  }
   // The last emit item of b: combine the segments (in token order) and write the output row.
   float v = neg_inf();
   int t = 0x7FFFFFFF;

@@ -44,7 +44,8 @@ PLAN = "tools/gpu_plans/issue18_cuda.sh"
 SCHEDULE = ((16, 4, 4, 1), (64, 8, 8, 1), (None, 16, 16, 1))
 _FLAGS = dict(has_greedy=1, raw=2, cache_bf16=4, drafts_i64=8, idx_i64=16, nd_i64=32, pos_i64=64, static=128,
               row_arrivals=256)
-COUNTERS = 32  # verify.cu DV_COUNTERS: ints per request
+COUNTERS = 128  # verify.cu DV_COUNTERS: ints per request
+EMIT_GROUP = 16  # verify.cu DV_EMIT_GROUP: emit tickets per group counter (row_arrivals)
 # How tickets are taken and arrivals counted. Measured on an H100 (stop 35) with the counter (STATIC False) and one
 # arrival word per request (ROW_ARRIVALS False) only: 2.1-4.5x slower than the Triton verifier, ~17-21 ns of launch per
 # ticket at every batch. tools/model_cuda_verify.py reproduces those times (16-253 requests) if an atomic on one word
@@ -52,7 +53,7 @@ COUNTERS = 32  # verify.cu DV_COUNTERS: ints per request
 # H100 without the counter and with a word per row (the Triton verifier: 52 / 128 / 404). Both on by default on that
 # model's word, until tools/gpu_plans/issue18_cuda.sh (mini) has measured them.
 STATIC = True  # warp w's tickets w, w + W, ... (True: every block must be resident) or the counter's (False)
-ROW_ARRIVALS = True  # stream tickets arrive on their row's counter, each row's last on the request's (two levels)
+ROW_ARRIVALS = True  # stream (emit) tickets arrive on their row's (group's) counter, each one's last on the request's
 
 
 class VerifyArgs(ctypes.Structure):
@@ -104,7 +105,7 @@ class CudaVerifier:
 
     Parameters: ``max_batch`` (largest ``B``), ``num_drafts`` (``K``, at most 7), ``vocab_size`` (``V``, a multiple
     of 8), ``device`` (CUDA, sm_90); ``lag`` / ``emit_iters``: override :data:`SCHEDULE` (tests, sweeps).
-    Scratch: ``B (2K+1) ST + B E`` 16-byte partials, ``B`` x 8 words of the emitted rows, ``B`` x 32 counters.
+    Scratch: ``B (2K+1) ST + B E`` 16-byte partials, ``B`` x 8 words of the emitted rows, ``B`` x 128 counters.
     """
 
     def __init__(self, max_batch: int, num_drafts: int, vocab_size: int, device, *, lag=None, emit_iters=None,
@@ -204,6 +205,12 @@ class CudaVerifier:
         if finished:
             return tokens, num_emitted
         lag, iters, mult = self.schedule_of(batch)
+        if self.row_arrivals:
+            groups = -(-pieces(self.k, self.vocab, 2, iters, mult)[3] // EMIT_GROUP)
+            if 4 + 2 * self.k + 1 + groups > COUNTERS:
+                raise ValueError(f"emit_iters: {iters} cuts V = {self.vocab} into {groups} groups of {EMIT_GROUP} emit "
+                                 f"tickets, more than the {COUNTERS - 4 - 2 * self.k - 1} counters left for them; "
+                                 "pass a larger emit_iters or row_arrivals=False")
         raw = target_temperature is not None
         bf16 = logits_cache.dtype == torch.bfloat16
         flags = ((_FLAGS["has_greedy"] if target_greedy is not None else 0) | (_FLAGS["raw"] if raw else 0)
