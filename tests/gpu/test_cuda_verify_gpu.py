@@ -86,8 +86,10 @@ def test_raw_logits_bit_identical_to_pre_divided(rows):
 
 @pytest.mark.parametrize("options", [dict(lag=0), dict(lag=1, emit_iters=1), dict(lag=40, emit_iters=2),
                                      dict(emit_iters=32, piece_mult=3), dict(piece_mult=32), dict(static=True),
-                                     dict(static=True, row_arrivals=True, piece_mult=2)],
-                         ids=["lag0", "lag1_e1", "lag40_e2", "e32_m3", "m32", "static", "static_rows_m2"])
+                                     dict(static=True, row_arrivals=True, piece_mult=2),
+                                     dict(static=False, row_arrivals=False), dict(static=False, lag=0, emit_iters=1)],
+                         ids=["lag0", "lag1_e1", "lag40_e2", "e32_m3", "m32", "static", "static_rows_m2",
+                              "counter_one_word", "counter_rows_lag0_e1"])
 def test_schedules_agree(options):
     rows = 64
     args = _case(rows, 21)

@@ -1,7 +1,8 @@
 // Standard verification in one persistent launch (issue 18; verify/cuda_verify.py is the launcher and the
 // reference of every formula here is verify/triton_verify_stream.py, whose arithmetic this follows step by step).
 //
-// Work is a list of tickets that warps take one at a time from one atomic counter, so every warp streams until the list is empty and a request's pieces end within
+// Work is a list of tickets that warps take one at a time (DV_STATIC: warp w takes tickets w, w + W, ...; otherwise
+// from one atomic counter), so every warp streams until the list is empty and a request's pieces end within about
 // one piece of each other, whatever the batch:
 //   stream item (request b, row, segment): 16 KB of target row j (4,096 fp32) or of cache row j (8,192 bf16 /
 //     4,096 fp32), reduced to (max, sum 2^((x - max) scale), first argmax) and stored as one partial; the last
@@ -12,9 +13,11 @@
 //     log(max(p - q, 0)) + g (after a rejection) or of the bonus x + g, ranked by the cheap noise with the
 //     exact noise for each lane's best (an exact rescan of the segment on a near-tie); the last emit item of a
 //     request combines the segments and writes the output row.
-// A request's emit items come `lag` requests after its stream items in the list. A warp waits only for a
-// request whose stream tickets were all taken before its own (by warps that never wait for later tickets), so
-// the wait always ends; a bounded spin turns a broken assumption into status bit 1, never a hang. Counters are
+// A request's emit items come `lag` requests after its stream items in the list. A warp takes its tickets in
+// increasing order and waits only for a request whose stream tickets come before its own, so the smallest
+// unfinished ticket can always finish: with the counter, every taken ticket is held by a running warp; with
+// DV_STATIC, every block must be resident (as cuda_chain's grid barrier assumes; the launcher checks the occupancy).
+// A bounded spin turns a broken assumption into status bit 1, never a hang. Counters are
 // reset by their last user, so the launch can be replayed from a CUDA graph.
 //
 // Bytes per live request: (n + 1) V 4 target + n V c cache read once, the emitted row re-read (normally from L2),
@@ -66,7 +69,7 @@ struct VerifyArgs {  // 8-byte fields; cuda_verify.VerifyArgs mirrors it
   int* global;                  // [4]: ticket counter, exits, status
   i64* tokens;                  // [B, K+1] output (stride tok_stride)
   i64* num_emitted;             // [B]
-  u64* trace;                   // [tickets, 4] or null: per ticket start / mid / end %globaltimer ns and what it was
+  u64* trace;                   // [tickets, 4] or null: per ticket start, end (%globaltimer ns), smid + flags, request
   i64 t_req, t_row, d_req, d_step, c_slot, c_step, tok_stride;
   i64 batch, vocab, num_slots, k, flags, lag, emit_iters, piece_mult;
 };
@@ -133,6 +136,7 @@ __device__ __forceinline__ bool last_arrival(int* counter, int expected, int lan
   if (lane == 0) last = arrive(counter) == expected - 1;
   last = __shfl_sync(0xFFFFFFFFu, last, 0);
   if (last && lane != 0) load_acquire(counter);
+  __syncwarp();  // (orders the lanes' acquires before a reset of the counter by lane 0)
   return last;
 }
 
@@ -628,8 +632,8 @@ template <bool BF16>
 __device__ __forceinline__ void run(const VerifyArgs& a) {
   const int lane = threadIdx.x & 31;
   const Plan p = plan_of(a.batch, a.vocab, a.k, (a.flags & DV_CACHE_BF16) != 0, a.lag, a.emit_iters, a.piece_mult);
-  // Every ticket comes from the counter (a block takes its warps' first ones in one atomic), so a ticket is only
-  // ever held by a running warp: a waiting emit item never waits for a block that has not started.
+  // With the counter (a block takes its warps' first tickets in one atomic) a ticket is only ever held by a running
+  // warp: a waiting emit item never waits for a block that has not started. DV_STATIC: no atomics at all.
   const bool fixed = (a.flags & DV_STATIC) != 0;
   const unsigned int warps = gridDim.x * DV_WARPS;
   __shared__ unsigned int first;
@@ -665,6 +669,7 @@ __device__ __forceinline__ void run(const VerifyArgs& a) {
     }
     ticket = (i64)__shfl_sync(0xFFFFFFFFu, taken, 0);
   }
+  if (fixed) return;  // (no counter to reset: no block-exit atomics on one word either)
   __syncthreads();
   if (threadIdx.x == 0 && atomicAdd(a.global + 1, 1) == (int)gridDim.x - 1) {
     a.global[0] = 0;  // the last block out resets the counters for the next launch

@@ -3,8 +3,8 @@
 ``dspark_markov/cuda/verify.cu`` (NVRTC at first use, cached on disk). The Triton verifier
 (:mod:`.triton_verify_stream`) numbers its work by program id, one fixed item per program, so a request
 is ready only when its slowest item ends, and a program's next item starts only after a launch-order
-gap. Here every warp of a grid sized to the GPU takes *tickets* one at a time from one atomic counter (the
-next one fetched while the current ticket runs): 16 KB pieces of a
+gap. Here every warp of a grid sized to the GPU takes *tickets* one at a time (:data:`STATIC`: warp ``w`` takes
+tickets ``w, w + W, ...``; otherwise from one atomic counter): 16 KB pieces of a
 target or cache row (``(max, sum 2^((x - max) scale), first argmax)`` each), then, ``lag`` requests
 later in the list, the pieces of each request's emitted row (the residual or bonus Gumbel keys, the
 cheap noise ranking and the exact noise deciding). Warps stream until the list is empty, so the pieces
@@ -51,7 +51,9 @@ EMIT_GROUP = 16  # verify.cu DV_EMIT_GROUP: emit tickets per group counter (row_
 # ticket at every batch. tools/model_cuda_verify.py reproduces those times (16-253 requests) if an atomic on one word
 # takes ~20 ns and same-word atomics serialise, and predicts ~27-30 / ~90 / ~345 us at 16 / 64 / 253 requests on an
 # H100 without the counter and with a word per row (the Triton verifier: 52 / 128 / 404). Both on by default on that
-# model's word, until tools/gpu_plans/issue18_cuda.sh (mini) has measured them.
+# model's word, until tools/gpu_plans/issue18_cuda.sh (mini) has measured them. STATIC needs every block resident at
+# once (as cuda_chain's grid barrier does): the constructor checks the occupancy (two blocks per SM); another stream's
+# kernel holding an SM's registers can still delay a block past the bounded wait, which check() then reports.
 STATIC = True  # warp w's tickets w, w + W, ... (True: every block must be resident) or the counter's (False)
 ROW_ARRIVALS = True  # stream (emit) tickets arrive on their row's (group's) counter, each one's last on the request's
 
@@ -104,7 +106,11 @@ class CudaVerifier:
     """Persistent-warp verification (standard method) with scratch allocated once; :meth:`run` only launches.
 
     Parameters: ``max_batch`` (largest ``B``), ``num_drafts`` (``K``, at most 7), ``vocab_size`` (``V``, a multiple
-    of 8), ``device`` (CUDA, sm_90); ``lag`` / ``emit_iters``: override :data:`SCHEDULE` (tests, sweeps).
+    of 8), ``device`` (CUDA, sm_90); ``lag`` / ``emit_iters`` / ``piece_mult``: override :data:`SCHEDULE` (tests,
+    sweeps); ``static``: warp ``w`` takes tickets ``w, w + W, ...`` instead of the counter's (default :data:`STATIC`;
+    every block must be resident at once: the constructor checks two per SM, and a wait that still times out is
+    reported by :meth:`check`); ``row_arrivals``: stream tickets arrive on a counter per row and emit tickets on a
+    counter per group of 16, each one's last on the request's (default :data:`ROW_ARRIVALS`).
     Scratch: ``B (2K+1) ST + B E`` 16-byte partials, ``B`` x 8 words of the emitted rows, ``B`` x 128 counters.
     """
 
@@ -121,8 +127,8 @@ class CudaVerifier:
             raise ValueError(f"num_drafts: CudaVerifier takes K + 1 <= {MAX_ROWS} rows, got K = {self.k}")
         if self.vocab < 8 or self.vocab % 8:
             raise ValueError(f"vocab_size: CudaVerifier needs a multiple of 8, got {self.vocab}")
-        if emit_iters is not None and int(emit_iters) < 1:
-            raise ValueError(f"emit_iters: expected >= 1 (256 tokens each), got {emit_iters}")
+        if emit_iters is not None and not 1 <= int(emit_iters) <= -(-int(vocab_size) // 256):
+            raise ValueError(f"emit_iters: expected 1..{-(-int(vocab_size) // 256)} (256 tokens each), got {emit_iters}")
         if lag is not None and int(lag) < 0:
             raise ValueError(f"lag: expected >= 0, got {lag}")
         if piece_mult is not None and not 1 <= int(piece_mult) <= 64:
@@ -130,8 +136,17 @@ class CudaVerifier:
         self.lag, self.emit_iters, self.piece_mult = lag, emit_iters, piece_mult
         self.static = STATIC if static is None else bool(static)
         self.row_arrivals = ROW_ARRIVALS if row_arrivals is None else bool(row_arrivals)
+        if self.row_arrivals:  # every schedule this verifier can launch (one per SCHEDULE bound): its emit groups fit
+            bounds = [bound for bound, *_ in SCHEDULE if bound is not None and bound < self.max_batch]
+            for batch in [1, *bounds, self.max_batch]:
+                self._check_groups(batch)
         self.kernels = verify_kernels(device.index)
         self.sms = torch.cuda.get_device_properties(device).multi_processor_count
+        if self.static:  # every block resident at once, or the static tickets could wait on a block never started
+            resident = min(self.kernels.blocks_per_sm(name, THREADS, 0) for name in KERNELS)
+            if resident < BLOCKS_PER_SM:
+                raise ValueError(f"static: the device holds {resident} verify block(s) per SM, not {BLOCKS_PER_SM}; "
+                                 "pass static=False (tickets from the counter)")
         mb, k = self.max_batch, self.k
         st, _, _, e_max = pieces(k, self.vocab, 2, 1)  # (the smallest emit piece: the most partials)
         self.part = torch.zeros(mb * (2 * k + 1) * st * 4, dtype=torch.float32, device=device)
@@ -161,6 +176,15 @@ class CudaVerifier:
         lag, iters, mult = schedule(batch)
         return (lag if self.lag is None else int(self.lag), iters if self.emit_iters is None else int(self.emit_iters),
                 mult if self.piece_mult is None else int(self.piece_mult))
+
+    def _check_groups(self, batch: int) -> None:
+        """``row_arrivals``: the emit groups of a launch of ``batch`` requests fit in the request's counters."""
+        _, iters, mult = self.schedule_of(batch)
+        groups = -(-pieces(self.k, self.vocab, 2, iters, mult)[3] // EMIT_GROUP)
+        if 4 + 2 * self.k + 1 + groups > COUNTERS:
+            raise ValueError(f"emit_iters: {iters} cuts V = {self.vocab} into {groups} groups of {EMIT_GROUP} emit "
+                             f"tickets, more than the {COUNTERS - 4 - 2 * self.k - 1} counters left for them; "
+                             "pass a larger emit_iters or row_arrivals=False")
 
     def tickets(self, batch: int, cache_dtype=torch.bfloat16) -> int:
         """Tickets of a launch of ``batch`` requests (verify_plan.cuh ``Plan.total``)."""
@@ -205,12 +229,6 @@ class CudaVerifier:
         if finished:
             return tokens, num_emitted
         lag, iters, mult = self.schedule_of(batch)
-        if self.row_arrivals:
-            groups = -(-pieces(self.k, self.vocab, 2, iters, mult)[3] // EMIT_GROUP)
-            if 4 + 2 * self.k + 1 + groups > COUNTERS:
-                raise ValueError(f"emit_iters: {iters} cuts V = {self.vocab} into {groups} groups of {EMIT_GROUP} emit "
-                                 f"tickets, more than the {COUNTERS - 4 - 2 * self.k - 1} counters left for them; "
-                                 "pass a larger emit_iters or row_arrivals=False")
         raw = target_temperature is not None
         bf16 = logits_cache.dtype == torch.bfloat16
         flags = ((_FLAGS["has_greedy"] if target_greedy is not None else 0) | (_FLAGS["raw"] if raw else 0)
