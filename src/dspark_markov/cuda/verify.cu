@@ -114,14 +114,16 @@ __device__ __forceinline__ u64 now_ns() {
   return t;
 }
 
-// Arrival on a counter with acquire-release semantics: the arriving warp's stores before it are visible to the last
-// arriver, with no fence.sc (__threadfence) per piece. (The first version's fences were not what made it slow: the
-// same times without them; tools/model_cuda_verify.py puts it on same-word atomics, see cuda_verify.STATIC.)
+// Arrival on a counter with release semantics (the arriving warp's stores before it are visible to whoever acquires
+// the count); only the last arriver then acquires (fence.acq_rel), so the others skip the L1 invalidation an acquire
+// costs. No fence.sc (__threadfence) per piece. (The first version's fences were not what made it slow: the same
+// times without them; tools/model_cuda_verify.py puts it on same-word atomics, see cuda_verify.STATIC.)
 __device__ __forceinline__ int arrive(int* counter) {
   int old;
-  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
+  asm volatile("atom.release.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
   return old;
 }
+__device__ __forceinline__ void fence_acquire() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 __device__ __forceinline__ int load_acquire(const int* flag) {
   int v;
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
@@ -133,7 +135,10 @@ __device__ __forceinline__ void store_release(int* flag, int v) {
 // The last arriver's warp: lane 0 acquired with its arrival; the other lanes acquire the counter themselves.
 __device__ __forceinline__ bool last_arrival(int* counter, int expected, int lane) {
   int last = 0;
-  if (lane == 0) last = arrive(counter) == expected - 1;
+  if (lane == 0) {
+    last = arrive(counter) == expected - 1;
+    if (last) fence_acquire();  // (with the release sequence of the arrivals: every arriver's stores visible)
+  }
   last = __shfl_sync(0xFFFFFFFFu, last, 0);
   if (last && lane != 0) load_acquire(counter);
   __syncwarp();  // (orders the lanes' acquires before a reset of the counter by lane 0)
