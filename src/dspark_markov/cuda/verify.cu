@@ -491,12 +491,13 @@ __device__ __forceinline__ bool wait_ready(const VerifyArgs& a, i64 b, int lane)
   int seen = 0;
   if (lane == 0) {
     int spins = 0;
-    while (true) {
-      seen = load_acquire(a.counters + DV_COUNTERS * b + 2);
+    while (true) {  // relaxed polls (an acquire per poll would invalidate the SM's L1 each time), one acquire after
+      asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(a.counters + DV_COUNTERS * b + 2) : "memory");
       if (seen != 0 || ++spins > DV_SPIN) break;
       __nanosleep(64);
     }
     if (seen == 0) atomicOr(a.global + 2, 1);
+    fence_acquire();
   }
   seen = __shfl_sync(0xFFFFFFFFu, seen, 0);
   if (lane != 0) load_acquire(a.counters + DV_COUNTERS * b + 2);  // every lane's own acquire of the flag lane 0 saw
