@@ -10,8 +10,7 @@ import pytest
 import torch
 
 import dspark_markov as dm
-from dspark_markov.demo.generate import chi_square, chi_square_threshold
-from tests.gpu.test_triton_verify_gpu import K, VOCAB, _case, position_counts
+from tests.gpu.test_triton_verify_gpu import K, VOCAB, _case, assert_lossless_with_control
 
 pytestmark = pytest.mark.gpu
 
@@ -148,24 +147,5 @@ def test_masked_and_nan_rows_stay_in_range():
 
 
 def test_every_position_follows_the_target():
-    rows, calls, support = 253, 48, 24
-    verifier = _verifier(rows)
-
-    def verify(*args):
-        return verifier.run(*args)
-
-    counts, p, accepted = position_counts(verify, torch.device("cuda"), vocab=VOCAB, k=K, rows=rows, calls=calls,
-                                          support=support)
-    verifier.check()
-    assert float(counts[:, support:].sum()) == 0
-    statistic, dof = chi_square(counts[:, :support].cpu(), (p[:, :support] * rows * calls).cpu())
-    assert statistic <= chi_square_threshold(dof), f"chi-square {statistic:.1f} on {dof} df"
-    assert accepted > 0.5
-
-    def wrong_q(target, drafts, cache, num_drafts, slots, positions, temp, seeds):
-        return verifier.run(target, drafts, cache, num_drafts, slots, positions, temp * 1.5, seeds)
-
-    counts, p, _ = position_counts(wrong_q, torch.device("cuda"), vocab=VOCAB, k=K, rows=rows, calls=calls,
-                                   support=support)
-    statistic, dof = chi_square(counts[:, :support].cpu(), (p[:, :support] * rows * calls).cpu())
-    assert statistic > chi_square_threshold(dof)
+    verifier = _verifier(253)
+    assert_lossless_with_control(verifier.run, verifier.check)

@@ -222,23 +222,27 @@ def _stream():
 @pytest.mark.parametrize("method", ["standard", "block"])
 def test_stream_every_position_follows_the_target(method):
     """The chi-square of every position for the stream kernel (the one verify_drafts runs), with its
-    negative control; the raw-logit mode (temperature divided in the kernel) on the same trials."""
-    rows, calls, support = 253, 48, 24
-    verifier = _stream()(rows, K, VOCAB, "cuda")
+    negative control."""
+    verifier = _stream()(253, K, VOCAB, "cuda")
+    assert_lossless_with_control(lambda *args: verifier.run(*args, method=method), verifier.check)
 
-    def verify(*args):
-        return verifier.run(*args, method=method)
 
+def assert_lossless_with_control(verify, check, rows=253, calls=48, support=24):
+    """Every position of ``verify`` (``verify(target, drafts, cache, num_drafts, slots, positions, temp, seeds)
+    -> (tokens, count)``, a verifier of ``rows`` requests) passes the chi-square against the target over ``calls``
+    rounds (:func:`position_counts`), emits nothing outside the support and accepts more than half a draft on
+    average; ``check()`` (the verifier's status) passes; and the negative control, the drafts' distribution taken
+    at 1.5 x their temperature, fails the chi-square."""
     counts, p, accepted = position_counts(verify, torch.device("cuda"), vocab=VOCAB, k=K, rows=rows, calls=calls,
                                           support=support)
-    verifier.check()
+    check()
     assert float(counts[:, support:].sum()) == 0
     statistic, dof = chi_square(counts[:, :support].cpu(), (p[:, :support] * rows * calls).cpu())
     assert statistic <= chi_square_threshold(dof), f"chi-square {statistic:.1f} on {dof} df"
     assert accepted > 0.5
 
     def wrong_q(target, drafts, cache, num_drafts, slots, positions, temp, seeds):
-        return verifier.run(target, drafts, cache, num_drafts, slots, positions, temp * 1.5, seeds, method=method)
+        return verify(target, drafts, cache, num_drafts, slots, positions, temp * 1.5, seeds)
 
     counts, p, _ = position_counts(wrong_q, torch.device("cuda"), vocab=VOCAB, k=K, rows=rows, calls=calls,
                                    support=support)

@@ -292,10 +292,10 @@ class VerifyRunner(Runner):
             lay = self.verifier.layout(b, self.method, raw=self.kernel in RAW_KERNELS)  # (raw: its own registers)
             self.layout = f"t1={lay.t1} t2={lay.t2} lag={lay.lag}"
         elif self.impl == "cuda":  # the persistent-warp CUDA C++ verifier (standard method; verify/cuda_verify.py)
-            from ..verify.cuda_verify import CudaVerifier, schedule
+            from ..verify.cuda_verify import CudaVerifier
 
             self.verifier = CudaVerifier(b, k, config.vocab, device)
-            lag, iters, mult = schedule(b)
+            lag, iters, mult = self.verifier.schedule_of(b)
             self.layout = f"lag={lag} emit_iters={iters} piece_mult={mult}"
 
     def _args(self):

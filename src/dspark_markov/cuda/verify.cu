@@ -29,8 +29,6 @@
 
 #define DV_THREADS 256
 #define DV_WARPS (DV_THREADS / 32)
-#define DV_TARGET_SEG 4096           // fp32 target values per stream item (16 KB)
-#define DV_SEG_BYTES 16384           // bytes per stream item (a cache row: 8,192 bf16 or 4,096 fp32)
 #define DV_SPIN (1 << 22)            // polls (~64 ns apart) before a waiting emit item gives up: status bit 1
 #define DV_MAX_ROWS 8                // K + 1 <= 8 (four lanes per row in the decision)
 
@@ -83,6 +81,8 @@ struct Req {
   int n;
   i64 slot, seed, position;
   float temp, ttemp;
+  // greedy or padding: the decision writes the output row, the emit tickets do nothing
+  __device__ __forceinline__ bool direct() const { return greedy || !live; }
 };
 
 __device__ __forceinline__ Req request(const VerifyArgs& a, i64 b) {  // _request of the Triton verifier
@@ -341,8 +341,7 @@ __device__ void decide(const VerifyArgs& a, const Plan& p, i64 b, const Req& q, 
   const float e_tmax = __shfl_sync(0xFFFFFFFFu, ts.m, src), e_tsum = __shfl_sync(0xFFFFFFFFu, ts.s, src);
   const float e_qmax = __shfl_sync(0xFFFFFFFFu, cs.m, src), e_qsum = __shfl_sync(0xFFFFFFFFu, cs.s, src);
   const int e_qarg = __shfl_sync(0xFFFFFFFFu, q_arg, src), e_targ = __shfl_sync(0xFFFFFFFFu, t_arg, src);
-  const bool direct = q.greedy || !q.live;
-  if (direct) {  // the output row now (the emit items of this request do nothing)
+  if (q.direct()) {  // the output row now (the emit items of this request do nothing)
     const int xj = __shfl_sync(0xFFFFFFFFu, (int)x, 4 * (lane & 7));
     if (lane <= k) {
       i64 out = lane < js ? (i64)xj : (lane == js ? (i64)e_targ : -1);
@@ -392,9 +391,9 @@ __device__ __forceinline__ float emit_key(const EmitRow& r, float x, float c, in
 // every token, else the cheap noise ranks and the exact noise decides among each lane's best (risky: a lane
 // whose runner-up is too close, or a NaN: the caller rescans exactly).
 template <bool BF16>
-__device__ void emit_scan(const VerifyArgs& a, const EmitRow& r, const float* trow, const void* crow, int start,
-                          int end, float temp, float ttemp, bool divide, bool exact, int lane, float& out_key,
-                          int& out_tok, bool& out_pos, bool& risky) {
+__device__ void emit_scan(const EmitRow& r, const float* trow, const void* crow, int start, int end, float temp,
+                          float ttemp, bool divide, bool exact, int lane, float& out_key, int& out_tok, bool& out_pos,
+                          bool& risky) {
   float best = neg_inf(), runner = neg_inf();
   int best_tok = 0x7FFFFFFF;
   float best_x = 0.0f, best_c = 0.0f;
@@ -479,8 +478,7 @@ __device__ void emit_scan(const VerifyArgs& a, const EmitRow& r, const float* tr
   if (exact) {
     risky = false;
   } else {
-    const float mag = value < 0.0f ? -value : value;
-    const float slack = add_rn(DV_FILTER_MARGIN, mul_rn(add_rn(mag, 64.0f), 0x1p-20f));
+    const float slack = key_slack(value, DV_FILTER_MARGIN);
     const float reach = value > neg_inf() ? value : __int_as_float(0x7f800000);
     const bool close = valid && runner >= sub_rn(best, slack) && add_rn(runner, slack) >= reach;
     risky = __any_sync(0xFFFFFFFFu, close || nan);
@@ -526,10 +524,10 @@ __device__ void emit_item(const VerifyArgs& a, const Plan& p, i64 b, int e, cons
   float key;
   int tok;
   bool pos, risky;
-  emit_scan<BF16>(a, r, trow, crow, start, end, q.temp, q.ttemp, divide, false, lane, key, tok, pos, risky);
+  emit_scan<BF16>(r, trow, crow, start, end, q.temp, q.ttemp, divide, false, lane, key, tok, pos, risky);
   if (risky) {
     bool unused;
-    emit_scan<BF16>(a, r, trow, crow, start, end, q.temp, q.ttemp, divide, true, lane, key, tok, pos, unused);
+    emit_scan<BF16>(r, trow, crow, start, end, q.temp, q.ttemp, divide, true, lane, key, tok, pos, unused);
   }
   if (lane == 0) a.epart[b * p.e + e] = make_float4(key, __int_as_float(tok), pos ? 1.0f : 0.0f, 0.0f);
   int* counters = a.counters + DV_COUNTERS * b;
@@ -564,8 +562,8 @@ __device__ void emit_item(const VerifyArgs& a, const Plan& p, i64 b, int e, cons
       float kk;
       int tt;
       bool pp, rr;
-      emit_scan<BF16>(a, bonus, trow, crow, s, stop, q.temp, q.ttemp, divide, false, lane, kk, tt, pp, rr);
-      if (rr) emit_scan<BF16>(a, bonus, trow, crow, s, stop, q.temp, q.ttemp, divide, true, lane, kk, tt, pp, rr);
+      emit_scan<BF16>(bonus, trow, crow, s, stop, q.temp, q.ttemp, divide, false, lane, kk, tt, pp, rr);
+      if (rr) emit_scan<BF16>(bonus, trow, crow, s, stop, q.temp, q.ttemp, divide, true, lane, kk, tt, pp, rr);
       if (beats(kk, tt, v, t)) { v = kk; t = tt; }
     }
   }
@@ -595,11 +593,12 @@ __device__ void stream_item(const VerifyArgs& a, const Plan& p, i64 b, int r, co
   const int rr = is_target ? r : r - (k + 1) * p.stt;
   const int per_row = is_target ? p.stt : p.sct;
   const int j = rr / per_row;
+  const int row_pieces = is_target ? p.st : p.sc;
   const int s0 = (rr % per_row) * p.mult;
-  const int s1 = (s0 + p.mult < (is_target ? p.st : p.sc)) ? s0 + p.mult : (is_target ? p.st : p.sc);
+  const int s1 = s0 + p.mult < row_pieces ? s0 + p.mult : row_pieces;
   const bool work = q.live && (is_target ? j <= q.n : (j < q.n && !q.greedy));
   if (work) {
-    const int row_index = is_target ? j : k + 1 + j;
+    const int row_index = is_target ? j : k + 1 + j;  // (partial rows: targets 0..K, caches K+1..2K)
     const bool divide = (a.flags & DV_RAW) && q.ttemp != 0.0f && q.ttemp != 1.0f;
     const float q_scale = div_rn(DV_LOG2E, q.temp == 0.0f ? 1.0f : q.temp);
 #pragma unroll 1
@@ -658,7 +657,7 @@ __device__ __forceinline__ void run(const VerifyArgs& a) {
     if (emit) {
       // the next ticket only after this one: a warp waiting for a decision holds no other ticket (a stream ticket
       // taken ahead would delay its request's decision by this wait, and so on down the list)
-      if (!(q.greedy || !q.live)) emit_item<BF16>(a, p, b, r, q, lane);
+      if (!q.direct()) emit_item<BF16>(a, p, b, r, q, lane);
       if (lane == 0) taken = fixed ? (unsigned int)ticket + warps : atomicAdd((unsigned int*)a.global, 1u);
     } else {
       if (lane == 0) taken = fixed ? (unsigned int)ticket + warps : atomicAdd((unsigned int*)a.global, 1u);
@@ -670,7 +669,7 @@ __device__ __forceinline__ void run(const VerifyArgs& a) {
       u64* t = a.trace + 4 * ticket;
       t[0] = t_start;
       t[1] = now_ns();
-      t[2] = smid + (emit ? 256u : 0u) + ((q.greedy || !q.live) ? 512u : 0u);
+      t[2] = smid + (emit ? 256u : 0u) + (q.direct() ? 512u : 0u);
       t[3] = (u64)b;
     }
     ticket = (i64)__shfl_sync(0xFFFFFFFFu, taken, 0);
