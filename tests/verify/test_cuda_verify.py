@@ -18,7 +18,9 @@ import pytest
 import torch
 
 from dspark_markov.cuda import build
+from dspark_markov.ops import constants
 from dspark_markov.verify import cuda_verify as cv
+from dspark_markov.verify import keys
 from tests.helpers import host_library, sm90_compile_log
 
 
@@ -51,6 +53,17 @@ def test_args_struct_and_constants_match_the_kernel():
     assert re.search(rf"#define DV_SEG_BYTES {cv.SEG_BYTES}\b", plan)
     for name, value in cv._FLAGS.items():
         assert re.search(rf"#define DV_{name.upper()} {value}\b", text), name
+
+
+def test_hash_domains_and_margin_are_the_python_ones():
+    # verify.cu spells the verification hash domains and the near-tie margin as literals: the same numbers as
+    # keys.py and ops.constants, or the CUDA verifier's uniforms and noise would differ from the Triton verifier's
+    text = (build.SOURCE_DIR / "verify.cu").read_text()
+    assert int(re.search(r"#define DV_ACCEPT_DOMAIN (0x[0-9A-Fa-f]+)u", text).group(1), 16) == keys.ACCEPT_DOMAIN
+    assert int(re.search(r"#define DV_RESAMPLE_DOMAIN (0x[0-9A-Fa-f]+)u", text).group(1), 16) == keys.RESAMPLE_DOMAIN
+    margin = float(re.search(r"#define DV_FILTER_MARGIN ([0-9.eE+-]+)f", text).group(1))
+    as_fp32 = [torch.tensor(value, dtype=torch.float32).item() for value in (margin, constants.FILTER_MARGIN)]
+    assert as_fp32[0] == as_fp32[1]
 
 
 HARNESS = r"""
