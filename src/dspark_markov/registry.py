@@ -87,6 +87,9 @@ REGISTRY = {
         "reference": Entry("dspark_markov.verify.reference", "verify_reference", graph_safe=False),
         # verify_drafts allocates its outputs per call; graphs capture a StreamVerifier / Verifier (DSparkStep)
         "triton": Entry("dspark_markov.verify.triton_verify_stream", "verify_stream", graph_safe=False),
+        # the persistent-warp CUDA C++ verifier (issue 18; sm_90, standard method; opted in until its GPU tests pass:
+        # verify.cuda_verify.unavailable_reason); "auto" never picks it
+        "cuda": Entry("dspark_markov.verify.cuda_verify", "verify_cuda", devices=("cuda",), graph_safe=False),
     },
     "top_k_top_p": {
         "reference": Entry("dspark_markov.verify.filtering_reference", "top_k_top_p_reference", graph_safe=False),

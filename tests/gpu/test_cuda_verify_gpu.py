@@ -149,3 +149,18 @@ def test_masked_and_nan_rows_stay_in_range():
 def test_every_position_follows_the_target():
     verifier = _verifier(253)
     assert_lossless_with_control(verifier.run, verifier.check)
+
+
+@pytest.mark.parametrize("rows", [16, 253])
+def test_verify_drafts_impl_cuda_equals_impl_triton(rows):
+    _verifier(1)  # (skips where the kernel cannot build)
+    args = _case(rows, 7)
+    ours = dm.verify_drafts(*args, impl="cuda")
+    theirs = dm.verify_drafts(*args, impl="triton")
+    assert torch.equal(ours.tokens, theirs.tokens) and torch.equal(ours.num_emitted, theirs.num_emitted)
+    raw_t = args[6] + 0.25  # raw logits and a target temperature: divided in the kernel
+    raw = dm.verify_drafts(*args, impl="cuda", target_temperature=raw_t)
+    raw_triton = dm.verify_drafts(*args, impl="triton", target_temperature=raw_t)
+    assert torch.equal(raw.tokens, raw_triton.tokens) and torch.equal(raw.num_emitted, raw_triton.num_emitted)
+    with pytest.raises(ValueError, match="impl: 'cuda' does not cover this call"):
+        dm.verify_drafts(*args, impl="cuda", method="block")

@@ -149,6 +149,19 @@ def test_launcher_rejects_what_the_kernel_does_not_cover():
     assert "bf16 or fp32" in verifier.unsupported(good_t, None, Fake(0, (5 * 8, 8, 1), 2, torch.float16))
 
 
+def test_verify_drafts_impl_cuda_names_the_argument_off_cuda():
+    from dspark_markov import verify_drafts
+
+    k, vocab = 2, 64
+    args = [torch.zeros(1, k + 1, vocab), torch.zeros(1, k, dtype=torch.int64), torch.zeros(1, k, vocab),
+            torch.full((1,), k), torch.zeros(1, dtype=torch.int64), torch.ones(1, dtype=torch.int64), torch.ones(1),
+            torch.zeros(1, dtype=torch.int64)]
+    with pytest.raises(ValueError, match="impl: 'cuda' verifies CUDA tensors"):
+        verify_drafts(*args, impl="cuda")
+    with pytest.raises(ValueError, match="impl: expected one of .*'cuda'"):
+        verify_drafts(*args, impl="cuda_verify")
+
+
 def test_bench_runs_the_cuda_verifier_only_on_a_gpu_for_the_standard_method():
     from dspark_markov.bench import verify_grid
 

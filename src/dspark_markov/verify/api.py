@@ -112,7 +112,10 @@ def verify_drafts(target_logits, draft_tokens, logits_cache, num_drafts, idx_map
         ``"triton"``: the one-launch kernel of :mod:`dspark_markov.verify.triton_verify_stream`
         (CUDA, or the CPU under ``TRITON_INTERPRET=1``) with a cached persistent verifier per
         (device, K, V), equal to the reference except at last-bit ties of the softmax rounding
-        (see that module); for CUDA graphs capture its ``StreamVerifier.run``.
+        (see that module); for CUDA graphs capture its ``StreamVerifier.run``. ``"cuda"``: the
+        persistent-warp CUDA C++ verifier of :mod:`dspark_markov.verify.cuda_verify` (sm_90 with
+        NVRTC; the standard method, K <= 7, V % 8 == 0, 16-byte aligned rows, else ``ValueError``;
+        opted in with ``DSPARK_MARKOV_UNVERIFIED=cuda_verify`` until its GPU tests pass on the H200).
     check_values : read the inputs back to range-check them (synchronises; default True).
     target_temperature : optional ``[S]`` fp32 per slot (finite, >= 0). When given,
         ``target_logits`` are RAW (before temperature) and are divided by their slot's target
@@ -154,6 +157,12 @@ def verify_drafts(target_logits, draft_tokens, logits_cache, num_drafts, idx_map
         tokens, num_emitted = verify_stream(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping,
                                             positions, temperature, seeds, target_greedy, method=method,
                                             target_temperature=target_temperature)
+        return VerifyOutput(tokens, num_emitted)
+    if impl == "cuda":
+        verify_cuda = registry.load("verify", "cuda")
+        tokens, num_emitted = verify_cuda(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions,
+                                          temperature, seeds, target_greedy, method=method,
+                                          target_temperature=target_temperature)
         return VerifyOutput(tokens, num_emitted)
     if target_temperature is not None:
         from .reference import scale_target

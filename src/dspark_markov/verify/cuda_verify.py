@@ -159,7 +159,8 @@ class CudaVerifier:
         self._no_greedy = torch.zeros(1, dtype=torch.uint8, device=device)
         self._no_temp = torch.zeros(1, dtype=torch.float32, device=device)
 
-    def unsupported(self, target_logits, draft_tokens, logits_cache, method: str = "standard") -> str | None:
+    @staticmethod
+    def unsupported(target_logits, draft_tokens, logits_cache, method: str = "standard") -> str | None:
         """Why this call is outside the kernel's scope (the block method, a row not 16-byte aligned), or ``None``."""
         if method != "standard":
             return f"method {method!r}: CudaVerifier runs the standard method only"
@@ -255,3 +256,53 @@ class CudaVerifier:
         stream = torch.cuda.current_stream(self.device).cuda_stream
         self.kernels.launch(KERNELS[0] if bf16 else KERNELS[1], self.sms * BLOCKS_PER_SM, THREADS, 0, stream, [args])
         return tokens, num_emitted
+
+
+# --------------------------------------------------------------------------- functional form
+_VERIFIERS: dict = {}  # (device, K, V) -> CudaVerifier, grown to the largest batch seen
+
+
+def cached_cuda_verifier(batch: int, k: int, vocab: int, device) -> CudaVerifier:
+    """The persistent :class:`CudaVerifier` of ``(device, K, V)`` with room for ``batch`` requests (the next power
+    of two, at least 16; replaced by a larger one when a bigger batch comes, else reused: no scratch per call)."""
+    device = torch.device(device)
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    key = (device, int(k), int(vocab))
+    verifier = _VERIFIERS.get(key)
+    if verifier is None or verifier.max_batch < batch:
+        verifier = CudaVerifier(max(16, 1 << (int(batch) - 1).bit_length()), k, vocab, device)
+        _VERIFIERS[key] = verifier
+    return verifier
+
+
+def verify_cuda(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions, temperature, seeds,
+                target_greedy=None, *, method: str = "standard", target_temperature=None):
+    """``verify_drafts(impl="cuda")``: the cached :class:`CudaVerifier`, fresh outputs (inputs validated by the caller).
+
+    ``ValueError`` naming ``impl`` where it cannot run: not a CUDA tensor, :func:`unavailable_reason`, or a call
+    outside its scope (:meth:`CudaVerifier.unsupported`: the block method, K > 7, V not a multiple of 8, rows not
+    16-byte aligned); ``impl="triton"`` covers those. Only the two outputs (``[B, K+1]``, ``[B]`` int64) are
+    allocated per call; for CUDA graphs capture :meth:`CudaVerifier.run` with your own outputs.
+    """
+    batch, k1, vocab = target_logits.shape
+    if target_logits.device.type != "cuda":
+        raise ValueError(f"impl: 'cuda' verifies CUDA tensors, got target_logits on {target_logits.device}")
+    why = unavailable_reason()
+    if why is not None:
+        raise ValueError(f"impl: 'cuda' is not available here: {why}")
+    if k1 > MAX_ROWS or vocab % 8:
+        raise ValueError(f"impl: 'cuda' takes K + 1 <= {MAX_ROWS} rows and V % 8 == 0, got K + 1 = {k1}, V = {vocab}; "
+                         "impl='triton' covers every shape")
+    why = CudaVerifier.unsupported(target_logits, draft_tokens, logits_cache, method)
+    if why is not None:
+        raise ValueError(f"impl: 'cuda' does not cover this call ({why}); impl='triton' does")
+    device = target_logits.device
+    tokens = torch.empty(batch, k1, dtype=torch.int64, device=device)
+    num_emitted = torch.empty(batch, dtype=torch.int64, device=device)
+    if batch == 0:
+        return tokens, num_emitted
+    verifier = cached_cuda_verifier(batch, k1 - 1, vocab, device)
+    return verifier.run(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions, temperature,
+                        seeds, target_greedy, method=method, target_temperature=target_temperature, tokens=tokens,
+                        num_emitted=num_emitted)
