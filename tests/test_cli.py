@@ -49,7 +49,7 @@ def test_info_reports_versions_device_and_impls(capsys):
     reference_line = next(line for line in out.splitlines() if line.strip().startswith("reference"))
     assert "available (" in reference_line and "unavailable" not in reference_line
     verify_line = next(line for line in out.splitlines() if line.startswith("verification"))
-    assert "CudaVerifier" in verify_line and ("unavailable: " in verify_line or verify_line.endswith("available"))
+    assert "cuda (CudaVerifier" in verify_line and ("unavailable: " in verify_line or verify_line.endswith("available"))
 
 
 def test_unknown_subcommand_fails_with_a_message(capsys):

@@ -108,8 +108,8 @@ def info(out=None) -> int:
     from .verify import cuda_verify
 
     reason = cuda_verify.unavailable_reason()
-    print("verification (verify_drafts impl=): reference, triton (auto on CUDA); CudaVerifier (verify/cuda_verify.py, "
-          "standard method, opt-in, slower than triton so far): "
+    print("verification (verify_drafts impl=): reference, triton (auto on CUDA), cuda (CudaVerifier, "
+          "verify/cuda_verify.py; standard method, opt-in, slower than triton so far): "
           + ("available" if reason is None else f"unavailable: {reason}"), file=out)
     return 0
 
