@@ -28,7 +28,7 @@ import torch
 
 from .. import cuda
 from ..validate import DeviceStatusError
-from .run_start import start_run
+from .run_start import run_fresh, start_run
 
 THREADS = 256  # verify.cu DV_THREADS
 BLOCKS_PER_SM = 2  # __launch_bounds__(256, 2)
@@ -285,7 +285,7 @@ def verify_cuda(target_logits, draft_tokens, logits_cache, num_drafts, idx_mappi
     16-byte aligned); ``impl="triton"`` covers those. Only the two outputs (``[B, K+1]``, ``[B]`` int64) are
     allocated per call; for CUDA graphs capture :meth:`CudaVerifier.run` with your own outputs.
     """
-    batch, k1, vocab = target_logits.shape
+    _, k1, vocab = target_logits.shape
     if target_logits.device.type != "cuda":
         raise ValueError(f"impl: 'cuda' verifies CUDA tensors, got target_logits on {target_logits.device}")
     why = unavailable_reason()
@@ -297,12 +297,5 @@ def verify_cuda(target_logits, draft_tokens, logits_cache, num_drafts, idx_mappi
     why = CudaVerifier.unsupported(target_logits, draft_tokens, logits_cache, method)
     if why is not None:
         raise ValueError(f"impl: 'cuda' does not cover this call ({why}); impl='triton' does")
-    device = target_logits.device
-    tokens = torch.empty(batch, k1, dtype=torch.int64, device=device)
-    num_emitted = torch.empty(batch, dtype=torch.int64, device=device)
-    if batch == 0:
-        return tokens, num_emitted
-    verifier = cached_cuda_verifier(batch, k1 - 1, vocab, device)
-    return verifier.run(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions, temperature,
-                        seeds, target_greedy, method=method, target_temperature=target_temperature, tokens=tokens,
-                        num_emitted=num_emitted)
+    return run_fresh(cached_cuda_verifier, target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping,
+                     positions, temperature, seeds, target_greedy, method, target_temperature)

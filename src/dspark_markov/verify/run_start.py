@@ -1,4 +1,4 @@
-"""The host-side start of a persistent Triton verifier's ``run``, shared by both designs.
+"""The host-side start of a persistent verifier's ``run``, shared by the designs, and their functional form.
 
 :class:`~.triton_verify.Verifier` and :class:`~.triton_verify_stream.StreamVerifier` check the
 batch against the shape they were built for, take their own output buffers unless the caller passes
@@ -6,6 +6,8 @@ some, and launch nothing for an empty batch or for a call without slots. Pure to
 """
 
 from __future__ import annotations
+
+import torch
 
 
 def start_run(verifier, target_logits, method, temperature, tokens, num_emitted):
@@ -34,3 +36,20 @@ def start_run(verifier, target_logits, method, temperature, tokens, num_emitted)
         num_emitted.zero_()
         return batch, tokens, num_emitted, True
     return batch, tokens, num_emitted, False
+
+
+def run_fresh(cached, target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions, temperature,
+              seeds, target_greedy, method, target_temperature):
+    """``verify_drafts``' call of a cached persistent verifier: ``cached(batch, K, V, device)`` gives it, and only
+    the two outputs (``[B, K+1]`` and ``[B]`` int64) are allocated, from the caching allocator (not for CUDA
+    graphs: capture the verifier's ``run`` with your own outputs). Returns ``(tokens, num_emitted)``."""
+    batch, k1, vocab = target_logits.shape
+    device = target_logits.device
+    tokens = torch.empty(batch, k1, dtype=torch.int64, device=device)
+    num_emitted = torch.empty(batch, dtype=torch.int64, device=device)
+    if batch == 0:
+        return tokens, num_emitted
+    verifier = cached(batch, k1 - 1, vocab, device)
+    return verifier.run(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions, temperature,
+                        seeds, target_greedy, method=method, target_temperature=target_temperature, tokens=tokens,
+                        num_emitted=num_emitted)

@@ -109,7 +109,7 @@ from ..ops.noise import approx_gumbel, fast_log2
 from ..ops.numerics import block_argmax, to_float32
 from ..validate import DeviceStatusError, check_power_of_two
 from . import keys
-from .run_start import start_run
+from .run_start import run_fresh, start_run
 
 GPU_BLOCK = 2048  # elements per tile (8 warps, 8 fp32 per thread)
 GPU_WARPS = 8
@@ -1806,13 +1806,5 @@ def verify_stream(target_logits, draft_tokens, logits_cache, num_drafts, idx_map
     tensors (``[B, K+1]`` and ``[B]`` int64) are allocated per call, from the caching allocator;
     for CUDA graphs capture :meth:`StreamVerifier.run` with your own outputs instead.
     """
-    batch, k1, vocab = target_logits.shape
-    device = target_logits.device
-    tokens = torch.empty(batch, k1, dtype=torch.int64, device=device)
-    num_emitted = torch.empty(batch, dtype=torch.int64, device=device)
-    if batch == 0:
-        return tokens, num_emitted
-    verifier = cached_verifier(batch, k1 - 1, vocab, device)
-    return verifier.run(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions, temperature,
-                        seeds, target_greedy, method=method, target_temperature=target_temperature, tokens=tokens,
-                        num_emitted=num_emitted)
+    return run_fresh(cached_verifier, target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions,
+                     temperature, seeds, target_greedy, method, target_temperature)
