@@ -5,7 +5,8 @@
 // from one atomic counter), so every warp streams until the list is empty and a request's pieces end within about
 // one piece of each other, whatever the batch:
 //   stream item (request b, row, segment): 16 KB of target row j (4,096 fp32) or of cache row j (8,192 bf16 /
-//     4,096 fp32), reduced to (max, sum 2^((x - max) scale), first argmax) and stored as one partial; the last
+//     4,096 fp32), reduced to (max, sum 2^((x - max) scale)), or to the first argmax for a greedy request's target
+//     rows and a T = 0 request's cache rows (all that is read of those), and stored as one partial; the last
 //     stream item of a request (an arrival counter) combines the partials, computes p_j(x_j), q_j(x_j), the
 //     ratios and acceptance uniforms, the accepted count, and either writes the output row (greedy or padding
 //     requests) or publishes the emitted row's statistics and raises the request's ready flag;
@@ -179,8 +180,19 @@ struct Stats {
   int ai;
 };
 
-// Eight values of one lane (tokens first..first+3, then second..second+3, increasing) into its running statistics.
+// Eight values of one lane (tokens first..first+3, then second..second+3, increasing) into its running statistics:
+// the softmax's (max, sum) for a sampled row, or only the first argmax for a greedy one (a target row of a greedy
+// request, a cache row of T = 0: nothing else of those rows is read), ~2/3 and ~1/3 of the work of both.
+template <bool ARG>
 __device__ __forceinline__ void absorb8(Stats& st, const float* x, int first, int second, float scale) {
+  if (ARG) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const bool better = x[i] > st.av || (x[i] != x[i] && st.av == st.av);
+      if (better) { st.av = x[i]; st.ai = (i < 4 ? first : second - 4) + i; }
+    }
+    return;
+  }
   float bm = x[0];
 #pragma unroll
   for (int i = 1; i < 8; ++i) bm = fmaxf(bm, x[i]);
@@ -190,11 +202,6 @@ __device__ __forceinline__ void absorb8(Stats& st, const float* x, int first, in
   for (int i = 0; i < 8; ++i) sum = add_rn(sum, ex2(mul_rn(sub_rn(x[i], nm), scale)));
   st.s = add_rn(mul_rn(st.s, ex2(mul_rn(sub_rn(st.m, nm), scale))), sum);
   st.m = nm;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const bool better = x[i] > st.av || (x[i] != x[i] && st.av == st.av);
-    if (better) { st.av = x[i]; st.ai = (i < 4 ? first : second - 4) + i; }
-  }
 }
 
 __device__ __forceinline__ void widen(const uint4 v, bool bf16_row, float* x, int half) {
@@ -210,8 +217,9 @@ __device__ __forceinline__ void widen(const uint4 v, bool bf16_row, float* x, in
 
 // One 16 KB piece of a row (1,024 uint4; len valid tokens, a multiple of 8), each warp-wide load 512 contiguous
 // bytes: lane l takes uint4 number (8 bt + i) 32 + l of batch bt; a bf16 uint4 holds 8 tokens, an fp32 one 4 (two
-// of them, 32 apart, make the 8 values of one absorb8). Two batches of 8 uint4 (8 KB a warp) in flight.
-template <bool BF16>
+// of them, 32 apart, make the 8 values of one absorb8). Two batches of 8 uint4 (8 KB a warp) in flight. ARG: the
+// first argmax only (max -FMAX, sum 0), else the softmax statistics only (argmax -inf at an out-of-range token).
+template <bool BF16, bool ARG>
 __device__ __forceinline__ Stats stream_piece(const char* row, int start, int len, float scale, bool divide,
                                               float t, int lane) {
   constexpr int PER_TOKEN_SHIFT = BF16 ? 3 : 2;  // tokens per uint4: 8 or 4
@@ -240,7 +248,7 @@ __device__ __forceinline__ Stats stream_piece(const char* row, int start, int le
         const int u = (bt * 8 + i) * 32 + lane;
         float x[8];
         widen(cur[i], true, x, 0);
-        absorb8(st, x, start + 8 * u, start + 8 * u + 4, scale);
+        absorb8<ARG>(st, x, start + 8 * u, start + 8 * u + 4, scale);
       }
     } else {
 #pragma unroll
@@ -253,7 +261,7 @@ __device__ __forceinline__ Stats stream_piece(const char* row, int start, int le
 #pragma unroll
           for (int j = 0; j < 8; ++j) x[j] = div_rn(x[j], t);
         }
-        absorb8(st, x, start + 4 * u, start + 4 * (u + 32), scale);
+        absorb8<ARG>(st, x, start + 4 * u, start + 4 * (u + 32), scale);
       }
     }
     if (bt + 2 < 4) load(buf[bt & 1], bt + 2);
@@ -601,6 +609,9 @@ __device__ void stream_item(const VerifyArgs& a, const Plan& p, i64 b, int r, co
     const int row_index = is_target ? j : k + 1 + j;  // (partial rows: targets 0..K, caches K+1..2K)
     const bool divide = (a.flags & DV_RAW) && q.ttemp != 0.0f && q.ttemp != 1.0f;
     const float q_scale = div_rn(DV_LOG2E, q.temp == 0.0f ? 1.0f : q.temp);
+    // a greedy request's target rows and a T = 0 request's cache rows: the first argmax is all decide() and the emit
+    // items read of them (a greedy request is direct; q of T = 0 is one-hot at the argmax); other rows: the softmax
+    const bool arg_only = is_target ? q.greedy : q.temp == 0.0f;
 #pragma unroll 1
     for (int s = s0; s < s1; ++s) {
       Stats st;
@@ -608,14 +619,16 @@ __device__ void stream_item(const VerifyArgs& a, const Plan& p, i64 b, int r, co
         const int start = s * DV_TARGET_SEG;
         const int len = (int)(a.vocab - start < DV_TARGET_SEG ? a.vocab - start : DV_TARGET_SEG);
         const float* row = a.target + b * a.t_req + j * a.t_row + start;
-        st = stream_piece<false>((const char*)row, start, len, DV_LOG2E, divide, q.ttemp, lane);
+        st = arg_only ? stream_piece<false, true>((const char*)row, start, len, DV_LOG2E, divide, q.ttemp, lane)
+                      : stream_piece<false, false>((const char*)row, start, len, DV_LOG2E, divide, q.ttemp, lane);
         reduce_stats(st, DV_LOG2E);
       } else {
         const int seg = BF16 ? DV_SEG_BYTES / 2 : DV_SEG_BYTES / 4;
         const int start = s * seg;
         const int len = (int)(a.vocab - start < seg ? a.vocab - start : seg);
         const char* row = (const char*)a.cache + (q.slot * a.c_slot + (i64)j * a.c_step + start) * (BF16 ? 2 : 4);
-        st = stream_piece<BF16>(row, start, len, q_scale, false, 1.0f, lane);
+        st = arg_only ? stream_piece<BF16, true>(row, start, len, q_scale, false, 1.0f, lane)
+                      : stream_piece<BF16, false>(row, start, len, q_scale, false, 1.0f, lane);
         reduce_stats(st, q_scale);
       }
       if (lane == 0) a.part[(b * p.rows + row_index) * p.st + s] = make_float4(st.m, st.s, st.av, __int_as_float(st.ai));

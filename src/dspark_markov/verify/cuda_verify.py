@@ -5,8 +5,8 @@
 is ready only when its slowest item ends, and a program's next item starts only after a launch-order
 gap. Here every warp of a grid sized to the GPU takes *tickets* one at a time (:data:`STATIC`: warp ``w`` takes
 tickets ``w, w + W, ...``; otherwise from one atomic counter): 16 KB pieces of a
-target or cache row (``(max, sum 2^((x - max) scale), first argmax)`` each), then, ``lag`` requests
-later in the list, the pieces of each request's emitted row (the residual or bonus Gumbel keys, the
+target or cache row (``(max, sum 2^((x - max) scale))`` each, or the first argmax of a greedy row), then,
+``lag`` requests later in the list, the pieces of each request's emitted row (the residual or bonus Gumbel keys, the
 cheap noise ranking and the exact noise deciding). Warps stream until the list is empty, so the pieces
 of a request end within about one piece of each other at any batch. The formulas are the Triton
 verifier's, operation for operation (the module docstring of :mod:`.triton_verify_stream` says which
