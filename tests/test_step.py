@@ -181,7 +181,10 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="backbone"):
         DSparkStep(head, None, num_steps=N, max_reqs=MAX_REQS, num_slots=SLOTS, mask_token_id=MASK,
                    max_model_len=MAX_LEN)
-    with pytest.raises(ValueError, match="verify_impl"):
+    with pytest.raises(ValueError, match="verify_impl: expected one of"):
+        DSparkStep(head, _Backbone(), num_steps=N, max_reqs=MAX_REQS, num_slots=SLOTS, mask_token_id=MASK,
+                   max_model_len=MAX_LEN, verify_impl="cuda_verify")
+    with pytest.raises(ValueError, match="verify_impl: 'cuda' verifies on a CUDA device"):
         DSparkStep(head, _Backbone(), num_steps=N, max_reqs=MAX_REQS, num_slots=SLOTS, mask_token_id=MASK,
                    max_model_len=MAX_LEN, verify_impl="cuda")
     step = DSparkStep(head, lambda ids, pos: torch.zeros(2, 2), num_steps=N, max_reqs=MAX_REQS, num_slots=SLOTS,

@@ -63,8 +63,9 @@ class DSparkStep:
         :mod:`dspark_markov.registry`; ``filter_impl="auto"`` follows ``top_k_top_p``'s ``auto``
         on every call: the cluster filter on sm_90 with top-k for a step of <= 30 rows, with top-p
         alone at any size, or for raw logits with ``target_temperature``), ``"triton"``, ``"cuda"``
-        (the filter) or ``"reference"`` (the references allocate and are not capturable: capturing
-        with one raises ``ValueError``).
+        (the filter; for verify_impl the opt-in CUDA C++ verifier, standard method, sm_90:
+        :mod:`dspark_markov.verify.cuda_verify`) or ``"reference"`` (the references allocate and
+        are not capturable: capturing with one raises ``ValueError``).
 
     Attributes
     ----------
@@ -113,6 +114,8 @@ class DSparkStep:
             from .verify.triton_verify_stream import StreamVerifier  # imports Triton
 
             self.verifier = StreamVerifier(r, n, self.vocab, device)
+        elif verify_impl == "cuda":
+            self.verifier = _cuda_verifier(r, n, self.vocab, device, verify_method)
 
         def i64(*shape, fill=0):
             return torch.full(shape, fill, dtype=torch.int64, device=device)
@@ -279,3 +282,21 @@ class DSparkStep:
         self.tokens.copy_(out.tokens)
         self.num_emitted.copy_(out.num_emitted)
         return StepVerifyOutput(self.tokens, self.num_emitted)
+
+
+def _cuda_verifier(max_reqs, num_steps, vocab, device, verify_method):
+    """``verify_impl="cuda"``: a persistent :class:`~dspark_markov.verify.cuda_verify.CudaVerifier` (CUDA-graph safe),
+    or ``ValueError`` naming ``verify_impl`` where it cannot run (not CUDA, unavailable, the block method, K > 7,
+    V not a multiple of 8)."""
+    from .verify import cuda_verify  # noqa: PLC0415
+
+    if torch.device(device).type != "cuda":
+        raise ValueError(f"verify_impl: 'cuda' verifies on a CUDA device, the head is on {device}")
+    why = cuda_verify.unavailable_reason()
+    if why is None and verify_method != "standard":
+        why = f"verify_method {verify_method!r}: it runs the standard method only"
+    if why is None and (num_steps + 1 > cuda_verify.MAX_ROWS or vocab % 8):
+        why = f"it takes num_steps + 1 <= {cuda_verify.MAX_ROWS} and V % 8 == 0, got {num_steps} and V = {vocab}"
+    if why is not None:
+        raise ValueError(f"verify_impl: 'cuda' cannot run here: {why}; verify_impl='triton' can")
+    return cuda_verify.CudaVerifier(max_reqs, num_steps, vocab, device)
