@@ -14,8 +14,8 @@ values are exact and which are within fp32 rounding of the reference): the token
 and, with raw logits, are bit-identical to the pre-divided mode (each value divided with ``__fdiv_rn``).
 
 Scope: the standard method, ``K + 1 <= 8``, ``V % 8 == 0``, 16-byte aligned target and cache rows
-(:meth:`CudaVerifier.unsupported` says why a call is not covered; ``verify_drafts`` then runs the Triton
-verifier). Requirements: a CUDA device of compute capability 9.0 with NVRTC (``dspark-markov info``).
+(:meth:`CudaVerifier.unsupported` says why a call is not covered; ``verify_drafts(impl="cuda")`` then
+raises ``ValueError`` and ``impl="triton"`` covers it). Requirements: a CUDA device of compute capability 9.0 with NVRTC (``dspark-markov info``).
 CUDA-graph safe: one launch, no allocation after construction; counters are reset by their last user.
 """
 
