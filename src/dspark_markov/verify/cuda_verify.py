@@ -15,7 +15,8 @@ and, with raw logits, are bit-identical to the pre-divided mode (each value divi
 
 Scope: the standard method, ``K + 1 <= 8``, ``V % 8 == 0``, 16-byte aligned target and cache rows
 (:meth:`CudaVerifier.unsupported` says why a call is not covered; ``verify_drafts(impl="cuda")`` then
-raises ``ValueError`` and ``impl="triton"`` covers it). Requirements: a CUDA device of compute capability 9.0 with NVRTC (``dspark-markov info``).
+raises ``ValueError`` and ``impl="triton"`` covers it). Requirements: a CUDA device of compute capability
+9.0 with NVRTC (``dspark-markov info``).
 CUDA-graph safe: one launch, no allocation after construction; counters are reset by their last user.
 """
 
