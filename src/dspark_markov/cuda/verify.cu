@@ -279,7 +279,8 @@ __device__ __forceinline__ void reduce_stats(Stats& st, float scale) {
   warp_argmax(st.av, st.ai);
 }
 
-// Partials sub, sub + 4, ... of one row (pieces < count) merged into st (its softmax statistics and first argmax).
+// Partials sub, sub + 4, ... of one row (pieces < count) merged into st (its softmax statistics and first argmax;
+// a row streams only one of the two, the other merges as the identity: max -FMAX / sum 0, or -inf at token 0).
 __device__ __forceinline__ void merge_partials(Stats& st, const float4* part, int sub, int count, float scale) {
 #pragma unroll 8
   for (int s = sub; s < count; s += 4) {
@@ -357,6 +358,8 @@ __device__ void decide(const VerifyArgs& a, const Plan& p, i64 b, const Req& q, 
     }
     if (lane == 0) a.num_emitted[b] = q.live ? js + 1 : 0;
   } else if (lane == 0) {
+    // (emit items read e[0..6]; q_cmax / q_inv are meaningful only for T > 0 and e[7] only for greedy requests,
+    // which never get here: a stream piece computes only what is read of its row, see stream_item)
     float* e = a.emitp + b * 8;
     e[0] = __int_as_float(js);
     e[1] = e_tmax;
