@@ -280,7 +280,7 @@ __device__ __forceinline__ void reduce_stats(Stats& st, float scale) {
 }
 
 // Partials sub, sub + 4, ... of one row (pieces < count) merged into st (its softmax statistics and first argmax;
-// a row streams only one of the two, the other merges as the identity: max -FMAX / sum 0, or -inf at token 0).
+// a row streams only one of the two, the other is inert: max -FMAX / sum 0, or -inf at the piece's first token).
 __device__ __forceinline__ void merge_partials(Stats& st, const float4* part, int sub, int count, float scale) {
 #pragma unroll 8
   for (int s = sub; s < count; s += 4) {
