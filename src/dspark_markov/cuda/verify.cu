@@ -146,6 +146,14 @@ __device__ __forceinline__ bool last_arrival(int* counter, int expected, int lan
   return last;
 }
 
+// DV_ROW_ARRIVALS' two levels (same-address atomics serialise): the last of `members` arrivals on `word` resets it
+// and arrives on `top`, whose last of `count` returns true.
+__device__ __forceinline__ bool last_of_two(int* word, int members, int* top, int count, int lane) {
+  if (!last_arrival(word, members, lane)) return false;
+  if (lane == 0) *word = 0;  // every ticket counted on this word has arrived
+  return last_arrival(top, count, lane);
+}
+
 #define DV_LOG2E 1.4426950408889634f
 #define DV_LN2 0.6931471805599453f
 #define DV_FMAX 3.4028234663852886e38f
@@ -545,10 +553,7 @@ __device__ void emit_item(const VerifyArgs& a, const Plan& p, i64 b, int e, cons
   if (a.flags & DV_ROW_ARRIVALS) {  // two levels: groups of DV_EMIT_GROUP emit tickets, then the groups' last ones
     const int group = e / DV_EMIT_GROUP, groups = (p.e + DV_EMIT_GROUP - 1) / DV_EMIT_GROUP;
     const int members = p.e - group * DV_EMIT_GROUP < DV_EMIT_GROUP ? p.e - group * DV_EMIT_GROUP : DV_EMIT_GROUP;
-    int* word = counters + 4 + p.rows + group;
-    if (!last_arrival(word, members, lane)) return;
-    if (lane == 0) *word = 0;  // every emit ticket of this group has arrived
-    if (!last_arrival(counters + 1, groups, lane)) return;
+    if (!last_of_two(counters + 4 + p.rows + group, members, counters + 1, groups, lane)) return;
   } else if (!last_arrival(counters + 1, p.e, lane)) {
     return;
   }
@@ -608,8 +613,11 @@ __device__ void stream_item(const VerifyArgs& a, const Plan& p, i64 b, int r, co
   const int s0 = (rr % per_row) * p.mult;
   const int s1 = s0 + p.mult < row_pieces ? s0 + p.mult : row_pieces;
   const bool work = q.live && (is_target ? j <= q.n : (j < q.n && !q.greedy));
+  // (partial rows and their counters: targets 0..K, caches K+1..2K; recomputed after the pieces, not kept live
+  // across them: one more register there spills in the bf16 kernel)
+  auto partial_row = [&] { return is_target ? j : k + 1 + j; };
   if (work) {
-    const int row_index = is_target ? j : k + 1 + j;  // (partial rows: targets 0..K, caches K+1..2K)
+    const int row_index = partial_row();
     const bool divide = (a.flags & DV_RAW) && q.ttemp != 0.0f && q.ttemp != 1.0f;
     const float q_scale = div_rn(DV_LOG2E, q.temp == 0.0f ? 1.0f : q.temp);
     // a greedy request's target rows and a T = 0 request's cache rows: the first argmax is all decide() and the emit
@@ -638,12 +646,8 @@ __device__ void stream_item(const VerifyArgs& a, const Plan& p, i64 b, int r, co
     }
   }
   int* counters = a.counters + DV_COUNTERS * b;
-  if (a.flags & DV_ROW_ARRIVALS) {  // two levels: fewer arrivals on one word (same-address atomics serialise)
-    const int row_index = is_target ? j : k + 1 + j;
-    if (last_arrival(counters + 4 + row_index, per_row, lane)) {
-      if (lane == 0) counters[4 + row_index] = 0;  // every ticket of this row has arrived
-      if (last_arrival(counters, p.rows, lane)) decide(a, p, b, q, lane);
-    }
+  if (a.flags & DV_ROW_ARRIVALS) {  // a counter per row, each row's last on the request's
+    if (last_of_two(counters + 4 + partial_row(), per_row, counters, p.rows, lane)) decide(a, p, b, q, lane);
   } else if (last_arrival(counters, p.si, lane)) {
     decide(a, p, b, q, lane);
   }
