@@ -292,11 +292,9 @@ def _cuda_verifier(max_reqs, num_steps, vocab, device, verify_method):
 
     if torch.device(device).type != "cuda":
         raise ValueError(f"verify_impl: 'cuda' verifies on a CUDA device, the head is on {device}")
-    why = cuda_verify.unavailable_reason()
+    why = cuda_verify.scope_reason(num_steps, vocab)
     if why is None and verify_method != "standard":
         why = f"verify_method {verify_method!r}: it runs the standard method only"
-    if why is None and (num_steps + 1 > cuda_verify.MAX_ROWS or vocab % 8):
-        why = f"it takes num_steps + 1 <= {cuda_verify.MAX_ROWS} and V % 8 == 0, got {num_steps} and V = {vocab}"
     if why is not None:
         raise ValueError(f"verify_impl: 'cuda' cannot run here: {why}; verify_impl='triton' can")
     return cuda_verify.CudaVerifier(max_reqs, num_steps, vocab, device)

@@ -29,7 +29,7 @@ import torch
 
 from .. import cuda
 from ..validate import DeviceStatusError
-from .run_start import run_fresh, start_run
+from .run_start import cached_instance, run_fresh, start_run
 
 THREADS = 256  # verify.cu DV_THREADS
 BLOCKS_PER_SM = 2  # __launch_bounds__(256, 2)
@@ -80,6 +80,15 @@ def unavailable_reason() -> str | None:
     """Why :class:`CudaVerifier` cannot run here (no sm_90 GPU, no NVRTC, a failed build, or not opted in
     while its GPU tests have not passed), else ``None``."""
     return cuda.unavailable_reason(verify_kernels, lambda: cuda.unverified_reason(DESIGN, PLAN))
+
+
+def scope_reason(num_drafts: int, vocab: int) -> str | None:
+    """Why a CudaVerifier of ``K = num_drafts`` over ``V = vocab`` cannot run here (:func:`unavailable_reason`,
+    ``K + 1 > 8`` or ``V`` not a multiple of 8), else ``None``. Per call: :meth:`CudaVerifier.unsupported`."""
+    why = unavailable_reason()
+    if why is None and (num_drafts + 1 > MAX_ROWS or vocab % 8):
+        why = f"it takes K + 1 <= {MAX_ROWS} rows and V % 8 == 0, got K = {num_drafts}, V = {vocab}"
+    return why
 
 
 def schedule(batch: int) -> tuple[int, int, int]:
@@ -266,15 +275,7 @@ _VERIFIERS: dict = {}  # (device, K, V) -> CudaVerifier, grown to the largest ba
 def cached_cuda_verifier(batch: int, k: int, vocab: int, device) -> CudaVerifier:
     """The persistent :class:`CudaVerifier` of ``(device, K, V)`` with room for ``batch`` requests (the next power
     of two, at least 16; replaced by a larger one when a bigger batch comes, else reused: no scratch per call)."""
-    device = torch.device(device)
-    if device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    key = (device, int(k), int(vocab))
-    verifier = _VERIFIERS.get(key)
-    if verifier is None or verifier.max_batch < batch:
-        verifier = CudaVerifier(max(16, 1 << (int(batch) - 1).bit_length()), k, vocab, device)
-        _VERIFIERS[key] = verifier
-    return verifier
+    return cached_instance(_VERIFIERS, CudaVerifier, batch, k, vocab, device)
 
 
 def verify_cuda(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions, temperature, seeds,
@@ -289,12 +290,9 @@ def verify_cuda(target_logits, draft_tokens, logits_cache, num_drafts, idx_mappi
     _, k1, vocab = target_logits.shape
     if target_logits.device.type != "cuda":
         raise ValueError(f"impl: 'cuda' verifies CUDA tensors, got target_logits on {target_logits.device}")
-    why = unavailable_reason()
+    why = scope_reason(k1 - 1, vocab)
     if why is not None:
-        raise ValueError(f"impl: 'cuda' is not available here: {why}")
-    if k1 > MAX_ROWS or vocab % 8:
-        raise ValueError(f"impl: 'cuda' takes K + 1 <= {MAX_ROWS} rows and V % 8 == 0, got K + 1 = {k1}, V = {vocab}; "
-                         "impl='triton' covers every shape")
+        raise ValueError(f"impl: 'cuda' cannot run here: {why}; impl='triton' can")
     why = CudaVerifier.unsupported(target_logits, draft_tokens, logits_cache, method)
     if why is not None:
         raise ValueError(f"impl: 'cuda' does not cover this call ({why}); impl='triton' does")

@@ -38,6 +38,21 @@ def start_run(verifier, target_logits, method, temperature, tokens, num_emitted)
     return batch, tokens, num_emitted, False
 
 
+def cached_instance(store: dict, make, batch: int, k: int, vocab: int, device):
+    """The persistent verifier of ``(device, K, V)`` in ``store`` with room for ``batch`` requests:
+    ``make(max_batch, K, V, device)`` builds one for the next power of two of ``batch`` (at least 16) on first use
+    and when a bigger batch comes; otherwise the stored one is reused, so repeated calls allocate no scratch."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    key = (device, int(k), int(vocab))
+    verifier = store.get(key)
+    if verifier is None or verifier.max_batch < batch:
+        verifier = make(max(16, 1 << (int(batch) - 1).bit_length()), k, vocab, device)
+        store[key] = verifier
+    return verifier
+
+
 def run_fresh(cached, target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions, temperature,
               seeds, target_greedy, method, target_temperature):
     """``verify_drafts``' call of a cached persistent verifier: ``cached(batch, K, V, device)`` gives it, and only

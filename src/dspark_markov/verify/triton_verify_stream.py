@@ -109,7 +109,7 @@ from ..ops.noise import approx_gumbel, fast_log2
 from ..ops.numerics import block_argmax, to_float32
 from ..validate import DeviceStatusError, check_power_of_two
 from . import keys
-from .run_start import run_fresh, start_run
+from .run_start import cached_instance, run_fresh, start_run
 
 GPU_BLOCK = 2048  # elements per tile (8 warps, 8 fp32 per thread)
 GPU_WARPS = 8
@@ -1787,15 +1787,7 @@ def cached_verifier(batch: int, k: int, vocab: int, device) -> StreamVerifier:
     allocate no scratch. One per device for the calling stream: calls on several streams at once
     must use their own :class:`StreamVerifier` (the counters are shared).
     """
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    key = (device, int(k), int(vocab))
-    verifier = _VERIFIERS.get(key)
-    if verifier is None or verifier.max_batch < batch:
-        verifier = StreamVerifier(max(16, triton.next_power_of_2(int(batch))), k, vocab, device)
-        _VERIFIERS[key] = verifier
-    return verifier
+    return cached_instance(_VERIFIERS, StreamVerifier, batch, k, vocab, device)
 
 
 def verify_stream(target_logits, draft_tokens, logits_cache, num_drafts, idx_mapping, positions, temperature, seeds,
