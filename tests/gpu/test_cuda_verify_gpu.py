@@ -83,12 +83,20 @@ def test_raw_logits_bit_identical_to_pre_divided(rows):
     verifier.check()
 
 
-@pytest.mark.parametrize("options", [dict(lag=0), dict(lag=1, emit_iters=1), dict(lag=40, emit_iters=2),
-                                     dict(emit_iters=32, piece_mult=3), dict(piece_mult=32), dict(static=True),
-                                     dict(static=True, row_arrivals=True, piece_mult=2),
-                                     dict(static=False, row_arrivals=False), dict(static=False, lag=0, emit_iters=1)],
+_LIST = dict(queue=False)  # the lag-ordered list (its lag, static tickets)
+
+
+@pytest.mark.parametrize("options", [dict(lag=0, **_LIST), dict(lag=1, emit_iters=1, **_LIST),
+                                     dict(lag=40, emit_iters=2, **_LIST), dict(emit_iters=32, piece_mult=3),
+                                     dict(piece_mult=32), dict(static=True, **_LIST),
+                                     dict(static=True, row_arrivals=True, piece_mult=2, **_LIST),
+                                     dict(static=False, row_arrivals=False, **_LIST),
+                                     dict(static=False, lag=0, emit_iters=1, row_arrivals=True, **_LIST),
+                                     dict(emit_iters=1), dict(row_arrivals=True, emit_iters=2),
+                                     dict(emit_iters=505, piece_mult=4)],
                          ids=["lag0", "lag1_e1", "lag40_e2", "e32_m3", "m32", "static", "static_rows_m2",
-                              "counter_one_word", "counter_rows_lag0_e1"])
+                              "counter_one_word", "counter_rows_lag0_e1", "queue_e1", "queue_rows_e2",
+                              "queue_one_emit_m4"])
 def test_schedules_agree(options):
     rows = 64
     args = _case(rows, 21)

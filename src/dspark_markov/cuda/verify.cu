@@ -46,6 +46,9 @@ namespace dm {
 #define DV_STATIC 128  // warp w takes tickets w, w + W, w + 2W, ... (no counter; every block must be resident)
 #define DV_ROW_ARRIVALS 256  // stream tickets arrive on their row's counter, each row's last on the request's (and
                              // emit tickets on their group's counter, each group's last on the request's)
+#define DV_QUEUE 512         // stream tickets from one counter in request order; a request's emit tickets exist only
+                             // once it is decided (a ready list), and a warp serves its claimed emit ticket between
+                             // stream tickets: no warp ever waits while stream work is left (see run_queue)
 #define DV_EMIT_GROUP 16     // emit tickets per group counter
 #define DV_COUNTERS 128      // ints per request: stream arrivals, emit arrivals, ready flag, -, a counter per row
                              // (2K + 1), a counter per emit group (the launcher checks that they fit)
@@ -65,7 +68,8 @@ struct VerifyArgs {  // 8-byte fields; cuda_verify.VerifyArgs mirrors it
   float4* epart;                // [B, E] emit partials (key, token bits, any positive residual, -)
   float* emitp;                 // [B, 8] the emitted row: js, t_max, t_inv, q_cmax, q_inv, q_scale, q_arg, -
   int* counters;                // [B, DV_COUNTERS]: stream arrivals, emit arrivals, ready flag, -, rows', groups' ones
-  int* global;                  // [4]: ticket counter, exits, status
+  int* global;                  // [8 + B]: ticket counter, exits, status, then (DV_QUEUE) emit claims, ready slots
+                                //   given out, requests decided, -, and the ready list: slot s holds b + 1 once set
   i64* tokens;                  // [B, K+1] output (stride tok_stride)
   i64* num_emitted;             // [B]
   u64* trace;                   // [tickets, 4] or null: per ticket start, end (%globaltimer ns), smid + flags, request
@@ -128,6 +132,11 @@ __device__ __forceinline__ void fence_acquire() { asm volatile("fence.acq_rel.gp
 __device__ __forceinline__ int load_acquire(const int* flag) {
   int v;
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
+  return v;
+}
+__device__ __forceinline__ int load_relaxed(const int* word) {
+  int v;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(word) : "memory");
   return v;
 }
 __device__ __forceinline__ void store_release(int* flag, int v) {
@@ -377,9 +386,16 @@ __device__ void decide(const VerifyArgs& a, const Plan& p, i64 b, const Req& q, 
     e[5] = q_scale;
     e[6] = __int_as_float(e_qarg);
     e[7] = __int_as_float(e_targ);
-    store_release(a.counters + DV_COUNTERS * b + 2, 1);  // ready
+    if (a.flags & DV_QUEUE) {  // the next slot of the ready list (its emit tickets can now be served)
+      store_release(a.global + 8 + atomicAdd(a.global + 4, 1), (int)b + 1);
+    } else {
+      store_release(a.counters + DV_COUNTERS * b + 2, 1);  // ready
+    }
   }
-  if (lane == 0) a.counters[DV_COUNTERS * b] = 0;  // every stream item of b has arrived
+  if (lane == 0) {
+    a.counters[DV_COUNTERS * b] = 0;  // every stream item of b has arrived
+    if (a.flags & DV_QUEUE) arrive(a.global + 5);  // decided (after the slot: see run_queue's exit)
+  }
 }
 
 // ------------------------------------------------------------------ emit item
@@ -509,7 +525,7 @@ __device__ __forceinline__ bool wait_ready(const VerifyArgs& a, i64 b, int lane)
   if (lane == 0) {
     int spins = 0;
     while (true) {  // relaxed polls (an acquire per poll would invalidate the SM's L1 each time), one acquire after
-      asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(a.counters + DV_COUNTERS * b + 2) : "memory");
+      seen = load_relaxed(a.counters + DV_COUNTERS * b + 2);
       if (seen != 0 || ++spins > DV_SPIN) break;
       __nanosleep(64);
     }
@@ -521,9 +537,10 @@ __device__ __forceinline__ bool wait_ready(const VerifyArgs& a, i64 b, int lane)
   return seen != 0;
 }
 
+// slot: DV_QUEUE's ready-list slot of b (the caller acquired it), else -1 (wait for b's ready flag here).
 template <bool BF16>
-__device__ void emit_item(const VerifyArgs& a, const Plan& p, i64 b, int e, const Req& q, int lane) {
-  wait_ready(a, b, lane);
+__device__ void emit_item(const VerifyArgs& a, const Plan& p, i64 b, int e, const Req& q, int slot, int lane) {
+  if (slot < 0) wait_ready(a, b, lane);
   const float* ep = a.emitp + b * 8;
   EmitRow r;
   r.js = __float_as_int(__ldcg(ep + 0));
@@ -598,6 +615,7 @@ __device__ void emit_item(const VerifyArgs& a, const Plan& p, i64 b, int e, cons
     a.num_emitted[b] = r.js + 1;
     a.counters[DV_COUNTERS * b + 1] = 0;  // every emit item of b has arrived (and passed its wait)
     a.counters[DV_COUNTERS * b + 2] = 0;
+    if (slot >= 0) a.global[8 + slot] = 0;  // (every claim of the slot has been served)
   }
 }
 
@@ -653,10 +671,114 @@ __device__ void stream_item(const VerifyArgs& a, const Plan& p, i64 b, int r, co
   }
 }
 
+__device__ __forceinline__ void trace_ticket(const VerifyArgs& a, i64 index, u64 start, bool emit, bool direct, i64 b) {
+  // tools/trace_cuda_verify.py: [start, end, smid + 2^8 emit + 2^9 direct, b] (lane 0)
+  u32 smid;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+  u64* t = a.trace + 4 * index;
+  t[0] = start;
+  t[1] = now_ns();
+  t[2] = smid + (emit ? 256u : 0u) + (direct ? 512u : 0u);
+  t[3] = (u64)b;
+}
+
+// Ready-list slot s's request + 1 (0: not yet set), the same in every lane; when set, every lane has acquired it
+// (the decision's emitp words are visible).
+__device__ __forceinline__ int poll_slot(const VerifyArgs& a, int slot, int lane) {
+  int v = 0;
+  if (lane == 0) {
+    v = load_relaxed(a.global + 8 + slot);
+    if (v != 0) fence_acquire();
+  }
+  v = __shfl_sync(0xFFFFFFFFu, v, 0);
+  if (v != 0 && lane != 0) load_acquire(a.global + 8 + slot);
+  return v;
+}
+
+// DV_QUEUE: stream tickets t = b SI + r from global[0], in request order (a request's pieces are taken together, so
+// they end together); a request's emit tickets exist only once its last stream ticket has decided it and set the
+// next ready slot. Emit claims c = s E + e (global[3]) name slot s's ticket e: each warp holds one claim and, between
+// stream tickets, serves it once its slot is set (else takes the next stream ticket). A warp waits only when no
+// stream ticket is left, i.e. when every undecided request's pieces are held by running warps, which never wait
+// before finishing them: no residency assumption, no deadlock. It leaves once its slot can no longer be set (every
+// request decided, the slot past the last one given out).
 template <bool BF16>
+__device__ void run_queue(const VerifyArgs& a, const Plan& p, int lane) {
+  const i64 stream_total = a.batch * (i64)p.si;
+  auto take = [&](int* counter) {  // lane 0's fetch-and-add, in every lane
+    unsigned int v = 0;
+    if (lane == 0) v = atomicAdd((unsigned int*)counter, 1u);
+    return __shfl_sync(0xFFFFFFFFu, v, 0);
+  };
+  int claim = (int)take(a.global + 3);
+  i64 t = take(a.global);  // the stream ticket held
+  bool streaming = true;
+#pragma unroll 1
+  while (true) {
+    const int slot = claim / p.e;
+    const int v = slot < a.batch ? poll_slot(a, slot, lane) : 0;
+    if (v != 0) {  // serve the claim (the stream ticket stays held)
+      const i64 b = v - 1;
+      const int e = claim - slot * p.e;
+      const Req q = request(a, b);
+      const u64 t0 = a.trace ? now_ns() : 0;
+      emit_item<BF16>(a, p, b, e, q, slot, lane);
+      if (a.trace && lane == 0) trace_ticket(a, stream_total + claim, t0, true, false, b);
+      claim = (int)take(a.global + 3);
+      continue;
+    }
+    if (streaming) {
+      if (t < stream_total) {
+        // the next stream ticket's fetch-and-add in flight while this one streams (its result is read after)
+        unsigned int next = 0;
+        if (lane == 0) next = atomicAdd((unsigned int*)a.global, 1u);
+        const i64 b = t / p.si;
+        const Req q = request(a, b);
+        const u64 t0 = a.trace ? now_ns() : 0;
+        stream_item<BF16>(a, p, b, (int)(t - b * p.si), q, lane);
+        if (a.trace && lane == 0) trace_ticket(a, t, t0, false, q.direct(), b);
+        t = __shfl_sync(0xFFFFFFFFu, next, 0);
+        continue;
+      }
+      streaming = false;
+    }
+    // No stream ticket left: wait for the claim's slot, or leave once it can no longer be set.
+    if (slot >= a.batch) return;  // (at most B slots are ever set)
+    int state = 0;  // 1: set, 2: never
+    if (lane == 0) {
+      int spins = 0;
+      while (true) {
+        if (load_relaxed(a.global + 8 + slot) != 0) { state = 1; break; }
+        // every request decided (acquire: every slot given out is counted in global[4]) and this slot past them
+        if (load_acquire(a.global + 5) >= a.batch && load_relaxed(a.global + 4) <= slot) { state = 2; break; }
+        if (++spins > DV_SPIN) { atomicOr(a.global + 2, 1); state = 2; break; }
+        __nanosleep(64);
+      }
+    }
+    state = __shfl_sync(0xFFFFFFFFu, state, 0);
+    if (state == 2) return;  // (state 1: the next iteration acquires the slot and serves the claim)
+  }
+}
+
+// QUEUE: the entry points with the ready-list schedule (DV_QUEUE set by the launcher), a kernel of their own so that
+// neither schedule's registers constrain the other's stream loops.
+template <bool BF16, bool QUEUE>
 __device__ __forceinline__ void run(const VerifyArgs& a) {
   const int lane = threadIdx.x & 31;
   const Plan p = plan_of(a.batch, a.vocab, a.k, (a.flags & DV_CACHE_BF16) != 0, a.lag, a.emit_iters, a.piece_mult);
+  if (QUEUE) {
+    run_queue<BF16>(a, p, lane);
+    __syncthreads();
+    if (threadIdx.x == 0 && atomicAdd(a.global + 1, 1) == (int)gridDim.x - 1) {
+      // the last block out: every ticket, claim and slot of this launch is done; reset for the next launch
+      a.global[0] = 0;
+      a.global[1] = 0;
+      a.global[3] = 0;
+      a.global[4] = 0;
+      a.global[5] = 0;
+    }
+    return;
+  }
   // With the counter (a block takes its warps' first tickets in one atomic) a ticket is only ever held by a running
   // warp: a waiting emit item never waits for a block that has not started. DV_STATIC: no atomics at all.
   const bool fixed = (a.flags & DV_STATIC) != 0;
@@ -677,21 +799,13 @@ __device__ __forceinline__ void run(const VerifyArgs& a) {
     if (emit) {
       // the next ticket only after this one: a warp waiting for a decision holds no other ticket (a stream ticket
       // taken ahead would delay its request's decision by this wait, and so on down the list)
-      if (!q.direct()) emit_item<BF16>(a, p, b, r, q, lane);
+      if (!q.direct()) emit_item<BF16>(a, p, b, r, q, -1, lane);
       if (lane == 0) taken = fixed ? (unsigned int)ticket + warps : atomicAdd((unsigned int*)a.global, 1u);
     } else {
       if (lane == 0) taken = fixed ? (unsigned int)ticket + warps : atomicAdd((unsigned int*)a.global, 1u);
       stream_item<BF16>(a, p, b, r, q, lane);
     }
-    if (a.trace && lane == 0) {  // tools/trace_cuda_verify.py: [start, end, smid + 2^8 emit + 2^9 direct, b]
-      u32 smid;
-      asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-      u64* t = a.trace + 4 * ticket;
-      t[0] = t_start;
-      t[1] = now_ns();
-      t[2] = smid + (emit ? 256u : 0u) + (q.direct() ? 512u : 0u);
-      t[3] = (u64)b;
-    }
+    if (a.trace && lane == 0) trace_ticket(a, ticket, t_start, emit, q.direct(), b);
     ticket = (i64)__shfl_sync(0xFFFFFFFFu, taken, 0);
   }
   if (fixed) return;  // (no counter to reset: no block-exit atomics on one word either)
@@ -705,8 +819,14 @@ __device__ __forceinline__ void run(const VerifyArgs& a) {
 }  // namespace dm
 
 extern "C" __global__ void __launch_bounds__(DV_THREADS, 2) dm_verify_bf16(const dm::VerifyArgs a) {
-  dm::run<true>(a);
+  dm::run<true, false>(a);
 }
 extern "C" __global__ void __launch_bounds__(DV_THREADS, 2) dm_verify_f32(const dm::VerifyArgs a) {
-  dm::run<false>(a);
+  dm::run<false, false>(a);
+}
+extern "C" __global__ void __launch_bounds__(DV_THREADS, 2) dm_verify_bf16_q(const dm::VerifyArgs a) {
+  dm::run<true, true>(a);
+}
+extern "C" __global__ void __launch_bounds__(DV_THREADS, 2) dm_verify_f32_q(const dm::VerifyArgs a) {
+  dm::run<false, true>(a);
 }

@@ -3,12 +3,15 @@
 ``dspark_markov/cuda/verify.cu`` (NVRTC at first use, cached on disk). The Triton verifier
 (:mod:`.triton_verify_stream`) numbers its work by program id, one fixed item per program, so a request
 is ready only when its slowest item ends, and a program's next item starts only after a launch-order
-gap. Here every warp of a grid sized to the GPU takes *tickets* one at a time (:data:`STATIC`: warp ``w`` takes
-tickets ``w, w + W, ...``; otherwise from one atomic counter): 16 KB pieces of a
-target or cache row (``(max, sum 2^((x - max) scale))`` each, or the first argmax of a greedy row), then,
-``lag`` requests later in the list, the pieces of each request's emitted row (the residual or bonus Gumbel keys, the
-cheap noise ranking and the exact noise deciding). Warps stream until the list is empty, so the pieces
-of a request end within about one piece of each other at any batch. The formulas are the Triton
+gap. Here every warp of a grid sized to the GPU takes *tickets* one at a time: 16 KB pieces of a
+target or cache row (``(max, sum 2^((x - max) scale))`` each, or the first argmax of a greedy row), in request
+order from one atomic counter, and the pieces of each decided request's emitted row (the residual or bonus Gumbel
+keys, the cheap noise ranking and the exact noise deciding). With :data:`QUEUE` (the default) a request's last stream
+piece decides it and puts it on a ready list; each warp holds one claim on that list's emit pieces and serves it
+between stream pieces once its request is there, so no warp waits while stream work is left. Without it the emit
+pieces come ``lag`` requests after their request's stream pieces in one list (:data:`STATIC`: warp ``w`` takes
+tickets ``w, w + W, ...``), and a warp that reaches one waits for the decision. Warps stream until no piece is left,
+so the pieces of a request end within about one piece of each other at any batch. The formulas are the Triton
 verifier's, operation for operation (the module docstring of :mod:`.triton_verify_stream` says which
 values are exact and which are within fp32 rounding of the reference): the tokens equal the reference's
 and, with raw logits, are bit-identical to the pre-divided mode (each value divided with ``__fdiv_rn``).
@@ -36,7 +39,7 @@ BLOCKS_PER_SM = 2  # __launch_bounds__(256, 2)
 TARGET_SEG = 4096  # verify.cu DV_TARGET_SEG: fp32 target values per stream item
 SEG_BYTES = 16384  # verify.cu DV_SEG_BYTES
 MAX_ROWS = 8  # verify.cu DV_MAX_ROWS: K + 1 <= 8
-KERNELS = ("dm_verify_bf16", "dm_verify_f32")
+KERNELS = ("dm_verify_bf16", "dm_verify_f32", "dm_verify_bf16_q", "dm_verify_f32_q")  # (_q: QUEUE)
 DESIGN = "cuda_verify"
 PLAN = "tools/gpu_plans/issue18_cuda.sh"
 # The list's lag (requests between a request's stream tickets and its emit tickets), the emit ticket's size
@@ -44,7 +47,8 @@ PLAN = "tools/gpu_plans/issue18_cuda.sh"
 # emit_iters, piece_mult).
 SCHEDULE = ((16, 4, 4, 1), (64, 8, 8, 1), (None, 16, 16, 1))
 _FLAGS = dict(has_greedy=1, raw=2, cache_bf16=4, drafts_i64=8, idx_i64=16, nd_i64=32, pos_i64=64, static=128,
-              row_arrivals=256)
+              row_arrivals=256, queue=512)
+GLOBALS = 8  # verify.cu: ints of VerifyArgs.global before the ready list (B more)
 COUNTERS = 128  # verify.cu DV_COUNTERS: ints per request
 EMIT_GROUP = 16  # verify.cu DV_EMIT_GROUP: emit tickets per group counter (row_arrivals)
 # How tickets are taken and arrivals counted. Measured on an H100 (stop 35) with the counter (STATIC False) and one
@@ -55,8 +59,15 @@ EMIT_GROUP = 16  # verify.cu DV_EMIT_GROUP: emit tickets per group counter (row_
 # model's word, until tools/gpu_plans/issue18_cuda.sh (mini) has measured them. STATIC needs every block resident at
 # once (as cuda_chain's grid barrier does): the constructor checks the occupancy (two blocks per SM); another stream's
 # kernel holding an SM's registers can still delay a block past the bounded wait, which check() then reports.
-STATIC = True  # warp w's tickets w, w + W, ... (True: every block must be resident) or the counter's (False)
-ROW_ARRIVALS = True  # stream (emit) tickets arrive on their row's (group's) counter, each one's last on the request's
+# Measured (H100, stop 37, NVIDIA-H100-80GB-HBM3_2026-12-06_cuda_verify_stop37.txt): both slower, not faster (16 / 253
+# requests: counter + one word 84.5 / 625.9 us, static 93.5 / 804.3, static + rows 97.1 / 845.5; Triton 52.0 / 416.6).
+# The trace showed why: an emit ticket waits for its request's decision while holding its warp (median 22 us at 16
+# requests, 169 us at 253), and the stream tickets behind it in that warp's order wait too. QUEUE removes the wait.
+STATIC = False  # warp w's tickets w, w + W, ... (True: every block must be resident) or the counter's (False)
+ROW_ARRIVALS = False  # stream (emit) tickets arrive on their row's (group's) counter, each one's last on the request's
+QUEUE = True  # stream tickets in request order from one counter; emit tickets only of decided requests (a ready
+#               list), each warp serving its one claimed emit ticket between stream tickets (no lag, no waiting while
+#               stream work is left); the lag-ordered list (False) is what the trace above measured
 
 
 class VerifyArgs(ctypes.Structure):
@@ -120,12 +131,14 @@ class CudaVerifier:
     sweeps); ``static``: warp ``w`` takes tickets ``w, w + W, ...`` instead of the counter's (default :data:`STATIC`;
     every block must be resident at once: the constructor checks two per SM, and a wait that still times out is
     reported by :meth:`check`); ``row_arrivals``: stream tickets arrive on a counter per row and emit tickets on a
-    counter per group of 16, each one's last on the request's (default :data:`ROW_ARRIVALS`).
-    Scratch: ``B (2K+1) ST + B E`` 16-byte partials, ``B`` x 8 words of the emitted rows, ``B`` x 128 counters.
+    counter per group of 16, each one's last on the request's (default :data:`ROW_ARRIVALS`); ``queue``: the
+    ready-list schedule (default :data:`QUEUE`; no ``lag``, no ``static`` with it).
+    Scratch: ``B (2K+1) ST + B E`` 16-byte partials, ``B`` x 8 words of the emitted rows, ``B`` x 128 counters,
+    ``8 + B`` words of global counters and ready list.
     """
 
     def __init__(self, max_batch: int, num_drafts: int, vocab_size: int, device, *, lag=None, emit_iters=None,
-                 piece_mult=None, static=None, row_arrivals=None):
+                 piece_mult=None, static=None, row_arrivals=None, queue=None):
         device = torch.device(device)
         if device.type != "cuda":
             raise ValueError(f"device: CudaVerifier needs a CUDA device, got {device}")
@@ -146,6 +159,12 @@ class CudaVerifier:
         self.lag, self.emit_iters, self.piece_mult = lag, emit_iters, piece_mult
         self.static = STATIC if static is None else bool(static)
         self.row_arrivals = ROW_ARRIVALS if row_arrivals is None else bool(row_arrivals)
+        self.queue = QUEUE if queue is None else bool(queue)
+        if self.queue and self.static:
+            raise ValueError("static: the ready-list schedule (queue=True) takes its tickets from counters; "
+                             "pass queue=False for static tickets")
+        if self.queue and lag is not None:
+            raise ValueError("lag: the ready-list schedule (queue=True) has no lag; pass queue=False to set one")
         if self.row_arrivals:  # every schedule this verifier can launch (one per SCHEDULE bound): its emit groups fit
             bounds = [bound for bound, *_ in SCHEDULE if bound is not None and bound < self.max_batch]
             for batch in [1, *bounds, self.max_batch]:
@@ -163,7 +182,7 @@ class CudaVerifier:
         self.epart = torch.zeros(mb * e_max * 4, dtype=torch.float32, device=device)
         self.emitp = torch.zeros(mb * 8, dtype=torch.float32, device=device)
         self.counters = torch.zeros(mb * COUNTERS, dtype=torch.int32, device=device)
-        self.globals = torch.zeros(4, dtype=torch.int32, device=device)
+        self.globals = torch.zeros(GLOBALS + mb, dtype=torch.int32, device=device)
         self.tokens = torch.full((mb, k + 1), -1, dtype=torch.int64, device=device)
         self.num_emitted = torch.zeros(mb, dtype=torch.int64, device=device)
         self._no_greedy = torch.zeros(1, dtype=torch.uint8, device=device)
@@ -248,7 +267,8 @@ class CudaVerifier:
                  | (_FLAGS["idx_i64"] if idx_mapping.dtype == torch.int64 else 0)
                  | (_FLAGS["nd_i64"] if num_drafts.dtype == torch.int64 else 0)
                  | (_FLAGS["pos_i64"] if positions.dtype == torch.int64 else 0)
-                 | (_FLAGS["static"] if self.static else 0) | (_FLAGS["row_arrivals"] if self.row_arrivals else 0))
+                 | (_FLAGS["static"] if self.static else 0) | (_FLAGS["row_arrivals"] if self.row_arrivals else 0)
+                 | (_FLAGS["queue"] if self.queue else 0))
         greedy = target_greedy.view(torch.uint8) if target_greedy is not None else self._no_greedy
         d_step = draft_tokens.stride(1) if draft_tokens.dim() == 2 and self.k > 0 else 1
         args = VerifyArgs(
@@ -264,7 +284,8 @@ class CudaVerifier:
             tok_stride=tokens.stride(0), batch=batch, vocab=self.vocab, num_slots=temperature.shape[0], k=self.k,
             flags=flags, lag=lag, emit_iters=iters, piece_mult=mult)
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        self.kernels.launch(KERNELS[0] if bf16 else KERNELS[1], self.sms * BLOCKS_PER_SM, THREADS, 0, stream, [args])
+        kernel = KERNELS[(0 if bf16 else 1) + (2 if self.queue else 0)]
+        self.kernels.launch(kernel, self.sms * BLOCKS_PER_SM, THREADS, 0, stream, [args])
         return tokens, num_emitted
 
 
