@@ -1,10 +1,10 @@
 """Time CudaVerifier schedules beside the Triton verifier, same call, same inputs as ``bench --verify``.
 
-Usage: ``PYTHONPATH=src python3 tools/sweep_cuda_verify.py [--rows 1,16,64,253] [--variants LAG:ITERS:MULT[:l|:s][:r],...] [--raw]
+Usage: ``PYTHONPATH=src python3 tools/sweep_cuda_verify.py [--rows 1,16,64,253] [--variants LAG:ITERS:MULT[:l][:s][:r],...] [--raw]
 [--rounds 5] [--replays 20]``: for each batch, the bench's inputs (``bench.verify_grid.SharedInputs``, mixed T),
 the Triton :class:`StreamVerifier` default and one :class:`CudaVerifier` per ``lag:emit_iters:piece_mult`` (``-`` keeps
-the default; the ready-list schedule, which ignores lag, unless ``l``: the lag-ordered list, or ``s``: static tickets
-of that list; ``r``: per-row arrivals), each captured in a CUDA graph; rounds alternate the variants, each replay after an L2 flush;
+the default; the ready-list schedule, which ignores lag, unless ``l``: the lag-ordered list; ``s``: static tickets,
+``r``: per-row arrivals), each captured in a CUDA graph; rounds alternate the variants, each replay after an L2 flush;
 prints the median of the rounds' medians (us) and whether every variant's tokens equal the Triton verifier's.
 """
 
@@ -41,7 +41,7 @@ def main(argv):
         for v in variants:
             fields = v.split(":")
             static, rows_first = "s" in fields, "r" in fields
-            queue = not (static or "l" in fields)
+            queue = "l" not in fields
             given = [None if x == "-" else int(x) for x in ([f for f in fields if f not in "srl"] + ["-"] * 3)[:3]]
             used = [d if g is None else g for g, d in zip(given, schedule(b))]
             name = ("cuda queue e={1} m={2}" if queue else "cuda lag={} e={} m={}").format(*used)

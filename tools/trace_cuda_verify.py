@@ -1,7 +1,7 @@
 """Where a CudaVerifier launch's time goes: per-ticket ``%globaltimer`` marks (its ``trace`` argument).
 
-Usage: ``PYTHONPATH=src python3 tools/trace_cuda_verify.py [--rows 1,16,253] [--raw] [--variant LAG:ITERS:MULT[:l]]``
-(``l``: the lag-ordered list; default the ready list, whose emit tickets start only after their decision):
+Usage: ``PYTHONPATH=src python3 tools/trace_cuda_verify.py [--rows 1,16,253] [--raw] [--variant LAG:ITERS:MULT[:l][:s]]``
+(``l``: the lag-ordered list, ``s``: static tickets; default the ready list, whose emit tickets start only after their decision):
 the bench's inputs (``bench.verify_grid.SharedInputs``, mixed T), three untraced launches, then one traced launch
 per batch; prints, in us from the first ticket's start: the stream tickets' start spread, durations (median / p90)
 and last end, the decisions (a request's last stream ticket's end), the emit tickets' durations (their wait for the
@@ -30,7 +30,8 @@ def main(argv):
     raw = "--raw" in argv
     fields = _arg(argv, "--variant", "-:-:-").split(":")
     queue = "l" not in fields  # (l: the lag-ordered list instead of the ready list)
-    given = [None if x == "-" else int(x) for x in ([f for f in fields if f != "l"] + ["-"] * 3)[:3]]
+    static = "s" in fields
+    given = [None if x == "-" else int(x) for x in ([f for f in fields if f not in "ls"] + ["-"] * 3)[:3]]
     config = verify_grid.VerifyBenchConfig(device="cuda", rows=tuple(rows_list), kernels=("verify_standard",))
     shared = verify_grid.SharedInputs(config)
     k, vocab = config.steps, config.vocab
@@ -40,7 +41,7 @@ def main(argv):
         args = verify_grid.standard_args(shared, b, temperature)
         extra = dict(target_temperature=temperature) if raw else {}
         verifier = CudaVerifier(b, k, vocab, "cuda", lag=None if queue else given[0], emit_iters=given[1],
-                                piece_mult=given[2], queue=queue)
+                                piece_mult=given[2], queue=queue, static=static)
         for _ in range(3):
             verifier.run(*args, **extra)
         trace = torch.zeros(verifier.tickets(b), 4, dtype=torch.int64, device="cuda")

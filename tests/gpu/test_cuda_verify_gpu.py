@@ -93,10 +93,11 @@ _LIST = dict(queue=False)  # the lag-ordered list (its lag, static tickets)
                                      dict(static=False, row_arrivals=False, **_LIST),
                                      dict(static=False, lag=0, emit_iters=1, row_arrivals=True, **_LIST),
                                      dict(emit_iters=1), dict(row_arrivals=True, emit_iters=2),
-                                     dict(emit_iters=505, piece_mult=4)],
+                                     dict(emit_iters=505, piece_mult=4), dict(static=True),
+                                     dict(static=True, row_arrivals=True, emit_iters=1)],
                          ids=["lag0", "lag1_e1", "lag40_e2", "e32_m3", "m32", "static", "static_rows_m2",
                               "counter_one_word", "counter_rows_lag0_e1", "queue_e1", "queue_rows_e2",
-                              "queue_one_emit_m4"])
+                              "queue_one_emit_m4", "queue_static", "queue_static_rows_e1"])
 def test_schedules_agree(options):
     rows = 64
     args = _case(rows, 21)

@@ -59,8 +59,8 @@ first)
 queue)
   timeout -k 2 60 python3 -m pytest -m gpu -x -v -p no:cacheprovider $T -k "full_shapes or schedules or graph or nan" \
     2>&1 | tee "$OUT/tests.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed|Error|assert" | tail -30
-  timeout -k 2 30 python3 tools/trace_cuda_verify.py --rows 1,16,64,253 2>&1 | tee "$OUT/trace.txt" | grep -v Warning
-  timeout -k 2 90 python3 tools/sweep_cuda_verify.py --rows 1,16,64,253 --variants -:-:-,-:-:-:l,-:1:-,-:2:-,-:8:-,-:-:2,-:-:-:r \
+  timeout -k 2 30 python3 tools/trace_cuda_verify.py --rows 16,253 --variant -:-:-:s 2>&1 | tee "$OUT/trace.txt" | grep -v Warning
+  timeout -k 2 90 python3 tools/sweep_cuda_verify.py --rows 1,16,64,253 --variants -:-:-,-:-:-:l,-:-:-:s,-:1:-:s,-:2:-:s,-:8:-:s,-:-:2:s,-:-:-:s:r \
     --rounds 3 --replays 10 2>&1 | tee "$OUT/sweep.txt" | grep -v Warning
   ;;
 bench)

@@ -710,8 +710,12 @@ __device__ void run_queue(const VerifyArgs& a, const Plan& p, int lane) {
     if (lane == 0) v = atomicAdd((unsigned int*)counter, 1u);
     return __shfl_sync(0xFFFFFFFFu, v, 0);
   };
-  int claim = (int)take(a.global + 3);
-  i64 t = take(a.global);  // the stream ticket held
+  // DV_STATIC: warp w's stream tickets are w, w + W, ... and its claims w, w + W, ... (no fetch-and-add on a shared
+  // word, which serialise at ~15-20 ns each: H100 traces of stop 37); every block must then be resident.
+  const bool fixed = (a.flags & DV_STATIC) != 0;
+  const unsigned int warps = gridDim.x * DV_WARPS, warp = blockIdx.x * DV_WARPS + (threadIdx.x >> 5);
+  int claim = fixed ? (int)warp : (int)take(a.global + 3);
+  i64 t = fixed ? warp : take(a.global);  // the stream ticket held
   bool streaming = true;
 #pragma unroll 1
   while (true) {
@@ -724,14 +728,14 @@ __device__ void run_queue(const VerifyArgs& a, const Plan& p, int lane) {
       const u64 t0 = a.trace ? now_ns() : 0;
       emit_item<BF16>(a, p, b, e, q, slot, lane);
       if (a.trace && lane == 0) trace_ticket(a, stream_total + claim, t0, true, false, b);
-      claim = (int)take(a.global + 3);
+      claim = fixed ? claim + (int)warps : (int)take(a.global + 3);
       continue;
     }
     if (streaming) {
       if (t < stream_total) {
         // the next stream ticket's fetch-and-add in flight while this one streams (its result is read after)
-        unsigned int next = 0;
-        if (lane == 0) next = atomicAdd((unsigned int*)a.global, 1u);
+        unsigned int next = (unsigned int)t + warps;
+        if (lane == 0 && !fixed) next = atomicAdd((unsigned int*)a.global, 1u);
         const i64 b = t / p.si;
         const Req q = request(a, b);
         const u64 t0 = a.trace ? now_ns() : 0;

@@ -132,7 +132,8 @@ class CudaVerifier:
     every block must be resident at once: the constructor checks two per SM, and a wait that still times out is
     reported by :meth:`check`); ``row_arrivals``: stream tickets arrive on a counter per row and emit tickets on a
     counter per group of 16, each one's last on the request's (default :data:`ROW_ARRIVALS`); ``queue``: the
-    ready-list schedule (default :data:`QUEUE`; no ``lag``, no ``static`` with it).
+    ready-list schedule (default :data:`QUEUE`; no ``lag`` with it; ``static`` gives each warp fixed stream tickets
+    and claims).
     Scratch: ``B (2K+1) ST + B E`` 16-byte partials, ``B`` x 8 words of the emitted rows, ``B`` x 128 counters,
     ``8 + B`` words of global counters and ready list.
     """
@@ -160,9 +161,6 @@ class CudaVerifier:
         self.static = STATIC if static is None else bool(static)
         self.row_arrivals = ROW_ARRIVALS if row_arrivals is None else bool(row_arrivals)
         self.queue = QUEUE if queue is None else bool(queue)
-        if self.queue and self.static:
-            raise ValueError("static: the ready-list schedule (queue=True) takes its tickets from counters; "
-                             "pass queue=False for static tickets")
         if self.queue and lag is not None:
             raise ValueError("lag: the ready-list schedule (queue=True) has no lag; pass queue=False to set one")
         if self.row_arrivals:  # every schedule this verifier can launch (one per SCHEDULE bound): its emit groups fit
