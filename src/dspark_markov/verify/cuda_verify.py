@@ -63,7 +63,9 @@ EMIT_GROUP = 16  # verify.cu DV_EMIT_GROUP: emit tickets per group counter (row_
 # requests: counter + one word 84.5 / 625.9 us, static 93.5 / 804.3, static + rows 97.1 / 845.5; Triton 52.0 / 416.6).
 # The trace showed why: an emit ticket waits for its request's decision while holding its warp (median 22 us at 16
 # requests, 169 us at 253), and the stream tickets behind it in that warp's order wait too. QUEUE removes the wait.
-STATIC = False  # warp w's tickets w, w + W, ... (True: every block must be resident) or the counter's (False)
+STATIC = True  # warp w's tickets w, w + W, ... (True: every block must be resident) or the counters' (False); with
+#               the lag-ordered list it was slower (above), with the ready list (QUEUE) it removes the shared-word
+#               fetch-and-adds that spread the ticket starts over 60 us at 16 requests (H100 trace, stop 37)
 ROW_ARRIVALS = False  # stream (emit) tickets arrive on their row's (group's) counter, each one's last on the request's
 QUEUE = True  # stream tickets in request order from one counter; emit tickets only of decided requests (a ready
 #               list), each warp serving its one claimed emit ticket between stream tickets (no lag, no waiting while
