@@ -42,6 +42,9 @@ MAX_ROWS = 8  # verify.cu DV_MAX_ROWS: K + 1 <= 8
 KERNELS = ("dm_verify_bf16", "dm_verify_f32", "dm_verify_bf16_q", "dm_verify_f32_q")  # (_q: QUEUE)
 DESIGN = "cuda_verify"
 PLAN = "tools/gpu_plans/issue18_cuda.sh"
+# What `dspark-markov info` says of it without the opt-in.
+STATUS = ("is opt-in: exact in its GPU tests (H100, 2026-12-06) but slower than the Triton verifier so far, and its "
+          "default schedule (the ready list with static tickets) has not run on a GPU yet")
 # The list's lag (requests between a request's stream tickets and its emit tickets), the emit ticket's size
 # (256 tokens x emit_iters) and the 16 KB pieces per stream ticket by batch: (up to this many requests, lag,
 # emit_iters, piece_mult).
@@ -92,7 +95,7 @@ def verify_kernels(device_index: int):
 def unavailable_reason() -> str | None:
     """Why :class:`CudaVerifier` cannot run here (no sm_90 GPU, no NVRTC, a failed build, or not opted in
     while its GPU tests have not passed), else ``None``."""
-    return cuda.unavailable_reason(verify_kernels, lambda: cuda.unverified_reason(DESIGN, PLAN))
+    return cuda.unavailable_reason(verify_kernels, lambda: cuda.unverified_reason(DESIGN, PLAN, STATUS))
 
 
 def scope_reason(num_drafts: int, vocab: int) -> str | None:
