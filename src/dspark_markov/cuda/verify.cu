@@ -49,6 +49,8 @@ namespace dm {
 #define DV_QUEUE 512         // stream tickets from one counter in request order; a request's emit tickets exist only
                              // once it is decided (a ready list), and a warp serves its claimed emit ticket between
                              // stream tickets: no warp ever waits while stream work is left (see run_queue)
+#define DV_READY 32          // VerifyArgs.global: the ready list's first word (its own 128-byte lines, away from the
+                             // counters' atomics that the waiting warps' polls would otherwise share a line with)
 #define DV_EMIT_GROUP 16     // emit tickets per group counter
 #define DV_COUNTERS 128      // ints per request: stream arrivals, emit arrivals, ready flag, -, a counter per row
                              // (2K + 1), a counter per emit group (the launcher checks that they fit)
@@ -68,8 +70,8 @@ struct VerifyArgs {  // 8-byte fields; cuda_verify.VerifyArgs mirrors it
   float4* epart;                // [B, E] emit partials (key, token bits, any positive residual, -)
   float* emitp;                 // [B, 8] the emitted row: js, t_max, t_inv, q_cmax, q_inv, q_scale, q_arg, -
   int* counters;                // [B, DV_COUNTERS]: stream arrivals, emit arrivals, ready flag, -, rows', groups' ones
-  int* global;                  // [8 + B]: ticket counter, exits, status, then (DV_QUEUE) emit claims, ready slots
-                                //   given out, requests decided, -, and the ready list: slot s holds b + 1 once set
+  int* global;                  // [DV_READY + B]: ticket counter, exits, status, then (DV_QUEUE) emit claims, ready
+                                //   slots given out, requests decided; from DV_READY the ready list: slot s holds b + 1
   i64* tokens;                  // [B, K+1] output (stride tok_stride)
   i64* num_emitted;             // [B]
   u64* trace;                   // [tickets, 4] or null: per ticket start, end (%globaltimer ns), smid + flags, request
@@ -387,7 +389,7 @@ __device__ void decide(const VerifyArgs& a, const Plan& p, i64 b, const Req& q, 
     e[6] = __int_as_float(e_qarg);
     e[7] = __int_as_float(e_targ);
     if (a.flags & DV_QUEUE) {  // the next slot of the ready list (its emit tickets can now be served)
-      store_release(a.global + 8 + atomicAdd(a.global + 4, 1), (int)b + 1);
+      store_release(a.global + DV_READY + atomicAdd(a.global + 4, 1), (int)b + 1);
     } else {
       store_release(a.counters + DV_COUNTERS * b + 2, 1);  // ready
     }
@@ -615,7 +617,7 @@ __device__ void emit_item(const VerifyArgs& a, const Plan& p, i64 b, int e, cons
     a.num_emitted[b] = r.js + 1;
     a.counters[DV_COUNTERS * b + 1] = 0;  // every emit item of b has arrived (and passed its wait)
     a.counters[DV_COUNTERS * b + 2] = 0;
-    if (slot >= 0) a.global[8 + slot] = 0;  // (every claim of the slot has been served)
+    if (slot >= 0) a.global[DV_READY + slot] = 0;  // (every claim of the slot has been served)
   }
 }
 
@@ -682,16 +684,17 @@ __device__ __forceinline__ void trace_ticket(const VerifyArgs& a, i64 index, u64
   t[3] = (u64)b;
 }
 
-// Ready-list slot s's request + 1 (0: not yet set), the same in every lane; when set, every lane has acquired it
-// (the decision's emitp words are visible).
-__device__ __forceinline__ int poll_slot(const VerifyArgs& a, int slot, int lane) {
+// Ready-list slot s's request + 1 (0: not yet set), the same in every lane; when set, lane 0 has acquired it and the
+// warp barrier orders the other lanes' reads after that (the decision's emitp words are visible). seen: lane 0's
+// relaxed read of the slot issued earlier (during the last stream piece), or -1 to read it now.
+__device__ __forceinline__ int poll_slot(const VerifyArgs& a, int slot, int seen, int lane) {
   int v = 0;
   if (lane == 0) {
-    v = load_relaxed(a.global + 8 + slot);
+    v = seen >= 0 ? seen : load_relaxed(a.global + DV_READY + slot);
     if (v != 0) fence_acquire();
   }
   v = __shfl_sync(0xFFFFFFFFu, v, 0);
-  if (v != 0 && lane != 0) load_acquire(a.global + 8 + slot);
+  __syncwarp();
   return v;
 }
 
@@ -717,10 +720,16 @@ __device__ void run_queue(const VerifyArgs& a, const Plan& p, int lane) {
   int claim = fixed ? (int)warp : (int)take(a.global + 3);
   i64 t = fixed ? warp : take(a.global);  // the stream ticket held
   bool streaming = true;
+  int seen = -1;  // lane 0: the claim's slot as read during the last stream piece (-1: read it now)
 #pragma unroll 1
   while (true) {
     const int slot = claim / p.e;
-    const int v = slot < a.batch ? poll_slot(a, slot, lane) : 0;
+    const int v = slot < a.batch ? poll_slot(a, slot, seen, lane) : 0;
+    seen = -1;
+    if (v > a.batch) {  // a slot left set by a launch that timed out (status bit 1: check() resets): never index by it
+      if (lane == 0) atomicOr(a.global + 2, 1);
+      return;
+    }
     if (v != 0) {  // serve the claim (the stream ticket stays held)
       const i64 b = v - 1;
       const int e = claim - slot * p.e;
@@ -736,6 +745,9 @@ __device__ void run_queue(const VerifyArgs& a, const Plan& p, int lane) {
         // the next stream ticket's fetch-and-add in flight while this one streams (its result is read after)
         unsigned int next = (unsigned int)t + warps;
         if (lane == 0 && !fixed) next = atomicAdd((unsigned int*)a.global, 1u);
+        // the claim's slot read while this piece streams (no round trip of its own between pieces; a slot set during
+        // the piece is served after the next one)
+        if (lane == 0) seen = slot < a.batch ? load_relaxed(a.global + DV_READY + slot) : 0;
         const i64 b = t / p.si;
         const Req q = request(a, b);
         const u64 t0 = a.trace ? now_ns() : 0;
@@ -752,7 +764,7 @@ __device__ void run_queue(const VerifyArgs& a, const Plan& p, int lane) {
     if (lane == 0) {
       int spins = 0;
       while (true) {
-        if (load_relaxed(a.global + 8 + slot) != 0) { state = 1; break; }
+        if (load_relaxed(a.global + DV_READY + slot) != 0) { state = 1; break; }
         // every request decided (acquire: every slot given out is counted in global[4]) and this slot past them
         if (load_acquire(a.global + 5) >= a.batch && load_relaxed(a.global + 4) <= slot) { state = 2; break; }
         if (++spins > DV_SPIN) { atomicOr(a.global + 2, 1); state = 2; break; }
@@ -776,6 +788,7 @@ __device__ __forceinline__ void run(const VerifyArgs& a) {
     if (threadIdx.x == 0) __threadfence();  // (the block's fetch-and-adds ordered before its exit: the reset comes last)
     if (threadIdx.x == 0 && atomicAdd(a.global + 1, 1) == (int)gridDim.x - 1) {
       // the last block out: every ticket, claim and slot of this launch is done; reset for the next launch
+      __threadfence();  // (after every block's fetch-and-adds, not only by their control dependence)
       a.global[0] = 0;
       a.global[1] = 0;
       a.global[3] = 0;

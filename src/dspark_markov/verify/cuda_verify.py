@@ -51,7 +51,7 @@ STATUS = ("is opt-in: exact in its GPU tests (H100, 2026-12-06) but slower than 
 SCHEDULE = ((16, 4, 4, 1), (64, 8, 8, 1), (None, 16, 16, 1))
 _FLAGS = dict(has_greedy=1, raw=2, cache_bf16=4, drafts_i64=8, idx_i64=16, nd_i64=32, pos_i64=64, static=128,
               row_arrivals=256, queue=512)
-GLOBALS = 8  # verify.cu: ints of VerifyArgs.global before the ready list (B more)
+GLOBALS = 32  # verify.cu DV_READY: ints of VerifyArgs.global before the ready list (B more)
 COUNTERS = 128  # verify.cu DV_COUNTERS: ints per request
 EMIT_GROUP = 16  # verify.cu DV_EMIT_GROUP: emit tickets per group counter (row_arrivals)
 # How tickets are taken and arrivals counted. Measured on an H100 (stop 35) with the counter (STATIC False) and one
@@ -140,7 +140,7 @@ class CudaVerifier:
     ready-list schedule (default :data:`QUEUE`; no ``lag`` with it; ``static`` gives each warp fixed stream tickets
     and claims).
     Scratch: ``B (2K+1) ST + B E`` 16-byte partials, ``B`` x 8 words of the emitted rows, ``B`` x 128 counters,
-    ``8 + B`` words of global counters and ready list.
+    ``32 + B`` words of global counters and ready list.
     """
 
     def __init__(self, max_batch: int, num_drafts: int, vocab_size: int, device, *, lag=None, emit_iters=None,
