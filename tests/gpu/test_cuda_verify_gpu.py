@@ -173,3 +173,65 @@ def test_verify_drafts_impl_cuda_equals_impl_triton(rows):
     assert torch.equal(raw.tokens, raw_triton.tokens) and torch.equal(raw.num_emitted, raw_triton.num_emitted)
     with pytest.raises(ValueError, match="impl: 'cuda' does not cover this call"):
         dm.verify_drafts(*args, impl="cuda", method="block")
+
+
+def test_dsparkstep_verify_impl_cuda_equals_triton_eager_and_in_a_graph():
+    # DSparkStep(verify_impl="cuda") holds a persistent CudaVerifier: the same tokens as verify_impl="triton" on the
+    # same drafts, eagerly and replayed from a CUDA graph with new target values
+    from dspark_markov.step import DSparkStep
+
+    _verifier(1)  # (skips where the kernel cannot build)
+    vocab, n, reqs, slots_n = 4096, 5, 8, 12
+    g = torch.Generator(device="cuda").manual_seed(11)
+    head = dm.MarkovHead(torch.randn(vocab, 16, device="cuda", generator=g) * 0.3,
+                         torch.randn(vocab, 16, device="cuda", generator=g) * 0.3)
+    columns = torch.arange(vocab, device="cuda", dtype=torch.float32)
+
+    def backbone(input_ids, positions):  # deterministic base logits [reqs, n, V]
+        ids = input_ids.view(reqs, n + 1)[:, 1:, None].float()
+        pos = positions.view(reqs, n + 1)[:, 1:, None].float()
+        return (2.0 * torch.sin(ids * 0.37 + columns * 0.011 + pos * 0.1)).contiguous()
+
+    steps = {impl: DSparkStep(head, backbone, num_steps=n, max_reqs=reqs, num_slots=slots_n, mask_token_id=vocab - 1,
+                              max_model_len=4096, verify_impl=impl) for impl in ("cuda", "triton")}
+    live = 6  # requests 6 and 7 are padding
+    last_pos = torch.randint(10, 1000, (live,), device="cuda", generator=g)
+    bonus = torch.randint(0, vocab, (live,), device="cuda", generator=g)
+    slots = torch.randperm(slots_n, device="cuda", generator=g)[:live]
+    temperature = torch.rand(slots_n, device="cuda", generator=g) + 0.5
+    temperature[slots[1]] = 0.0  # a greedy request
+    seeds = torch.randint(-(2**62), 2**62, (slots_n,), device="cuda", generator=g)
+    drafts = {impl: step.draft(last_pos, bonus, slots, temperature, seeds).clone() for impl, step in steps.items()}
+    assert torch.equal(drafts["cuda"], drafts["triton"])
+    step = steps["cuda"]
+    slot = step.req_slots.clamp_min(0)
+    safe_t = torch.where(temperature == 0, torch.ones_like(temperature), temperature)
+    num_drafts = torch.tensor([5, 4, 5, 0, 3, 5, 0, 0], device="cuda")
+
+    def target(seed):  # near the drafter's distribution, so that some drafts are accepted
+        noise = torch.randn(reqs, n + 1, vocab, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed))
+        t = noise * 0.5
+        t[:, :n] += step.logits_cache[slot].float() / safe_t[slot, None, None]
+        return t
+
+    first = target(1)
+    ours = step.verify(first.clone(), num_drafts, temperature, seeds)
+    theirs = steps["triton"].verify(first.clone(), num_drafts, temperature, seeds)
+    assert torch.equal(ours.tokens, theirs.tokens) and torch.equal(ours.num_emitted, theirs.num_emitted)
+    assert int(ours.num_emitted[live:].sum()) == 0 and int(ours.num_emitted[:live].sum()) > live
+    static = first.clone()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step.verify(static, num_drafts, temperature, seeds)  # (warm-up on the capture stream)
+        with torch.cuda.graph(graph, stream=stream):
+            captured = step.verify(static, num_drafts, temperature, seeds)
+    torch.cuda.current_stream().wait_stream(stream)
+    for seed in (2, 3):
+        fresh = target(seed)
+        static.copy_(fresh)
+        graph.replay()
+        expected = steps["triton"].verify(fresh.clone(), num_drafts, temperature, seeds)
+        assert torch.equal(captured.tokens, expected.tokens) and torch.equal(captured.num_emitted, expected.num_emitted)
+    step.verifier.check()

@@ -7,7 +7,7 @@
 #   bash tools/gpu_plans/issue18_cuda.sh mini      # budget ~80 s: a traced launch per batch, then three schedules beside the Triton verifier
 #   bash tools/gpu_plans/issue18_cuda.sh first     # budget ~190 s: mini, then the GPU tests of reference / Triton equality, impl="cuda", graphs, NaN rows
 #   bash tools/gpu_plans/issue18_cuda.sh queue     # budget ~190 s: the ready-list schedule (stop 37): its GPU tests, a traced launch per batch, schedules beside the Triton verifier
-#   bash tools/gpu_plans/issue18_cuda.sh qshort    # budget ~70 s: the ready list with static tickets (the default): its tests at 16 / 253, then three emit sizes beside the Triton verifier
+#   bash tools/gpu_plans/issue18_cuda.sh qshort    # budget ~100 s: the ready list with static tickets (the default): its tests at full shapes and DSparkStep(verify_impl="cuda"), then three emit sizes beside the Triton verifier
 #   bash tools/gpu_plans/issue18_cuda.sh bench     # budget ~150 s: the bench cases (standard, raw; T = 1 and mixed) beside the Triton verifier
 #   bash tools/gpu_plans/issue18_cuda.sh ncu       # budget ~170 s: Nsight Compute of the CUDA verifier at 16 and 253 requests
 #   bash tools/gpu_plans/issue18_cuda.sh sanitize  # budget ~150 s: compute-sanitizer memcheck / racecheck of the CUDA verifier's tests at 16 requests
@@ -65,7 +65,7 @@ queue)
     --rounds 3 --replays 10 2>&1 | tee "$OUT/sweep.txt" | grep -v Warning
   ;;
 qshort)
-  timeout -k 2 30 python3 -m pytest -m gpu -x -v -p no:cacheprovider $T -k "full_shapes or queue_static" 2>&1 \
+  timeout -k 2 60 python3 -m pytest -m gpu -x -v -p no:cacheprovider $T -k "full_shapes or queue_static or dsparkstep" 2>&1 \
     | tee "$OUT/tests.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed|Error|assert" | tail -12
   timeout -k 2 40 python3 tools/sweep_cuda_verify.py --rows 1,16,64,253 --variants -:-:-:s,-:1:-:s,-:2:-:s \
     --rounds 3 --replays 10 2>&1 | tee "$OUT/sweep.txt" | grep -v Warning
