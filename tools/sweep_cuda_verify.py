@@ -1,6 +1,7 @@
 """Time CudaVerifier schedules beside the Triton verifier, same call, same inputs as ``bench --verify``.
 
-Usage: ``PYTHONPATH=src python3 tools/sweep_cuda_verify.py [--rows 1,16,64,253] [--variants LAG:ITERS:MULT[:l][:s][:r],...] [--raw]
+Usage: ``PYTHONPATH=src python3 tools/sweep_cuda_verify.py [--rows 1,16,64,253]
+[--variants LAG:ITERS:MULT[:l][:s][:r],...] [--raw]
 [--rounds 5] [--replays 20]``: for each batch, the bench's inputs (``bench.verify_grid.SharedInputs``, mixed T),
 the Triton :class:`StreamVerifier` default and one :class:`CudaVerifier` per ``lag:emit_iters:piece_mult`` (``-`` keeps
 the default; the ready-list schedule, which ignores lag, unless ``l``: the lag-ordered list; ``s``: static tickets,

@@ -1,7 +1,8 @@
 """Where a CudaVerifier launch's time goes: per-ticket ``%globaltimer`` marks (its ``trace`` argument).
 
-Usage: ``PYTHONPATH=src python3 tools/trace_cuda_verify.py [--rows 1,16,253] [--raw] [--variant LAG:ITERS:MULT[:l][:s]]``
-(``l``: the lag-ordered list, ``s``: static tickets; default the ready list, whose emit tickets start only after their decision):
+Usage: ``PYTHONPATH=src python3 tools/trace_cuda_verify.py [--rows 1,16,253] [--raw]
+[--variant LAG:ITERS:MULT[:l][:s]]`` (``l``: the lag-ordered list, ``s``: static tickets; default the ready list,
+whose emit tickets start only after their decision):
 the bench's inputs (``bench.verify_grid.SharedInputs``, mixed T), three untraced launches, then one traced launch
 per batch; prints, in us from the first ticket's start: the stream tickets' start spread, durations (median / p90)
 and last end, the decisions (a request's last stream ticket's end), the emit tickets' durations (their wait for the

@@ -209,8 +209,8 @@ def test_dsparkstep_verify_impl_cuda_equals_triton_eager_and_in_a_graph():
     num_drafts = torch.tensor([5, 4, 5, 0, 3, 5, 0, 0], device="cuda")
 
     def target(seed):  # near the drafter's distribution, so that some drafts are accepted
-        noise = torch.randn(reqs, n + 1, vocab, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed))
-        t = noise * 0.5
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        t = torch.randn(reqs, n + 1, vocab, device="cuda", generator=gen) * 0.5
         t[:, :n] += step.logits_cache[slot].float() / safe_t[slot, None, None]
         return t
 

@@ -785,7 +785,8 @@ __device__ __forceinline__ void run(const VerifyArgs& a) {
   if (QUEUE) {
     run_queue<BF16>(a, p, lane);
     __syncthreads();
-    if (threadIdx.x == 0) __threadfence();  // (the block's fetch-and-adds ordered before its exit: the reset comes last)
+    // (the block's fetch-and-adds ordered before its exit count: the reset comes after all of them)
+    if (threadIdx.x == 0) __threadfence();
     if (threadIdx.x == 0 && atomicAdd(a.global + 1, 1) == (int)gridDim.x - 1) {
       // the last block out: every ticket, claim and slot of this launch is done; reset for the next launch
       __threadfence();  // (after every block's fetch-and-adds, not only by their control dependence)

@@ -3,15 +3,16 @@
 ``dspark_markov/cuda/verify.cu`` (NVRTC at first use, cached on disk). The Triton verifier
 (:mod:`.triton_verify_stream`) numbers its work by program id, one fixed item per program, so a request
 is ready only when its slowest item ends, and a program's next item starts only after a launch-order
-gap. Here every warp of a grid sized to the GPU takes *tickets* one at a time: 16 KB pieces of a
-target or cache row (``(max, sum 2^((x - max) scale))`` each, or the first argmax of a greedy row), in request
-order from one atomic counter, and the pieces of each decided request's emitted row (the residual or bonus Gumbel
-keys, the cheap noise ranking and the exact noise deciding). With :data:`QUEUE` (the default) a request's last stream
-piece decides it and puts it on a ready list; each warp holds one claim on that list's emit pieces and serves it
-between stream pieces once its request is there, so no warp waits while stream work is left. Without it the emit
-pieces come ``lag`` requests after their request's stream pieces in one list (:data:`STATIC`: warp ``w`` takes
-tickets ``w, w + W, ...``), and a warp that reaches one waits for the decision. Warps stream until no piece is left,
-so the pieces of a request end within about one piece of each other at any batch. The formulas are the Triton
+gap. Here every warp of a grid sized to the GPU takes *tickets* one at a time: 16 KB pieces of a target or cache row
+(``(max, sum 2^((x - max) scale))`` each, or the first argmax of a greedy row), in request order (:data:`STATIC`:
+warp ``w`` takes ``w, w + W, ...``; else from one atomic counter), and the pieces of each decided request's emitted
+row (the residual or bonus Gumbel keys, the cheap noise ranking and the exact noise deciding). With :data:`QUEUE`
+(the default) a request's last stream piece decides it and puts it on a ready list; each warp holds one claim on
+that list's emit pieces and serves it between stream pieces once its request is there, so no warp waits while stream
+work is left. Without it the emit pieces come ``lag`` requests after their request's stream pieces in one list
+(:data:`STATIC`: warp ``w`` takes tickets ``w, w + W, ...``), and a warp that reaches one waits for the decision.
+Warps stream until no piece is left, so the pieces of a request end within about one piece of each other at any
+batch. The formulas are the Triton
 verifier's, operation for operation (the module docstring of :mod:`.triton_verify_stream` says which
 values are exact and which are within fp32 rounding of the reference): the tokens equal the reference's
 and, with raw logits, are bit-identical to the pre-divided mode (each value divided with ``__fdiv_rn``).
@@ -70,9 +71,9 @@ STATIC = True  # warp w's tickets w, w + W, ... (True: every block must be resid
 #               the lag-ordered list it was slower (above), with the ready list (QUEUE) it removes the shared-word
 #               fetch-and-adds that spread the ticket starts over 60 us at 16 requests (H100 trace, stop 37)
 ROW_ARRIVALS = False  # stream (emit) tickets arrive on their row's (group's) counter, each one's last on the request's
-QUEUE = True  # stream tickets in request order from one counter; emit tickets only of decided requests (a ready
-#               list), each warp serving its one claimed emit ticket between stream tickets (no lag, no waiting while
-#               stream work is left); the lag-ordered list (False) is what the trace above measured
+QUEUE = True  # stream tickets in request order (static or from a counter); emit tickets only of decided requests
+#               (a ready list), each warp serving its one claimed emit ticket between stream tickets (no lag, no
+#               waiting while stream work is left); the lag-ordered list (False) is what the trace above measured
 
 
 class VerifyArgs(ctypes.Structure):
