@@ -776,6 +776,22 @@ __device__ void run_queue(const VerifyArgs& a, const Plan& p, int lane) {
   }
 }
 
+// The last block out resets the launch's words for the next launch: the ticket counter and the exit count, and the
+// ready list's claims, slots given out and decisions (zero, unused, in the lag-ordered list).
+__device__ __forceinline__ void reset_at_exit(const VerifyArgs& a) {
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  __threadfence();  // (the block's fetch-and-adds ordered before its exit count)
+  if (atomicAdd(a.global + 1, 1) == (int)gridDim.x - 1) {
+    __threadfence();  // (the reset after every block's fetch-and-adds, not only by their control dependence)
+    a.global[0] = 0;
+    a.global[1] = 0;
+    a.global[3] = 0;
+    a.global[4] = 0;
+    a.global[5] = 0;
+  }
+}
+
 // QUEUE: the entry points with the ready-list schedule (DV_QUEUE set by the launcher), a kernel of their own so that
 // neither schedule's registers constrain the other's stream loops.
 template <bool BF16, bool QUEUE>
@@ -784,18 +800,7 @@ __device__ __forceinline__ void run(const VerifyArgs& a) {
   const Plan p = plan_of(a.batch, a.vocab, a.k, (a.flags & DV_CACHE_BF16) != 0, a.lag, a.emit_iters, a.piece_mult);
   if (QUEUE) {
     run_queue<BF16>(a, p, lane);
-    __syncthreads();
-    // (the block's fetch-and-adds ordered before its exit count: the reset comes after all of them)
-    if (threadIdx.x == 0) __threadfence();
-    if (threadIdx.x == 0 && atomicAdd(a.global + 1, 1) == (int)gridDim.x - 1) {
-      // the last block out: every ticket, claim and slot of this launch is done; reset for the next launch
-      __threadfence();  // (after every block's fetch-and-adds, not only by their control dependence)
-      a.global[0] = 0;
-      a.global[1] = 0;
-      a.global[3] = 0;
-      a.global[4] = 0;
-      a.global[5] = 0;
-    }
+    reset_at_exit(a);
     return;
   }
   // With the counter (a block takes its warps' first tickets in one atomic) a ticket is only ever held by a running
@@ -828,11 +833,7 @@ __device__ __forceinline__ void run(const VerifyArgs& a) {
     ticket = (i64)__shfl_sync(0xFFFFFFFFu, taken, 0);
   }
   if (fixed) return;  // (no counter to reset: no block-exit atomics on one word either)
-  __syncthreads();
-  if (threadIdx.x == 0 && atomicAdd(a.global + 1, 1) == (int)gridDim.x - 1) {
-    a.global[0] = 0;  // the last block out resets the counters for the next launch
-    a.global[1] = 0;
-  }
+  reset_at_exit(a);
 }
 
 }  // namespace dm
