@@ -52,6 +52,26 @@ def test_cuda_choices_follow_the_table(monkeypatch, native):
     assert auto.choose("inverse_cdf", torch.float32, 8, cuda) == "inverse_cdf"
 
 
+def test_heads_the_native_designs_cannot_take_get_the_portable_designs(monkeypatch):
+    # the native designs draft from bf16 weights (cuda_chain and cuda_wide of rank 256 only): an fp32 head or
+    # another rank gets the portable table's design instead of a constructor error
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(auto, "_UNAVAILABLE", {("cuda_chain", "cuda", None): None, ("cuda_gumbel", "cuda", None): None})
+
+    def head(dtype, rank):
+        return dm.MarkovHead(torch.zeros(300, rank, dtype=dtype), torch.zeros(300, rank, dtype=dtype))
+
+    bf16 = head(torch.bfloat16, 256)
+    assert auto.choose("gumbel", torch.bfloat16, 1, cuda, bf16) == "cuda_chain"
+    assert auto.choose("gumbel", torch.bfloat16, 253, cuda, bf16) == "cuda_gumbel"
+    for other in (head(torch.float32, 256), head(torch.bfloat16, 16)):
+        expected_large = "cuda_gumbel" if other.dtype == torch.bfloat16 else "gumbel_fused"  # any rank
+        assert auto.choose("gumbel", torch.bfloat16, 1, cuda, other) == "chain"
+        assert auto.choose("gumbel", torch.bfloat16, 16, cuda, other) == "fused"
+        assert auto.choose("gumbel", torch.bfloat16, 253, cuda, other) == expected_large
+    assert auto.choose("gumbel", torch.bfloat16, 1, cuda) == "cuda_chain"  # no head given: the table alone
+
+
 def test_committed_results_give_the_table():
     """AUTO_TABLE and PORTABLE_TABLE are what table_from_results derives from the committed H200 results."""
     import json

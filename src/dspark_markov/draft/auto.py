@@ -129,17 +129,22 @@ def _pick(table, rows: int) -> str:
     raise AssertionError("the last bucket of every AUTO_TABLE entry takes every batch")
 
 
-def choose(method: str, cache_dtype: torch.dtype, rows: int, device: torch.device) -> str:
+def choose(method: str, cache_dtype: torch.dtype, rows: int, device: torch.device, head=None) -> str:
     """The implementation ``auto`` runs for a batch of ``rows`` rows.
 
     The measured fastest (``AUTO_TABLE``); where that design cannot run on this machine
-    (:func:`unavailable`), the fastest measured among the portable Triton designs (``PORTABLE_TABLE``).
+    (:func:`unavailable`) or cannot draft from ``head`` (the native designs take bf16 weights, some
+    of rank 256 only: their ``head_reason``), the fastest measured among the portable Triton designs
+    (``PORTABLE_TABLE``).
     """
     if torch.device(device).type != "cuda":
         return "reference"
     key = (method, cache_dtype)
     impl = _pick(AUTO_TABLE[key], rows)
-    if impl not in registry.NATIVE_DESIGNS or unavailable(impl, device) is None:
+    if impl not in registry.NATIVE_DESIGNS:
+        return impl
+    head_reason = getattr(registry.load("draft", impl), "head_reason", None)
+    if unavailable(impl, device) is None and (head is None or head_reason is None or head_reason(head) is None):
         return impl
     return _pick(PORTABLE_TABLE[key], rows)
 
@@ -152,6 +157,7 @@ class AutoBackend:
     MAX_ROWS = None
 
     def __init__(self, head, num_steps, max_rows, *, method, cache_dtype, device):
+        self.head = head
         self.method = method
         self.cache_dtype = cache_dtype
         self.device = torch.device(device)
@@ -159,7 +165,7 @@ class AutoBackend:
         # design sized for 16 rows runs a 1-row batch slower than one sized for the batches it gets.
         needed = {}
         for rows in range(1, max_rows + 1):
-            needed[choose(method, cache_dtype, rows, self.device)] = rows
+            needed[choose(method, cache_dtype, rows, self.device, head)] = rows
         self.backends = {}
         for impl in sorted(needed):
             cls = registry.load("draft", impl)
@@ -186,7 +192,7 @@ class AutoBackend:
                 check()
 
     def choice(self, rows: int) -> str:
-        return choose(self.method, self.cache_dtype, rows, self.device)
+        return choose(self.method, self.cache_dtype, rows, self.device, self.head)
 
     def run(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens, logits_cache):
         backend = self.backends[self.choice(base_logits.shape[0])]

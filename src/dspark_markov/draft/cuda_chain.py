@@ -202,10 +202,9 @@ class CudaChainBackend:
         why = cuda.availability(device)
         if why is not None:
             raise ValueError(f"impl: 'cuda_chain' cannot run here: {why}")
-        if head.dtype != torch.bfloat16:
-            raise ValueError(f"head_weight: impl 'cuda_chain' needs bf16 weights, got {head.dtype}")
-        if head.rank != RANK:
-            raise ValueError(f"head_weight: impl 'cuda_chain' needs rank {RANK}, got {head.rank}")
+        why = self.head_reason(head)
+        if why is not None:
+            raise ValueError(f"head_weight: {why}")
         if not 1 <= int(max_rows) <= MAX_ROWS:
             raise ValueError(f"max_rows: impl 'cuda_chain' takes 1 to {MAX_ROWS} rows, got {max_rows}")
         if not 1 <= int(num_steps) <= MAX_STEPS:
@@ -294,6 +293,15 @@ class CudaChainBackend:
         from .. import cuda
 
         return cuda.availability()
+
+    @staticmethod
+    def head_reason(head) -> str | None:
+        """Why this design cannot draft from ``head`` (its weights' dtype or rank), or ``None``."""
+        if head.dtype != torch.bfloat16:
+            return f"impl 'cuda_chain' needs bf16 weights, got {head.dtype}"
+        if head.rank != RANK:
+            return f"impl 'cuda_chain' needs rank {RANK}, got {head.rank}"
+        return None
 
     def phase_times(self, clock_ghz: float) -> dict:
         """Microseconds per phase of the last traced launch (``trace=True``), first and last block.

@@ -119,8 +119,9 @@ class CudaGumbelBackend(GumbelBlocksBackend):
         why = cuda.availability(device, build=False)
         if why is not None:
             raise ValueError(f"impl: 'cuda_gumbel' cannot run here: {why}")
-        if head.dtype != torch.bfloat16:
-            raise ValueError(f"head_weight: impl 'cuda_gumbel' needs bf16 weights, got {head.dtype}")
+        why = self.head_reason(head)
+        if why is not None:
+            raise ValueError(f"head_weight: {why}")
         if cache_dtype not in (torch.bfloat16, torch.float32):
             raise ValueError(f"cache_dtype: expected torch.bfloat16 or torch.float32, got {cache_dtype}")
         self.fixed_range = range_chunks is not None
@@ -171,6 +172,11 @@ class CudaGumbelBackend(GumbelBlocksBackend):
         from .. import cuda
 
         return cuda.unavailable_reason(cuda.blocks_kernels)
+
+    @staticmethod
+    def head_reason(head) -> str | None:
+        """Why this design cannot draft from ``head`` (its weights' dtype), or ``None``."""
+        return None if head.dtype == torch.bfloat16 else f"impl 'cuda_gumbel' needs bf16 weights, got {head.dtype}"
 
     def kernel_name(self, base_logits, logits_cache) -> str:
         vec = (self.head.vocab_size % 8 == 0 and _aligned16(base_logits, (0, 1)) and _aligned16(logits_cache, (0, 1))

@@ -188,10 +188,9 @@ class CudaWideBackend:
         why = cuda.availability(device, build=False) or unverified_reason()
         if why is not None:
             raise ValueError(f"impl: 'cuda_wide' cannot run here: {why}")
-        if head.dtype != torch.bfloat16:
-            raise ValueError(f"head_weight: impl 'cuda_wide' needs bf16 weights, got {head.dtype}")
-        if head.rank != RANK:
-            raise ValueError(f"head_weight: impl 'cuda_wide' needs rank {RANK}, got {head.rank}")
+        why = self.head_reason(head)
+        if why is not None:
+            raise ValueError(f"head_weight: {why}")
         for name, weight in (("head_weight", head.head_weight), ("embed_weight", head.embed_weight)):
             if weight.data_ptr() % 16:  # wide.cu reads 16-byte chunks (cp.async of W2 rows, uint4 of W1 rows)
                 raise ValueError(f"{name}: impl 'cuda_wide' needs a 16-byte aligned tensor (its rows are read in "
@@ -247,6 +246,15 @@ class CudaWideBackend:
         from .. import cuda
 
         return cuda.unavailable_reason(wide_kernels, unverified_reason)
+
+    @staticmethod
+    def head_reason(head) -> str | None:
+        """Why this design cannot draft from ``head`` (its weights' dtype or rank), or ``None``."""
+        if head.dtype != torch.bfloat16:
+            return f"impl 'cuda_wide' needs bf16 weights, got {head.dtype}"
+        if head.rank != RANK:
+            return f"impl 'cuda_wide' needs rank {RANK}, got {head.rank}"
+        return None
 
     def kernel_name(self, base_logits, logits_cache) -> str:
         vocab = self.head.vocab_size
