@@ -278,13 +278,13 @@ class VllmRejectionRun(_Run):
 
 # ------------------------------------------------------------------------------ the grid
 def _record(args, part, impl, rows, mode) -> dict:
-    from dspark_markov.bench import verify_grid
+    from dspark_markov.bench import harness, verify_grid
 
     kernel = "filter_row" if part == "filter" else "verify_standard"
     work_rows, nbytes = verify_grid.kernel_bytes(args.config, kernel, rows)
     record = {field: None for field in FIELDS}
     record.update(part=part, impl=impl, rows=rows, work_rows=work_rows, mode=mode, layout="-", status="ok",
-                  timing="graph" if args.device == "cuda" else "host", minimal_bytes=nbytes, reason="")
+                  timing=harness.graph_timing_label() if args.device == "cuda" else "host", minimal_bytes=nbytes, reason="")
     return record
 
 

@@ -478,3 +478,15 @@ def test_committed_results_plot_from_their_json(tmp_path, monkeypatch):
     not_a_grid.write_text(json.dumps({"environment": {}, "config": {}, "results": [{"case": "filter"}]}))
     with pytest.raises(ValueError, match="json_path"):
         report.png_from_json(not_a_grid)
+
+
+def test_flush_mode_comes_from_the_argument_then_the_environment(monkeypatch):
+    # harness.L2Flusher's two kinds of cold L2: dirty (the default and every earlier result) or clean
+    monkeypatch.delenv("DSPARK_MARKOV_L2_FLUSH", raising=False)
+    assert harness.flush_mode() == "dirty" and harness.graph_timing_label() == "graph"
+    monkeypatch.setenv("DSPARK_MARKOV_L2_FLUSH", "clean")
+    assert harness.flush_mode() == "clean" and harness.graph_timing_label() == "graph, clean L2"
+    assert harness.flush_mode("dirty") == "dirty"
+    monkeypatch.setenv("DSPARK_MARKOV_L2_FLUSH", "cold")
+    with pytest.raises(ValueError, match="mode: expected one of"):
+        harness.flush_mode()

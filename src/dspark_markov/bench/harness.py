@@ -13,6 +13,13 @@ and a difference of two noisy medians is noisier than either. The host never wai
 replays: the flush takes ~0.1 ms on the GPU, long enough for the host to enqueue the events and
 the replay behind it, so the GPU does not idle inside the timed interval.
 
+Two kinds of cold L2 (``DSPARK_MARKOV_L2_FLUSH``, or ``L2Flusher(mode=...)``): ``dirty`` (the default, every
+committed result before 2026-12-06 and what their "cold L2" means) leaves the L2 full of the flush's dirty lines,
+so a kernel's first ~L2-size of misses also writes ~50-60 MB back to HBM (12-17 us of the bus on an H200 / H100)
+that the kernel never wrote; ``clean`` reads the scratch buffer instead of writing it, so the L2 holds clean lines
+of unrelated data (any dirty line the previous replay left is written back during the flush, untimed) and a
+kernel's time counts only its own bytes, as the floors assume. Results say which they used.
+
 The times of a round are reduced to their median; a measurement is the median of the round
 medians, with the lowest and highest round median as its spread (:func:`summarize`).
 """
@@ -55,17 +62,42 @@ def summarize(rounds: Sequence[Sequence[float]]) -> Summary:
                    sum(len(times) for times in rounds))
 
 
-class L2Flusher:
-    """Evicts the L2 by writing a scratch buffer of ``max(FLUSH_BYTES, 2 x L2 size)`` bytes."""
+FLUSH_MODES = ("dirty", "clean")
 
-    def __init__(self, device: torch.device, nbytes: int | None = None):
+
+def flush_mode(mode: str | None = None) -> str:
+    """``mode``, else ``DSPARK_MARKOV_L2_FLUSH``, else ``"dirty"``; checked against :data:`FLUSH_MODES`."""
+    import os
+
+    mode = mode or os.environ.get("DSPARK_MARKOV_L2_FLUSH") or "dirty"
+    if mode not in FLUSH_MODES:
+        raise ValueError(f"mode: expected one of {FLUSH_MODES} (or DSPARK_MARKOV_L2_FLUSH), got {mode!r}")
+    return mode
+
+
+def graph_timing_label() -> str:
+    """A record's ``timing`` for CUDA-graph replays: ``graph`` (dirty flush) or ``graph, clean L2``."""
+    return "graph" if flush_mode() == "dirty" else "graph, clean L2"
+
+
+class L2Flusher:
+    """Evicts the L2 through a scratch buffer of ``max(FLUSH_BYTES, 2 x L2 size)`` bytes: writes it (``dirty``:
+    the L2 is left full of dirty lines) or reads it (``clean``: clean lines); see the module docstring."""
+
+    def __init__(self, device: torch.device, nbytes: int | None = None, mode: str | None = None):
         props = torch.cuda.get_device_properties(device)
         l2_bytes = int(getattr(props, "L2_cache_size", 0) or 0)
-        self.nbytes = int(nbytes or max(FLUSH_BYTES, 2 * l2_bytes))
-        self.buffer = torch.empty(self.nbytes, dtype=torch.uint8, device=device)
+        self.mode = flush_mode(mode)
+        self.nbytes = int(nbytes or max(FLUSH_BYTES, 2 * l2_bytes)) // 4 * 4
+        self.buffer = torch.zeros(self.nbytes, dtype=torch.uint8, device=device)
+        self.words = self.buffer.view(torch.int32)
+        self.sink = torch.zeros((), dtype=torch.int32, device=device)
 
     def __call__(self) -> None:
-        self.buffer.zero_()
+        if self.mode == "dirty":
+            self.buffer.zero_()
+        else:
+            torch.amax(self.words, dim=0, out=self.sink)
 
 
 def capture_graph(fn: Callable[[], object], warmup: int = 2) -> "torch.cuda.CUDAGraph":

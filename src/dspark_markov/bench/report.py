@@ -65,6 +65,9 @@ def environment(device: str, argv) -> dict:
         "cpu": platform.processor() or platform.machine(),
     }
     if cuda:
+        from . import harness
+
+        env["l2_flush"] = harness.flush_mode()  # which cold L2 the replays saw (harness docstring)
         props = torch.cuda.get_device_properties(0)
         env.update(sm_count=props.multi_processor_count, memory_bytes=props.total_memory,
                    l2_bytes=int(getattr(props, "L2_cache_size", 0) or 0) or None)

@@ -462,7 +462,7 @@ def _record(config: VerifyBenchConfig, kernel: str, impl: str, rows: int, mode: 
     return {"kernel": kernel, "impl": impl, "rows": rows, "temperature": "-" if filtering else mode,
             "inputs": mode if filtering else "-", "layout": "-",
             "work_rows": work_rows, "status": "ok", "time_us": None, "time_us_low": None, "time_us_high": None,
-            "eager_us": None, "timing": "graph" if config.device == "cuda" else "host",
+            "eager_us": None, "timing": harness.graph_timing_label() if config.device == "cuda" else "host",
             "minimal_bytes": nbytes, "floor_us": None, "bandwidth_fraction": None, "graph_output_match": None,
             "reason": ""}
 

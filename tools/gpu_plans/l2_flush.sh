@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# GPU plan (stop 38): what the benchmark's "cold L2" charges a kernel. harness.L2Flusher's default (dirty) zeroes
+# 256 MB, leaving the L2 full of dirty lines that a timed kernel's misses write back (~50-60 MB it never wrote);
+# mode clean (DSPARK_MARKOV_L2_FLUSH=clean) reads the buffer instead. Both, same call, for a plain read, vLLM's
+# rejection sampler beside ours, and the verification bench cases; run from the repository root, PYTHONPATH=src,
+# .vllm-cache carried (tools/extract_vllm.py):
+#   bash tools/gpu_plans/l2_flush.sh verify   # budget ~200 s: read probe; vLLM's rejection_sample beside StreamVerifier (dirty, clean); bench cases (clean)
+#   bash tools/gpu_plans/l2_flush.sh filter   # budget ~260 s: vLLM's top-k/top-p filter beside ours (triton, cuda), clean L2, 16 / 64 / 253 requests
+# Results go to $JOB_OUT (default ./gpu_plan_out).
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${JOB_OUT:-$PWD/gpu_plan_out}
+mkdir -p "$OUT"
+case "${1:-verify}" in
+verify)
+  timeout -k 2 40 python3 tools/flush_probe.py 2>&1 | tee "$OUT/probe.txt" | grep -v Warning
+  for mode in dirty clean; do
+    DSPARK_MARKOV_L2_FLUSH=$mode timeout -k 2 70 python3 tools/time_vllm_ops.py --parts rejection --rows 1,16,64,253 \
+      --rounds 3 --replays 20 --out "$OUT/rejection_$mode" 2>&1 | tee "$OUT/rejection_$mode.txt" | grep -v Warning | tail -12
+  done
+  DSPARK_MARKOV_L2_FLUSH=clean timeout -k 2 70 python3 tools/bench_verify_kernels.py "$OUT/bench_clean" \
+    verify_standard,verify_raw --rows 1,16,64,253 --temperatures mixed --rounds 3 --replays 20 2>&1 \
+    | grep -E "^\||bandwidth|Error|error" | tee "$OUT/bench_clean.txt"
+  ;;
+filter)
+  for rows in 16 64 253; do
+    DSPARK_MARKOV_L2_FLUSH=clean DSPARK_MARKOV_UNVERIFIED=cuda_filter timeout -k 2 80 python3 tools/time_vllm_ops.py \
+      --parts filter --filter-impls vllm,triton,cuda --rows $rows --rounds 3 --replays 10 --out "$OUT/filter_b$rows" \
+      2>&1 | tee "$OUT/filter_b$rows.txt" | grep -v Warning | tail -20
+  done
+  ;;
+esac
