@@ -11,6 +11,7 @@
 #   bash tools/gpu_plans/issue18_cuda.sh bench     # budget ~150 s: the bench cases (standard, raw; T = 1 and mixed) beside the Triton verifier
 #   bash tools/gpu_plans/issue18_cuda.sh ncu       # budget ~170 s: Nsight Compute of the CUDA verifier at 16 and 253 requests
 #   bash tools/gpu_plans/issue18_cuda.sh sanitize  # budget ~150 s: compute-sanitizer memcheck / racecheck of the CUDA verifier's tests at 16 requests
+#   bash tools/gpu_plans/issue18_cuda.sh mult      # budget ~110 s: stream tickets per warp in whole rounds (piece_mult by batch, static ready list) beside the Triton verifier, a trace at 16 requests; the DSparkStep test
 # Results go to $JOB_OUT (default ./gpu_plan_out).
 set -u
 export PYTHONUNBUFFERED=1 DSPARK_MARKOV_UNVERIFIED=cuda_verify
@@ -69,6 +70,20 @@ qshort)
     | tee "$OUT/tests.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed|Error|assert" | tail -12
   timeout -k 2 40 python3 tools/sweep_cuda_verify.py --rows 1,16,64,253 --variants -:-:-:s,-:1:-:s,-:2:-:s \
     --rounds 3 --replays 10 2>&1 | tee "$OUT/sweep.txt" | grep -v Warning
+  ;;
+mult)
+  # stop 38: at 16 requests the default's 4,352 tickets are 2.06 per warp (2,112 warps on 132 SMs), so the last
+  # request's pieces wait for a third round; larger pieces give whole rounds (m = 2: 1.03, 3: 0.73, 4: 0.52 per warp)
+  timeout -k 2 40 python3 -m pytest -m gpu -x -v -p no:cacheprovider $T -k "dsparkstep" 2>&1 \
+    | tee "$OUT/tests.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed|Error|assert" | tail -6
+  for spec in "1 -:-:1:s,-:-:2:s,-:-:4:s" "16 -:-:2:s,-:-:3:s,-:-:4:s,-:8:3:s,-:2:3:s" \
+              "64 -:-:6:s,-:-:8:s,-:-:11:s,-:-:16:s" "253 -:-:2:s,-:-:4:s,-:-:8:s,-:-:16:s"; do
+    set -- $spec
+    timeout -k 2 30 python3 tools/sweep_cuda_verify.py --rows $1 --variants $2 --rounds 3 --replays 10 2>&1 \
+      | tee -a "$OUT/sweep.txt" | grep -v Warning
+  done
+  timeout -k 2 20 python3 tools/trace_cuda_verify.py --rows 16 --variant -:-:3:s 2>&1 | tee "$OUT/trace.txt" \
+    | grep -v Warning
   ;;
 bench)
   timeout -k 2 140 python3 tools/bench_verify_kernels.py "$OUT/bench" verify_standard,verify_raw --impls triton,cuda \
