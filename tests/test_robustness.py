@@ -278,7 +278,7 @@ def test_item3_auto_dispatcher_checks_the_backends_it_dispatches_to(monkeypatch)
     args = _draft_case(rows=1, steps=2)
     sampler = dm.MarkovSampler(head, 2, 1, impl="auto")
     sampler.backend.backends["chain"] = _failing_chain(head, 2, 1)
-    monkeypatch.setattr(auto, "choose", lambda method, cache_dtype, rows, device: "chain")
+    monkeypatch.setattr(auto, "choose", lambda method, cache_dtype, rows, device, head=None: "chain")
     with pytest.raises(dm.DeviceStatusError, match="barrier timed out"):
         sampler.sample(*args)
     sampler.sample(*args, check_values=False)

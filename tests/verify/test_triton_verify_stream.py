@@ -414,20 +414,21 @@ def _phase_of(row, bounds):
     return sum(row >= cut for cut in bounds)
 
 
-@pytest.mark.parametrize("seed, closeness", [(24, 0.7), (22, 0.02)], ids=["mixed", "mostly_accepted"])
-def test_phased_launches_equal_one_launch_and_skip_later_rows(seed, closeness):
+@pytest.mark.parametrize("seed, closeness, full", [(24, 0.7, True), (22, 0.02, False)], ids=["mixed", "mostly_accepted"])
+def test_phased_launches_equal_one_launch_and_skip_later_rows(seed, closeness, full):
     """``phases``: the same tokens as one launch (and the reference) for every split of the rows, greedy targets,
     padding and ``n < K`` included; a launch after the one holding a request's emitted row streams nothing of it
-    (its partial statistics keep a sentinel); the counters are reset after every call and the verifier is reused."""
+    (its partial statistics keep a sentinel); the counters are reset after every call and the verifier is reused.
+    (Mostly accepted drafts: two splits without greedy flags, which keeps the CPU suite's time.)"""
     args = _case(seed, batch=8, closeness=closeness)
     flags = torch.zeros(8, dtype=torch.bool)
     flags[5] = True
     one = StreamVerifier(8, 3, VOCAB, "cpu", phases=())
-    for greedy in (None, flags):
+    for greedy in (None, flags) if full else (None,):
         expected = _run(one, args, "standard", greedy)
         _assert_reference(args, "standard", expected, greedy)
         emitted = expected[1] if greedy is None else emitted
-        for bounds in ((1,), (2,), (3,), (1, 2), (1, 2, 3)):
+        for bounds in ((1,), (2,), (3,), (1, 2), (1, 2, 3)) if full else ((2,), (1, 2, 3)):
             verifier = StreamVerifier(8, 3, VOCAB, "cpu", phases=bounds, claim=2 if len(bounds) > 1 else 0)
             verifier.pa.fill_(1234.5)  # rows no stream item wrote keep it
             out = _run(verifier, args, "standard", greedy)
