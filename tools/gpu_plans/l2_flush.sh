@@ -6,6 +6,8 @@
 # .vllm-cache carried (tools/extract_vllm.py):
 #   bash tools/gpu_plans/l2_flush.sh verify   # budget ~200 s: read probe; vLLM's rejection_sample beside StreamVerifier (dirty, clean); bench cases (clean)
 #   bash tools/gpu_plans/l2_flush.sh filter   # budget ~260 s: vLLM's top-k/top-p filter beside ours (triton, cuda), clean L2, 16 / 64 / 253 requests
+#   bash tools/gpu_plans/l2_flush.sh probe    # budget ~60 s: the read probe with plain Triton streaming reads beside torch.amax (the best read of the verify inputs' bytes)
+#   bash tools/gpu_plans/l2_flush.sh h200     # budget ~370 s: on an H200 only (else nothing): the read probe, the verify bench cases (T = 1 and mixed) in both modes, vLLM's rejection_sample beside ours in both modes
 # Results go to $JOB_OUT (default ./gpu_plan_out).
 set -u
 export PYTHONUNBUFFERED=1
@@ -21,6 +23,20 @@ verify)
   DSPARK_MARKOV_L2_FLUSH=clean timeout -k 2 70 python3 tools/bench_verify_kernels.py "$OUT/bench_clean" \
     verify_standard,verify_raw --rows 1,16,64,253 --temperatures mixed --rounds 3 --replays 20 2>&1 \
     | grep -E "^\||bandwidth|Error|error" | tee "$OUT/bench_clean.txt"
+  ;;
+probe)
+  timeout -k 2 55 python3 tools/flush_probe.py --stream --rounds 5 --replays 20 2>&1 | tee "$OUT/probe.txt" | grep -v Warning
+  ;;
+h200)
+  if ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then echo "not an H200: nothing run"; exit 0; fi
+  timeout -k 2 40 python3 tools/flush_probe.py --stream --rounds 3 --replays 20 2>&1 | tee "$OUT/probe.txt" | grep -v Warning
+  for mode in dirty clean; do
+    DSPARK_MARKOV_L2_FLUSH=$mode timeout -k 2 90 python3 tools/bench_verify_kernels.py "$OUT/bench_$mode" \
+      verify_standard,verify_raw --rows 1,16,64,253 --temperatures 1,mixed --rounds 5 --replays 20 2>&1 \
+      | grep -E "^\||bandwidth|Error|error" | tee "$OUT/bench_$mode.txt"
+    DSPARK_MARKOV_L2_FLUSH=$mode timeout -k 2 70 python3 tools/time_vllm_ops.py --parts rejection --rows 1,16,64,253 \
+      --rounds 3 --replays 20 --out "$OUT/rejection_$mode" 2>&1 | tee "$OUT/rejection_$mode.txt" | grep -v Warning | tail -12
+  done
   ;;
 filter)
   for rows in 16 64 253; do
