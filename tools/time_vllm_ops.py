@@ -300,7 +300,15 @@ def _set_up(args, key, rows, shared, record):
             run_class = VllmFilterRun if part == "filter" else VllmRejectionRun
             run = run_class(function, mode, rows, shared, args.config)
         elif part == "filter":
-            run = verify_grid.FilterRunner("filter_row", impl, mode, rows, shared, args.config)
+            # the Triton filter in the layout top_k_top_p launches for these rows (split rows below one row per SM)
+            kernel = "filter_row"
+            if impl == "triton":
+                from dspark_markov.verify import triton_filtering
+
+                work = rows * (args.steps + 1)
+                kernel = "filter_split" if triton_filtering.default_layout(work, args.vocab, args.device)[1] > 1 \
+                    else "filter_row"
+            run = verify_grid.FilterRunner(kernel, impl, mode, rows, shared, args.config)
         else:
             run = verify_grid.VerifyRunner("verify_standard", impl, mode, rows, shared, args.config)
     except (ValueError, ImportError) as error:
