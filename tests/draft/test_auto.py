@@ -70,6 +70,13 @@ def test_heads_the_native_designs_cannot_take_get_the_portable_designs(monkeypat
         assert auto.choose("gumbel", torch.bfloat16, 16, cuda, other) == "fused"
         assert auto.choose("gumbel", torch.bfloat16, 253, cuda, other) == expected_large
     assert auto.choose("gumbel", torch.bfloat16, 1, cuda) == "cuda_chain"  # no head given: the table alone
+    # the sentence the designs' constructors raise (after "head_weight: ")
+    from dspark_markov import registry
+
+    chain = registry.load("draft", "cuda_chain")
+    assert chain.head_reason(head(torch.float32, 256)) == "impl 'cuda_chain' needs bf16 weights, got torch.float32"
+    assert chain.head_reason(head(torch.bfloat16, 16)) == "impl 'cuda_chain' needs rank 256, got 16"
+    assert registry.load("draft", "cuda_gumbel").head_reason(head(torch.bfloat16, 16)) is None
 
 
 def test_committed_results_give_the_table():

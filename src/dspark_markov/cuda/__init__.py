@@ -92,6 +92,16 @@ def unverified_reason(design: str, plan: str, status: str | None = None) -> str 
     return f"impl {design!r} {status} (its GPU tests: {plan}): set {UNVERIFIED_ENV}={design} to run it"
 
 
+def head_reason(impl: str, head, rank: int | None = None) -> str | None:
+    """Why the native design ``impl`` cannot draft from ``head``: its weights are not bf16, or (``rank`` given) of
+    another rank; else ``None``. (``auto`` then runs the portable table; the design's constructor raises it.)"""
+    if str(head.dtype) != "torch.bfloat16":
+        return f"impl '{impl}' needs bf16 weights, got {head.dtype}"
+    if rank is not None and head.rank != rank:
+        return f"impl '{impl}' needs rank {rank}, got {head.rank}"
+    return None
+
+
 def unavailable_reason(load, gate=None) -> str | None:
     """Why a design whose kernels ``load(device_index)`` builds and loads cannot run here, or ``None``:
     :func:`availability` without the chain's build, then ``gate()`` (e.g. an opt-in reason), then the build

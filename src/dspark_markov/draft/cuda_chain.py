@@ -297,11 +297,9 @@ class CudaChainBackend:
     @staticmethod
     def head_reason(head) -> str | None:
         """Why this design cannot draft from ``head`` (its weights' dtype or rank), or ``None``."""
-        if head.dtype != torch.bfloat16:
-            return f"impl 'cuda_chain' needs bf16 weights, got {head.dtype}"
-        if head.rank != RANK:
-            return f"impl 'cuda_chain' needs rank {RANK}, got {head.rank}"
-        return None
+        from .. import cuda
+
+        return cuda.head_reason("cuda_chain", head, RANK)
 
     def phase_times(self, clock_ghz: float) -> dict:
         """Microseconds per phase of the last traced launch (``trace=True``), first and last block.

@@ -175,8 +175,10 @@ class CudaGumbelBackend(GumbelBlocksBackend):
 
     @staticmethod
     def head_reason(head) -> str | None:
-        """Why this design cannot draft from ``head`` (its weights' dtype), or ``None``."""
-        return None if head.dtype == torch.bfloat16 else f"impl 'cuda_gumbel' needs bf16 weights, got {head.dtype}"
+        """Why this design cannot draft from ``head`` (its weights' dtype; any rank: the bias is a GEMM), or ``None``."""
+        from .. import cuda
+
+        return cuda.head_reason("cuda_gumbel", head)
 
     def kernel_name(self, base_logits, logits_cache) -> str:
         vec = (self.head.vocab_size % 8 == 0 and _aligned16(base_logits, (0, 1)) and _aligned16(logits_cache, (0, 1))

@@ -250,11 +250,9 @@ class CudaWideBackend:
     @staticmethod
     def head_reason(head) -> str | None:
         """Why this design cannot draft from ``head`` (its weights' dtype or rank), or ``None``."""
-        if head.dtype != torch.bfloat16:
-            return f"impl 'cuda_wide' needs bf16 weights, got {head.dtype}"
-        if head.rank != RANK:
-            return f"impl 'cuda_wide' needs rank {RANK}, got {head.rank}"
-        return None
+        from .. import cuda
+
+        return cuda.head_reason("cuda_wide", head, RANK)
 
     def kernel_name(self, base_logits, logits_cache) -> str:
         vocab = self.head.vocab_size
