@@ -271,14 +271,12 @@ def test_item3_without_value_checks_the_failure_waits_for_check():
     assert int(sampler.status.sum()) == 0
 
 
-def test_item3_auto_dispatcher_checks_the_backends_it_dispatches_to(monkeypatch):
-    from dspark_markov.draft import auto
-
+def test_item3_auto_dispatcher_checks_the_backends_it_dispatches_to():
     head = _small_head()
     args = _draft_case(rows=1, steps=2)
     sampler = dm.MarkovSampler(head, 2, 1, impl="auto")
     sampler.backend.backends["chain"] = _failing_chain(head, 2, 1)
-    monkeypatch.setattr(auto, "choose", lambda method, cache_dtype, rows, device, head=None: "chain")
+    sampler.backend.choices[1] = "chain"  # (the dispatcher's choice of 1 row, kept from its construction)
     with pytest.raises(dm.DeviceStatusError, match="barrier timed out"):
         sampler.sample(*args)
     sampler.sample(*args, check_values=False)

@@ -1,8 +1,9 @@
 """What the two kinds of cold L2 (``harness.L2Flusher`` modes ``dirty`` and ``clean``) cost a plain read.
 
-Usage (GPU): ``PYTHONPATH=src python3 tools/flush_probe.py [--mb 70,281,1112] [--rounds 5] [--replays 20]
-[--stream]``: for each size, ``torch.amax`` over an fp32 buffer of that many MB (the bytes of the verification
-inputs at 16 / 64 / 253 requests) captured in a CUDA graph, timed after each mode's flush, the modes alternating
+Usage (GPU): ``PYTHONPATH=src python3 tools/flush_probe.py [--mb 70.32832,281.31328,1112.06656] [--rounds 5]
+[--replays 20] [--stream]``: for each size, ``torch.amax`` over an fp32 buffer of that many MB (10^6 bytes; the
+defaults are the verification inputs' bytes at 16 / 64 / 253 requests, ``bench --verify``'s min MB) captured in a
+CUDA graph, timed after each mode's flush, the modes alternating
 round by round; prints the median of the round medians (us) and the read rate (TB/s) of each mode. A dirty flush
 leaves ~L2-size dirty lines that the timed read's misses write back; a clean one does not. ``--stream``: also a
 plain Triton streaming read (persistent programs, ``P`` per SM, each summing ``UNROLL`` tiles of 1,024 fp32 per
@@ -51,7 +52,7 @@ def _arg(argv, name, default):
 
 
 def main(argv):
-    sizes = [int(x) for x in _arg(argv, "--mb", "70,281,1112").split(",")]
+    sizes = [float(x) for x in _arg(argv, "--mb", "70.32832,281.31328,1112.06656").split(",")]
     rounds, replays = int(_arg(argv, "--rounds", "5")), int(_arg(argv, "--replays", "20"))
     device = torch.device("cuda")
     flushers = {mode: harness.L2Flusher(device, mode=mode) for mode in harness.FLUSH_MODES}
@@ -59,7 +60,7 @@ def main(argv):
     print(f"{torch.cuda.get_device_name()} | L2 {getattr(props, 'L2_cache_size', 0) >> 20} MB | torch.amax of fp32, "
           f"CUDA graph, median of {rounds} rounds x {replays} replays")
     for mb in sizes:
-        x = torch.randn(mb << 18, device=device)  # mb MB of fp32
+        x = torch.randn(round(mb * 1e6 / 4), device=device)  # mb MB (10^6 bytes) of fp32
         out = torch.empty((), device=device)
 
         def read(x=x, out=out):
@@ -75,10 +76,10 @@ def main(argv):
             for (name, mode), rounds_ in times.items():
                 rounds_.append(harness.time_graph_replays(graphs[name], replays, flushers[mode]))
         for name in graphs:
-            line = [f"{mb:5d} MB {name:24s}"]
+            line = [f"{mb:9.3f} MB {name:24s}"]
             for mode in flushers:
                 us = harness.summarize(times[(name, mode)]).median
-                line.append(f"{mode} {us:8.1f} us {mb * 2**20 / us / 1e6:5.2f} TB/s")
+                line.append(f"{mode} {us:8.1f} us {mb / us:5.2f} TB/s")
             print(" | ".join(line))
         del graphs, x
 

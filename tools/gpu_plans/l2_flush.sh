@@ -7,7 +7,7 @@
 #   bash tools/gpu_plans/l2_flush.sh verify   # budget ~200 s: read probe; vLLM's rejection_sample beside StreamVerifier (dirty, clean); bench cases (clean)
 #   bash tools/gpu_plans/l2_flush.sh filter   # budget ~260 s: vLLM's top-k/top-p filter beside ours (triton, cuda), clean L2, 16 / 64 / 253 requests
 #   bash tools/gpu_plans/l2_flush.sh probe    # budget ~60 s: the read probe with plain Triton streaming reads beside torch.amax (the best read of the verify inputs' bytes)
-#   bash tools/gpu_plans/l2_flush.sh checks   # budget ~150 s: GPU tests of what stop 38 touched (bench harness, auto's dispatch), vLLM's filter beside the Triton filter's default layout at 16 requests
+#   bash tools/gpu_plans/l2_flush.sh checks   # budget ~220 s: GPU tests of what stop 38 touched (bench harness, auto's dispatch, CudaVerifier's new schedule), the read probe at the verify inputs' exact bytes, vLLM's filter beside the Triton filter's default layout at 16 requests
 #   bash tools/gpu_plans/l2_flush.sh h200     # budget ~370 s: on an H200 only (else nothing): the read probe, the verify bench cases (T = 1 and mixed) in both modes, vLLM's rejection_sample beside ours in both modes
 # Results go to $JOB_OUT (default ./gpu_plan_out).
 set -u
@@ -29,6 +29,10 @@ checks)
   timeout -k 2 110 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_bench_gpu.py \
     tests/gpu/test_chain_gpu.py tests/gpu/test_fused_gpu.py tests/gpu/test_cuda_gumbel_gpu.py -k "auto or flush or bench or cli" \
     2>&1 | tee "$OUT/tests.txt" | grep -E "passed|failed|FAILED|ERROR|Error" | tail -8
+  DSPARK_MARKOV_UNVERIFIED=cuda_verify timeout -k 2 60 python3 -m pytest -m gpu -q -p no:cacheprovider \
+    tests/gpu/test_cuda_verify_gpu.py -k "full_shapes or queue_static" 2>&1 | tee "$OUT/tests_cuda_verify.txt" \
+    | grep -E "passed|failed|FAILED|ERROR|Error" | tail -6
+  timeout -k 2 45 python3 tools/flush_probe.py --stream --rounds 5 --replays 20 2>&1 | tee "$OUT/probe.txt" | grep -v Warning
   DSPARK_MARKOV_L2_FLUSH=clean timeout -k 2 40 python3 tools/time_vllm_ops.py --parts filter --filter-impls vllm,triton \
     --rows 16 --rounds 3 --replays 10 --out "$OUT/filter_b16" 2>&1 | tee "$OUT/filter_b16.txt" | grep -v Warning | tail -14
   ;;

@@ -3,13 +3,13 @@
 How a replay is timed, and why that way
 ---------------------------------------
 Each timed replay is enqueued as ``flush; start event; graph replay; end event``. The flush is a
-``zero_()`` of a scratch buffer of at least twice the L2 (256 MB by default) launched *outside*
-the graph, so the events bracket the sampler alone and stream order guarantees that the flush has
-finished (and has evicted W2, the logits and the cache from L2) before the start event fires.
-The alternative -- capturing flush + sample and subtracting a separately timed flush-only graph --
-is not sound: the two times are not additive (the flush's tail overlaps the sampler's first
-kernel, and the sampler's first reads pay for writing back the flush's dirty lines either way),
-and a difference of two noisy medians is noisier than either. The host never waits between
+``zero_()`` (mode ``dirty``; ``clean``: a read, below) of a scratch buffer of at least twice the L2
+(256 MB by default) launched *outside* the graph, so the events bracket the sampler alone and stream
+order guarantees that the flush has finished (and has evicted W2, the logits and the cache from L2)
+before the start event fires. The alternative -- capturing flush + sample and subtracting a
+separately timed flush-only graph -- is not sound: the two times are not additive (the flush's tail
+overlaps the sampler's first kernel, and after a dirty flush the sampler's first reads pay for
+writing back its dirty lines either way), and a difference of two noisy medians is noisier than either. The host never waits between
 replays: the flush takes ~0.1 ms on the GPU, long enough for the host to enqueue the events and
 the replay behind it, so the GPU does not idle inside the timed interval.
 

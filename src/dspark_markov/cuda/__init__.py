@@ -95,7 +95,9 @@ def unverified_reason(design: str, plan: str, status: str | None = None) -> str 
 def head_reason(impl: str, head, rank: int | None = None) -> str | None:
     """Why the native design ``impl`` cannot draft from ``head``: its weights are not bf16, or (``rank`` given) of
     another rank; else ``None``. (``auto`` then runs the portable table; the design's constructor raises it.)"""
-    if str(head.dtype) != "torch.bfloat16":
+    import torch
+
+    if head.dtype != torch.bfloat16:
         return f"impl '{impl}' needs bf16 weights, got {head.dtype}"
     if rank is not None and head.rank != rank:
         return f"impl '{impl}' needs rank {rank}, got {head.rank}"

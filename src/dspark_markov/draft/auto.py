@@ -163,9 +163,8 @@ class AutoBackend:
         self.device = torch.device(device)
         # Each design is built for the largest batch it is chosen for, not for max_rows: a persistent
         # design sized for 16 rows runs a 1-row batch slower than one sized for the batches it gets.
-        needed = {}
-        for rows in range(1, max_rows + 1):
-            needed[choose(method, cache_dtype, rows, self.device, head)] = rows
+        self.choices = [None] + [choose(method, cache_dtype, rows, self.device, head) for rows in range(1, max_rows + 1)]
+        needed = {impl: rows for rows, impl in enumerate(self.choices) if impl is not None}
         self.backends = {}
         for impl in sorted(needed):
             cls = registry.load("draft", impl)
@@ -192,6 +191,9 @@ class AutoBackend:
                 check()
 
     def choice(self, rows: int) -> str:
+        """The design that runs a batch of ``rows`` (``choose``'s answer, kept from construction: no lookup per call)."""
+        if 1 <= rows < len(self.choices):
+            return self.choices[rows]
         return choose(self.method, self.cache_dtype, rows, self.device, self.head)
 
     def run(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens, logits_cache):
