@@ -8,6 +8,8 @@
 #   bash tools/gpu_plans/l2_flush.sh filter   # budget ~260 s: vLLM's top-k/top-p filter beside ours (triton, cuda), clean L2, 16 / 64 / 253 requests
 #   bash tools/gpu_plans/l2_flush.sh probe    # budget ~60 s: the read probe with plain Triton streaming reads beside torch.amax (the best read of the verify inputs' bytes)
 #   bash tools/gpu_plans/l2_flush.sh checks   # budget ~220 s: GPU tests of what stop 38 touched (bench harness, auto's dispatch, CudaVerifier's new schedule), the read probe at the verify inputs' exact bytes, vLLM's filter beside the Triton filter's default layout at 16 requests
+#   bash tools/gpu_plans/l2_flush.sh floor    # budget ~150 s: the read probe and vLLM's rejection_sample beside ours in both modes, one machine (the verifier against the fastest plain read of its bytes)
+#   bash tools/gpu_plans/l2_flush.sh lag      # budget ~120 s: smaller stream items with a lag that re-reads the emitted row while it is in L2, at 64 / 253 requests (the Triton verifier)
 #   bash tools/gpu_plans/l2_flush.sh h200     # budget ~370 s: on an H200 only (else nothing): the read probe, the verify bench cases (T = 1 and mixed) in both modes, vLLM's rejection_sample beside ours in both modes
 # Results go to $JOB_OUT (default ./gpu_plan_out).
 set -u
@@ -35,6 +37,21 @@ checks)
   timeout -k 2 45 python3 tools/flush_probe.py --stream --rounds 5 --replays 20 2>&1 | tee "$OUT/probe.txt" | grep -v Warning
   DSPARK_MARKOV_L2_FLUSH=clean timeout -k 2 40 python3 tools/time_vllm_ops.py --parts filter --filter-impls vllm,triton \
     --rows 16 --rounds 3 --replays 10 --out "$OUT/filter_b16" 2>&1 | tee "$OUT/filter_b16.txt" | grep -v Warning | tail -14
+  ;;
+floor)
+  timeout -k 2 45 python3 tools/flush_probe.py --stream --rounds 5 --replays 20 2>&1 | tee "$OUT/probe.txt" | grep -v Warning
+  for mode in dirty clean; do
+    DSPARK_MARKOV_L2_FLUSH=$mode timeout -k 2 50 python3 tools/time_vllm_ops.py --parts rejection --rows 16,64,253 \
+      --rounds 5 --replays 20 --out "$OUT/rejection_$mode" 2>&1 | tee "$OUT/rejection_$mode.txt" | grep -v Warning | tail -8
+  done
+  ;;
+lag)
+  # stop 38: at 253 requests the verifier is ~40 us above a plain read of its bytes, the time the emitted rows' 0.13 GB
+  # re-read from DRAM takes; the re-read can hit the L2 only if less than ~L2 of traffic passes between a row's read
+  # and its emit (items in flight x item bytes + lag requests x 4.4 MB; default t1 = 32, lag = 33: ~220 MB)
+  timeout -k 2 100 python3 tools/sweep_verify.py 253 64 --rounds 3 --variants "stream,stream:t1=16+lag=8,\
+stream:t1=16+lag=12,stream:t1=16+lag=16,stream:t1=8+lag=4,stream:t1=8+lag=6,stream:t1=8+lag=10,stream:t1=32+lag=8,\
+stream:t1=32+lag=16,stream:t1=32+lag=4" 2>&1 | tee "$OUT/sweep.txt" | grep -v Warning
   ;;
 probe)
   timeout -k 2 55 python3 tools/flush_probe.py --stream --rounds 5 --replays 20 2>&1 | tee "$OUT/probe.txt" | grep -v Warning
