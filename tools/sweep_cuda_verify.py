@@ -33,7 +33,7 @@ def main(argv):
     flush = harness.L2Flusher(torch.device("cuda"))
     k, vocab = config.steps, config.vocab
     print(f"{torch.cuda.get_device_name()} | {'raw' if raw else 'pre-divided'} logits, mixed T | us: median of "
-          f"{rounds} rounds x {replays} replays, cold L2")
+          f"{rounds} rounds x {replays} replays, cold L2 ({flush.mode} flush)")
     for b in rows_list:
         temperature = verify_grid.mixed_temperatures(b, "cuda")
         args = verify_grid.standard_args(shared, b, temperature)

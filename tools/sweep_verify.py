@@ -85,7 +85,7 @@ def main(argv):
     dev = torch.device("cuda")
     raw_target, batch_args = make_inputs(max(rows_list), inputs, dev)
     flush = harness.L2Flusher(dev)
-    print(f"V={V} K={K} bf16 cache, mixed T, {inputs} inputs; variants {variants}")
+    print(f"V={V} K={K} bf16 cache, mixed T, {inputs} inputs, {flush.mode} L2 flush; variants {variants}")
     for rows in rows_list:
         args = batch_args(rows)
         raw_args = (raw_target[:rows],) + args[1:]
