@@ -167,7 +167,10 @@ EMIT_REVERSE = True
 EMIT_EAGER = True
 # Emit items load every row's statistics ([8, KP1] words) together with the accepted count and pick row js from them
 # (StreamVerifier's emit_gather): one round trip instead of two before the scan. (Stop 32's `gather` on an H100, the
-# same idea before the emit options and emit_eager: no gain, not landed.) Written in stop 34: off until timed.
+# same idea before the emit options and emit_eager: no gain, not landed.) Written in stop 34; timed in stop 38 on an
+# H100 (..._verify_gather_stop38.txt): exact (its GPU tests at 16 / 253), within 1% of the default either way (16 / 64 /
+# 253 requests 51.4 / 128.1 / 408.4 us against 52.0 / 129.1 / 408.8; raw 55.4 / 140.2 / 420.8 against 55.8 / 139.2 /
+# 419.2): off (opt-in).
 EMIT_GATHER = False
 # Claimed chunks (StreamVerifier's claim, standard method): 0 = off (every stream item has its fixed chunk); written in
 # stop 32 for the 16-request tail (trace: equal stream items ending 17.6-41.3 us on an H100). H100 (2026-12-05,
@@ -1498,7 +1501,7 @@ class StreamVerifier:
         item's epilogue loads issued together); the same tokens. Default :data:`EMIT_EAGER` (on, every method and
         device).
     emit_gather : emit items load every row's statistics with the accepted count (one round trip, not two); the
-        same tokens. Default :data:`EMIT_GATHER` (off until timed).
+        same tokens. Default :data:`EMIT_GATHER` (off: within 1% of the default on an H100).
     span : standard method, one launch: the request's rows laid end to end and cut into stream items of ``t1``
         tiles that may end one row and start the next (default ``t1``: about one wave of resident items, see
         :class:`Layout`); row ``j``'s statistics combine the partials of the items that cover it. The tokens are the
