@@ -77,6 +77,11 @@ def test_heads_the_native_designs_cannot_take_get_the_portable_designs(monkeypat
     assert chain.head_reason(head(torch.float32, 256)) == "impl 'cuda_chain' needs bf16 weights, got torch.float32"
     assert chain.head_reason(head(torch.bfloat16, 16)) == "impl 'cuda_chain' needs rank 256, got 16"
     assert registry.load("draft", "cuda_gumbel").head_reason(head(torch.bfloat16, 16)) is None
+    # cuda_chain takes up to 32 steps: more get the portable design (cuda_gumbel has no such bound)
+    assert chain.head_reason(bf16, 33) == "impl 'cuda_chain' takes 1 to 32 steps, got 33"
+    assert auto.choose("gumbel", torch.bfloat16, 1, cuda, bf16, num_steps=33) == "chain"
+    assert auto.choose("gumbel", torch.bfloat16, 1, cuda, bf16, num_steps=5) == "cuda_chain"
+    assert auto.choose("gumbel", torch.bfloat16, 253, cuda, bf16, num_steps=33) == "cuda_gumbel"
 
 
 def test_committed_results_give_the_table():

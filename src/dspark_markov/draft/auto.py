@@ -129,13 +129,14 @@ def _pick(table, rows: int) -> str:
     raise AssertionError("the last bucket of every AUTO_TABLE entry takes every batch")
 
 
-def choose(method: str, cache_dtype: torch.dtype, rows: int, device: torch.device, head=None) -> str:
+def choose(method: str, cache_dtype: torch.dtype, rows: int, device: torch.device, head=None,
+           num_steps: int | None = None) -> str:
     """The implementation ``auto`` runs for a batch of ``rows`` rows.
 
     The measured fastest (``AUTO_TABLE``); where that design cannot run on this machine
-    (:func:`unavailable`) or cannot draft from ``head`` (the native designs take bf16 weights, some
-    of rank 256 only: their ``head_reason``), the fastest measured among the portable Triton designs
-    (``PORTABLE_TABLE``).
+    (:func:`unavailable`) or cannot draft from ``head`` for ``num_steps`` steps (the native designs
+    take bf16 weights, some of rank 256 only, ``cuda_chain`` up to 32 steps: their ``head_reason``),
+    the fastest measured among the portable Triton designs (``PORTABLE_TABLE``).
     """
     if torch.device(device).type != "cuda":
         return "reference"
@@ -144,7 +145,8 @@ def choose(method: str, cache_dtype: torch.dtype, rows: int, device: torch.devic
     if impl not in registry.NATIVE_DESIGNS:
         return impl
     head_reason = getattr(registry.load("draft", impl), "head_reason", None)
-    if unavailable(impl, device) is None and (head is None or head_reason is None or head_reason(head) is None):
+    if unavailable(impl, device) is None and (head is None or head_reason is None
+                                               or head_reason(head, num_steps) is None):
         return impl
     return _pick(PORTABLE_TABLE[key], rows)
 
@@ -163,7 +165,9 @@ class AutoBackend:
         self.device = torch.device(device)
         # Each design is built for the largest batch it is chosen for, not for max_rows: a persistent
         # design sized for 16 rows runs a 1-row batch slower than one sized for the batches it gets.
-        self.choices = [None] + [choose(method, cache_dtype, rows, self.device, head) for rows in range(1, max_rows + 1)]
+        self.num_steps = num_steps
+        self.choices = [None] + [choose(method, cache_dtype, rows, self.device, head, num_steps)
+                                 for rows in range(1, max_rows + 1)]
         needed = {impl: rows for rows, impl in enumerate(self.choices) if impl is not None}
         self.backends = {}
         for impl in sorted(needed):
@@ -194,7 +198,7 @@ class AutoBackend:
         """The design that runs a batch of ``rows`` (``choose``'s answer, kept from construction: no lookup per call)."""
         if 1 <= rows < len(self.choices):
             return self.choices[rows]
-        return choose(self.method, self.cache_dtype, rows, self.device, self.head)
+        return choose(self.method, self.cache_dtype, rows, self.device, self.head, self.num_steps)
 
     def run(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens, logits_cache):
         backend = self.backends[self.choice(base_logits.shape[0])]

@@ -295,11 +295,15 @@ class CudaChainBackend:
         return cuda.availability()
 
     @staticmethod
-    def head_reason(head) -> str | None:
-        """Why this design cannot draft from ``head`` (its weights' dtype or rank), or ``None``."""
+    def head_reason(head, num_steps=None) -> str | None:
+        """Why this design cannot draft from ``head`` (its weights' dtype or rank), or ``num_steps`` steps (when
+        given: at most :data:`MAX_STEPS`), or ``None``."""
         from .. import cuda
 
-        return cuda.head_reason("cuda_chain", head, RANK)
+        why = cuda.head_reason("cuda_chain", head, RANK)
+        if why is None and num_steps is not None and not 1 <= int(num_steps) <= MAX_STEPS:
+            why = f"impl 'cuda_chain' takes 1 to {MAX_STEPS} steps, got {num_steps}"
+        return why
 
     def phase_times(self, clock_ghz: float) -> dict:
         """Microseconds per phase of the last traced launch (``trace=True``), first and last block.

@@ -174,7 +174,7 @@ class CudaGumbelBackend(GumbelBlocksBackend):
         return cuda.unavailable_reason(cuda.blocks_kernels)
 
     @staticmethod
-    def head_reason(head) -> str | None:
+    def head_reason(head, num_steps=None) -> str | None:
         """Why this design cannot draft from ``head`` (its weights' dtype; any rank: the bias is a GEMM), or ``None``."""
         from .. import cuda
 

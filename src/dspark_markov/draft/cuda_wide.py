@@ -248,7 +248,7 @@ class CudaWideBackend:
         return cuda.unavailable_reason(wide_kernels, unverified_reason)
 
     @staticmethod
-    def head_reason(head) -> str | None:
+    def head_reason(head, num_steps=None) -> str | None:
         """Why this design cannot draft from ``head`` (its weights' dtype or rank), or ``None``."""
         from .. import cuda
 
