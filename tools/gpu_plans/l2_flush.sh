@@ -10,6 +10,7 @@
 #   bash tools/gpu_plans/l2_flush.sh checks   # budget ~220 s: GPU tests of what stop 38 touched (bench harness, auto's dispatch, CudaVerifier's new schedule), the read probe at the verify inputs' exact bytes, vLLM's filter beside the Triton filter's default layout at 16 requests
 #   bash tools/gpu_plans/l2_flush.sh floor    # budget ~150 s: the read probe and vLLM's rejection_sample beside ours in both modes, one machine (the verifier against the fastest plain read of its bytes)
 #   bash tools/gpu_plans/l2_flush.sh lag      # budget ~120 s: smaller stream items with a lag that re-reads the emitted row while it is in L2, at 64 / 253 requests (the Triton verifier)
+#   bash tools/gpu_plans/l2_flush.sh final    # budget ~150 s: auto's GPU tests after its last change, then the Triton verifier's launch trace at 16 / 64 / 253 requests, dirty and clean flush
 #   bash tools/gpu_plans/l2_flush.sh h200     # budget ~370 s: on an H200 only (else nothing): the read probe, the verify bench cases (T = 1 and mixed) in both modes, vLLM's rejection_sample beside ours in both modes
 # Results go to $JOB_OUT (default ./gpu_plan_out).
 set -u
@@ -52,6 +53,14 @@ lag)
   timeout -k 2 100 python3 tools/sweep_verify.py 253 64 --rounds 3 --variants "stream,stream:t1=16+lag=8,\
 stream:t1=16+lag=12,stream:t1=16+lag=16,stream:t1=8+lag=4,stream:t1=8+lag=6,stream:t1=8+lag=10,stream:t1=32+lag=8,\
 stream:t1=32+lag=16,stream:t1=32+lag=4" 2>&1 | tee "$OUT/sweep.txt" | grep -v Warning
+  ;;
+final)
+  timeout -k 2 90 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_chain_gpu.py tests/gpu/test_fused_gpu.py \
+    tests/gpu/test_cuda_gumbel_gpu.py -k auto 2>&1 | tee "$OUT/tests.txt" | grep -E "passed|failed|FAILED|ERROR|Error" | tail -6
+  for mode in dirty clean; do
+    DSPARK_MARKOV_L2_FLUSH=$mode timeout -k 2 40 python3 tools/trace_verify.py 16 64 253 2>&1 | tee "$OUT/trace_$mode.txt" \
+      | grep -v Warning | tail -40
+  done
   ;;
 probe)
   timeout -k 2 55 python3 tools/flush_probe.py --stream --rounds 5 --replays 20 2>&1 | tee "$OUT/probe.txt" | grep -v Warning
