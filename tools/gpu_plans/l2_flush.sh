@@ -11,6 +11,7 @@
 #   bash tools/gpu_plans/l2_flush.sh floor    # budget ~150 s: the read probe and vLLM's rejection_sample beside ours in both modes, one machine (the verifier against the fastest plain read of its bytes)
 #   bash tools/gpu_plans/l2_flush.sh lag      # budget ~120 s: smaller stream items with a lag that re-reads the emitted row while it is in L2, at 64 / 253 requests (the Triton verifier)
 #   bash tools/gpu_plans/l2_flush.sh final    # budget ~150 s: auto's GPU tests after its last change, then the Triton verifier's launch trace at 16 / 64 / 253 requests, dirty and clean flush
+#   bash tools/gpu_plans/l2_flush.sh h200s    # budget ~170 s: on an H200 only (else nothing): the read probe, the verify bench (standard, mixed T) in both modes, vLLM's rejection_sample beside ours (clean)
 #   bash tools/gpu_plans/l2_flush.sh h200     # budget ~370 s: on an H200 only (else nothing): the read probe, the verify bench cases (T = 1 and mixed) in both modes, vLLM's rejection_sample beside ours in both modes
 # Results go to $JOB_OUT (default ./gpu_plan_out).
 set -u
@@ -61,6 +62,17 @@ final)
     DSPARK_MARKOV_L2_FLUSH=$mode timeout -k 2 40 python3 tools/trace_verify.py 16 64 253 2>&1 | tee "$OUT/trace_$mode.txt" \
       | grep -v Warning | tail -40
   done
+  ;;
+h200s)
+  if ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then echo "not an H200: nothing run"; exit 0; fi
+  timeout -k 2 35 python3 tools/flush_probe.py --stream --rounds 3 --replays 20 2>&1 | tee "$OUT/probe.txt" | grep -v Warning
+  for mode in dirty clean; do
+    DSPARK_MARKOV_L2_FLUSH=$mode timeout -k 2 45 python3 tools/bench_verify_kernels.py "$OUT/bench_$mode" \
+      verify_standard --rows 1,16,64,253 --temperatures mixed --rounds 3 --replays 20 2>&1 \
+      | grep -E "^\||bandwidth|Error|error" | tee "$OUT/bench_$mode.txt"
+  done
+  DSPARK_MARKOV_L2_FLUSH=clean timeout -k 2 45 python3 tools/time_vllm_ops.py --parts rejection --rows 16,64,253 \
+    --rounds 3 --replays 20 --out "$OUT/rejection_clean" 2>&1 | tee "$OUT/rejection_clean.txt" | grep -v Warning | tail -8
   ;;
 probe)
   timeout -k 2 55 python3 tools/flush_probe.py --stream --rounds 5 --replays 20 2>&1 | tee "$OUT/probe.txt" | grep -v Warning
