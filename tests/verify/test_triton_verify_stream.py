@@ -414,7 +414,8 @@ def _phase_of(row, bounds):
     return sum(row >= cut for cut in bounds)
 
 
-@pytest.mark.parametrize("seed, closeness, full", [(24, 0.7, True), (22, 0.02, False)], ids=["mixed", "mostly_accepted"])
+@pytest.mark.parametrize("seed, closeness, full", [(24, 0.7, True), (22, 0.02, False)],
+                         ids=["mixed", "mostly_accepted"])
 def test_phased_launches_equal_one_launch_and_skip_later_rows(seed, closeness, full):
     """``phases``: the same tokens as one launch (and the reference) for every split of the rows, greedy targets,
     padding and ``n < K`` included; a launch after the one holding a request's emitted row streams nothing of it

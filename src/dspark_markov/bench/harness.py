@@ -9,9 +9,10 @@ order guarantees that the flush has finished (and has evicted W2, the logits and
 before the start event fires. The alternative -- capturing flush + sample and subtracting a
 separately timed flush-only graph -- is not sound: the two times are not additive (the flush's tail
 overlaps the sampler's first kernel, and after a dirty flush the sampler's first reads pay for
-writing back its dirty lines either way), and a difference of two noisy medians is noisier than either. The host never waits between
-replays: the flush takes ~0.1 ms on the GPU, long enough for the host to enqueue the events and
-the replay behind it, so the GPU does not idle inside the timed interval.
+writing back its dirty lines either way), and a difference of two noisy medians is noisier than
+either. The host never waits between replays: the flush takes ~0.1 ms on the GPU, long enough for
+the host to enqueue the events and the replay behind it, so the GPU does not idle inside the timed
+interval.
 
 Two kinds of cold L2 (``DSPARK_MARKOV_L2_FLUSH``, or ``L2Flusher(mode=...)``): ``dirty`` (the default, every
 committed result before 2026-12-06 and what their "cold L2" means) leaves the L2 full of the flush's dirty lines,

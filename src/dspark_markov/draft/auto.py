@@ -195,7 +195,8 @@ class AutoBackend:
                 check()
 
     def choice(self, rows: int) -> str:
-        """The design that runs a batch of ``rows`` (``choose``'s answer, kept from construction: no lookup per call)."""
+        """The design that runs a batch of ``rows`` (``choose``'s answer, kept from construction: no lookup
+        per call)."""
         if 1 <= rows < len(self.choices):
             return self.choices[rows]
         return choose(self.method, self.cache_dtype, rows, self.device, self.head, self.num_steps)

@@ -175,7 +175,8 @@ class CudaGumbelBackend(GumbelBlocksBackend):
 
     @staticmethod
     def head_reason(head, num_steps=None) -> str | None:
-        """Why this design cannot draft from ``head`` (its weights' dtype; any rank: the bias is a GEMM), or ``None``."""
+        """Why this design cannot draft from ``head`` (its weights' dtype; any rank: the bias is a GEMM), or
+        ``None``."""
         from .. import cuda
 
         return cuda.head_reason("cuda_gumbel", head)

@@ -50,7 +50,8 @@ STATUS = ("is opt-in: exact in its GPU tests (H100, 2026-12-06) but 1.4-2.6x slo
 # (256 tokens x emit_iters) and the 16 KB pieces per stream ticket by batch: (up to this many requests, lag,
 # emit_iters, piece_mult). piece_mult from stop 38's sweep (H100, static ready list; ..._cuda_verify_stop38.txt): stream
 # tickets in whole rounds of the 2,112 warps (16 requests: 3 -> 1,536 tickets, 80.1 us against 94.0-95.1 at 1 -> 4,352,
-# 2.06 per warp; 64: 11 -> 182.0 against 274.7-278.8; 253: 16 -> 662.5 against 895.9-897.5; Triton 52.0 / 128.1 / 405.0).
+# 2.06 per warp; 64: 11 -> 182.0 against 274.7-278.8; 253: 16 -> 662.5 against 895.9-897.5; Triton 52.0 / 128.1 /
+# 405.0).
 # Up to 7 requests the 272 tickets per request of piece_mult 1 already fit one round (1 request: 33.1 us at 1, 35.3 at
 # 2, 44.1 at 4; 2-15 requests not measured).
 SCHEDULE = ((7, 4, 4, 1), (16, 4, 4, 3), (64, 8, 8, 11), (None, 16, 16, 16))
