@@ -199,7 +199,7 @@ def test_emit_items_read_the_emitted_rows_statistics():
 
 
 def test_double_buffered_loops_give_the_same_partials():
-    """``dbuf`` / ``emit_dbuf`` / ``emit_reverse`` / ``emit_wide``: every stream item's partial statistics (pairs, bonus rows,
+    """``dbuf`` / ``emit_dbuf`` / ``emit_reverse``: every stream item's partial statistics (pairs, bonus rows,
     greedy argmaxes; pre-divided and raw logits; groups of 2 and 4 tiles) and every emit item's (key, token,
     positive residual) bit-identical to the single-buffered forward loops', at 32-value tiles in two chunks per
     row (the second starting at 352) so each double-buffered loop turns; greedy rows' maxima planted in different
@@ -218,12 +218,10 @@ def test_double_buffered_loops_give_the_same_partials():
     cases = itertools.product(((args[0], {}), (raw, dict(target_temperature=args[6]))), ((2, 0), (4, 1)))
     for (target, extra), (unroll, noise_filter) in cases:  # (the exact keys in the loop: a wrong key shows)
         partials = []
-        # (single-buffered, then double-buffered, then the emit scans reversed: with and without emit_dbuf; then
-        # emit_wide forward and reversed: 11 tiles per emit item, two groups of four and three tiles after them)
-        for dbuf, reverse, wide in ((0, 0, 0), (1, 0, 0), (1, 1, 0), (0, 1, 0), (1, 0, 1), (0, 1, 1)):
+        # (single-buffered, then double-buffered, then the emit scans reversed: with and without emit_dbuf)
+        for dbuf, reverse in ((0, 0), (1, 0), (1, 1), (0, 1)):
             verifier = StreamVerifier(8, 3, VOCAB, "cpu", t1=11, t2=11, unroll=unroll, block=32, dbuf=dbuf,
-                                      greedy_direct=0, emit_dbuf=dbuf, emit_reverse=reverse, noise_filter=noise_filter,
-                                      emit_wide=wide)
+                                      greedy_direct=0, emit_dbuf=dbuf, emit_reverse=reverse, noise_filter=noise_filter)
             out = _run(verifier, [target] + args[1:], "standard", flags, **extra)
             partials.append((out, *(x.clone() for x in (verifier.pa, verifier.pb, verifier.pi, verifier.ea,
                                                          verifier.ei, verifier.eany))))

@@ -15,8 +15,6 @@
 #   bash tools/gpu_plans/issue18_verify.sh stop34        # budget ~470 s: the bench cases with stop 34's defaults, then the GPU tests of those defaults
 #   bash tools/gpu_plans/issue18_verify.sh t1_large      # budget ~110 s: whole-row stream items (t1 = 64) at 64-253 requests under stop 34's defaults
 #   bash tools/gpu_plans/issue18_verify.sh ncu_raw       # budget ~120 s: Nsight Compute of the default kernel at 253 requests, pre-divided against raw (stop 34, never run)
-#   bash tools/gpu_plans/issue18_verify.sh wide          # budget ~70 s: emit scans in groups of four tiles, all loads in flight (stop 38): the sweep beside the default (tokens compared), dirty and clean
-#   bash tools/gpu_plans/issue18_verify.sh wide_tests    # budget ~190 s: emit_wide's GPU tests at 16 / 253 requests (both methods, raw, graph replays)
 #   bash tools/gpu_plans/issue18_verify.sh gather        # budget ~160 s: emit items loading every row's statistics with the count (stop 34, never run)
 #   bash tools/gpu_plans/issue18_verify.sh eager         # budget ~200 s: emit items with fewer dependent round trips (stop 34): GPU tests, sweep
 #   bash tools/gpu_plans/issue18_verify.sh defaults      # budget ~150 s: the double-buffered default against the single-buffered one and the emit options, same call
@@ -198,18 +196,6 @@ ncu_raw)
     grep -E "Duration|dram__bytes|lts__t|Issue Slots|Executed Instructions |Achieved Occ|Stall|No Instruction" \
       "$OUT/ncu_${spec}_253.txt" | head -30
   done
-  ;;
-wide)
-  # 20. (~60 s) emit_wide=1 (stop 38): the stop-38 trace at 16 requests has each emit item taking ~9.3 us for its four
-  #    1,024-value tiles (one round trip per tile with emit_dbuf); groups of four tiles with every load in flight.
-  for mode in dirty clean; do
-    DSPARK_MARKOV_L2_FLUSH=$mode timeout -k 2 40 python3 tools/sweep_verify.py 16 64 253 --rounds 3 \
-      --variants "stream,stream:emit_wide=1,raw,raw:emit_wide=1" 2>&1 | tee "$OUT/sweep_wide_$mode.txt" | grep -v Warning
-  done
-  ;;
-wide_tests)
-  timeout -k 2 180 python3 -m pytest -m gpu -q -p no:cacheprovider $T -k "emit_wide" 2>&1 \
-    | tee "$OUT/tests_wide.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -4
   ;;
 gather)
   # 19. (~150 s) emit_gather=1 (stop 34, written after the device time ran out): an emit item loads every row's

@@ -172,10 +172,6 @@ EMIT_EAGER = True
 # 253 requests 51.4 / 128.1 / 408.4 us against 52.0 / 129.1 / 408.8; raw 55.4 / 140.2 / 420.8 against 55.8 / 139.2 /
 # 419.2): off (opt-in).
 EMIT_GATHER = False
-# Emit scans in groups of four tiles, every load of a group in flight before its keys (StreamVerifier's emit_wide): the
-# stop-38 trace at 16 requests (H100) has each emit item taking ~9.3 us for four 1,024-value tiles, one round trip
-# per tile with emit_dbuf. Written in stop 38: off until timed.
-EMIT_WIDE = False
 # Claimed chunks (StreamVerifier's claim, standard method): 0 = off (every stream item has its fixed chunk); written in
 # stop 32 for the 16-request tail (trace: equal stream items ending 17.6-41.3 us on an H100). H100 (2026-12-05,
 # benchmarks/results/NVIDIA-H100-80GB-HBM3_2026-12-05_verify_dbuf_stop33.txt): exact, and slower at every batch and G
@@ -686,30 +682,10 @@ def _emit_load(t_row, c_row, token, start, end, residual_mode, REVERSE: tl.const
 
 
 @triton.jit
-def _emit_fold(key, pos, token, best, runner, best_tok, positive, nan, EXACT: tl.constexpr, REVERSE: tl.constexpr):
-    """One tile's keys ``key`` (tokens ``token``, positive residuals ``pos``) into :func:`_emit_scan`'s per-lane state
-    ``(best, runner, best_tok, positive, nan)``, as its loop folds them (tiles in scan order)."""
-    positive = positive | pos.to(tl.int32)
-    if EXACT:
-        if REVERSE:  # (a NaN of a smaller token replaces any best; an equal key too)
-            better = (key >= best) | (key != key)
-        else:
-            better = (key > best) | ((key != key) & (best == best))
-    else:
-        nan = nan | (key != key).to(tl.int32)
-        if REVERSE:
-            better = key >= best
-        else:
-            better = key > best
-        runner = tl.where(better, best, tl.maximum(runner, key))
-    return tl.where(better, key, best), runner, tl.where(better, token, best_tok), positive, nan
-
-
-@triton.jit
 def _emit_scan(t_row, c_row, prefix, start, end, tiles, ttemp, temp, w, t_max, t_inv, q_cmax, q_scale, q_inv,
                q_arg, residual_mode, RAW: tl.constexpr, EXACT: tl.constexpr, HARDWARE: tl.constexpr,
                BLOCK: tl.constexpr, PIPE: tl.constexpr = 1, DBUF: tl.constexpr = False,
-               REVERSE: tl.constexpr = False, WIDE: tl.constexpr = False):
+               REVERSE: tl.constexpr = False):
     """``(best key, first token, any positive residual, risky)`` of the emitted row over ``[start, end)``.
 
     ``EXACT``: the argmax of the exact keys (``torch.argmax`` semantics: a NaN wins). Otherwise the
@@ -723,9 +699,6 @@ def _emit_scan(t_row, c_row, prefix, start, end, tiles, ttemp, temp, w, t_max, t
     ``REVERSE``: the tiles in decreasing token order (the row's most recently streamed lines, those most
     likely still in L2, first), the first maximum kept by ``>=`` (and, exact, the first NaN by replacing
     on any NaN): the same best key, token, runner-up and flags per lane as the forward scan.
-    ``WIDE``: groups of four tiles, every load of a group issued before any of its keys (one memory round trip per
-    group instead of one per tile), the keys folded in the same order: the same per-lane results (replaces
-    ``DBUF``; tiles past the last whole group as without it).
     """
     lane = start + tl.arange(0, BLOCK)
     best = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -737,48 +710,33 @@ def _emit_scan(t_row, c_row, prefix, start, end, tiles, ttemp, temp, w, t_max, t
         first, step = lane + (tiles - 1) * BLOCK, -BLOCK
     else:
         first, step = lane, BLOCK
-    whole = 0
-    if WIDE:
-        whole = (tiles // 4) * 4
-        for g in tl.range(0, whole, 4):
-            t0 = first + g * step
-            t1 = t0 + step
-            t2 = t1 + step
-            t3 = t2 + step
-            x0, c0 = _emit_load(t_row, c_row, t0, start, end, residual_mode, REVERSE)  # (all four in flight)
-            x1, c1 = _emit_load(t_row, c_row, t1, start, end, residual_mode, REVERSE)
-            x2, c2 = _emit_load(t_row, c_row, t2, start, end, residual_mode, REVERSE)
-            x3, c3 = _emit_load(t_row, c_row, t3, start, end, residual_mode, REVERSE)
-            k0, p0 = _emit_keys(t_row, c_row, prefix, t0, t0 < end, ttemp, temp, w, t_max, t_inv, q_cmax, q_scale,
-                                q_inv, q_arg, residual_mode, RAW, EXACT, HARDWARE, x0, c0)
-            k1, p1 = _emit_keys(t_row, c_row, prefix, t1, t1 < end, ttemp, temp, w, t_max, t_inv, q_cmax, q_scale,
-                                q_inv, q_arg, residual_mode, RAW, EXACT, HARDWARE, x1, c1)
-            k2, p2 = _emit_keys(t_row, c_row, prefix, t2, t2 < end, ttemp, temp, w, t_max, t_inv, q_cmax, q_scale,
-                                q_inv, q_arg, residual_mode, RAW, EXACT, HARDWARE, x2, c2)
-            k3, p3 = _emit_keys(t_row, c_row, prefix, t3, t3 < end, ttemp, temp, w, t_max, t_inv, q_cmax, q_scale,
-                                q_inv, q_arg, residual_mode, RAW, EXACT, HARDWARE, x3, c3)
-            best, runner, best_tok, positive, nan = _emit_fold(k0, p0, t0, best, runner, best_tok, positive, nan,
-                                                               EXACT, REVERSE)
-            best, runner, best_tok, positive, nan = _emit_fold(k1, p1, t1, best, runner, best_tok, positive, nan,
-                                                               EXACT, REVERSE)
-            best, runner, best_tok, positive, nan = _emit_fold(k2, p2, t2, best, runner, best_tok, positive, nan,
-                                                               EXACT, REVERSE)
-            best, runner, best_tok, positive, nan = _emit_fold(k3, p3, t3, best, runner, best_tok, positive, nan,
-                                                               EXACT, REVERSE)
-    if DBUF and not WIDE:
+    if DBUF:
         nx, nc = _emit_load(t_row, c_row, first, start, end, residual_mode, REVERSE)
-    for t in tl.range(whole, tiles, num_stages=PIPE):
+    for t in tl.range(0, tiles, num_stages=PIPE):
         token = first + t * step
         x = None  # (None: _emit_keys loads the tile itself)
         c = None
-        if DBUF and not WIDE:
+        if DBUF:
             x = nx
             c = nc
             nx, nc = _emit_load(t_row, c_row, token + step, start, end, residual_mode, REVERSE)  # (outside: nothing)
         key, pos = _emit_keys(t_row, c_row, prefix, token, token < end, ttemp, temp, w, t_max, t_inv, q_cmax,
                               q_scale, q_inv, q_arg, residual_mode, RAW, EXACT, HARDWARE, x, c)
-        best, runner, best_tok, positive, nan = _emit_fold(key, pos, token, best, runner, best_tok, positive, nan,
-                                                           EXACT, REVERSE)
+        positive = positive | pos.to(tl.int32)
+        if EXACT:
+            if REVERSE:  # (a NaN of a smaller token replaces any best; an equal key too)
+                better = (key >= best) | (key != key)
+            else:
+                better = (key > best) | ((key != key) & (best == best))
+        else:
+            nan = nan | (key != key).to(tl.int32)
+            if REVERSE:
+                better = key >= best
+            else:
+                better = key > best
+            runner = tl.where(better, best, tl.maximum(runner, key))
+        best = tl.where(better, key, best)
+        best_tok = tl.where(better, token, best_tok)
     lane_ok = lane < end
     if EXACT:
         value, token = block_argmax(best, best_tok, lane_ok)
@@ -992,7 +950,7 @@ def _stream_verify_kernel(
     trace_ptr=None, TRACE: tl.constexpr = False, COMPACT: tl.constexpr = False, EMIT_PREFETCH: tl.constexpr = 0,
     GREEDY_DIRECT: tl.constexpr = False, ROW_LO: tl.constexpr = 0, ROW_HI: tl.constexpr = 0,
     CLAIM: tl.constexpr = 0, SPAN: tl.constexpr = False, EMIT_EAGER: tl.constexpr = False,
-    EMIT_GATHER: tl.constexpr = False, EMIT_WIDE: tl.constexpr = False,
+    EMIT_GATHER: tl.constexpr = False,
 ):
     STAGES: tl.constexpr = 3 if BLOCK_METHOD else 2
     MASS_ROWS: tl.constexpr = K - 1 if (BLOCK_METHOD and K >= 2) else 0
@@ -1287,7 +1245,7 @@ def _stream_verify_kernel(
             end = tl.minimum(start + T2 * EMIT_BLOCK, vocab)
             val, tok, pos, risky = _emit_scan(t_row, c_row, prefix, start, end, T2, ttemp, temp, w, t_max, t_inv,
                                               q_cmax, q_scale, q_inv, q_arg, rejected, RAW, not NOISE_FILTER,
-                                              HARDWARE, EMIT_BLOCK, EMIT_PIPE, EMIT_DBUF, EMIT_REVERSE, EMIT_WIDE)
+                                              HARDWARE, EMIT_BLOCK, EMIT_PIPE, EMIT_DBUF, EMIT_REVERSE)
             if NOISE_FILTER:
                 if risky:  # a near-tie of the cheap noise (rare): the exact keys of the chunk
                     val, tok, pos, no_risk = _emit_scan(t_row, c_row, prefix, start, end, T2, ttemp, temp, w, t_max,
@@ -1542,8 +1500,6 @@ class StreamVerifier:
     emit_eager : emit items with fewer dependent round trips (one acquire of an already-set ready flag; the last
         item's epilogue loads issued together); the same tokens. Default :data:`EMIT_EAGER` (on, every method and
         device).
-    emit_wide : the emit scan in groups of four tiles, every load of a group issued before its keys (one round trip
-        per group); the same tokens. Default :data:`EMIT_WIDE` (off until timed).
     emit_gather : emit items load every row's statistics with the accepted count (one round trip, not two); the
         same tokens. Default :data:`EMIT_GATHER` (off: within 1% of the default on an H100).
     span : standard method, one launch: the request's rows laid end to end and cut into stream items of ``t1``
@@ -1567,7 +1523,7 @@ class StreamVerifier:
                  noise_filter=1, stages=None, emit_stages=None, fused=None, emit_block=None, fast_divide=None,
                  max_registers=None, interior=None, scan_argmax=None, early=None, prefetch=None, div_unroll=None,
                  dbuf=None, compact=None, emit_prefetch=None, greedy_direct=None, phases=None, claim=None,
-                 emit_dbuf=None, emit_reverse=None, span=None, emit_eager=None, emit_gather=None, emit_wide=None):
+                 emit_dbuf=None, emit_reverse=None, span=None, emit_eager=None, emit_gather=None):
         if int(max_batch) < 1:
             raise ValueError(f"max_batch: expected >= 1, got {max_batch}")
         if int(num_drafts) < 0:
@@ -1602,7 +1558,6 @@ class StreamVerifier:
         self.emit_eager = EMIT_EAGER if emit_eager is None else bool(emit_eager)
         # Emit items: every row's statistics loaded with the accepted count (EMIT_GATHER).
         self.emit_gather = EMIT_GATHER if emit_gather is None else bool(emit_gather)
-        self.emit_wide = EMIT_WIDE if emit_wide is None else bool(emit_wide)
         # Target row j and cache row j streamed in one loop (one round trip per tile, not two loops).
         self.fused = True if fused is None else bool(fused)
         # Raw logits (fused loop): the target values divided without a divide per element (_divide).
@@ -1795,7 +1750,7 @@ class StreamVerifier:
                     HARDWARE=self.cuda, EMIT_SCAN=self._emit_scan, NOISE_FILTER=self.noise_filter, HAS_GREEDY=has_greedy, RAW=raw, BLOCK_METHOD=block_method,
                     PIPE=self.stages, EMIT_PIPE=self.emit_stages, FUSED=self.fused, EMIT_BLOCK=self.emit_block,
                     EMIT_DBUF=emit_dbuf, EMIT_REVERSE=emit_reverse, EMIT_EAGER=self.emit_eager,
-                    EMIT_GATHER=self.emit_gather, EMIT_WIDE=self.emit_wide,
+                    EMIT_GATHER=self.emit_gather,
                     FAST_DIVIDE=fast_divide, INTERIOR=self.interior, SCAN_ARGMAX=self.scan_argmax,
                     EARLY=self.early, PREFETCH=self.prefetch, DIV_UNROLL=div_unroll if raw else 0, DBUF=dbuf,
                     COMPACT=self.compact and not block_method, EMIT_PREFETCH=self.emit_prefetch if self.cuda else 0,
