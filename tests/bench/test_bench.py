@@ -490,3 +490,12 @@ def test_flush_mode_comes_from_the_argument_then_the_environment(monkeypatch):
     monkeypatch.setenv("DSPARK_MARKOV_L2_FLUSH", "cold")
     with pytest.raises(ValueError, match="mode: expected one of"):
         harness.flush_mode()
+
+
+def test_l2_flush_option_sets_the_mode_and_refuses_others(monkeypatch, capsys):
+    monkeypatch.setenv("DSPARK_MARKOV_L2_FLUSH", "dirty")  # (restored after the test: the option writes the variable)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["--rows", "1", "--l2-flush", "clean"]) == 1  # (no GPU: refused after the option is read)
+    assert harness.flush_mode() == "clean"
+    assert cli.main(["--l2-flush", "cold"]) == 2
+    assert "--l2-flush" in capsys.readouterr().err

@@ -71,6 +71,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--replays", type=int, help="timed replays per design and round (default 30; cpu: 5)")
     parser.add_argument("--eager-calls", type=int, help="eager calls per design and round (default 10)")
     parser.add_argument("--seed", type=int, help="seed of the random inputs (default 2026)")
+    parser.add_argument("--l2-flush", choices=("dirty", "clean"),
+                        help="the cold L2 before each replay: dirty (a written scratch buffer; default, every committed "
+                             "result) or clean (a read one: no write-back of the flush's lines in the timed kernel); "
+                             "default: $DSPARK_MARKOV_L2_FLUSH, else dirty")
     parser.add_argument("--out", default="benchmarks/results", help="directory of the JSON/CSV/PNG files")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
     parser.add_argument("--markdown", action="store_true", help="also print the table as markdown")
@@ -99,6 +103,8 @@ def main(argv=None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exit_:
         return int(exit_.code or 0)
+    if args.l2_flush:  # (read by every L2Flusher and recorded in the environment and each record's timing)
+        os.environ["DSPARK_MARKOV_L2_FLUSH"] = args.l2_flush
     if args.device == "cuda" and not torch.cuda.is_available():
         print("dspark-markov bench: needs a CUDA GPU (none found); `--device cpu` runs a small reference benchmark",
               file=sys.stderr)
