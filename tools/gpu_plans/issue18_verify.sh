@@ -15,6 +15,7 @@
 #   bash tools/gpu_plans/issue18_verify.sh stop34        # budget ~470 s: the bench cases with stop 34's defaults, then the GPU tests of those defaults
 #   bash tools/gpu_plans/issue18_verify.sh t1_large      # budget ~110 s: whole-row stream items (t1 = 64) at 64-253 requests under stop 34's defaults
 #   bash tools/gpu_plans/issue18_verify.sh ncu_raw       # budget ~120 s: Nsight Compute of the default kernel at 253 requests, pre-divided against raw (stop 34, never run)
+#   bash tools/gpu_plans/issue18_verify.sh ncu_emit      # budget ~180 s: Nsight Compute source counters of the default kernel at 16 requests (where an emit item's ~2.3 us per tile goes; stop 38, never run)
 #   bash tools/gpu_plans/issue18_verify.sh gather        # budget ~160 s: emit items loading every row's statistics with the count (stop 34, never run)
 #   bash tools/gpu_plans/issue18_verify.sh eager         # budget ~200 s: emit items with fewer dependent round trips (stop 34): GPU tests, sweep
 #   bash tools/gpu_plans/issue18_verify.sh defaults      # budget ~150 s: the double-buffered default against the single-buffered one and the emit options, same call
@@ -196,6 +197,20 @@ ncu_raw)
     grep -E "Duration|dram__bytes|lts__t|Issue Slots|Executed Instructions |Achieved Occ|Stall|No Instruction" \
       "$OUT/ncu_${spec}_253.txt" | head -30
   done
+  ;;
+ncu_emit)
+  # 21. (~150 s) Stop 38's trace at 16 requests (H100, clean flush): the last request ready at 30.3 us, then its emit
+  #    items take 9.3 us (median) for four 1,024-value tiles; issuing the four tiles' loads at once was slower, so the
+  #    time is not load latency. Per-line stall reasons of the default kernel (stream and emit items together: read
+  #    the lines of _emit_scan / _emit_keys / block_argmax / _arrive), as a report and as SASS-with-source CSV.
+  timeout -k 2 120 ncu --clock-control none -k regex:_stream_verify_kernel --launch-skip 3 --launch-count 1 \
+    --section SourceCounters --section WarpStateStats --section SchedulerStats --section Occupancy \
+    --import-source yes -o "$OUT/verify16" python3 tools/sweep_verify.py 16 --rounds 1 --variants stream \
+    > "$OUT/ncu_emit.txt" 2>&1
+  tail -5 "$OUT/ncu_emit.txt"
+  timeout -k 2 40 ncu --import "$OUT/verify16.ncu-rep" --page source --csv --print-source sass 2>&1 \
+    | head -c 3000000 > "$OUT/verify16_source.csv"
+  ls -la "$OUT"
   ;;
 gather)
   # 19. (~150 s) emit_gather=1 (stop 34, written after the device time ran out): an emit item loads every row's
