@@ -127,7 +127,7 @@ def main() -> int:
             record["hook_took_it"] = run_both(plain, hooked, rows, hidden)
             record["eager"] = compare(plain, hooked, rows)
             state = hook._states[hooked]
-            record["impl"] = auto.choose("gumbel", torch.bfloat16, rows, device, state.head) if state.impl == "auto" else state.impl
+            record["impl"] = auto.choose("gumbel", torch.bfloat16, rows, device, state.head, state.steps) if state.impl == "auto" else state.impl
             if cuda:
                 graphs = {name: harness.capture_graph(lambda s=spec: s._sample_sequential(rows, hidden))
                           for name, spec in (("vllm_loop", plain), ("hook", hooked))}

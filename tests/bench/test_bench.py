@@ -492,10 +492,27 @@ def test_flush_mode_comes_from_the_argument_then_the_environment(monkeypatch):
         harness.flush_mode()
 
 
-def test_l2_flush_option_sets_the_mode_and_refuses_others(monkeypatch, capsys):
-    monkeypatch.setenv("DSPARK_MARKOV_L2_FLUSH", "dirty")  # (restored after the test: the option writes the variable)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert cli.main(["--rows", "1", "--l2-flush", "clean"]) == 1  # (no GPU: refused after the option is read)
-    assert harness.flush_mode() == "clean"
+def test_l2_flush_option_sets_the_mode_for_its_run_only(monkeypatch, capsys):
+    monkeypatch.delenv("DSPARK_MARKOV_L2_FLUSH", raising=False)
+    seen = []  # the mode while the run goes on (the GPU check is its first step; no GPU: it stops there)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: seen.append(harness.flush_mode()) or False)
+    assert cli.main(["--rows", "1", "--l2-flush", "clean"]) == 1
+    assert seen == ["clean"] and harness.flush_mode() == "dirty"  # (the variable restored: unset)
+    monkeypatch.setenv("DSPARK_MARKOV_L2_FLUSH", "clean")
+    assert cli.main(["--rows", "1", "--l2-flush", "dirty"]) == 1
+    assert seen[-1] == "dirty" and harness.flush_mode() == "clean"
     assert cli.main(["--l2-flush", "cold"]) == 2
     assert "--l2-flush" in capsys.readouterr().err
+
+
+def test_clean_flush_results_get_their_own_file_names():
+    # a clean-L2 run never overwrites the same day's results with the default flush
+    from dspark_markov.bench import verify_grid
+
+    env = {"gpu": "NVIDIA H200", "date": "2026-12-06T00:00:00+00:00"}
+    clean = dict(env, l2_flush="clean")
+    verify_config = verify_grid.VerifyBenchConfig(device="cuda")
+    assert verify_grid.file_stem(env, verify_config) == "NVIDIA-H200_2026-12-06_bf16_verify"
+    assert verify_grid.file_stem(clean, verify_config) == "NVIDIA-H200_2026-12-06_bf16_clean-l2_verify"
+    assert report.file_stem(dict(env, l2_flush="dirty"), grid.BenchConfig()) == "NVIDIA-H200_2026-12-06_bf16"
+    assert report.file_stem(clean, grid.BenchConfig()) == "NVIDIA-H200_2026-12-06_bf16_clean-l2"

@@ -205,7 +205,7 @@ ncu_emit)
   #    the lines of _emit_scan / _emit_keys / block_argmax / _arrive), as a report and as SASS-with-source CSV.
   timeout -k 2 120 ncu --clock-control none -k regex:_stream_verify_kernel --launch-skip 3 --launch-count 1 \
     --section SourceCounters --section WarpStateStats --section SchedulerStats --section Occupancy \
-    --import-source yes -o "$OUT/verify16" python3 tools/sweep_verify.py 16 --rounds 1 --variants stream \
+    --import-source yes -f -o "$OUT/verify16" python3 tools/sweep_verify.py 16 --rounds 1 --variants stream \
     > "$OUT/ncu_emit.txt" 2>&1
   tail -5 "$OUT/ncu_emit.txt"
   timeout -k 2 40 ncu --import "$OUT/verify16.ncu-rep" --page source --csv --print-source sass 2>&1 \

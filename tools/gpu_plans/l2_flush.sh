@@ -7,10 +7,10 @@
 #   bash tools/gpu_plans/l2_flush.sh verify   # budget ~200 s: read probe; vLLM's rejection_sample beside StreamVerifier (dirty, clean); bench cases (clean)
 #   bash tools/gpu_plans/l2_flush.sh filter   # budget ~260 s: vLLM's top-k/top-p filter beside ours (triton, cuda), clean L2, 16 / 64 / 253 requests
 #   bash tools/gpu_plans/l2_flush.sh probe    # budget ~60 s: the read probe with plain Triton streaming reads beside torch.amax (the best read of the verify inputs' bytes)
-#   bash tools/gpu_plans/l2_flush.sh checks   # budget ~220 s: GPU tests of what stop 38 touched (bench harness, auto's dispatch, CudaVerifier's new schedule), the read probe at the verify inputs' exact bytes, vLLM's filter beside the Triton filter's default layout at 16 requests
+#   bash tools/gpu_plans/l2_flush.sh checks   # budget ~255 s: GPU tests of what stop 38 touched (bench harness, auto's dispatch, CudaVerifier's new schedule), the read probe at the verify inputs' exact bytes, vLLM's filter beside the Triton filter's default layout at 16 requests
 #   bash tools/gpu_plans/l2_flush.sh floor    # budget ~150 s: the read probe and vLLM's rejection_sample beside ours in both modes, one machine (the verifier against the fastest plain read of its bytes)
 #   bash tools/gpu_plans/l2_flush.sh lag      # budget ~120 s: smaller stream items with a lag that re-reads the emitted row while it is in L2, at 64 / 253 requests (the Triton verifier)
-#   bash tools/gpu_plans/l2_flush.sh final    # budget ~150 s: auto's GPU tests after its last change, then the Triton verifier's launch trace at 16 / 64 / 253 requests, dirty and clean flush
+#   bash tools/gpu_plans/l2_flush.sh final    # budget ~170 s: auto's GPU tests after its last change, then the Triton verifier's launch trace at 16 / 64 / 253 requests, dirty and clean flush
 #   bash tools/gpu_plans/l2_flush.sh h200s    # budget ~170 s: on an H200 only (else nothing): the read probe, the verify bench (standard, mixed T) in both modes, vLLM's rejection_sample beside ours (clean)
 #   bash tools/gpu_plans/l2_flush.sh h200     # budget ~370 s: on an H200 only (else nothing): the read probe, the verify bench cases (T = 1 and mixed) in both modes, vLLM's rejection_sample beside ours in both modes
 # Results go to $JOB_OUT (default ./gpu_plan_out).

@@ -72,9 +72,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--eager-calls", type=int, help="eager calls per design and round (default 10)")
     parser.add_argument("--seed", type=int, help="seed of the random inputs (default 2026)")
     parser.add_argument("--l2-flush", choices=("dirty", "clean"),
-                        help="the cold L2 before each replay: dirty (a written scratch buffer; default, every committed "
-                             "result) or clean (a read one: no write-back of the flush's lines in the timed kernel); "
-                             "default: $DSPARK_MARKOV_L2_FLUSH, else dirty")
+                        help="the cold L2 before each replay: dirty (a written scratch buffer; the default, and the "
+                             "README tables') or clean (a read one: no write-back of the flush's lines in the timed "
+                             "kernel; files named _clean-l2); default: $DSPARK_MARKOV_L2_FLUSH, else dirty")
     parser.add_argument("--out", default="benchmarks/results", help="directory of the JSON/CSV/PNG files")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
     parser.add_argument("--markdown", action="store_true", help="also print the table as markdown")
@@ -103,8 +103,22 @@ def main(argv=None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exit_:
         return int(exit_.code or 0)
-    if args.l2_flush:  # (read by every L2Flusher and recorded in the environment and each record's timing)
-        os.environ["DSPARK_MARKOV_L2_FLUSH"] = args.l2_flush
+    if not args.l2_flush:
+        return _run(args, argv)
+    # --l2-flush: the variable every L2Flusher reads (and the results' environment records), for this run only
+    before = os.environ.get("DSPARK_MARKOV_L2_FLUSH")
+    os.environ["DSPARK_MARKOV_L2_FLUSH"] = args.l2_flush
+    try:
+        return _run(args, argv)
+    finally:
+        if before is None:
+            os.environ.pop("DSPARK_MARKOV_L2_FLUSH", None)
+        else:
+            os.environ["DSPARK_MARKOV_L2_FLUSH"] = before
+
+
+def _run(args, argv) -> int:
+    """:func:`main` after its arguments are parsed (and ``--l2-flush`` applied)."""
     if args.device == "cuda" and not torch.cuda.is_available():
         print("dspark-markov bench: needs a CUDA GPU (none found); `--device cpu` runs a small reference benchmark",
               file=sys.stderr)

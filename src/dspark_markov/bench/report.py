@@ -94,6 +94,8 @@ def file_stem(env: dict, config) -> str:
         stem += f"_{config.method}"
     if config.logits_dtype != torch.bfloat16:
         stem += "_fp32-logits"
+    if env.get("l2_flush") == "clean":  # (never the name of a run with the default flush)
+        stem += "_clean-l2"
     return stem
 
 

@@ -197,9 +197,9 @@ class AutoBackend:
     def choice(self, rows: int) -> str:
         """The design that runs a batch of ``rows`` (``choose``'s answer, kept from construction: no lookup
         per call)."""
-        if 1 <= rows < len(self.choices):
-            return self.choices[rows]
-        return choose(self.method, self.cache_dtype, rows, self.device, self.head, self.num_steps)
+        if not 1 <= rows < len(self.choices):  # (a design chosen for other batches was never built)
+            raise ValueError(f"rows: this dispatcher takes 1 to {len(self.choices) - 1} rows, got {rows}")
+        return self.choices[rows]
 
     def run(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens, logits_cache):
         backend = self.backends[self.choice(base_logits.shape[0])]
