@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from . import grid, report, roofline, vllm_loop
+from . import grid, harness, report, roofline, vllm_loop
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
 
@@ -106,15 +106,15 @@ def main(argv=None) -> int:
     if not args.l2_flush:
         return _run(args, argv)
     # --l2-flush: the variable every L2Flusher reads (and the results' environment records), for this run only
-    before = os.environ.get("DSPARK_MARKOV_L2_FLUSH")
-    os.environ["DSPARK_MARKOV_L2_FLUSH"] = args.l2_flush
+    before = os.environ.get(harness.FLUSH_ENV)
+    os.environ[harness.FLUSH_ENV] = args.l2_flush
     try:
         return _run(args, argv)
     finally:
         if before is None:
-            os.environ.pop("DSPARK_MARKOV_L2_FLUSH", None)
+            os.environ.pop(harness.FLUSH_ENV, None)
         else:
-            os.environ["DSPARK_MARKOV_L2_FLUSH"] = before
+            os.environ[harness.FLUSH_ENV] = before
 
 
 def _run(args, argv) -> int:

@@ -28,6 +28,7 @@ medians, with the lowest and highest round median as its spread (:func:`summariz
 from __future__ import annotations
 
 import gc
+import os
 import statistics
 import sys
 import time
@@ -64,13 +65,12 @@ def summarize(rounds: Sequence[Sequence[float]]) -> Summary:
 
 
 FLUSH_MODES = ("dirty", "clean")
+FLUSH_ENV = "DSPARK_MARKOV_L2_FLUSH"  # the default mode of every L2Flusher (bench --l2-flush sets it for its run)
 
 
 def flush_mode(mode: str | None = None) -> str:
     """``mode``, else ``DSPARK_MARKOV_L2_FLUSH``, else ``"dirty"``; checked against :data:`FLUSH_MODES`."""
-    import os
-
-    mode = mode or os.environ.get("DSPARK_MARKOV_L2_FLUSH") or "dirty"
+    mode = mode or os.environ.get(FLUSH_ENV) or "dirty"
     if mode not in FLUSH_MODES:
         raise ValueError(f"mode: expected one of {FLUSH_MODES} (or DSPARK_MARKOV_L2_FLUSH), got {mode!r}")
     return mode

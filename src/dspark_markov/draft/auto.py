@@ -159,13 +159,11 @@ class AutoBackend:
     MAX_ROWS = None
 
     def __init__(self, head, num_steps, max_rows, *, method, cache_dtype, device):
-        self.head = head
         self.method = method
         self.cache_dtype = cache_dtype
         self.device = torch.device(device)
         # Each design is built for the largest batch it is chosen for, not for max_rows: a persistent
         # design sized for 16 rows runs a 1-row batch slower than one sized for the batches it gets.
-        self.num_steps = num_steps
         self.choices = [None] + [choose(method, cache_dtype, rows, self.device, head, num_steps)
                                  for rows in range(1, max_rows + 1)]
         needed = {impl: rows for rows, impl in enumerate(self.choices) if impl is not None}

@@ -169,6 +169,13 @@ def fixed_smem_bytes(rows_pow2: int, nt: int, tiles_per_warp: int, warps: int, c
     return codes + stage + triples + MAX_ROWS * 8 + keys + MAX_ROWS * 4 + (MAX_ROWS + 2) * 4 + (TB_SIZE * 4 if table else 0)
 
 
+def _steps_reason(num_steps) -> str | None:
+    """Why ``num_steps`` steps are out of this design's range (1 to :data:`MAX_STEPS`), or ``None``."""
+    if not 1 <= int(num_steps) <= MAX_STEPS:
+        return f"impl 'cuda_chain' takes 1 to {MAX_STEPS} steps, got {num_steps}"
+    return None
+
+
 class CudaChainBackend:
     """All N steps of up to 16 rows in one persistent CUDA C++ launch (Gumbel only, bf16 weights).
 
@@ -207,8 +214,9 @@ class CudaChainBackend:
             raise ValueError(f"head_weight: {why}")
         if not 1 <= int(max_rows) <= MAX_ROWS:
             raise ValueError(f"max_rows: impl 'cuda_chain' takes 1 to {MAX_ROWS} rows, got {max_rows}")
-        if not 1 <= int(num_steps) <= MAX_STEPS:
-            raise ValueError(f"num_steps: impl 'cuda_chain' takes 1 to {MAX_STEPS} steps, got {num_steps}")
+        why = _steps_reason(num_steps)
+        if why is not None:
+            raise ValueError(f"num_steps: {why}")
         if cache_dtype not in (torch.bfloat16, torch.float32):
             raise ValueError(f"cache_dtype: expected torch.bfloat16 or torch.float32, got {cache_dtype}")
         if int(spin_cycles) < 1 or int(barrier_extra) < 0:
@@ -301,9 +309,7 @@ class CudaChainBackend:
         from .. import cuda
 
         why = cuda.head_reason("cuda_chain", head, RANK)
-        if why is None and num_steps is not None and not 1 <= int(num_steps) <= MAX_STEPS:
-            why = f"impl 'cuda_chain' takes 1 to {MAX_STEPS} steps, got {num_steps}"
-        return why
+        return why if why is not None or num_steps is None else _steps_reason(num_steps)
 
     def phase_times(self, clock_ghz: float) -> dict:
         """Microseconds per phase of the last traced launch (``trace=True``), first and last block.

@@ -9,13 +9,12 @@ warp ``w`` takes ``w, w + W, ...``; else from one atomic counter), and the piece
 row (the residual or bonus Gumbel keys, the cheap noise ranking and the exact noise deciding). With :data:`QUEUE`
 (the default) a request's last stream piece decides it and puts it on a ready list; each warp holds one claim on
 that list's emit pieces and serves it between stream pieces once its request is there, so no warp waits while stream
-work is left. Without it the emit pieces come ``lag`` requests after their request's stream pieces in one list
-(:data:`STATIC`: warp ``w`` takes tickets ``w, w + W, ...``), and a warp that reaches one waits for the decision.
-Warps stream until no piece is left, so the pieces of a request end within about one piece of each other at any
-batch. The formulas are the Triton
-verifier's, operation for operation (the module docstring of :mod:`.triton_verify_stream` says which
-values are exact and which are within fp32 rounding of the reference): the tokens equal the reference's
-and, with raw logits, are bit-identical to the pre-divided mode (each value divided with ``__fdiv_rn``).
+work is left. Without it the emit pieces come ``lag`` requests after their request's stream pieces in one list, and
+a warp that reaches one waits for the decision. Warps stream until no piece is left, so the pieces of a request end
+within about one piece of each other at any batch. The formulas are the Triton verifier's, operation for operation
+(the module docstring of :mod:`.triton_verify_stream` says which values are exact and which are within fp32 rounding
+of the reference): the tokens equal the reference's and, with raw logits, are bit-identical to the pre-divided mode
+(each value divided with ``__fdiv_rn``).
 
 Scope: the standard method, ``K + 1 <= 8``, ``V % 8 == 0``, 16-byte aligned target and cache rows
 (:meth:`CudaVerifier.unsupported` says why a call is not covered; ``verify_drafts(impl="cuda")`` then
@@ -52,8 +51,8 @@ STATUS = ("is opt-in: exact in its GPU tests (H100, 2026-12-06) but 1.4-2.6x slo
 # tickets in whole rounds of the 2,112 warps (16 requests: 3 -> 1,536 tickets, 80.1 us against 94.0-95.1 at 1 -> 4,352,
 # 2.06 per warp; 64: 11 -> 182.0 against 274.7-278.8; 253: 16 -> 662.5 against 895.9-897.5; Triton 52.0 / 128.1 /
 # 405.0).
-# Up to 7 requests the 272 tickets per request of piece_mult 1 already fit one round (1 request: 33.1 us at 1, 35.3 at
-# 2, 44.1 at 4; 2-15 requests not measured).
+# Up to 7 requests the 272 tickets per request of piece_mult 1 already fit one round (1 request: 33.1 / 35.3 / 44.1 us
+# at piece_mult 1 / 2 / 4; 2-15 requests not measured).
 SCHEDULE = ((7, 4, 4, 1), (16, 4, 4, 3), (64, 8, 8, 11), (None, 16, 16, 16))
 _FLAGS = dict(has_greedy=1, raw=2, cache_bf16=4, drafts_i64=8, idx_i64=16, nd_i64=32, pos_i64=64, static=128,
               row_arrivals=256, queue=512)
