@@ -19,6 +19,7 @@ from dspark_markov.demo.generate import chi_square, chi_square_threshold
 from dspark_markov.verify.reference import scale_target
 from dspark_markov.verify import triton_verify_stream
 from dspark_markov.verify.triton_verify_stream import StreamVerifier, _divide, _divide_poisoned, _divisor, cached_verifier
+from tests.emit_traps import plant_bonus_trap, resample_noise_pair
 from tests.helpers import VERIFY_VOCAB as VOCAB
 from tests.helpers import fast_interpreter_calls
 from tests.helpers import verify_case as _case
@@ -106,7 +107,8 @@ def test_layouts_and_explicit_greedy_flags():
                     dict(t1=2, t2=2, lag=2, compact=0),  # the padded program order (standard)
                     dict(t2=3, lag=1, claim=3), dict(t1=1, lag=2, claim=8, compact=1),  # chunks claimed from a counter
                     dict(t2=1, emit_eager=0),  # emit items without their epilogue loads at once (the default)
-                    dict(t2=2, emit_gather=1)):  # emit items with every row's statistics loaded with the count
+                    dict(t2=2, emit_gather=1),  # emit items with every row's statistics loaded with the count
+                    dict(t2=3, emit_winner=1, emit_dbuf=1, emit_reverse=1)):  # the exact key of the winner only
         verifier = StreamVerifier(8, 3, VOCAB, "cpu", **options)
         for method in ("standard", "block"):
             outs.append(_run(verifier, args, method, flags))
@@ -196,6 +198,34 @@ def test_emit_items_read_the_emitted_rows_statistics():
             live = args[4] >= 0
             later += int((live & (out[1] >= 2) & (out[1] <= args[3])).sum())  # rejected at a row j >= 1
     assert later >= 6
+
+
+def test_emit_winner_near_ties_equal_reference():
+    """``emit_winner``: only the cheap keys' winner gets its exact key, and a candidate within the noise bound's
+    slack sends the chunk to the exact rescan. Bonus draws (no drafts) whose two best keys are traps
+    (:mod:`tests.emit_traps`: the exact keys tie, the first token winning, or differ by one ulp, and the cheap keys,
+    their noise off by up to ~2.6e-6 in the interpreter, order the two the other way), in one lane (tokens 128 apart:
+    a lane's best and runner-up when an item scans both 128-value tiles) or in two: every layout and scan order gives
+    the reference's tokens. (Without the slack test, the winner's exact key taken as the answer, the first two
+    layouts draw the cheap keys' winner.)"""
+    vocab = 300
+    args = _case(17, batch=7, vocab=vocab)
+    target, drafts, cache, num_drafts, idx, positions, temperature, seeds = args
+    expect = {}
+    for b, same_lane, tie in [(2, True, False), (3, True, True), (4, False, False), (5, False, True), (6, False, False)]:
+        num_drafts[b] = 0  # the bonus keys x + g of row 0
+        slot = int(idx[b])
+        if float(temperature[slot]) == 0.0:
+            temperature[slot] = 1.0
+        exact, cheap = resample_noise_pair(seeds[slot], positions[b], vocab)
+        expect[b], _ = plant_bonus_trap(target[b, 0], exact, cheap, window=vocab, lane=128, same_lane=same_lane,
+                                        tie=tie)
+    for options in (dict(emit_winner=1, t2=3), dict(emit_winner=1, t2=3, emit_dbuf=1, emit_reverse=1),
+                    dict(emit_winner=1, t2=1), dict(emit_winner=0, t2=3)):
+        out = _run(StreamVerifier(7, 3, vocab, "cpu", **options), args, "standard")
+        _assert_reference(args, "standard", out)
+        for b, win in expect.items():
+            assert int(out[0][b, 0]) == win and int(out[1][b]) == 1
 
 
 def test_double_buffered_loops_give_the_same_partials():

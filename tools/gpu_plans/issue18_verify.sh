@@ -15,6 +15,7 @@
 #   bash tools/gpu_plans/issue18_verify.sh stop34        # budget ~470 s: the bench cases with stop 34's defaults, then the GPU tests of those defaults
 #   bash tools/gpu_plans/issue18_verify.sh t1_large      # budget ~110 s: whole-row stream items (t1 = 64) at 64-253 requests under stop 34's defaults
 #   bash tools/gpu_plans/issue18_verify.sh ncu_raw       # budget ~120 s: Nsight Compute of the default kernel at 253 requests, pre-divided against raw (stop 34, never run)
+#   bash tools/gpu_plans/issue18_verify.sh winner        # budget ~230 s: emit items with the exact key of their cheap winner only (stop 39): GPU tests, sweep, ncu at 16
 #   bash tools/gpu_plans/issue18_verify.sh ncu_emit      # budget ~180 s: Nsight Compute source counters of the default kernel at 16 requests (where an emit item's ~2.3 us per tile goes; stop 38, never run)
 #   bash tools/gpu_plans/issue18_verify.sh gather        # budget ~160 s: emit items loading every row's statistics with the count (stop 34, never run)
 #   bash tools/gpu_plans/issue18_verify.sh eager         # budget ~200 s: emit items with fewer dependent round trips (stop 34): GPU tests, sweep
@@ -197,6 +198,23 @@ ncu_raw)
     grep -E "Duration|dram__bytes|lts__t|Issue Slots|Executed Instructions |Achieved Occ|Stall|No Instruction" \
       "$OUT/ncu_${spec}_253.txt" | head -30
   done
+  ;;
+winner)
+  # 22. (~230 s) emit_winner=1 (stop 39, after ncu_emit: ~640 of an emit item's ~2,100 instructions per warp were the
+  #    exact keys of its 1,024 lane bests): the exact key of the cheap winner only, a near-tie rescanning the chunk.
+  #    GPU tests (options at 16 / 253 requests, the near-tie traps with the hardware lg2), then the times beside the
+  #    default (and t2 = 2 / 8 with it, its fixed cost being smaller), then its instruction counts at 16 requests.
+  timeout -k 2 110 python3 -m pytest -m gpu -v -p no:cacheprovider $T -k "emit_winner" 2>&1 \
+    | tee "$OUT/tests_winner.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -8
+  timeout -k 2 80 python3 tools/sweep_verify.py 1 16 64 253 --rounds 3 --variants "stream,stream:emit_winner=1,\
+stream:emit_winner=1+t2=2,raw,raw:emit_winner=1,block,block:emit_winner=1" 2>&1 | tee "$OUT/sweep_winner.txt"
+  timeout -k 2 30 python3 tools/sweep_verify.py 64 --rounds 3 --variants "stream,stream:emit_winner=1+t2=4,\
+stream:emit_winner=1+t2=16" 2>&1 | tee "$OUT/sweep_winner_t2.txt"
+  timeout -k 2 60 ncu --clock-control none -k regex:_stream_verify_kernel --launch-skip 3 --launch-count 1 \
+    --section SourceCounters --section WarpStateStats -f -o "$OUT/winner16" python3 tools/sweep_verify.py 16 \
+    --rounds 1 --variants "stream:emit_winner=1" > "$OUT/ncu_winner.txt" 2>&1
+  timeout -k 2 40 ncu --import "$OUT/winner16.ncu-rep" --page source --csv --print-source sass 2>&1 \
+    | head -c 3000000 > "$OUT/winner16_source.csv"
   ;;
 ncu_emit)
   # 21. (~150 s) Stop 38's trace at 16 requests (H100, clean flush): the last request ready at 30.3 us, then its emit

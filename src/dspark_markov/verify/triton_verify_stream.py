@@ -172,6 +172,10 @@ EMIT_EAGER = True
 # 253 requests 51.4 / 128.1 / 408.4 us against 52.0 / 129.1 / 408.8; raw 55.4 / 140.2 / 420.8 against 55.8 / 139.2 /
 # 419.2): off (opt-in).
 EMIT_GATHER = False
+# Emit items compute the exact key of their cheap keys' winner only (StreamVerifier's emit_winner), not one per lane:
+# Nsight Compute at 16 requests (stop 39, H100, ..._verify_ncu_emit_stop39.txt) counted ~2,100 instructions per warp
+# and emit item, of which ~640 were the exact keys of the 4 x 256 lane bests and ~1,200 the scan of its four tiles.
+EMIT_WINNER = False
 # Claimed chunks (StreamVerifier's claim, standard method): 0 = off (every stream item has its fixed chunk); written in
 # stop 32 for the 16-request tail (trace: equal stream items ending 17.6-41.3 us on an H100). H100 (2026-12-05,
 # benchmarks/results/NVIDIA-H100-80GB-HBM3_2026-12-05_verify_dbuf_stop33.txt): exact, and slower at every batch and G
@@ -685,7 +689,7 @@ def _emit_load(t_row, c_row, token, start, end, residual_mode, REVERSE: tl.const
 def _emit_scan(t_row, c_row, prefix, start, end, tiles, ttemp, temp, w, t_max, t_inv, q_cmax, q_scale, q_inv,
                q_arg, residual_mode, RAW: tl.constexpr, EXACT: tl.constexpr, HARDWARE: tl.constexpr,
                BLOCK: tl.constexpr, PIPE: tl.constexpr = 1, DBUF: tl.constexpr = False,
-               REVERSE: tl.constexpr = False):
+               REVERSE: tl.constexpr = False, WINNER: tl.constexpr = False):
     """``(best key, first token, any positive residual, risky)`` of the emitted row over ``[start, end)``.
 
     ``EXACT``: the argmax of the exact keys (``torch.argmax`` semantics: a NaN wins). Otherwise the
@@ -699,6 +703,9 @@ def _emit_scan(t_row, c_row, prefix, start, end, tiles, ttemp, temp, w, t_max, t
     ``REVERSE``: the tiles in decreasing token order (the row's most recently streamed lines, those most
     likely still in L2, first), the first maximum kept by ``>=`` (and, exact, the first NaN by replacing
     on any NaN): the same best key, token, runner-up and flags per lane as the forward scan.
+    ``WINNER`` (not ``EXACT``): the exact key of the cheap keys' winner only (one scalar key per program instead of
+    one per lane); ``risky`` when any other candidate, i.e. another lane's best or the winner lane's runner-up, comes
+    within the bound's slack of that exact key (or on a NaN), so an answer that is not risky is the exact argmax.
     """
     lane = start + tl.arange(0, BLOCK)
     best = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -741,6 +748,17 @@ def _emit_scan(t_row, c_row, prefix, start, end, tiles, ttemp, temp, w, t_max, t
     if EXACT:
         value, token = block_argmax(best, best_tok, lane_ok)
         risky = start < 0  # False: the exact path is the answer
+    elif WINNER:
+        # Every value other than the cheap winner's is at most its lane's best (another lane) or the winner lane's
+        # runner-up, and a cheap key is within the slack of its exact key: below ``value - slack`` it cannot reach
+        # ``value`` (a tie included). All keys -inf: the first token, as the exact keys would give.
+        cheap, token = block_argmax(best, best_tok, lane_ok)
+        value, _ = _emit_keys(t_row, c_row, prefix, token, token < end, ttemp, temp, w, t_max, t_inv, q_cmax,
+                              q_scale, q_inv, q_arg, residual_mode, RAW, True, HARDWARE)
+        second = tl.max(tl.where(lane_ok, tl.where(best_tok == token, runner, best), float("-inf")), axis=0)
+        slack = key_slack(value, _FILTER_MARGIN)
+        close = (value > float("-inf")) & (second + slack >= value)
+        risky = close | (tl.max(nan, axis=0) != 0) | (cheap != cheap)
     else:
         exact, _ = _emit_keys(t_row, c_row, prefix, best_tok, lane_ok, ttemp, temp, w, t_max, t_inv, q_cmax,
                               q_scale, q_inv, q_arg, residual_mode, RAW, True, HARDWARE)
@@ -950,7 +968,7 @@ def _stream_verify_kernel(
     trace_ptr=None, TRACE: tl.constexpr = False, COMPACT: tl.constexpr = False, EMIT_PREFETCH: tl.constexpr = 0,
     GREEDY_DIRECT: tl.constexpr = False, ROW_LO: tl.constexpr = 0, ROW_HI: tl.constexpr = 0,
     CLAIM: tl.constexpr = 0, SPAN: tl.constexpr = False, EMIT_EAGER: tl.constexpr = False,
-    EMIT_GATHER: tl.constexpr = False,
+    EMIT_GATHER: tl.constexpr = False, EMIT_WINNER: tl.constexpr = False,
 ):
     STAGES: tl.constexpr = 3 if BLOCK_METHOD else 2
     MASS_ROWS: tl.constexpr = K - 1 if (BLOCK_METHOD and K >= 2) else 0
@@ -1245,7 +1263,7 @@ def _stream_verify_kernel(
             end = tl.minimum(start + T2 * EMIT_BLOCK, vocab)
             val, tok, pos, risky = _emit_scan(t_row, c_row, prefix, start, end, T2, ttemp, temp, w, t_max, t_inv,
                                               q_cmax, q_scale, q_inv, q_arg, rejected, RAW, not NOISE_FILTER,
-                                              HARDWARE, EMIT_BLOCK, EMIT_PIPE, EMIT_DBUF, EMIT_REVERSE)
+                                              HARDWARE, EMIT_BLOCK, EMIT_PIPE, EMIT_DBUF, EMIT_REVERSE, EMIT_WINNER)
             if NOISE_FILTER:
                 if risky:  # a near-tie of the cheap noise (rare): the exact keys of the chunk
                     val, tok, pos, no_risk = _emit_scan(t_row, c_row, prefix, start, end, T2, ttemp, temp, w, t_max,
@@ -1502,6 +1520,9 @@ class StreamVerifier:
         device).
     emit_gather : emit items load every row's statistics with the accepted count (one round trip, not two); the
         same tokens. Default :data:`EMIT_GATHER` (off: within 1% of the default on an H100).
+    emit_winner : emit items compute the exact key of the cheap noise's winner only, not of every lane's best
+        (a near-tie within the noise bound's slack rescans the item's chunk exactly, as before); the same tokens.
+        Default :data:`EMIT_WINNER`.
     span : standard method, one launch: the request's rows laid end to end and cut into stream items of ``t1``
         tiles that may end one row and start the next (default ``t1``: about one wave of resident items, see
         :class:`Layout`); row ``j``'s statistics combine the partials of the items that cover it. The tokens are the
@@ -1523,7 +1544,8 @@ class StreamVerifier:
                  noise_filter=1, stages=None, emit_stages=None, fused=None, emit_block=None, fast_divide=None,
                  max_registers=None, interior=None, scan_argmax=None, early=None, prefetch=None, div_unroll=None,
                  dbuf=None, compact=None, emit_prefetch=None, greedy_direct=None, phases=None, claim=None,
-                 emit_dbuf=None, emit_reverse=None, span=None, emit_eager=None, emit_gather=None):
+                 emit_dbuf=None, emit_reverse=None, span=None, emit_eager=None, emit_gather=None,
+                 emit_winner=None):
         if int(max_batch) < 1:
             raise ValueError(f"max_batch: expected >= 1, got {max_batch}")
         if int(num_drafts) < 0:
@@ -1558,6 +1580,8 @@ class StreamVerifier:
         self.emit_eager = EMIT_EAGER if emit_eager is None else bool(emit_eager)
         # Emit items: every row's statistics loaded with the accepted count (EMIT_GATHER).
         self.emit_gather = EMIT_GATHER if emit_gather is None else bool(emit_gather)
+        # Emit items: the exact key of the cheap keys' winner only (EMIT_WINNER).
+        self.emit_winner = EMIT_WINNER if emit_winner is None else bool(emit_winner)
         # Target row j and cache row j streamed in one loop (one round trip per tile, not two loops).
         self.fused = True if fused is None else bool(fused)
         # Raw logits (fused loop): the target values divided without a divide per element (_divide).
@@ -1750,7 +1774,7 @@ class StreamVerifier:
                     HARDWARE=self.cuda, EMIT_SCAN=self._emit_scan, NOISE_FILTER=self.noise_filter, HAS_GREEDY=has_greedy, RAW=raw, BLOCK_METHOD=block_method,
                     PIPE=self.stages, EMIT_PIPE=self.emit_stages, FUSED=self.fused, EMIT_BLOCK=self.emit_block,
                     EMIT_DBUF=emit_dbuf, EMIT_REVERSE=emit_reverse, EMIT_EAGER=self.emit_eager,
-                    EMIT_GATHER=self.emit_gather,
+                    EMIT_GATHER=self.emit_gather, EMIT_WINNER=self.emit_winner,
                     FAST_DIVIDE=fast_divide, INTERIOR=self.interior, SCAN_ARGMAX=self.scan_argmax,
                     EARLY=self.early, PREFETCH=self.prefetch, DIV_UNROLL=div_unroll if raw else 0, DBUF=dbuf,
                     COMPACT=self.compact and not block_method, EMIT_PREFETCH=self.emit_prefetch if self.cuda else 0,
