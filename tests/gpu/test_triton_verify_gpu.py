@@ -343,16 +343,17 @@ OPTION_VARIANTS = {"compact": dict(compact=1), "padded": dict(compact=0), "div_u
                    "emit_eager": dict(emit_eager=1), "emit_eager_0": dict(emit_eager=0),
                    # every row's statistics loaded with the accepted count (stop 34; passed on an H100 in stop 38)
                    "emit_gather": dict(emit_gather=1),
-                   # the exact key of each emit item's cheap winner only (stop 39)
-                   "emit_winner": dict(emit_winner=1)}
+                   # the exact keys of every lane's best (stop 39: emit_winner, the exact key of each emit item's
+                   # cheap winner only, became the default but for pre-divided launches of 17-128 requests)
+                   "emit_winner_0": dict(emit_winner=0)}
 
 
 @pytest.mark.parametrize("rows", [16, 253])
 def test_stream_emit_winner_near_ties(rows):
     """Near-tie traps (:mod:`tests.emit_traps`) with the GPU's cheap noise (hardware ``lg2``): bonus rows whose two
     best keys tie exactly or differ by one ulp while the cheap keys order them the other way, in one lane of a
-    1,024-value emit tile (tokens 1,024 apart in the first emit item's chunk) or in two; the default emit scan and
-    ``emit_winner`` draw the reference's token, eagerly and from a graph replay."""
+    1,024-value emit tile (tokens 1,024 apart in the first emit item's chunk) or in two; the emit scan with
+    ``emit_winner`` on and off draw the reference's token, eagerly and from a graph replay."""
     from tests.emit_traps import plant_bonus_trap, resample_noise_pair
 
     args = _case(rows, 41)
@@ -369,7 +370,7 @@ def test_stream_emit_winner_near_ties(rows):
     ref = dm.verify_drafts(*args)
     for b, win in expect.items():
         assert int(ref.tokens[b, 0]) == win
-    for options in (dict(), dict(emit_winner=1)):
+    for options in (dict(emit_winner=0), dict(emit_winner=1)):
         verifier = _stream()(rows, K, VOCAB, "cuda", **options)
         out = verifier.run(*args)
         assert torch.equal(out[0], ref.tokens) and torch.equal(out[1], ref.num_emitted)
@@ -404,7 +405,7 @@ def test_stream_options_equal_reference_and_replay(rows, variant):
     raw = first[0] * torch.where(temperature == 0, 1.0, temperature)[first[4].clamp_min(0), None, None]
     # (the options that change the block method too)
     both = variant in ("div_unroll", "fast_divide_2", "emit_dbuf", "emit_reverse", "emit_dbuf_reverse", "emit_eager",
-                       "emit_eager_0", "emit_gather", "emit_winner")
+                       "emit_eager_0", "emit_gather", "emit_winner_0")
     for method in ("standard", "block") if both else ("standard",):
         ref = dm.verify_drafts(first[0], *first[1:], method=method)
         ref_raw = dm.verify_drafts(raw, *first[1:], method=method, target_temperature=temperature)

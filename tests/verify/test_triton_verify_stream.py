@@ -108,7 +108,8 @@ def test_layouts_and_explicit_greedy_flags():
                     dict(t2=3, lag=1, claim=3), dict(t1=1, lag=2, claim=8, compact=1),  # chunks claimed from a counter
                     dict(t2=1, emit_eager=0),  # emit items without their epilogue loads at once (the default)
                     dict(t2=2, emit_gather=1),  # emit items with every row's statistics loaded with the count
-                    dict(t2=3, emit_winner=1, emit_dbuf=1, emit_reverse=1)):  # the exact key of the winner only
+                    # the exact keys of every lane's best (emit_winner, the default, off)
+                    dict(t2=3, emit_winner=0, emit_dbuf=1, emit_reverse=1)):
         verifier = StreamVerifier(8, 3, VOCAB, "cpu", **options)
         for method in ("standard", "block"):
             outs.append(_run(verifier, args, method, flags))
@@ -226,6 +227,20 @@ def test_emit_winner_near_ties_equal_reference():
         _assert_reference(args, "standard", out)
         for b, win in expect.items():
             assert int(out[0][b, 0]) == win and int(out[1][b]) == 1
+
+
+def test_emit_winner_default():
+    """``emit_winner`` is on by default except for the pre-divided standard launches of 17-128 requests (their
+    single-buffered loops at 80 registers), and as given when given."""
+    verifier = StreamVerifier(253, 3, VOCAB, "cpu")
+    assert [verifier.winner("standard", b, False) for b in (1, 16, 17, 64, 128, 129, 253)] == [
+        True, True, False, False, False, True, True]
+    assert all(verifier.winner(m, b, raw) for m, raw in (("standard", True), ("block", False), ("block", True))
+               for b in (1, 16, 64, 253))
+    for given in (0, 1):
+        verifier = StreamVerifier(253, 3, VOCAB, "cpu", emit_winner=given)
+        assert all(verifier.winner(m, b, raw) == bool(given) for m in ("standard", "block") for raw in (False, True)
+                   for b in (1, 64, 253))
 
 
 def test_double_buffered_loops_give_the_same_partials():

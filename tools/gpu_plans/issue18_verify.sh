@@ -16,6 +16,8 @@
 #   bash tools/gpu_plans/issue18_verify.sh t1_large      # budget ~110 s: whole-row stream items (t1 = 64) at 64-253 requests under stop 34's defaults
 #   bash tools/gpu_plans/issue18_verify.sh ncu_raw       # budget ~120 s: Nsight Compute of the default kernel at 253 requests, pre-divided against raw (stop 34, never run)
 #   bash tools/gpu_plans/issue18_verify.sh winner        # budget ~230 s: emit items with the exact key of their cheap winner only (stop 39): GPU tests, sweep, ncu at 16
+#   bash tools/gpu_plans/issue18_verify.sh winner253     # budget ~150 s: emit_winner at 64 / 253 requests beside the default (winner's sweep stopped at 64)
+#   bash tools/gpu_plans/issue18_verify.sh winner_checks # budget ~360 s: emit_winner as the default: the verifier's GPU tests, the old path as an option, the side-by-side times
 #   bash tools/gpu_plans/issue18_verify.sh ncu_emit      # budget ~180 s: Nsight Compute source counters of the default kernel at 16 requests (where an emit item's ~2.3 us per tile goes; stop 38, never run)
 #   bash tools/gpu_plans/issue18_verify.sh gather        # budget ~160 s: emit items loading every row's statistics with the count (stop 34, never run)
 #   bash tools/gpu_plans/issue18_verify.sh eager         # budget ~200 s: emit items with fewer dependent round trips (stop 34): GPU tests, sweep
@@ -215,6 +217,25 @@ stream:emit_winner=1+t2=16" 2>&1 | tee "$OUT/sweep_winner_t2.txt"
     --rounds 1 --variants "stream:emit_winner=1" > "$OUT/ncu_winner.txt" 2>&1
   timeout -k 2 40 ncu --import "$OUT/winner16.ncu-rep" --page source --csv --print-source sass 2>&1 \
     | head -c 3000000 > "$OUT/winner16_source.csv"
+  ;;
+winner253)
+  # 23. (~150 s) winner's sweep ran out of its 80 s before 253 requests: 64 and 253 with and without emit_winner (the
+  #    pre-divided launches from 17 requests are the single-buffered loops at 80 registers, where emit_winner spills
+  #    2 bytes), and 253 with 8-tile emit items.
+  timeout -k 2 130 python3 tools/sweep_verify.py 64 253 --rounds 3 --variants "stream,stream:emit_winner=1,\
+stream:emit_winner=1+t2=8,raw,raw:emit_winner=1,block,block:emit_winner=1" 2>&1 | tee "$OUT/sweep_winner253.txt"
+  ;;
+winner_checks)
+  # 24. (~360 s) emit_winner on by default (but pre-divided launches of 17-128 requests): every default-path GPU test of
+  #    the verifier (full shapes, fp32 cache, graphs, DSparkStep, the chi-squares, raw = pre-divided, layouts, the
+  #    near-tie traps, phased launches), the per-lane exact keys as an option, verify_drafts' own GPU tests, then the
+  #    default against emit_winner=0 at 1 / 16 / 64 / 253 requests (pre-divided, raw, block).
+  timeout -k 2 200 python3 -m pytest -m gpu -v -p no:cacheprovider $T -k "not options or emit_winner" 2>&1 \
+    | tee "$OUT/tests_default.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -40
+  timeout -k 2 40 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_verify_gpu.py 2>&1 \
+    | tee "$OUT/tests_verify_api.txt" | tail -3
+  timeout -k 2 110 python3 tools/sweep_verify.py 1 16 64 253 --rounds 3 --variants "stream,stream:emit_winner=0,\
+raw,raw:emit_winner=0,block,block:emit_winner=0" 2>&1 | tee "$OUT/sweep_winner_default.txt"
   ;;
 ncu_emit)
   # 21. (~150 s) Stop 38's trace at 16 requests (H100, clean flush): the last request ready at 30.3 us, then its emit

@@ -18,8 +18,9 @@ stores and does the request's epilogue):
    masses ``sum_v max(w_i p_i(v) - q_i(v), 0)``; their last arriver computes the block count;
 3. **emit** items ``(request, chunk)`` over the one emitted row ``j*``: the Gumbel keys of the
    residual ``log(max(w p - q, 0)) + g`` (after a rejection) or of the bonus ``x + g``, ranked by
-   cheap noise with the exact keys computed for each lane's best (exact rescan of a chunk on a
-   near-tie; the drawn token is the exact keys' argmax); their last arriver combines the chunks
+   cheap noise with the exact key computed for the chunk's cheap winner (``emit_winner``; or for each
+   lane's best) and an exact rescan of the chunk on a near-tie, so the drawn token is the exact
+   keys' argmax; their last arriver combines the chunks
    and writes the request's output row (after a rejection whose residual is all zero in fp32 it
    draws the bonus keys of that row instead, in one program).
 
@@ -173,9 +174,16 @@ EMIT_EAGER = True
 # 419.2): off (opt-in).
 EMIT_GATHER = False
 # Emit items compute the exact key of their cheap keys' winner only (StreamVerifier's emit_winner), not one per lane:
-# Nsight Compute at 16 requests (stop 39, H100, ..._verify_ncu_emit_stop39.txt) counted ~2,100 instructions per warp
-# and emit item, of which ~640 were the exact keys of the 4 x 256 lane bests and ~1,200 the scan of its four tiles.
-EMIT_WINNER = False
+# Nsight Compute at 16 requests (stop 39, H100, benchmarks/results/NVIDIA-H100-80GB-HBM3_2026-12-06_verify_winner_stop39.txt)
+# counted ~2,100 instructions per warp and emit item, ~640 of them the exact keys of its 1,024 lane bests (and ~140
+# their argmax), ~1,200 the scan of its four tiles; with emit_winner the emit items' instructions fell 12% (6.9 ->
+# 6.1 M). H100, same calls (mixed T, us at 16 / 64 / 253 requests): pre-divided 52.5 -> 50.6, 131.7 -> 132.9 (and
+# 129.4 -> 130.3 in another call), 422.8 -> 420.0; raw 56.3 -> 54.7, 141.9 -> 138.5, 433.5 -> 422.3; block 78.4 ->
+# 75.1, 174.3 -> 171.4, 582.3 -> 572.2; 1 request within 0.3 us. On by default except for the pre-divided standard
+# launches of EMIT_WINNER_OFF requests (single-buffered loops at 80 registers, where it spills 2 bytes: 64 requests
+# ~1% slower).
+EMIT_WINNER = True
+EMIT_WINNER_OFF = (DBUF_PREDIVIDED_TO + 1, 128)
 # Claimed chunks (StreamVerifier's claim, standard method): 0 = off (every stream item has its fixed chunk); written in
 # stop 32 for the 16-request tail (trace: equal stream items ending 17.6-41.3 us on an H100). H100 (2026-12-05,
 # benchmarks/results/NVIDIA-H100-80GB-HBM3_2026-12-05_verify_dbuf_stop33.txt): exact, and slower at every batch and G
@@ -1522,7 +1530,8 @@ class StreamVerifier:
         same tokens. Default :data:`EMIT_GATHER` (off: within 1% of the default on an H100).
     emit_winner : emit items compute the exact key of the cheap noise's winner only, not of every lane's best
         (a near-tie within the noise bound's slack rescans the item's chunk exactly, as before); the same tokens.
-        Default :data:`EMIT_WINNER`.
+        Default (None): :data:`EMIT_WINNER` except the pre-divided standard launches of :data:`EMIT_WINNER_OFF`
+        requests (:meth:`winner`).
     span : standard method, one launch: the request's rows laid end to end and cut into stream items of ``t1``
         tiles that may end one row and start the next (default ``t1``: about one wave of resident items, see
         :class:`Layout`); row ``j``'s statistics combine the partials of the items that cover it. The tokens are the
@@ -1580,8 +1589,8 @@ class StreamVerifier:
         self.emit_eager = EMIT_EAGER if emit_eager is None else bool(emit_eager)
         # Emit items: every row's statistics loaded with the accepted count (EMIT_GATHER).
         self.emit_gather = EMIT_GATHER if emit_gather is None else bool(emit_gather)
-        # Emit items: the exact key of the cheap keys' winner only (EMIT_WINNER).
-        self.emit_winner = EMIT_WINNER if emit_winner is None else bool(emit_winner)
+        # Emit items: the exact key of the cheap keys' winner only (None: EMIT_WINNER, see winner()).
+        self.emit_winner = None if emit_winner is None else bool(emit_winner)
         # Target row j and cache row j streamed in one loop (one round trip per tile, not two loops).
         self.fused = True if fused is None else bool(fused)
         # Raw logits (fused loop): the target values divided without a divide per element (_divide).
@@ -1675,6 +1684,15 @@ class StreamVerifier:
         default = self.cuda and method == "standard"
         return (default and EMIT_DBUF if self.emit_dbuf is None else self.emit_dbuf,
                 default and EMIT_REVERSE if self.emit_reverse is None else self.emit_reverse)
+
+    def winner(self, method: str, batch: int, raw: bool) -> bool:
+        """Whether this verifier's ``method`` launches of ``batch`` requests (raw logits or not) take ``emit_winner``:
+        as given, else :data:`EMIT_WINNER` except the pre-divided standard launches of :data:`EMIT_WINNER_OFF`
+        requests."""
+        if self.emit_winner is not None:
+            return self.emit_winner
+        off = method == "standard" and not raw and EMIT_WINNER_OFF[0] <= batch <= EMIT_WINNER_OFF[1]
+        return EMIT_WINNER and not off
 
     def layout(self, batch: int, method: str = "standard", rows: int | None = None, raw: bool = False) -> Layout:
         """The :class:`Layout` of a launch streaming ``rows`` rows per request (default ``K + 1``: all)."""
@@ -1774,7 +1792,7 @@ class StreamVerifier:
                     HARDWARE=self.cuda, EMIT_SCAN=self._emit_scan, NOISE_FILTER=self.noise_filter, HAS_GREEDY=has_greedy, RAW=raw, BLOCK_METHOD=block_method,
                     PIPE=self.stages, EMIT_PIPE=self.emit_stages, FUSED=self.fused, EMIT_BLOCK=self.emit_block,
                     EMIT_DBUF=emit_dbuf, EMIT_REVERSE=emit_reverse, EMIT_EAGER=self.emit_eager,
-                    EMIT_GATHER=self.emit_gather, EMIT_WINNER=self.emit_winner,
+                    EMIT_GATHER=self.emit_gather, EMIT_WINNER=self.winner(method, batch, raw),
                     FAST_DIVIDE=fast_divide, INTERIOR=self.interior, SCAN_ARGMAX=self.scan_argmax,
                     EARLY=self.early, PREFETCH=self.prefetch, DIV_UNROLL=div_unroll if raw else 0, DBUF=dbuf,
                     COMPACT=self.compact and not block_method, EMIT_PREFETCH=self.emit_prefetch if self.cuda else 0,
