@@ -345,7 +345,9 @@ OPTION_VARIANTS = {"compact": dict(compact=1), "padded": dict(compact=0), "div_u
                    "emit_gather": dict(emit_gather=1),
                    # the exact keys of every lane's best (stop 39: emit_winner, the exact key of each emit item's
                    # cheap winner only, became the default but for pre-divided launches of 17-128 requests)
-                   "emit_winner_0": dict(emit_winner=0)}
+                   "emit_winner_0": dict(emit_winner=0),
+                   # the last requests' emit items over fewer tiles each (stop 39, opt-in)
+                   "tail": dict(tail=5, tail_t2=2)}
 
 
 @pytest.mark.parametrize("rows", [16, 253])

@@ -229,6 +229,31 @@ def test_emit_winner_near_ties_equal_reference():
             assert int(out[0][b, 0]) == win and int(out[1][b]) == 1
 
 
+def test_tail_emit_items_equal_reference():
+    """``tail`` / ``tail_t2``: the last requests' emit items scan fewer tiles each (700 values: 6 emit tiles of 128;
+    t2 = 3 gives 2 items per request, tail_t2 = 1 or 2 gives 6 or 3, the extra ones after every other program): the
+    reference's tokens (standard method, pre-divided and raw, greedy flags), every emit item ran (the trace), and the
+    option is off where it does not apply (block method, compact order)."""
+    args = _case(19, batch=8, closeness=0.9)
+    flags = torch.zeros(8, dtype=torch.bool)
+    flags[6] = True
+    temperature = args[6]
+    raw = args[0] * torch.where(temperature == 0, 1.0, temperature)[args[4].clamp_min(0), None, None]
+    for tail, tail_t2, chunks in ((3, 1, 6), (8, 2, 3), (1, 1, 6)):
+        verifier = StreamVerifier(8, 3, VOCAB, "cpu", t2=3, tail=tail, tail_t2=tail_t2)
+        lay = verifier.layout(8)
+        assert (lay.tail, lay.c2, lay.c2t) == (tail, 2, chunks)
+        trace = torch.zeros(verifier.programs(8), 4, dtype=torch.int64)
+        out = _run(verifier, args, "standard", flags, trace=trace)
+        _assert_reference(args, "standard", out, flags)
+        stage, valid = trace[:, 3] & 3, (trace[:, 3] >> 2) & 1
+        assert int(((stage == 2) & (valid == 1)).sum()) == (8 - tail) * 2 + tail * chunks
+        again = _run(verifier, [raw] + args[1:], "standard", flags, target_temperature=temperature)
+        assert torch.equal(again[0], out[0]) and torch.equal(again[1], out[1])
+    assert StreamVerifier(8, 3, VOCAB, "cpu", t2=3, tail=3, tail_t2=1).layout(8, "block").tail == 0
+    assert StreamVerifier(8, 3, VOCAB, "cpu", t2=3, tail=3, tail_t2=1, compact=1).layout(8).tail == 0
+
+
 def test_emit_winner_default():
     """``emit_winner`` is on by default except for the pre-divided standard launches of 17-128 requests (their
     single-buffered loops at 80 registers), and as given when given."""

@@ -18,6 +18,8 @@
 #   bash tools/gpu_plans/issue18_verify.sh winner        # budget ~230 s: emit items with the exact key of their cheap winner only (stop 39): GPU tests, sweep, ncu at 16
 #   bash tools/gpu_plans/issue18_verify.sh winner253     # budget ~150 s: emit_winner at 64 / 253 requests beside the default (winner's sweep stopped at 64)
 #   bash tools/gpu_plans/issue18_verify.sh winner_checks # budget ~360 s: emit_winner as the default: the verifier's GPU tests, the old path as an option, the side-by-side times
+#   bash tools/gpu_plans/issue18_verify.sh winner_trace  # budget ~120 s: launch traces at 16 / 64 requests, emit_winner on and off, clean and dirty flush
+#   bash tools/gpu_plans/issue18_verify.sh tail          # budget ~250 s: the two-level emit_winner (default) and the tail option: GPU tests, sweeps
 #   bash tools/gpu_plans/issue18_verify.sh ncu_emit      # budget ~180 s: Nsight Compute source counters of the default kernel at 16 requests (where an emit item's ~2.3 us per tile goes; stop 38, never run)
 #   bash tools/gpu_plans/issue18_verify.sh gather        # budget ~160 s: emit items loading every row's statistics with the count (stop 34, never run)
 #   bash tools/gpu_plans/issue18_verify.sh eager         # budget ~200 s: emit items with fewer dependent round trips (stop 34): GPU tests, sweep
@@ -236,6 +238,24 @@ winner_checks)
     | tee "$OUT/tests_verify_api.txt" | tail -3
   timeout -k 2 110 python3 tools/sweep_verify.py 1 16 64 253 --rounds 3 --variants "stream,stream:emit_winner=0,\
 raw,raw:emit_winner=0,block,block:emit_winner=0" 2>&1 | tee "$OUT/sweep_winner_default.txt"
+  ;;
+winner_trace)
+  # 25. (~120 s) Where the 16-request launch's time goes with emit_winner (stop 38's trace, clean: last request ready
+  #    at 30.3 us, emit items 9.3 us each, end 42.9 us): traces at 16 / 64 requests, on and off, both flushes.
+  for mode in clean dirty; do
+    DSPARK_MARKOV_L2_FLUSH=$mode timeout -k 2 55 python3 tools/trace_verify.py 16 64 \
+      --variants "stream:emit_winner=1,stream:emit_winner=0" 2>&1 | tee "$OUT/trace_$mode.txt"
+  done
+  ;;
+tail)
+  # 26. (~250 s) emit_winner now falls back to every lane's exact key on a cross-lane near-tie (a review: the first
+  #    version rescanned ~1,000x more often), and `tail` (opt-in): the last requests' emit items over fewer tiles
+  #    (the 16-request trace: the last request ready at 29.6 us, its 4-tile emit items ~8 us each, end 40.0 us).
+  timeout -k 2 120 python3 -m pytest -m gpu -q -p no:cacheprovider $T -k "equals_reference or near_ties or \
+emit_winner or tail or dspark_step or capture" 2>&1 | tee "$OUT/tests_tail.txt" | tail -4
+  timeout -k 2 110 python3 tools/sweep_verify.py 16 64 253 --rounds 3 --variants "stream,stream:emit_winner=0,\
+stream:tail=5+tail_t2=2,stream:tail=5+tail_t2=1,stream:tail=16+tail_t2=2,raw,raw:tail=5+tail_t2=2" 2>&1 \
+    | tee "$OUT/sweep_tail.txt"
   ;;
 ncu_emit)
   # 21. (~150 s) Stop 38's trace at 16 requests (H100, clean flush): the last request ready at 30.3 us, then its emit

@@ -704,7 +704,7 @@ def _emit_scan(t_row, c_row, prefix, start, end, tiles, ttemp, temp, w, t_max, t
     lanes are ranked by the cheap noise (best and runner-up per lane), the exact key of each lane's
     best is computed, and ``risky`` is set when that cannot be the exact answer: a NaN key, or a
     lane whose runner-up is within the noise bound's slack of its best and of the winner (then the
-    caller rescans exactly; such near-ties are about 1e-4 per chunk).
+    caller rescans exactly; rare, since both keys must also be the chunk's best to within the slack).
 
     ``DBUF``: tile ``t + 1`` is loaded before tile ``t``'s keys are computed (:func:`_emit_load`), so a
     load is in flight during the noise and key arithmetic; the same keys in the same order per lane.
@@ -712,8 +712,9 @@ def _emit_scan(t_row, c_row, prefix, start, end, tiles, ttemp, temp, w, t_max, t
     likely still in L2, first), the first maximum kept by ``>=`` (and, exact, the first NaN by replacing
     on any NaN): the same best key, token, runner-up and flags per lane as the forward scan.
     ``WINNER`` (not ``EXACT``): the exact key of the cheap keys' winner only (one scalar key per program instead of
-    one per lane); ``risky`` when any other candidate, i.e. another lane's best or the winner lane's runner-up, comes
-    within the bound's slack of that exact key (or on a NaN), so an answer that is not risky is the exact argmax.
+    one per lane), unless another candidate (another lane's best or the winner lane's runner-up) comes within the
+    bound's slack of that exact key: then every lane's best gets its exact key as without ``WINNER``, so ``risky``
+    (a rescan) comes as rarely as before.
     """
     lane = start + tl.arange(0, BLOCK)
     best = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -756,26 +757,30 @@ def _emit_scan(t_row, c_row, prefix, start, end, tiles, ttemp, temp, w, t_max, t
     if EXACT:
         value, token = block_argmax(best, best_tok, lane_ok)
         risky = start < 0  # False: the exact path is the answer
-    elif WINNER:
-        # Every value other than the cheap winner's is at most its lane's best (another lane) or the winner lane's
-        # runner-up, and a cheap key is within the slack of its exact key: below ``value - slack`` it cannot reach
-        # ``value`` (a tie included). All keys -inf: the first token, as the exact keys would give.
-        cheap, token = block_argmax(best, best_tok, lane_ok)
-        value, _ = _emit_keys(t_row, c_row, prefix, token, token < end, ttemp, temp, w, t_max, t_inv, q_cmax,
-                              q_scale, q_inv, q_arg, residual_mode, RAW, True, HARDWARE)
-        second = tl.max(tl.where(lane_ok, tl.where(best_tok == token, runner, best), float("-inf")), axis=0)
-        slack = key_slack(value, _FILTER_MARGIN)
-        close = (value > float("-inf")) & (second + slack >= value)
-        risky = close | (tl.max(nan, axis=0) != 0) | (cheap != cheap)
     else:
-        exact, _ = _emit_keys(t_row, c_row, prefix, best_tok, lane_ok, ttemp, temp, w, t_max, t_inv, q_cmax,
-                              q_scale, q_inv, q_arg, residual_mode, RAW, True, HARDWARE)
-        value, token = block_argmax(exact, best_tok, lane_ok)
-        slack = key_slack(value, _FILTER_MARGIN)
-        # (no finite key: the answer is the first token whatever the noise; +inf stands in so none is close)
-        reach = tl.where(value > float("-inf"), value, float("inf"))
-        close = lane_ok & (runner >= best - slack) & (runner + slack >= reach)
-        risky = tl.max((close | (nan != 0)).to(tl.int32), axis=0) > 0
+        if WINNER:
+            # Every value other than the cheap winner's is at most its lane's best (another lane) or the winner lane's
+            # runner-up, and a cheap key is within the slack of its exact key: below ``value - slack`` it cannot
+            # reach ``value`` (a tie included). All keys -inf: the first token, as the exact keys would give. A
+            # candidate within the slack (~1.7e-4 per chunk) falls back to every lane's exact key below, which
+            # rescans only on a near-tie inside a lane, as without WINNER.
+            _, token = block_argmax(best, best_tok, lane_ok)
+            value, _ = _emit_keys(t_row, c_row, prefix, token, token < end, ttemp, temp, w, t_max, t_inv, q_cmax,
+                                  q_scale, q_inv, q_arg, residual_mode, RAW, True, HARDWARE)
+            second = tl.max(tl.where(lane_ok, tl.where(best_tok == token, runner, best), float("-inf")), axis=0)
+            lanes = (value > float("-inf")) & (second + key_slack(value, _FILTER_MARGIN) >= value)
+        else:
+            lanes = True
+        risky = tl.max(nan, axis=0) != 0
+        if lanes:
+            exact, _ = _emit_keys(t_row, c_row, prefix, best_tok, lane_ok, ttemp, temp, w, t_max, t_inv, q_cmax,
+                                  q_scale, q_inv, q_arg, residual_mode, RAW, True, HARDWARE)
+            value, token = block_argmax(exact, best_tok, lane_ok)
+            slack = key_slack(value, _FILTER_MARGIN)
+            # (no finite key: the answer is the first token whatever the noise; +inf stands in so none is close)
+            reach = tl.where(value > float("-inf"), value, float("inf"))
+            close = lane_ok & (runner >= best - slack) & (runner + slack >= reach)
+            risky = risky | (tl.max(close.to(tl.int32), axis=0) > 0)
     return value, token, tl.max(positive, axis=0), risky
 
 
@@ -948,7 +953,7 @@ def _item_compact(requests, LAG, S1, S2, C1):
 
 
 # --------------------------------------------------------------------------- the kernel
-@triton.jit(do_not_specialize=["num_slots", "requests", "LAG", "C1", "C2", "T1", "T2"])
+@triton.jit(do_not_specialize=["num_slots", "requests", "LAG", "C1", "C2", "T1", "T2", "TAIL", "C2T", "T2T"])
 def _stream_verify_kernel(
     target_ptr, t_req_stride, t_row_stride,  # [B, K+1, V] fp32 (raw when RAW)
     drafts_ptr, d_req_stride, d_step_stride,  # [B, K] int32/int64
@@ -977,6 +982,7 @@ def _stream_verify_kernel(
     GREEDY_DIRECT: tl.constexpr = False, ROW_LO: tl.constexpr = 0, ROW_HI: tl.constexpr = 0,
     CLAIM: tl.constexpr = 0, SPAN: tl.constexpr = False, EMIT_EAGER: tl.constexpr = False,
     EMIT_GATHER: tl.constexpr = False, EMIT_WINNER: tl.constexpr = False,
+    TAIL=0, C2T=0, T2T=0, TAILED: tl.constexpr = False,
 ):
     STAGES: tl.constexpr = 3 if BLOCK_METHOD else 2
     MASS_ROWS: tl.constexpr = K - 1 if (BLOCK_METHOD and K >= 2) else 0
@@ -1008,6 +1014,20 @@ def _stream_verify_kernel(
         stage, b, j, chunk, valid = _item_compact(requests, LAG, S1, C2, C1)
     else:
         stage, b, j, chunk, valid = _item(requests, LAG, S1, MASS_ROWS * C1, C2, C1, STAGES)
+    if TAILED:  # the tail's extra emit items (chunks C2 .. C2T-1 of the last TAIL requests) after every other program
+        u = tl.program_id(0).to(tl.int64) - (requests + (STAGES - 1) * LAG) * (S1 + MASS_ROWS * C1 + C2)
+        b_extra = requests - TAIL + u // (C2T - C2)
+        extra = u >= 0
+        stage = tl.where(extra, 2, stage)
+        chunk = tl.where(extra, C2 + u % (C2T - C2), chunk).to(tl.int32)
+        valid = tl.where(extra, (b_extra >= 0) & (b_extra < requests), valid)
+        b = tl.where(extra, tl.where(valid, b_extra, 0), b)
+        in_tail = b >= requests - TAIL  # (this request's emit chunks: C2T of T2T tiles)
+        EC = tl.where(in_tail, C2T, C2)
+        ET = tl.where(in_tail, T2T, T2)
+    else:
+        EC = C2
+        ET = T2
     if PHASED:
         j = j + ROW_LO  # (a stream item's row; emit items ignore it)
         if ROW_LO > 0:  # only requests that the earlier launches left undecided (accepted count = ROW_LO)
@@ -1267,23 +1287,23 @@ def _stream_verify_kernel(
         if PHASED:
             scan = scan & decided
         if scan:
-            start = chunk * T2 * EMIT_BLOCK
-            end = tl.minimum(start + T2 * EMIT_BLOCK, vocab)
-            val, tok, pos, risky = _emit_scan(t_row, c_row, prefix, start, end, T2, ttemp, temp, w, t_max, t_inv,
+            start = chunk * ET * EMIT_BLOCK
+            end = tl.minimum(start + ET * EMIT_BLOCK, vocab)
+            val, tok, pos, risky = _emit_scan(t_row, c_row, prefix, start, end, ET, ttemp, temp, w, t_max, t_inv,
                                               q_cmax, q_scale, q_inv, q_arg, rejected, RAW, not NOISE_FILTER,
                                               HARDWARE, EMIT_BLOCK, EMIT_PIPE, EMIT_DBUF, EMIT_REVERSE, EMIT_WINNER)
             if NOISE_FILTER:
                 if risky:  # a near-tie of the cheap noise (rare): the exact keys of the chunk
-                    val, tok, pos, no_risk = _emit_scan(t_row, c_row, prefix, start, end, T2, ttemp, temp, w, t_max,
+                    val, tok, pos, no_risk = _emit_scan(t_row, c_row, prefix, start, end, ET, ttemp, temp, w, t_max,
                                                   t_inv, q_cmax, q_scale, q_inv, q_arg, rejected, RAW, True,
                                                   HARDWARE, EMIT_BLOCK)
             tl.store(ea_ptr + part, val)
             tl.store(ei_ptr + part, tok)
             tl.store(eany_ptr + part, pos)
-        if _arrive(counters + 2, C2):
+        if _arrive(counters + 2, EC):
             if decided:  # (phased: an undecided request's output row comes from a later launch)
                 cc = tl.arange(0, C2P)
-                in_row = cc < C2
+                in_row = cc < EC
                 off = b * C2P + cc
                 val = tl.load(ea_ptr + off, mask=in_row, other=float("-inf"), volatile=True)
                 tok = tl.load(ei_ptr + off, mask=in_row, other=0, volatile=True)
@@ -1373,7 +1393,7 @@ class Layout:
 
     def __init__(self, batch: int, k: int, vocab: int, block: int, cuda: bool, sms: int, *, t1=None, t2=None,
                  lag=None, unroll=None, emit_block=None, resident_per_sm=RESIDENT_PER_SM, method="standard", rows=None,
-                 claim=0, span=False):
+                 claim=0, span=False, tail=None, tail_t2=None):
         rows = k + 1 if rows is None else int(rows)  # rows streamed per request (a phased launch: fewer)
         tiles = triton.cdiv(vocab, block)
         self.emit_block = int(emit_block or block)
@@ -1429,6 +1449,13 @@ class Layout:
         if lag is None:
             lag = max(1, resident // self.s1) if cuda else 1
         self.lag = int(lag)
+        # tail (standard method, one launch of every row, padded order): the last `tail` requests' emit items scan
+        # tail_t2 <= t2 tiles each (c2t >= c2 of them; the c2t - c2 extra items after every other program)
+        self.tail = min(int(tail or 0), batch) if method == "standard" and rows == k + 1 and not self.span else 0
+        self.t2t = max(1, min(int(tail_t2 or self.t2), self.t2)) if self.tail else self.t2
+        self.c2t = triton.cdiv(emit_tiles, self.t2t)
+        if self.c2t == self.c2:
+            self.tail = 0
 
 
 class StreamVerifier:
@@ -1532,6 +1559,9 @@ class StreamVerifier:
         (a near-tie within the noise bound's slack rescans the item's chunk exactly, as before); the same tokens.
         Default (None): :data:`EMIT_WINNER` except the pre-divided standard launches of :data:`EMIT_WINNER_OFF`
         requests (:meth:`winner`).
+    tail, tail_t2 : standard method, one launch in the padded order: the emit items of the last ``tail`` requests
+        (those decided last) scan ``tail_t2`` tiles each instead of ``t2``, the extra items placed after every other
+        program, so more of the machine works on the last rows; the same tokens. Default: off.
     span : standard method, one launch: the request's rows laid end to end and cut into stream items of ``t1``
         tiles that may end one row and start the next (default ``t1``: about one wave of resident items, see
         :class:`Layout`); row ``j``'s statistics combine the partials of the items that cover it. The tokens are the
@@ -1554,7 +1584,7 @@ class StreamVerifier:
                  max_registers=None, interior=None, scan_argmax=None, early=None, prefetch=None, div_unroll=None,
                  dbuf=None, compact=None, emit_prefetch=None, greedy_direct=None, phases=None, claim=None,
                  emit_dbuf=None, emit_reverse=None, span=None, emit_eager=None, emit_gather=None,
-                 emit_winner=None):
+                 emit_winner=None, tail=None, tail_t2=None):
         if int(max_batch) < 1:
             raise ValueError(f"max_batch: expected >= 1, got {max_batch}")
         if int(num_drafts) < 0:
@@ -1569,7 +1599,7 @@ class StreamVerifier:
         self.cuda = device.type in ("cuda", "meta")  # meta: tools/compile_verify.py at GPU shapes
         self.sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else (
             132 if self.cuda else 1)
-        self.overrides = dict(t1=t1, t2=t2, lag=lag, unroll=unroll)
+        self.overrides = dict(t1=t1, t2=t2, lag=lag, unroll=unroll, tail=tail, tail_t2=tail_t2)
         # Emit tiles (values per emit-scan iteration; t2 counts them): narrower than the stream tiles
         # spreads one request's emitted row over more programs at small batches.
         self.emit_block = int(emit_block) if emit_block else (min(GPU_EMIT_BLOCK, self.block) if device.type in (
@@ -1698,7 +1728,8 @@ class StreamVerifier:
         """The :class:`Layout` of a launch streaming ``rows`` rows per request (default ``K + 1``: all)."""
         return Layout(batch, self.k, self.vocab, self.block, self.cuda, self.sms, emit_block=self.emit_block,
                       resident_per_sm=self._resident(self.buffering(method, batch, raw)[1]), method=method, rows=rows,
-                      claim=self.claim, span=self._span(batch), **self.overrides)
+                      claim=self.claim, span=self._span(batch),
+                      **dict(self.overrides, tail=0 if self.compact else self.overrides["tail"]))
 
     def launches(self, batch: int, method: str = "standard") -> list:
         """``[(row_lo, row_hi)]`` of one call, the kernel's ``ROW_LO`` / ``ROW_HI``: ``[(0, 0)]`` is one launch over
@@ -1724,7 +1755,8 @@ class StreamVerifier:
             return batch * (lay.s1 + lay.c2)
         stages = 3 if method == "block" else 2
         mass_rows = self.k - 1 if (method == "block" and self.k >= 2) else 0
-        return (batch + (stages - 1) * lay.lag) * (lay.s1 + mass_rows * lay.c1 + lay.c2)
+        tail = min(lay.tail, batch) * (lay.c2t - lay.c2)  # (the tail's extra emit items)
+        return (batch + (stages - 1) * lay.lag) * (lay.s1 + mass_rows * lay.c1 + lay.c2) + tail
 
     def check(self) -> None:
         """Raise if a waiting item of an earlier launch timed out (synchronises); then reset."""
@@ -1809,14 +1841,16 @@ class StreamVerifier:
         for (row_lo, row_hi, rows), lay in zip(launches, layouts):  # in order: each reads the counts the last stored
             grid = (self._grid(lay, batch, method, rows),)
             shape = (lay.lag, lay.c1, lay.c2, lay.t1, lay.t2)
+            tailed = dict(TAIL=lay.tail, C2T=lay.c2t, T2T=lay.t2t, TAILED=True) if lay.tail else {}
             try:
                 _stream_verify_kernel[grid](*args, *shape, **meta, ROW_LO=row_lo, ROW_HI=row_hi, SPAN=lay.span,
-                                            **({"maxnreg": registers} if self._maxnreg else {}))
+                                            **tailed, **({"maxnreg": registers} if self._maxnreg else {}))
             except KeyError:  # a Triton without the maxnreg option: the compiler's own register count
                 if not self._maxnreg:
                     raise
                 self._maxnreg = False
-                _stream_verify_kernel[grid](*args, *shape, **meta, ROW_LO=row_lo, ROW_HI=row_hi, SPAN=lay.span)
+                _stream_verify_kernel[grid](*args, *shape, **meta, ROW_LO=row_lo, ROW_HI=row_hi, SPAN=lay.span,
+                                            **tailed)
         return tokens, num_emitted
 
 
