@@ -694,6 +694,21 @@ def _emit_load(t_row, c_row, token, start, end, residual_mode, REVERSE: tl.const
 
 
 @triton.jit
+def _lane_exact(t_row, c_row, prefix, best, best_tok, runner, lane_ok, ttemp, temp, w, t_max, t_inv, q_cmax, q_scale,
+                q_inv, q_arg, residual_mode, RAW: tl.constexpr, HARDWARE: tl.constexpr):
+    """:func:`_emit_scan`'s answer from every lane's exact best key: ``(value, token, close)``, ``close`` when a lane's
+    cheap runner-up is within the slack of its best and of that answer (the caller then rescans exactly)."""
+    exact, exact_pos = _emit_keys(t_row, c_row, prefix, best_tok, lane_ok, ttemp, temp, w, t_max, t_inv, q_cmax,
+                                  q_scale, q_inv, q_arg, residual_mode, RAW, True, HARDWARE)
+    value, token = block_argmax(exact, best_tok, lane_ok)
+    slack = key_slack(value, _FILTER_MARGIN)
+    # (no finite key: the answer is the first token whatever the noise; +inf stands in so none is close)
+    reach = tl.where(value > float("-inf"), value, float("inf"))
+    close = lane_ok & (runner >= best - slack) & (runner + slack >= reach)
+    return value, token, tl.max(close.to(tl.int32), axis=0) > 0
+
+
+@triton.jit
 def _emit_scan(t_row, c_row, prefix, start, end, tiles, ttemp, temp, w, t_max, t_inv, q_cmax, q_scale, q_inv,
                q_arg, residual_mode, RAW: tl.constexpr, EXACT: tl.constexpr, HARDWARE: tl.constexpr,
                BLOCK: tl.constexpr, PIPE: tl.constexpr = 1, DBUF: tl.constexpr = False,
@@ -758,29 +773,26 @@ def _emit_scan(t_row, c_row, prefix, start, end, tiles, ttemp, temp, w, t_max, t
         value, token = block_argmax(best, best_tok, lane_ok)
         risky = start < 0  # False: the exact path is the answer
     else:
+        risky = tl.max(nan, axis=0) != 0
         if WINNER:
             # Every value other than the cheap winner's is at most its lane's best (another lane) or the winner lane's
             # runner-up, and a cheap key is within the slack of its exact key: below ``value - slack`` it cannot
             # reach ``value`` (a tie included). All keys -inf: the first token, as the exact keys would give. A
-            # candidate within the slack (~1.7e-4 per chunk) falls back to every lane's exact key below, which
-            # rescans only on a near-tie inside a lane, as without WINNER.
-            _, token = block_argmax(best, best_tok, lane_ok)
-            value, _ = _emit_keys(t_row, c_row, prefix, token, token < end, ttemp, temp, w, t_max, t_inv, q_cmax,
-                                  q_scale, q_inv, q_arg, residual_mode, RAW, True, HARDWARE)
+            # candidate within the slack (~1.7e-4 per chunk) falls back to every lane's exact key, which rescans
+            # only on a near-tie inside a lane, as without WINNER.
+            cheap, token = block_argmax(best, best_tok, lane_ok)
+            value, winner_pos = _emit_keys(t_row, c_row, prefix, token, token < end, ttemp, temp, w, t_max, t_inv,
+                                           q_cmax, q_scale, q_inv, q_arg, residual_mode, RAW, True, HARDWARE)
             second = tl.max(tl.where(lane_ok, tl.where(best_tok == token, runner, best), float("-inf")), axis=0)
-            lanes = (value > float("-inf")) & (second + key_slack(value, _FILTER_MARGIN) >= value)
+            if (value > float("-inf")) & (second + key_slack(value, _FILTER_MARGIN) >= value):
+                value, token, close = _lane_exact(t_row, c_row, prefix, best, best_tok, runner, lane_ok, ttemp, temp, w,
+                                                  t_max, t_inv, q_cmax, q_scale, q_inv, q_arg, residual_mode, RAW,
+                                                  HARDWARE)
+                risky = risky | close
         else:
-            lanes = True
-        risky = tl.max(nan, axis=0) != 0
-        if lanes:
-            exact, _ = _emit_keys(t_row, c_row, prefix, best_tok, lane_ok, ttemp, temp, w, t_max, t_inv, q_cmax,
-                                  q_scale, q_inv, q_arg, residual_mode, RAW, True, HARDWARE)
-            value, token = block_argmax(exact, best_tok, lane_ok)
-            slack = key_slack(value, _FILTER_MARGIN)
-            # (no finite key: the answer is the first token whatever the noise; +inf stands in so none is close)
-            reach = tl.where(value > float("-inf"), value, float("inf"))
-            close = lane_ok & (runner >= best - slack) & (runner + slack >= reach)
-            risky = risky | (tl.max(close.to(tl.int32), axis=0) > 0)
+            value, token, close = _lane_exact(t_row, c_row, prefix, best, best_tok, runner, lane_ok, ttemp, temp, w,
+                                              t_max, t_inv, q_cmax, q_scale, q_inv, q_arg, residual_mode, RAW, HARDWARE)
+            risky = risky | close
     return value, token, tl.max(positive, axis=0), risky
 
 
@@ -1015,11 +1027,11 @@ def _stream_verify_kernel(
     else:
         stage, b, j, chunk, valid = _item(requests, LAG, S1, MASS_ROWS * C1, C2, C1, STAGES)
     if TAILED:  # the tail's extra emit items (chunks C2 .. C2T-1 of the last TAIL requests) after every other program
-        u = tl.program_id(0).to(tl.int64) - (requests + (STAGES - 1) * LAG) * (S1 + MASS_ROWS * C1 + C2)
-        b_extra = requests - TAIL + u // (C2T - C2)
-        extra = u >= 0
+        past = tl.program_id(0).to(tl.int64) - (requests + (STAGES - 1) * LAG) * (S1 + MASS_ROWS * C1 + C2)
+        b_extra = requests - TAIL + past // (C2T - C2)
+        extra = past >= 0
         stage = tl.where(extra, 2, stage)
-        chunk = tl.where(extra, C2 + u % (C2T - C2), chunk).to(tl.int32)
+        chunk = tl.where(extra, C2 + past % (C2T - C2), chunk).to(tl.int32)
         valid = tl.where(extra, (b_extra >= 0) & (b_extra < requests), valid)
         b = tl.where(extra, tl.where(valid, b_extra, 0), b)
         in_tail = b >= requests - TAIL  # (this request's emit chunks: C2T of T2T tiles)
