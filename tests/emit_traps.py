@@ -77,3 +77,20 @@ def plant_bonus_trap(row: torch.Tensor, exact: torch.Tensor, cheap: torch.Tensor
             row[lose] = x_lose
             return win, lose
     raise AssertionError(f"no trap in [0, {window}) (same_lane={same_lane}, tie={tie})")
+
+
+def plant_traps(args, specs, *, window: int, lane: int) -> dict:
+    """Turn requests of verifier inputs ``args`` (``verify_drafts``' positional list, changed in place) into bonus
+    traps: for each ``(b, same_lane, tie)`` of ``specs`` request ``b`` gets no drafts (a sampled slot: T = 0 becomes
+    1) and a trap in row 0 (:func:`plant_bonus_trap`). Returns ``{b: the token the exact keys draw}``."""
+    target, num_drafts, idx, positions, temperature, seeds = (args[i] for i in (0, 3, 4, 5, 6, 7))
+    expect = {}
+    for b, same_lane, tie in specs:
+        num_drafts[b] = 0  # the bonus keys x + g of row 0
+        slot = int(idx[b])
+        if float(temperature[slot]) == 0.0:
+            temperature[slot] = 1.0
+        exact, cheap = resample_noise_pair(seeds[slot], positions[b], target.shape[-1])
+        expect[b], _ = plant_bonus_trap(target[b, 0], exact, cheap, window=window, lane=lane, same_lane=same_lane,
+                                        tie=tie)
+    return expect

@@ -356,19 +356,11 @@ def test_stream_emit_winner_near_ties(rows):
     best keys tie exactly or differ by one ulp while the cheap keys order them the other way, in one lane of a
     1,024-value emit tile (tokens 1,024 apart in the first emit item's chunk) or in two; the emit scan with
     ``emit_winner`` on and off draw the reference's token, eagerly and from a graph replay."""
-    from tests.emit_traps import plant_bonus_trap, resample_noise_pair
+    from tests.emit_traps import plant_traps
 
     args = _case(rows, 41)
-    target, drafts, cache, num_drafts, idx, positions, temperature, seeds = args
-    expect = {}
-    for b, same_lane, tie in [(2, True, False), (3, True, True), (4, False, False), (5, False, True)]:
-        num_drafts[b] = 0
-        slot = int(idx[b])
-        if float(temperature[slot]) == 0.0:
-            temperature[slot] = 1.0
-        exact, cheap = resample_noise_pair(seeds[slot], positions[b], VOCAB)
-        expect[b], _ = plant_bonus_trap(target[b, 0], exact, cheap, window=2048, lane=1024, same_lane=same_lane,
-                                        tie=tie)
+    expect = plant_traps(args, [(2, True, False), (3, True, True), (4, False, False), (5, False, True)], window=2048,
+                         lane=1024)
     ref = dm.verify_drafts(*args)
     for b, win in expect.items():
         assert int(ref.tokens[b, 0]) == win

@@ -19,7 +19,7 @@ from dspark_markov.demo.generate import chi_square, chi_square_threshold
 from dspark_markov.verify.reference import scale_target
 from dspark_markov.verify import triton_verify_stream
 from dspark_markov.verify.triton_verify_stream import StreamVerifier, _divide, _divide_poisoned, _divisor, cached_verifier
-from tests.emit_traps import plant_bonus_trap, resample_noise_pair
+from tests.emit_traps import plant_traps
 from tests.helpers import VERIFY_VOCAB as VOCAB
 from tests.helpers import fast_interpreter_calls
 from tests.helpers import verify_case as _case
@@ -211,16 +211,8 @@ def test_emit_winner_near_ties_equal_reference():
     layouts draw the cheap keys' winner.)"""
     vocab = 300
     args = _case(17, batch=7, vocab=vocab)
-    target, drafts, cache, num_drafts, idx, positions, temperature, seeds = args
-    expect = {}
-    for b, same_lane, tie in [(2, True, False), (3, True, True), (4, False, False), (5, False, True), (6, False, False)]:
-        num_drafts[b] = 0  # the bonus keys x + g of row 0
-        slot = int(idx[b])
-        if float(temperature[slot]) == 0.0:
-            temperature[slot] = 1.0
-        exact, cheap = resample_noise_pair(seeds[slot], positions[b], vocab)
-        expect[b], _ = plant_bonus_trap(target[b, 0], exact, cheap, window=vocab, lane=128, same_lane=same_lane,
-                                        tie=tie)
+    expect = plant_traps(args, [(2, True, False), (3, True, True), (4, False, False), (5, False, True),
+                                (6, False, False)], window=vocab, lane=128)
     for options in (dict(emit_winner=1, t2=3), dict(emit_winner=1, t2=3, emit_dbuf=1, emit_reverse=1),
                     dict(emit_winner=1, t2=1), dict(emit_winner=0, t2=3)):
         out = _run(StreamVerifier(7, 3, vocab, "cpu", **options), args, "standard")

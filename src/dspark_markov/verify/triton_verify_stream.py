@@ -780,7 +780,7 @@ def _emit_scan(t_row, c_row, prefix, start, end, tiles, ttemp, temp, w, t_max, t
             # reach ``value`` (a tie included). All keys -inf: the first token, as the exact keys would give. A
             # candidate within the slack (~1.7e-4 per chunk) falls back to every lane's exact key, which rescans
             # only on a near-tie inside a lane, as without WINNER.
-            cheap, token = block_argmax(best, best_tok, lane_ok)
+            _, token = block_argmax(best, best_tok, lane_ok)
             value, winner_pos = _emit_keys(t_row, c_row, prefix, token, token < end, ttemp, temp, w, t_max, t_inv,
                                            q_cmax, q_scale, q_inv, q_arg, residual_mode, RAW, True, HARDWARE)
             second = tl.max(tl.where(lane_ok, tl.where(best_tok == token, runner, best), float("-inf")), axis=0)
@@ -1483,8 +1483,9 @@ class StreamVerifier:
     t1, t2, lag, unroll : override the :class:`Layout` (tiles per stream / emit item, lag in
         requests, tiles loaded at once).
     warps : warps per program (default 8 on the GPU).
-    noise_filter : rank the emitted row by cheap noise and compute the exact keys of each lane's
-        best only (default 1); 0: exact noise for every value. The tokens are the same.
+    noise_filter : rank the emitted row by cheap noise and compute exact keys only for the candidates it leaves
+        (each lane's best, or the winner with ``emit_winner``; default 1); 0: exact noise for every value. The
+        tokens are the same.
     emit : 0 only to profile: the emit items skip their scan (the tokens are then wrong, and the
         all-zero-residual fallback scans whole rows in one program: not a timing of the stream part).
     fused : target row ``j`` and cache row ``j`` in one loop (default on; bit-identical statistics).
@@ -1568,7 +1569,7 @@ class StreamVerifier:
     emit_gather : emit items load every row's statistics with the accepted count (one round trip, not two); the
         same tokens. Default :data:`EMIT_GATHER` (off: within 1% of the default on an H100).
     emit_winner : emit items compute the exact key of the cheap noise's winner only, not of every lane's best
-        (a near-tie within the noise bound's slack rescans the item's chunk exactly, as before); the same tokens.
+        (another candidate within the noise bound's slack: every lane's best, as without it); the same tokens.
         Default (None): :data:`EMIT_WINNER` except the pre-divided standard launches of :data:`EMIT_WINNER_OFF`
         requests (:meth:`winner`).
     tail, tail_t2 : standard method, one launch in the padded order: the emit items of the last ``tail`` requests
@@ -1767,7 +1768,7 @@ class StreamVerifier:
             return batch * (lay.s1 + lay.c2)
         stages = 3 if method == "block" else 2
         mass_rows = self.k - 1 if (method == "block" and self.k >= 2) else 0
-        tail = min(lay.tail, batch) * (lay.c2t - lay.c2)  # (the tail's extra emit items)
+        tail = lay.tail * (lay.c2t - lay.c2)  # (the tail's extra emit items; Layout keeps tail <= batch)
         return (batch + (stages - 1) * lay.lag) * (lay.s1 + mass_rows * lay.c1 + lay.c2) + tail
 
     def check(self) -> None:
