@@ -32,7 +32,10 @@ def main(argv) -> int:
     builds = ((), cuda_filtering.L2_DEFINES, cuda_filtering.L2_C4_DEFINES)
     variants = ([("filter.cu", d) for d in builds[1:]]
                 + [("filter.cu", d + extra) for extra in (cuda_filtering.PERSIST_DEFINES, cuda_filtering.CARRY_DEFINES)
-                   for d in builds])
+                   for d in builds]
+                # FLAG_L2_FIT's other sizes (8 and 4 are above)
+                + [("filter.cu", cuda_filtering.l2_defines(size)) for size in cuda_filtering.L2_FIT_SIZES
+                   if size not in (cuda_filtering.CLUSTER, 4)])
 
     version = build.nvrtc_version()
     if version != WANTED_NVRTC:

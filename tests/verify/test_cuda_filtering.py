@@ -58,18 +58,22 @@ def test_l2_row_build_compiles_for_four_blocks_per_sm(tmp_path):
     assert static <= cf.STATIC_SMEM and 4 * (static + 1024) <= 228 * 1024
 
 
-def test_four_block_l2_build_compiles_for_four_blocks_per_sm(tmp_path):
-    """The -DDF_L2_ROWS -DDF_C=4 build (FLAG_L2_CLUSTER4): 64 registers, static shared memory under the 48 KB a static
-    declaration may take, its reduced buckets (DF_RANGE x 12 bytes) as dynamic shared memory, four blocks per SM."""
-    log, _ = sm90_compile_log("filter.cu", tmp_path, defines=cf.L2_C4_DEFINES)
+@pytest.mark.parametrize("cluster", [4, 5, 6, 7])
+def test_smaller_cluster_l2_builds_compile_for_four_blocks_per_sm(tmp_path, cluster):
+    """The -DDF_L2_ROWS -DDF_C=N builds (FLAG_L2_CLUSTER4: 4; FLAG_L2_FIT: 4 to 7): 64 registers, static shared memory
+    under the 48 KB a static declaration may take, their reduced buckets (DF_RANGE x 12 bytes) as dynamic shared
+    memory, four blocks per SM."""
+    defines = cf.l2_defines(cluster)
+    assert defines == cf.L2_DEFINES + (f"DF_C={cluster}",) and (cluster != 4 or defines == cf.L2_C4_DEFINES)
+    log, _ = sm90_compile_log("filter.cu", tmp_path, defines=defines)
     entry = log[log.index("Function properties for dm_filter"):]
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", entry)
     assert int(spills.group(1)) <= 16 and int(spills.group(2)) <= 64, entry
     assert int(re.search(r"Used (\d+) registers", entry).group(1)) <= 64
     static = int(re.search(r"(\d+) bytes smem", entry).group(1))
-    assert cf.L2_C4_SMEM == cf.BUCKETS // 4 * 12 == 6144
-    assert static <= 48 * 1024 and 4 * (static + cf.L2_C4_SMEM + 1024) <= 228 * 1024
-    assert cf.slice_len(129_280, 4) == 32_320 <= cf.L2_C4_MAX_SLICE < 2**16
+    assert cf.l2_smem(cluster) == cf.L2_C4_SMEM == cf.BUCKETS // 4 * 12 == 6144  # 512 buckets of 12 bytes, 4 to 7
+    assert static <= 48 * 1024 and 4 * (static + cf.l2_smem(cluster) + 1024) <= 228 * 1024
+    assert cf.slice_len(129_280, cluster) <= cf.slice_len(129_280, 4) == 32_320 <= cf.L2_C4_MAX_SLICE < 2**16
 
 
 @pytest.mark.parametrize("variant", ["persist", "carry"])
@@ -169,8 +173,10 @@ def test_filter_kernels_builds_each_variant_with_its_defines(monkeypatch):
         cf.filter_kernels(7, True, 4)
         cf.filter_kernels(7, True, 8)  # (the same build as (7, True): loaded once)
         cf.filter_kernels(7, False, 4)  # (the cluster is the L2-row build's option: the resident build again)
+        cf.filter_kernels(7, True, 5)  # (FLAG_L2_FIT's sizes: -DDF_C=N, 6 KB of reduced buckets)
         assert calls == [((), "smem", cf.MAX_SLICE * 4), ((), "attribute", 100), (cf.L2_DEFINES, "attribute", 100),
-                         (cf.L2_C4_DEFINES, "smem", cf.L2_C4_SMEM), (cf.L2_C4_DEFINES, "attribute", 100)]
+                         (cf.L2_C4_DEFINES, "smem", cf.L2_C4_SMEM), (cf.L2_C4_DEFINES, "attribute", 100),
+                         (cf.L2_DEFINES + ("DF_C=5",), "smem", 6144), (cf.L2_DEFINES + ("DF_C=5",), "attribute", 100)]
         calls.clear()
         cf.filter_kernels(7, persist=True)  # FLAG_PERSIST: each build again with -DDF_PERSIST
         cf.filter_kernels(7, True, 8, True)
@@ -194,6 +200,25 @@ def test_filter_kernels_builds_each_variant_with_its_defines(monkeypatch):
         cf._load_filter.cache_clear()
 
 
+def test_fit_cluster_takes_the_fewest_waves_of_slices():
+    """FLAG_L2_FIT's model (cf.fit_cluster): waves of resident clusters x the slice a block reads, ties to the larger
+    cluster. With an H100's / H200's counts of the L2-row builds (~66 / 75 / 88 / 105 / 132 clusters of 8 / 7 / 6 / 5 / 4
+    blocks, four blocks per SM) a batch that fits one wave of 8 keeps 8; 96 rows (16 requests) take one wave of 5
+    instead of two of 8; where the waves come out even the larger cluster stays (384 and 1,518 rows)."""
+    fits = {8: 66, 7: 75, 6: 88, 5: 105, 4: 132}
+    vocab = 129_280
+    assert [cf.slice_len(vocab, c) for c in (8, 7, 6, 5, 4)] == [16_160, 18_472, 21_548, 25_856, 32_320]
+    picks = {rows: cf.fit_cluster(rows, fits, vocab) for rows in (6, 31, 66, 67, 75, 76, 88, 89, 96, 105, 106, 132,
+                                                                  140, 384, 1518)}
+    assert picks == {6: 8, 31: 8, 66: 8, 67: 7, 75: 7, 76: 6, 88: 6, 89: 5, 96: 5, 105: 5, 106: 8, 132: 8, 140: 7,
+                     384: 8, 1518: 8}
+    assert cf.fit_cluster(96, {8: 66}, vocab) == 8  # (only the 8-block build: it)
+    assert cf.fit_cluster(96, {8: 66, 4: 132}, vocab) == 8  # (one wave of 4 = two of 8: the tie keeps 8)
+    for rows in range(1, 2000, 7):  # never more waves x slice than the 8-block build's
+        c = cf.fit_cluster(rows, fits, vocab)
+        assert -(-rows // fits[c]) * cf.slice_len(vocab, c) <= -(-rows // 66) * 16_160
+
+
 def test_args_struct_and_constants_match_the_kernel():
     assert_args_struct_matches("filter.cu", "FilterArgs", cf.FilterArgs._fields_)
     assert ctypes.sizeof(cf.FilterArgs) == 8 * len(cf.FilterArgs._fields_)
@@ -203,7 +228,7 @@ def test_args_struct_and_constants_match_the_kernel():
                           ("DF_FLAG_ILP", cf.FLAG_ILP), ("DF_FLAG_ASYNC_LOAD", cf.FLAG_ASYNC_LOAD),
                           ("DF_FLAG_WARP_THRESHOLDS", cf.FLAG_WARP_THRESHOLDS)):
         assert re.search(rf"#define {define} {value}\b", text), define
-    assert cf.KERNEL_FLAGS == 31 and cf.FLAGS_ALL == 511 and cf.DEFAULT_FLAGS & ~cf.FLAGS_ALL == 0
+    assert cf.KERNEL_FLAGS == 31 and cf.FLAGS_ALL == 1023 and cf.DEFAULT_FLAGS & ~cf.FLAGS_ALL == 0
     assert not cf.DEFAULT_FLAGS & (cf.FLAG_PERSIST | cf.FLAG_CARRY) and cf.PERSIST_DEFINES == ("DF_PERSIST",)
     assert cf.CARRY_DEFINES == ("DF_PERSIST", "DF_CARRY")
     # (opt-in: not measured)
@@ -387,8 +412,9 @@ def emulate(logits, k, p, capacity=CAPACITY, stats=None, paths=None, refine=True
     the filtered rows. Mirrors dm_filter step by step (module doc of filter.cu); ``stats`` collects the searches
     that narrowed, ``paths`` the rows that took top-k + top-p's prefix path. ``refine`` (DF_FLAG_REFINE): a
     search's gathered bucket of more than ``small`` (DF_SMALL) tokens is narrowed by df_refine's digit passes
-    (``refined`` collects the passes per search). ``cluster`` 4: the -DDF_C=4 build (FLAG_L2_CLUSTER4), whose bucket
-    location selects the block, then a pair of adjacent buckets (one per thread), then the bucket of the pair."""
+    (``refined`` collects the passes per search). ``cluster`` 4 to 7: the -DDF_C=N builds (FLAG_L2_CLUSTER4,
+    FLAG_L2_FIT), whose bucket location selects the block, then a pair of adjacent buckets (one per thread), then the
+    bucket of the pair; with 5 to 7 blocks the last block's range of 512 runs past the 2,048 buckets (empty ones)."""
     out = logits.clone()
     rows, vocab = logits.shape
     width = cf.slice_len(vocab, cluster)
@@ -428,11 +454,14 @@ def emulate(logits, k, p, capacity=CAPACITY, stats=None, paths=None, refine=True
             qv = qm if masses else np.zeros(vocab, np.uint64)
             mass_b = np.zeros(cf.BUCKETS, np.uint64)
             np.add.at(mass_b, bucket, qv)
-            ranges = cf.BUCKETS // cluster
-            per = ranges // cf.THREADS  # buckets per thread (DF_PER): 1, or 2 with 4 blocks
-            r, _, base_cnt, base_mass = select(cnt.reshape(cluster, ranges).sum(1),
-                                               mass_b.reshape(cluster, ranges).sum(1), by_mass, target, 0, 0)
-            c_r, m_r = cnt[r * ranges:(r + 1) * ranges], mass_b[r * ranges:(r + 1) * ranges]
+            per = -(-cf.BUCKETS // (cluster * cf.THREADS))  # buckets per thread (DF_PER): 1 (8 blocks) or 2 (4-7)
+            ranges = per * cf.THREADS  # per block (DF_RANGE): with 5-7 blocks the last ranges run past the last bucket
+            pad = cluster * ranges - cf.BUCKETS  # (... as empty buckets: df_histogram leaves them 0)
+            cnt_p = np.concatenate([cnt, np.zeros(pad, cnt.dtype)])
+            mass_p = np.concatenate([mass_b, np.zeros(pad, mass_b.dtype)])
+            r, _, base_cnt, base_mass = select(cnt_p.reshape(cluster, ranges).sum(1),
+                                               mass_p.reshape(cluster, ranges).sum(1), by_mass, target, 0, 0)
+            c_r, m_r = cnt_p[r * ranges:(r + 1) * ranges], mass_p[r * ranges:(r + 1) * ranges]
             g, count, base_cnt, base_mass = select(c_r.reshape(-1, per).sum(1), m_r.reshape(-1, per).sum(1), by_mass,
                                                    target, base_cnt, base_mass)
             j = g
@@ -520,14 +549,15 @@ def assert_same(a, b):
     torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
 
 
-@pytest.mark.parametrize("cluster", [8, 4])
+@pytest.mark.parametrize("cluster", [8, 7, 6, 5, 4])
 @pytest.mark.parametrize("capacity", [CAPACITY, 16, 1])
 @pytest.mark.parametrize("refine", [(False, 256), (True, 256), (True, 2)], ids=["bitonic", "refine", "refine-2"])
 def test_emulated_search_on_hard_rows(capacity, refine, cluster):
     """The ten edge rows of the Triton filter's tests (ties, huge and -inf logits, NaN, p = 0 and below resolution,
     signed zeros), with capacity 2,048 (the kernel's), 16 and 1 (every search narrows to a single word); without
     df_refine, with it, and with it down to 2 candidates (refinement passes in almost every search); clusters of 8
-    blocks and of 4 (the 4-block L2-row build: two buckets per thread in the bucket location)."""
+    blocks and of 4 to 7 (the L2-row builds of FLAG_L2_CLUSTER4 / FLAG_L2_FIT: two buckets per thread in the bucket
+    location, and with 5-7 blocks ranges past the last bucket)."""
     refined = []
     for vocab, seed in ((777, 0), (1001, 1), (4099, 2)):
         x, k, p = hard_rows(vocab, seed)
@@ -594,7 +624,9 @@ def test_runs_only_on_cuda_and_auto_picks_it_for_one_wave(monkeypatch):
         with pytest.raises(ValueError, match=name):
             cf.CudaTopKTopPFilter(rows, vocab, "cuda")
     for flags in (cf.FLAGS_ALL + 1, -1, True, 3.0, cf.FLAG_L2_CLUSTER4, cf.FLAG_L2_CLUSTER4 | cf.KERNEL_FLAGS,
-                  cf.FLAG_CARRY, cf.FLAG_CARRY | cf.KERNEL_FLAGS | cf.FLAG_L2_ROWS):
+                  cf.FLAG_CARRY, cf.FLAG_CARRY | cf.KERNEL_FLAGS | cf.FLAG_L2_ROWS, cf.FLAG_L2_FIT,
+                  cf.FLAG_L2_FIT | cf.KERNEL_FLAGS, cf.FLAG_L2_FIT | cf.FLAG_L2_ROWS | cf.FLAG_L2_CLUSTER4,
+                  cf.FLAG_L2_FIT | cf.FLAG_L2_ROWS | cf.FLAG_PERSIST):
         with pytest.raises(ValueError, match="flags"):
             cf.CudaTopKTopPFilter(2, 300, "cuda", flags=flags)
 
@@ -734,6 +766,7 @@ def test_launch_arguments(monkeypatch):
     filt.slice, filt.smem, filt.kernels = cf.slice_len(1001), cf.smem_bytes(1001), Recorder()
     filt.l2_kernels, filt.l2_cluster, filt.l2_slice, filt.l2_smem = None, 8, cf.slice_len(1001), 0
     filt.clusters = filt.l2_clusters = None  # (FLAG_PERSIST off: a cluster per row)
+    filt.l2_fits = {}  # (FLAG_L2_FIT off)
     filt.stats = torch.zeros(2, dtype=torch.int32)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 0})())
     x, out = torch.randn(5, 1001), torch.empty(5, 1001)
@@ -789,6 +822,22 @@ def test_launch_arguments(monkeypatch):
     filt.filter(padded, 50, 0.9, padded)  # (fewer rows than clusters: one per row)
     assert [(w, g, a.rows) for w, g, _, _, a in launches] == [("l2", 3 * 4, 5), ("dm_filter", 2 * 8, 5),
                                                              ("dm_filter", 5 * 8, 5)]
+    # FLAG_L2_FIT: the size whose waves x slice is least (5 rows: two clusters of 8 take 3 waves of 128-token slices,
+    # five clusters of 5 one wave of 204), its build, shared memory and slice; top-k keeps the resident build
+    launches.clear()
+    persistent = filt.clusters, filt.l2_clusters
+    filt.clusters = filt.l2_clusters = None
+    filt.l2_cluster, filt.l2_slice, filt.l2_smem = 8, cf.slice_len(1001), 0
+    filt.l2_fits = {8: (filt.l2_kernels, 2), 5: (L2Recorder(), 5)}
+    filt.filter(padded, None, 0.9, padded)
+    filt.filter(padded, 50, 0.9, padded)
+    filt.l2_fits[8] = (filt.l2_kernels, 5)  # (one wave of 8 now: the larger cluster)
+    filt.filter(padded, None, 0.9, padded)
+    assert [(w, g, sm, a.slice) for w, g, _, sm, a in launches] == [("l2", 5 * 5, 6144, 204),
+                                                                    ("dm_filter", 5 * 8, 128 * 4, 128),
+                                                                    ("l2", 5 * 8, 0, 128)]
+    filt.l2_fits = {}
+    filt.clusters, filt.l2_clusters = persistent
     # the build bits (L2_ROWS, L2_CLUSTER4, PERSIST, CARRY) stay out of FilterArgs.flags
     launches.clear()
     filt.flags = cf.FLAGS_ALL

@@ -20,6 +20,8 @@
 #   bash tools/gpu_plans/issue16_cluster.sh persist_sanitize # budget ~65 s: memcheck + racecheck, 415, 3 clusters
 #   bash tools/gpu_plans/issue16_cluster.sh persist_sanitize_l2 # budget ~65 s: the same with 447 (the L2-row build)
 #   bash tools/gpu_plans/issue16_cluster.sh persist_time # budget ~230 s: 31 / 63 beside 159 / 191 / 415 / 447
+#   bash tools/gpu_plans/issue16_cluster.sh fit       # budget ~150 s: stop 40's FLAG_L2_FIT (575): its GPU tests, memcheck / racecheck
+#   bash tools/gpu_plans/issue16_cluster.sh fit_time  # budget ~200 s: 63 beside 575, p alone at 11-16 / 64 / 253 requests
 # Results go to $JOB_OUT (default ./gpu_plan_out). NVRTC builds filter.cu in ~1 s (cached on disk).
 # If the first launch fails with an invalid-configuration error: cuLaunchKernel is assumed to honour the
 # compile-time __cluster_dims__(8, 1, 1) (the CUDA guide: such a kernel launches with <<< >>>); the fallback is
@@ -216,6 +218,27 @@ ncu_l2)
   # (~80 s) the ncu part on the L2-row build (flags 63): its L2 hit rate and DRAM bytes say whether the rows stayed in L2
   FILTER_FLAGS=63 bash "$0" ncu
   ;;
+fit)
+  # (~100-140 s) FLAG_L2_FIT (stop 40, written without a GPU; the 8- and 4-block builds' SASS unchanged,
+  # tools/cuda_sass.py): the L2-row build's cluster size picked per call (cuda_filtering.fit_cluster), builds of 5, 6, 7
+  # blocks whose last block's range of reduced buckets runs past the 2,048 buckets. Each size forced on 96 rows of top-p
+  # alone at V = 1,001 / 50,258 / 129,280 (test_every_fit_cluster_size_equals_reference; it prints the resident
+  # clusters per size: expected ~66 / 75 / 88 / 105 / 132 for 8 / 7 / 6 / 5 / 4), the flags 575 cases of the file, then
+  # memcheck + racecheck with 5 and 7 blocks forced. A failure with 5-7 only: the empty buckets (df_histogram's guard)
+  # or the slice arithmetic.
+  timeout -k 2 100 python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/gpu/test_cuda_filtering_gpu.py \
+    -k "fit_cluster or 575" 2>&1 | tee "$OUT/fit_tests.txt" | grep -E "resident clusters|passed|failed|Error" | tail -8
+  FILTER_FLAGS=575 FILTER_FIT=5 bash "$0" sanitize_only memcheck racecheck
+  FILTER_FLAGS=575 FILTER_FIT=7 bash "$0" sanitize_only memcheck
+  ;;
+fit_time)
+  # (~190 s) 63 beside 575 (FLAG_L2_FIT), p alone and k + p (k + p runs the resident build either way: a control), at
+  # 11 / 14 / 16 requests (66 / 84 / 96 rows: expected sizes 8 / 6 / 5 from the counts above) and 64 / 253 (expected 8:
+  # the same kernel, a control of the noise). Expected at 16 requests: ~0.8 x 63's (one wave of slices 1.6 x as long
+  # instead of two waves), i.e. H200 ~85-95 us against 104-114 (issue 16's target: <= 100).
+  timeout -k 2 190 python3 tools/time_filter.py --cuda-only --cuda-flags 63,575 11,14,16,64,253 2>&1 \
+    | tee "$OUT/fit_bench.txt" | grep -E "^filter_row|rows needing|Error"
+  ;;
 sanitize_only)
   # (used by `flags_sanitize`) memcheck / racecheck on 16 aligned rows of V = 4,099 with FILTER_FLAGS (default 3),
   # tools in $2...
@@ -233,6 +256,9 @@ filt = cf.CudaTopKTopPFilter(16, 4099, "cuda", flags=int(os.environ.get("FILTER_
 clusters = int(os.environ.get("FILTER_CLUSTERS", "0"))  # FLAG_PERSIST: fewer clusters than rows (the loop over rows)
 if clusters:
     filt.cap_clusters(clusters)
+fit = int(os.environ.get("FILTER_FIT", "0"))  # FLAG_L2_FIT: one cluster size forced (5-7: a last range partly empty)
+if fit:
+    filt.l2_fits = {fit: filt.l2_fits[fit]}
 t = torch.full((16,), 0.7, device="cuda")
 for k, p, temp in ((50, 0.9, None), (None, 0.9, None), (7, None, None), (None, 0.9, t)):
     y = torch.full((16, 4100), 5.0, device="cuda")[:, :4099]
@@ -243,7 +269,7 @@ print("calls done, flags", filt.flags, "narrowed searches:", filt.stats.tolist()
 PY
   for tool in "$@"; do
     timeout -k 2 55 compute-sanitizer --tool $tool --print-limit 30 python3 "$OUT/cluster_call_flags.py" \
-      > "$OUT/cluster_sanitize_flags${FILTER_FLAGS:-3}_$tool.log" 2>&1 &
+      > "$OUT/cluster_sanitize_flags${FILTER_FLAGS:-3}${FILTER_FIT:+_c$FILTER_FIT}_$tool.log" 2>&1 &
   done
   wait
   for tool in "$@"; do

@@ -7,7 +7,7 @@
 // division; T = 0 unscaled), and the filter works on, and writes, the divided row: the output is bit for bit the
 // filter of the pre-divided logits, without a separate temperature pass (issue 18).
 //
-// One launch, one cluster of DF_C = 8 blocks per row (4 in the -DDF_C=4 L2-row build); block `rank` holds tokens
+// One launch, one cluster of DF_C = 8 blocks per row (4 to 8 in the L2-row build: -DDF_C=N); block `rank` holds tokens
 // [rank S, rank S + S) of the row in shared memory (S = ceil(V / DF_C) rounded up to 4: 64,640 bytes at V = 129,280,
 // two blocks per SM; the -DDF_L2_ROWS build re-reads them from L2 instead):
 //   1. load the slice once (16-byte streaming loads), its max and NaN flag; cluster barrier; every block reads the
@@ -50,7 +50,9 @@
 // alone from 31 rows): no slice in shared memory, every pass re-reads the block's slice from global memory (kept in
 // L2 by an evict_last policy; the last read evict_first), four blocks per SM at 64 registers: twice the rows in
 // flight, each row slower. With -DDF_C=4 as well (FLAG_L2_CLUSTER4, opt-in: exact, slower) clusters of 4 blocks, two
-// level-1 buckets per thread in the reductions. The resident build's SASS is unchanged by the macros (DF_AT & co.
+// level-1 buckets per thread in the reductions; with -DDF_C=5, 6 or 7 (FLAG_L2_FIT, stop 40: the cluster size picked per
+// call so that a batch fills the device's clusters in fewer waves) the same, the last block's range partly empty.
+// The resident build's SASS is unchanged by the macros (DF_AT & co.
 // expand to the shared-memory reads). Either build with -DDF_PERSIST (FLAG_PERSIST, opt-in: exact, slower on the H200):
 // persistent clusters, the next row's slice prefetched into L2, and with -DDF_CARRY as well loaded during a row's
 // write (see df_row, DfCarry).
@@ -63,15 +65,18 @@
 namespace dm {
 
 #ifndef DF_C
-#define DF_C 8            // blocks per cluster (one row); -DDF_C=4 with -DDF_L2_ROWS: the 4-block L2-row build
+#define DF_C 8            // blocks per cluster (one row); -DDF_C=4 to 7 with -DDF_L2_ROWS: L2-row builds of N blocks
 #endif
 #define DF_T 256          // threads per block
 #define DF_NB 2048        // level-1 buckets: 1/64 of a logit wide below the max, the last one open
-#define DF_RANGE (DF_NB / DF_C)  // buckets reduced by each block
-#define DF_PER (DF_RANGE / DF_T)  // ... per thread: 1 (8 blocks) or 2 (4 blocks: adjacent buckets, better first)
-static_assert(DF_C == 8 || DF_C == 4, "DF_C: 8 or 4 blocks per cluster");
+// Buckets reduced by each thread (DF_PER) and block (DF_RANGE): 1 and 256 with 8 blocks, 2 and 512 with 4 to 7 (adjacent
+// buckets, better first). With 5, 6 or 7 blocks DF_C DF_RANGE exceeds DF_NB: the last block's range runs past the
+// last bucket, and those reduced buckets are empty (count and mass 0: never selected; see df_histogram).
+#define DF_PER ((DF_NB + DF_C * DF_T - 1) / (DF_C * DF_T))
+#define DF_RANGE (DF_PER * DF_T)
+static_assert(DF_C >= 4 && DF_C <= 8, "DF_C: 4 to 8 blocks per cluster");
 #if DF_C != 8 && !defined(DF_L2_ROWS)
-#error "DF_C=4 is the L2-row build's option (-DDF_L2_ROWS): a resident slice of V / 4 leaves one block per SM"
+#error "DF_C < 8 is the L2-row build's option (-DDF_L2_ROWS): a resident slice of V / DF_C leaves one block per SM"
 #endif
 #define DF_CAP 2048       // most candidates gathered and sorted at once
 #define DF_SCALE 64.0f
@@ -858,7 +863,14 @@ __device__ __noinline__ void df_histogram(const float* s_x, int n, float m, bool
 #pragma unroll
   for (int e = 0; e < DF_PER; ++e) {  // thread t: buckets [DF_PER t, DF_PER t + DF_PER) of the block's range
     u64 c, s;
+#if DF_C * DF_RANGE > DF_NB  // (5 to 7 blocks: the last block's range ends past the last bucket; those stay empty)
+    const u32 bucket = rank * DF_RANGE + DF_PER * tid + e;
+    c = 0;
+    s = 0;
+    if (bucket < DF_NB) df_bin_sum(bins, DF_NB, bucket, c, s);
+#else
     df_bin_sum(bins, DF_NB, rank * DF_RANGE + DF_PER * tid + e, c, s);
+#endif
     s_rcnt[DF_PER * tid + e] = (u32)c;
     s_rmass[DF_PER * tid + e] = s;
     cnt += c;
@@ -933,8 +945,8 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
 #if DF_C == 8
   __shared__ u64 s_rmass[DF_RANGE];              // this block's reduced buckets
   __shared__ u32 s_rcnt[DF_RANGE];
-#else  // (static shared memory stops at 48 KB: the 4-block build's 512 reduced buckets are its dynamic shared memory,
-       // DF_RANGE x 12 bytes; verify/cuda_filtering.L2_C4_SMEM)
+#else  // (static shared memory stops at 48 KB: the 4- to 7-block builds' 512 reduced buckets are their dynamic shared
+       // memory, DF_RANGE x 12 bytes; verify/cuda_filtering.l2_smem)
   extern __shared__ __align__(16) u64 s_dyn[];
   u64* const s_rmass = s_dyn;
   u32* const s_rcnt = reinterpret_cast<u32*>(s_dyn + DF_RANGE);

@@ -117,14 +117,22 @@ FLAG_PERSIST = 128
 # groups beside its own and tracks their max, so the next row starts with its slice arriving or its max known: its
 # load phase (and in the L2-row build its whole first pass over the slice) leaves the row's chain of phases.
 FLAG_CARRY = 256
+# L2_FIT (this module, with L2_ROWS; stop 40): the L2-row build's cluster size picked per call from L2_FIT_SIZES, the
+# one that takes the fewest waves of its resident clusters times its slice (fit_cluster): a row's passes take about
+# its slice's time, and a batch a few rows past one wave of 8-block clusters otherwise waits for a second wave of them.
+# E.g. 96 rows (16 requests) on an H100 / H200: ~66 resident clusters of 8 (two waves) against ~100 of 5 (one wave of
+# slices 1.6 times as long): 5 blocks. Builds -DDF_C=5, 6 and 7 (the last block's range of reduced buckets partly
+# empty), loaded with the filter. Not with FLAG_L2_CLUSTER4 (a fixed size) or FLAG_PERSIST (persistent clusters).
+FLAG_L2_FIT = 512
+L2_FIT_SIZES = (8, 7, 6, 5, 4)  # cluster sizes FLAG_L2_FIT chooses from (each a build of its own)
 KERNEL_FLAGS = FLAG_MASK_GATHER | FLAG_REFINE | FLAG_ILP | FLAG_ASYNC_LOAD | FLAG_WARP_THRESHOLDS  # FilterArgs.flags
-FLAGS_ALL = KERNEL_FLAGS | FLAG_L2_ROWS | FLAG_L2_CLUSTER4 | FLAG_PERSIST | FLAG_CARRY
+FLAGS_ALL = KERNEL_FLAGS | FLAG_L2_ROWS | FLAG_L2_CLUSTER4 | FLAG_PERSIST | FLAG_CARRY | FLAG_L2_FIT
 L2_DEFINES = ("DF_L2_ROWS",)
 L2_C4_DEFINES = ("DF_L2_ROWS", "DF_C=4")
 PERSIST_DEFINES = ("DF_PERSIST",)
 CARRY_DEFINES = ("DF_PERSIST", "DF_CARRY")
-L2_C4_MAX_SLICE = 65_532  # the 4-block build's slice: the bins' 16-bit mass words hold <= 65,535 tokens
-L2_C4_SMEM = BUCKETS // 4 * 12  # its dynamic shared memory: the block's 512 reduced buckets (u64 mass, u32 count)
+L2_C4_MAX_SLICE = 65_532  # a build of fewer than 8 blocks: its slice (the bins' 16-bit mass words hold <= 65,535 tokens)
+L2_C4_SMEM = BUCKETS // 4 * 12  # the 4-block build's dynamic shared memory: its 512 reduced buckets (u64 mass, u32 count)
 # FLAG_L2_ROWS applies to calls of top-p alone of at least this many rows (smaller ones, and top-k, the resident build):
 # one wave of the resident build holds ~30 rows, the L2-row build twice as many, each slower (H100 2026-12-05, p = 0.9
 # alone: 30 rows 40.5-44.1 us resident against 47.2-50.0 in L2; 96 rows 117-137 against 115-124; 1,518 rows
@@ -142,6 +150,27 @@ def slice_len(vocab: int, cluster: int = CLUSTER) -> int:
     """Tokens per block: ``ceil(V / cluster)`` rounded up to a multiple of 4 (16-byte rows in shared memory)."""
     per_block = -(-vocab // cluster)
     return -(-per_block // 4) * 4
+
+
+def l2_defines(cluster: int) -> tuple:
+    """The compile-time defines of the L2-row build with ``cluster`` blocks per row (4 to 8)."""
+    return L2_DEFINES if cluster == CLUSTER else L2_DEFINES + (f"DF_C={cluster}",)
+
+
+def l2_smem(cluster: int) -> int:
+    """Dynamic shared memory of a block of the L2-row build with ``cluster`` blocks: none with 8 (its reduced buckets
+    are static), else its reduced buckets, ``DF_RANGE`` x 12 bytes (filter.cu DF_PER: buckets per thread)."""
+    if cluster == CLUSTER:
+        return 0
+    per = -(-BUCKETS // (cluster * THREADS))
+    return per * THREADS * 12
+
+
+def fit_cluster(rows: int, fits: dict, vocab: int) -> int:
+    """FLAG_L2_FIT's cluster size for a call of ``rows`` rows: of ``fits`` (cluster size -> resident clusters), the
+    one with the fewest ``waves x slice`` (``waves = ceil(rows / clusters)``, a row's time taken as its slice's);
+    a tie goes to the larger cluster (shorter rows, fewer clusters to fill). ``fits`` holds 8 at least."""
+    return min(fits, key=lambda c: (-(-rows // fits[c]) * slice_len(vocab, c), -c))
 
 
 def smem_bytes(vocab: int) -> int:
@@ -166,13 +195,13 @@ def filter_kernels(device_index: int, l2_rows: bool = False, cluster: int = CLUS
 def _load_filter(device_index: int, l2_rows: bool, cluster: int, persist: bool = False, carry: bool = False):
     from ..cuda import build
 
-    defines = (L2_C4_DEFINES if cluster == 4 else L2_DEFINES) if l2_rows else ()
+    defines = l2_defines(cluster) if l2_rows else ()
     defines += (CARRY_DEFINES if carry else PERSIST_DEFINES) if persist else ()
     kernels = cuda.load_kernels("filter.cu", KERNELS, device_index, defines=defines)
     if not l2_rows:
         kernels.set_dynamic_smem(KERNELS[0], MAX_SLICE * 4)
-    elif cluster == 4:  # (static + dynamic above 48 KB needs the limit raised, even for 6 KB of dynamic)
-        kernels.set_dynamic_smem(KERNELS[0], L2_C4_SMEM)
+    elif cluster != CLUSTER:  # (static + dynamic above 48 KB needs the limit raised, even for 6 KB of dynamic)
+        kernels.set_dynamic_smem(KERNELS[0], l2_smem(cluster))
     kernels.set_attribute(KERNELS[0], build.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
     return kernels
 
@@ -195,7 +224,9 @@ def _default_kernels(device_index: int):
     alone), so that ``auto`` never picks a filter whose construction would then fail."""
     kernels = filter_kernels(device_index)
     if DEFAULT_FLAGS & FLAG_L2_ROWS:
-        filter_kernels(device_index, True, 4 if DEFAULT_FLAGS & FLAG_L2_CLUSTER4 else CLUSTER)
+        sizes = L2_FIT_SIZES if DEFAULT_FLAGS & FLAG_L2_FIT else (4 if DEFAULT_FLAGS & FLAG_L2_CLUSTER4 else CLUSTER,)
+        for size in sizes:
+            filter_kernels(device_index, True, size)
     return kernels
 
 
@@ -242,8 +273,8 @@ class CudaTopKTopPFilter:
     ``filter(logits, k, p, out)`` has :class:`.triton_filtering.TopKTopPFilter`'s interface: ``logits`` ``[B, V]``
     fp32 CUDA (last stride 1), ``k`` / ``p`` None, Python scalars or validated ``[B]`` tensors (int32 / int64,
     fp32; ``filtering._check``), ``out`` ``[B, V]`` fp32 (``logits`` itself: in place; any other overlap is refused).
-    One launch of ``B * 8`` blocks (``B * 4`` in the 4-block L2-row build; with :data:`FLAG_PERSIST` at most as many
-    clusters as fit at once); nothing allocated per call (CUDA-graph safe). ``stats`` (``[2]`` int32, CUDA):
+    One launch of ``B * 8`` blocks (``B * 4`` in the 4-block L2-row build, ``B * fit_cluster(B)`` with
+    :data:`FLAG_L2_FIT`; with :data:`FLAG_PERSIST` at most as many clusters as fit at once); nothing allocated per call (CUDA-graph safe). ``stats`` (``[2]`` int32, CUDA):
     ``[0]`` counts the searches that needed narrowing passes (flat or heavily tied buckets), a running total;
     ``[1]`` is non-zero if a search ever found no token at its target (bits 1 / 2: a broken invariant, that row
     kept every token) or a row reached the L2-row build misaligned or to be divided (bit 4: left unfiltered; the
@@ -268,9 +299,13 @@ class CudaTopKTopPFilter:
         if flags & FLAG_CARRY and not flags & FLAG_PERSIST:
             raise ValueError(f"flags: FLAG_CARRY ({FLAG_CARRY}) is an option of the persistent builds: set "
                              f"FLAG_PERSIST ({FLAG_PERSIST}) with it, got {flags}")
-        if flags & FLAG_L2_CLUSTER4 and not flags & FLAG_L2_ROWS:
-            raise ValueError(f"flags: FLAG_L2_CLUSTER4 ({FLAG_L2_CLUSTER4}) is an option of the L2-row build: set "
-                             f"FLAG_L2_ROWS ({FLAG_L2_ROWS}) with it, got {flags}")
+        for option, name in ((FLAG_L2_CLUSTER4, "FLAG_L2_CLUSTER4"), (FLAG_L2_FIT, "FLAG_L2_FIT")):
+            if flags & option and not flags & FLAG_L2_ROWS:
+                raise ValueError(f"flags: {name} ({option}) is an option of the L2-row build: set FLAG_L2_ROWS "
+                                 f"({FLAG_L2_ROWS}) with it, got {flags}")
+        if flags & FLAG_L2_FIT and flags & (FLAG_L2_CLUSTER4 | FLAG_PERSIST):
+            raise ValueError(f"flags: FLAG_L2_FIT ({FLAG_L2_FIT}) picks the cluster size per call: not with "
+                             f"FLAG_L2_CLUSTER4 ({FLAG_L2_CLUSTER4}) or FLAG_PERSIST ({FLAG_PERSIST}), got {flags}")
         why = cuda.availability(device, build=False)
         if why is not None:
             raise ValueError(f"impl: 'cuda' top-k / top-p cannot run here: {why}")
@@ -290,6 +325,18 @@ class CudaTopKTopPFilter:
         self.clusters = resident_clusters(self.kernels, CLUSTER, self.smem) if persist else None
         self.l2_clusters = (resident_clusters(self.l2_kernels, self.l2_cluster, self.l2_smem)
                             if persist and self.l2_kernels is not None else None)
+        # FLAG_L2_FIT: cluster size -> (build, resident clusters) of the sizes the device reports (8 always: the
+        # fallback, counted as one cluster per row when the driver cannot say); only where a batch can take more than
+        # one wave of 8-block clusters
+        self.l2_fits = {}
+        if flags & FLAG_L2_FIT and max_rows >= L2_MIN_ROWS:
+            for size in L2_FIT_SIZES:
+                if size != CLUSTER and slice_len(vocab, size) > L2_C4_MAX_SLICE:
+                    continue
+                kernels = self.l2_kernels if size == CLUSTER else filter_kernels(device.index, True, size)
+                count = resident_clusters(kernels, size, l2_smem(size))
+                if count is not None or size == CLUSTER:
+                    self.l2_fits[size] = (kernels, count if count is not None else max_rows)
         self.stats = torch.zeros(2, dtype=torch.int32, device=device)
 
     def filter(self, logits, k, p, out, temperature=None):
@@ -328,10 +375,21 @@ class CudaTopKTopPFilter:
             t_value=1.0 if t_per_row or temperature is None else f32(temperature), flags=self.flags & KERNEL_FLAGS)
         kernels, cluster, smem, fit = ((self.l2_kernels, self.l2_cluster, self.l2_smem, self.l2_clusters) if l2
                                        else (self.kernels, CLUSTER, self.smem, self.clusters))
+        if l2 and self.l2_fits:
+            cluster = self.fit_cluster(rows)
+            kernels, smem = self.l2_fits[cluster][0], l2_smem(cluster)
+            args.slice = slice_len(vocab, cluster)
         clusters = rows if fit is None else min(rows, fit)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         kernels.launch(KERNELS[0], clusters * cluster, THREADS, smem, stream, [args])
         return out
+
+    def fit_cluster(self, rows: int) -> int:
+        """The L2-row build's cluster size for a call of top-p alone on ``rows`` aligned rows: :func:`fit_cluster` over
+        the sizes loaded for :data:`FLAG_L2_FIT`, else the fixed one (``l2_cluster``)."""
+        if not self.l2_fits:
+            return self.l2_cluster
+        return fit_cluster(rows, {size: count for size, (_, count) in self.l2_fits.items()}, self.vocab)
 
     def cap_clusters(self, count: int) -> None:
         """:data:`FLAG_PERSIST`: launch at most ``count`` clusters, fewer than fit at once, so that every cluster loops
