@@ -194,29 +194,28 @@ def test_filter_kernels_builds_each_variant_with_its_defines(monkeypatch):
         assert calls == [(carry, "smem", cf.MAX_SLICE * 4), (carry, "attribute", 100),
                          (cf.L2_DEFINES + carry, "attribute", 100)]
         calls.clear()
-        cf._default_kernels(7)  # what auto's availability check loads: the default flags' builds (cached above)
+        cf._default_kernels(7)  # what auto's availability check loads: the default flags' builds (FLAG_L2_FIT: 7, 6)
+        assert calls == [(cf.L2_DEFINES + (f"DF_C={c}",), what, value) for c in (7, 6)
+                         for what, value in (("smem", 6144), ("attribute", 100))]
+        calls.clear()
+        cf._default_kernels(7)  # (every one cached now)
         assert calls == []
     finally:
         cf._load_filter.cache_clear()
 
 
-def test_fit_cluster_takes_the_fewest_waves_of_slices():
-    """FLAG_L2_FIT's model (cf.fit_cluster): waves of resident clusters x the slice a block reads, ties to the larger
-    cluster. With an H100's / H200's counts of the L2-row builds (~66 / 75 / 88 / 105 / 132 clusters of 8 / 7 / 6 / 5 / 4
-    blocks, four blocks per SM) a batch that fits one wave of 8 keeps 8; 96 rows (16 requests) take one wave of 5
-    instead of two of 8; where the waves come out even the larger cluster stays (384 and 1,518 rows)."""
-    fits = {8: 66, 7: 75, 6: 88, 5: 105, 4: 132}
-    vocab = 129_280
-    assert [cf.slice_len(vocab, c) for c in (8, 7, 6, 5, 4)] == [16_160, 18_472, 21_548, 25_856, 32_320]
-    picks = {rows: cf.fit_cluster(rows, fits, vocab) for rows in (6, 31, 66, 67, 75, 76, 88, 89, 96, 105, 106, 132,
-                                                                  140, 384, 1518)}
-    assert picks == {6: 8, 31: 8, 66: 8, 67: 7, 75: 7, 76: 6, 88: 6, 89: 5, 96: 5, 105: 5, 106: 8, 132: 8, 140: 7,
+def test_fit_cluster_takes_one_wave_of_the_largest_cluster_that_holds_the_batch():
+    """FLAG_L2_FIT's rule (cf.fit_cluster) with an H100's resident clusters of the L2-row builds (62 / 69 / 79 / 94 of 8
+    / 7 / 6 / 5 blocks, measured 2026-12-06): one wave of 8 when it holds the batch, else one wave of the largest
+    smaller cluster that does (66 rows: 7; 84: 5), else 8 (a batch beyond one wave of 5 takes waves of 8)."""
+    fits = {8: 62, 7: 69, 6: 79, 5: 94}
+    picks = {rows: cf.fit_cluster(rows, fits) for rows in (1, 6, 31, 62, 63, 66, 69, 70, 79, 80, 84, 94, 95, 96, 384,
+                                                           1518)}
+    assert picks == {1: 8, 6: 8, 31: 8, 62: 8, 63: 7, 66: 7, 69: 7, 70: 6, 79: 6, 80: 5, 84: 5, 94: 5, 95: 8, 96: 8,
                      384: 8, 1518: 8}
-    assert cf.fit_cluster(96, {8: 66}, vocab) == 8  # (only the 8-block build: it)
-    assert cf.fit_cluster(96, {8: 66, 4: 132}, vocab) == 8  # (one wave of 4 = two of 8: the tie keeps 8)
-    for rows in range(1, 2000, 7):  # never more waves x slice than the 8-block build's
-        c = cf.fit_cluster(rows, fits, vocab)
-        assert -(-rows // fits[c]) * cf.slice_len(vocab, c) <= -(-rows // 66) * 16_160
+    assert cf.fit_cluster(66, {8: 62}) == 8  # (only the 8-block build: it)
+    assert cf.fit_cluster(66, {8: 62, 5: 94}) == 5  # (a size the device did not report is not a candidate)
+    assert cf.L2_FIT_SIZES == (8, 7, 6, 5) and 4 not in cf.L2_FIT_SIZES  # (one wave of 4 measured no faster)
 
 
 def test_args_struct_and_constants_match_the_kernel():
@@ -822,8 +821,8 @@ def test_launch_arguments(monkeypatch):
     filt.filter(padded, 50, 0.9, padded)  # (fewer rows than clusters: one per row)
     assert [(w, g, a.rows) for w, g, _, _, a in launches] == [("l2", 3 * 4, 5), ("dm_filter", 2 * 8, 5),
                                                              ("dm_filter", 5 * 8, 5)]
-    # FLAG_L2_FIT: the size whose waves x slice is least (5 rows: two clusters of 8 take 3 waves of 128-token slices,
-    # five clusters of 5 one wave of 204), its build, shared memory and slice; top-k keeps the resident build
+    # FLAG_L2_FIT: 5 rows, two clusters of 8 or five of 5 at once: one wave of 5 (its build, shared memory and
+    # slice); top-k keeps the resident build
     launches.clear()
     persistent = filt.clusters, filt.l2_clusters
     filt.clusters = filt.l2_clusters = None

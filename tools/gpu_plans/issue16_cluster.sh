@@ -22,6 +22,7 @@
 #   bash tools/gpu_plans/issue16_cluster.sh persist_time # budget ~230 s: 31 / 63 beside 159 / 191 / 415 / 447
 #   bash tools/gpu_plans/issue16_cluster.sh fit       # budget ~150 s: stop 40's FLAG_L2_FIT (575): its GPU tests, memcheck / racecheck
 #   bash tools/gpu_plans/issue16_cluster.sh fit_time  # budget ~200 s: 63 beside 575, p alone at 11-16 / 64 / 253 requests
+#   bash tools/gpu_plans/issue16_cluster.sh fit2      # budget ~170 s: stop 40's one-wave rule, default 575: 12-16 requests, the file's tests
 # Results go to $JOB_OUT (default ./gpu_plan_out). NVRTC builds filter.cu in ~1 s (cached on disk).
 # If the first launch fails with an invalid-configuration error: cuLaunchKernel is assumed to honour the
 # compile-time __cluster_dims__(8, 1, 1) (the CUDA guide: such a kernel launches with <<< >>>); the fallback is
@@ -239,6 +240,17 @@ fit_time)
   timeout -k 2 190 python3 tools/time_filter.py --cuda-only --cuda-flags 63,575 11,14,16,64,253 2>&1 \
     | tee "$OUT/fit_bench.txt" | grep -E "^filter_row|rows needing|Error"
   ;;
+fit2)
+  # (~120-160 s) after fit / fit_time (H100, stop 40: resident clusters 62 / 69 / 79 / 94 / 124 of 8 / 7 / 6 / 5 / 4;
+  # one wave of 7 at 66 rows and of 5 at 84 faster than two waves of 8, five waves of 6 at 384 rows slower) the rule is
+  # "one wave of the largest cluster that holds the batch, else 8" and 575 the default. Timed: 12 / 13 / 15 requests
+  # (72 / 78 / 90 rows: 6, 6, 5 blocks; not measured before) and 16 / 64 (8: a control). Then the cluster filter's GPU
+  # test file without the persist cases (the default flags now 575).
+  timeout -k 2 60 python3 tools/time_filter.py --cuda-only --cuda-flags 63,575 12,13,15,16,64 2>&1 \
+    | tee "$OUT/fit2_bench.txt" | grep -E "^filter_row|rows needing|Error"
+  timeout -k 2 100 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_filtering_gpu.py \
+    -k "not (159 or 191 or 255 or 415 or 447 or 511 or 407 or persistent)" 2>&1 | tee "$OUT/fit2_tests.txt" | tail -4
+  ;;
 sanitize_only)
   # (used by `flags_sanitize`) memcheck / racecheck on 16 aligned rows of V = 4,099 with FILTER_FLAGS (default 3),
   # tools in $2...
@@ -273,7 +285,7 @@ PY
   done
   wait
   for tool in "$@"; do
-    echo "== $tool (flags ${FILTER_FLAGS:-3})"; tail -3 "$OUT/cluster_sanitize_flags${FILTER_FLAGS:-3}_$tool.log"
+    echo "== $tool (flags ${FILTER_FLAGS:-3})"; tail -3 "$OUT/cluster_sanitize_flags${FILTER_FLAGS:-3}${FILTER_FIT:+_c$FILTER_FIT}_$tool.log"
   done
   ;;
 *)

@@ -23,7 +23,8 @@ The options (``flags``; :data:`DEFAULT_FLAGS` = all but ``FLAG_L2_CLUSTER4`` sin
 shorten a row's phases (k + p 1,355 -> 1,165 us, p alone 1,766 -> 1,527 at 1,518 rows on the H100), and
 ``FLAG_L2_ROWS`` (the ``-DDF_L2_ROWS`` build: the row re-read from L2 at every pass instead of held in shared
 memory, four blocks per SM, twice the rows in flight) takes top-p alone beyond :data:`L2_MIN_ROWS` rows (1,527 ->
-1,388 us). So ``impl="auto"`` picks this filter with top-k on up to :data:`AUTO_MAX_ROWS` rows, with top-p alone at
+1,388 us); ``FLAG_L2_FIT`` (stop 40) runs a batch a little larger than one wave of the L2-row build's 8-block
+clusters in one wave of 7-, 6- or 5-block clusters (66 rows: 94.4-103.9 -> 82.5-88.2 us on the H100). So ``impl="auto"`` picks this filter with top-k on up to :data:`AUTO_MAX_ROWS` rows, with top-p alone at
 every batch, and for raw logits with a temperature (the Triton filter has none).
 
 Requirements (``ValueError`` otherwise): a CUDA device of compute capability 9.0 with NVRTC, fp32 logits with
@@ -117,14 +118,17 @@ FLAG_PERSIST = 128
 # groups beside its own and tracks their max, so the next row starts with its slice arriving or its max known: its
 # load phase (and in the L2-row build its whole first pass over the slice) leaves the row's chain of phases.
 FLAG_CARRY = 256
-# L2_FIT (this module, with L2_ROWS; stop 40): the L2-row build's cluster size picked per call from L2_FIT_SIZES, the
-# one that takes the fewest waves of its resident clusters times its slice (fit_cluster): a row's passes take about
-# its slice's time, and a batch a few rows past one wave of 8-block clusters otherwise waits for a second wave of them.
-# E.g. 96 rows (16 requests) on an H100 / H200: ~66 resident clusters of 8 (two waves) against ~100 of 5 (one wave of
-# slices 1.6 times as long): 5 blocks. Builds -DDF_C=5, 6 and 7 (the last block's range of reduced buckets partly
-# empty), loaded with the filter. Not with FLAG_L2_CLUSTER4 (a fixed size) or FLAG_PERSIST (persistent clusters).
+# L2_FIT (this module, with L2_ROWS; stop 40): a batch of top-p alone a little larger than one wave of 8-block clusters
+# of the L2-row build runs in one wave of smaller clusters instead (fit_cluster: the largest of L2_FIT_SIZES whose
+# resident clusters hold every row), each block reading a longer slice, rather than a second wave of 8 for the last
+# few rows. Builds -DDF_C=5, 6 and 7 (the last block's range of reduced buckets partly empty), loaded with the filter.
+# Measured (H100, 2026-12-06, `..._filter_fit_stop40.txt`; resident clusters 62 / 69 / 79 / 94 / 124 of 8 / 7 / 6 / 5
+# / 4 blocks): 66 rows (11 requests) one wave of 7 in 82.5-88.2 us against 94.4-103.9 for two waves of 8, 84 rows one
+# wave of 5 in 100.1-104.4 against 105.6-114.0; beyond one wave the smaller clusters lose (384 rows, five waves of 6:
+# 420-453 against 371-414 for seven of 8: a row's time grows faster than its slice), and one wave of 4 did not beat two
+# of 8 (96 rows, 2026-12-05: FLAG_L2_CLUSTER4). Not with FLAG_L2_CLUSTER4 (a fixed size) or FLAG_PERSIST.
 FLAG_L2_FIT = 512
-L2_FIT_SIZES = (8, 7, 6, 5, 4)  # cluster sizes FLAG_L2_FIT chooses from (each a build of its own)
+L2_FIT_SIZES = (8, 7, 6, 5)  # cluster sizes FLAG_L2_FIT chooses from (each a build of its own)
 KERNEL_FLAGS = FLAG_MASK_GATHER | FLAG_REFINE | FLAG_ILP | FLAG_ASYNC_LOAD | FLAG_WARP_THRESHOLDS  # FilterArgs.flags
 FLAGS_ALL = KERNEL_FLAGS | FLAG_L2_ROWS | FLAG_L2_CLUSTER4 | FLAG_PERSIST | FLAG_CARRY | FLAG_L2_FIT
 L2_DEFINES = ("DF_L2_ROWS",)
@@ -143,7 +147,9 @@ L2_MIN_ROWS = 31
 # racecheck
 # with 31 and 63) and faster than the stop-26 default 3 at every size (k + p 1,355 -> 1,165 us at 1,518 rows, p alone
 # 1,766 -> 1,388; 6 rows 26.2 -> 24.0 and 37.2 -> 33.9 us; tools/time_filter.py --cuda-flags 3,31,63).
-DEFAULT_FLAGS = KERNEL_FLAGS | FLAG_L2_ROWS
+# FLAG_L2_FIT since stop 40 (H100: faster at 66 and 84 rows, the same kernel elsewhere; exact, memcheck / racecheck
+# clean with 5 and 7 blocks).
+DEFAULT_FLAGS = KERNEL_FLAGS | FLAG_L2_ROWS | FLAG_L2_FIT
 
 
 def slice_len(vocab: int, cluster: int = CLUSTER) -> int:
@@ -166,11 +172,12 @@ def l2_smem(cluster: int) -> int:
     return per * THREADS * 12
 
 
-def fit_cluster(rows: int, fits: dict, vocab: int) -> int:
-    """FLAG_L2_FIT's cluster size for a call of ``rows`` rows: of ``fits`` (cluster size -> resident clusters), the
-    one with the fewest ``waves x slice`` (``waves = ceil(rows / clusters)``, a row's time taken as its slice's);
-    a tie goes to the larger cluster (shorter rows, fewer clusters to fill). ``fits`` holds 8 at least."""
-    return min(fits, key=lambda c: (-(-rows // fits[c]) * slice_len(vocab, c), -c))
+def fit_cluster(rows: int, fits: dict) -> int:
+    """FLAG_L2_FIT's cluster size for a call of ``rows`` rows, from ``fits`` (cluster size -> resident clusters; 8 at
+    least): 8 when one wave of it holds the rows or no size does, else the largest size whose one wave does."""
+    if rows <= fits[CLUSTER]:
+        return CLUSTER
+    return max((c for c in fits if rows <= fits[c]), default=CLUSTER)
 
 
 def smem_bytes(vocab: int) -> int:
@@ -389,7 +396,7 @@ class CudaTopKTopPFilter:
         the sizes loaded for :data:`FLAG_L2_FIT`, else the fixed one (``l2_cluster``)."""
         if not self.l2_fits:
             return self.l2_cluster
-        return fit_cluster(rows, {size: count for size, (_, count) in self.l2_fits.items()}, self.vocab)
+        return fit_cluster(rows, {size: count for size, (_, count) in self.l2_fits.items()})
 
     def cap_clusters(self, count: int) -> None:
         """:data:`FLAG_PERSIST`: launch at most ``count`` clusters, fewer than fit at once, so that every cluster loops
