@@ -35,7 +35,9 @@ def main(argv) -> int:
                    for d in builds]
                 # FLAG_L2_FIT's other sizes (8 and 4 are above)
                 + [("filter.cu", cuda_filtering.l2_defines(size)) for size in cuda_filtering.L2_FIT_SIZES
-                   if size not in (cuda_filtering.CLUSTER, 4)])
+                   if size not in (cuda_filtering.CLUSTER, 4)]
+                # FLAG_L2_FIVE's builds of every FLAG_L2_FIT size
+                + [("filter.cu", cuda_filtering.l2_defines(size, five=True)) for size in cuda_filtering.L2_FIT_SIZES])
 
     version = build.nvrtc_version()
     if version != WANTED_NVRTC:

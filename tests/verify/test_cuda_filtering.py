@@ -76,6 +76,21 @@ def test_smaller_cluster_l2_builds_compile_for_four_blocks_per_sm(tmp_path, clus
     assert cf.slice_len(129_280, cluster) <= cf.slice_len(129_280, 4) == 32_320 <= cf.L2_C4_MAX_SLICE < 2**16
 
 
+@pytest.mark.parametrize("cluster", [8, 7, 6, 5])
+def test_five_block_l2_builds_fit_five_blocks_per_sm(tmp_path, cluster):
+    """FLAG_L2_FIVE: the L2-row builds with -DDF_L2_FIVE (each FLAG_L2_FIT size) at 48 registers with at most a few
+    spilled words, and five blocks' static + dynamic shared memory (1,024 candidates) within the SM's 228 KB."""
+    defines = cf.l2_defines(cluster, five=True)
+    assert defines[-1] == "DF_L2_FIVE" and defines[:-1] == cf.l2_defines(cluster)
+    log, _ = sm90_compile_log("filter.cu", tmp_path, defines=defines)
+    entry = log[log.index("Function properties for dm_filter"):]
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", entry)
+    assert int(spills.group(1)) <= 32 and int(spills.group(2)) <= 32, entry
+    assert int(re.search(r"Used (\d+) registers", entry).group(1)) <= 48
+    static = int(re.search(r"(\d+) bytes smem", entry).group(1))
+    assert 5 * (static + cf.l2_smem(cluster) + 1024) <= 228 * 1024
+
+
 @pytest.mark.parametrize("variant", ["persist", "carry"])
 @pytest.mark.parametrize("defines", [(), cf.L2_DEFINES, cf.L2_C4_DEFINES], ids=["resident", "l2", "l2_c4"])
 def test_persistent_builds_compile_without_spills_in_their_loops(tmp_path, defines, variant):
@@ -174,6 +189,7 @@ def test_filter_kernels_builds_each_variant_with_its_defines(monkeypatch):
         cf.filter_kernels(7, True, 8)  # (the same build as (7, True): loaded once)
         cf.filter_kernels(7, False, 4)  # (the cluster is the L2-row build's option: the resident build again)
         cf.filter_kernels(7, True, 5)  # (FLAG_L2_FIT's sizes: -DDF_C=N, 6 KB of reduced buckets)
+        cf.filter_kernels(7, False, 8, five=True)  # (FLAG_L2_FIVE is the L2-row build's: the resident build again)
         assert calls == [((), "smem", cf.MAX_SLICE * 4), ((), "attribute", 100), (cf.L2_DEFINES, "attribute", 100),
                          (cf.L2_C4_DEFINES, "smem", cf.L2_C4_SMEM), (cf.L2_C4_DEFINES, "attribute", 100),
                          (cf.L2_DEFINES + ("DF_C=5",), "smem", 6144), (cf.L2_DEFINES + ("DF_C=5",), "attribute", 100)]
@@ -227,11 +243,13 @@ def test_args_struct_and_constants_match_the_kernel():
                           ("DF_FLAG_ILP", cf.FLAG_ILP), ("DF_FLAG_ASYNC_LOAD", cf.FLAG_ASYNC_LOAD),
                           ("DF_FLAG_WARP_THRESHOLDS", cf.FLAG_WARP_THRESHOLDS)):
         assert re.search(rf"#define {define} {value}\b", text), define
-    assert cf.KERNEL_FLAGS == 31 and cf.FLAGS_ALL == 1023 and cf.DEFAULT_FLAGS & ~cf.FLAGS_ALL == 0
+    assert cf.KERNEL_FLAGS == 31 and cf.FLAGS_ALL == 2047 and cf.DEFAULT_FLAGS & ~cf.FLAGS_ALL == 0
     assert not cf.DEFAULT_FLAGS & (cf.FLAG_PERSIST | cf.FLAG_CARRY) and cf.PERSIST_DEFINES == ("DF_PERSIST",)
     assert cf.CARRY_DEFINES == ("DF_PERSIST", "DF_CARRY")
     # (opt-in: not measured)
-    assert re.search(r"#ifdef DF_L2_ROWS\n#define DF_MIN_BLOCKS 4\n", text) and cf.L2_DEFINES == ("DF_L2_ROWS",)
+    assert re.search(r"#ifdef DF_L2_ROWS\n#ifdef DF_L2_FIVE\n#define DF_MIN_BLOCKS 5\n#else\n#define DF_MIN_BLOCKS 4\n", text)
+    assert cf.L2_DEFINES == ("DF_L2_ROWS",) and cf.FIVE_DEFINES == ("DF_L2_FIVE",)
+    assert re.search(r"#ifdef DF_L2_FIVE .*\n(.*\n){3}#define DF_CAP 1024\n#else\n#define DF_CAP 2048 ", text)
     assert cf.slice_len(129_280) == 16_160 and cf.slice_len(300) == 40 and cf.slice_len(7) == 4
 
 
@@ -625,7 +643,8 @@ def test_runs_only_on_cuda_and_auto_picks_it_for_one_wave(monkeypatch):
     for flags in (cf.FLAGS_ALL + 1, -1, True, 3.0, cf.FLAG_L2_CLUSTER4, cf.FLAG_L2_CLUSTER4 | cf.KERNEL_FLAGS,
                   cf.FLAG_CARRY, cf.FLAG_CARRY | cf.KERNEL_FLAGS | cf.FLAG_L2_ROWS, cf.FLAG_L2_FIT,
                   cf.FLAG_L2_FIT | cf.KERNEL_FLAGS, cf.FLAG_L2_FIT | cf.FLAG_L2_ROWS | cf.FLAG_L2_CLUSTER4,
-                  cf.FLAG_L2_FIT | cf.FLAG_L2_ROWS | cf.FLAG_PERSIST):
+                  cf.FLAG_L2_FIT | cf.FLAG_L2_ROWS | cf.FLAG_PERSIST, cf.FLAG_L2_FIVE, cf.FLAG_L2_FIVE | 31,
+                  cf.FLAG_L2_FIVE | cf.FLAG_L2_ROWS | cf.FLAG_PERSIST):
         with pytest.raises(ValueError, match="flags"):
             cf.CudaTopKTopPFilter(2, 300, "cuda", flags=flags)
 

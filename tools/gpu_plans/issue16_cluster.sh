@@ -23,6 +23,7 @@
 #   bash tools/gpu_plans/issue16_cluster.sh fit       # budget ~150 s: stop 40's FLAG_L2_FIT (575): its GPU tests, memcheck / racecheck
 #   bash tools/gpu_plans/issue16_cluster.sh fit_time  # budget ~200 s: 63 beside 575, p alone at 11-16 / 64 / 253 requests
 #   bash tools/gpu_plans/issue16_cluster.sh fit2      # budget ~170 s: stop 40's one-wave rule, default 575: 12-16 requests, the file's tests
+#   bash tools/gpu_plans/issue16_cluster.sh five      # budget ~220 s: stop 40's FLAG_L2_FIVE (1087 / 1599): tests, sanitizers, timing
 # Results go to $JOB_OUT (default ./gpu_plan_out). NVRTC builds filter.cu in ~1 s (cached on disk).
 # If the first launch fails with an invalid-configuration error: cuLaunchKernel is assumed to honour the
 # compile-time __cluster_dims__(8, 1, 1) (the CUDA guide: such a kernel launches with <<< >>>); the fallback is
@@ -250,6 +251,19 @@ fit2)
     | tee "$OUT/fit2_bench.txt" | grep -E "^filter_row|rows needing|Error"
   timeout -k 2 100 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_filtering_gpu.py \
     -k "not (159 or 191 or 255 or 415 or 447 or 511 or 407 or persistent)" 2>&1 | tee "$OUT/fit2_tests.txt" | tail -4
+  ;;
+five)
+  # (~150-200 s) FLAG_L2_FIVE (stop 40, written after fit2): the L2-row builds at five blocks per SM (-DDF_L2_FIVE:
+  # 48 registers, ~24 bytes of scattered spills, 1,024 candidates), a quarter more rows in flight; with FLAG_L2_FIT
+  # (1599) 96 rows should fit one wave of 6-block clusters (the counts are printed: expected ~77 / 86 / 100 / 118 of 8 /
+  # 7 / 6 / 5). Timed first (63 the old default, 575 the default, 1599 and 1087), then the file's tests with 1087 /
+  # 1599 and the forced sizes, then memcheck + racecheck with 6 blocks forced. Make 1599 the default only if it is
+  # faster at 16, 64 and 253 requests and exact.
+  timeout -k 2 70 python3 tools/time_filter.py --cuda-only --cuda-flags 63,575,1599,1087 11,16,64,253 2>&1 \
+    | tee "$OUT/five_bench.txt" | grep -E "^filter_row.* p |rows needing|Error"
+  timeout -k 2 110 python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/gpu/test_cuda_filtering_gpu.py \
+    -k "1087 or 1599 or fit_cluster" 2>&1 | tee "$OUT/five_tests.txt" | grep -E "resident clusters|passed|failed|Error" | tail -12
+  FILTER_FLAGS=1599 FILTER_FIT=6 bash "$0" sanitize_only memcheck racecheck
   ;;
 sanitize_only)
   # (used by `flags_sanitize`) memcheck / racecheck on 16 aligned rows of V = 4,099 with FILTER_FLAGS (default 3),

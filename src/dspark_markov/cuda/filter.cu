@@ -78,7 +78,14 @@ static_assert(DF_C >= 4 && DF_C <= 8, "DF_C: 4 to 8 blocks per cluster");
 #if DF_C != 8 && !defined(DF_L2_ROWS)
 #error "DF_C < 8 is the L2-row build's option (-DDF_L2_ROWS): a resident slice of V / DF_C leaves one block per SM"
 #endif
+#ifdef DF_L2_FIVE         // (stop 40, FLAG_L2_FIVE) the L2-row build at five blocks per SM: 48 registers, and 1,024
+#ifndef DF_L2_ROWS        // candidates (s_cand 8 KB: five blocks' static shared memory fits the SM's 228 KB)
+#error "DF_L2_FIVE is an option of the L2-row build (-DDF_L2_ROWS)"
+#endif
+#define DF_CAP 1024
+#else
 #define DF_CAP 2048       // most candidates gathered and sorted at once
+#endif
 #define DF_SCALE 64.0f
 #define DF_LOADS 8        // 16-byte loads in flight per thread while the slice is read
 // A histogram bin of one block is three 32-bit words, each added by one red.shared (a 64-bit shared add would be a
@@ -188,7 +195,11 @@ namespace dm {
 // passes: no slice in shared memory, four blocks per SM instead of two (64 registers), so twice the rows in flight.
 // Rows must then be 16-byte aligned and not divided by a temperature (the launcher sends those to the default build).
 #ifdef DF_L2_ROWS
+#ifdef DF_L2_FIVE
+#define DF_MIN_BLOCKS 5
+#else
 #define DF_MIN_BLOCKS 4
+#endif
 #define DF_ROW_POLICY const u64 df_policy = df_keep_policy()
 #define DF_AT(i) df_ldg(s_x + (i), df_policy)
 #define DF_AT4(v) df_ldg4(s_x + 4 * (v), df_policy)

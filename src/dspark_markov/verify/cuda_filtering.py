@@ -129,8 +129,16 @@ FLAG_CARRY = 256
 # of 8 (96 rows, 2026-12-05: FLAG_L2_CLUSTER4). Not with FLAG_L2_CLUSTER4 (a fixed size) or FLAG_PERSIST.
 FLAG_L2_FIT = 512
 L2_FIT_SIZES = (8, 7, 6, 5)  # cluster sizes FLAG_L2_FIT chooses from (each a build of its own)
+# L2_FIVE (this module, with L2_ROWS; stop 40): the L2-row builds compiled with -DDF_L2_FIVE, five blocks per SM instead
+# of four (48 registers: ~24 bytes of scattered single-word spills, none in the histogram loop; 1,024 candidates per
+# gather instead of 2,048, so the static shared memory of five blocks fits: a target bucket of more than 1,024 tokens
+# takes a narrowing pass over the row first, where the bench's rows hold at most ~400 per bucket): a quarter more rows
+# in flight (a row's chain of latency-bound phases is what limits the L2-row build), and with FLAG_L2_FIT more rows in
+# one wave (96 rows, 16 requests: one wave of 6-block clusters).
+FLAG_L2_FIVE = 1024
+FIVE_DEFINES = ("DF_L2_FIVE",)
 KERNEL_FLAGS = FLAG_MASK_GATHER | FLAG_REFINE | FLAG_ILP | FLAG_ASYNC_LOAD | FLAG_WARP_THRESHOLDS  # FilterArgs.flags
-FLAGS_ALL = KERNEL_FLAGS | FLAG_L2_ROWS | FLAG_L2_CLUSTER4 | FLAG_PERSIST | FLAG_CARRY | FLAG_L2_FIT
+FLAGS_ALL = KERNEL_FLAGS | FLAG_L2_ROWS | FLAG_L2_CLUSTER4 | FLAG_PERSIST | FLAG_CARRY | FLAG_L2_FIT | FLAG_L2_FIVE
 L2_DEFINES = ("DF_L2_ROWS",)
 L2_C4_DEFINES = ("DF_L2_ROWS", "DF_C=4")
 PERSIST_DEFINES = ("DF_PERSIST",)
@@ -158,9 +166,11 @@ def slice_len(vocab: int, cluster: int = CLUSTER) -> int:
     return -(-per_block // 4) * 4
 
 
-def l2_defines(cluster: int) -> tuple:
-    """The compile-time defines of the L2-row build with ``cluster`` blocks per row (4 to 8)."""
-    return L2_DEFINES if cluster == CLUSTER else L2_DEFINES + (f"DF_C={cluster}",)
+def l2_defines(cluster: int, five: bool = False) -> tuple:
+    """The compile-time defines of the L2-row build with ``cluster`` blocks per row (4 to 8); ``five``: at five blocks
+    per SM (:data:`FLAG_L2_FIVE`)."""
+    defines = L2_DEFINES if cluster == CLUSTER else L2_DEFINES + (f"DF_C={cluster}",)
+    return defines + FIVE_DEFINES if five else defines
 
 
 def l2_smem(cluster: int) -> int:
@@ -186,23 +196,24 @@ def smem_bytes(vocab: int) -> int:
 
 
 def filter_kernels(device_index: int, l2_rows: bool = False, cluster: int = CLUSTER, persist: bool = False,
-                   carry: bool = False):
+                   carry: bool = False, five: bool = False):
     """The loaded ``filter.cu`` on one device (compiled with NVRTC or read from the disk cache; loaded once per
     device and build), its dynamic shared memory limit raised once to the largest slice (a per-filter value would
     break the filters of larger V, which share the function) and its carveout to all shared memory (two blocks per
     SM need ~219 KB). ``l2_rows``: the -DDF_L2_ROWS build (:data:`FLAG_L2_ROWS`; no dynamic shared memory, four
     blocks per SM need ~189 KB; ``cluster`` 4: with -DDF_C=4, :data:`FLAG_L2_CLUSTER4`, 6 KB of dynamic shared
     memory, :data:`L2_C4_SMEM`). ``persist``: that build with -DDF_PERSIST (:data:`FLAG_PERSIST`); ``carry`` (with
-    it): and -DDF_CARRY (:data:`FLAG_CARRY`)."""
+    it): and -DDF_CARRY (:data:`FLAG_CARRY`). ``five`` (``l2_rows``): with -DDF_L2_FIVE (:data:`FLAG_L2_FIVE`)."""
     return _load_filter(int(device_index), bool(l2_rows), int(cluster) if l2_rows else CLUSTER, bool(persist),
-                        bool(persist and carry))
+                        bool(persist and carry), bool(l2_rows and five))
 
 
 @functools.lru_cache(maxsize=None)
-def _load_filter(device_index: int, l2_rows: bool, cluster: int, persist: bool = False, carry: bool = False):
+def _load_filter(device_index: int, l2_rows: bool, cluster: int, persist: bool = False, carry: bool = False,
+                 five: bool = False):
     from ..cuda import build
 
-    defines = l2_defines(cluster) if l2_rows else ()
+    defines = l2_defines(cluster, five) if l2_rows else ()
     defines += (CARRY_DEFINES if carry else PERSIST_DEFINES) if persist else ()
     kernels = cuda.load_kernels("filter.cu", KERNELS, device_index, defines=defines)
     if not l2_rows:
@@ -233,7 +244,7 @@ def _default_kernels(device_index: int):
     if DEFAULT_FLAGS & FLAG_L2_ROWS:
         sizes = L2_FIT_SIZES if DEFAULT_FLAGS & FLAG_L2_FIT else (4 if DEFAULT_FLAGS & FLAG_L2_CLUSTER4 else CLUSTER,)
         for size in sizes:
-            filter_kernels(device_index, True, size)
+            filter_kernels(device_index, True, size, five=bool(DEFAULT_FLAGS & FLAG_L2_FIVE))
     return kernels
 
 
@@ -306,13 +317,17 @@ class CudaTopKTopPFilter:
         if flags & FLAG_CARRY and not flags & FLAG_PERSIST:
             raise ValueError(f"flags: FLAG_CARRY ({FLAG_CARRY}) is an option of the persistent builds: set "
                              f"FLAG_PERSIST ({FLAG_PERSIST}) with it, got {flags}")
-        for option, name in ((FLAG_L2_CLUSTER4, "FLAG_L2_CLUSTER4"), (FLAG_L2_FIT, "FLAG_L2_FIT")):
+        for option, name in ((FLAG_L2_CLUSTER4, "FLAG_L2_CLUSTER4"), (FLAG_L2_FIT, "FLAG_L2_FIT"),
+                             (FLAG_L2_FIVE, "FLAG_L2_FIVE")):
             if flags & option and not flags & FLAG_L2_ROWS:
                 raise ValueError(f"flags: {name} ({option}) is an option of the L2-row build: set FLAG_L2_ROWS "
                                  f"({FLAG_L2_ROWS}) with it, got {flags}")
         if flags & FLAG_L2_FIT and flags & (FLAG_L2_CLUSTER4 | FLAG_PERSIST):
             raise ValueError(f"flags: FLAG_L2_FIT ({FLAG_L2_FIT}) picks the cluster size per call: not with "
                              f"FLAG_L2_CLUSTER4 ({FLAG_L2_CLUSTER4}) or FLAG_PERSIST ({FLAG_PERSIST}), got {flags}")
+        if flags & FLAG_L2_FIVE and flags & FLAG_PERSIST:
+            raise ValueError(f"flags: FLAG_L2_FIVE ({FLAG_L2_FIVE}) is not built with FLAG_PERSIST ({FLAG_PERSIST}), "
+                             f"got {flags}")
         why = cuda.availability(device, build=False)
         if why is not None:
             raise ValueError(f"impl: 'cuda' top-k / top-p cannot run here: {why}")
@@ -326,7 +341,8 @@ class CudaTopKTopPFilter:
         self.l2_cluster = 4 if flags & FLAG_L2_CLUSTER4 and slice_len(vocab, 4) <= L2_C4_MAX_SLICE else CLUSTER
         self.l2_slice = slice_len(vocab, self.l2_cluster)
         self.l2_smem = L2_C4_SMEM if self.l2_cluster == 4 else 0
-        self.l2_kernels = (filter_kernels(device.index, True, self.l2_cluster, persist, carry)
+        five = bool(flags & FLAG_L2_FIVE)
+        self.l2_kernels = (filter_kernels(device.index, True, self.l2_cluster, persist, carry, five)
                            if flags & FLAG_L2_ROWS else None)
         # FLAG_PERSIST: the clusters launched at most (a grid of min(rows, these)); None: one cluster per row
         self.clusters = resident_clusters(self.kernels, CLUSTER, self.smem) if persist else None
@@ -340,7 +356,7 @@ class CudaTopKTopPFilter:
             for size in L2_FIT_SIZES:
                 if size != CLUSTER and slice_len(vocab, size) > L2_C4_MAX_SLICE:
                     continue
-                kernels = self.l2_kernels if size == CLUSTER else filter_kernels(device.index, True, size)
+                kernels = self.l2_kernels if size == CLUSTER else filter_kernels(device.index, True, size, five=five)
                 count = resident_clusters(kernels, size, l2_smem(size))
                 if count is not None or size == CLUSTER:
                     self.l2_fits[size] = (kernels, count if count is not None else max_rows)
