@@ -133,8 +133,11 @@ L2_FIT_SIZES = (8, 7, 6, 5)  # cluster sizes FLAG_L2_FIT chooses from (each a bu
 # of four (48 registers: ~24 bytes of scattered single-word spills, none in the histogram loop; 1,024 candidates per
 # gather instead of 2,048, so the static shared memory of five blocks fits: a target bucket of more than 1,024 tokens
 # takes a narrowing pass over the row first, where the bench's rows hold at most ~400 per bucket): a quarter more rows
-# in flight (a row's chain of latency-bound phases is what limits the L2-row build), and with FLAG_L2_FIT more rows in
-# one wave (96 rows, 16 requests: one wave of 6-block clusters).
+# in flight (the guess: a row's chain of latency-bound phases limits the L2-row build), and with FLAG_L2_FIT more rows
+# in one wave (96 rows, 16 requests: one wave of 6-block clusters, 101 resident). Measured (H100, 2026-12-06,
+# `..._filter_fit_stop40.txt`): exact, but slower or level at every size, p alone 16 requests 121.8-127.7 us against
+# 114.1-124.8 (one wave of 6 no faster than two of 8), 253 requests 1,426-1,554 against 1,327-1,454: beyond one wave
+# the SM's issue, not the rows in flight, limits it. Opt-in.
 FLAG_L2_FIVE = 1024
 FIVE_DEFINES = ("DF_L2_FIVE",)
 KERNEL_FLAGS = FLAG_MASK_GATHER | FLAG_REFINE | FLAG_ILP | FLAG_ASYNC_LOAD | FLAG_WARP_THRESHOLDS  # FilterArgs.flags
