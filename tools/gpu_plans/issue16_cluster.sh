@@ -24,6 +24,7 @@
 #   bash tools/gpu_plans/issue16_cluster.sh fit_time  # budget ~200 s: 63 beside 575, p alone at 11-16 / 64 / 253 requests
 #   bash tools/gpu_plans/issue16_cluster.sh fit2      # budget ~170 s: stop 40's one-wave rule, default 575: 12-16 requests, the file's tests
 #   bash tools/gpu_plans/issue16_cluster.sh five      # budget ~220 s: stop 40's FLAG_L2_FIVE (1087 / 1599): tests, sanitizers, timing
+#   bash tools/gpu_plans/issue16_cluster.sh ncu16     # budget ~120 s: source counters of the default filter, 96 rows p alone
 # Results go to $JOB_OUT (default ./gpu_plan_out). NVRTC builds filter.cu in ~1 s (cached on disk).
 # If the first launch fails with an invalid-configuration error: cuLaunchKernel is assumed to honour the
 # compile-time __cluster_dims__(8, 1, 1) (the CUDA guide: such a kernel launches with <<< >>>); the fallback is
@@ -264,6 +265,40 @@ five)
   timeout -k 2 110 python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/gpu/test_cuda_filtering_gpu.py \
     -k "1087 or 1599 or fit_cluster" 2>&1 | tee "$OUT/five_tests.txt" | grep -E "resident clusters|passed|failed|Error" | tail -12
   FILTER_FLAGS=1599 FILTER_FIT=6 bash "$0" sanitize_only memcheck racecheck
+  ;;
+ncu16)
+  # (~60-100 s) where 16 requests of p alone go (96 rows, Gaussian, default flags: the 8-block L2-row build in two
+  # waves; ~114-125 us on an H100, 104-114 on the H200, issue 16's target <= 100): Nsight Compute's source counters
+  # (executed instructions and stall samples per SASS line), warp state, scheduler and occupancy of one in-place call,
+  # as a report and as the SASS-with-source CSV for tools/ncu_sass_sections.py (the phases: df_histogram's loop, the
+  # max pass, df_collect's gather, the write).
+  cat > "$OUT/ncu16.py" <<'PY'
+import torch
+from dspark_markov.bench.verify_grid import filter_logits
+from dspark_markov.verify import cuda_filtering as cf
+rows = 96
+gen = torch.Generator(device="cuda").manual_seed(1)
+x = filter_logits("gaussian", torch.randn(rows, 129_280, generator=gen, device="cuda") * 2, gen)
+filt = cf.CudaTopKTopPFilter(rows, 129_280, "cuda")
+y = x.clone()
+filt.filter(y, None, 0.9, y)
+torch.cuda.synchronize()
+torch.cuda.cudart().cudaProfilerStart()
+y = x.clone()
+filt.filter(y, None, 0.9, y)
+torch.cuda.synchronize()
+torch.cuda.cudart().cudaProfilerStop()
+print("stats", filt.stats.tolist(), "fit", filt.fit_cluster(rows))
+PY
+  timeout -k 2 90 ncu --profile-from-start off --clock-control none -k dm_filter --section SourceCounters \
+    --section WarpStateStats --section SchedulerStats --section Occupancy --section SpeedOfLight --section LaunchStats \
+    --import-source yes -f -o "$OUT/filter96" python3 "$OUT/ncu16.py" > "$OUT/ncu16_log.txt" 2>&1
+  tail -4 "$OUT/ncu16_log.txt"
+  ncu --import "$OUT/filter96.ncu-rep" --page details 2>/dev/null | tee "$OUT/ncu16_details.txt" \
+    | grep -E "Duration|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|Executed Ipc|No Eligible|Warp Cycles Per Issued"
+  timeout -k 2 30 ncu --import "$OUT/filter96.ncu-rep" --page source --csv --print-source sass 2>&1 \
+    | head -c 4000000 > "$OUT/filter96_source.csv"
+  ls -la "$OUT"
   ;;
 sanitize_only)
   # (used by `flags_sanitize`) memcheck / racecheck on 16 aligned rows of V = 4,099 with FILTER_FLAGS (default 3),
