@@ -25,6 +25,7 @@
 #   bash tools/gpu_plans/issue16_cluster.sh fit2      # budget ~170 s: stop 40's one-wave rule, default 575: 12-16 requests, the file's tests
 #   bash tools/gpu_plans/issue16_cluster.sh five      # budget ~220 s: stop 40's FLAG_L2_FIVE (1087 / 1599): tests, sanitizers, timing
 #   bash tools/gpu_plans/issue16_cluster.sh ncu16     # budget ~120 s: source counters of the default filter, 96 rows p alone
+#   bash tools/gpu_plans/issue16_cluster.sh ffs       # budget ~170 s: df_narrow's bit scan by __ffs: tests, A/B against gpu_jobs/prev_src
 # Results go to $JOB_OUT (default ./gpu_plan_out). NVRTC builds filter.cu in ~1 s (cached on disk).
 # If the first launch fails with an invalid-configuration error: cuLaunchKernel is assumed to honour the
 # compile-time __cluster_dims__(8, 1, 1) (the CUDA guide: such a kernel launches with <<< >>>); the fallback is
@@ -299,6 +300,23 @@ PY
   timeout -k 2 30 ncu --import "$OUT/filter96.ncu-rep" --page source --csv --print-source sass 2>&1 \
     | head -c 4000000 > "$OUT/filter96_source.csv"
   ls -la "$OUT"
+  ;;
+ffs)
+  # (~120-160 s) df_narrow's lowest set bit by __ffs on the device (the ncu16 profile: its loop ~4% of the instructions
+  # at 96 rows). The file's tests without the persist / five cases, then the default filter timed twice against the
+  # tree before the change (gpu_jobs/prev_src: `git archive <commit> src/dspark_markov | tar -x -C gpu_jobs/prev_src
+  # --strip-components=1`), alternating, p alone and k + p at 16 / 64 / 253 requests.
+  timeout -k 2 75 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_filtering_gpu.py \
+    -k "not (159 or 191 or 255 or 415 or 447 or 511 or 407 or persistent or 1087 or 1599)" 2>&1 \
+    | tee "$OUT/ffs_tests.txt" | tail -3
+  for round in 1 2; do
+    for tree in prev new; do
+      src=$PWD/src; [ $tree = prev ] && src=$PWD/gpu_jobs/prev_src
+      mkdir -p "$OUT/$tree$round"
+      PYTHONPATH=$src JOB_OUT="$OUT/$tree$round" timeout -k 2 40 python3 tools/time_filter.py --cuda-only --cuda-flags 575 \
+        16,64,253 2>&1 | grep -E "^filter_row|Error" | sed "s/^/$tree$round /" | tee -a "$OUT/ffs_bench.txt"
+    done
+  done
   ;;
 sanitize_only)
   # (used by `flags_sanitize`) memcheck / racecheck on 16 aligned rows of V = 4,099 with FILTER_FLAGS (default 3),
