@@ -644,7 +644,7 @@ def test_runs_only_on_cuda_and_auto_picks_it_for_one_wave(monkeypatch):
                   cf.FLAG_CARRY, cf.FLAG_CARRY | cf.KERNEL_FLAGS | cf.FLAG_L2_ROWS, cf.FLAG_L2_FIT,
                   cf.FLAG_L2_FIT | cf.KERNEL_FLAGS, cf.FLAG_L2_FIT | cf.FLAG_L2_ROWS | cf.FLAG_L2_CLUSTER4,
                   cf.FLAG_L2_FIT | cf.FLAG_L2_ROWS | cf.FLAG_PERSIST, cf.FLAG_L2_FIVE, cf.FLAG_L2_FIVE | 31,
-                  cf.FLAG_L2_FIVE | cf.FLAG_L2_ROWS | cf.FLAG_PERSIST):
+                  cf.FLAG_L2_FIVE | cf.FLAG_L2_ROWS | cf.FLAG_PERSIST, cf.FLAG_L2_FIVE | cf.FLAG_L2_ROWS | cf.FLAG_L2_CLUSTER4):
         with pytest.raises(ValueError, match="flags"):
             cf.CudaTopKTopPFilter(2, 300, "cuda", flags=flags)
 
@@ -846,12 +846,16 @@ def test_launch_arguments(monkeypatch):
     persistent = filt.clusters, filt.l2_clusters
     filt.clusters = filt.l2_clusters = None
     filt.l2_cluster, filt.l2_slice, filt.l2_smem = 8, cf.slice_len(1001), 0
-    filt.l2_fits = {8: (filt.l2_kernels, 2), 5: (L2Recorder(), 5)}
+    class C5Recorder(Recorder):
+        def launch(self, name, grid, threads, smem, stream, params):
+            launches.append(("l2c5", grid, threads, smem, params[0]))
+
+    filt.l2_fits = {8: (filt.l2_kernels, 2), 5: (C5Recorder(), 5)}
     filt.filter(padded, None, 0.9, padded)
     filt.filter(padded, 50, 0.9, padded)
     filt.l2_fits[8] = (filt.l2_kernels, 5)  # (one wave of 8 now: the larger cluster)
     filt.filter(padded, None, 0.9, padded)
-    assert [(w, g, sm, a.slice) for w, g, _, sm, a in launches] == [("l2", 5 * 5, 6144, 204),
+    assert [(w, g, sm, a.slice) for w, g, _, sm, a in launches] == [("l2c5", 5 * 5, 6144, 204),
                                                                     ("dm_filter", 5 * 8, 128 * 4, 128),
                                                                     ("l2", 5 * 8, 0, 128)]
     filt.l2_fits = {}

@@ -335,7 +335,7 @@ filt = cf.CudaTopKTopPFilter(16, 4099, "cuda", flags=int(os.environ.get("FILTER_
 clusters = int(os.environ.get("FILTER_CLUSTERS", "0"))  # FLAG_PERSIST: fewer clusters than rows (the loop over rows)
 if clusters:
     filt.cap_clusters(clusters)
-fit = int(os.environ.get("FILTER_FIT", "0"))  # FLAG_L2_FIT: one cluster size forced (5-7: a last range partly empty)
+fit = int(os.environ.get("FILTER_FIT", "0"))  # FLAG_L2_FIT: one cluster size forced (5-7: ranges past bucket 2,047)
 if fit:  # (counts that make fit_cluster take it: no row in one wave of 8, all 16 in one of `fit`)
     filt.l2_fits = {8: (filt.l2_fits[8][0], 0), fit: (filt.l2_fits[fit][0], 16)}
 t = torch.full((16,), 0.7, device="cuda")

@@ -16,7 +16,7 @@
 //   2. one pass over the slice: bucket(x) = 0 where x == m, else min(floor((m - x) 64), 2047) (monotone in the
 //      ranking: better tokens never fall in a later bucket), and q (top-p only); a local histogram of counts
 //      and masses per bucket in three 32-bit words (red.shared, no branch); cluster barrier; block r sums
-//      buckets [DF_RANGE r, DF_RANGE r + DF_RANGE) over the DF_C blocks (DF_RANGE = 2048 / DF_C);
+//      buckets [DF_RANGE r, DF_RANGE r + DF_RANGE) over the DF_C blocks (DF_RANGE = 256 with 8 blocks, else 512);
 //   3. a search finds the token at a target of the ranking: the k-th best (top-k), the first whose inclusive
 //      mass reaches L = ceil(p * S) (top-p; "mass before < p S" for an integer mass is "before < L"), or the
 //      best (p <= 0): the range (DF_C totals), the bucket (DF_RANGE sums, block scans), then, if it holds more
@@ -51,7 +51,8 @@
 // L2 by an evict_last policy; the last read evict_first), four blocks per SM at 64 registers: twice the rows in
 // flight, each row slower. With -DDF_C=4 as well (FLAG_L2_CLUSTER4, opt-in: exact, slower) clusters of 4 blocks, two
 // level-1 buckets per thread in the reductions; with -DDF_C=5, 6 or 7 (FLAG_L2_FIT, stop 40: the cluster size picked per
-// call so that a batch fills the device's clusters in fewer waves) the same, the last block's range partly empty.
+// call so that a batch fills the device's clusters in fewer waves) the same: blocks 0-3 reduce all 2,048 buckets
+// (512 each, DF_C remote reads per bucket), the ranges of blocks 4 and up lie past the last bucket, empty.
 // The resident build's SASS is unchanged by the macros (DF_AT & co.
 // expand to the shared-memory reads). Either build with -DDF_PERSIST (FLAG_PERSIST, opt-in: exact, slower on the H200):
 // persistent clusters, the next row's slice prefetched into L2, and with -DDF_CARRY as well loaded during a row's
@@ -70,8 +71,8 @@ namespace dm {
 #define DF_T 256          // threads per block
 #define DF_NB 2048        // level-1 buckets: 1/64 of a logit wide below the max, the last one open
 // Buckets reduced by each thread (DF_PER) and block (DF_RANGE): 1 and 256 with 8 blocks, 2 and 512 with 4 to 7 (adjacent
-// buckets, better first). With 5, 6 or 7 blocks DF_C DF_RANGE exceeds DF_NB: the last block's range runs past the
-// last bucket, and those reduced buckets are empty (count and mass 0: never selected; see df_histogram).
+// buckets, better first). With 5, 6 or 7 blocks DF_C DF_RANGE exceeds DF_NB: the ranges of blocks 4 and up lie past
+// the last bucket, and those reduced buckets are empty (count and mass 0: never selected; see df_histogram).
 #define DF_PER ((DF_NB + DF_C * DF_T - 1) / (DF_C * DF_T))
 #define DF_RANGE (DF_PER * DF_T)
 static_assert(DF_C >= 4 && DF_C <= 8, "DF_C: 4 to 8 blocks per cluster");
@@ -433,7 +434,7 @@ __device__ __noinline__ void df_fail(FilterShared& sh, u32* stats, u32 rank) {
   df_cluster_sync();
 }
 
-// The level-1 bucket holding a target (module doc, step 3): the range (the 8 blocks' totals), then the bucket (its
+// The level-1 bucket holding a target (module doc, step 3): the range (the DF_C blocks' totals), then the bucket (its
 // block's DF_RANGE reduced sums); sh.base_cnt / base_mass the count and mass of every better bucket, sh.sel_cnt the
 // bucket's count. Returns the bucket, or DF_NONE (a broken invariant: the caller fails the search).
 __device__ __forceinline__ u32 df_locate(bool by_mass, u64 target, const u32* s_rcnt, const u64* s_rmass,

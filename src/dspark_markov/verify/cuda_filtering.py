@@ -18,8 +18,9 @@ alone 32.9 / 125.4 / 415.7 / 1,585 us (the Triton filter: 29.7 / 63.6 / 180.3 / 
 1,484). Each row is a chain of ~25-40 us of latency-bound phases (phase trace: ``tools/trace_cluster_filter.py``),
 two blocks per SM, so beyond one wave of clusters time grows as waves x one row's latency.
 
-The options (``flags``; :data:`DEFAULT_FLAGS` = all but ``FLAG_L2_CLUSTER4`` since the H100 measurements of
-2026-12-05, ``..._NVIDIA-H100..._filter_flags.*``): ``FLAG_ILP``, ``FLAG_ASYNC_LOAD``, ``FLAG_WARP_THRESHOLDS``
+The options (``flags``; :data:`DEFAULT_FLAGS` = the kernel flags, ``FLAG_L2_ROWS`` and, since stop 40,
+``FLAG_L2_FIT``; the other build options are opt-in; H100 measurements of 2026-12-05,
+``..._NVIDIA-H100..._filter_flags.*``): ``FLAG_ILP``, ``FLAG_ASYNC_LOAD``, ``FLAG_WARP_THRESHOLDS``
 shorten a row's phases (k + p 1,355 -> 1,165 us, p alone 1,766 -> 1,527 at 1,518 rows on the H100), and
 ``FLAG_L2_ROWS`` (the ``-DDF_L2_ROWS`` build: the row re-read from L2 at every pass instead of held in shared
 memory, four blocks per SM, twice the rows in flight) takes top-p alone beyond :data:`L2_MIN_ROWS` rows (1,527 ->
@@ -121,7 +122,7 @@ FLAG_CARRY = 256
 # L2_FIT (this module, with L2_ROWS; stop 40): a batch of top-p alone a little larger than one wave of 8-block clusters
 # of the L2-row build runs in one wave of smaller clusters instead (fit_cluster: the largest of L2_FIT_SIZES whose
 # resident clusters hold every row), each block reading a longer slice, rather than a second wave of 8 for the last
-# few rows. Builds -DDF_C=5, 6 and 7 (the last block's range of reduced buckets partly empty), loaded with the filter.
+# few rows. Builds -DDF_C=5, 6 and 7 (blocks 0-3 reduce the 2,048 buckets, the others' ranges are empty), loaded with the filter.
 # Measured (H100, 2026-12-06, `..._filter_fit_stop40.txt`; resident clusters 62 / 69 / 79 / 94 / 124 of 8 / 7 / 6 / 5
 # / 4 blocks): 66 rows (11 requests) one wave of 7 in 82.5-88.2 us against 94.4-103.9 for two waves of 8, 84 rows one
 # wave of 5 in 100.1-104.4 against 105.6-114.0; beyond one wave the smaller clusters lose (384 rows, five waves of 6:
@@ -158,8 +159,8 @@ L2_MIN_ROWS = 31
 # racecheck
 # with 31 and 63) and faster than the stop-26 default 3 at every size (k + p 1,355 -> 1,165 us at 1,518 rows, p alone
 # 1,766 -> 1,388; 6 rows 26.2 -> 24.0 and 37.2 -> 33.9 us; tools/time_filter.py --cuda-flags 3,31,63).
-# FLAG_L2_FIT since stop 40 (H100: faster at 66 and 84 rows, the same kernel elsewhere; exact, memcheck / racecheck
-# clean with 5 and 7 blocks).
+# FLAG_L2_FIT since stop 40 (H100: faster at 66-90 rows, the same kernel elsewhere; exact, memcheck and racecheck
+# clean with 5 blocks, memcheck with 7).
 DEFAULT_FLAGS = KERNEL_FLAGS | FLAG_L2_ROWS | FLAG_L2_FIT
 
 
@@ -204,8 +205,8 @@ def filter_kernels(device_index: int, l2_rows: bool = False, cluster: int = CLUS
     device and build), its dynamic shared memory limit raised once to the largest slice (a per-filter value would
     break the filters of larger V, which share the function) and its carveout to all shared memory (two blocks per
     SM need ~219 KB). ``l2_rows``: the -DDF_L2_ROWS build (:data:`FLAG_L2_ROWS`; no dynamic shared memory, four
-    blocks per SM need ~189 KB; ``cluster`` 4: with -DDF_C=4, :data:`FLAG_L2_CLUSTER4`, 6 KB of dynamic shared
-    memory, :data:`L2_C4_SMEM`). ``persist``: that build with -DDF_PERSIST (:data:`FLAG_PERSIST`); ``carry`` (with
+    blocks per SM need ~189 KB; ``cluster`` 4 to 7: with -DDF_C=N, :data:`FLAG_L2_CLUSTER4` /
+    :data:`FLAG_L2_FIT`, 6 KB of dynamic shared memory, :func:`l2_smem`). ``persist``: that build with -DDF_PERSIST (:data:`FLAG_PERSIST`); ``carry`` (with
     it): and -DDF_CARRY (:data:`FLAG_CARRY`). ``five`` (``l2_rows``): with -DDF_L2_FIVE (:data:`FLAG_L2_FIVE`)."""
     return _load_filter(int(device_index), bool(l2_rows), int(cluster) if l2_rows else CLUSTER, bool(persist),
                         bool(persist and carry), bool(l2_rows and five))
@@ -328,9 +329,9 @@ class CudaTopKTopPFilter:
         if flags & FLAG_L2_FIT and flags & (FLAG_L2_CLUSTER4 | FLAG_PERSIST):
             raise ValueError(f"flags: FLAG_L2_FIT ({FLAG_L2_FIT}) picks the cluster size per call: not with "
                              f"FLAG_L2_CLUSTER4 ({FLAG_L2_CLUSTER4}) or FLAG_PERSIST ({FLAG_PERSIST}), got {flags}")
-        if flags & FLAG_L2_FIVE and flags & FLAG_PERSIST:
-            raise ValueError(f"flags: FLAG_L2_FIVE ({FLAG_L2_FIVE}) is not built with FLAG_PERSIST ({FLAG_PERSIST}), "
-                             f"got {flags}")
+        if flags & FLAG_L2_FIVE and flags & (FLAG_PERSIST | FLAG_L2_CLUSTER4):
+            raise ValueError(f"flags: FLAG_L2_FIVE ({FLAG_L2_FIVE}) is not built with FLAG_PERSIST ({FLAG_PERSIST}) or "
+                             f"FLAG_L2_CLUSTER4 ({FLAG_L2_CLUSTER4}), got {flags}")
         why = cuda.availability(device, build=False)
         if why is not None:
             raise ValueError(f"impl: 'cuda' top-k / top-p cannot run here: {why}")
@@ -356,13 +357,15 @@ class CudaTopKTopPFilter:
         # one wave of 8-block clusters
         self.l2_fits = {}
         if flags & FLAG_L2_FIT and max_rows >= L2_MIN_ROWS:
-            for size in L2_FIT_SIZES:
-                if size != CLUSTER and slice_len(vocab, size) > L2_C4_MAX_SLICE:
+            count = resident_clusters(self.l2_kernels, CLUSTER, 0)
+            self.l2_fits[CLUSTER] = (self.l2_kernels, count if count is not None else max_rows)
+            for size in L2_FIT_SIZES if count is not None and max_rows > count else ():
+                if size == CLUSTER or slice_len(vocab, size) > L2_C4_MAX_SLICE:
                     continue
-                kernels = self.l2_kernels if size == CLUSTER else filter_kernels(device.index, True, size, five=five)
+                kernels = filter_kernels(device.index, True, size, five=five)
                 count = resident_clusters(kernels, size, l2_smem(size))
-                if count is not None or size == CLUSTER:
-                    self.l2_fits[size] = (kernels, count if count is not None else max_rows)
+                if count is not None:
+                    self.l2_fits[size] = (kernels, count)
         self.stats = torch.zeros(2, dtype=torch.int32, device=device)
 
     def filter(self, logits, k, p, out, temperature=None):
