@@ -46,16 +46,21 @@ def test_filter_kernel_compiles_for_sm90(tmp_path):
     assert static + cf.MAX_SLICE * 4 <= cf.SMEM_LIMIT and cf.MAX_SLICE < 2**16
 
 
+def l2_build_resources(tmp_path, defines):
+    """``(spill stores, spill loads, registers, static shared memory)`` of dm_filter built with ``defines`` (ptxas)."""
+    log, _ = sm90_compile_log("filter.cu", tmp_path, defines=defines)
+    entry = log[log.index("Function properties for dm_filter"):]
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", entry)
+    return (int(spills.group(1)), int(spills.group(2)), int(re.search(r"Used (\d+) registers", entry).group(1)),
+            int(re.search(r"(\d+) bytes smem", entry).group(1)))
+
+
 def test_l2_row_build_compiles_for_four_blocks_per_sm(tmp_path):
     """The -DDF_L2_ROWS build (FLAG_L2_ROWS): no slice in shared memory, so four blocks per SM (64 registers, the same
     static shared memory), and its cache-hinted loads in the SASS where NVRTC built it."""
-    log, _ = sm90_compile_log("filter.cu", tmp_path, defines=cf.L2_DEFINES)
-    entry = log[log.index("Function properties for dm_filter"):]
-    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", entry)
-    assert int(spills.group(1)) <= 16 and int(spills.group(2)) <= 64, entry  # (a few words at the 64-register cap)
-    assert int(re.search(r"Used (\d+) registers", entry).group(1)) <= 64
-    static = int(re.search(r"(\d+) bytes smem", entry).group(1))
-    assert static <= cf.STATIC_SMEM and 4 * (static + 1024) <= 228 * 1024
+    stores, loads, registers, static = l2_build_resources(tmp_path, cf.L2_DEFINES)
+    assert stores <= 16 and loads <= 64  # (a few words at the 64-register cap)
+    assert registers <= 64 and static <= cf.STATIC_SMEM and 4 * (static + 1024) <= 228 * 1024
 
 
 @pytest.mark.parametrize("cluster", [4, 5, 6, 7])
@@ -65,12 +70,8 @@ def test_smaller_cluster_l2_builds_compile_for_four_blocks_per_sm(tmp_path, clus
     memory, four blocks per SM."""
     defines = cf.l2_defines(cluster)
     assert defines == cf.L2_DEFINES + (f"DF_C={cluster}",) and (cluster != 4 or defines == cf.L2_C4_DEFINES)
-    log, _ = sm90_compile_log("filter.cu", tmp_path, defines=defines)
-    entry = log[log.index("Function properties for dm_filter"):]
-    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", entry)
-    assert int(spills.group(1)) <= 16 and int(spills.group(2)) <= 64, entry
-    assert int(re.search(r"Used (\d+) registers", entry).group(1)) <= 64
-    static = int(re.search(r"(\d+) bytes smem", entry).group(1))
+    stores, loads, registers, static = l2_build_resources(tmp_path, defines)
+    assert stores <= 16 and loads <= 64 and registers <= 64
     assert cf.l2_smem(cluster) == cf.L2_C4_SMEM == cf.BUCKETS // 4 * 12 == 6144  # 512 buckets of 12 bytes, 4 to 7
     assert static <= 48 * 1024 and 4 * (static + cf.l2_smem(cluster) + 1024) <= 228 * 1024
     assert cf.slice_len(129_280, cluster) <= cf.slice_len(129_280, 4) == 32_320 <= cf.L2_C4_MAX_SLICE < 2**16
@@ -82,12 +83,8 @@ def test_five_block_l2_builds_fit_five_blocks_per_sm(tmp_path, cluster):
     spilled words, and five blocks' static + dynamic shared memory (1,024 candidates) within the SM's 228 KB."""
     defines = cf.l2_defines(cluster, five=True)
     assert defines[-1] == "DF_L2_FIVE" and defines[:-1] == cf.l2_defines(cluster)
-    log, _ = sm90_compile_log("filter.cu", tmp_path, defines=defines)
-    entry = log[log.index("Function properties for dm_filter"):]
-    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", entry)
-    assert int(spills.group(1)) <= 32 and int(spills.group(2)) <= 32, entry
-    assert int(re.search(r"Used (\d+) registers", entry).group(1)) <= 48
-    static = int(re.search(r"(\d+) bytes smem", entry).group(1))
+    stores, loads, registers, static = l2_build_resources(tmp_path, defines)
+    assert stores <= 32 and loads <= 32 and registers <= 48
     assert 5 * (static + cf.l2_smem(cluster) + 1024) <= 228 * 1024
 
 
