@@ -336,8 +336,8 @@ clusters = int(os.environ.get("FILTER_CLUSTERS", "0"))  # FLAG_PERSIST: fewer cl
 if clusters:
     filt.cap_clusters(clusters)
 fit = int(os.environ.get("FILTER_FIT", "0"))  # FLAG_L2_FIT: one cluster size forced (5-7: ranges past bucket 2,047)
-if fit:  # (counts that make fit_cluster take it: no row in one wave of 8, all 16 in one of `fit`)
-    filt.l2_fits = {8: (filt.l2_fits[8][0], 0), fit: (filt.l2_fits[fit][0], 16)}
+if fit:
+    filt.force_cluster(fit)
 t = torch.full((16,), 0.7, device="cuda")
 for k, p, temp in ((50, 0.9, None), (None, 0.9, None), (7, None, None), (None, 0.9, t)):
     y = torch.full((16, 4100), 5.0, device="cuda")[:, :4099]

@@ -94,9 +94,12 @@ def file_stem(env: dict, config) -> str:
         stem += f"_{config.method}"
     if config.logits_dtype != torch.bfloat16:
         stem += "_fp32-logits"
-    if env.get("l2_flush") == "clean":  # (never the name of a run with the default flush)
-        stem += "_clean-l2"
-    return stem
+    return stem + flush_suffix(env)
+
+
+def flush_suffix(env: dict) -> str:
+    """The results' file-name suffix of a run's cold L2: ``_clean-l2`` for the clean flush, none for the default."""
+    return "_clean-l2" if env.get("l2_flush") == "clean" else ""
 
 
 # ----------------------------------------------------------------------------------------------

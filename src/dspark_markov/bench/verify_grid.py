@@ -630,9 +630,7 @@ def file_stem(env: dict, config: VerifyBenchConfig) -> str:
     stem = f"{name}_{env['date'][:10]}_{cache}"
     if (config.vocab, config.steps) != (129_280, 5):
         stem += f"_v{config.vocab}_n{config.steps}"
-    if env.get("l2_flush") == "clean":  # (never the name of a run with the default flush)
-        stem += "_clean-l2"
-    return stem + "_verify"
+    return stem + report.flush_suffix(env) + "_verify"
 
 
 def timing_note(config: VerifyBenchConfig) -> str:

@@ -344,7 +344,7 @@ class CudaTopKTopPFilter:
         self.kernels = filter_kernels(device.index, persist=persist, carry=carry)
         self.l2_cluster = 4 if flags & FLAG_L2_CLUSTER4 and slice_len(vocab, 4) <= L2_C4_MAX_SLICE else CLUSTER
         self.l2_slice = slice_len(vocab, self.l2_cluster)
-        self.l2_smem = L2_C4_SMEM if self.l2_cluster == 4 else 0
+        self.l2_smem = l2_smem(self.l2_cluster)
         five = bool(flags & FLAG_L2_FIVE)
         self.l2_kernels = (filter_kernels(device.index, True, self.l2_cluster, persist, carry, five)
                            if flags & FLAG_L2_ROWS else None)
@@ -390,24 +390,24 @@ class CudaTopKTopPFilter:
             return out
         l2 = (self.l2_kernels is not None and temperature is None and rows >= L2_MIN_ROWS and _top_k_off(k, vocab)
               and _aligned_rows(logits))
+        kernels, cluster, smem, width, fit = (
+            (self.l2_kernels, self.l2_cluster, self.l2_smem, self.l2_slice, self.l2_clusters) if l2
+            else (self.kernels, CLUSTER, self.smem, self.slice, self.clusters))
+        if l2 and self.l2_fits:  # FLAG_L2_FIT: the cluster size of this batch
+            cluster = self.fit_cluster(rows)
+            kernels, smem, width = self.l2_fits[cluster][0], l2_smem(cluster), slice_len(vocab, cluster)
         k_per_row, p_per_row = isinstance(k, torch.Tensor), isinstance(p, torch.Tensor)
         t_per_row = isinstance(temperature, torch.Tensor)
         args = FilterArgs(
             logits=logits.data_ptr(), out=out.data_ptr(), k_ptr=k.data_ptr() if k_per_row else 0,
             p_ptr=p.data_ptr() if p_per_row else 0, stats=self.stats.data_ptr(), rows=rows, vocab=vocab,
-            in_stride=logits.stride(0), out_stride=out.stride(0), slice=self.l2_slice if l2 else self.slice,
+            in_stride=logits.stride(0), out_stride=out.stride(0), slice=width,
             k_value=0 if k_per_row or k is None else max(min(int(k), 2**62), -(2**62)),
             k_per_row=int(k_per_row), k64=int(k_per_row and k.dtype == torch.int64), p_per_row=int(p_per_row),
             # scalars as the fp32 values the reference compares (torch.full(..., p) is fp32)
             p_value=1.0 if p_per_row or p is None else f32(p),
             t_ptr=temperature.data_ptr() if t_per_row else 0, t_per_row=int(t_per_row),
             t_value=1.0 if t_per_row or temperature is None else f32(temperature), flags=self.flags & KERNEL_FLAGS)
-        kernels, cluster, smem, fit = ((self.l2_kernels, self.l2_cluster, self.l2_smem, self.l2_clusters) if l2
-                                       else (self.kernels, CLUSTER, self.smem, self.clusters))
-        if l2 and self.l2_fits:
-            cluster = self.fit_cluster(rows)
-            kernels, smem = self.l2_fits[cluster][0], l2_smem(cluster)
-            args.slice = slice_len(vocab, cluster)
         clusters = rows if fit is None else min(rows, fit)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         kernels.launch(KERNELS[0], clusters * cluster, THREADS, smem, stream, [args])
@@ -419,6 +419,20 @@ class CudaTopKTopPFilter:
         if not self.l2_fits:
             return self.l2_cluster
         return fit_cluster(rows, {size: count for size, (_, count) in self.l2_fits.items()})
+
+    def force_cluster(self, size: int) -> None:
+        """:data:`FLAG_L2_FIT` (tests, sanitizer runs): every later call of the L2-row build runs clusters of ``size``
+        blocks, one of the loaded sizes (``l2_fits``' counts set so that :func:`fit_cluster` takes it up to
+        ``max_rows`` rows; the other sizes dropped)."""
+        if not self.l2_fits:
+            raise ValueError("force_cluster: this filter has no FLAG_L2_FIT sizes (flags without it, or max_rows below "
+                             "L2_MIN_ROWS)")
+        if size in self.l2_fits:
+            kernels = self.l2_fits[size][0]
+        else:  # (a filter of one wave's rows loads the 8-block build only)
+            kernels = filter_kernels(self.device.index, True, size, five=bool(self.flags & FLAG_L2_FIVE))
+        every = self.max_rows if size == CLUSTER else 0
+        self.l2_fits = {CLUSTER: (self.l2_fits[CLUSTER][0], every), size: (kernels, self.max_rows)}
 
     def cap_clusters(self, count: int) -> None:
         """:data:`FLAG_PERSIST`: launch at most ``count`` clusters, fewer than fit at once, so that every cluster loops
