@@ -84,8 +84,9 @@ def test_five_block_l2_builds_fit_five_blocks_per_sm(tmp_path, cluster):
     defines = cf.l2_defines(cluster, five=True)
     assert defines[-1] == "DF_L2_FIVE" and defines[:-1] == cf.l2_defines(cluster)
     stores, loads, registers, static = l2_build_resources(tmp_path, defines)
-    assert stores <= 32 and loads <= 32 and registers <= 48
+    assert stores <= 32 and loads <= 32 and registers <= 48  # (stop 41's kernel flags are compiled out of them)
     assert 5 * (static + cf.l2_smem(cluster) + 1024) <= 228 * 1024
+    assert_hot_loops_unspilled(tmp_path, defines)
 
 
 @pytest.mark.parametrize("variant", ["persist", "carry"])
@@ -102,7 +103,7 @@ def test_persistent_builds_compile_without_spills_in_their_loops(tmp_path, defin
     the next row's bulk prefetch are in the source."""
     extra = cf.CARRY_DEFINES if variant == "carry" else cf.PERSIST_DEFINES
     base, _ = sm90_compile_log("filter.cu", tmp_path, defines=defines)
-    log, nvrtc = sm90_compile_log("filter.cu", tmp_path, defines=defines + extra)
+    log, _ = sm90_compile_log("filter.cu", tmp_path, defines=defines + extra)
 
     def properties(text):
         entry = text[text.index("Function properties for dm_filter"):]
@@ -112,16 +113,26 @@ def test_persistent_builds_compile_without_spills_in_their_loops(tmp_path, defin
 
     (_, base_smem, _, _), (regs, smem, stores, loads) = properties(base), properties(log)
     assert regs <= (128 if not defines else 64) and smem == base_smem, log
-    bound = 64 if variant == "persist" or not defines else 512
+    bound = 64 if variant == "persist" or not defines else 512  # (stop 41's kernel flags are compiled out of them)
     assert stores <= bound and loads <= bound, log
     assert "df_row" not in log  # (inlined)
     text = (build.SOURCE_DIR / "filter.cu").read_text()
     assert "for (i64 row = blockIdx.x / DF_C; row < a.rows; row += clusters)" in text
     assert text.count("df_prefetch_next(a, next, lo, n)") == 2
-    sass = cuobjdump_sass(build.compile_cubin("filter.cu", extra_options=[f"-D{d}" for d in defines + extra])[0]
-                          if nvrtc else (tmp_path / "filter.cubin").read_bytes())
+    assert_hot_loops_unspilled(tmp_path, defines + extra)
+
+
+def assert_hot_loops_unspilled(tmp_path, defines):
+    """Where the SASS of filter.cu's build with ``defines`` can be listed (NVRTC's cubin, else the one the last
+    ``sm90_compile_log`` of those defines left in ``tmp_path``), no loop without a barrier of up to 500 instructions
+    (the per-token loops: load, histogram, gather, write) reloads more than one spilled word per iteration."""
+    try:
+        cubin = build.compile_cubin("filter.cu", extra_options=[f"-D{d}" for d in defines])[0]
+    except build.BuildError:
+        cubin = (tmp_path / "filter.cubin").read_bytes()
+    sass = cuobjdump_sass(cubin)
     if sass is None:
-        return  # (no cuobjdump: the log's totals above only)
+        return  # (no cuobjdump: the log's totals only)
     hot = [body for body in sass_loops(sass) if len(body) <= 500 and not any("BAR" in op for op in body)]
     assert len(hot) >= 10, len(hot)  # (the listing was parsed: the kernel has dozens of such loops)
     spilled = [sum("LDL" in op or "STL" in op for op in body) for body in hot]
@@ -238,9 +249,12 @@ def test_args_struct_and_constants_match_the_kernel():
     for define, value in (("DF_C", cf.CLUSTER), ("DF_T", cf.THREADS), ("DF_NB", cf.BUCKETS), ("DF_CAP", cf.CAPACITY),
                           ("DF_FLAG_MASK_GATHER", cf.FLAG_MASK_GATHER), ("DF_FLAG_REFINE", cf.FLAG_REFINE),
                           ("DF_FLAG_ILP", cf.FLAG_ILP), ("DF_FLAG_ASYNC_LOAD", cf.FLAG_ASYNC_LOAD),
-                          ("DF_FLAG_WARP_THRESHOLDS", cf.FLAG_WARP_THRESHOLDS)):
+                          ("DF_FLAG_WARP_THRESHOLDS", cf.FLAG_WARP_THRESHOLDS),
+                          ("DF_FLAG_DEEP_REFINE", cf.FLAG_DEEP_REFINE), ("DF_FLAG_SHARED_BOUNDS", cf.FLAG_SHARED_BOUNDS),
+                          ("DF_FLAG_FINITE_WEIGHT", cf.FLAG_FINITE_WEIGHT), ("DF_FLAG_UNCOUNTED", cf.FLAG_UNCOUNTED),
+                          ("DF_FLAG_BATCHED_GATHER", cf.FLAG_BATCHED_GATHER)):
         assert re.search(rf"#define {define} {value}\b", text), define
-    assert cf.KERNEL_FLAGS == 31 and cf.FLAGS_ALL == 2047 and cf.DEFAULT_FLAGS & ~cf.FLAGS_ALL == 0
+    assert cf.KERNEL_FLAGS == 63519 and cf.FLAGS_ALL == 65535 and cf.DEFAULT_FLAGS & ~cf.FLAGS_ALL == 0
     assert not cf.DEFAULT_FLAGS & (cf.FLAG_PERSIST | cf.FLAG_CARRY) and cf.PERSIST_DEFINES == ("DF_PERSIST",)
     assert cf.CARRY_DEFINES == ("DF_PERSIST", "DF_CARRY")
     # (opt-in: not measured)
@@ -256,6 +270,17 @@ HARNESS = r"""
 using namespace dm;
 extern "C" void weights(const float* x, const float* m, unsigned long long* q, long n) {
   for (long i = 0; i < n; ++i) q[i] = df_weight(x[i], m[i]);
+}
+extern "C" long finite_mismatches(unsigned first, unsigned last, unsigned step, float m) {  // d = x - m over bits
+  long bad = 0;                                                                               // first..last (negative)
+  for (unsigned long long bits = first; bits <= last; bits += step) {
+    const float x = as_float((unsigned)bits) + m;
+    bad += df_weight_finite(x, m) != df_weight(x, m) || df_bucket_finite(x, m) != df_bucket(x, m);
+  }
+  return bad;
+}
+extern "C" void weights_finite(const float* x, const float* m, unsigned long long* q, unsigned* b, long n) {
+  for (long i = 0; i < n; ++i) { q[i] = df_weight_finite(x[i], m[i]); b[i] = df_bucket_finite(x[i], m[i]); }
 }
 extern "C" void buckets(const float* x, const float* m, unsigned* b, long n) {
   for (long i = 0; i < n; ++i) b[i] = df_bucket(x[i], m[i]);
@@ -329,6 +354,32 @@ def test_weight_is_the_reference_bit_for_bit(host):
     with np.errstate(invalid="ignore", over="ignore"):
         want = weight_fixed_point(torch.from_numpy(xs), torch.from_numpy(ms)).numpy().astype(np.uint64)
     assert np.array_equal(host_weights(host, xs, ms), want)
+
+
+def test_finite_max_weight_and_bucket_equal_the_general_ones(host):
+    """FLAG_FINITE_WEIGHT's df_weight_finite / df_bucket_finite (floor by floorf, no select for x == m or d < -22.5)
+    against df_weight / df_bucket (themselves the reference, above) for a finite row max: every 3rd fp32 d in
+    [-24, 0] (~3.6e8 values, the rest of the bit patterns differ only in the last bit of a significand), every d of
+    the bands around the cut-offs, the ties of floor's argument and the specials (x = m, -inf, signed zeros)."""
+    host.finite_mismatches.restype = ctypes.c_long
+    first, last = 0x80000000, int(np.float32(-24.0).view(np.uint32))  # -0.0 .. -24 (bit patterns grow with |d|)
+    assert host.finite_mismatches(first, last, 3, ctypes.c_float(0.0)) == 0
+    for m in (1.0, -7.25, 13.5, 3e4, -1e-3, 3.4e38, -3.4e38):  # another max: d = RN(x - m), x = RN(d + m)
+        assert host.finite_mismatches(first, last, 9973, ctypes.c_float(m)) == 0, m
+    for lo, hi in ((-24.0, -22.0), (-1.0, -0.25)):
+        bits = all_floats(lo, hi).view(np.uint32)
+        assert host.finite_mismatches(int(bits.min()), int(bits.max()), 1, ctypes.c_float(0.0)) == 0, (lo, hi)
+    half = (np.arange(-33, 1, dtype=np.float32) - np.float32(0.5)) / np.float32(1.4426950216293334961)  # y near k
+    d = np.concatenate([np.nextafter(half, np.float32(-np.inf)), half, np.nextafter(half, np.float32(0))])
+    specials = np.array([0.0, -0.0, -np.inf, -3.4e38, -1e-45], np.float32)
+    for m in np.array([0.0, -0.0, 2.5, -1e30, 3.4e38, -3.4e38], np.float32):
+        with np.errstate(over="ignore"):
+            x = np.concatenate([(d[d <= 0] + m).astype(np.float32), m + specials]).astype(np.float32)
+        x = x[x <= m]
+        ms = np.full(x.shape, m, np.float32)
+        q, b = np.zeros(x.shape, np.uint64), np.zeros(x.shape, np.uint32)
+        host.weights_finite(ptr(x), ptr(ms), ptr(q), ptr(b), ctypes.c_long(x.size))
+        assert np.array_equal(q, host_weights(host, x, ms)) and np.array_equal(b, np_bucket(x, ms)), m
 
 
 def np_bucket(x, m):
@@ -421,12 +472,13 @@ def test_sixteen_way_threshold_rounds_equal_the_binary_search(host):
 
 # --------------------------------------------------------------------------- the search, emulated
 def emulate(logits, k, p, capacity=CAPACITY, stats=None, paths=None, refine=True, small=256, refined=None,
-            cluster=cf.CLUSTER):
+            cluster=cf.CLUSTER, small_p=None):
     """filter.cu's decisions for ``logits [B, V]`` fp32 (CPU tensor), per-row ``k`` int64 and ``p`` fp32; returns
     the filtered rows. Mirrors dm_filter step by step (module doc of filter.cu); ``stats`` collects the searches
     that narrowed, ``paths`` the rows that took top-k + top-p's prefix path. ``refine`` (DF_FLAG_REFINE): a
     search's gathered bucket of more than ``small`` (DF_SMALL) tokens is narrowed by df_refine's digit passes
-    (``refined`` collects the passes per search). ``cluster`` 4 to 7: the -DDF_C=N builds (FLAG_L2_CLUSTER4,
+    (``refined`` collects the passes per search); ``small_p`` (FLAG_DEEP_REFINE: 32) that limit for the search by mass
+    (top-p's), ``small`` for the others. ``cluster`` 4 to 7: the -DDF_C=N builds (FLAG_L2_CLUSTER4,
     FLAG_L2_FIT), whose bucket location selects the block, then a pair of adjacent buckets (one per thread), then the
     bucket of the pair; with 5 to 7 blocks the last block's range of 512 runs past the 2,048 buckets (empty ones)."""
     out = logits.clone()
@@ -500,7 +552,8 @@ def emulate(logits, k, p, capacity=CAPACITY, stats=None, paths=None, refine=True
             cand, qc = word[member], qv[member]
             assert len(cand) == count
             passes = 0
-            while refine and count > small:  # df_refine: the digit below the top bit where the words differ
+            limit = small_p if by_mass and small_p is not None else small
+            while refine and count > limit:  # df_refine: the digit below the top bit where the words differ
                 diff = int(np.bitwise_or.reduce(cand)) ^ int(np.bitwise_and.reduce(cand))
                 shift = max(diff.bit_length() - 1 - 7, 0)
                 digit = ((cand >> np.uint64(shift)) & np.uint64(255)).astype(np.int64)
@@ -565,7 +618,8 @@ def assert_same(a, b):
 
 @pytest.mark.parametrize("cluster", [8, 7, 6, 5, 4])
 @pytest.mark.parametrize("capacity", [CAPACITY, 16, 1])
-@pytest.mark.parametrize("refine", [(False, 256), (True, 256), (True, 2)], ids=["bitonic", "refine", "refine-2"])
+@pytest.mark.parametrize("refine", [(False, 256), (True, 256), (True, 2), (True, 256, 32)],
+                         ids=["bitonic", "refine", "refine-2", "refine-deep"])
 def test_emulated_search_on_hard_rows(capacity, refine, cluster):
     """The ten edge rows of the Triton filter's tests (ties, huge and -inf logits, NaN, p = 0 and below resolution,
     signed zeros), with capacity 2,048 (the kernel's), 16 and 1 (every search narrows to a single word); without
@@ -576,7 +630,7 @@ def test_emulated_search_on_hard_rows(capacity, refine, cluster):
     for vocab, seed in ((777, 0), (1001, 1), (4099, 2)):
         x, k, p = hard_rows(vocab, seed)
         stats, paths = [], []
-        assert_same(emulate(x, k, p, capacity, stats, paths, refine[0], refine[1], refined, cluster),
+        assert_same(emulate(x, k, p, capacity, stats, paths, refine[0], refine[1], refined, cluster, *refine[2:]),
                     reference(x, k, p))
         if capacity == 1:
             assert len(stats) >= 6 and not paths  # every k + p row takes the mass histogram after all
@@ -602,6 +656,10 @@ def test_emulated_search_on_the_bench_inputs_at_full_vocab():
             assert not stats, (kind, k, p)
             if (kind, k, p) == ("gaussian", 0, 0.9):  # the bench's p-alone bucket (~300-1,000 tokens) is refined
                 assert refined and min(refined) >= 1, refined
+            if k == 0 and p in (0.9, 0.5):  # FLAG_DEEP_REFINE: top-p's candidates refined down to 32
+                deep = []
+                assert_same(emulate(x, kk, pp, refined=deep, small_p=32), reference(x, kk, pp))
+                assert max(deep) <= 3 and (kind != "gaussian" or min(deep) >= 1), (kind, p, deep)
             assert len(paths) == (4 if k > 0 else 0), (kind, k, p, paths)  # k and p: the prefix path
 
 

@@ -26,6 +26,10 @@
 #   bash tools/gpu_plans/issue16_cluster.sh five      # budget ~220 s: stop 40's FLAG_L2_FIVE (1087 / 1599): tests, sanitizers, timing
 #   bash tools/gpu_plans/issue16_cluster.sh ncu16     # budget ~120 s: source counters of the default filter, 96 rows p alone
 #   bash tools/gpu_plans/issue16_cluster.sh ffs       # budget ~170 s: df_narrow's bit scan by __ffs: tests, A/B against gpu_jobs/prev_src
+#   bash tools/gpu_plans/issue16_cluster.sh deep      # budget ~250 s: stop 41's FLAG_DEEP_REFINE / FLAG_SHARED_BOUNDS: tests, sanitizers, timing
+#   bash tools/gpu_plans/issue16_cluster.sh finite    # budget ~250 s: stop 41's FLAG_FINITE_WEIGHT: tests, sanitizers, timing
+#   bash tools/gpu_plans/issue16_cluster.sh uncounted # budget ~300 s: stop 41's FLAG_UNCOUNTED: tests, sanitizers, timing
+#   bash tools/gpu_plans/issue16_cluster.sh batched   # budget ~300 s: stop 41's FLAG_BATCHED_GATHER: tests, sanitizers, timing
 # Results go to $JOB_OUT (default ./gpu_plan_out). NVRTC builds filter.cu in ~1 s (cached on disk).
 # If the first launch fails with an invalid-configuration error: cuLaunchKernel is assumed to honour the
 # compile-time __cluster_dims__(8, 1, 1) (the CUDA guide: such a kernel launches with <<< >>>); the fallback is
@@ -274,13 +278,15 @@ ncu16)
   # as a report and as the SASS-with-source CSV for tools/ncu_sass_sections.py (the phases: df_histogram's loop, the
   # max pass, df_collect's gather, the write).
   cat > "$OUT/ncu16.py" <<'PY'
+import os
 import torch
 from dspark_markov.bench.verify_grid import filter_logits
 from dspark_markov.verify import cuda_filtering as cf
 rows = 96
 gen = torch.Generator(device="cuda").manual_seed(1)
 x = filter_logits("gaussian", torch.randn(rows, 129_280, generator=gen, device="cuda") * 2, gen)
-filt = cf.CudaTopKTopPFilter(rows, 129_280, "cuda")
+flags = os.environ.get("FILTER_FLAGS")  # (default: DEFAULT_FLAGS)
+filt = cf.CudaTopKTopPFilter(rows, 129_280, "cuda", flags=None if flags is None else int(flags))
 y = x.clone()
 filt.filter(y, None, 0.9, y)
 torch.cuda.synchronize()
@@ -316,6 +322,72 @@ ffs)
       PYTHONPATH=$src JOB_OUT="$OUT/$tree$round" timeout -k 2 40 python3 tools/time_filter.py --cuda-only --cuda-flags 575 \
         16,64,253 2>&1 | grep -E "^filter_row|Error" | sed "s/^/$tree$round /" | tee -a "$OUT/ffs_bench.txt"
     done
+  done
+  ;;
+deep)
+  # (~200-250 s) stop 41's kernel flags FLAG_DEEP_REFINE (2048: a top-p search refined down to 32 candidates before the
+  # rank by counting, which was 10% of the instructions in ncu16) and FLAG_SHARED_BOUNDS (4096: a gather's bucket
+  # bounds searched by one warp per block). The file's tests with them (6175 / 6719 and the options 2051 / 2623 /
+  # 4127), memcheck + racecheck (6719 through the L2-row build, 6175 resident), then 575 (the default) beside 2623 /
+  # 4671 / 6719, two alternating rounds, p alone and k + p at 16 / 64 / 253 requests. Make them default only if exact
+  # and faster.
+  timeout -k 2 100 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_filtering_gpu.py \
+    -k "6175 or 6719 or 2051 or 2623 or 4127" 2>&1 | tee "$OUT/deep_tests.txt" | tail -3
+  FILTER_FLAGS=6719 bash "$0" sanitize_only memcheck racecheck
+  FILTER_FLAGS=6175 bash "$0" sanitize_only memcheck
+  for round in 1 2; do
+    mkdir -p "$OUT/deep$round"
+    JOB_OUT="$OUT/deep$round" timeout -k 2 80 python3 tools/time_filter.py --cuda-only --cuda-flags 575,2623,4671,6719 \
+      16,64,253 2>&1 | grep -E "^filter_row|Error" | sed "s/^/r$round /" | tee -a "$OUT/deep_bench.txt"
+  done
+  ;;
+finite)
+  # (~200-250 s) stop 41's FLAG_FINITE_WEIGHT (8192: top-p's histogram loop by df_weight_finite / df_bucket_finite
+  # where the row max is finite, ~40 instructions a token instead of ~50; the loop is the issue-bound phase of a wave).
+  # The file's tests with it (8767 / 14911 and the options 8223 / 8767 / 8197 / 14911: ragged V, a +inf row max),
+  # memcheck + racecheck (14911 through the L2-row build, 8223 resident), then 575 beside 8767 / 14911 / 6719, two
+  # alternating rounds, p alone and k + p at 1 / 16 / 64 / 253 requests.
+  timeout -k 2 100 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_filtering_gpu.py \
+    -k "8767 or 14911 or 8223 or 8197" 2>&1 | tee "$OUT/finite_tests.txt" | tail -3
+  FILTER_FLAGS=14911 bash "$0" sanitize_only memcheck racecheck
+  FILTER_FLAGS=8223 bash "$0" sanitize_only memcheck
+  for round in 1 2; do
+    mkdir -p "$OUT/finite$round"
+    JOB_OUT="$OUT/finite$round" timeout -k 2 80 python3 tools/time_filter.py --cuda-only --cuda-flags 575,8767,14911,6719 \
+      1,16,64,253 2>&1 | grep -E "^filter_row|Error" | sed "s/^/r$round /" | tee -a "$OUT/finite_bench.txt"
+  done
+  ;;
+uncounted)
+  # (~250-300 s) stop 41's FLAG_UNCOUNTED (16384: top-p alone histograms masses only, two shared adds a token, and its
+  # search gathers first, narrowing after an overfull bucket). The file's tests with it (16415 resident, 16959 / 31295
+  # the L2-row builds, flat and tied rows: the narrowing after the gather), memcheck + racecheck (31295 and 16415; the
+  # script's flat row overfills its bucket), then 575 beside 16959 / 25151 (with FLAG_FINITE_WEIGHT) / 31295, two
+  # alternating rounds, p alone and k + p at 1 / 16 / 64 / 253 requests.
+  timeout -k 2 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_filtering_gpu.py \
+    -k "16415 or 16959 or 31295 or 16386 or 16391" 2>&1 | tee "$OUT/uncounted_tests.txt" | tail -3
+  FILTER_FLAGS=31295 bash "$0" sanitize_only memcheck racecheck
+  FILTER_FLAGS=16415 bash "$0" sanitize_only memcheck racecheck
+  for round in 1 2; do
+    mkdir -p "$OUT/uncounted$round"
+    JOB_OUT="$OUT/uncounted$round" timeout -k 2 80 python3 tools/time_filter.py --cuda-only \
+      --cuda-flags 575,16959,25151,31295 1,16,64,253 2>&1 | grep -E "^filter_row|Error" | sed "s/^/r$round /" \
+      | tee -a "$OUT/uncounted_bench.txt"
+  done
+  ;;
+batched)
+  # (~250-300 s) stop 41's FLAG_BATCHED_GATHER (32768: the gather's reads eight in flight): the file's tests with it
+  # (32769 / 32799 resident, 33343 / 49727 / 64063 the L2-row builds; ragged V: the partial last group), memcheck +
+  # racecheck (64063, 32799), then 575 beside 33343 / 49727 / 64063, two alternating rounds, p alone and k + p at
+  # 1 / 16 / 64 / 253 requests.
+  timeout -k 2 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_filtering_gpu.py \
+    -k "32769 or 32799 or 33343 or 49727 or 64063" 2>&1 | tee "$OUT/batched_tests.txt" | tail -3
+  FILTER_FLAGS=64063 bash "$0" sanitize_only memcheck racecheck
+  FILTER_FLAGS=32799 bash "$0" sanitize_only memcheck racecheck
+  for round in 1 2; do
+    mkdir -p "$OUT/batched$round"
+    JOB_OUT="$OUT/batched$round" timeout -k 2 80 python3 tools/time_filter.py --cuda-only \
+      --cuda-flags 575,33343,49727,64063 1,16,64,253 2>&1 | grep -E "^filter_row|Error" | sed "s/^/r$round /" \
+      | tee -a "$OUT/batched_bench.txt"
   done
   ;;
 sanitize_only)

@@ -59,7 +59,7 @@
 // write (see df_row, DfCarry).
 // Verified on the H200 (2026-12-05): its GPU tests (tests/gpu/test_cuda_filtering_gpu.py) and every flags option
 // equal the sort reference; compute-sanitizer memcheck / racecheck / synccheck clean. 118 registers, no spill,
-// 47,328 bytes of static shared memory + the slice. On the CPU: the search emulated in its order of decisions, the
+// 47,344 bytes of static shared memory (47,328 before stop 41) + the slice. On the CPU: the search emulated in its order of decisions, the
 // helpers compiled as host C++ (tests/verify/test_cuda_filtering.py).
 #include "noise.cuh"
 
@@ -100,15 +100,9 @@ static_assert(DF_C >= 4 && DF_C <= 8, "DF_C: 4 to 8 blocks per cluster");
 // -23 instead of -44 (n >= -34 keeps 2^(n + 32) normal); x == m (also +inf == +inf, where d is NaN): 2^32.
 // floor(y) without conversions (1/4 of the FP32 rate on sm_90): y + 1.5 2^23 rounds y (|y| < 2^22) to the nearest
 // integer f, whose bits are 0x4B400000 + f; floor(y) = f, or f - 1 where f > y.
-DM_HD u64 df_weight(float x, float m) {
-  const float d = sub_rn(x, m);
-  const float dc = d >= -23.0f ? d : -23.0f;
-  const float y = add_rn(mul_rn(dc, 0x1.715476p+0f), 0.5f);
-  const float shifted = add_rn(y, 12582912.0f);
-  const float f = sub_rn(shifted, 12582912.0f);
-  const bool down = f > y;
-  const float n = down ? sub_rn(f, 1.0f) : f;
-  const i32 n_int = (i32)as_u32(shifted) - 0x4B400000 - (down ? 1 : 0);
+// poly 2^n 2^32 for the reduced dc (>= -23) and n = floor(dc log2(e) + 0.5) (n_int: the same as an int): the Cody-Waite
+// reduction and the degree-7 Taylor polynomial of df_weight, shared with df_weight_finite
+DM_HD float df_exp_scaled(float dc, float n, i32 n_int) {
   const float r = sub_rn(sub_rn(dc, mul_rn(n, 0x1.63p-1f)), mul_rn(n, -0x1.bd0106p-13f));
   float poly = 0x1.a01a02p-13f;
   poly = add_rn(mul_rn(poly, r), 0x1.6c16c2p-10f);
@@ -118,9 +112,44 @@ DM_HD u64 df_weight(float x, float m) {
   poly = add_rn(mul_rn(poly, r), 0.5f);
   poly = add_rn(mul_rn(poly, r), 1.0f);
   poly = add_rn(mul_rn(poly, r), 1.0f);
-  // poly 2^n 2^32 in one exact product (a normal power of two), selected, then truncated toward zero
-  const float w = mul_rn(poly, as_float((u32)(n_int + 159) << 23));
+  // poly 2^n 2^32 in one exact product (a normal power of two)
+  return mul_rn(poly, as_float((u32)(n_int + 159) << 23));
+}
+
+DM_HD u64 df_weight(float x, float m) {
+  const float d = sub_rn(x, m);
+  const float dc = d >= -23.0f ? d : -23.0f;
+  const float y = add_rn(mul_rn(dc, 0x1.715476p+0f), 0.5f);
+  const float shifted = add_rn(y, 12582912.0f);
+  const float f = sub_rn(shifted, 12582912.0f);
+  const bool down = f > y;
+  const float n = down ? sub_rn(f, 1.0f) : f;
+  const i32 n_int = (i32)as_u32(shifted) - 0x4B400000 - (down ? 1 : 0);
+  const float w = df_exp_scaled(dc, n, n_int);  // selected, then truncated toward zero
   return (u64)(x == m ? 4294967296.0f : (d >= -22.5f ? w : 0.0f));
+}
+
+// df_weight for a FINITE row max m, with fewer instructions (stop 41, DF_FLAG_FINITE_WEIGHT: the histogram loop's
+// weight was ~30 of its ~50 instructions per token); the same q for every x <= m, x not NaN (the host test compares
+// the two on every fp32 d in [-23, 0] sampled and the bands around them): floor(y) is one FRND (floorf; y is within
+// [-33, 0.5], so n_int comes from n exactly by the 1.5 2^23 shift), and neither select is needed: d = 0 (x == m, a
+// finite m) reduces to n = 0, r = 0, poly = 1, w = 2^32 exactly; d < -22.5 (also -inf, clamped to -23) gives
+// w < exp(-22.5) 2^32 (1 + 2^-20) < 1, which truncates to 0. A row max of +inf keeps df_weight (its d is NaN there).
+DM_HD u64 df_weight_finite(float x, float m) {
+  const float d = sub_rn(x, m);
+  const float dc = fmaxf(d, -23.0f);
+#ifdef DF_FINITE_FRND
+  const float n = floorf(add_rn(mul_rn(dc, 0x1.715476p+0f), 0.5f));
+  const i32 n_int = (i32)as_u32(add_rn(n, 12582912.0f)) - 0x4B400000;
+#else
+  const float y = add_rn(mul_rn(dc, 0x1.715476p+0f), 0.5f);
+  const float shifted = add_rn(y, 12582912.0f);
+  const float f = sub_rn(shifted, 12582912.0f);
+  const bool down = f > y;
+  const float n = down ? sub_rn(f, 1.0f) : f;
+  const i32 n_int = (i32)as_u32(shifted) - 0x4B400000 - (down ? 1 : 0);
+#endif
+  return (u64)df_exp_scaled(dc, n, n_int);
 }
 
 // Level-1 bucket: 0 for the max itself (also +inf == +inf), else floor((m - x) 64) capped at DF_NB - 1. m - x is
@@ -129,6 +158,12 @@ DM_HD u32 df_bucket(float x, float m) {  // (no branch: selects; RN(x - m) (-64)
   const float e = mul_rn(sub_rn(x, m), -DF_SCALE);
   const u32 b = e < (float)(DF_NB - 1) ? (u32)e : (u32)(DF_NB - 1);
   return x == m ? 0u : b;
+}
+
+// df_bucket for a FINITE row max m (DF_FLAG_FINITE_WEIGHT): x == m gives e = 0, bucket 0, without the select; e >= 2047
+// (also x = -inf: e = +inf) is capped by the min before the conversion truncates.
+DM_HD u32 df_bucket_finite(float x, float m) {
+  return (u32)fminf(mul_rn(sub_rn(x, m), -DF_SCALE), (float)(DF_NB - 1));
 }
 
 // Order-preserving 32-bit keys of floats (larger float, larger key; -0.0 just below +0.0) and back.
@@ -279,13 +314,48 @@ struct FilterArgs {  // 8-byte fields (verify/cuda_filtering.py FilterArgs)
                                // register loads; the max, NaN flag and the division by T then read shared memory
 #define DF_FLAG_WARP_THRESHOLDS 16  // (stop 27; measured 2026-12-05) the gather's bucket bounds by 16-way rounds across
                                // the lanes (df_thresholds_warp, ~8 rounds) instead of 32 dependent halvings per thread
+// Stop 41's kernel flags (DEEP_REFINE, SHARED_BOUNDS, FINITE_WEIGHT, UNCOUNTED, BATCHED_GATHER) are compiled out of the
+// opt-in persistent (-DDF_PERSIST) and five-block (-DDF_L2_FIVE) builds, where they are inert: their code at those
+// builds' register caps spilled words into the per-token loops, and those builds were measured slower anyway.
+#if defined(DF_PERSIST) || defined(DF_L2_FIVE)
+#define DF_NEW_FLAGS 0
+#else
+#define DF_NEW_FLAGS 1
+#endif
+#define DF_FLAG_DEEP_REFINE 2048  // (stop 41) with REFINE: a top-p search's (by mass: the row's last search, whose
+                               // bucket no later search reuses) candidates refined down to <= DF_DEEP, not DF_SMALL: a
+                               // digit pass over <= 256 candidates (one per thread) costs a few hundred instructions a
+                               // thread where ranking 256 by counting cost ~1,000 (256 dependent 64-bit compares; 10% of
+                               // the filter's instructions at 16 requests of p alone, Nsight Compute, stop 40)
+#define DF_DEEP 32             // ... candidates left for ranking by counting: one warp's worth
+#define DF_FLAG_FINITE_WEIGHT 8192  // (stop 41) with ILP, top-p's level-1 histogram of a row with a finite max by
+                               // df_weight_finite / df_bucket_finite (the same q and bucket, ~10 fewer instructions a token)
+#define DF_FLAG_UNCOUNTED 16384  // (stop 41) with ILP and MASK_GATHER, top-p alone (p > 0: its one search is by mass):
+                               // the level-1 histogram adds masses only (two shared adds a token, not three: the count's
+                               // add was 8-12% of the time, an experiment on the H100), and the search learns its
+                               // bucket's count from the gather (rank 0's slot counter), narrowing after it if the
+                               // bucket held more than DF_CAP tokens
+#define DF_GATHER_BATCH 4      // ... reads in flight per thread (8 spilled in the 4- to 7-block and five-block builds)
+#define DF_FLAG_BATCHED_GATHER 32768  // (stop 41) with MASK_GATHER, a gather's 16-byte reads four at a time, all in flight
+                               // before any is compared (the partial last group of a slice apart): the loop before
+                               // read one group, compared it, then read the next (its SASS: one L2 round trip per
+                               // group, as the group's one load sat in a branch of DF_AT4_PART), ~14% of a row's time
+                               // at 16 requests of p alone in the phase trace
+#define DF_UNCOUNTED 0xFFFFFFFFu   // df_collect's `count` when the histogram held no counts
+#define DF_OVERFLOW 0xFFFFFFFEu    // df_collect: an uncounted gather found more than DF_CAP members (none sorted)
+#define DF_FLAG_SHARED_BOUNDS 4096  // (stop 41) with WARP_THRESHOLDS: the gather's bucket bounds searched by warp 0
+                               // alone and shared through shared memory (every warp of every block of the cluster ran
+                               // the same ~8 rounds: 64 times per row)
 
 struct FilterShared {
   float part_max;    // this block's slice max and NaN flag (read by the others)
   u32 part_nan;
   float m;           // the row max
   u32 nan_row;
-  u32 counter;       // rank 0's: gather slots
+  u32 counter;       // rank 0's: gather slots, claimed from counter_base on (never reset within a row)
+  u32 counter_base;  // where the next gather's slots start: the slots of the row's earlier gathers (every block alike)
+  u32 gather_count;  // an uncounted gather's members (DF_FLAG_UNCOUNTED)
+  u32 uncounted;     // DF_FLAG_UNCOUNTED applies to this row: its histogram holds no counts, its search gathers first
   u32 tot_cnt;       // this block's reduced range: count and mass
   u64 tot_mass;
   u64 warp_sum[DF_T / 32];
@@ -299,6 +369,7 @@ struct FilterShared {
   u32 gathered;      // a search has gathered candidates before
   u32 flags;         // FilterArgs.flags
   u32 refine_n;      // a refinement pass's kept candidates
+  float t_lo, t_hi;  // the gather's bucket bounds (DF_FLAG_SHARED_BOUNDS: warp 0's)
 #ifdef DF_TRACE
   long long* trace;  // this block's DF_TRACE_SLOTS clock64() marks, or null (an untraced row)
 #endif
@@ -363,6 +434,12 @@ __device__ __forceinline__ void df_add(u32 base, u32 stride, u32 bin, u64 q) {
   df_red(a, 1u);
   df_red(a + stride, (u32)q & 0xFFFFu);
   df_red(a + 2u * stride, (u32)(q >> 16));
+}
+// The mass words alone (DF_FLAG_UNCOUNTED): `base` the shared address of the mass & 0xFFFF words.
+__device__ __forceinline__ void df_add_mass(u32 base, u32 stride, u32 bin, u64 q) {
+  const u32 a = base + 4u * bin;
+  df_red(a, (u32)q & 0xFFFFu);
+  df_red(a + stride, (u32)(q >> 16));
 }
 // The count and mass of bin `bin` of a three-word histogram (words from `words`, `stride` words apart) summed over
 // the cluster's blocks.
@@ -498,17 +575,18 @@ __device__ __forceinline__ void df_thresholds_warp(float m, i32 b1, i32 b2, floa
   t2 = b2 < 0 ? inf : ((i32)bottom_bucket <= b2 ? -inf : df_fkey_value(hi2));
 }
 
-// Narrow `count` (> DF_SMALL) unsorted candidates at the front of s_cand to those of the 256-way digit where the
-// target falls, pass after pass, until <= DF_SMALL remain (at the front of s_cand). Every block of the cluster does
+// Narrow `count` (> limit: DF_SMALL, or DF_DEEP for a top-p search with DF_FLAG_DEEP_REFINE) unsorted candidates at
+// the front of s_cand to those of the 256-way digit where the target falls, pass after pass, until <= limit remain (at
+// the front of s_cand). Every block of the cluster does
 // the same on the same words (no cluster barrier). A pass's digit is the 8 bits below and including the highest bit
 // where the candidates' words differ, so it keeps one value of that bit (progress); digits descending (better first);
 // df_select moves sh.base_cnt / base_mass past the better digits, as df_search's narrowing passes do. Returns the
 // remaining count; 0 if no digit held the target (a broken invariant: the caller fails the search).
-__device__ __noinline__ u32 df_refine(u32 count, bool masses, bool by_mass, u64 target, float m, u64* s_cand,
-                                      u32* s_dig, FilterShared& sh) {
+__device__ __noinline__ u32 df_refine(u32 count, u32 limit, bool masses, bool by_mass, u64 target, float m,
+                                      u64* s_cand, u32* s_dig, FilterShared& sh) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const u32 dig = df_addr(s_dig);
-  while (count > DF_SMALL) {
+  while (count > limit) {
     u64 w_or = 0, w_and = ~0ull;
     for (int i = tid; i < (int)count; i += DF_T) {
       const u64 w = s_cand[i];
@@ -561,11 +639,18 @@ __device__ __noinline__ u32 df_refine(u32 count, bool masses, bool by_mass, u64 
   return count;
 }
 
+// Membership bits of a group of four tokens (bit e: token e): x >= t_lo, and below t_hi where `bounded`.
+__device__ __forceinline__ u32 df_member_bits(float4 f, float t_lo, float t_hi, bool bounded) {
+  return (u32)(f.x >= t_lo && !(bounded && f.x >= t_hi)) | ((u32)(f.y >= t_lo && !(bounded && f.y >= t_hi)) << 1)
+         | ((u32)(f.z >= t_lo && !(bounded && f.z >= t_hi)) << 2) | ((u32)(f.w >= t_lo && !(bounded && f.w >= t_hi)) << 3);
+}
+
 // A gather's members of this thread, bit b of `mask` (vec: token 4 ((c0 + b / 4) DF_T + tid) + b % 4, else token
 // (c0 + b) DF_T + tid of the slice): slots claimed with one cluster atomic per warp on rank 0's counter, and the
-// members' words stored into every block's s_cand. Every lane of the warp calls it.
+// members' words stored into every block's s_cand at slot - `base` (only those below DF_CAP: an uncounted gather may
+// find more, then only counted). Every lane of the warp calls it.
 __device__ __forceinline__ void df_store_members(u64 mask, bool vec, int c0, const float* s_x, i64 lo, u32 counter,
-                                                 u64* s_cand) {
+                                                 u32 base, u64* s_cand) {
   const int tid = threadIdx.x, lane = tid & 31;
   const u32 mine = (u32)__popcll(mask);
   u32 incl = mine;
@@ -579,8 +664,8 @@ __device__ __forceinline__ void df_store_members(u64 mask, bool vec, int c0, con
   DF_ROW_POLICY;
   u32 slot = 0;
   if (lane == 0) slot = df_atom_add(counter, total);
-  slot = __shfl_sync(0xFFFFFFFFu, slot, 0) + incl - mine;
-  while (mask != 0) {
+  slot = __shfl_sync(0xFFFFFFFFu, slot, 0) - base + incl - mine;
+  while (mask != 0 && slot < DF_CAP) {
     const int b = __ffsll((long long)mask) - 1;
     mask &= mask - 1;
     const int i = vec ? 4 * ((c0 + (b >> 2)) * DF_T + tid) + (b & 3) : (c0 + b) * DF_T + tid;
@@ -596,15 +681,18 @@ __device__ __forceinline__ void df_store_members(u64 mask, bool vec, int c0, con
 // (descending words), and write their inclusive masses (q when `masses`, else 0) to s_hist. With DF_FLAG_REFINE and
 // `refine` (a search: `by_mass`, `target`, sh.base_cnt / base_mass as df_select leaves them), a bucket of more than
 // DF_SMALL tokens is first narrowed to the digit holding the target (df_refine), which moves the bases; returns the
-// count of sorted candidates (0: a refinement found no digit at the target, a broken invariant). Ends with a block
-// barrier; the next gather must follow a cluster barrier (df_search's, or the caller's).
+// count of sorted candidates (0: a refinement found no digit at the target, a broken invariant). `count` DF_UNCOUNTED
+// (DF_FLAG_UNCOUNTED; shift 64, not upto): the gather counts the bucket itself (sh.gather_count), and one of more than
+// DF_CAP members returns DF_OVERFLOW unsorted (the caller narrows, then gathers again). Ends with a block barrier;
+// the next gather must follow a cluster barrier (df_search's, or the caller's).
 __device__ __noinline__ u32 df_collect(const float* s_x, int n, i64 lo, float m, u32 bucket, bool upto, int shift,
                                        u64 prefix, u32 count, bool masses, u64* s_hist, u64* s_cand,
                                        FilterShared& sh, u32 rank, bool refine, bool by_mass, u64 target,
                                        u32* s_dig) {
   const int tid = threadIdx.x, lane = tid & 31;
-  if (sh.gathered) df_cluster_sync();  // every block is done with its previous candidates; rank 0's counter is 0
+  if (sh.gathered) df_cluster_sync();  // every block is done with its previous candidates and counts
   const u32 counter = df_map(df_addr(&sh.counter), 0);
+  const u32 base = sh.counter_base;
   const int rounds = (n + DF_T - 1) / DF_T;
   const u32 flags = sh.flags;
   DF_ROW_POLICY;
@@ -612,11 +700,49 @@ __device__ __noinline__ u32 df_collect(const float* s_x, int n, i64 lo, float m,
     // membership by two fp32 compares against the bucket's bounds (df_thresholds: exactly df_bucket's decision), 4
     // tokens per 16-byte load, 64 tokens per mask; members: x >= t_lo, and below t_hi unless `upto` or bucket 0
     float t_lo, t_hi;
-    if (flags & DF_FLAG_WARP_THRESHOLDS) df_thresholds_warp(m, (i32)bucket, upto ? -1 : (i32)bucket - 1, t_lo, t_hi);
-    else df_thresholds(m, (i32)bucket, upto ? -1 : (i32)bucket - 1, t_lo, t_hi);
+    if (DF_NEW_FLAGS && (flags & (DF_FLAG_WARP_THRESHOLDS | DF_FLAG_SHARED_BOUNDS))
+                            == (DF_FLAG_WARP_THRESHOLDS | DF_FLAG_SHARED_BOUNDS)) {
+      if (tid < 32) {  // (sh.t_lo / t_hi: last read by the previous gather, behind this gather's cluster barrier)
+        df_thresholds_warp(m, (i32)bucket, upto ? -1 : (i32)bucket - 1, t_lo, t_hi);
+        if (tid == 0) { sh.t_lo = t_lo; sh.t_hi = t_hi; }
+      }
+      __syncthreads();
+      t_lo = sh.t_lo;
+      t_hi = sh.t_hi;
+    } else if (flags & DF_FLAG_WARP_THRESHOLDS) {
+      df_thresholds_warp(m, (i32)bucket, upto ? -1 : (i32)bucket - 1, t_lo, t_hi);
+    } else {
+      df_thresholds(m, (i32)bucket, upto ? -1 : (i32)bucket - 1, t_lo, t_hi);
+    }
     const bool bounded = !upto && bucket != 0;
     const int n4 = (n + 3) / 4;  // the slice is a multiple of 4 tokens: the last group's loads stay inside it
     const int rounds4 = (n4 + DF_T - 1) / DF_T;
+    if (DF_NEW_FLAGS && (flags & DF_FLAG_BATCHED_GATHER)) {
+      const int whole = n / 4;  // groups of four tokens; a last partial one (n % 4 tokens) after the loop
+      for (int c0 = 0; c0 < rounds4; c0 += 16) {
+        u64 mask = 0;
+#pragma unroll
+        for (int j = 0; j < 16; j += DF_GATHER_BATCH) {
+          float4 f[DF_GATHER_BATCH];
+#pragma unroll
+          for (int u = 0; u < DF_GATHER_BATCH; ++u) {  // (predicated reads, no branch between them: all in flight)
+            const int v = (c0 + j + u) * DF_T + tid;
+            f[u] = v < whole ? DF_AT4(v) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          }
+#pragma unroll
+          for (int u = 0; u < DF_GATHER_BATCH; ++u) {
+            const int v = (c0 + j + u) * DF_T + tid;
+            if (v < whole) mask |= (u64)df_member_bits(f[u], t_lo, t_hi, bounded) << (4 * (j + u));
+          }
+        }
+        df_store_members(mask, true, c0, s_x, lo, counter, base, s_cand);
+      }
+      if (whole < n4) {  // the partial group, by its thread (every warp calls df_store_members: a warp collective)
+        u64 mask = 0;
+        if (tid == whole % DF_T) mask = df_member_bits(DF_AT4_PART(whole, n), t_lo, t_hi, bounded) & ((1u << (n - 4 * whole)) - 1u);
+        df_store_members(mask, true, whole / DF_T, s_x, lo, counter, base, s_cand);
+      }
+    } else {
     for (int c0 = 0; c0 < rounds4; c0 += 16) {
       u64 mask = 0;
 #pragma unroll 4
@@ -631,7 +757,8 @@ __device__ __noinline__ u32 df_collect(const float* s_x, int n, i64 lo, float m,
           mask |= (u64)bits << (4 * j);
         }
       }
-      df_store_members(mask, true, c0, s_x, lo, counter, s_cand);
+      df_store_members(mask, true, c0, s_x, lo, counter, base, s_cand);
+    }
     }
   } else if (flags & DF_FLAG_MASK_GATHER) {
     // membership of up to 64 of this thread's tokens at a time in a register mask (independent iterations: the
@@ -649,7 +776,7 @@ __device__ __noinline__ u32 df_collect(const float* s_x, int n, i64 lo, float m,
           mask |= (u64)member << j;
         }
       }
-      df_store_members(mask, false, c0, s_x, lo, counter, s_cand);
+      df_store_members(mask, false, c0, s_x, lo, counter, base, s_cand);
     }
   } else {
     for (int it = 0; it < rounds; ++it) {  // warp-uniform trip count: ballots below
@@ -669,8 +796,8 @@ __device__ __noinline__ u32 df_collect(const float* s_x, int n, i64 lo, float m,
       const int leader = __ffs(ballot) - 1;
       u32 slot = 0;
       if (lane == leader) slot = df_atom_add(counter, __popc(ballot));
-      slot = __shfl_sync(0xFFFFFFFFu, slot, leader) + __popc(ballot & ((1u << lane) - 1u));
-      if (member) {
+      slot = __shfl_sync(0xFFFFFFFFu, slot, leader) - base + __popc(ballot & ((1u << lane) - 1u));
+      if (member && slot < DF_CAP) {
 #pragma unroll
         for (u32 r = 0; r < DF_C; ++r) df_st64(df_map(df_addr(&s_cand[slot]), r), w);
       }
@@ -679,10 +806,23 @@ __device__ __noinline__ u32 df_collect(const float* s_x, int n, i64 lo, float m,
   DF_MARK(13);
   df_cluster_sync();  // every block's candidates complete
   DF_MARK(14);
-  if (rank == 0 && tid == 0) sh.counter = 0;  // the next gather follows a cluster barrier
+  if (DF_NEW_FLAGS && count == DF_UNCOUNTED) {  // the bucket's members: rank 0's counter, complete behind the barrier
+    if (tid == 0) sh.gather_count = df_ld32(counter) - base;
+    __syncthreads();
+    count = sh.gather_count;
+  }
+  if (tid == 0) {
+    sh.counter_base = base + count;  // (no block adds to the counter again before the next gather's cluster barrier)
+    sh.gathered = 1;
+  }
+  if (DF_NEW_FLAGS && count > DF_CAP) {  // (uncounted only: the slots past DF_CAP were counted, not stored)
+    __syncthreads();
+    return DF_OVERFLOW;
+  }
   const bool small_sort = (flags & DF_FLAG_REFINE) != 0;
-  if (small_sort && refine && count > DF_SMALL) {
-    count = df_refine(count, masses, by_mass, target, m, s_cand, s_dig, sh);
+  const u32 limit = DF_NEW_FLAGS && by_mass && (flags & DF_FLAG_DEEP_REFINE) ? DF_DEEP : DF_SMALL;
+  if (small_sort && refine && count > limit) {
+    count = df_refine(count, limit, masses, by_mass, target, m, s_cand, s_dig, sh);
     if (count == 0) return 0;
   }
   const int size = count <= 32 ? 32 : 1 << (32 - __clz(count - 1));  // a power of two >= count
@@ -733,7 +873,6 @@ __device__ __noinline__ u32 df_collect(const float* s_x, int n, i64 lo, float m,
   }
   __syncthreads();
   DF_MARK(16);
-  if (tid == 0) sh.gathered = 1;
   return count;
 }
 
@@ -766,15 +905,30 @@ __device__ __forceinline__ void df_find(bool by_mass, u64 target, u32 count, u64
 }
 
 // The token at a target of the row's ranking (module doc, step 3): sh.found_word and sh.found_mass (the inclusive
-// mass of every token up to it). Called by every thread of every block of the cluster alike.
+// mass of every token up to it). Called by every thread of every block of the cluster alike. A search by mass after
+// a histogram of masses only (sh.uncounted, DF_FLAG_UNCOUNTED): the bucket is gathered first, which counts it; the
+// narrowing passes follow only if it held more than DF_CAP tokens.
 __device__ __noinline__ void df_search(bool by_mass, u64 target, bool masses, const float* s_x, int n, i64 lo, float m,
                           u64* s_hist, u64* s_cand, u32* s_rcnt, u64* s_rmass, u32* s_dig, FilterShared& sh,
                           u32 rank, u32* stats) {
   const int tid = threadIdx.x;
+  const bool counted = !DF_NEW_FLAGS || !(by_mass && sh.uncounted);
   const u32 bucket = df_locate(by_mass, target, s_rcnt, s_rmass, sh);
   DF_MARK(7);
   if (bucket == DF_NONE) return df_fail(sh, stats, rank);
   u32 count = sh.sel_cnt;
+  if (!counted) {
+    const u32 sorted = df_collect(s_x, n, lo, m, bucket, false, 64, 0, DF_UNCOUNTED, masses, s_hist, s_cand, sh,
+                                  rank, true, by_mass, target, s_dig);
+    if (sorted == 0) return df_fail(sh, stats, rank);
+    if (sorted != DF_OVERFLOW) {
+      DF_MARK(9);
+      df_find(by_mass, target, sorted, sh.base_cnt, sh.base_mass, s_hist, s_cand, sh, rank, stats);
+      DF_MARK(10);
+      return;
+    }
+    count = sh.gather_count;  // more than DF_CAP: narrowed below, then gathered again
+  }
   // narrowing passes on the word's bits while the range is too large to sort
   int shift = 64;
   u64 prefix = 0;
@@ -818,8 +972,42 @@ __device__ __noinline__ void df_search(bool by_mass, u64 target, bool masses, co
   DF_MARK(10);
 }
 
-// The level-1 histogram of this block's slice (module doc, step 2): q only with `masses` (else counts), into the
-// zeroed bins; then, after a cluster barrier, this block's DF_RANGE buckets summed over the cluster into s_rcnt /
+// df_histogram's loop with masses, four tokens per step from group `tid` on (`next`: its first group, read): the
+// weights and buckets of df_weight_finite / df_bucket_finite where FINITE (a finite row max), else the general ones;
+// the counts too where COUNTS.
+template <bool FINITE, bool COUNTS>
+__device__ __forceinline__ void df_hist_masses(const float* s_x, int n4, float m, u32 base, float4 next) {
+  DF_ROW_POLICY;
+  for (int v = threadIdx.x; v < n4; v += DF_T) {
+    const float4 f = next;
+    if (v + DF_T < n4) next = DF_AT4(v + DF_T);
+    u64 q0, q1, q2, q3;
+    u32 b0, b1, b2, b3;
+    if (FINITE) {
+      q0 = df_weight_finite(f.x, m); q1 = df_weight_finite(f.y, m); q2 = df_weight_finite(f.z, m);
+      q3 = df_weight_finite(f.w, m);
+      b0 = df_bucket_finite(f.x, m); b1 = df_bucket_finite(f.y, m); b2 = df_bucket_finite(f.z, m);
+      b3 = df_bucket_finite(f.w, m);
+    } else {
+      q0 = df_weight(f.x, m); q1 = df_weight(f.y, m); q2 = df_weight(f.z, m); q3 = df_weight(f.w, m);
+      b0 = df_bucket(f.x, m); b1 = df_bucket(f.y, m); b2 = df_bucket(f.z, m); b3 = df_bucket(f.w, m);
+    }
+    if (COUNTS) {
+      df_add(base, 4u * DF_NB, b0, q0);
+      df_add(base, 4u * DF_NB, b1, q1);
+      df_add(base, 4u * DF_NB, b2, q2);
+      df_add(base, 4u * DF_NB, b3, q3);
+    } else {  // the mass words only (the count words stay 0)
+      df_add_mass(base + 4u * DF_NB, 4u * DF_NB, b0, q0);
+      df_add_mass(base + 4u * DF_NB, 4u * DF_NB, b1, q1);
+      df_add_mass(base + 4u * DF_NB, 4u * DF_NB, b2, q2);
+      df_add_mass(base + 4u * DF_NB, 4u * DF_NB, b3, q3);
+    }
+  }
+}
+
+// The level-1 histogram of this block's slice (module doc, step 2): counts, and q with `masses` (without the counts
+// where sh.uncounted, DF_FLAG_UNCOUNTED: the count words stay 0), into the zeroed bins; then, after a cluster barrier, this block's DF_RANGE buckets summed over the cluster into s_rcnt /
 // s_rmass
 // and its totals into sh.tot_cnt / tot_mass. Ends with a cluster barrier (the sums complete everywhere; the bins
 // free).
@@ -827,6 +1015,7 @@ __device__ __noinline__ void df_histogram(const float* s_x, int n, float m, bool
                                           u64* s_rmass, FilterShared& sh, u32 rank) {
   const int tid = threadIdx.x;
   const u32 base = df_addr(bins);
+  const bool counts = !DF_NEW_FLAGS || !sh.uncounted;
   DF_ROW_POLICY;
   if (sh.flags & DF_FLAG_ILP) {
     // four tokens per step: independent chains the scheduler interleaves (then 4 or 12 adds); the ragged tail of the
@@ -835,17 +1024,13 @@ __device__ __noinline__ void df_histogram(const float* s_x, int n, float m, bool
     // the next group read before this one is used (the L2-row build's reads then wait behind a group's arithmetic,
     // not before it)
     float4 next = tid < n4 ? DF_AT4(tid) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (masses) {
-      for (int v = tid; v < n4; v += DF_T) {
-        const float4 f = next;
-        if (v + DF_T < n4) next = DF_AT4(v + DF_T);
-        const u64 q0 = df_weight(f.x, m), q1 = df_weight(f.y, m), q2 = df_weight(f.z, m), q3 = df_weight(f.w, m);
-        const u32 b0 = df_bucket(f.x, m), b1 = df_bucket(f.y, m), b2 = df_bucket(f.z, m), b3 = df_bucket(f.w, m);
-        df_add(base, 4u * DF_NB, b0, q0);
-        df_add(base, 4u * DF_NB, b1, q1);
-        df_add(base, 4u * DF_NB, b2, q2);
-        df_add(base, 4u * DF_NB, b3, q3);
-      }
+    const bool finite = DF_NEW_FLAGS && (sh.flags & DF_FLAG_FINITE_WEIGHT) && m < __int_as_float(0x7f800000);  // (m > -inf)
+    if (masses && counts) {
+      if (finite) df_hist_masses<true, true>(s_x, n4, m, base, next);
+      else df_hist_masses<false, true>(s_x, n4, m, base, next);
+    } else if (masses) {
+      if (finite) df_hist_masses<true, false>(s_x, n4, m, base, next);
+      else df_hist_masses<false, false>(s_x, n4, m, base, next);
     } else {
 #pragma unroll 2
       for (int v = tid; v < n4; v += DF_T) {
@@ -860,7 +1045,8 @@ __device__ __noinline__ void df_histogram(const float* s_x, int n, float m, bool
     }
     for (int i = 4 * n4 + tid; i < n; i += DF_T) {
       const float x = DF_AT(i);
-      if (masses) df_add(base, 4u * DF_NB, df_bucket(x, m), df_weight(x, m));
+      if (masses && counts) df_add(base, 4u * DF_NB, df_bucket(x, m), df_weight(x, m));
+      else if (masses) df_add_mass(base + 4u * DF_NB, 4u * DF_NB, df_bucket(x, m), df_weight(x, m));
       else df_red(base + 4u * df_bucket(x, m), 1u);
     }
   } else if (masses) {
@@ -1006,7 +1192,16 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
   const bool use_k = k > 0 && k < vocab, use_p = p < 1.0f;
 
   for (int i = tid; i < 3 * DF_NB / 2; i += DF_T) s_hist[i] = 0;
-  if (tid == 0) { sh.counter = 0; sh.cached_bucket = -1; sh.gathered = 0; sh.flags = (u32)a.flags; }
+  if (tid == 0) {
+    sh.counter = 0;
+    sh.counter_base = 0;
+    sh.cached_bucket = -1;
+    sh.gathered = 0;
+    sh.flags = (u32)a.flags;
+    // DF_FLAG_UNCOUNTED: top-p alone with p > 0 (its one search is by mass, target >= 1) histograms masses only
+    sh.uncounted = (a.flags & DF_FLAG_UNCOUNTED) && (a.flags & DF_FLAG_ILP) && (a.flags & DF_FLAG_MASK_GATHER) && use_p
+                   && !use_k && p > 0.0f;
+  }
 #ifdef DF_TRACE
   if (tid == 0) {
     const bool traced = row == 0 || row == a.rows / 2;
@@ -1182,7 +1377,7 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
       df_cluster_sync();  // every block has read the count sums before they are replaced
       for (int i = tid; i < 3 * DF_NB / 2; i += DF_T) s_hist[i] = 0;
       __syncthreads();
-      df_histogram(s_x, n, m, true, bins, s_rcnt, s_rmass, sh, rank);
+      df_histogram(s_x, n, m, true, bins, s_rcnt, s_rmass, sh, rank);  // (use_k: counted)
     }
   }
   if (!done && use_k) {

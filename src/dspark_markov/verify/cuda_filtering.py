@@ -52,9 +52,9 @@ CLUSTER = 8  # filter.cu DF_C: blocks per row
 THREADS = 256  # filter.cu DF_T
 BUCKETS = 2048  # filter.cu DF_NB
 CAPACITY = 2048  # filter.cu DF_CAP: candidates sorted at once
-STATIC_SMEM = 47_328  # ptxas: the kernel's static shared memory (NVRTC 13.0)
+STATIC_SMEM = 47_344  # ptxas: the kernel's static shared memory (NVRTC 13.0; 47,328 before stop 41)
 SMEM_LIMIT = 227 * 1024  # an sm_90 block's shared memory
-MAX_SLICE = 46_000  # tokens per block: below (SMEM_LIMIT - STATIC_SMEM) / 4 = 46,280 (and 2^16, the bins' counts)
+MAX_SLICE = 46_000  # tokens per block: below (SMEM_LIMIT - STATIC_SMEM) / 4 = 46,276 (and 2^16, the bins' counts)
 KERNELS = ("dm_filter",)
 # top_k_top_p(impl="auto") runs this filter up to this many rows with top-k on: measured faster than the Triton filter
 # at 6 / 12 / 30 rows (1 / 2 / 5 requests of K + 1 = 6; H100 2026-12-05, k = 50 + p = 0.9: 24.1 / 25.8 / 34.6 us
@@ -141,7 +141,34 @@ L2_FIT_SIZES = (8, 7, 6, 5)  # cluster sizes FLAG_L2_FIT chooses from (each a bu
 # the SM's issue, not the rows in flight, limits it. Opt-in.
 FLAG_L2_FIVE = 1024
 FIVE_DEFINES = ("DF_L2_FIVE",)
-KERNEL_FLAGS = FLAG_MASK_GATHER | FLAG_REFINE | FLAG_ILP | FLAG_ASYNC_LOAD | FLAG_WARP_THRESHOLDS  # FilterArgs.flags
+# DEEP_REFINE (kernel flag, with REFINE; stop 41): a top-p search's candidates refined by digit passes down to 32, not
+# 256, before they are ranked by counting. Why: ranking ~256 candidates by counting (every thread 256 dependent 64-bit
+# compares, in every block of the cluster) was 10% of the filter's instructions at 16 requests of top-p alone (Nsight
+# Compute, stop 40: `..._filter_ncu96_stop40.txt`); one more digit pass over <= 256 candidates (one per thread) costs
+# a few hundred instructions a thread. Only the search by mass: it is a row's last, so no later search loses the
+# cached bucket that a refined gather gives up. SHARED_BOUNDS (kernel flag, with WARP_THRESHOLDS; stop 41): a gather's
+# bucket bounds searched by one warp per block and shared (every warp of the cluster ran the same search before).
+FLAG_DEEP_REFINE = 2048
+FLAG_SHARED_BOUNDS = 4096
+# FINITE_WEIGHT (kernel flag, with ILP; stop 41): top-p's level-1 histogram of a row whose max is finite computes each
+# token's q and bucket by filter.cu's df_weight_finite / df_bucket_finite: the same values (the host test compares
+# them with df_weight / df_bucket) in ~40 instructions a token instead of ~50 (floor by one FRND; the selects for
+# x == max and for d < -22.5 dropped, which a finite max makes redundant). Why: that loop is the issue-bound phase of
+# a wave of clusters (Nsight Compute at 16 requests: 40% of the instructions, warps waiting to be selected).
+FLAG_FINITE_WEIGHT = 8192
+# UNCOUNTED (kernel flag, with ILP and MASK_GATHER; stop 41): top-p alone with p > 0 histograms the masses only, two
+# shared-memory adds a token instead of three (the count's); its one search (by mass) learns the count of its bucket
+# from the gather, which counts every member and stores the first CAPACITY, and narrows after it only when the bucket
+# held more (flat or heavily tied rows). Why: an H100 experiment without the count's add (wrong counts, timing only)
+# ran 8-12% faster at 16 / 64 / 253 requests of p alone (96 rows 118.4 -> 108.9 us; 1,518 rows 1,355 -> 1,251).
+FLAG_UNCOUNTED = 16384
+# BATCHED_GATHER (kernel flag, with MASK_GATHER; stop 41): a gather's 16-byte reads four at a time, all in flight
+# before any is compared; the loop before read one group and compared it before the next read (its SASS: the one load
+# sat in a branch of the partial-group read), one L2 round trip per group: the gather took ~14% of a row's time at 16
+# requests of top-p alone (the phase trace, tools/trace_cluster_filter.py, H100, stop 41).
+FLAG_BATCHED_GATHER = 32768
+KERNEL_FLAGS = (FLAG_MASK_GATHER | FLAG_REFINE | FLAG_ILP | FLAG_ASYNC_LOAD | FLAG_WARP_THRESHOLDS | FLAG_DEEP_REFINE
+                | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT | FLAG_UNCOUNTED | FLAG_BATCHED_GATHER)  # FilterArgs.flags
 FLAGS_ALL = KERNEL_FLAGS | FLAG_L2_ROWS | FLAG_L2_CLUSTER4 | FLAG_PERSIST | FLAG_CARRY | FLAG_L2_FIT | FLAG_L2_FIVE
 L2_DEFINES = ("DF_L2_ROWS",)
 L2_C4_DEFINES = ("DF_L2_ROWS", "DF_C=4")
@@ -161,7 +188,8 @@ L2_MIN_ROWS = 31
 # 1,766 -> 1,388; 6 rows 26.2 -> 24.0 and 37.2 -> 33.9 us; tools/time_filter.py --cuda-flags 3,31,63).
 # FLAG_L2_FIT since stop 40 (H100: faster at 66-90 rows, the same kernel elsewhere; exact, memcheck and racecheck
 # clean with 5 blocks, memcheck with 7).
-DEFAULT_FLAGS = KERNEL_FLAGS | FLAG_L2_ROWS | FLAG_L2_FIT
+DEFAULT_FLAGS = ((KERNEL_FLAGS & ~(FLAG_DEEP_REFINE | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT | FLAG_UNCOUNTED
+                                   | FLAG_BATCHED_GATHER)) | FLAG_L2_ROWS | FLAG_L2_FIT)
 
 
 def slice_len(vocab: int, cluster: int = CLUSTER) -> int:
