@@ -167,8 +167,12 @@ FLAG_UNCOUNTED = 16384
 # sat in a branch of the partial-group read), one L2 round trip per group: the gather took ~14% of a row's time at 16
 # requests of top-p alone (the phase trace, tools/trace_cluster_filter.py, H100, stop 41).
 FLAG_BATCHED_GATHER = 32768
+# WIDE_WRITE (kernel flag; stop 41): the L2-row build's write pass with eight 16-byte reads in flight per thread, not
+# four (the phase trace: ~12% of a row's time, each round of reads an L2 round trip). No effect in the resident build.
+FLAG_WIDE_WRITE = 65536
 KERNEL_FLAGS = (FLAG_MASK_GATHER | FLAG_REFINE | FLAG_ILP | FLAG_ASYNC_LOAD | FLAG_WARP_THRESHOLDS | FLAG_DEEP_REFINE
-                | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT | FLAG_UNCOUNTED | FLAG_BATCHED_GATHER)  # FilterArgs.flags
+                | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT | FLAG_UNCOUNTED | FLAG_BATCHED_GATHER
+                | FLAG_WIDE_WRITE)  # FilterArgs.flags
 FLAGS_ALL = KERNEL_FLAGS | FLAG_L2_ROWS | FLAG_L2_CLUSTER4 | FLAG_PERSIST | FLAG_CARRY | FLAG_L2_FIT | FLAG_L2_FIVE
 L2_DEFINES = ("DF_L2_ROWS",)
 L2_C4_DEFINES = ("DF_L2_ROWS", "DF_C=4")
@@ -189,7 +193,7 @@ L2_MIN_ROWS = 31
 # FLAG_L2_FIT since stop 40 (H100: faster at 66-90 rows, the same kernel elsewhere; exact, memcheck and racecheck
 # clean with 5 blocks, memcheck with 7).
 DEFAULT_FLAGS = ((KERNEL_FLAGS & ~(FLAG_DEEP_REFINE | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT | FLAG_UNCOUNTED
-                                   | FLAG_BATCHED_GATHER)) | FLAG_L2_ROWS | FLAG_L2_FIT)
+                                   | FLAG_BATCHED_GATHER | FLAG_WIDE_WRITE)) | FLAG_L2_ROWS | FLAG_L2_FIT)
 
 
 def slice_len(vocab: int, cluster: int = CLUSTER) -> int:
