@@ -378,16 +378,21 @@ batched)
   # (~250-300 s) stop 41's FLAG_BATCHED_GATHER (32768: the gather's reads four in flight) and FLAG_WIDE_WRITE (65536:
   # the L2-row write pass with eight reads in flight): the file's tests with them (32769 / 32799 resident, 33343 /
   # 49727 / 64063 / 66111 / 129599 the L2-row builds; ragged V: the partial last group), memcheck + racecheck (129599,
-  # 32799), then 575 beside 33343 / 49727 / 115263 (49727 + WIDE_WRITE) / 129599, two alternating rounds, p alone and
-  # k + p at 1 / 16 / 64 / 253 requests.
+  # 32799), the tests that take the default flags, then 575 (stop 40's default) beside 16959 (stop 41's) / 49727
+  # (+ BATCHED_GATHER) / 115263 (+ WIDE_WRITE) / 129599 (all six), two alternating rounds, p alone and k + p at
+  # 1 / 16 / 64 / 253 requests.
   timeout -k 2 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_filtering_gpu.py \
     -k "32769 or 32799 or 33343 or 49727 or 64063 or 66111 or 129599" 2>&1 | tee "$OUT/batched_tests.txt" | tail -3
   FILTER_FLAGS=129599 bash "$0" sanitize_only memcheck racecheck
   FILTER_FLAGS=32799 bash "$0" sanitize_only memcheck racecheck
+  # the file's tests that take the default flags (16959 since FLAG_UNCOUNTED became default; ~40 s)
+  timeout -k 2 90 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_filtering_gpu.py \
+    -k "not (every_kind or every_option or flat_and_tied or graph_replay or fit_cluster)" 2>&1 \
+    | tee "$OUT/default_tests.txt" | tail -3
   for round in 1 2; do
     mkdir -p "$OUT/batched$round"
     JOB_OUT="$OUT/batched$round" timeout -k 2 80 python3 tools/time_filter.py --cuda-only \
-      --cuda-flags 575,33343,49727,115263,129599 1,16,64,253 2>&1 | grep -E "^filter_row|Error" \
+      --cuda-flags 575,16959,49727,115263,129599 1,16,64,253 2>&1 | grep -E "^filter_row|Error" \
       | sed "s/^/r$round /" | tee -a "$OUT/batched_bench.txt"
   done
   ;;

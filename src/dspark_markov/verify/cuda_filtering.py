@@ -18,8 +18,8 @@ alone 32.9 / 125.4 / 415.7 / 1,585 us (the Triton filter: 29.7 / 63.6 / 180.3 / 
 1,484). Each row is a chain of ~25-40 us of latency-bound phases (phase trace: ``tools/trace_cluster_filter.py``),
 two blocks per SM, so beyond one wave of clusters time grows as waves x one row's latency.
 
-The options (``flags``; :data:`DEFAULT_FLAGS` = the kernel flags, ``FLAG_L2_ROWS`` and, since stop 40,
-``FLAG_L2_FIT``; the other build options are opt-in; H100 measurements of 2026-12-05,
+The options (``flags``; :data:`DEFAULT_FLAGS` = the kernel flags of stop 27 and ``FLAG_UNCOUNTED`` (stop 41),
+``FLAG_L2_ROWS`` and, since stop 40, ``FLAG_L2_FIT``; the other options are opt-in; H100 measurements of 2026-12-05,
 ``..._NVIDIA-H100..._filter_flags.*``): ``FLAG_ILP``, ``FLAG_ASYNC_LOAD``, ``FLAG_WARP_THRESHOLDS``
 shorten a row's phases (k + p 1,355 -> 1,165 us, p alone 1,766 -> 1,527 at 1,518 rows on the H100), and
 ``FLAG_L2_ROWS`` (the ``-DDF_L2_ROWS`` build: the row re-read from L2 at every pass instead of held in shared
@@ -191,9 +191,13 @@ L2_MIN_ROWS = 31
 # with 31 and 63) and faster than the stop-26 default 3 at every size (k + p 1,355 -> 1,165 us at 1,518 rows, p alone
 # 1,766 -> 1,388; 6 rows 26.2 -> 24.0 and 37.2 -> 33.9 us; tools/time_filter.py --cuda-flags 3,31,63).
 # FLAG_L2_FIT since stop 40 (H100: faster at 66-90 rows, the same kernel elsewhere; exact, memcheck and racecheck
-# clean with 5 blocks, memcheck with 7).
-DEFAULT_FLAGS = ((KERNEL_FLAGS & ~(FLAG_DEEP_REFINE | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT | FLAG_UNCOUNTED
-                                   | FLAG_BATCHED_GATHER | FLAG_WIDE_WRITE)) | FLAG_L2_ROWS | FLAG_L2_FIT)
+# clean with 5 blocks, memcheck with 7). FLAG_UNCOUNTED since stop 41 (H100, `..._filter_flags_stop41.txt`: p alone
+# ~1% faster at 1 / 16 / 64 / 253 requests in two alternating rounds, e.g. 253 requests 1,341.6 / 1,297.1 / 1,440.2 us
+# against 1,352.8 / 1,308.7 / 1,452.6 Gaussian / peaked / bf16; exact in its GPU tests, flat rows included, memcheck
+# and racecheck clean). The other stop-41 flags stay opt-in: DEEP_REFINE and SHARED_BOUNDS level, FINITE_WEIGHT faster
+# at 1-16 requests but 2-7% slower from 64 on (same tables).
+DEFAULT_FLAGS = ((KERNEL_FLAGS & ~(FLAG_DEEP_REFINE | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT | FLAG_BATCHED_GATHER
+                                   | FLAG_WIDE_WRITE)) | FLAG_L2_ROWS | FLAG_L2_FIT)
 
 
 def slice_len(vocab: int, cluster: int = CLUSTER) -> int:
