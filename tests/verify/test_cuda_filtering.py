@@ -357,7 +357,7 @@ def test_weight_is_the_reference_bit_for_bit(host):
 
 
 def test_finite_max_weight_and_bucket_equal_the_general_ones(host):
-    """FLAG_FINITE_WEIGHT's df_weight_finite / df_bucket_finite (floor by floorf, no select for x == m or d < -22.5)
+    """FLAG_FINITE_WEIGHT's df_weight_finite / df_bucket_finite (no select for x == m or d < -22.5)
     against df_weight / df_bucket (themselves the reference, above) for a finite row max: every 7th fp32 d in
     [-24, 0] (~1.5e8 values; every one was compared once, in stop 41: no difference), every d of
     the bands around the cut-offs, the ties of floor's argument and the specials (x = m, -inf, signed zeros)."""

@@ -116,39 +116,37 @@ DM_HD float df_exp_scaled(float dc, float n, i32 n_int) {
   return mul_rn(poly, as_float((u32)(n_int + 159) << 23));
 }
 
-DM_HD u64 df_weight(float x, float m) {
-  const float d = sub_rn(x, m);
-  const float dc = d >= -23.0f ? d : -23.0f;
+// n = floor(dc log2(e) + 0.5) for dc in [-23, 0], as a float and (n_int) an int, without conversions (see above)
+DM_HD float df_exp_n(float dc, i32& n_int) {
   const float y = add_rn(mul_rn(dc, 0x1.715476p+0f), 0.5f);
   const float shifted = add_rn(y, 12582912.0f);
   const float f = sub_rn(shifted, 12582912.0f);
   const bool down = f > y;
-  const float n = down ? sub_rn(f, 1.0f) : f;
-  const i32 n_int = (i32)as_u32(shifted) - 0x4B400000 - (down ? 1 : 0);
+  n_int = (i32)as_u32(shifted) - 0x4B400000 - (down ? 1 : 0);
+  return down ? sub_rn(f, 1.0f) : f;
+}
+
+DM_HD u64 df_weight(float x, float m) {
+  const float d = sub_rn(x, m);
+  const float dc = d >= -23.0f ? d : -23.0f;
+  i32 n_int;
+  const float n = df_exp_n(dc, n_int);
   const float w = df_exp_scaled(dc, n, n_int);  // selected, then truncated toward zero
   return (u64)(x == m ? 4294967296.0f : (d >= -22.5f ? w : 0.0f));
 }
 
 // df_weight for a FINITE row max m, with fewer instructions (stop 41, DF_FLAG_FINITE_WEIGHT: the histogram loop's
 // weight was ~30 of its ~50 instructions per token); the same q for every x <= m, x not NaN (the host test compares
-// the two on every fp32 d in [-23, 0] sampled and the bands around them): floor(y) is one FRND (floorf; y is within
-// [-33, 0.5], so n_int comes from n exactly by the 1.5 2^23 shift), and neither select is needed: d = 0 (x == m, a
-// finite m) reduces to n = 0, r = 0, poly = 1, w = 2^32 exactly; d < -22.5 (also -inf, clamped to -23) gives
-// w < exp(-22.5) 2^32 (1 + 2^-20) < 1, which truncates to 0. A row max of +inf keeps df_weight (its d is NaN there).
+// the two on every 7th fp32 d in [-24, 0] and the bands around them; every d once, stop 41): the clamp is one FMNMX,
+// and neither select is needed: d = 0 (x == m, a finite m) reduces to n = 0, r = 0, poly = 1, w = 2^32 exactly;
+// d < -22.5 (also -inf, clamped to -23) gives w < exp(-22.5) 2^32 (1 + 2^-20) < 1, which truncates to 0. A row max
+// of +inf keeps df_weight (its d is NaN there). (The floor by one FRND instead of df_exp_n measured slower at 1,518
+// rows on the H100, stop 41: 1,434 against 1,388 us.)
 DM_HD u64 df_weight_finite(float x, float m) {
   const float d = sub_rn(x, m);
   const float dc = fmaxf(d, -23.0f);
-#ifdef DF_FINITE_FRND
-  const float n = floorf(add_rn(mul_rn(dc, 0x1.715476p+0f), 0.5f));
-  const i32 n_int = (i32)as_u32(add_rn(n, 12582912.0f)) - 0x4B400000;
-#else
-  const float y = add_rn(mul_rn(dc, 0x1.715476p+0f), 0.5f);
-  const float shifted = add_rn(y, 12582912.0f);
-  const float f = sub_rn(shifted, 12582912.0f);
-  const bool down = f > y;
-  const float n = down ? sub_rn(f, 1.0f) : f;
-  const i32 n_int = (i32)as_u32(shifted) - 0x4B400000 - (down ? 1 : 0);
-#endif
+  i32 n_int;
+  const float n = df_exp_n(dc, n_int);
   return (u64)df_exp_scaled(dc, n, n_int);
 }
 
@@ -314,9 +312,9 @@ struct FilterArgs {  // 8-byte fields (verify/cuda_filtering.py FilterArgs)
                                // register loads; the max, NaN flag and the division by T then read shared memory
 #define DF_FLAG_WARP_THRESHOLDS 16  // (stop 27; measured 2026-12-05) the gather's bucket bounds by 16-way rounds across
                                // the lanes (df_thresholds_warp, ~8 rounds) instead of 32 dependent halvings per thread
-// Stop 41's kernel flags (DEEP_REFINE, SHARED_BOUNDS, FINITE_WEIGHT, UNCOUNTED, BATCHED_GATHER) are compiled out of the
-// opt-in persistent (-DDF_PERSIST) and five-block (-DDF_L2_FIVE) builds, where they are inert: their code at those
-// builds' register caps spilled words into the per-token loops, and those builds were measured slower anyway.
+// Stop 41's kernel flags (DEEP_REFINE, SHARED_BOUNDS, FINITE_WEIGHT, UNCOUNTED, BATCHED_GATHER, WIDE_WRITE) are compiled
+// out of the opt-in persistent (-DDF_PERSIST) and five-block (-DDF_L2_FIVE) builds, where they are inert: their code at
+// those builds' register caps spilled words into the per-token loops, and those builds were measured slower anyway.
 #if defined(DF_PERSIST) || defined(DF_L2_FIVE)
 #define DF_NEW_FLAGS 0
 #else
@@ -329,10 +327,10 @@ struct FilterArgs {  // 8-byte fields (verify/cuda_filtering.py FilterArgs)
                                // the filter's instructions at 16 requests of p alone, Nsight Compute, stop 40)
 #define DF_DEEP 32             // ... candidates left for ranking by counting: one warp's worth
 #define DF_FLAG_FINITE_WEIGHT 8192  // (stop 41) with ILP, top-p's level-1 histogram of a row with a finite max by
-                               // df_weight_finite / df_bucket_finite (the same q and bucket, ~10 fewer instructions a token)
+                               // df_weight_finite / df_bucket_finite (the same q and bucket, ~5 fewer instructions a token)
 #define DF_FLAG_UNCOUNTED 16384  // (stop 41) with ILP and MASK_GATHER, top-p alone (p > 0: its one search is by mass):
-                               // the level-1 histogram adds masses only (two shared adds a token, not three: the count's
-                               // add was 8-12% of the time, an experiment on the H100), and the search learns its
+                               // the level-1 histogram adds masses only (two shared adds a token, not three; an H100
+                               // experiment without the count's add ran 8-12% faster, this flag ~1%), and the search learns its
                                // bucket's count from the gather (rank 0's slot counter), narrowing after it if the
                                // bucket held more than DF_CAP tokens
 #define DF_GATHER_BATCH 4      // ... reads in flight per thread (8 spilled in the 4- to 7-block and five-block builds)

@@ -152,15 +152,16 @@ FLAG_DEEP_REFINE = 2048
 FLAG_SHARED_BOUNDS = 4096
 # FINITE_WEIGHT (kernel flag, with ILP; stop 41): top-p's level-1 histogram of a row whose max is finite computes each
 # token's q and bucket by filter.cu's df_weight_finite / df_bucket_finite: the same values (the host test compares
-# them with df_weight / df_bucket) in ~40 instructions a token instead of ~50 (floor by one FRND; the selects for
-# x == max and for d < -22.5 dropped, which a finite max makes redundant). Why: that loop is the issue-bound phase of
+# them with df_weight / df_bucket) in ~45 instructions a token instead of ~50 (the selects for x == max and for
+# d < -22.5 dropped, which a finite max makes redundant). Why: that loop is the issue-bound phase of
 # a wave of clusters (Nsight Compute at 16 requests: 40% of the instructions, warps waiting to be selected).
 FLAG_FINITE_WEIGHT = 8192
 # UNCOUNTED (kernel flag, with ILP and MASK_GATHER; stop 41): top-p alone with p > 0 histograms the masses only, two
 # shared-memory adds a token instead of three (the count's); its one search (by mass) learns the count of its bucket
 # from the gather, which counts every member and stores the first CAPACITY, and narrows after it only when the bucket
 # held more (flat or heavily tied rows). Why: an H100 experiment without the count's add (wrong counts, timing only)
-# ran 8-12% faster at 16 / 64 / 253 requests of p alone (96 rows 118.4 -> 108.9 us; 1,518 rows 1,355 -> 1,251).
+# ran 8-12% faster at 16 / 64 / 253 requests of p alone (96 rows 118.4 -> 108.9 us; 1,518 rows 1,355 -> 1,251), but
+# that experiment also skipped the search's refinement and sort (its counts were 0); the flag itself measured ~1%.
 FLAG_UNCOUNTED = 16384
 # BATCHED_GATHER (kernel flag, with MASK_GATHER; stop 41): a gather's 16-byte reads four at a time, all in flight
 # before any is compared; the loop before read one group and compared it before the next read (its SASS: the one load
