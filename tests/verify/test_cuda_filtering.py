@@ -876,7 +876,9 @@ def test_launch_arguments(monkeypatch):
     monkeypatch.setattr(cf, "L2_MIN_ROWS", 6)  # (a threshold by rows: 5 rows then run the resident build)
     filt.filter(padded, None, 0.9, padded)
     assert [(w, s) for w, _, _, s, _ in launches] == [("l2", 0)] * 2 + [("dm_filter", 128 * 4)] * 5
-    assert all(a.flags == cf.DEFAULT_FLAGS & cf.KERNEL_FLAGS for *_, a in launches)
+    assert all(a.flags == cf.DEFAULT_FLAGS & (cf.KERNEL_FLAGS if w.startswith("l2") else cf.RESIDENT_KERNEL_FLAGS)
+               for w, *_, a in launches)
+    assert cf.DEFAULT_FLAGS & cf.FLAG_BATCHED_GATHER and not cf.RESIDENT_KERNEL_FLAGS & cf.FLAG_BATCHED_GATHER
     assert all((g, a.slice) == (5 * 8, 128) for _, g, _, _, a in launches)
     # FLAG_L2_CLUSTER4: the 4-block build, slices of ceil(V / 4) rounded up to 4 tokens
     launches.clear()
@@ -919,7 +921,7 @@ def test_launch_arguments(monkeypatch):
     launches.clear()
     filt.flags = cf.FLAGS_ALL
     filt.filter(padded, 50, 0.9, padded)
-    assert launches[0][4].flags == cf.KERNEL_FLAGS
+    assert launches[0][4].flags == cf.RESIDENT_KERNEL_FLAGS  # (k + p: the resident build, without BATCHED_GATHER)
     filt.cap_clusters(4)  # (a test knob: a cap where a persistent grid exists, none added elsewhere)
     assert (filt.clusters, filt.l2_clusters) == (4, 4)
     filt.clusters = None

@@ -171,9 +171,12 @@ FLAG_BATCHED_GATHER = 32768
 # WIDE_WRITE (kernel flag; stop 41): the L2-row build's write pass with eight 16-byte reads in flight per thread, not
 # four (the phase trace: ~12% of a row's time, each round of reads an L2 round trip). No effect in the resident build.
 FLAG_WIDE_WRITE = 65536
+# The kernel flags a launch of the resident build receives: not BATCHED_GATHER, measured slower there (H100, stop 41,
+# 1 request of p alone: 36.6 / 33.2 / 40.2 us against 34.1 / 31.8 / 37.3 without it; its gather reads shared memory).
 KERNEL_FLAGS = (FLAG_MASK_GATHER | FLAG_REFINE | FLAG_ILP | FLAG_ASYNC_LOAD | FLAG_WARP_THRESHOLDS | FLAG_DEEP_REFINE
                 | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT | FLAG_UNCOUNTED | FLAG_BATCHED_GATHER
                 | FLAG_WIDE_WRITE)  # FilterArgs.flags
+RESIDENT_KERNEL_FLAGS = KERNEL_FLAGS & ~FLAG_BATCHED_GATHER
 FLAGS_ALL = KERNEL_FLAGS | FLAG_L2_ROWS | FLAG_L2_CLUSTER4 | FLAG_PERSIST | FLAG_CARRY | FLAG_L2_FIT | FLAG_L2_FIVE
 L2_DEFINES = ("DF_L2_ROWS",)
 L2_C4_DEFINES = ("DF_L2_ROWS", "DF_C=4")
@@ -195,10 +198,14 @@ L2_MIN_ROWS = 31
 # clean with 5 blocks, memcheck with 7). FLAG_UNCOUNTED since stop 41 (H100, `..._filter_flags_stop41.txt`: p alone
 # ~1% faster at 1 / 16 / 64 / 253 requests in two alternating rounds, e.g. 253 requests 1,341.6 / 1,297.1 / 1,440.2 us
 # against 1,352.8 / 1,308.7 / 1,452.6 Gaussian / peaked / bf16; exact in its GPU tests, flat rows included, memcheck
-# and racecheck clean). The other stop-41 flags stay opt-in: DEEP_REFINE and SHARED_BOUNDS level, FINITE_WEIGHT faster
-# at 1-16 requests but 2-7% slower from 64 on (same tables).
-DEFAULT_FLAGS = ((KERNEL_FLAGS & ~(FLAG_DEEP_REFINE | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT | FLAG_BATCHED_GATHER
-                                   | FLAG_WIDE_WRITE)) | FLAG_L2_ROWS | FLAG_L2_FIT)
+# and racecheck clean). FLAG_BATCHED_GATHER since stop 41 (the L2-row build only, RESIDENT_KERNEL_FLAGS; H100, one
+# call, `..._filter_batched41_r*`: p alone against 575, stop 40's default, us Gaussian / peaked / bf16: 16 requests
+# 117.7 / 110.8 / 124.9 against 120.3 / 114.6 / 127.0, 64 requests 381.4 / 352.4 / 409.2 against 392.7 / 367.9 /
+# 430.4, 253 requests 1,278.7 / 1,234.3 / 1,368.8 against 1,357.5 / 1,308.7 / 1,461.8: 2-6% faster; exact in its GPU
+# tests, memcheck and racecheck clean). The other stop-41 flags stay opt-in: DEEP_REFINE and SHARED_BOUNDS level,
+# FINITE_WEIGHT faster at 1-16 requests but 2-7% slower from 64 on, WIDE_WRITE level or 1% slower (same files).
+DEFAULT_FLAGS = ((KERNEL_FLAGS & ~(FLAG_DEEP_REFINE | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT | FLAG_WIDE_WRITE))
+                 | FLAG_L2_ROWS | FLAG_L2_FIT)
 
 
 def slice_len(vocab: int, cluster: int = CLUSTER) -> int:
@@ -444,7 +451,8 @@ class CudaTopKTopPFilter:
             # scalars as the fp32 values the reference compares (torch.full(..., p) is fp32)
             p_value=1.0 if p_per_row or p is None else f32(p),
             t_ptr=temperature.data_ptr() if t_per_row else 0, t_per_row=int(t_per_row),
-            t_value=1.0 if t_per_row or temperature is None else f32(temperature), flags=self.flags & KERNEL_FLAGS)
+            t_value=1.0 if t_per_row or temperature is None else f32(temperature),
+            flags=self.flags & (KERNEL_FLAGS if l2 else RESIDENT_KERNEL_FLAGS))
         clusters = rows if fit is None else min(rows, fit)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         kernels.launch(KERNELS[0], clusters * cluster, THREADS, smem, stream, [args])
