@@ -39,6 +39,20 @@ export PYTHONUNBUFFERED=1
 export DSPARK_MARKOV_UNVERIFIED=cuda_filter
 OUT=${JOB_OUT:-$PWD/gpu_plan_out}
 mkdir -p "$OUT"
+# (stop 41's flag parts) flag_tests NAME KEXPR: the GPU test file's tests selected by `-k KEXPR` into $OUT/NAME_tests.txt;
+# flag_times NAME FLAGS REQUESTS: two alternating rounds of tools/time_filter.py with those flags (comma-separated) at
+# those request counts into $OUT/NAME1, $OUT/NAME2 and $OUT/NAME_bench.txt
+flag_tests() {
+  timeout -k 2 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_filtering_gpu.py -k "$2" 2>&1 \
+    | tee "$OUT/$1_tests.txt" | tail -3
+}
+flag_times() {
+  for round in 1 2; do
+    mkdir -p "$OUT/$1$round"
+    JOB_OUT="$OUT/$1$round" timeout -k 2 80 python3 tools/time_filter.py --cuda-only --cuda-flags "$2" "$3" 2>&1 \
+      | grep -E "^filter_row|Error" | sed "s/^/r$round /" | tee -a "$OUT/$1_bench.txt"
+  done
+}
 case "${1:-check}" in
 check)
   # 1. (~60-80 s) tests/gpu/test_cuda_filtering_gpu.py (20): every input kind (Gaussian, peaked, bf16 ties, edge rows:
@@ -331,15 +345,10 @@ deep)
   # 4127), memcheck + racecheck (6719 through the L2-row build, 6175 resident), then 575 (the default) beside 2623 /
   # 4671 / 6719, two alternating rounds, p alone and k + p at 16 / 64 / 253 requests. Make them default only if exact
   # and faster.
-  timeout -k 2 100 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_filtering_gpu.py \
-    -k "6175 or 6719 or 2051 or 2623 or 4127" 2>&1 | tee "$OUT/deep_tests.txt" | tail -3
+  flag_tests deep "6175 or 6719 or 2051 or 2623 or 4127"
   FILTER_FLAGS=6719 bash "$0" sanitize_only memcheck racecheck
   FILTER_FLAGS=6175 bash "$0" sanitize_only memcheck
-  for round in 1 2; do
-    mkdir -p "$OUT/deep$round"
-    JOB_OUT="$OUT/deep$round" timeout -k 2 80 python3 tools/time_filter.py --cuda-only --cuda-flags 575,2623,4671,6719 \
-      16,64,253 2>&1 | grep -E "^filter_row|Error" | sed "s/^/r$round /" | tee -a "$OUT/deep_bench.txt"
-  done
+  flag_times deep 575,2623,4671,6719 16,64,253
   ;;
 finite)
   # (~200-250 s) stop 41's FLAG_FINITE_WEIGHT (8192: top-p's histogram loop by df_weight_finite / df_bucket_finite
@@ -347,15 +356,10 @@ finite)
   # The file's tests with it (8767 / 14911 and the options 8223 / 8767 / 8197 / 14911: ragged V, a +inf row max),
   # memcheck + racecheck (14911 through the L2-row build, 8223 resident), then 575 beside 8767 / 14911 / 6719, two
   # alternating rounds, p alone and k + p at 1 / 16 / 64 / 253 requests.
-  timeout -k 2 100 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_filtering_gpu.py \
-    -k "8767 or 14911 or 8223 or 8197" 2>&1 | tee "$OUT/finite_tests.txt" | tail -3
+  flag_tests finite "8767 or 14911 or 8223 or 8197"
   FILTER_FLAGS=14911 bash "$0" sanitize_only memcheck racecheck
   FILTER_FLAGS=8223 bash "$0" sanitize_only memcheck
-  for round in 1 2; do
-    mkdir -p "$OUT/finite$round"
-    JOB_OUT="$OUT/finite$round" timeout -k 2 80 python3 tools/time_filter.py --cuda-only --cuda-flags 575,8767,14911,6719 \
-      1,16,64,253 2>&1 | grep -E "^filter_row|Error" | sed "s/^/r$round /" | tee -a "$OUT/finite_bench.txt"
-  done
+  flag_times finite 575,8767,14911,6719 1,16,64,253
   ;;
 uncounted)
   # (~250-300 s) stop 41's FLAG_UNCOUNTED (16384: top-p alone histograms masses only, two shared adds a token, and its
@@ -363,38 +367,23 @@ uncounted)
   # the L2-row builds, flat and tied rows: the narrowing after the gather), memcheck + racecheck (31295 and 16415; the
   # script's flat row overfills its bucket), then 575 beside 16959 / 25151 (with FLAG_FINITE_WEIGHT) / 31295, two
   # alternating rounds, p alone and k + p at 1 / 16 / 64 / 253 requests.
-  timeout -k 2 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_filtering_gpu.py \
-    -k "16415 or 16959 or 31295 or 16386 or 16391" 2>&1 | tee "$OUT/uncounted_tests.txt" | tail -3
+  flag_tests uncounted "16415 or 16959 or 31295 or 16386 or 16391"
   FILTER_FLAGS=31295 bash "$0" sanitize_only memcheck racecheck
   FILTER_FLAGS=16415 bash "$0" sanitize_only memcheck racecheck
-  for round in 1 2; do
-    mkdir -p "$OUT/uncounted$round"
-    JOB_OUT="$OUT/uncounted$round" timeout -k 2 80 python3 tools/time_filter.py --cuda-only \
-      --cuda-flags 575,16959,25151,31295 1,16,64,253 2>&1 | grep -E "^filter_row|Error" | sed "s/^/r$round /" \
-      | tee -a "$OUT/uncounted_bench.txt"
-  done
+  flag_times uncounted 575,16959,25151,31295 1,16,64,253
   ;;
 batched)
-  # (~250-300 s) stop 41's FLAG_BATCHED_GATHER (32768: the gather's reads four in flight) and FLAG_WIDE_WRITE (65536:
-  # the L2-row write pass with eight reads in flight): the file's tests with them (32769 / 32799 resident, 33343 /
-  # 49727 / 64063 / 66111 / 129599 the L2-row builds; ragged V: the partial last group), memcheck + racecheck (129599,
-  # 32799), the tests that take the default flags, then 575 (stop 40's default) beside 16959 (stop 41's) / 49727
-  # (+ BATCHED_GATHER) / 115263 (+ WIDE_WRITE) / 129599 (all six), two alternating rounds, p alone and k + p at
+  # (~250-300 s) stop 41's FLAG_BATCHED_GATHER (32768: the gather's reads four in flight; ran in stop 41 with a since
+  # removed flag 65536, an eight-read write pass, in 115263 / 129599 as well): the file's tests with it (32769 / 32799
+  # resident, 33343 / 49727 / 64063 the L2-row builds; ragged V: the partial last group), memcheck + racecheck (64063,
+  # 32799), the tests that take the default flags, then 575 (stop 40's default) beside 16959 (+ UNCOUNTED) / 49727
+  # (+ BATCHED_GATHER, stop 41's default) / 64063 (all five), two alternating rounds, p alone and k + p at
   # 1 / 16 / 64 / 253 requests.
-  timeout -k 2 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_filtering_gpu.py \
-    -k "32769 or 32799 or 33343 or 49727 or 64063 or 66111 or 129599" 2>&1 | tee "$OUT/batched_tests.txt" | tail -3
-  FILTER_FLAGS=129599 bash "$0" sanitize_only memcheck racecheck
+  flag_tests batched "32769 or 32799 or 33343 or 49727 or 64063"
+  FILTER_FLAGS=64063 bash "$0" sanitize_only memcheck racecheck
   FILTER_FLAGS=32799 bash "$0" sanitize_only memcheck racecheck
-  # the file's tests that take the default flags (16959 since FLAG_UNCOUNTED became default; ~40 s)
-  timeout -k 2 90 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_filtering_gpu.py \
-    -k "not (every_kind or every_option or flat_and_tied or graph_replay or fit_cluster)" 2>&1 \
-    | tee "$OUT/default_tests.txt" | tail -3
-  for round in 1 2; do
-    mkdir -p "$OUT/batched$round"
-    JOB_OUT="$OUT/batched$round" timeout -k 2 80 python3 tools/time_filter.py --cuda-only \
-      --cuda-flags 575,16959,49727,115263,129599 1,16,64,253 2>&1 | grep -E "^filter_row|Error" \
-      | sed "s/^/r$round /" | tee -a "$OUT/batched_bench.txt"
-  done
+  flag_tests default "not (every_kind or every_option or flat_and_tied or graph_replay or fit_cluster)"  # (~40 s)
+  flag_times batched 575,16959,49727,64063 1,16,64,253
   ;;
 sanitize_only)
   # (used by `flags_sanitize`) memcheck / racecheck on 16 aligned rows of V = 4,099 with FILTER_FLAGS (default 3),
@@ -434,7 +423,7 @@ PY
   done
   ;;
 *)
-  echo "usage: $0 check|sanitize|bench|ncu|ncu_l2|newtests|crossover|flags|flags_sanitize|flags_time|regress|persist|persist_sanitize|persist_sanitize_l2|persist_time" >&2
+  echo "usage: $0 check|sanitize|bench|ncu|ncu_l2|newtests|crossover|flags|flags_sanitize|flags_time|regress|persist|persist_sanitize|persist_sanitize_l2|persist_time|fit|fit_time|fit2|five|ncu16|ffs|deep|finite|uncounted|batched|sanitize_only" >&2
   exit 2
   ;;
 esac

@@ -312,7 +312,7 @@ struct FilterArgs {  // 8-byte fields (verify/cuda_filtering.py FilterArgs)
                                // register loads; the max, NaN flag and the division by T then read shared memory
 #define DF_FLAG_WARP_THRESHOLDS 16  // (stop 27; measured 2026-12-05) the gather's bucket bounds by 16-way rounds across
                                // the lanes (df_thresholds_warp, ~8 rounds) instead of 32 dependent halvings per thread
-// Stop 41's kernel flags (DEEP_REFINE, SHARED_BOUNDS, FINITE_WEIGHT, UNCOUNTED, BATCHED_GATHER, WIDE_WRITE) are compiled
+// Stop 41's kernel flags (DEEP_REFINE, SHARED_BOUNDS, FINITE_WEIGHT, UNCOUNTED, BATCHED_GATHER) are compiled
 // out of the opt-in persistent (-DDF_PERSIST) and five-block (-DDF_L2_FIVE) builds, where they are inert: their code at
 // those builds' register caps spilled words into the per-token loops, and those builds were measured slower anyway.
 #if defined(DF_PERSIST) || defined(DF_L2_FIVE)
@@ -339,7 +339,6 @@ struct FilterArgs {  // 8-byte fields (verify/cuda_filtering.py FilterArgs)
                                // read one group, compared it, then read the next (its SASS: one L2 round trip per
                                // group, as the group's one load sat in a branch of DF_AT4_PART), ~14% of a row's time
                                // at 16 requests of p alone in the phase trace
-#define DF_FLAG_WIDE_WRITE 65536  // (stop 41) the L2-row build's write pass with eight 16-byte reads in flight, not four
 #define DF_UNCOUNTED 0xFFFFFFFFu   // df_collect's `count` when the histogram held no counts
 #define DF_OVERFLOW 0xFFFFFFFEu    // df_collect: an uncounted gather found more than DF_CAP members (none sorted)
 #define DF_FLAG_SHARED_BOUNDS 4096  // (stop 41) with WARP_THRESHOLDS: the gather's bucket bounds searched by warp 0
@@ -1413,32 +1412,7 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
   const i64 cut_i = cut == 0 ? vocab : (i64)(0x7FFFFFFF - (i32)(cut & 0x7FFFFFFFull));
 #ifdef DF_L2_ROWS
   const u64 df_policy = df_drop_policy();  // the row's last read
-  if (DF_NEW_FLAGS && vec_out && (a.flags & DF_FLAG_WIDE_WRITE)) {  // eight reads in flight, then their stores
-    for (int first = tid; first < n / 4; first += 8 * DF_T) {
-      float4 f[8];
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        if (first + u * DF_T < n / 4) f[u] = DF_AT4(first + u * DF_T);
-      }
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        const int i = first + u * DF_T;
-        if (i < n / 4) {
-          const i64 t0 = lo + 4 * i;
-          f[u].x = (f[u].x > cut_x || (f[u].x == cut_x && t0 <= cut_i)) ? f[u].x : ninf;
-          f[u].y = (f[u].y > cut_x || (f[u].y == cut_x && t0 + 1 <= cut_i)) ? f[u].y : ninf;
-          f[u].z = (f[u].z > cut_x || (f[u].z == cut_x && t0 + 2 <= cut_i)) ? f[u].z : ninf;
-          f[u].w = (f[u].w > cut_x || (f[u].w == cut_x && t0 + 3 <= cut_i)) ? f[u].w : ninf;
-          store_cs16(dst + 4 * i, __float_as_uint(f[u].x), __float_as_uint(f[u].y), __float_as_uint(f[u].z),
-                     __float_as_uint(f[u].w));
-        }
-      }
-    }
-    for (int i = (n / 4) * 4 + tid; i < n; i += DF_T) {
-      const float x = DF_AT(i);
-      dst[i] = (x > cut_x || (x == cut_x && lo + i <= cut_i)) ? x : ninf;
-    }
-  } else if (vec_out) {  // four 16-byte reads in flight before the first store (a store waits for nothing, a read does)
+  if (vec_out) {  // four 16-byte reads in flight before the first store (a store waits for nothing, a read does)
 #ifdef DF_CARRY
     float cmx = -__int_as_float(0x7f800000);  // the next row's groups: this thread's max, NaN flag
     u32 cnan = 0;

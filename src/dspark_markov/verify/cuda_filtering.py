@@ -168,14 +168,10 @@ FLAG_UNCOUNTED = 16384
 # sat in a branch of the partial-group read), one L2 round trip per group: the gather took ~14% of a row's time at 16
 # requests of top-p alone (the phase trace, tools/trace_cluster_filter.py, H100, stop 41).
 FLAG_BATCHED_GATHER = 32768
-# WIDE_WRITE (kernel flag; stop 41): the L2-row build's write pass with eight 16-byte reads in flight per thread, not
-# four (the phase trace: ~12% of a row's time, each round of reads an L2 round trip). No effect in the resident build.
-FLAG_WIDE_WRITE = 65536
 # The kernel flags a launch of the resident build receives: not BATCHED_GATHER, measured slower there (H100, stop 41,
 # 1 request of p alone: 36.6 / 33.2 / 40.2 us against 34.1 / 31.8 / 37.3 without it; its gather reads shared memory).
 KERNEL_FLAGS = (FLAG_MASK_GATHER | FLAG_REFINE | FLAG_ILP | FLAG_ASYNC_LOAD | FLAG_WARP_THRESHOLDS | FLAG_DEEP_REFINE
-                | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT | FLAG_UNCOUNTED | FLAG_BATCHED_GATHER
-                | FLAG_WIDE_WRITE)  # FilterArgs.flags
+                | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT | FLAG_UNCOUNTED | FLAG_BATCHED_GATHER)  # FilterArgs.flags
 RESIDENT_KERNEL_FLAGS = KERNEL_FLAGS & ~FLAG_BATCHED_GATHER
 FLAGS_ALL = KERNEL_FLAGS | FLAG_L2_ROWS | FLAG_L2_CLUSTER4 | FLAG_PERSIST | FLAG_CARRY | FLAG_L2_FIT | FLAG_L2_FIVE
 L2_DEFINES = ("DF_L2_ROWS",)
@@ -203,9 +199,9 @@ L2_MIN_ROWS = 31
 # 117.7 / 110.8 / 124.9 against 120.3 / 114.6 / 127.0, 64 requests 381.4 / 352.4 / 409.2 against 392.7 / 367.9 /
 # 430.4, 253 requests 1,278.7 / 1,234.3 / 1,368.8 against 1,357.5 / 1,308.7 / 1,461.8: 2-6% faster; exact in its GPU
 # tests, memcheck and racecheck clean). The other stop-41 flags stay opt-in: DEEP_REFINE and SHARED_BOUNDS level,
-# FINITE_WEIGHT faster at 1-16 requests but 2-7% slower from 64 on, WIDE_WRITE level or 1% slower (same files).
-DEFAULT_FLAGS = ((KERNEL_FLAGS & ~(FLAG_DEEP_REFINE | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT | FLAG_WIDE_WRITE))
-                 | FLAG_L2_ROWS | FLAG_L2_FIT)
+# FINITE_WEIGHT faster at 1-16 requests but 2-7% slower from 64 on (same files). (A seventh, the L2-row write pass with
+# eight reads in flight instead of four, measured level or 1% slower in the batched call: removed.)
+DEFAULT_FLAGS = (KERNEL_FLAGS & ~(FLAG_DEEP_REFINE | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT)) | FLAG_L2_ROWS | FLAG_L2_FIT
 
 
 def slice_len(vocab: int, cluster: int = CLUSTER) -> int:
