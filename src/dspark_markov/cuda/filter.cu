@@ -59,8 +59,8 @@
 // write (see df_row, DfCarry).
 // Verified on the H200 (2026-12-05): its GPU tests (tests/gpu/test_cuda_filtering_gpu.py) and every flags option
 // equal the sort reference; compute-sanitizer memcheck / racecheck / synccheck clean. 118 registers, no spill,
-// 47,344 bytes of static shared memory (47,328 before stop 41) + the slice. On the CPU: the search emulated in its order of decisions, the
-// helpers compiled as host C++ (tests/verify/test_cuda_filtering.py).
+// 47,344 bytes of static shared memory (47,328 before stop 41) + the slice. On the CPU: the search emulated in its
+// order of decisions, the helpers compiled as host C++ (tests/verify/test_cuda_filtering.py).
 #include "noise.cuh"
 
 namespace dm {
@@ -330,9 +330,9 @@ struct FilterArgs {  // 8-byte fields (verify/cuda_filtering.py FilterArgs)
                                // df_weight_finite / df_bucket_finite (the same q and bucket, ~5 fewer instructions a token)
 #define DF_FLAG_UNCOUNTED 16384  // (stop 41) with ILP and MASK_GATHER, top-p alone (p > 0: its one search is by mass):
                                // the level-1 histogram adds masses only (two shared adds a token, not three; an H100
-                               // experiment without the count's add ran 8-12% faster, this flag ~1%), and the search learns its
-                               // bucket's count from the gather (rank 0's slot counter), narrowing after it if the
-                               // bucket held more than DF_CAP tokens
+                               // experiment without the count's add ran 8-12% faster, this flag ~1%), and the search
+                               // learns its bucket's count from the gather (rank 0's slot counter), narrowing after it
+                               // if the bucket held more than DF_CAP tokens
 #define DF_GATHER_BATCH 4      // ... reads in flight per thread (8 spilled in the 4- to 7-block and five-block builds)
 #define DF_FLAG_BATCHED_GATHER 32768  // (stop 41) with MASK_GATHER, a gather's 16-byte reads four at a time, all in flight
                                // before any is compared (the partial last group of a slice apart): the loop before
@@ -737,7 +737,9 @@ __device__ __noinline__ u32 df_collect(const float* s_x, int n, i64 lo, float m,
       }
       if (whole < n4) {  // the partial group, by its thread (every warp calls df_store_members: a warp collective)
         u64 mask = 0;
-        if (tid == whole % DF_T) mask = df_member_bits(DF_AT4_PART(whole, n), t_lo, t_hi, bounded) & ((1u << (n - 4 * whole)) - 1u);
+        if (tid == whole % DF_T) {
+          mask = df_member_bits(DF_AT4_PART(whole, n), t_lo, t_hi, bounded) & ((1u << (n - 4 * whole)) - 1u);
+        }
         df_store_members(mask, true, whole / DF_T, s_x, lo, counter, base, s_cand);
       }
     } else {
@@ -1005,10 +1007,9 @@ __device__ __forceinline__ void df_hist_masses(const float* s_x, int n4, float m
 }
 
 // The level-1 histogram of this block's slice (module doc, step 2): counts, and q with `masses` (without the counts
-// where sh.uncounted, DF_FLAG_UNCOUNTED: the count words stay 0), into the zeroed bins; then, after a cluster barrier, this block's DF_RANGE buckets summed over the cluster into s_rcnt /
-// s_rmass
-// and its totals into sh.tot_cnt / tot_mass. Ends with a cluster barrier (the sums complete everywhere; the bins
-// free).
+// where sh.uncounted, DF_FLAG_UNCOUNTED: the count words stay 0), into the zeroed bins; then, after a cluster
+// barrier, this block's DF_RANGE buckets summed over the cluster into s_rcnt / s_rmass and its totals into
+// sh.tot_cnt / tot_mass. Ends with a cluster barrier (the sums complete everywhere; the bins free).
 __device__ __noinline__ void df_histogram(const float* s_x, int n, float m, bool masses, u32* bins, u32* s_rcnt,
                                           u64* s_rmass, FilterShared& sh, u32 rank) {
   const int tid = threadIdx.x;

@@ -18,9 +18,9 @@ alone 32.9 / 125.4 / 415.7 / 1,585 us (the Triton filter: 29.7 / 63.6 / 180.3 / 
 1,484). Each row is a chain of ~25-40 us of latency-bound phases (phase trace: ``tools/trace_cluster_filter.py``),
 two blocks per SM, so beyond one wave of clusters time grows as waves x one row's latency.
 
-The options (``flags``; :data:`DEFAULT_FLAGS` = the kernel flags of stop 27, ``FLAG_UNCOUNTED`` and ``FLAG_BATCHED_GATHER``
-(stop 41; the latter for the L2-row build's launches),
-``FLAG_L2_ROWS`` and, since stop 40, ``FLAG_L2_FIT``; the other options are opt-in; H100 measurements of 2026-12-05,
+The options (``flags``; :data:`DEFAULT_FLAGS` = the kernel flags of stop 27, ``FLAG_UNCOUNTED`` and
+``FLAG_BATCHED_GATHER`` (stop 41; the latter for the L2-row build's launches), ``FLAG_L2_ROWS`` and, since stop 40,
+``FLAG_L2_FIT``; the other options are opt-in; H100 measurements of 2026-12-05,
 ``..._NVIDIA-H100..._filter_flags.*``): ``FLAG_ILP``, ``FLAG_ASYNC_LOAD``, ``FLAG_WARP_THRESHOLDS``
 shorten a row's phases (k + p 1,355 -> 1,165 us, p alone 1,766 -> 1,527 at 1,518 rows on the H100), and
 ``FLAG_L2_ROWS`` (the ``-DDF_L2_ROWS`` build: the row re-read from L2 at every pass instead of held in shared
@@ -202,7 +202,8 @@ L2_MIN_ROWS = 31
 # tests, memcheck and racecheck clean). The other stop-41 flags stay opt-in: DEEP_REFINE and SHARED_BOUNDS level,
 # FINITE_WEIGHT faster at 1-16 requests but 2-7% slower from 64 on (same files). (A sixth, the L2-row write pass with
 # eight reads in flight instead of four, measured level or 1% slower in the batched call: removed.)
-DEFAULT_FLAGS = (KERNEL_FLAGS & ~(FLAG_DEEP_REFINE | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT)) | FLAG_L2_ROWS | FLAG_L2_FIT
+DEFAULT_FLAGS = ((KERNEL_FLAGS & ~(FLAG_DEEP_REFINE | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT))
+                 | FLAG_L2_ROWS | FLAG_L2_FIT)
 
 
 def slice_len(vocab: int, cluster: int = CLUSTER) -> int:
