@@ -910,6 +910,9 @@ def test_launch_arguments(monkeypatch):
     filt.l2_fits = {8: (filt.l2_kernels, 2), 5: (C5Recorder(), 5)}
     filt.filter(padded, None, 0.9, padded)
     filt.filter(padded, 50, 0.9, padded)
+    # launch_plan (what the bench labels its layouts with) says the same without launching
+    assert [filt.launch_plan(padded, k)[::2] for k in (None, 50)] == [(True, 5, 204), (False, 8, 128)]
+    assert filt.launch_plan(x, None)[:3:2] == (False, 8)  # (rows not 16-byte aligned: the resident build)
     filt.l2_fits[8] = (filt.l2_kernels, 5)  # (one wave of 8 now: the larger cluster)
     filt.filter(padded, None, 0.9, padded)
     assert [(w, g, sm, a.slice) for w, g, _, sm, a in launches] == [("l2c5", 5 * 5, 6144, 204),

@@ -366,8 +366,7 @@ class FilterRunner(Runner):
         elif self.impl == "cuda":
             from ..verify import cuda_filtering
 
-            flags = config.cuda_filter_flags
-            self.layout = f"cluster x{cuda_filtering.CLUSTER}" + ("" if flags is None else f" f{flags}")
+            self.layout = f"cluster x{cuda_filtering.CLUSTER}"  # (the blocks per row of this call once the filter exists)
         else:
             self.layout = "row" if self.impl == "triton" else "sort"
             if self.impl == "triton":
@@ -384,6 +383,9 @@ class FilterRunner(Runner):
             from ..verify.cuda_filtering import CudaTopKTopPFilter
 
             self.filter = CudaTopKTopPFilter(work, config.vocab, device, flags=config.cuda_filter_flags)
+            cluster = self.filter.launch_plan(self.out, self.k)[2]  # (FLAG_L2_FIT: 5 to 8 blocks by batch)
+            flags = config.cuda_filter_flags
+            self.layout = f"cluster x{cluster}" + ("" if flags is None else f" f{flags}")
 
     def prepare(self):
         self.out.copy_(self.logits)

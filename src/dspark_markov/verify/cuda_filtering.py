@@ -410,6 +410,23 @@ class CudaTopKTopPFilter:
                     self.l2_fits[size] = (kernels, count)
         self.stats = torch.zeros(2, dtype=torch.int32, device=device)
 
+    def launch_plan(self, logits, k=None, temperature=None):
+        """``(l2, kernels, cluster, smem, slice, clusters)`` of a call of :meth:`filter` on ``logits [B, V]`` with this
+        ``k`` and ``temperature``: whether it takes the L2-row build (top-p alone, no temperature, at least
+        :data:`L2_MIN_ROWS` rows, 16-byte aligned rows), the loaded build, blocks per row (FLAG_L2_FIT: per batch),
+        dynamic shared memory, tokens per block, and the persistent grid's clusters (None: a cluster per row). Host
+        only (no launch); the bench labels its layouts with ``cluster``."""
+        rows, vocab = logits.shape
+        l2 = (self.l2_kernels is not None and temperature is None and rows >= L2_MIN_ROWS and _top_k_off(k, vocab)
+              and _aligned_rows(logits))
+        kernels, cluster, smem, width, fit = (
+            (self.l2_kernels, self.l2_cluster, self.l2_smem, self.l2_slice, self.l2_clusters) if l2
+            else (self.kernels, CLUSTER, self.smem, self.slice, self.clusters))
+        if l2 and self.l2_fits:  # FLAG_L2_FIT: the cluster size of this batch
+            cluster = self.fit_cluster(rows)
+            kernels, smem, width = self.l2_fits[cluster][0], l2_smem(cluster), slice_len(vocab, cluster)
+        return l2, kernels, cluster, smem, width, fit
+
     def filter(self, logits, k, p, out, temperature=None):
         """Filter ``logits [B <= max_rows, vocab]`` into ``out`` (may be ``logits``); see the class doc.
 
@@ -430,14 +447,7 @@ class CudaTopKTopPFilter:
             if not same:
                 out.copy_(logits)
             return out
-        l2 = (self.l2_kernels is not None and temperature is None and rows >= L2_MIN_ROWS and _top_k_off(k, vocab)
-              and _aligned_rows(logits))
-        kernels, cluster, smem, width, fit = (
-            (self.l2_kernels, self.l2_cluster, self.l2_smem, self.l2_slice, self.l2_clusters) if l2
-            else (self.kernels, CLUSTER, self.smem, self.slice, self.clusters))
-        if l2 and self.l2_fits:  # FLAG_L2_FIT: the cluster size of this batch
-            cluster = self.fit_cluster(rows)
-            kernels, smem, width = self.l2_fits[cluster][0], l2_smem(cluster), slice_len(vocab, cluster)
+        l2, kernels, cluster, smem, width, fit = self.launch_plan(logits, k, temperature)
         k_per_row, p_per_row = isinstance(k, torch.Tensor), isinstance(p, torch.Tensor)
         t_per_row = isinstance(temperature, torch.Tensor)
         args = FilterArgs(
