@@ -326,6 +326,9 @@ struct FilterArgs {  // 8-byte fields (verify/cuda_filtering.py FilterArgs)
                                // thread where ranking 256 by counting cost ~1,000 (256 dependent 64-bit compares; 10% of
                                // the filter's instructions at 16 requests of p alone, Nsight Compute, stop 40)
 #define DF_DEEP 32             // ... candidates left for ranking by counting: one warp's worth
+#define DF_FLAG_SHARED_BOUNDS 4096  // (stop 41) with WARP_THRESHOLDS: the gather's bucket bounds searched by warp 0
+                               // alone and shared through shared memory (every warp of every block of the cluster ran
+                               // the same ~8 rounds: 64 times per row)
 #define DF_FLAG_FINITE_WEIGHT 8192  // (stop 41) with ILP, top-p's level-1 histogram of a row with a finite max by
                                // df_weight_finite / df_bucket_finite (the same q and bucket, ~5 fewer instructions a token)
 #define DF_FLAG_UNCOUNTED 16384  // (stop 41) with ILP and MASK_GATHER, top-p alone (p > 0: its one search is by mass):
@@ -341,9 +344,6 @@ struct FilterArgs {  // 8-byte fields (verify/cuda_filtering.py FilterArgs)
                                // at 16 requests of p alone in the phase trace
 #define DF_UNCOUNTED 0xFFFFFFFFu   // df_collect's `count` when the histogram held no counts
 #define DF_OVERFLOW 0xFFFFFFFEu    // df_collect: an uncounted gather found more than DF_CAP members (none sorted)
-#define DF_FLAG_SHARED_BOUNDS 4096  // (stop 41) with WARP_THRESHOLDS: the gather's bucket bounds searched by warp 0
-                               // alone and shared through shared memory (every warp of every block of the cluster ran
-                               // the same ~8 rounds: 64 times per row)
 
 struct FilterShared {
   float part_max;    // this block's slice max and NaN flag (read by the others)
@@ -433,7 +433,8 @@ __device__ __forceinline__ void df_add(u32 base, u32 stride, u32 bin, u64 q) {
   df_red(a + stride, (u32)q & 0xFFFFu);
   df_red(a + 2u * stride, (u32)(q >> 16));
 }
-// The mass words alone (DF_FLAG_UNCOUNTED): `base` the shared address of the mass & 0xFFFF words.
+// The mass words alone (DF_FLAG_UNCOUNTED): `base` the shared address of the mass & 0xFFFF words. (df_add keeps its
+// own three adds: written through this, its address arithmetic compiled differently from the measured SASS.)
 __device__ __forceinline__ void df_add_mass(u32 base, u32 stride, u32 bin, u64 q) {
   const u32 a = base + 4u * bin;
   df_red(a, (u32)q & 0xFFFFu);
@@ -742,23 +743,23 @@ __device__ __noinline__ u32 df_collect(const float* s_x, int n, i64 lo, float m,
         }
         df_store_members(mask, true, whole / DF_T, s_x, lo, counter, base, s_cand);
       }
-    } else {
-    for (int c0 = 0; c0 < rounds4; c0 += 16) {
-      u64 mask = 0;
+    } else {  // (df_member_bits's expression written out: the measured SASS of this loop; calling it compiles differently)
+      for (int c0 = 0; c0 < rounds4; c0 += 16) {
+        u64 mask = 0;
 #pragma unroll 4
-      for (int j = 0; j < 16; ++j) {
-        const int v = (c0 + j) * DF_T + tid;
-        if (v < n4) {
-          const float4 f = DF_AT4_PART(v, n);
-          u32 bits = (u32)(f.x >= t_lo && !(bounded && f.x >= t_hi)) | ((u32)(f.y >= t_lo && !(bounded && f.y >= t_hi)) << 1)
-                     | ((u32)(f.z >= t_lo && !(bounded && f.z >= t_hi)) << 2)
-                     | ((u32)(f.w >= t_lo && !(bounded && f.w >= t_hi)) << 3);
-          if (4 * v + 4 > n) bits &= (1u << (n - 4 * v)) - 1u;  // tokens past the slice's end
-          mask |= (u64)bits << (4 * j);
+        for (int j = 0; j < 16; ++j) {
+          const int v = (c0 + j) * DF_T + tid;
+          if (v < n4) {
+            const float4 f = DF_AT4_PART(v, n);
+            u32 bits = (u32)(f.x >= t_lo && !(bounded && f.x >= t_hi)) | ((u32)(f.y >= t_lo && !(bounded && f.y >= t_hi)) << 1)
+                       | ((u32)(f.z >= t_lo && !(bounded && f.z >= t_hi)) << 2)
+                       | ((u32)(f.w >= t_lo && !(bounded && f.w >= t_hi)) << 3);
+            if (4 * v + 4 > n) bits &= (1u << (n - 4 * v)) - 1u;  // tokens past the slice's end
+            mask |= (u64)bits << (4 * j);
+          }
         }
+        df_store_members(mask, true, c0, s_x, lo, counter, base, s_cand);
       }
-      df_store_members(mask, true, c0, s_x, lo, counter, base, s_cand);
-    }
     }
   } else if (flags & DF_FLAG_MASK_GATHER) {
     // membership of up to 64 of this thread's tokens at a time in a register mask (independent iterations: the
@@ -972,6 +973,12 @@ __device__ __noinline__ void df_search(bool by_mass, u64 target, bool masses, co
   DF_MARK(10);
 }
 
+// One token into the level-1 bins at `base`: its count (where `counts`; else the count words stay 0) and mass.
+__device__ __forceinline__ void df_hist_add(u32 base, u32 bin, u64 q, bool counts) {
+  if (counts) df_add(base, 4u * DF_NB, bin, q);
+  else df_add_mass(base + 4u * DF_NB, 4u * DF_NB, bin, q);
+}
+
 // df_histogram's loop with masses, four tokens per step from group `tid` on (`next`: its first group, read): the
 // weights and buckets of df_weight_finite / df_bucket_finite where FINITE (a finite row max), else the general ones;
 // the counts too where COUNTS.
@@ -992,17 +999,10 @@ __device__ __forceinline__ void df_hist_masses(const float* s_x, int n4, float m
       q0 = df_weight(f.x, m); q1 = df_weight(f.y, m); q2 = df_weight(f.z, m); q3 = df_weight(f.w, m);
       b0 = df_bucket(f.x, m); b1 = df_bucket(f.y, m); b2 = df_bucket(f.z, m); b3 = df_bucket(f.w, m);
     }
-    if (COUNTS) {
-      df_add(base, 4u * DF_NB, b0, q0);
-      df_add(base, 4u * DF_NB, b1, q1);
-      df_add(base, 4u * DF_NB, b2, q2);
-      df_add(base, 4u * DF_NB, b3, q3);
-    } else {  // the mass words only (the count words stay 0)
-      df_add_mass(base + 4u * DF_NB, 4u * DF_NB, b0, q0);
-      df_add_mass(base + 4u * DF_NB, 4u * DF_NB, b1, q1);
-      df_add_mass(base + 4u * DF_NB, 4u * DF_NB, b2, q2);
-      df_add_mass(base + 4u * DF_NB, 4u * DF_NB, b3, q3);
-    }
+    df_hist_add(base, b0, q0, COUNTS);
+    df_hist_add(base, b1, q1, COUNTS);
+    df_hist_add(base, b2, q2, COUNTS);
+    df_hist_add(base, b3, q3, COUNTS);
   }
 }
 
