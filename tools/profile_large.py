@@ -30,8 +30,9 @@ def main():
                          (torch.randn(VOCAB, 256, device="cuda", generator=gen) * 0.05).bfloat16())
     base, anchor, idx, pos, temp, seeds = sweep_inputs(gen, args.rows, args.temperature)
     steps = args.steps
-    inputs = (base[:, :steps], anchor, idx.view(args.rows, STEPS)[:, :steps].reshape(-1),
-              pos.view(args.rows, STEPS)[:, :steps].reshape(-1), temp, seeds)
+    # (.contiguous(): with --steps 1 the sliced [rows, 1] view flattens to a stride-5 view, which the samplers refuse)
+    inputs = (base[:, :steps], anchor, idx.view(args.rows, STEPS)[:, :steps].contiguous().view(-1),
+              pos.view(args.rows, STEPS)[:, :steps].contiguous().view(-1), temp, seeds)
     cache_dtype = getattr(torch, args.cache_dtype)
     for item in args.designs.split(","):
         design, _, method = item.partition(":")  # e.g. wide:inverse_cdf

@@ -1,7 +1,7 @@
 """``impl="cuda_wide"`` on one GPU, in one process (issue 12, large-batch Gumbel): exactness, then timing.
 
 Usage (GPU): ``PYTHONPATH=src python3 tools/sweep_cuda_wide.py --out DIR [--check 64,253] [--time 64,253]
-[--designs cuda_gumbel,cuda_wide] [--temperature 1|mixed|both] [--options JSON]``.
+[--designs cuda_gumbel,cuda_wide,cuda_wide:inverse_cdf] [--temperature 1|mixed|both] [--options JSON]``.
 
 In order, each part printed and written to ``DIR`` as soon as it ends:
 1. ``--check``: at full shapes (V = 129,280, rank 256, N = 5; tests.helpers inputs: mixed T 0 / 0.6 / 1, a padding
@@ -95,11 +95,14 @@ def timing(rows_list, designs, temperatures, options, out, rounds=3, replays=15)
             temp = (torch.ones(rows, device="cuda") if mode == "1" else
                     torch.tensor(grid.MIXED_TEMPERATURES, device="cuda")[torch.arange(rows, device="cuda") % 3])
             graphs = {}
-            runs = [(d, d, {}) for d in designs] + [(f"cuda_wide[{k}]", "cuda_wide", v) for k, v in options.items()]
-            for label, impl, kwargs in runs:
-                sampler = dm.MarkovSampler(head, steps, rows, cache_dtype=torch.bfloat16, method="gumbel", impl=impl)
+            # a design "impl:method" (e.g. cuda_wide:inverse_cdf) samples by that method, else Gumbel
+            runs = [(d, *d.partition(":")[::2], {}) for d in designs]
+            runs += [(f"cuda_wide[{k}]", "cuda_wide", "", v) for k, v in options.items()]
+            for label, impl, method, kwargs in runs:
+                method = method or "gumbel"
+                sampler = dm.MarkovSampler(head, steps, rows, cache_dtype=torch.bfloat16, method=method, impl=impl)
                 if kwargs:
-                    sampler.backend = type(sampler.backend)(head, steps, rows, method="gumbel",
+                    sampler.backend = type(sampler.backend)(head, steps, rows, method=method,
                                                             cache_dtype=torch.bfloat16, device="cuda", **kwargs)
                 tokens = torch.zeros(rows, steps, dtype=torch.int64, device="cuda")
                 cache = torch.empty(rows, steps, vocab, dtype=torch.bfloat16, device="cuda")

@@ -89,6 +89,10 @@ struct WideArgs {  // every field 8 bytes (matches cuda_wide.WideArgs)
 
 #define DW_LOG2E 1.4426950408889634f
 #define DW_F_PREFETCH 1  // L2 prefetch of the base logits one group ahead (the team's first group at the start)
+#ifndef DW_AHEAD
+#define DW_AHEAD 1       // m-tiles whose global loads are in flight ahead of the one being computed (1 or more)
+#endif
+static_assert(DW_AHEAD >= 1, "DW_AHEAD: at least 1");
 
 // Per-row keys of the step, in shared memory: the noise prefix, 1/T, T (0: greedy), the element offset of the row's
 // base logits and of its cache row (-1: a padding sample, no write).
@@ -284,6 +288,70 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
   // The team's first m-tile (teams start apart, so most rows are seeded once before other teams reach them); its
   // warps take every WPG-th m-tile from there.
   const int moff = mtiles ? (gt * WPG) % mtiles : 0;
+  // The global loads of an m-tile (its base logits and its rows' words) are issued DW_AHEAD m-tiles before its mma
+  // (across group boundaries), in a register shift queue: Nsight Compute (stop 42, H100, 253 rows) found a quarter to
+  // a third of the warps' stall samples on the first use of this m-tile's loads, issued right before its mma with two
+  // warps per scheduler to hide them. A word read DW_AHEAD m-tiles early is at most as large as the current one, so
+  // its threshold only keeps more tokens for exact keys (never another draw; a stale DM_WORD_NONE seeds again).
+  // The same loads, in the same order, also bring the L2 prefetch of the loaded m-tile's rows of the next group.
+  struct Loads {
+    uint4 braw[2];
+    i64 wread[2];
+  };
+  auto issue_loads = [&](int lgrp, int li, Loads& o) {
+    int mt = li + moff;
+    mt = mt >= mtiles ? mt - mtiles : mt;
+    const int r0 = mt * 16 + g;
+    // Rows ranked by words: every row (Gumbel); ICDF: only padding samples (the others are drawn by dm_wide_pick from
+    // the partials and their cache rows), so an m-tile without one skips the word path (a uniform branch).
+    const bool words_here = !ICDF || padt_s[mt] != 0;
+    const i64 lt0 = (i64)lgrp * DW_GROUP + 4 * c;
+    const bool lfull = lt0 + 4 <= vocab;
+    // L2 prefetch of the next group's lines of each row as its m-tile comes (one group ahead: a few MB in flight).
+    const i64 next_t0 = (i64)(lgrp + g_step) * DW_GROUP;
+    const bool prefetch = (a.flags & DW_F_PREFETCH) && lgrp + g_step < g_end;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = r0 + 8 * h;
+      o.braw[h] = make_uint4(0, 0, 0, 0);
+      o.wread[h] = DM_WORD_NONE;
+      if (r < rows) {
+        if (words_here) o.wread[h] = dm::load_relaxed_i64(words + r);
+        const i64 base_off = rows_s[r].base_off;
+        if (prefetch && c == 0) {  // these rows of the team's next group into L2 (lane quad 0: 32 bytes of bf16)
+          const char* np = (const char*)a.base + (base_off + next_t0) * (BASE_F32 ? 4 : 2);
+          dm::prefetch_l2(np);
+          if (BASE_F32 && next_t0 + 8 < vocab) dm::prefetch_l2(np + 32);
+        }
+        if (VEC && lfull) {
+          const char* bp = (const char*)a.base + (base_off + lt0) * (BASE_F32 ? 4 : 2);
+          if (BASE_F32) o.braw[h] = dm::load_cs16(bp);
+          else {
+            const uint2 v = dm::load_cs8(bp);
+            o.braw[h].x = v.x;
+            o.braw[h].y = v.y;
+          }
+        }
+      }
+    }
+  };
+  // The load cursor (lgrp, li) runs DW_AHEAD m-tiles ahead of the loop's (grp, i), in the same order.
+  Loads ahead[DW_AHEAD];
+  int lgrp = g_first, li = sub;
+  auto advance = [&]() {
+    li += WPG;
+    if (li >= mtiles) {
+      li = sub;
+      lgrp += g_step;
+    }
+  };
+#pragma unroll
+  for (int d = 0; d < DW_AHEAD; ++d) {
+    if (lgrp < g_end && sub < mtiles) {
+      issue_loads(lgrp, li, ahead[d]);
+      advance();
+    }
+  }
   for (int grp = g_first; grp < g_end; grp += g_step) {
     // This group's B fragments: stage -> registers, then the next group's rows into the stage.
     dm::cp_async_wait_all();
@@ -299,45 +367,27 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
     if (grp + g_step < g_end) stage_group(grp + g_step);
     const i64 t0 = (i64)grp * DW_GROUP + 4 * c;  // this lane's 4 tokens
     const bool full = t0 + 4 <= vocab;            // (VEC: vocab % 4 == 0, so !full means no token at all)
-    // L2 prefetch of the next group's lines of each row as its m-tile comes (one group ahead: a few MB in flight).
-    const i64 next_t0 = (i64)(grp + g_step) * DW_GROUP;
-    const bool prefetch = (a.flags & DW_F_PREFETCH) && grp + g_step < g_end;
 
     for (int i = sub; i < mtiles; i += WPG) {
       int mt = i + moff;
       mt = mt >= mtiles ? mt - mtiles : mt;
       const int r0 = mt * 16 + g;  // this lane's rows r0 and r0 + 8
-      // Rows ranked by words: every row (Gumbel); ICDF: only padding samples (the others are drawn by dm_wide_pick
-      // from the partials and their cache rows), so an m-tile without one skips the word path (a uniform branch).
       const bool words_here = !ICDF || padt_s[mt] != 0;
-      // Loads of this m-tile issued before its mma: the base logits and the rows' words.
+      // This m-tile's loads (issued DW_AHEAD m-tiles ago), then those of the m-tile DW_AHEAD later.
       uint4 braw[2];
       i64 wread[2];
       bool rin[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int r = r0 + 8 * h;
-        rin[h] = r < rows;
-        braw[h] = make_uint4(0, 0, 0, 0);
-        wread[h] = DM_WORD_NONE;
-        if (rin[h]) {
-          if (words_here) wread[h] = dm::load_relaxed_i64(words + r);
-          const i64 base_off = rows_s[r].base_off;
-          if (prefetch && c == 0) {  // these rows of the team's next group into L2 (lane quad 0: 32 bytes of bf16)
-            const char* np = (const char*)a.base + (base_off + next_t0) * (BASE_F32 ? 4 : 2);
-            dm::prefetch_l2(np);
-            if (BASE_F32 && next_t0 + 8 < vocab) dm::prefetch_l2(np + 32);
-          }
-          if (VEC && full) {
-            const char* bp = (const char*)a.base + (base_off + t0) * (BASE_F32 ? 4 : 2);
-            if (BASE_F32) braw[h] = dm::load_cs16(bp);
-            else {
-              const uint2 v = dm::load_cs8(bp);
-              braw[h].x = v.x;
-              braw[h].y = v.y;
-            }
-          }
-        }
+        braw[h] = ahead[0].braw[h];
+        wread[h] = ahead[0].wread[h];
+        rin[h] = r0 + 8 * h < rows;
+      }
+#pragma unroll
+      for (int d = 0; d + 1 < DW_AHEAD; ++d) ahead[d] = ahead[d + 1];
+      if (lgrp < g_end) {
+        issue_loads(lgrp, li, ahead[DW_AHEAD - 1]);
+        advance();
       }
       // bias^T [16 rows x 16 tokens]: two n-tiles, even and odd k-tiles in separate accumulators.
       float acc[2][2][4];
