@@ -89,6 +89,10 @@ struct WideArgs {  // every field 8 bytes (matches cuda_wide.WideArgs)
 
 #define DW_LOG2E 1.4426950408889634f
 #define DW_F_PREFETCH 1  // L2 prefetch of the base logits one group ahead (the team's first group at the start)
+#ifndef DW_AHEAD
+#define DW_AHEAD 1       // m-tiles whose global loads are in flight ahead of the one being computed (1 or more)
+#endif
+static_assert(DW_AHEAD >= 1, "DW_AHEAD: at least 1");
 
 // Per-row keys of the step, in shared memory: the noise prefix, 1/T, T (0: greedy), the element offset of the row's
 // base logits and of its cache row (-1: a padding sample, no write).
@@ -284,12 +288,12 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
   // The team's first m-tile (teams start apart, so most rows are seeded once before other teams reach them); its
   // warps take every WPG-th m-tile from there.
   const int moff = mtiles ? (gt * WPG) % mtiles : 0;
-  // The global loads of an m-tile (its base logits and its rows' words) are issued one pair of m-tiles before its mma
-  // (across group boundaries): Nsight Compute (stop 42, H100, 253 rows) found a quarter to a third of the warps' stall
-  // samples on the first use of an m-tile's loads when they were issued right before its mma, with two warps per
-  // scheduler to hide them. A word read a pair early is at most as large as the current one, so its threshold only
-  // keeps more tokens for exact keys (never another draw; a stale DM_WORD_NONE seeds again). The same loads also bring
-  // the L2 prefetch of the loaded m-tile's rows of the next group.
+  // The global loads of an m-tile (its base logits and its rows' words) are issued DW_AHEAD m-tiles before its mma
+  // (across group boundaries), in a register shift queue: Nsight Compute (stop 42, H100, 253 rows) found a quarter to
+  // a third of the warps' stall samples on the first use of this m-tile's loads, issued right before its mma with two
+  // warps per scheduler to hide them. A word read DW_AHEAD m-tiles early is at most as large as the current one, so
+  // its threshold only keeps more tokens for exact keys (never another draw; a stale DM_WORD_NONE seeds again).
+  // The same loads, in the same order, also bring the L2 prefetch of the loaded m-tile's rows of the next group.
   struct Loads {
     uint4 braw[2];
     i64 wread[2];
@@ -331,28 +335,23 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
       }
     }
   };
-  // MT m-tiles per iteration: pairs (i, i + WPG within a group) with one warp per group; one with WPG = 2, whose
-  // 16-warp blocks have 128 registers (a pair there spilled 120-216 bytes).
-  constexpr int MT = WPG == 1 ? 2 : 1;
-  // The load cursor (lgrp, li): the first m-tile of the next pair to load, in the loop's order; nxt holds the loads of
-  // the pair after the one being computed.
-  Loads nxt[2];
+  // The load cursor (lgrp, li) runs DW_AHEAD m-tiles ahead of the loop's (grp, i), in the same order.
+  Loads ahead[DW_AHEAD];
   int lgrp = g_first, li = sub;
-  auto issue_pair = [&]() {
-    if (lgrp < g_end && li < mtiles) {  // (li < mtiles: not with WPG = 2 and one m-tile, where sub 1 has none)
-      issue_loads(lgrp, li, nxt[0]);
-      if (MT == 2) {
-        if (li + WPG < mtiles) issue_loads(lgrp, li + WPG, nxt[1]);
-        else nxt[1] = nxt[0];  // (a pair of one: its second m-tile repeats the first, with no effect)
-      }
-      li += MT * WPG;
-      if (li >= mtiles) {
-        li = sub;
-        lgrp += g_step;
-      }
+  auto advance = [&]() {
+    li += WPG;
+    if (li >= mtiles) {
+      li = sub;
+      lgrp += g_step;
     }
   };
-  issue_pair();
+#pragma unroll
+  for (int d = 0; d < DW_AHEAD; ++d) {
+    if (lgrp < g_end && sub < mtiles) {
+      issue_loads(lgrp, li, ahead[d]);
+      advance();
+    }
+  }
   for (int grp = g_first; grp < g_end; grp += g_step) {
     // This group's B fragments: stage -> registers, then the next group's rows into the stage.
     dm::cp_async_wait_all();
@@ -369,311 +368,256 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
     const i64 t0 = (i64)grp * DW_GROUP + 4 * c;  // this lane's 4 tokens
     const bool full = t0 + 4 <= vocab;            // (VEC: vocab % 4 == 0, so !full means no token at all)
 
-    for (int i = sub; i < mtiles; i += MT * WPG) {
-      // A pair of m-tiles, u = 0: i and u = 1: i + WPG, computed side by side (their mma chains and epilogues
-      // interleave: two warps per scheduler leave single chains waiting). Past the group's last m-tile (an odd
-      // count) u = 1 repeats u = 0's m-tile with every row out of range: computed, but nothing stored, merged or
-      // ranked (a uniform test, no branch).
-      const bool two = MT == 2 && i + WPG < mtiles;
-      Loads cur[2];
-      cur[0] = nxt[0];  // issued one pair ago
-      if (MT == 2) cur[1] = nxt[1];
-      issue_pair();                     // the next pair's
-      int mt[2], r0[2];
-      bool words_here[2], rin[2][2];
-      i64 wread[2][2];
+    for (int i = sub; i < mtiles; i += WPG) {
+      int mt = i + moff;
+      mt = mt >= mtiles ? mt - mtiles : mt;
+      const int r0 = mt * 16 + g;  // this lane's rows r0 and r0 + 8
+      const bool words_here = !ICDF || padt_s[mt] != 0;
+      // This m-tile's loads (issued DW_AHEAD m-tiles ago), then those of the m-tile DW_AHEAD later.
+      uint4 braw[2];
+      i64 wread[2];
+      bool rin[2];
 #pragma unroll
-      for (int u = 0; u < MT; ++u) {
-        const bool live = u == 0 || two;
-        int m = (live ? i + WPG * u : i) + moff;
-        mt[u] = m >= mtiles ? m - mtiles : m;
-        r0[u] = mt[u] * 16 + g;  // this lane's rows r0 and r0 + 8
-        // Rows ranked by words: every row (Gumbel); ICDF: only padding samples (the others are drawn by dm_wide_pick
-        // from the partials and their cache rows), so an m-tile without one skips the word path (a uniform branch).
-        words_here[u] = live && (!ICDF || padt_s[mt[u]] != 0);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          rin[u][h] = live && r0[u] + 8 * h < rows;
-          wread[u][h] = cur[u].wread[h];
-        }
+      for (int h = 0; h < 2; ++h) {
+        braw[h] = ahead[0].braw[h];
+        wread[h] = ahead[0].wread[h];
+        rin[h] = r0 + 8 * h < rows;
       }
-      // bias^T [16 rows x 16 tokens] of both m-tiles: two n-tiles, even and odd k-tiles in separate accumulators.
-      float acc[2][2][2][4];
 #pragma unroll
-      for (int u = 0; u < MT; ++u)
+      for (int d = 0; d + 1 < DW_AHEAD; ++d) ahead[d] = ahead[d + 1];
+      if (lgrp < g_end) {
+        issue_loads(lgrp, li, ahead[DW_AHEAD - 1]);
+        advance();
+      }
+      // bias^T [16 rows x 16 tokens]: two n-tiles, even and odd k-tiles in separate accumulators.
+      float acc[2][2][4];
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
+      for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-          for (int q = 0; q < 2; ++q)
+        for (int q = 0; q < 2; ++q)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc[u][nt][q][e] = 0.0f;
+          for (int e = 0; e < 4; ++e) acc[nt][q][e] = 0.0f;
+      const uint4* ca = codes_s + (size_t)mt * 512 + lane;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
+        const uint4 a0 = ca[(j * 2) * 32], a1 = ca[(j * 2 + 1) * 32];  // the A registers of the two k-halves
 #pragma unroll
-        for (int u = 0; u < MT; ++u) {
-          const uint4* ca = codes_s + (size_t)mt[u] * 512 + lane;
-          const uint4 a0 = ca[(j * 2) * 32], a1 = ca[(j * 2 + 1) * 32];  // the A registers of the two k-halves
-#pragma unroll
-          for (int nt = 0; nt < 2; ++nt) {
-            dm::mma16816(acc[u][nt][0], a0.x, a0.y, a0.z, a0.w, bw[nt][j].x, bw[nt][j].y);
-            dm::mma16816(acc[u][nt][1], a1.x, a1.y, a1.z, a1.w, bw[nt][j].z, bw[nt][j].w);
-          }
+        for (int nt = 0; nt < 2; ++nt) {
+          dm::mma16816(acc[nt][0], a0.x, a0.y, a0.z, a0.w, bw[nt][j].x, bw[nt][j].y);
+          dm::mma16816(acc[nt][1], a1.x, a1.y, a1.z, a1.w, bw[nt][j].z, bw[nt][j].w);
         }
       }
       // Epilogue: lane (g, c) holds rows r0 (h = 0) and r0 + 8 (h = 1), tokens t0 .. t0 + 3 (k = 2 nt + e).
-      float z[2][2][4], thr[2][2];
-      u32 mask[2] = {0u, 0u};
-      // 1. z = round_cache(U + bias) of both m-tiles (bf16 cache: z in pairs, as stored).
-      u32 packed[2][2][2];
-      bool nan_any = false;
-#pragma unroll
-      for (int u = 0; u < MT; ++u) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const WideRow* rkp = rows_s + r0[u] + 8 * h;
-          thr[u][h] = words_here[u] ? dm::skip_threshold(wread[u][h], margin) : 0.0f;
-          // The bias in bf16: one cvt per pair (its NaN payload never reaches the cache: z = U + NaN is NaN and is
-          // rounded again below), scaled and rounded again when scale != 1.
-          float bias[4];
-#pragma unroll
-          for (int nt = 0; nt < 2; ++nt) {
-            const int e = 2 * h;
-            u32 p = dm::pack_bf16x2_rn(dm::add_rn(acc[u][nt][0][e], acc[u][nt][1][e]),
-                                       dm::add_rn(acc[u][nt][0][e + 1], acc[u][nt][1][e + 1]));
-            if (SCALE) p = dm::pack_bf16x2_rn(dm::mul_rn(__uint_as_float(p << 16), scale),
-                                              dm::mul_rn(__uint_as_float(p & 0xFFFF0000u), scale));
-            bias[2 * nt] = __uint_as_float(p << 16);
-            bias[2 * nt + 1] = __uint_as_float(p & 0xFFFF0000u);
-          }
-          float s[4];
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            float uv;
-            if (VEC) {
-              const uint4 braw = cur[u].braw[h];
-              if (BASE_F32) {
-                const u32 q[4] = {braw.x, braw.y, braw.z, braw.w};
-                uv = __uint_as_float(q[k]);
-              } else {
-                const u32 q = (k < 2) ? braw.x : braw.y;
-                uv = (k & 1) ? __uint_as_float(q & 0xFFFF0000u) : __uint_as_float(q << 16);
-              }
-            } else {
-              uv = ninf;
-              if (rin[u][h] && t0 + k < vocab) {
-                const i64 off = rkp->base_off + t0 + k;
-                uv = BASE_F32 ? ((const float*)a.base)[off] : dm::bf16(((const unsigned short*)a.base)[off]);
-              }
-            }
-            s[k] = dm::add_rn(uv, bias[k]);
-          }
-          if (CACHE_F32) {
-#pragma unroll
-            for (int k = 0; k < 4; ++k) z[u][h][k] = s[k];
-          } else {
-            packed[u][h][0] = dm::pack_bf16x2_rn(s[0], s[1]);
-            packed[u][h][1] = dm::pack_bf16x2_rn(s[2], s[3]);
-            nan_any = nan_any || (s[0] != s[0]) || (s[1] != s[1]) || (s[2] != s[2]) || (s[3] != s[3]);
-          }
-        }
-      }
-      if (!CACHE_F32) {
-        if (nan_any) {  // torch's NaN, 0x7FC0, for every NaN half (rare; a finite or infinite s never packs to NaN)
-#pragma unroll
-          for (int u = 0; u < MT; ++u)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-#pragma unroll
-              for (int w = 0; w < 2; ++w) {
-                const u32 p = packed[u][h][w];
-                const u32 lo = (p & 0x7FFFu) > 0x7F80u ? 0x7FC0u : (p & 0xFFFFu);
-                const u32 hi = ((p >> 16) & 0x7FFFu) > 0x7F80u ? 0x7FC0u : (p >> 16);
-                packed[u][h][w] = lo | (hi << 16);
-              }
-        }
-#pragma unroll
-        for (int u = 0; u < MT; ++u)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int k = 0; k < 4; ++k)
-              z[u][h][k] = (k & 1) ? __uint_as_float(packed[u][h][k >> 1] & 0xFFFF0000u)
-                                   : __uint_as_float(packed[u][h][k >> 1] << 16);
-      }
-      // 2. The cache rows of live samples, and the ranking (Gumbel: candidate bits; ICDF: the group's partials).
-      float gmv[2][2], gsv[2][2];
-#pragma unroll
-      for (int u = 0; u < MT; ++u) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const WideRow* rkp = rows_s + r0[u] + 8 * h;
-          const bool here = rin[u][h] && (VEC ? full : t0 < vocab);
-          const i64 cache_off = rkp->cache_off;
-          if (here && cache_off >= 0) {  // the cache row of a live sample
-            char* cp = (char*)a.cache + (cache_off + t0) * (CACHE_F32 ? 4 : 2);
-            if (VEC) {
-              if (CACHE_F32) {
-                dm::store_cs16(cp, __float_as_uint(z[u][h][0]), __float_as_uint(z[u][h][1]),
-                               __float_as_uint(z[u][h][2]), __float_as_uint(z[u][h][3]));
-              } else {
-                dm::store_cs8(cp, packed[u][h][0], packed[u][h][1]);
-              }
-            } else {
-#pragma unroll
-              for (int k = 0; k < 4; ++k) {
-                if (t0 + k < vocab) {
-                  if (CACHE_F32) ((float*)cp)[k] = z[u][h][k];
-                  else ((unsigned short*)cp)[k] = (unsigned short)(__float_as_uint(z[u][h][k]) >> 16);
-                }
-              }
-            }
-          }
-          const bool greedy = rkp->temp == 0.0f;
-          if (!ICDF) {
-            // Every bound computed (no branch per token), kept only as candidate bits.
-            const float inv = rkp->inv_temp;
-            const u32 prefix = rkp->prefix;
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-              const float noisy = dm::add_rn(dm::mul_rn(z[u][h][k], inv),
-                                             gtab_s[dm::tb_bucket(dm::hash_finish(prefix, (u32)(t0 + k)))]);
-              const float b = greedy ? z[u][h][k] : noisy;
-              const bool in = here && (VEC || t0 + k < vocab);
-              mask[u] |= (in && !(b < thr[u][h]) ? 1u : 0u) << (4 * h + k);
-            }
-          } else {
-            // Padding samples: candidate bits of z against the row's word. Every row: the group's partial of
-            // x = z / T (z on greedy rows), its max over the 16 tokens (lane, then the lane quad) and sum
-            // exp(x - max) in the order ((w0 + w1) + w2) + w3 per lane, then (lane c + lane c^1) + (the other pair).
-            float x[4];
-            const bool padrow = rkp->cache_off < 0;
-            const float rcp = dw_rcp_for(rkp->temp, rkp->inv_temp);
-#pragma unroll
-            for (int k = 0; k < 4; ++k) x[k] = z[u][h][k];
-            if (!greedy && rkp->temp != 1.0f) {  // x = z / T (one branch per row and m-tile, div_rn's values)
-              const float t = rkp->temp;
-              bool ok = true;
-#pragma unroll
-              for (int k = 0; k < 4; ++k) {
-                const float q0 = dm::mul_rn(z[u][h][k], rcp);
-                ok = ok && dw_rcp_ok(q0);
-                x[k] = dw_markstein(z[u][h][k], t, rcp, q0);
-              }
-              if (!ok) {  // rare: a zero, +-inf, NaN, an extreme quotient or T outside [2^-16, 2^16]
-#pragma unroll
-                for (int k = 0; k < 4; ++k) x[k] = dm::div_rn(z[u][h][k], t);
-              }
-            }
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-              const bool in = here && (VEC || t0 + k < vocab);
-              if (words_here[u]) mask[u] |= (padrow && in && !(z[u][h][k] < thr[u][h]) ? 1u : 0u) << (4 * h + k);
-              x[k] = in ? x[k] : ninf;
-            }
-            float gm = dw_nan_max(dw_nan_max(x[0], x[1]), dw_nan_max(x[2], x[3]));
-            gm = dw_nan_max(gm, __shfl_xor_sync(0xFFFFFFFFu, gm, 1));
-            gm = dw_nan_max(gm, __shfl_xor_sync(0xFFFFFFFFu, gm, 2));
-            float gs = dm::add_rn(dm::add_rn(dm::add_rn(dw_exp(dm::sub_rn(x[0], gm)), dw_exp(dm::sub_rn(x[1], gm))),
-                                             dw_exp(dm::sub_rn(x[2], gm))), dw_exp(dm::sub_rn(x[3], gm)));
-            gs = dm::add_rn(gs, __shfl_xor_sync(0xFFFFFFFFu, gs, 1));
-            gs = dm::add_rn(gs, __shfl_xor_sync(0xFFFFFFFFu, gs, 2));
-            gmv[u][h] = gm;
-            gsv[u][h] = gm == ninf ? 0.0f : gs;  // no token above -inf (-inf - -inf is NaN)
-          }
-        }
-      }
-      if (ICDF) {  // the partials merged into this warp's per-row ones (rows of u = 0, then u = 1: group order per row)
-#pragma unroll
-        for (int u = 0; u < MT; ++u)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-            if (c == 0 && rin[u][h]) {
-              float2* ps = part_s + warp * (mtiles * 16) + r0[u] + 8 * h;
-              float2 p = *ps;
-              dw_merge(p.x, p.y, gmv[u][h], gsv[u][h]);
-              *ps = p;
-            }
-      }
-      // The bound of token t0 + k of m-tile u's row half h (greedy: z itself).
-      auto bound = [&](int u, int h, int k) -> float {
-        const WideRow& rk = rows_s[r0[u] + 8 * h];
-        return (ICDF || rk.temp == 0.0f) ? z[u][h][k]  // ICDF: only padding samples (greedy) are ranked
-                               : dm::add_rn(dm::mul_rn(z[u][h][k], rk.inv_temp),
+      float z[2][4], thr[2];
+      u32 mask = 0;
+      // The bound of token t0 + k of row half h (greedy: z itself).
+      auto bound = [&](int h, int k) -> float {
+        const WideRow& rk = rows_s[r0 + 8 * h];
+        return (ICDF || rk.temp == 0.0f) ? z[h][k]  // ICDF: only padding samples (greedy) are ranked
+                               : dm::add_rn(dm::mul_rn(z[h][k], rk.inv_temp),
                                             gtab_s[dm::tb_bucket(dm::hash_finish(rk.prefix, (u32)(t0 + k)))]);
       };
 #pragma unroll
-      for (int u = 0; u < MT; ++u) {
-        // Seeds: a row without a word gets the exact key of its largest bound in this m-tile (first token among
-        // equals; none if every bound is NaN / -inf: then every token is exact).
-        const bool need0 = words_here[u] && rin[u][0] && wread[u][0] == DM_WORD_NONE &&
-                           (!ICDF || rows_s[r0[u]].cache_off < 0);
-        const bool need1 = words_here[u] && rin[u][1] && wread[u][1] == DM_WORD_NONE &&
-                           (!ICDF || rows_s[r0[u] + 8].cache_off < 0);
-        if (words_here[u] && __any_sync(0xFFFFFFFFu, need0 || need1)) {
+      for (int h = 0; h < 2; ++h) {
+        const WideRow* rkp = rows_s + r0 + 8 * h;
+        thr[h] = words_here ? dm::skip_threshold(wread[h], margin) : 0.0f;
+        const bool here = rin[h] && (VEC ? full : t0 < vocab);
+        // The bias in bf16: one cvt per pair (its NaN payload never reaches the cache: z = U + NaN is NaN and is
+        // rounded again below), scaled and rounded again when scale != 1.
+        float bias[4];
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const bool here = rin[u][h] && (VEC ? full : t0 < vocab);
-            float ub[4];  // the bounds again (rare path: no registers kept for them in the common one)
+        for (int nt = 0; nt < 2; ++nt) {
+          const int e = 2 * h;
+          u32 p = dm::pack_bf16x2_rn(dm::add_rn(acc[nt][0][e], acc[nt][1][e]),
+                                     dm::add_rn(acc[nt][0][e + 1], acc[nt][1][e + 1]));
+          if (SCALE) p = dm::pack_bf16x2_rn(dm::mul_rn(__uint_as_float(p << 16), scale),
+                                            dm::mul_rn(__uint_as_float(p & 0xFFFF0000u), scale));
+          bias[2 * nt] = __uint_as_float(p << 16);
+          bias[2 * nt + 1] = __uint_as_float(p & 0xFFFF0000u);
+        }
+        float s[4];
 #pragma unroll
-            for (int k = 0; k < 4; ++k) ub[k] = here && (VEC || t0 + k < vocab) ? bound(u, h, k) : ninf;
-            float sb = ninf;
-            int si = -1;
+        for (int k = 0; k < 4; ++k) {
+          float u;
+          if (VEC) {
+            if (BASE_F32) {
+              const u32 q[4] = {braw[h].x, braw[h].y, braw[h].z, braw[h].w};
+              u = __uint_as_float(q[k]);
+            } else {
+              const u32 q = (k < 2) ? braw[h].x : braw[h].y;
+              u = (k & 1) ? __uint_as_float(q & 0xFFFF0000u) : __uint_as_float(q << 16);
+            }
+          } else {
+            u = ninf;
+            if (rin[h] && t0 + k < vocab) {
+              const i64 off = rkp->base_off + t0 + k;
+              u = BASE_F32 ? ((const float*)a.base)[off] : dm::bf16(((const unsigned short*)a.base)[off]);
+            }
+          }
+          s[k] = dm::add_rn(u, bias[k]);
+        }
+        u32 packed[2] = {0u, 0u};  // bf16 cache: z in pairs, as stored
+        if (CACHE_F32) {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) z[h][k] = s[k];
+        } else {
+          packed[0] = dm::pack_bf16x2_rn(s[0], s[1]);
+          packed[1] = dm::pack_bf16x2_rn(s[2], s[3]);
+          if ((s[0] != s[0]) | (s[1] != s[1]) | (s[2] != s[2]) | (s[3] != s[3])) {  // torch's NaN, 0x7FC0 (rare)
 #pragma unroll
             for (int k = 0; k < 4; ++k)
-              if (ub[k] > sb) { sb = ub[k]; si = (int)(t0 + k); }
+              if (s[k] != s[k])
+                packed[k >> 1] = (k & 1) ? (packed[k >> 1] & 0xFFFFu) | 0x7FC00000u
+                                         : (packed[k >> 1] & 0xFFFF0000u) | 0x7FC0u;
+          }
 #pragma unroll
-            for (int off = 1; off <= 2; off <<= 1) {
-              const float ob = __shfl_xor_sync(0xFFFFFFFFu, sb, off);
-              const int oi = __shfl_xor_sync(0xFFFFFFFFu, si, off);
-              if (oi >= 0 && (si < 0 || ob > sb || (ob == sb && oi < si))) { sb = ob; si = oi; }
+          for (int k = 0; k < 4; ++k)
+            z[h][k] = (k & 1) ? __uint_as_float(packed[k >> 1] & 0xFFFF0000u) : __uint_as_float(packed[k >> 1] << 16);
+        }
+        const i64 cache_off = rkp->cache_off;
+        if (here && cache_off >= 0) {  // the cache row of a live sample
+          char* cp = (char*)a.cache + (cache_off + t0) * (CACHE_F32 ? 4 : 2);
+          if (VEC) {
+            if (CACHE_F32) {
+              dm::store_cs16(cp, __float_as_uint(z[h][0]), __float_as_uint(z[h][1]), __float_as_uint(z[h][2]),
+                             __float_as_uint(z[h][3]));
+            } else {
+              dm::store_cs8(cp, packed[0], packed[1]);
             }
-            const bool need = h ? need1 : need0;
-            i64 word = DM_WORD_NONE;
-            if (need && si >= 0 && si >= t0 && si < t0 + 4) {  // this lane holds the seed token
-              const int k = (int)(si - t0);
-              float zk = z[u][h][0];
+          } else {
 #pragma unroll
-              for (int q = 1; q < 4; ++q) zk = k == q ? z[u][h][q] : zk;  // no dynamic register index
-              const WideRow& rk = rows_s[r0[u] + 8 * h];
-              word = dm::pack_word(dw_exact_key(zk, rk.temp, rk.prefix, (u32)si), si);
-              atomicMax((long long*)(words + r0[u] + 8 * h), (long long)word);
-              mask[u] &= ~(1u << (4 * h + k));
-            }
-#pragma unroll
-            for (int off = 1; off <= 2; off <<= 1) {
-              const i64 o = dm::shfl_xor_i64(word, off);
-              word = o > word ? o : word;
-            }
-            if (need && word != DM_WORD_NONE) {
-              wread[u][h] = word;
-              thr[u][h] = dm::skip_threshold(word, margin);
-#pragma unroll
-              for (int k = 0; k < 4; ++k)
-                if (ub[k] < thr[u][h]) mask[u] &= ~(1u << (4 * h + k));
+            for (int k = 0; k < 4; ++k) {
+              if (t0 + k < vocab) {
+                if (CACHE_F32) ((float*)cp)[k] = z[h][k];
+                else ((unsigned short*)cp)[k] = (unsigned short)(__float_as_uint(z[h][k]) >> 16);
+              }
             }
           }
         }
-        // Exact keys where a bound can still reach the row's best (rare: lanes diverge here).
-        if (mask[u]) {
-          i64 best0 = DM_WORD_NONE, best1 = DM_WORD_NONE;
-          u32 bits = mask[u];
-          while (bits) {
-            const int bit = __ffs(bits) - 1;
-            bits &= bits - 1;
-            const int h = bit >> 2, k = bit & 3;
-            float zk = z[u][0][0];
+        const bool greedy = rkp->temp == 0.0f;
+        if (!ICDF) {
+          // Every bound computed (no branch per token), kept only as candidate bits.
+          const float inv = rkp->inv_temp;
+          const u32 prefix = rkp->prefix;
 #pragma unroll
-            for (int q = 1; q < 8; ++q) zk = bit == q ? z[u][q >> 2][q & 3] : zk;  // no dynamic register index
-            const WideRow& rk = rows_s[r0[u] + 8 * h];
-            const float temp = rk.temp;
-            const u32 prefix = rk.prefix;
-            const i64 w = dm::pack_word(dw_exact_key(zk, temp, prefix, (u32)(t0 + k)), (i32)(t0 + k));
-            if (h) best1 = w > best1 ? w : best1;
-            else best0 = w > best0 ? w : best0;
+          for (int k = 0; k < 4; ++k) {
+            const float noisy = dm::add_rn(dm::mul_rn(z[h][k], inv), gtab_s[dm::tb_bucket(dm::hash_finish(prefix, (u32)(t0 + k)))]);
+            const float b = greedy ? z[h][k] : noisy;
+            const bool in = here && (VEC || t0 + k < vocab);
+            mask |= (in && !(b < thr[h]) ? 1u : 0u) << (4 * h + k);
           }
-          if (best0 > wread[u][0]) atomicMax((long long*)(words + r0[u]), (long long)best0);
-          if (best1 > wread[u][1]) atomicMax((long long*)(words + r0[u] + 8), (long long)best1);
+        } else {
+          // Padding samples: candidate bits of z against the row's word. Every row: the group's partial of x = z / T
+          // (z on greedy rows), its max over the 16 tokens (lane, then the lane quad) and sum exp(x - max) in the
+          // order ((w0 + w1) + w2) + w3 per lane, then (lane c + lane c^1) + (the other pair).
+          float x[4];
+          const bool padrow = rkp->cache_off < 0;
+          const float rcp = dw_rcp_for(rkp->temp, rkp->inv_temp);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) x[k] = z[h][k];
+          if (!greedy && rkp->temp != 1.0f) {  // x = z / T (one branch per row and m-tile, div_rn's values)
+            const float t = rkp->temp;
+            bool ok = true;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              const float q0 = dm::mul_rn(z[h][k], rcp);
+              ok = ok && dw_rcp_ok(q0);
+              x[k] = dw_markstein(z[h][k], t, rcp, q0);
+            }
+            if (!ok) {  // rare: a zero, +-inf, NaN, an extreme quotient or T outside [2^-16, 2^16]
+#pragma unroll
+              for (int k = 0; k < 4; ++k) x[k] = dm::div_rn(z[h][k], t);
+            }
+          }
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const bool in = here && (VEC || t0 + k < vocab);
+            if (words_here) mask |= (padrow && in && !(z[h][k] < thr[h]) ? 1u : 0u) << (4 * h + k);
+            x[k] = in ? x[k] : ninf;
+          }
+          float gm = dw_nan_max(dw_nan_max(x[0], x[1]), dw_nan_max(x[2], x[3]));
+          gm = dw_nan_max(gm, __shfl_xor_sync(0xFFFFFFFFu, gm, 1));
+          gm = dw_nan_max(gm, __shfl_xor_sync(0xFFFFFFFFu, gm, 2));
+          float gs = dm::add_rn(dm::add_rn(dm::add_rn(dw_exp(dm::sub_rn(x[0], gm)), dw_exp(dm::sub_rn(x[1], gm))),
+                                           dw_exp(dm::sub_rn(x[2], gm))), dw_exp(dm::sub_rn(x[3], gm)));
+          gs = dm::add_rn(gs, __shfl_xor_sync(0xFFFFFFFFu, gs, 1));
+          gs = dm::add_rn(gs, __shfl_xor_sync(0xFFFFFFFFu, gs, 2));
+          if (gm == ninf) gs = 0.0f;  // no token above -inf (-inf - -inf is NaN)
+          if (c == 0 && rin[h]) {
+            float2* ps = part_s + warp * (mtiles * 16) + r0 + 8 * h;
+            float2 p = *ps;
+            dw_merge(p.x, p.y, gm, gs);
+            *ps = p;
+          }
         }
+      }
+      // Seeds: a row without a word gets the exact key of its largest bound in this m-tile (first token among
+      // equals; none if every bound is NaN / -inf: then every token is exact).
+      const bool need0 = words_here && rin[0] && wread[0] == DM_WORD_NONE && (!ICDF || rows_s[r0].cache_off < 0);
+      const bool need1 = words_here && rin[1] && wread[1] == DM_WORD_NONE && (!ICDF || rows_s[r0 + 8].cache_off < 0);
+      if (words_here && __any_sync(0xFFFFFFFFu, need0 || need1)) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const bool here = rin[h] && (VEC ? full : t0 < vocab);
+          float ub[4];  // the bounds again (rare path: no registers kept for them in the common one)
+#pragma unroll
+          for (int k = 0; k < 4; ++k) ub[k] = here && (VEC || t0 + k < vocab) ? bound(h, k) : ninf;
+          float sb = ninf;
+          int si = -1;
+#pragma unroll
+          for (int k = 0; k < 4; ++k)
+            if (ub[k] > sb) { sb = ub[k]; si = (int)(t0 + k); }
+#pragma unroll
+          for (int off = 1; off <= 2; off <<= 1) {
+            const float ob = __shfl_xor_sync(0xFFFFFFFFu, sb, off);
+            const int oi = __shfl_xor_sync(0xFFFFFFFFu, si, off);
+            if (oi >= 0 && (si < 0 || ob > sb || (ob == sb && oi < si))) { sb = ob; si = oi; }
+          }
+          const bool need = h ? need1 : need0;
+          i64 word = DM_WORD_NONE;
+          if (need && si >= 0 && si >= t0 && si < t0 + 4) {  // this lane holds the seed token
+            const int k = (int)(si - t0);
+            float zk = z[h][0];
+#pragma unroll
+            for (int q = 1; q < 4; ++q) zk = k == q ? z[h][q] : zk;  // no dynamic register index
+            const WideRow& rk = rows_s[r0 + 8 * h];
+            word = dm::pack_word(dw_exact_key(zk, rk.temp, rk.prefix, (u32)si), si);
+            atomicMax((long long*)(words + r0 + 8 * h), (long long)word);
+            mask &= ~(1u << (4 * h + k));
+          }
+#pragma unroll
+          for (int off = 1; off <= 2; off <<= 1) {
+            const i64 o = dm::shfl_xor_i64(word, off);
+            word = o > word ? o : word;
+          }
+          if (need && word != DM_WORD_NONE) {
+            wread[h] = word;
+            thr[h] = dm::skip_threshold(word, margin);
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+              if (ub[k] < thr[h]) mask &= ~(1u << (4 * h + k));
+          }
+        }
+      }
+      // Exact keys where a bound can still reach the row's best (rare: lanes diverge here).
+      if (mask) {
+        i64 best0 = DM_WORD_NONE, best1 = DM_WORD_NONE;
+        while (mask) {
+          const int bit = __ffs(mask) - 1;
+          mask &= mask - 1;
+          const int h = bit >> 2, k = bit & 3;
+          float zk = z[0][0];
+#pragma unroll
+          for (int q = 1; q < 8; ++q) zk = bit == q ? z[q >> 2][q & 3] : zk;  // no dynamic register index
+          const WideRow& rk = rows_s[r0 + 8 * h];
+          const float temp = rk.temp;
+          const u32 prefix = rk.prefix;
+          const i64 w = dm::pack_word(dw_exact_key(zk, temp, prefix, (u32)(t0 + k)), (i32)(t0 + k));
+          if (h) best1 = w > best1 ? w : best1;
+          else best0 = w > best0 ? w : best0;
+        }
+        if (best0 > wread[0]) atomicMax((long long*)(words + r0), (long long)best0);
+        if (best1 > wread[1]) atomicMax((long long*)(words + r0 + 8), (long long)best1);
       }
     }
   }
