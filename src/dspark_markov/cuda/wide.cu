@@ -30,6 +30,13 @@
 // slots per SM and 1.98 GHz: ~55-60 us per step at 253 rows at perfect issue (memory floor ~45 us, the tensor pipe
 // ~31 us at 0.5 HMMA per clock per SM), i.e. ~300-420 us per call; at 64 rows ~25 us per step, bound by W2's
 // 66 MB read (~15 us) plus base and cache. tools/gpu_plans/issue12_cuda_wide.sh measures it.
+// Profiled first in stop 42 (Nsight Compute, H100, one step at 253 rows: 220 us Gumbel, 224 us inverse CDF): 8 warps
+// per SM (one block: registers and the codes' shared memory), 0.30 instructions issued per scheduler and cycle, and a
+// third (Gumbel) / a quarter (inverse CDF) of the stall samples on the first use of the m-tile's global loads (the row
+// word, the base logits), issued right before its mma. They are now issued one m-tile ahead (167 us per step; whole
+// calls on the H100: Gumbel 1,119 -> 855 us at 253 rows, 380 -> 327 at 64; inverse CDF 1,185 -> 1,057 / 416 -> 371).
+// What stalls now: fixed-latency dependencies (33% of the samples), so two m-tiles computed side by side is the next
+// step (tools/gpu_plans/issue12_wide_pairs.patch, plan part `pairs`; not yet run on a GPU).
 //
 // method="inverse_cdf" (icdf5, 2026-12-04; on the H200: exact, 1,171 us at 253 rows against wide's 544): the _icdf step entry points (8 warps, WPG = 1) give
 // each block a contiguous run of icdf_gpb groups (64 = 1,024 tokens at V = 129,280 on 132 SMs: 127 blocks); the bias,

@@ -41,7 +41,10 @@ an H100), but slower than the designs
 predicted ~300-420 us at 253 rows), inverse CDF 390 / 1,171 us at 64 / 253 against ``wide``'s 231 / 544. (An
 illegal address in one H200 timing sweep at 64 rows was the sweep's: it kept only the CUDA graphs, whose replays
 then ran into freed buffers; ``bench.harness.capture_graph`` now keeps the callable alive, and the same sweep ran
-clean under compute-sanitizer memcheck.) Where its time goes has not been profiled. So it runs only when
+clean under compute-sanitizer memcheck.) Profiled in stop 42 (H100; ``NVIDIA-H100-80GB-HBM3_2026-12-06_cuda_wide_stop42.txt``):
+its 8 warps per SM waited on each m-tile's global loads, issued right before the m-tile's mma; issued one m-tile
+ahead they take Gumbel 1,119 -> 855 us at 253 rows and 380 -> 327 at 64 (``cuda_gumbel`` 796 / 345 on that H100),
+inverse CDF 1,185 -> 1,057 / 416 -> 371 (``wide`` 537 / 255), still behind at 253 rows. So it runs only when
 ``DSPARK_MARKOV_UNVERIFIED`` lists it (``DSPARK_MARKOV_UNVERIFIED=cuda_wide``, or ``1`` for every unverified
 design): otherwise constructing it raises ``ValueError`` and :meth:`CudaWideBackend.unavailable_reason` (``dspark-markov
 info``) says why. ``auto`` never picks it and ``dspark-markov bench`` times it only when named (``--designs``).
