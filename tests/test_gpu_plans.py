@@ -56,3 +56,22 @@ def test_prepare_writes_a_job_per_plan_part(tmp_path):
     for name, (_, line) in expected.items():  # every part named in a header is a case of its script
         plan, part = line.split()[1], line.split()[2]
         assert re.search(rf"^{part}\)$", (REPO / plan).read_text(), re.M), name
+
+
+# Patches a plan applies to its job's copy of the tree: each must still apply to this tree (`git apply --check`),
+# or the device call that needs it fails after its machine started. issue18_early_stop.patch was measured and not
+# kept (README "Early stop") and no longer applies since stop 39's mends of triton_verify_stream.py: rebase it before
+# running its plan parts (strict: this test fails once it applies again, so that the mark goes).
+STALE_PATCHES = {"issue18_early_stop.patch": "measured, not kept; drifted after stop 39 (rebase before use)"}
+PATCHES = sorted({name for plan in PLANS for name in re.findall(r"tools/gpu_plans/([\w.]+\.patch)", plan.read_text())})
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=STALE_PATCHES[name])) if name in STALE_PATCHES
+    else name for name in PATCHES])
+def test_plan_patches_apply_to_this_tree(name):
+    if not shutil.which("git") or not (REPO / ".git").exists():
+        pytest.skip("needs git and a checkout")
+    result = subprocess.run(["git", "apply", "--check", str(REPO / "tools" / "gpu_plans" / name)], cwd=REPO,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
