@@ -60,7 +60,8 @@ def wide(head, rows, cache_dtype, method="gumbel", **backend_kwargs):
 FULL_SHAPES = [
     (32, torch.bfloat16, torch.bfloat16), (64, torch.bfloat16, torch.bfloat16), (128, torch.bfloat16, torch.bfloat16),
     (253, torch.bfloat16, torch.bfloat16), (64, torch.float32, torch.float32), (253, torch.float32, torch.float32),
-    (64, torch.bfloat16, torch.float32), (1, torch.bfloat16, torch.bfloat16)]
+    (64, torch.bfloat16, torch.float32), (1, torch.bfloat16, torch.bfloat16),
+    (40, torch.bfloat16, torch.bfloat16)]  # (3 m-tiles: an odd count, for loops that take m-tiles in pairs)
 
 
 @pytest.mark.parametrize("rows,logit_dtype,cache_dtype", FULL_SHAPES)
@@ -78,6 +79,17 @@ def test_every_token_exact_and_no_prefetch_draw_the_same(head):
         other, other_cache = sample(wide(head, 64, torch.bfloat16, **kwargs), inputs, torch.bfloat16)
         assert torch.equal(tokens, other), kwargs
         assert same_values(cache, other_cache), kwargs
+
+
+def test_two_warps_per_group_at_an_odd_m_tile_count_draw_the_same(head):
+    """40 rows (3 m-tiles): the 16-warp entry points (two warps per group) against the 8-warp ones, which may take a
+    group's m-tiles in pairs (a pair, then one alone); both draw from their own caches, and the same."""
+    inputs = cuda_inputs(40, STEPS, VOCAB, torch.bfloat16)
+    tokens, cache = sample(wide(head, 40, torch.bfloat16), inputs, torch.bfloat16)
+    other, other_cache = sample(wide(head, 40, torch.bfloat16, warps_per_group=2), inputs, torch.bfloat16)
+    check_draws(head, inputs, other, other_cache, exact=False)
+    assert torch.equal(tokens, other)
+    assert same_values(cache, other_cache)
 
 
 def test_strided_logits_and_scale(head):
