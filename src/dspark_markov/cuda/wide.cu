@@ -96,10 +96,6 @@ struct WideArgs {  // every field 8 bytes (matches cuda_wide.WideArgs)
 
 #define DW_LOG2E 1.4426950408889634f
 #define DW_F_PREFETCH 1  // L2 prefetch of the base logits one group ahead (the team's first group at the start)
-#ifndef DW_AHEAD
-#define DW_AHEAD 1       // m-tiles whose global loads are in flight ahead of the one being computed (1 or more)
-#endif
-static_assert(DW_AHEAD >= 1, "DW_AHEAD: at least 1");
 
 // Per-row keys of the step, in shared memory: the noise prefix, 1/T, T (0: greedy), the element offset of the row's
 // base logits and of its cache row (-1: a padding sample, no write).
@@ -295,11 +291,11 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
   // The team's first m-tile (teams start apart, so most rows are seeded once before other teams reach them); its
   // warps take every WPG-th m-tile from there.
   const int moff = mtiles ? (gt * WPG) % mtiles : 0;
-  // The global loads of an m-tile (its base logits and its rows' words) are issued DW_AHEAD m-tiles before its mma
-  // (across group boundaries), in a register shift queue: Nsight Compute (stop 42, H100, 253 rows) found a quarter to
-  // a third of the warps' stall samples on the first use of this m-tile's loads, issued right before its mma with two
-  // warps per scheduler to hide them. DW_AHEAD 1 measured fastest: with 2 or 4 the queue's register moves at the top
-  // of each m-tile wait on the newest load (stop 42: 907 / 887 us against 855 at 253 rows, Gumbel). A word read an
+  // The global loads of an m-tile (its base logits and its rows' words) are issued one m-tile before its mma (across
+  // group boundaries): Nsight Compute (stop 42, H100, 253 rows) found a quarter to a third of the warps' stall samples
+  // on the first use of this m-tile's loads, issued right before its mma with two warps per scheduler to hide them.
+  // One m-tile ahead measured fastest: two or four in a register shift queue were slower, the queue's moves at the top
+  // of each m-tile waiting on the newest load (stop 42: 907 / 887 us against 855 at 253 rows, Gumbel). A word read an
   // m-tile early is at most as large as the current one, so its threshold only keeps more tokens for exact keys (never
   // another draw; a stale DM_WORD_NONE seeds again). The same loads also bring the L2 prefetch of the loaded m-tile's
   // rows of the next group.
@@ -344,8 +340,8 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
       }
     }
   };
-  // The load cursor (lgrp, li) runs DW_AHEAD m-tiles ahead of the loop's (grp, i), in the same order.
-  Loads ahead[DW_AHEAD];
+  // The load cursor (lgrp, li) runs one m-tile ahead of the loop's (grp, i), in the same order; nxt holds its loads.
+  Loads nxt;
   int lgrp = g_first, li = sub;
   auto advance = [&]() {
     li += WPG;
@@ -354,12 +350,9 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
       lgrp += g_step;
     }
   };
-#pragma unroll
-  for (int d = 0; d < DW_AHEAD; ++d) {
-    if (lgrp < g_end && sub < mtiles) {
-      issue_loads(lgrp, li, ahead[d]);
-      advance();
-    }
+  if (lgrp < g_end && sub < mtiles) {
+    issue_loads(lgrp, li, nxt);
+    advance();
   }
   for (int grp = g_first; grp < g_end; grp += g_step) {
     // This group's B fragments: stage -> registers, then the next group's rows into the stage.
@@ -382,20 +375,18 @@ __device__ __forceinline__ void wide_body(const WideArgs& a) {
       mt = mt >= mtiles ? mt - mtiles : mt;
       const int r0 = mt * 16 + g;  // this lane's rows r0 and r0 + 8
       const bool words_here = !ICDF || padt_s[mt] != 0;
-      // This m-tile's loads (issued DW_AHEAD m-tiles ago), then those of the m-tile DW_AHEAD later.
+      // This m-tile's loads (issued one m-tile ago), then the next m-tile's.
       uint4 braw[2];
       i64 wread[2];
       bool rin[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        braw[h] = ahead[0].braw[h];
-        wread[h] = ahead[0].wread[h];
+        braw[h] = nxt.braw[h];
+        wread[h] = nxt.wread[h];
         rin[h] = r0 + 8 * h < rows;
       }
-#pragma unroll
-      for (int d = 0; d + 1 < DW_AHEAD; ++d) ahead[d] = ahead[d + 1];
       if (lgrp < g_end) {
-        issue_loads(lgrp, li, ahead[DW_AHEAD - 1]);
+        issue_loads(lgrp, li, nxt);
         advance();
       }
       // bias^T [16 rows x 16 tokens]: two n-tiles, even and odd k-tiles in separate accumulators.
