@@ -8,8 +8,6 @@
 #   bash tools/gpu_plans/issue12_cuda_wide.sh icdf_time  # budget ~110 s: method="inverse_cdf" timed and profiled
 #   bash tools/gpu_plans/issue12_cuda_wide.sh chain_trace  # budget ~60 s: where cuda_chain's 83 / 142 us go (1 / 16 rows)
 #   bash tools/gpu_plans/issue12_cuda_wide.sh fault        # budget ~120 s: the 64-row illegal address of 2026-12-05 (explained: freed buffers) re-run under memcheck
-#   bash tools/gpu_plans/issue12_cuda_wide.sh pairs        # budget ~170 s: stop 42's m-tile pairs (issue12_wide_pairs.patch, not yet run): tests, timing
-#   bash tools/gpu_plans/issue12_cuda_wide.sh table_copy   # budget ~200 s: stop 42's noise-table copy, loads at once (issue12_table_copy.patch): cuda_gumbel / cuda_chain
 # Results go to $JOB_OUT (default ./gpu_plan_out). The design runs only when opted in (draft/cuda_wide.py).
 # Builds: wide.cu takes ~7 s of NVRTC, blocks.cu (the noise table's sweep kernel) ~30 s, the table sweep ~10-20 s;
 # a DSPARK_MARKOV_CACHE built on the CPU with the GPU's NVRTC version (CONTRIBUTING "CUDA kernels") and the table
@@ -123,53 +121,6 @@ fault)
     --check "" --time 32,64 --temperature both --designs cuda_gumbel,cuda_wide \
     --options '{"p2": {"warps_per_group": 2}, "noprefetch": {"flags": 0}}' > "$OUT/fault.txt" 2>&1
   grep -m 12 -E "Invalid|ERROR SUMMARY|at 0x|by thread|time cuda" "$OUT/fault.txt"
-  ;;
-pairs)
-  # (~100-170 s) Stop 42 (written and CPU-tested, never run on a GPU: the device machine could not be started): the
-  # step loop computing m-tiles in pairs (their mma chains and epilogues interleaved; loads one pair ahead), as
-  # tools/gpu_plans/issue12_wide_pairs.patch against the main tree's one-m-tile loop (loads one m-tile ahead, measured
-  # in stop 42). Nsight Compute at 253 rows (Gumbel, main) put ~33% of the stall samples on fixed-latency waits and
-  # the warps at 2 per scheduler: the pair doubles each warp's independent chains. Applied to a copy of src, its GPU
-  # tests and full-shape checks (p2 and all-exact too), then both trees timed side by side at 32 / 64 / 128 / 253 rows
-  # (T = 1, bf16), with cuda_gumbel and wide's inverse CDF as yardsticks. Land it (git apply the patch) if it is exact
-  # and faster; then `bench` and `icdf_time` for the committed tables.
-  rm -rf "$OUT/pairs_src" && mkdir -p "$OUT/pairs_src" && cp -r src/dspark_markov "$OUT/pairs_src/"
-  (cd "$OUT/pairs_src" && git apply -p2 "$OLDPWD/tools/gpu_plans/issue12_wide_pairs.patch") || { echo "patch failed"; exit 1; }
-  PYTHONPATH="$OUT/pairs_src" timeout -k 2 60 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_cuda_wide_gpu.py \
-    2>&1 | tail -3
-  PYTHONPATH="$OUT/pairs_src" timeout -k 2 40 python3 tools/sweep_cuda_wide.py --out "$OUT/pairs_check" --check 64,253 \
-    --time "" --check-options '{"p2": {"warps_per_group": 2}, "exact": {"filter_margin": 1e30}}' 2>&1 \
-    | grep -E "check|Error" | cut -c1-300
-  for tree in pairs main; do
-    src=$PWD/src designs=cuda_gumbel,wide:inverse_cdf,cuda_wide,cuda_wide:inverse_cdf
-    [ $tree = pairs ] && src=$OUT/pairs_src designs=cuda_wide,cuda_wide:inverse_cdf
-    PYTHONPATH=$src timeout -k 2 40 python3 tools/sweep_cuda_wide.py --out "$OUT/pairs_t_$tree" --check "" \
-      --time 32,64,128,253 --temperature 1 --designs $designs 2>&1 | grep -E "time |Error" | sed "s/^/$tree /"
-  done
-  ;;
-table_copy)
-  # (~150-200 s) Stop 42 (written and SASS-checked on the CPU, never run on a GPU): blocks.cu (cuda_gumbel's block kernel,
-  # one launch per step) and chain.cu (cuda_chain, the table variants) copied the noise table (DM_TB_SIZE = 2,112
-  # floats) into shared memory by a loop that the SASS shows as one load, then its store, per iteration: ~9 L2 round
-  # trips per thread before the block's first barrier, at every launch. tools/gpu_plans/issue12_table_copy.patch
-  # (dm::copy_to_shared: every load of a thread issued before its first store) removes ~80 prologue instructions per
-  # blocks entry point; the rest of each kernel's SASS moved with it (register allocation; blocks.cu's spill frames
-  # changed by -16 to +16 bytes), so it lands only if measured faster. Applied to a copy of src: the GPU tests of both
-  # designs that run the table (a subset, ~60 s), then both trees timed side by side: cuda_gumbel at 32 / 64 / 253
-  # rows and cuda_chain at 1 / 16 rows, T = 1, bf16 (expected: a few us per launch, i.e. per step of cuda_gumbel).
-  rm -rf "$OUT/tc_src" && mkdir -p "$OUT/tc_src" && cp -r src/dspark_markov "$OUT/tc_src/"
-  (cd "$OUT/tc_src" && git apply -p2 "$OLDPWD/tools/gpu_plans/issue12_table_copy.patch") || { echo "patch failed"; exit 1; }
-  PYTHONPATH="$OUT/tc_src" timeout -k 2 70 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_cuda_gumbel_gpu.py \
-    tests/gpu/test_cuda_chain_gpu.py -k "full_shape or graph or table or variants" 2>&1 | tail -3
-  for round in 1 2; do
-    for tree in tc main; do
-      src=$PWD/src; [ $tree = tc ] && src=$OUT/tc_src
-      PYTHONPATH=$src timeout -k 2 30 python3 tools/sweep_cuda_wide.py --out "$OUT/tc_$tree$round" --check "" \
-        --time 1,16 --temperature 1 --designs cuda_chain 2>&1 | grep -E "time |Error" | sed "s/^/$tree$round /"
-      PYTHONPATH=$src timeout -k 2 30 python3 tools/sweep_cuda_wide.py --out "$OUT/tg_$tree$round" --check "" \
-        --time 32,64,253 --temperature 1 --designs cuda_gumbel 2>&1 | grep -E "time |Error" | sed "s/^/$tree$round /"
-    done
-  done
   ;;
 chain_trace)
   # Small batch (issue 12's 1 / 16 rows: cuda_chain 83 / 142 us against 40 / 60; not worked on since stop 23): the

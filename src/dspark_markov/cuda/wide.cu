@@ -35,8 +35,9 @@
 // third (Gumbel) / a quarter (inverse CDF) of the stall samples on the first use of the m-tile's global loads (the row
 // word, the base logits), issued right before its mma. They are now issued one m-tile ahead (167 us per step; whole
 // calls on the H100: Gumbel 1,119 -> 855 us at 253 rows, 380 -> 327 at 64; inverse CDF 1,185 -> 1,057 / 416 -> 371).
-// What stalls now: fixed-latency dependencies (33% of the samples), so two m-tiles computed side by side is the next
-// step (tools/gpu_plans/issue12_wide_pairs.patch, plan part `pairs`; not yet run on a GPU).
+// What stalls now: fixed-latency dependencies (33% of the samples). Two m-tiles computed side by side (stop 42's pair
+// loop, run in stop 43 on an H100: exact, but 880 against 867 us at 253 rows, 344 against 329 at 64; Gumbel, T = 1;
+// benchmarks/results/NVIDIA-H100-80GB-HBM3_2026-12-06_wide_pairs_table_copy_stop43.txt) did not pay: not kept.
 //
 // method="inverse_cdf" (icdf5, 2026-12-04; on the H200: exact, 1,171 us at 253 rows against wide's 544): the _icdf step entry points (8 warps, WPG = 1) give
 // each block a contiguous run of icdf_gpb groups (64 = 1,024 tokens at V = 129,280 on 132 SMs: 127 blocks); the bias,
