@@ -30,6 +30,7 @@
 #   bash tools/gpu_plans/issue16_cluster.sh finite    # budget ~250 s: stop 41's FLAG_FINITE_WEIGHT: tests, sanitizers, timing
 #   bash tools/gpu_plans/issue16_cluster.sh uncounted # budget ~300 s: stop 41's FLAG_UNCOUNTED: tests, sanitizers, timing
 #   bash tools/gpu_plans/issue16_cluster.sh batched   # budget ~300 s: stop 41's FLAG_BATCHED_GATHER: tests, sanitizers, timing
+#   bash tools/gpu_plans/issue16_cluster.sh fused     # budget ~330 s: stop 43's FLAG_FUSED_WRITE (115263): tests, sanitizers, timing vs prev_src
 # Results go to $JOB_OUT (default ./gpu_plan_out). NVRTC builds filter.cu in ~1 s (cached on disk).
 # If the first launch fails with an invalid-configuration error: cuLaunchKernel is assumed to honour the
 # compile-time __cluster_dims__(8, 1, 1) (the CUDA guide: such a kernel launches with <<< >>>); the fallback is
@@ -384,6 +385,28 @@ batched)
   FILTER_FLAGS=32799 bash "$0" sanitize_only memcheck racecheck
   flag_tests default "not (every_kind or every_option or flat_and_tied or graph_replay or fit_cluster)"  # (~40 s)
   flag_times batched 575,16959,49727,64063 1,16,64,253
+  ;;
+fused)
+  # (~250-330 s) stop 43's FLAG_FUSED_WRITE (65536, the L2-row build: top-p alone written by its one gather, then only
+  # the bucket's members below the cut set to -inf; no write pass). The file's tests with it (115263 = 49727 + it: every
+  # kind and case at 6 / 96 / 1,518 rows, ragged V (the partial group's scalar stores), flat and tied rows (the bucket
+  # overflows: the write pass after the gather's writes), graph replay, each FIT cluster size) and with the default
+  # 49727 (its SASS moved: the gather's branch, FilterShared grew 16 bytes), memcheck + racecheck with 115263 (a flat
+  # row overflows), then three alternating rounds: this tree's 49727 and 115263 beside gpu_jobs/prev_src's 49727 (the
+  # tree before the change; its cubins prebuilt into gpu_jobs/cuda_cache too), p alone and k + p at 1 / 16 / 64 / 253
+  # requests. Make it default only where it is exact and faster.
+  timeout -k 2 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_filtering_gpu.py \
+    -k "115263 or fused or 49727" 2>&1 | tee "$OUT/fused_tests.txt" | tail -3
+  FILTER_FLAGS=115263 bash "$0" sanitize_only memcheck racecheck
+  for round in 1 2 3; do
+    for tree in prev new; do
+      src=$PWD/src flags=49727,115263; [ $tree = prev ] && src=$PWD/gpu_jobs/prev_src flags=49727
+      mkdir -p "$OUT/$tree$round"
+      PYTHONPATH=$src JOB_OUT="$OUT/$tree$round" timeout -k 2 40 python3 tools/time_filter.py --cuda-only \
+        --cuda-flags $flags 1,16,64,253 2>&1 | grep -E "^filter_row|Error" | sed "s/^/$tree$round /" \
+        | tee -a "$OUT/fused_bench.txt"
+    done
+  done
   ;;
 sanitize_only)
   # (used by `flags_sanitize`) memcheck / racecheck on 16 aligned rows of V = 4,099 with FILTER_FLAGS (default 3),

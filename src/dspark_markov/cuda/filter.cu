@@ -220,6 +220,7 @@ DM_HD void df_narrow(u32& lo, u32& hi, u32 ok) {
 // The packed (key, index) word with its sign bit flipped: unsigned order = ranking order (larger = better).
 DM_HD u64 df_word(float x, i64 index) { return (u64)pack_word(x, (i32)index) ^ (1ull << 63); }
 DM_HD float df_word_value(u64 word) { return word_key((i64)(word ^ (1ull << 63))); }
+DM_HD i64 df_word_index(u64 word) { return (i64)(0x7FFFFFFF - (i32)(word & 0x7FFFFFFFull)); }  // df_word's index
 
 }  // namespace dm
 
@@ -342,6 +343,19 @@ struct FilterArgs {  // 8-byte fields (verify/cuda_filtering.py FilterArgs)
                                // read one group, compared it, then read the next (its SASS: one L2 round trip per
                                // group, as the group's one load sat in a branch of DF_AT4_PART), ~14% of a row's time
                                // at 16 requests of p alone in the phase trace
+#define DF_FLAG_FUSED_WRITE 65536  // (stop 43) the L2-row build, top-p alone (with UNCOUNTED and BATCHED_GATHER, 16-byte
+                               // aligned output): the row written by its one gather instead of a pass of its own after
+                               // the search. The gather reads every token of the slice anyway and the cut lies in the
+                               // gathered bucket, so it stores x for a token at or above the bucket's lower bound and
+                               // -inf below it; once the cut is known only the bucket's members ranked below it are
+                               // set to -inf (their indices kept beside the candidates before refinement reorders them:
+                               // s_hist past DF_CAP, free then). A bucket of more than DF_CAP members (narrowed after
+                               // the gather) takes the write pass as before, which reads the row as the gather left it
+                               // (only tokens below the bucket changed, all dropped anyway). The write pass was ~12% of
+                               // a row's time at 16 requests of top-p alone (phase trace, H100, stop 41). A failed
+                               // search (stats[1], a broken invariant) then leaves the tokens below the bucket at -inf
+                               // where the write pass would keep every token.
+static_assert(3 * DF_NB / 2 - DF_CAP >= DF_CAP / 2, "FUSED_WRITE: DF_CAP member indices fit in s_hist past DF_CAP");
 #define DF_UNCOUNTED 0xFFFFFFFFu   // df_collect's `count` when the histogram held no counts
 #define DF_OVERFLOW 0xFFFFFFFEu    // df_collect: an uncounted gather found more than DF_CAP members (none sorted)
 
@@ -368,6 +382,11 @@ struct FilterShared {
   u32 flags;         // FilterArgs.flags
   u32 refine_n;      // a refinement pass's kept candidates
   float t_lo, t_hi;  // the gather's bucket bounds (DF_FLAG_SHARED_BOUNDS: warp 0's)
+  u64 write_dst;     // DF_FLAG_FUSED_WRITE: this block's output slice, which the next gather writes (0: none)
+  u32 fused;         // ... 0: the row takes the write pass; 1: written by the gather, members to fix (mine_n); 2: the
+  u32 mine_n;        //     gather wrote but its bucket overflowed (the write pass follows); this block's members
+  float f_lo, f_hi;  // ... that gather's bucket bounds (a member: x >= f_lo, and below f_hi if f_bounded): an
+  u32 f_bounded;     //     overflowing bucket's write pass stores only groups holding a member
 #ifdef DF_TRACE
   long long* trace;  // this block's DF_TRACE_SLOTS clock64() marks, or null (an untraced row)
 #endif
@@ -675,6 +694,62 @@ __device__ __forceinline__ void df_store_members(u64 mask, bool vec, int c0, con
   }
 }
 
+// DF_FLAG_BATCHED_GATHER's gather loop (df_collect): a slice's 16-byte groups read DF_GATHER_BATCH at a time, all in
+// flight before any is compared (the partial last group of a slice apart), members marked in 64-bit masks and stored
+// by df_store_members. WRITE (DF_FLAG_FUSED_WRITE, the L2-row build): each group also stored to `wdst` as x where
+// x >= t_lo (the bucket and every better token), else -inf (a template, so the loop without the stores compiles
+// as before).
+template <bool WRITE>
+__device__ __forceinline__ void df_gather_batched(const float* s_x, int n, i64 lo, u64 policy, float t_lo, float t_hi,
+                                                  bool bounded, u32 counter, u32 base, u64* s_cand, float* wdst) {
+  const int tid = threadIdx.x;
+  const u64 df_policy = policy;  // (DF_AT4: the L2-row build's loads)
+  (void)df_policy;
+  const int n4 = (n + 3) / 4;  // the slice is a multiple of 4 tokens: the last group's loads stay inside it
+  const int rounds4 = (n4 + DF_T - 1) / DF_T;
+  const float ninf = -__int_as_float(0x7f800000);
+  const int whole = n / 4;  // groups of four tokens; a last partial one (n % 4 tokens) after the loop
+  for (int c0 = 0; c0 < rounds4; c0 += 16) {
+    u64 mask = 0;
+#pragma unroll
+    for (int j = 0; j < 16; j += DF_GATHER_BATCH) {
+      float4 f[DF_GATHER_BATCH];
+#pragma unroll
+      for (int u = 0; u < DF_GATHER_BATCH; ++u) {  // (predicated reads, no branch between them: all in flight)
+        const int v = (c0 + j + u) * DF_T + tid;
+        f[u] = v < whole ? DF_AT4(v) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+#pragma unroll
+      for (int u = 0; u < DF_GATHER_BATCH; ++u) {
+        const int v = (c0 + j + u) * DF_T + tid;
+        if (v < whole) {
+          mask |= (u64)df_member_bits(f[u], t_lo, t_hi, bounded) << (4 * (j + u));
+          if (WRITE) {
+            store_cs16(wdst + 4 * v, __float_as_uint(f[u].x >= t_lo ? f[u].x : ninf),
+                       __float_as_uint(f[u].y >= t_lo ? f[u].y : ninf), __float_as_uint(f[u].z >= t_lo ? f[u].z : ninf),
+                       __float_as_uint(f[u].w >= t_lo ? f[u].w : ninf));
+          }
+        }
+      }
+    }
+    df_store_members(mask, true, c0, s_x, lo, counter, base, s_cand);
+  }
+  if (whole < n4) {  // the partial group, by its thread (every warp calls df_store_members: a warp collective)
+    u64 mask = 0;
+    if (tid == whole % DF_T) {
+      const float4 f = DF_AT4_PART(whole, n);
+      mask = df_member_bits(f, t_lo, t_hi, bounded) & ((1u << (n - 4 * whole)) - 1u);
+      if (WRITE) {
+        const int rest = n - 4 * whole;  // 1 to 3 tokens
+        wdst[4 * whole] = f.x >= t_lo ? f.x : ninf;
+        if (rest > 1) wdst[4 * whole + 1] = f.y >= t_lo ? f.y : ninf;
+        if (rest > 2) wdst[4 * whole + 2] = f.z >= t_lo ? f.z : ninf;
+      }
+    }
+    df_store_members(mask, true, whole / DF_T, s_x, lo, counter, base, s_cand);
+  }
+}
+
 // Gather the `count` tokens of the cluster's row that are in `bucket` (upto: in any bucket <= `bucket`; else also
 // with the word's bits above `shift` equal to `prefix`, shift 64: none) into every block's s_cand, sort them there
 // (descending words), and write their inclusive masses (q when `masses`, else 0) to s_hist. With DF_FLAG_REFINE and
@@ -717,32 +792,21 @@ __device__ __noinline__ u32 df_collect(const float* s_x, int n, i64 lo, float m,
     const int n4 = (n + 3) / 4;  // the slice is a multiple of 4 tokens: the last group's loads stay inside it
     const int rounds4 = (n4 + DF_T - 1) / DF_T;
     if (DF_NEW_FLAGS && (flags & DF_FLAG_BATCHED_GATHER)) {
-      const int whole = n / 4;  // groups of four tokens; a last partial one (n % 4 tokens) after the loop
-      for (int c0 = 0; c0 < rounds4; c0 += 16) {
-        u64 mask = 0;
-#pragma unroll
-        for (int j = 0; j < 16; j += DF_GATHER_BATCH) {
-          float4 f[DF_GATHER_BATCH];
-#pragma unroll
-          for (int u = 0; u < DF_GATHER_BATCH; ++u) {  // (predicated reads, no branch between them: all in flight)
-            const int v = (c0 + j + u) * DF_T + tid;
-            f[u] = v < whole ? DF_AT4(v) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-          }
-#pragma unroll
-          for (int u = 0; u < DF_GATHER_BATCH; ++u) {
-            const int v = (c0 + j + u) * DF_T + tid;
-            if (v < whole) mask |= (u64)df_member_bits(f[u], t_lo, t_hi, bounded) << (4 * (j + u));
-          }
+#ifdef DF_L2_ROWS
+      if (sh.write_dst != 0) {  // DF_FLAG_FUSED_WRITE (block-uniform): the same gather, storing the row as it goes
+        df_gather_batched<true>(s_x, n, lo, df_policy, t_lo, t_hi, bounded, counter, base, s_cand,
+                                reinterpret_cast<float*>(sh.write_dst));
+        if (tid == 0) {  // the bucket's bounds, for the members-only write pass of an overflowing bucket
+          sh.f_lo = t_lo;
+          sh.f_hi = t_hi;
+          sh.f_bounded = bounded;
         }
-        df_store_members(mask, true, c0, s_x, lo, counter, base, s_cand);
+      } else {
+        df_gather_batched<false>(s_x, n, lo, df_policy, t_lo, t_hi, bounded, counter, base, s_cand, nullptr);
       }
-      if (whole < n4) {  // the partial group, by its thread (every warp calls df_store_members: a warp collective)
-        u64 mask = 0;
-        if (tid == whole % DF_T) {
-          mask = df_member_bits(DF_AT4_PART(whole, n), t_lo, t_hi, bounded) & ((1u << (n - 4 * whole)) - 1u);
-        }
-        df_store_members(mask, true, whole / DF_T, s_x, lo, counter, base, s_cand);
-      }
+#else
+      df_gather_batched<false>(s_x, n, lo, 0, t_lo, t_hi, bounded, counter, base, s_cand, nullptr);
+#endif
     } else {  // (df_member_bits's expression written out: the measured SASS of this loop; calling it compiles differently)
       for (int c0 = 0; c0 < rounds4; c0 += 16) {
         u64 mask = 0;
@@ -812,6 +876,24 @@ __device__ __noinline__ u32 df_collect(const float* s_x, int n, i64 lo, float m,
     __syncthreads();
     count = sh.gather_count;
   }
+#ifdef DF_L2_ROWS
+  if (DF_NEW_FLAGS && sh.write_dst != 0) {  // (block-uniform) the gather wrote the row: keep this block's members'
+    // slice indices (s_cand holds all members, unsorted, until refinement and sorting reorder it; s_hist past
+    // DF_CAP is free behind the gather's cluster barrier: every block has reduced its level-1 bins)
+    u32* const mine = reinterpret_cast<u32*>(s_hist + DF_CAP);
+    if (count <= DF_CAP) {
+      for (int i = tid; i < (int)count; i += DF_T) {
+        const i64 index = df_word_index(s_cand[i]);
+        if (index >= lo && index < lo + n) mine[atomicAdd(&sh.mine_n, 1u)] = (u32)(index - lo);
+      }
+    }
+    __syncthreads();  // every thread has read write_dst
+    if (tid == 0) {
+      sh.fused = count <= DF_CAP ? 1u : 2u;
+      sh.write_dst = 0;  // (no later gather of the row writes)
+    }
+  }
+#endif
   if (tid == 0) {
     sh.counter_base = base + count;  // (no block adds to the counter again before the next gather's cluster barrier)
     sh.gathered = 1;
@@ -1200,6 +1282,13 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
     // DF_FLAG_UNCOUNTED: top-p alone with p > 0 (its one search is by mass, target >= 1) histograms masses only
     sh.uncounted = (a.flags & DF_FLAG_UNCOUNTED) && (a.flags & DF_FLAG_ILP) && (a.flags & DF_FLAG_MASK_GATHER) && use_p
                    && !use_k && p > 0.0f;
+#ifdef DF_L2_ROWS
+    // DF_FLAG_FUSED_WRITE: the uncounted search's gather (the row's only one unless its bucket overflows) writes
+    sh.write_dst = DF_NEW_FLAGS && sh.uncounted && (a.flags & DF_FLAG_FUSED_WRITE) && (a.flags & DF_FLAG_BATCHED_GATHER)
+                   && vec_out ? reinterpret_cast<u64>(dst) : 0ull;
+    sh.fused = 0;
+    sh.mine_n = 0;
+#endif
   }
 #ifdef DF_TRACE
   if (tid == 0) {
@@ -1413,7 +1502,22 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
   const i64 cut_i = cut == 0 ? vocab : (i64)(0x7FFFFFFF - (i32)(cut & 0x7FFFFFFFull));
 #ifdef DF_L2_ROWS
   const u64 df_policy = df_drop_policy();  // the row's last read
-  if (vec_out) {  // four 16-byte reads in flight before the first store (a store waits for nothing, a read does)
+  if (DF_NEW_FLAGS && sh.fused == 1) {
+    // DF_FLAG_FUSED_WRITE: the gather stored every token (x at or above the bucket, -inf below); of the bucket's
+    // members (this block's, from the gather) those ranked below the cut become -inf. (In place the gather stored
+    // a member's own x, so reading it back gives x; this block's threads wrote it, behind block barriers.)
+    const u32* const mine = reinterpret_cast<const u32*>(s_hist + DF_CAP);
+    for (int j = tid; j < (int)sh.mine_n; j += DF_T) {
+      const int i = (int)mine[j];
+      const float x = DF_AT(i);
+      if (!(x > cut_x || (x == cut_x && lo + i <= cut_i))) dst[i] = ninf;
+    }
+  } else if (vec_out) {  // four 16-byte reads in flight before the first store (a store waits for nothing, a read does)
+    // (DF_FLAG_FUSED_WRITE with an overflowing bucket: the gather stored every token, final but for the bucket's
+    // members: only groups holding one are stored again)
+    const bool members_only = DF_NEW_FLAGS && sh.fused == 2;
+    const float f_lo = sh.f_lo, f_hi = sh.f_hi;
+    const bool f_bounded = sh.f_bounded != 0;
 #ifdef DF_CARRY
     float cmx = -__int_as_float(0x7f800000);  // the next row's groups: this thread's max, NaN flag
     u32 cnan = 0;
@@ -1437,7 +1541,7 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         const int i = first + u * DF_T;
-        if (i < n / 4) {
+        if (i < n / 4 && !(members_only && df_member_bits(f[u], f_lo, f_hi, f_bounded) == 0)) {
           const i64 t0 = lo + 4 * i;
           f[u].x = (f[u].x > cut_x || (f[u].x == cut_x && t0 <= cut_i)) ? f[u].x : ninf;
           f[u].y = (f[u].y > cut_x || (f[u].y == cut_x && t0 + 1 <= cut_i)) ? f[u].y : ninf;

@@ -53,7 +53,7 @@ CLUSTER = 8  # filter.cu DF_C: blocks per row
 THREADS = 256  # filter.cu DF_T
 BUCKETS = 2048  # filter.cu DF_NB
 CAPACITY = 2048  # filter.cu DF_CAP: candidates sorted at once
-STATIC_SMEM = 47_344  # ptxas: the kernel's static shared memory (NVRTC 13.0; 47,328 before stop 41)
+STATIC_SMEM = 47_376  # ptxas: the kernel's static shared memory (NVRTC 13.0; 47,344 before stop 43, 47,328 before 41)
 SMEM_LIMIT = 227 * 1024  # an sm_90 block's shared memory
 MAX_SLICE = 46_000  # tokens per block: below (SMEM_LIMIT - STATIC_SMEM) / 4 = 46,276 (and 2^16, the bins' counts)
 KERNELS = ("dm_filter",)
@@ -169,10 +169,20 @@ FLAG_UNCOUNTED = 16384
 # sat in a branch of the partial-group read), one L2 round trip per group: the gather took ~14% of a row's time at 16
 # requests of top-p alone (the phase trace, tools/trace_cluster_filter.py, H100, stop 41).
 FLAG_BATCHED_GATHER = 32768
+# FUSED_WRITE (kernel flag, the L2-row build, with UNCOUNTED and BATCHED_GATHER; stop 43): top-p alone writes the row
+# in its one gather instead of a write pass after the search. The gather reads every token anyway and the cut lies in
+# the gathered bucket, so it stores x for a token at or above the bucket's lower bound and -inf below it; once the cut
+# is known only the bucket's members ranked below it (this block's, indices kept before refinement reorders the
+# candidates) are set to -inf. A bucket of more than CAPACITY members (narrowed after the gather) takes the write pass
+# as before. Why: the write pass (one more read of the row from L2, its stores behind the search's tail) was ~12% of a
+# row's time at 16 requests of top-p alone (phase trace, H100, stop 41). A failed search (stats[1], a broken invariant)
+# then leaves the tokens below the bucket at -inf instead of keeping the whole row.
+FLAG_FUSED_WRITE = 65536
 # The kernel flags a launch of the resident build receives: not BATCHED_GATHER, measured slower there (H100, stop 41,
 # 1 request of p alone: 36.6 / 33.2 / 40.2 us against 34.1 / 31.8 / 37.3 without it; its gather reads shared memory).
 KERNEL_FLAGS = (FLAG_MASK_GATHER | FLAG_REFINE | FLAG_ILP | FLAG_ASYNC_LOAD | FLAG_WARP_THRESHOLDS | FLAG_DEEP_REFINE
-                | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT | FLAG_UNCOUNTED | FLAG_BATCHED_GATHER)  # FilterArgs.flags
+                | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT | FLAG_UNCOUNTED | FLAG_BATCHED_GATHER
+                | FLAG_FUSED_WRITE)  # FilterArgs.flags
 RESIDENT_KERNEL_FLAGS = KERNEL_FLAGS & ~FLAG_BATCHED_GATHER
 FLAGS_ALL = KERNEL_FLAGS | FLAG_L2_ROWS | FLAG_L2_CLUSTER4 | FLAG_PERSIST | FLAG_CARRY | FLAG_L2_FIT | FLAG_L2_FIVE
 L2_DEFINES = ("DF_L2_ROWS",)
@@ -202,7 +212,7 @@ L2_MIN_ROWS = 31
 # tests, memcheck and racecheck clean). The other stop-41 flags stay opt-in: DEEP_REFINE and SHARED_BOUNDS level,
 # FINITE_WEIGHT faster at 1-16 requests but 2-7% slower from 64 on (same files). (A sixth, the L2-row write pass with
 # eight reads in flight instead of four, measured level or 1% slower in the batched call: removed.)
-DEFAULT_FLAGS = ((KERNEL_FLAGS & ~(FLAG_DEEP_REFINE | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT))
+DEFAULT_FLAGS = ((KERNEL_FLAGS & ~(FLAG_DEEP_REFINE | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT | FLAG_FUSED_WRITE))
                  | FLAG_L2_ROWS | FLAG_L2_FIT)
 
 
