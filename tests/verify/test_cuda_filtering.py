@@ -252,9 +252,10 @@ def test_args_struct_and_constants_match_the_kernel():
                           ("DF_FLAG_WARP_THRESHOLDS", cf.FLAG_WARP_THRESHOLDS),
                           ("DF_FLAG_DEEP_REFINE", cf.FLAG_DEEP_REFINE), ("DF_FLAG_SHARED_BOUNDS", cf.FLAG_SHARED_BOUNDS),
                           ("DF_FLAG_FINITE_WEIGHT", cf.FLAG_FINITE_WEIGHT), ("DF_FLAG_UNCOUNTED", cf.FLAG_UNCOUNTED),
-                          ("DF_FLAG_BATCHED_GATHER", cf.FLAG_BATCHED_GATHER), ("DF_FLAG_FUSED_WRITE", cf.FLAG_FUSED_WRITE)):
+                          ("DF_FLAG_BATCHED_GATHER", cf.FLAG_BATCHED_GATHER), ("DF_FLAG_FUSED_WRITE", cf.FLAG_FUSED_WRITE),
+                          ("DF_FLAG_PREFETCH_SLICE", cf.FLAG_PREFETCH_SLICE)):
         assert re.search(rf"#define {define} {value}\b", text), define
-    assert cf.KERNEL_FLAGS == 129055 and cf.FLAGS_ALL == 131071 and cf.DEFAULT_FLAGS & ~cf.FLAGS_ALL == 0
+    assert cf.KERNEL_FLAGS == 260127 and cf.FLAGS_ALL == 262143 and cf.DEFAULT_FLAGS & ~cf.FLAGS_ALL == 0
     assert not cf.DEFAULT_FLAGS & (cf.FLAG_PERSIST | cf.FLAG_CARRY) and cf.PERSIST_DEFINES == ("DF_PERSIST",)
     assert cf.CARRY_DEFINES == ("DF_PERSIST", "DF_CARRY")
     # (opt-in: not measured)

@@ -31,6 +31,7 @@
 #   bash tools/gpu_plans/issue16_cluster.sh uncounted # budget ~300 s: stop 41's FLAG_UNCOUNTED: tests, sanitizers, timing
 #   bash tools/gpu_plans/issue16_cluster.sh batched   # budget ~300 s: stop 41's FLAG_BATCHED_GATHER: tests, sanitizers, timing
 #   bash tools/gpu_plans/issue16_cluster.sh fused     # budget ~330 s: stop 43's FLAG_FUSED_WRITE (115263): tests, sanitizers, timing vs prev_src
+#   bash tools/gpu_plans/issue16_cluster.sh fused_trace # budget ~100 s: phase trace of 49727 / 115263 / 246335 at 96 and 1,518 rows
 # Results go to $JOB_OUT (default ./gpu_plan_out). NVRTC builds filter.cu in ~1 s (cached on disk).
 # If the first launch fails with an invalid-configuration error: cuLaunchKernel is assumed to honour the
 # compile-time __cluster_dims__(8, 1, 1) (the CUDA guide: such a kernel launches with <<< >>>); the fallback is
@@ -394,19 +395,27 @@ fused)
   # 49727 (its SASS moved: the gather's branch, FilterShared grew 16 bytes), memcheck + racecheck with 115263 (a flat
   # row overflows), then three alternating rounds: this tree's 49727 and 115263 beside gpu_jobs/prev_src's 49727 (the
   # tree before the change; its cubins prebuilt into gpu_jobs/cuda_cache too), p alone and k + p at 1 / 16 / 64 / 253
-  # requests. Make it default only where it is exact and faster.
+  # requests. Make it default only where it is exact and faster. Also FLAG_PREFETCH_SLICE (131072: each block's slice
+  # requested into L2 by one bulk prefetch before the first read): 180799 = 49727 + it, 246335 = 115263 + it.
   timeout -k 2 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_filtering_gpu.py \
-    -k "115263 or fused or 49727" 2>&1 | tee "$OUT/fused_tests.txt" | tail -3
+    -k "115263 or fused or 49727 or 180799 or 246335" 2>&1 | tee "$OUT/fused_tests.txt" | tail -3
   FILTER_FLAGS=115263 bash "$0" sanitize_only memcheck racecheck
+  FILTER_FLAGS=246335 bash "$0" sanitize_only memcheck
   for round in 1 2 3; do
     for tree in prev new; do
-      src=$PWD/src flags=49727,115263; [ $tree = prev ] && src=$PWD/gpu_jobs/prev_src flags=49727
+      src=$PWD/src flags=49727,115263,180799,246335; [ $tree = prev ] && src=$PWD/gpu_jobs/prev_src flags=49727
       mkdir -p "$OUT/$tree$round"
       PYTHONPATH=$src JOB_OUT="$OUT/$tree$round" timeout -k 2 40 python3 tools/time_filter.py --cuda-only \
         --cuda-flags $flags 1,16,64,253 2>&1 | grep -E "^filter_row|Error" | sed "s/^/$tree$round /" \
         | tee -a "$OUT/fused_bench.txt"
     done
   done
+  ;;
+fused_trace)
+  # (~60-100 s) where a row's time goes with FLAG_FUSED_WRITE / FLAG_PREFETCH_SLICE (the DF_MARK phase trace; the
+  # -DDF_TRACE L2-row build compiles here with NVRTC): 96 and 1,518 rows, p alone, beside the default
+  timeout -k 2 100 python3 tools/trace_cluster_filter.py --rows 96,1518 --flags 49727,115263,246335 > "$OUT/fused_trace.txt" 2>&1
+  tail -40 "$OUT/fused_trace.txt"
   ;;
 sanitize_only)
   # (used by `flags_sanitize`) memcheck / racecheck on 16 aligned rows of V = 4,099 with FILTER_FLAGS (default 3),

@@ -356,6 +356,10 @@ struct FilterArgs {  // 8-byte fields (verify/cuda_filtering.py FilterArgs)
                                // search (stats[1], a broken invariant) then leaves the tokens below the bucket at -inf
                                // where the write pass would keep every token.
 static_assert(3 * DF_NB / 2 - DF_CAP >= DF_CAP / 2, "FUSED_WRITE: DF_CAP member indices fit in s_hist past DF_CAP");
+#define DF_FLAG_PREFETCH_SLICE 131072  // (stop 43) the L2-row build: thread 0 of each block asks the copy engine for its
+                               // whole slice (cp.async.bulk.prefetch.L2) before the first read, whose eight loads in
+                               // flight per thread then wait about one HBM round trip instead of two (the first read
+                               // was ~26% of a row's time at 16 requests of top-p alone, phase trace, stop 41)
 #define DF_UNCOUNTED 0xFFFFFFFFu   // df_collect's `count` when the histogram held no counts
 #define DF_OVERFLOW 0xFFFFFFFEu    // df_collect: an uncounted gather found more than DF_CAP members (none sorted)
 
@@ -1265,6 +1269,9 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
   const bool vec_in = ((reinterpret_cast<u64>(src)) & 15) == 0, vec_out = ((reinterpret_cast<u64>(dst)) & 15) == 0;
 #ifdef DF_L2_ROWS
   const float* const s_x = src;  // the row's slice, read at every pass (DF_AT)
+  if (DF_NEW_FLAGS && (a.flags & DF_FLAG_PREFETCH_SLICE) && tid == 0 && vec_in && !divide) {
+    prefetch_l2_bulk(src, (u32)(n / 4) * 16u);  // the whole slice requested from HBM at once (the copy engine)
+  }
 #endif
 
   const i64 k = a.k_per_row ? (a.k64 ? reinterpret_cast<const i64*>(a.k_ptr)[row]

@@ -178,11 +178,15 @@ FLAG_BATCHED_GATHER = 32768
 # row's time at 16 requests of top-p alone (phase trace, H100, stop 41). A failed search (stats[1], a broken invariant)
 # then leaves the tokens below the bucket at -inf instead of keeping the whole row.
 FLAG_FUSED_WRITE = 65536
+# PREFETCH_SLICE (kernel flag, the L2-row build; stop 43): thread 0 of each block requests its whole slice into L2
+# (cp.async.bulk.prefetch.L2, one instruction) before the first read, so the slice's HBM traffic starts at once and
+# the first read's loads (eight 16-byte loads in flight per thread, two rounds) wait on L2 rather than on HBM twice.
+FLAG_PREFETCH_SLICE = 131072
 # The kernel flags a launch of the resident build receives: not BATCHED_GATHER, measured slower there (H100, stop 41,
 # 1 request of p alone: 36.6 / 33.2 / 40.2 us against 34.1 / 31.8 / 37.3 without it; its gather reads shared memory).
 KERNEL_FLAGS = (FLAG_MASK_GATHER | FLAG_REFINE | FLAG_ILP | FLAG_ASYNC_LOAD | FLAG_WARP_THRESHOLDS | FLAG_DEEP_REFINE
                 | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT | FLAG_UNCOUNTED | FLAG_BATCHED_GATHER
-                | FLAG_FUSED_WRITE)  # FilterArgs.flags
+                | FLAG_FUSED_WRITE | FLAG_PREFETCH_SLICE)  # FilterArgs.flags
 RESIDENT_KERNEL_FLAGS = KERNEL_FLAGS & ~FLAG_BATCHED_GATHER
 FLAGS_ALL = KERNEL_FLAGS | FLAG_L2_ROWS | FLAG_L2_CLUSTER4 | FLAG_PERSIST | FLAG_CARRY | FLAG_L2_FIT | FLAG_L2_FIVE
 L2_DEFINES = ("DF_L2_ROWS",)
@@ -212,7 +216,8 @@ L2_MIN_ROWS = 31
 # tests, memcheck and racecheck clean). The other stop-41 flags stay opt-in: DEEP_REFINE and SHARED_BOUNDS level,
 # FINITE_WEIGHT faster at 1-16 requests but 2-7% slower from 64 on (same files). (A sixth, the L2-row write pass with
 # eight reads in flight instead of four, measured level or 1% slower in the batched call: removed.)
-DEFAULT_FLAGS = ((KERNEL_FLAGS & ~(FLAG_DEEP_REFINE | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT | FLAG_FUSED_WRITE))
+DEFAULT_FLAGS = ((KERNEL_FLAGS & ~(FLAG_DEEP_REFINE | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT | FLAG_FUSED_WRITE
+                                   | FLAG_PREFETCH_SLICE))
                  | FLAG_L2_ROWS | FLAG_L2_FIT)
 
 
