@@ -354,12 +354,14 @@ struct FilterArgs {  // 8-byte fields (verify/cuda_filtering.py FilterArgs)
                                // (only tokens below the bucket changed, all dropped anyway). The write pass was ~12% of
                                // a row's time at 16 requests of top-p alone (phase trace, H100, stop 41). A failed
                                // search (stats[1], a broken invariant) then leaves the tokens below the bucket at -inf
-                               // where the write pass would keep every token.
+                               // where the write pass would keep every token. Default since stop 43 (with
+                               // PREFETCH_SLICE: p alone 2-4% / 9-12% / 14-16% faster at 16 / 64 / 253 requests, H100).
 static_assert(3 * DF_NB / 2 - DF_CAP >= DF_CAP / 2, "FUSED_WRITE: DF_CAP member indices fit in s_hist past DF_CAP");
 #define DF_FLAG_PREFETCH_SLICE 131072  // (stop 43) the L2-row build: thread 0 of each block asks the copy engine for its
                                // whole slice (cp.async.bulk.prefetch.L2) before the first read, whose eight loads in
                                // flight per thread then wait about one HBM round trip instead of two (the first read
-                               // was ~26% of a row's time at 16 requests of top-p alone, phase trace, stop 41)
+                               // was ~26% of a row's time at 16 requests of top-p alone, phase trace, stop 41).
+                               // Level alone, faster with FUSED_WRITE (verify/cuda_filtering.py): default since stop 43
 #define DF_UNCOUNTED 0xFFFFFFFFu   // df_collect's `count` when the histogram held no counts
 #define DF_OVERFLOW 0xFFFFFFFEu    // df_collect: an uncounted gather found more than DF_CAP members (none sorted)
 

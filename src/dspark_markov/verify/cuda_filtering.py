@@ -176,11 +176,14 @@ FLAG_BATCHED_GATHER = 32768
 # candidates) are set to -inf. A bucket of more than CAPACITY members (narrowed after the gather) takes the write pass
 # as before. Why: the write pass (one more read of the row from L2, its stores behind the search's tail) was ~12% of a
 # row's time at 16 requests of top-p alone (phase trace, H100, stop 41). A failed search (stats[1], a broken invariant)
-# then leaves the tokens below the bucket at -inf instead of keeping the whole row.
+# then leaves the tokens below the bucket at -inf instead of keeping the whole row. Default since stop 43 (with
+# PREFETCH_SLICE; measurements at DEFAULT_FLAGS).
 FLAG_FUSED_WRITE = 65536
 # PREFETCH_SLICE (kernel flag, the L2-row build; stop 43): thread 0 of each block requests its whole slice into L2
 # (cp.async.bulk.prefetch.L2, one instruction) before the first read, so the slice's HBM traffic starts at once and
 # the first read's loads (eight 16-byte loads in flight per thread, two rounds) wait on L2 rather than on HBM twice.
+# Alone it measured level (H100, stop 43: p alone 16 / 64 / 253 requests 114-128 / 346-401 / 1,227-1,371 us against
+# 110-122 / 349-406 / 1,240-1,373 before); with FUSED_WRITE it pays (below). Default since stop 43.
 FLAG_PREFETCH_SLICE = 131072
 # The kernel flags a launch of the resident build receives: not BATCHED_GATHER, measured slower there (H100, stop 41,
 # 1 request of p alone: 36.6 / 33.2 / 40.2 us against 34.1 / 31.8 / 37.3 without it; its gather reads shared memory).
@@ -216,8 +219,12 @@ L2_MIN_ROWS = 31
 # tests, memcheck and racecheck clean). The other stop-41 flags stay opt-in: DEEP_REFINE and SHARED_BOUNDS level,
 # FINITE_WEIGHT faster at 1-16 requests but 2-7% slower from 64 on (same files). (A sixth, the L2-row write pass with
 # eight reads in flight instead of four, measured level or 1% slower in the batched call: removed.)
-DEFAULT_FLAGS = ((KERNEL_FLAGS & ~(FLAG_DEEP_REFINE | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT | FLAG_FUSED_WRITE
-                                   | FLAG_PREFETCH_SLICE))
+# FLAG_FUSED_WRITE and FLAG_PREFETCH_SLICE since stop 43 (DEFAULT_FLAGS 49727 -> 246335; H100, three alternating rounds
+# against the tree before, `..._filter_fused_stop43.txt`, p alone Gaussian / peaked / bf16, us: 16 requests 113.5 /
+# 105.7 / 119.4 against 115.6 / 109.9 / 122.0; 64 requests 343.4 / 309.0 / 362.5 against 376.9 / 349.3 / 406.0; 253
+# requests 1,098.4 / 1,035.9 / 1,178.5 against 1,278.6 / 1,239.5 / 1,373.1: 2-4%, 9-12%, 14-16% faster; k + p and
+# one request (the resident build) unchanged; exact in the filter's GPU tests, memcheck / racecheck clean).
+DEFAULT_FLAGS = ((KERNEL_FLAGS & ~(FLAG_DEEP_REFINE | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT))
                  | FLAG_L2_ROWS | FLAG_L2_FIT)
 
 
