@@ -30,12 +30,15 @@
 //      a few hundred), those are gathered and sorted and both cuts come from their inclusive masses (top-p keeps
 //      a prefix of the k best): the row's weights are never computed; else the masses are histogrammed after all;
 //   4. the row written once: out = packed(x, i) >= cut ? x : -inf (compared as x > cut value, or x equal to it at
-//      an index not above the cut's).
+//      an index not above the cut's). (With DF_FLAG_FUSED_WRITE, the L2-row build's default for top-p alone since
+//      stop 43, the gather of step 3 writes the row instead, and only the gathered bucket's members ranked below the
+//      cut are written again here.)
 // Every block makes the same decisions from the same integer sums, so a row needs no broadcast; the cluster
 // barriers order every exchange (release / acquire), and a last one keeps every block's shared memory alive until
 // no other block can read it.
 //
-// Bytes: the row read once and written once (2 x 4 V per row); the candidate exchanges stay on chip.
+// Bytes: the row read once and written once (2 x 4 V per row; DF_FLAG_FUSED_WRITE writes the bucket's members a
+// second time, a few KB); the candidate exchanges stay on chip.
 // Instructions (NVRTC 13.0 SASS): 49 per logit in step 2 for top-p alone (the weight ~30: the 7-term polynomial
 // with IEEE adds and multiplies, floor without conversions, one F2I.U64; bucket 5; three red.shared), ~10 with
 // top-k (counts); ~4 in step 1, ~6 in step 4.
@@ -58,8 +61,9 @@
 // persistent clusters, the next row's slice prefetched into L2, and with -DDF_CARRY as well loaded during a row's
 // write (see df_row, DfCarry).
 // Verified on the H200 (2026-12-05): its GPU tests (tests/gpu/test_cuda_filtering_gpu.py) and every flags option
-// equal the sort reference; compute-sanitizer memcheck / racecheck / synccheck clean. 118 registers, no spill,
-// 47,344 bytes of static shared memory (47,328 before stop 41) + the slice. On the CPU: the search emulated in its
+// equal the sort reference; compute-sanitizer memcheck / racecheck / synccheck clean. 106 registers (the resident
+// build; the L2-row builds 64, with 4-8 bytes of spill stores since stop 43's flags, outside the per-token loops),
+// 47,376 bytes of static shared memory (47,344 before stop 43, 47,328 before 41) + the slice. On the CPU: the search emulated in its
 // order of decisions, the helpers compiled as host C++ (tests/verify/test_cuda_filtering.py).
 #include "noise.cuh"
 
@@ -261,9 +265,13 @@ __device__ __forceinline__ u64 df_drop_policy() {  // L2: the row's last read
   asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
   return policy;
 }
-// No "memory" clobber and not volatile (the compiler may merge or reorder these reads): safe because nothing writes
-// the row before its last read, each element's one store (step 4) using the value read by the same thread; a store
-// to the row before a later read of it would need these to become volatile. (-DDF_PERSIST reads row i + G after
+// No "memory" clobber and not volatile (the compiler may merge or reorder these reads): safe because every read of
+// the row gives the same decisions whether it sees a value before or after this thread's own stores to it. Without
+// DF_FLAG_FUSED_WRITE nothing writes the row before its last read (each element's one store, step 4, uses the value
+// read by the same thread). With it, in place, the gather stores x for every token at or above its bucket (later
+// reads of those see x either way) and -inf below it (the later readers, narrowing passes, a second gather and the
+// write pass of an overflowing bucket, drop such a token whether they read x or -inf). A store whose later read
+// could change a decision would need these loads to become volatile. (-DDF_PERSIST reads row i + G after
 // writing row i: other addresses, as the launcher refuses overlapping rows, so reordering them is harmless too.)
 __device__ __forceinline__ float df_ldg(const float* ptr, u64 policy) {
   float v;
@@ -350,8 +358,9 @@ struct FilterArgs {  // 8-byte fields (verify/cuda_filtering.py FilterArgs)
                                // -inf below it; once the cut is known only the bucket's members ranked below it are
                                // set to -inf (their indices kept beside the candidates before refinement reorders them:
                                // s_hist past DF_CAP, free then). A bucket of more than DF_CAP members (narrowed after
-                               // the gather) takes the write pass as before, which reads the row as the gather left it
-                               // (only tokens below the bucket changed, all dropped anyway). The write pass was ~12% of
+                               // the gather) takes the write pass, which reads the row as the gather left it (only
+                               // tokens below the bucket changed, all dropped anyway) and stores only the 16-byte
+                               // groups holding a member of the bucket. The write pass was ~12% of
                                // a row's time at 16 requests of top-p alone (phase trace, H100, stop 41). A failed
                                // search (stats[1], a broken invariant) then leaves the tokens below the bucket at -inf
                                // where the write pass would keep every token. Default since stop 43 (with
@@ -524,7 +533,8 @@ __device__ __forceinline__ void df_select(u64 cnt, u64 mass, bool by_mass, u64 t
 }
 
 // A search whose target no item held (never, unless an invariant broke: the sums are exact): the row keeps every
-// token (found_word 0) and stats[1] records it; every block of the cluster fails at the same selection, so the
+// token (found_word 0; with DF_FLAG_FUSED_WRITE, whose gather has written the row, every token at or above the
+// gathered bucket, the others -inf) and stats[1] records it; every block of the cluster fails at the same selection, so the
 // cluster barrier here is matched (it also stands for the pass's barrier that would have followed).
 __device__ __noinline__ void df_fail(FilterShared& sh, u32* stats, u32 rank) {
   if (threadIdx.x == 0) {
@@ -711,7 +721,7 @@ __device__ __forceinline__ void df_gather_batched(const float* s_x, int n, i64 l
   const int tid = threadIdx.x;
   const u64 df_policy = policy;  // (DF_AT4: the L2-row build's loads)
   (void)df_policy;
-  const int n4 = (n + 3) / 4;  // the slice is a multiple of 4 tokens: the last group's loads stay inside it
+  const int n4 = (n + 3) / 4;  // groups of four tokens, a partial last one (n % 4 != 0: the row's last slice) included
   const int rounds4 = (n4 + DF_T - 1) / DF_T;
   const float ninf = -__int_as_float(0x7f800000);
   const int whole = n / 4;  // groups of four tokens; a last partial one (n % 4 tokens) after the loop
@@ -1481,7 +1491,7 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
     df_search(false, (u64)k, use_p, s_x, n, lo, m, s_hist, s_cand, s_rcnt, s_rmass, s_dig, sh, rank, stats);
     cut = sh.found_word;
     total = sh.found_mass;
-    done = cut == 0;  // a failed search (stats[1]): the row keeps every token, top-p included
+    done = cut == 0;  // a failed search (stats[1]): the row keeps every token, top-p included (df_fail)
   } else if (!done && use_p) {
     if (tid < DF_C) sh.warp_sum[tid] = df_ld64(df_map(df_addr(&sh.tot_mass), tid));
     __syncthreads();
