@@ -12,7 +12,10 @@ import sys
 
 
 def load(path):
-    rows = list(csv.reader(open(path)))
+    with open(path, newline="") as handle:
+        rows = list(csv.reader(handle))
+    if len(rows) < 2:
+        raise SystemExit(f"{path}: not an Nsight Compute source CSV (no header line)")
     header, data = rows[1], rows[2:]
     return {h: i for i, h in enumerate(header)}, header, data
 
@@ -26,7 +29,9 @@ def main(argv):
         raise SystemExit(__doc__)
     index, header, data = load(argv[0])
     executed, samples = index["Instructions Executed"], index["Warp Stall Sampling (All Samples)"]
-    if len(argv) > 2 and argv[1] == "--list":
+    if len(argv) > 1 and argv[1] == "--list":
+        if len(argv) < 3:
+            raise SystemExit("--list: give a PATTERN (a SASS substring, e.g. MUFU.LG2)")
         for k, row in enumerate(data):
             if argv[2] in row[1]:
                 print(f"{k:6d} {number(row[executed]):10.0f} {number(row[samples]):5.0f}  {row[1].strip()[:80]}")
