@@ -32,6 +32,7 @@
 #   bash tools/gpu_plans/issue16_cluster.sh batched   # budget ~300 s: stop 41's FLAG_BATCHED_GATHER: tests, sanitizers, timing
 #   bash tools/gpu_plans/issue16_cluster.sh fused     # budget ~330 s: stop 43's FLAG_FUSED_WRITE (115263): tests, sanitizers, timing vs prev_src
 #   bash tools/gpu_plans/issue16_cluster.sh fused_trace # budget ~100 s: phase trace of 49727 / 115263 / 246335 at 96 and 1,518 rows
+#   bash tools/gpu_plans/issue16_cluster.sh h200      # budget ~150 s: on an H200 only (else nothing): the bench's filter cases, Triton and cuda (default flags)
 # Results go to $JOB_OUT (default ./gpu_plan_out). NVRTC builds filter.cu in ~1 s (cached on disk).
 # If the first launch fails with an invalid-configuration error: cuLaunchKernel is assumed to honour the
 # compile-time __cluster_dims__(8, 1, 1) (the CUDA guide: such a kernel launches with <<< >>>); the fallback is
@@ -410,6 +411,15 @@ fused)
         | tee -a "$OUT/fused_bench.txt"
     done
   done
+  ;;
+h200)
+  # (~100-150 s) On an H200 only (issue 16's targets are H200 figures; none has come since stop 34): `bench`'s filter
+  # cases with the default flags (stop 43's DEFAULT_FLAGS 246335), Triton and cuda, 1 / 16 / 64 / 253 requests, every
+  # case checked against the sort reference by its first call. Commit the files as
+  # benchmarks/results/NVIDIA-H200_<date>_filter_default_verify.{json,csv} and regenerate the README's issue-16 table.
+  if ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then echo "not an H200: nothing run"; exit 0; fi
+  timeout -k 2 170 python3 tools/time_filter.py --cuda 1,16,64,253 2>&1 | tee "$OUT/h200_filter_bench.txt" \
+    | grep -E "^filter_row|Error"
   ;;
 fused_trace)
   # (~60-100 s) where a row's time goes with FLAG_FUSED_WRITE / FLAG_PREFETCH_SLICE (the DF_MARK phase trace; the
