@@ -22,7 +22,8 @@ two blocks per SM, so beyond one wave of clusters time grows as waves x one row'
 The options (``flags``; :data:`DEFAULT_FLAGS` = the kernel flags of stop 27, ``FLAG_UNCOUNTED`` and
 ``FLAG_BATCHED_GATHER`` (stop 41; the latter for the L2-row build's launches), ``FLAG_L2_ROWS``, since stop 40
 ``FLAG_L2_FIT``, and since stop 43 ``FLAG_FUSED_WRITE`` and ``FLAG_PREFETCH_SLICE`` (the L2-row build's top-p alone: p
-alone 2-4% / 9-12% / 14-16% faster at 16 / 64 / 253 requests on the H100); the other options are opt-in; H100 measurements of 2026-12-05,
+alone 2-4% / 9-12% / 14-16% faster at 16 / 64 / 253 requests on the H100); the other options are opt-in; H100
+measurements of 2026-12-05,
 ``..._NVIDIA-H100..._filter_flags.*``): ``FLAG_ILP``, ``FLAG_ASYNC_LOAD``, ``FLAG_WARP_THRESHOLDS``
 shorten a row's phases (k + p 1,355 -> 1,165 us, p alone 1,766 -> 1,527 at 1,518 rows on the H100), and
 ``FLAG_L2_ROWS`` (the ``-DDF_L2_ROWS`` build: the row re-read from L2 at every pass instead of held in shared
@@ -176,8 +177,8 @@ FLAG_BATCHED_GATHER = 32768
 # the gathered bucket, so it stores x for a token at or above the bucket's lower bound and -inf below it; once the cut
 # is known only the bucket's members ranked below it (this block's, indices kept before refinement reorders the
 # candidates) are set to -inf. A bucket of more than CAPACITY members (narrowed after the gather) takes the write pass,
-# which stores only the 16-byte groups holding a member. Why: the write pass (one more read of the row from L2, its stores behind the search's tail) was ~12% of a
-# row's time at 16 requests of top-p alone (phase trace, H100, stop 41). A failed search (stats[1], a broken invariant)
+# which stores only the 16-byte groups holding a member. Why: the write pass (one more read of the row from L2, its
+# stores behind the search's tail) was ~12% of a row's time at 16 requests of top-p alone (phase trace, H100, stop 41). A failed search (stats[1], a broken invariant)
 # then leaves the tokens below the bucket at -inf instead of keeping the whole row. Default since stop 43 (with
 # PREFETCH_SLICE; measurements at DEFAULT_FLAGS).
 FLAG_FUSED_WRITE = 65536
