@@ -56,6 +56,21 @@ flag_times() {
       | grep -E "^filter_row|Error" | sed "s/^/r$round /" | tee -a "$OUT/$1_bench.txt"
   done
 }
+# tree_times NAME ROUNDS PREV_FLAGS NEW_FLAGS REQUESTS: alternating rounds of tools/time_filter.py, the tree before a
+# change (gpu_jobs/prev_src: `git archive <commit> src/dspark_markov | tar -x -C gpu_jobs/prev_src --strip-components=1`,
+# its cubins prebuilt into gpu_jobs/cuda_cache too) with PREV_FLAGS, then this tree with NEW_FLAGS (comma-separated),
+# into $OUT/prev<round>, $OUT/new<round> and $OUT/NAME_bench.txt
+tree_times() {
+  for round in $(seq "$2"); do
+    for tree in prev new; do
+      local src=$PWD/src flags=$4
+      if [ $tree = prev ]; then src=$PWD/gpu_jobs/prev_src flags=$3; fi
+      mkdir -p "$OUT/$tree$round"
+      PYTHONPATH=$src JOB_OUT="$OUT/$tree$round" timeout -k 2 40 python3 tools/time_filter.py --cuda-only \
+        --cuda-flags "$flags" "$5" 2>&1 | grep -E "^filter_row|Error" | sed "s/^/$tree$round /" | tee -a "$OUT/$1_bench.txt"
+    done
+  done
+}
 case "${1:-check}" in
 check)
   # 1. (~60-80 s) tests/gpu/test_cuda_filtering_gpu.py (20): every input kind (Gaussian, peaked, bf16 ties, edge rows:
@@ -332,14 +347,7 @@ ffs)
   timeout -k 2 75 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_filtering_gpu.py \
     -k "not (159 or 191 or 255 or 415 or 447 or 511 or 407 or persistent or 1087 or 1599)" 2>&1 \
     | tee "$OUT/ffs_tests.txt" | tail -3
-  for round in 1 2; do
-    for tree in prev new; do
-      src=$PWD/src; [ $tree = prev ] && src=$PWD/gpu_jobs/prev_src
-      mkdir -p "$OUT/$tree$round"
-      PYTHONPATH=$src JOB_OUT="$OUT/$tree$round" timeout -k 2 40 python3 tools/time_filter.py --cuda-only --cuda-flags 575 \
-        16,64,253 2>&1 | grep -E "^filter_row|Error" | sed "s/^/$tree$round /" | tee -a "$OUT/ffs_bench.txt"
-    done
-  done
+  tree_times ffs 2 575 575 16,64,253
   ;;
 deep)
   # (~200-250 s) stop 41's kernel flags FLAG_DEEP_REFINE (2048: a top-p search refined down to 32 candidates before the
@@ -402,15 +410,7 @@ fused)
     -k "115263 or fused or 49727 or 180799 or 246335" 2>&1 | tee "$OUT/fused_tests.txt" | tail -3
   FILTER_FLAGS=115263 bash "$0" sanitize_only memcheck racecheck
   FILTER_FLAGS=246335 bash "$0" sanitize_only memcheck
-  for round in 1 2 3; do
-    for tree in prev new; do
-      src=$PWD/src flags=49727,115263,180799,246335; [ $tree = prev ] && src=$PWD/gpu_jobs/prev_src flags=49727
-      mkdir -p "$OUT/$tree$round"
-      PYTHONPATH=$src JOB_OUT="$OUT/$tree$round" timeout -k 2 40 python3 tools/time_filter.py --cuda-only \
-        --cuda-flags $flags 1,16,64,253 2>&1 | grep -E "^filter_row|Error" | sed "s/^/$tree$round /" \
-        | tee -a "$OUT/fused_bench.txt"
-    done
-  done
+  tree_times fused 3 49727 49727,115263,180799,246335 1,16,64,253
   ;;
 h200)
   # (~100-150 s) On an H200 only (issue 16's targets are H200 figures; none has come since stop 34): `bench`'s filter
