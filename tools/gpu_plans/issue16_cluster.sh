@@ -33,6 +33,7 @@
 #   bash tools/gpu_plans/issue16_cluster.sh fused     # budget ~330 s: stop 43's FLAG_FUSED_WRITE (115263): tests, sanitizers, timing vs prev_src
 #   bash tools/gpu_plans/issue16_cluster.sh fused_trace # budget ~100 s: phase trace of 49727 / 115263 / 246335 at 96 and 1,518 rows
 #   bash tools/gpu_plans/issue16_cluster.sh h200      # budget ~150 s: on an H200 only (else nothing): the bench's filter cases, Triton and cuda (default flags)
+#   bash tools/gpu_plans/issue16_cluster.sh h200_tests # budget ~120 s: on an H200 only (else nothing): the filter's GPU tests at the default flags
 # Results go to $JOB_OUT (default ./gpu_plan_out). NVRTC builds filter.cu in ~1 s (cached on disk).
 # If the first launch fails with an invalid-configuration error: cuLaunchKernel is assumed to honour the
 # compile-time __cluster_dims__(8, 1, 1) (the CUDA guide: such a kernel launches with <<< >>>); the fallback is
@@ -420,6 +421,16 @@ h200)
   if ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then echo "not an H200: nothing run"; exit 0; fi
   timeout -k 2 170 python3 tools/time_filter.py --cuda 1,16,64,253 2>&1 | tee "$OUT/h200_filter_bench.txt" \
     | grep -E "^filter_row|Error"
+  ;;
+h200_tests)
+  # (~70-120 s) On an H200 only: issue 16's "exact on the H200 at full shapes" under the default flags (246335): the
+  # filter's GPU test file without the opt-in persist / five / carry cases (every input kind and case at 6 / 96 /
+  # 1,518 rows, ragged V, flat and tied rows, graph replay, every FIT cluster size), then the auto / cuda routing tests
+  if ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then echo "not an H200: nothing run"; exit 0; fi
+  timeout -k 2 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_filtering_gpu.py \
+    -k "not persist and not five and not carry" 2>&1 | tee "$OUT/h200_tests.txt" | tail -3
+  timeout -k 2 60 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_filtering_gpu.py -k "auto or cuda" 2>&1 \
+    | tee -a "$OUT/h200_tests.txt" | tail -3
   ;;
 fused_trace)
   # (~60-100 s) where a row's time goes with FLAG_FUSED_WRITE / FLAG_PREFETCH_SLICE (the DF_MARK phase trace; the
