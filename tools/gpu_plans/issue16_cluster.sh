@@ -32,7 +32,6 @@
 #   bash tools/gpu_plans/issue16_cluster.sh batched   # budget ~300 s: stop 41's FLAG_BATCHED_GATHER: tests, sanitizers, timing
 #   bash tools/gpu_plans/issue16_cluster.sh fused     # budget ~330 s: stop 43's FLAG_FUSED_WRITE (115263): tests, sanitizers, timing vs prev_src
 #   bash tools/gpu_plans/issue16_cluster.sh fused_trace # budget ~100 s: phase trace of 49727 / 115263 / 246335 at 96 and 1,518 rows
-#   bash tools/gpu_plans/issue16_cluster.sh carry     # budget ~330 s: stop 44's FLAG_MASS_CARRY (508479): tests, sanitizers, timing vs prev_src
 #   bash tools/gpu_plans/issue16_cluster.sh h200      # budget ~150 s: on an H200 only (else nothing): the bench's filter cases, Triton and cuda (default flags)
 #   bash tools/gpu_plans/issue16_cluster.sh h200_tests # budget ~120 s: on an H200 only (else nothing): the filter's GPU tests at the default flags
 # Results go to $JOB_OUT (default ./gpu_plan_out). NVRTC builds filter.cu in ~1 s (cached on disk).
@@ -413,20 +412,6 @@ fused)
   FILTER_FLAGS=115263 bash "$0" sanitize_only memcheck racecheck
   FILTER_FLAGS=246335 bash "$0" sanitize_only memcheck
   tree_times fused 3 49727 49727,115263,180799,246335 1,16,64,253
-  ;;
-carry)
-  # (~250-330 s) stop 44's FLAG_MASS_CARRY (262144: top-p alone's uncounted histogram adds each token's mass with one
-  # 32-bit shared atom, its carry by a predicated add; the same exact sums split low 32 bits + 2^32 carries). The file's
-  # tests with it (508479 = 246335 + it; 516671 with FINITE_WEIGHT too, whose fewer instructions waited on the
-  # shared-memory pipe in stop 41; 278559 the resident build's uncounted flags + it) and with the default 246335 (its
-  # SASS moved: df_histogram's branch), memcheck + racecheck with 508479 (a flat row: bucket 0 carries at every token),
-  # then three alternating rounds: this tree's 246335 / 508479 / 516671 beside gpu_jobs/prev_src's 246335 (the tree
-  # before the change, its cubins prebuilt), p alone and k + p at 1 / 16 / 64 / 253 requests. Default only where exact
-  # and faster.
-  timeout -k 2 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_filtering_gpu.py \
-    -k "508479 or 516671 or 278559 or 246335" 2>&1 | tee "$OUT/carry_tests.txt" | tail -3
-  FILTER_FLAGS=508479 bash "$0" sanitize_only memcheck racecheck
-  tree_times carry 3 246335 246335,508479,516671 1,16,64,253
   ;;
 h200)
   # (~100-150 s) On an H200 only (issue 16's targets are H200 figures; none has come since stop 34): `bench`'s filter

@@ -226,11 +226,6 @@ DM_HD u64 df_word(float x, i64 index) { return (u64)pack_word(x, (i32)index) ^ (
 DM_HD float df_word_value(u64 word) { return word_key((i64)(word ^ (1ull << 63))); }
 DM_HD i64 df_word_index(u64 word) { return (i64)(0x7FFFFFFF - (i32)(word & 0x7FFFFFFFull)); }  // df_word's index
 
-// DF_FLAG_MASS_CARRY's carry of a token of weight q (<= 2^32) whose low word (u32)q was added to a bin word that held
-// `old`: old + (u32)q >= 2^32 (old > ~(u32)q) carries one, and q >> 32 is 1 where q = 2^32 (low word 0). The bin's
-// mass is then its low word + 2^32 (its carries), exactly, in any order of the adds.
-DM_HD u32 df_carry(u64 q, u32 old) { return (u32)(q >> 32) + (old > ~(u32)q ? 1u : 0u); }
-
 }  // namespace dm
 
 #if defined(__CUDACC__)
@@ -376,14 +371,6 @@ static_assert(3 * DF_NB / 2 - DF_CAP >= DF_CAP / 2, "FUSED_WRITE: DF_CAP member 
                                // flight per thread then wait about one HBM round trip instead of two (the first read
                                // was ~26% of a row's time at 16 requests of top-p alone, phase trace, stop 41).
                                // Level alone, faster with FUSED_WRITE (verify/cuda_filtering.py): default since stop 43
-#define DF_FLAG_MASS_CARRY 262144  // (stop 44) with UNCOUNTED, top-p alone: the level-1 histogram's mass in ONE 32-bit
-                               // shared add a token (q mod 2^32, an atom whose old value tells the rare carry: old + v
-                               // >= 2^32), the carries (and q >> 32, 1 where q = 2^32) into the second word by a
-                               // predicated add that runs for a warp only where a lane carries (a bucket carries once
-                               // per 2^32 of mass: ~4% of a Gaussian row's warp steps). The same exact integer sums, in
-                               // another split (low 32 bits + 2^32 carries instead of q & 0xFFFF + q >> 16): half the
-                               // shared-memory atomics of the histogram, whose loop waited on the shared-memory pipe
-                               // (stop 41's Nsight Compute of FINITE_WEIGHT at 16 requests)
 #define DF_UNCOUNTED 0xFFFFFFFFu   // df_collect's `count` when the histogram held no counts
 #define DF_OVERFLOW 0xFFFFFFFEu    // df_collect: an uncounted gather found more than DF_CAP members (none sorted)
 
@@ -487,26 +474,8 @@ __device__ __forceinline__ void df_add_mass(u32 base, u32 stride, u32 bin, u64 q
   df_red(a, (u32)q & 0xFFFFu);
   df_red(a + stride, (u32)(q >> 16));
 }
-// Shared-memory add returning the old value (DF_FLAG_MASS_CARRY's carry test). No "memory" clobber, as df_red.
-__device__ __forceinline__ u32 df_atom_shared_add(u32 addr, u32 v) {
-  u32 old;
-  asm volatile("atom.shared.add.u32 %0, [%1], %2;" : "=r"(old) : "r"(addr), "r"(v));
-  return old;
-}
-// Shared-memory add of v where v != 0: one predicated instruction (written as C++ `if`, the add sat in a branch of
-// its own, and each carry test waited for its atom before the next token's atom issued).
-__device__ __forceinline__ void df_red_nonzero(u32 addr, u32 v) {
-  asm volatile("{\n .reg .pred p;\n setp.ne.u32 p, %1, 0;\n @p red.shared.add.u32 [%0], %1;\n}" :: "r"(addr), "r"(v));
-}
-// The mass in one add and its carry (DF_FLAG_MASS_CARRY; the ragged tail's one token at a time): `base` the shared
-// address of the low words, the carry words `stride` bytes after them.
-__device__ __forceinline__ void df_add_mass_carry(u32 base, u32 stride, u32 bin, u64 q) {
-  const u32 a = base + 4u * bin;
-  df_red_nonzero(a + stride, df_carry(q, df_atom_shared_add(a, (u32)q)));
-}
 // The count and mass of bin `bin` of a three-word histogram (words from `words`, `stride` words apart) summed over
-// the cluster's blocks. HI: the shift of the third word (16: q >> 16 words; 32: DF_FLAG_MASS_CARRY's carries).
-template <int HI = 16>
+// the cluster's blocks.
 __device__ __forceinline__ void df_bin_sum(const u32* words, u32 stride, u32 bin, u64& cnt, u64& mass) {
   cnt = 0;
   mass = 0;
@@ -515,7 +484,7 @@ __device__ __forceinline__ void df_bin_sum(const u32* words, u32 stride, u32 bin
   for (u32 r = 0; r < DF_C; ++r) {
     const u32 ra = df_map(a, r);
     cnt += df_ld32(ra);
-    mass += df_ld32(ra + 4u * stride) + ((u64)df_ld32(ra + 8u * stride) << HI);
+    mass += df_ld32(ra + 4u * stride) + ((u64)df_ld32(ra + 8u * stride) << 16);
   }
 }
 
@@ -1110,8 +1079,8 @@ __device__ __forceinline__ void df_hist_add(u32 base, u32 bin, u64 q, bool count
 
 // df_histogram's loop with masses, four tokens per step from group `tid` on (`next`: its first group, read): the
 // weights and buckets of df_weight_finite / df_bucket_finite where FINITE (a finite row max), else the general ones;
-// the counts too where COUNTS; the masses in one add and a carry where CARRY (DF_FLAG_MASS_CARRY; not with COUNTS).
-template <bool FINITE, bool COUNTS, bool CARRY = false>
+// the counts too where COUNTS.
+template <bool FINITE, bool COUNTS>
 __device__ __forceinline__ void df_hist_masses(const float* s_x, int n4, float m, u32 base, float4 next) {
   DF_ROW_POLICY;
   for (int v = threadIdx.x; v < n4; v += DF_T) {
@@ -1128,21 +1097,10 @@ __device__ __forceinline__ void df_hist_masses(const float* s_x, int n4, float m
       q0 = df_weight(f.x, m); q1 = df_weight(f.y, m); q2 = df_weight(f.z, m); q3 = df_weight(f.w, m);
       b0 = df_bucket(f.x, m); b1 = df_bucket(f.y, m); b2 = df_bucket(f.z, m); b3 = df_bucket(f.w, m);
     }
-    if (CARRY) {  // the four atoms in flight together, then the carries
-      const u32 lo = base + 4u * DF_NB, stride = 4u * DF_NB;
-      const u32 a0 = lo + 4u * b0, a1 = lo + 4u * b1, a2 = lo + 4u * b2, a3 = lo + 4u * b3;
-      const u32 o0 = df_atom_shared_add(a0, (u32)q0), o1 = df_atom_shared_add(a1, (u32)q1);
-      const u32 o2 = df_atom_shared_add(a2, (u32)q2), o3 = df_atom_shared_add(a3, (u32)q3);
-      df_red_nonzero(a0 + stride, df_carry(q0, o0));
-      df_red_nonzero(a1 + stride, df_carry(q1, o1));
-      df_red_nonzero(a2 + stride, df_carry(q2, o2));
-      df_red_nonzero(a3 + stride, df_carry(q3, o3));
-    } else {
-      df_hist_add(base, b0, q0, COUNTS);
-      df_hist_add(base, b1, q1, COUNTS);
-      df_hist_add(base, b2, q2, COUNTS);
-      df_hist_add(base, b3, q3, COUNTS);
-    }
+    df_hist_add(base, b0, q0, COUNTS);
+    df_hist_add(base, b1, q1, COUNTS);
+    df_hist_add(base, b2, q2, COUNTS);
+    df_hist_add(base, b3, q3, COUNTS);
   }
 }
 
@@ -1155,8 +1113,6 @@ __device__ __noinline__ void df_histogram(const float* s_x, int n, float m, bool
   const int tid = threadIdx.x;
   const u32 base = df_addr(bins);
   const bool counts = !DF_NEW_FLAGS || !sh.uncounted;
-  // DF_FLAG_MASS_CARRY (uncounted rows; with ILP): low words and carries (block-uniform, as sh.uncounted)
-  const bool carry = DF_NEW_FLAGS && !counts && (sh.flags & DF_FLAG_MASS_CARRY) != 0;
   DF_ROW_POLICY;
   if (sh.flags & DF_FLAG_ILP) {
     // four tokens per step: independent chains the scheduler interleaves (then 4 or 12 adds); the ragged tail of the
@@ -1169,9 +1125,6 @@ __device__ __noinline__ void df_histogram(const float* s_x, int n, float m, bool
     if (masses && counts) {
       if (finite) df_hist_masses<true, true>(s_x, n4, m, base, next);
       else df_hist_masses<false, true>(s_x, n4, m, base, next);
-    } else if (masses && carry) {
-      if (finite) df_hist_masses<true, false, true>(s_x, n4, m, base, next);
-      else df_hist_masses<false, false, true>(s_x, n4, m, base, next);
     } else if (masses) {
       if (finite) df_hist_masses<true, false>(s_x, n4, m, base, next);
       else df_hist_masses<false, false>(s_x, n4, m, base, next);
@@ -1190,7 +1143,6 @@ __device__ __noinline__ void df_histogram(const float* s_x, int n, float m, bool
     for (int i = 4 * n4 + tid; i < n; i += DF_T) {
       const float x = DF_AT(i);
       if (masses && counts) df_add(base, 4u * DF_NB, df_bucket(x, m), df_weight(x, m));
-      else if (masses && carry) df_add_mass_carry(base + 4u * DF_NB, 4u * DF_NB, df_bucket(x, m), df_weight(x, m));
       else if (masses) df_add_mass(base + 4u * DF_NB, 4u * DF_NB, df_bucket(x, m), df_weight(x, m));
       else df_red(base + 4u * df_bucket(x, m), 1u);
     }
@@ -1215,13 +1167,9 @@ __device__ __noinline__ void df_histogram(const float* s_x, int n, float m, bool
     const u32 bucket = rank * DF_RANGE + DF_PER * tid + e;
     c = 0;
     s = 0;
-    if (bucket < DF_NB) {
-      if (carry) df_bin_sum<32>(bins, DF_NB, bucket, c, s);
-      else df_bin_sum(bins, DF_NB, bucket, c, s);
-    }
+    if (bucket < DF_NB) df_bin_sum(bins, DF_NB, bucket, c, s);
 #else
-    if (carry) df_bin_sum<32>(bins, DF_NB, rank * DF_RANGE + DF_PER * tid + e, c, s);
-    else df_bin_sum(bins, DF_NB, rank * DF_RANGE + DF_PER * tid + e, c, s);
+    df_bin_sum(bins, DF_NB, rank * DF_RANGE + DF_PER * tid + e, c, s);
 #endif
     s_rcnt[DF_PER * tid + e] = (u32)c;
     s_rmass[DF_PER * tid + e] = s;

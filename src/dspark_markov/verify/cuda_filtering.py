@@ -188,18 +188,15 @@ FLAG_FUSED_WRITE = 65536
 # Alone it measured level (H100, stop 43: p alone 16 / 64 / 253 requests 114-128 / 346-401 / 1,227-1,371 us against
 # 110-122 / 349-406 / 1,240-1,373 before); with FUSED_WRITE it pays (below). Default since stop 43.
 FLAG_PREFETCH_SLICE = 131072
-# MASS_CARRY (kernel flag, with UNCOUNTED; stop 44): top-p alone's level-1 histogram adds each token's mass with ONE
-# 32-bit shared-memory add (q mod 2^32, by an atom whose old value tells whether the word wrapped) and a predicated add
-# of the carry into the second word that a warp issues only where one of its lanes carries (a bucket carries once per
-# 2^32 of mass): the same exact integer sums split as low 32 bits + 2^32 carries instead of q & 0xFFFF + q >> 16. Why:
-# half the histogram's shared-memory atomics; its loop waited on the shared-memory pipe (Nsight Compute of
-# FINITE_WEIGHT at 16 requests, stop 41), which is also why FINITE_WEIGHT's fewer instructions did not pay from 64 on.
-FLAG_MASS_CARRY = 262144
+# (Stop 44, measured and removed: MASS_CARRY, top-p alone's uncounted histogram adding each token's mass with one 32-bit
+# shared atom and a predicated carry add, half its shared-memory atomics: exact, but p alone 1-2% slower at 16 / 64 /
+# 253 requests on an H100, and its branch in df_histogram slowed the default's resident build at one request by 4-7%:
+# `..._2026-12-06_filter_carry_stop44.txt`. The histogram's time is not its shared-atomic count.)
 # The kernel flags a launch of the resident build receives: not BATCHED_GATHER, measured slower there (H100, stop 41,
 # 1 request of p alone: 36.6 / 33.2 / 40.2 us against 34.1 / 31.8 / 37.3 without it; its gather reads shared memory).
 KERNEL_FLAGS = (FLAG_MASK_GATHER | FLAG_REFINE | FLAG_ILP | FLAG_ASYNC_LOAD | FLAG_WARP_THRESHOLDS | FLAG_DEEP_REFINE
                 | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT | FLAG_UNCOUNTED | FLAG_BATCHED_GATHER
-                | FLAG_FUSED_WRITE | FLAG_PREFETCH_SLICE | FLAG_MASS_CARRY)  # FilterArgs.flags
+                | FLAG_FUSED_WRITE | FLAG_PREFETCH_SLICE)  # FilterArgs.flags
 RESIDENT_KERNEL_FLAGS = KERNEL_FLAGS & ~FLAG_BATCHED_GATHER
 FLAGS_ALL = KERNEL_FLAGS | FLAG_L2_ROWS | FLAG_L2_CLUSTER4 | FLAG_PERSIST | FLAG_CARRY | FLAG_L2_FIT | FLAG_L2_FIVE
 L2_DEFINES = ("DF_L2_ROWS",)
@@ -234,7 +231,7 @@ L2_MIN_ROWS = 31
 # 105.7 / 119.4 against 115.6 / 109.9 / 122.0; 64 requests 343.4 / 309.0 / 362.5 against 376.9 / 349.3 / 406.0; 253
 # requests 1,098.4 / 1,035.9 / 1,178.5 against 1,278.6 / 1,239.5 / 1,373.1: 2-4%, 9-12%, 14-16% faster; k + p and
 # one request (the resident build) unchanged; exact in the filter's GPU tests, memcheck / racecheck clean).
-DEFAULT_FLAGS = ((KERNEL_FLAGS & ~(FLAG_DEEP_REFINE | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT | FLAG_MASS_CARRY))
+DEFAULT_FLAGS = ((KERNEL_FLAGS & ~(FLAG_DEEP_REFINE | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT))
                  | FLAG_L2_ROWS | FLAG_L2_FIT)
 
 
