@@ -32,6 +32,7 @@
 #   bash tools/gpu_plans/issue16_cluster.sh batched   # budget ~300 s: stop 41's FLAG_BATCHED_GATHER: tests, sanitizers, timing
 #   bash tools/gpu_plans/issue16_cluster.sh fused     # budget ~330 s: stop 43's FLAG_FUSED_WRITE (115263): tests, sanitizers, timing vs prev_src
 #   bash tools/gpu_plans/issue16_cluster.sh fused_trace # budget ~100 s: phase trace of 49727 / 115263 / 246335 at 96 and 1,518 rows
+#   bash tools/gpu_plans/issue16_cluster.sh sizes     # budget ~300 s: the L2-row build's cluster size (8 / 7 / 6 / 5 forced, 4-block build) at 16 / 64 / 253 requests
 #   bash tools/gpu_plans/issue16_cluster.sh h200      # budget ~150 s: on an H200 only (else nothing): the bench's filter cases, Triton and cuda (default flags)
 #   bash tools/gpu_plans/issue16_cluster.sh h200_tests # budget ~120 s: on an H200 only (else nothing): the filter's GPU tests at the default flags
 # Results go to $JOB_OUT (default ./gpu_plan_out). NVRTC builds filter.cu in ~1 s (cached on disk).
@@ -412,6 +413,33 @@ fused)
   FILTER_FLAGS=115263 bash "$0" sanitize_only memcheck racecheck
   FILTER_FLAGS=246335 bash "$0" sanitize_only memcheck
   tree_times fused 3 49727 49727,115263,180799,246335 1,16,64,253
+  ;;
+sizes)
+  # (~200-300 s) stop 44: the L2-row build's cluster size when a batch takes many waves. FLAG_L2_FIT picks a smaller
+  # cluster only where its one wave holds the batch (16 requests); from 64 requests on it runs 8 blocks per row (66 rows
+  # resident on an H100). Fewer blocks per row put more rows in flight (4 blocks: twice as many), each block streaming
+  # more of its row between the same cluster barriers and latency-bound search phases, which the phase traces put at
+  # about half of a row's time. Two alternating rounds, p alone (k + p runs the resident build whatever the size) at
+  # 16 / 64 / 253 requests, the default flags with the size forced (8 / 7 / 6 / 5; FIT's builds) and FLAG_L2_CLUSTER4's
+  # 4-block build (245887 = 246335 - FIT + CLUSTER4). Every case checked against the sort reference by its first call.
+  cat > "$OUT/force_cluster.py" <<'PY'
+import os, runpy, sys
+from dspark_markov.verify import cuda_filtering as cf
+size = int(os.environ["FORCE_C"])
+fit = cf.CudaTopKTopPFilter.fit_cluster
+cf.CudaTopKTopPFilter.fit_cluster = lambda self, rows: size if size in self.l2_fits else fit(self, rows)
+sys.argv = ["tools/time_filter.py"] + sys.argv[1:]
+runpy.run_path("tools/time_filter.py", run_name="__main__")
+PY
+  for round in 1 2; do
+    for c in 8 4 7 5 6; do
+      flags=246335
+      if [ $c = 4 ]; then flags=245887; fi
+      mkdir -p "$OUT/c$c$round"
+      FORCE_C=$c JOB_OUT="$OUT/c$c$round" timeout -k 2 50 python3 "$OUT/force_cluster.py" --cuda-only --cuda-flags $flags \
+        16,64,253 2>&1 | grep -E "^filter_row|Error" | sed "s/^/c$c r$round /" | tee -a "$OUT/sizes_bench.txt" | grep " p "
+    done
+  done
   ;;
 h200)
   # (~100-150 s) On an H200 only (issue 16's targets are H200 figures; none has come since stop 34): `bench`'s filter
