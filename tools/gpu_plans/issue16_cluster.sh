@@ -25,6 +25,7 @@
 #   bash tools/gpu_plans/issue16_cluster.sh fit2      # budget ~170 s: stop 40's one-wave rule, default 575: 12-16 requests, the file's tests
 #   bash tools/gpu_plans/issue16_cluster.sh five      # budget ~220 s: stop 40's FLAG_L2_FIVE (1087 / 1599): tests, sanitizers, timing
 #   bash tools/gpu_plans/issue16_cluster.sh ncu16     # budget ~120 s: source counters of the default filter, 96 rows p alone
+#   bash tools/gpu_plans/issue16_cluster.sh ncu253    # budget ~120 s: the same at 253 requests (1,518 rows)
 #   bash tools/gpu_plans/issue16_cluster.sh ffs       # budget ~170 s: df_narrow's bit scan by __ffs: tests, A/B against gpu_jobs/prev_src
 #   bash tools/gpu_plans/issue16_cluster.sh deep      # budget ~250 s: stop 41's FLAG_DEEP_REFINE / FLAG_SHARED_BOUNDS: tests, sanitizers, timing
 #   bash tools/gpu_plans/issue16_cluster.sh finite    # budget ~250 s: stop 41's FLAG_FINITE_WEIGHT: tests, sanitizers, timing
@@ -316,7 +317,7 @@ import os
 import torch
 from dspark_markov.bench.verify_grid import filter_logits
 from dspark_markov.verify import cuda_filtering as cf
-rows = 96
+rows = int(os.environ.get("FILTER_ROWS", "96"))  # (ncu253: 1,518)
 gen = torch.Generator(device="cuda").manual_seed(1)
 x = filter_logits("gaussian", torch.randn(rows, 129_280, generator=gen, device="cuda") * 2, gen)
 flags = os.environ.get("FILTER_FLAGS")  # (default: DEFAULT_FLAGS)
@@ -333,13 +334,19 @@ print("stats", filt.stats.tolist(), "fit", filt.fit_cluster(rows))
 PY
   timeout -k 2 90 ncu --profile-from-start off --clock-control none -k dm_filter --section SourceCounters \
     --section WarpStateStats --section SchedulerStats --section Occupancy --section SpeedOfLight --section LaunchStats \
-    --import-source yes -f -o "$OUT/filter96" python3 "$OUT/ncu16.py" > "$OUT/ncu16_log.txt" 2>&1
+    --import-source yes -f -o "$OUT/filter${FILTER_ROWS:-96}" python3 "$OUT/ncu16.py" > "$OUT/ncu16_log.txt" 2>&1
   tail -4 "$OUT/ncu16_log.txt"
-  ncu --import "$OUT/filter96.ncu-rep" --page details 2>/dev/null | tee "$OUT/ncu16_details.txt" \
+  ncu --import "$OUT/filter${FILTER_ROWS:-96}.ncu-rep" --page details 2>/dev/null | tee "$OUT/ncu16_details.txt" \
     | grep -E "Duration|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|Executed Ipc|No Eligible|Warp Cycles Per Issued"
-  timeout -k 2 30 ncu --import "$OUT/filter96.ncu-rep" --page source --csv --print-source sass 2>&1 \
-    | head -c 4000000 > "$OUT/filter96_source.csv"
+  timeout -k 2 30 ncu --import "$OUT/filter${FILTER_ROWS:-96}.ncu-rep" --page source --csv --print-source sass 2>&1 \
+    | head -c 4000000 > "$OUT/filter${FILTER_ROWS:-96}_source.csv"
   ls -la "$OUT"
+  ;;
+ncu253)
+  # (~60-120 s) the same at 253 requests (1,518 rows, ~23 waves of 8-block clusters), where stop 44 found the filter
+  # bound by per-token work rather than by a row's latency-bound phases (cluster sizes, fewer atomics and fewer
+  # histogram instructions all measured no faster there): which phase's SASS holds the instructions and the stalls
+  FILTER_ROWS=1518 bash "$0" ncu16
   ;;
 ffs)
   # (~120-160 s) df_narrow's lowest set bit by __ffs on the device (the ncu16 profile: its loop ~4% of the instructions
