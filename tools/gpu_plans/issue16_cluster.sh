@@ -423,8 +423,8 @@ fused)
   ;;
 sizes)
   # (~200-300 s) stop 44: the L2-row build's cluster size when a batch takes many waves. FLAG_L2_FIT picks a smaller
-  # cluster only where its one wave holds the batch (16 requests); from 64 requests on it runs 8 blocks per row (66 rows
-  # resident on an H100). Fewer blocks per row put more rows in flight (4 blocks: twice as many), each block streaming
+  # cluster only where its one wave holds a batch that one wave of 8-block clusters does not (66-90 rows on an H100);
+  # from 16 requests (96 rows) on it runs 8 blocks per row (~62-66 rows resident on an H100). Fewer blocks per row put more rows in flight (4 blocks: twice as many), each block streaming
   # more of its row between the same cluster barriers and latency-bound search phases, which the phase traces put at
   # about half of a row's time. Two alternating rounds, p alone (k + p runs the resident build whatever the size) at
   # 16 / 64 / 253 requests, the default flags with the size forced (8 / 7 / 6 / 5; FIT's builds) and FLAG_L2_CLUSTER4's
