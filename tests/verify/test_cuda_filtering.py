@@ -63,6 +63,33 @@ def test_l2_row_build_compiles_for_four_blocks_per_sm(tmp_path):
     assert registers <= 64 and static <= cf.STATIC_SMEM and 4 * (static + 1024) <= 228 * 1024
 
 
+@pytest.mark.parametrize("l2", [False, True])
+def test_specialized_builds_compile_smaller_and_the_generic_one_unchanged(tmp_path, l2):
+    """FLAG_SPECIALIZE's builds (-DDF_FIXED_FLAGS = the default's kernel flags of the resident / L2-row build): the
+    L2-row one at 64 registers for four blocks per SM, no hot loop reloading spilled words, and both with fewer SASS
+    instructions than the generic build (the other options' code dropped), whose text reads the flags at run time
+    (DF_FLAGS_OF is the identity without the define: its SASS is the measured one, tools/cuda_sass.py)."""
+    text = (build.SOURCE_DIR / "filter.cu").read_text()
+    assert "#ifdef DF_FIXED_FLAGS\n#define DF_FLAGS_OF(x) ((u32)(DF_FIXED_FLAGS))\n#else\n#define DF_FLAGS_OF(x) (x)\n" in text
+    assert not re.search(r"\b(?:a|sh)\.flags\s*&", text)  # every test of the flags goes through DF_FLAGS_OF
+    base = cf.L2_DEFINES if l2 else ()
+    fixed = base + (f"DF_FIXED_FLAGS={cf.DEFAULT_FLAGS & (cf.KERNEL_FLAGS if l2 else cf.RESIDENT_KERNEL_FLAGS)}",)
+    if l2:
+        stores, loads, registers, static = l2_build_resources(tmp_path, fixed)
+        assert stores <= 16 and loads <= 64 and registers <= 64 and 4 * (static + 1024) <= 228 * 1024
+    try:
+        generic = build.compile_cubin("filter.cu", extra_options=[f"-D{d}" for d in base])[0]
+        special = build.compile_cubin("filter.cu", extra_options=[f"-D{d}" for d in fixed])[0]
+    except build.BuildError:
+        pytest.skip("no NVRTC to list the SASS of both builds")
+    sass = [cuobjdump_sass(c) for c in (generic, special)]
+    if sass[0] is None:
+        pytest.skip("no cuobjdump")
+    counts = [len(re.findall(r"/\*[0-9a-f]{4,}\*/", t)) for t in sass]
+    assert counts[1] < 0.9 * counts[0], counts
+    assert_hot_loops_unspilled(tmp_path, fixed)
+
+
 @pytest.mark.parametrize("cluster", [4, 5, 6, 7])
 def test_smaller_cluster_l2_builds_compile_for_four_blocks_per_sm(tmp_path, cluster):
     """The -DDF_L2_ROWS -DDF_C=N builds (FLAG_L2_CLUSTER4: 4; FLAG_L2_FIT: 4 to 7): 64 registers, static shared memory
@@ -218,6 +245,13 @@ def test_filter_kernels_builds_each_variant_with_its_defines(monkeypatch):
         assert calls == [(carry, "smem", cf.MAX_SLICE * 4), (carry, "attribute", 100),
                          (cf.L2_DEFINES + carry, "attribute", 100)]
         calls.clear()
+        cf.filter_kernels(7, fixed=cf.DEFAULT_FLAGS & cf.RESIDENT_KERNEL_FLAGS)  # FLAG_SPECIALIZE: the flags compiled in
+        cf.filter_kernels(7, True, 5, fixed=cf.DEFAULT_FLAGS & cf.KERNEL_FLAGS)
+        fixed = (f"DF_FIXED_FLAGS={cf.DEFAULT_FLAGS & cf.RESIDENT_KERNEL_FLAGS}",)
+        fixed_l2 = cf.L2_DEFINES + ("DF_C=5", f"DF_FIXED_FLAGS={cf.DEFAULT_FLAGS & cf.KERNEL_FLAGS}")
+        assert calls == [(fixed, "smem", cf.MAX_SLICE * 4), (fixed, "attribute", 100), (fixed_l2, "smem", 6144),
+                         (fixed_l2, "attribute", 100)]
+        calls.clear()
         cf._default_kernels(7)  # what auto's availability check loads: the default flags' builds (FLAG_L2_FIT: 7, 6)
         assert calls == [(cf.L2_DEFINES + (f"DF_C={c}",), what, value) for c in (7, 6)
                          for what, value in (("smem", 6144), ("attribute", 100))]
@@ -255,7 +289,7 @@ def test_args_struct_and_constants_match_the_kernel():
                           ("DF_FLAG_BATCHED_GATHER", cf.FLAG_BATCHED_GATHER), ("DF_FLAG_FUSED_WRITE", cf.FLAG_FUSED_WRITE),
                           ("DF_FLAG_PREFETCH_SLICE", cf.FLAG_PREFETCH_SLICE)):
         assert re.search(rf"#define {define} {value}\b", text), define
-    assert cf.KERNEL_FLAGS == 260127 and cf.FLAGS_ALL == 262143 and cf.DEFAULT_FLAGS & ~cf.FLAGS_ALL == 0
+    assert cf.KERNEL_FLAGS == 260127 and cf.FLAGS_ALL == 524287 and cf.DEFAULT_FLAGS & ~cf.FLAGS_ALL == 0
     assert not cf.DEFAULT_FLAGS & (cf.FLAG_PERSIST | cf.FLAG_CARRY) and cf.PERSIST_DEFINES == ("DF_PERSIST",)
     assert cf.CARRY_DEFINES == ("DF_PERSIST", "DF_CARRY")
     # (opt-in: not measured)

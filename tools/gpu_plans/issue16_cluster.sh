@@ -33,6 +33,7 @@
 #   bash tools/gpu_plans/issue16_cluster.sh batched   # budget ~300 s: stop 41's FLAG_BATCHED_GATHER: tests, sanitizers, timing
 #   bash tools/gpu_plans/issue16_cluster.sh fused     # budget ~330 s: stop 43's FLAG_FUSED_WRITE (115263): tests, sanitizers, timing vs prev_src
 #   bash tools/gpu_plans/issue16_cluster.sh fused_trace # budget ~100 s: phase trace of 49727 / 115263 / 246335 at 96 and 1,518 rows
+#   bash tools/gpu_plans/issue16_cluster.sh special   # budget ~300 s: stop 44's FLAG_SPECIALIZE (508479): tests, sanitizers, timing beside 246335
 #   bash tools/gpu_plans/issue16_cluster.sh sizes     # budget ~300 s: the L2-row build's cluster size (8 / 7 / 6 / 5 forced, 4-block build) at 16 / 64 / 253 requests
 #   bash tools/gpu_plans/issue16_cluster.sh h200      # budget ~150 s: on an H200 only (else nothing): the bench's filter cases, Triton and cuda (default flags)
 #   bash tools/gpu_plans/issue16_cluster.sh h200_tests # budget ~120 s: on an H200 only (else nothing): the filter's GPU tests at the default flags
@@ -420,6 +421,18 @@ fused)
   FILTER_FLAGS=115263 bash "$0" sanitize_only memcheck racecheck
   FILTER_FLAGS=246335 bash "$0" sanitize_only memcheck
   tree_times fused 3 49727 49727,115263,180799,246335 1,16,64,253
+  ;;
+special)
+  # (~200-300 s) stop 44's FLAG_SPECIALIZE (262144, written without device time): each build compiled for the kernel
+  # flags its launches pass (-DDF_FIXED_FLAGS: the other options' code dropped; the resident build's SASS 27% smaller,
+  # the L2-row build's 15%), after the default's resident build slowed 4-7% at 1 request when only code it never runs
+  # was added (MASS_CARRY). The file's tests with it (508479 = 246335 + it; 262175 = 31 + it), memcheck + racecheck
+  # with 508479, then two alternating rounds of 246335 beside 508479 (the generic build's SASS is the measured one:
+  # no tree before needed), p alone and k + p at 1 / 16 / 64 / 253 requests. Default only where exact and faster.
+  timeout -k 2 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_filtering_gpu.py \
+    -k "508479 or 262175" 2>&1 | tee "$OUT/special_tests.txt" | tail -3
+  FILTER_FLAGS=508479 bash "$0" sanitize_only memcheck racecheck
+  flag_times special 246335,508479 1,16,64,253
   ;;
 sizes)
   # (~200-300 s) stop 44: the L2-row build's cluster size when a batch takes many waves. FLAG_L2_FIT picks a smaller

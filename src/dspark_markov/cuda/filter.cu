@@ -371,6 +371,15 @@ static_assert(3 * DF_NB / 2 - DF_CAP >= DF_CAP / 2, "FUSED_WRITE: DF_CAP member 
                                // flight per thread then wait about one HBM round trip instead of two (the first read
                                // was ~26% of a row's time at 16 requests of top-p alone, phase trace, stop 41).
                                // Level alone, faster with FUSED_WRITE (verify/cuda_filtering.py): default since stop 43
+// -DDF_FIXED_FLAGS=F (verify/cuda_filtering.py FLAG_SPECIALIZE, stop 44): the build for launches whose kernel flags
+// are F, with F compiled in (every test of FilterArgs.flags / FilterShared.flags folded to a constant, the code of the
+// other options dropped: a smaller kernel); the host launches it with exactly F. Without it every option's code is in
+// the one kernel and the flags are read at run time (the same source: DF_FLAGS_OF is the identity).
+#ifdef DF_FIXED_FLAGS
+#define DF_FLAGS_OF(x) ((u32)(DF_FIXED_FLAGS))
+#else
+#define DF_FLAGS_OF(x) (x)
+#endif
 #define DF_UNCOUNTED 0xFFFFFFFFu   // df_collect's `count` when the histogram held no counts
 #define DF_OVERFLOW 0xFFFFFFFEu    // df_collect: an uncounted gather found more than DF_CAP members (none sorted)
 
@@ -784,7 +793,7 @@ __device__ __noinline__ u32 df_collect(const float* s_x, int n, i64 lo, float m,
   const u32 counter = df_map(df_addr(&sh.counter), 0);
   const u32 base = sh.counter_base;
   const int rounds = (n + DF_T - 1) / DF_T;
-  const u32 flags = sh.flags;
+  const u32 flags = DF_FLAGS_OF(sh.flags);
   DF_ROW_POLICY;
   if ((flags & DF_FLAG_MASK_GATHER) && shift == 64) {
     // membership by two fp32 compares against the bucket's bounds (df_thresholds: exactly df_bucket's decision), 4
@@ -1114,14 +1123,14 @@ __device__ __noinline__ void df_histogram(const float* s_x, int n, float m, bool
   const u32 base = df_addr(bins);
   const bool counts = !DF_NEW_FLAGS || !sh.uncounted;
   DF_ROW_POLICY;
-  if (sh.flags & DF_FLAG_ILP) {
+  if (DF_FLAGS_OF(sh.flags) & DF_FLAG_ILP) {
     // four tokens per step: independent chains the scheduler interleaves (then 4 or 12 adds); the ragged tail of the
     // last block's slice one token at a time (the order of integer adds does not matter)
     const int n4 = n / 4;
     // the next group read before this one is used (the L2-row build's reads then wait behind a group's arithmetic,
     // not before it)
     float4 next = tid < n4 ? DF_AT4(tid) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    const bool finite = DF_NEW_FLAGS && (sh.flags & DF_FLAG_FINITE_WEIGHT) && m < __int_as_float(0x7f800000);  // (m > -inf)
+    const bool finite = DF_NEW_FLAGS && (DF_FLAGS_OF(sh.flags) & DF_FLAG_FINITE_WEIGHT) && m < __int_as_float(0x7f800000);  // (m > -inf)
     if (masses && counts) {
       if (finite) df_hist_masses<true, true>(s_x, n4, m, base, next);
       else df_hist_masses<false, true>(s_x, n4, m, base, next);
@@ -1281,7 +1290,7 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
   const bool vec_in = ((reinterpret_cast<u64>(src)) & 15) == 0, vec_out = ((reinterpret_cast<u64>(dst)) & 15) == 0;
 #ifdef DF_L2_ROWS
   const float* const s_x = src;  // the row's slice, read at every pass (DF_AT)
-  if (DF_NEW_FLAGS && (a.flags & DF_FLAG_PREFETCH_SLICE) && tid == 0 && vec_in && !divide) {
+  if (DF_NEW_FLAGS && (DF_FLAGS_OF(a.flags) & DF_FLAG_PREFETCH_SLICE) && tid == 0 && vec_in && !divide) {
     prefetch_l2_bulk(src, (u32)(n / 4) * 16u);  // the whole slice requested from HBM at once (the copy engine)
   }
 #endif
@@ -1299,11 +1308,13 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
     sh.gathered = 0;
     sh.flags = (u32)a.flags;
     // DF_FLAG_UNCOUNTED: top-p alone with p > 0 (its one search is by mass, target >= 1) histograms masses only
-    sh.uncounted = (a.flags & DF_FLAG_UNCOUNTED) && (a.flags & DF_FLAG_ILP) && (a.flags & DF_FLAG_MASK_GATHER) && use_p
+    sh.uncounted = (DF_FLAGS_OF(a.flags) & DF_FLAG_UNCOUNTED) && (DF_FLAGS_OF(a.flags) & DF_FLAG_ILP)
+                   && (DF_FLAGS_OF(a.flags) & DF_FLAG_MASK_GATHER) && use_p
                    && !use_k && p > 0.0f;
 #ifdef DF_L2_ROWS
     // DF_FLAG_FUSED_WRITE: the uncounted search's gather (the row's only one unless its bucket overflows) writes
-    sh.write_dst = DF_NEW_FLAGS && sh.uncounted && (a.flags & DF_FLAG_FUSED_WRITE) && (a.flags & DF_FLAG_BATCHED_GATHER)
+    sh.write_dst = DF_NEW_FLAGS && sh.uncounted && (DF_FLAGS_OF(a.flags) & DF_FLAG_FUSED_WRITE)
+                   && (DF_FLAGS_OF(a.flags) & DF_FLAG_BATCHED_GATHER)
                    && vec_out ? reinterpret_cast<u64>(dst) : 0ull;
     sh.fused = 0;
     sh.mine_n = 0;
@@ -1349,7 +1360,7 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
     for (int i = 4 * n4 + tid; i < n; i += DF_T) df_track(DF_AT(i), mx, nan);
   }
 #else
-  if (vec_in && (a.flags & DF_FLAG_ASYNC_LOAD)) {
+  if (vec_in && (DF_FLAGS_OF(a.flags) & DF_FLAG_ASYNC_LOAD)) {
     // every 16-byte copy of the thread in flight at once (cp.async, no registers held), then this thread's own
     // copies read back (visible to it after the wait: no block barrier), divided in place, their max and NaN flag
     const int n4 = n / 4;
@@ -1590,7 +1601,7 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
 #if defined(DF_CARRY) && !defined(DF_L2_ROWS)
     // (with the load's cp.async path) each group's slot refilled with the next row's group once its value is stored
     // (the store waits for the read of the slot; no other thread reads this thread's slots now)
-    const bool refill = carry_next && (a.flags & DF_FLAG_ASYNC_LOAD);  // (the load's path that waits for cp.async)
+    const bool refill = carry_next && (DF_FLAGS_OF(a.flags) & DF_FLAG_ASYNC_LOAD);  // (the load's path that waits for cp.async)
 #endif
     for (int i = tid; i < n / 4; i += DF_T) {
       float4 f = DF_AT4(i);

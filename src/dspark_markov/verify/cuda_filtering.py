@@ -145,6 +145,14 @@ L2_FIT_SIZES = (8, 7, 6, 5)  # cluster sizes FLAG_L2_FIT chooses from (each a bu
 # the SM's issue, not the rows in flight, limits it. Opt-in.
 FLAG_L2_FIVE = 1024
 FIVE_DEFINES = ("DF_L2_FIVE",)
+# SPECIALIZE (this module; stop 44, written without device time, not yet run on a GPU: opt-in): each build compiled
+# with -DDF_FIXED_FLAGS=<the kernel flags its launches pass> (filter.cu DF_FLAGS_OF: every test of the flags folded to a
+# constant, the other options' code dropped; the resident build's SASS 12,136 -> 8,856 instructions, the L2-row build's
+# 12,400 -> 10,552, NVRTC 13.0, default flags). The same decisions, so the same kept set. Why: at 1 request the default
+# resident build slowed 4-7% when only code it never runs was added (stop 44's MASS_CARRY,
+# `..._filter_carry_stop44.txt`), a sign that code size or layout costs time in this ~200 KB kernel. Not with
+# FLAG_PERSIST or FLAG_L2_FIVE (builds whose stop-41 flags are compiled out).
+FLAG_SPECIALIZE = 262144
 # DEEP_REFINE (kernel flag, with REFINE; stop 41): a top-p search's candidates refined by digit passes down to 32, not
 # 256, before they are ranked by counting. Why: ranking ~256 candidates by counting (every thread 256 dependent 64-bit
 # compares, in every block of the cluster) was 10% of the filter's instructions at 16 requests of top-p alone (Nsight
@@ -198,7 +206,8 @@ KERNEL_FLAGS = (FLAG_MASK_GATHER | FLAG_REFINE | FLAG_ILP | FLAG_ASYNC_LOAD | FL
                 | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT | FLAG_UNCOUNTED | FLAG_BATCHED_GATHER
                 | FLAG_FUSED_WRITE | FLAG_PREFETCH_SLICE)  # FilterArgs.flags
 RESIDENT_KERNEL_FLAGS = KERNEL_FLAGS & ~FLAG_BATCHED_GATHER
-FLAGS_ALL = KERNEL_FLAGS | FLAG_L2_ROWS | FLAG_L2_CLUSTER4 | FLAG_PERSIST | FLAG_CARRY | FLAG_L2_FIT | FLAG_L2_FIVE
+FLAGS_ALL = (KERNEL_FLAGS | FLAG_L2_ROWS | FLAG_L2_CLUSTER4 | FLAG_PERSIST | FLAG_CARRY | FLAG_L2_FIT | FLAG_L2_FIVE
+             | FLAG_SPECIALIZE)
 L2_DEFINES = ("DF_L2_ROWS",)
 L2_C4_DEFINES = ("DF_L2_ROWS", "DF_C=4")
 PERSIST_DEFINES = ("DF_PERSIST",)
@@ -271,25 +280,28 @@ def smem_bytes(vocab: int) -> int:
 
 
 def filter_kernels(device_index: int, l2_rows: bool = False, cluster: int = CLUSTER, persist: bool = False,
-                   carry: bool = False, five: bool = False):
+                   carry: bool = False, five: bool = False, fixed: int | None = None):
     """The loaded ``filter.cu`` on one device (compiled with NVRTC or read from the disk cache; loaded once per
     device and build), its dynamic shared memory limit raised once to the largest slice (a per-filter value would
     break the filters of larger V, which share the function) and its carveout to all shared memory (two blocks per
     SM need ~219 KB). ``l2_rows``: the -DDF_L2_ROWS build (:data:`FLAG_L2_ROWS`; no dynamic shared memory, four
     blocks per SM need ~189 KB; ``cluster`` 4 to 7: with -DDF_C=N, :data:`FLAG_L2_CLUSTER4` /
     :data:`FLAG_L2_FIT`, 6 KB of dynamic shared memory, :func:`l2_smem`). ``persist``: that build with -DDF_PERSIST (:data:`FLAG_PERSIST`); ``carry`` (with
-    it): and -DDF_CARRY (:data:`FLAG_CARRY`). ``five`` (``l2_rows``): with -DDF_L2_FIVE (:data:`FLAG_L2_FIVE`)."""
+    it): and -DDF_CARRY (:data:`FLAG_CARRY`). ``five`` (``l2_rows``): with -DDF_L2_FIVE (:data:`FLAG_L2_FIVE`).
+    ``fixed`` (:data:`FLAG_SPECIALIZE`): the kernel flags its launches pass, compiled in (-DDF_FIXED_FLAGS); None: read
+    at run time."""
     return _load_filter(int(device_index), bool(l2_rows), int(cluster) if l2_rows else CLUSTER, bool(persist),
-                        bool(persist and carry), bool(l2_rows and five))
+                        bool(persist and carry), bool(l2_rows and five), -1 if fixed is None else int(fixed))
 
 
 @functools.lru_cache(maxsize=None)
 def _load_filter(device_index: int, l2_rows: bool, cluster: int, persist: bool = False, carry: bool = False,
-                 five: bool = False):
+                 five: bool = False, fixed: int = -1):
     from ..cuda import build
 
     defines = l2_defines(cluster, five) if l2_rows else ()
     defines += (CARRY_DEFINES if carry else PERSIST_DEFINES) if persist else ()
+    defines += (f"DF_FIXED_FLAGS={fixed}",) if fixed >= 0 else ()
     kernels = cuda.load_kernels("filter.cu", KERNELS, device_index, defines=defines)
     if not l2_rows:
         kernels.set_dynamic_smem(KERNELS[0], MAX_SLICE * 4)
@@ -403,6 +415,9 @@ class CudaTopKTopPFilter:
         if flags & FLAG_L2_FIVE and flags & (FLAG_PERSIST | FLAG_L2_CLUSTER4):
             raise ValueError(f"flags: FLAG_L2_FIVE ({FLAG_L2_FIVE}) is not built with FLAG_PERSIST ({FLAG_PERSIST}) or "
                              f"FLAG_L2_CLUSTER4 ({FLAG_L2_CLUSTER4}), got {flags}")
+        if flags & FLAG_SPECIALIZE and flags & (FLAG_PERSIST | FLAG_L2_FIVE):
+            raise ValueError(f"flags: FLAG_SPECIALIZE ({FLAG_SPECIALIZE}) is not built with FLAG_PERSIST ({FLAG_PERSIST}) "
+                             f"or FLAG_L2_FIVE ({FLAG_L2_FIVE}), got {flags}")
         why = cuda.availability(device, build=False)
         if why is not None:
             raise ValueError(f"impl: 'cuda' top-k / top-p cannot run here: {why}")
@@ -412,12 +427,16 @@ class CudaTopKTopPFilter:
         self.slice = slice_len(vocab)
         self.smem = smem_bytes(vocab)
         persist, carry = bool(flags & FLAG_PERSIST), bool(flags & FLAG_CARRY)
-        self.kernels = filter_kernels(device.index, persist=persist, carry=carry)
+        # FLAG_SPECIALIZE: the kernel flags each build's launches pass (launch_plan), compiled into it
+        special = bool(flags & FLAG_SPECIALIZE)
+        self.fixed = flags & RESIDENT_KERNEL_FLAGS if special else None
+        self.l2_fixed = flags & KERNEL_FLAGS if special else None
+        self.kernels = filter_kernels(device.index, persist=persist, carry=carry, fixed=self.fixed)
         self.l2_cluster = 4 if flags & FLAG_L2_CLUSTER4 and slice_len(vocab, 4) <= L2_C4_MAX_SLICE else CLUSTER
         self.l2_slice = slice_len(vocab, self.l2_cluster)
         self.l2_smem = l2_smem(self.l2_cluster)
         five = bool(flags & FLAG_L2_FIVE)
-        self.l2_kernels = (filter_kernels(device.index, True, self.l2_cluster, persist, carry, five)
+        self.l2_kernels = (filter_kernels(device.index, True, self.l2_cluster, persist, carry, five, self.l2_fixed)
                            if flags & FLAG_L2_ROWS else None)
         # FLAG_PERSIST: the clusters launched at most (a grid of min(rows, these)); None: one cluster per row
         self.clusters = resident_clusters(self.kernels, CLUSTER, self.smem) if persist else None
@@ -433,7 +452,7 @@ class CudaTopKTopPFilter:
             for size in L2_FIT_SIZES if count is not None and max_rows > count else ():
                 if size == CLUSTER or slice_len(vocab, size) > L2_C4_MAX_SLICE:
                     continue
-                kernels = filter_kernels(device.index, True, size, five=five)
+                kernels = filter_kernels(device.index, True, size, five=five, fixed=self.l2_fixed)
                 count = resident_clusters(kernels, size, l2_smem(size))
                 if count is not None:
                     self.l2_fits[size] = (kernels, count)
@@ -512,7 +531,8 @@ class CudaTopKTopPFilter:
         if size in self.l2_fits:
             kernels = self.l2_fits[size][0]
         else:  # (a filter of one wave's rows loads the 8-block build only)
-            kernels = filter_kernels(self.device.index, True, size, five=bool(self.flags & FLAG_L2_FIVE))
+            kernels = filter_kernels(self.device.index, True, size, five=bool(self.flags & FLAG_L2_FIVE),
+                                     fixed=self.l2_fixed)
         every = self.max_rows if size == CLUSTER else 0
         self.l2_fits = {CLUSTER: (self.l2_fits[CLUSTER][0], every), size: (kernels, self.max_rows)}
 
