@@ -71,7 +71,12 @@ def test_specialized_builds_compile_smaller_and_the_generic_one_unchanged(tmp_pa
     (DF_FLAGS_OF is the identity without the define: its SASS is the measured one, tools/cuda_sass.py)."""
     text = (build.SOURCE_DIR / "filter.cu").read_text()
     assert "#ifdef DF_FIXED_FLAGS\n#define DF_FLAGS_OF(x) ((u32)(DF_FIXED_FLAGS))\n#else\n#define DF_FLAGS_OF(x) (x)\n" in text
-    assert not re.search(r"\b(?:a|sh)\.flags\s*&", text)  # every test of the flags goes through DF_FLAGS_OF
+    # every read of the flags (a.flags, sh.flags) goes through DF_FLAGS_OF, but sh's copy of a's
+    reads = [m.end() - len(".flags") for m in re.finditer(r"\b(?:a|sh)\.flags\b", text)]
+    copy = text.index("sh.flags = (u32)a.flags;")
+    assert len(reads) >= 10 and all(text[:at].endswith("DF_FLAGS_OF(a") or text[:at].endswith("DF_FLAGS_OF(sh")
+                                    or copy <= at <= copy + len("sh.flags = (u32)a") for at in reads), [
+        text[at - 30:at + 10] for at in reads]
     base = cf.L2_DEFINES if l2 else ()
     fixed = base + (f"DF_FIXED_FLAGS={cf.DEFAULT_FLAGS & (cf.KERNEL_FLAGS if l2 else cf.RESIDENT_KERNEL_FLAGS)}",)
     if l2:
@@ -734,7 +739,9 @@ def test_runs_only_on_cuda_and_auto_picks_it_for_one_wave(monkeypatch):
                   cf.FLAG_CARRY, cf.FLAG_CARRY | cf.KERNEL_FLAGS | cf.FLAG_L2_ROWS, cf.FLAG_L2_FIT,
                   cf.FLAG_L2_FIT | cf.KERNEL_FLAGS, cf.FLAG_L2_FIT | cf.FLAG_L2_ROWS | cf.FLAG_L2_CLUSTER4,
                   cf.FLAG_L2_FIT | cf.FLAG_L2_ROWS | cf.FLAG_PERSIST, cf.FLAG_L2_FIVE, cf.FLAG_L2_FIVE | 31,
-                  cf.FLAG_L2_FIVE | cf.FLAG_L2_ROWS | cf.FLAG_PERSIST, cf.FLAG_L2_FIVE | cf.FLAG_L2_ROWS | cf.FLAG_L2_CLUSTER4):
+                  cf.FLAG_L2_FIVE | cf.FLAG_L2_ROWS | cf.FLAG_PERSIST, cf.FLAG_L2_FIVE | cf.FLAG_L2_ROWS | cf.FLAG_L2_CLUSTER4,
+                  cf.FLAG_SPECIALIZE | cf.FLAG_L2_ROWS | cf.FLAG_PERSIST, cf.FLAG_SPECIALIZE | cf.FLAG_L2_ROWS | cf.FLAG_L2_FIVE,
+                  cf.FLAG_SPECIALIZE | cf.FLAG_PERSIST):
         with pytest.raises(ValueError, match="flags"):
             cf.CudaTopKTopPFilter(2, 300, "cuda", flags=flags)
 
@@ -858,6 +865,48 @@ def test_raw_logits_with_temperature_equal_the_filter_of_the_divided_rows():
     for bad in (-1.0, float("nan"), torch.ones(3), torch.ones(10, dtype=torch.float64), "hot"):
         with pytest.raises(ValueError, match="temperature"):
             dm.top_k_top_p(x.clone(), k, p, impl="reference", temperature=bad)
+
+
+@pytest.mark.parametrize("flags", [cf.DEFAULT_FLAGS | cf.FLAG_SPECIALIZE, 127 | cf.FLAG_SPECIALIZE, cf.DEFAULT_FLAGS])
+def test_specialized_builds_are_launched_with_the_flags_compiled_into_them(monkeypatch, flags):
+    """FLAG_SPECIALIZE: every build the filter loads (resident, L2-row, each FLAG_L2_FIT size, force_cluster's, the
+    4-block build of 127) was compiled with -DDF_FIXED_FLAGS equal to the FilterArgs.flags of each of its launches
+    (a kernel built for other flags would silently run other options); without it no build is specialized. The
+    constructor runs with recording loaders and an H100's resident cluster counts (no GPU)."""
+    from dspark_markov import cuda
+
+    launches = []
+
+    class Build:
+        def __init__(self, l2, cluster, fixed):
+            self.l2, self.cluster, self.fixed = l2, cluster, fixed
+
+        def launch(self, name, grid, threads, smem, stream, params):
+            launches.append((self, grid, params[0].flags))
+
+    monkeypatch.setattr(cuda, "availability", lambda *args, **kwargs: None)
+    monkeypatch.setattr(cf, "filter_kernels", lambda index, l2_rows=False, cluster=8, persist=False, carry=False,
+                        five=False, fixed=None: Build(l2_rows, cluster if l2_rows else 8, fixed))
+    monkeypatch.setattr(cf, "resident_clusters", lambda kernels, cluster, smem: {8: 62, 7: 69, 6: 79, 5: 94, 4: 124}[cluster])
+    zeros = torch.zeros
+    monkeypatch.setattr(torch, "zeros", lambda *args, device=None, **kwargs: zeros(*args, **kwargs))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 0})())
+    monkeypatch.setattr(cf, "L2_MIN_ROWS", 5)
+    filt = cf.CudaTopKTopPFilter(100, 1001, "cuda:0", flags=flags)
+    filt.device = torch.device("cpu")  # (CPU tensors below)
+    padded = torch.zeros(100, 1004)[:, :1001]  # 16-byte aligned rows: top-p alone takes the L2-row build
+    for rows in (6, 66, 80, 100):  # FLAG_L2_FIT: 8 / 7 / 5 / 8 blocks per row
+        filt.filter(padded[:rows], None, 0.9, padded[:rows])
+        filt.filter(padded[:rows], 50, 0.9, padded[:rows])  # top-k on: the resident build
+    if flags & cf.FLAG_L2_FIT:
+        filt.force_cluster(6)
+        filt.filter(padded[:90], None, 0.9, padded[:90])
+    special = bool(flags & cf.FLAG_SPECIALIZE)
+    assert {(b.l2, b.cluster) for b, _, _ in launches} == (
+        {(False, 8), (True, 4)} if flags & cf.FLAG_L2_CLUSTER4 else {(False, 8), (True, 8), (True, 7), (True, 5), (True, 6)})
+    for build_, grid, launched in launches:
+        assert launched == (flags & (cf.KERNEL_FLAGS if build_.l2 else cf.RESIDENT_KERNEL_FLAGS))
+        assert build_.fixed == (launched if special else None)
 
 
 def test_launch_arguments(monkeypatch):

@@ -335,9 +335,9 @@ print("stats", filt.stats.tolist(), "fit", filt.fit_cluster(rows))
 PY
   timeout -k 2 90 ncu --profile-from-start off --clock-control none -k dm_filter --section SourceCounters \
     --section WarpStateStats --section SchedulerStats --section Occupancy --section SpeedOfLight --section LaunchStats \
-    --import-source yes -f -o "$OUT/filter${FILTER_ROWS:-96}" python3 "$OUT/ncu16.py" > "$OUT/ncu16_log.txt" 2>&1
-  tail -4 "$OUT/ncu16_log.txt"
-  ncu --import "$OUT/filter${FILTER_ROWS:-96}.ncu-rep" --page details 2>/dev/null | tee "$OUT/ncu16_details.txt" \
+    --import-source yes -f -o "$OUT/filter${FILTER_ROWS:-96}" python3 "$OUT/ncu16.py" > "$OUT/ncu${FILTER_ROWS:-96}_log.txt" 2>&1
+  tail -4 "$OUT/ncu${FILTER_ROWS:-96}_log.txt"
+  ncu --import "$OUT/filter${FILTER_ROWS:-96}.ncu-rep" --page details 2>/dev/null | tee "$OUT/ncu${FILTER_ROWS:-96}_details.txt" \
     | grep -E "Duration|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|Executed Ipc|No Eligible|Warp Cycles Per Issued"
   timeout -k 2 30 ncu --import "$OUT/filter${FILTER_ROWS:-96}.ncu-rep" --page source --csv --print-source sass 2>&1 \
     | head -c 4000000 > "$OUT/filter${FILTER_ROWS:-96}_source.csv"
@@ -426,12 +426,14 @@ special)
   # (~200-300 s) stop 44's FLAG_SPECIALIZE (262144, written without device time): each build compiled for the kernel
   # flags its launches pass (-DDF_FIXED_FLAGS: the other options' code dropped; the resident build's SASS 27% smaller,
   # the L2-row build's 15%), after the default's resident build slowed 4-7% at 1 request when only code it never runs
-  # was added (MASS_CARRY). The file's tests with it (508479 = 246335 + it; 262175 = 31 + it), memcheck + racecheck
-  # with 508479, then two alternating rounds of 246335 beside 508479 (the generic build's SASS is the measured one:
-  # no tree before needed), p alone and k + p at 1 / 16 / 64 / 253 requests. Default only where exact and faster.
+  # was added (MASS_CARRY). The file's tests with it (508479 = 246335 + it; 262175 = 31 + it; 262271 = 127 + it: the
+  # 4-block build; the FIT sizes' specialized builds: "special"), memcheck + racecheck with 508479 and with its 6-block
+  # build, then two alternating rounds of 246335 beside 508479 (the generic build's SASS is the measured one: no tree
+  # before needed), p alone and k + p at 1 / 16 / 64 / 253 requests. Default only where exact and faster.
   timeout -k 2 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_filtering_gpu.py \
-    -k "508479 or 262175" 2>&1 | tee "$OUT/special_tests.txt" | tail -3
+    -k "508479 or 262175 or 262271 or special" 2>&1 | tee "$OUT/special_tests.txt" | tail -3
   FILTER_FLAGS=508479 bash "$0" sanitize_only memcheck racecheck
+  FILTER_FLAGS=508479 FILTER_FIT=6 bash "$0" sanitize_only memcheck
   flag_times special 246335,508479 1,16,64,253
   ;;
 sizes)
@@ -472,11 +474,13 @@ h200)
   ;;
 h200_tests)
   # (~70-120 s) On an H200 only: issue 16's "exact on the H200 at full shapes" under the default flags (246335): the
-  # filter's GPU test file without the opt-in persist / five / carry cases (every input kind and case at 6 / 96 /
-  # 1,518 rows, ragged V, flat and tied rows, graph replay, every FIT cluster size), then the auto / cuda routing tests
+  # filter's GPU tests of the default (every input kind and case at 6 / 96 / 1,518 rows, ragged V, flat and tied rows;
+  # every FIT cluster size at the default flags and without stop 43's) and those without a flags parameter (auto routing, scalar / int32
+  # arguments, two vocabularies, raw logits, DSparkStep), then the auto / cuda routing tests of test_filtering_gpu.py
   if ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then echo "not an H200: nothing run"; exit 0; fi
   timeout -k 2 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_filtering_gpu.py \
-    -k "not persist and not five and not carry" 2>&1 | tee "$OUT/h200_tests.txt" | tail -3
+    -k "246335 or (fit_cluster and fused and four) or auto_routes or scalar_and or two_vocabulary or raw_logits or dspark_step" \
+    2>&1 | tee "$OUT/h200_tests.txt" | tail -3
   timeout -k 2 60 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_filtering_gpu.py -k "auto or cuda" 2>&1 \
     | tee -a "$OUT/h200_tests.txt" | tail -3
   ;;

@@ -197,9 +197,10 @@ FLAG_FUSED_WRITE = 65536
 # 110-122 / 349-406 / 1,240-1,373 before); with FUSED_WRITE it pays (below). Default since stop 43.
 FLAG_PREFETCH_SLICE = 131072
 # (Stop 44, measured and removed: MASS_CARRY, top-p alone's uncounted histogram adding each token's mass with one 32-bit
-# shared atom and a predicated carry add, half its shared-memory atomics: exact, but p alone 1-2% slower at 16 / 64 /
+# shared atom and a predicated carry add, half its shared-memory atomics: exact, but p alone 0.4-2% slower at 16 / 64 /
 # 253 requests on an H100, and its branch in df_histogram slowed the default's resident build at one request by 4-7%:
-# `..._2026-12-06_filter_carry_stop44.txt`. The histogram's time is not its shared-atomic count.)
+# `..._2026-12-06_filter_carry_stop44.txt`, where bit 262144 / flags 508479 mean MASS_CARRY, not FLAG_SPECIALIZE.
+# The histogram's time is not its shared-atomic count.)
 # The kernel flags a launch of the resident build receives: not BATCHED_GATHER, measured slower there (H100, stop 41,
 # 1 request of p alone: 36.6 / 33.2 / 40.2 us against 34.1 / 31.8 / 37.3 without it; its gather reads shared memory).
 KERNEL_FLAGS = (FLAG_MASK_GATHER | FLAG_REFINE | FLAG_ILP | FLAG_ASYNC_LOAD | FLAG_WARP_THRESHOLDS | FLAG_DEEP_REFINE
@@ -427,10 +428,10 @@ class CudaTopKTopPFilter:
         self.slice = slice_len(vocab)
         self.smem = smem_bytes(vocab)
         persist, carry = bool(flags & FLAG_PERSIST), bool(flags & FLAG_CARRY)
-        # FLAG_SPECIALIZE: the kernel flags each build's launches pass (launch_plan), compiled into it
+        # FLAG_SPECIALIZE: the kernel flags each build's launches pass (kernel_flags), compiled into it
         special = bool(flags & FLAG_SPECIALIZE)
-        self.fixed = flags & RESIDENT_KERNEL_FLAGS if special else None
-        self.l2_fixed = flags & KERNEL_FLAGS if special else None
+        self.fixed = self.kernel_flags(False) if special else None
+        self.l2_fixed = self.kernel_flags(True) if special else None
         self.kernels = filter_kernels(device.index, persist=persist, carry=carry, fixed=self.fixed)
         self.l2_cluster = 4 if flags & FLAG_L2_CLUSTER4 and slice_len(vocab, 4) <= L2_C4_MAX_SLICE else CLUSTER
         self.l2_slice = slice_len(vocab, self.l2_cluster)
@@ -508,11 +509,17 @@ class CudaTopKTopPFilter:
             p_value=1.0 if p_per_row or p is None else f32(p),
             t_ptr=temperature.data_ptr() if t_per_row else 0, t_per_row=int(t_per_row),
             t_value=1.0 if t_per_row or temperature is None else f32(temperature),
-            flags=self.flags & (KERNEL_FLAGS if l2 else RESIDENT_KERNEL_FLAGS))
+            flags=self.kernel_flags(l2))
         clusters = rows if fit is None else min(rows, fit)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         kernels.launch(KERNELS[0], clusters * cluster, THREADS, smem, stream, [args])
         return out
+
+    def kernel_flags(self, l2: bool) -> int:
+        """FilterArgs.flags of a launch of the L2-row build (``l2``) or of the resident build: this filter's flags, the
+        kernel's bits only (the resident build without BATCHED_GATHER); with :data:`FLAG_SPECIALIZE` the value compiled
+        into that build."""
+        return self.flags & (KERNEL_FLAGS if l2 else RESIDENT_KERNEL_FLAGS)
 
     def fit_cluster(self, rows: int) -> int:
         """The L2-row build's cluster size for a call of top-p alone on ``rows`` aligned rows: :func:`fit_cluster` over
