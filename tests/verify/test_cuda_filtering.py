@@ -64,11 +64,12 @@ def test_l2_row_build_compiles_for_four_blocks_per_sm(tmp_path):
 
 
 @pytest.mark.parametrize("l2", [False, True])
-def test_specialized_builds_compile_smaller_and_the_generic_one_unchanged(tmp_path, l2):
+def test_specialized_builds_compile_smaller_and_every_flag_is_read_through_one_macro(tmp_path, l2):
     """FLAG_SPECIALIZE's builds (-DDF_FIXED_FLAGS = the default's kernel flags of the resident / L2-row build): the
     L2-row one at 64 registers for four blocks per SM, no hot loop reloading spilled words, and both with fewer SASS
-    instructions than the generic build (the other options' code dropped), whose text reads the flags at run time
-    (DF_FLAGS_OF is the identity without the define: its SASS is the measured one, tools/cuda_sass.py)."""
+    instructions than the generic build (the other options' code dropped). Every read of the flags goes through
+    DF_FLAGS_OF, the identity without the define (the generic builds' SASS is then the measured one: compared with
+    tools/cuda_sass.py-style dumps of all 16 builds in stop 44)."""
     text = (build.SOURCE_DIR / "filter.cu").read_text()
     assert "#ifdef DF_FIXED_FLAGS\n#define DF_FLAGS_OF(x) ((u32)(DF_FIXED_FLAGS))\n#else\n#define DF_FLAGS_OF(x) (x)\n" in text
     # every read of the flags (a.flags, sh.flags) goes through DF_FLAGS_OF, but sh's copy of a's

@@ -1130,7 +1130,8 @@ __device__ __noinline__ void df_histogram(const float* s_x, int n, float m, bool
     // the next group read before this one is used (the L2-row build's reads then wait behind a group's arithmetic,
     // not before it)
     float4 next = tid < n4 ? DF_AT4(tid) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    const bool finite = DF_NEW_FLAGS && (DF_FLAGS_OF(sh.flags) & DF_FLAG_FINITE_WEIGHT) && m < __int_as_float(0x7f800000);  // (m > -inf)
+    const bool finite = DF_NEW_FLAGS && (DF_FLAGS_OF(sh.flags) & DF_FLAG_FINITE_WEIGHT)
+                        && m < __int_as_float(0x7f800000);  // (m > -inf)
     if (masses && counts) {
       if (finite) df_hist_masses<true, true>(s_x, n4, m, base, next);
       else df_hist_masses<false, true>(s_x, n4, m, base, next);
@@ -1601,7 +1602,8 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
 #if defined(DF_CARRY) && !defined(DF_L2_ROWS)
     // (with the load's cp.async path) each group's slot refilled with the next row's group once its value is stored
     // (the store waits for the read of the slot; no other thread reads this thread's slots now)
-    const bool refill = carry_next && (DF_FLAGS_OF(a.flags) & DF_FLAG_ASYNC_LOAD);  // (the load's path that waits for cp.async)
+    const bool refill = carry_next && (DF_FLAGS_OF(a.flags) & DF_FLAG_ASYNC_LOAD);  // (the load's path that waits for
+                                                                                      // cp.async)
 #endif
     for (int i = tid; i < n / 4; i += DF_T) {
       float4 f = DF_AT4(i);
