@@ -63,8 +63,8 @@
 // Verified on the H200 (2026-12-05): its GPU tests (tests/gpu/test_cuda_filtering_gpu.py) and every flags option
 // equal the sort reference; compute-sanitizer memcheck / racecheck / synccheck clean. 106 registers (the resident
 // build; the L2-row builds 64, with 4-8 bytes of spill stores since stop 43's flags, outside the per-token loops),
-// 47,376 bytes of static shared memory (47,344 before stop 43, 47,328 before 41) + the slice. On the CPU: the search emulated in its
-// order of decisions, the helpers compiled as host C++ (tests/verify/test_cuda_filtering.py).
+// 47,376 bytes of static shared memory (47,344 before stop 43, 47,328 before 41) + the slice. On the CPU: the search
+// emulated in its order of decisions, the helpers compiled as host C++ (tests/verify/test_cuda_filtering.py).
 #include "noise.cuh"
 
 namespace dm {
@@ -373,7 +373,8 @@ static_assert(3 * DF_NB / 2 - DF_CAP >= DF_CAP / 2, "FUSED_WRITE: DF_CAP member 
                                // Level alone, faster with FUSED_WRITE (verify/cuda_filtering.py): default since stop 43
 // -DDF_FIXED_FLAGS=F (verify/cuda_filtering.py FLAG_SPECIALIZE, stop 44): the build for launches whose kernel flags
 // are F, with F compiled in (every test of FilterArgs.flags / FilterShared.flags folded to a constant, the code of the
-// other options dropped: a smaller kernel); the host launches it with exactly F. Without it every option's code is in
+// other options dropped: a smaller kernel); the host launches it with exactly F. (Reading FilterArgs' flags into one
+// local in the kernel, instead of its seven reads through DF_FLAGS_OF, changes the generic builds' SASS: not done.) Without it every option's code is in
 // the one kernel and the flags are read at run time (the same source: DF_FLAGS_OF is the identity).
 #ifdef DF_FIXED_FLAGS
 #define DF_FLAGS_OF(x) ((u32)(DF_FIXED_FLAGS))
@@ -543,8 +544,8 @@ __device__ __forceinline__ void df_select(u64 cnt, u64 mass, bool by_mass, u64 t
 
 // A search whose target no item held (never, unless an invariant broke: the sums are exact): the row keeps every
 // token (found_word 0; with DF_FLAG_FUSED_WRITE, whose gather has written the row, every token at or above the
-// gathered bucket, the others -inf) and stats[1] records it; every block of the cluster fails at the same selection, so the
-// cluster barrier here is matched (it also stands for the pass's barrier that would have followed).
+// gathered bucket, the others -inf) and stats[1] records it; every block of the cluster fails at the same selection,
+// so the cluster barrier here is matched (it also stands for the pass's barrier that would have followed).
 __device__ __noinline__ void df_fail(FilterShared& sh, u32* stats, u32 rank) {
   if (threadIdx.x == 0) {
     sh.found_word = 0;

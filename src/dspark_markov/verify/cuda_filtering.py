@@ -186,8 +186,9 @@ FLAG_BATCHED_GATHER = 32768
 # is known only the bucket's members ranked below it (this block's, indices kept before refinement reorders the
 # candidates) are set to -inf. A bucket of more than CAPACITY members (narrowed after the gather) takes the write pass,
 # which stores only the 16-byte groups holding a member. Why: the write pass (one more read of the row from L2, its
-# stores behind the search's tail) was ~12% of a row's time at 16 requests of top-p alone (phase trace, H100, stop 41). A failed search (stats[1], a broken invariant)
-# then leaves the tokens below the bucket at -inf instead of keeping the whole row. Default since stop 43 (with
+# stores behind the search's tail) was ~12% of a row's time at 16 requests of top-p alone (phase trace, H100, stop
+# 41). A failed search (stats[1], a broken invariant) then leaves the tokens below the bucket at -inf instead of
+# keeping the whole row. Default since stop 43 (with
 # PREFETCH_SLICE; measurements at DEFAULT_FLAGS).
 FLAG_FUSED_WRITE = 65536
 # PREFETCH_SLICE (kernel flag, the L2-row build; stop 43): thread 0 of each block requests its whole slice into L2
@@ -428,17 +429,13 @@ class CudaTopKTopPFilter:
         self.slice = slice_len(vocab)
         self.smem = smem_bytes(vocab)
         persist, carry = bool(flags & FLAG_PERSIST), bool(flags & FLAG_CARRY)
-        # FLAG_SPECIALIZE: the kernel flags each build's launches pass (kernel_flags), compiled into it
-        special = bool(flags & FLAG_SPECIALIZE)
-        self.fixed = self.kernel_flags(False) if special else None
-        self.l2_fixed = self.kernel_flags(True) if special else None
-        self.kernels = filter_kernels(device.index, persist=persist, carry=carry, fixed=self.fixed)
+        self.kernels = filter_kernels(device.index, persist=persist, carry=carry, fixed=self.compiled_flags(False))
         self.l2_cluster = 4 if flags & FLAG_L2_CLUSTER4 and slice_len(vocab, 4) <= L2_C4_MAX_SLICE else CLUSTER
         self.l2_slice = slice_len(vocab, self.l2_cluster)
         self.l2_smem = l2_smem(self.l2_cluster)
         five = bool(flags & FLAG_L2_FIVE)
-        self.l2_kernels = (filter_kernels(device.index, True, self.l2_cluster, persist, carry, five, self.l2_fixed)
-                           if flags & FLAG_L2_ROWS else None)
+        self.l2_kernels = (filter_kernels(device.index, True, self.l2_cluster, persist, carry, five,
+                                          self.compiled_flags(True)) if flags & FLAG_L2_ROWS else None)
         # FLAG_PERSIST: the clusters launched at most (a grid of min(rows, these)); None: one cluster per row
         self.clusters = resident_clusters(self.kernels, CLUSTER, self.smem) if persist else None
         self.l2_clusters = (resident_clusters(self.l2_kernels, self.l2_cluster, self.l2_smem)
@@ -453,7 +450,7 @@ class CudaTopKTopPFilter:
             for size in L2_FIT_SIZES if count is not None and max_rows > count else ():
                 if size == CLUSTER or slice_len(vocab, size) > L2_C4_MAX_SLICE:
                     continue
-                kernels = filter_kernels(device.index, True, size, five=five, fixed=self.l2_fixed)
+                kernels = filter_kernels(device.index, True, size, five=five, fixed=self.compiled_flags(True))
                 count = resident_clusters(kernels, size, l2_smem(size))
                 if count is not None:
                     self.l2_fits[size] = (kernels, count)
@@ -521,6 +518,11 @@ class CudaTopKTopPFilter:
         into that build."""
         return self.flags & (KERNEL_FLAGS if l2 else RESIDENT_KERNEL_FLAGS)
 
+    def compiled_flags(self, l2: bool) -> int | None:
+        """The kernel flags compiled into the L2-row (``l2``) or resident builds this filter loads: with
+        :data:`FLAG_SPECIALIZE` those its launches pass (:meth:`kernel_flags`), else None (read at run time)."""
+        return self.kernel_flags(l2) if self.flags & FLAG_SPECIALIZE else None
+
     def fit_cluster(self, rows: int) -> int:
         """The L2-row build's cluster size for a call of top-p alone on ``rows`` aligned rows: :func:`fit_cluster` over
         the sizes loaded for :data:`FLAG_L2_FIT`, else the fixed one (``l2_cluster``)."""
@@ -539,7 +541,7 @@ class CudaTopKTopPFilter:
             kernels = self.l2_fits[size][0]
         else:  # (a filter of one wave's rows loads the 8-block build only)
             kernels = filter_kernels(self.device.index, True, size, five=bool(self.flags & FLAG_L2_FIVE),
-                                     fixed=self.l2_fixed)
+                                     fixed=self.compiled_flags(True))
         every = self.max_rows if size == CLUSTER else 0
         self.l2_fits = {CLUSTER: (self.l2_fits[CLUSTER][0], every), size: (kernels, self.max_rows)}
 
