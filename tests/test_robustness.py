@@ -416,3 +416,128 @@ def test_item3_demo_step_engine_reads_the_status_with_its_per_round_sync():
 def test_item4_step_rejects_an_unknown_filter_impl_at_construction():
     with pytest.raises(ValueError, match=r"^filter_impl: expected"):
         _step(filter_impl="sorted")
+
+
+# --------------------------------------------------------------------------- stop 45: an adversarial audit's findings
+@pytest.mark.parametrize("method", ["gumbel", "inverse_cdf"])
+def test_audit_reference_reads_out_of_range_ids_as_the_kernels_do(method):
+    """check_values=False: the reference raised IndexError on an anchor >= V or a slot >= S; it now clamps the
+    anchor and treats the slot as padding, as every Triton design does, and draws what they draw."""
+    head = _small_head()
+    args = _draft_case(rows=3, steps=2)
+    args[1] = torch.tensor([10**6, -5, 7])  # anchors outside [0, V_t)
+    args[2] = torch.tensor([0, 0, 9, 9, 2, 2])  # row 1's slot 9 >= S = 6: padding
+    outputs = {}
+    for impl in ("reference", "fused"):
+        tokens = torch.full((3, 2), -7, dtype=torch.int64)
+        cache = torch.full((6, 2, 300), 5.0, dtype=torch.bfloat16)
+        dm.sample_drafts(head, *args, impl=impl, method=method, draft_tokens=tokens, logits_cache=cache,
+                         check_values=False)
+        outputs[impl] = tokens, cache
+    assert bool(((outputs["reference"][0] >= 0) & (outputs["reference"][0] < 300)).all())
+    assert torch.equal(outputs["reference"][0], outputs["fused"][0])
+    assert torch.equal(outputs["reference"][1], outputs["fused"][1])
+    assert bool((outputs["reference"][1][[1, 3, 4, 5]] == 5.0).all())  # only slots 0 and 2 written
+
+
+def test_audit_reference_verification_treats_a_slot_past_s_as_padding():
+    args = _verify_case(seed=5)
+    args[4] = args[4].clone()
+    args[4][1] = 8  # S = 8 slots: out of range
+    ref = dm.verify_drafts(*args, impl="reference", check_values=False)
+    out = dm.verify_drafts(*args, impl="triton", check_values=False)
+    assert torch.equal(out.tokens, ref.tokens) and torch.equal(out.num_emitted, ref.num_emitted)
+    assert int(ref.num_emitted[1]) == 0 and bool((ref.tokens[1] == -1).all())
+    raw = dm.verify_drafts(*args, impl="reference", check_values=False, target_temperature=args[6])
+    assert int(raw.num_emitted[1]) == 0
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_audit_filter_scalar_arguments_beyond_machine_ints(impl):
+    """k of any size means what the docstring says (<= 0 or >= V: no top-k); p or T too large for a float, or an
+    infinite scalar T, raise ValueError naming them."""
+    x = torch.randn(4, 700, generator=torch.Generator().manual_seed(1))
+    for k in (2**63, 2**100, -(2**100)):
+        assert torch.equal(dm.top_k_top_p(x.clone(), k, impl=impl), x)
+    with pytest.raises(ValueError, match=r"^p: expected a float >= 0, got an int too large"):
+        dm.top_k_top_p(x.clone(), None, 10**400, impl=impl)
+    with pytest.raises(ValueError, match=r"^temperature: expected a finite float >= 0, got inf"):
+        dm.top_k_top_p(x.clone(), 5, temperature=float("inf"), impl="reference")
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_audit_filter_out_overlapping_logits_is_rejected(impl):
+    big = torch.randn(5, 700, generator=torch.Generator().manual_seed(2))
+    before = big.clone()
+    with pytest.raises(ValueError, match=r"^out: overlaps logits"):
+        dm.top_k_top_p(big[:4], 5, 0.8, impl=impl, out=big[1:5])
+    assert torch.equal(big, before)
+    expected = dm.top_k_top_p(before[:4].clone(), 5, 0.8, impl="reference")
+    assert torch.equal(dm.top_k_top_p(big[:4], 5, 0.8, impl=impl, out=big[:4]), expected)  # out=logits: in place
+    interleaved = torch.randn(8, 700)
+    with pytest.raises(ValueError, match=r"^out: overlaps logits"):  # conservative: interleaved rows count too
+        dm.top_k_top_p(interleaved[0::2], 5, None, impl=impl, out=interleaved[1::2])
+
+
+def test_audit_auto_blames_the_argument_that_is_not_a_tensor():
+    with pytest.raises(ValueError, match=r"^logits: expected a torch.Tensor"):
+        dm.top_k_top_p(torch.randn(2, 10).tolist(), 5)
+    with pytest.raises(ValueError, match=r"^input_ids: expected a torch.Tensor"):
+        dm.prepare_block_inputs(torch.tensor([3]), torch.tensor([1]), torch.tensor([0]), num_steps=2, mask_token_id=9,
+                                max_model_len=100, input_ids=[0, 0, 0], positions=torch.zeros(3, dtype=torch.int64),
+                                sample_pos=torch.zeros(2, dtype=torch.int64),
+                                sample_idx_mapping=torch.zeros(2, dtype=torch.int64),
+                                is_padding=torch.zeros(3, dtype=torch.bool))
+
+
+def test_audit_sizes_and_scale_beyond_machine_ints():
+    head = _small_head()
+    for name, args in (("num_steps", (10**30, 4)), ("max_rows", (3, 10**30)), ("max_rows", (3, 2**40))):
+        with pytest.raises(ValueError, match=rf"^{name}: expected an int <= {2**31 - 1}"):
+            dm.MarkovSampler(head, *args, impl="fused")
+    g = torch.Generator().manual_seed(0)
+    with pytest.raises(ValueError, match=r"^scale: expected a finite float"):
+        dm.MarkovHead(torch.randn(10, 4, generator=g), torch.randn(8, 4, generator=g), 2**2000)
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_audit_mask_token_id_must_fit_input_ids(impl):
+    def call(mask, dtype):
+        ids = torch.full((6,), -3, dtype=dtype)
+        dm.prepare_block_inputs(torch.tensor([3, 5]), torch.tensor([1, 2]), torch.tensor([0, 1]), num_steps=2,
+                                mask_token_id=mask, max_model_len=100, input_ids=ids,
+                                positions=torch.zeros(6, dtype=torch.int64),
+                                sample_pos=torch.zeros(4, dtype=torch.int64),
+                                sample_idx_mapping=torch.zeros(4, dtype=torch.int64),
+                                is_padding=torch.zeros(6, dtype=torch.bool), impl=impl)
+        return ids
+
+    with pytest.raises(ValueError, match=r"^mask_token_id: 1099511627776 does not fit input_ids' dtype int32"):
+        call(2**40, torch.int32)
+    with pytest.raises(ValueError, match=r"^mask_token_id: expected an int in \[0, "):
+        call(2**63, torch.int64)
+    assert call(2**31 - 1, torch.int32).tolist() == [1, 2**31 - 1, 2**31 - 1, 2, 2**31 - 1, 2**31 - 1]
+
+
+def test_audit_outputs_whose_rows_overlap_are_rejected():
+    head = _small_head()
+    args = _draft_case(rows=2, steps=2)
+    with pytest.raises(ValueError, match=r"^draft_tokens: rows overlap"):
+        dm.sample_drafts(head, *args, impl="reference", draft_tokens=torch.zeros(1, 2, dtype=torch.int64).expand(2, 2))
+    cache = torch.zeros(1, 2, 300, dtype=torch.bfloat16).expand(6, 2, 300)
+    with pytest.raises(ValueError, match=r"^logits_cache: slots overlap"):
+        dm.sample_drafts(head, *args, impl="reference", logits_cache=cache)
+
+
+def test_audit_step_names_its_own_arguments():
+    step, inputs = _step()
+    with pytest.raises(ValueError, match=r"^req_slots: expected values in \[-1, 5\)"):
+        step.draft(**dict(inputs, req_slots=torch.tensor([5, 0, 2])))
+    with pytest.raises(ValueError, match=r"^bonus_tokens: expected values in \[0, 300\)"):
+        step.draft(**dict(inputs, bonus_tokens=torch.tensor([300, 0, 2])))
+    step.draft(**inputs)
+    for shape in ((2, 3, 300), (3, 2, 300), (3, 3, 299)):
+        with pytest.raises(ValueError, match=r"^target_logits: expected shape \(3, 3, 300\)"):
+            step.verify(torch.randn(shape), torch.tensor([2, 1, 2]), inputs["temperature"], inputs["seeds"])
+    with pytest.raises(ValueError, match=r"^max_model_len: expected an int <= "):
+        _step(max_model_len=2**63)

@@ -61,8 +61,12 @@ class MarkovHead:
                 f"embed_weight: expected at least V = {head_weight.shape[0]} rows (one per draftable token), "
                 f"got shape {tuple(embed_weight.shape)}"
             )
-        if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
-            raise ValueError(f"scale: expected a finite float, got {scale!r} ({type(scale).__name__})")
+        try:  # (an int beyond the float range overflows: not finite either)
+            finite = not isinstance(scale, bool) and isinstance(scale, numbers.Real) and math.isfinite(float(scale))
+        except OverflowError:
+            finite = False
+        if not finite:
+            raise ValueError(f"scale: expected a finite float, got {scale!r:.40} ({type(scale).__name__})")
         scale = float(scale)
         self.embed_weight = embed_weight.contiguous()
         self.head_weight = head_weight.contiguous()

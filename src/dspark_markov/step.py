@@ -30,7 +30,7 @@ import torch
 
 from . import registry
 from .draft.sampler import MarkovSampler
-from .validate import check_head, check_int, check_unique_slots
+from .validate import check_head, check_int, check_range, check_tensor, check_unique_slots
 from .verify.api import check_verify_inputs
 
 
@@ -85,9 +85,10 @@ class DSparkStep:
             raise ValueError("head: DSparkStep does not take a reduced draft vocabulary (d2t) yet; use MarkovSampler")
         if not callable(backbone):
             raise ValueError(f"backbone: expected a callable (input_ids, positions) -> base_logits, got {backbone!r}")
-        num_steps, max_reqs, num_slots, max_model_len = (
+        num_steps, max_reqs, num_slots = (
             check_int(name, value, 1) for name, value in (("num_steps", num_steps), ("max_reqs", max_reqs),
-                                                          ("num_slots", num_slots), ("max_model_len", max_model_len)))
+                                                          ("num_slots", num_slots)))
+        max_model_len = check_int("max_model_len", max_model_len, 1, 2**62)  # (positions are int64)
         mask_token_id = check_int("mask_token_id", mask_token_id, 0)
         verify_impl = registry.resolve("verify", verify_impl, head.device, "verify_impl")
         if verify_method not in ("standard", "block"):
@@ -158,7 +159,11 @@ class DSparkStep:
         registry.check_capturable("block_inputs", self.block_inputs_impl, self.device, argument="block_inputs_impl")
         if check_values and isinstance(req_slots, torch.Tensor) and isinstance(num_reqs, (int, type(None))):
             live = req_slots[: req_slots.shape[0] if num_reqs is None else num_reqs]
+            # (checked under their own names here: the sampler sees them as idx_mapping and anchor)
+            check_range("req_slots", live, -1, self.num_slots)
             check_unique_slots("req_slots", live.reshape(-1), what="requests")
+            if isinstance(bonus_tokens, torch.Tensor) and bonus_tokens.shape == req_slots.shape:
+                check_range("bonus_tokens", bonus_tokens[: live.shape[0]], 0, self.head.embed_vocab_size)
         prepare_block_inputs(last_pos, bonus_tokens, req_slots, num_steps=n, mask_token_id=self.mask_token_id,
                              max_model_len=self.max_model_len, input_ids=self.input_ids, positions=self.positions,
                              sample_pos=self.sample_pos, sample_idx_mapping=self.sample_idx_mapping,
@@ -204,10 +209,14 @@ class DSparkStep:
         """``[max_reqs*(N+1)]`` fp32: each target row's slot temperature (0 for padding requests), in persistent
         buffers (no allocation: CUDA-graph safe)."""
         r, n = self.max_reqs, self.num_steps
-        torch.clamp(self.req_slots, min=0, out=self.slot_clamped)
+        slots = target_temperature.shape[0]
+        if slots == 0:  # every request is padding
+            return self.row_temperature.zero_()
+        # a slot outside [0, S) is padding (as in the kernels; without value checks it may reach here)
+        torch.clamp(self.req_slots, min=0, max=slots - 1, out=self.slot_clamped)
         self.row_slot.view(r, n + 1).copy_(self.slot_clamped.view(r, 1).expand(r, n + 1))
         torch.index_select(target_temperature, 0, self.row_slot, out=self.row_temperature)
-        torch.ge(self.req_slots, 0, out=self.live_b)
+        torch.eq(self.req_slots, self.slot_clamped, out=self.live_b)
         self.live_f.copy_(self.live_b)
         self.row_temperature.view(r, n + 1).mul_(self.live_f.view(r, 1))
         return self.row_temperature
@@ -242,11 +251,12 @@ class DSparkStep:
             check_values = not _capturing(self.device)
         n, r = self.num_steps, self.max_reqs
         # Shapes, dtypes and strides are checked on every call (no host sync); values only when asked.
+        check_tensor("target_logits", target_logits, dim=3)  # (its shape first: the checks below name the
+        if tuple(target_logits.shape) != (r, n + 1, self.vocab):  # step's own buffers for a mismatch)
+            raise ValueError(f"target_logits: expected shape {(r, n + 1, self.vocab)}, got {tuple(target_logits.shape)}")
         check_verify_inputs(target_logits, self.draft_tokens, self.logits_cache, num_drafts, self.req_slots,
                             self.req_positions, temperature, seeds, target_greedy, check_values=check_values,
                             target_temperature=target_temperature)
-        if tuple(target_logits.shape) != (r, n + 1, self.vocab):
-            raise ValueError(f"target_logits: expected shape {(r, n + 1, self.vocab)}, got {tuple(target_logits.shape)}")
         if top_k is not None or top_p is not None:
             if not target_logits.is_contiguous():
                 raise ValueError("target_logits: expected a contiguous tensor when filtering (filtered in place)")

@@ -138,11 +138,13 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
     return ai == bi
 
 
-def check_int(name, value, minimum) -> int:
-    """``value`` as an ``int >= minimum``; ``ValueError`` naming ``name`` otherwise.
+def check_int(name, value, minimum, maximum: int = 2**31 - 1) -> int:
+    """``value`` as an int in ``[minimum, maximum]``; ``ValueError`` naming ``name`` otherwise.
 
     Python and numpy ints and one-element integer tensors pass (``operator.index``); floats (even
-    ``2.0``), strings, ``bool`` and ``None`` do not: a size is never truncated or parsed.
+    ``2.0``), strings, ``bool`` and ``None`` do not: a size is never truncated or parsed. The
+    default ``maximum`` is the kernels' int32 index range (a size beyond it could not be allocated
+    or indexed anyway).
     """
     try:
         number = None if isinstance(value, bool) else operator.index(value)
@@ -152,6 +154,8 @@ def check_int(name, value, minimum) -> int:
         raise ValueError(f"{name}: expected an int >= {minimum}, got {value!r} ({type(value).__name__})")
     if number < minimum:
         raise ValueError(f"{name}: expected an int >= {minimum}, got {number}")
+    if number > maximum:
+        raise ValueError(f"{name}: expected an int <= {maximum}, got {number}")
     return int(number)
 
 
@@ -213,12 +217,18 @@ def check_draft_inputs(
     if draft_tokens is not None:
         check_tensor("draft_tokens", draft_tokens, shape=(rows, steps), dtypes=(torch.int64,), device=device,
                      last_stride_one=True)
+        if rows > 1 and draft_tokens.stride(0) < steps:  # (an expanded view: rows written over each other)
+            raise ValueError(f"draft_tokens: rows overlap (row stride {draft_tokens.stride(0)} < N = {steps}); "
+                             f"every row is written")
     if logits_cache is not None:
         width = getattr(head, "cache_vocab_size", vocab)  # the target vocabulary with a d2t table
         check_tensor("logits_cache", logits_cache, shape=(slots, steps, width), dtypes=CACHE_DTYPES,
                      device=device, last_stride_one=True)
         if logits_cache.numel() > 0 and logits_cache.stride(1) != width:
             raise ValueError(f"logits_cache: expected step stride {width} (V), got strides {logits_cache.stride()}")
+        if slots > 1 and logits_cache.numel() > 0 and logits_cache.stride(0) < steps * width:
+            raise ValueError(f"logits_cache: slots overlap (slot stride {logits_cache.stride(0)} < N V = "
+                             f"{steps * width}); each slot's rows are written")
     if check_values:
         check_range("anchor", anchor, 0, head.embed_vocab_size)
         check_range("idx_mapping", idx_mapping, -1, slots)

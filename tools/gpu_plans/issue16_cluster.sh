@@ -166,7 +166,7 @@ PY
   timeout -k 2 100 ncu --profile-from-start off --clock-control none --set full -k dm_filter \
     -o "$OUT/cluster_ncu" -f python3 "$OUT/cluster_ncu.py" > "$OUT/cluster_ncu_log.txt" 2>&1
   ncu --import "$OUT/cluster_ncu.ncu-rep" --page details 2>/dev/null \
-    | grep -E "Duration|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|Shared Memory Configuration|L2 Hit Rate|Memory Throughput" \
+    | grep -E "Duration|DRAM Throughput|L2 Cache Throughput|L2 Hit Rate|L1/TEX Hit|Memory Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|Shared Memory Configuration|L2 Hit Rate|Memory Throughput" \
     | tee "$OUT/cluster_ncu.txt"
   ;;
 newtests)
@@ -334,7 +334,7 @@ torch.cuda.cudart().cudaProfilerStop()
 print("stats", filt.stats.tolist(), "fit", filt.fit_cluster(rows))
 PY
   timeout -k 2 90 ncu --profile-from-start off --clock-control none -k dm_filter --section SourceCounters \
-    --section WarpStateStats --section SchedulerStats --section Occupancy --section SpeedOfLight --section LaunchStats \
+    --section WarpStateStats --section SchedulerStats --section Occupancy --section SpeedOfLight --section LaunchStats --section MemoryWorkloadAnalysis \
     --import-source yes -f -o "$OUT/filter${FILTER_ROWS:-96}" python3 "$OUT/ncu16.py" > "$OUT/ncu${FILTER_ROWS:-96}_log.txt" 2>&1
   tail -4 "$OUT/ncu${FILTER_ROWS:-96}_log.txt"
   ncu --import "$OUT/filter${FILTER_ROWS:-96}.ncu-rep" --page details 2>/dev/null | tee "$OUT/ncu${FILTER_ROWS:-96}_details.txt" \

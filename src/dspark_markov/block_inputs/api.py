@@ -41,10 +41,10 @@ def _check(last_pos, bonus_tokens, req_slots, num_steps, mask_token_id, max_mode
            sample_pos, sample_idx_mapping, is_padding, num_reqs, impl):
     if impl not in IMPLS:
         raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
-    for name, value, low in (("num_steps", num_steps, 1), ("mask_token_id", mask_token_id, 0),
-                             ("max_model_len", max_model_len, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
+    for name, value, low, high in (("num_steps", num_steps, 1, 2**31 - 2), ("mask_token_id", mask_token_id, 0, 2**63 - 1),
+                                   ("max_model_len", max_model_len, 1, 2**63 - 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(f"{name}: expected an int in [{low}, {high}], got {value!r}")
     check_tensor("last_pos", last_pos, dim=1, dtypes=INDEX_DTYPES)
     device = last_pos.device
     length = last_pos.shape[0]
@@ -52,6 +52,9 @@ def _check(last_pos, bonus_tokens, req_slots, num_steps, mask_token_id, max_mode
     _check_1d("bonus_tokens", bonus_tokens, device, length)
     _check_1d("req_slots", req_slots, device, length)
     _check_1d("input_ids", input_ids, device)
+    if mask_token_id > torch.iinfo(input_ids.dtype).max:
+        raise ValueError(f"mask_token_id: {mask_token_id} does not fit input_ids' dtype "
+                         f"{str(input_ids.dtype).replace('torch.', '')}")
     queries = input_ids.shape[0]
     if queries % (num_steps + 1) != 0:
         raise ValueError(f"input_ids: expected a multiple of num_steps + 1 = {num_steps + 1} elements, got {queries}")
@@ -136,8 +139,8 @@ def prepare_block_inputs(last_pos, bonus_tokens, req_slots, *, num_steps, mask_t
     device ``num_reqs``; an int ``num_reqs`` is baked into a capture. ``last_pos`` is assumed
     ``>= 0`` (not checked: that would synchronise).
     """
-    if isinstance(input_ids, torch.Tensor):
-        impl = registry.resolve("block_inputs", impl, input_ids.device)
+    check_tensor("input_ids", input_ids)  # (first: "auto" resolves by the tensor's device)
+    impl = registry.resolve("block_inputs", impl, input_ids.device)
     max_reqs = _check(last_pos, bonus_tokens, req_slots, num_steps, mask_token_id, max_model_len, input_ids,
                       positions, sample_pos, sample_idx_mapping, is_padding, num_reqs, impl)
     length = last_pos.shape[0]

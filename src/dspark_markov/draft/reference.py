@@ -26,10 +26,18 @@ def argmax_first(key: torch.Tensor) -> torch.Tensor:
     return torch.where(isnan.any(dim=-1), first_nan, first_max)
 
 
+def padding_and_slot(idx_mapping, num_slots: int):
+    """``(padding, slot)`` of each entry of ``idx_mapping``: padding where it is negative or outside
+    ``[0, num_slots)`` (as the kernels read it, ``ops.rows.sample_slot``: without value checks an
+    id out of range is never followed), slot 0 there; slot int64."""
+    padding = (idx_mapping < 0) | (idx_mapping >= num_slots)
+    return padding, torch.where(padding, torch.zeros_like(idx_mapping), idx_mapping).long()
+
+
 def row_keys(idx_mapping_step, positions_step, temperature, seeds):
-    """Per-row temperature, seed and position of one step; padding rows get T = 0 and seed 0."""
-    padding = idx_mapping_step < 0
-    slot = idx_mapping_step.clamp_min(0).long()
+    """Per-row temperature, seed and position of one step; padding rows (a slot outside
+    ``[0, S)``) get T = 0 and seed 0."""
+    padding, slot = padding_and_slot(idx_mapping_step, temperature.numel())
     if temperature.numel() == 0:  # every row is padding
         zeros = torch.zeros_like(slot)
         return padding, zeros.float(), zeros, positions_step.long()
@@ -108,7 +116,7 @@ def sample_drafts_reference(head, base_logits, anchor, idx_mapping, positions, t
     ``[R, N, R_k]`` output, each step's ``W1[prev]`` (the confidence head's input).
     """
     rows, steps, _ = base_logits.shape
-    prev = anchor.long()
+    prev = anchor.long().clamp(0, head.embed_vocab_size - 1)  # (clamped as the kernels do: check_values=False)
     slots = idx_mapping.view(rows, steps)
     pos = positions.view(rows, steps)
     width = head.cache_vocab_size

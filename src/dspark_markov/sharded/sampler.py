@@ -289,7 +289,7 @@ class ShardedMarkovSampler:
         pos = positions.view(rows, steps)
         z_rows = self.z_rows[:rows]  # [R, N, ceil(V/world)], contiguous
         packed = self.packed[:rows]
-        prev = anchor.long()
+        prev = anchor.long().clamp(0, self.shard_head.embed_vocab_size - 1)  # (as the kernels: check_values=False)
         for step in range(steps):
             padding, temp, seed, position = row_keys(slots[:, step], pos[:, step], temperature, seeds)
             z = z_rows[:, step, :width]  # [R, V_shard]
@@ -309,7 +309,7 @@ class ShardedMarkovSampler:
         rows = z_rows.shape[0]
         views = [self.z_gathered[peer, :rows] for peer in range(self.world)]  # each [R, N, ceil(V/world)]
         dist.all_gather(views, z_rows, group=self.group)
-        row, step = (slots >= 0).nonzero(as_tuple=True)
+        row, step = ((slots >= 0) & (slots < logits_cache.shape[0])).nonzero(as_tuple=True)  # live (row_keys)
         slot = slots[row, step].long()
         for peer, (start, end) in enumerate(self.bounds):
             logits_cache[slot, step, start:end] = views[peer][row, step, :end - start]

@@ -7,6 +7,7 @@ from typing import NamedTuple
 import torch
 
 from .. import registry
+from ..draft.reference import padding_and_slot
 from ..validate import (CACHE_DTYPES, INDEX_DTYPES, _same_device, check_choice, check_range, check_tensor,
                         check_triton_runs, check_vector)
 
@@ -169,9 +170,8 @@ def verify_drafts(target_logits, draft_tokens, logits_cache, num_drafts, idx_map
 
         target_logits = scale_target(target_logits, target_temperature, idx_mapping)
     if target_greedy is None:
-        slot = idx_mapping.long().clamp_min(0)
         if temperature.numel() > 0:
-            target_greedy = temperature[slot] == 0
+            target_greedy = temperature[padding_and_slot(idx_mapping, temperature.numel())[1]] == 0
         else:
             target_greedy = torch.zeros(idx_mapping.shape, dtype=torch.bool, device=target_logits.device)
     verify_reference = registry.load("verify", "reference")

@@ -45,7 +45,7 @@ IMPLS = ("triton", "reference", "cuda")
 
 
 # --------------------------------------------------------------------------- validation
-def _per_row(name, value, rows, device, dtypes, kind):
+def _per_row(name, value, rows, device, dtypes, kind, finite=False):
     if isinstance(value, torch.Tensor):
         check_vector(name, value, length=rows, dtypes=dtypes, device=device)  # contiguous: kernels read ptr + row
         return value
@@ -55,9 +55,28 @@ def _per_row(name, value, rows, device, dtypes, kind):
         return int(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name}: expected a float, a [B] float32 tensor or None, got {type(value).__name__}")
-    if math.isnan(value) or value < 0:
-        raise ValueError(f"{name}: expected a float >= 0, got {value}")
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # (an int beyond the float range)
+        raise ValueError(f"{name}: expected a float >= 0, got an int too large for a float") from None
+    if math.isnan(number) or number < 0 or (finite and math.isinf(number)):
+        raise ValueError(f"{name}: expected a {'finite ' if finite else ''}float >= 0, got {value}")
+    return number
+
+
+def _overlap(a, b) -> bool:
+    """Whether the element ranges of two ``[B, V]`` fp32 tensors (last stride 1) intersect (conservative:
+    interleaved rows count as overlapping)."""
+    if a.numel() == 0 or b.numel() == 0 or a.device.type == "meta":
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+
+    def span(x):
+        return x.data_ptr(), x.data_ptr() + ((x.shape[0] - 1) * x.stride(0) + x.shape[1]) * x.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
 
 
 def _check(logits, k, p, impl, out, temperature=None):
@@ -70,17 +89,23 @@ def _check(logits, k, p, impl, out, temperature=None):
     if vocab >= 2**31 - 1:
         raise ValueError(f"logits: expected fewer than 2^31 - 1 columns, got {vocab}")
     k = None if k is None else _per_row("k", k, rows, logits.device, (torch.int32, torch.int64), int)
+    if isinstance(k, int):  # (k <= 0 and k >= V both mean no top-k: any int, however large, fits the kernels)
+        k = min(max(k, 0), vocab)
     p = None if p is None else _per_row("p", p, rows, logits.device, (torch.float32,), float)
     if out is not None:
         check_tensor("out", out, shape=logits.shape, dtypes=(torch.float32,), device=logits.device,
                      last_stride_one=True)
+    if out is not None and _overlap(logits, out) and not (out.data_ptr() == logits.data_ptr()
+                                                          and out.stride() == logits.stride()):
+        raise ValueError("out: overlaps logits without being the same rows (the filter would read rows it already "
+                         "wrote); pass out=logits (in place) or memory of its own")
     written = logits if out is None else out
     if rows > 1 and written.stride(0) < vocab:  # (an expanded row, stride 0: one row written by several)
         name = "logits" if out is None else "out"
         raise ValueError(f"{name}: rows overlap (stride {written.stride(0)} < V = {vocab}); the filter writes every row"
                          + ("; pass out= to filter them into separate rows" if out is None else ""))
     if temperature is not None:
-        temperature = _per_row("temperature", temperature, rows, logits.device, (torch.float32,), float)
+        temperature = _per_row("temperature", temperature, rows, logits.device, (torch.float32,), float, finite=True)
         if impl == "triton":
             raise ValueError("temperature: raw logits divided inside the filter are implemented by impl='cuda' and "
                              "'reference'; with 'triton' divide first (draft.reference.scaled_logits)")
@@ -124,7 +149,9 @@ def top_k_top_p(logits, k=None, p=None, *, impl=registry.DEFAULT_IMPL, out=None,
     out : torch.Tensor, optional
         ``[B, V]`` fp32 output (last stride 1); ``logits`` is then left unchanged.
     temperature : float, torch.Tensor or None
-        Raw logits: a scalar (``>= 0``) or per-row ``[B]`` fp32 temperature; each row is divided
+        Raw logits: a scalar (finite, ``>= 0``) or per-row ``[B]`` fp32 temperature (its values are
+        not checked, which would synchronise: a NaN gives a NaN row, left as it is, and a negative
+        value reverses the row's ranking, in every ``impl`` alike); each row is divided
         by it first (the IEEE ``x / T``, ``T == 0`` unscaled, as ``draft.reference.scaled_logits``)
         and the result is the filter of the divided row, bit for bit, written to ``out`` (or
         ``logits``): the temperature pass fused into the filter (issue 18). ``impl="cuda"`` divides
@@ -144,9 +171,9 @@ def top_k_top_p(logits, k=None, p=None, *, impl=registry.DEFAULT_IMPL, out=None,
     batch seen (allocated on the first call, so call once before capturing; a serving engine can
     own one ``TopKTopPFilter(max_rows, V, device)`` itself). The reference path sorts and allocates.
     """
+    check_tensor("logits", logits)  # (first: "auto" resolves by the tensor's device)
     impl = _auto_impl(impl, logits, temperature, k)
-    if isinstance(logits, torch.Tensor):
-        impl = registry.resolve("top_k_top_p", impl, logits.device)
+    impl = registry.resolve("top_k_top_p", impl, logits.device)
     k, p, temperature = _check(logits, k, p, impl, out, temperature)
     registry.check_capturable("top_k_top_p", impl, logits.device)
     target = logits if out is None else out

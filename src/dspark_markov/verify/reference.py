@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ..draft.reference import argmax_first, scaled_logits
+from ..draft.reference import argmax_first, padding_and_slot, scaled_logits
 from . import keys
 
 
@@ -41,13 +41,13 @@ def scale_target(target_logits: torch.Tensor, target_temperature: torch.Tensor, 
     """Raw target logits ``[B, K+1, V]`` fp32 divided by their slot's temperature (``[S]`` fp32).
 
     ``reference.scaled_logits``: one IEEE ``z / T`` per element, ``T == 0`` unscaled; padding
-    requests (``idx_mapping < 0``) are left unscaled. The kernels' raw-logit mode divides the
+    requests (a slot outside ``[0, S)``) are left unscaled. The kernels' raw-logit mode divides the
     same way, so it is bit-identical to passing this tensor pre-divided.
     """
     if target_temperature.numel() == 0:
         return target_logits
-    slot = idx_mapping.long().clamp_min(0)
-    temp = torch.where(idx_mapping >= 0, target_temperature[slot], torch.zeros_like(target_temperature[slot]))
+    padding, slot = padding_and_slot(idx_mapping, target_temperature.numel())
+    temp = torch.where(padding, torch.zeros_like(target_temperature[slot]), target_temperature[slot])
     return scaled_logits(target_logits, temp)
 
 
@@ -117,13 +117,12 @@ def verify_reference(target_logits, draft_tokens, logits_cache, num_drafts, idx_
     batch, k_plus_1, vocab = target_logits.shape
     k = k_plus_1 - 1
     device = target_logits.device
-    padding = idx_mapping < 0
+    padding, slot = padding_and_slot(idx_mapping, temperature.numel())  # (a slot outside [0, S): padding)
     tokens = torch.full((batch, k_plus_1), -1, dtype=torch.int64, device=device)
     num_emitted = torch.zeros(batch, dtype=torch.int64, device=device)
     if batch == 0 or temperature.numel() == 0:  # no slots: every request is padding
         return tokens, num_emitted
 
-    slot = idx_mapping.long().clamp_min(0)
     temp = temperature[slot]
     seed = torch.where(padding, torch.zeros_like(seeds[slot]), seeds[slot])
     n = torch.where(padding, torch.zeros_like(num_drafts), num_drafts).long()
