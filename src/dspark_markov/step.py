@@ -253,7 +253,8 @@ class DSparkStep:
         # Shapes, dtypes and strides are checked on every call (no host sync); values only when asked.
         check_tensor("target_logits", target_logits, dim=3)  # (its shape first: the checks below name the
         if tuple(target_logits.shape) != (r, n + 1, self.vocab):  # step's own buffers for a mismatch)
-            raise ValueError(f"target_logits: expected shape {(r, n + 1, self.vocab)}, got {tuple(target_logits.shape)}")
+            raise ValueError(f"target_logits: expected shape {(r, n + 1, self.vocab)}, "
+                             f"got {tuple(target_logits.shape)}")
         check_verify_inputs(target_logits, self.draft_tokens, self.logits_cache, num_drafts, self.req_slots,
                             self.req_positions, temperature, seeds, target_greedy, check_values=check_values,
                             target_temperature=target_temperature)

@@ -41,7 +41,8 @@ def _check(last_pos, bonus_tokens, req_slots, num_steps, mask_token_id, max_mode
            sample_pos, sample_idx_mapping, is_padding, num_reqs, impl):
     if impl not in IMPLS:
         raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
-    for name, value, low, high in (("num_steps", num_steps, 1, 2**31 - 2), ("mask_token_id", mask_token_id, 0, 2**63 - 1),
+    for name, value, low, high in (("num_steps", num_steps, 1, 2**31 - 2),
+                                   ("mask_token_id", mask_token_id, 0, 2**63 - 1),
                                    ("max_model_len", max_model_len, 1, 2**63 - 1)):
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise ValueError(f"{name}: expected an int in [{low}, {high}], got {value!r}")
