@@ -71,6 +71,14 @@ def scenario(rank, world):
     out = sampler.sample(*args)
     assert torch.equal(out.draft_tokens, ref_tokens)
     sampler.check()  # collective; nothing failed on the device
+    # without value checks an anchor outside [0, V_t) is clamped and a slot outside [0, S) is padding, on every rank
+    # as in the reference (stop 45: both raised IndexError)
+    loose = dict(problem, anchor=problem["anchor"].clone(), idx_mapping=problem["idx_mapping"].clone())
+    loose["anchor"][0] = 10**6
+    loose["idx_mapping"][4:6] = 99
+    loose_tokens, _ = reference(loose, torch.float32, world)
+    call = [loose[name] for name in ("base", "anchor", "idx_mapping", "positions", "temperature", "seeds")]
+    assert torch.equal(sampler.sample(*call, check_values=False).draft_tokens, loose_tokens)
     # agree_checks=False keeps the old, collective-free behaviour: a good call still works
     quiet = ShardedMarkovSampler(problem["embed"], problem["head"], group, 2, 8, torch.float32, agree_checks=False)
     assert torch.equal(quiet.sample(*args).draft_tokens, ref_tokens)
