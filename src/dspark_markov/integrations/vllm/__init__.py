@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 
+from ... import registry
 from . import hook
 
 ENV = "DSPARK_MARKOV_VLLM"
@@ -113,17 +114,28 @@ def _wrap_sample_sequential_topk(speculator_cls) -> None:
     speculator_cls._sample_sequential_topk = _sample_sequential_topk
 
 
+def _off(reason: str) -> None:
+    """The plugin stays off for ``reason`` (logged once as a warning): vLLM's own loop drafts, and its start-up
+    goes on (a general plugin that raises would stop it)."""
+    _registered.update(enabled=False, reason=reason)
+    hook.log_once(logging.WARNING, "dspark-markov: %s; the plugin stays off", reason)
+
+
 def register() -> None:
     """vLLM's general-plugin entry point (idempotent; see the module docstring)."""
     mode = os.environ.get(ENV, "").strip().lower()
     if mode in _OFF:
-        _registered.update(enabled=False, reason=f"{ENV} is not set")
+        _registered.update(enabled=False, reason=f"{ENV} is not set" if not mode else f"{ENV}={mode}")
         return
     if mode not in _ON + _FORCE:
         _registered.update(enabled=False, reason=f"{ENV}={mode!r} is not 1, force or 0")
         hook.log_once(logging.WARNING, "dspark-markov: %s=%r is not one of 1, force, 0; the plugin stays off", ENV, mode)
         return
-    import vllm
+    try:
+        import vllm
+    except ImportError as error:
+        _off(f"vLLM cannot be imported ({error})")
+        return
 
     version = getattr(vllm, "__version__", "unknown")
     if version not in CHECKED_VERSIONS and mode not in _FORCE:
@@ -141,7 +153,17 @@ def register() -> None:
         return
     import importlib
 
-    speculator_cls = importlib.import_module(_SPECULATOR).DSparkSpeculator
+    try:  # (=force on another vLLM: its speculator may live elsewhere or lack the method the hook wraps)
+        speculator_cls = importlib.import_module(_SPECULATOR).DSparkSpeculator
+        if not callable(getattr(speculator_cls, "load_draft_model", None)):
+            raise AttributeError("DSparkSpeculator has no load_draft_model")
+    except (ImportError, AttributeError) as error:
+        _off(f"vLLM {version} has no DSpark speculator the hook can wrap ({error})")
+        return
+    impl = hook._impl()
+    if impl not in registry.names("draft"):
+        hook.log_once(logging.WARNING, "dspark-markov: %s=%r is not a draft design (%s); every step will be "
+                      "declined and drafted by vLLM's loop", hook.IMPL_ENV, impl, ", ".join(registry.names("draft")))
     _wrap_load_draft_model(speculator_cls)
     _wrap_sample_sequential_topk(speculator_cls)
     _registered.update(enabled=True, reason="", version=version, mode=mode)

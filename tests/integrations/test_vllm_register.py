@@ -1,0 +1,83 @@
+"""The vLLM plugin's entry point without vLLM installed: ``register()`` must never raise into vLLM's start-up.
+
+vLLM's general-plugin loader calls ``register()`` while the engine starts; an exception there stops it. A stand-in
+``vllm`` package (modules in ``sys.modules``) plays the versions and layouts ``=force`` may meet: the speculator
+module missing, a speculator without ``load_draft_model``, no vLLM at all. test_vllm.py covers the real vLLM 0.33.0.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import types
+
+import pytest
+
+from dspark_markov.integrations import vllm as plugin
+from dspark_markov.integrations.vllm import hook
+
+
+class Speculator:
+    def load_draft_model(self, target, names):
+        return None
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    """A stand-in vLLM 0.99.0 on a CUDA platform with a DSpark speculator; the plugin's state restored after."""
+    root = types.ModuleType("vllm")
+    root.__version__ = "0.99.0"
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.current_platform = types.SimpleNamespace(is_cuda=lambda: True)
+    speculator = types.ModuleType(plugin._SPECULATOR)
+    speculator.DSparkSpeculator = type("DSparkSpeculator", (Speculator,), {})
+    monkeypatch.setitem(sys.modules, "vllm", root)
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
+    monkeypatch.setitem(sys.modules, plugin._SPECULATOR, speculator)
+    monkeypatch.setattr(plugin, "_registered", {"enabled": False, "reason": "", "classes": []})
+    monkeypatch.setattr(hook, "_logged", set())
+    monkeypatch.setenv(plugin.ENV, "force")
+    monkeypatch.delenv(hook.IMPL_ENV, raising=False)
+    return speculator
+
+
+def test_force_turns_the_stand_in_on(fake_vllm):
+    plugin.register()
+    assert plugin.status()["enabled"] is True
+    assert getattr(fake_vllm.DSparkSpeculator.load_draft_model, "dspark_markov", False)
+
+
+def test_a_missing_speculator_module_leaves_the_plugin_off(fake_vllm, monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, plugin._SPECULATOR, None)  # (importing it raises ImportError)
+    with caplog.at_level(logging.WARNING):
+        plugin.register()
+    assert plugin.status()["enabled"] is False and "no DSpark speculator" in plugin.status()["reason"]
+    assert any("stays off" in r.getMessage() for r in caplog.records)
+
+
+def test_a_speculator_without_load_draft_model_leaves_the_plugin_off(fake_vllm):
+    fake_vllm.DSparkSpeculator = type("DSparkSpeculator", (), {})
+    plugin.register()
+    assert plugin.status()["enabled"] is False and "load_draft_model" in plugin.status()["reason"]
+
+
+def test_no_vllm_leaves_the_plugin_off(fake_vllm, monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    plugin.register()
+    assert plugin.status()["enabled"] is False and "cannot be imported" in plugin.status()["reason"]
+
+
+@pytest.mark.parametrize("value", ["0", "off", ""])
+def test_off_says_which_setting(fake_vllm, monkeypatch, value):
+    monkeypatch.setenv(plugin.ENV, value)
+    plugin.register()
+    assert plugin.status()["enabled"] is False
+    assert plugin.status()["reason"] == (f"{plugin.ENV} is not set" if not value else f"{plugin.ENV}={value}")
+
+
+def test_an_unknown_design_is_named_at_start_up(fake_vllm, monkeypatch, caplog):
+    monkeypatch.setenv(hook.IMPL_ENV, "bogus")
+    with caplog.at_level(logging.WARNING):
+        plugin.register()
+    assert plugin.status()["enabled"] is True  # (on: each step is then declined and drafted by vLLM's loop)
+    assert any(hook.IMPL_ENV in r.getMessage() and "'bogus'" in r.getMessage() for r in caplog.records)
