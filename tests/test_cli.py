@@ -136,3 +136,67 @@ def test_readme_commands_match_ci():
     assert script.index("torch==2.13.0") < script.index("-e '.[test]'")
     assert 'pytest -q -m "not gpu"' in script
     assert "dspark-markov demo" in readme
+
+
+# --------------------------------------------------------------------------- stop 45: an audit of the options
+DEMO = ["demo", "--vocab", "8", "--rank", "2", "--num-drafts", "2", "--requests", "4", "--length", "4", "--quiet"]
+BENCH = ["bench", "--device", "cpu", "--temperature", "1", "--no-plot", "--no-progress", "--rounds", "1",
+         "--replays", "1", "--vocab", "64", "--rank", "4", "--steps", "2", "--rows", "1"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--device", "bogus"], "--device: expected cpu or cuda"),
+    (["--device", "meta"], "--device: expected cpu or cuda"),
+    (["--requests", str(10**12)], "--requests: expected a positive integer below 2^31"),
+    (["--vocab", str(10**11)], "--vocab: expected a positive integer below 2^31"),
+    (["--seed", str(10**23)], "--seed: expected a 64-bit integer"),
+])
+def test_demo_names_the_bad_option(capsys, extra, message):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(DEMO + extra)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_demo_names_verify_impl_when_triton_cannot_run(capsys, monkeypatch):
+    from dspark_markov.ops import constants
+
+    monkeypatch.setattr(constants, "INTERPRET", False)  # (as without TRITON_INTERPRET=1 on a CPU machine)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(DEMO + ["--engine", "step", "--verify-impl", "triton"])
+    assert exit_.value.code == 2 and "--verify-impl: 'triton' runs on the CPU only" in capsys.readouterr().err
+
+
+def test_bench_checks_its_output_folder_before_the_run(capsys, tmp_path, monkeypatch):
+    from dspark_markov.bench import grid
+
+    ran = []
+    monkeypatch.setattr(grid, "run_grid", lambda *a, **k: ran.append(1) or [])
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    for out in (blocker, blocker / "sub"):
+        assert cli.main(BENCH + ["--out", str(out)]) == 2
+        assert "--out: cannot write files into" in capsys.readouterr().err
+    assert cli.main(["bench", "--verify", "--device", "cpu", "--out", str(blocker)]) == 2
+    assert "--out: cannot write files into" in capsys.readouterr().err
+    assert not ran
+
+
+@pytest.mark.parametrize("extra, message", [(["--seed", str(10**23)], "seed: expected an int64"),
+                                            (["--rows", str(10**11)], "rows: expected a non-empty list")])
+def test_bench_names_values_beyond_machine_ints(capsys, extra, message):
+    assert cli.main(BENCH + extra) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_sizes_the_machine_cannot_hold_are_one_line(capsys, monkeypatch):
+    import dspark_markov.demo as demo_cli  # (the module `dspark-markov demo` delegates to)
+
+    def fail(argv=None):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: 16 GB")
+
+    monkeypatch.setattr(demo_cli, "main", fail)
+    assert cli.main(["demo"]) == 1
+    assert "not enough memory for these sizes" in capsys.readouterr().err
+    monkeypatch.setattr(demo_cli, "main", lambda argv=None: (_ for _ in ()).throw(RuntimeError("a bug")))
+    with pytest.raises(RuntimeError, match="a bug"):  # other errors are not hidden
+        cli.main(["demo"])

@@ -136,6 +136,14 @@ def main(argv=None) -> int:
         except ValueError as error:  # a bad argument that reached the package: one line, usage-error status
             print(f"dspark-markov {argv[0]}: {error}", file=sys.stderr)
             return 2
+        except (MemoryError, RuntimeError) as error:  # sizes the machine cannot hold: one line, not a traceback
+            import torch  # noqa: PLC0415  (loaded by the subcommand already)
+
+            if not isinstance(error, (MemoryError, torch.OutOfMemoryError)) and "allocate" not in str(error):
+                raise
+            print(f"dspark-markov {argv[0]}: not enough memory for these sizes (make --vocab / --rank / --requests / "
+                  f"--rows / --steps / --length smaller): {str(error).splitlines()[0][:200]}", file=sys.stderr)
+            return 1
     args = parser.parse_args(argv)  # exits 2 with a message for an unknown subcommand
     if args.version:
         from ._version import __version__

@@ -117,12 +117,30 @@ def main(argv=None) -> int:
             os.environ[harness.FLUSH_ENV] = before
 
 
+def _unwritable(folder: str) -> str | None:
+    """Why the results cannot be written into ``folder`` (created if missing), or None: checked before the run, so
+    that a long benchmark's timings are not lost at the end."""
+    out = Path(folder)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".dspark-markov-probe-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as error:
+        return f"--out: cannot write files into {folder} ({error.strerror or error})"
+    return None
+
+
 def _run(args, argv) -> int:
     """:func:`main` after its arguments are parsed (and ``--l2-flush`` applied)."""
     if args.device == "cuda" and not torch.cuda.is_available():
         print("dspark-markov bench: needs a CUDA GPU (none found); `--device cpu` runs a small reference benchmark",
               file=sys.stderr)
         return 1
+    reason = _unwritable(args.out)
+    if reason is not None:
+        print(f"dspark-markov bench: {reason}", file=sys.stderr)
+        return 2
     if args.verify:
         from . import verify_grid
 

@@ -264,10 +264,12 @@ def check_config(config, positive_fields) -> None:
     if config.device not in ("cuda", "cpu"):
         raise ValueError(f"device: expected 'cuda' or 'cpu', got {config.device!r}")
     for name in positive_fields:
-        if int(getattr(config, name)) < 1:
-            raise ValueError(f"{name}: expected >= 1, got {getattr(config, name)}")
-    if not config.rows or any(int(r) < 1 for r in config.rows):
-        raise ValueError(f"rows: expected a non-empty list of positive row counts, got {config.rows}")
+        if not 1 <= int(getattr(config, name)) <= 2**31 - 1:
+            raise ValueError(f"{name}: expected >= 1 and < 2^31, got {getattr(config, name)}")
+    if not config.rows or any(not 1 <= int(r) <= 2**31 - 1 for r in config.rows):
+        raise ValueError(f"rows: expected a non-empty list of row counts in [1, 2^31), got {config.rows}")
+    if not -(2**63) <= int(getattr(config, "seed", 0)) < 2**63 - 1:
+        raise ValueError(f"seed: expected an int64, got {config.seed}")
 
 
 def time_cases(records: dict, set_up: Callable[[object, dict], object], label: Callable[[object], str], *,

@@ -9,6 +9,7 @@ import time
 
 import torch
 
+from ..validate import check_triton_runs
 from . import generate
 from .generate import (BigramLanguage, chi_square, chi_square_verdict, fit_markov_head, pair_counts,
                        speculative_generate, zero_head)
@@ -44,8 +45,16 @@ def _parser() -> argparse.ArgumentParser:
 
 def _check_args(parser, args):
     for name in ("vocab", "rank", "num_drafts", "requests", "length", "period"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(args, name)}")
+        if not 1 <= getattr(args, name) <= 2**31 - 1:
+            parser.error(f"--{name.replace('_', '-')}: expected a positive integer below 2^31, got {getattr(args, name)}")
+    if not -(2**63) <= args.seed < 2**63 - 1:
+        parser.error(f"--seed: expected a 64-bit integer, got {args.seed}")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        parser.error(f"--device: expected cpu or cuda (cuda:N), got {args.device!r}")
     if args.vocab < 2:
         parser.error(f"--vocab: expected at least 2, got {args.vocab}")
     if not (args.temperature > 0 and math.isfinite(args.temperature)):
@@ -90,6 +99,11 @@ def main(argv=None) -> int:
         parser.error("--verify-impl: CUDA graphs need the Triton verifier")
     if engine == "functional" and args.verify_impl is not None:
         parser.error("--verify-impl: only used by --engine step")
+    if engine == "step" and verify_impl == "triton":
+        try:
+            check_triton_runs("triton", device, name="--verify-impl")
+        except ValueError as error:
+            parser.error(str(error))
     cache_dtype = torch.bfloat16 if args.cache_dtype == "bf16" else torch.float32
     vocab, k, batch = args.vocab, args.num_drafts, args.requests
     started = time.time()
