@@ -200,3 +200,10 @@ def test_sizes_the_machine_cannot_hold_are_one_line(capsys, monkeypatch):
     monkeypatch.setattr(demo_cli, "main", lambda argv=None: (_ for _ in ()).throw(RuntimeError("a bug")))
     with pytest.raises(RuntimeError, match="a bug"):  # other errors are not hidden
         cli.main(["demo"])
+
+
+@pytest.mark.parametrize("extra, message", [(["--vllm-cache", "/tmp"], "--vllm-cache: not used by --verify"),
+                                            (["--logits-dtype", "float32"], "--logits-dtype: not used by --verify")])
+def test_bench_verify_rejects_options_it_does_not_use(capsys, extra, message):
+    assert cli.main(["bench", "--verify", "--device", "cpu"] + extra) == 2
+    assert message in capsys.readouterr().err

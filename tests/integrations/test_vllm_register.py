@@ -81,3 +81,10 @@ def test_an_unknown_design_is_named_at_start_up(fake_vllm, monkeypatch, caplog):
         plugin.register()
     assert plugin.status()["enabled"] is True  # (on: each step is then declined and drafted by vLLM's loop)
     assert any(hook.IMPL_ENV in r.getMessage() and "'bogus'" in r.getMessage() for r in caplog.records)
+
+
+def test_the_design_name_ignores_case(fake_vllm, monkeypatch, caplog):
+    monkeypatch.setenv(hook.IMPL_ENV, " AUTO ")
+    with caplog.at_level(logging.WARNING):
+        plugin.register()
+    assert hook._impl() == "auto" and not any(hook.IMPL_ENV in r.getMessage() for r in caplog.records)

@@ -660,13 +660,16 @@ def write_csv(path, env, config, bandwidth, records) -> Path:
 
 
 # Options of the sampler benchmark that mean nothing here: refused rather than silently ignored.
-_NOT_FOR_VERIFY = ("rank", "designs", "method")
+_NOT_FOR_VERIFY = ("rank", "designs", "method", "vllm_cache")
 
 
 def config_from_args(args) -> VerifyBenchConfig:
     for name in _NOT_FOR_VERIFY:
         if getattr(args, name, None) is not None:
-            raise ValueError(f"--{name}: not used by --verify")
+            raise ValueError(f"--{name.replace('_', '-')}: not used by --verify")
+    if getattr(args, "logits_dtype", "bfloat16") != "bfloat16":
+        raise ValueError("--logits-dtype: not used by --verify (its target logits are fp32; --cache-dtype sets the "
+                         "drafter cache's dtype)")
     if getattr(args, "targets", False):
         raise ValueError("--targets: not used by --verify (the issue-5 targets are the samplers')")
     overrides = {name: getattr(args, name) for name in ("vocab", "steps", "rows", "rounds", "replays", "eager_calls",

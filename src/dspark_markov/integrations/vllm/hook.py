@@ -93,7 +93,7 @@ def log_once(level: int, message: str, *args) -> None:
 
 
 def _impl() -> str:
-    return os.environ.get(IMPL_ENV, "").strip() or DEFAULT_IMPL
+    return os.environ.get(IMPL_ENV, "").strip().lower() or DEFAULT_IMPL  # (case ignored, as DSPARK_MARKOV_VLLM's)
 
 
 def _is_off(value) -> bool:
