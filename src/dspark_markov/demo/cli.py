@@ -45,8 +45,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def _check_args(parser, args):
     for name in ("vocab", "rank", "num_drafts", "requests", "length", "period"):
-        if not 1 <= getattr(args, name) <= 2**31 - 1:
-            parser.error(f"--{name.replace('_', '-')}: expected a positive integer below 2^31, got {getattr(args, name)}")
+        value = getattr(args, name)
+        if not 1 <= value <= 2**31 - 1:
+            parser.error(f"--{name.replace('_', '-')}: expected a positive integer below 2^31, got {value}")
     if not -(2**63) <= args.seed < 2**63 - 1:
         parser.error(f"--seed: expected a 64-bit integer, got {args.seed}")
     try:
