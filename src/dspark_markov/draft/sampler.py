@@ -111,6 +111,11 @@ class MarkovSampler:
         # the previous tokens [anchor, x_0, ..., x_{N-2}] per row, gathered from W1 after the launch.
         self._prev = torch.zeros(self.max_rows, self.num_steps, dtype=torch.int64, device=device)
 
+    @staticmethod
+    def impl_names() -> tuple:
+        """The ``impl=`` values the constructor knows (``"auto"`` included), whether or not they run here."""
+        return registry.names("draft")
+
     def sample(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, *, draft_tokens=None,
                logits_cache=None, check_values: bool | None = None, markov_embeds=None) -> DraftOutput:
         """Draw ``draft_tokens`` ``[R, N]`` and fill ``logits_cache`` ``[S, N, V]`` (SPEC.md section 2).

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import os
 
-from ... import registry
+from ... import MarkovSampler
 from . import hook
 
 ENV = "DSPARK_MARKOV_VLLM"
@@ -161,9 +161,9 @@ def register() -> None:
         _off(f"vLLM {version} has no DSpark speculator the hook can wrap ({error})")
         return
     impl = hook._impl()
-    if impl not in registry.names("draft"):
+    if impl not in MarkovSampler.impl_names():
         hook.log_once(logging.WARNING, "dspark-markov: %s=%r is not a draft design (%s); every step will be "
-                      "declined and drafted by vLLM's loop", hook.IMPL_ENV, impl, ", ".join(registry.names("draft")))
+                      "declined and drafted by vLLM's loop", hook.IMPL_ENV, impl, ", ".join(MarkovSampler.impl_names()))
     _wrap_load_draft_model(speculator_cls)
     _wrap_sample_sequential_topk(speculator_cls)
     _registered.update(enabled=True, reason="", version=version, mode=mode)
