@@ -61,6 +61,27 @@ def check_vector(name, x, *, length=None, dtypes=None, device=None):
                  contiguous=True)
 
 
+def spans_overlap(a, b) -> bool:
+    """Whether the memory spans of two ``[B, V]`` tensors (last stride 1, one device) intersect (conservative:
+    interleaved rows count)."""
+    def span(x):
+        return x.data_ptr(), x.data_ptr() + ((x.shape[0] - 1) * x.stride(0) + x.shape[1]) * x.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a.numel() > 0 and b.numel() > 0 and a0 < b1 and b0 < a1
+
+
+def check_apart(name, out, source_name, source) -> None:
+    """Raise ``ValueError`` unless ``out`` is ``source`` itself (same start and strides: in place) or shares none of
+    its memory (:func:`spans_overlap`); a kernel reading ``source`` while writing ``out`` would otherwise read rows it
+    already wrote."""
+    if out.data_ptr() == source.data_ptr() and out.stride() == source.stride() or out.device.type == "meta":
+        return
+    if spans_overlap(out, source):
+        raise ValueError(f"{name}: overlaps {source_name} without being the same rows (the filter would read rows it "
+                         f"already wrote); pass {name}={source_name} (in place) or memory of its own")
+
+
 def check_choice(name, value, choices):
     """Raise ``ValueError`` unless ``value`` is one of ``choices`` (an option such as ``method``)."""
     if value not in choices:

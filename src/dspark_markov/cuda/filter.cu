@@ -374,8 +374,9 @@ static_assert(3 * DF_NB / 2 - DF_CAP >= DF_CAP / 2, "FUSED_WRITE: DF_CAP member 
 // -DDF_FIXED_FLAGS=F (verify/cuda_filtering.py FLAG_SPECIALIZE, stop 44): the build for launches whose kernel flags
 // are F, with F compiled in (every test of FilterArgs.flags / FilterShared.flags folded to a constant, the code of the
 // other options dropped: a smaller kernel); the host launches it with exactly F. (Reading FilterArgs' flags into one
-// local in the kernel, instead of its seven reads through DF_FLAGS_OF, changes the generic builds' SASS: not done.) Without it every option's code is in
-// the one kernel and the flags are read at run time (the same source: DF_FLAGS_OF is the identity).
+// local in the kernel, instead of its seven reads through DF_FLAGS_OF, changes the generic builds' SASS: not done.)
+// Without it every option's code is in the one kernel and the flags are read at run time (the same source:
+// DF_FLAGS_OF is the identity).
 #ifdef DF_FIXED_FLAGS
 #define DF_FLAGS_OF(x) ((u32)(DF_FIXED_FLAGS))
 #else
@@ -1603,8 +1604,8 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
 #if defined(DF_CARRY) && !defined(DF_L2_ROWS)
     // (with the load's cp.async path) each group's slot refilled with the next row's group once its value is stored
     // (the store waits for the read of the slot; no other thread reads this thread's slots now)
-    const bool refill = carry_next && (DF_FLAGS_OF(a.flags) & DF_FLAG_ASYNC_LOAD);  // (the load's path that waits for
-                                                                                      // cp.async)
+    // (the load's path that waits for cp.async)
+    const bool refill = carry_next && (DF_FLAGS_OF(a.flags) & DF_FLAG_ASYNC_LOAD);
 #endif
     for (int i = tid; i < n / 4; i += DF_T) {
       float4 f = DF_AT4(i);

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from ..draft.reference import row_keys
+from ..draft.reference import padding_and_slot, row_keys
 from ..draft.sampler import DraftOutput, MarkovSampler
 from ..head import MarkovHead
 from ..validate import CACHE_DTYPES, DeviceStatusError, check_draft_inputs, check_sampler_sizes, check_tensor
@@ -309,7 +309,7 @@ class ShardedMarkovSampler:
         rows = z_rows.shape[0]
         views = [self.z_gathered[peer, :rows] for peer in range(self.world)]  # each [R, N, ceil(V/world)]
         dist.all_gather(views, z_rows, group=self.group)
-        row, step = ((slots >= 0) & (slots < logits_cache.shape[0])).nonzero(as_tuple=True)  # live (row_keys)
+        row, step = (~padding_and_slot(slots, logits_cache.shape[0])[0]).nonzero(as_tuple=True)  # the live samples
         slot = slots[row, step].long()
         for peer, (start, end) in enumerate(self.bounds):
             logits_cache[slot, step, start:end] = views[peer][row, step, :end - start]

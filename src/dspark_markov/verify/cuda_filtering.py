@@ -51,6 +51,7 @@ import torch
 
 from .. import cuda
 from ..rng import f32
+from ..validate import check_apart, spans_overlap as _overlap  # noqa: F401  (_overlap: the predicate, for tests)
 
 CLUSTER = 8  # filter.cu DF_C: blocks per row
 THREADS = 256  # filter.cu DF_T
@@ -326,14 +327,28 @@ def resident_clusters(kernels, cluster: int, smem: int) -> int | None:
     return count if count >= 1 else None
 
 
+def kernel_flags(flags: int, l2: bool) -> int:
+    """FilterArgs.flags of a launch of the L2-row build (``l2``) or of the resident build by a filter of ``flags``: the
+    kernel's bits only (the resident build without BATCHED_GATHER); with :data:`FLAG_SPECIALIZE` the value compiled
+    into that build."""
+    return flags & (KERNEL_FLAGS if l2 else RESIDENT_KERNEL_FLAGS)
+
+
+def compiled_flags(flags: int, l2: bool) -> int | None:
+    """The kernel flags compiled into the L2-row (``l2``) or resident builds a filter of ``flags`` loads: with
+    :data:`FLAG_SPECIALIZE` those its launches pass (:func:`kernel_flags`), else None (read at run time)."""
+    return kernel_flags(flags, l2) if flags & FLAG_SPECIALIZE else None
+
+
 def _default_kernels(device_index: int):
     """Every build a filter with :data:`DEFAULT_FLAGS` loads (the resident one, and the L2-row one it takes for top-p
     alone), so that ``auto`` never picks a filter whose construction would then fail."""
-    kernels = filter_kernels(device_index)
+    kernels = filter_kernels(device_index, fixed=compiled_flags(DEFAULT_FLAGS, False))
     if DEFAULT_FLAGS & FLAG_L2_ROWS:
         sizes = L2_FIT_SIZES if DEFAULT_FLAGS & FLAG_L2_FIT else (4 if DEFAULT_FLAGS & FLAG_L2_CLUSTER4 else CLUSTER,)
         for size in sizes:
-            filter_kernels(device_index, True, size, five=bool(DEFAULT_FLAGS & FLAG_L2_FIVE))
+            filter_kernels(device_index, True, size, five=bool(DEFAULT_FLAGS & FLAG_L2_FIVE),
+                           fixed=compiled_flags(DEFAULT_FLAGS, True))
     return kernels
 
 
@@ -433,9 +448,7 @@ class CudaTopKTopPFilter:
         self.l2_cluster = 4 if flags & FLAG_L2_CLUSTER4 and slice_len(vocab, 4) <= L2_C4_MAX_SLICE else CLUSTER
         self.l2_slice = slice_len(vocab, self.l2_cluster)
         self.l2_smem = l2_smem(self.l2_cluster)
-        five = bool(flags & FLAG_L2_FIVE)
-        self.l2_kernels = (filter_kernels(device.index, True, self.l2_cluster, persist, carry, five,
-                                          self.compiled_flags(True)) if flags & FLAG_L2_ROWS else None)
+        self.l2_kernels = self._l2_build(self.l2_cluster, persist, carry) if flags & FLAG_L2_ROWS else None
         # FLAG_PERSIST: the clusters launched at most (a grid of min(rows, these)); None: one cluster per row
         self.clusters = resident_clusters(self.kernels, CLUSTER, self.smem) if persist else None
         self.l2_clusters = (resident_clusters(self.l2_kernels, self.l2_cluster, self.l2_smem)
@@ -450,7 +463,7 @@ class CudaTopKTopPFilter:
             for size in L2_FIT_SIZES if count is not None and max_rows > count else ():
                 if size == CLUSTER or slice_len(vocab, size) > L2_C4_MAX_SLICE:
                     continue
-                kernels = filter_kernels(device.index, True, size, five=five, fixed=self.compiled_flags(True))
+                kernels = self._l2_build(size)
                 count = resident_clusters(kernels, size, l2_smem(size))
                 if count is not None:
                     self.l2_fits[size] = (kernels, count)
@@ -485,8 +498,7 @@ class CudaTopKTopPFilter:
             raise ValueError(f"logits: expected [<= {self.max_rows}, {self.vocab}] on {self.device}, got "
                              f"{list(logits.shape)} on {logits.device}")
         same = out.data_ptr() == logits.data_ptr()
-        if (same and out.stride() != logits.stride()) or (not same and _overlap(logits, out)):
-            raise ValueError("out: overlaps logits without being it (pass logits itself to filter in place)")
+        check_apart("out", out, "logits", logits)
         if rows > 1 and out.stride(0) < vocab:
             raise ValueError(f"out: rows overlap (stride {out.stride(0)} < V = {vocab}); every row is written")
         if rows == 0 or (k is None and p is None and temperature is None):
@@ -513,15 +525,18 @@ class CudaTopKTopPFilter:
         return out
 
     def kernel_flags(self, l2: bool) -> int:
-        """FilterArgs.flags of a launch of the L2-row build (``l2``) or of the resident build: this filter's flags, the
-        kernel's bits only (the resident build without BATCHED_GATHER); with :data:`FLAG_SPECIALIZE` the value compiled
-        into that build."""
-        return self.flags & (KERNEL_FLAGS if l2 else RESIDENT_KERNEL_FLAGS)
+        """:func:`kernel_flags` of this filter's flags."""
+        return kernel_flags(self.flags, l2)
 
     def compiled_flags(self, l2: bool) -> int | None:
-        """The kernel flags compiled into the L2-row (``l2``) or resident builds this filter loads: with
-        :data:`FLAG_SPECIALIZE` those its launches pass (:meth:`kernel_flags`), else None (read at run time)."""
-        return self.kernel_flags(l2) if self.flags & FLAG_SPECIALIZE else None
+        """:func:`compiled_flags` of this filter's flags."""
+        return compiled_flags(self.flags, l2)
+
+    def _l2_build(self, size: int, persist: bool = False, carry: bool = False):
+        """The L2-row build of ``size`` blocks per row with this filter's build options (FLAG_L2_FIVE, and with
+        FLAG_SPECIALIZE the kernel flags compiled in)."""
+        return filter_kernels(self.device.index, True, size, persist, carry, bool(self.flags & FLAG_L2_FIVE),
+                              self.compiled_flags(True))
 
     def fit_cluster(self, rows: int) -> int:
         """The L2-row build's cluster size for a call of top-p alone on ``rows`` aligned rows: :func:`fit_cluster` over
@@ -540,8 +555,7 @@ class CudaTopKTopPFilter:
         if size in self.l2_fits:
             kernels = self.l2_fits[size][0]
         else:  # (a filter of one wave's rows loads the 8-block build only)
-            kernels = filter_kernels(self.device.index, True, size, five=bool(self.flags & FLAG_L2_FIVE),
-                                     fixed=self.compiled_flags(True))
+            kernels = self._l2_build(size)
         every = self.max_rows if size == CLUSTER else 0
         self.l2_fits = {CLUSTER: (self.l2_fits[CLUSTER][0], every), size: (kernels, self.max_rows)}
 
@@ -564,16 +578,6 @@ def _top_k_off(k, vocab) -> bool:
 def _aligned_rows(t) -> bool:
     """Whether every row of ``t`` (fp32, last stride 1) starts on a 16-byte boundary (the L2-row build's loads)."""
     return t.data_ptr() % 16 == 0 and (t.shape[0] <= 1 or t.stride(0) % 4 == 0)
-
-
-def _overlap(a, b) -> bool:
-    """Whether the memory spans of two ``[B, V]`` fp32 tensors (last stride 1) intersect."""
-    def span(t):
-        start = t.data_ptr()
-        return start, start + ((t.shape[0] - 1) * t.stride(0) + t.shape[1]) * t.element_size()
-
-    (a0, a1), (b0, b1) = span(a), span(b)
-    return a.numel() > 0 and b.numel() > 0 and a0 < b1 and b0 < a1
 
 
 _FILTERS: dict = {}

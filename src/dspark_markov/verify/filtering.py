@@ -37,7 +37,7 @@ import math
 import torch
 
 from .. import registry
-from ..validate import check_tensor, check_triton_runs, check_vector
+from ..validate import check_apart, check_tensor, check_triton_runs, check_vector
 from .filtering_reference import (EXP_COEFFS, EXP_FLOOR, KEY_FLOOR, LOG2E, MASS_ONE,  # noqa: F401  (re-exported)
                                   top_k_top_p_reference, weight_fixed_point)
 
@@ -64,21 +64,6 @@ def _per_row(name, value, rows, device, dtypes, kind, finite=False):
     return number
 
 
-def _overlap(a, b) -> bool:
-    """Whether the element ranges of two ``[B, V]`` fp32 tensors (last stride 1) intersect (conservative:
-    interleaved rows count as overlapping)."""
-    if a.numel() == 0 or b.numel() == 0 or a.device.type == "meta":
-        return False
-    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
-        return False
-
-    def span(x):
-        return x.data_ptr(), x.data_ptr() + ((x.shape[0] - 1) * x.stride(0) + x.shape[1]) * x.element_size()
-
-    (a0, a1), (b0, b1) = span(a), span(b)
-    return a0 < b1 and b0 < a1
-
-
 def _check(logits, k, p, impl, out, temperature=None):
     if impl not in IMPLS:
         raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
@@ -95,10 +80,8 @@ def _check(logits, k, p, impl, out, temperature=None):
     if out is not None:
         check_tensor("out", out, shape=logits.shape, dtypes=(torch.float32,), device=logits.device,
                      last_stride_one=True)
-    if out is not None and _overlap(logits, out) and not (out.data_ptr() == logits.data_ptr()
-                                                          and out.stride() == logits.stride()):
-        raise ValueError("out: overlaps logits without being the same rows (the filter would read rows it already "
-                         "wrote); pass out=logits (in place) or memory of its own")
+    if out is not None:
+        check_apart("out", out, "logits", logits)
     written = logits if out is None else out
     if rows > 1 and written.stride(0) < vocab:  # (an expanded row, stride 0: one row written by several)
         name = "logits" if out is None else "out"
