@@ -60,7 +60,7 @@ def test_prepare_writes_a_job_per_plan_part(tmp_path):
 
 # Patches a plan applies to its job's copy of the tree: each must still apply to this tree (`git apply --check`),
 # or the device call that needs it fails after its machine started. issue18_early_stop.patch was measured and not
-# kept (README "Early stop") and no longer applies since stop 39's mends of triton_verify_stream.py: rebase it before
+# kept (benchmarks/NOTES.md "Early stop") and no longer applies since stop 39's mends of triton_verify_stream.py: rebase it before
 # running its plan parts (strict: this test fails once it applies again, so that the mark goes).
 STALE_PATCHES = {"issue18_early_stop.patch": "measured, not kept; drifted after stop 39 (rebase before use)"}
 PATCHES = sorted({name for plan in PLANS for name in re.findall(r"tools/gpu_plans/([\w.]+\.patch)", plan.read_text())})

@@ -44,7 +44,7 @@ DESIGN = "cuda_verify"
 PLAN = "tools/gpu_plans/issue18_cuda.sh"
 # What `dspark-markov info` says of it without the opt-in.
 STATUS = ("is opt-in: exact in its GPU tests (H100, 2026-12-06) but 1.4-2.6x slower than the Triton verifier at its "
-          "best schedules (a ~17 us start and end no ticket shows, one warp per emit piece; README, stop 38)")
+          "best schedules (a ~17 us start and end no ticket shows, one warp per emit piece; benchmarks/NOTES.md, stop 38)")
 # The list's lag (requests between a request's stream tickets and its emit tickets), the emit ticket's size
 # (256 tokens x emit_iters) and the 16 KB pieces per stream ticket by batch: (up to this many requests, lag,
 # emit_iters, piece_mult). piece_mult from stop 38's sweep (H100, static ready list; ..._cuda_verify_stop38.txt): stream

@@ -93,7 +93,7 @@ verification) with ``u`` within a few ulps of its threshold, two largest residua
 few ulps, or a residual entry whose sign depends on rounding (``p(v) ~ q(v)`` to the last bit:
 ``O(ulp)`` mass). The tests check exact equality on random inputs and the target distribution
 statistically; both paths are within fp32 rounding of the exact rejection sampler. (This design
-replaced the earlier four-kernel verifier, 2-2.3x slower on the H200, README.) Every launch
+replaced the earlier four-kernel verifier, 2-2.3x slower on the H200, benchmarks/NOTES.md.) Every launch
 passes ``enable_fp_fusion=False``. Importing this module
 imports Triton.
 """
