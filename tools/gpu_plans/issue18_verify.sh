@@ -25,6 +25,7 @@
 #   bash tools/gpu_plans/issue18_verify.sh eager         # budget ~200 s: emit items with fewer dependent round trips (stop 34): GPU tests, sweep
 #   bash tools/gpu_plans/issue18_verify.sh defaults      # budget ~150 s: the double-buffered default against the single-buffered one and the emit options, same call
 #   bash tools/gpu_plans/issue18_verify.sh span          # budget ~420 s: rows end to end in items crossing row ends (stop 34, never run): GPU tests, sweep, trace
+#   bash tools/gpu_plans/issue18_verify.sh h200          # budget ~120 s: on an H200 only (else nothing): the bench cases of today's default (no patch), T = 1 and mixed
 # Results go to $JOB_OUT (default ./gpu_plan_out). StreamVerifier compiles ~5-7 s per constexpr variant; a Triton
 # cache carried from an earlier job of the same source skips that (tools/gpu_queue.sh). Nothing of early stop
 # (StreamVerifier early_stop / stop_check / early_ready, opt-in, off by default) has run on a GPU, and it is NOT on
@@ -346,5 +347,14 @@ dbuf)
     2>&1 | tee "$OUT/sweep_dbuf.txt"
   timeout -k 2 40 python3 tools/trace_verify.py 16 64 --variants "stream,stream:dbuf=1+max_registers=128" 2>&1 \
     | tee "$OUT/trace_dbuf.txt"
+  ;;
+h200)
+  # (~60-110 s with compiles) On an H200 only (issue 18's targets are H200 figures; none has run the verifier since
+  # stop 34, and stop 39's emit_winner default was measured on H100s only): the bench's cases of the default, standard,
+  # raw, block and block raw at 1 / 16 / 64 / 253 requests, T = 1 and mixed (no early-stop patch). Commit as
+  # benchmarks/results/NVIDIA-H200_<date>_verify_default_bench.* and update the README's verification table.
+  if ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then echo "not an H200: nothing run"; exit 0; fi
+  timeout -k 2 110 python3 tools/bench_verify_kernels.py "$OUT/h200_verify_bench" verify_standard,verify_raw,verify_block,verify_block_raw \
+    --rows 1,16,64,253 --temperatures 1,mixed --rounds 3 --replays 10 2>&1 | tee "$OUT/h200_verify_bench.txt" | grep "^|"
   ;;
 esac
