@@ -2,6 +2,7 @@
 # GPU checks the lead could not run on 2026-12-04 (the device was withdrawn at 21:42 UTC). From the repository root
 # on an H200, PYTHONPATH=$PWD/src, with vLLM's gumbel_sample extracted (`python tools/extract_vllm.py`):
 #   bash tools/gpu_plans/lead_checks.sh capture   # budget ~170 s (two fresh processes, each compiling ~30-50 s)
+#   bash tools/gpu_plans/lead_checks.sh regress45 # budget ~200 s: any GPU: the GPU tests nearest stop 45's API changes (never run on a GPU)
 # The vLLM-hook timing failed twice in a CUDA-graph capture (..._2026-12-04_vllm_hook_u5_failure.txt,
 # ..._vllm_hook_u0_capture_failure.txt): earlier graphs, held in reference cycles, were destroyed by Python's garbage
 # collector inside a later capture. Fixed in bench.harness.capture_graph (gc collected before, off during a capture)
@@ -21,5 +22,14 @@ capture)
     grep -c '^{"rows"' "$OUT/hook$i.txt"; grep -i "error\|fail\|Traceback\|function reset" "$OUT/hook$i.txt" | head -5
   done
   ;;
-*) echo "usage: $0 capture"; exit 2 ;;
+regress45)
+  # (~100-200 s with compiles) Stop 45 changed the API's edges without a GPU: the reference's clamped anchors and
+  # out-of-range slots as padding (draft/reference.py), DSparkStep's graph-safe slot clamp for per-row temperatures
+  # (step.py), top_k_top_p's argument checks and the out/logits overlap check (verify/filtering.py,
+  # cuda_filtering.py), the sharded sampler's torch path. The GPU tests closest to them, whole files:
+  timeout -k 2 190 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_robustness_gpu.py \
+    tests/gpu/test_verify_gpu.py tests/gpu/test_block_inputs_gpu.py tests/gpu/test_filtering_gpu.py 2>&1 \
+    | tee "$OUT/regress45.txt" | tail -5
+  ;;
+*) echo "usage: $0 capture|regress45"; exit 2 ;;
 esac
