@@ -5,7 +5,7 @@ Usage (GPU): ``PYTHONPATH=src python3 tools/sweep_cuda_gumbel.py --out DIR [--ro
 
 In order, writing ``DIR/times.json`` / ``DIR/kernels.json`` / ``DIR/check.txt`` after each part:
 1. the benchmark's timing (:func:`dspark_markov.bench.grid.run_grid`: CUDA-graph replays, cold L2,
-   median of alternating rounds; the bandwidth is README's measured H200 figure, not probed);
+   median of alternating rounds; the bandwidth is the measured H200 figure of benchmarks/NOTES.md, not probed);
 2. per-kernel times with CUDA events (eager, L2 flushed before each call; mean over the N steps) of
    ``gumbel_fused`` and ``cuda_gumbel``: the cuBLAS GEMM, the block kernel, the combine;
 3. correctness at full shapes: ``cuda_gumbel``'s tokens and cache equal ``gumbel_fused``'s bit for bit
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import dspark_markov as dm  # noqa: E402
 from dspark_markov.bench import grid, harness, roofline  # noqa: E402
 
-BANDWIDTH = roofline.Bandwidth(4250.0, 4390.0, 0, 0)  # README: H200 copy / read GB/s (2026-12-02)
+BANDWIDTH = roofline.Bandwidth(4250.0, 4390.0, 0, 0)  # benchmarks/NOTES.md: H200 copy / read GB/s (2026-12-02)
 
 
 def ints(text):
