@@ -353,6 +353,49 @@ def test_masked_and_nan_logits_stay_in_range():
             assert torch.equal(again[0], out.tokens) and torch.equal(again[1], out.num_emitted)
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_draft_temperatures_at_the_ends_of_the_float_range(cache_dtype):
+    """``q = softmax(cache / T)`` where ``cache / T`` overflows, and with a subnormal ``T``.
+
+    Request 0: a cache value C with C / T = inf (T = 0.5, C = 3e38; bf16 rounds it to 2.99e38, still beyond), where
+    p puts ~all its mass on that token, the draft: the reference's q is NaN, the draft rejected and its row's residual
+    replaced by p, so the token comes back. (The kernel's residuals form q in the cache values' space, finite there:
+    one-hot at the draft, so max(p - q, 0) never emitted it, losing p's mass.) Request 1: T = 1e-45 and a cache row
+    whose maximum is 0: cache / T is 0 there and -inf elsewhere, q one-hot, the draft there accepted (log2(e) / T
+    overflowing made q NaN in the kernel, rejecting it). Request 2: the same overflow with the block method's second
+    row (K = 2, the residual masses' q)."""
+    vocab, k = 300, 2
+    gen = torch.Generator().manual_seed(5)
+    cache = torch.rand(3, k, vocab, generator=gen) - 0.5
+    cache[0, 0, 17] = 3e38
+    cache[1, 0] = -torch.rand(vocab, generator=gen) - 0.5
+    cache[1, 0, 5] = 0.0
+    cache[2, 0, 7] = 30.0
+    cache[2, 1, 40] = 3e38
+    cache = cache.to(cache_dtype)
+    target = torch.randn(3, k + 1, vocab, generator=gen)
+    target[0, 0, 17] = 40.0
+    target[1, 0, 5] = 40.0
+    target[1, 1, 9] = 40.0
+    target[2, 0, 7] = 60.0
+    target[2, 1, 40] = 30.0
+    drafts = torch.tensor([[17, 3], [5, 9], [7, 40]])
+    num_drafts = torch.tensor([1, 1, 2])
+    idx = torch.tensor([0, 1, 2])
+    temperature = torch.tensor([0.5, 1e-45, 0.5])
+    for seed in range(4):
+        seeds = torch.tensor([seed * 7919 - 10, seed + 3, seed])
+        positions = torch.tensor([50, 9, 4]) + seed
+        args = [target, drafts, cache, num_drafts, idx, positions, temperature, seeds]
+        for method in ("standard", "block"):
+            out = dm.verify_drafts(*args, method=method, impl="triton")
+            _assert_reference(args, method, out)
+            assert int(out.tokens[0, 0]) == 17 and int(out.num_emitted[0]) == 1  # rejected, drawn from p
+            assert out.tokens[1].tolist() == [5, 9, -1]  # accepted (q one-hot at 5), then the bonus from p
+        out = dm.verify_drafts(*args, method="standard", impl="triton")
+        assert out.tokens[2].tolist() == [7, 40, -1]  # draft 1 rejected (q NaN), its row drawn from p
+
+
 def test_cached_verifier_is_reused():
     first = cached_verifier(3, 3, VOCAB, "cpu")
     assert cached_verifier(16, 3, VOCAB, "cpu") is first and first.max_batch >= 16

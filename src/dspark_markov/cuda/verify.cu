@@ -168,6 +168,9 @@ __device__ __forceinline__ bool last_of_two(int* word, int members, int* top, in
 #define DV_LOG2E 1.4426950408889634f
 #define DV_LN2 0.6931471805599453f
 #define DV_FMAX 3.4028234663852886e38f
+// log2(e) / T for a cache row's softmax in the cache values' space (T == 0: 1), at most FLT_MAX: below T ~ 4e-39
+// the quotient overflows and (c - max) * inf would be NaN at the row's maximum, where softmax(c / T) is one-hot there
+__device__ __forceinline__ float cache_scale(float t) { return fminf(div_rn(DV_LOG2E, t == 0.0f ? 1.0f : t), DV_FMAX); }
 #define DV_TINY 1.1754943508222875e-38f
 #define DV_ACCEPT_DOMAIN 0x243F6A88u
 #define DV_RESAMPLE_DOMAIN 0x85A308D3u
@@ -315,7 +318,7 @@ __device__ void decide(const VerifyArgs& a, const Plan& p, i64 b, const Req& q, 
   const int k = (int)a.k, n = q.n;
   const int j = lane >> 2, sub = lane & 3;
   const bool row = j <= k;
-  const float q_scale = div_rn(DV_LOG2E, q.temp == 0.0f ? 1.0f : q.temp);
+  const float q_scale = cache_scale(q.temp);
   const bool t_ok = row && q.live && j <= n;
   const bool q_ok = row && q.live && j < n && !q.greedy;
   Stats ts, cs;
@@ -351,6 +354,9 @@ __device__ void decide(const VerifyArgs& a, const Plan& p, i64 b, const Req& q, 
   if (a.flags & DV_RAW) zx = scaled(zx, q.ttemp);
   const float p_x = div_rn(exp2f(mul_rn(sub_rn(zx, ts.m), DV_LOG2E)), ts.s);
   const float q_max = scaled(cs.m, q.temp);
+  // max(c) / T infinite (c / T overflowing, a +inf or all -inf row): softmax(c / T) is NaN everywhere, as in the
+  // reference; a NaN normaliser makes the emit items' q (in the cache values' space) NaN too (the Triton verifier's rule)
+  if (q.temp != 0.0f && j < n && fabsf(q_max) == __int_as_float(0x7F800000)) cs.s = __int_as_float(0x7FC00000);
   const float soft = div_rn(exp2f(mul_rn(sub_rn(scaled(cx, q.temp), q_max), DV_LOG2E)), cs.s);
   const float q_x = q.temp == 0.0f ? ((int)x == q_arg ? 1.0f : 0.0f) : soft;
   const float ratio = q_x > 0.0f ? div_rn(p_x, q_x) : 0.0f;
@@ -639,7 +645,7 @@ __device__ void stream_item(const VerifyArgs& a, const Plan& p, i64 b, int r, co
   if (work) {
     const int row_index = partial_row();
     const bool divide = (a.flags & DV_RAW) && q.ttemp != 0.0f && q.ttemp != 1.0f;
-    const float q_scale = div_rn(DV_LOG2E, q.temp == 0.0f ? 1.0f : q.temp);
+    const float q_scale = cache_scale(q.temp);
     // a greedy request's target rows and a T = 0 request's cache rows: the first argmax is all decide() and the emit
     // items read of them (a greedy request is direct; q of T = 0 is one-hot at the argmax); other rows: the softmax
     const bool arg_only = is_target ? q.greedy : q.temp == 0.0f;

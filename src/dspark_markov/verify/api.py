@@ -107,7 +107,11 @@ def verify_drafts(target_logits, draft_tokens, logits_cache, num_drafts, idx_map
     method : ``"standard"`` (token by token: accept ``x_i`` iff ``u_i < p_i(x_i) / q_i(x_i)``; on
         the first rejection draw from ``normalize(max(p_i - q_i, 0))``; after ``n`` acceptances
         draw the bonus from ``p_n``) or ``"block"`` (block verification, Sun et al. 2024: the
-        same guarantee, never fewer accepted tokens on average).
+        same guarantee, never fewer accepted tokens on average). Where a draft row's ``q`` is NaN
+        (its ``cache / T`` overflows fp32, or holds NaN / +inf / only -inf), the standard method
+        rejects that draft and draws the row from ``p`` (lossless); the block method's residual mass
+        of that row is NaN, its test fails and fewer drafts are kept, which is not lossless there
+        (both implementations alike): use the standard method for such rows.
     impl : ``"auto"`` (the default; :mod:`dspark_markov.registry`): ``"triton"`` on CUDA, the
         reference on the CPU. ``"reference"``: torch, CPU and CUDA (allocates per call).
         ``"triton"``: the one-launch kernel of :mod:`dspark_markov.verify.triton_verify_stream`

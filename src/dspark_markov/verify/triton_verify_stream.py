@@ -635,6 +635,17 @@ def _fast_prob(x, row_max, scale, inv_sum, HARDWARE: tl.constexpr):
 
 
 @triton.jit
+def _cache_scale(temp):
+    """``log2(e) / T`` for a cache row's softmax in the cache values' space (T == 0: 1), at most FLT_MAX.
+
+    Below T ~ 4e-39 the quotient overflows and ``(c - max) * inf`` would be NaN at the row's maximum, where
+    ``softmax(c / T)`` (the reference's) is one-hot at the maximum: FLT_MAX keeps the maximum at 1 and every
+    smaller value at 0.
+    """
+    return tl.minimum(tl.math.div_rn(_LOG2E, tl.where(temp == 0.0, 1.0, temp)), _FMAX)
+
+
+@triton.jit
 def _fast_draft_prob(c, token, temp, c_max, scale, inv_sum, q_arg, HARDWARE: tl.constexpr):
     """``q(v)`` in the cache values' space (``scale = log2(e) / T``), one-hot at the argmax if T == 0."""
     soft = _fast_prob(c, c_max, scale, inv_sum, HARDWARE)
@@ -825,7 +836,7 @@ def _stream_chunk(t_base, c_base, t_row_stride, c_step_stride, drafts_ptr, d_req
             tl.store(pi_ptr + part, tok)
         elif FUSED & (temp != 0.0):  # target row j and cache row j (none for j = n) in one loop
             c_end = tl.where(j < n, end, start)
-            c_scale = tl.math.div_rn(_LOG2E, temp)
+            c_scale = _cache_scale(temp)
             if (FAST_DIVIDE > 0) & RAW & (ttemp != 0.0) & (ttemp != 1.0):
                 dt, dr, ds, dtiny = _divisor(ttemp)
                 mx, sm, cmx, csm, risky = _pair_softmax(t_base + j * t_row_stride, c_base + j * c_step_stride,
@@ -862,7 +873,7 @@ def _stream_chunk(t_base, c_base, t_row_stride, c_step_stride, drafts_ptr, d_req
                     tl.store(pi_ptr + qpart, tok)
                 else:
                     mx, sm = _row_softmax(c_base + j * c_step_stride, start, end, T1, temp,
-                                          tl.math.div_rn(_LOG2E, temp), False, BLOCK, UNROLL, HARDWARE, PIPE)
+                                          _cache_scale(temp), False, BLOCK, UNROLL, HARDWARE, PIPE)
                     tl.store(pa_ptr + qpart, mx)
                     tl.store(pb_ptr + qpart, sm)
 
@@ -1136,9 +1147,14 @@ def _stream_verify_kernel(
                 t_valid = t_ok | (cc == 0)[None, :]
             _, t_arg = block_argmax(tl.where(t_ok, tm, float("-inf")), ti, t_valid, 1)
             q_cmax = tl.max(qm, axis=1)  # max of the raw cache values (T > 0 rows)
-            q_scale = tl.math.div_rn(_LOG2E, tl.where(temp == 0.0, 1.0, temp))
+            q_scale = _cache_scale(temp)
             q_sum = tl.sum(qs * tl.exp2((qm - q_cmax[:, None]) * q_scale), axis=1)
             q_max = _scaled(q_cmax, temp)  # max(c) / T = max(c / T): division is monotone
+            # max(c) / T infinite (c / T overflowing, or a +inf / all -inf row): softmax(c / T) is NaN everywhere, as
+            # in the reference; a NaN normaliser makes the residuals' q (in the cache values' space, finite) NaN too,
+            # so a rejected draft's row falls back to p as the reference's does
+            # (nested selects: the interpreter cannot `&` a vector with a scalar bool)
+            q_sum = tl.where(temp == 0.0, q_sum, tl.where((jj < n) & (tl.abs(q_max) == float("inf")), float("nan"), q_sum))
             if SPANNED:
                 q_valid = q_ok | c_first
             else:
@@ -1235,7 +1251,7 @@ def _stream_verify_kernel(
             q_cmax = tl.load(rows + 2 * KP1 + i, volatile=True)
             q_inv = tl.math.div_rn(1.0, tl.load(rows + 3 * KP1 + i, volatile=True))
             q_arg = tl.load(rows + 6 * KP1 + i, volatile=True).to(tl.int32, bitcast=True)
-            q_scale = tl.math.div_rn(_LOG2E, tl.where(temp == 0.0, 1.0, temp))
+            q_scale = _cache_scale(temp)
             acc = tl.zeros([BLOCK], tl.float32)
             for t in tl.range(0, T1, UR, num_stages=PIPE):
                 token = lane[None, :] + (t * BLOCK + step)
@@ -1288,7 +1304,7 @@ def _stream_verify_kernel(
             q_inv = tl.math.div_rn(1.0, tl.load(rows + 3 * KP1 + js, volatile=True))
             w = tl.load(rows + 4 * KP1 + js, volatile=True)
             q_arg = tl.load(rows + 6 * KP1 + js, volatile=True).to(tl.int32, bitcast=True)
-        q_scale = tl.math.div_rn(_LOG2E, tl.where(temp == 0.0, 1.0, temp))
+        q_scale = _cache_scale(temp)
         if not BLOCK_METHOD:
             w = 1.0
         prefix = rng_triton.hash_prefix(seed, position + js - 1, _RESAMPLE_DOMAIN)
