@@ -217,6 +217,8 @@ def _combine_kernel(
     # block_argmax takes the lowest index among equal maxima: the row's first maximum (in target-id
     # order with a d2t table, whose tiles are not ordered by target id).
     best, token = block_argmax(value, index, ok)
+    # every key -inf: torch.argmax's 0 (a d2t row's -inf partials hold mapped target ids only)
+    token = tl.where(best == float("-inf"), 0, token)
     if INVERSE_CDF:
         sample = row * num_steps + step
         live, slot = sample_slot(idx_ptr, sample, num_slots)

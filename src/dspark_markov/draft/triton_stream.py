@@ -151,7 +151,10 @@ def _gumbel_words(z, zmax, temp, prefix, best, cols, mask, need, filter_margin, 
     ``need`` marks the sampled rows (T > 0) not skipped as a whole; ``best`` their current keys.
     Returns INT64_MIN where no token of the row can reach ``best``.
     """
+    # 1 / T overflows below T ~ 2.9e-39, where z * (1/T) is no bound of div_rn(z, T) (0 * inf = NaN, -inf): NaN then,
+    # which keeps every token a candidate and sends the row to the exact keys below
     inv_temp = 1.0 / tl.where(temp > 0.0, temp, 1.0)
+    inv_temp = tl.where(inv_temp < float("inf"), inv_temp, float("nan"))
     h = rng_triton.hash_finish(prefix[:, None], cols)
     # A lower bound of the tile's own best key (the noise is >= G_MIN), so the threshold is useful
     # even before any word exists; everything at or above the threshold stays a candidate.
@@ -160,7 +163,7 @@ def _gumbel_words(z, zmax, temp, prefix, best, cols, mask, need, filter_margin, 
     # (an infinite threshold stays as it is: +inf keeps exactly the +inf and NaN logits)
     threshold = tl.where(tl.abs(threshold) < float("inf"), threshold - key_slack(threshold, filter_margin), threshold)
     reach = z * inv_temp[:, None] + noise_upper(h, HARDWARE)
-    candidate = need[:, None] & mask & ((reach >= threshold[:, None]) | (z != z))
+    candidate = need[:, None] & mask & (((reach < threshold[:, None]) == 0) | (z != z))  # (a NaN reach stays one)
     words = tl.full(zmax.shape, INT64_MIN, tl.int64)
     if tl.max(tl.max(candidate.to(tl.int32), axis=1), axis=0) > 0:
         approx = z * inv_temp[:, None] + approx_gumbel(rng_triton.uniform32(h), HARDWARE)

@@ -113,6 +113,7 @@ def _candidate_words(z, zmax, temp, safe_temp, prefix, best_word, cols, mask, ne
     tokens and ``best_word``.
     """
     inv_temp = 1.0 / safe_temp
+    inv_temp = tl.where(inv_temp < float("inf"), inv_temp, float("nan"))  # (1 / T overflowing: _gumbel_words)
     h = rng_triton.hash_finish(prefix[:, None], cols)
     reach = tl.fma(z, inv_temp[:, None], log_noise_upper(h, HARDWARE))  # NaN where z is NaN
     # a lower bound of the tile's own best key: useful before any word exists

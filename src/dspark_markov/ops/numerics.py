@@ -145,6 +145,10 @@ def pack_word(value, index):
 
 @triton.jit
 def word_token(word, vocab):
-    """The token of a :func:`pack_word` word, clamped into ``[0, V)``."""
-    _, token = unpack_key(word)
-    return tl.minimum(tl.maximum(token, 0), vocab - 1)
+    """The token of a :func:`pack_word` word, clamped into ``[0, V)``; 0 where its key is -inf.
+
+    A best key of -inf means every key of the row is -inf, whose ``torch.argmax`` is 0: with a reduced
+    vocabulary (d2t) the -inf partials carry mapped target ids only, the lowest of which need not be 0.
+    """
+    key, token = unpack_key(word)
+    return tl.where(key == float("-inf"), 0, tl.minimum(tl.maximum(token, 0), vocab - 1))
