@@ -22,7 +22,10 @@ INT64_MIN = tl.constexpr(-9223372036854775807 - 1)  # packed word below every ke
 
 @triton.jit
 def round_to_bf16(x):
-    """fp32 -> bf16, round to nearest even, in integer arithmetic (NaN -> 0x7FC0, as torch does)."""
+    """fp32 -> bf16, round to nearest even, in integer arithmetic.
+
+    NaN -> 0x7FC0, the canonical quiet NaN (torch's CPU cast may store other NaN bits, e.g. 0xFFFF: a NaN all the same).
+    """
     bits = x.to(tl.uint32, bitcast=True)
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
     rounded = tl.where(x != x, 0x7FC0, rounded)
