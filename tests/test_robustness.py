@@ -463,6 +463,10 @@ def test_audit_filter_scalar_arguments_beyond_machine_ints(impl):
         dm.top_k_top_p(x.clone(), None, 10**400, impl=impl)
     with pytest.raises(ValueError, match=r"^temperature: expected a finite float >= 0, got inf"):
         dm.top_k_top_p(x.clone(), 5, temperature=float("inf"), impl="reference")
+    # a float p beyond the float32 range: top-p off (p >= 1), not an overflow in torch.full; such a T: ValueError
+    assert torch.equal(dm.top_k_top_p(x.clone(), None, 1e39, impl=impl), x)
+    with pytest.raises(ValueError, match=r"^temperature: expected a value within the float32 range"):
+        dm.top_k_top_p(x.clone(), 5, temperature=1e39, impl="reference")
 
 
 @pytest.mark.parametrize("impl", ["reference", "triton"])

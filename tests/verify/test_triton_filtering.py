@@ -117,6 +117,38 @@ def test_first_pass_paths_at_a_larger_capacity():
     assert int(filt.state.searched) == 0 and int(filt.state.unresolved) == 0
 
 
+def test_candidate_key_spans_beyond_int32():
+    """More than 256 candidates (capacity >= 512, as on the GPU) whose ordered keys span more than 2^31: values from
+    about +2 to -2 and beyond, or a +inf / -inf among them. Their span was an int32 difference (wrapped negative): the
+    narrowing dropped the wrong candidates, rows came back empty, and out of place the dropped ones were written as
+    -inf into the input."""
+    gen = torch.Generator().manual_seed(0)
+    neg = float("-inf")
+    x = torch.randn(1, 1200, generator=gen) * 3 - 3
+    filt = nx.TopKTopPFilter(1, 1200, "cpu", capacity=2048)
+    k = torch.tensor([400])
+    assert_same(filt.filter(x.clone(), k, None, torch.empty_like(x)), reference(x, k, None))  # top-k, early gather
+    y = torch.full((1, 300), neg)
+    y[0, 299], y[0, 0] = float("inf"), 5.0
+    small = nx.TopKTopPFilter(1, 300, "cpu", capacity=512)
+    k = torch.tensor([2])
+    assert_same(small.filter(y.clone(), k, None, torch.empty_like(y)), reference(y, k, None))
+    z = torch.randn(4, 2048, generator=gen) * 3 - 3
+    z[1] = torch.randn(2048, generator=gen) * 4
+    z[2] = torch.randn(2048, generator=gen) * 2 - 4
+    z[2, 5] = 12.0
+    z[3] = torch.randn(2048, generator=gen) * 2
+    z[3, 700:] = neg
+    p = torch.tensor([0.9, 0.99, 0.9, 0.999])
+    expected = reference(z, None, p)
+    wide = nx.TopKTopPFilter(4, 2048, "cpu", capacity=2048)
+    source = z.clone()
+    assert_same(wide.filter(source, None, p, torch.full_like(z, 7.0)), expected)  # top-p, out of place
+    assert_same(source, z)  # the input untouched
+    wide.narrow_tile = 64  # the wide narrowing (_narrow_mass_wide)
+    assert_same(wide.filter(z.clone(), None, p, torch.empty_like(z)), expected)
+
+
 def test_top_k_early_gather_beyond_one_sort_is_narrowed():
     """An early top-k gather of more than SORT_SMALL candidates (~4 k tokens; the GPU capacity,
     2048) is narrowed to the parts that hold the top k, sorted once, and written without being read

@@ -42,6 +42,7 @@ from .filtering_reference import (EXP_COEFFS, EXP_FLOOR, KEY_FLOOR, LOG2E, MASS_
                                   top_k_top_p_reference, weight_fixed_point)
 
 IMPLS = ("triton", "reference", "cuda")
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
 # --------------------------------------------------------------------------- validation
@@ -61,6 +62,10 @@ def _per_row(name, value, rows, device, dtypes, kind, finite=False):
         raise ValueError(f"{name}: expected a float >= 0, got an int too large for a float") from None
     if math.isnan(number) or number < 0 or (finite and math.isinf(number)):
         raise ValueError(f"{name}: expected a {'finite ' if finite else ''}float >= 0, got {value}")
+    if number > _FLOAT32_MAX:  # (fp32 rows: torch.full of it overflows)
+        if finite:
+            raise ValueError(f"{name}: expected a value within the float32 range, got {value}")
+        number = math.inf  # p beyond fp32: top-p off, as any p >= 1
     return number
 
 

@@ -770,7 +770,7 @@ def _complete_bracket(row, st_flags, st_best, st_min, st_cursor, points, counts,
             # the parts of _resolve_row's first narrowing (the same bounds: _narrow_mass, bounded)
             k_low = tl.maximum(lo >> 32, tl.load(st_min + row)).to(tl.int32)
             k_high = tl.minimum((tl.load(points + base + hi_slot) - 1) >> 32, best_key.to(tl.int64)).to(tl.int32)
-            span = (k_high - k_low).to(tl.int64) + 1
+            span = k_high.to(tl.int64) - k_low.to(tl.int64) + 1  # (int64 first: an int32 difference wraps)
             t = tl.arange(0, _NARROW_TILE)
             parts = tl.arange(0, _PARTS)
             lanes = tl.zeros([_NARROW_TILE, _PARTS], tl.int64)  # per lane and part; reduced once at the end
@@ -904,7 +904,7 @@ def _key_range(scratch, n_in):
         k_max = tl.maximum(k_max, tl.where(inside, key, -_BIG_INDEX - 1))
         k_min = tl.minimum(k_min, tl.where(inside, key, _BIG_INDEX))
     low = tl.min(k_min, axis=0)
-    return low, (tl.max(k_max, axis=0) - low).to(tl.int64) + 1
+    return low, tl.max(k_max, axis=0).to(tl.int64) - low.to(tl.int64) + 1  # (int64 first: int32 wraps)
 
 
 @triton.jit
@@ -958,12 +958,12 @@ def _narrow_mass(scratch, n_in, limit, mass_hi, row_max, dst, scatter, k_low, k_
     parts = tl.arange(0, _PARTS)
     if GIVEN:
         k_min = k_low
-        span = (k_high - k_low).to(tl.int64) + 1
+        span = k_high.to(tl.int64) - k_low.to(tl.int64) + 1
         sums = tl.load(part_sums + parts)
     else:
         if bounded:
             k_min = k_low
-            span = (k_high - k_low).to(tl.int64) + 1
+            span = k_high.to(tl.int64) - k_low.to(tl.int64) + 1
         else:
             k_min, span = _key_range(scratch, n_in)
         lanes = tl.zeros([_NARROW_TILE, _PARTS], tl.int64)  # per lane and part; reduced once at the end
@@ -1029,7 +1029,7 @@ def _narrow_mass_wide(scratch, n_in, limit, mass_hi, row_max, k_min, k_max, dst,
     """
     t = tl.arange(0, TILE)
     parts = tl.arange(0, _PARTS)
-    span = (k_max - k_min).to(tl.int64) + 1
+    span = k_max.to(tl.int64) - k_min.to(tl.int64) + 1
     sums = tl.zeros([_PARTS], tl.int64)
     for offset in range(0, n_in, TILE):
         inside = offset + t < n_in
