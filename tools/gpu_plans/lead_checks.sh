@@ -3,6 +3,7 @@
 # on an H200, PYTHONPATH=$PWD/src, with vLLM's gumbel_sample extracted (`python tools/extract_vllm.py`):
 #   bash tools/gpu_plans/lead_checks.sh capture   # budget ~170 s (two fresh processes, each compiling ~30-50 s)
 #   bash tools/gpu_plans/lead_checks.sh regress45 # budget ~200 s: any GPU: the GPU tests nearest stop 45's API changes (never run on a GPU)
+#   bash tools/gpu_plans/lead_checks.sh edges46   # budget ~280 s: any GPU: stop 46's edge-case fixes (subnormal T, d2t -inf rows) at full shapes, every design
 # The vLLM-hook timing failed twice in a CUDA-graph capture (..._2026-12-04_vllm_hook_u5_failure.txt,
 # ..._vllm_hook_u0_capture_failure.txt): earlier graphs, held in reference cycles, were destroyed by Python's garbage
 # collector inside a later capture. Fixed in bench.harness.capture_graph (gc collected before, off during a capture)
@@ -31,5 +32,16 @@ regress45)
     tests/gpu/test_verify_gpu.py tests/gpu/test_block_inputs_gpu.py tests/gpu/test_filtering_gpu.py 2>&1 \
     | tee "$OUT/regress45.txt" | tail -5
   ;;
-*) echo "usage: $0 capture|regress45"; exit 2 ;;
+edges46)
+  # (~150-280 s with compiles) Stop 46 fixed, on the CPU, stream / wide dropping every candidate with a subnormal T
+  # and fused / chain giving the lowest mapped id for d2t rows of all -inf keys (ops.numerics.word_token, fused's
+  # combine). The new GPU file runs both cases for EVERY design here, the CUDA C++ ones included (cuda_chain /
+  # cuda_gumbel bound keys by z * (1/T) too: a failure there is a bug to fix in chain.cu / blocks.cu); then the GPU
+  # files of the changed Triton designs, which the stop's one H100 call did not reach.
+  timeout -k 2 100 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_extreme_values_gpu.py 2>&1 \
+    | tee "$OUT/edges46.txt" | tail -8
+  timeout -k 2 170 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_fused_gpu.py tests/gpu/test_chain_gpu.py \
+    tests/gpu/test_wide_gpu.py tests/gpu/test_stream_gpu.py 2>&1 | tee -a "$OUT/edges46.txt" | tail -5
+  ;;
+*) echo "usage: $0 capture|regress45|edges46"; exit 2 ;;
 esac

@@ -1,0 +1,76 @@
+"""Legal inputs at the ends of the float range on the GPU, for every drafting design that runs here (stop 46).
+
+The CPU file (``tests/draft/test_extreme_values.py``) covers the Triton designs in the interpreter at small V; this
+one runs every available design (the CUDA C++ ones too: ``cuda_chain`` / ``cuda_gumbel`` rank tokens by ``z * (1/T)``
+bounds as ``stream`` / ``wide`` did, written before the subnormal-T fix and never run with such a T) at V = 129,280,
+rank 256, bf16 weights: a subnormal temperature (1 / T overflows fp32 while ``div_rn(z, T)`` stays finite), and with
+a reduced vocabulary a row whose keys are all -inf (``torch.argmax``: 0). Every token must be the reference's draw
+from the design's own cache. A design that refuses the inputs (a ValueError: d2t or the head unsupported) is left
+out of that case; one that is unavailable here is skipped.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dspark_markov as dm
+from dspark_markov import registry
+from dspark_markov.draft import reference as ref
+
+pytestmark = pytest.mark.gpu
+
+VOCAB, RANK = 129_280, 256
+DESIGNS = [name for name in dm.MarkovSampler.impl_names() if name not in ("reference", "auto")]
+
+
+def _runs_here(impl):
+    try:
+        cls = registry.load("draft", impl)
+    except ValueError as error:
+        return str(error)
+    why_not = getattr(cls, "unavailable_reason", None)
+    return why_not() if why_not is not None else None
+
+
+@pytest.mark.parametrize("impl", DESIGNS)
+def test_subnormal_temperatures(impl):
+    why = _runs_here(impl)
+    if why is not None:
+        pytest.skip(why)
+    gen = torch.Generator().manual_seed(0)
+    head = dm.MarkovHead(torch.randn(VOCAB, RANK, generator=gen).bfloat16().cuda(),
+                         torch.randn(VOCAB, RANK, generator=gen).bfloat16().cuda(), scale=0.0)
+    base = torch.stack([torch.zeros(VOCAB), -(torch.rand(VOCAB, generator=gen) + 1.0) * 1e-3,
+                        torch.cat([torch.zeros(1), -torch.rand(VOCAB - 1, generator=gen) - 1.0])])[:, None]
+    temperature = torch.tensor([1e-45, 1e-40, 2e-39]).cuda()
+    args = [base.bfloat16().cuda(), torch.tensor([3, 4, 5]).cuda(), torch.tensor([0, 1, 2]).cuda(),
+            torch.tensor([100, 7, 0]).cuda(), temperature, torch.tensor([42, -1, 2**62]).cuda()]
+    try:
+        out = dm.sample_drafts(head, *args, impl=impl, method="gumbel")
+    except ValueError as error:
+        pytest.skip(f"{impl}: {error}")
+    want = ref.draw_gumbel(out.logits_cache[:, 0].float(), temperature, args[5], 0, args[3])
+    assert torch.equal(out.draft_tokens[:, 0], want), (out.draft_tokens[:, 0], want)
+    assert int(out.draft_tokens[2, 0]) == 0  # the only finite key
+
+
+@pytest.mark.parametrize("impl", DESIGNS)
+def test_reduced_vocabulary_all_minus_inf_rows_give_token_0(impl):
+    why = _runs_here(impl)
+    if why is not None:
+        pytest.skip(why)
+    vocab_t = VOCAB + 1000
+    gen = torch.Generator().manual_seed(0)
+    head = dm.MarkovHead(torch.randn(vocab_t, RANK, generator=gen).bfloat16().cuda(),
+                         torch.randn(VOCAB, RANK, generator=gen).bfloat16().cuda(),
+                         d2t=torch.full((VOCAB,), 5).cuda(), target_vocab_size=vocab_t)  # target ids 0..4 unmapped
+    base = torch.stack([torch.full((VOCAB,), float("-inf")), torch.full((VOCAB,), float("-inf")),
+                        -1000.0 - torch.rand(VOCAB, generator=gen)])[:, None].cuda()
+    args = [base, torch.tensor([3, 4, 5]).cuda(), torch.tensor([0, 1, 2]).cuda(), torch.tensor([100, 7, 0]).cuda(),
+            torch.tensor([0.0, 1.0, 1e-45]).cuda(), torch.tensor([42, 43, 44]).cuda()]
+    try:
+        out = dm.sample_drafts(head, *args, impl=impl, method="gumbel", cache_dtype=torch.float32)
+    except ValueError as error:
+        pytest.skip(f"{impl}: {error}")
+    assert out.draft_tokens[:, 0].tolist() == [0, 0, 0]
