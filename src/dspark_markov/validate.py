@@ -75,7 +75,7 @@ def check_apart(name, out, source_name, source) -> None:
     """Raise ``ValueError`` unless ``out`` is ``source`` itself (same start and strides: in place) or shares none of
     its memory (:func:`spans_overlap`); a kernel reading ``source`` while writing ``out`` would otherwise read rows it
     already wrote."""
-    if out.data_ptr() == source.data_ptr() and out.stride() == source.stride() or out.device.type == "meta":
+    if (out.data_ptr() == source.data_ptr() and out.stride() == source.stride()) or out.device.type == "meta":
         return
     if spans_overlap(out, source):
         raise ValueError(f"{name}: overlaps {source_name} without being the same rows (the filter would read rows it "

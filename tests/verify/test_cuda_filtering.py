@@ -24,6 +24,7 @@ import torch
 import dspark_markov as dm
 from dspark_markov import registry
 from dspark_markov.cuda import build
+from dspark_markov.validate import spans_overlap
 from dspark_markov.verify import cuda_filtering as cf
 from dspark_markov.verify.filtering_reference import top_k_top_p_reference, weight_fixed_point
 from tests.helpers import assert_args_struct_matches, host_library, load_tool, sm90_compile_log
@@ -839,9 +840,9 @@ def test_launch_config_struct_is_the_drivers():
 
 def test_overlap_of_logits_and_out():
     x = torch.zeros(4, 300)
-    assert cf._overlap(x, x) and cf._overlap(x, x[1:]) and cf._overlap(x[:, 5:], x[:, :5])
-    assert not cf._overlap(x[:2], x[2:]) and not cf._overlap(x, torch.zeros(4, 300))
-    assert not cf._overlap(x[:0], x)
+    assert spans_overlap(x, x) and spans_overlap(x, x[1:]) and spans_overlap(x[:, 5:], x[:, :5])
+    assert not spans_overlap(x[:2], x[2:]) and not spans_overlap(x, torch.zeros(4, 300))
+    assert not spans_overlap(x[:0], x)
 
 
 def test_raw_logits_with_temperature_equal_the_filter_of_the_divided_rows():

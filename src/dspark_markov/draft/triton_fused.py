@@ -31,7 +31,7 @@ import triton.language as tl
 from ..ops import pick
 from ..ops.filter import FILTER_MARGIN, filtered_argmax
 from ..ops.noise import INTERPRET, draft_prefix, inverse_cdf_uniform
-from ..ops.numerics import biased_logits, block_argmax, round_to, to_float32, weight_bias
+from ..ops.numerics import biased_logits, block_argmax, round_to, row_token, to_float32, weight_bias
 from ..ops.rows import draft_rows, gather_code, sample_slot, slot_seed, slot_temperature
 from ..validate import check_power_of_two
 
@@ -217,8 +217,7 @@ def _combine_kernel(
     # block_argmax takes the lowest index among equal maxima: the row's first maximum (in target-id
     # order with a d2t table, whose tiles are not ordered by target id).
     best, token = block_argmax(value, index, ok)
-    # every key -inf: torch.argmax's 0 (a d2t row's -inf partials hold mapped target ids only)
-    token = tl.where(best == float("-inf"), 0, token)
+    token = row_token(best, token)
     if INVERSE_CDF:
         sample = row * num_steps + step
         live, slot = sample_slot(idx_ptr, sample, num_slots)

@@ -145,16 +145,24 @@ def _greedy_words(z, zmax, cols, mask):
 
 
 @triton.jit
+def _bound_inv_temp(safe_temp):
+    """``1 / T`` for the per-token key bounds ``z * (1/T) + noise`` (``safe_temp``: T of sampled rows, 1 elsewhere).
+
+    Below T ~ 2.9e-39 the reciprocal overflows, where ``z * (1/T)`` is no bound of ``div_rn(z, T)`` (0 * inf = NaN,
+    -inf): NaN then, which keeps every token a candidate and sends the row to the exact keys.
+    """
+    inv_temp = 1.0 / safe_temp
+    return tl.where(inv_temp < float("inf"), inv_temp, float("nan"))
+
+
+@triton.jit
 def _gumbel_words(z, zmax, temp, prefix, best, cols, mask, need, filter_margin, HARDWARE: tl.constexpr):
     """Per-row word of the exact Gumbel argmax over the tokens of a tile that can beat ``best``.
 
     ``need`` marks the sampled rows (T > 0) not skipped as a whole; ``best`` their current keys.
     Returns INT64_MIN where no token of the row can reach ``best``.
     """
-    # 1 / T overflows below T ~ 2.9e-39, where z * (1/T) is no bound of div_rn(z, T) (0 * inf = NaN, -inf): NaN then,
-    # which keeps every token a candidate and sends the row to the exact keys below
-    inv_temp = 1.0 / tl.where(temp > 0.0, temp, 1.0)
-    inv_temp = tl.where(inv_temp < float("inf"), inv_temp, float("nan"))
+    inv_temp = _bound_inv_temp(tl.where(temp > 0.0, temp, 1.0))
     h = rng_triton.hash_finish(prefix[:, None], cols)
     # A lower bound of the tile's own best key (the noise is >= G_MIN), so the threshold is useful
     # even before any word exists; everything at or above the threshold stays a candidate.

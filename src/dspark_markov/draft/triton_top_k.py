@@ -33,7 +33,7 @@ import triton.language as tl
 from ..ops.constants import MAX_TOP_K
 from ..ops.filter import exact_keys
 from ..ops.noise import draft_prefix
-from ..ops.numerics import block_argmax, round_to, to_float32
+from ..ops.numerics import block_argmax, round_to, row_token, to_float32
 from ..ops.rows import draft_row, sample_slot
 
 
@@ -101,7 +101,7 @@ def _top_k_chain_kernel(
         greedy = temp == 0.0
         keys = exact_keys(to_float32(z), greedy, temp, draft_prefix(seed, step, position), target, 0)
         best, token = block_argmax(keys, target, ok)
-        token = tl.where(best == float("-inf"), 0, token).to(tl.int64)  # an all -inf row: token 0
+        token = row_token(best, token).to(tl.int64)
         tl.store(tokens_ptr + row * stride_tr + step, token)
         prev = tl.minimum(tl.maximum(token, 0), embed_rows - 1)
 

@@ -64,8 +64,9 @@ from ..ops.numerics import INT64_MIN, pack_word, to_float32
 from ..ops.numerics import word_token as _word_token
 from ..ops.rows import draft_row, draft_rows
 from ..validate import check_power_of_two
-from .triton_stream import (_G_MAX, _G_MIN, _LN2_UP, _finish_gumbel_kernel, _greedy_words, _gumbel_words, _nan_max,
-                            _prepare_kernel, _round, _word_value, first_argmax_by_tiles, pick_in_tiles)
+from .triton_stream import (_G_MAX, _G_MIN, _LN2_UP, _bound_inv_temp, _finish_gumbel_kernel, _greedy_words,
+                            _gumbel_words, _nan_max, _prepare_kernel, _round, _word_value, first_argmax_by_tiles,
+                            pick_in_tiles)
 
 # log_noise_upper: g <= (24 - log2(h >> 8)) ln 2 + LOG_UPPER_MARGIN for every hash h (+inf for h < 256);
 # checked over all 2^32 hashes with the hardware log2 by tests/gpu/test_wide_gpu.py.
@@ -112,8 +113,7 @@ def _candidate_words(z, zmax, temp, safe_temp, prefix, best_word, cols, mask, ne
     Keys of real tokens only ever enter the words, so the result is the exact argmax of the tile's
     tokens and ``best_word``.
     """
-    inv_temp = 1.0 / safe_temp
-    inv_temp = tl.where(inv_temp < float("inf"), inv_temp, float("nan"))  # (1 / T overflowing: _gumbel_words)
+    inv_temp = _bound_inv_temp(safe_temp)
     h = rng_triton.hash_finish(prefix[:, None], cols)
     reach = tl.fma(z, inv_temp[:, None], log_noise_upper(h, HARDWARE))  # NaN where z is NaN
     # a lower bound of the tile's own best key: useful before any word exists

@@ -82,6 +82,16 @@ def block_argmax(key, token, valid, AXIS: tl.constexpr = 0):
 
 
 @triton.jit
+def row_token(best, token):
+    """The drawn token of a row whose best key is ``best`` at ``token``: 0 where ``best`` is -inf.
+
+    A best key of -inf means every key of the row is -inf, whose ``torch.argmax`` is 0; partials over a reduced
+    vocabulary (d2t) carry mapped target ids only, the lowest of which need not be 0.
+    """
+    return tl.where(best == float("-inf"), 0, token)
+
+
+@triton.jit
 def combine_blocks(block_max, block_token, valid, vocab):
     """The row's token from per-block ``(max, first index)`` partials (blocks in vocabulary order).
 
@@ -148,10 +158,6 @@ def pack_word(value, index):
 
 @triton.jit
 def word_token(word, vocab):
-    """The token of a :func:`pack_word` word, clamped into ``[0, V)``; 0 where its key is -inf.
-
-    A best key of -inf means every key of the row is -inf, whose ``torch.argmax`` is 0: with a reduced
-    vocabulary (d2t) the -inf partials carry mapped target ids only, the lowest of which need not be 0.
-    """
+    """The token of a :func:`pack_word` word, clamped into ``[0, V)`` (:func:`row_token`: 0 where its key is -inf)."""
     key, token = unpack_key(word)
-    return tl.where(key == float("-inf"), 0, tl.minimum(tl.maximum(token, 0), vocab - 1))
+    return row_token(key, tl.minimum(tl.maximum(token, 0), vocab - 1))

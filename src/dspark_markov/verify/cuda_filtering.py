@@ -51,7 +51,7 @@ import torch
 
 from .. import cuda
 from ..rng import f32
-from ..validate import check_apart, spans_overlap as _overlap  # noqa: F401  (_overlap: the predicate, for tests)
+from ..validate import check_apart
 
 CLUSTER = 8  # filter.cu DF_C: blocks per row
 THREADS = 256  # filter.cu DF_T

@@ -85,7 +85,6 @@ def _check(logits, k, p, impl, out, temperature=None):
     if out is not None:
         check_tensor("out", out, shape=logits.shape, dtypes=(torch.float32,), device=logits.device,
                      last_stride_one=True)
-    if out is not None:
         check_apart("out", out, "logits", logits)
     written = logits if out is None else out
     if rows > 1 and written.stride(0) < vocab:  # (an expanded row, stride 0: one row written by several)
