@@ -99,6 +99,9 @@ __device__ __forceinline__ RowState row_state(const BlocksArgs& a, i64 row) {
   const i64 seed = r.live ? ((const i64*)a.seeds)[r.slot] : 0;
   r.greedy = r.temp == 0.0f;
   r.inv_temp = r.greedy ? 1.0f : dm::div_rn(1.0f, r.temp);
+  // A subnormal T (1 / T overflows) makes the bound of every z < 0 -inf although its exact key div_rn(z, T) + g may
+  // be finite (a threshold from another chunk would then skip it): NaN bounds instead, every token an exact candidate.
+  if (!(r.inv_temp <= 3.402823466e38f)) r.inv_temp = __int_as_float(0x7fffffff);
   r.prefix = dm::draft_prefix(seed, (int)a.step, position);
   return r;
 }

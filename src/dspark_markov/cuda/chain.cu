@@ -253,6 +253,8 @@ __device__ __forceinline__ RowKeys row_keys(const ChainArgs& a, int row, int ste
   i64 seed = k.live ? ((const i64*)a.seeds)[slot] : 0;
   k.greedy = !(k.temp > 0.0f);
   k.inv_temp = k.greedy ? 1.0f : 1.0f / k.temp;
+  // A subnormal T (1 / T overflows): NaN approximate keys, which send the row to its exact keys (as cuda_wide).
+  if (!(k.inv_temp <= 3.402823466e38f)) k.inv_temp = __int_as_float(0x7fffffff);
   k.prefix = dm::draft_prefix(seed, step, position);
   return k;
 }
