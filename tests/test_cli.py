@@ -157,6 +157,21 @@ def test_demo_names_the_bad_option(capsys, extra, message):
     assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
+def test_seeds_at_the_ends_of_int64(capsys):
+    # int64's largest value is a seed like any other (it was refused: `< 2**63 - 1`); 2^63 is not an int64
+    for seed in (2**63 - 1, -(2**63)):  # the demo runs (exit 1 only says that so few draws verify nothing)
+        assert cli.main(DEMO + ["--seed", str(seed)]) in (0, 1)
+        assert "--seed" not in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(DEMO + ["--seed", str(2**63)])
+    assert exit_.value.code == 2 and "--seed: expected a 64-bit integer" in capsys.readouterr().err
+    from dspark_markov.bench import grid
+
+    assert grid.BenchConfig(device="cpu", seed=2**63 - 1).seed == 2**63 - 1
+    with pytest.raises(ValueError, match="seed: expected an int64"):
+        grid.BenchConfig(device="cpu", seed=2**63)
+
+
 def test_demo_names_verify_impl_when_triton_cannot_run(capsys, monkeypatch):
     from dspark_markov.ops import constants
 

@@ -268,7 +268,7 @@ def check_config(config, positive_fields) -> None:
             raise ValueError(f"{name}: expected >= 1 and < 2^31, got {getattr(config, name)}")
     if not config.rows or any(not 1 <= int(r) <= 2**31 - 1 for r in config.rows):
         raise ValueError(f"rows: expected a non-empty list of row counts in [1, 2^31), got {config.rows}")
-    if not -(2**63) <= int(getattr(config, "seed", 0)) < 2**63 - 1:
+    if not -(2**63) <= int(getattr(config, "seed", 0)) <= 2**63 - 1:
         raise ValueError(f"seed: expected an int64, got {config.seed}")
 
 

@@ -48,7 +48,7 @@ def _check_args(parser, args):
         value = getattr(args, name)
         if not 1 <= value <= 2**31 - 1:
             parser.error(f"--{name.replace('_', '-')}: expected a positive integer below 2^31, got {value}")
-    if not -(2**63) <= args.seed < 2**63 - 1:
+    if not -(2**63) <= args.seed <= 2**63 - 1:
         parser.error(f"--seed: expected a 64-bit integer, got {args.seed}")
     try:
         device = torch.device(args.device)
