@@ -193,3 +193,37 @@ def test_bad_arguments():
     last_pos, bonus, slots, temperature, seeds = _inputs(0)
     with pytest.raises(ValueError, match="backbone"):
         step.draft(last_pos, bonus, slots, temperature, seeds)
+
+
+def test_draft_checks_temperature_and_seeds_per_slot():
+    """temperature and seeds are per slot of the step's cache [num_slots, N, V]: a wrong length names them (it named
+    the step's own logits_cache buffer, or seeds for a short temperature)."""
+    step = DSparkStep(_head(), _Backbone(), num_steps=N, max_reqs=MAX_REQS, num_slots=SLOTS, mask_token_id=MASK,
+                      max_model_len=MAX_LEN, draft_impl="reference", verify_impl="reference",
+                      block_inputs_impl="reference")
+    last_pos, bonus, slots, temperature, seeds = _inputs(0)
+    for temp, seed, name in ((temperature[:-1], seeds, "temperature"),
+                             (torch.ones(SLOTS + 2), torch.zeros(SLOTS + 2, dtype=torch.int64), "temperature"),
+                             (torch.ones(0), torch.zeros(0, dtype=torch.int64), "temperature"),
+                             (temperature, seeds[:-1], "seeds")):
+        with pytest.raises(ValueError, match=rf"^{name}: expected shape \({SLOTS},\)"):
+            step.draft(last_pos, bonus, slots, temp, seed)
+
+
+def test_draft_last_pos_range():
+    """A negative last_pos is rejected by name (it gave negative positions); last_pos at the end of int64 is clamped
+    to max_model_len - 1 like any position past the model length."""
+    head = _head()
+    backbone = _Backbone()
+    for block_impl in ("reference", "triton"):
+        step = DSparkStep(head, backbone, num_steps=N, max_reqs=MAX_REQS, num_slots=SLOTS, mask_token_id=MASK,
+                          max_model_len=MAX_LEN, draft_impl="reference", verify_impl="reference",
+                          block_inputs_impl=block_impl)
+        last_pos, bonus, slots, temperature, seeds = _inputs(0)
+        last_pos[1] = -1
+        with pytest.raises(ValueError, match=r"^last_pos: expected values in \[0, "):
+            step.draft(last_pos, bonus, slots, temperature, seeds)
+        last_pos[1] = 2**63 - 1
+        step.draft(last_pos, bonus, slots, temperature, seeds)
+        assert step.sample_pos.view(MAX_REQS, N)[1].tolist() == [MAX_LEN - 1] * N
+        assert step.positions.view(MAX_REQS, N + 1)[1].tolist() == [MAX_LEN - 1] * (N + 1)

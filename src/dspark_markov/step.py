@@ -30,7 +30,7 @@ import torch
 
 from . import registry
 from .draft.sampler import MarkovSampler
-from .validate import check_head, check_int, check_range, check_tensor, check_unique_slots
+from .validate import check_head, check_int, check_range, check_tensor, check_unique_slots, check_vector
 from .verify.api import check_verify_inputs
 
 
@@ -157,10 +157,15 @@ class DSparkStep:
             check_values = not _capturing(self.device)
         n, r = self.num_steps, self.max_reqs
         registry.check_capturable("block_inputs", self.block_inputs_impl, self.device, argument="block_inputs_impl")
+        # one entry per slot of the step's logits cache [num_slots, N, V] (else the sampler names that buffer)
+        check_vector("temperature", temperature, length=self.num_slots, dtypes=(torch.float32,), device=self.device)
+        check_vector("seeds", seeds, length=self.num_slots, dtypes=(torch.int64,), device=self.device)
         if check_values and isinstance(req_slots, torch.Tensor) and isinstance(num_reqs, (int, type(None))):
             live = req_slots[: req_slots.shape[0] if num_reqs is None else num_reqs]
             # (checked under their own names here: the sampler sees them as idx_mapping and anchor)
             check_range("req_slots", live, -1, self.num_slots)
+            if isinstance(last_pos, torch.Tensor) and last_pos.shape == req_slots.shape:
+                check_range("last_pos", last_pos[: live.shape[0]], 0, 2**63)  # (a position is never negative)
             check_unique_slots("req_slots", live.reshape(-1), what="requests")
             if isinstance(bonus_tokens, torch.Tensor) and bonus_tokens.shape == req_slots.shape:
                 check_range("bonus_tokens", bonus_tokens[: live.shape[0]], 0, self.head.embed_vocab_size)

@@ -118,3 +118,19 @@ def test_too_many_requests_for_the_buffers():
     last_pos, bonus, slots = inputs(count=MAX_REQS)
     with pytest.raises(ValueError, match=r"^last_pos\b"):
         call(last_pos, bonus, slots, buffers(max_reqs=MAX_REQS - 1), None)
+
+
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+@pytest.mark.parametrize("max_len", [2**63 - 1, 2**62, MAX_LEN])
+def test_positions_clamp_at_the_end_of_int64(impl, max_len):
+    """min(last_pos + j, max_model_len - 1) for last_pos near 2**63 - 1: last_pos + j used to wrap to -2**63 first, so
+    the positions came out negative instead of clamped."""
+    last_pos = torch.tensor([2**63 - 1, 2**63 - 3, max_len - 1, 7])
+    out = buffers(max_reqs=4, steps=3)
+    dm.prepare_block_inputs(last_pos, torch.arange(4), torch.arange(4), num_steps=3, mask_token_id=MASK_ID,
+                            max_model_len=max_len, impl=impl, **out)
+    top = max_len - 1
+    want_pos = [[min(int(p) + j, top) for j in range(4)] for p in last_pos]
+    want_sample = [[min(int(p) + 1 + i, top) for i in range(3)] for p in last_pos]
+    assert out["positions"].view(4, 4).tolist() == want_pos
+    assert out["sample_pos"].view(4, 3).tolist() == want_sample

@@ -40,6 +40,18 @@ def test_four_ranks_uneven_shards(tmp_path):
     spawn(tmp_path, 4, ["main", "special", "setup"], vocabs=(301,))
 
 
+def test_extreme_values_two_and_three_ranks(tmp_path):
+    """Subnormal / fp32-max / mixed-greedy temperatures, inf / NaN / all -inf rows and shards, int64-end seeds and
+    positions, padding, empty batches: the reference's draws and cache, V = 301 and 10, world 2 and 3 (uneven)."""
+    for world in (2, 3):
+        (tmp_path / f"w{world}").mkdir()
+        spawn(tmp_path / f"w{world}", world, ["extremes"])
+
+
+def test_overlapping_logits_cache_is_rejected_on_every_rank(tmp_path):
+    spawn(tmp_path, 2, ["cache_overlap"])
+
+
 # --------------------------------------------------------------------------- no process group needed
 @pytest.mark.parametrize("vocab,world", [(301, 2), (301, 4), (129280, 8), (7, 7), (10, 3)])
 def test_shard_bounds_partition_the_vocabulary(vocab, world):

@@ -265,7 +265,84 @@ def scenario_setup(rank, world):
     check_draws(sampler, problem, ref_tokens, ref_cache, "after failures")
 
 
-SCENARIOS = {"main": scenario_main, "special": scenario_special, "setup": scenario_setup}
+def scenario_extremes(rank, world):
+    """Legal inputs at the ends of the ranges (W2 = 0: z = U), against the reference, both layouts, fp32 and bf16:
+    subnormal temperatures (1 / T overflows fp32, z / T finite), T = fp32 max, T = 0 mixed with sampled rows, a shard
+    entirely -inf, +inf tied across a shard boundary, NaNs, seeds and positions at both ends of int64, padding by -1
+    and by a slot outside [0, S) (check_values=False), an empty batch and S = 0."""
+    group = dist.group.WORLD
+    fmax = torch.finfo(torch.float32).max
+    for vocab in (301, 10):
+        bounds = all_shard_bounds(vocab, world)
+        rows, steps = 8, 2
+        gen = torch.Generator().manual_seed(vocab)
+        base = torch.randn(rows, steps, vocab, generator=gen)
+        base[0] = float("-inf")
+        base[1, :, bounds[1][0]:bounds[1][1]] = float("-inf")  # shard 1 holds only -inf
+        base[2, :, bounds[-1][0]] = float("nan")
+        base[3, :, bounds[1][0]] = float("inf")
+        base[3, :, bounds[0][1] - 1] = float("inf")  # tied at +inf across the boundary: the smaller id wins
+        base[4] = 0.0
+        base[5, :, :bounds[1][0]] = float("-inf")
+        base[6] *= 1e-3
+        idx = torch.arange(rows).repeat_interleave(steps)
+        idx[2 * steps:3 * steps] = -1
+        idx[7 * steps:] = 99  # outside [0, S): padding (check_values=False)
+        positions = torch.tensor([-(2**63), 2**63 - 1, 0, 1, 2**31, 2**32 + 1, -1, 5]).repeat_interleave(steps)
+        seeds = torch.tensor([-(2**63), 2**63 - 1, 0, -1, 2**62, 12345, -(2**62), 7, 9, 11])
+        for temps in ([0.0, 1e-45, 2e-39, fmax, 1.0, 1e-40, 0.5, 0.0, 1e-45, 2.0], [1e-45] * 10, [fmax] * 10):
+            for logit_dtype, cache_dtype in ((torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16)):
+                problem = dict(embed=torch.randn(vocab + 3, 16, generator=gen), head=torch.zeros(vocab, 16),
+                               base=base.to(logit_dtype), anchor=torch.arange(rows), idx_mapping=idx,
+                               positions=positions, temperature=torch.tensor(temps), seeds=seeds)
+                ref_tokens, ref_cache = reference(problem, cache_dtype, world)
+                for layout in ("sharded", "gathered"):
+                    sampler = ShardedMarkovSampler(problem["embed"], problem["head"], group, steps, rows, cache_dtype,
+                                                   cache_layout=layout)
+                    out = sampler.sample(*[problem[name] for name in ("base", "anchor", "idx_mapping", "positions",
+                                                                      "temperature", "seeds")], check_values=False)
+                    label = f"extremes V={vocab} T={temps[:4]} {cache_dtype} {layout}"
+                    assert torch.equal(out.draft_tokens, ref_tokens), f"{label}: {out.draft_tokens} {ref_tokens}"
+                    expected = ref_cache if layout == "gathered" else ref_cache[:, :, sampler.vocab_start:sampler.vocab_end]
+                    assert torch.equal(bits(out.logits_cache), bits(expected)), f"{label}: cache"
+        assert int(ref_tokens[0, 0]) == 0  # (the last loop: T = fp32 max) an all -inf row gives token 0
+        # an empty batch, and S = 0 (every row padding)
+        sampler = ShardedMarkovSampler(problem["embed"], problem["head"], group, steps, rows, torch.float32)
+        out = sampler.sample(base[:0], problem["anchor"][:0], idx[:0], positions[:0], problem["temperature"], seeds)
+        assert out.draft_tokens.shape == (0, steps)
+        empty = dict(problem, base=base, idx_mapping=torch.full_like(idx, -1), temperature=torch.zeros(0),
+                     seeds=torch.zeros(0, dtype=torch.int64))
+        ref_tokens, _ = reference(empty, torch.float32, world)
+        out = sampler.sample(*[empty[name] for name in ("base", "anchor", "idx_mapping", "positions", "temperature",
+                                                        "seeds")])
+        assert torch.equal(out.draft_tokens, ref_tokens) and out.logits_cache.shape[0] == 0
+
+
+def scenario_cache_overlap(rank, world):
+    """A caller's logits_cache whose slots share memory (an expanded view) is rejected with ValueError on every rank,
+    as MarkovSampler rejects it, in both layouts; it used to be written silently, each slot over the others."""
+    group = dist.group.WORLD
+    problem = make_problem(3, 301, 4, 2, torch.float32, torch.float32)
+    args = [problem[name] for name in ("base", "anchor", "idx_mapping", "positions", "temperature", "seeds")]
+    slots = problem["temperature"].shape[0]
+    for layout in ("sharded", "gathered"):
+        sampler = ShardedMarkovSampler(problem["embed"], problem["head"], group, 2, 8, torch.float32,
+                                       cache_layout=layout)
+        width = sampler.shard_width if layout == "sharded" else 301
+        cache = torch.zeros(1, 2, width).expand(slots, 2, width)
+        try:
+            sampler.sample(*args, logits_cache=cache)
+        except ValueError as error:
+            assert str(error).startswith("logits_cache: slots overlap"), str(error)
+        else:
+            raise AssertionError(f"{layout}: an expanded logits_cache must raise ValueError")
+    # the group still works
+    ref_tokens, ref_cache = reference(problem, torch.float32, world)
+    check_draws(sampler, problem, ref_tokens, ref_cache, "after the rejected cache")
+
+
+SCENARIOS = {"main": scenario_main, "special": scenario_special, "setup": scenario_setup,
+             "extremes": scenario_extremes, "cache_overlap": scenario_cache_overlap}
 
 
 def worker(rank, world, init_file, scenarios, done_dir, vocabs):

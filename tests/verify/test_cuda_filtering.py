@@ -722,6 +722,67 @@ def test_emulated_search_on_flat_and_tied_rows():
             assert stats, (k, p)
 
 
+def extreme_rows(vocab, seed=0):
+    """Ten rows of extreme keys (the audit of the Triton filter's int32 key spans, commit be8891f, carried over to
+    filter.cu): uniform in [-2, 2] (ordered int32 keys spanning more than 2^31), with +inf ties (a +inf max: every
+    finite token in the open bucket 2,047), one +inf among -inf, signed zeros with +-1e-45, subnormal and tiny normal
+    values, a single finite token among -inf, [-80, 0] (most masses 0, a wide open bucket), a tie of ~all tokens at
+    -40 in the open bucket, +-3e38 (x - max overflows), a Gaussian with a 1e9 logit. CPU, fp32 [10, vocab]; also the
+    rows of tests/gpu/test_cuda_filtering_extreme_gpu.py."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def uniform(lo, hi):
+        return torch.rand(vocab, generator=gen) * (hi - lo) + lo
+
+    rows = [uniform(-2.0, 2.0)]
+    row = uniform(-2.0, 2.0)
+    row[::97] = float("inf")
+    rows.append(row)
+    row = uniform(-2.0, 2.0)
+    row[::5] = NEG_INF
+    row[3] = float("inf")
+    rows.append(row)
+    row = torch.zeros(vocab)
+    row[1::2] = -0.0
+    row[::7] = 1e-45
+    row[::11] = -1e-45
+    rows.append(row)
+    rows.append(uniform(-1e-38, 1e-38))
+    row = torch.full((vocab,), NEG_INF)
+    row[vocab // 3] = 0.5
+    rows.append(row)
+    rows.append(uniform(-80.0, 0.0))
+    row = torch.full((vocab,), -40.0)
+    head = min(3000, vocab // 2)
+    row[:head] = uniform(-40.0, 0.0)[:head]
+    rows.append(row)
+    rows.append(uniform(-3e38, 3e38))
+    row = torch.randn(vocab, generator=gen) * 2
+    row[vocab - 1] = 1e9
+    rows.append(row)
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("vocab", [1001, 4099])
+def test_emulated_search_on_extreme_key_rows(vocab):
+    """filter.cu's decisions (emulated) on the extreme-key rows equal the sort reference: candidate sets spanning the
+    whole key range, infinities, signed zeros, subnormals, k at 1 / V - 1 / V, p at 0 / 1e-45 / one ulp below 1; the
+    kernel's capacity and capacity 16 (every search narrows), with and without df_refine, clusters of 8 and 5."""
+    x = extreme_rows(vocab)
+    rows = x.shape[0]
+    below_one = float(np.nextafter(np.float32(1.0), np.float32(0.0)))
+    cases = [(0, 0.9), (0, below_one), (0, 1e-45), (0, 0.0), (1, 1.0), (vocab - 1, 1.0), (vocab, 0.5),
+             (vocab // 2, 0.999), (vocab // 3, below_one), (50, 0.9), (vocab - 1, below_one), (1, 0.0)]
+    for k, p in cases:
+        kk, pp = torch.full((rows,), k, dtype=torch.int64), torch.full((rows,), p, dtype=torch.float32)
+        expected = reference(x, kk, pp)
+        for capacity in (CAPACITY, 16):
+            for refine in (False, True):
+                for cluster in (8, 5):
+                    got = emulate(x, kk, pp, capacity, refine=refine, cluster=cluster)
+                    assert (got.view(torch.int32) == expected.view(torch.int32)).all(), (k, p, capacity, refine)
+
+
 # --------------------------------------------------------------------------- gate, registry, checks
 def test_runs_only_on_cuda_and_auto_picks_it_for_one_wave(monkeypatch):
     from dspark_markov import cuda

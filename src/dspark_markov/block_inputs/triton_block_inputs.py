@@ -35,7 +35,8 @@ def _block_inputs_kernel(
     bonus = tl.load(bonus_ptr + request, mask=live & (j == 0), other=0).to(tl.int64)
     ids = tl.where(j == 0, bonus, mask_token_id)
     tl.store(input_ids_ptr + offset, tl.where(live, ids, 0).to(input_ids_ptr.dtype.element_ty), mask=in_range)
-    query_pos = tl.where(live, tl.minimum(base + j, last_position), 0)
+    # min(base + j, last_position), never taking an int64 sum that overflowed (base near 2**63 - 1)
+    query_pos = tl.where(live, tl.where(base > last_position - j, last_position, base + j), 0)
     tl.store(positions_ptr + offset, query_pos.to(positions_ptr.dtype.element_ty), mask=in_range)
     tl.store(is_padding_ptr + offset, (live == 0).to(tl.int1), mask=in_range)
 
@@ -46,7 +47,8 @@ def _block_inputs_kernel(
     live = in_range & (request < num_reqs)
     base = tl.load(last_pos_ptr + request, mask=live, other=0).to(tl.int64)
     slot = tl.load(slots_ptr + request, mask=live, other=-1).to(tl.int64)
-    tl.store(sample_pos_ptr + offset, tl.where(live, tl.minimum(base + 1 + i, last_position), 0), mask=in_range)
+    sample = tl.where(base > last_position - 1 - i, last_position, base + 1 + i)
+    tl.store(sample_pos_ptr + offset, tl.where(live, sample, 0), mask=in_range)
     tl.store(mapping_ptr + offset, tl.where(live, slot, -1), mask=in_range)
 
 

@@ -267,6 +267,9 @@ class ShardedMarkovSampler:
                          dtypes=(self.cache_dtype,), device=self.device, last_stride_one=True)
             if logits_cache.numel() > 0 and logits_cache.stride(1) != cache_width:
                 raise ValueError(f"logits_cache: expected step stride {cache_width}, got strides {logits_cache.stride()}")
+            if dims.slots > 1 and logits_cache.numel() > 0 and logits_cache.stride(0) < dims.steps * cache_width:
+                raise ValueError(f"logits_cache: slots overlap (slot stride {logits_cache.stride(0)} < N V_cache = "
+                                 f"{dims.steps * cache_width}); each slot's rows are written")
         if dims.rows > self.max_rows:  # the replicated path's own checks, so that they are voted on too
             if self.replicated_head is None:
                 raise ValueError(f"base_logits: expected at most max_rows = {self.max_rows} rows (no "
