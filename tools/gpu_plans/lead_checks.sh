@@ -4,6 +4,7 @@
 #   bash tools/gpu_plans/lead_checks.sh capture   # budget ~170 s (two fresh processes, each compiling ~30-50 s)
 #   bash tools/gpu_plans/lead_checks.sh regress45 # budget ~200 s: any GPU: the GPU tests nearest stop 45's API changes (never run on a GPU)
 #   bash tools/gpu_plans/lead_checks.sh edges46   # budget ~280 s: any GPU: stop 46's edge-case fixes (subnormal T, d2t -inf rows) at full shapes, every design
+#   bash tools/gpu_plans/lead_checks.sh edges47   # budget ~290 s: any GPU: stop 47's fixes (cuda_chain / cuda_gumbel subnormal T, block-input clamp) and the cluster filter's extreme rows
 # The vLLM-hook timing failed twice in a CUDA-graph capture (..._2026-12-04_vllm_hook_u5_failure.txt,
 # ..._vllm_hook_u0_capture_failure.txt): earlier graphs, held in reference cycles, were destroyed by Python's garbage
 # collector inside a later capture. Fixed in bench.harness.capture_graph (gc collected before, off during a capture)
@@ -43,5 +44,18 @@ edges46)
   timeout -k 2 170 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_fused_gpu.py tests/gpu/test_chain_gpu.py \
     tests/gpu/test_wide_gpu.py tests/gpu/test_stream_gpu.py 2>&1 | tee -a "$OUT/edges46.txt" | tail -5
   ;;
-*) echo "usage: $0 capture|regress45|edges46"; exit 2 ;;
+edges47)
+  # (~150-290 s with compiles) Stop 47 (no GPU when written): cuda_chain / cuda_gumbel give NaN approximate keys where
+  # 1 / T overflows (chain.cu row_keys, blocks.cu row_state), so such rows take their exact keys; the block inputs
+  # clamp positions without an int64 sum that wraps (reference and Triton); a new GPU file of the cluster filter on
+  # extreme key rows (+-inf ties, +-0, subnormals, +-3e38, p one ulp below 1, every default flag set; the input must
+  # come back unchanged). Then the two CUDA drafting designs' own GPU files (changed kernels).
+  timeout -k 2 100 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_extreme_values_gpu.py \
+    tests/gpu/test_block_inputs_gpu.py 2>&1 | tee "$OUT/edges47.txt" | tail -8
+  timeout -k 2 90 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_filtering_extreme_gpu.py 2>&1 \
+    | tee -a "$OUT/edges47.txt" | tail -5
+  timeout -k 2 90 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_gumbel_gpu.py \
+    tests/gpu/test_cuda_chain_gpu.py 2>&1 | tee -a "$OUT/edges47.txt" | tail -5
+  ;;
+*) echo "usage: $0 capture|regress45|edges46|edges47"; exit 2 ;;
 esac
