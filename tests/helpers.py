@@ -628,10 +628,15 @@ def special_rows_inputs(rows, steps, vocab, seed=17, plus_inf=True):
     return inputs
 
 
+_SM90_BUILDS = {}  # (compiler, source's text, -D options) -> its log (and the nvcc cubin): each build once per process
+
+
 def sm90_compile_log(source: str, tmp_path, nvcc_defines=(), defines=()):
     """``(log, nvrtc)``: the ``-Xptxas -v`` log of ``cuda/<source>`` compiled for sm_90 with the package's NVRTC
     path (``nvrtc`` True), else with ``nvcc -cubin`` and ``nvcc_defines`` (e.g. fewer entry points); ``defines``: a
-    compile-time variant of the source (both compilers); the test is skipped when neither compiler is available."""
+    compile-time variant of the source (both compilers); the test is skipped when neither compiler is available.
+    A build already made in this process (the same compiler, source text and defines) is not compiled again: its
+    log is returned and, for nvcc, its cubin written to ``tmp_path`` as the compile would."""
     import shutil
     import subprocess
 
@@ -639,21 +644,31 @@ def sm90_compile_log(source: str, tmp_path, nvcc_defines=(), defines=()):
 
     from dspark_markov.cuda import build
 
+    text = "".join(f"{name}\0{body}\0" for name, body in sorted(build.sources(source).items()))
+    key = ("nvrtc", source, text, tuple(defines))
     try:
-        cubin, log = build.compile_cubin(source, verbose=True, extra_options=[f"-D{define}" for define in defines])
-        assert len(cubin) > 0
-        return log, True
+        if key not in _SM90_BUILDS:
+            cubin, log = build.compile_cubin(source, verbose=True, extra_options=[f"-D{define}" for define in defines])
+            assert len(cubin) > 0
+            _SM90_BUILDS[key] = log
+        return _SM90_BUILDS[key], True
     except build.BuildError as error:
         if "no NVRTC library" not in str(error):
             raise
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip(f"neither NVRTC (libnvrtc.so) nor nvcc is available to compile {source} for sm_90")
-    result = subprocess.run([nvcc, "-arch=sm_90", "-cubin", "-fmad=false", "-std=c++17", "-Xptxas", "-v",
-                             *[f"-D{define}" for define in (*nvcc_defines, *defines)], str(build.SOURCE_DIR / source), "-o",
-                             str(tmp_path / f"{Path(source).stem}.cubin")], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    return result.stderr, False
+    output = tmp_path / f"{Path(source).stem}.cubin"
+    key = ("nvcc", nvcc, source, text, tuple(nvcc_defines) + tuple(defines))
+    if key not in _SM90_BUILDS:
+        result = subprocess.run([nvcc, "-arch=sm_90", "-cubin", "-fmad=false", "-std=c++17", "-Xptxas", "-v",
+                                 *[f"-D{define}" for define in (*nvcc_defines, *defines)], str(build.SOURCE_DIR / source),
+                                 "-o", str(output)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        _SM90_BUILDS[key] = (result.stderr, output.read_bytes())
+    log, cubin = _SM90_BUILDS[key]
+    output.write_bytes(cubin)
+    return log, False
 
 
 def host_library(folder, source_text: str, what: str):

@@ -21,15 +21,7 @@ from dspark_markov.verify import triton_verify_stream
 from dspark_markov.verify.triton_verify_stream import StreamVerifier, _divide, _divide_poisoned, _divisor, cached_verifier
 from tests.emit_traps import plant_traps
 from tests.helpers import VERIFY_VOCAB as VOCAB
-from tests.helpers import fast_interpreter_calls
 from tests.helpers import verify_case as _case
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _fast_interpreter():
-    """Each interpreted program patches triton.language once per launch, not once per device call."""
-    with fast_interpreter_calls():
-        yield
 
 
 def _run(verifier, args, method, greedy=None, **kwargs):
