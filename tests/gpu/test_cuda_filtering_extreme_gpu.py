@@ -21,22 +21,13 @@ import pytest
 import torch
 
 import dspark_markov as dm
+from tests.gpu.test_cuda_filtering_gpu import opted_in  # noqa: F401  (autouse: skips where the CUDA filter cannot run)
 from tests.gpu.test_filtering_gpu import VOCAB
 
 pytestmark = pytest.mark.gpu
 
 NEG_INF = float("-inf")
 BELOW_ONE = float(np.nextafter(np.float32(1.0), np.float32(0.0)))  # 1 - 2^-24
-
-
-@pytest.fixture(autouse=True)
-def opted_in():
-    from dspark_markov.verify import cuda_filtering
-
-    why = cuda_filtering.unavailable_reason()
-    if why is not None:
-        pytest.skip(f"the CUDA filter cannot run here: {why}")
-    return cuda_filtering
 
 
 def extreme_rows(vocab=VOCAB, seed=0):
