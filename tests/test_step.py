@@ -227,3 +227,11 @@ def test_draft_last_pos_range():
         step.draft(last_pos, bonus, slots, temperature, seeds)
         assert step.sample_pos.view(MAX_REQS, N)[1].tolist() == [MAX_LEN - 1] * N
         assert step.positions.view(MAX_REQS, N + 1)[1].tolist() == [MAX_LEN - 1] * (N + 1)
+        # a padding request (slot -1) is not read: its last_pos may be anything
+        padded = slots.clone()
+        padded[1] = -1
+        last_pos[1] = -1
+        step.draft(last_pos, bonus, padded, temperature, seeds)  # (raised "last_pos: expected values in [0, ...")
+        # a float last_pos (NaN too) is named by its dtype, not by a failed int conversion
+        with pytest.raises(ValueError, match=r"^last_pos: expected dtype"):
+            step.draft(torch.full((3,), float("nan")), bonus, slots, temperature, seeds)

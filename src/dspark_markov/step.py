@@ -30,7 +30,8 @@ import torch
 
 from . import registry
 from .draft.sampler import MarkovSampler
-from .validate import check_head, check_int, check_range, check_tensor, check_unique_slots, check_vector
+from .validate import (INDEX_DTYPES, check_head, check_int, check_range, check_tensor, check_unique_slots,
+                       check_vector)
 from .verify.api import check_verify_inputs
 
 
@@ -164,8 +165,11 @@ class DSparkStep:
             live = req_slots[: req_slots.shape[0] if num_reqs is None else num_reqs]
             # (checked under their own names here: the sampler sees them as idx_mapping and anchor)
             check_range("req_slots", live, -1, self.num_slots)
-            if isinstance(last_pos, torch.Tensor) and last_pos.shape == req_slots.shape:
-                check_range("last_pos", last_pos[: live.shape[0]], 0, 2**63)  # (a position is never negative)
+            if (isinstance(last_pos, torch.Tensor) and last_pos.shape == req_slots.shape
+                    and last_pos.dtype in INDEX_DTYPES and last_pos.device == req_slots.device):
+                # a live request's position is never negative (padding requests, slot -1, are not read); other
+                # dtypes / shapes are named by prepare_block_inputs' own checks
+                check_range("last_pos", last_pos[: live.shape[0]][live >= 0], 0, 2**63)
             check_unique_slots("req_slots", live.reshape(-1), what="requests")
             if isinstance(bonus_tokens, torch.Tensor) and bonus_tokens.shape == req_slots.shape:
                 check_range("bonus_tokens", bonus_tokens[: live.shape[0]], 0, self.head.embed_vocab_size)

@@ -205,6 +205,16 @@ class DraftDims(NamedTuple):
     slots: int
 
 
+def check_cache_strides(logits_cache, slots: int, steps: int, width: int) -> None:
+    """The cache ``[S, N, width]`` kernels write by ``slot * stride(0) + step * width + v``: step stride ``width``
+    and slots that do not overlap (an expanded view would have every slot's rows written over each other)."""
+    if logits_cache.numel() > 0 and logits_cache.stride(1) != width:
+        raise ValueError(f"logits_cache: expected step stride {width} (V), got strides {logits_cache.stride()}")
+    if slots > 1 and logits_cache.numel() > 0 and logits_cache.stride(0) < steps * width:
+        raise ValueError(f"logits_cache: slots overlap (slot stride {logits_cache.stride(0)} < N V = "
+                         f"{steps * width}); each slot's rows are written")
+
+
 def check_draft_inputs(
     head,
     base_logits,
@@ -245,11 +255,7 @@ def check_draft_inputs(
         width = getattr(head, "cache_vocab_size", vocab)  # the target vocabulary with a d2t table
         check_tensor("logits_cache", logits_cache, shape=(slots, steps, width), dtypes=CACHE_DTYPES,
                      device=device, last_stride_one=True)
-        if logits_cache.numel() > 0 and logits_cache.stride(1) != width:
-            raise ValueError(f"logits_cache: expected step stride {width} (V), got strides {logits_cache.stride()}")
-        if slots > 1 and logits_cache.numel() > 0 and logits_cache.stride(0) < steps * width:
-            raise ValueError(f"logits_cache: slots overlap (slot stride {logits_cache.stride(0)} < N V = "
-                             f"{steps * width}); each slot's rows are written")
+        check_cache_strides(logits_cache, slots, steps, width)
     if check_values:
         check_range("anchor", anchor, 0, head.embed_vocab_size)
         check_range("idx_mapping", idx_mapping, -1, slots)

@@ -66,3 +66,45 @@ def test_cuda_graph_replay_with_a_device_count():
         call(*fresh, expected, live, impl="reference")
         for name in NAMES:
             assert torch.equal(out[name], expected[name]), (name, live)
+
+
+@pytest.mark.parametrize("max_len", [2**63 - 1, 2**62, 2**31 + 1, 2**31 - 1, MAX_LEN])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_positions_clamp_near_the_ends_of_the_integer_types(max_len, dtype):
+    """min(last_pos + j, max_model_len - 1) without an int64 sum that wraps (last_pos near 2^63 - 1) and with
+    max_model_len on both sides of 2^31 (the kernel's scalar typed int32 or int64): Triton == reference == Python
+    integers, eagerly and replayed from a graph with new positions."""
+    top = torch.iinfo(dtype).max
+    wanted = [top, top - 2, min(max_len - 1, top), min(max_len - 1, top) - 3, 0, 7]
+    slots = torch.arange(len(wanted), device="cuda").to(dtype)
+    bonus = torch.arange(len(wanted), device="cuda").to(dtype)
+
+    def expected(values):
+        return ([[min(p + j, max_len - 1) for j in range(STEPS + 1)] for p in values],
+                [[min(p + 1 + i, max_len - 1) for i in range(STEPS)] for p in values])
+
+    def run(last_pos, out, impl):
+        dm.prepare_block_inputs(last_pos, bonus, slots, num_steps=STEPS, mask_token_id=MASK_ID, max_model_len=max_len,
+                                num_reqs=len(wanted), impl=impl, **out)
+
+    last_pos = torch.tensor(wanted, device="cuda").to(dtype)
+    n = len(wanted)
+    for impl in ("triton", "reference"):
+        out = buffers()
+        run(last_pos, out, impl)
+        torch.cuda.synchronize()
+        positions, sample_pos = expected(wanted)
+        assert out["positions"].view(MAX_REQS, STEPS + 1)[:n].tolist() == positions, impl
+        assert out["sample_pos"].view(MAX_REQS, STEPS)[:n].tolist() == sample_pos, impl
+    out = buffers()
+    run(last_pos, out, "triton")  # compiled before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run(last_pos, out, "triton")
+    shifted = [max(p - 5, 0) for p in wanted]
+    last_pos.copy_(torch.tensor(shifted, device="cuda").to(dtype))
+    graph.replay()
+    torch.cuda.synchronize()
+    positions, sample_pos = expected(shifted)
+    assert out["positions"].view(MAX_REQS, STEPS + 1)[:n].tolist() == positions
+    assert out["sample_pos"].view(MAX_REQS, STEPS)[:n].tolist() == sample_pos

@@ -47,7 +47,8 @@ edges46)
 edges47)
   # (~150-290 s with compiles) Stop 47 (no GPU when written): cuda_chain / cuda_gumbel give NaN approximate keys where
   # 1 / T overflows (chain.cu row_keys, blocks.cu row_state), so such rows take their exact keys; the block inputs
-  # clamp positions without an int64 sum that wraps (reference and Triton); a new GPU file of the cluster filter on
+  # clamp positions without an int64 sum that wraps (reference and Triton; test_block_inputs_gpu.py's new clamp test at
+  # max_model_len on both sides of 2^31 and 2^63 - 1, graph-replayed); a new GPU file of the cluster filter on
   # extreme key rows (+-inf ties, +-0, subnormals, +-3e38, p one ulp below 1, every default flag set; the input must
   # come back unchanged). Then the two CUDA drafting designs' own GPU files (changed kernels).
   timeout -k 2 100 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_extreme_values_gpu.py \

@@ -18,7 +18,7 @@
 // The warp's best word becomes the chunk's partial (block_max fp32, block_token int64), which
 // launch_combine (draft/triton_blocks.py) reduces per row with torch.argmax semantics, as for gumbel_fused.
 // Greedy rows (T = 0, padding) rank z itself (exact, no hash). A chunk where every bound is NaN / -inf
-// falls back to exact keys for every token (correct, slow, only for NaN / all -inf rows).
+// falls back to exact keys for every token (correct, slow, only for NaN / all -inf rows and a subnormal T).
 //
 // Bytes per step: rows * V * (base bytes + 2 bias bytes) read, live * V * cache bytes written,
 // rows * chunks * 12 partials; the table (8.4 KB) once per block.
@@ -98,10 +98,9 @@ __device__ __forceinline__ RowState row_state(const BlocksArgs& a, i64 row) {
   r.temp = r.live ? ((const float*)a.temp)[r.slot] : 0.0f;
   const i64 seed = r.live ? ((const i64*)a.seeds)[r.slot] : 0;
   r.greedy = r.temp == 0.0f;
-  r.inv_temp = r.greedy ? 1.0f : dm::div_rn(1.0f, r.temp);
-  // A subnormal T (1 / T overflows) makes the bound of every z < 0 -inf although its exact key div_rn(z, T) + g may
-  // be finite (a threshold from another chunk would then skip it): NaN bounds instead, every token an exact candidate.
-  if (!(r.inv_temp <= 3.402823466e38f)) r.inv_temp = __int_as_float(0x7fffffff);
+  // (a subnormal T: NaN bounds, every token an exact candidate; a -inf bound could be skipped by another chunk's
+  // threshold although div_rn(z, T) + g is finite)
+  r.inv_temp = r.greedy ? 1.0f : dm::bound_inv_temp(dm::div_rn(1.0f, r.temp));
   r.prefix = dm::draft_prefix(seed, (int)a.step, position);
   return r;
 }

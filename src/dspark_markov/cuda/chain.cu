@@ -252,9 +252,7 @@ __device__ __forceinline__ RowKeys row_keys(const ChainArgs& a, int row, int ste
   k.temp = k.live ? ((const float*)a.temp)[slot] : 0.0f;
   i64 seed = k.live ? ((const i64*)a.seeds)[slot] : 0;
   k.greedy = !(k.temp > 0.0f);
-  k.inv_temp = k.greedy ? 1.0f : 1.0f / k.temp;
-  // A subnormal T (1 / T overflows): NaN approximate keys, which send the row to its exact keys (as cuda_wide).
-  if (!(k.inv_temp <= 3.402823466e38f)) k.inv_temp = __int_as_float(0x7fffffff);
+  k.inv_temp = k.greedy ? 1.0f : dm::bound_inv_temp(1.0f / k.temp);  // (subnormal T: NaN keys, the row goes exact)
   k.prefix = dm::draft_prefix(seed, step, position);
   return k;
 }

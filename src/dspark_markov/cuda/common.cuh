@@ -6,6 +6,7 @@
 // - dm::mma16816: mma.sync m16n8k16 bf16 x bf16 -> fp32 (chain.cu's; the rank may be permuted
 //   identically in A and B so that every lane loads 16-byte chunks);
 // - dm::skip_threshold: blocks.cu's exact-bound skip test (a bound below it cannot reach the key);
+// - dm::bound_inv_temp: 1 / T of the key bounds, NaN (every token exact) where it overflows;
 // - dm::shfl_xor_i64, streaming loads and stores;
 // - dm::tb_sweep: the sweep of all 2^32 hashes that builds the noise upper-bound table (chain.cu, blocks.cu).
 #pragma once
@@ -48,6 +49,14 @@ __device__ __forceinline__ float skip_threshold(i64 best, float margin) {
   const float k = word_key(best);
   const float mag = k < 0.0f ? -k : k;
   return sub_rn(sub_rn(k, margin), mul_rn(add_rn(mag, 64.0f), 0x1p-19f));
+}
+
+// 1 / T for the key bounds z * (1/T) + noise (chain.cu, blocks.cu, wide.cu): NaN where it overflows (T below
+// ~2.9e-39, +-inf), since z * inf is no bound of div_rn(z, T) (z < 0: -inf against a finite exact key, z = 0: NaN).
+// A NaN bound sends every token of the row to its exact key (tests/gpu/test_extreme_values_gpu.py).
+__device__ __forceinline__ float bound_inv_temp(float inv_temp) {
+  const float mag = __int_as_float(__float_as_int(inv_temp) & 0x7fffffff);
+  return mag <= 3.402823466e38f ? inv_temp : __int_as_float(0x7fffffff);
 }
 
 __device__ __forceinline__ i64 shfl_xor_i64(i64 x, int off) {

@@ -119,10 +119,8 @@ __device__ __forceinline__ WideRow wide_row(const WideArgs& a, i64 row, i64 step
   WideRow r;
   r.prefix = dm::draft_prefix(seed, (int)step, position);
   r.temp = temp;
-  r.inv_temp = temp == 0.0f ? 1.0f : dm::div_rn(1.0f, temp);
-  // A subnormal T (1 / T overflows) would make the bound of every z < 0 -inf although its exact key div_rn(z, T) + g
-  // is finite: NaN bounds instead, so that every token of such a row gets its exact key (seeding skips NaN bounds).
-  if (!(r.inv_temp <= 3.402823466e38f)) r.inv_temp = __int_as_float(0x7fffffff);
+  // (a subnormal T: NaN bounds, so that every token of such a row gets its exact key; seeding skips NaN bounds)
+  r.inv_temp = temp == 0.0f ? 1.0f : dm::bound_inv_temp(dm::div_rn(1.0f, temp));
   r.base_off = row * a.stride_br + step * a.stride_bn;
   r.cache_off = live ? slot * a.stride_cs + step * a.vocab : -1;
   r.pad = 0;

@@ -17,7 +17,8 @@ import torch.distributed as dist
 from ..draft.reference import padding_and_slot, row_keys
 from ..draft.sampler import DraftOutput, MarkovSampler
 from ..head import MarkovHead
-from ..validate import CACHE_DTYPES, DeviceStatusError, check_draft_inputs, check_sampler_sizes, check_tensor
+from ..validate import (CACHE_DTYPES, DeviceStatusError, check_cache_strides, check_draft_inputs, check_sampler_sizes,
+                        check_tensor)
 from .partition import all_shard_bounds, max_shard_width, shard_bounds
 from .step import _shard_step
 from .transport import TRANSPORTS, agree, flag_device, install_transport
@@ -265,11 +266,7 @@ class ShardedMarkovSampler:
         else:
             check_tensor("logits_cache", logits_cache, shape=(dims.slots, dims.steps, cache_width),
                          dtypes=(self.cache_dtype,), device=self.device, last_stride_one=True)
-            if logits_cache.numel() > 0 and logits_cache.stride(1) != cache_width:
-                raise ValueError(f"logits_cache: expected step stride {cache_width}, got strides {logits_cache.stride()}")
-            if dims.slots > 1 and logits_cache.numel() > 0 and logits_cache.stride(0) < dims.steps * cache_width:
-                raise ValueError(f"logits_cache: slots overlap (slot stride {logits_cache.stride(0)} < N V_cache = "
-                                 f"{dims.steps * cache_width}); each slot's rows are written")
+            check_cache_strides(logits_cache, dims.slots, dims.steps, cache_width)
         if dims.rows > self.max_rows:  # the replicated path's own checks, so that they are voted on too
             if self.replicated_head is None:
                 raise ValueError(f"base_logits: expected at most max_rows = {self.max_rows} rows (no "
