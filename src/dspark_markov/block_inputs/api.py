@@ -102,8 +102,7 @@ def prepare_block_inputs_reference(last_pos, bonus_tokens, req_slots, num_reqs, 
     last = max_model_len - 1
     # min(base + j, last) without forming base + j where it would overflow int64 (base near 2**63 - 1)
     positions = torch.where(live[:, None], torch.where(base[:, None] > last - j, last, base[:, None] + j), 0)
-    sample_pos = torch.where(live[:, None], torch.where(base[:, None] > last - 1 - j[:steps], last,
-                                                        base[:, None] + 1 + j[:steps]), 0)
+    sample_pos = positions[:, 1:]  # sample i takes query row i + 1's position
     mapping = slots[:, None].expand(max_reqs, steps)
     padding = ~live[:, None].expand(max_reqs, steps + 1)
     return ids.reshape(-1), positions.reshape(-1), sample_pos.reshape(-1), mapping.reshape(-1), padding.reshape(-1)

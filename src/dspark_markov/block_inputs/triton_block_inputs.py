@@ -9,6 +9,13 @@ import triton.language as tl
 CHUNK = 1024  # elements of each output written per program: wide stores cover the padded tail
 
 
+@triton.jit
+def _clamped_position(base, offset, last_position):
+    """``min(base + offset, last_position)`` (``offset >= 0``), never taking an int64 sum that overflowed (``base``
+    near 2^63 - 1)."""
+    return tl.where(base > last_position - offset, last_position, base + offset)
+
+
 @triton.jit(do_not_specialize=["num_reqs_value", "mask_token_id", "max_model_len"])
 def _block_inputs_kernel(
     last_pos_ptr, bonus_ptr, slots_ptr, input_len,  # [L] int32/int64 each
@@ -35,8 +42,7 @@ def _block_inputs_kernel(
     bonus = tl.load(bonus_ptr + request, mask=live & (j == 0), other=0).to(tl.int64)
     ids = tl.where(j == 0, bonus, mask_token_id)
     tl.store(input_ids_ptr + offset, tl.where(live, ids, 0).to(input_ids_ptr.dtype.element_ty), mask=in_range)
-    # min(base + j, last_position), never taking an int64 sum that overflowed (base near 2**63 - 1)
-    query_pos = tl.where(live, tl.where(base > last_position - j, last_position, base + j), 0)
+    query_pos = tl.where(live, _clamped_position(base, j, last_position), 0)
     tl.store(positions_ptr + offset, query_pos.to(positions_ptr.dtype.element_ty), mask=in_range)
     tl.store(is_padding_ptr + offset, (live == 0).to(tl.int1), mask=in_range)
 
@@ -47,8 +53,7 @@ def _block_inputs_kernel(
     live = in_range & (request < num_reqs)
     base = tl.load(last_pos_ptr + request, mask=live, other=0).to(tl.int64)
     slot = tl.load(slots_ptr + request, mask=live, other=-1).to(tl.int64)
-    sample = tl.where(base > last_position - 1 - i, last_position, base + 1 + i)
-    tl.store(sample_pos_ptr + offset, tl.where(live, sample, 0), mask=in_range)
+    tl.store(sample_pos_ptr + offset, tl.where(live, _clamped_position(base, i + 1, last_position), 0), mask=in_range)
     tl.store(mapping_ptr + offset, tl.where(live, slot, -1), mask=in_range)
 
 

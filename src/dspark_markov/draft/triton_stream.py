@@ -171,7 +171,7 @@ def _gumbel_words(z, zmax, temp, prefix, best, cols, mask, need, filter_margin, 
     # (an infinite threshold stays as it is: +inf keeps exactly the +inf and NaN logits)
     threshold = tl.where(tl.abs(threshold) < float("inf"), threshold - key_slack(threshold, filter_margin), threshold)
     reach = z * inv_temp[:, None] + noise_upper(h, HARDWARE)
-    candidate = need[:, None] & mask & (((reach < threshold[:, None]) == 0) | (z != z))  # (a NaN reach stays one)
+    candidate = need[:, None] & mask & ((reach < threshold[:, None]) == 0)  # (a NaN reach, from z or 1/T, stays one)
     words = tl.full(zmax.shape, INT64_MIN, tl.int64)
     if tl.max(tl.max(candidate.to(tl.int32), axis=1), axis=0) > 0:
         approx = z * inv_temp[:, None] + approx_gumbel(rng_triton.uniform32(h), HARDWARE)

@@ -770,7 +770,7 @@ def _complete_bracket(row, st_flags, st_best, st_min, st_cursor, points, counts,
             # the parts of _resolve_row's first narrowing (the same bounds: _narrow_mass, bounded)
             k_low = tl.maximum(lo >> 32, tl.load(st_min + row)).to(tl.int32)
             k_high = tl.minimum((tl.load(points + base + hi_slot) - 1) >> 32, best_key.to(tl.int64)).to(tl.int32)
-            span = k_high.to(tl.int64) - k_low.to(tl.int64) + 1  # (int64 first: an int32 difference wraps)
+            span = _key_span(k_low, k_high)
             t = tl.arange(0, _NARROW_TILE)
             parts = tl.arange(0, _PARTS)
             lanes = tl.zeros([_NARROW_TILE, _PARTS], tl.int64)  # per lane and part; reduced once at the end
@@ -893,6 +893,13 @@ def _rank_cut(scratch, n_in, target, k, p, limit, best, row_max, count_hi, mass_
 
 
 @triton.jit
+def _key_span(k_low, k_high):
+    """The number of ordered int32 keys in ``[k_low, k_high]``, in int64 (an int32 difference wraps once the keys
+    span more than 2^31: candidates from ~+2 to ~-2, or an infinity among them)."""
+    return k_high.to(tl.int64) - k_low.to(tl.int64) + 1
+
+
+@triton.jit
 def _key_range(scratch, n_in):
     """``(k_min, span)`` of the int32 keys of ``n_in`` packed candidates (``span = k_max - k_min + 1``)."""
     t = tl.arange(0, _NARROW_TILE)
@@ -904,7 +911,7 @@ def _key_range(scratch, n_in):
         k_max = tl.maximum(k_max, tl.where(inside, key, -_BIG_INDEX - 1))
         k_min = tl.minimum(k_min, tl.where(inside, key, _BIG_INDEX))
     low = tl.min(k_min, axis=0)
-    return low, tl.max(k_max, axis=0).to(tl.int64) - low.to(tl.int64) + 1  # (int64 first: int32 wraps)
+    return low, _key_span(low, tl.max(k_max, axis=0))
 
 
 @triton.jit
@@ -958,12 +965,12 @@ def _narrow_mass(scratch, n_in, limit, mass_hi, row_max, dst, scatter, k_low, k_
     parts = tl.arange(0, _PARTS)
     if GIVEN:
         k_min = k_low
-        span = k_high.to(tl.int64) - k_low.to(tl.int64) + 1
+        span = _key_span(k_low, k_high)
         sums = tl.load(part_sums + parts)
     else:
         if bounded:
             k_min = k_low
-            span = k_high.to(tl.int64) - k_low.to(tl.int64) + 1
+            span = _key_span(k_low, k_high)
         else:
             k_min, span = _key_range(scratch, n_in)
         lanes = tl.zeros([_NARROW_TILE, _PARTS], tl.int64)  # per lane and part; reduced once at the end
@@ -1029,7 +1036,7 @@ def _narrow_mass_wide(scratch, n_in, limit, mass_hi, row_max, k_min, k_max, dst,
     """
     t = tl.arange(0, TILE)
     parts = tl.arange(0, _PARTS)
-    span = k_max.to(tl.int64) - k_min.to(tl.int64) + 1
+    span = _key_span(k_min, k_max)
     sums = tl.zeros([_PARTS], tl.int64)
     for offset in range(0, n_in, TILE):
         inside = offset + t < n_in
