@@ -293,3 +293,32 @@ def test_state_phases_after_a_call():
     assert ft.PHASE_OPEN not in phases
     assert phases[5] == ft.PHASE_COPY and phases[8] == ft.PHASE_COPY and phases[4] == ft.PHASE_COPY  # NaN, off, -inf
     assert phases[0] == ft.PHASE_CUT and phases[6] == ft.PHASE_CUT
+
+
+def test_persistent_filter_checks_its_arguments():
+    """A serving engine owns a TopKTopPFilter and calls filter() itself: a wrong out (fewer rows, other dtype, a
+    strided row), a wrong-length or wrong-dtype k / p or a negative p is refused by name before any launch, and
+    nothing is written; out=None filters in place. (Before: filter() trusted its caller, and an out of fewer rows
+    than logits was written past its end.)"""
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(3, 300, generator=gen)
+    filt = ft.TopKTopPFilter(4, 300, "cpu", block=256, chunks=2)
+    backing = torch.full((4, 300), 7.0)
+    bad = [
+        ("out", dict(out=backing[:2])),  # 2 rows for 3: rows 2.. would land past it
+        ("out", dict(out=torch.empty(3, 300, dtype=torch.float64))),
+        ("out", dict(out=torch.empty(300, 3).t())),  # last stride 300
+        ("k", dict(k=torch.tensor([5, 5]))),
+        ("k", dict(k=torch.tensor([5.0, 5.0, 5.0]))),
+        ("p", dict(p=torch.tensor([0.5, 0.5, 0.5], dtype=torch.float64))),
+        ("p", dict(p=-0.5)),
+        ("logits", dict(logits=x.double())),
+    ]
+    for name, change in bad:
+        call = dict(logits=x, k=5, p=0.9, out=torch.empty(3, 300)) | change
+        with pytest.raises(ValueError, match=f"^{name}"):
+            filt.filter(call["logits"], call["k"], call["p"], call["out"])
+    assert torch.equal(backing, torch.full((4, 300), 7.0))
+    again = x.clone()
+    assert filt.filter(again, 5, 0.9, None) is again
+    assert_same(again, reference(x, 5, 0.9))

@@ -51,7 +51,6 @@ import torch
 
 from .. import cuda
 from ..rng import f32
-from ..validate import check_apart
 
 CLUSTER = 8  # filter.cu DF_C: blocks per row
 THREADS = 256  # filter.cu DF_T
@@ -393,8 +392,9 @@ class CudaTopKTopPFilter:
     """The cluster-resident filter for batches of up to ``max_rows`` rows of ``vocab`` (module doc).
 
     ``filter(logits, k, p, out)`` has :class:`.triton_filtering.TopKTopPFilter`'s interface: ``logits`` ``[B, V]``
-    fp32 CUDA (last stride 1), ``k`` / ``p`` None, Python scalars or validated ``[B]`` tensors (int32 / int64,
-    fp32; ``filtering._check``), ``out`` ``[B, V]`` fp32 (``logits`` itself: in place; any other overlap is refused).
+    fp32 CUDA (last stride 1), ``k`` / ``p`` None, Python scalars or ``[B]`` tensors (int32 / int64, fp32), ``out``
+    ``[B, V]`` fp32 (``logits`` itself or None: in place; any other overlap is refused), all checked by
+    ``filtering.check_arguments``.
     One launch of ``B * 8`` blocks (``B * 4`` in the 4-block L2-row build, ``B * fit_cluster(B)`` with
     :data:`FLAG_L2_FIT`; with :data:`FLAG_PERSIST` at most as many clusters as fit at once); nothing allocated per call (CUDA-graph safe). ``stats`` (``[2]`` int32, CUDA):
     ``[0]`` counts the searches that needed narrowing passes (flat or heavily tied buckets), a running total;
@@ -487,20 +487,26 @@ class CudaTopKTopPFilter:
         return l2, kernels, cluster, smem, width, fit
 
     def filter(self, logits, k, p, out, temperature=None):
-        """Filter ``logits [B <= max_rows, vocab]`` into ``out`` (may be ``logits``); see the class doc.
+        """Filter ``logits [B <= max_rows, vocab]`` into ``out`` (may be ``logits``; None: in place); see the class
+        doc.
 
-        ``temperature`` (None, a Python float or a validated ``[B]`` fp32 tensor): the logits are RAW; each row is
+        ``temperature`` (None, a Python float or a ``[B]`` fp32 tensor): the logits are RAW; each row is
         divided by its temperature first (the IEEE ``x / T``; ``T == 0`` unscaled) and ``out`` receives the filter
-        of the divided row, bit for bit what filtering ``draft.reference.scaled_logits(logits, T)`` gives.
+        of the divided row, bit for bit what filtering ``draft.reference.scaled_logits(logits, T)`` gives. The
+        arguments are checked first (``filtering.check_arguments``: host only, no synchronisation).
         """
+        from .filtering import check_arguments  # noqa: PLC0415  (filtering imports this module lazily)
+
+        k, p, temperature = check_arguments(logits, k, p, out, temperature)
+        return self._run(logits, k, p, logits if out is None else out, temperature)
+
+    def _run(self, logits, k, p, out, temperature=None):
+        """:meth:`filter` on arguments already checked (``top_k_top_p``)."""
         rows, vocab = logits.shape
         if rows > self.max_rows or vocab != self.vocab or logits.device != self.device:
             raise ValueError(f"logits: expected [<= {self.max_rows}, {self.vocab}] on {self.device}, got "
                              f"{list(logits.shape)} on {logits.device}")
         same = out.data_ptr() == logits.data_ptr()
-        check_apart("out", out, "logits", logits)
-        if rows > 1 and out.stride(0) < vocab:
-            raise ValueError(f"out: rows overlap (stride {out.stride(0)} < V = {vocab}); every row is written")
         if rows == 0 or (k is None and p is None and temperature is None):
             if not same:
                 out.copy_(logits)
@@ -592,4 +598,4 @@ def launch_top_k_top_p(logits, k, p, out, temperature=None):
     if filt is None or filt.max_rows < rows:
         filt = CudaTopKTopPFilter(max(rows, 1), vocab, logits.device)
         _FILTERS[key] = filt
-    return filt.filter(logits, k, p, out, temperature)
+    return filt._run(logits, k, p, out, temperature)  # (checked by top_k_top_p)

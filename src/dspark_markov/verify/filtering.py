@@ -72,6 +72,19 @@ def _per_row(name, value, rows, device, dtypes, kind, finite=False):
 def _check(logits, k, p, impl, out, temperature=None):
     if impl not in IMPLS:
         raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
+    k, p, temperature = check_arguments(logits, k, p, out, temperature)
+    if temperature is not None and impl == "triton":
+        raise ValueError("temperature: raw logits divided inside the filter are implemented by impl='cuda' and "
+                         "'reference'; with 'triton' divide first (draft.reference.scaled_logits)")
+    return k, p, temperature
+
+
+def check_arguments(logits, k, p, out, temperature=None):
+    """Validate a filter call's arguments (shapes, dtypes, devices, strides, scalar values) without a host
+    synchronisation or an allocation; return ``(k, p, temperature)`` with scalars normalised (``k`` clamped to
+    ``[0, V]``, ``p`` beyond fp32 as ``inf``). ``out`` None: in place. Per-row tensors' values are read on the device
+    (module doc). :func:`top_k_top_p` and the persistent filters' ``filter`` (``triton_filtering.TopKTopPFilter``,
+    ``cuda_filtering.CudaTopKTopPFilter``) call it: a wrong ``out`` is refused, never written past."""
     check_tensor("logits", logits, dim=2, dtypes=(torch.float32,), last_stride_one=True)
     rows, vocab = logits.shape
     if vocab < 1:
@@ -93,9 +106,6 @@ def _check(logits, k, p, impl, out, temperature=None):
                          + ("; pass out= to filter them into separate rows" if out is None else ""))
     if temperature is not None:
         temperature = _per_row("temperature", temperature, rows, logits.device, (torch.float32,), float, finite=True)
-        if impl == "triton":
-            raise ValueError("temperature: raw logits divided inside the filter are implemented by impl='cuda' and "
-                             "'reference'; with 'triton' divide first (draft.reference.scaled_logits)")
     return k, p, temperature
 
 

@@ -2294,10 +2294,10 @@ class TopKTopPFilter:
     """Top-k / top-p filter with persistent scratch for batches of up to ``max_rows`` rows of ``vocab``.
 
     ``filter(logits, k, p, out)`` launches 4 kernels with no allocation and no host
-    synchronisation (CUDA-graph safe); ``k``/``p`` are None, Python scalars or validated ``[B]``
-    tensors (``filtering._check``). ``block``/``chunks`` fix the layout (default: one program per
-    row for large batches, several per row for small ones, :func:`default_layout` of
-    ``max_rows``); ``capacity`` is the most candidates one program sorts (a power of two >= 16).
+    synchronisation (CUDA-graph safe); ``k``/``p`` are None, Python scalars or ``[B]`` tensors
+    (checked by ``filtering.check_arguments``, their values read on the device).
+    ``block``/``chunks`` fix the layout (default: one program per row for large batches, several
+    per row for small ones, :func:`default_layout` of ``max_rows``); ``capacity`` is the most candidates one program sorts (a power of two >= 16).
     Scratch: ``max_rows * (capacity * 8 + ~2,750)`` bytes plus ``max_rows * chunks * 32``.
     """
 
@@ -2370,7 +2370,15 @@ class TopKTopPFilter:
         self.sweep_raw = False
 
     def filter(self, logits, k, p, out):
-        """Filter ``logits [B <= max_rows, vocab]`` into ``out`` (may be ``logits``); see the class doc."""
+        """Filter ``logits [B <= max_rows, vocab]`` into ``out`` (may be ``logits``; None: in place); see the class
+        doc. The arguments are checked first (``filtering.check_arguments``: host only, no synchronisation)."""
+        from .filtering import check_arguments  # noqa: PLC0415  (filtering imports this module lazily)
+
+        k, p, _ = check_arguments(logits, k, p, out)
+        return self._run(logits, k, p, logits if out is None else out)
+
+    def _run(self, logits, k, p, out):
+        """:meth:`filter` on arguments already checked (``top_k_top_p``)."""
         rows, vocab = logits.shape
         if rows > self.max_rows or vocab != self.vocab or logits.device != self.device:
             raise ValueError(f"logits: expected [<= {self.max_rows}, {self.vocab}] on {self.device}, got "
@@ -2471,4 +2479,4 @@ def launch_top_k_top_p(logits, k, p, out, *, block=None, chunks=None, sort_size=
     if sort_size is not None:
         check_power_of_two("sort_size", sort_size, 16)
     filt = filter_for(rows, vocab, logits.device, block=block, chunks=chunks, capacity=sort_size)
-    return filt.filter(logits, k, p, out)
+    return filt._run(logits, k, p, out)  # (checked by top_k_top_p)
