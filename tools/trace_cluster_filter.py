@@ -2,11 +2,11 @@
 
 Usage (an H200): ``PYTHONPATH=src python3 tools/trace_cluster_filter.py [--rows 6,96,1518]``. Compiles filter.cu
 with ``-DDF_TRACE`` (thread 0 of every block of rows 0 and rows / 2 records clock64() at each DF_MARK: filter.cu),
-runs each case (k = 50 + p = 0.9, p = 0.9 alone; Gaussian and peaked rows) eagerly after an L2 flush, for each
-``--flags`` value (the kernel's options, cuda_filtering.FLAG_*; a value with FLAG_L2_ROWS runs the -DDF_L2_ROWS
-build), and prints for the traced rows the marks in time order with the cycles since the previous mark (rank 0, and
-the slowest block of the cluster), and microseconds at the clock implied by the call's event time at the smallest
-batch.
+runs each case (k = 50 + p = 0.9, p = 0.9 alone: ``--cases``; Gaussian and peaked rows, or ``--kinds``) eagerly
+after an L2 flush, for each ``--flags`` value (the kernel's options, cuda_filtering.FLAG_*; a value with
+FLAG_L2_ROWS runs the -DDF_L2_ROWS build), and prints for the traced rows the marks in time order with the cycles
+since the previous mark (rank 0, and the slowest block of the cluster), and microseconds at the clock implied by the
+call's event time at the smallest batch.
 
 Marks: 0 start, 1 slice loaded, 2 row max known (cluster barrier), 18 level-1 bins added, 19 cluster barrier,
 3 histogram reduced (scan, cluster barrier), 4 k+p: bucket located, 13 candidates gathered, 14 cluster barrier,
@@ -31,6 +31,10 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", default="6,96,1518")
     parser.add_argument("--calls", type=int, default=3)
+    parser.add_argument("--kinds", default="gaussian,peaked",
+                        help="comma-separated input kinds (verify_grid.FILTER_INPUTS)")
+    parser.add_argument("--cases", default="k+p,p",
+                        help="comma-separated cases: k+p (k = 50, p = 0.9), p (p = 0.9 alone)")
     parser.add_argument("--flags", default=f"{cf.KERNEL_FLAGS},{cf.DEFAULT_FLAGS}",  # resident, then the L2-row build
                         help="comma-separated FilterArgs.flags values to run (cuda_filtering.FLAG_*), e.g. 0,3")
     parser.add_argument("--relaxed", action="store_true",
@@ -64,9 +68,10 @@ def run(kernels, args, vocab, device, flags, smem):
     for rows in map(int, args.rows.split(",")):
         gen = torch.Generator(device="cuda").manual_seed(1)
         gaussian = torch.randn(rows, vocab, generator=gen, device=device) * 2
-        for kind in ("gaussian", "peaked"):
+        for kind in args.kinds.split(","):
             x = filter_logits(kind, gaussian, gen)
-            for name, k, p in (("k+p", 50, 0.9), ("p", None, 0.9)):
+            cases = [case for case in (("k+p", 50, 0.9), ("p", None, 0.9)) if case[0] in args.cases.split(",")]
+            for name, k, p in cases:
                 stats = torch.zeros(1 + 2 * cf.CLUSTER * SLOTS, dtype=torch.int64, device=device)
                 out = torch.empty_like(x)
                 fa = cf.FilterArgs(

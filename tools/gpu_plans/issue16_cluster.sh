@@ -37,6 +37,7 @@
 #   bash tools/gpu_plans/issue16_cluster.sh sizes     # budget ~300 s: the L2-row build's cluster size (8 / 7 / 6 / 5 forced, 4-block build) at 16 / 64 / 253 requests
 #   bash tools/gpu_plans/issue16_cluster.sh h200      # budget ~150 s: on an H200 only (else nothing): the bench's filter cases, Triton and cuda (default flags)
 #   bash tools/gpu_plans/issue16_cluster.sh h200_tests # budget ~120 s: on an H200 only (else nothing): the filter's GPU tests at the default flags
+#   bash tools/gpu_plans/issue16_cluster.sh bf16_trace # budget ~80 s: phase trace of top-p alone, Gaussian vs bf16 rows, 96 and 1,518 rows (default flags)
 # Results go to $JOB_OUT (default ./gpu_plan_out). NVRTC builds filter.cu in ~1 s (cached on disk).
 # If the first launch fails with an invalid-configuration error: cuLaunchKernel is assumed to honour the
 # compile-time __cluster_dims__(8, 1, 1) (the CUDA guide: such a kernel launches with <<< >>>); the fallback is
@@ -489,6 +490,14 @@ fused_trace)
   # -DDF_TRACE L2-row build compiles here with NVRTC): 96 and 1,518 rows, p alone, beside the default
   timeout -k 2 100 python3 tools/trace_cluster_filter.py --rows 96,1518 --flags 49727,115263,246335 > "$OUT/fused_trace.txt" 2>&1
   tail -40 "$OUT/fused_trace.txt"
+  ;;
+bf16_trace)
+  # (~40-80 s, any GPU) stop 48: bf16-rounded rows are the slowest kind of top-p alone at every batch (H100, stop 43:
+  # +3-7% over Gaussian) and the one the H200 estimates leave just above issue 16's targets; which phase pays for
+  # the ties (the DF_MARK trace of the default flags, 96 and 1,518 rows, p alone, Gaussian beside bf16)
+  timeout -k 2 80 python3 tools/trace_cluster_filter.py --rows 96,1518 --kinds gaussian,bf16 --cases p \
+    --flags 246335 > "$OUT/bf16_trace.txt" 2>&1
+  tail -30 "$OUT/bf16_trace.txt"
   ;;
 sanitize_only)
   # (used by `flags_sanitize`) memcheck / racecheck on 16 aligned rows of V = 4,099 with FILTER_FLAGS (default 3),
