@@ -226,6 +226,39 @@ DM_HD u64 df_word(float x, i64 index) { return (u64)pack_word(x, (i32)index) ^ (
 DM_HD float df_word_value(u64 word) { return word_key((i64)(word ^ (1ull << 63))); }
 DM_HD i64 df_word_index(u64 word) { return (i64)(0x7FFFFFFF - (i32)(word & 0x7FFFFFFFull)); }  // df_word's index
 
+DM_HD int df_top_bit(u64 x) {  // the highest set bit of x != 0
+#if defined(__CUDA_ARCH__)
+  return 63 - __clzll((long long)x);
+#else
+  return 63 - __builtin_clzll(x);
+#endif
+}
+
+// DF_FLAG_SPARSE_DIGIT's digit of `w`: the bits of w at the (up to 8) set bits of `picks`, the highest first (the
+// digit's most significant bit). For words that agree on every bit outside `diff` (the candidates: diff = OR ^ AND
+// of their words) and picks = the highest set bits of diff, w1 > w2 gives digit(w1) >= digit(w2): the highest bit
+// where w1 and w2 differ lies in diff, and the picked bits above it are equal.
+DM_HD u32 df_sparse_digit(u64 w, u64 picks) {
+  u32 digit = 0;
+  while (picks != 0) {  // (<= 8 set bits, the highest first)
+    const int b = df_top_bit(picks);
+    digit = (digit << 1) | (u32)((w >> b) & 1ull);
+    picks ^= 1ull << b;
+  }
+  return digit;
+}
+
+// The (up to) 8 highest set bits of `diff`.
+DM_HD u64 df_sparse_picks(u64 diff) {
+  u64 picks = 0;
+  for (int n = 0; n < 8 && diff != 0; ++n) {
+    const u64 top = 1ull << df_top_bit(diff);
+    picks |= top;
+    diff ^= top;
+  }
+  return picks;
+}
+
 }  // namespace dm
 
 #if defined(__CUDACC__)
@@ -371,6 +404,13 @@ static_assert(3 * DF_NB / 2 - DF_CAP >= DF_CAP / 2, "FUSED_WRITE: DF_CAP member 
                                // flight per thread then wait about one HBM round trip instead of two (the first read
                                // was ~26% of a row's time at 16 requests of top-p alone, phase trace, stop 41).
                                // Level alone, faster with FUSED_WRITE (verify/cuda_filtering.py): default since stop 43
+#define DF_FLAG_SPARSE_DIGIT 524288  // (stop 48) with REFINE: a refinement pass's digit is the 8 highest bits where the
+                               // candidates' words differ (df_sparse_digit; monotone in the word, so digits still rank
+                               // better first), not the 8 contiguous bits from the highest. A bucket of bf16-rounded
+                               // logits holds a few distinct values with ~150 tied tokens each: the contiguous digit
+                               // splits it by value only (its low bits are constant key bits), leaving ~150 to rank
+                               // by counting (every thread ~150 dependent compares, in every block); the sparse digit
+                               // takes the index's high bits as well and leaves a few.
 // -DDF_FIXED_FLAGS=F (verify/cuda_filtering.py FLAG_SPECIALIZE, stop 44): the build for launches whose kernel flags
 // are F, with F compiled in (every test of FilterArgs.flags / FilterShared.flags folded to a constant, the code of the
 // other options dropped: a smaller kernel); the host launches it with exactly F. (Reading FilterArgs' flags into one
@@ -628,7 +668,7 @@ __device__ __forceinline__ void df_thresholds_warp(float m, i32 b1, i32 b2, floa
 // df_select moves sh.base_cnt / base_mass past the better digits, as df_search's narrowing passes do. Returns the
 // remaining count; 0 if no digit held the target (a broken invariant: the caller fails the search).
 __device__ __noinline__ u32 df_refine(u32 count, u32 limit, bool masses, bool by_mass, u64 target, float m,
-                                      u64* s_cand, u32* s_dig, FilterShared& sh) {
+                                      u64* s_cand, u32* s_dig, FilterShared& sh, bool sparse) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const u32 dig = df_addr(s_dig);
   while (count > limit) {
@@ -653,9 +693,11 @@ __device__ __noinline__ u32 df_refine(u32 count, u32 limit, bool masses, bool by
     for (int w = 0; w < DF_T / 32; ++w) { w_or |= sh.warp_sum[w]; w_and &= sh.warp_sum2[w]; }
     const int top = 63 - __clzll((long long)(w_or ^ w_and));  // the words are unique and count > 1: they differ
     const int shift = top >= 7 ? top - 7 : 0;
+    const u64 picks = sparse ? df_sparse_picks(w_or ^ w_and) : 0ull;  // (DF_FLAG_SPARSE_DIGIT; includes `top`)
     for (int i = tid; i < (int)count; i += DF_T) {
       const u64 w = s_cand[i];
-      df_add(dig, 4u * 256u, (u32)(w >> shift) & 255u, masses ? df_weight(df_word_value(w), m) : 0ull);
+      const u32 digit = sparse ? df_sparse_digit(w, picks) : (u32)(w >> shift) & 255u;
+      df_add(dig, 4u * 256u, digit, masses ? df_weight(df_word_value(w), m) : 0ull);
     }
     __syncthreads();
     const u32 d = 255u - (u32)tid;  // descending digits: better first
@@ -671,7 +713,7 @@ __device__ __noinline__ u32 df_refine(u32 count, u32 limit, bool masses, bool by
     for (int e = 0; e < DF_CAP / DF_T; ++e) {
       const int i = tid + e * DF_T;
       keep[e] = i < (int)count ? s_cand[i] : 0ull;
-      kept[e] = i < (int)count && ((u32)(keep[e] >> shift) & 255u) == want;
+      kept[e] = i < (int)count && (sparse ? df_sparse_digit(keep[e], picks) : (u32)(keep[e] >> shift) & 255u) == want;
     }
     __syncthreads();  // every candidate read before the kept ones move to the front
 #pragma unroll
@@ -932,7 +974,8 @@ __device__ __noinline__ u32 df_collect(const float* s_x, int n, i64 lo, float m,
   const bool small_sort = (flags & DF_FLAG_REFINE) != 0;
   const u32 limit = DF_NEW_FLAGS && by_mass && (flags & DF_FLAG_DEEP_REFINE) ? DF_DEEP : DF_SMALL;
   if (small_sort && refine && count > limit) {
-    count = df_refine(count, limit, masses, by_mass, target, m, s_cand, s_dig, sh);
+    count = df_refine(count, limit, masses, by_mass, target, m, s_cand, s_dig, sh,
+                      DF_NEW_FLAGS && (flags & DF_FLAG_SPARSE_DIGIT) != 0);
     if (count == 0) return 0;
   }
   const int size = count <= 32 ? 32 : 1 << (32 - __clz(count - 1));  // a power of two >= count
