@@ -1142,7 +1142,7 @@ def test_launch_arguments(monkeypatch):
         filt.filter(x[:3], 5, None, torch.empty(1, 1001).expand(3, 1001))
     with pytest.raises(ValueError, match="logits"):
         filt.filter(torch.randn(7, 1001), 5, None, torch.empty(7, 1001))  # more rows than max_rows
-    # the arguments checked by name before a launch (filtering.check_arguments): an out of fewer rows was written past
+    # the arguments checked by name before a launch (filter_checks.check_arguments): an out of fewer rows was written past
     launched = len(launches)
     for name, args in (("out", (x, 5, None, torch.empty(4, 1001))), ("out", (x, 5, None, torch.empty(5, 1001).half())),
                        ("k", (x, torch.full((4,), 7), None, x)), ("p", (x, None, p.double(), x)),

@@ -51,6 +51,7 @@ import torch
 
 from .. import cuda
 from ..rng import f32
+from .filter_checks import check_arguments
 
 CLUSTER = 8  # filter.cu DF_C: blocks per row
 THREADS = 256  # filter.cu DF_T
@@ -404,7 +405,7 @@ class CudaTopKTopPFilter:
     ``filter(logits, k, p, out)`` has :class:`.triton_filtering.TopKTopPFilter`'s interface: ``logits`` ``[B, V]``
     fp32 CUDA (last stride 1), ``k`` / ``p`` None, Python scalars or ``[B]`` tensors (int32 / int64, fp32), ``out``
     ``[B, V]`` fp32 (``logits`` itself or None: in place; any other overlap is refused), all checked by
-    ``filtering.check_arguments``.
+    ``filter_checks.check_arguments``.
     One launch of ``B * 8`` blocks (``B * 4`` in the 4-block L2-row build, ``B * fit_cluster(B)`` with
     :data:`FLAG_L2_FIT`; with :data:`FLAG_PERSIST` at most as many clusters as fit at once); nothing allocated per call (CUDA-graph safe). ``stats`` (``[2]`` int32, CUDA):
     ``[0]`` counts the searches that needed narrowing passes (flat or heavily tied buckets), a running total;
@@ -503,10 +504,8 @@ class CudaTopKTopPFilter:
         ``temperature`` (None, a Python float or a ``[B]`` fp32 tensor): the logits are RAW; each row is
         divided by its temperature first (the IEEE ``x / T``; ``T == 0`` unscaled) and ``out`` receives the filter
         of the divided row, bit for bit what filtering ``draft.reference.scaled_logits(logits, T)`` gives. The
-        arguments are checked first (``filtering.check_arguments``: host only, no synchronisation).
+        arguments are checked first (``filter_checks.check_arguments``: host only, no synchronisation).
         """
-        from .filtering import check_arguments  # noqa: PLC0415  (filtering imports this module lazily)
-
         k, p, temperature = check_arguments(logits, k, p, out, temperature)
         return self._run(logits, k, p, logits if out is None else out, temperature)
 

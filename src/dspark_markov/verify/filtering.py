@@ -32,43 +32,18 @@ so the whole call is CUDA-graph capturable.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from .. import registry
-from ..validate import check_apart, check_tensor, check_triton_runs, check_vector
+from ..validate import check_tensor, check_triton_runs
+from .filter_checks import check_arguments
 from .filtering_reference import (EXP_COEFFS, EXP_FLOOR, KEY_FLOOR, LOG2E, MASS_ONE,  # noqa: F401  (re-exported)
                                   top_k_top_p_reference, weight_fixed_point)
 
 IMPLS = ("triton", "reference", "cuda")
-_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
 # --------------------------------------------------------------------------- validation
-def _per_row(name, value, rows, device, dtypes, kind, finite=False):
-    if isinstance(value, torch.Tensor):
-        check_vector(name, value, length=rows, dtypes=dtypes, device=device)  # contiguous: kernels read ptr + row
-        return value
-    if kind is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{name}: expected an int, a [B] int tensor or None, got {type(value).__name__}")
-        return int(value)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name}: expected a float, a [B] float32 tensor or None, got {type(value).__name__}")
-    try:
-        number = float(value)
-    except OverflowError:  # (an int beyond the float range)
-        raise ValueError(f"{name}: expected a float >= 0, got an int too large for a float") from None
-    if math.isnan(number) or number < 0 or (finite and math.isinf(number)):
-        raise ValueError(f"{name}: expected a {'finite ' if finite else ''}float >= 0, got {value}")
-    if number > _FLOAT32_MAX:  # (fp32 rows: torch.full of it overflows)
-        if finite:
-            raise ValueError(f"{name}: expected a value within the float32 range, got {value}")
-        number = math.inf  # p beyond fp32: top-p off, as any p >= 1
-    return number
-
-
 def _check(logits, k, p, impl, out, temperature=None):
     if impl not in IMPLS:
         raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
@@ -76,36 +51,6 @@ def _check(logits, k, p, impl, out, temperature=None):
     if temperature is not None and impl == "triton":
         raise ValueError("temperature: raw logits divided inside the filter are implemented by impl='cuda' and "
                          "'reference'; with 'triton' divide first (draft.reference.scaled_logits)")
-    return k, p, temperature
-
-
-def check_arguments(logits, k, p, out, temperature=None):
-    """Validate a filter call's arguments (shapes, dtypes, devices, strides, scalar values) without a host
-    synchronisation or an allocation; return ``(k, p, temperature)`` with scalars normalised (``k`` clamped to
-    ``[0, V]``, ``p`` beyond fp32 as ``inf``). ``out`` None: in place. Per-row tensors' values are read on the device
-    (module doc). :func:`top_k_top_p` and the persistent filters' ``filter`` (``triton_filtering.TopKTopPFilter``,
-    ``cuda_filtering.CudaTopKTopPFilter``) call it: a wrong ``out`` is refused, never written past."""
-    check_tensor("logits", logits, dim=2, dtypes=(torch.float32,), last_stride_one=True)
-    rows, vocab = logits.shape
-    if vocab < 1:
-        raise ValueError(f"logits: expected V >= 1 columns, got shape {tuple(logits.shape)}")
-    if vocab >= 2**31 - 1:
-        raise ValueError(f"logits: expected fewer than 2^31 - 1 columns, got {vocab}")
-    k = None if k is None else _per_row("k", k, rows, logits.device, (torch.int32, torch.int64), int)
-    if isinstance(k, int):  # (k <= 0 and k >= V both mean no top-k: any int, however large, fits the kernels)
-        k = min(max(k, 0), vocab)
-    p = None if p is None else _per_row("p", p, rows, logits.device, (torch.float32,), float)
-    if out is not None:
-        check_tensor("out", out, shape=logits.shape, dtypes=(torch.float32,), device=logits.device,
-                     last_stride_one=True)
-        check_apart("out", out, "logits", logits)
-    written = logits if out is None else out
-    if rows > 1 and written.stride(0) < vocab:  # (an expanded row, stride 0: one row written by several)
-        name = "logits" if out is None else "out"
-        raise ValueError(f"{name}: rows overlap (stride {written.stride(0)} < V = {vocab}); the filter writes every row"
-                         + ("; pass out= to filter them into separate rows" if out is None else ""))
-    if temperature is not None:
-        temperature = _per_row("temperature", temperature, rows, logits.device, (torch.float32,), float, finite=True)
     return k, p, temperature
 
 

@@ -127,6 +127,7 @@ import triton.language as tl
 
 from ..rng import LN2_HIGH, LN2_LOW
 from ..validate import check_power_of_two
+from .filter_checks import check_arguments
 from .filtering_reference import EXP_COEFFS, EXP_FLOOR, LOG2E, MASS_ONE
 
 _C0, _C1, _C2, _C3, _C4, _C5, _C6, _C7 = (tl.constexpr(c) for c in EXP_COEFFS)
@@ -2295,7 +2296,7 @@ class TopKTopPFilter:
 
     ``filter(logits, k, p, out)`` launches 4 kernels with no allocation and no host
     synchronisation (CUDA-graph safe); ``k``/``p`` are None, Python scalars or ``[B]`` tensors
-    (checked by ``filtering.check_arguments``, their values read on the device).
+    (checked by ``filter_checks.check_arguments``, their values read on the device).
     ``block``/``chunks`` fix the layout (default: one program per row for large batches, several
     per row for small ones, :func:`default_layout` of ``max_rows``); ``capacity`` is the most candidates one program sorts (a power of two >= 16).
     Scratch: ``max_rows * (capacity * 8 + ~2,750)`` bytes plus ``max_rows * chunks * 32``.
@@ -2371,9 +2372,7 @@ class TopKTopPFilter:
 
     def filter(self, logits, k, p, out):
         """Filter ``logits [B <= max_rows, vocab]`` into ``out`` (may be ``logits``; None: in place); see the class
-        doc. The arguments are checked first (``filtering.check_arguments``: host only, no synchronisation)."""
-        from .filtering import check_arguments  # noqa: PLC0415  (filtering imports this module lazily)
-
+        doc. The arguments are checked first (``filter_checks.check_arguments``: host only, no synchronisation)."""
         k, p, _ = check_arguments(logits, k, p, out)
         return self._run(logits, k, p, logits if out is None else out)
 
