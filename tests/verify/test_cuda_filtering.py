@@ -354,7 +354,7 @@ extern "C" void words(const float* x, const long long* index, unsigned long long
 extern "C" void sparse_digits(const unsigned long long* w, unsigned* digit, long n) {  // df_refine's, of one set
   u64 w_or = 0, w_and = ~0ull;
   for (long i = 0; i < n; ++i) { w_or |= w[i]; w_and &= w[i]; }
-  const u64 picks = df_sparse_picks(w_or ^ w_and);
+  const DfPicks picks = df_sparse_picks(w_or ^ w_and);
   for (long i = 0; i < n; ++i) digit[i] = df_sparse_digit(w[i], picks);
 }
 """
@@ -497,6 +497,9 @@ def test_sparse_digit_is_monotone_and_splits(host):
         assert len(np.unique(digit)) >= 2 and digit.max() < 256
     tied_digits = sparse_digits(np.unique(sets[0]))
     assert np.bincount(tied_digits).max() <= 16  # the ties spread over the index's high bits
+    window = np.unique(np.array([base ^ int(v) << 20 for v in gen.integers(0, 256, 300)] + [base, base ^ 255 << 20],
+                                np.uint64))  # 8 adjacent differing bits: df_refine's contiguous digit, the same
+    assert np.array_equal(sparse_digits(window), ((window >> np.uint64(20)) & np.uint64(255)).astype(np.int64))
 
 
 def test_thresholds_decide_exactly_as_the_bucket(host):
@@ -547,8 +550,9 @@ def test_sixteen_way_threshold_rounds_equal_the_binary_search(host):
 
 # --------------------------------------------------------------------------- the search, emulated
 def sparse_digits(cand):
-    """FLAG_SPARSE_DIGIT's digits of the candidate words ``cand`` (uint64): their bits at the (up to) 8 highest bits
-    where they differ, the highest first (filter.cu df_sparse_picks / df_sparse_digit)."""
+    """FLAG_SPARSE_DIGIT's digits of the candidate words ``cand`` (uint64): their bits at the 8 highest bits where
+    they differ, the highest first, then zeros where fewer than 8 differ (filter.cu df_sparse_picks / df_sparse_digit:
+    bit 31, 0 in every word)."""
     diff = int(np.bitwise_or.reduce(cand)) ^ int(np.bitwise_and.reduce(cand))
     picks = []
     while diff and len(picks) < 8:
@@ -557,7 +561,7 @@ def sparse_digits(cand):
     digit = np.zeros(len(cand), np.int64)
     for b in picks:
         digit = (digit << 1) | ((cand >> np.uint64(b)) & np.uint64(1)).astype(np.int64)
-    return digit
+    return digit << (8 - len(picks))
 
 
 def emulate(logits, k, p, capacity=CAPACITY, stats=None, paths=None, refine=True, small=256, refined=None,

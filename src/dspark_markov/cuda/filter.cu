@@ -234,29 +234,30 @@ DM_HD int df_top_bit(u64 x) {  // the highest set bit of x != 0
 #endif
 }
 
-// DF_FLAG_SPARSE_DIGIT's digit of `w`: the bits of w at the (up to 8) set bits of `picks`, the highest first (the
-// digit's most significant bit). For words that agree on every bit outside `diff` (the candidates: diff = OR ^ AND
-// of their words) and picks = the highest set bits of diff, w1 > w2 gives digit(w1) >= digit(w2): the highest bit
-// where w1 and w2 differ lies in diff, and the picked bits above it are equal.
-DM_HD u32 df_sparse_digit(u64 w, u64 picks) {
-  u32 digit = 0;
-  while (picks != 0) {  // (<= 8 set bits, the highest first)
-    const int b = df_top_bit(picks);
-    digit = (digit << 1) | (u32)((w >> b) & 1ull);
-    picks ^= 1ull << b;
-  }
-  return digit;
-}
+// DF_FLAG_SPARSE_DIGIT's digit: the bits of a word at the 8 highest bits where the candidates' words differ
+// (diff = OR ^ AND of their words), the highest first (the digit's most significant bit); where fewer than 8 differ,
+// the rest are bit 31, 0 in every word (df_word's low half is 0x7FFFFFFF - index). For words that agree outside diff,
+// w1 > w2 gives digit(w1) >= digit(w2): the highest bit where they differ lies in diff, and the picked bits above it
+// are equal. Picks that are 8 adjacent bits give the contiguous digit, (w >> lowest) & 255.
+struct DfPicks {
+  int b[8];  // bit positions, descending
+};
 
-// The (up to) 8 highest set bits of `diff`.
-DM_HD u64 df_sparse_picks(u64 diff) {
-  u64 picks = 0;
-  for (int n = 0; n < 8 && diff != 0; ++n) {
-    const u64 top = 1ull << df_top_bit(diff);
-    picks |= top;
-    diff ^= top;
+DM_HD DfPicks df_sparse_picks(u64 diff) {
+  DfPicks picks;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    picks.b[j] = diff != 0 ? df_top_bit(diff) : 31;
+    if (diff != 0) diff ^= 1ull << picks.b[j];
   }
   return picks;
+}
+
+DM_HD u32 df_sparse_digit(u64 w, const DfPicks& picks) {
+  u32 digit = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) digit = (digit << 1) | ((u32)(w >> picks.b[j]) & 1u);
+  return digit;
 }
 
 }  // namespace dm
@@ -693,7 +694,12 @@ __device__ __noinline__ u32 df_refine(u32 count, u32 limit, bool masses, bool by
     for (int w = 0; w < DF_T / 32; ++w) { w_or |= sh.warp_sum[w]; w_and &= sh.warp_sum2[w]; }
     const int top = 63 - __clzll((long long)(w_or ^ w_and));  // the words are unique and count > 1: they differ
     const int shift = top >= 7 ? top - 7 : 0;
-    const u64 picks = sparse ? df_sparse_picks(w_or ^ w_and) : 0ull;  // (DF_FLAG_SPARSE_DIGIT; includes `top`)
+    // DF_FLAG_SPARSE_DIGIT: the 8 highest differing bits, unless they are the contiguous window (the same digit)
+    DfPicks picks = {{31, 31, 31, 31, 31, 31, 31, 31}};
+    if (sparse) {  // (block-uniform)
+      picks = df_sparse_picks(w_or ^ w_and);
+      sparse = picks.b[0] - picks.b[7] != 7;
+    }
     for (int i = tid; i < (int)count; i += DF_T) {
       const u64 w = s_cand[i];
       const u32 digit = sparse ? df_sparse_digit(w, picks) : (u32)(w >> shift) & 255u;
