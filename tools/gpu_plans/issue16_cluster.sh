@@ -39,6 +39,7 @@
 #   bash tools/gpu_plans/issue16_cluster.sh h200_tests # budget ~120 s: on an H200 only (else nothing): the filter's GPU tests at the default flags
 #   bash tools/gpu_plans/issue16_cluster.sh sparse    # budget ~260 s: stop 48's FLAG_SPARSE_DIGIT (770623): tests, memcheck, timing beside 246335
 #   bash tools/gpu_plans/issue16_cluster.sh sparse_tests # budget ~130 s: the tests and memcheck of `sparse` alone
+#   bash tools/gpu_plans/issue16_cluster.sh sparse2   # budget ~200 s: 246335 / 770623 of this tree beside 246335 of gpu_jobs/prev_src (7242d38)
 #   bash tools/gpu_plans/issue16_cluster.sh h200_sparse # budget ~230 s: on an H200 only (else nothing): `h200` with 770623 beside the default
 #   bash tools/gpu_plans/issue16_cluster.sh bf16_trace # budget ~80 s: phase trace of top-p alone, Gaussian vs bf16 rows, 96 and 1,518 rows (default flags)
 # Results go to $JOB_OUT (default ./gpu_plan_out). NVRTC builds filter.cu in ~1 s (cached on disk).
@@ -503,6 +504,14 @@ sparse)
   # case it is for; the others should be level).
   bash "$0" sparse_tests
   flag_times sparse 246335,770623 1,16,64,253
+  ;;
+sparse2)
+  # (~60-200 s, any GPU) FLAG_SPARSE_DIGIT's second version (the contiguous digit kept where the picks are adjacent)
+  # and whether the change moved the default: two alternating rounds of the tree before it (gpu_jobs/prev_src:
+  # `git archive 7242d38 src/dspark_markov | tar -x -C gpu_jobs/prev_src --strip-components=1`, its cubins prebuilt)
+  # at 246335 beside this tree at 246335 and 770623 (the H100 of stop 48's first call measured the default 3-10%
+  # slower than stop 43-45's H100s: another machine, or the code around df_refine?)
+  tree_times sparse2 2 246335 246335,770623 1,16,64,253
   ;;
 sparse_tests)
   timeout -k 2 100 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_filtering_gpu.py \
