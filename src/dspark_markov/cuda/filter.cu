@@ -240,15 +240,18 @@ DM_HD int df_top_bit(u64 x) {  // the highest set bit of x != 0
 // w1 > w2 gives digit(w1) >= digit(w2): the highest bit where they differ lies in diff, and the picked bits above it
 // are equal. Picks that are 8 adjacent bits give the contiguous digit, (w >> lowest) & 255.
 struct DfPicks {
-  int b[8];  // bit positions, descending
+  u64 b;  // bit positions, descending, 6 bits each: position j in bits [6 j, 6 j + 6) (one register pair)
 };
 
+DM_HD int df_pick(const DfPicks& picks, int j) { return (int)(picks.b >> (6 * j)) & 63; }
+
 DM_HD DfPicks df_sparse_picks(u64 diff) {
-  DfPicks picks;
+  DfPicks picks = {0};
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    picks.b[j] = diff != 0 ? df_top_bit(diff) : 31;
-    if (diff != 0) diff ^= 1ull << picks.b[j];
+    const int bit = diff != 0 ? df_top_bit(diff) : 31;
+    if (diff != 0) diff ^= 1ull << bit;
+    picks.b |= (u64)bit << (6 * j);
   }
   return picks;
 }
@@ -256,7 +259,7 @@ DM_HD DfPicks df_sparse_picks(u64 diff) {
 DM_HD u32 df_sparse_digit(u64 w, const DfPicks& picks) {
   u32 digit = 0;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) digit = (digit << 1) | ((u32)(w >> picks.b[j]) & 1u);
+  for (int j = 0; j < 8; ++j) digit = (digit << 1) | ((u32)(w >> df_pick(picks, j)) & 1u);
   return digit;
 }
 
@@ -661,17 +664,60 @@ __device__ __forceinline__ void df_thresholds_warp(float m, i32 b1, i32 b2, floa
   t2 = b2 < 0 ? inf : ((i32)bottom_bucket <= b2 ? -inf : df_fkey_value(hi2));
 }
 
+// One pass of df_refine after its reduction (the candidates' differing bits known): the digits' counts and masses,
+// the selection, the selected digit's candidates moved to the front of s_cand (count: how many). The digit of a word
+// is (w >> shift) & 255, or with SPARSE_DIGIT df_sparse_digit (DF_FLAG_SPARSE_DIGIT, picks not adjacent): separate
+// instantiations, so that the contiguous pass computes no sparse digit. Returns false if no digit held the target.
+template <bool SPARSE_DIGIT>
+__device__ __forceinline__ bool df_refine_pass(u32& count, bool masses, bool by_mass, u64 target, float m, u64* s_cand,
+                                               u32* s_dig, FilterShared& sh, int shift, const DfPicks& picks) {
+  const int tid = threadIdx.x;
+  const u32 dig = df_addr(s_dig);
+  for (int i = tid; i < (int)count; i += DF_T) {
+    const u64 w = s_cand[i];
+    const u32 digit = SPARSE_DIGIT ? df_sparse_digit(w, picks) : (u32)(w >> shift) & 255u;
+    df_add(dig, 4u * 256u, digit, masses ? df_weight(df_word_value(w), m) : 0ull);
+  }
+  __syncthreads();
+  const u32 d = 255u - (u32)tid;  // descending digits: better first
+  const u64 cnt = s_dig[d], mass = (u64)s_dig[256 + d] + ((u64)s_dig[512 + d] << 16);
+  // (without masses sh.base_mass stays as it was: only searches whose mass nothing reads run so, top-k without
+  // top-p and the p <= 0 search)
+  df_select(cnt, mass, by_mass, target, sh);  // (its first barrier: every read of warp_sum above is done)
+  if (sh.sel == DF_NONE) return false;
+  const u32 want = 255u - sh.sel;
+  u64 keep[DF_CAP / DF_T];
+  bool kept[DF_CAP / DF_T];
+#pragma unroll
+  for (int e = 0; e < DF_CAP / DF_T; ++e) {
+    const int i = tid + e * DF_T;
+    keep[e] = i < (int)count ? s_cand[i] : 0ull;
+    kept[e] = i < (int)count
+              && (SPARSE_DIGIT ? df_sparse_digit(keep[e], picks) : (u32)(keep[e] >> shift) & 255u) == want;
+  }
+  __syncthreads();  // every candidate read before the kept ones move to the front
+#pragma unroll
+  for (int e = 0; e < DF_CAP / DF_T; ++e) {
+    if (kept[e]) s_cand[atomicAdd(&sh.refine_n, 1u)] = keep[e];
+  }
+  __syncthreads();
+  count = sh.sel_cnt;
+  return true;
+}
+
 // Narrow `count` (> limit: DF_SMALL, or DF_DEEP for a top-p search with DF_FLAG_DEEP_REFINE) unsorted candidates at
 // the front of s_cand to those of the 256-way digit where the target falls, pass after pass, until <= limit remain (at
 // the front of s_cand). Every block of the cluster does
 // the same on the same words (no cluster barrier). A pass's digit is the 8 bits below and including the highest bit
 // where the candidates' words differ, so it keeps one value of that bit (progress); digits descending (better first);
 // df_select moves sh.base_cnt / base_mass past the better digits, as df_search's narrowing passes do. Returns the
-// remaining count; 0 if no digit held the target (a broken invariant: the caller fails the search).
+// remaining count; 0 if no digit held the target (a broken invariant: the caller fails the search). SPARSE
+// (DF_FLAG_SPARSE_DIGIT): a pass whose 8 highest differing bits are not adjacent takes them as its digit
+// (df_sparse_digit); the instantiation without it is the contiguous digit alone.
+template <bool SPARSE>
 __device__ __noinline__ u32 df_refine(u32 count, u32 limit, bool masses, bool by_mass, u64 target, float m,
-                                      u64* s_cand, u32* s_dig, FilterShared& sh, bool sparse) {
+                                      u64* s_cand, u32* s_dig, FilterShared& sh) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const u32 dig = df_addr(s_dig);
   while (count > limit) {
     u64 w_or = 0, w_and = ~0ull;
     for (int i = tid; i < (int)count; i += DF_T) {
@@ -694,40 +740,16 @@ __device__ __noinline__ u32 df_refine(u32 count, u32 limit, bool masses, bool by
     for (int w = 0; w < DF_T / 32; ++w) { w_or |= sh.warp_sum[w]; w_and &= sh.warp_sum2[w]; }
     const int top = 63 - __clzll((long long)(w_or ^ w_and));  // the words are unique and count > 1: they differ
     const int shift = top >= 7 ? top - 7 : 0;
-    // DF_FLAG_SPARSE_DIGIT: the 8 highest differing bits, unless they are the contiguous window (the same digit)
-    DfPicks picks = {{31, 31, 31, 31, 31, 31, 31, 31}};
-    if (sparse) {  // (block-uniform)
-      picks = df_sparse_picks(w_or ^ w_and);
-      sparse = picks.b[0] - picks.b[7] != 7;
+    bool found;
+    if (SPARSE) {
+      const DfPicks picks = df_sparse_picks(w_or ^ w_and);
+      found = df_pick(picks, 0) - df_pick(picks, 7) == 7  // (block-uniform; adjacent picks: the contiguous digit, the same values)
+                  ? df_refine_pass<false>(count, masses, by_mass, target, m, s_cand, s_dig, sh, shift, picks)
+                  : df_refine_pass<true>(count, masses, by_mass, target, m, s_cand, s_dig, sh, shift, picks);
+    } else {
+      found = df_refine_pass<false>(count, masses, by_mass, target, m, s_cand, s_dig, sh, shift, DfPicks{});
     }
-    for (int i = tid; i < (int)count; i += DF_T) {
-      const u64 w = s_cand[i];
-      const u32 digit = sparse ? df_sparse_digit(w, picks) : (u32)(w >> shift) & 255u;
-      df_add(dig, 4u * 256u, digit, masses ? df_weight(df_word_value(w), m) : 0ull);
-    }
-    __syncthreads();
-    const u32 d = 255u - (u32)tid;  // descending digits: better first
-    const u64 cnt = s_dig[d], mass = (u64)s_dig[256 + d] + ((u64)s_dig[512 + d] << 16);
-    // (without masses sh.base_mass stays as it was: only searches whose mass nothing reads run so, top-k without
-    // top-p and the p <= 0 search)
-    df_select(cnt, mass, by_mass, target, sh);  // (its first barrier: every read of warp_sum above is done)
-    if (sh.sel == DF_NONE) return 0;
-    const u32 want = 255u - sh.sel;
-    u64 keep[DF_CAP / DF_T];
-    bool kept[DF_CAP / DF_T];
-#pragma unroll
-    for (int e = 0; e < DF_CAP / DF_T; ++e) {
-      const int i = tid + e * DF_T;
-      keep[e] = i < (int)count ? s_cand[i] : 0ull;
-      kept[e] = i < (int)count && (sparse ? df_sparse_digit(keep[e], picks) : (u32)(keep[e] >> shift) & 255u) == want;
-    }
-    __syncthreads();  // every candidate read before the kept ones move to the front
-#pragma unroll
-    for (int e = 0; e < DF_CAP / DF_T; ++e) {
-      if (kept[e]) s_cand[atomicAdd(&sh.refine_n, 1u)] = keep[e];
-    }
-    __syncthreads();
-    count = sh.sel_cnt;
+    if (!found) return 0;
   }
   return count;
 }
@@ -980,8 +1002,9 @@ __device__ __noinline__ u32 df_collect(const float* s_x, int n, i64 lo, float m,
   const bool small_sort = (flags & DF_FLAG_REFINE) != 0;
   const u32 limit = DF_NEW_FLAGS && by_mass && (flags & DF_FLAG_DEEP_REFINE) ? DF_DEEP : DF_SMALL;
   if (small_sort && refine && count > limit) {
-    count = df_refine(count, limit, masses, by_mass, target, m, s_cand, s_dig, sh,
-                      DF_NEW_FLAGS && (flags & DF_FLAG_SPARSE_DIGIT) != 0);
+    count = DF_NEW_FLAGS && (flags & DF_FLAG_SPARSE_DIGIT)
+                ? df_refine<true>(count, limit, masses, by_mass, target, m, s_cand, s_dig, sh)
+                : df_refine<false>(count, limit, masses, by_mass, target, m, s_cand, s_dig, sh);
     if (count == 0) return 0;
   }
   const int size = count <= 32 ? 32 : 1 << (32 - __clz(count - 1));  // a power of two >= count
