@@ -37,10 +37,6 @@
 #   bash tools/gpu_plans/issue16_cluster.sh sizes     # budget ~300 s: the L2-row build's cluster size (8 / 7 / 6 / 5 forced, 4-block build) at 16 / 64 / 253 requests
 #   bash tools/gpu_plans/issue16_cluster.sh h200      # budget ~150 s: on an H200 only (else nothing): the bench's filter cases, Triton and cuda (default flags)
 #   bash tools/gpu_plans/issue16_cluster.sh h200_tests # budget ~120 s: on an H200 only (else nothing): the filter's GPU tests at the default flags
-#   bash tools/gpu_plans/issue16_cluster.sh sparse    # budget ~260 s: stop 48's FLAG_SPARSE_DIGIT (770623): tests, memcheck, timing beside 246335
-#   bash tools/gpu_plans/issue16_cluster.sh sparse_tests # budget ~130 s: the tests and memcheck of `sparse` alone
-#   bash tools/gpu_plans/issue16_cluster.sh sparse2   # budget ~200 s: 246335 / 770623 of this tree beside 246335 of gpu_jobs/prev_src (7242d38)
-#   bash tools/gpu_plans/issue16_cluster.sh h200_sparse # budget ~230 s: on an H200 only (else nothing): `h200` with 770623 beside the default
 #   bash tools/gpu_plans/issue16_cluster.sh bf16_trace # budget ~80 s: phase trace of top-p alone, Gaussian vs bf16 rows, 96 and 1,518 rows (default flags)
 # Results go to $JOB_OUT (default ./gpu_plan_out). NVRTC builds filter.cu in ~1 s (cached on disk).
 # If the first launch fails with an invalid-configuration error: cuLaunchKernel is assumed to honour the
@@ -494,37 +490,6 @@ fused_trace)
   # -DDF_TRACE L2-row build compiles here with NVRTC): 96 and 1,518 rows, p alone, beside the default
   timeout -k 2 100 python3 tools/trace_cluster_filter.py --rows 96,1518 --flags 49727,115263,246335 > "$OUT/fused_trace.txt" 2>&1
   tail -40 "$OUT/fused_trace.txt"
-  ;;
-sparse)
-  # (~150-260 s, any GPU) stop 48's FLAG_SPARSE_DIGIT (524288, written without device time): a refinement pass's digit
-  # from the 8 highest bits where the candidates differ, so a bucket of bf16 ties leaves a few candidates to rank,
-  # not ~150 (the CPU emulation counts them). The file's tests with it (770623 = 246335 + it: the L2-row build and the
-  # default resident one; 524319 = 31 + it), memcheck with 770623, then two alternating rounds of 246335 beside
-  # 770623, p alone and k + p at 1 / 16 / 64 / 253 requests. Default only where exact and faster (bf16 p alone is the
-  # case it is for; the others should be level).
-  bash "$0" sparse_tests
-  flag_times sparse 246335,770623 1,16,64,253
-  ;;
-sparse2)
-  # (~60-200 s, any GPU) FLAG_SPARSE_DIGIT's second version (the contiguous digit kept where the picks are adjacent)
-  # and whether the change moved the default: two alternating rounds of the tree before it (gpu_jobs/prev_src:
-  # `git archive 7242d38 src/dspark_markov | tar -x -C gpu_jobs/prev_src --strip-components=1`, its cubins prebuilt)
-  # at 246335 beside this tree at 246335 and 770623 (the H100 of stop 48's first call measured the default 3-10%
-  # slower than stop 43-45's H100s: another machine, or the code around df_refine?)
-  tree_times sparse2 2 246335 246335,770623 1,16,64,253
-  ;;
-sparse_tests)
-  timeout -k 2 100 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_filtering_gpu.py \
-    -k "770623 or 524319" 2>&1 | tee "$OUT/sparse_tests.txt" | tail -3
-  FILTER_FLAGS=770623 bash "$0" sanitize_only memcheck
-  ;;
-h200_sparse)
-  # (~150-230 s) On an H200 only: `h200` (the bench's filter cases, Triton and cuda at the default flags, every case
-  # checked against the sort reference by its first call) with a second cuda group at 770623 (FLAG_SPARSE_DIGIT):
-  # the default's H200 figures for issue 16 and whether the sparse digit pays there, in one process
-  if ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then echo "not an H200: nothing run"; exit 0; fi
-  timeout -k 2 240 python3 tools/time_filter.py --cuda --cuda-flags 246335,770623 1,16,64,253 2>&1 \
-    | tee "$OUT/h200_sparse_bench.txt" | grep -E "^filter_row|^filter_split|Error"
   ;;
 bf16_trace)
   # (~40-80 s, any GPU) stop 48: bf16-rounded rows are the slowest kind of top-p alone at every batch (H100, stop 43:

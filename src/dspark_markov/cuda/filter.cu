@@ -226,43 +226,6 @@ DM_HD u64 df_word(float x, i64 index) { return (u64)pack_word(x, (i32)index) ^ (
 DM_HD float df_word_value(u64 word) { return word_key((i64)(word ^ (1ull << 63))); }
 DM_HD i64 df_word_index(u64 word) { return (i64)(0x7FFFFFFF - (i32)(word & 0x7FFFFFFFull)); }  // df_word's index
 
-DM_HD int df_top_bit(u64 x) {  // the highest set bit of x != 0
-#if defined(__CUDA_ARCH__)
-  return 63 - __clzll((long long)x);
-#else
-  return 63 - __builtin_clzll(x);
-#endif
-}
-
-// DF_FLAG_SPARSE_DIGIT's digit: the bits of a word at the 8 highest bits where the candidates' words differ
-// (diff = OR ^ AND of their words), the highest first (the digit's most significant bit); where fewer than 8 differ,
-// the rest are bit 31, 0 in every word (df_word's low half is 0x7FFFFFFF - index). For words that agree outside diff,
-// w1 > w2 gives digit(w1) >= digit(w2): the highest bit where they differ lies in diff, and the picked bits above it
-// are equal. Picks that are 8 adjacent bits give the contiguous digit, (w >> lowest) & 255.
-struct DfPicks {
-  u64 b;  // bit positions, descending, 6 bits each: position j in bits [6 j, 6 j + 6) (one register pair)
-};
-
-DM_HD int df_pick(const DfPicks& picks, int j) { return (int)(picks.b >> (6 * j)) & 63; }
-
-DM_HD DfPicks df_sparse_picks(u64 diff) {
-  DfPicks picks = {0};
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int bit = diff != 0 ? df_top_bit(diff) : 31;
-    if (diff != 0) diff ^= 1ull << bit;
-    picks.b |= (u64)bit << (6 * j);
-  }
-  return picks;
-}
-
-DM_HD u32 df_sparse_digit(u64 w, const DfPicks& picks) {
-  u32 digit = 0;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) digit = (digit << 1) | ((u32)(w >> df_pick(picks, j)) & 1u);
-  return digit;
-}
-
 }  // namespace dm
 
 #if defined(__CUDACC__)
@@ -408,13 +371,6 @@ static_assert(3 * DF_NB / 2 - DF_CAP >= DF_CAP / 2, "FUSED_WRITE: DF_CAP member 
                                // flight per thread then wait about one HBM round trip instead of two (the first read
                                // was ~26% of a row's time at 16 requests of top-p alone, phase trace, stop 41).
                                // Level alone, faster with FUSED_WRITE (verify/cuda_filtering.py): default since stop 43
-#define DF_FLAG_SPARSE_DIGIT 524288  // (stop 48) with REFINE: a refinement pass's digit is the 8 highest bits where the
-                               // candidates' words differ (df_sparse_digit; monotone in the word, so digits still rank
-                               // better first), not the 8 contiguous bits from the highest. A bucket of bf16-rounded
-                               // logits holds a few distinct values with ~150 tied tokens each: the contiguous digit
-                               // splits it by value only (its low bits are constant key bits), leaving ~150 to rank
-                               // by counting (every thread ~150 dependent compares, in every block); the sparse digit
-                               // takes the index's high bits as well and leaves a few.
 // -DDF_FIXED_FLAGS=F (verify/cuda_filtering.py FLAG_SPECIALIZE, stop 44): the build for launches whose kernel flags
 // are F, with F compiled in (every test of FilterArgs.flags / FilterShared.flags folded to a constant, the code of the
 // other options dropped: a smaller kernel); the host launches it with exactly F. (Reading FilterArgs' flags into one
@@ -664,60 +620,17 @@ __device__ __forceinline__ void df_thresholds_warp(float m, i32 b1, i32 b2, floa
   t2 = b2 < 0 ? inf : ((i32)bottom_bucket <= b2 ? -inf : df_fkey_value(hi2));
 }
 
-// One pass of df_refine after its reduction (the candidates' differing bits known): the digits' counts and masses,
-// the selection, the selected digit's candidates moved to the front of s_cand (count: how many). The digit of a word
-// is (w >> shift) & 255, or with SPARSE_DIGIT df_sparse_digit (DF_FLAG_SPARSE_DIGIT, picks not adjacent): separate
-// instantiations, so that the contiguous pass computes no sparse digit. Returns false if no digit held the target.
-template <bool SPARSE_DIGIT>
-__device__ __forceinline__ bool df_refine_pass(u32& count, bool masses, bool by_mass, u64 target, float m, u64* s_cand,
-                                               u32* s_dig, FilterShared& sh, int shift, const DfPicks& picks) {
-  const int tid = threadIdx.x;
-  const u32 dig = df_addr(s_dig);
-  for (int i = tid; i < (int)count; i += DF_T) {
-    const u64 w = s_cand[i];
-    const u32 digit = SPARSE_DIGIT ? df_sparse_digit(w, picks) : (u32)(w >> shift) & 255u;
-    df_add(dig, 4u * 256u, digit, masses ? df_weight(df_word_value(w), m) : 0ull);
-  }
-  __syncthreads();
-  const u32 d = 255u - (u32)tid;  // descending digits: better first
-  const u64 cnt = s_dig[d], mass = (u64)s_dig[256 + d] + ((u64)s_dig[512 + d] << 16);
-  // (without masses sh.base_mass stays as it was: only searches whose mass nothing reads run so, top-k without
-  // top-p and the p <= 0 search)
-  df_select(cnt, mass, by_mass, target, sh);  // (its first barrier: every read of warp_sum above is done)
-  if (sh.sel == DF_NONE) return false;
-  const u32 want = 255u - sh.sel;
-  u64 keep[DF_CAP / DF_T];
-  bool kept[DF_CAP / DF_T];
-#pragma unroll
-  for (int e = 0; e < DF_CAP / DF_T; ++e) {
-    const int i = tid + e * DF_T;
-    keep[e] = i < (int)count ? s_cand[i] : 0ull;
-    kept[e] = i < (int)count
-              && (SPARSE_DIGIT ? df_sparse_digit(keep[e], picks) : (u32)(keep[e] >> shift) & 255u) == want;
-  }
-  __syncthreads();  // every candidate read before the kept ones move to the front
-#pragma unroll
-  for (int e = 0; e < DF_CAP / DF_T; ++e) {
-    if (kept[e]) s_cand[atomicAdd(&sh.refine_n, 1u)] = keep[e];
-  }
-  __syncthreads();
-  count = sh.sel_cnt;
-  return true;
-}
-
 // Narrow `count` (> limit: DF_SMALL, or DF_DEEP for a top-p search with DF_FLAG_DEEP_REFINE) unsorted candidates at
 // the front of s_cand to those of the 256-way digit where the target falls, pass after pass, until <= limit remain (at
 // the front of s_cand). Every block of the cluster does
 // the same on the same words (no cluster barrier). A pass's digit is the 8 bits below and including the highest bit
 // where the candidates' words differ, so it keeps one value of that bit (progress); digits descending (better first);
 // df_select moves sh.base_cnt / base_mass past the better digits, as df_search's narrowing passes do. Returns the
-// remaining count; 0 if no digit held the target (a broken invariant: the caller fails the search). SPARSE
-// (DF_FLAG_SPARSE_DIGIT): a pass whose 8 highest differing bits are not adjacent takes them as its digit
-// (df_sparse_digit); the instantiation without it is the contiguous digit alone.
-template <bool SPARSE>
+// remaining count; 0 if no digit held the target (a broken invariant: the caller fails the search).
 __device__ __noinline__ u32 df_refine(u32 count, u32 limit, bool masses, bool by_mass, u64 target, float m,
                                       u64* s_cand, u32* s_dig, FilterShared& sh) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const u32 dig = df_addr(s_dig);
   while (count > limit) {
     u64 w_or = 0, w_and = ~0ull;
     for (int i = tid; i < (int)count; i += DF_T) {
@@ -740,16 +653,33 @@ __device__ __noinline__ u32 df_refine(u32 count, u32 limit, bool masses, bool by
     for (int w = 0; w < DF_T / 32; ++w) { w_or |= sh.warp_sum[w]; w_and &= sh.warp_sum2[w]; }
     const int top = 63 - __clzll((long long)(w_or ^ w_and));  // the words are unique and count > 1: they differ
     const int shift = top >= 7 ? top - 7 : 0;
-    bool found;
-    if (SPARSE) {
-      const DfPicks picks = df_sparse_picks(w_or ^ w_and);
-      found = df_pick(picks, 0) - df_pick(picks, 7) == 7  // (block-uniform; adjacent picks: the contiguous digit, the same values)
-                  ? df_refine_pass<false>(count, masses, by_mass, target, m, s_cand, s_dig, sh, shift, picks)
-                  : df_refine_pass<true>(count, masses, by_mass, target, m, s_cand, s_dig, sh, shift, picks);
-    } else {
-      found = df_refine_pass<false>(count, masses, by_mass, target, m, s_cand, s_dig, sh, shift, DfPicks{});
+    for (int i = tid; i < (int)count; i += DF_T) {
+      const u64 w = s_cand[i];
+      df_add(dig, 4u * 256u, (u32)(w >> shift) & 255u, masses ? df_weight(df_word_value(w), m) : 0ull);
     }
-    if (!found) return 0;
+    __syncthreads();
+    const u32 d = 255u - (u32)tid;  // descending digits: better first
+    const u64 cnt = s_dig[d], mass = (u64)s_dig[256 + d] + ((u64)s_dig[512 + d] << 16);
+    // (without masses sh.base_mass stays as it was: only searches whose mass nothing reads run so, top-k without
+    // top-p and the p <= 0 search)
+    df_select(cnt, mass, by_mass, target, sh);  // (its first barrier: every read of warp_sum above is done)
+    if (sh.sel == DF_NONE) return 0;
+    const u32 want = 255u - sh.sel;
+    u64 keep[DF_CAP / DF_T];
+    bool kept[DF_CAP / DF_T];
+#pragma unroll
+    for (int e = 0; e < DF_CAP / DF_T; ++e) {
+      const int i = tid + e * DF_T;
+      keep[e] = i < (int)count ? s_cand[i] : 0ull;
+      kept[e] = i < (int)count && ((u32)(keep[e] >> shift) & 255u) == want;
+    }
+    __syncthreads();  // every candidate read before the kept ones move to the front
+#pragma unroll
+    for (int e = 0; e < DF_CAP / DF_T; ++e) {
+      if (kept[e]) s_cand[atomicAdd(&sh.refine_n, 1u)] = keep[e];
+    }
+    __syncthreads();
+    count = sh.sel_cnt;
   }
   return count;
 }
@@ -1002,9 +932,7 @@ __device__ __noinline__ u32 df_collect(const float* s_x, int n, i64 lo, float m,
   const bool small_sort = (flags & DF_FLAG_REFINE) != 0;
   const u32 limit = DF_NEW_FLAGS && by_mass && (flags & DF_FLAG_DEEP_REFINE) ? DF_DEEP : DF_SMALL;
   if (small_sort && refine && count > limit) {
-    count = DF_NEW_FLAGS && (flags & DF_FLAG_SPARSE_DIGIT)
-                ? df_refine<true>(count, limit, masses, by_mass, target, m, s_cand, s_dig, sh)
-                : df_refine<false>(count, limit, masses, by_mass, target, m, s_cand, s_dig, sh);
+    count = df_refine(count, limit, masses, by_mass, target, m, s_cand, s_dig, sh);
     if (count == 0) return 0;
   }
   const int size = count <= 32 ? 32 : 1 << (32 - __clz(count - 1));  // a power of two >= count

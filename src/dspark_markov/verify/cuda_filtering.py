@@ -198,16 +198,16 @@ FLAG_FUSED_WRITE = 65536
 # Alone it measured level (H100, stop 43: p alone 16 / 64 / 253 requests 114-128 / 346-401 / 1,227-1,371 us against
 # 110-122 / 349-406 / 1,240-1,373 before); with FUSED_WRITE it pays (below). Default since stop 43.
 FLAG_PREFETCH_SLICE = 131072
-# SPARSE_DIGIT (kernel flag, with REFINE; stop 48, written without device time, not yet run on a GPU: opt-in): a
-# refinement pass (filter.cu df_refine) takes as its 256-way digit the 8 highest bits where the gathered candidates'
-# words differ, not 8 contiguous bits from the highest (the same target, so the same kept set: the digit is monotone
-# in the word). Why: a bucket of bf16-rounded logits holds two distinct values of ~150 tied tokens each at p = 0.9
-# (V = 129,280); the contiguous digit splits it by value only (the bits below the values' difference are constant),
-# and ~150 candidates are then ranked by counting (every thread ~150 dependent 64-bit compares, in every block of the
-# cluster), where the sparse digit also takes the index's high bits and leaves a few (tests/verify: the emulation
-# counts them). bf16 rows are the slowest kind of top-p alone at every batch (H100, stop 43: 119.4 / 362.5 / 1,178.5
-# us at 16 / 64 / 253 requests against 113.5 / 343.4 / 1,098.4 Gaussian, whose refined bucket keeps ~2).
-FLAG_SPARSE_DIGIT = 524288
+# (Stop 48, measured and removed: SPARSE_DIGIT, a refinement pass's 256-way digit from the 8 highest bits where the
+# gathered candidates' words differ instead of 8 contiguous bits, so that a bucket of bf16 ties (two values of ~150
+# tokens each at p = 0.9) leaves a few candidates to rank by counting, not ~150. Exact (22 GPU tests, memcheck), and
+# bf16 p alone 2-5% faster at 64 / 253 requests, but every version of the code around df_refine slowed the default:
+# H100, alternating rounds beside the tree before it in one call, p alone at 16 requests Gaussian 113 -> 120-123 us,
+# peaked 105 -> 107-109, even with the default's df_refine an instantiation that computes no sparse digit (the whole
+# kernel's registers and schedule moved; `..._2026-12-07_filter_sparse_stop48.txt`). filter.cu is back to 7242d38's
+# source (its SASS identical: tools/cuda_sass.py). What it showed: a row's refinement and ranking ("sorted", DF_MARK 15)
+# is ~13% of a row at 16 requests of p alone (Gaussian 17, bf16 24 of ~135 trace-us), and small edits to the kernel
+# move its time by several percent.)
 # (Stop 44, measured and removed: MASS_CARRY, top-p alone's uncounted histogram adding each token's mass with one 32-bit
 # shared atom and a predicated carry add, half its shared-memory atomics: exact, but p alone 0.4-2% slower at 16 / 64 /
 # 253 requests on an H100, and its branch in df_histogram slowed the default's resident build at one request by 4-7%:
@@ -217,7 +217,7 @@ FLAG_SPARSE_DIGIT = 524288
 # 1 request of p alone: 36.6 / 33.2 / 40.2 us against 34.1 / 31.8 / 37.3 without it; its gather reads shared memory).
 KERNEL_FLAGS = (FLAG_MASK_GATHER | FLAG_REFINE | FLAG_ILP | FLAG_ASYNC_LOAD | FLAG_WARP_THRESHOLDS | FLAG_DEEP_REFINE
                 | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT | FLAG_UNCOUNTED | FLAG_BATCHED_GATHER
-                | FLAG_FUSED_WRITE | FLAG_PREFETCH_SLICE | FLAG_SPARSE_DIGIT)  # FilterArgs.flags
+                | FLAG_FUSED_WRITE | FLAG_PREFETCH_SLICE)  # FilterArgs.flags
 RESIDENT_KERNEL_FLAGS = KERNEL_FLAGS & ~FLAG_BATCHED_GATHER
 FLAGS_ALL = (KERNEL_FLAGS | FLAG_L2_ROWS | FLAG_L2_CLUSTER4 | FLAG_PERSIST | FLAG_CARRY | FLAG_L2_FIT | FLAG_L2_FIVE
              | FLAG_SPECIALIZE)
@@ -253,7 +253,7 @@ L2_MIN_ROWS = 31
 # 105.7 / 119.4 against 115.6 / 109.9 / 122.0; 64 requests 343.4 / 309.0 / 362.5 against 376.9 / 349.3 / 406.0; 253
 # requests 1,098.4 / 1,035.9 / 1,178.5 against 1,278.6 / 1,239.5 / 1,373.1: 2-4%, 9-12%, 14-16% faster; k + p and
 # one request (the resident build) unchanged; exact in the filter's GPU tests, memcheck / racecheck clean).
-DEFAULT_FLAGS = ((KERNEL_FLAGS & ~(FLAG_DEEP_REFINE | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT | FLAG_SPARSE_DIGIT))
+DEFAULT_FLAGS = ((KERNEL_FLAGS & ~(FLAG_DEEP_REFINE | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT))
                  | FLAG_L2_ROWS | FLAG_L2_FIT)
 
 
