@@ -3,6 +3,7 @@
 # on an H200, PYTHONPATH=$PWD/src, with vLLM's gumbel_sample extracted (`python tools/extract_vllm.py`):
 #   bash tools/gpu_plans/lead_checks.sh capture   # budget ~170 s (two fresh processes, each compiling ~30-50 s)
 #   bash tools/gpu_plans/lead_checks.sh regress45 # budget ~200 s: any GPU: the GPU tests nearest stop 45's API changes (never run on a GPU)
+#   bash tools/gpu_plans/lead_checks.sh filter48  # budget ~100 s: the persistent filters' argument checks (stop 48): the cuda filter's GPU tests at the default flags
 #   bash tools/gpu_plans/lead_checks.sh edges46   # budget ~280 s: any GPU: stop 46's edge-case fixes (subnormal T, d2t -inf rows) at full shapes, every design
 #   bash tools/gpu_plans/lead_checks.sh edges47   # budget ~290 s: any GPU: stop 47's fixes (cuda_chain / cuda_gumbel subnormal T, block-input clamp) and the cluster filter's extreme rows
 # The vLLM-hook timing failed twice in a CUDA-graph capture (..._2026-12-04_vllm_hook_u5_failure.txt,
@@ -23,6 +24,13 @@ capture)
       > "$OUT/hook$i.txt" 2>&1; echo "hook$i rc=$?"
     grep -c '^{"rows"' "$OUT/hook$i.txt"; grep -i "error\|fail\|Traceback\|function reset" "$OUT/hook$i.txt" | head -5
   done
+  ;;
+filter48)
+  # (~50-100 s) Stop 48 made CudaTopKTopPFilter.filter / TopKTopPFilter.filter check their arguments
+  # (verify/filter_checks.py) and top_k_top_p call the unchecked _run: the cuda filter's GPU tests that call filter()
+  # directly at the default flags (every kind and case, ragged slices, flat rows, graphs) and the public function's
+  timeout -k 2 95 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_filtering_gpu.py \
+    -k "246335 or scalar_and or raw_logits or dspark_step or auto_routes" 2>&1 | tee "$OUT/filter48.txt" | tail -3
   ;;
 regress45)
   # (~100-200 s with compiles) Stop 45 changed the API's edges without a GPU: the reference's clamped anchors and
