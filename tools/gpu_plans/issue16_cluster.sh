@@ -494,7 +494,9 @@ fused_trace)
 bf16_trace)
   # (~40-80 s, any GPU) stop 48: bf16-rounded rows are the slowest kind of top-p alone at every batch (H100, stop 43:
   # +3-7% over Gaussian) and the one the H200 estimates leave just above issue 16's targets; which phase pays for
-  # the ties (the DF_MARK trace of the default flags, 96 and 1,518 rows, p alone, Gaussian beside bf16)
+  # the ties (the DF_MARK trace of the default flags, 96 and 1,518 rows, p alone, Gaussian beside bf16). Ran (H100,
+  # `..._2026-12-07_filter_sparse_stop48.txt`): the refinement and ranking (mark 15) 17 (Gaussian) / 24 (bf16) of
+  # ~135 trace-us at 96 rows: bf16's refined bucket leaves ~150 tied candidates to rank by counting
   timeout -k 2 80 python3 tools/trace_cluster_filter.py --rows 96,1518 --kinds gaussian,bf16 --cases p \
     --flags 246335 > "$OUT/bf16_trace.txt" 2>&1
   tail -30 "$OUT/bf16_trace.txt"

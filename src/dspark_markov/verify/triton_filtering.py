@@ -2298,7 +2298,8 @@ class TopKTopPFilter:
     synchronisation (CUDA-graph safe); ``k``/``p`` are None, Python scalars or ``[B]`` tensors
     (checked by ``filter_checks.check_arguments``, their values read on the device).
     ``block``/``chunks`` fix the layout (default: one program per row for large batches, several
-    per row for small ones, :func:`default_layout` of ``max_rows``); ``capacity`` is the most candidates one program sorts (a power of two >= 16).
+    per row for small ones, :func:`default_layout` of ``max_rows``); ``capacity`` is the most
+    candidates one program sorts (a power of two >= 16).
     Scratch: ``max_rows * (capacity * 8 + ~2,750)`` bytes plus ``max_rows * chunks * 32``.
     """
 
