@@ -6,7 +6,9 @@ Each design must draw what the reference draws from the logits that design cache
   -inf), which dropped every token that can win;
 - a reduced draft vocabulary (d2t) whose keys are all -inf (base logits all -inf, or z / T = -inf): ``torch.argmax``
   of the cached target-width row is 0, which ``fused`` / ``chain`` missed (their -inf partials hold mapped target
-  ids only, the lowest of them 5 here).
+  ids only, the lowest of them 5 here);
+- inverse-CDF rows whose every z / T is finite but below -3e38: ``wide`` started its running shift at -3e38, so such
+  a row's mass was scaled to 0 and token 0 drawn (a token of -inf logit where one finite logit was the only choice).
 """
 
 import pytest
@@ -50,3 +52,19 @@ def test_reduced_vocabulary_all_minus_inf_rows_give_token_0(impl):
     out = dm.sample_drafts(head, *args, impl=impl, cache_dtype=torch.float32)
     assert want.draft_tokens[:, 0].tolist() == [0, 0, 0]
     assert torch.equal(out.draft_tokens, want.draft_tokens), (out.draft_tokens, want.draft_tokens)
+
+
+@pytest.mark.parametrize("impl", ["inverse_cdf", "fused", "stream", "wide"])
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_inverse_cdf_rows_below_minus_3e38(impl, cache_dtype):
+    head = dm.MarkovHead(torch.zeros(V + 1, RANK), torch.zeros(V, RANK), scale=0.0)
+    lone = torch.full((V,), float("-inf"))
+    lone[V - 3] = -3.2e38  # the only finite logit (bf16: -3.2e38 rounds to -3.19e38)
+    base = torch.stack([torch.full((V,), -3.2e38), torch.full((V,), -1e38), lone])[:, None]
+    temperature = torch.tensor([1.0, 0.3, 1.0])  # row 1: z / T = -3.3e38
+    args = [base, torch.tensor([3, 4, 5]), torch.tensor([0, 1, 2]), torch.tensor([10, 11, 12]), temperature,
+            torch.tensor([12345, 999, 5])]
+    out = dm.sample_drafts(head, *args, impl=impl, method="inverse_cdf", cache_dtype=cache_dtype)
+    want = ref.draw_inverse_cdf(out.logits_cache[:, 0], temperature, args[5], 0, args[3])
+    assert torch.equal(out.draft_tokens[:, 0], want), (out.draft_tokens[:, 0], want)
+    assert int(out.draft_tokens[2, 0]) == V - 3 and int(out.draft_tokens[0, 0]) != 0

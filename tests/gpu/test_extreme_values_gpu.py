@@ -74,3 +74,27 @@ def test_reduced_vocabulary_all_minus_inf_rows_give_token_0(impl):
     except ValueError as error:
         pytest.skip(f"{impl}: {error}")
     assert out.draft_tokens[:, 0].tolist() == [0, 0, 0]
+
+
+@pytest.mark.parametrize("impl", DESIGNS)
+def test_inverse_cdf_rows_below_minus_3e38(impl):
+    """Inverse-CDF rows whose every z / T is finite but below -3e38 (stop 48: ``wide`` started its running shift at
+    -3e38 and drew token 0 for them); fp32 cache, zero bias: the cache is the base row."""
+    why = _runs_here(impl)
+    if why is not None:
+        pytest.skip(why)
+    head = dm.MarkovHead(torch.zeros(VOCAB + 1, RANK).bfloat16().cuda(), torch.zeros(VOCAB, RANK).bfloat16().cuda(),
+                         scale=0.0)
+    lone = torch.full((VOCAB,), float("-inf"))
+    lone[VOCAB - 3] = -3.2e38
+    base = torch.stack([torch.full((VOCAB,), -3.2e38), torch.full((VOCAB,), -1e38), lone])[:, None].cuda()
+    temperature = torch.tensor([1.0, 0.3, 1.0]).cuda()
+    args = [base, torch.tensor([3, 4, 5]).cuda(), torch.tensor([0, 1, 2]).cuda(), torch.tensor([10, 11, 12]).cuda(),
+            temperature, torch.tensor([12345, 999, 5]).cuda()]
+    try:
+        out = dm.sample_drafts(head, *args, impl=impl, method="inverse_cdf", cache_dtype=torch.float32)
+    except ValueError as error:
+        pytest.skip(f"{impl}: {error}")
+    want = ref.draw_inverse_cdf(out.logits_cache[:, 0], temperature, args[5], 0, args[3])
+    assert torch.equal(out.draft_tokens[:, 0], want), (out.draft_tokens[:, 0], want)
+    assert int(out.draft_tokens[2, 0]) == VOCAB - 3

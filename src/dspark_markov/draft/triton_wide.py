@@ -239,7 +239,9 @@ def _wide_step_kernel(
     prefix = rng_triton.draft_prefix(seed, step, position)
     best_word = tl.full([BLOCK_R], INT64_MIN, tl.int64)
     top_z = tl.full([BLOCK_R], float("-inf"), tl.float32)  # inverse CDF: the worker's max z (NaN-propagating)
-    top_shift = tl.full([BLOCK_R], -3.0e38, tl.float32)  # ... its largest finite tile shift (max z / T)
+    # ... its largest finite tile shift (max z / T), from -FLT_MAX: no finite shift lies below it (a start above
+    # some, -3e38 before stop 48, scaled the mass of a row whose every z / T lies below it to 0: token 0 drawn)
+    top_shift = tl.full([BLOCK_R], -3.4028234663852886e38, tl.float32)
     top_mass = tl.zeros([BLOCK_R], tl.float32)  # ... and sum exp(z / T - top_shift) over its tiles
 
     for tile in tl.range(first_tile, end_tile, num_stages=STAGES):
