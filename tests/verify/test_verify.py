@@ -275,6 +275,15 @@ def test_all_padding_and_no_slots():
     assert bool((out.tokens == -1).all()) and bool((out.num_emitted == 0).all())
 
 
+@pytest.mark.parametrize("impl", ["reference", "auto"])
+def test_every_input_on_another_device_is_refused_by_name(impl):
+    """All inputs on one device other than CPU or CUDA ('meta'): the device checks pass (the same device everywhere),
+    so the value checks read values a meta tensor does not have (a RuntimeError from torch before; helper audit)."""
+    case = [x.to("meta") for x in _random_case()]
+    with pytest.raises(ValueError, match="^target_logits: expected a CPU or CUDA tensor"):
+        dm.verify_drafts(*case, impl=impl)
+
+
 def test_nan_logits_stay_in_range():
     target, drafts, cache, num_drafts, idx, positions, temperature, seeds = _random_case(seed=3)
     target[0, :] = float("nan")
