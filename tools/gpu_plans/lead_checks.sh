@@ -3,6 +3,7 @@
 # on an H200, PYTHONPATH=$PWD/src, with vLLM's gumbel_sample extracted (`python tools/extract_vllm.py`):
 #   bash tools/gpu_plans/lead_checks.sh capture   # budget ~170 s (two fresh processes, each compiling ~30-50 s)
 #   bash tools/gpu_plans/lead_checks.sh regress45 # budget ~200 s: any GPU: the GPU tests nearest stop 45's API changes (never run on a GPU)
+#   bash tools/gpu_plans/lead_checks.sh edges48   # budget ~60 s: any GPU: stop 48's inverse-CDF rows below -3e38 (wide's shift start), every design
 #   bash tools/gpu_plans/lead_checks.sh filter48  # budget ~100 s: the persistent filters' argument checks (stop 48): the cuda filter's GPU tests at the default flags
 #   bash tools/gpu_plans/lead_checks.sh edges46   # budget ~280 s: any GPU: stop 46's edge-case fixes (subnormal T, d2t -inf rows) at full shapes, every design
 #   bash tools/gpu_plans/lead_checks.sh edges47   # budget ~290 s: any GPU: stop 47's fixes (cuda_chain / cuda_gumbel subnormal T, block-input clamp) and the cluster filter's extreme rows
@@ -24,6 +25,12 @@ capture)
       > "$OUT/hook$i.txt" 2>&1; echo "hook$i rc=$?"
     grep -c '^{"rows"' "$OUT/hook$i.txt"; grep -i "error\|fail\|Traceback\|function reset" "$OUT/hook$i.txt" | head -5
   done
+  ;;
+edges48)
+  # (~30-60 s) Stop 48 started wide's running inverse-CDF shift at -FLT_MAX instead of -3e38 (a row whose every z / T
+  # lay below -3e38 drew token 0); the GPU test of those rows at full shapes, every drafting design that runs here
+  timeout -k 2 55 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_extreme_values_gpu.py -k below 2>&1 \
+    | tee "$OUT/edges48.txt" | tail -3
   ;;
 filter48)
   # (~50-100 s) Stop 48 made CudaTopKTopPFilter.filter / TopKTopPFilter.filter check their arguments
