@@ -60,7 +60,7 @@ import triton.language as tl
 from ..ops import noise as rng_triton
 from ..ops.filter import FILTER_MARGIN, key_slack
 from ..ops.noise import INTERPRET, fast_log2
-from ..ops.numerics import INT64_MIN, pack_word, to_float32
+from ..ops.numerics import FLOAT32_MAX, INT64_MIN, pack_word, to_float32
 from ..ops.numerics import word_token as _word_token
 from ..ops.rows import draft_row, draft_rows
 from ..validate import check_power_of_two
@@ -241,7 +241,7 @@ def _wide_step_kernel(
     top_z = tl.full([BLOCK_R], float("-inf"), tl.float32)  # inverse CDF: the worker's max z (NaN-propagating)
     # ... its largest finite tile shift (max z / T), from -FLT_MAX: no finite shift lies below it (a start above
     # some, -3e38 before stop 48, scaled the mass of a row whose every z / T lies below it to 0: token 0 drawn)
-    top_shift = tl.full([BLOCK_R], -3.4028234663852886e38, tl.float32)
+    top_shift = tl.full([BLOCK_R], -FLOAT32_MAX, tl.float32)
     top_mass = tl.zeros([BLOCK_R], tl.float32)  # ... and sum exp(z / T - top_shift) over its tiles
 
     for tile in tl.range(first_tile, end_tile, num_stages=STAGES):

@@ -18,6 +18,7 @@ import triton.language as tl
 BIG_INDEX = tl.constexpr(2147483647)  # larger than any token id; loses every "first index" minimum
 INT64_MAX = tl.constexpr(9223372036854775807)  # packed word above every key (a NaN: decided exactly)
 INT64_MIN = tl.constexpr(-9223372036854775807 - 1)  # packed word below every key (a masked lane)
+FLOAT32_MAX = tl.constexpr(3.4028234663852886e38)  # running maxima start at -FLT_MAX (below no finite value)
 
 
 @triton.jit

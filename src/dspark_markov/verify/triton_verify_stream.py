@@ -107,7 +107,7 @@ import triton.language as tl
 from ..ops import noise as rng_triton  # the device noise (ops.noise)
 from ..ops.filter import FILTER_MARGIN, key_slack
 from ..ops.noise import approx_gumbel, fast_log2
-from ..ops.numerics import block_argmax, to_float32
+from ..ops.numerics import FLOAT32_MAX, block_argmax, to_float32
 from ..validate import DeviceStatusError, check_power_of_two
 from . import keys
 from .run_start import cached_instance, run_fresh, start_run
@@ -201,7 +201,6 @@ SPAN_TO = 32
 
 _ACCEPT_DOMAIN = tl.constexpr(keys.ACCEPT_DOMAIN)
 _RESAMPLE_DOMAIN = tl.constexpr(keys.RESAMPLE_DOMAIN)
-_FMAX = tl.constexpr(3.4028234663852886e38)  # running maxima start at -FLT_MAX (no -inf - -inf)
 _LOG2E = tl.constexpr(1.4426950408889634)
 _LN2 = tl.constexpr(0.6931471805599453)
 _TINY = tl.constexpr(1.1754943508222875e-38)  # smallest normal fp32: the hardware log2 flushes below it
@@ -379,7 +378,7 @@ def _row_softmax(ptr, start, end, tiles, temp, scale, DIVIDE: tl.constexpr, BLOC
     """
     lane = start + tl.arange(0, BLOCK)
     step = tl.arange(0, UNROLL)[:, None] * BLOCK
-    m = tl.full([BLOCK], -_FMAX, tl.float32)
+    m = tl.full([BLOCK], -FLOAT32_MAX, tl.float32)
     s = tl.zeros([BLOCK], tl.float32)
     for t in tl.range(0, tiles, UNROLL, num_stages=PIPE):
         token = lane[None, :] + (t * BLOCK + step)
@@ -455,9 +454,9 @@ def _pair_softmax(t_ptr, c_ptr, start, end, c_end, tiles, ttemp, c_scale, RAW: t
     """
     lane = start + tl.arange(0, BLOCK)
     step = tl.arange(0, UNROLL)[:, None] * BLOCK
-    m = tl.full([BLOCK], -_FMAX, tl.float32)
+    m = tl.full([BLOCK], -FLOAT32_MAX, tl.float32)
     s = tl.zeros([BLOCK], tl.float32)
-    cm = tl.full([BLOCK], -_FMAX, tl.float32)
+    cm = tl.full([BLOCK], -FLOAT32_MAX, tl.float32)
     cs = tl.zeros([BLOCK], tl.float32)
     risky = tl.zeros([BLOCK], tl.int32)
     first = 0
@@ -642,7 +641,7 @@ def _cache_scale(temp):
     ``softmax(c / T)`` (the reference's) is one-hot at the maximum: FLT_MAX keeps the maximum at 1 and every
     smaller value at 0.
     """
-    return tl.minimum(tl.math.div_rn(_LOG2E, tl.where(temp == 0.0, 1.0, temp)), _FMAX)
+    return tl.minimum(tl.math.div_rn(_LOG2E, tl.where(temp == 0.0, 1.0, temp)), FLOAT32_MAX)
 
 
 @triton.jit
@@ -1133,10 +1132,10 @@ def _stream_verify_kernel(
                 q_ok = q_ok & in_phase[:, None]
             t_off = (b * R2 + jj[:, None]) * C1P + cc[None, :]
             q_off = (b * R2 + K + 1 + jj[:, None]) * C1P + cc[None, :]
-            tm = tl.load(pa_ptr + t_off, mask=t_ok, other=-_FMAX, volatile=True)
+            tm = tl.load(pa_ptr + t_off, mask=t_ok, other=-FLOAT32_MAX, volatile=True)
             ts = tl.load(pb_ptr + t_off, mask=t_ok, other=0.0, volatile=True)
             ti = tl.load(pi_ptr + t_off, mask=t_ok, other=0, volatile=True)
-            qm = tl.load(pa_ptr + q_off, mask=q_ok, other=-_FMAX, volatile=True)
+            qm = tl.load(pa_ptr + q_off, mask=q_ok, other=-FLOAT32_MAX, volatile=True)
             qs = tl.load(pb_ptr + q_off, mask=q_ok, other=0.0, volatile=True)
             qi = tl.load(pi_ptr + q_off, mask=q_ok, other=0, volatile=True)
             t_max = tl.max(tm, axis=1)
