@@ -358,3 +358,93 @@ def test_strided_outputs_are_accepted():
     out = call(inputs, draft_tokens=tokens, logits_cache=cache)
     assert torch.equal(out.draft_tokens, expected.draft_tokens)
     assert torch.equal(out.logits_cache, expected.logits_cache)
+
+
+# --------------------------------------------------------------------------- tensors without values ('meta')
+# A meta tensor passes the device-consistency checks when every input is on it, but has no values: the value checks
+# (validate.check_range / check_unique_slots) and the reference / Triton paths raised torch's RuntimeError or
+# NotImplementedError. Every entry point now names the first such argument (helper audit; verify_drafts:
+# tests/verify/test_verify.py).
+def meta_only(name):
+    return pytest.raises(ValueError, match="^" + re.escape(name) + ": expected a CPU or CUDA tensor, got one on meta")
+
+
+def test_value_checks_refuse_meta_tensors():
+    from dspark_markov.validate import check_range, check_unique_slots
+
+    for x in (torch.zeros(4, dtype=torch.int64, device="meta"), torch.zeros(0, dtype=torch.int64, device="meta")):
+        with meta_only("idx_mapping"):
+            check_range("idx_mapping", x, -1, SLOTS)
+        with meta_only("idx_mapping"):
+            check_unique_slots("idx_mapping", x)
+    check_range("idx_mapping", torch.tensor([0, 4]), -1, SLOTS)  # CPU: as before
+    with raises_naming("idx_mapping"):
+        check_range("idx_mapping", torch.tensor([0, 5]), -1, SLOTS)
+
+
+def _step():
+    backbone = lambda ids, pos: torch.zeros(ROWS, STEPS, VOCAB)  # noqa: E731
+    return dm.DSparkStep(head(), backbone, num_steps=STEPS, max_reqs=ROWS, num_slots=SLOTS, mask_token_id=7,
+                         max_model_len=100, draft_impl="reference", block_inputs_impl="reference",
+                         verify_impl="reference", filter_impl="reference")
+
+
+@pytest.mark.parametrize("name", ["req_slots", "bonus_tokens", "last_pos"])
+def test_step_draft_refuses_meta_request_tensors(name):
+    requests = dict(last_pos=torch.tensor([3, 4, 5]), bonus_tokens=torch.tensor([5, 6, 7]),
+                    req_slots=torch.tensor([0, 1, 2]))
+    requests[name] = requests[name].to("meta")
+    step = _step()
+    with meta_only(name):
+        step.draft(**requests, temperature=torch.full((SLOTS,), 0.8), seeds=torch.arange(SLOTS))
+    requests = {key: value.to("meta") for key, value in requests.items()}  # all of them: the first checked is named
+    with meta_only("req_slots"):
+        step.draft(**requests, temperature=torch.full((SLOTS,), 0.8), seeds=torch.arange(SLOTS))
+
+
+@pytest.mark.parametrize("impl", ["reference", "auto", "triton"])
+@pytest.mark.parametrize("per_row", [False, True])
+def test_top_k_top_p_refuses_meta_logits(impl, per_row):
+    logits = torch.zeros(ROWS, VOCAB, device="meta")
+    k = torch.full((ROWS,), 5, device="meta") if per_row else 5
+    p = torch.full((ROWS,), 0.9, device="meta") if per_row else 0.9
+    with meta_only("logits"):
+        dm.top_k_top_p(logits, k, p, impl=impl)
+
+
+@pytest.mark.parametrize("impl", ["reference", "auto", "triton"])
+def test_prepare_block_inputs_refuses_meta_tensors(impl):
+    def i64(n, device):
+        return torch.zeros(n, dtype=torch.int64, device=device)
+
+    for device in ("meta", "cpu"):  # every tensor on meta; last_pos alone on meta (was: bonus_tokens named)
+        queries = ROWS * (STEPS + 1)
+        with meta_only("last_pos"):
+            dm.prepare_block_inputs(i64(ROWS, "meta"), i64(ROWS, device), i64(ROWS, device), num_steps=STEPS,
+                                    mask_token_id=7, max_model_len=100, input_ids=i64(queries, device),
+                                    positions=i64(queries, device), sample_pos=i64(ROWS * STEPS, device),
+                                    sample_idx_mapping=i64(ROWS * STEPS, device),
+                                    is_padding=torch.zeros(queries, dtype=torch.bool, device=device), impl=impl)
+
+
+def test_head_refuses_a_meta_d2t():
+    weights = dict(embed_weight=torch.zeros(VOCAB, RANK, device="meta"),
+                   head_weight=torch.zeros(VOCAB - 10, RANK, device="meta"))
+    with meta_only("d2t"):
+        dm.MarkovHead(**weights, d2t=torch.zeros(VOCAB - 10, dtype=torch.int64, device="meta"))
+
+
+def test_sharded_sampler_refuses_meta_weights(tmp_path):
+    import torch.distributed as dist
+
+    from dspark_markov.sharded import ShardedMarkovSampler
+
+    if not dist.is_available() or not dist.is_gloo_available() or dist.is_initialized():
+        pytest.skip("needs gloo and no process group of its own")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    try:
+        with meta_only("embed_weight"):  # (its torch shard step has no registry device check)
+            ShardedMarkovSampler(torch.zeros(VOCAB, RANK, device="meta"), torch.zeros(VOCAB, RANK, device="meta"),
+                                 num_steps=STEPS, max_rows=ROWS)
+    finally:
+        dist.destroy_process_group()

@@ -170,6 +170,8 @@ def _check_d2t(d2t, target_vocab_size, head_weight, embed_weight):
         raise ValueError(f"d2t: expected dtype int32 or int64, got {str(d2t.dtype).replace('torch.', '')}")
     if d2t.device != head_weight.device:
         raise ValueError(f"d2t: expected a tensor on the weights' device {head_weight.device}, got one on {d2t.device}")
+    if d2t.device.type not in ("cpu", "cuda"):  # (its ids are read below: a meta tensor has none; as validate.py)
+        raise ValueError(f"d2t: expected a CPU or CUDA tensor, got one on {d2t.device}")
     embed_rows = embed_weight.shape[0]
     if target_vocab_size is None:
         target_vocab_size = embed_rows

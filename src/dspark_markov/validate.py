@@ -114,8 +114,16 @@ def check_power_of_two(name, value, minimum) -> None:
         raise ValueError(f"{name}: expected a power of two >= {minimum}, got {value}")
 
 
+def check_cpu_or_cuda(name, x) -> None:
+    """Raise ``ValueError`` unless ``x`` is on the CPU or a CUDA device: a ``meta`` tensor (or one on another
+    device) has no values the checks or the reference could read (torch would raise a RuntimeError)."""
+    if x.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name}: expected a CPU or CUDA tensor, got one on {x.device}")
+
+
 def check_range(name, x, low, high):
     """Raise ``ValueError`` unless every value of ``x`` lies in ``[low, high)`` (synchronises)."""
+    check_cpu_or_cuda(name, x)
     if x.numel() == 0:
         return
     lo, hi = int(x.min()), int(x.max())
@@ -129,6 +137,7 @@ def check_unique_slots(name, slots, steps: int = 1, what: str = "rows") -> None:
     ``slots`` ``[R * steps]`` ordered (row, step), ``-1`` (any negative) = padding: a cache row is
     ``(slot, step)``, so one row may change slot between steps, and padding may repeat.
     """
+    check_cpu_or_cuda(name, slots)
     if slots.numel() < 2:
         return
     grid = slots.reshape(-1, steps).long()

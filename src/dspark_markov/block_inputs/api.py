@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from .. import registry
-from ..validate import INDEX_DTYPES, check_tensor, check_triton_runs
+from ..validate import INDEX_DTYPES, check_cpu_or_cuda, check_tensor, check_triton_runs
 
 IMPLS = ("triton", "reference")
 
@@ -47,6 +47,7 @@ def _check(last_pos, bonus_tokens, req_slots, num_steps, mask_token_id, max_mode
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise ValueError(f"{name}: expected an int in [{low}, {high}], got {value!r}")
     check_tensor("last_pos", last_pos, dim=1, dtypes=INDEX_DTYPES)
+    check_cpu_or_cuda("last_pos", last_pos)  # (the others must share its device)
     device = last_pos.device
     length = last_pos.shape[0]
     _check_1d("last_pos", last_pos, device)

@@ -17,8 +17,8 @@ import torch.distributed as dist
 from ..draft.reference import padding_and_slot, row_keys
 from ..draft.sampler import DraftOutput, MarkovSampler
 from ..head import MarkovHead
-from ..validate import (CACHE_DTYPES, DeviceStatusError, check_cache_strides, check_draft_inputs, check_sampler_sizes,
-                        check_tensor)
+from ..validate import (CACHE_DTYPES, DeviceStatusError, check_cache_strides, check_cpu_or_cuda, check_draft_inputs,
+                        check_sampler_sizes, check_tensor)
 from .partition import all_shard_bounds, max_shard_width, shard_bounds
 from .step import _shard_step
 from .transport import TRANSPORTS, agree, flag_device, install_transport
@@ -124,6 +124,7 @@ class ShardedMarkovSampler:
         if vocab >= 2**32:
             raise ValueError(f"vocab_size: expected V < 2**32, got {vocab}")
         self.shard_head = MarkovHead(embed_weight, shard_weight, scale)  # validates dtypes, ranks, V_t >= V_shard
+        check_cpu_or_cuda("embed_weight", embed_weight)  # (the torch shard step cannot run on meta: no registry check)
         if self.shard_head.embed_vocab_size < vocab:
             raise ValueError(f"embed_weight: expected at least V = {vocab} rows, got shape {tuple(embed_weight.shape)}")
         self.vocab_size = vocab

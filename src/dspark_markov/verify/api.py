@@ -8,8 +8,8 @@ import torch
 
 from .. import registry
 from ..draft.reference import padding_and_slot
-from ..validate import (CACHE_DTYPES, INDEX_DTYPES, _same_device, check_choice, check_range, check_tensor,
-                        check_triton_runs, check_vector)
+from ..validate import (CACHE_DTYPES, INDEX_DTYPES, _same_device, check_choice, check_cpu_or_cuda, check_range,
+                        check_tensor, check_triton_runs, check_vector)
 
 METHODS = ("standard", "block")
 IMPLS = registry.names("verify")
@@ -25,8 +25,7 @@ def check_verify_inputs(target_logits, draft_tokens, logits_cache, num_drafts, i
     """Validate the arguments of :func:`verify_drafts`; return ``(B, K, V, S)``."""
     check_tensor("target_logits", target_logits, dim=3, dtypes=(torch.float32,), last_stride_one=True)
     device = target_logits.device
-    if device.type not in ("cpu", "cuda"):  # (the value checks below read the tensors: a meta tensor has none)
-        raise ValueError(f"target_logits: expected a CPU or CUDA tensor, got one on {device}")
+    check_cpu_or_cuda("target_logits", target_logits)  # (the value checks below read the tensors: meta has none)
     batch, k_plus_1, vocab = target_logits.shape
     if k_plus_1 < 1:
         raise ValueError(f"target_logits: expected K + 1 >= 1 rows per request, got shape {tuple(target_logits.shape)}")

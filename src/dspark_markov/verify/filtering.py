@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 
 from .. import registry
-from ..validate import check_tensor, check_triton_runs
+from ..validate import check_cpu_or_cuda, check_tensor, check_triton_runs
 from .filter_checks import check_arguments
 from .filtering_reference import (EXP_COEFFS, EXP_FLOOR, KEY_FLOOR, LOG2E, MASS_ONE,  # noqa: F401  (re-exported)
                                   top_k_top_p_reference, weight_fixed_point)
@@ -48,6 +48,7 @@ def _check(logits, k, p, impl, out, temperature=None):
     if impl not in IMPLS:
         raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
     k, p, temperature = check_arguments(logits, k, p, out, temperature)
+    check_cpu_or_cuda("logits", logits)  # (a meta tensor: the Triton launch would copy values it has not)
     if temperature is not None and impl == "triton":
         raise ValueError("temperature: raw logits divided inside the filter are implemented by impl='cuda' and "
                          "'reference'; with 'triton' divide first (draft.reference.scaled_logits)")
