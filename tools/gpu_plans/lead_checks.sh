@@ -4,6 +4,7 @@
 #   bash tools/gpu_plans/lead_checks.sh capture   # budget ~170 s (two fresh processes, each compiling ~30-50 s)
 #   bash tools/gpu_plans/lead_checks.sh regress45 # budget ~200 s: any GPU: the GPU tests nearest stop 45's API changes (never run on a GPU)
 #   bash tools/gpu_plans/lead_checks.sh edges48   # budget ~60 s: any GPU: stop 48's inverse-CDF rows below -3e38 (wide's shift start), every design
+#   bash tools/gpu_plans/lead_checks.sh wide49    # budget ~240 s: any GPU: stop 49's fix of wide's inverse-CDF weights (edges48's failure), its GPU tests, timing beside the tree before
 #   bash tools/gpu_plans/lead_checks.sh filter48  # budget ~100 s: the persistent filters' argument checks (stop 48): the cuda filter's GPU tests at the default flags
 #   bash tools/gpu_plans/lead_checks.sh edges46   # budget ~280 s: any GPU: stop 46's edge-case fixes (subnormal T, d2t -inf rows) at full shapes, every design
 #   bash tools/gpu_plans/lead_checks.sh edges47   # budget ~290 s: any GPU: stop 47's fixes (cuda_chain / cuda_gumbel subnormal T, block-input clamp) and the cluster filter's extreme rows
@@ -31,6 +32,28 @@ edges48)
   # lay below -3e38 drew token 0); the GPU test of those rows at full shapes, every drafting design that runs here
   timeout -k 2 55 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_extreme_values_gpu.py -k below 2>&1 \
     | tee "$OUT/edges48.txt" | tail -3
+  ;;
+wide49)
+  # (~150-240 s) edges48 failed on an H100 (stop 49): wide's inverse CDF on the GPU (NATIVE_ROUND) weighted a token by
+  # 2^(z log2(e) - shift log2(e)) with one FMA, where shift log2(e) overflowed for |z / T| > 2.36e38 (rows 0 / 1 drew
+  # the last token, row 2 a -inf one) and, below that, carried its rounding error into every tile's mass (~1% at
+  # |z / T| ~ 1e5). Now 2^((z - shift) log2(e)), the difference rounded first as the reference's. The failing test,
+  # wide's GPU files, then wide's inverse CDF timed beside the tree before (gpu_jobs/prev_src: `git archive HEAD
+  # src/dspark_markov | tar -x -C gpu_jobs/prev_src --strip-components=1` before the edit), two alternating rounds,
+  # bf16 cache, T = 1 and mixed, at 64 / 128 / 253 rows (where auto picks wide).
+  timeout -k 2 55 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_extreme_values_gpu.py -k below 2>&1 \
+    | tee "$OUT/edges48.txt" | tail -3
+  timeout -k 2 100 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_wide_gpu.py \
+    tests/gpu/test_triton_inverse_cdf_gpu.py 2>&1 | tee "$OUT/wide_tests.txt" | tail -3
+  for round in 1 2; do
+    for tree in prev new; do
+      src=$PWD/src
+      if [ $tree = prev ]; then src=$PWD/gpu_jobs/prev_src; fi
+      PYTHONPATH=$src timeout -k 2 60 python3 -c 'from dspark_markov.cli import main; main()' bench --designs wide \
+        --method inverse_cdf --rows 64,128,253 --temperature both --rounds 3 --replays 20 --no-plot --no-progress \
+        --out "$OUT/$tree$round" 2>&1 | grep -E "wide|Error" | sed "s/^/$tree$round /" | tee -a "$OUT/wide49_bench.txt"
+    done
+  done
   ;;
 filter48)
   # (~50-100 s) Stop 48 made CudaTopKTopPFilter.filter / TopKTopPFilter.filter check their arguments
