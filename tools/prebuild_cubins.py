@@ -21,6 +21,16 @@ SOURCES = ("chain.cu", "blocks.cu", "wide.cu", "filter.cu", "verify.cu")
 WANTED_NVRTC = (13, 0)  # the H200 image's (torch 2.11+cu130)
 
 
+def specialized(cf) -> list:
+    """The filter builds a filter of ``cf.DEFAULT_FLAGS`` loads when those include FLAG_SPECIALIZE (the kernel flags
+    compiled in, ``cf.compiled_flags``): the resident build and the L2-row build of every FLAG_L2_FIT size."""
+    if not cf.DEFAULT_FLAGS & cf.FLAG_SPECIALIZE:
+        return []
+    fixed = (f"DF_FIXED_FLAGS={cf.compiled_flags(cf.DEFAULT_FLAGS, False)}",)
+    fixed_l2 = (f"DF_FIXED_FLAGS={cf.compiled_flags(cf.DEFAULT_FLAGS, True)}",)
+    return [("filter.cu", fixed)] + [("filter.cu", cf.l2_defines(size) + fixed_l2) for size in cf.L2_FIT_SIZES]
+
+
 def main(argv) -> int:
     folder = Path(argv[1] if len(argv) > 1 else "gpu_jobs/cuda_cache").resolve()
     os.environ["DSPARK_MARKOV_CACHE"] = str(folder)  # cache_dir() = $DSPARK_MARKOV_CACHE/cuda
@@ -37,7 +47,9 @@ def main(argv) -> int:
                 + [("filter.cu", cuda_filtering.l2_defines(size)) for size in cuda_filtering.L2_FIT_SIZES
                    if size not in (cuda_filtering.CLUSTER, 4)]
                 # FLAG_L2_FIVE's builds of every FLAG_L2_FIT size
-                + [("filter.cu", cuda_filtering.l2_defines(size, five=True)) for size in cuda_filtering.L2_FIT_SIZES])
+                + [("filter.cu", cuda_filtering.l2_defines(size, five=True)) for size in cuda_filtering.L2_FIT_SIZES]
+                # the default flags' FLAG_SPECIALIZE builds (stop 49): the resident one and the L2-row one of each size
+                + specialized(cuda_filtering))
 
     version = build.nvrtc_version()
     if version != WANTED_NVRTC:

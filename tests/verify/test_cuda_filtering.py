@@ -97,6 +97,25 @@ def test_specialized_builds_compile_smaller_and_every_flag_is_read_through_one_m
     assert_hot_loops_unspilled(tmp_path, fixed)
 
 
+@pytest.mark.parametrize("l2", [False, True])
+def test_sparse_digit_builds_compile_within_the_default_builds_resources(tmp_path, l2):
+    """FLAG_SPARSE_DIGIT's specialized builds (the default flags with it, stop 49): the L2-row one at 64 registers with
+    at most a few spilled words and no hot loop reloading them (four blocks per SM), the resident one unspilled within
+    its 128 registers, and the generic builds unaffected by it (it is compiled into DF_FIXED_FLAGS builds only)."""
+    flags = cf.DEFAULT_FLAGS | cf.FLAG_SPARSE_DIGIT
+    base = cf.L2_DEFINES if l2 else ()
+    fixed = base + (f"DF_FIXED_FLAGS={cf.compiled_flags(flags, l2)}",)
+    assert cf.compiled_flags(flags, l2) & cf.FLAG_SPARSE_DIGIT
+    stores, loads, registers, static = l2_build_resources(tmp_path, fixed)
+    if l2:
+        assert stores <= 16 and loads <= 64 and registers <= 64 and 4 * (static + 1024) <= 228 * 1024
+    else:
+        assert stores == 0 and registers <= 128
+    assert_hot_loops_unspilled(tmp_path, fixed)
+    text = (build.SOURCE_DIR / "filter.cu").read_text()
+    assert "#if defined(DF_FIXED_FLAGS)\n#define DF_SPARSE_BUILD DF_NEW_FLAGS\n#else\n#define DF_SPARSE_BUILD 0\n" in text
+
+
 @pytest.mark.parametrize("cluster", [4, 5, 6, 7])
 def test_smaller_cluster_l2_builds_compile_for_four_blocks_per_sm(tmp_path, cluster):
     """The -DDF_L2_ROWS -DDF_C=N builds (FLAG_L2_CLUSTER4: 4; FLAG_L2_FIT: 4 to 7): 64 registers, static shared memory
@@ -259,9 +278,13 @@ def test_filter_kernels_builds_each_variant_with_its_defines(monkeypatch):
         assert calls == [(fixed, "smem", cf.MAX_SLICE * 4), (fixed, "attribute", 100), (fixed_l2, "smem", 6144),
                          (fixed_l2, "attribute", 100)]
         calls.clear()
-        cf._default_kernels(7)  # what auto's availability check loads: the default flags' builds (FLAG_L2_FIT: 7, 6)
-        assert calls == [(cf.L2_DEFINES + (f"DF_C={c}",), what, value) for c in (7, 6)
-                         for what, value in (("smem", 6144), ("attribute", 100))]
+        cf._default_kernels(7)  # what auto's availability check loads: the default flags' builds (FLAG_L2_FIT: 8, 7,
+        # 6; the resident one and size 5 are loaded above), each specialized (FLAG_SPECIALIZE since stop 49)
+        assert cf.DEFAULT_FLAGS & cf.FLAG_SPECIALIZE
+        fx = (f"DF_FIXED_FLAGS={cf.DEFAULT_FLAGS & cf.KERNEL_FLAGS}",)
+        assert calls == [(cf.L2_DEFINES + fx, "attribute", 100)] + [
+            (cf.L2_DEFINES + (f"DF_C={c}",) + fx, what, value) for c in (7, 6)
+            for what, value in (("smem", 6144), ("attribute", 100))]
         calls.clear()
         cf._default_kernels(7)  # (every one cached now)
         assert calls == []
@@ -294,9 +317,10 @@ def test_args_struct_and_constants_match_the_kernel():
                           ("DF_FLAG_DEEP_REFINE", cf.FLAG_DEEP_REFINE), ("DF_FLAG_SHARED_BOUNDS", cf.FLAG_SHARED_BOUNDS),
                           ("DF_FLAG_FINITE_WEIGHT", cf.FLAG_FINITE_WEIGHT), ("DF_FLAG_UNCOUNTED", cf.FLAG_UNCOUNTED),
                           ("DF_FLAG_BATCHED_GATHER", cf.FLAG_BATCHED_GATHER), ("DF_FLAG_FUSED_WRITE", cf.FLAG_FUSED_WRITE),
-                          ("DF_FLAG_PREFETCH_SLICE", cf.FLAG_PREFETCH_SLICE)):
+                          ("DF_FLAG_PREFETCH_SLICE", cf.FLAG_PREFETCH_SLICE),
+                          ("DF_FLAG_SPARSE_DIGIT", cf.FLAG_SPARSE_DIGIT)):
         assert re.search(rf"#define {define} {value}\b", text), define
-    assert cf.KERNEL_FLAGS == 260127 and cf.FLAGS_ALL == 524287 and cf.DEFAULT_FLAGS & ~cf.FLAGS_ALL == 0
+    assert cf.KERNEL_FLAGS == 784415 and cf.FLAGS_ALL == 1048575 and cf.DEFAULT_FLAGS & ~cf.FLAGS_ALL == 0
     assert not cf.DEFAULT_FLAGS & (cf.FLAG_PERSIST | cf.FLAG_CARRY) and cf.PERSIST_DEFINES == ("DF_PERSIST",)
     assert cf.CARRY_DEFINES == ("DF_PERSIST", "DF_CARRY")
     # (opt-in: not measured)
@@ -349,6 +373,12 @@ extern "C" void thresholds16(float m, const int* b, float* t, int* rounds, long 
 }
 extern "C" void words(const float* x, const long long* index, unsigned long long* w, float* back, long n) {
   for (long i = 0; i < n; ++i) { w[i] = df_word(x[i], index[i]); back[i] = df_word_value(w[i]); }
+}
+extern "C" void sparse_digits(const unsigned long long* w, unsigned* digit, long n) {  // df_refine's, of one set
+  u64 w_or = 0, w_and = ~0ull;
+  for (long i = 0; i < n; ++i) { w_or |= w[i]; w_and &= w[i]; }
+  const DfPicks picks = df_sparse_picks(w_or ^ w_and);
+  for (long i = 0; i < n; ++i) digit[i] = df_sparse_digit(w[i], picks);
 }
 """
 
@@ -466,6 +496,35 @@ def test_bucket_and_word_helpers(host):
     assert pairs[0] > pairs[1] and pairs[3] > pairs[2] and pairs[5] > pairs[4] > 0  # value desc, then index asc
 
 
+def test_sparse_digit_is_monotone_and_splits(host):
+    """FLAG_SPARSE_DIGIT's digit (df_sparse_picks / df_sparse_digit, host C++) equals the emulation's, never ranks a
+    worse word's digit above a better one's, and splits every set (at least two digits: a refinement pass makes
+    progress); sets: bf16 ties (two values, many indices), a Gaussian bucket, words differing in 1 to 7 bits only,
+    words differing in the index's lowest bit."""
+    gen = np.random.default_rng(5)
+    index = gen.choice(129_280, 400, replace=False)
+    tied = np.where(np.arange(400) % 2 == 0, np.float32(1.4453125), np.float32(1.453125))
+    sets = [np_words(tied, index), np_words(gen.uniform(1.44, 1.4556, 400).astype(np.float32), index),
+            np_words(np.full(2, np.float32(-3.0)), np.array([6, 7]))]
+    base = int(np_words(np.array([2.5], np.float32), np.array([0]))[0])
+    for bits in range(1, 8):
+        sets.append(np.array([base ^ int(v) << 20 for v in gen.integers(0, 1 << bits, 50)] + [base, base ^ 1 << 20],
+                             np.uint64))
+    for words in sets:
+        words = np.unique(words)
+        digit = np.zeros(len(words), np.uint32)
+        host.sparse_digits(ptr(words), ptr(digit), ctypes.c_long(len(words)))
+        assert np.array_equal(digit.astype(np.int64), sparse_digits(words))
+        order = np.argsort(words)  # ascending words: non-decreasing digits
+        assert (np.diff(digit[order].astype(np.int64)) >= 0).all()
+        assert len(np.unique(digit)) >= 2 and digit.max() < 256
+    tied_digits = sparse_digits(np.unique(sets[0]))
+    assert np.bincount(tied_digits).max() <= 16  # the ties spread over the index's high bits
+    window = np.unique(np.array([base ^ int(v) << 20 for v in gen.integers(0, 256, 300)] + [base, base ^ 255 << 20],
+                                np.uint64))  # 8 adjacent differing bits: df_refine's contiguous digit, the same
+    assert np.array_equal(sparse_digits(window), ((window >> np.uint64(20)) & np.uint64(255)).astype(np.int64))
+
+
 def test_thresholds_decide_exactly_as_the_bucket(host):
     """df_thresholds (the gather's two fp32 compares) against df_bucket itself: for every bound b and row max m, the
     tokens x <= m with bucket(x) <= b are exactly those with x >= t, on Gaussian values, the 64 floats on either side
@@ -513,14 +572,30 @@ def test_sixteen_way_threshold_rounds_equal_the_binary_search(host):
 
 
 # --------------------------------------------------------------------------- the search, emulated
+def sparse_digits(cand):
+    """FLAG_SPARSE_DIGIT's digits of the candidate words ``cand`` (uint64): their bits at the 8 highest bits where
+    they differ, the highest first, then zeros where fewer than 8 differ (filter.cu df_sparse_picks / df_sparse_digit:
+    bit 31, 0 in every word)."""
+    diff = int(np.bitwise_or.reduce(cand)) ^ int(np.bitwise_and.reduce(cand))
+    picks = []
+    while diff and len(picks) < 8:
+        picks.append(diff.bit_length() - 1)
+        diff ^= 1 << picks[-1]
+    digit = np.zeros(len(cand), np.int64)
+    for b in picks:
+        digit = (digit << 1) | ((cand >> np.uint64(b)) & np.uint64(1)).astype(np.int64)
+    return digit << (8 - len(picks))
+
+
 def emulate(logits, k, p, capacity=CAPACITY, stats=None, paths=None, refine=True, small=256, refined=None,
-            cluster=cf.CLUSTER, small_p=None):
+            cluster=cf.CLUSTER, small_p=None, sparse=False, ranked=None):
     """filter.cu's decisions for ``logits [B, V]`` fp32 (CPU tensor), per-row ``k`` int64 and ``p`` fp32; returns
     the filtered rows. Mirrors dm_filter step by step (module doc of filter.cu); ``stats`` collects the searches
     that narrowed, ``paths`` the rows that took top-k + top-p's prefix path. ``refine`` (DF_FLAG_REFINE): a
     search's gathered bucket of more than ``small`` (DF_SMALL) tokens is narrowed by df_refine's digit passes
-    (``refined`` collects the passes per search); ``small_p`` (FLAG_DEEP_REFINE: 32) that limit for the search by mass
-    (top-p's), ``small`` for the others. ``cluster`` 4 to 7: the -DDF_C=N builds (FLAG_L2_CLUSTER4,
+    (``refined`` collects the passes per search, ``ranked`` the candidates left to rank); ``small_p``
+    (FLAG_DEEP_REFINE: 32) that limit for the search by mass (top-p's), ``small`` for the others; ``sparse``
+    (FLAG_SPARSE_DIGIT): each pass's digit from the 8 highest bits where the candidates differ. ``cluster`` 4 to 7: the -DDF_C=N builds (FLAG_L2_CLUSTER4,
     FLAG_L2_FIT), whose bucket location selects the block, then a pair of adjacent buckets (one per thread), then the
     bucket of the pair; with 5 to 7 blocks the last block's range of 512 runs past the 2,048 buckets (empty ones)."""
     out = logits.clone()
@@ -598,7 +673,8 @@ def emulate(logits, k, p, capacity=CAPACITY, stats=None, paths=None, refine=True
             while refine and count > limit:  # df_refine: the digit below the top bit where the words differ
                 diff = int(np.bitwise_or.reduce(cand)) ^ int(np.bitwise_and.reduce(cand))
                 shift = max(diff.bit_length() - 1 - 7, 0)
-                digit = ((cand >> np.uint64(shift)) & np.uint64(255)).astype(np.int64)
+                digit = (sparse_digits(cand) if sparse
+                         else ((cand >> np.uint64(shift)) & np.uint64(255)).astype(np.int64))
                 dig_cnt = np.bincount(255 - digit, minlength=256)
                 dig_mass = np.zeros(256, np.uint64)
                 np.add.at(dig_mass, 255 - digit, qc)
@@ -609,6 +685,8 @@ def emulate(logits, k, p, capacity=CAPACITY, stats=None, paths=None, refine=True
                 passes += 1
             if refined is not None:
                 refined.append(passes)
+            if ranked is not None:
+                ranked.append(count)
             order = np.argsort(cand)[::-1]  # descending words (unique: the index is in them)
             cand, qc = cand[order], qc[order]
             incl = np.cumsum(qc)
@@ -660,8 +738,8 @@ def assert_same(a, b):
 
 @pytest.mark.parametrize("cluster", [8, 7, 6, 5, 4])
 @pytest.mark.parametrize("capacity", [CAPACITY, 16, 1])
-@pytest.mark.parametrize("refine", [(False, 256), (True, 256), (True, 2), (True, 256, 32)],
-                         ids=["bitonic", "refine", "refine-2", "refine-deep"])
+@pytest.mark.parametrize("refine", [(False, 256), (True, 256), (True, 2), (True, 256, 32), (True, 2, None, True)],
+                         ids=["bitonic", "refine", "refine-2", "refine-deep", "refine-2-sparse"])
 def test_emulated_search_on_hard_rows(capacity, refine, cluster):
     """The ten edge rows of the Triton filter's tests (ties, huge and -inf logits, NaN, p = 0 and below resolution,
     signed zeros), with capacity 2,048 (the kernel's), 16 and 1 (every search narrows to a single word); without
@@ -678,7 +756,7 @@ def test_emulated_search_on_hard_rows(capacity, refine, cluster):
             assert len(stats) >= 6 and not paths  # every k + p row takes the mass histogram after all
         if capacity == CAPACITY:
             assert 2 <= len(paths) < int(((k > 0) & (k < vocab) & (p < 1)).sum())  # row 3's top-k does not fit
-    if refine == (True, 2) and capacity == CAPACITY:
+    if refine[:2] == (True, 2) and capacity == CAPACITY:
         assert sum(refined) >= 3, refined
 
 
@@ -702,6 +780,12 @@ def test_emulated_search_on_the_bench_inputs_at_full_vocab():
                 deep = []
                 assert_same(emulate(x, kk, pp, refined=deep, small_p=32), reference(x, kk, pp))
                 assert max(deep) <= 3 and (kind != "gaussian" or min(deep) >= 1), (kind, p, deep)
+            if k == 0 and p == 0.9:  # FLAG_SPARSE_DIGIT: a refined bucket of bf16 ties leaves a few to rank
+                plain, sparse, passes = [], [], []
+                emulate(x, kk, pp, ranked=plain)
+                assert_same(emulate(x, kk, pp, ranked=sparse, refined=passes, sparse=True), reference(x, kk, pp))
+                assert all(n <= 16 for n, r in zip(sparse, passes) if r), (kind, sparse, passes)
+                assert kind != "bf16" or min(plain) >= 100, plain  # (without it: one value's ~150 ties)
             assert len(paths) == (4 if k > 0 else 0), (kind, k, p, paths)  # k and p: the prefix path
 
 
@@ -715,10 +799,10 @@ def test_emulated_search_on_flat_and_tied_rows():
                         (torch.randn(vocab, generator=gen) * 0.05).to(torch.bfloat16).float(),
                         torch.full((vocab,), -3.5)])
     for k, p in ((0, 0.5), (7000, 1.0), (12345, 0.3), (0, 1e-9), (3, 0.999), (0, 0.0)):
-        for refine in (False, True):
+        for refine, sparse in ((False, False), (True, False), (True, True)):
             stats = []
             kk, pp = torch.full((5,), k, dtype=torch.int64), torch.full((5,), p)
-            assert_same(emulate(rows, kk, pp, stats=stats, refine=refine), reference(rows, kk, pp))
+            assert_same(emulate(rows, kk, pp, stats=stats, refine=refine, sparse=sparse), reference(rows, kk, pp))
             assert stats, (k, p)
 
 
@@ -804,7 +888,8 @@ def test_runs_only_on_cuda_and_auto_picks_it_for_one_wave(monkeypatch):
                   cf.FLAG_L2_FIT | cf.FLAG_L2_ROWS | cf.FLAG_PERSIST, cf.FLAG_L2_FIVE, cf.FLAG_L2_FIVE | 31,
                   cf.FLAG_L2_FIVE | cf.FLAG_L2_ROWS | cf.FLAG_PERSIST, cf.FLAG_L2_FIVE | cf.FLAG_L2_ROWS | cf.FLAG_L2_CLUSTER4,
                   cf.FLAG_SPECIALIZE | cf.FLAG_L2_ROWS | cf.FLAG_PERSIST, cf.FLAG_SPECIALIZE | cf.FLAG_L2_ROWS | cf.FLAG_L2_FIVE,
-                  cf.FLAG_SPECIALIZE | cf.FLAG_PERSIST):
+                  cf.FLAG_SPECIALIZE | cf.FLAG_PERSIST, cf.FLAG_SPARSE_DIGIT | 31,  # (SPARSE_DIGIT: specialized only)
+                  (cf.DEFAULT_FLAGS & ~cf.FLAG_SPECIALIZE) | cf.FLAG_SPARSE_DIGIT):
         with pytest.raises(ValueError, match="flags"):
             cf.CudaTopKTopPFilter(2, 300, "cuda", flags=flags)
 

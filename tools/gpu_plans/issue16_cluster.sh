@@ -34,6 +34,8 @@
 #   bash tools/gpu_plans/issue16_cluster.sh fused     # budget ~330 s: stop 43's FLAG_FUSED_WRITE (115263): tests, sanitizers, timing vs prev_src
 #   bash tools/gpu_plans/issue16_cluster.sh fused_trace # budget ~100 s: phase trace of 49727 / 115263 / 246335 at 96 and 1,518 rows
 #   bash tools/gpu_plans/issue16_cluster.sh special   # budget ~300 s: stop 44's FLAG_SPECIALIZE (508479): tests, sanitizers, timing beside 246335
+#   bash tools/gpu_plans/issue16_cluster.sh sparse49  # budget ~240 s: stop 49: FLAG_SPARSE_DIGIT back in the specialized builds; DEEP_REFINE / FINITE_WEIGHT specialized; timing beside 508479
+#   bash tools/gpu_plans/issue16_cluster.sh deep49    # budget ~240 s: stop 49's default 510527 (SPECIALIZE + DEEP_REFINE): its GPU tests, the default's, sanitizers, timing beside 508479
 #   bash tools/gpu_plans/issue16_cluster.sh sizes     # budget ~300 s: the L2-row build's cluster size (8 / 7 / 6 / 5 forced, 4-block build) at 16 / 64 / 253 requests
 #   bash tools/gpu_plans/issue16_cluster.sh h200      # budget ~150 s: on an H200 only (else nothing): the bench's filter cases, Triton and cuda (default flags)
 #   bash tools/gpu_plans/issue16_cluster.sh h200_tests # budget ~120 s: on an H200 only (else nothing): the filter's GPU tests at the default flags
@@ -436,6 +438,31 @@ special)
   FILTER_FLAGS=508479 bash "$0" sanitize_only memcheck racecheck
   FILTER_FLAGS=508479 FILTER_FIT=6 bash "$0" sanitize_only memcheck
   flag_times special 246335,508479 1,16,64,253
+  ;;
+sparse49)
+  # (~150-240 s) Stop 49: FLAG_SPECIALIZE (508479) measured faster than the default 246335 for p alone at 1 / 16 / 64
+  # requests and level at 253 (H100, `special`), so the digit of stop 48 (FLAG_SPARSE_DIGIT, 524288) is back: df_refine
+  # is a template whose instance without it is the old source (tools/cuda_sass.py: the specialized default builds'
+  # SASS identical), so only a build with it compiled in changes. Its GPU tests (1032767 = 508479 + it; 786463 the
+  # resident 31 specialized + it; 770623 / 524319 the generic builds), memcheck with 1032767 (a flat row), then two
+  # alternating rounds of 508479 beside 1032767, 510527 (+ DEEP_REFINE) and 516671 (+ FINITE_WEIGHT), each specialized,
+  # p alone and k + p at 1 / 16 / 64 / 253 requests (every case checked against the sort reference by its first call).
+  flag_tests sparse49 "1032767 or 786463 or 770623 or 524319"
+  FILTER_FLAGS=1032767 bash "$0" sanitize_only memcheck
+  flag_times sparse49 508479,1032767,510527,516671 1,16,64,253
+  ;;
+deep49)
+  # (~150-240 s) Stop 49's default, 510527 (508479 = 246335 + FLAG_SPECIALIZE, with FLAG_DEEP_REFINE: `sparse49` measured
+  # it 2-6% faster for bf16 rows at every batch): the file's tests with it (510527; 264223 the resident 31 specialized +
+  # DEEP_REFINE), the tests that take the default flags, the extreme rows' file (default flags), memcheck + racecheck
+  # with 510527, then two more alternating rounds of 508479 beside 510527, p alone and k + p at 1 / 16 / 64 / 253
+  # requests.
+  flag_tests deep49 "510527 or 264223"
+  flag_tests default49 "not (every_kind or every_option or flat_and_tied or graph_replay or fit_cluster)"
+  timeout -k 2 60 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_filtering_extreme_gpu.py 2>&1 \
+    | tee "$OUT/extreme49_tests.txt" | tail -3
+  FILTER_FLAGS=510527 bash "$0" sanitize_only memcheck racecheck
+  flag_times deep49 508479,510527 1,16,64,253
   ;;
 sizes)
   # (~200-300 s) stop 44: the L2-row build's cluster size when a batch takes many waves. FLAG_L2_FIT picks a smaller

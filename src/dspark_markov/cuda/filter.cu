@@ -226,6 +226,43 @@ DM_HD u64 df_word(float x, i64 index) { return (u64)pack_word(x, (i32)index) ^ (
 DM_HD float df_word_value(u64 word) { return word_key((i64)(word ^ (1ull << 63))); }
 DM_HD i64 df_word_index(u64 word) { return (i64)(0x7FFFFFFF - (i32)(word & 0x7FFFFFFFull)); }  // df_word's index
 
+DM_HD int df_top_bit(u64 x) {  // the highest set bit of x != 0
+#if defined(__CUDA_ARCH__)
+  return 63 - __clzll((long long)x);
+#else
+  return 63 - __builtin_clzll(x);
+#endif
+}
+
+// DF_FLAG_SPARSE_DIGIT's digit: the bits of a word at the 8 highest bits where the candidates' words differ
+// (diff = OR ^ AND of their words), the highest first (the digit's most significant bit); where fewer than 8 differ,
+// the rest are bit 31, 0 in every word (df_word's low half is 0x7FFFFFFF - index). For words that agree outside diff,
+// w1 > w2 gives digit(w1) >= digit(w2): the highest bit where they differ lies in diff, and the picked bits above it
+// are equal. Picks that are 8 adjacent bits give the contiguous digit, (w >> lowest) & 255.
+struct DfPicks {
+  u64 b;  // bit positions, descending, 6 bits each: position j in bits [6 j, 6 j + 6) (one register pair)
+};
+
+DM_HD int df_pick(const DfPicks& picks, int j) { return (int)(picks.b >> (6 * j)) & 63; }
+
+DM_HD DfPicks df_sparse_picks(u64 diff) {
+  DfPicks picks = {0};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int bit = diff != 0 ? df_top_bit(diff) : 31;
+    if (diff != 0) diff ^= 1ull << bit;
+    picks.b |= (u64)bit << (6 * j);
+  }
+  return picks;
+}
+
+DM_HD u32 df_sparse_digit(u64 w, const DfPicks& picks) {
+  u32 digit = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) digit = (digit << 1) | ((u32)(w >> df_pick(picks, j)) & 1u);
+  return digit;
+}
+
 }  // namespace dm
 
 #if defined(__CUDACC__)
@@ -371,6 +408,22 @@ static_assert(3 * DF_NB / 2 - DF_CAP >= DF_CAP / 2, "FUSED_WRITE: DF_CAP member 
                                // flight per thread then wait about one HBM round trip instead of two (the first read
                                // was ~26% of a row's time at 16 requests of top-p alone, phase trace, stop 41).
                                // Level alone, faster with FUSED_WRITE (verify/cuda_filtering.py): default since stop 43
+#define DF_FLAG_SPARSE_DIGIT 524288  // (stop 48; stop 49 with DF_FIXED_FLAGS) with REFINE: a refinement pass's digit is
+                               // the 8 highest bits where the candidates' words differ (df_sparse_digit; monotone in
+                               // the word, so digits still rank better first) where those bits are not adjacent, not the
+                               // 8 contiguous bits from the highest. A bucket of bf16-rounded logits holds a few distinct
+                               // values with ~150 tied tokens each: the contiguous digit splits it by value only (its low
+                               // bits are constant key bits), leaving ~150 to rank by counting (every thread ~150
+                               // dependent compares, in every block); the sparse digit takes the index's high bits as
+                               // well and leaves a few. Compiled into the DF_FIXED_FLAGS builds only (FLAG_SPECIALIZE;
+                               // the generic builds keep their measured SASS: inert there, and the host refuses it
+                               // without FLAG_SPECIALIZE), and df_refine<false> is the source without it, so that a build
+                               // whose flags are compiled in without it keeps its SASS too (tools/cuda_sass.py).
+#if defined(DF_FIXED_FLAGS)
+#define DF_SPARSE_BUILD DF_NEW_FLAGS
+#else
+#define DF_SPARSE_BUILD 0
+#endif
 // -DDF_FIXED_FLAGS=F (verify/cuda_filtering.py FLAG_SPECIALIZE, stop 44): the build for launches whose kernel flags
 // are F, with F compiled in (every test of FilterArgs.flags / FilterShared.flags folded to a constant, the code of the
 // other options dropped: a smaller kernel); the host launches it with exactly F. (Reading FilterArgs' flags into one
@@ -626,7 +679,10 @@ __device__ __forceinline__ void df_thresholds_warp(float m, i32 b1, i32 b2, floa
 // the same on the same words (no cluster barrier). A pass's digit is the 8 bits below and including the highest bit
 // where the candidates' words differ, so it keeps one value of that bit (progress); digits descending (better first);
 // df_select moves sh.base_cnt / base_mass past the better digits, as df_search's narrowing passes do. Returns the
-// remaining count; 0 if no digit held the target (a broken invariant: the caller fails the search).
+// remaining count; 0 if no digit held the target (a broken invariant: the caller fails the search). SPARSE
+// (DF_FLAG_SPARSE_DIGIT): a pass whose 8 highest differing bits are not adjacent takes them as its digit
+// (df_sparse_digit, the same for every thread: the pass's OR / AND); SPARSE = false is the contiguous digit alone.
+template <bool SPARSE>
 __device__ __noinline__ u32 df_refine(u32 count, u32 limit, bool masses, bool by_mass, u64 target, float m,
                                       u64* s_cand, u32* s_dig, FilterShared& sh) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -653,9 +709,16 @@ __device__ __noinline__ u32 df_refine(u32 count, u32 limit, bool masses, bool by
     for (int w = 0; w < DF_T / 32; ++w) { w_or |= sh.warp_sum[w]; w_and &= sh.warp_sum2[w]; }
     const int top = 63 - __clzll((long long)(w_or ^ w_and));  // the words are unique and count > 1: they differ
     const int shift = top >= 7 ? top - 7 : 0;
+    DfPicks picks = {0};
+    bool sparse = false;  // (block-uniform)
+    if (SPARSE) {
+      picks = df_sparse_picks(w_or ^ w_and);
+      sparse = df_pick(picks, 0) - df_pick(picks, 7) != 7;  // (adjacent picks: the contiguous digit, the same values)
+    }
     for (int i = tid; i < (int)count; i += DF_T) {
       const u64 w = s_cand[i];
-      df_add(dig, 4u * 256u, (u32)(w >> shift) & 255u, masses ? df_weight(df_word_value(w), m) : 0ull);
+      const u32 digit = SPARSE && sparse ? df_sparse_digit(w, picks) : (u32)(w >> shift) & 255u;
+      df_add(dig, 4u * 256u, digit, masses ? df_weight(df_word_value(w), m) : 0ull);
     }
     __syncthreads();
     const u32 d = 255u - (u32)tid;  // descending digits: better first
@@ -671,7 +734,8 @@ __device__ __noinline__ u32 df_refine(u32 count, u32 limit, bool masses, bool by
     for (int e = 0; e < DF_CAP / DF_T; ++e) {
       const int i = tid + e * DF_T;
       keep[e] = i < (int)count ? s_cand[i] : 0ull;
-      kept[e] = i < (int)count && ((u32)(keep[e] >> shift) & 255u) == want;
+      kept[e] = i < (int)count
+                && (SPARSE && sparse ? df_sparse_digit(keep[e], picks) : (u32)(keep[e] >> shift) & 255u) == want;
     }
     __syncthreads();  // every candidate read before the kept ones move to the front
 #pragma unroll
@@ -932,7 +996,9 @@ __device__ __noinline__ u32 df_collect(const float* s_x, int n, i64 lo, float m,
   const bool small_sort = (flags & DF_FLAG_REFINE) != 0;
   const u32 limit = DF_NEW_FLAGS && by_mass && (flags & DF_FLAG_DEEP_REFINE) ? DF_DEEP : DF_SMALL;
   if (small_sort && refine && count > limit) {
-    count = df_refine(count, limit, masses, by_mass, target, m, s_cand, s_dig, sh);
+    count = DF_SPARSE_BUILD && (flags & DF_FLAG_SPARSE_DIGIT)
+                ? df_refine<true>(count, limit, masses, by_mass, target, m, s_cand, s_dig, sh)
+                : df_refine<false>(count, limit, masses, by_mass, target, m, s_cand, s_dig, sh);
     if (count == 0) return 0;
   }
   const int size = count <= 32 ? 32 : 1 << (32 - __clz(count - 1));  // a power of two >= count

@@ -22,7 +22,9 @@ two blocks per SM, so beyond one wave of clusters time grows as waves x one row'
 The options (``flags``; :data:`DEFAULT_FLAGS` = the kernel flags of stop 27, ``FLAG_UNCOUNTED`` and
 ``FLAG_BATCHED_GATHER`` (stop 41; the latter for the L2-row build's launches), ``FLAG_L2_ROWS``, since stop 40
 ``FLAG_L2_FIT``, and since stop 43 ``FLAG_FUSED_WRITE`` and ``FLAG_PREFETCH_SLICE`` (the L2-row build's top-p alone: p
-alone 2-4% / 9-12% / 14-16% faster at 16 / 64 / 253 requests on the H100); the other options are opt-in; H100
+alone 2-4% / 9-12% / 14-16% faster at 16 / 64 / 253 requests on the H100), since stop 49 ``FLAG_SPECIALIZE`` (each build
+compiled for the flags its launches pass: p alone 10% / 2.5% / 0.7% faster at 1 / 16 / 64 requests on the H100, 0.5%
+slower at 253); the other options are opt-in; H100
 measurements of 2026-12-05,
 ``..._NVIDIA-H100..._filter_flags.*``): ``FLAG_ILP``, ``FLAG_ASYNC_LOAD``, ``FLAG_WARP_THRESHOLDS``
 shorten a row's phases (k + p 1,355 -> 1,165 us, p alone 1,766 -> 1,527 at 1,518 rows on the H100), and
@@ -146,13 +148,19 @@ L2_FIT_SIZES = (8, 7, 6, 5)  # cluster sizes FLAG_L2_FIT chooses from (each a bu
 # the SM's issue, not the rows in flight, limits it. Opt-in.
 FLAG_L2_FIVE = 1024
 FIVE_DEFINES = ("DF_L2_FIVE",)
-# SPECIALIZE (this module; stop 44, written without device time, not yet run on a GPU: opt-in): each build compiled
+# SPECIALIZE (this module; stop 44, written without device time; measured in stop 49 and default since): each build compiled
 # with -DDF_FIXED_FLAGS=<the kernel flags its launches pass> (filter.cu DF_FLAGS_OF: every test of the flags folded to a
 # constant, the other options' code dropped; the resident build's SASS 12,136 -> 8,856 instructions, the L2-row build's
 # 12,400 -> 10,552, NVRTC 13.0, default flags). The same decisions, so the same kept set. Why: at 1 request the default
 # resident build slowed 4-7% when only code it never runs was added (stop 44's MASS_CARRY,
 # `..._filter_carry_stop44.txt`), a sign that code size or layout costs time in this ~200 KB kernel. Not with
-# FLAG_PERSIST or FLAG_L2_FIVE (builds whose stop-41 flags are compiled out).
+# FLAG_PERSIST or FLAG_L2_FIVE (builds whose stop-41 flags are compiled out). Measured (H100, stop 49, two alternating
+# rounds in one call, 246335 against 508479 = it with SPECIALIZE, `..._2026-12-07_filter_special_stop49.txt`; exact in
+# its 30 GPU tests, memcheck / racecheck clean): p alone, us Gaussian / peaked / bf16, 1 request 33.7 / 31.8 / 37.1 ->
+# 29.9 / 29.7 / 33.5, 16 requests 112.8 / 106.2 / 119.2 -> 109.9 / 104.8 / 116.6, 64 requests 343.3 / 309.8 / 361.6 ->
+# 341.0 / 309.3 / 359.0, 253 requests 1,099.2 / 1,037.0 / 1,181.4 -> 1,103.2 / 1,043.6 / 1,183.3 (0.2-0.6% slower);
+# k + p level everywhere (within 1%). So the default: a build's SASS then holds only the code its flags run, and an
+# option compiled into other builds cannot move the default's registers (what undid stop 48's SPARSE_DIGIT).
 FLAG_SPECIALIZE = 262144
 # DEEP_REFINE (kernel flag, with REFINE; stop 41): a top-p search's candidates refined by digit passes down to 32, not
 # 256, before they are ranked by counting. Why: ranking ~256 candidates by counting (every thread 256 dependent 64-bit
@@ -161,6 +169,8 @@ FLAG_SPECIALIZE = 262144
 # a few hundred instructions a thread. Only the search by mass: it is a row's last, so no later search loses the
 # cached bucket that a refined gather gives up. SHARED_BOUNDS (kernel flag, with WARP_THRESHOLDS; stop 41): a gather's
 # bucket bounds searched by one warp per block and shared (every warp of the cluster ran the same search before).
+# DEEP_REFINE measured level in the generic builds (stop 41) and faster for bf16 rows in the specialized ones: default
+# since stop 49 (DEFAULT_FLAGS' note).
 FLAG_DEEP_REFINE = 2048
 FLAG_SHARED_BOUNDS = 4096
 # FINITE_WEIGHT (kernel flag, with ILP; stop 41): top-p's level-1 histogram of a row whose max is finite computes each
@@ -198,16 +208,25 @@ FLAG_FUSED_WRITE = 65536
 # Alone it measured level (H100, stop 43: p alone 16 / 64 / 253 requests 114-128 / 346-401 / 1,227-1,371 us against
 # 110-122 / 349-406 / 1,240-1,373 before); with FUSED_WRITE it pays (below). Default since stop 43.
 FLAG_PREFETCH_SLICE = 131072
-# (Stop 48, measured and removed: SPARSE_DIGIT, a refinement pass's 256-way digit from the 8 highest bits where the
-# gathered candidates' words differ instead of 8 contiguous bits, so that a bucket of bf16 ties (two values of ~150
-# tokens each at p = 0.9) leaves a few candidates to rank by counting, not ~150. Exact (22 GPU tests, memcheck), and
-# bf16 p alone 2-5% faster at 64 / 253 requests, but every version of the code around df_refine slowed the default:
-# H100, alternating rounds beside the tree before it in one call, p alone at 16 requests Gaussian 113 -> 120-123 us,
-# peaked 105 -> 107-109, even with the default's df_refine an instantiation that computes no sparse digit (the whole
-# kernel's registers and schedule moved; `..._2026-12-07_filter_sparse_stop48.txt`). filter.cu is back to 7242d38's
-# source (its SASS identical: tools/cuda_sass.py). What it showed: a row's refinement and ranking ("sorted", DF_MARK 15)
-# is ~13% of a row at 16 requests of p alone (Gaussian 17, bf16 24 of ~135 trace-us), and small edits to the kernel
-# move its time by several percent.)
+# SPARSE_DIGIT (kernel flag, with REFINE; stop 48, measured then and removed; back in stop 49 with FLAG_SPECIALIZE, whose
+# builds compile only the code their flags use: opt-in): a refinement pass (filter.cu df_refine) takes as its 256-way
+# digit the 8 highest bits where the gathered candidates' words differ, not 8 contiguous bits from the highest (the
+# same target, so the same kept set: the digit is monotone in the word). Why: a bucket of bf16-rounded logits holds
+# two distinct values of ~150 tied tokens each at p = 0.9 (V = 129,280); the contiguous digit splits it by value only
+# (the bits below the values' difference are constant), and ~150 candidates are then ranked by counting (every thread
+# ~150 dependent 64-bit compares, in every block of the cluster), where the sparse digit also takes the index's high
+# bits and leaves a few (tests/verify: the emulation counts them). bf16 rows are the slowest kind of top-p alone at
+# every batch (H100, stop 43: 119.4 / 362.5 / 1,178.5 us at 16 / 64 / 253 requests against 113.5 / 343.4 / 1,098.4
+# Gaussian, whose refined bucket keeps ~2). Only with FLAG_SPECIALIZE (filter.cu compiles it into those builds alone:
+# the generic builds keep the SASS measured without it). Measured in stop 49: slower for Gaussian rows (DEFAULT_FLAGS).
+FLAG_SPARSE_DIGIT = 524288
+# (SPARSE_DIGIT's history: stop 48 measured it in the generic builds, exact and bf16 p alone 2-5% faster at 64 / 253
+# requests, but every version slowed the default (H100, beside the tree before in one call: Gaussian p alone at 16
+# requests 113 -> 120-123 us with the flag off; the whole kernel's registers moved), and removed it
+# (`..._2026-12-07_filter_sparse_stop48.txt`). Stop 49 brought it back in the specialized builds only, where the
+# default's SASS cannot move (tools/cuda_sass.py), and measured it slower for Gaussian rows there too (DEFAULT_FLAGS'
+# note): opt-in. The refinement and ranking ("sorted", DF_MARK 15) is ~13% of a row at 16 requests of p alone
+# (Gaussian 17, bf16 24 of ~135 trace-us); DEEP_REFINE, specialized, is what now takes bf16 ties down.)
 # (Stop 44, measured and removed: MASS_CARRY, top-p alone's uncounted histogram adding each token's mass with one 32-bit
 # shared atom and a predicated carry add, half its shared-memory atomics: exact, but p alone 0.4-2% slower at 16 / 64 /
 # 253 requests on an H100, and its branch in df_histogram slowed the default's resident build at one request by 4-7%:
@@ -217,7 +236,7 @@ FLAG_PREFETCH_SLICE = 131072
 # 1 request of p alone: 36.6 / 33.2 / 40.2 us against 34.1 / 31.8 / 37.3 without it; its gather reads shared memory).
 KERNEL_FLAGS = (FLAG_MASK_GATHER | FLAG_REFINE | FLAG_ILP | FLAG_ASYNC_LOAD | FLAG_WARP_THRESHOLDS | FLAG_DEEP_REFINE
                 | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT | FLAG_UNCOUNTED | FLAG_BATCHED_GATHER
-                | FLAG_FUSED_WRITE | FLAG_PREFETCH_SLICE)  # FilterArgs.flags
+                | FLAG_FUSED_WRITE | FLAG_PREFETCH_SLICE | FLAG_SPARSE_DIGIT)  # FilterArgs.flags
 RESIDENT_KERNEL_FLAGS = KERNEL_FLAGS & ~FLAG_BATCHED_GATHER
 FLAGS_ALL = (KERNEL_FLAGS | FLAG_L2_ROWS | FLAG_L2_CLUSTER4 | FLAG_PERSIST | FLAG_CARRY | FLAG_L2_FIT | FLAG_L2_FIVE
              | FLAG_SPECIALIZE)
@@ -245,7 +264,7 @@ L2_MIN_ROWS = 31
 # call, `..._filter_batched41_r*`: p alone against 575, stop 40's default, us Gaussian / peaked / bf16: 16 requests
 # 117.7 / 110.8 / 124.9 against 120.3 / 114.6 / 127.0, 64 requests 381.4 / 352.4 / 409.2 against 392.7 / 367.9 /
 # 430.4, 253 requests 1,278.7 / 1,234.3 / 1,368.8 against 1,357.5 / 1,308.7 / 1,461.8: 2-6% faster; exact in its GPU
-# tests, memcheck and racecheck clean). The other stop-41 flags stay opt-in: DEEP_REFINE and SHARED_BOUNDS level,
+# tests, memcheck and racecheck clean). The other stop-41 flags stayed opt-in (DEEP_REFINE until stop 49, below): DEEP_REFINE and SHARED_BOUNDS level,
 # FINITE_WEIGHT faster at 1-16 requests but 2-7% slower from 64 on (same files). (A sixth, the L2-row write pass with
 # eight reads in flight instead of four, measured level or 1% slower in the batched call: removed.)
 # FLAG_FUSED_WRITE and FLAG_PREFETCH_SLICE since stop 43 (DEFAULT_FLAGS 49727 -> 246335; H100, three alternating rounds
@@ -253,8 +272,19 @@ L2_MIN_ROWS = 31
 # 105.7 / 119.4 against 115.6 / 109.9 / 122.0; 64 requests 343.4 / 309.0 / 362.5 against 376.9 / 349.3 / 406.0; 253
 # requests 1,098.4 / 1,035.9 / 1,178.5 against 1,278.6 / 1,239.5 / 1,373.1: 2-4%, 9-12%, 14-16% faster; k + p and
 # one request (the resident build) unchanged; exact in the filter's GPU tests, memcheck / racecheck clean).
-DEFAULT_FLAGS = ((KERNEL_FLAGS & ~(FLAG_DEEP_REFINE | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT))
-                 | FLAG_L2_ROWS | FLAG_L2_FIT)
+# FLAG_SPECIALIZE since stop 49 (DEFAULT_FLAGS 246335 -> 508479; its paragraph above), and with it FLAG_DEEP_REFINE
+# (508479 -> 510527): specialized, the deeper refinement takes bf16 rows' ~150 ties down to <= 32 before the rank by
+# counting. H100, stop 49, two alternating rounds in one call (`..._2026-12-07_filter_special_stop49.txt`), p alone, us
+# Gaussian / peaked / bf16, 508479 -> 510527: 1 request 30.3 / 29.7 / 33.6 -> 30.4 / 29.3 / 31.7; 16 requests 108.8 /
+# 105.2 / 115.4 -> 108.4 / 105.8 / 112.9; 64 requests 337.0 / 309.4 / 355.6 -> 337.5 / 317.8 / 349.1; 253 requests
+# 1,096.8 / 1,040.1 / 1,177.4 -> 1,101.7 / 1,044.7 / 1,148.0: the slowest kind (bf16) 2-6% faster at every batch, the
+# others within 0.5% but peaked rows at 64 requests (+2.7%; they never refine: the build's schedule); k + p level.
+# The next call (plan part deep49: its GPU tests, the default's, the extreme rows', memcheck / racecheck clean) timed
+# the same: bf16 33.6 -> 31.5, 116.3 -> 113.2, 360.7 -> 350.4, 1,183.2 -> 1,150.0 us; peaked at 64 requests +2.6%.
+# In the same call, not kept: SPARSE_DIGIT (1032767: bf16 -4 / -0.5 / -1.5 / -3.5%, Gaussian +6 / +6 / +4 / +3% at 1 / 16 /
+# 64 / 253 requests) and FINITE_WEIGHT (516671: level to 16 requests, Gaussian +7.5% at 253).
+DEFAULT_FLAGS = ((KERNEL_FLAGS & ~(FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT | FLAG_SPARSE_DIGIT))
+                 | FLAG_L2_ROWS | FLAG_L2_FIT | FLAG_SPECIALIZE)
 
 
 def slice_len(vocab: int, cluster: int = CLUSTER) -> int:
@@ -443,6 +473,9 @@ class CudaTopKTopPFilter:
         if flags & FLAG_L2_FIVE and flags & (FLAG_PERSIST | FLAG_L2_CLUSTER4):
             raise ValueError(f"flags: FLAG_L2_FIVE ({FLAG_L2_FIVE}) is not built with FLAG_PERSIST ({FLAG_PERSIST}) or "
                              f"FLAG_L2_CLUSTER4 ({FLAG_L2_CLUSTER4}), got {flags}")
+        if flags & FLAG_SPARSE_DIGIT and not flags & FLAG_SPECIALIZE:
+            raise ValueError(f"flags: FLAG_SPARSE_DIGIT ({FLAG_SPARSE_DIGIT}) is compiled into the FLAG_SPECIALIZE "
+                             f"({FLAG_SPECIALIZE}) builds only, got {flags}")
         if flags & FLAG_SPECIALIZE and flags & (FLAG_PERSIST | FLAG_L2_FIVE):
             raise ValueError(f"flags: FLAG_SPECIALIZE ({FLAG_SPECIALIZE}) is not built with FLAG_PERSIST ({FLAG_PERSIST}) "
                              f"or FLAG_L2_FIVE ({FLAG_L2_FIVE}), got {flags}")
