@@ -36,6 +36,7 @@
 #   bash tools/gpu_plans/issue16_cluster.sh special   # budget ~300 s: stop 44's FLAG_SPECIALIZE (508479): tests, sanitizers, timing beside 246335
 #   bash tools/gpu_plans/issue16_cluster.sh sparse49  # budget ~240 s: stop 49: FLAG_SPARSE_DIGIT back in the specialized builds; DEEP_REFINE / FINITE_WEIGHT specialized; timing beside 508479
 #   bash tools/gpu_plans/issue16_cluster.sh deep49    # budget ~240 s: stop 49's default 510527 (SPECIALIZE + DEEP_REFINE): its GPU tests, the default's, sanitizers, timing beside 508479
+#   bash tools/gpu_plans/issue16_cluster.sh layout49  # budget ~150 s: stop 49: p alone at 11 / 16 / 64 requests in the resident build or 4-block clusters instead of the L2-row build's FIT sizes
 #   bash tools/gpu_plans/issue16_cluster.sh sizes     # budget ~300 s: the L2-row build's cluster size (8 / 7 / 6 / 5 forced, 4-block build) at 16 / 64 / 253 requests
 #   bash tools/gpu_plans/issue16_cluster.sh h200      # budget ~150 s: on an H200 only (else nothing): the bench's filter cases, Triton and cuda (default flags)
 #   bash tools/gpu_plans/issue16_cluster.sh h200_tests # budget ~120 s: on an H200 only (else nothing): the filter's GPU tests at the default flags
@@ -463,6 +464,31 @@ deep49)
     | tee "$OUT/extreme49_tests.txt" | tail -3
   FILTER_FLAGS=510527 bash "$0" sanitize_only memcheck racecheck
   flag_times deep49 508479,510527 1,16,64,253
+  ;;
+layout49)
+  # (~100-150 s) Stop 49: specialization took the resident build's p alone 10% faster at one request (33.7 -> 29.9 us,
+  # one wave of ~30 clusters), so 16 requests (96 rows, two waves of the L2-row build's 8-block clusters on an H100:
+  # 62 resident, 94 of 5 blocks) might run faster in three waves of the resident build (stop 40's generic builds: 117-137
+  # us resident against 115-124 in L2), or in one wave of the 4-block L2-row build (124 resident; FLAG_L2_CLUSTER4,
+  # 510079 = 510527 - FIT + CLUSTER4; slower in stop 40's generic builds). p alone at 11 / 16 / 64 requests, the
+  # default 510527 beside the resident build (L2_MIN_ROWS raised) and 510079, two alternating rounds.
+  cat > "$OUT/force_layout.py" <<'PY'
+import os, runpy, sys
+from dspark_markov.verify import cuda_filtering as cf
+cf.L2_MIN_ROWS = int(os.environ.get("L2_MIN", cf.L2_MIN_ROWS))
+sys.argv = ["tools/time_filter.py"] + sys.argv[1:]
+runpy.run_path("tools/time_filter.py", run_name="__main__")
+PY
+  for round in 1 2; do
+    for v in default resident c4; do
+      flags=510527 l2min=31
+      if [ $v = resident ]; then l2min=100000; fi
+      if [ $v = c4 ]; then flags=510079; fi
+      mkdir -p "$OUT/$v$round"
+      L2_MIN=$l2min JOB_OUT="$OUT/$v$round" timeout -k 2 60 python3 "$OUT/force_layout.py" --cuda-only --cuda-flags $flags \
+        11,16,64 2>&1 | grep -E "^filter_row.* p  |Error" | sed "s/^/$v$round /" | tee -a "$OUT/layout49_bench.txt"
+    done
+  done
   ;;
 sizes)
   # (~200-300 s) stop 44: the L2-row build's cluster size when a batch takes many waves. FLAG_L2_FIT picks a smaller
