@@ -35,8 +35,12 @@ def main():
                         help="comma-separated input kinds (verify_grid.FILTER_INPUTS)")
     parser.add_argument("--cases", default="k+p,p",
                         help="comma-separated cases: k+p (k = 50, p = 0.9), p (p = 0.9 alone)")
-    parser.add_argument("--flags", default=f"{cf.KERNEL_FLAGS},{cf.DEFAULT_FLAGS}",  # resident, then the L2-row build
-                        help="comma-separated FilterArgs.flags values to run (cuda_filtering.FLAG_*), e.g. 0,3")
+    parser.add_argument("--flags", default=f"{cf.RESIDENT_KERNEL_FLAGS & ~cf.FIXED_ONLY_FLAGS & cf.DEFAULT_FLAGS},"
+                                           f"{cf.DEFAULT_FLAGS & ~(cf.FLAG_SPECIALIZE | cf.FIXED_ONLY_FLAGS)}",  # resident, L2
+                        help="comma-separated FilterArgs.flags values to run (cuda_filtering.FLAG_*), e.g. 0,3; the "
+                             "traced builds are generic (-DDF_TRACE, flags read at run time, FLAG_SPECIALIZE and the "
+                             "options it alone compiles in, FIXED_ONLY_FLAGS, do not apply): the default flags' "
+                             "kernel options, not the specialized build the default launches")
     parser.add_argument("--relaxed", action="store_true",
                         help="also time a build whose cluster barriers arrive relaxed (-DDF_RELAXED_EXPERIMENT: no "
                              "GPU-scope fence; a timing experiment, its results may differ from the reference)")

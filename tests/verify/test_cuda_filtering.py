@@ -80,7 +80,7 @@ def test_specialized_builds_compile_smaller_and_every_flag_is_read_through_one_m
                                     or copy <= at <= copy + len("sh.flags = (u32)a") for at in reads), [
         text[at - 30:at + 10] for at in reads]
     base = cf.L2_DEFINES if l2 else ()
-    fixed = base + (f"DF_FIXED_FLAGS={cf.DEFAULT_FLAGS & (cf.KERNEL_FLAGS if l2 else cf.RESIDENT_KERNEL_FLAGS)}",)
+    fixed = base + (f"DF_FIXED_FLAGS={cf.compiled_flags(cf.DEFAULT_FLAGS, l2)}",)
     if l2:
         stores, loads, registers, static = l2_build_resources(tmp_path, fixed)
         assert stores <= 16 and loads <= 64 and registers <= 64 and 4 * (static + 1024) <= 228 * 1024
@@ -97,15 +97,18 @@ def test_specialized_builds_compile_smaller_and_every_flag_is_read_through_one_m
     assert_hot_loops_unspilled(tmp_path, fixed)
 
 
+@pytest.mark.parametrize("option", ["sparse", "split"])
 @pytest.mark.parametrize("l2", [False, True])
-def test_sparse_digit_builds_compile_within_the_default_builds_resources(tmp_path, l2):
-    """FLAG_SPARSE_DIGIT's specialized builds (the default flags with it, stop 49): the L2-row one at 64 registers with
-    at most a few spilled words and no hot loop reloading them (four blocks per SM), the resident one unspilled within
-    its 128 registers, and the generic builds unaffected by it (it is compiled into DF_FIXED_FLAGS builds only)."""
-    flags = cf.DEFAULT_FLAGS | cf.FLAG_SPARSE_DIGIT
+def test_fixed_only_builds_compile_within_the_default_builds_resources(tmp_path, l2, option):
+    """FLAG_SPARSE_DIGIT's and FLAG_SPLIT_FINAL's specialized builds (the default flags with one of them, stop 49): the
+    L2-row one at 64 registers with at most a few spilled words and no hot loop reloading them (four blocks per SM),
+    the resident one unspilled within its 128 registers, and the generic builds unaffected by them (compiled into
+    DF_FIXED_FLAGS builds only)."""
+    bit = cf.FLAG_SPARSE_DIGIT if option == "sparse" else cf.FLAG_SPLIT_FINAL
     base = cf.L2_DEFINES if l2 else ()
-    fixed = base + (f"DF_FIXED_FLAGS={cf.compiled_flags(flags, l2)}",)
-    assert cf.compiled_flags(flags, l2) & cf.FLAG_SPARSE_DIGIT
+    # (the option compiled in even where launches drop it: SPLIT_FINAL in the L2-row build, L2_KERNEL_FLAGS)
+    fixed = base + (f"DF_FIXED_FLAGS={cf.compiled_flags(cf.DEFAULT_FLAGS, l2) | bit}",)
+    assert cf.compiled_flags(cf.DEFAULT_FLAGS | bit, l2) & bit or (l2 and bit == cf.FLAG_SPLIT_FINAL)
     stores, loads, registers, static = l2_build_resources(tmp_path, fixed)
     if l2:
         assert stores <= 16 and loads <= 64 and registers <= 64 and 4 * (static + 1024) <= 228 * 1024
@@ -113,7 +116,8 @@ def test_sparse_digit_builds_compile_within_the_default_builds_resources(tmp_pat
         assert stores == 0 and registers <= 128
     assert_hot_loops_unspilled(tmp_path, fixed)
     text = (build.SOURCE_DIR / "filter.cu").read_text()
-    assert "#if defined(DF_FIXED_FLAGS)\n#define DF_SPARSE_BUILD DF_NEW_FLAGS\n#else\n#define DF_SPARSE_BUILD 0\n" in text
+    assert "#if defined(DF_FIXED_FLAGS)\n#define DF_FIXED_ONLY DF_NEW_FLAGS\n#else\n#define DF_FIXED_ONLY 0\n" in text
+    assert text.count("DF_FIXED_ONLY && (") == 2  # (SPARSE_DIGIT's and SPLIT_FINAL's only uses)
 
 
 @pytest.mark.parametrize("cluster", [4, 5, 6, 7])
@@ -272,16 +276,16 @@ def test_filter_kernels_builds_each_variant_with_its_defines(monkeypatch):
                          (cf.L2_DEFINES + carry, "attribute", 100)]
         calls.clear()
         cf.filter_kernels(7, fixed=cf.DEFAULT_FLAGS & cf.RESIDENT_KERNEL_FLAGS)  # FLAG_SPECIALIZE: the flags compiled in
-        cf.filter_kernels(7, True, 5, fixed=cf.DEFAULT_FLAGS & cf.KERNEL_FLAGS)
+        cf.filter_kernels(7, True, 5, fixed=cf.DEFAULT_FLAGS & cf.L2_KERNEL_FLAGS)
         fixed = (f"DF_FIXED_FLAGS={cf.DEFAULT_FLAGS & cf.RESIDENT_KERNEL_FLAGS}",)
-        fixed_l2 = cf.L2_DEFINES + ("DF_C=5", f"DF_FIXED_FLAGS={cf.DEFAULT_FLAGS & cf.KERNEL_FLAGS}")
+        fixed_l2 = cf.L2_DEFINES + ("DF_C=5", f"DF_FIXED_FLAGS={cf.DEFAULT_FLAGS & cf.L2_KERNEL_FLAGS}")
         assert calls == [(fixed, "smem", cf.MAX_SLICE * 4), (fixed, "attribute", 100), (fixed_l2, "smem", 6144),
                          (fixed_l2, "attribute", 100)]
         calls.clear()
         cf._default_kernels(7)  # what auto's availability check loads: the default flags' builds (FLAG_L2_FIT: 8, 7,
         # 6; the resident one and size 5 are loaded above), each specialized (FLAG_SPECIALIZE since stop 49)
         assert cf.DEFAULT_FLAGS & cf.FLAG_SPECIALIZE
-        fx = (f"DF_FIXED_FLAGS={cf.DEFAULT_FLAGS & cf.KERNEL_FLAGS}",)
+        fx = (f"DF_FIXED_FLAGS={cf.DEFAULT_FLAGS & cf.L2_KERNEL_FLAGS}",)
         assert calls == [(cf.L2_DEFINES + fx, "attribute", 100)] + [
             (cf.L2_DEFINES + (f"DF_C={c}",) + fx, what, value) for c in (7, 6)
             for what, value in (("smem", 6144), ("attribute", 100))]
@@ -318,9 +322,9 @@ def test_args_struct_and_constants_match_the_kernel():
                           ("DF_FLAG_FINITE_WEIGHT", cf.FLAG_FINITE_WEIGHT), ("DF_FLAG_UNCOUNTED", cf.FLAG_UNCOUNTED),
                           ("DF_FLAG_BATCHED_GATHER", cf.FLAG_BATCHED_GATHER), ("DF_FLAG_FUSED_WRITE", cf.FLAG_FUSED_WRITE),
                           ("DF_FLAG_PREFETCH_SLICE", cf.FLAG_PREFETCH_SLICE),
-                          ("DF_FLAG_SPARSE_DIGIT", cf.FLAG_SPARSE_DIGIT)):
+                          ("DF_FLAG_SPARSE_DIGIT", cf.FLAG_SPARSE_DIGIT), ("DF_FLAG_SPLIT_FINAL", cf.FLAG_SPLIT_FINAL)):
         assert re.search(rf"#define {define} {value}\b", text), define
-    assert cf.KERNEL_FLAGS == 784415 and cf.FLAGS_ALL == 1048575 and cf.DEFAULT_FLAGS & ~cf.FLAGS_ALL == 0
+    assert cf.KERNEL_FLAGS == 1832991 and cf.FLAGS_ALL == 2097151 and cf.DEFAULT_FLAGS & ~cf.FLAGS_ALL == 0
     assert not cf.DEFAULT_FLAGS & (cf.FLAG_PERSIST | cf.FLAG_CARRY) and cf.PERSIST_DEFINES == ("DF_PERSIST",)
     assert cf.CARRY_DEFINES == ("DF_PERSIST", "DF_CARRY")
     # (opt-in: not measured)
@@ -888,8 +892,9 @@ def test_runs_only_on_cuda_and_auto_picks_it_for_one_wave(monkeypatch):
                   cf.FLAG_L2_FIT | cf.FLAG_L2_ROWS | cf.FLAG_PERSIST, cf.FLAG_L2_FIVE, cf.FLAG_L2_FIVE | 31,
                   cf.FLAG_L2_FIVE | cf.FLAG_L2_ROWS | cf.FLAG_PERSIST, cf.FLAG_L2_FIVE | cf.FLAG_L2_ROWS | cf.FLAG_L2_CLUSTER4,
                   cf.FLAG_SPECIALIZE | cf.FLAG_L2_ROWS | cf.FLAG_PERSIST, cf.FLAG_SPECIALIZE | cf.FLAG_L2_ROWS | cf.FLAG_L2_FIVE,
-                  cf.FLAG_SPECIALIZE | cf.FLAG_PERSIST, cf.FLAG_SPARSE_DIGIT | 31,  # (SPARSE_DIGIT: specialized only)
-                  (cf.DEFAULT_FLAGS & ~cf.FLAG_SPECIALIZE) | cf.FLAG_SPARSE_DIGIT):
+                  cf.FLAG_SPECIALIZE | cf.FLAG_PERSIST, cf.FLAG_SPARSE_DIGIT | 31,  # (SPARSE_DIGIT, SPLIT_FINAL:
+                  (cf.DEFAULT_FLAGS & ~cf.FLAG_SPECIALIZE) | cf.FLAG_SPARSE_DIGIT,  # specialized builds only)
+                  cf.FLAG_SPLIT_FINAL | 31, (cf.DEFAULT_FLAGS & ~cf.FLAG_SPECIALIZE) | cf.FLAG_SPLIT_FINAL):
         with pytest.raises(ValueError, match="flags"):
             cf.CudaTopKTopPFilter(2, 300, "cuda", flags=flags)
 
@@ -1015,7 +1020,8 @@ def test_raw_logits_with_temperature_equal_the_filter_of_the_divided_rows():
             dm.top_k_top_p(x.clone(), k, p, impl="reference", temperature=bad)
 
 
-@pytest.mark.parametrize("flags", [cf.DEFAULT_FLAGS | cf.FLAG_SPECIALIZE, 127 | cf.FLAG_SPECIALIZE, cf.DEFAULT_FLAGS])
+@pytest.mark.parametrize("flags", [cf.DEFAULT_FLAGS | cf.FLAG_SPECIALIZE, 127 | cf.FLAG_SPECIALIZE,
+                                   cf.DEFAULT_FLAGS & ~(cf.FLAG_SPECIALIZE | cf.FIXED_ONLY_FLAGS)])
 def test_specialized_builds_are_launched_with_the_flags_compiled_into_them(monkeypatch, flags):
     """FLAG_SPECIALIZE: every build the filter loads (resident, L2-row, each FLAG_L2_FIT size, force_cluster's, the
     4-block build of 127) was compiled with -DDF_FIXED_FLAGS equal to the FilterArgs.flags of each of its launches
@@ -1053,7 +1059,7 @@ def test_specialized_builds_are_launched_with_the_flags_compiled_into_them(monke
     assert {(b.l2, b.cluster) for b, _, _ in launches} == (
         {(False, 8), (True, 4)} if flags & cf.FLAG_L2_CLUSTER4 else {(False, 8), (True, 8), (True, 7), (True, 5), (True, 6)})
     for build_, grid, launched in launches:
-        assert launched == (flags & (cf.KERNEL_FLAGS if build_.l2 else cf.RESIDENT_KERNEL_FLAGS))
+        assert launched == (flags & (cf.L2_KERNEL_FLAGS if build_.l2 else cf.RESIDENT_KERNEL_FLAGS))
         assert build_.fixed == (launched if special else None)
 
 
@@ -1108,9 +1114,10 @@ def test_launch_arguments(monkeypatch):
     monkeypatch.setattr(cf, "L2_MIN_ROWS", 6)  # (a threshold by rows: 5 rows then run the resident build)
     filt.filter(padded, None, 0.9, padded)
     assert [(w, s) for w, _, _, s, _ in launches] == [("l2", 0)] * 2 + [("dm_filter", 128 * 4)] * 5
-    assert all(a.flags == cf.DEFAULT_FLAGS & (cf.KERNEL_FLAGS if w.startswith("l2") else cf.RESIDENT_KERNEL_FLAGS)
+    assert all(a.flags == cf.DEFAULT_FLAGS & (cf.L2_KERNEL_FLAGS if w.startswith("l2") else cf.RESIDENT_KERNEL_FLAGS)
                for w, *_, a in launches)
     assert cf.DEFAULT_FLAGS & cf.FLAG_BATCHED_GATHER and not cf.RESIDENT_KERNEL_FLAGS & cf.FLAG_BATCHED_GATHER
+    assert cf.DEFAULT_FLAGS & cf.FLAG_SPLIT_FINAL and not cf.L2_KERNEL_FLAGS & cf.FLAG_SPLIT_FINAL
     assert all((g, a.slice) == (5 * 8, 128) for _, g, _, _, a in launches)
     # FLAG_L2_CLUSTER4: the 4-block build, slices of ceil(V / 4) rounded up to 4 tokens
     launches.clear()

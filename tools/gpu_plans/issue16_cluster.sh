@@ -37,6 +37,8 @@
 #   bash tools/gpu_plans/issue16_cluster.sh sparse49  # budget ~240 s: stop 49: FLAG_SPARSE_DIGIT back in the specialized builds; DEEP_REFINE / FINITE_WEIGHT specialized; timing beside 508479
 #   bash tools/gpu_plans/issue16_cluster.sh deep49    # budget ~240 s: stop 49's default 510527 (SPECIALIZE + DEEP_REFINE): its GPU tests, the default's, sanitizers, timing beside 508479
 #   bash tools/gpu_plans/issue16_cluster.sh layout49  # budget ~150 s: stop 49: p alone at 11 / 16 / 64 requests in the resident build or 4-block clusters instead of the L2-row build's FIT sizes
+#   bash tools/gpu_plans/issue16_cluster.sh split49   # budget ~200 s: stop 49's FLAG_SPLIT_FINAL (1559103): its GPU tests, sanitizers, timing beside the default 510527
+#   bash tools/gpu_plans/issue16_cluster.sh final49   # budget ~220 s: stop 49's last default (1559103: SPLIT_FINAL for the resident build): the default's GPU tests, every FIT size, graph replay, extreme rows
 #   bash tools/gpu_plans/issue16_cluster.sh sizes     # budget ~300 s: the L2-row build's cluster size (8 / 7 / 6 / 5 forced, 4-block build) at 16 / 64 / 253 requests
 #   bash tools/gpu_plans/issue16_cluster.sh h200      # budget ~150 s: on an H200 only (else nothing): the bench's filter cases, Triton and cuda (default flags)
 #   bash tools/gpu_plans/issue16_cluster.sh h200_tests # budget ~120 s: on an H200 only (else nothing): the filter's GPU tests at the default flags
@@ -445,7 +447,8 @@ sparse49)
   # requests and level at 253 (H100, `special`), so the digit of stop 48 (FLAG_SPARSE_DIGIT, 524288) is back: df_refine
   # is a template whose instance without it is the old source (tools/cuda_sass.py: the specialized default builds'
   # SASS identical), so only a build with it compiled in changes. Its GPU tests (1032767 = 508479 + it; 786463 the
-  # resident 31 specialized + it; 770623 / 524319 the generic builds), memcheck with 1032767 (a flat row), then two
+  # resident 31 specialized + it; 770623 / 524319 the generic builds, as this part ran; since then the host refuses it
+  # without FLAG_SPECIALIZE and those two select nothing), memcheck with 1032767 (a flat row), then two
   # alternating rounds of 508479 beside 1032767, 510527 (+ DEEP_REFINE) and 516671 (+ FINITE_WEIGHT), each specialized,
   # p alone and k + p at 1 / 16 / 64 / 253 requests (every case checked against the sort reference by its first call).
   flag_tests sparse49 "1032767 or 786463 or 770623 or 524319"
@@ -464,6 +467,27 @@ deep49)
     | tee "$OUT/extreme49_tests.txt" | tail -3
   FILTER_FLAGS=510527 bash "$0" sanitize_only memcheck racecheck
   flag_times deep49 508479,510527 1,16,64,253
+  ;;
+split49)
+  # (~120-200 s) Stop 49's FLAG_SPLIT_FINAL (1048576; 1559103 = the default 510527 + it, 1312799 its resident build's
+  # flags + SPECIALIZE): the row's last cluster barrier split into arrive (after the search) and wait (before the block
+  # leaves), the write phase between them (ncu253: 14% of the stall samples wait at cluster barriers). The file's tests
+  # with it (every kind and case at 6 / 96 / 1,518 rows, ragged V, flat and tied rows), memcheck + racecheck with
+  # 1559103 (a flat row; blocks leaving while others still read their shared memory would show here), then two
+  # alternating rounds beside 510527, p alone and k + p at 1 / 16 / 64 / 253 requests. Default only if exact and faster.
+  flag_tests split49 "1559103 or 1312799"
+  FILTER_FLAGS=1559103 bash "$0" sanitize_only memcheck racecheck
+  flag_times split49 510527,1559103 1,16,64,253
+  ;;
+final49)
+  # (~150-220 s) Stop 49's last default, 1559103 (510527 with FLAG_SPLIT_FINAL in the resident build's launches; the
+  # L2-row build's compiled flags stay 510527's). The tests that take the default flags, every FLAG_L2_FIT size (the
+  # test's FIVE variants were refused by the constructor since SPECIALIZE became default: mended, not yet run), graph
+  # replay with 510527 / 1559103, the extreme rows' file.
+  flag_tests final49 "fit_cluster or (graph_replay and (510527 or 1559103))"
+  flag_tests default_final49 "not (every_kind or every_option or flat_and_tied or graph_replay or fit_cluster)"
+  timeout -k 2 60 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_filtering_extreme_gpu.py 2>&1 \
+    | tee "$OUT/extreme_final49_tests.txt" | tail -3
   ;;
 layout49)
   # (~100-150 s) Stop 49: specialization took the resident build's p alone 10% faster at one request (33.7 -> 29.9 us,

@@ -419,10 +419,17 @@ static_assert(3 * DF_NB / 2 - DF_CAP >= DF_CAP / 2, "FUSED_WRITE: DF_CAP member 
                                // the generic builds keep their measured SASS: inert there, and the host refuses it
                                // without FLAG_SPECIALIZE), and df_refine<false> is the source without it, so that a build
                                // whose flags are compiled in without it keeps its SASS too (tools/cuda_sass.py).
+#define DF_FLAG_SPLIT_FINAL 1048576  // (stop 49; with DF_FIXED_FLAGS) the row's last cluster barrier split: each block
+                               // arrives after its last remote access (its search) and waits only before it leaves, so
+                               // the write phase (its own shared memory read, global memory written) runs while the
+                               // cluster's slower blocks finish; no block exits or reuses its shared memory before every
+                               // block has arrived. Not in the persistent builds (DF_NEW_FLAGS 0 there).
+// The options compiled into the DF_FIXED_FLAGS builds only (SPARSE_DIGIT, SPLIT_FINAL): inert in the generic builds,
+// which keep their measured SASS (the host refuses them without FLAG_SPECIALIZE).
 #if defined(DF_FIXED_FLAGS)
-#define DF_SPARSE_BUILD DF_NEW_FLAGS
+#define DF_FIXED_ONLY DF_NEW_FLAGS
 #else
-#define DF_SPARSE_BUILD 0
+#define DF_FIXED_ONLY 0
 #endif
 // -DDF_FIXED_FLAGS=F (verify/cuda_filtering.py FLAG_SPECIALIZE, stop 44): the build for launches whose kernel flags
 // are F, with F compiled in (every test of FilterArgs.flags / FilterShared.flags folded to a constant, the code of the
@@ -485,6 +492,12 @@ __device__ __forceinline__ u32 df_rank() {
   u32 r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
   return r;
+}
+__device__ __forceinline__ void df_cluster_arrive() {  // df_cluster_sync's first half (DF_FLAG_SPLIT_FINAL)
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void df_cluster_wait() {  // ... and its second half
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 __device__ __forceinline__ void df_cluster_sync() {
 #ifdef DF_RELAXED_EXPERIMENT  // timing experiment only (tools/trace_cluster_filter.py): no release, so no GPU fence
@@ -996,7 +1009,7 @@ __device__ __noinline__ u32 df_collect(const float* s_x, int n, i64 lo, float m,
   const bool small_sort = (flags & DF_FLAG_REFINE) != 0;
   const u32 limit = DF_NEW_FLAGS && by_mass && (flags & DF_FLAG_DEEP_REFINE) ? DF_DEEP : DF_SMALL;
   if (small_sort && refine && count > limit) {
-    count = DF_SPARSE_BUILD && (flags & DF_FLAG_SPARSE_DIGIT)
+    count = DF_FIXED_ONLY && (flags & DF_FLAG_SPARSE_DIGIT)
                 ? df_refine<true>(count, limit, masses, by_mass, target, m, s_cand, s_dig, sh)
                 : df_refine<false>(count, limit, masses, by_mass, target, m, s_cand, s_dig, sh);
     if (count == 0) return 0;
@@ -1589,7 +1602,14 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
     cut = sh.found_word > cut ? sh.found_word : cut;
   }
   DF_MARK(11);
-  df_cluster_sync();  // the last remote access of the row is behind: the blocks may write and leave
+  // the last remote access of the row is behind: the blocks may write and leave (SPLIT_FINAL: write, then wait for
+  // every block's arrival before leaving; the write reads this block's shared memory, writes none of it)
+  const bool split_final = DF_FIXED_ONLY && (DF_FLAGS_OF(a.flags) & DF_FLAG_SPLIT_FINAL);
+  if (split_final) {
+    df_cluster_arrive();
+  } else {
+    df_cluster_sync();
+  }
   DF_MARK(12);
 #if defined(DF_PERSIST) && defined(DF_L2_ROWS)
   if (next >= 0 && tid == 0) df_prefetch_next(a, next, lo, n);  // (this row's lines are read a last time now)
@@ -1702,6 +1722,7 @@ extern "C" __global__ void __cluster_dims__(DF_C, 1, 1) __launch_bounds__(DF_T, 
     }
   }
   DF_MARK(17);
+  if (split_final) df_cluster_wait();
 }
 
 #ifdef DF_PERSIST

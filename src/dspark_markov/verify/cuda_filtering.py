@@ -24,7 +24,9 @@ The options (``flags``; :data:`DEFAULT_FLAGS` = the kernel flags of stop 27, ``F
 ``FLAG_L2_FIT``, and since stop 43 ``FLAG_FUSED_WRITE`` and ``FLAG_PREFETCH_SLICE`` (the L2-row build's top-p alone: p
 alone 2-4% / 9-12% / 14-16% faster at 16 / 64 / 253 requests on the H100), since stop 49 ``FLAG_SPECIALIZE`` (each build
 compiled for the flags its launches pass: p alone 10% / 2.5% / 0.7% faster at 1 / 16 / 64 requests on the H100, 0.5%
-slower at 253); the other options are opt-in; H100
+slower at 253) and with it ``FLAG_DEEP_REFINE`` (bf16 rows, the slowest kind of p alone, 2-6% faster) and, for the
+resident build, ``FLAG_SPLIT_FINAL`` (its write overlapped with the row's last cluster barrier: 0.2-2.5%); the other
+options are opt-in; H100
 measurements of 2026-12-05,
 ``..._NVIDIA-H100..._filter_flags.*``): ``FLAG_ILP``, ``FLAG_ASYNC_LOAD``, ``FLAG_WARP_THRESHOLDS``
 shorten a row's phases (k + p 1,355 -> 1,165 us, p alone 1,766 -> 1,527 at 1,518 rows on the H100), and
@@ -220,6 +222,17 @@ FLAG_PREFETCH_SLICE = 131072
 # Gaussian, whose refined bucket keeps ~2). Only with FLAG_SPECIALIZE (filter.cu compiles it into those builds alone:
 # the generic builds keep the SASS measured without it). Measured in stop 49: slower for Gaussian rows (DEFAULT_FLAGS).
 FLAG_SPARSE_DIGIT = 524288
+# SPLIT_FINAL (kernel flag, the resident build; stop 49): the row's last cluster barrier split into its arrive (after
+# the block's last read of another block's shared memory) and its wait (before the block leaves), so that the write
+# phase runs while the cluster's slower blocks finish their search, instead of after every block has arrived. Why:
+# Nsight Compute at 1,518 rows (`..._filter_ncu1518_stop49.txt`) puts 14% of the stall samples on cluster-barrier
+# waits. Only with FLAG_SPECIALIZE, as SPARSE_DIGIT. Measured (H100, stop 49, two alternating rounds beside 510527,
+# `..._filter_special_stop49.txt`; exact in its 21 GPU tests, memcheck / racecheck clean): in the resident build, whose
+# write phase is the whole row, k + p 0.2-1% and p alone at one request 1.7-2.5% faster; in the L2-row build, whose
+# write (with FUSED_WRITE) is a few of the bucket's members, p alone 0.1-1.6% slower from 64 requests on (level at 16).
+# So L2-row launches drop it (L2_KERNEL_FLAGS) and the default takes it for the resident build.
+FLAG_SPLIT_FINAL = 1048576
+FIXED_ONLY_FLAGS = FLAG_SPARSE_DIGIT | FLAG_SPLIT_FINAL  # compiled into the FLAG_SPECIALIZE builds only
 # (SPARSE_DIGIT's history: stop 48 measured it in the generic builds, exact and bf16 p alone 2-5% faster at 64 / 253
 # requests, but every version slowed the default (H100, beside the tree before in one call: Gaussian p alone at 16
 # requests 113 -> 120-123 us with the flag off; the whole kernel's registers moved), and removed it
@@ -236,8 +249,10 @@ FLAG_SPARSE_DIGIT = 524288
 # 1 request of p alone: 36.6 / 33.2 / 40.2 us against 34.1 / 31.8 / 37.3 without it; its gather reads shared memory).
 KERNEL_FLAGS = (FLAG_MASK_GATHER | FLAG_REFINE | FLAG_ILP | FLAG_ASYNC_LOAD | FLAG_WARP_THRESHOLDS | FLAG_DEEP_REFINE
                 | FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT | FLAG_UNCOUNTED | FLAG_BATCHED_GATHER
-                | FLAG_FUSED_WRITE | FLAG_PREFETCH_SLICE | FLAG_SPARSE_DIGIT)  # FilterArgs.flags
+                | FLAG_FUSED_WRITE | FLAG_PREFETCH_SLICE | FLAG_SPARSE_DIGIT | FLAG_SPLIT_FINAL)  # FilterArgs.flags
 RESIDENT_KERNEL_FLAGS = KERNEL_FLAGS & ~FLAG_BATCHED_GATHER
+# ... and a launch of the L2-row build: not SPLIT_FINAL, measured slower there (its paragraph above)
+L2_KERNEL_FLAGS = KERNEL_FLAGS & ~FLAG_SPLIT_FINAL
 FLAGS_ALL = (KERNEL_FLAGS | FLAG_L2_ROWS | FLAG_L2_CLUSTER4 | FLAG_PERSIST | FLAG_CARRY | FLAG_L2_FIT | FLAG_L2_FIVE
              | FLAG_SPECIALIZE)
 L2_DEFINES = ("DF_L2_ROWS",)
@@ -277,12 +292,14 @@ L2_MIN_ROWS = 31
 # counting. H100, stop 49, two alternating rounds in one call (`..._2026-12-07_filter_special_stop49.txt`), p alone, us
 # Gaussian / peaked / bf16, 508479 -> 510527: 1 request 30.3 / 29.7 / 33.6 -> 30.4 / 29.3 / 31.7; 16 requests 108.8 /
 # 105.2 / 115.4 -> 108.4 / 105.8 / 112.9; 64 requests 337.0 / 309.4 / 355.6 -> 337.5 / 317.8 / 349.1; 253 requests
-# 1,096.8 / 1,040.1 / 1,177.4 -> 1,101.7 / 1,044.7 / 1,148.0: the slowest kind (bf16) 2-6% faster at every batch, the
-# others within 0.5% but peaked rows at 64 requests (+2.7%; they never refine: the build's schedule); k + p level.
+# 1,096.8 / 1,040.1 / 1,177.4 -> 1,101.7 / 1,044.7 / 1,148.0: the slowest kind (bf16) 1.8-6% faster at every batch,
+# the others within 1.2% but peaked rows at 64 requests (+2.7%; they never refine: the build's schedule); k + p level.
 # The next call (plan part deep49: its GPU tests, the default's, the extreme rows', memcheck / racecheck clean) timed
 # the same: bf16 33.6 -> 31.5, 116.3 -> 113.2, 360.7 -> 350.4, 1,183.2 -> 1,150.0 us; peaked at 64 requests +2.6%.
 # In the same call, not kept: SPARSE_DIGIT (1032767: bf16 -4 / -0.5 / -1.5 / -3.5%, Gaussian +6 / +6 / +4 / +3% at 1 / 16 /
 # 64 / 253 requests) and FINITE_WEIGHT (516671: level to 16 requests, Gaussian +7.5% at 253).
+# And FLAG_SPLIT_FINAL for the resident build (510527 -> 1559103; its paragraph above; the L2-row build's compiled flags
+# stay 510527's).
 DEFAULT_FLAGS = ((KERNEL_FLAGS & ~(FLAG_SHARED_BOUNDS | FLAG_FINITE_WEIGHT | FLAG_SPARSE_DIGIT))
                  | FLAG_L2_ROWS | FLAG_L2_FIT | FLAG_SPECIALIZE)
 
@@ -369,9 +386,10 @@ def resident_clusters(kernels, cluster: int, smem: int) -> int | None:
 
 def kernel_flags(flags: int, l2: bool) -> int:
     """FilterArgs.flags of a launch of the L2-row build (``l2``) or of the resident build by a filter of ``flags``: the
-    kernel's bits only (the resident build without BATCHED_GATHER); with :data:`FLAG_SPECIALIZE` the value compiled
+    kernel's bits only (the resident build without BATCHED_GATHER, the L2-row build without SPLIT_FINAL); with
+    :data:`FLAG_SPECIALIZE` the value compiled
     into that build."""
-    return flags & (KERNEL_FLAGS if l2 else RESIDENT_KERNEL_FLAGS)
+    return flags & (L2_KERNEL_FLAGS if l2 else RESIDENT_KERNEL_FLAGS)
 
 
 def compiled_flags(flags: int, l2: bool) -> int | None:
@@ -473,9 +491,9 @@ class CudaTopKTopPFilter:
         if flags & FLAG_L2_FIVE and flags & (FLAG_PERSIST | FLAG_L2_CLUSTER4):
             raise ValueError(f"flags: FLAG_L2_FIVE ({FLAG_L2_FIVE}) is not built with FLAG_PERSIST ({FLAG_PERSIST}) or "
                              f"FLAG_L2_CLUSTER4 ({FLAG_L2_CLUSTER4}), got {flags}")
-        if flags & FLAG_SPARSE_DIGIT and not flags & FLAG_SPECIALIZE:
-            raise ValueError(f"flags: FLAG_SPARSE_DIGIT ({FLAG_SPARSE_DIGIT}) is compiled into the FLAG_SPECIALIZE "
-                             f"({FLAG_SPECIALIZE}) builds only, got {flags}")
+        if flags & FIXED_ONLY_FLAGS and not flags & FLAG_SPECIALIZE:
+            raise ValueError(f"flags: FLAG_SPARSE_DIGIT ({FLAG_SPARSE_DIGIT}) and FLAG_SPLIT_FINAL ({FLAG_SPLIT_FINAL}) "
+                             f"are compiled into the FLAG_SPECIALIZE ({FLAG_SPECIALIZE}) builds only, got {flags}")
         if flags & FLAG_SPECIALIZE and flags & (FLAG_PERSIST | FLAG_L2_FIVE):
             raise ValueError(f"flags: FLAG_SPECIALIZE ({FLAG_SPECIALIZE}) is not built with FLAG_PERSIST ({FLAG_PERSIST}) "
                              f"or FLAG_L2_FIVE ({FLAG_L2_FIVE}), got {flags}")
