@@ -677,7 +677,11 @@ def emulate(logits, k, p, capacity=CAPACITY, stats=None, paths=None, refine=True
             while refine and count > limit:  # df_refine: the digit below the top bit where the words differ
                 diff = int(np.bitwise_or.reduce(cand)) ^ int(np.bitwise_and.reduce(cand))
                 shift = max(diff.bit_length() - 1 - 7, 0)
-                digit = (sparse_digits(cand) if sparse
+                # (SPARSE_DIGIT: the kernel keeps the contiguous digit where its picks span 8 adjacent positions,
+                # padding bit 31 included, as df_refine's `sparse` test does)
+                picks = [b for b in range(63, -1, -1) if diff >> b & 1][:8]
+                picks += [31] * (8 - len(picks))
+                digit = (sparse_digits(cand) if sparse and picks[0] - picks[7] != 7
                          else ((cand >> np.uint64(shift)) & np.uint64(255)).astype(np.int64))
                 dig_cnt = np.bincount(255 - digit, minlength=256)
                 dig_mass = np.zeros(256, np.uint64)
