@@ -452,6 +452,25 @@ def test_audit_reference_verification_treats_a_slot_past_s_as_padding():
     assert int(raw.num_emitted[1]) == 0
 
 
+@pytest.mark.parametrize("method", ["standard", "block"])
+def test_audit_unchecked_num_drafts_outside_0_k_is_clamped_alike(method):
+    """check_values=False with num_drafts outside [0, K]: every implementation verifies min(max(n, 0), K) drafts
+    (the Triton and CUDA kernels' documented clamp). The reference did not clamp (n > K after K acceptances drew a
+    residual of p_K - q_{K-1} instead of the bonus from p_K), and the Triton kernel truncated n to int32 before
+    clamping (2^40 verified 0 drafts, 2^32 + 1 one)."""
+    args = _verify_case(seed=6, batch=8, k=3)
+    target, drafts, cache, _, idx, _, temperature, _ = args
+    target[:, :3] = cache[idx].float() / temperature[idx, None, None]  # p = q: drafts are accepted (ratio 1)
+    drafts.copy_(cache[idx].float().argmax(dim=-1))
+    args[3] = torch.tensor([4, 100, 2**40, 2**32 + 1, 2**31, -1, -(2**40), 3])
+    want = dm.verify_drafts(*args[:3], args[3].clamp(0, 3), *args[4:], method=method, impl="reference")
+    assert int(want.num_emitted[:5].min()) >= 3  # the clamped requests accept drafts
+    for impl in ("reference", "triton"):
+        out = dm.verify_drafts(*args, method=method, impl=impl, check_values=False)
+        assert torch.equal(out.tokens, want.tokens), (impl, out.tokens, want.tokens)
+        assert torch.equal(out.num_emitted, want.num_emitted), (impl, out.num_emitted, want.num_emitted)
+
+
 @pytest.mark.parametrize("impl", ["reference", "triton"])
 def test_audit_filter_scalar_arguments_beyond_machine_ints(impl):
     """k of any size means what the docstring says (<= 0 or >= V: no top-k); p or T too large for a float, or an

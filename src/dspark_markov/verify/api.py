@@ -89,7 +89,8 @@ def verify_drafts(target_logits, draft_tokens, logits_cache, num_drafts, idx_map
     logits_cache : ``[S, N, V]`` bf16/fp32 with ``N >= K``, the draft cache written by
         :func:`~dspark_markov.sample_drafts`; row ``[slot, i]`` holds the logits draft ``i`` was
         drawn from, before temperature.
-    num_drafts : ``[B]`` int32/int64, drafts to verify per request, in ``[0, K]``.
+    num_drafts : ``[B]`` int32/int64, drafts to verify per request, in ``[0, K]`` (without value checks a value
+        outside is clamped into it, by every implementation).
     idx_mapping : ``[B]`` int32/int64, the request-state slot of each request; ``-1`` marks a
         padding request, which emits nothing: its tokens are all -1 and its count is 0.
     positions : ``[B]`` int32/int64, the position ``P`` of the token the first draft predicts;

@@ -125,7 +125,8 @@ def verify_reference(target_logits, draft_tokens, logits_cache, num_drafts, idx_
 
     temp = temperature[slot]
     seed = torch.where(padding, torch.zeros_like(seeds[slot]), seeds[slot])
-    n = torch.where(padding, torch.zeros_like(num_drafts), num_drafts).long()
+    # clamped into [0, K] as the kernels clamp it (check_values=False may pass any value)
+    n = torch.where(padding, torch.zeros_like(num_drafts), num_drafts).long().clamp(0, k)
     base_pos = positions.long()
     offsets = torch.arange(k_plus_1, device=device)
     position = base_pos[:, None] + offsets  # [B, K+1]: the position each row's token takes

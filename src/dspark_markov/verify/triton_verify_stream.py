@@ -223,8 +223,8 @@ def _request(idx_ptr, nd_ptr, pos_ptr, temp_ptr, seeds_ptr, greedy_ptr, tt_ptr, 
     slot = tl.where(live, slot, 0)
     temp = tl.load(temp_ptr + slot, mask=live, other=0.0)
     seed = tl.load(seeds_ptr + slot, mask=live, other=0)
-    n = tl.load(nd_ptr + b).to(tl.int32)
-    n = tl.where(live, tl.minimum(tl.maximum(n, 0), K), 0)
+    n = tl.load(nd_ptr + b).to(tl.int64)  # clamped before narrowing (an int64 n of 2^40 is K, not its low word)
+    n = tl.where(live, tl.minimum(tl.maximum(n, 0), K), 0).to(tl.int32)
     position = tl.load(pos_ptr + b).to(tl.int64)
     if HAS_GREEDY:
         greedy = tl.load(greedy_ptr + b) != 0
