@@ -30,11 +30,13 @@ from filter_sass import cuobjdump, instructions, main  # noqa: E402  (the same S
 SOURCES = (("blocks.cu", ()), ("chain.cu", ()), ("filter.cu", ()), ("filter.cu", ("DF_L2_ROWS",)),
            ("filter.cu", ("DF_L2_ROWS", "DF_C=4")))
 # Stop 49: the filter's FLAG_SPECIALIZE builds (-DDF_FIXED_FLAGS: the resident build's kernel flags, the L2-row
-# build's at 8 blocks) of 508479 (the flags measured first with specialization) and of 510527 (the default since stop
-# 49, with DEEP_REFINE); the flags are spelled out so that two trees build the same variants (an option added to one
-# tree's KERNEL_FLAGS but left out of these must leave them unchanged).
+# build's at 8 blocks) of 508479 (the flags measured first with specialization), of 510527 (with DEEP_REFINE) and of
+# the default 1559103 (its resident build with SPLIT_FINAL, 1263647; its L2-row build is 510527's, 247839); the flags
+# are spelled out so that two trees build the same variants (an option added to one tree's KERNEL_FLAGS but left out of
+# these must leave them unchanged).
 SPECIALIZED = (("filter.cu", ("DF_FIXED_FLAGS=213023",)), ("filter.cu", ("DF_L2_ROWS", "DF_FIXED_FLAGS=245791")),
-               ("filter.cu", ("DF_FIXED_FLAGS=215071",)), ("filter.cu", ("DF_L2_ROWS", "DF_FIXED_FLAGS=247839")))
+               ("filter.cu", ("DF_FIXED_FLAGS=215071",)), ("filter.cu", ("DF_L2_ROWS", "DF_FIXED_FLAGS=247839")),
+               ("filter.cu", ("DF_FIXED_FLAGS=1263647",)))
 
 
 def dump(path):

@@ -469,8 +469,8 @@ deep49)
   flag_times deep49 508479,510527 1,16,64,253
   ;;
 split49)
-  # (~120-200 s) Stop 49's FLAG_SPLIT_FINAL (1048576; 1559103 = the default 510527 + it, 1312799 its resident build's
-  # flags + SPECIALIZE): the row's last cluster barrier split into arrive (after the search) and wait (before the block
+  # (~120-200 s) Stop 49's FLAG_SPLIT_FINAL (1048576; 1559103 = the default 510527 + it, 1312799 = 264223 + it:
+  # 31 + DEEP_REFINE + SPECIALIZE + it): the row's last cluster barrier split into arrive (after the search) and wait (before the block
   # leaves), the write phase between them (ncu253: 14% of the stall samples wait at cluster barriers). The file's tests
   # with it (every kind and case at 6 / 96 / 1,518 rows, ragged V, flat and tied rows), memcheck + racecheck with
   # 1559103 (a flat row; blocks leaving while others still read their shared memory would show here), then two
@@ -543,7 +543,7 @@ PY
   ;;
 h200)
   # (~100-150 s) On an H200 only (issue 16's targets are H200 figures; none has come since stop 34): `bench`'s filter
-  # cases with the default flags (stop 49's DEFAULT_FLAGS 510527), Triton and cuda, 1 / 16 / 64 / 253 requests, every
+  # cases with the default flags (stop 49's DEFAULT_FLAGS 1559103), Triton and cuda, 1 / 16 / 64 / 253 requests, every
   # case checked against the sort reference by its first call. Commit the files as
   # benchmarks/results/NVIDIA-H200_<date>_filter_default_verify.{json,csv} and regenerate the README's issue-16 table.
   if ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then echo "not an H200: nothing run"; exit 0; fi
@@ -551,13 +551,13 @@ h200)
     | grep -E "^filter_row|Error"
   ;;
 h200_tests)
-  # (~70-120 s) On an H200 only: issue 16's "exact on the H200 at full shapes" under the default flags (510527): the
+  # (~70-120 s) On an H200 only: issue 16's "exact on the H200 at full shapes" under the default flags (1559103): the
   # filter's GPU tests of the default (every input kind and case at 6 / 96 / 1,518 rows, ragged V, flat and tied rows;
   # every FIT cluster size at the default flags and without stop 43's) and those without a flags parameter (auto routing, scalar / int32
   # arguments, two vocabularies, raw logits, DSparkStep), then the auto / cuda routing tests of test_filtering_gpu.py
   if ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then echo "not an H200: nothing run"; exit 0; fi
   timeout -k 2 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_filtering_gpu.py \
-    -k "510527 or (fit_cluster and fused and four) or auto_routes or scalar_and or two_vocabulary or raw_logits or dspark_step" \
+    -k "1559103 or (fit_cluster and special) or auto_routes or scalar_and or two_vocabulary or raw_logits or dspark_step" \
     2>&1 | tee "$OUT/h200_tests.txt" | tail -3
   timeout -k 2 60 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_filtering_gpu.py -k "auto or cuda" 2>&1 \
     | tee -a "$OUT/h200_tests.txt" | tail -3

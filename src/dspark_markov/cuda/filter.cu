@@ -423,7 +423,9 @@ static_assert(3 * DF_NB / 2 - DF_CAP >= DF_CAP / 2, "FUSED_WRITE: DF_CAP member 
                                // arrives after its last remote access (its search) and waits only before it leaves, so
                                // the write phase (its own shared memory read, global memory written) runs while the
                                // cluster's slower blocks finish; no block exits or reuses its shared memory before every
-                               // block has arrived. Not in the persistent builds (DF_NEW_FLAGS 0 there).
+                               // block has arrived. Not in the persistent or five-block builds (DF_NEW_FLAGS 0 there);
+                               // compiled into the specialized L2-row build too, but the host launches it in the
+                               // resident build only (cuda_filtering.L2_KERNEL_FLAGS: measured slower in the other).
 // The options compiled into the DF_FIXED_FLAGS builds only (SPARSE_DIGIT, SPLIT_FINAL): inert in the generic builds,
 // which keep their measured SASS (the host refuses them without FLAG_SPECIALIZE).
 #if defined(DF_FIXED_FLAGS)
@@ -434,7 +436,7 @@ static_assert(3 * DF_NB / 2 - DF_CAP >= DF_CAP / 2, "FUSED_WRITE: DF_CAP member 
 // -DDF_FIXED_FLAGS=F (verify/cuda_filtering.py FLAG_SPECIALIZE, stop 44): the build for launches whose kernel flags
 // are F, with F compiled in (every test of FilterArgs.flags / FilterShared.flags folded to a constant, the code of the
 // other options dropped: a smaller kernel); the host launches it with exactly F. (Reading FilterArgs' flags into one
-// local in the kernel, instead of its seven reads through DF_FLAGS_OF, changes the generic builds' SASS: not done.)
+// local in the kernel, instead of its reads through DF_FLAGS_OF, changes the generic builds' SASS: not done.)
 // Without it every option's code is in the one kernel and the flags are read at run time (the same source:
 // DF_FLAGS_OF is the identity).
 #ifdef DF_FIXED_FLAGS

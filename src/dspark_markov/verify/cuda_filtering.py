@@ -228,7 +228,7 @@ FLAG_SPARSE_DIGIT = 524288
 # Nsight Compute at 1,518 rows (`..._filter_ncu1518_stop49.txt`) puts 14% of the stall samples on cluster-barrier
 # waits. Only with FLAG_SPECIALIZE, as SPARSE_DIGIT. Measured (H100, stop 49, two alternating rounds beside 510527,
 # `..._filter_special_stop49.txt`; exact in its 21 GPU tests, memcheck / racecheck clean): in the resident build, whose
-# write phase is the whole row, k + p 0.2-1% and p alone at one request 1.7-2.5% faster; in the L2-row build, whose
+# write phase is the whole row, k + p up to 1% (0.2% on average at 64 requests) and p alone at one request 1.7-2.5% faster; in the L2-row build, whose
 # write (with FUSED_WRITE) is a few of the bucket's members, p alone 0.1-1.6% slower from 64 requests on (level at 16).
 # So L2-row launches drop it (L2_KERNEL_FLAGS) and the default takes it for the resident build.
 FLAG_SPLIT_FINAL = 1048576
