@@ -469,6 +469,16 @@ def test_audit_unchecked_num_drafts_outside_0_k_is_clamped_alike(method):
         out = dm.verify_drafts(*args, method=method, impl=impl, check_values=False)
         assert torch.equal(out.tokens, want.tokens), (impl, out.tokens, want.tokens)
         assert torch.equal(out.num_emitted, want.num_emitted), (impl, out.num_emitted, want.num_emitted)
+    # int32 counts at their limits, and padding requests (slot -1 or past the cache) whatever their count
+    args[3] = torch.tensor([2**31 - 1, 4, -(2**31), 3, 2**31 - 1, 7, -5, 1], dtype=torch.int32)
+    args[4] = idx.clone()
+    args[4][[4, 6]] = torch.tensor([-1, int(cache.shape[0]) + 2], dtype=idx.dtype)
+    want = dm.verify_drafts(*args[:3], args[3].clamp(0, 3), *args[4:], method=method, impl="reference",
+                            check_values=False)
+    for impl in ("reference", "triton"):
+        out = dm.verify_drafts(*args, method=method, impl=impl, check_values=False)
+        assert torch.equal(out.tokens, want.tokens), (impl, out.tokens, want.tokens)
+        assert torch.equal(out.num_emitted, want.num_emitted), (impl, out.num_emitted, want.num_emitted)
 
 
 @pytest.mark.parametrize("impl", ["reference", "triton"])
