@@ -88,3 +88,16 @@ def test_the_design_name_ignores_case(fake_vllm, monkeypatch, caplog):
     with caplog.at_level(logging.WARNING):
         plugin.register()
     assert hook._impl() == "auto" and not any(hook.IMPL_ENV in r.getMessage() for r in caplog.records)
+
+
+def test_a_local_version_label_is_the_checked_version(fake_vllm, monkeypatch):
+    """vLLM's wheels for another CUDA carry a local label (``0.33.0+cu126``): the same source as 0.33.0, so
+    ``=1`` turns the plugin on; another release stays off."""
+    monkeypatch.setenv(plugin.ENV, "1")
+    monkeypatch.setattr(sys.modules["vllm"], "__version__", "0.33.0+cu126")
+    plugin.register()
+    assert plugin.status()["enabled"] is True, plugin.status()["reason"]
+    monkeypatch.setattr(sys.modules["vllm"], "__version__", "0.33.1+cu126")
+    plugin.register()
+    assert plugin.status()["enabled"] is False and "0.33.1+cu126" in plugin.status()["reason"]
+

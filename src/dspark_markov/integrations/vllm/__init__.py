@@ -138,7 +138,8 @@ def register() -> None:
         return
 
     version = getattr(vllm, "__version__", "unknown")
-    if version not in CHECKED_VERSIONS and mode not in _FORCE:
+    # A local version label (the +cu126 of vLLM's wheels for another CUDA) is the same vLLM source.
+    if str(version).split("+", 1)[0] not in CHECKED_VERSIONS and mode not in _FORCE:
         _registered.update(enabled=False, reason=f"vLLM {version} is not a checked version")
         hook.log_once(logging.WARNING, "dspark-markov: vLLM %s is not one of the versions the sample_sequential hook "
                       "was checked against (%s); it stays off (%s=force turns it on anyway)", version,
