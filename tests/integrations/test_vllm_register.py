@@ -101,3 +101,23 @@ def test_a_local_version_label_is_the_checked_version(fake_vllm, monkeypatch):
     plugin.register()
     assert plugin.status()["enabled"] is False and "0.33.1+cu126" in plugin.status()["reason"]
 
+
+def test_force_asks_no_platform(fake_vllm, monkeypatch):
+    """``=force`` is on whatever the platform, also on a vLLM whose platform API differs (no ``vllm.platforms``):
+    ``register()`` must not raise into vLLM's start-up."""
+    monkeypatch.setitem(sys.modules, "vllm.platforms", None)  # (importing it raises ImportError)
+    plugin.register()
+    assert plugin.status()["enabled"] is True
+
+
+def test_a_speculator_that_fails_to_import_leaves_the_plugin_off(fake_vllm, monkeypatch):
+    """Any error importing the speculator (not only ImportError) leaves the plugin off, with the reason."""
+
+    class Broken(types.ModuleType):
+        def __getattr__(self, name):
+            raise RuntimeError("CUDA initialization failed")
+
+    monkeypatch.setitem(sys.modules, plugin._SPECULATOR, Broken(plugin._SPECULATOR))
+    plugin.register()
+    assert plugin.status()["enabled"] is False and "CUDA initialization failed" in plugin.status()["reason"]
+

@@ -145,20 +145,21 @@ def register() -> None:
                       "was checked against (%s); it stays off (%s=force turns it on anyway)", version,
                       ", ".join(CHECKED_VERSIONS), ENV)
         return
-    from vllm.platforms import current_platform
+    if mode not in _FORCE:  # (=force: any platform, and a vLLM whose platform API may differ)
+        from vllm.platforms import current_platform
 
-    if not current_platform.is_cuda() and mode not in _FORCE:
-        _registered.update(enabled=False, reason="not a CUDA platform")
-        hook.log_once(logging.WARNING, "dspark-markov: not an NVIDIA CUDA platform (%s); the hook stays off",
-                      type(current_platform).__name__)
-        return
+        if not current_platform.is_cuda():
+            _registered.update(enabled=False, reason="not a CUDA platform")
+            hook.log_once(logging.WARNING, "dspark-markov: not an NVIDIA CUDA platform (%s); the hook stays off "
+                          "(%s=force turns it on anyway)", type(current_platform).__name__, ENV)
+            return
     import importlib
 
-    try:  # (=force on another vLLM: its speculator may live elsewhere or lack the method the hook wraps)
+    try:  # (=force on another vLLM: its speculator may live elsewhere, lack the method the hook wraps or fail to import)
         speculator_cls = importlib.import_module(_SPECULATOR).DSparkSpeculator
         if not callable(getattr(speculator_cls, "load_draft_model", None)):
             raise AttributeError("DSparkSpeculator has no load_draft_model")
-    except (ImportError, AttributeError) as error:
+    except Exception as error:  # a general plugin that raises stops vLLM's start-up
         _off(f"vLLM {version} has no DSpark speculator the hook can wrap ({error})")
         return
     impl = hook._impl()
