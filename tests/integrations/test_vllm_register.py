@@ -121,3 +121,27 @@ def test_a_speculator_that_fails_to_import_leaves_the_plugin_off(fake_vllm, monk
     plugin.register()
     assert plugin.status()["enabled"] is False and "CUDA initialization failed" in plugin.status()["reason"]
 
+
+def test_a_design_that_cannot_run_names_the_setting(monkeypatch, caplog):
+    """A DSPARK_MARKOV_VLLM_IMPL that names a design the hook cannot run (``inverse_cdf``: vLLM draws Gumbel):
+    the step is declined, writes nothing, and the logged reason names the setting."""
+    import torch
+
+    from tests.integrations import vllm_standin as standin
+
+    monkeypatch.setenv(hook.IMPL_ENV, "inverse_cdf")
+    monkeypatch.setattr(hook, "_logged", set())
+    gen = torch.Generator().manual_seed(0)
+    vocab, rank, steps, rows = 100, 8, 3, 4
+    w1 = torch.randn(vocab, rank, generator=gen).bfloat16()
+    w2 = torch.randn(128, rank, generator=gen).bfloat16()  # padded rows, as ParallelLMHead's
+    model = standin.HookedDraftModel(w1, w2, vocab, 1.0, torch.randn(rows * steps, vocab, generator=gen).bfloat16())
+    spec = standin.Speculator(model, None, max_num_reqs=rows, num_steps=steps, vocab=vocab, device="cpu")
+    standin.fill_batch(spec, 2, gen)
+    tokens, cache = spec.draft_tokens.clone(), spec.draft_logits.clone()
+    with caplog.at_level(logging.INFO, logger="vllm.dspark_markov"):
+        assert hook.sample_sequential(spec, 2, torch.zeros(rows * steps, 4)) is False
+    assert torch.equal(spec.draft_tokens, tokens) and torch.equal(spec.draft_logits, cache)
+    refusals = [r.getMessage() for r in caplog.records if "MarkovSampler refused" in r.getMessage()]
+    assert refusals and all(f"{hook.IMPL_ENV}='inverse_cdf'" in message for message in refusals), refusals
+    assert not any("drafting through" in r.getMessage() for r in caplog.records)  # (it does not draft)

@@ -96,6 +96,12 @@ def _impl() -> str:
     return os.environ.get(IMPL_ENV, "").strip().lower() or DEFAULT_IMPL  # (case ignored, as DSPARK_MARKOV_VLLM's)
 
 
+def _impl_setting() -> str:
+    """`` (DSPARK_MARKOV_VLLM_IMPL='x')`` where the setting names a design (the ``impl`` of a refusal is
+    its value: the message names the setting that chose it), else ``""``."""
+    return f" ({IMPL_ENV}={_impl()!r})" if _impl() != DEFAULT_IMPL else ""
+
+
 def _is_off(value) -> bool:
     return value is None or value is False
 
@@ -249,6 +255,10 @@ class _State:
             sampler = MarkovSampler(self.head, self.steps, size, cache_dtype=torch.bfloat16, method="gumbel",
                                     impl=self.impl, draft_top_k=self.top_k)
             self.samplers[size] = sampler
+            # (said once a sampler exists: a design that cannot run is a decline reason instead)
+            log_once(logging.INFO, "dspark-markov: DSpark Markov drafting through MarkovSampler(impl=%r): %d steps, "
+                     "vocabulary %d, rank %d, up to %d rows", self.impl, self.steps, self.head.vocab_size,
+                     self.head.rank, self.max_rows)
         return sampler
 
     @staticmethod
@@ -267,9 +277,6 @@ def _state(spec, vocab: int) -> _State:
     if state is None or state.key != _State.key_of(spec, head_module, vocab):
         state = _State(spec, head_module, vocab)
         _states[spec] = state
-        log_once(logging.INFO, "dspark-markov: DSpark Markov drafting through MarkovSampler(impl=%r): %d steps, "
-                 "vocabulary %d, rank %d, up to %d rows", state.impl, spec.num_speculative_steps, vocab,
-                 state.head.rank, spec.draft_tokens.shape[0])
     return state
 
 
@@ -300,7 +307,7 @@ def _run(spec, num_reqs: int, head_hidden: torch.Tensor, *, top_k: bool) -> bool
             state = _state(spec, vocab)
             sampler = state.sampler(num_reqs)
         except ValueError as error:  # e.g. DSPARK_MARKOV_VLLM_IMPL names a design that cannot run here
-            why = f"MarkovSampler refused: {error}"
+            why = f"MarkovSampler refused: {error}{_impl_setting()}"
     if why is not None:
         stats["declined"] += 1
         log_once(logging.INFO, "dspark-markov: vLLM's loop drafts this step: %s", why)
@@ -330,7 +337,8 @@ def _run(spec, num_reqs: int, head_hidden: torch.Tensor, *, top_k: bool) -> bool
                        markov_embeds=embeds)
     except ValueError as error:  # raised before anything is written (SPEC.md section 7)
         stats["loop_rest"] += 1
-        log_once(logging.WARNING, "dspark-markov: MarkovSampler refused a step (%s); vLLM's loop drafts it", error)
+        log_once(logging.WARNING, "dspark-markov: MarkovSampler refused a step (%s%s); vLLM's loop drafts it", error,
+                 _impl_setting())
         _loop_rest(spec, num_reqs, base_logits, sample_hidden, top_k=top_k)
         return True
     if embeds is not None:  # vLLM: compute_confidence(sample_hidden, stack(markov_embeds, 1).flatten(0, 1))
