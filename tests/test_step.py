@@ -235,3 +235,33 @@ def test_draft_last_pos_range():
         # a float last_pos (NaN too) is named by its dtype, not by a failed int conversion
         with pytest.raises(ValueError, match=r"^last_pos: expected dtype"):
             step.draft(torch.full((3,), float("nan")), bonus, slots, temperature, seeds)
+
+
+def test_draft_checks_live_requests_with_a_device_num_reqs():
+    """With value checks, a one-element tensor num_reqs is read (clamped as the kernels clamp it) so that the live
+    requests' req_slots, last_pos and bonus_tokens are checked under their own names, as with an int num_reqs: a
+    negative last_pos was accepted silently (negative positions), the others were named by the step's own buffers
+    (idx_mapping, anchor)."""
+    step = DSparkStep(_head(), _Backbone(), num_steps=N, max_reqs=MAX_REQS, num_slots=SLOTS, mask_token_id=MASK,
+                      max_model_len=MAX_LEN, draft_impl="reference", verify_impl="reference",
+                      block_inputs_impl="reference")
+    last_pos, bonus, slots, temperature, seeds = _inputs(0)
+    for count in (3, torch.tensor([3]), torch.tensor(7, dtype=torch.int32)):
+        bad_pos = last_pos.clone()
+        bad_pos[1] = -7
+        with pytest.raises(ValueError, match=r"^last_pos: expected values in \[0, "):
+            step.draft(bad_pos, bonus, slots, temperature, seeds, num_reqs=count)
+        bad_slots = slots.clone()
+        bad_slots[1] = -5
+        with pytest.raises(ValueError, match=r"^req_slots: expected values in \[-1, "):
+            step.draft(last_pos, bonus, bad_slots, temperature, seeds, num_reqs=count)
+        bad_bonus = bonus.clone()
+        bad_bonus[2] = VOCAB + 100
+        with pytest.raises(ValueError, match=r"^bonus_tokens: expected values in \[0, "):
+            step.draft(last_pos, bad_bonus, slots, temperature, seeds, num_reqs=count)
+    # requests past the device count are not read; without value checks nothing is read back
+    bad_pos = last_pos.clone()
+    bad_pos[2] = -7
+    step.draft(bad_pos, bonus, slots, temperature, seeds, num_reqs=torch.tensor([2]))
+    step.draft(bad_pos, bonus, slots, temperature, seeds, num_reqs=torch.tensor([-4]))
+    assert step.sample_idx_mapping.tolist() == [-1] * (MAX_REQS * N)

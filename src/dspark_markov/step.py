@@ -161,8 +161,15 @@ class DSparkStep:
         # one entry per slot of the step's logits cache [num_slots, N, V] (else the sampler names that buffer)
         check_vector("temperature", temperature, length=self.num_slots, dtypes=(torch.float32,), device=self.device)
         check_vector("seeds", seeds, length=self.num_slots, dtypes=(torch.int64,), device=self.device)
-        if check_values and isinstance(req_slots, torch.Tensor) and isinstance(num_reqs, (int, type(None))):
-            live = req_slots[: req_slots.shape[0] if num_reqs is None else num_reqs]
+        count = num_reqs
+        if (check_values and isinstance(num_reqs, torch.Tensor) and num_reqs.numel() == 1
+                and num_reqs.dtype in INDEX_DTYPES and num_reqs.device.type != "meta"):
+            # (value checks synchronise anyway: read the device count, clamped as the kernels clamp it, so the
+            # live requests' slots, positions and bonus tokens are checked under their own names here too)
+            count = max(0, min(int(num_reqs.reshape(-1)[0]), self.max_reqs,
+                               req_slots.shape[0] if isinstance(req_slots, torch.Tensor) and req_slots.dim() else 0))
+        if check_values and isinstance(req_slots, torch.Tensor) and isinstance(count, (int, type(None))):
+            live = req_slots[: req_slots.shape[0] if count is None else count]
             # (checked under their own names here: the sampler sees them as idx_mapping and anchor)
             check_range("req_slots", live, -1, self.num_slots)
             if (isinstance(last_pos, torch.Tensor) and last_pos.shape == req_slots.shape
