@@ -260,6 +260,20 @@ def scenario_setup(rank, world):
         assert "different" in str(error)
     else:
         raise AssertionError("mismatched construction arguments must raise on every rank")
+    # a full head_weight with fewer rows than ranks: ValueError naming head_weight on every rank (it named 'vocab',
+    # no argument of the sampler); V = world (one token per shard) draws the reference's tokens
+    try:
+        ShardedMarkovSampler(problem["embed"], problem["head"][:world - 1], group, 2, 8, torch.float32)
+    except ValueError as error:
+        assert str(error).startswith("head_weight: expected at least the world size"), str(error)
+    else:
+        raise AssertionError("a head_weight with fewer rows than ranks must raise ValueError")
+    tiny = make_problem(4, world, 5, 2, torch.float32, torch.float32)
+    tiny_tokens, tiny_cache = reference(tiny, torch.float32, world)
+    for layout in ("sharded", "gathered"):
+        sampler = ShardedMarkovSampler(tiny["embed"], tiny["head"], group, 2, 8, torch.float32, cache_layout=layout)
+        assert sampler.shard_width == 1
+        check_draws(sampler, tiny, tiny_tokens, tiny_cache, f"V = world {layout}")
     # the group still works afterwards
     sampler = ShardedMarkovSampler(problem["embed"], problem["head"], group, 2, 8, torch.float32)
     check_draws(sampler, problem, ref_tokens, ref_cache, "after failures")

@@ -110,6 +110,9 @@ class ShardedMarkovSampler:
         check_tensor("head_weight", head_weight, dim=2)
         if vocab_size is None:
             vocab = head_weight.shape[0]
+            if vocab < self.world:
+                raise ValueError(f"head_weight: expected at least the world size {self.world} rows (V >= world, so "
+                                 f"that every shard is non-empty), got shape {tuple(head_weight.shape)}")
             start, end = shard_bounds(vocab, self.world, self.rank)
             shard_weight = head_weight[start:end]  # a view of this rank's rows
         else:
