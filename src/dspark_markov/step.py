@@ -166,8 +166,8 @@ class DSparkStep:
                 and num_reqs.dtype in INDEX_DTYPES and num_reqs.device.type != "meta"):
             # (value checks synchronise anyway: read the device count, clamped as the kernels clamp it, so the
             # live requests' slots, positions and bonus tokens are checked under their own names here too)
-            count = max(0, min(int(num_reqs.reshape(-1)[0]), self.max_reqs,
-                               req_slots.shape[0] if isinstance(req_slots, torch.Tensor) and req_slots.dim() else 0))
+            # (the slice below stops at L by itself)
+            count = max(0, min(int(num_reqs.reshape(-1)[0]), self.max_reqs))
         if check_values and isinstance(req_slots, torch.Tensor) and isinstance(count, (int, type(None))):
             live = req_slots[: req_slots.shape[0] if count is None else count]
             # (checked under their own names here: the sampler sees them as idx_mapping and anchor)

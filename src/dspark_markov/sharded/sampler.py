@@ -108,18 +108,15 @@ class ShardedMarkovSampler:
             raise ValueError(f"transport: expected one of {', '.join(repr(t) for t in TRANSPORTS)}, got {transport!r}")
         check_sampler_sizes(num_steps, max_rows, cache_dtype)
         check_tensor("head_weight", head_weight, dim=2)
+        vocab = head_weight.shape[0] if vocab_size is None else int(vocab_size)
+        if vocab < self.world:  # (named by the argument that gave V; shard_bounds would name its own parameter)
+            raise ValueError(f"head_weight: expected at least the world size {self.world} rows (V >= world, so that "
+                             f"every shard is non-empty), got shape {tuple(head_weight.shape)}" if vocab_size is None
+                             else f"vocab_size: expected V >= world size {self.world}, got {vocab}")
+        start, end = shard_bounds(vocab, self.world, self.rank)
         if vocab_size is None:
-            vocab = head_weight.shape[0]
-            if vocab < self.world:
-                raise ValueError(f"head_weight: expected at least the world size {self.world} rows (V >= world, so "
-                                 f"that every shard is non-empty), got shape {tuple(head_weight.shape)}")
-            start, end = shard_bounds(vocab, self.world, self.rank)
             shard_weight = head_weight[start:end]  # a view of this rank's rows
         else:
-            vocab = int(vocab_size)
-            if vocab < self.world:
-                raise ValueError(f"vocab_size: expected V >= world size {self.world}, got {vocab}")
-            start, end = shard_bounds(vocab, self.world, self.rank)
             if head_weight.shape[0] != end - start:
                 raise ValueError(f"head_weight: expected this rank's shard of {end - start} rows "
                                  f"[{start}, {end}) of V = {vocab}, got shape {tuple(head_weight.shape)}")
