@@ -360,6 +360,23 @@ def test_strided_outputs_are_accepted():
     assert torch.equal(out.logits_cache, expected.logits_cache)
 
 
+@pytest.mark.parametrize("impl, method", [("reference", "gumbel"), ("loop", "gumbel"), ("gumbel_fused", "gumbel"),
+                                          ("reference", "inverse_cdf"), ("inverse_cdf", "inverse_cdf")])
+def test_one_step_cache_takes_any_step_stride(impl, method):
+    """With N = 1 the cache's step stride is never used: a ``[S, 1, V]`` view whose step stride is not V (one step of
+    a wider buffer) is accepted and written as the contiguous cache is (it was refused before stop 50)."""
+    inputs = good_inputs(steps=1)
+    expected = call(inputs, impl=impl, method=method)
+    store = torch.full((SLOTS, VOCAB + 7), 3.0, dtype=torch.bfloat16)
+    store[:, :VOCAB] = 0.0  # (slots no row writes keep 0, as in the cache sample_drafts allocates)
+    cache = store.as_strided((SLOTS, 1, VOCAB), (VOCAB + 7, VOCAB + 3, 1))
+    assert cache.stride(1) != VOCAB
+    out = call(inputs, impl=impl, method=method, logits_cache=cache)
+    assert torch.equal(out.draft_tokens, expected.draft_tokens)
+    assert torch.equal(cache, expected.logits_cache)
+    assert bool((store[:, VOCAB:] == 3.0).all()), "wrote outside the view"
+
+
 # --------------------------------------------------------------------------- tensors without values ('meta')
 # A meta tensor passes the device-consistency checks when every input is on it, but has no values: the value checks
 # (validate.check_range / check_unique_slots) and the reference / Triton paths raised torch's RuntimeError or

@@ -216,8 +216,9 @@ class DraftDims(NamedTuple):
 
 def check_cache_strides(logits_cache, slots: int, steps: int, width: int) -> None:
     """The cache ``[S, N, width]`` kernels write by ``slot * stride(0) + step * width + v``: step stride ``width``
-    and slots that do not overlap (an expanded view would have every slot's rows written over each other)."""
-    if logits_cache.numel() > 0 and logits_cache.stride(1) != width:
+    and slots that do not overlap (an expanded view would have every slot's rows written over each other). With one
+    step (N = 1) the step stride is never used, so any is accepted (a ``[S, 1, W]`` slice of a wider buffer)."""
+    if steps > 1 and logits_cache.numel() > 0 and logits_cache.stride(1) != width:
         raise ValueError(f"logits_cache: expected step stride {width} (V), got strides {logits_cache.stride()}")
     if slots > 1 and logits_cache.numel() > 0 and logits_cache.stride(0) < steps * width:
         raise ValueError(f"logits_cache: slots overlap (slot stride {logits_cache.stride(0)} < N V = "
