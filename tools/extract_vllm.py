@@ -26,6 +26,11 @@ members are read). Written:
   ``vllm_standins`` (our ``tools/vllm_standins.py``, copied beside them) for the rest. They import
   ``vllm_standins`` / ``gumbel_standalone`` as top-level modules: put the folder on ``sys.path``
   (``dspark_markov.bench.vllm_ops`` does). A module missing from the source is reported, not fatal;
+- ``.vllm-cache/vllm-0.33.0/source/<member>``: each module of :data:`SOURCE_MODULES` byte for byte under
+  its path in the wheel (the DSpark speculator and its bases, the NVIDIA DSpark draft models the vLLM
+  plugin hooks, the logits processor and LM head), never imported and without standalone copies:
+  ``tests/integrations/test_vllm_source.py`` reads them with ``ast`` to check every name the plugin
+  (``dspark_markov.integrations.vllm``) relies on. A module missing from the source is reported, not fatal;
 - ``.vllm-cache/vllm-0.33.0/vllm_standins.py``: a copy of ``tools/vllm_standins.py``;
 - ``.vllm-cache/vllm-0.33.0/SOURCE.txt``: where it came from, the SHA-256 of every file written
   (lines ``<file> sha256 <hex>``), the changes.
@@ -57,6 +62,23 @@ MODULES = {
     "vllm/v1/sample/ops/topk_topp_triton.py": ("topk_topp_triton", "apply_top_k_top_p_triton"),
     "vllm/v1/worker/gpu/spec_decode/rejection_sampler_utils.py": ("rejection_sampler_utils", "rejection_sample"),
 }
+# vLLM's own source for tests/integrations/test_vllm_source.py (``ast`` only, never imported): member -> a class
+# its source must define. Written byte for byte as ``source/<member>``.
+SOURCE_DIR = "source"
+SOURCE_MODULES = {
+    "vllm/v1/worker/gpu/spec_decode/dspark/speculator.py": "DSparkSpeculator",
+    "vllm/v1/worker/gpu/spec_decode/dflash/speculator.py": "DFlashSpeculator",
+    "vllm/v1/worker/gpu/spec_decode/speculator.py": "DraftModelSpeculator",
+    "vllm/v1/worker/gpu/input_batch.py": "InputBuffers",
+    "vllm/model_executor/models/qwen3_dspark.py": "Qwen3DSparkForCausalLM",
+    "vllm/model_executor/models/qwen3_dflash.py": "DFlashQwen3ForCausalLM",
+    "vllm/models/deepseek_v41/nvidia/dspark.py": "DSparkDeepseekV4ForCausalLM",
+    "vllm/models/deepseek_v4/nvidia/dspark.py": "DSparkDeepseekV4ForCausalLM",
+    "vllm/models/kimi_k3/nvidia/dspark_mla.py": "K3DSparkForCausalLM",
+    "vllm/model_executor/layers/logits_processor.py": "LogitsProcessor",
+    "vllm/model_executor/layers/vocab_parallel_embedding.py": "VocabParallelEmbedding",
+}
+_MEMBERS = (MEMBER, *MODULES, *SOURCE_MODULES)  # every member read from a wheel or site-packages
 # vLLM module -> the module a standalone copy takes its names from (None: Triton's own imports).
 IMPORT_TARGETS = {
     "vllm.triton_utils": None,
@@ -201,10 +223,11 @@ def top_level_names(source: str) -> set:
 
 
 def _read_wheel(wheel: Path) -> tuple:
-    """``({member: bytes or None}, origin)`` for :data:`MEMBER` and every module of :data:`MODULES`."""
+    """``({member: bytes or None}, origin)`` for :data:`MEMBER` and every module of :data:`MODULES` and
+    :data:`SOURCE_MODULES`."""
     with zipfile.ZipFile(wheel) as archive:
         present = set(archive.namelist())
-        data = {member: archive.read(member) if member in present else None for member in (MEMBER, *MODULES)}
+        data = {member: archive.read(member) if member in present else None for member in _MEMBERS}
     digest = hashlib.sha256()
     with open(wheel, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -220,7 +243,7 @@ def _from_site_packages(site: Path) -> tuple | None:
     metadata = site / f"vllm-{VERSION}.dist-info" / "METADATA"
     if not ((site / MEMBER).is_file() and metadata.is_file()):
         return None
-    data = {member: (site / member).read_bytes() if (site / member).is_file() else None for member in (MEMBER, *MODULES)}
+    data = {member: (site / member).read_bytes() if (site / member).is_file() else None for member in _MEMBERS}
     return data, f"installed vllm {VERSION} at {site}"
 
 
@@ -264,6 +287,25 @@ def _extra_modules(data: dict, gumbel_source: str, folder: Path) -> list:
     return notes
 
 
+def _source_modules(data: dict, folder: Path) -> list:
+    """Write each module of :data:`SOURCE_MODULES` found in ``data`` byte for byte under
+    ``folder/source/``; the lines of SOURCE.txt that describe them."""
+    notes = []
+    for member, name in SOURCE_MODULES.items():
+        raw = data.get(member)
+        if raw is None:
+            print(f"extract_vllm: {member} is not in the source; {SOURCE_DIR}/{member} not written", file=sys.stderr)
+            notes.append(f"vLLM {VERSION}: {member}: not in the source, not extracted\n")
+            continue
+        if name not in top_level_names(raw.decode("utf-8")):
+            raise SystemExit(f"extract_vllm: {member} defines no {name}")
+        path = folder / SOURCE_DIR / member
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(raw)
+        notes.append(f"{SOURCE_DIR}/{member} sha256 {_sha256(raw)} (byte for byte, read with ast only)\n")
+    return notes
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--wheel", type=Path, help=f"a vllm-{VERSION} wheel to read")
@@ -296,7 +338,7 @@ def main(argv=None) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "gumbel.py").write_bytes(data)
     (folder / "gumbel_standalone.py").write_text(patched)
-    notes = _extra_modules(members, source, folder)
+    notes = _extra_modules(members, source, folder) + _source_modules(members, folder)
     standins = STANDINS.read_bytes()
     (folder / "vllm_standins.py").write_bytes(standins)
     (folder / "SOURCE.txt").write_text(

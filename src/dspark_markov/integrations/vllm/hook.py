@@ -1,16 +1,24 @@
 """The ``sample_sequential`` hook of vLLM's DSpark speculator, on the speculator's own buffers.
 
-vLLM 0.33.0's ``DSparkSpeculator._sample_sequential(num_reqs, head_hidden)`` first calls
-``model.sample_sequential(speculator, num_reqs, head_hidden)``; True means the hook has written
-``speculator.draft_tokens[:num_reqs]`` and the ``speculator.draft_logits`` rows, False (having
-done nothing) lets the speculator run its own loop, which per step is::
+vLLM 0.33.0's ``DSparkSpeculator._sample_sequential(num_reqs, head_hidden)``
+(``vllm/v1/worker/gpu/spec_decode/dspark/speculator.py``) goes to ``_sample_sequential_topk`` when
+``_draft_topk`` is set; otherwise it first calls ``model.sample_sequential(speculator, num_reqs,
+head_hidden)``: True means the hook has written ``speculator.draft_tokens[:num_reqs]`` and the
+``speculator.draft_logits`` rows, False (having done nothing) lets the speculator run its own loop,
+which per step is::
 
     markov_embed = model.markov_embed(prev)                 # markov_w1[prev]
     bias = model.markov_bias(markov_embed)                   # LogitsProcessor(markov_w2): F.linear, * scale
     logits_i = base_logits[:, i] + bias                      # bf16 + bf16, one rounding
-    draft_tokens[:R, i] = gumbel_sample(logits_i, idx_map[:, i], temperature, seeds, sample_pos[:, i] - 1,
-                                        apply_temperature=True, is_drafting=True,
-                                        logits_cache=draft_logits, logits_cache_col=i, use_fp64=...)
+    (model.apply_output_logit_transform(logits_i) where the model has one: declined here)
+    draft_tokens[:R, i] = _sample_logits(logits_i, idx_map[:, i], sample_pos[:, i], i)
+
+and ``_sample_logits`` (after the acceptance estimator's ``_maybe_predict_acceptance``, declined
+here; with a reduced vocabulary, the ``index_copy_`` into ``_draft_scatter_buf``) is::
+
+    gumbel_sample(logits_i, idx_map[:, i], temperature, seeds, sample_pos[:, i] - 1,
+                  apply_temperature=True, is_drafting=True, logits_cache=draft_logits,
+                  logits_cache_col=_step_cols[i], use_fp64=use_fp64_gumbel)   # _step_cols[i] == i
 
 which is SPEC.md sections 1-4 with ``anchor = input_ids[_anchor_idx[:R]]``,
 ``idx_mapping = sample_idx_mapping``, ``positions = sample_pos`` (keys at ``P - 1``),
@@ -72,6 +80,16 @@ DECLINED = (
     "VLLM_BATCH_INVARIANT",
     "a batch outside 1..max_num_reqs",
 )
+
+# The speculator's buffers the hook hands to the sampler, and the dtypes it takes for each (vLLM 0.33.0 allocates
+# temperature fp32 and the rest int64 in DraftModelSpeculator / DFlashSpeculator.__init__, input_ids int32 in
+# InputBuffers: tests/integrations/test_vllm_source.py reads those allocations in vLLM's source).
+SPECULATOR_DTYPES = {
+    "temperature": (torch.float32,), "seeds": (torch.int64,), "draft_tokens": (torch.int64,),
+    "sample_idx_mapping": (torch.int32, torch.int64), "sample_pos": (torch.int32, torch.int64),
+    "sample_indices": (torch.int32, torch.int64),
+}
+INPUT_IDS_DTYPES = (torch.int32, torch.int64)  # speculator.input_buffers.input_ids
 
 # A reduced draft vocabulary without top-k is taken up to this batch: on the H200 (bench_modes, 2026-12-01)
 # fused + d2t beat vLLM's loop at 1 and 16 rows (80.5 vs 122.8, 139.5 vs 228.1 us) and lost at 64 and 253
@@ -156,8 +174,11 @@ def why_not(spec, num_reqs: int, *, top_k: bool = False) -> str | None:
         return DECLINED[8] + " (no plain weights)"
     if weight1.dtype != torch.bfloat16 or weight2.dtype != torch.bfloat16:
         return DECLINED[8] + f" ({weight1.dtype} / {weight2.dtype})"
-    if type(getattr(w2, "quant_method", None)).__name__ != "UnquantizedEmbeddingMethod" or getattr(w2, "is_w4a16_nvfp4", False):
-        return DECLINED[8] + " (quantized markov_w2)"
+    method = type(getattr(w2, "quant_method", None)).__name__
+    if method != "UnquantizedEmbeddingMethod" or getattr(w2, "is_w4a16_nvfp4", False):
+        # (vLLM hands an excluded head UnquantizedLinearMethod, whose GEMM --linear-backend may change: declined too)
+        nvfp4 = ", W4A16 NVFP4" if method == "UnquantizedEmbeddingMethod" else ""
+        return DECLINED[8] + f" (quantized markov_w2: {method}{nvfp4})"
     if getattr(w2, "tp_size", 1) != 1:
         return DECLINED[8] + " (tensor-parallel markov_w2)"
     if type(w1).__name__ != "Embedding" or weight1.dim() != 2 or weight2.dim() != 2 or weight1.shape[1] != weight2.shape[1]:
@@ -190,13 +211,11 @@ def why_not(spec, num_reqs: int, *, top_k: bool = False) -> str | None:
         # Only impl='reference' has fp64 noise (vLLM's word order, tests/integrations), and it is
         # not graph safe, so the hook cannot take it inside vLLM's draft graph.
         return DECLINED[10] + " (not computed as vLLM 0.33 does)"
-    for name, dtypes in (("temperature", (torch.float32,)), ("seeds", (torch.int64,)), ("draft_tokens", (torch.int64,)),
-                         ("sample_idx_mapping", (torch.int32, torch.int64)), ("sample_pos", (torch.int32, torch.int64)),
-                         ("sample_indices", (torch.int32, torch.int64))):
+    for name, dtypes in SPECULATOR_DTYPES.items():
         tensor = getattr(spec, name)
         if tensor.dtype not in dtypes or (tensor.dim() == 1 and tensor.stride(0) != 1):
             return f"speculator.{name} of dtype {tensor.dtype} / stride {tensor.stride()}"
-    if spec.input_buffers.input_ids.dtype not in (torch.int32, torch.int64):
+    if spec.input_buffers.input_ids.dtype not in INPUT_IDS_DTYPES:
         return f"input_ids of dtype {spec.input_buffers.input_ids.dtype}"
     devices = {t.device for t in (weight1, weight2, cache, spec.temperature, spec.seeds, spec.draft_tokens)}
     if len(devices) != 1:
