@@ -408,6 +408,22 @@ def test_validation():
         dm.verify_drafts(*args, impl="triton", target_temperature=args[6][:3])
 
 
+@pytest.mark.parametrize("name, sizes", [
+    ("max_batch", (2.7, 3, 300)),  # was truncated to 2
+    ("max_batch", (True, 3, 300)),  # was taken as 1
+    ("max_batch", (None, 3, 300)),  # was a TypeError
+    ("num_drafts", (4, "3", 300)),  # was parsed
+    ("num_drafts", (4, -1, 300)),
+    ("vocab_size", (4, 3, 300.9)),  # was truncated to 300
+    ("vocab_size", (4, 3, 0)),
+])
+def test_sizes_are_ints_never_truncated_or_parsed(name, sizes):
+    """README "Inputs": sizes are ints; 2.7, "3", True and None are refused by name, never truncated or parsed."""
+    with pytest.raises(ValueError, match=rf"^{name}\b"):
+        StreamVerifier(*sizes, "cpu")
+    assert StreamVerifier(torch.tensor(4), 3, 300, "cpu").max_batch == 4  # (an integer scalar is an int)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["standard", "block"])
 def test_first_two_positions_follow_the_target(method):

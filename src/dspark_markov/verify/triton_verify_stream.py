@@ -108,7 +108,7 @@ from ..ops import noise as rng_triton  # the device noise (ops.noise)
 from ..ops.filter import FILTER_MARGIN, key_slack
 from ..ops.noise import approx_gumbel, fast_log2
 from ..ops.numerics import FLOAT32_MAX, block_argmax, to_float32
-from ..validate import DeviceStatusError, check_power_of_two
+from ..validate import DeviceStatusError, check_int, check_power_of_two
 from . import keys
 from .run_start import cached_instance, run_fresh, start_run
 
@@ -1490,9 +1490,9 @@ class StreamVerifier:
 
     Parameters
     ----------
-    max_batch : the largest number of requests ``B`` a call may carry.
-    num_drafts : ``K`` (``target_logits`` has ``K + 1`` rows per request).
-    vocab_size : ``V``.
+    max_batch : int >= 1, the largest number of requests ``B`` a call may carry.
+    num_drafts : int >= 0, ``K`` (``target_logits`` has ``K + 1`` rows per request).
+    vocab_size : int >= 1, ``V``. (Sizes are ints, never truncated or parsed: ``ValueError`` naming them.)
     device : CUDA, or CPU with ``TRITON_INTERPRET=1``.
     block : elements per tile (default 2048 on the GPU, 128 on the CPU).
     t1, t2, lag, unroll : override the :class:`Layout` (tiles per stream / emit item, lag in
@@ -1613,15 +1613,12 @@ class StreamVerifier:
                  dbuf=None, compact=None, emit_prefetch=None, greedy_direct=None, phases=None, claim=None,
                  emit_dbuf=None, emit_reverse=None, span=None, emit_eager=None, emit_gather=None,
                  emit_winner=None, tail=None, tail_t2=None):
-        if int(max_batch) < 1:
-            raise ValueError(f"max_batch: expected >= 1, got {max_batch}")
-        if int(num_drafts) < 0:
-            raise ValueError(f"num_drafts: expected K >= 0, got {num_drafts}")
-        if int(vocab_size) < 1:
-            raise ValueError(f"vocab_size: expected >= 1, got {vocab_size}")
+        # (sizes are ints, never truncated or parsed: 2.7, "3", True and None raise ValueError naming them)
+        max_batch, num_drafts = check_int("max_batch", max_batch, 1), check_int("num_drafts", num_drafts, 0)
+        vocab_size = check_int("vocab_size", vocab_size, 1)
         device = torch.device(device)
         self.device = device
-        self.max_batch, self.k, self.vocab = int(max_batch), int(num_drafts), int(vocab_size)
+        self.max_batch, self.k, self.vocab = max_batch, num_drafts, vocab_size
         self.block = int(block) if block is not None else default_block(device)
         check_power_of_two("block", self.block, 16)
         self.cuda = device.type in ("cuda", "meta")  # meta: tools/compile_verify.py at GPU shapes
