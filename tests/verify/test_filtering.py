@@ -284,6 +284,33 @@ def test_filter_object_checks_its_shape():
         ft.TopKTopPFilter(2, 300, "cpu", capacity=100)
 
 
+@pytest.mark.parametrize("name, args, options", [
+    ("max_rows", (2.5, 300), {}),  # each was a TypeError from torch.zeros
+    ("max_rows", (True, 300), {}),
+    ("max_rows", (None, 300), {}),
+    ("max_rows", ("3", 300), {}),
+    ("vocab", (2, 300.5), {}),
+    ("vocab", (2, 0), {}),
+    ("block", (2, 300), dict(block=100)),  # was accepted, then an error inside Triton at the first call
+    ("block", (2, 300), dict(block=True)),
+    ("chunks", (2, 300), dict(chunks=2.5)),  # was used as a float
+    ("chunks", (2, 300), dict(chunks=-3)),  # was clamped silently
+])
+def test_filter_object_sizes_are_checked_by_name(name, args, options):
+    """README "Inputs": a TopKTopPFilter's sizes are ints (``block`` a power of two), refused by name otherwise."""
+    with pytest.raises(ValueError, match=rf"^{name}\b"):
+        ft.TopKTopPFilter(*args, "cpu", **options)
+
+
+def test_filter_object_takes_integer_scalars_and_small_blocks():
+    x = torch.randn(2, 300, generator=torch.Generator().manual_seed(4)) * 3
+    for options in (dict(block=16, chunks=3), dict(block=4)):
+        filt = ft.TopKTopPFilter(torch.tensor(2), 300, "cpu", **options)
+        out = torch.empty_like(x)
+        filt.filter(x, 5, 0.8, out)
+        assert_same(out, reference(x, 5, 0.8))
+
+
 def test_state_phases_after_a_call():
     """Resolved rows end in PHASE_CUT, rows without filtering in PHASE_COPY; none stays open."""
     x, k, p = hard_rows()

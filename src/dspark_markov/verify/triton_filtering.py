@@ -126,7 +126,7 @@ import triton
 import triton.language as tl
 
 from ..rng import LN2_HIGH, LN2_LOW
-from ..validate import check_power_of_two
+from ..validate import check_int, check_power_of_two
 from .filter_checks import check_arguments
 from .filtering_reference import EXP_COEFFS, EXP_FLOOR, LOG2E, MASS_ONE
 
@@ -2297,9 +2297,10 @@ class TopKTopPFilter:
     ``filter(logits, k, p, out)`` launches 4 kernels with no allocation and no host
     synchronisation (CUDA-graph safe); ``k``/``p`` are None, Python scalars or ``[B]`` tensors
     (checked by ``filter_checks.check_arguments``, their values read on the device).
-    ``block``/``chunks`` fix the layout (default: one program per row for large batches, several
-    per row for small ones, :func:`default_layout` of ``max_rows``); ``capacity`` is the most
-    candidates one program sorts (a power of two >= 16).
+    ``max_rows``, ``vocab``: ints >= 1. ``block`` (a power of two) / ``chunks`` (an int >= 1) fix the layout
+    (default: one program per row for large batches, several per row for small ones, :func:`default_layout` of
+    ``max_rows``); ``capacity`` is the most candidates one program sorts (a power of two >= 16). A size that is not
+    an int (2.5, "3", True) raises ``ValueError`` naming it.
     Scratch: ``max_rows * (capacity * 8 + ~2,750)`` bytes plus ``max_rows * chunks * 32``.
     """
 
@@ -2307,12 +2308,16 @@ class TopKTopPFilter:
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
+        # (sizes are ints, never truncated or parsed: 2.5, "3", True and None raise ValueError naming them)
+        max_rows, vocab = check_int("max_rows", max_rows, 1), check_int("vocab", vocab, 1)
+        if block is not None:
+            check_power_of_two("block", block, 1)  # (tl.arange of it: a power of two)
+        if chunks is not None:
+            chunks = check_int("chunks", chunks, 1)
         if capacity is None:
             capacity = (GPU_CAPACITY if max_rows <= WIDE_ROWS else GPU_CAPACITY_WIDE) if device.type == "cuda" \
                 else CPU_CAPACITY
         check_power_of_two("capacity", capacity, 16)
-        if max_rows < 1 or vocab < 1:
-            raise ValueError(f"max_rows, vocab: expected >= 1, got {max_rows}, {vocab}")
         default_block, default_chunks = default_layout(max_rows, vocab, device)
         self.block = block or default_block
         self.count_block = min(self.block, COUNT_BLOCK)
