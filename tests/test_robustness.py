@@ -574,3 +574,27 @@ def test_audit_step_names_its_own_arguments():
             step.verify(torch.randn(shape), torch.tensor([2, 1, 2]), inputs["temperature"], inputs["seeds"])
     with pytest.raises(ValueError, match=r"^max_model_len: expected an int <= "):
         _step(max_model_len=2**63)
+
+
+@pytest.mark.parametrize("impl, method, top_k", [("reference", "gumbel", None), ("reference", "inverse_cdf", None),
+                                                 ("loop", "gumbel", None), ("gumbel_fused", "gumbel", None),
+                                                 ("inverse_cdf", "inverse_cdf", None), ("fused", "gumbel", None),
+                                                 ("reference", "gumbel", 5)])
+def test_audit_head_of_parameters_that_require_grad(impl, method, top_k):
+    """Weights taken from a model (``nn.Parameter``, ``requires_grad=True``) draft as their plain values do. The
+    torch ops with ``out=`` (the bias GEMM of loop / gumbel_fused / inverse_cdf, the markov_embeds gather) raised
+    torch's autograd RuntimeError, and the reference returned a cache that carried an autograd graph."""
+    plain = _small_head()
+    head = dm.MarkovHead(torch.nn.Parameter(plain.embed_weight.clone()), torch.nn.Parameter(plain.head_weight.clone()))
+    args = _draft_case(rows=3, steps=2)
+    outs = []
+    for h in (plain, head):
+        embeds = torch.empty(3, 2, 16)
+        out = dm.sample_drafts(h, *args, impl=impl, method=method, draft_top_k=top_k, markov_embeds=embeds)
+        outs.append((out, embeds))
+    (want, want_embeds), (got, got_embeds) = outs
+    assert torch.equal(got.draft_tokens, want.draft_tokens)
+    assert torch.equal(got.logits_cache, want.logits_cache) and not got.logits_cache.requires_grad
+    assert torch.equal(got_embeds, want_embeds) and not got_embeds.requires_grad
+    weight = torch.nn.Parameter(torch.randn(300, 16))  # kept as given: no copy of the weights
+    assert dm.MarkovHead(weight, weight).head_weight.data_ptr() == weight.data_ptr()

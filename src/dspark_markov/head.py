@@ -29,7 +29,8 @@ class MarkovHead:
         ``embed_weight.shape[0]``, at most that (every drafted token needs an embedding row). Only
         with ``d2t``.
 
-    Both weights are kept as given (made contiguous if they were not): no copy on the hot path.
+    Both weights are kept as given (made contiguous if they were not): no copy on the hot path. They are
+    kept detached from autograd (``nn.Parameter`` weights with ``requires_grad`` are taken as their values).
     """
 
     def __init__(self, embed_weight: torch.Tensor, head_weight: torch.Tensor, scale: float = 1.0, *,
@@ -68,8 +69,10 @@ class MarkovHead:
         if not finite:
             raise ValueError(f"scale: expected a finite float, got {scale!r:.40} ({type(scale).__name__})")
         scale = float(scale)
-        self.embed_weight = embed_weight.contiguous()
-        self.head_weight = head_weight.contiguous()
+        # detach(): drafting is inference only, and weights taken from a model (nn.Parameter, requires_grad) would make
+        # the torch ops with out= (bias GEMM, markov_embeds gather) raise autograd's RuntimeError; same storage, no copy
+        self.embed_weight = embed_weight.detach().contiguous()
+        self.head_weight = head_weight.detach().contiguous()
         self.scale = scale
         self.d2t = None  # [V_d] offsets as given
         self.d2t_index = None  # [V_d] int64 target id of each draft id
