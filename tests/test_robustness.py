@@ -598,3 +598,20 @@ def test_audit_head_of_parameters_that_require_grad(impl, method, top_k):
     assert torch.equal(got_embeds, want_embeds) and not got_embeds.requires_grad
     weight = torch.nn.Parameter(torch.randn(300, 16))  # kept as given: no copy of the weights
     assert dm.MarkovHead(weight, weight).head_weight.data_ptr() == weight.data_ptr()
+
+
+@pytest.mark.parametrize("impl, method, top_k", [("reference", "gumbel", None), ("reference", "inverse_cdf", None),
+                                                 ("loop", "gumbel", None), ("fused", "gumbel", None),
+                                                 ("fused", "gumbel", 5), ("reference", "gumbel", 5)])
+def test_audit_base_logits_of_a_backbone_run_with_autograd(impl, method, top_k):
+    """Base logits (and temperatures) that require grad, as a backbone run outside ``torch.no_grad`` returns them,
+    draft as their values do: ``loop``'s ``torch.add(out=)`` and top-k ``fused``'s ``torch.topk(out=)`` raised
+    torch's autograd RuntimeError, and the reference wrote a cache that carried an autograd graph."""
+    head = _small_head()
+    args = _draft_case(rows=3, steps=2)
+    want = dm.sample_drafts(head, *args, impl=impl, method=method, draft_top_k=top_k)
+    leaf = args[0].clone().requires_grad_()
+    graded = [leaf * 1.0] + args[1:4] + [args[4].clone().requires_grad_(), args[5]]
+    got = dm.sample_drafts(head, *graded, impl=impl, method=method, draft_top_k=top_k)
+    assert torch.equal(got.draft_tokens, want.draft_tokens)
+    assert torch.equal(got.logits_cache, want.logits_cache) and not got.logits_cache.requires_grad

@@ -128,7 +128,8 @@ class MarkovSampler:
         ``check_values`` (default: unless a stream is capturing) reads the inputs back: ids in
         range, finite temperatures, no two live samples on one ``(slot, step)`` cache row (two rows
         on one slot would overwrite each other's cache), and after the launch the backend's device
-        status (:meth:`check`). Without it those are the caller's promise.
+        status (:meth:`check`). Without it those are the caller's promise. Inputs that require grad (a
+        backbone run with autograd on) are read as their values, detached.
 
         ``markov_embeds``: optional ``[R, N, R_k]`` output in the weight dtype, contiguous: each
         step's Markov embedding ``W1[prev]`` (prev = anchor, then the drafted tokens), the input of
@@ -148,6 +149,12 @@ class MarkovSampler:
         if dims.rows > self.max_rows:
             raise ValueError(f"base_logits: expected at most max_rows = {self.max_rows} rows, got {dims.rows}")
         device = base_logits.device
+        # Drafting is inference only: base logits (or temperatures) of a backbone run with autograd on are read as their
+        # values (the torch ops with out= of some designs raise on inputs that require grad; no copy)
+        if base_logits.requires_grad:
+            base_logits = base_logits.detach()
+        if temperature.requires_grad:
+            temperature = temperature.detach()
         if markov_embeds is not None:
             check_tensor("markov_embeds", markov_embeds, shape=(dims.rows, dims.steps, self.head.rank),
                          dtypes=(self.head.dtype,), device=device, contiguous=True)
