@@ -193,3 +193,26 @@ def test_unavailable_asks_the_design_once_and_names_the_reason():
     assert reason is not None and "no CUDA GPU" in reason
     assert auto._UNAVAILABLE[("cuda_chain", "cpu", None)] == reason  # asked once, then remembered
     assert auto.unavailable("fused", cpu) is None  # Triton designs have no extra requirement
+
+
+def test_a_max_rows_up_to_2_31_builds_the_dispatcher_at_once(monkeypatch):
+    """``max_rows`` may be any int up to 2^31 - 1: the dispatcher asked ``choose`` once per row up to it (a 2^31-entry
+    list: minutes and ~17 GB before anything ran). Past the tables' largest bucket limit every batch gets one design,
+    so it asks up to there and dispatches larger batches to that design."""
+    calls = []
+    choose = auto.choose
+
+    def counted(*args, **kwargs):
+        calls.append(args[2])
+        assert len(calls) < 1000, "choose() asked once per row up to max_rows"
+        return choose(*args, **kwargs)
+
+    monkeypatch.setattr(auto, "choose", counted)
+    head = dm.MarkovHead(torch.randn(300, 16), torch.randn(300, 16))
+    backend = auto.AutoBackend(head, 2, 2**31 - 1, method="gumbel", cache_dtype=torch.bfloat16, device="cpu")
+    assert max(calls) <= 1 + max(limit for table in (*auto.AUTO_TABLE.values(), *auto.PORTABLE_TABLE.values())
+                                 for limit, _ in table if limit is not None)
+    assert backend.choice(1) == backend.choice(2**31 - 1) == "reference"
+    for rows in (0, 2**31):
+        with pytest.raises(ValueError, match=r"^rows: this dispatcher takes 1 to 2147483647 rows"):
+            backend.choice(rows)

@@ -164,9 +164,15 @@ class AutoBackend:
         self.device = torch.device(device)
         # Each design is built for the largest batch it is chosen for, not for max_rows: a persistent
         # design sized for 16 rows runs a 1-row batch slower than one sized for the batches it gets.
+        # Past the tables' largest bucket limit every batch gets one design: the choices stop there (max_rows may be
+        # up to 2^31 - 1), and that design is built for max_rows.
+        self.max_rows = max_rows
+        last = 1 + max(limit for table in (*AUTO_TABLE.values(), *PORTABLE_TABLE.values())
+                       for limit, _ in table if limit is not None)
         self.choices = [None] + [choose(method, cache_dtype, rows, self.device, head, num_steps)
-                                 for rows in range(1, max_rows + 1)]
+                                 for rows in range(1, min(max_rows, last) + 1)]
         needed = {impl: rows for rows, impl in enumerate(self.choices) if impl is not None}
+        needed[self.choices[-1]] = max_rows
         self.backends = {}
         for impl in sorted(needed):
             cls = registry.load("draft", impl)
@@ -195,9 +201,9 @@ class AutoBackend:
     def choice(self, rows: int) -> str:
         """The design that runs a batch of ``rows`` (``choose``'s answer, kept from construction: no lookup
         per call)."""
-        if not 1 <= rows < len(self.choices):  # (a design chosen for other batches was never built)
-            raise ValueError(f"rows: this dispatcher takes 1 to {len(self.choices) - 1} rows, got {rows}")
-        return self.choices[rows]
+        if not 1 <= rows <= self.max_rows:  # (a design chosen for other batches was never built)
+            raise ValueError(f"rows: this dispatcher takes 1 to {self.max_rows} rows, got {rows}")
+        return self.choices[min(rows, len(self.choices) - 1)]
 
     def run(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens, logits_cache):
         backend = self.backends[self.choice(base_logits.shape[0])]
