@@ -424,6 +424,19 @@ def test_sizes_are_ints_never_truncated_or_parsed(name, sizes):
     assert StreamVerifier(torch.tensor(4), 3, 300, "cpu").max_batch == 4  # (an integer scalar is an int)
 
 
+@pytest.mark.parametrize("name, option", [
+    ("lag", dict(lag=-1)),  # was accepted: a grid short of the items a request's emit items wait on (a hang)
+    ("lag", dict(lag=1.5)),
+    ("unroll", dict(unroll=3)),  # was accepted, then an error inside Triton at the first run (tl.arange)
+    ("t1", dict(t1=2.5)),  # was truncated
+    ("t2", dict(t2=-2)),
+    ("tail", dict(tail="1")),
+])
+def test_layout_overrides_are_checked_by_name(name, option):
+    with pytest.raises(ValueError, match=rf"^{name}\b"):
+        StreamVerifier(8, 3, 300, "cpu", **option)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["standard", "block"])
 def test_first_two_positions_follow_the_target(method):
