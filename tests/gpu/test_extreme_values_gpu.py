@@ -100,3 +100,32 @@ def test_inverse_cdf_rows_below_minus_3e38(impl):
     want = ref.draw_inverse_cdf(out.logits_cache[:, 0], temperature, args[5], 0, args[3])
     assert torch.equal(out.draft_tokens[:, 0], want), (out.draft_tokens[:, 0], want)
     assert int(out.draft_tokens[2, 0]) == VOCAB - 3
+
+
+@pytest.mark.parametrize("impl", DESIGNS)
+def test_one_step_cache_with_any_step_stride(impl):
+    """Stop 50: with N = 1 the cache's step stride is never used (``validate.check_cache_strides``); a ``[S, 1, V]``
+    view whose step stride is not V is written exactly as a contiguous cache is, and nothing outside the view."""
+    why = _runs_here(impl)
+    if why is not None:
+        pytest.skip(why)
+    gen = torch.Generator().manual_seed(5)
+    head = dm.MarkovHead(torch.randn(VOCAB, RANK, generator=gen).bfloat16().cuda(),
+                         torch.randn(VOCAB, RANK, generator=gen).bfloat16().cuda(), scale=0.0625)
+    rows, slots = 4, 6
+    args = [(torch.randn(rows, 1, VOCAB, generator=gen) * 2).bfloat16().cuda(), torch.tensor([3, 4, 5, 9]).cuda(),
+            torch.tensor([0, 5, 2, 3]).cuda(), torch.tensor([100, 7, 0, 2**31 - 1]).cuda(),
+            torch.tensor([1.0, 0.0, 0.7, 1.3, 2.0, 1.0]).cuda(), torch.arange(slots).cuda() * 977 - 3]
+    for method in ("gumbel", "inverse_cdf"):
+        try:
+            want = dm.sample_drafts(head, *args, impl=impl, method=method)
+        except ValueError as error:  # (a design of the other method)
+            assert "method" in str(error), error
+            continue
+        store = torch.full((slots, VOCAB + 16), 3.0, dtype=want.logits_cache.dtype, device="cuda")
+        store[:, :VOCAB] = 0.0  # (slots no request writes stay 0, as in the cache sample_drafts allocates)
+        cache = store.as_strided((slots, 1, VOCAB), (VOCAB + 16, VOCAB + 8, 1))
+        got = dm.sample_drafts(head, *args, impl=impl, method=method, logits_cache=cache)
+        assert torch.equal(got.draft_tokens, want.draft_tokens), (impl, method)
+        assert torch.equal(cache, want.logits_cache), (impl, method)
+        assert bool((store[:, VOCAB:] == 3.0).all()), "wrote outside the view"
