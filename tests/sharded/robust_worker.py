@@ -84,12 +84,48 @@ def scenario(rank, world):
     assert torch.equal(quiet.sample(*args).draft_tokens, ref_tokens)
 
 
-def worker(rank, world, init_file, done_dir):
+def expect_construction_error(kwargs, match, label):
+    """Building a sampler with ``kwargs`` raises ValueError starting with ``match`` on every rank, quickly."""
+    problem = make_problem(3, 301, 4, 2, torch.float32, torch.float32)
+    started = time.monotonic()
+    try:
+        ShardedMarkovSampler(problem["embed"], problem["head"], dist.group.WORLD, 2, 8, torch.float32, **kwargs)
+    except ValueError as error:
+        assert str(error).startswith(match), f"{label}: expected '{match}...', got {str(error)!r}"
+    else:
+        raise AssertionError(f"{label}: every rank must raise")
+    assert time.monotonic() - started < GROUP_TIMEOUT_S / 2, f"{label}: the ranks waited for the group timeout"
+
+
+def scenario_config(rank, world):
+    """Construction arguments that decide which collectives a call runs must agree across ranks: a rank built with
+    another transport or another agree_checks used to construct fine, then the first call's collectives did not
+    match (gloo: both ranks timed out after the group timeout). Now every rank raises ValueError at construction."""
+    last = rank == world - 1
+    expect_construction_error({"transport": "all_reduce" if last else "collective"}, "group: ranks were built with",
+                              "a different transport on one rank")
+    expect_construction_error({"agree_checks": not last}, "group: ranks were built with",
+                              "a different agree_checks on one rank")
+    # "nccl" is the collective transport's alias: the same transport
+    problem = make_problem(3, 301, 4, 2, torch.float32, torch.float32)
+    ref_tokens, _ = reference(problem, torch.float32, world)
+    sampler = ShardedMarkovSampler(problem["embed"], problem["head"], dist.group.WORLD, 2, 8, torch.float32,
+                                   transport="nccl" if last else "collective")
+    args = [problem[name] for name in ("base", "anchor", "idx_mapping", "positions", "temperature", "seeds")]
+    assert torch.equal(sampler.sample(*args).draft_tokens, ref_tokens)
+
+
+SCENARIOS = {"calls": scenario, "config": scenario_config}
+
+
+def worker(rank, world, init_file, done_dir, names=("calls",)):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
     try:
-        scenario(rank, world)
+        for name in names:
+            SCENARIOS[name](rank, world)
+            dist.barrier()
         dist.barrier()
         open(os.path.join(done_dir, f"rank{rank}.ok"), "w").close()
     except BaseException:

@@ -21,3 +21,9 @@ def test_item6_a_rejected_call_on_one_rank_raises_on_every_rank(tmp_path):
     world = 2
     spawn_ranks(tmp_path, world, robust_sharded_worker.worker,
                 lambda init_file, done_dir: (world, init_file, done_dir), deadline_s=JOIN_DEADLINE_S)
+
+
+def test_ranks_built_with_different_transport_or_agree_checks_raise_at_construction(tmp_path):
+    world = 2
+    spawn_ranks(tmp_path, world, robust_sharded_worker.worker,
+                lambda init_file, done_dir: (world, init_file, done_dir, ("config",)), deadline_s=JOIN_DEADLINE_S)

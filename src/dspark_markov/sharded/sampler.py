@@ -21,7 +21,7 @@ from ..validate import (CACHE_DTYPES, DeviceStatusError, check_cache_strides, ch
                         check_sampler_sizes, check_tensor)
 from .partition import all_shard_bounds, max_shard_width, shard_bounds
 from .step import _shard_step
-from .transport import TRANSPORTS, agree, flag_device, install_transport
+from .transport import TRANSPORTS, _canonical, agree, flag_device, install_transport
 
 CACHE_LAYOUTS = ("sharded", "gathered")
 
@@ -91,8 +91,8 @@ class ShardedMarkovSampler:
         flags_on = flag_device(group, device)
         if not agree(error is None, group, flags_on):
             raise error if error is not None else ValueError("group: another rank rejected its arguments")
-        self._check_same_config(flags_on)
         self.agree_checks = bool(agree_checks)
+        self._check_same_config(flags_on, transport)
         self._flags_on = flags_on
         self.transport, self.transport_fallback_reason = install_transport(
             transport, group, self.world, self.rank, self.max_rows, self.num_steps, self.device, timeout_ms,
@@ -152,19 +152,21 @@ class ShardedMarkovSampler:
             self.z_gathered = torch.empty(self.world, self.max_rows, self.num_steps, width, dtype=cache_dtype,
                                           device=device)  # [world, max_rows, N, ceil(V/world)]
 
-    def _check_same_config(self, flags_on):
-        """Every rank must have been built with the same V, N, max_rows, layout and cache dtype."""
+    def _check_same_config(self, flags_on, transport):
+        """Every rank must have been built with the same V, N, max_rows, layout, cache dtype, transport and
+        agree_checks (the last two decide which collectives each call runs)."""
         config = torch.tensor([self.vocab_size, self.num_steps, self.max_rows,
                                CACHE_LAYOUTS.index(self.cache_layout), CACHE_DTYPES.index(self.cache_dtype),
-                               self.replicated_head is not None, self.fallback_max_rows], dtype=torch.int64,
+                               self.replicated_head is not None, self.fallback_max_rows,
+                               TRANSPORTS.index(_canonical(transport)), self.agree_checks], dtype=torch.int64,
                               device=flags_on)
         low, high = config.clone(), config.clone()
         dist.all_reduce(low, op=dist.ReduceOp.MIN, group=self.group)
         dist.all_reduce(high, op=dist.ReduceOp.MAX, group=self.group)
         if not torch.equal(low, high):
             raise ValueError("group: ranks were built with different vocab_size, num_steps, max_rows, cache_layout, "
-                             f"cache_dtype, replicated_head_weight or fallback_max_rows (min {low.tolist()}, "
-                             f"max {high.tolist()})")
+                             "cache_dtype, replicated_head_weight, fallback_max_rows, transport or agree_checks "
+                             f"(min {low.tolist()}, max {high.tolist()})")
 
     # ------------------------------------------------------------------ sampling
     def sample(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, *, draft_tokens=None,
