@@ -46,6 +46,15 @@ def test_bad_arguments_exit_with_usage_error():
         cli.main(["--vocab", "1"])
 
 
+def test_sizes_that_cannot_fit_are_refused_before_any_work(capsys):
+    """A legal but huge --num-drafts was killed by the OS's out-of-memory killer mid-run (stop 50 audit); sizes whose
+    target logits alone exceed the free memory are a usage error naming the arguments."""
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["--num-drafts", str(2**31 - 1), "--quiet"])
+    assert raised.value.code == 2
+    assert "--requests / --num-drafts / --vocab" in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------- --engine step (DSparkStep)
 def _setup(vocab, batch, rank, seed=0, device="cpu"):
     language = generate.BigramLanguage(vocab, seed=seed, device=device)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 
@@ -60,6 +61,23 @@ def _check_args(parser, args):
         parser.error(f"--vocab: expected at least 2, got {args.vocab}")
     if not (args.temperature > 0 and math.isfinite(args.temperature)):
         parser.error(f"--temperature: expected a finite value > 0, got {args.temperature}")
+    # A lower bound of what a round holds (the fp32 target logits [requests, K + 1, V]): sizes that cannot fit are
+    # refused here rather than by the allocator or the kernel's out-of-memory killer mid-run.
+    need = 4 * args.requests * (args.num_drafts + 1) * args.vocab
+    free = _free_memory(device)
+    if free is not None and need > free:
+        parser.error(f"--requests / --num-drafts / --vocab: one round's target logits alone take {need / 2**30:.1f} GiB, "
+                     f"more than the {free / 2**30:.1f} GiB free on {device}")
+
+
+def _free_memory(device: torch.device):
+    """Bytes free on ``device`` (CUDA: the driver's count; CPU: the OS's available pages), or None if unknown."""
+    try:
+        if device.type == "cuda":
+            return torch.cuda.mem_get_info(device)[0] if torch.cuda.is_available() else None
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError, RuntimeError):
+        return None
 
 
 def _resolve_impl(impl, device, head, num_steps, rows, cache_dtype, draft_method, quiet=False):
