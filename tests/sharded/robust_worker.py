@@ -115,7 +115,28 @@ def scenario_config(rank, world):
     assert torch.equal(sampler.sample(*args).draft_tokens, ref_tokens)
 
 
-SCENARIOS = {"calls": scenario, "config": scenario_config}
+def scenario_fallback_impl(rank, world):
+    """fallback_impl is checked when the sampler is built, and the replicated sampler it names is built inside the
+    call's agreed checks. A bad name used to be accepted until the first batch above max_rows; a design that cannot run
+    here on one rank only (cuda_chain with CPU weights) raised on that rank alone while the others went on into
+    check()'s collective and waited for the group timeout."""
+    expect_construction_error({"fallback_impl": "bogus"}, "fallback_impl: expected one of", "an unknown fallback_impl")
+    last = rank == world - 1
+    problem = make_problem(5, 301, 6, 2, torch.float32, torch.float32)
+    args = [problem[name] for name in ("base", "anchor", "idx_mapping", "positions", "temperature", "seeds")]
+    sampler = ShardedMarkovSampler(problem["embed"], problem["head"], dist.group.WORLD, 2, 4, torch.float32,
+                                   replicated_head_weight=problem["head"],
+                                   fallback_impl="cuda_chain" if last else "reference")
+    expect_error(sampler, args, {}, "impl: 'cuda_chain' runs on cuda", "a fallback design that cannot run on one rank")
+    # the group still works: a batch within max_rows takes the sharded path
+    small = dict(problem, base=problem["base"][:4], anchor=problem["anchor"][:4],
+                 idx_mapping=problem["idx_mapping"][:8], positions=problem["positions"][:8])
+    ref_tokens, _ = reference(small, torch.float32, world)
+    call = [small[name] for name in ("base", "anchor", "idx_mapping", "positions", "temperature", "seeds")]
+    assert torch.equal(sampler.sample(*call).draft_tokens, ref_tokens)
+
+
+SCENARIOS = {"calls": scenario, "config": scenario_config, "fallback_impl": scenario_fallback_impl}
 
 
 def worker(rank, world, init_file, done_dir, names=("calls",)):

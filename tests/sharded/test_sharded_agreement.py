@@ -27,3 +27,9 @@ def test_ranks_built_with_different_transport_or_agree_checks_raise_at_construct
     world = 2
     spawn_ranks(tmp_path, world, robust_sharded_worker.worker,
                 lambda init_file, done_dir: (world, init_file, done_dir, ("config",)), deadline_s=JOIN_DEADLINE_S)
+
+
+def test_fallback_impl_checked_at_construction_and_its_failure_on_one_rank_raises_on_every_rank(tmp_path):
+    world = 2
+    spawn_ranks(tmp_path, world, robust_sharded_worker.worker,
+                lambda init_file, done_dir: (world, init_file, done_dir, ("fallback_impl",)), deadline_s=JOIN_DEADLINE_S)

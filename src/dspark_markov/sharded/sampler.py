@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from ..draft.reference import padding_and_slot, row_keys
 from ..draft.sampler import DraftOutput, MarkovSampler
+from .. import registry
 from ..head import MarkovHead
 from ..validate import (CACHE_DTYPES, DeviceStatusError, check_cache_strides, check_cpu_or_cuda, check_draft_inputs,
                         check_sampler_sizes, check_tensor)
@@ -107,6 +108,7 @@ class ShardedMarkovSampler:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport: expected one of {', '.join(repr(t) for t in TRANSPORTS)}, got {transport!r}")
         check_sampler_sizes(num_steps, max_rows, cache_dtype)
+        registry.check_name("draft", fallback_impl, "fallback_impl")
         check_tensor("head_weight", head_weight, dim=2)
         vocab = head_weight.shape[0] if vocab_size is None else int(vocab_size)
         if vocab < self.world:  # (named by the argument that gave V; shard_bounds would name its own parameter)
@@ -281,6 +283,9 @@ class ShardedMarkovSampler:
                 raise ValueError(f"base_logits: batches above max_rows = {self.max_rows} run on replicated weights "
                                  f"and need the full [R, N, V = {self.vocab_size}] logits, got shape "
                                  f"{tuple(base_logits.shape)}")
+            if self._fallback is None:  # built here, so that a design that cannot run on some rank is voted on
+                self._fallback = MarkovSampler(self.replicated_head, self.num_steps, self.fallback_max_rows,
+                                               cache_dtype=self.cache_dtype, method="gumbel", impl=self.fallback_impl)
         if draft_tokens is None:
             draft_tokens = torch.empty(dims.rows, dims.steps, dtype=torch.int64, device=self.device)
         return base_logits, draft_tokens, logits_cache
@@ -328,9 +333,6 @@ class ShardedMarkovSampler:
         if base_logits.shape[-1] != self.vocab_size:
             raise ValueError(f"base_logits: batches above max_rows = {self.max_rows} run on replicated weights and "
                              f"need the full [R, N, V = {self.vocab_size}] logits, got shape {tuple(base_logits.shape)}")
-        if self._fallback is None:
-            self._fallback = MarkovSampler(self.replicated_head, self.num_steps, self.fallback_max_rows,
-                                           cache_dtype=self.cache_dtype, method="gumbel", impl=self.fallback_impl)
         if self.cache_layout == "gathered":
             self._fallback.sample(base_logits, anchor, idx_mapping, positions, temperature, seeds,
                                   draft_tokens=draft_tokens, logits_cache=logits_cache, check_values=False)
