@@ -134,3 +134,32 @@ def test_positions_clamp_at_the_end_of_int64(impl, max_len):
     want_sample = [[min(int(p) + 1 + i, top) for i in range(3)] for p in last_pos]
     assert out["positions"].view(4, 4).tolist() == want_pos
     assert out["sample_pos"].view(4, 3).tolist() == want_sample
+
+
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+@pytest.mark.parametrize("case", ["positions over last_pos", "sample_pos over positions", "input_ids over bonus",
+                                  "is_padding over num_reqs"])
+def test_outputs_sharing_memory_are_refused(impl, case):
+    """Stop 50 (helper audit): outputs were not checked against each other or the inputs; the Triton kernel reads
+    last_pos again after writing positions, so a positions buffer over last_pos was read after it was written."""
+    last_pos, bonus, slots = inputs(count=4)
+    out = buffers()
+    num_reqs = 2
+    if case == "positions over last_pos":
+        store = torch.zeros(MAX_REQS * (STEPS + 1), dtype=torch.int64)
+        store[:4] = last_pos
+        last_pos, out["positions"], name = store[:4], store, "positions"
+    elif case == "sample_pos over positions":
+        out["sample_pos"] = out["positions"][: MAX_REQS * STEPS]
+        name = "positions"
+    elif case == "input_ids over bonus":
+        bonus = out["input_ids"][:4].clone()
+        out["input_ids"][:4] = bonus
+        bonus, name = out["input_ids"][5:9], "input_ids"
+    else:
+        store = torch.zeros(72, dtype=torch.bool)
+        out["is_padding"] = store[: MAX_REQS * (STEPS + 1)]  # (66 bytes)
+        num_reqs = store[64:].view(torch.int64)  # (a one-element int64 tensor over its last two bytes)
+        name = "is_padding"
+    with pytest.raises(ValueError, match=rf"^{name}: shares memory with"):
+        call(last_pos, bonus, slots, out, num_reqs, impl=impl)

@@ -78,7 +78,24 @@ def _check(last_pos, bonus_tokens, req_slots, num_steps, mask_token_id, max_mode
                              f"buffers {max_reqs} requests), got {num_reqs!r}")
     elif length > max_reqs:
         raise ValueError(f"last_pos: {length} requests do not fit buffers sized for {max_reqs}")
+    _check_apart(dict(input_ids=input_ids, positions=positions, sample_pos=sample_pos,
+                      sample_idx_mapping=sample_idx_mapping, is_padding=is_padding),
+                 dict(last_pos=last_pos, bonus_tokens=bonus_tokens, req_slots=req_slots,
+                      **({"num_reqs": num_reqs} if isinstance(num_reqs, torch.Tensor) else {})))
     return max_reqs
+
+
+def _check_apart(outputs, inputs):
+    """Every output shares no memory with another output or with an input (all 1-D and contiguous): the kernel reads
+    ``last_pos`` again after writing ``positions``, so an output over an input would be read after it was written."""
+    spans = [(name, x.data_ptr(), x.data_ptr() + x.numel() * x.element_size())
+             for name, x in (*outputs.items(), *inputs.items()) if x.numel() > 0]
+    for i, (name, start, end) in enumerate(spans):
+        if name not in outputs:
+            break
+        for other, other_start, other_end in spans[i + 1:]:
+            if start < other_end and other_start < end:
+                raise ValueError(f"{name}: shares memory with {other}; each output needs memory of its own")
 
 
 def prepare_block_inputs_reference(last_pos, bonus_tokens, req_slots, num_reqs, *, num_steps, mask_token_id,
