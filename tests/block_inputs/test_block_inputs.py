@@ -104,6 +104,7 @@ def test_default_count_and_wide_padding():
     (dict(num_reqs=torch.zeros(2, dtype=torch.int64)), "num_reqs"),
     (dict(num_reqs=torch.zeros(1)), "num_reqs"),
     (dict(impl="cuda"), "impl"),
+    (dict(max_model_len=2**31 + 1, positions=torch.zeros(MAX_REQS * (STEPS + 1), dtype=torch.int32)), "max_model_len"),
 ])
 def test_bad_input_names_the_argument(change, name):
     last_pos, bonus, slots = inputs(count=4)

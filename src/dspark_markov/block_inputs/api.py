@@ -62,6 +62,9 @@ def _check(last_pos, bonus_tokens, req_slots, num_steps, mask_token_id, max_mode
         raise ValueError(f"input_ids: expected a multiple of num_steps + 1 = {num_steps + 1} elements, got {queries}")
     max_reqs = queries // (num_steps + 1)
     _check_1d("positions", positions, device, queries)
+    if max_model_len - 1 > torch.iinfo(positions.dtype).max:  # (positions are clamped to max_model_len - 1)
+        raise ValueError(f"max_model_len: positions up to {max_model_len - 1} do not fit positions' dtype "
+                         f"{str(positions.dtype).replace('torch.', '')}")
     _check_1d("is_padding", is_padding, device, queries)
     _check_1d("sample_pos", sample_pos, device, max_reqs * num_steps)
     _check_1d("sample_idx_mapping", sample_idx_mapping, device, max_reqs * num_steps)
