@@ -15,7 +15,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from dspark_markov.sharded import ShardedMarkovSampler
+from dspark_markov.draft.reference import argmax_first
+from dspark_markov.sharded import ShardedMarkovSampler, all_shard_bounds, sharded_softmax_stats, sharded_token_probability
+from dspark_markov.verify.reference import draft_distribution
 from tests.helpers import leave_process_group_and_exit
 from tests.sharded.worker import make_problem, reference
 
@@ -136,7 +138,40 @@ def scenario_fallback_impl(rank, world):
     assert torch.equal(sampler.sample(*call).draft_tokens, ref_tokens)
 
 
-SCENARIOS = {"calls": scenario, "config": scenario_config, "fallback_impl": scenario_fallback_impl}
+def scenario_verify(rank, world):
+    """sharded_softmax_stats / sharded_token_probability agree their argument checks and row count M across ranks: a
+    rank whose arguments were rejected raised alone while its peers waited in the first all-reduce until the group
+    timeout, and a different M on one rank aborted a gloo process (SIGABRT). Now every rank raises the same ValueError."""
+    group = dist.group.WORLD
+    last = rank == world - 1
+    start, end = all_shard_bounds(301, world)[rank]
+    full = torch.randn(6, 301, generator=torch.Generator().manual_seed(9))
+    rows, tokens, temp = full[:, start:end], torch.arange(6) * 50, torch.tensor([0.0, 0.5, 1.0, 2.0, 1e-3, 1.0])
+    calls = {"stats": lambda r, t, T: sharded_softmax_stats(r, T, start, group),
+             "probability": lambda r, t, T: sharded_token_probability(r, t, T, start, group)}
+    for name, call in calls.items():
+        for label, args, match in (
+                ("fp64 temperature on one rank", (rows, tokens, temp.double() if last else temp),
+                 "temperature: expected dtype float32"),
+                ("another M on one rank", (rows[:5], tokens[:5], temp[:5]) if last else (rows, tokens, temp),
+                 "cache_rows: ranks were called with different row counts M")):
+            started = time.monotonic()
+            try:
+                call(*args)
+            except ValueError as error:
+                assert str(error).startswith(match), f"{name}, {label}: {str(error)!r}"
+            else:
+                raise AssertionError(f"{name}, {label}: every rank must raise")
+            assert time.monotonic() - started < GROUP_TIMEOUT_S / 2, f"{name}, {label}: waited for the group timeout"
+    # the group still works, with the full softmax's values
+    q = sharded_token_probability(rows, tokens, temp, start, group)
+    expected = draft_distribution(full[:, None], temp)[:, 0].gather(1, tokens[:, None])[:, 0]
+    torch.testing.assert_close(q, expected, rtol=2 * 301 * 2.0**-24, atol=0.0)
+    assert torch.equal(sharded_softmax_stats(rows, temp, start, group).argmax, argmax_first(full))
+
+
+SCENARIOS = {"calls": scenario, "config": scenario_config, "fallback_impl": scenario_fallback_impl,
+             "verify": scenario_verify}
 
 
 def worker(rank, world, init_file, done_dir, names=("calls",)):

@@ -33,3 +33,9 @@ def test_fallback_impl_checked_at_construction_and_its_failure_on_one_rank_raise
     world = 2
     spawn_ranks(tmp_path, world, robust_sharded_worker.worker,
                 lambda init_file, done_dir: (world, init_file, done_dir, ("fallback_impl",)), deadline_s=JOIN_DEADLINE_S)
+
+
+def test_sharded_softmax_checks_and_row_count_agreed_on_every_rank(tmp_path):
+    world = 2
+    spawn_ranks(tmp_path, world, robust_sharded_worker.worker,
+                lambda init_file, done_dir: (world, init_file, done_dir, ("verify",)), deadline_s=JOIN_DEADLINE_S)

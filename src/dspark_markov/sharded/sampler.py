@@ -22,7 +22,7 @@ from ..validate import (CACHE_DTYPES, DeviceStatusError, check_cache_strides, ch
                         check_sampler_sizes, check_tensor)
 from .partition import all_shard_bounds, max_shard_width, shard_bounds
 from .step import _shard_step
-from .transport import TRANSPORTS, _canonical, agree, flag_device, install_transport
+from .transport import TRANSPORTS, _canonical, agree, agree_call, flag_device, install_transport
 
 CACHE_LAYOUTS = ("sharded", "gathered")
 
@@ -48,7 +48,8 @@ class ShardedMarkovSampler:
         row and step, while gathering moves ``(world - 1) / world R N V c`` bytes into each rank
         (253 rows, N = 5, V = 129,280, bf16: ~290 MB per rank at TP8, hundreds of microseconds of
         NVLink, more than the whole chain). Verify from a sharded cache with
-        :func:`~dspark_markov.sharded.verify.sharded_token_probability` (two ``[M]`` all-reduces).
+        :func:`~dspark_markov.sharded.verify.sharded_token_probability` (two ``[M]`` all-reduces, after
+        one of three int64 that agrees the checks).
     transport : ``"collective"`` / ``"nccl"`` (all-gather, any backend), ``"all_reduce"`` or
         ``"symm_mem"`` (CUDA, NCCL group); see :mod:`~dspark_markov.sharded.transport`. If any
         rank cannot install it, all fall back to ``"collective"`` together
@@ -235,21 +236,7 @@ class ShardedMarkovSampler:
             if error is not None:
                 raise error
             return
-        votes = torch.tensor([self.rank if error is not None else self.world, rows, -rows], dtype=torch.int64,
-                             device=self._flags_on)
-        dist.all_reduce(votes, op=dist.ReduceOp.MIN, group=self.group)
-        first, low, high = int(votes[0]), int(votes[1]), -int(votes[2])
-        if first < self.world:
-            # The failing rank's message reaches every rank (only on this error path: one broadcast).
-            message = [f"{type(error).__name__}: {error}" if self.rank == first else None]
-            dist.broadcast_object_list(message, src=dist.get_global_rank(self.group, first), group=self.group)
-            kind, _, text = message[0].partition(": ")
-            cls = {"ValueError": ValueError, "DeviceStatusError": DeviceStatusError}.get(kind, RuntimeError)
-            text = text if cls is not RuntimeError else message[0]
-            raise cls(f"{text} (rejected on rank {first} of {self.world}; every rank raises this)") from error
-        if low != high:
-            raise ValueError(f"base_logits: ranks were called with different batch sizes R (from {low} to {high}); "
-                             "every rank must draw the same rows")
+        agree_call(error, rows, self.group, self._flags_on, "base_logits: ranks were called with different batch sizes R")
 
     def _prepare(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens, logits_cache,
                  check_values):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..validate import DeviceStatusError
 from .keys import unpack_token, winner_token
 
 TRANSPORTS = ("collective", "nccl", "all_reduce", "symm_mem")
@@ -171,6 +172,29 @@ def agree(ok: bool, group, device) -> bool:
     flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
     return bool(flag.item())
+
+
+def agree_call(error, rows: int, group, device, mismatch: str) -> None:
+    """Agree one call's local checks: one all-reduce (MIN) of ``[failing rank or world, rows, -rows]``.
+
+    Raises on every rank, together: the lowest failing rank's error (its message broadcast to all; ``ValueError``
+    and ``DeviceStatusError`` keep their type, others become ``RuntimeError``), or ``ValueError(mismatch + ...)``
+    when the ranks' ``rows`` differ. ``rows`` is ignored (pass any) on a failing rank.
+    """
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    votes = torch.tensor([rank if error is not None else world, rows, -rows], dtype=torch.int64, device=device)
+    dist.all_reduce(votes, op=dist.ReduceOp.MIN, group=group)
+    first, low, high = int(votes[0]), int(votes[1]), -int(votes[2])
+    if first < world:
+        # The failing rank's message reaches every rank (only on this error path: one broadcast).
+        message = [f"{type(error).__name__}: {error}" if rank == first else None]
+        dist.broadcast_object_list(message, src=dist.get_global_rank(group, first), group=group)
+        kind, _, text = message[0].partition(": ")
+        cls = {"ValueError": ValueError, "DeviceStatusError": DeviceStatusError}.get(kind, RuntimeError)
+        text = text if cls is not RuntimeError else message[0]
+        raise cls(f"{text} (rejected on rank {first} of {world}; every rank raises this)") from error
+    if low != high:
+        raise ValueError(f"{mismatch} (from {low} to {high}); every rank must pass the same rows")
 
 
 def _build(name, args, fail_for_test: bool):

@@ -12,6 +12,8 @@ softmax splits into per-rank partial results combined by two small all-reduces o
 
 Bytes over the link: ``8 M + 8 M`` per rank and hop instead of ``M V c`` for gathering the rows.
 The only difference from computing the softmax of the full row is the order of the fp32 sum.
+Before them (``agree_checks``, the default) one all-reduce of three int64 agrees every rank's argument
+checks and M, so a call rejected on one rank raises on all of them.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch.distributed as dist
 from ..draft.reference import argmax_first, scaled_logits
 from ..validate import check_tensor
 from .keys import pack_keys, unpack_key, unpack_token, INT32_MAX
+from .transport import agree_call, flag_device
 
 
 class ShardedSoftmaxStats(NamedTuple):
@@ -32,12 +35,30 @@ class ShardedSoftmaxStats(NamedTuple):
     argmax: torch.Tensor  # [M] int64, global torch.argmax of the row (NaN-aware)
 
 
-def _check(cache_rows, temperature, tokens=None):
-    check_tensor("cache_rows", cache_rows, dim=2, dtypes=(torch.bfloat16, torch.float32))
-    rows = cache_rows.shape[0]
-    check_tensor("temperature", temperature, shape=(rows,), dtypes=(torch.float32,), device=cache_rows.device)
-    if tokens is not None:
-        check_tensor("tokens", tokens, shape=(rows,), dtypes=(torch.int32, torch.int64), device=cache_rows.device)
+def _check(cache_rows, temperature, tokens, group, agree_checks):
+    """This rank's argument checks, then (``agree_checks``) one all-reduce that makes every rank raise together if
+    any rank rejected its arguments or the ranks' M differ (a rank raising alone leaves its peers in the next
+    all-reduce until the group's timeout; different M abort gloo)."""
+    error = None
+    try:
+        check_tensor("cache_rows", cache_rows, dim=2, dtypes=(torch.bfloat16, torch.float32))
+        rows = cache_rows.shape[0]
+        check_tensor("temperature", temperature, shape=(rows,), dtypes=(torch.float32,), device=cache_rows.device)
+        if tokens is not None:
+            check_tensor("tokens", tokens, shape=(rows,), dtypes=(torch.int32, torch.int64), device=cache_rows.device)
+    except Exception as caught:  # noqa: BLE001 - voted on, then raised on every rank
+        error = caught
+    if not agree_checks:
+        if error is not None:
+            raise error
+        return
+    if isinstance(cache_rows, torch.Tensor):
+        device = cache_rows.device
+    else:  # (a rejected call: the vote goes where the group's backend takes it)
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    agree_call(error, cache_rows.shape[0] if error is None else -1, group,
+               flag_device(group if group is not None else dist.group.WORLD, device),
+               "cache_rows: ranks were called with different row counts M")
 
 
 def _global_max_word(scaled, vocab_start: int, group):
@@ -48,7 +69,8 @@ def _global_max_word(scaled, vocab_start: int, group):
     return word
 
 
-def sharded_softmax_stats(cache_rows, temperature, vocab_start: int, group=None) -> ShardedSoftmaxStats:
+def sharded_softmax_stats(cache_rows, temperature, vocab_start: int, group=None, *,
+                          agree_checks: bool = True) -> ShardedSoftmaxStats:
     """Global max, sum-exp and argmax of ``cache / T`` from this rank's shard of each row.
 
     Parameters
@@ -58,10 +80,16 @@ def sharded_softmax_stats(cache_rows, temperature, vocab_start: int, group=None)
     temperature : ``[M]`` fp32 per row (0 = greedy: the stats are of the unscaled row).
     vocab_start : the global id of this shard's first column. group : the process group.
 
-    Collective: every rank of ``group`` must call it with the same M. Two all-reduces; allocates,
-    so not for CUDA-graph capture as written.
+    agree_checks : agree the argument checks and M across ranks first (default ``True``): one more
+        all-reduce of three int64 (a host sync on NCCL), after which arguments rejected on any rank, or
+        a different M on some rank, raise the same ``ValueError`` on every rank. ``False`` saves it; the
+        checks are then local: a rank that raises leaves its peers in the next all-reduce until the
+        group's timeout, so every rank must pass valid arguments with the same M.
+
+    Collective: every rank of ``group`` must call it with the same M. Two all-reduces (three with
+    ``agree_checks``); allocates, so not for CUDA-graph capture as written.
     """
-    _check(cache_rows, temperature)
+    _check(cache_rows, temperature, None, group, agree_checks)
     scaled = scaled_logits(cache_rows, temperature)
     word = _global_max_word(scaled, vocab_start, group)
     row_max = unpack_key(word)
@@ -70,8 +98,9 @@ def sharded_softmax_stats(cache_rows, temperature, vocab_start: int, group=None)
     return ShardedSoftmaxStats(row_max, sumexp, unpack_token(word))
 
 
-def sharded_token_probability(cache_rows, tokens, temperature, vocab_start: int, group=None) -> torch.Tensor:
-    """``q(x) = softmax(cache / T)[x]`` per row from vocabulary shards, via two all-reduces.
+def sharded_token_probability(cache_rows, tokens, temperature, vocab_start: int, group=None, *,
+                              agree_checks: bool = True) -> torch.Tensor:
+    """``q(x) = softmax(cache / T)[x]`` per row from vocabulary shards, via two ``[M]`` all-reduces.
 
     Parameters
     ----------
@@ -81,13 +110,14 @@ def sharded_token_probability(cache_rows, tokens, temperature, vocab_start: int,
     temperature : ``[M]`` fp32. ``T = 0`` rows give the greedy distribution: 1.0 if ``x`` is the
         row's ``torch.argmax``, else 0.0.
     vocab_start : global id of this rank's first column. group : the process group.
+    agree_checks : as for :func:`sharded_softmax_stats` (default ``True``: one more small all-reduce).
 
     Returns
     -------
     ``[M]`` fp32 on every rank (identical everywhere). A row with a NaN gives NaN at ``T > 0``, as
     ``torch.softmax`` does. Collective; allocates (not CUDA-graph safe as written).
     """
-    _check(cache_rows, temperature, tokens)
+    _check(cache_rows, temperature, tokens, group, agree_checks)
     scaled = scaled_logits(cache_rows, temperature)
     width = scaled.shape[1]
     word = _global_max_word(scaled, vocab_start, group)
