@@ -102,12 +102,17 @@ def expect_construction_error(kwargs, match, label):
 def scenario_config(rank, world):
     """Construction arguments that decide which collectives a call runs must agree across ranks: a rank built with
     another transport or another agree_checks used to construct fine, then the first call's collectives did not
-    match (gloo: both ranks timed out after the group timeout). Now every rank raises ValueError at construction."""
+    match (gloo: both ranks timed out after the group timeout). Now every rank raises ValueError at construction.
+    Sizes go through check_int (a float vocab_size / fallback_max_rows was truncated)."""
     last = rank == world - 1
     expect_construction_error({"transport": "all_reduce" if last else "collective"}, "group: ranks were built with",
                               "a different transport on one rank")
     expect_construction_error({"agree_checks": not last}, "group: ranks were built with",
                               "a different agree_checks on one rank")
+    # sizes are ints, never truncated: vocab_size=301.7 built a V = 301 sampler, fallback_max_rows=2.5 a limit of 2
+    expect_construction_error({"vocab_size": 301.7}, "vocab_size: expected an int", "a float vocab_size")
+    expect_construction_error({"fallback_max_rows": 2.5}, "fallback_max_rows: expected an int", "a float limit")
+    expect_construction_error({"fallback_max_rows": 0}, "fallback_max_rows: expected an int >= 1", "a zero limit")
     # "nccl" is the collective transport's alias: the same transport
     problem = make_problem(3, 301, 4, 2, torch.float32, torch.float32)
     ref_tokens, _ = reference(problem, torch.float32, world)

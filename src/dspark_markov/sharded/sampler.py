@@ -19,7 +19,7 @@ from ..draft.sampler import DraftOutput, MarkovSampler
 from .. import registry
 from ..head import MarkovHead
 from ..validate import (CACHE_DTYPES, DeviceStatusError, check_cache_strides, check_cpu_or_cuda, check_draft_inputs,
-                        check_sampler_sizes, check_tensor)
+                        check_int, check_sampler_sizes, check_tensor)
 from .partition import all_shard_bounds, max_shard_width, shard_bounds
 from .step import _shard_step
 from .transport import TRANSPORTS, _canonical, agree, agree_call, flag_device, install_transport
@@ -111,7 +111,8 @@ class ShardedMarkovSampler:
         check_sampler_sizes(num_steps, max_rows, cache_dtype)
         registry.check_name("draft", fallback_impl, "fallback_impl")
         check_tensor("head_weight", head_weight, dim=2)
-        vocab = head_weight.shape[0] if vocab_size is None else int(vocab_size)
+        vocab = head_weight.shape[0] if vocab_size is None else check_int("vocab_size", vocab_size, 1, 2**32 - 1)
+        fallback_max_rows = check_int("fallback_max_rows", fallback_max_rows, 1)
         if vocab < self.world:  # (named by the argument that gave V; shard_bounds would name its own parameter)
             raise ValueError(f"head_weight: expected at least the world size {self.world} rows (V >= world, so that "
                              f"every shard is non-empty), got shape {tuple(head_weight.shape)}" if vocab_size is None
