@@ -24,6 +24,12 @@ VOCAB, RANK = 129_280, 256
 DESIGNS = [name for name in dm.MarkovSampler.impl_names() if name not in ("reference", "auto")]
 
 
+def _random_head(gen, scale):
+    """A full-shape bf16 head on the GPU (``[V, rank]`` both weights) from ``gen``."""
+    return dm.MarkovHead(torch.randn(VOCAB, RANK, generator=gen).bfloat16().cuda(),
+                         torch.randn(VOCAB, RANK, generator=gen).bfloat16().cuda(), scale=scale)
+
+
 def _runs_here(impl):
     try:
         cls = registry.load("draft", impl)
@@ -39,8 +45,7 @@ def test_subnormal_temperatures(impl):
     if why is not None:
         pytest.skip(why)
     gen = torch.Generator().manual_seed(0)
-    head = dm.MarkovHead(torch.randn(VOCAB, RANK, generator=gen).bfloat16().cuda(),
-                         torch.randn(VOCAB, RANK, generator=gen).bfloat16().cuda(), scale=0.0)
+    head = _random_head(gen, 0.0)
     base = torch.stack([torch.zeros(VOCAB), -(torch.rand(VOCAB, generator=gen) + 1.0) * 1e-3,
                         torch.cat([torch.zeros(1), -torch.rand(VOCAB - 1, generator=gen) - 1.0])])[:, None]
     temperature = torch.tensor([1e-45, 1e-40, 2e-39]).cuda()
@@ -110,8 +115,7 @@ def test_one_step_cache_with_any_step_stride(impl):
     if why is not None:
         pytest.skip(why)
     gen = torch.Generator().manual_seed(5)
-    head = dm.MarkovHead(torch.randn(VOCAB, RANK, generator=gen).bfloat16().cuda(),
-                         torch.randn(VOCAB, RANK, generator=gen).bfloat16().cuda(), scale=0.0625)
+    head = _random_head(gen, 0.0625)
     rows, slots = 4, 6
     args = [(torch.randn(rows, 1, VOCAB, generator=gen) * 2).bfloat16().cuda(), torch.tensor([3, 4, 5, 9]).cuda(),
             torch.tensor([0, 5, 2, 3]).cuda(), torch.tensor([100, 7, 0, 2**31 - 1]).cuda(),
