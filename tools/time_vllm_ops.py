@@ -281,7 +281,7 @@ def _record(args, part, impl, rows, mode) -> dict:
     from dspark_markov.bench import harness, verify_grid
 
     kernel = "filter_row" if part == "filter" else "verify_standard"
-    work_rows, nbytes = verify_grid.kernel_bytes(args.config, kernel, rows)
+    work_rows, nbytes = verify_grid.kernel_bytes(args.config, kernel, rows, mode)
     record = {field: None for field in FIELDS}
     record.update(part=part, impl=impl, rows=rows, work_rows=work_rows, mode=mode, layout="-", status="ok",
                   timing=harness.graph_timing_label() if args.device == "cuda" else "host", minimal_bytes=nbytes, reason="")

@@ -36,8 +36,47 @@ def test_bytes_model_deepseek_shapes():
     assert roofline.floor_us(784_988_160 + 327_078_400, 4200.0) == pytest.approx(264.778, abs=1e-3)
 
 
+def test_greedy_requests_read_no_cache_rows_so_their_bytes_leave_the_floor():
+    """A T = 0 request verifies by the target's argmax alone: the reference's tokens do not change when its
+    cache rows are garbage, and the StreamVerifier reads none of them (triton_verify_stream._stream_chunk's
+    ``greedy`` branch). The floor of a mixed-T batch (slot b at T = (0, 0.6, 1)[b % 3]) counts the cache rows
+    of its non-greedy requests only; it counted all of them (253 requests: +9.9 % floor, bf16 cache; the
+    mixed batch of 1 request, which is greedy: +42 %)."""
+    import dspark_markov as dm
+
+    v = 129_280
+    assert [verify_grid.greedy_requests(b, "mixed") for b in (1, 2, 3, 4, 16, 64, 253)] == [1, 1, 1, 2, 6, 22, 85]
+    assert verify_grid.greedy_requests(253, "1") == verify_grid.greedy_requests(253, "0.6") == 0
+    config = verify_grid.VerifyBenchConfig()
+    assert verify_grid.kernel_bytes(config, "verify_standard", 253, "1") == (253, 784_988_160 + 327_078_400)
+    mixed = 784_988_160 + (253 - 85) * 5 * v * 2
+    for kernel in verify_grid.VERIFY_METHODS:
+        assert verify_grid.kernel_bytes(config, kernel, 253, "mixed") == (253, mixed)
+    assert verify_grid.kernel_bytes(config, "verify_raw", 1, "mixed") == (1, 6 * v * 4)  # no cache row at all
+    fp32 = verify_grid.VerifyBenchConfig(cache_dtype=torch.float32)
+    assert verify_grid.kernel_bytes(fp32, "verify_block", 16, "mixed")[1] == v * (16 * 6 * 4 + 10 * 5 * 4)
+    assert verify_grid._record(config, "verify_standard", "triton", 253, "mixed")["minimal_bytes"] == mixed
+    assert verify_grid._record(config, "filter_row", "triton", 253, "gaussian p")["minimal_bytes"] == 2 * 784_988_160
+
+    # The premise, on the reference: garbage in a greedy request's cache rows changes nothing it emits.
+    gen = torch.Generator().manual_seed(5)
+    b, k, vocab = 6, 3, 200
+    target = torch.randn(b, k + 1, vocab, generator=gen) * 2
+    cache = (torch.randn(b, k, vocab, generator=gen) * 2).bfloat16()
+    drafts = target[:, :k].argmax(dim=-1)  # greedy requests accept some drafts
+    drafts[1, 1] = (drafts[1, 1] + 1) % vocab
+    args = (torch.full((b,), k), torch.arange(b), torch.randint(1, 1000, (b,), generator=gen),
+            verify_grid.mixed_temperatures(b, "cpu"), torch.randint(0, 1 << 40, (b,), generator=gen))
+    first = dm.verify_drafts(target, drafts, cache, *args)
+    garbage = cache.clone()
+    garbage[0::3] = torch.randn(2, k, vocab, generator=gen).bfloat16() * 50  # requests 0 and 3: T = 0
+    second = dm.verify_drafts(target, drafts, garbage, *args)
+    assert torch.equal(first.tokens, second.tokens) and torch.equal(first.num_emitted, second.num_emitted)
+
+
 @pytest.mark.parametrize("call, name", [
     (lambda: verify_grid.verify_bytes(0, 5, 100), "rows"),
+    (lambda: verify_grid.verify_bytes(2, 5, 100, greedy=3), "greedy"),
     (lambda: verify_grid.verify_bytes(1, 0, 100), "drafts"),
     (lambda: verify_grid.verify_bytes(1, 5, 100, cache_bytes=1), "cache_bytes"),
     (lambda: verify_grid.filter_bytes(1, 0), "vocab"),
@@ -159,8 +198,9 @@ def test_cpu_run_writes_reports(tmp_path, capsys, monkeypatch, small_bandwidth_b
         assert 0 < r["time_us_low"] <= r["time_us"] <= r["time_us_high"]
         assert r["floor_us"] == pytest.approx(r["minimal_bytes"] / (data["bandwidth"]["read_gbps"] * 1e3))
         assert r["bandwidth_fraction"] == pytest.approx(r["floor_us"] / r["time_us"])
-        if r["kernel"].startswith("verify"):
-            assert r["minimal_bytes"] == r["rows"] * 300 * (6 * 4 + 5 * 2)
+        if r["kernel"].startswith("verify"):  # mixed T: request 0 (slot 0, T = 0) is greedy and reads no cache row
+            greedy = 1 if r["temperature"] == "mixed" else 0
+            assert r["minimal_bytes"] == r["rows"] * 300 * 6 * 4 + (r["rows"] - greedy) * 300 * 5 * 2
         elif r["kernel"] == "filter_row":
             assert r["minimal_bytes"] == 2 * 6 * r["rows"] * 300 * 4 and r["layout"] == "sort"
         else:

@@ -38,7 +38,9 @@ references are not timed on CUDA. On
 the CPU calls are timed by ``perf_counter`` (no graphs, no L2 flush).
 
 Minimal bytes (the floor a perfect design could reach at the measured read bandwidth):
-verification reads the ``B (K+1) V`` fp32 target logits once and the ``B K`` cache rows once;
+verification reads the ``B (K+1) V`` fp32 target logits once and the ``K`` cache rows of every
+request that is not greedy once (a T = 0 request accepts and emits by the target's argmax and reads
+no cache row: a third of the mixed-T requests, the one request of a mixed batch of 1);
 filtering reads and writes the ``B (K+1) V`` fp32 logits once each; block inputs write their five
 outputs (``max_reqs (N+1)`` int64 ids and positions and bools, ``max_reqs N`` int64 sample
 positions and slots).
@@ -140,13 +142,25 @@ def _positive(**values):
             raise ValueError(f"{name}: expected an integer >= 1, got {value}")
 
 
-def verify_bytes(rows: int, drafts: int, vocab: int, *, cache_bytes: int = 2) -> int:
+def verify_bytes(rows: int, drafts: int, vocab: int, *, cache_bytes: int = 2, greedy: int = 0) -> int:
     """Minimal bytes of one verification: target logits ``[B, K+1, V]`` fp32 read once plus the
-    ``B K`` cache rows read once (the outputs, ``B (K+2)`` int64, are left out)."""
+    ``K`` cache rows of each of the ``B - greedy`` non-greedy requests read once (a greedy, T = 0,
+    request needs only the target's argmax; the outputs, ``B (K+2)`` int64, are left out)."""
     _positive(rows=rows, drafts=drafts, vocab=vocab)
     if int(cache_bytes) not in (2, 4):
         raise ValueError(f"cache_bytes: expected 2 (bf16) or 4 (fp32), got {cache_bytes}")
-    return int(rows) * int(vocab) * ((int(drafts) + 1) * 4 + int(drafts) * int(cache_bytes))
+    if isinstance(greedy, bool) or not 0 <= int(greedy) <= int(rows):
+        raise ValueError(f"greedy: expected an integer in [0, rows = {rows}], got {greedy}")
+    target = int(rows) * (int(drafts) + 1) * 4
+    cache = (int(rows) - int(greedy)) * int(drafts) * int(cache_bytes)
+    return int(vocab) * (target + cache)
+
+
+def greedy_requests(rows: int, mode: str) -> int:
+    """How many of ``rows`` requests (slot ``b`` for request ``b``) verify greedily (T = 0) in temperature ``mode``."""
+    if mode != "mixed":
+        return 0
+    return sum(1 for b in range(int(rows)) if MIXED_TEMPERATURES[b % len(MIXED_TEMPERATURES)] == 0.0)
 
 
 def filter_bytes(rows: int, vocab: int) -> int:
@@ -165,12 +179,13 @@ def block_inputs_bytes(max_reqs: int, steps: int, *, id_bytes: int = 8) -> int:
     return int(max_reqs) * ((int(steps) + 1) * (2 * int(id_bytes) + 1) + 16 * int(steps))
 
 
-def kernel_bytes(config: VerifyBenchConfig, kernel: str, rows: int) -> tuple:
-    """``(work_rows, minimal bytes)`` of ``kernel`` at ``rows`` requests."""
+def kernel_bytes(config: VerifyBenchConfig, kernel: str, rows: int, mode: str = "1") -> tuple:
+    """``(work_rows, minimal bytes)`` of ``kernel`` at ``rows`` requests (a verification's in temperature ``mode``:
+    its greedy requests read no cache row)."""
     k = config.steps
     if kernel in VERIFY_METHODS:
         cache_bytes = torch.empty((), dtype=config.cache_dtype).element_size()
-        return rows, verify_bytes(rows, k, config.vocab, cache_bytes=cache_bytes)
+        return rows, verify_bytes(rows, k, config.vocab, cache_bytes=cache_bytes, greedy=greedy_requests(rows, mode))
     if kernel.startswith("filter_"):
         return rows * (k + 1), filter_bytes(rows * (k + 1), config.vocab)
     if kernel == "block_inputs":
@@ -459,7 +474,7 @@ def _runner_class(kernel):
 
 
 def _record(config: VerifyBenchConfig, kernel: str, impl: str, rows: int, mode: str) -> dict:
-    work_rows, nbytes = kernel_bytes(config, kernel, rows)
+    work_rows, nbytes = kernel_bytes(config, kernel, rows, mode)
     filtering = kernel.startswith("filter_")
     return {"kernel": kernel, "impl": impl, "rows": rows, "temperature": "-" if filtering else mode,
             "inputs": mode if filtering else "-", "layout": "-",
@@ -604,8 +619,8 @@ def format_table(records, bandwidth, *, markdown: bool = False) -> str:
     """The results as an aligned text table, or a markdown table when ``markdown``."""
     rows = [_cells(r) for r in records]
     footer = (f"bandwidth: copy {bandwidth.copy_gbps:.0f} GB/s, read {bandwidth.read_gbps:.0f} GB/s; min MB: "
-              "verify = target logits + K cache rows read once, filter = logits read + written once, "
-              "block_inputs = its outputs; floor = min MB / read bandwidth; % read BW = floor / time")
+              "verify = target logits + K cache rows (none for a T = 0 request) read once, "
+              "filter = logits read + written once, block_inputs = its outputs; floor = min MB / read bandwidth; % read BW = floor / time")
     grouped = {}  # (kernel, impl, status, reason) -> the cases it applies to
     for r in records:
         if r["status"] != "ok":
