@@ -307,6 +307,65 @@ def test_vllm_loop_is_na_without_gumbel_sample(monkeypatch):
     assert by_design["reference"]["speedup_vs_vllm_loop"] is None
 
 
+def test_vllm_loop_takes_only_vllm_0_33_0s_gumbel_sample(tmp_path, monkeypatch):
+    """The vllm_loop baseline loaded an installed vLLM of any version, and an extracted copy without checking it
+    against SOURCE.txt (vllm_ops checks both): another version's, or an edited, gumbel_sample was timed as vLLM
+    0.33.0's. Both are passed over now, saying why; a copy with its recorded SHA-256 and vLLM 0.33.0 still load."""
+    import hashlib
+    import sys
+
+    from dspark_markov.bench import vllm_loop
+
+    site = tmp_path / "site"
+    sample = site / "vllm" / "v1" / "worker" / "gpu" / "sample"
+    sample.mkdir(parents=True)
+    for folder in (sample, *sample.parents):
+        if folder == site:
+            break
+        (folder / "__init__.py").write_text("")
+    (site / "vllm" / "__init__.py").write_text('__version__ = "0.34.0"\n')
+    (site / "vllm" / "triton_utils.py").write_text("HAS_TRITON = True\n")
+    (sample / "gumbel.py").write_text("def gumbel_sample(*args, **kwargs):\n    return 'installed'\n")
+    cache = tmp_path / "cache"
+    (cache / "vllm-0.33.0").mkdir(parents=True)
+    copy = cache / "vllm-0.33.0" / "gumbel_standalone.py"
+    copy.write_text("def gumbel_sample(*args, **kwargs):\n    return 'copy'\n")
+    source = cache / "vllm-0.33.0" / "SOURCE.txt"
+    source.write_text(f"gumbel_standalone.py sha256 {'0' * 64}\n")  # extracted, then edited
+
+    def ours(name):
+        return name == "vllm" or name.startswith("vllm.") or name == "_dspark_markov_vllm_gumbel"
+
+    def forget():
+        vllm_loop._loaded.clear()
+        for name in [n for n in sys.modules if ours(n)]:
+            del sys.modules[name]
+
+    before = {name: module for name, module in sys.modules.items() if ours(name)}
+    monkeypatch.setattr(vllm_loop, "_loaded", {})
+    monkeypatch.setattr(vllm_loop, "cache_dirs", lambda: [cache])
+    monkeypatch.syspath_prepend(str(site))
+    try:
+        forget()
+        with pytest.raises(ImportError) as raised:
+            vllm_loop.load_gumbel_sample()
+        assert "installed vLLM is 0.34.0, not 0.33.0" in str(raised.value)
+        assert f"{copy} differs from {source}" in str(raised.value)
+
+        source.write_text(f"gumbel_standalone.py sha256 {hashlib.sha256(copy.read_bytes()).hexdigest()}\n")
+        forget()
+        fn, origin = vllm_loop.load_gumbel_sample()
+        assert fn() == "copy" and origin == f"vLLM 0.33.0 gumbel.py extracted to {copy}"
+
+        (site / "vllm" / "__init__.py").write_text('__version__ = "0.33.0"\n')
+        forget()
+        fn, origin = vllm_loop.load_gumbel_sample()
+        assert fn() == "installed" and origin.startswith("installed vLLM 0.33.0")
+    finally:
+        forget()
+        sys.modules.update(before)
+
+
 def _gumbel_sample_or_skip():
     from dspark_markov.bench import vllm_loop
 

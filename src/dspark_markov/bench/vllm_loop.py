@@ -15,10 +15,10 @@ speculator.py``) runs, for each of the N steps (about 9 kernels a step):
 
 :class:`VllmLoop` is that loop, line for line, on the benchmark's buffers, calling the real
 ``gumbel_sample`` (whose small allocations per call it keeps, as vLLM does: under a CUDA graph they
-come from the graph's pool). Where it comes from (:func:`load_gumbel_sample`): an importable vLLM,
-else the copy ``tools/extract_vllm.py`` extracts from the vLLM 0.33.0 wheel into the git-ignored
-``.vllm-cache/`` (found through ``DSPARK_MARKOV_VLLM_CACHE``, the working directory or the
-repository root). The cached logits and tokens equal the reference's (SPEC.md: vLLM's noise uses
+come from the graph's pool). Where it comes from (:func:`load_gumbel_sample`): an importable vLLM
+0.33.0, else the copy ``tools/extract_vllm.py`` extracts from the vLLM 0.33.0 wheel into the
+git-ignored ``.vllm-cache/`` (with the SHA-256 its ``SOURCE.txt`` records; found through
+``DSPARK_MARKOV_VLLM_CACHE``, the working directory or the repository root). The cached logits and tokens equal the reference's (SPEC.md: vLLM's noise uses
 ``tl.log``, ours a software log; they agree on every draw measured so far).
 
 vLLM's ``gumbel_sample`` requires the logits in the cache's dtype: an fp32 cache needs fp32 base
@@ -27,8 +27,10 @@ logits (``--logits-dtype float32``; the bias stays in the weight dtype and the a
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -52,9 +54,20 @@ def cache_dirs() -> list:
     return list(dict.fromkeys(dirs))
 
 
+def recorded_hashes(folder: Path) -> dict:
+    """``{file name: sha256}`` from ``folder/SOURCE.txt`` (lines ``<file> sha256 <hex>``); {} without it."""
+    path = Path(folder) / "SOURCE.txt"
+    if not path.is_file():
+        return {}
+    found = re.findall(r"^(\S+\.py) sha256 ([0-9a-f]{64})", path.read_text(), flags=re.MULTILINE)
+    return dict(found)
+
+
 def load_gumbel_sample():
     """``(gumbel_sample, origin)``: vLLM's function and a line saying where it was loaded from.
 
+    Only vLLM 0.33.0's: an installed vLLM of another version is passed over, and the extracted copy
+    must have the SHA-256 that ``SOURCE.txt`` records for it (as :mod:`.vllm_ops` requires).
     Raises ``ImportError`` saying what was tried when neither an installed vLLM nor the extracted
     copy is there (run ``python tools/extract_vllm.py``).
     """
@@ -63,14 +76,17 @@ def load_gumbel_sample():
     tried = []
     if importlib.util.find_spec("vllm") is not None:
         try:
-            module = importlib.import_module(_MODULE)
-            version = getattr(sys.modules.get("vllm"), "__version__", "?")
-            if importlib.import_module("vllm.triton_utils").HAS_TRITON:
-                _loaded.update(fn=module.gumbel_sample, origin=f"installed vLLM {version} ({module.__file__})")
-                return _loaded["fn"], _loaded["origin"]
-            # Without an active GPU driver vLLM replaces triton.jit by a placeholder (set
-            # CUDA_VISIBLE_DEVICES= to keep Triton's interpreter); the extracted copy has real kernels.
-            tried.append(f"installed vLLM {version} disabled Triton (no active GPU driver)")
+            version = getattr(importlib.import_module("vllm"), "__version__", "?")
+            if version != VLLM_VERSION:  # another version's gumbel_sample is not the baseline
+                tried.append(f"installed vLLM is {version}, not {VLLM_VERSION}")
+            else:
+                module = importlib.import_module(_MODULE)
+                if importlib.import_module("vllm.triton_utils").HAS_TRITON:
+                    _loaded.update(fn=module.gumbel_sample, origin=f"installed vLLM {version} ({module.__file__})")
+                    return _loaded["fn"], _loaded["origin"]
+                # Without an active GPU driver vLLM replaces triton.jit by a placeholder (set
+                # CUDA_VISIBLE_DEVICES= to keep Triton's interpreter); the extracted copy has real kernels.
+                tried.append(f"installed vLLM {version} disabled Triton (no active GPU driver)")
         except Exception as error:  # noqa: BLE001 - a broken vLLM install: try the extracted copy
             tried.append(f"import {_MODULE}: {type(error).__name__}: {error}")
     else:
@@ -79,6 +95,11 @@ def load_gumbel_sample():
         path = folder / _CACHED_FILE
         if not path.is_file():
             tried.append(f"no {path}")
+            continue
+        recorded = recorded_hashes(path.parent).get(path.name)
+        if recorded != hashlib.sha256(path.read_bytes()).hexdigest():
+            tried.append(f"{path} {'differs from' if recorded else 'missing in'} "
+                         f"{path.parent / 'SOURCE.txt'} (run tools/extract_vllm.py again)")
             continue
         spec = importlib.util.spec_from_file_location("_dspark_markov_vllm_gumbel", path)
         module = importlib.util.module_from_spec(spec)

@@ -34,11 +34,10 @@ import hashlib
 import importlib
 import importlib.util
 import os
-import re
 import sys
 from pathlib import Path
 
-from .vllm_loop import VLLM_VERSION, cache_dirs
+from .vllm_loop import VLLM_VERSION, cache_dirs, recorded_hashes
 
 # op -> (vLLM module, file stem in the cache, entry point)
 OPS = {
@@ -55,15 +54,6 @@ _loaded: dict = {}
 def _check_op(op: str) -> None:
     if op not in OPS:
         raise ValueError(f"op: expected one of {', '.join(OPS)}, got {op!r}")
-
-
-def recorded_hashes(folder: Path) -> dict:
-    """``{file name: sha256}`` from ``folder/SOURCE.txt`` (lines ``<file> sha256 <hex>``); {} without it."""
-    path = Path(folder) / "SOURCE.txt"
-    if not path.is_file():
-        return {}
-    found = re.findall(r"^(\S+\.py) sha256 ([0-9a-f]{64})", path.read_text(), flags=re.MULTILINE)
-    return dict(found)
 
 
 def _from_installed(op: str, tried: list):
