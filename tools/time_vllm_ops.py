@@ -61,6 +61,10 @@ FIELDS = ("part", "impl", "rows", "work_rows", "mode", "layout", "status", "time
           "agreement_rows", "agreement_tokens", "kept_diff", "greedy_match", "accepted_mean", "reason")
 
 
+# The environment columns of every CSV line (the JSON has the whole environment).
+ENV_COLUMNS = ("gpu", "driver", "torch", "triton", "cuda", "date", "l2_flush")
+
+
 def _csv_list(text: str, cast=str) -> tuple:
     return tuple(cast(item) for item in text.split(",") if item.strip())
 
@@ -406,10 +410,10 @@ def write(args, records, argv) -> list:
                                      "timing": timing, "results": records}, indent=2, default=str) + "\n")
     csv_path = args.out / "vllm_ops.csv"
     with open(csv_path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=("gpu", "torch", "triton", "date") + FIELDS)
+        writer = csv.DictWriter(handle, fieldnames=ENV_COLUMNS + FIELDS)
         writer.writeheader()
         for record in records:
-            writer.writerow({**{name: env.get(name) for name in ("gpu", "torch", "triton", "date")}, **record})
+            writer.writerow({**{name: env.get(name) for name in ENV_COLUMNS}, **record})
     return [json_path, csv_path]
 
 

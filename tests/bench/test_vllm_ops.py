@@ -479,6 +479,9 @@ def test_time_vllm_ops_runs_on_the_cpu(tmp_path, device):
                       "--eager-calls", "1", "--out", str(tmp_path)]) == 0
     records = {r["part"]: r for r in json.loads((tmp_path / "vllm_ops.json").read_text())["results"]}
     assert set(records) == {"filter", "rejection"}
+    with open(tmp_path / "vllm_ops.csv") as handle:  # the CSV lacked the driver (results carry GPU, driver, versions)
+        header = handle.readline().strip().split(",")
+    assert header[:7] == ["gpu", "driver", "torch", "triton", "cuda", "date", "l2_flush"]
     available = vllm_ops.availability()
     for part, op in (("filter", "filter"), ("rejection", "rejection")):
         if available[op].startswith("unavailable"):
