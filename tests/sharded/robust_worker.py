@@ -134,7 +134,7 @@ def scenario_fallback_impl(rank, world):
     sampler = ShardedMarkovSampler(problem["embed"], problem["head"], dist.group.WORLD, 2, 4, torch.float32,
                                    replicated_head_weight=problem["head"],
                                    fallback_impl="cuda_chain" if last else "reference")
-    expect_error(sampler, args, {}, "impl: 'cuda_chain' runs on cuda", "a fallback design that cannot run on one rank")
+    expect_error(sampler, args, {}, "fallback_impl: impl: 'cuda_chain' runs on cuda", "a fallback design that cannot run on one rank")
     # the group still works: a batch within max_rows takes the sharded path
     small = dict(problem, base=problem["base"][:4], anchor=problem["anchor"][:4],
                  idx_mapping=problem["idx_mapping"][:8], positions=problem["positions"][:8])

@@ -304,7 +304,7 @@ def test_filter_object_sizes_are_checked_by_name(name, args, options):
 
 def test_filter_object_takes_integer_scalars_and_small_blocks():
     x = torch.randn(2, 300, generator=torch.Generator().manual_seed(4)) * 3
-    for options in (dict(block=16, chunks=3), dict(block=4)):
+    for options in (dict(block=16, chunks=3), dict(block=4), dict(block=torch.tensor(16), chunks=torch.tensor(2))):
         filt = ft.TopKTopPFilter(torch.tensor(2), 300, "cpu", **options)
         out = torch.empty_like(x)
         filt.filter(x, 5, 0.8, out)

@@ -437,6 +437,13 @@ def test_layout_overrides_are_checked_by_name(name, option):
         StreamVerifier(8, 3, 300, "cpu", **option)
 
 
+def test_layout_overrides_take_integer_scalars():
+    """An override is kept as the int check_int returned: a one-element integer tensor (or numpy int) is a size."""
+    verifier = StreamVerifier(8, 3, 300, "cpu", unroll=torch.tensor(2), lag=torch.tensor(0), t1=torch.tensor(3))
+    assert verifier.overrides["unroll"] == 2 and type(verifier.overrides["unroll"]) is int
+    assert verifier.overrides["lag"] == 0 and verifier.overrides["t1"] == 3
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["standard", "block"])
 def test_first_two_positions_follow_the_target(method):

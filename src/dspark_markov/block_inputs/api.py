@@ -142,11 +142,12 @@ def prepare_block_inputs(last_pos, bonus_tokens, req_slots, *, num_steps, mask_t
     num_steps : int
         ``N``, the draft steps (block size); ``N + 1`` query rows per request.
     mask_token_id, max_model_len : int
-        The mask token; positions are clamped to ``max_model_len - 1``.
+        The mask token; positions are clamped to ``max_model_len - 1`` (which must fit ``positions``' dtype).
     input_ids, positions, is_padding : torch.Tensor
         ``[max_reqs * (N + 1)]`` outputs, int32/int64 (``is_padding`` bool); define ``max_reqs``.
     sample_pos, sample_idx_mapping : torch.Tensor
-        ``[max_reqs * N]`` int64 outputs, ordered (request, step).
+        ``[max_reqs * N]`` int64 outputs, ordered (request, step). No output may share memory with another
+        output or an input (``ValueError`` naming it).
     num_reqs : int, torch.Tensor or None
         Live requests. ``None``: ``L``. An int in ``[0, min(L, max_reqs)]``. Or a one-element
         int32/int64 tensor on the device: read by the kernel (no host synchronisation, so a

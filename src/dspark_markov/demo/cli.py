@@ -67,14 +67,22 @@ def _check_args(parser, args):
     free = _free_memory(device)
     if free is not None and need > free:
         parser.error(f"--requests / --num-drafts / --vocab: one round's target logits alone take {need / 2**30:.1f} GiB, "
-                     f"more than the {free / 2**30:.1f} GiB free on {device}")
+                     f"more than the {free / 2**30:.1f} GiB available on {device}")
 
 
 def _free_memory(device: torch.device):
-    """Bytes free on ``device`` (CUDA: the driver's count; CPU: the OS's available pages), or None if unknown."""
+    """Bytes ``device`` can still give (CUDA: the driver's free count; CPU: Linux's MemAvailable, which counts the
+    reclaimable page cache, else the free pages), or None if unknown."""
     try:
         if device.type == "cuda":
             return torch.cuda.mem_get_info(device)[0] if torch.cuda.is_available() else None
+        try:
+            with open("/proc/meminfo") as meminfo:
+                for line in meminfo:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024  # (kB)
+        except OSError:
+            pass
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError, RuntimeError):
         return None

@@ -272,8 +272,12 @@ class ShardedMarkovSampler:
                                  f"and need the full [R, N, V = {self.vocab_size}] logits, got shape "
                                  f"{tuple(base_logits.shape)}")
             if self._fallback is None:  # built here, so that a design that cannot run on some rank is voted on
-                self._fallback = MarkovSampler(self.replicated_head, self.num_steps, self.fallback_max_rows,
-                                               cache_dtype=self.cache_dtype, method="gumbel", impl=self.fallback_impl)
+                try:
+                    self._fallback = MarkovSampler(self.replicated_head, self.num_steps, self.fallback_max_rows,
+                                                   cache_dtype=self.cache_dtype, method="gumbel",
+                                                   impl=self.fallback_impl)
+                except ValueError as error:  # (named by the argument that chose the design)
+                    raise ValueError(f"fallback_impl: {error}") from error
         if draft_tokens is None:
             draft_tokens = torch.empty(dims.rows, dims.steps, dtype=torch.int64, device=self.device)
         return base_logits, draft_tokens, logits_cache

@@ -1496,7 +1496,8 @@ class StreamVerifier:
     device : CUDA, or CPU with ``TRITON_INTERPRET=1``.
     block : elements per tile (default 2048 on the GPU, 128 on the CPU).
     t1, t2, lag, unroll : override the :class:`Layout` (tiles per stream / emit item, lag in
-        requests, tiles loaded at once): ints >= 0 (0: the default), ``unroll`` a power of two.
+        requests, tiles loaded at once): ints >= 0 (None: the default; 0 too, except ``lag = 0``: no lag),
+        ``unroll`` a power of two.
     warps : warps per program (default 8 on the GPU).
     noise_filter : rank the emitted row by cheap noise and compute exact keys only for the candidates it leaves
         (each lane's best, or the winner with ``emit_winner``; default 1); 0: exact noise for every value. The
@@ -1624,15 +1625,13 @@ class StreamVerifier:
         self.cuda = device.type in ("cuda", "meta")  # meta: tools/compile_verify.py at GPU shapes
         self.sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else (
             132 if self.cuda else 1)
-        # Layout overrides: ints >= 0 (0 or None: the default; a negative lag left the grid short of the items that
-        # emit items wait on), unroll a power of two (tl.arange of it)
-        for name, value in (("t1", t1), ("t2", t2), ("lag", lag), ("unroll", unroll), ("tail", tail),
-                            ("tail_t2", tail_t2)):
-            if value is not None:
-                check_int(name, value, 0)
-        if unroll:
-            check_power_of_two("unroll", unroll, 1)
-        self.overrides = dict(t1=t1, t2=t2, lag=lag, unroll=unroll, tail=tail, tail_t2=tail_t2)
+        # Layout overrides: ints >= 0 (None: the default, and 0 too except for lag, where 0 is no lag; a negative lag
+        # left the grid short of the items that emit items wait on), unroll a power of two (tl.arange of it)
+        self.overrides = {name: None if value is None else check_int(name, value, 0)
+                          for name, value in (("t1", t1), ("t2", t2), ("lag", lag), ("unroll", unroll),
+                                              ("tail", tail), ("tail_t2", tail_t2))}
+        if self.overrides["unroll"]:
+            check_power_of_two("unroll", self.overrides["unroll"], 1)
         # Emit tiles (values per emit-scan iteration; t2 counts them): narrower than the stream tiles
         # spreads one request's emitted row over more programs at small batches.
         self.emit_block = int(emit_block) if emit_block else (min(GPU_EMIT_BLOCK, self.block) if device.type in (
