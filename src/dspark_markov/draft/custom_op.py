@@ -31,10 +31,16 @@ _MAX_CACHED_SAMPLERS = 32
 _SAMPLERS: "OrderedDict[tuple, MarkovSampler]" = OrderedDict()
 
 
+def _version(weight: torch.Tensor):
+    # Inference tensors (created under torch.inference_mode()) have no version counter: reading
+    # ``_version`` raises. Their in-place updates cannot be seen (see cached_sampler).
+    return None if weight.is_inference() else weight._version
+
+
 def _sampler_key(embed_weight, head_weight, scale, num_steps, rows, cache_dtype, impl, method):
     # The version counters make an in-place weight update build a new sampler (the interpreter
     # path keeps fp32 copies of the weights).
-    return (embed_weight.data_ptr(), head_weight.data_ptr(), embed_weight._version, head_weight._version,
+    return (embed_weight.data_ptr(), head_weight.data_ptr(), _version(embed_weight), _version(head_weight),
             tuple(embed_weight.shape), tuple(head_weight.shape), embed_weight.dtype, str(embed_weight.device),
             float(scale), int(num_steps), int(rows), cache_dtype, impl, method)
 
@@ -43,7 +49,10 @@ def cached_sampler(embed_weight, head_weight, scale, num_steps, rows, cache_dtyp
     """The cached :class:`MarkovSampler` for these weights and shapes (built on first use).
 
     At most 32 samplers are kept (least recently used evicted). Keys include the weights'
-    ``data_ptr`` and version counters, so new or updated weights get a new sampler.
+    ``data_ptr`` and version counters, so new or updated weights get a new sampler. Inference
+    tensors (weights created under ``torch.inference_mode()``) have no version counter: an in-place
+    update of those, like one through ``param.data`` (which bypasses the counter), is not seen, so call :func:`clear_sampler_cache` after one (it matters where a
+    design keeps a copy of the weights: the CPU interpreter path of "loop" / "gumbel_fused").
     """
     key = _sampler_key(embed_weight, head_weight, scale, num_steps, rows, cache_dtype, impl, method)
     sampler = _SAMPLERS.get(key)
