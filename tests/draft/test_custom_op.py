@@ -40,3 +40,24 @@ def test_weights_created_under_inference_mode():
             assert torch.equal(tokens, want_tokens) and same_values(cache, want_cache)
     assert len(custom_op._SAMPLERS) == 1
     custom_op.clear_sampler_cache()
+
+
+def _op_args(head, inputs, **changes):
+    tokens, cache = new_outputs(inputs, torch.bfloat16)
+    args = dict(inputs, embed_weight=head.embed_weight, head_weight=head.head_weight, draft_tokens=tokens,
+                logits_cache=cache, scale=1.0, impl="reference", method="gumbel")
+    args.update(changes)
+    return args
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(base_logits=torch.zeros(2, 0, 300)), r"^base_logits: expected N >= 1"),
+    (dict(logits_cache=torch.zeros(5, 2, 300, dtype=torch.float16)), r"^logits_cache: expected dtype"),
+    (dict(logits_cache=torch.zeros(5, 2, 300, dtype=torch.int32)), r"^logits_cache: expected dtype"),
+])
+def test_errors_name_the_op_argument(change, message):
+    """The op has no ``num_steps`` / ``cache_dtype`` argument: the sampler it builds used to name those."""
+    head = make_head(300, 16)
+    inputs = make_inputs(2, 2, 300, seed=5)
+    with pytest.raises(ValueError, match=message):
+        torch.ops.dspark_markov.sample_drafts_(**_op_args(head, inputs, **change))

@@ -80,6 +80,12 @@ def _sample_drafts_op(base_logits: torch.Tensor, anchor: torch.Tensor, idx_mappi
     if base_logits.dim() != 3:
         raise ValueError(f"base_logits: expected a 3-D tensor [R, N, V], got shape {tuple(base_logits.shape)}")
     rows, steps, _ = base_logits.shape
+    # The sampler built below takes N and its cache dtype from these: name them, not the sampler's
+    # num_steps / cache_dtype, which the op has no argument for.
+    if steps < 1:
+        raise ValueError(f"base_logits: expected N >= 1 draft steps, got shape {tuple(base_logits.shape)}")
+    if logits_cache.dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"logits_cache: expected dtype bfloat16 or float32, got {logits_cache.dtype}")
     sampler = cached_sampler(embed_weight, head_weight, scale, steps, rows, logits_cache.dtype, impl, method)
     sampler.sample(base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens=draft_tokens,
                    logits_cache=logits_cache)
