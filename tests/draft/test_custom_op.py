@@ -61,3 +61,36 @@ def test_errors_name_the_op_argument(change, message):
     inputs = make_inputs(2, 2, 300, seed=5)
     with pytest.raises(ValueError, match=message):
         torch.ops.dspark_markov.sample_drafts_(**_op_args(head, inputs, **change))
+
+
+def test_a_sampler_used_in_a_graph_capture_outlives_the_cache_bound(monkeypatch):
+    """A captured CUDA graph keeps the addresses of its sampler's scratch buffers: evicting that sampler
+    (more than ``_MAX_CACHED_SAMPLERS`` shapes since, e.g. an engine capturing a graph per batch size)
+    used to free them under the graph. Capture is simulated on the CPU (``registry.capturing``)."""
+    import gc
+    import weakref
+
+    from dspark_markov import registry
+
+    custom_op.clear_sampler_cache()
+    head = make_head(300, 16)
+    inputs = make_inputs(2, 2, 300, seed=7)
+    _op(head, inputs, impl="gumbel_fused")  # the warm-up builds the sampler
+    monkeypatch.setattr(registry, "capturing", lambda device: True)
+    _op(head, inputs, impl="gumbel_fused")  # "captured"
+    monkeypatch.undo()
+    (captured,) = custom_op._SAMPLERS.values()
+    alive = weakref.ref(captured)
+    del captured
+    for rows in range(1, custom_op._MAX_CACHED_SAMPLERS + 9):  # other batch sizes evict it from the LRU
+        _op(head, make_inputs(rows, 1, 300, seed=rows, extra_slots=1))
+    gc.collect()
+    assert len(custom_op._SAMPLERS) == custom_op._MAX_CACHED_SAMPLERS
+    assert alive() is not None  # its buffers still back the graph
+    tokens, cache = _op(head, inputs, impl="gumbel_fused")  # and an eager call of that shape reuses it
+    assert custom_op._SAMPLERS[next(reversed(custom_op._SAMPLERS))] is alive()
+    want_tokens, want_cache = _eager(head, inputs)
+    assert torch.equal(tokens, want_tokens) and same_values(cache, want_cache)
+    custom_op.clear_sampler_cache()
+    gc.collect()
+    assert alive() is None

@@ -29,6 +29,9 @@ from .sampler import MarkovSampler
 OP_NAME = "dspark_markov::sample_drafts_"
 _MAX_CACHED_SAMPLERS = 32
 _SAMPLERS: "OrderedDict[tuple, MarkovSampler]" = OrderedDict()
+# Samplers that ran while a CUDA stream was capturing: a captured graph replays into their scratch
+# buffers, so the LRU bound never frees them (kept until clear_sampler_cache()).
+_CAPTURED: "dict[tuple, MarkovSampler]" = {}
 
 
 def _version(weight: torch.Tensor):
@@ -48,28 +51,36 @@ def _sampler_key(embed_weight, head_weight, scale, num_steps, rows, cache_dtype,
 def cached_sampler(embed_weight, head_weight, scale, num_steps, rows, cache_dtype, impl, method) -> MarkovSampler:
     """The cached :class:`MarkovSampler` for these weights and shapes (built on first use).
 
-    At most 32 samplers are kept (least recently used evicted). Keys include the weights'
-    ``data_ptr`` and version counters, so new or updated weights get a new sampler. Inference
-    tensors (weights created under ``torch.inference_mode()``) have no version counter: an in-place
-    update of those, like one through ``param.data`` (which bypasses the counter), is not seen, so call :func:`clear_sampler_cache` after one (it matters where a
-    design keeps a copy of the weights: the CPU interpreter path of "loop" / "gumbel_fused").
+    At most 32 samplers are kept (least recently used evicted), plus every sampler that ran while a
+    CUDA stream was capturing (its graph replays into the sampler's buffers). Keys include the
+    weights' ``data_ptr`` and version counters, so new or updated weights get a new sampler.
+    Inference tensors (weights created under ``torch.inference_mode()``) have no version counter:
+    an in-place update of those, like one through ``param.data`` (which bypasses the counter), is
+    not seen, so call :func:`clear_sampler_cache` after one (it matters where a design keeps a copy
+    of the weights: the CPU interpreter path of "loop" / "gumbel_fused").
     """
     key = _sampler_key(embed_weight, head_weight, scale, num_steps, rows, cache_dtype, impl, method)
     sampler = _SAMPLERS.get(key)
     if sampler is None:
-        head = MarkovHead(embed_weight, head_weight, scale)
-        sampler = MarkovSampler(head, num_steps, max(int(rows), 1), cache_dtype=cache_dtype, method=method, impl=impl)
+        sampler = _CAPTURED.get(key)
+        if sampler is None:
+            head = MarkovHead(embed_weight, head_weight, scale)
+            sampler = MarkovSampler(head, num_steps, max(int(rows), 1), cache_dtype=cache_dtype, method=method,
+                                    impl=impl)
         _SAMPLERS[key] = sampler
         while len(_SAMPLERS) > _MAX_CACHED_SAMPLERS:
             _SAMPLERS.popitem(last=False)
     else:
         _SAMPLERS.move_to_end(key)
+    if registry.capturing(embed_weight.device):
+        _CAPTURED[key] = sampler
     return sampler
 
 
 def clear_sampler_cache() -> None:
-    """Drop every cached sampler (and the buffers it holds)."""
+    """Drop every cached sampler (and the buffers it holds; free the CUDA graphs that captured the op first)."""
     _SAMPLERS.clear()
+    _CAPTURED.clear()
 
 
 @torch.library.custom_op(OP_NAME, mutates_args=("draft_tokens", "logits_cache"))
