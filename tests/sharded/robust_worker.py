@@ -109,6 +109,9 @@ def scenario_config(rank, world):
                               "a different transport on one rank")
     expect_construction_error({"agree_checks": not last}, "group: ranks were built with",
                               "a different agree_checks on one rank")
+    # (stop 50) a per-rank scale constructed fine and drew other tokens than the reference's
+    expect_construction_error({"scale": 0.5 if last else 0.5000001}, "group: ranks were built with",
+                              "a different scale on one rank")
     # sizes are ints, never truncated: vocab_size=301.7 built a V = 301 sampler, fallback_max_rows=2.5 a limit of 2
     expect_construction_error({"vocab_size": 301.7}, "vocab_size: expected an int", "a float vocab_size")
     expect_construction_error({"fallback_max_rows": 2.5}, "fallback_max_rows: expected an int", "a float limit")

@@ -9,6 +9,7 @@ therefore draws the tokens the single-GPU reference draws from the same cached l
 
 from __future__ import annotations
 
+import struct
 from types import SimpleNamespace
 
 import torch
@@ -158,19 +159,21 @@ class ShardedMarkovSampler:
 
     def _check_same_config(self, flags_on, transport):
         """Every rank must have been built with the same V, N, max_rows, layout, cache dtype, transport and
-        agree_checks (the last two decide which collectives each call runs)."""
+        agree_checks (the last two decide which collectives each call runs), and the same ``scale`` (each rank's
+        bias would otherwise be scaled differently: other tokens than the reference's, silently)."""
+        scale_bits = struct.unpack("<q", struct.pack("<d", self.shard_head.scale))[0]  # (the float64, bit for bit)
         config = torch.tensor([self.vocab_size, self.num_steps, self.max_rows,
                                CACHE_LAYOUTS.index(self.cache_layout), CACHE_DTYPES.index(self.cache_dtype),
                                self.replicated_head is not None, self.fallback_max_rows,
-                               TRANSPORTS.index(_canonical(transport)), self.agree_checks], dtype=torch.int64,
-                              device=flags_on)
+                               TRANSPORTS.index(_canonical(transport)), self.agree_checks, scale_bits],
+                              dtype=torch.int64, device=flags_on)
         low, high = config.clone(), config.clone()
         dist.all_reduce(low, op=dist.ReduceOp.MIN, group=self.group)
         dist.all_reduce(high, op=dist.ReduceOp.MAX, group=self.group)
         if not torch.equal(low, high):
             raise ValueError("group: ranks were built with different vocab_size, num_steps, max_rows, cache_layout, "
-                             "cache_dtype, replicated_head_weight, fallback_max_rows, transport or agree_checks "
-                             f"(min {low.tolist()}, max {high.tolist()})")
+                             "cache_dtype, replicated_head_weight, fallback_max_rows, transport, agree_checks or "
+                             f"scale (min {low.tolist()}, max {high.tolist()})")
 
     # ------------------------------------------------------------------ sampling
     def sample(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, *, draft_tokens=None,
