@@ -61,14 +61,20 @@ def check_vector(name, x, *, length=None, dtypes=None, device=None):
                  contiguous=True)
 
 
-def spans_overlap(a, b) -> bool:
-    """Whether the memory spans of two ``[B, V]`` tensors (last stride 1, one device) intersect (conservative:
-    interleaved rows count)."""
-    def span(x):
-        return x.data_ptr(), x.data_ptr() + ((x.shape[0] - 1) * x.stride(0) + x.shape[1]) * x.element_size()
+def memory_span(x) -> tuple:
+    """``(first, end)`` byte addresses of a non-empty tensor with non-negative strides: every element lies in
+    ``[first, end)`` (conservative: the gaps of a strided view count)."""
+    last = sum((size - 1) * stride for size, stride in zip(x.shape, x.stride()))
+    return x.data_ptr(), x.data_ptr() + (last + 1) * x.element_size()
 
-    (a0, a1), (b0, b1) = span(a), span(b)
-    return a.numel() > 0 and b.numel() > 0 and a0 < b1 and b0 < a1
+
+def spans_overlap(a, b) -> bool:
+    """Whether the memory spans (:func:`memory_span`) of two tensors on one device intersect (conservative:
+    interleaved rows count); an empty tensor overlaps nothing."""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    (a0, a1), (b0, b1) = memory_span(a), memory_span(b)
+    return a0 < b1 and b0 < a1
 
 
 def check_apart(name, out, source_name, source) -> None:
@@ -108,10 +114,16 @@ def check_triton_runs(impl, device, name: str = "impl") -> None:
                          f"before importing dspark_markov (slow, meant for tests), or use impl='reference'")
 
 
-def check_power_of_two(name, value, minimum) -> None:
-    """Raise ``ValueError`` unless ``value`` is an int power of two ``>= minimum`` (a block size)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or value & (value - 1):
+def check_power_of_two(name, value, minimum) -> int:
+    """``value`` as an int power of two ``>= minimum`` (a block size; ints as :func:`check_int` takes them);
+    ``ValueError`` naming ``name`` otherwise."""
+    try:
+        number = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        number = None
+    if number is None or number < minimum or number & (number - 1):
         raise ValueError(f"{name}: expected a power of two >= {minimum}, got {value}")
+    return int(number)
 
 
 def check_cpu_or_cuda(name, x) -> None:

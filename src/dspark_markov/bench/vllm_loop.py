@@ -63,6 +63,15 @@ def recorded_hashes(folder: Path) -> dict:
     return dict(found)
 
 
+def unverified(folder: Path, names) -> tuple:
+    """``(edited, unrecorded)``: those of the extracted files ``names`` of ``folder`` whose SHA-256 differs from the
+    one ``SOURCE.txt`` records, and those it records none for (both empty: every one is vLLM 0.33.0's)."""
+    hashes = recorded_hashes(folder)
+    edited = [name for name in names
+              if name in hashes and hashlib.sha256((Path(folder) / name).read_bytes()).hexdigest() != hashes[name]]
+    return edited, [name for name in names if name not in hashes]
+
+
 def load_gumbel_sample():
     """``(gumbel_sample, origin)``: vLLM's function and a line saying where it was loaded from.
 
@@ -96,9 +105,9 @@ def load_gumbel_sample():
         if not path.is_file():
             tried.append(f"no {path}")
             continue
-        recorded = recorded_hashes(path.parent).get(path.name)
-        if recorded != hashlib.sha256(path.read_bytes()).hexdigest():
-            tried.append(f"{path} {'differs from' if recorded else 'missing in'} "
+        edited, unrecorded = unverified(path.parent, (path.name,))
+        if edited or unrecorded:
+            tried.append(f"{path} {'differs from' if edited else 'missing in'} "
                          f"{path.parent / 'SOURCE.txt'} (run tools/extract_vllm.py again)")
             continue
         spec = importlib.util.spec_from_file_location("_dspark_markov_vllm_gumbel", path)

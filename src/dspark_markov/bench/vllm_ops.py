@@ -30,14 +30,13 @@ interpret libdevice (the rejection sampler's ``tldevice.log1p``).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib
 import importlib.util
 import os
 import sys
 from pathlib import Path
 
-from .vllm_loop import VLLM_VERSION, cache_dirs, recorded_hashes
+from .vllm_loop import VLLM_VERSION, cache_dirs, recorded_hashes, unverified  # noqa: F401  (recorded_hashes: re-exported)
 
 # op -> (vLLM module, file stem in the cache, entry point)
 OPS = {
@@ -85,10 +84,7 @@ def _from_cache(op: str, tried: list):
         if missing:
             tried.append(f"no {', '.join(str(folder / name) for name in missing)}")
             continue
-        hashes = recorded_hashes(folder)
-        edited = [name for name in names
-                  if name in hashes and hashlib.sha256((folder / name).read_bytes()).hexdigest() != hashes[name]]
-        unrecorded = [name for name in names if name not in hashes]
+        edited, unrecorded = unverified(folder, names)
         if edited or unrecorded:
             tried.append(f"{folder}: {', '.join(edited + unrecorded)} "
                          f"{'differ from' if edited else 'missing in'} SOURCE.txt (run tools/extract_vllm.py again)")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from .. import registry
-from ..validate import INDEX_DTYPES, check_cpu_or_cuda, check_tensor, check_triton_runs
+from ..validate import INDEX_DTYPES, check_cpu_or_cuda, check_tensor, check_triton_runs, memory_span
 
 IMPLS = ("triton", "reference")
 
@@ -91,8 +91,7 @@ def _check(last_pos, bonus_tokens, req_slots, num_steps, mask_token_id, max_mode
 def _check_apart(outputs, inputs):
     """Every output shares no memory with another output or with an input (all 1-D and contiguous): the kernel reads
     ``last_pos`` again after writing ``positions``, so an output over an input would be read after it was written."""
-    spans = [(name, x.data_ptr(), x.data_ptr() + x.numel() * x.element_size())
-             for name, x in (*outputs.items(), *inputs.items()) if x.numel() > 0]
+    spans = [(name, *memory_span(x)) for name, x in (*outputs.items(), *inputs.items()) if x.numel() > 0]
     for i, (name, start, end) in enumerate(spans):
         if name not in outputs:
             break

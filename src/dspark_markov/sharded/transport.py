@@ -160,8 +160,11 @@ _CLASSES = {"collective": CollectiveTransport, "all_reduce": AllReduceTransport,
 
 
 def flag_device(group, device) -> torch.device:
-    """Where the group's backend takes tensors for the small set-up all-reduces."""
+    """Where the group's backend takes tensors for the small set-up all-reduces (``device`` None: a call whose
+    arguments hold no tensor, e.g. one rejected on this rank; the current CUDA device where there is one)."""
     backend = str(dist.get_backend(group))
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
     if "gloo" in backend or torch.device(device).type == "cpu":
         return torch.device("cpu")
     return torch.device(device)

@@ -52,10 +52,7 @@ def _check(cache_rows, temperature, tokens, group, agree_checks):
         if error is not None:
             raise error
         return
-    if isinstance(cache_rows, torch.Tensor):
-        device = cache_rows.device
-    else:  # (a rejected call: the vote goes where the group's backend takes it)
-        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    device = cache_rows.device if isinstance(cache_rows, torch.Tensor) else None  # (None: the backend's device)
     agree_call(error, cache_rows.shape[0] if error is None else -1, group,
                flag_device(group if group is not None else dist.group.WORLD, device),
                "cache_rows: ranks were called with different row counts M")

@@ -2311,8 +2311,7 @@ class TopKTopPFilter:
         # (sizes are ints, never truncated or parsed: 2.5, "3", True and None raise ValueError naming them)
         max_rows, vocab = check_int("max_rows", max_rows, 1), check_int("vocab", vocab, 1)
         if block is not None:
-            block = check_int("block", block, 1)
-            check_power_of_two("block", block, 1)  # (tl.arange of it: a power of two)
+            block = check_power_of_two("block", block, 1)  # (tl.arange of it: a power of two)
         if chunks is not None:
             chunks = check_int("chunks", chunks, 1)
         if capacity is None:

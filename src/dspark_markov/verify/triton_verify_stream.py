@@ -1631,7 +1631,7 @@ class StreamVerifier:
                           for name, value in (("t1", t1), ("t2", t2), ("lag", lag), ("unroll", unroll),
                                               ("tail", tail), ("tail_t2", tail_t2))}
         if self.overrides["unroll"]:
-            check_power_of_two("unroll", self.overrides["unroll"], 1)
+            check_power_of_two("unroll", self.overrides["unroll"], 1)  # (tl.arange of it)
         # Emit tiles (values per emit-scan iteration; t2 counts them): narrower than the stream tiles
         # spreads one request's emitted row over more programs at small batches.
         self.emit_block = int(emit_block) if emit_block else (min(GPU_EMIT_BLOCK, self.block) if device.type in (
