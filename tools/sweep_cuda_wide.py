@@ -97,7 +97,8 @@ def timing(rows_list, designs, temperatures, options, out, rounds=3, replays=15)
             graphs = {}
             # a design "impl:method" (e.g. cuda_wide:inverse_cdf) samples by that method, else Gumbel
             runs = [(d, *d.partition(":")[::2], {}) for d in designs]
-            runs += [(f"cuda_wide[{k}]", "cuda_wide", "", v) for k, v in options.items()]
+            # an options label "name:method" samples by that method (e.g. {"tc:inverse_cdf": {"tensor_cores": true}})
+            runs += [(f"cuda_wide[{k}]", "cuda_wide", k.partition(":")[2], v) for k, v in options.items()]
             for label, impl, method, kwargs in runs:
                 method = method or "gumbel"
                 sampler = dm.MarkovSampler(head, steps, rows, cache_dtype=torch.bfloat16, method=method, impl=impl)

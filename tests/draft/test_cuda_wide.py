@@ -38,10 +38,48 @@ def test_wide_kernels_compile_for_sm90(tmp_path):
     assert frames and max(frames) <= 64, log  # the _p2 variants (128 registers) spill a few words
 
 
+def test_tensor_core_step_compiles_for_sm90a():
+    """wide_tc.cu for sm_90a: both entry points, no stack frame, registers within one 288-thread block per SM, and no
+    "wgmma ... serialized" advisory from ptxas (its wgmmas would then wait for each other: no overlap with the
+    epilogue). Skipped without NVRTC."""
+    try:
+        cubin, log = build.compile_cubin("wide_tc.cu", cuda_wide.TC_ARCH, verbose=True)
+    except build.BuildError as error:
+        if "no NVRTC library" in str(error):
+            pytest.skip(str(error))
+        raise
+    assert cubin
+    for name in cuda_wide.TC_KERNELS:
+        assert f"'{name}'" in log, name
+    assert "serialized" not in log, log
+    frames = [int(x) for x in re.findall(r"(\d+) bytes stack frame", log)]
+    registers = [int(x) for x in re.findall(r"Used (\d+) registers", log)]
+    assert frames and max(frames) == 0, log
+    assert registers and max(registers) <= 65536 // cuda_wide.TC_THREADS, log
+
+
+def test_tensor_core_step_shared_memory_and_options():
+    limit = 227 * 1024  # H100 / H200 opt-in maximum per block
+    assert [cuda_wide.tc_stages(rows, limit) for rows in (1, 64, 65, 128, 129, 192, 193, 256)] == [4, 4, 4, 4, 3, 3, 2, 2]
+    assert cuda_wide.tc_smem_bytes(256, 2) <= limit < cuda_wide.tc_smem_bytes(256, 3)
+    assert cuda_wide.tc_stages(256, 150_000) == 0  # fewer than two W2 tiles fit: refused (max_rows)
+    text = (build.SOURCE_DIR / "wide_tc.cu").read_text()
+    for define, value in (("TC_TOK", cuda_wide.TC_TOKENS), ("TC_MROWS", cuda_wide.TC_MROWS),
+                          ("TC_MAX_STAGES", cuda_wide.TC_MAX_STAGES)):
+        assert re.search(rf"#define {define} {value}\b", text), define
+    head = dm.MarkovHead(torch.zeros(300, 256, dtype=torch.bfloat16), torch.zeros(300, 256, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="tensor_cores: the wgmma step .* inverse CDF only"):
+        cuda_wide.CudaWideBackend(head, 5, 4, method="gumbel", cache_dtype=torch.bfloat16, device="cuda",
+                                  tensor_cores=True)
+    with pytest.raises(ValueError, match="tensor_cores: expected True or False"):
+        cuda_wide.CudaWideBackend(head, 5, 4, method="inverse_cdf", cache_dtype=torch.bfloat16, device="cuda",
+                                  tensor_cores=1)
+
+
 def test_args_struct_matches_the_kernel():
-    assert_args_struct_matches("wide.cu", "WideArgs", cuda_wide.WideArgs._fields_)
+    assert_args_struct_matches("wide.cuh", "WideArgs", cuda_wide.WideArgs._fields_)
     assert ctypes.sizeof(cuda_wide.WideArgs) == 8 * len(cuda_wide.WideArgs._fields_)
-    text = (build.SOURCE_DIR / "wide.cu").read_text()
+    text = (build.SOURCE_DIR / "wide.cuh").read_text()
     for define, value in (("DW_GROUP", cuda_wide.GROUP), ("DW_MAX_ROWS", cuda_wide.MAX_ROWS)):
         assert re.search(rf"#define {define} {value}\b", text), define
 
@@ -493,7 +531,7 @@ def test_division_by_t_is_ieee_exact_as_host_cpp(tmp_path):
     a stride of 1999 over every float (zero, subnormals, inf, NaN included) for 24 t (1 / T near 1, tiny and huge T, the
     range ends 2^-16 and 2^16 and beyond). Host C++ (-ffp-contract=off; std::fmaf is the IEEE FMA like __fmaf_rn).
     (One correction passed this too; the second makes it Markstein's theorem: q1 is within one ulp.)"""
-    text = (build.SOURCE_DIR / "wide.cu").read_text()
+    text = (build.SOURCE_DIR / "wide.cuh").read_text()
     part = re.search(r"// BEGIN host-tested[^\n]*\n(.*?)// END host-tested", text, re.S).group(1)
     lib = host_library(tmp_path, DIV_HARNESS % part, "wide.cu's division")
     lib.check_div.restype = ctypes.c_long
@@ -534,7 +572,8 @@ def test_inverse_cdf_launch_sequence_and_arguments(monkeypatch):
                             device=torch.device("cpu"), codes=torch.zeros(48, 256), words=torch.zeros(rows),
                             keys=torch.zeros(1, dtype=torch.uint8), part_stride=sms * 2,
                             part=torch.zeros(48, sms * 2, 2),
-                            resident={(n, m): 1 for n in cuda_wide.ICDF_KERNELS for m in range(1, 4)})
+                            resident={(n, m): 1 for n in cuda_wide.ICDF_KERNELS for m in range(1, 4)},
+                            tensor_cores=True)  # (an fp32 cache: wide.cu's step all the same)
     monkeypatch.setattr(cuda_wide.torch.cuda, "current_stream",
                         lambda device=None: types.SimpleNamespace(cuda_stream=0))
     base = torch.zeros(rows, steps, vocab, dtype=torch.bfloat16)
@@ -550,3 +589,52 @@ def test_inverse_cdf_launch_sequence_and_arguments(monkeypatch):
         want += [("dm_wide_b0_c1_v1_s0_icdf", blocks, 256, smem, step, gpb, blocks, sms * 2, 1, []),
                  ("dm_wide_pick", 5, 256, 0, step, gpb, blocks, sms * 2, 1, [step, int(step + 1 < steps)])]
     assert calls == want
+
+
+def test_tensor_core_launch_sequence_and_arguments(monkeypatch):
+    """tensor_cores=True with a bf16 cache (no GPU, recording stand-ins): the start launch, then per step the wgmma step
+    dm_wide_tc_icdf_s0 over icdf_blocks(V, SMs) blocks of 288 threads with its shared memory, the TMA map and the
+    stage count as extra parameters, and dm_wide_pick from wide.cu; an odd row offset takes wide.cu's step."""
+    import types
+
+    rows, steps, vocab, sms = 70, 2, 4096, 3
+    head = dm.MarkovHead(torch.zeros(vocab, 256, dtype=torch.bfloat16), torch.zeros(vocab, 256, dtype=torch.bfloat16))
+    calls = []
+
+    class Recorder:
+        def __init__(self, label):
+            self.label = label
+
+        def launch(self, name, grid, block, smem, stream, params):
+            args = params[0]
+            extra = [p if isinstance(p, ctypes.Array) else int(p.value) for p in params[1:]]
+            calls.append((self.label, name, grid, block, smem, args.step, args.icdf_gpb, args.icdf_blocks, extra))
+
+    tc_map = (ctypes.c_uint64 * 16)()
+    backend = object.__new__(cuda_wide.CudaWideBackend)
+    backend.__dict__.update(head=head, method="inverse_cdf", num_steps=steps, max_rows=rows, kernels=Recorder("wide"),
+                            tc_kernels=Recorder("tc"), tc_map=tc_map, tc_stage_count={1: 4, 2: 4},
+                            noise_table=None, filter_margin=0.0, flags=0, warps_per_group=1, num_sms=sms,
+                            device=torch.device("cpu"), codes=torch.zeros(80, 256), words=torch.zeros(rows),
+                            keys=torch.zeros(1, dtype=torch.uint8), part_stride=sms * 2,
+                            part=torch.zeros(80, sms * 2, 2), tensor_cores=True,
+                            resident={(n, m): 1 for n in cuda_wide.ICDF_KERNELS for m in range(1, 6)})
+    monkeypatch.setattr(cuda_wide.torch.cuda, "current_stream",
+                        lambda device=None: types.SimpleNamespace(cuda_stream=0))
+    base = torch.zeros(rows, steps, vocab, dtype=torch.bfloat16)
+    cache = torch.zeros(rows + 2, steps, vocab, dtype=torch.bfloat16)
+    zeros = torch.zeros(rows * steps, dtype=torch.int64)
+    inputs = (torch.zeros(rows, dtype=torch.int64), zeros, zeros, torch.ones(rows + 2),
+              torch.zeros(rows + 2, dtype=torch.int64), torch.zeros(rows, steps, dtype=torch.int64))
+    assert backend.tensor_core_path(base, cache)
+    backend.run(base, *inputs, cache)
+    gpb, blocks = cuda_wide.icdf_blocks(vocab, sms)
+    smem = cuda_wide.tc_smem_bytes(rows, 4)
+    want = [("wide", "dm_wide_finish", 10, 256, 0, 0, gpb, blocks, [-1, 1])]
+    for step in range(steps):
+        want += [("tc", "dm_wide_tc_icdf_s0", blocks, cuda_wide.TC_THREADS, smem, step, gpb, blocks, [tc_map, 4]),
+                 ("wide", "dm_wide_pick", 9, 256, 0, step, gpb, blocks, [step, int(step + 1 < steps)])]
+    assert calls == want
+    odd = torch.zeros(rows, steps, vocab + 1, dtype=torch.bfloat16)[:, :, 1:]  # rows start at odd element offsets
+    assert not backend.tensor_core_path(odd, cache)
+    assert not backend.tensor_core_path(base, cache.float())

@@ -192,3 +192,78 @@ def test_inverse_cdf_graph_replay_equals_eager_and_options_draw_the_same(head):
     # another grid moves the block boundaries (another summation order): checked, not compared
     check_icdf(head, fresh, *sample(wide(head, rows, torch.bfloat16, "inverse_cdf", blocks_per_sm=2), fresh,
                                     torch.bfloat16))
+
+
+# --------------------------------------------------------------------------- tensor_cores=True (wide_tc.cu, inverse CDF)
+TC_SHAPES = [1, 32, 40, 64, 65, 128, 192, 253]  # 1 m-tile (one warpgroup's tiles each), 2 (one barely used), 3 (odd), 4
+
+
+def wide_tc(head, rows, **backend_kwargs):
+    return wide(head, rows, torch.bfloat16, "inverse_cdf", tensor_cores=True, **backend_kwargs)
+
+
+@pytest.mark.parametrize("rows", TC_SHAPES)
+def test_tensor_core_step_draws_from_its_own_cache_at_full_shape(head, rows):
+    inputs = cuda_inputs(rows, STEPS, VOCAB, torch.bfloat16)
+    sampler = wide_tc(head, rows)
+    assert sampler.backend.tensor_core_path(inputs["base_logits"], new_outputs(inputs, torch.bfloat16)[1])
+    tokens, cache = sample(sampler, inputs, torch.bfloat16)
+    check_icdf(head, inputs, tokens, cache)
+
+
+@pytest.mark.parametrize("temp", [1.0, 0.0])
+def test_tensor_core_step_all_t1_and_all_greedy(head, temp):
+    inputs = dict(cuda_inputs(253, STEPS, VOCAB, torch.bfloat16))
+    inputs["temperature"] = torch.full_like(inputs["temperature"], temp)
+    tokens, cache = sample(wide_tc(head, 253), inputs, torch.bfloat16)
+    check_icdf(head, inputs, tokens, cache)
+
+
+def test_tensor_core_step_cache_equals_the_mma_sync_step(head):
+    """Both steps sum the bias over the rank in fp32 on tensor cores, in other orders: a step-0 cache entry (same
+    previous tokens: the anchors) differs only where the fp32 sums (~1e-7 apart) straddle a bf16 rounding boundary
+    (~1e-4 of the entries), so >= 99% must be identical (a misplaced row or token matches ~0%); both draws' rules."""
+    inputs = cuda_inputs(128, STEPS, VOCAB, torch.bfloat16)
+    tokens, cache = sample(wide_tc(head, 128), inputs, torch.bfloat16)
+    ref_tokens, ref_cache = sample(wide(head, 128, torch.bfloat16, "inverse_cdf"), inputs, torch.bfloat16)
+    slots = inputs["idx_mapping"].view(128, STEPS)[:, 0]
+    live = slots[slots >= 0].long()
+    a, b = cache[live, 0].float(), ref_cache[live, 0].float()
+    assert float((a == b).float().mean()) >= 0.99
+    check_icdf(head, inputs, tokens, cache)
+    check_icdf(head, inputs, ref_tokens, ref_cache)
+
+
+def test_tensor_core_step_special_rows_strided_scale_and_fallbacks(head):
+    """Special rows (bf16 base: NaN, all -inf, +inf), strided logits with a bias scale (the _s1 entry point); an fp32
+    cache and an odd vocabulary take wide.cu's step (tensor_core_path False) and still draw correctly."""
+    special = special_rows_inputs(20, STEPS, VOCAB)
+    inputs = dict(special, base_logits=special["base_logits"].bfloat16())
+    tokens, cache = sample(wide_tc(head, 20), inputs, torch.bfloat16)
+    assert tokens[0, 0] == 70_000 and bool((tokens[1] == 0).all())
+    check_icdf(head, inputs, tokens, cache)
+    scaled = dm.MarkovHead(head.embed_weight, head.head_weight, 0.8125)
+    inputs = make_inputs(40, STEPS, VOCAB, strided=True, device="cuda", seed=13, embed_vocab=VOCAB + 1000)
+    sampler = wide_tc(scaled, 40)
+    assert sampler.backend.tensor_core_path(inputs["base_logits"], new_outputs(inputs, torch.bfloat16)[1])
+    tokens, cache = sample(sampler, inputs, torch.bfloat16)
+    check_icdf(scaled, inputs, tokens, cache)
+    inputs = cuda_inputs(64, STEPS, VOCAB, torch.bfloat16)
+    sampler = wide(head, 64, torch.float32, "inverse_cdf", tensor_cores=True)
+    assert not sampler.backend.tensor_core_path(inputs["base_logits"], new_outputs(inputs, torch.float32)[1])
+    check_icdf(head, inputs, *sample(sampler, inputs, torch.float32))
+    vocab = VOCAB - 1
+    small = dm.MarkovHead(head.embed_weight, head.head_weight[:vocab].contiguous())
+    inputs = cuda_inputs(33, STEPS, vocab, torch.bfloat16, seed=21)
+    sampler = wide_tc(small, 33)
+    assert not sampler.backend.tensor_core_path(inputs["base_logits"], new_outputs(inputs, torch.bfloat16)[1])
+    check_icdf(small, inputs, *sample(sampler, inputs, torch.bfloat16))
+
+
+def test_tensor_core_step_graph_replay_equals_eager(head):
+    rows = 253
+    sampler = wide_tc(head, rows)
+    for fresh, tokens, cache in replays_with_fresh_inputs(sampler, rows, STEPS, VOCAB, torch.bfloat16, seeds=(8, 9)):
+        check_icdf(head, fresh, tokens, cache)
+        eager_tokens, eager_cache = sample(wide_tc(head, rows), fresh, torch.bfloat16)
+        assert torch.equal(tokens, eager_tokens) and same_values(cache, eager_cache)

@@ -64,10 +64,10 @@ CHAIN_KERNELS = tuple(f"dm_chain_w{w}_r{r}_nt{nt}" for w, r in ((16, 0), (16, 1)
                           "dm_noise_bound", "dm_noise_table")
 
 
-def load_kernels(source: str, names, device_index: int, defines=()):
-    """The functions ``names`` of ``source`` (a file of this package, built with the macros ``defines``) loaded on
-    one device, compiled with NVRTC or read from the disk cache; the device's primary context (torch's) made current
-    first."""
+def load_kernels(source: str, names, device_index: int, defines=(), arch: str | None = None):
+    """The functions ``names`` of ``source`` (a file of this package, built with the macros ``defines`` for ``arch``,
+    default :data:`build.ARCH`) loaded on one device, compiled with NVRTC or read from the disk cache; the device's
+    primary context (torch's) made current first."""
     import torch
 
     from . import build as _build
@@ -75,7 +75,8 @@ def load_kernels(source: str, names, device_index: int, defines=()):
     torch.cuda.init()
     with torch.cuda.device(device_index):
         torch.empty(1, device=f"cuda:{device_index}")  # the runtime makes the primary context current
-        return _build.Kernels(_build.cached_cubin(source, defines=defines), names, device_index)
+        cubin = _build.cached_cubin(source, arch=arch or _build.ARCH, defines=defines)
+        return _build.Kernels(cubin, names, device_index)
 
 
 UNVERIFIED_ENV = "DSPARK_MARKOV_UNVERIFIED"  # comma-separated designs (or "1": all) allowed to run before their GPU tests

@@ -279,6 +279,30 @@ class Kernels:
                                                     None), f"cuLaunchKernel({name})")
 
 
+# cuda.h enums of cuTensorMapEncodeTiled
+CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 = 9
+CU_TENSOR_MAP_SWIZZLE_128B = 3
+CU_TENSOR_MAP_L2_PROMOTION_L2_256B = 3
+
+
+def tensor_map_bf16_2d(address: int, inner: int, outer: int, row_bytes: int, box_inner: int, box_outer: int):
+    """A ``CUtensorMap`` (128 bytes, ``ctypes`` array of 16 uint64: pass it by value as a ``__grid_constant__``
+    kernel parameter) of a 2-D bf16 tensor ``[outer, inner]`` at ``address`` with rows ``row_bytes`` apart, read by
+    TMA in boxes ``[box_outer, box_inner]`` with the 128-byte swizzle (``box_inner`` * 2 must be 128) and zeros past
+    the edges. ``BuildError`` from the driver's checks (alignment: address 16-byte, ``row_bytes`` a multiple of 16)."""
+    lib = driver()
+    tensor_map = (ctypes.c_uint64 * 16)()
+    dims = (ctypes.c_uint64 * 2)(int(inner), int(outer))
+    strides = (ctypes.c_uint64 * 1)(int(row_bytes))
+    box = (ctypes.c_uint32 * 2)(int(box_inner), int(box_outer))
+    element_strides = (ctypes.c_uint32 * 2)(1, 1)
+    _check_cu(lib, lib.cuTensorMapEncodeTiled(ctypes.byref(tensor_map), CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+                                              ctypes.c_void_p(int(address)), dims, strides, box, element_strides,
+                                              0, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, 0),
+              "cuTensorMapEncodeTiled")
+    return tensor_map
+
+
 def max_dynamic_smem(device_index: int) -> int:
     lib = driver()
     value, dev = ctypes.c_int(), ctypes.c_int()

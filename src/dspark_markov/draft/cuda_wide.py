@@ -78,6 +78,14 @@ STEP_KERNELS = tuple(f"dm_wide_b{b}_c{c}_v{v}_s{s}" for b in (0, 1) for c in (0,
 ICDF_KERNELS = tuple(f"dm_wide_b{b}_c{c}_v{v}_s{s}_icdf" for b in (0, 1) for c in (0, 1) for v in (0, 1)
                      for s in (0, 1))
 KERNELS = STEP_KERNELS + ICDF_KERNELS + ("dm_wide_finish", "dm_wide_pick")
+# tensor_cores=True (inverse CDF): wide_tc.cu's wgmma + TMA step, built for sm_90a: dm_wide_tc_icdf_s{scale != 1}.
+TC_KERNELS = ("dm_wide_tc_icdf_s0", "dm_wide_tc_icdf_s1")
+TC_ARCH = "sm_90a"  # wgmma and the tensor-memory accelerator need the architecture-specific target
+TC_THREADS = 288  # two consumer warpgroups and the producer warp (wide_tc.cu TC_THREADS)
+TC_TOKENS = 64  # tokens per W2 tile (wide_tc.cu TC_TOK)
+TC_MROWS = 64  # rows per m-tile (wide_tc.cu TC_MROWS)
+TC_TILE_BYTES = TC_TOKENS * RANK * 2  # one W2 tile: 32 KB
+TC_MAX_STAGES = 4
 
 
 # What `dspark-markov info` says of this design without the opt-in (the module docstring has the figures).
@@ -124,6 +132,29 @@ def smem_bytes(rows: int, inverse_cdf: bool = False) -> int:
     return mtiles * 16 * 512 + TEAMS * 2 * 8 * 32 * 16 + extra + mtiles * 16 * 32
 
 
+def tc_smem_bytes(rows: int, stages: int) -> int:
+    """Dynamic shared memory of a ``wide_tc.cu`` step over ``rows`` rows with ``stages`` W2 tiles in flight (its
+    TcLayout): 1,024 bytes of alignment slack, the stages, the codes and row keys (32 bytes) of every row of the
+    m-tiles, two partials (8 bytes each) per row, two mbarriers per stage."""
+    rows_alloc = -(-int(rows) // TC_MROWS) * TC_MROWS
+    return 1024 + stages * TC_TILE_BYTES + rows_alloc * (4 * 128 + 32 + 2 * 8) + 2 * stages * 8
+
+
+def tc_stages(rows: int, limit: int) -> int:
+    """W2 tiles in flight of a ``wide_tc.cu`` step over ``rows`` rows: as many as ``limit`` bytes of shared memory
+    hold, at most 4; 0 when fewer than 2 fit (the ring needs two: see wide_tc.cu)."""
+    fit = max(s for s in range(TC_MAX_STAGES + 1) if s == 0 or tc_smem_bytes(rows, s) <= limit)
+    return fit if fit >= 2 else 0
+
+
+@functools.lru_cache(maxsize=None)
+def wide_tc_kernels(device_index: int):
+    """The loaded functions of ``wide_tc.cu`` on one device (compiled for sm_90a, or read from the disk cache)."""
+    from .. import cuda
+
+    return cuda.load_kernels("wide_tc.cu", TC_KERNELS, device_index, arch=TC_ARCH)
+
+
 def icdf_blocks(vocab: int, max_blocks: int) -> tuple:
     """``(groups per block, blocks)`` of an inverse-CDF step: each block a contiguous run of whole rounds of its
     ``TEAMS`` warps (``TEAMS`` 16-token groups), as few rounds per block as ``max_blocks`` blocks allow."""
@@ -163,7 +194,8 @@ class CudaWideBackend:
     MAX_ROWS = MAX_ROWS
 
     def __init__(self, head, num_steps, max_rows, *, method, cache_dtype, device, filter_margin=FILTER_MARGIN,
-                 flags=DEFAULT_FLAGS, blocks_per_sm=None, warps_per_group=DEFAULT_WARPS_PER_GROUP):
+                 flags=DEFAULT_FLAGS, blocks_per_sm=None, warps_per_group=DEFAULT_WARPS_PER_GROUP,
+                 tensor_cores=False):
         from .. import cuda
         from ..cuda import build
         from ..validate import check_int
@@ -178,6 +210,11 @@ class CudaWideBackend:
             raise ValueError(f"warps_per_group: expected one of {WARPS_PER_GROUP}, got {warps_per_group!r}")
         if method not in self.METHODS:
             raise ValueError(f"method: impl 'cuda_wide' supports 'gumbel' and 'inverse_cdf', got {method!r}")
+        if not isinstance(tensor_cores, bool):
+            raise ValueError(f"tensor_cores: expected True or False, got {tensor_cores!r}")
+        if tensor_cores and method != "inverse_cdf":
+            raise ValueError(f"tensor_cores: the wgmma step (wide_tc.cu) draws by inverse CDF only, got method "
+                             f"{method!r}")
         if method == "inverse_cdf" and warps_per_group != 1:
             raise ValueError(f"warps_per_group: method 'inverse_cdf' runs with 1 (8 warps per block), "
                              f"got {warps_per_group!r}")
@@ -236,6 +273,26 @@ class CudaWideBackend:
         # every step launch and read by dm_wide_pick (at most one launch's blocks per row).
         self.part_stride = self.num_sms * max(self.resident.values()) if inverse else 1
         self.part = torch.zeros(rows16 if inverse else 1, self.part_stride, 2, dtype=torch.float32, device=self.device)
+        self.tensor_cores = tensor_cores
+        self.tc_map = None
+        if tensor_cores:
+            w2 = head.head_weight
+            if w2.stride() != (RANK, 1):
+                raise ValueError(f"head_weight: tensor_cores=True reads W2 by TMA and needs it contiguous, got strides "
+                                 f"{tuple(w2.stride())}")
+            try:
+                self.tc_kernels = wide_tc_kernels(index)
+                # [V, 256] bf16 in boxes of 64 tokens x 64 rank (128 bytes: the 128-byte swizzle), zeros past V
+                self.tc_map = build.tensor_map_bf16_2d(w2.data_ptr(), RANK, w2.shape[0], RANK * 2, 64, TC_TOKENS)
+            except build.BuildError as error:
+                raise ValueError(f"tensor_cores: the wgmma step cannot run here: {error}") from error
+            self.tc_stage_count = {mtiles: tc_stages(mtiles * TC_MROWS, limit)
+                                   for mtiles in range(1, -(-self.max_rows // TC_MROWS) + 1)}
+            if not all(self.tc_stage_count.values()):
+                raise ValueError(f"max_rows: the wgmma step over {self.max_rows} rows needs "
+                                 f"{tc_smem_bytes(self.max_rows, 2)} bytes of shared memory, this GPU allows {limit}")
+            for name in TC_KERNELS:
+                self.tc_kernels.set_dynamic_smem(name, limit)
 
     @staticmethod
     def opt_in_reason() -> str | None:
@@ -266,6 +323,13 @@ class CudaWideBackend:
         if self.method == "inverse_cdf":
             return f"{name}_icdf"
         return f"{name}_p2" if self.warps_per_group == 2 and name.endswith("_v1_s0") else name
+
+    def tensor_core_path(self, base_logits, logits_cache) -> bool:
+        """Whether this call runs ``wide_tc.cu`` (``tensor_cores=True``, bf16 base logits and cache whose row offsets
+        and bases allow 4-byte pairs, an even vocabulary); else wide.cu's ``_icdf`` step."""
+        return (self.tensor_cores and base_logits.dtype == torch.bfloat16 and logits_cache.dtype == torch.bfloat16
+                and self.head.vocab_size % 2 == 0 and _aligned(base_logits, (0, 1), 4)
+                and _aligned(logits_cache, (0,), 4))
 
     def arguments(self, base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens,
                   logits_cache) -> WideArgs:
@@ -313,8 +377,18 @@ class CudaWideBackend:
         launch = self.kernels.launch
         # Before step 0 (one warp per row of the last m-tile too): every step's row keys, the anchors' codes.
         launch("dm_wide_finish", 2 * mtiles, 256, 0, stream, [args, ctypes.c_int64(-1), ctypes.c_int64(1)])
+        if inverse and self.tensor_core_path(base_logits, logits_cache):  # one block per SM, 64-token tiles
+            args.icdf_gpb, grid = icdf_blocks(vocab, self.num_sms)
+            args.icdf_blocks = grid
+            mt = -(-rows // TC_MROWS)
+            stages = self.tc_stage_count[mt]
+            name = TC_KERNELS[int(float(self.head.scale) != 1.0)]
+            tc_params = [self.tc_map, ctypes.c_int64(stages)]
+            smem, launch_step = tc_smem_bytes(rows, stages), self.tc_kernels.launch
+        else:
+            tc_params, launch_step = [], launch
         for step in range(steps):
             args.step = step
-            launch(name, grid, threads(name), smem, stream, [args])
+            launch_step(name, grid, TC_THREADS if tc_params else threads(name), smem, stream, [args] + tc_params)
             launch("dm_wide_pick" if inverse else "dm_wide_finish", finish_grid, 256, 0, stream,
                    [args, ctypes.c_int64(step), ctypes.c_int64(int(step + 1 < steps))])

@@ -1,0 +1,373 @@
+// impl="cuda_wide", method="inverse_cdf", tensor_cores=True: the step kernel on Hopper's asynchronous tensor cores
+// (wgmma + TMA, sm_90a). It replaces wide.cu's _icdf step entry points and writes exactly their outputs (the cache rows,
+// the per-(row, block) partials part[row][b] = (max x, sum exp(x - max)) with x = z / T, and the padding samples' words),
+// so dm_wide_finish (before step 0) and dm_wide_pick (after each step) of wide.cu run unchanged around it.
+//
+// One block per SM, block b owning the contiguous 64-token tiles [b tpb, (b + 1) tpb) of the vocabulary (tpb =
+// icdf_gpb / 4: the pick's blocks), 9 warps:
+//   - warp 8 (the producer; one lane) streams the block's W2 tiles [64 tokens x 256] from HBM into a ring of
+//     `num_stages` shared-memory stages by TMA (four 64 x 64 boxes, 128-byte swizzle), each stage's mbarrier counting
+//     its bytes; a stage is refilled once every consumer warp has released it;
+//   - warps 0-7, two consumer warpgroups, compute the bias tiles bias^T [64 rows x 64 tokens] = codes [64 x 256] @
+//     W2_tile^T on wgmma m64n64k16 (fp32 accumulation; both operands K-major in shared memory); items (tile, m-tile):
+//     from 2 m-tiles on each warpgroup takes the m-tiles of its parity in every tile, with one the tiles of its parity.
+//     Each warpgroup keeps two accumulators: it issues the next item's 16 wgmmas before the epilogue of the previous
+//     one, so the tensor cores run under the epilogue; the base logits of an item are loaded before its wgmmas.
+//   - the codes W1[prev] of every row (prev: the anchor at step 0, else draft_tokens[:, step - 1] written by the
+//     previous pick) are gathered once per step into shared memory in the same swizzled K-major layout.
+// Epilogue per (row, token), as wide.cu: bias = round_bf16(acc) (again after `scale`), z = round_bf16(U + bias), the
+// cache row of a live sample written once (4-byte pairs), x = z / T (div_rn's value; z on greedy rows); per row and item
+// the lane's 16 tokens reduced to (max, sum exp(x - max)) over the lane quad and merged into a per-(warpgroup, row)
+// partial in shared memory, the two warpgroups' partials merged into part[row][b] at the end. Padding samples (no cache
+// row) merge their packed (z, index) words with atomicMax (dm_wide_pick takes their argmax from it).
+//
+// Only the bf16 base / bf16 cache path with 4-byte aligned pairs (cuda_wide.CudaWideBackend.tensor_core_path); every
+// other call takes wide.cu's _icdf entry points. Bytes per step: W2 (V x 512) once (TMA), rows * V * 4 (base read,
+// cache written), the codes (rows x 512) per block from L2, part rows * 8 per block.
+//
+// Written 2026-12-07 (stop 51) without device time; see draft/cuda_wide.py for its status.
+#include "wide.cuh"
+
+#define TC_TOK 64                                // tokens per W2 tile (the wgmma N)
+#define TC_MROWS 64                              // rows per m-tile (the wgmma M)
+#define TC_BOX_BYTES (TC_TOK * 128)              // one TMA box: 64 tokens x 64 rank elements (128 bytes)
+#define TC_TILE_BYTES (4 * TC_BOX_BYTES)         // a W2 tile: 32 KB
+#define TC_CONSUMER_THREADS 256                  // two warpgroups
+#define TC_THREADS (TC_CONSUMER_THREADS + 32)    // + the producer warp
+#define TC_MAX_STAGES 4
+
+struct TmaMap {  // CUtensorMap (cuda.h): 128 opaque bytes, 64-byte aligned
+  alignas(64) u64 opaque[16];
+};
+
+__device__ __forceinline__ u32 tc_smem(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void tc_bar_init(u64* bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(tc_smem(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void tc_bar_expect(u64* bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(tc_smem(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void tc_bar_arrive(u64* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(tc_smem(bar)) : "memory");
+}
+__device__ __forceinline__ void tc_bar_wait(u64* bar, u32 parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n"
+      "}\n" :: "r"(tc_smem(bar)), "r"(parity) : "memory");
+}
+// W2 box (rank elements x0 .. x0 + 63, tokens y0 .. y0 + 63; zero-filled past V) into shared memory, counted on bar.
+__device__ __forceinline__ void tc_tma_load(void* dst, const TmaMap* map, int x0, int y0, u64* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+      :: "r"(tc_smem(dst)), "l"((u64)map), "r"(x0), "r"(y0), "r"(tc_smem(bar)) : "memory");
+}
+
+// wgmma shared-memory descriptor of a K-major operand in the 128-byte swizzle layout (8-row groups of 1,024 bytes).
+__device__ __forceinline__ u64 tc_desc(u32 addr) {
+  return (u64)((addr & 0x3FFFFu) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+}
+
+__device__ __forceinline__ void tc_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void tc_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void tc_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory"); }
+
+// d += A (64 x 16, descriptor da) @ B (16 x 64, descriptor db); scale_d = 0 ignores d's old value.
+__device__ __forceinline__ void tc_mma(float* d, u64 da, u64 db, int scale_d) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// Shared memory (from a 1,024-byte aligned base): [stages][4 boxes][64 tokens][128 bytes] W2, then the codes
+// [4 k-blocks][rows_alloc][128 bytes] (swizzled as TMA would), the row keys [rows_alloc], the partials
+// [2 warpgroups][rows_alloc] float2, the full / empty mbarriers [stages] each. cuda_wide.tc_smem_bytes mirrors it.
+struct TcLayout {
+  unsigned char* stages;
+  unsigned char* codes;
+  WideRow* rows;
+  float2* part;
+  u64* full;
+  u64* empty;
+};
+
+__device__ __forceinline__ TcLayout tc_layout(unsigned char* raw, int stages, int rows_alloc) {
+  const u32 base = tc_smem(raw);
+  TcLayout l;
+  l.stages = raw + (((base + 1023u) & ~1023u) - base);
+  l.codes = l.stages + stages * TC_TILE_BYTES;
+  l.rows = (WideRow*)(l.codes + 4 * rows_alloc * 128);
+  l.part = (float2*)(l.rows + rows_alloc);
+  l.full = (u64*)(l.part + 2 * rows_alloc);
+  l.empty = l.full + stages;
+  return l;
+}
+
+// A bf16 pair of global memory (4-byte aligned).
+__device__ __forceinline__ u32 tc_load_pair(const unsigned short* p) { return *(const u32*)p; }
+
+template <bool SCALE>
+__device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int num_stages) {
+  extern __shared__ unsigned char smem_raw[];
+  const int rows = (int)a.rows;
+  const int mtiles = (rows + TC_MROWS - 1) / TC_MROWS;
+  const int rows_alloc = mtiles * TC_MROWS;
+  const int rows16 = (rows + 15) & ~15;
+  const TcLayout L = tc_layout(smem_raw, num_stages, rows_alloc);
+  const int tid = threadIdx.x, lane = tid & 31;
+  // warp index broadcast from lane 0: provably warp-uniform for ptxas (else it serialises the wgmmas behind branches on
+  // it, as CUTLASS's canonical_warp_group_idx avoids)
+  const int warp = __shfl_sync(0xFFFFFFFFu, tid >> 5, 0);
+  const i64 vocab = a.vocab;
+  const i64 ntiles = (vocab + TC_TOK - 1) / TC_TOK;
+  const i64 tpb = a.icdf_gpb / 4;  // whole tiles per block (icdf_gpb is a multiple of 8 groups)
+  const i64 tile0 = (i64)blockIdx.x * tpb;
+  const int my_tiles = (int)max((i64)0, min(ntiles, tile0 + tpb) - tile0);
+  const float ninf = -__int_as_float(0x7f800000);
+
+  if (tid == 0) {
+    for (int s = 0; s < num_stages; ++s) {
+      tc_bar_init(L.full + s, 1);
+      tc_bar_init(L.empty + s, TC_CONSUMER_THREADS / 32);  // each consumer warp releases every tile once
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp == TC_CONSUMER_THREADS / 32) {  // the producer: W2 tiles through the ring (needs no codes: starts at once)
+    if (lane == 0) {
+      asm volatile("prefetch.tensormap [%0];" :: "l"((u64)w2) : "memory");
+      for (int tl = 0; tl < my_tiles; ++tl) {
+        const int s = tl % num_stages, use = tl / num_stages;
+        if (use > 0) tc_bar_wait(L.empty + s, (u32)((use - 1) & 1));
+        tc_bar_expect(L.full + s, TC_TILE_BYTES);
+        unsigned char* dst = L.stages + s * TC_TILE_BYTES;
+        const int y0 = (int)((tile0 + tl) * TC_TOK);
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb) tc_tma_load(dst + kb * TC_BOX_BYTES, w2, kb * 64, y0, L.full + s);
+      }
+    }
+    return;
+  }
+
+  // Consumers (256 threads): the step's row keys, empty partials, the codes W1[prev] in the swizzled layout.
+  {
+    const WideRow* keys = (const WideRow*)a.keys + a.step * (i64)rows16;
+    for (int r = tid; r < rows_alloc; r += TC_CONSUMER_THREADS) {
+      WideRow k;
+      if (r < rows16) {
+        k = keys[r];
+      } else {  // rows of the last m-tile past the keys: greedy, no cache row (never stored nor merged)
+        k.prefix = 0u; k.inv_temp = 1.0f; k.temp = 0.0f; k.base_off = 0; k.cache_off = -1; k.pad = 0;
+      }
+      L.rows[r] = k;
+      L.part[r] = make_float2(ninf, 0.0f);
+      L.part[rows_alloc + r] = make_float2(ninf, 0.0f);
+    }
+    const uint4* embed = (const uint4*)a.embed;
+    for (int i = tid; i < rows_alloc * 32; i += TC_CONSUMER_THREADS) {
+      const int r = i >> 5, q = i & 31;  // row, 16-byte chunk of its 512 bytes (rank 8q .. 8q + 7)
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (r < rows) {
+        i64 t = a.step == 0 ? (a.anchor64 ? ((const i64*)a.anchor)[r] : (i64)((const i32*)a.anchor)[r])
+                            : ((const i64*)a.tokens)[r * a.tokens_row_stride + (a.step - 1) * a.tokens_step_stride];
+        t = t < 0 ? 0 : (t >= a.embed_rows ? a.embed_rows - 1 : t);  // dm_wide_finish's gather clamp
+        v = embed[t * 32 + q];
+      }
+      const int kb = q >> 3, ch = q & 7;
+      *(uint4*)(L.codes + (kb * rows_alloc + r) * 128 + ((ch ^ (r & 7)) << 4)) = v;
+    }
+    // the codes are read by wgmma (the async proxy): make the generic-proxy stores visible to it
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("bar.sync 1, %0;" :: "n"(TC_CONSUMER_THREADS) : "memory");
+  }
+
+  const int wg = warp >> 2, w = warp & 3;  // warpgroup, warp in it
+  const int gq = lane >> 2, cq = lane & 3;  // lane row (of 8) and column pair (of 4) in the accumulator fragment
+  const float scale = (float)a.scale;
+  const unsigned short* base = (const unsigned short*)a.base;
+  unsigned short* cache = (unsigned short*)a.cache;
+  i64* words = (i64*)a.words;
+  const u32 codes_addr = tc_smem(L.codes), stages_addr = tc_smem(L.stages);
+
+  // This warpgroup's items k = 0 .. K - 1, (tile, m-tile) in tile order. From 2 m-tiles on each warpgroup takes the
+  // m-tiles of its parity in every tile; with one m-tile, the tiles of its parity. Every warpgroup waits for every
+  // tile's full barrier in order (a skipped tile is released at once), so that each barrier's phases are observed in
+  // order, and releases each tile once after its last item: a stage's empty barrier counts the 8 consumer warps.
+  const int per_tile = mtiles >= 2 ? (mtiles - wg + 1) / 2 : 1;
+  const int K = mtiles >= 2 ? my_tiles * per_tile : (my_tiles - wg + 1) / 2;
+  auto tile_of = [&](int k) { return mtiles >= 2 ? k / per_tile : 2 * k + wg; };
+  auto mtile_of = [&](int k) { return mtiles >= 2 ? wg + 2 * (k % per_tile) : 0; };
+  auto last_of_tile = [&](int k) { return mtiles >= 2 ? k % per_tile == per_tile - 1 : true; };
+  auto release_tile = [&](int tl) {
+    __syncwarp();
+    if (lane == 0) tc_bar_arrive(L.empty + tl % num_stages);
+  };
+  int passed = 0;  // tiles whose full barrier this warpgroup has waited for
+  auto pass_to = [&](int tl) {
+    for (; passed <= tl; ++passed) {
+      tc_bar_wait(L.full + passed % num_stages, (u32)((passed / num_stages) & 1));
+      if (passed < tl) release_tile(passed);  // no item of this warpgroup in it
+    }
+  };
+  // The 16 wgmmas of item k into d. An item k >= K (a dummy: see the loop below) multiplies the codes by themselves
+  // (shared memory nobody writes during the loop) and its result is never stored.
+  auto issue = [&](int k, float* d) {
+    const bool real = k < K;
+    const int tl = real ? tile_of(k) : 0, mt = real ? mtile_of(k) : 0;
+    if (real) pass_to(tl);
+    const u32 b_addr = real ? stages_addr + (tl % num_stages) * TC_TILE_BYTES : codes_addr;
+    const int b_kblock = real ? TC_BOX_BYTES : rows_alloc * 128;
+    tc_fence();
+#pragma unroll
+    for (int kk = 0; kk < 16; ++kk) {
+      const int kb = kk >> 2, ko = (kk & 3) * 32;
+      const u64 da = tc_desc(codes_addr + (kb * rows_alloc + mt * TC_MROWS) * 128 + ko);
+      const u64 db = tc_desc(b_addr + kb * b_kblock + ko);
+      tc_mma(d, da, db, kk > 0);
+    }
+    tc_commit();
+  };
+  // The base logit pairs of item k: bv[h * 8 + j] holds tokens 8j + 2cq, + 1 of row 16w + gq + 8h of its m-tile.
+  auto load_base = [&](int k, u32* bv) {
+    const bool real = k < K;
+    const int tl = real ? tile_of(k) : 0, mt = real ? mtile_of(k) : 0;
+    const i64 t0 = (tile0 + tl) * TC_TOK + 2 * cq;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = mt * TC_MROWS + 16 * w + gq + 8 * h;
+      const i64 off = L.rows[r].base_off;
+      const bool rv = real && r < rows;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const i64 t = t0 + 8 * j;
+        bv[h * 8 + j] = rv && t < vocab ? tc_load_pair(base + off + t) : 0u;
+      }
+    }
+  };
+  // Epilogue of item k from its accumulator d (its wgmmas complete) and base pairs bv.
+  auto epilogue = [&](int k, const float* d, const u32* bv) {
+    const bool real = k < K;
+    const int tl = real ? tile_of(k) : 0, mt = real ? mtile_of(k) : 0;
+    const i64 t0 = (tile0 + tl) * TC_TOK + 2 * cq;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = mt * TC_MROWS + 16 * w + gq + 8 * h;
+      const bool rv = real && r < rows;  // (a dummy item: every store, merge and word skipped)
+      const WideRow rk = L.rows[r];
+      const bool greedy = rk.temp == 0.0f;
+      const float rcp = dw_rcp_for(rk.temp, rk.inv_temp);
+      float x[16];
+      i64 best = DM_WORD_NONE;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const i64 t = t0 + 8 * j;
+        const bool in = rv && t < vocab;  // (V even: t + 1 < V too)
+        u32 zz[2];
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          float bias = dm::bf16(dm::round_bf16(d[j * 4 + h * 2 + b]));
+          if (SCALE) bias = dm::bf16(dm::round_bf16(dm::mul_rn(bias, scale)));
+          const u32 ub = b ? (bv[h * 8 + j] >> 16) : (bv[h * 8 + j] & 0xFFFFu);
+          zz[b] = dm::round_bf16(dm::add_rn(dm::bf16(ub), bias));
+          const float z = dm::bf16(zz[b]);
+          const float xv = greedy ? z : dw_scaled(z, rk.temp, rcp);
+          x[j * 2 + b] = in ? xv : ninf;
+          if (in && rk.cache_off < 0) {
+            const i64 word = dm::pack_word(z, (i32)(t + b));
+            best = word > best ? word : best;
+          }
+        }
+        if (in && rk.cache_off >= 0) *(u32*)(cache + rk.cache_off + t) = zz[0] | (zz[1] << 16);
+      }
+      float m = x[0];
+#pragma unroll
+      for (int i = 1; i < 16; ++i) m = dw_nan_max(m, x[i]);
+      m = dw_nan_max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+      m = dw_nan_max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
+      float s = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) s = dm::add_rn(s, dw_exp(dm::sub_rn(x[i], m)));
+      s = dm::add_rn(s, __shfl_xor_sync(0xFFFFFFFFu, s, 1));
+      s = dm::add_rn(s, __shfl_xor_sync(0xFFFFFFFFu, s, 2));
+      if (m == ninf) s = 0.0f;  // no token above -inf (-inf - -inf is NaN)
+      if (cq == 0 && rv) {
+        float2* ps = L.part + wg * rows_alloc + r;
+        float2 p = *ps;
+        dw_merge(p.x, p.y, m, s);
+        *ps = p;
+      }
+      if (rv && rk.cache_off < 0) {  // a padding sample: its argmax through the row's word (uniform over the quad)
+        i64 o = dm::shfl_xor_i64(best, 1);
+        best = o > best ? o : best;
+        o = dm::shfl_xor_i64(best, 2);
+        best = o > best ? o : best;
+        if (cq == 0 && best != DM_WORD_NONE) atomicMax((long long*)(words + r), (long long)best);
+      }
+    }
+  };
+  auto finish_mma = [&](int k) {  // item k's wgmmas complete (the only group in flight): release its tile if last
+    tc_wait<0>();
+    if (k < K && last_of_tile(k)) release_tile(tile_of(k));
+  };
+
+  // Two accumulators: item k + 1's wgmmas are issued before item k's epilogue, so the tensor cores run under it (item
+  // k's wgmmas, issued one epilogue earlier, are complete by then: the wait costs nothing in steady state). The loop
+  // body issues both accumulators' wgmmas unconditionally (items past K are dummies, their epilogues store nothing):
+  // a wgmma issued under a branch while the other accumulator is read makes ptxas serialise every wgmma
+  // (advisory C7518, checked by tests/draft/test_cuda_wide.py).
+  float d0[32], d1[32];
+  u32 b0[16], b1[16];
+  if (K > 0) {
+    load_base(0, b0);
+    issue(0, d0);
+    for (int k = 0; k < K; k += 2) {
+      load_base(k + 1, b1);
+      finish_mma(k);
+      issue(k + 1, d1);
+      epilogue(k, d0, b0);
+      load_base(k + 2, b0);
+      finish_mma(k + 1);
+      issue(k + 2, d0);
+      epilogue(k + 1, d1, b1);
+    }
+    tc_wait<0>();
+  }
+
+  // The block's partial of each row: the two warpgroups' partials merged in order.
+  asm volatile("bar.sync 1, %0;" :: "n"(TC_CONSUMER_THREADS) : "memory");
+  float2* part = (float2*)a.part;
+  for (int r = tid; r < rows; r += TC_CONSUMER_THREADS) {
+    float m = ninf, s = 0.0f;
+    const float2 p0 = L.part[r], p1 = L.part[rows_alloc + r];
+    dw_merge(m, s, p0.x, p0.y);
+    dw_merge(m, s, p1.x, p1.y);
+    part[(i64)r * a.part_stride + blockIdx.x] = make_float2(m, s);
+  }
+}
+
+// num_stages: W2 tiles in flight (cuda_wide.tc_stages: as many as shared memory holds, at most TC_MAX_STAGES).
+extern "C" __global__ void __launch_bounds__(TC_THREADS, 1)
+    dm_wide_tc_icdf_s0(const WideArgs a, const __grid_constant__ TmaMap w2, const i64 num_stages) {
+  tc_body<false>(a, &w2, (int)num_stages);
+}
+extern "C" __global__ void __launch_bounds__(TC_THREADS, 1)
+    dm_wide_tc_icdf_s1(const WideArgs a, const __grid_constant__ TmaMap w2, const i64 num_stages) {
+  tc_body<true>(a, &w2, (int)num_stages);
+}
