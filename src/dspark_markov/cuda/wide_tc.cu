@@ -51,14 +51,22 @@ __device__ __forceinline__ void tc_bar_expect(u64* bar, u32 bytes) {
 __device__ __forceinline__ void tc_bar_arrive(u64* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(tc_smem(bar)) : "memory");
 }
-__device__ __forceinline__ void tc_bar_wait(u64* bar, u32 parity) {
+__device__ __forceinline__ bool tc_bar_try(u64* bar, u32 parity) {
+  u32 done;
   asm volatile(
       "{\n"
-      ".reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n"
-      "}\n" :: "r"(tc_smem(bar)), "r"(parity) : "memory");
+      ".reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n" : "=r"(done) : "r"(tc_smem(bar)), "r"(parity) : "memory");
+  return done != 0;
+}
+// Wait for the phase of parity `parity` to complete. Bounded: a phase that never completes (a TMA that never lands:
+// a bug, not an input) traps after 2^24 polls (seconds; a real wait is microseconds), so the launch fails instead
+// of hanging the stream.
+__device__ __forceinline__ void tc_bar_wait(u64* bar, u32 parity) {
+  for (u32 polls = 0; !tc_bar_try(bar, parity); ++polls)
+    if (polls == (1u << 24)) __trap();
 }
 // W2 box (rank elements x0 .. x0 + 63, tokens y0 .. y0 + 63; zero-filled past V) into shared memory, counted on bar.
 __device__ __forceinline__ void tc_tma_load(void* dst, const TmaMap* map, int x0, int y0, u64* bar) {
