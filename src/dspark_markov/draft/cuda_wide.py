@@ -180,8 +180,10 @@ class CudaWideBackend:
 
     Options: ``filter_margin`` (the slack of the bound test; a huge value makes every token exact),
     ``flags`` (:data:`FLAG_PREFETCH`; never changes a draw), ``blocks_per_sm`` (default: as many as are
-    resident at once) and ``warps_per_group`` (1: 8 warps per block, each its own 16-token groups; 2: 16 warps,
-    two per group, on the unscaled 16-byte paths; never changes a draw; inverse CDF: 1 only). Scratch (codes in
+    resident at once), ``warps_per_group`` (1: 8 warps per block, each its own 16-token groups; 2: 16 warps,
+    two per group, on the unscaled 16-byte paths; never changes a draw; inverse CDF: 1 only) and ``tensor_cores``
+    (inverse CDF: the wgmma + TMA step of ``wide_tc.cu`` where :meth:`tensor_core_path` allows; see the module; its
+    TMA map holds W2's address, so the head's weights must stay where they are). Scratch (codes in
     A-fragment order, one word per row, every step's row keys, the noise table; inverse CDF: the block partials) is
     allocated once; ``run`` only launches (CUDA-graph
     safe). Exact on the H200 but slower than ``cuda_gumbel`` / ``wide``: needs the opt-in of the module docstring.
