@@ -63,14 +63,13 @@ def test_tensor_core_step_shared_memory_and_options():
     assert [cuda_wide.tc_stages(rows, limit) for rows in (1, 64, 65, 128, 129, 192, 193, 256)] == [4, 4, 4, 4, 3, 3, 2, 2]
     assert cuda_wide.tc_smem_bytes(256, 2) <= limit < cuda_wide.tc_smem_bytes(256, 3)
     assert cuda_wide.tc_stages(256, 150_000) == 0  # fewer than two W2 tiles fit: refused (max_rows)
+    assert cuda_wide.tc_smem_bytes(256, 2, gumbel=True) == cuda_wide.tc_smem_bytes(256, 2) + 4 * cuda_wide.TB_SIZE
+    assert cuda_wide.tc_stages(256, limit, gumbel=True) == 2
     text = (build.SOURCE_DIR / "wide_tc.cu").read_text()
     for define, value in (("TC_TOK", cuda_wide.TC_TOKENS), ("TC_MROWS", cuda_wide.TC_MROWS),
                           ("TC_MAX_STAGES", cuda_wide.TC_MAX_STAGES)):
         assert re.search(rf"#define {define} {value}\b", text), define
     head = dm.MarkovHead(torch.zeros(300, 256, dtype=torch.bfloat16), torch.zeros(300, 256, dtype=torch.bfloat16))
-    with pytest.raises(ValueError, match="tensor_cores: the wgmma step .* inverse CDF only"):
-        cuda_wide.CudaWideBackend(head, 5, 4, method="gumbel", cache_dtype=torch.bfloat16, device="cuda",
-                                  tensor_cores=True)
     with pytest.raises(ValueError, match="tensor_cores: expected True or False"):
         cuda_wide.CudaWideBackend(head, 5, 4, method="inverse_cdf", cache_dtype=torch.bfloat16, device="cuda",
                                   tensor_cores=1)
@@ -618,7 +617,8 @@ def test_tensor_core_launch_sequence_and_arguments(monkeypatch):
                             device=torch.device("cpu"), codes=torch.zeros(80, 256), words=torch.zeros(rows),
                             keys=torch.zeros(1, dtype=torch.uint8), part_stride=sms * 2,
                             part=torch.zeros(80, sms * 2, 2), tensor_cores=True,
-                            resident={(n, m): 1 for n in cuda_wide.ICDF_KERNELS for m in range(1, 6)})
+                            resident={(n, m): 1 for n in cuda_wide.ICDF_KERNELS + cuda_wide.STEP_KERNELS
+                                      for m in range(1, 6)})
     monkeypatch.setattr(cuda_wide.torch.cuda, "current_stream",
                         lambda device=None: types.SimpleNamespace(cuda_stream=0))
     base = torch.zeros(rows, steps, vocab, dtype=torch.bfloat16)
@@ -635,6 +635,12 @@ def test_tensor_core_launch_sequence_and_arguments(monkeypatch):
         want += [("tc", "dm_wide_tc_icdf_s0", blocks, cuda_wide.TC_THREADS, smem, step, gpb, blocks, [tc_map, 4]),
                  ("wide", "dm_wide_pick", 9, 256, 0, step, gpb, blocks, [step, int(step + 1 < steps)])]
     assert calls == want
+    calls.clear()  # method="gumbel": the _gumbel entry point with the table's shared memory, then dm_wide_finish
+    backend.__dict__.update(method="gumbel")
+    backend.run(base, *inputs, cache)
+    smem = cuda_wide.tc_smem_bytes(rows, 4, gumbel=True)
+    assert [c[:5] for c in calls[1:3]] == [("tc", "dm_wide_tc_gumbel_s0", blocks, cuda_wide.TC_THREADS, smem),
+                                           ("wide", "dm_wide_finish", 9, 256, 0)]
     odd = torch.zeros(rows, steps, vocab + 1, dtype=torch.bfloat16)[:, :, 1:]  # rows start at odd element offsets
     assert not backend.tensor_core_path(odd, cache)
     assert not backend.tensor_core_path(base, cache.float())

@@ -194,12 +194,12 @@ def test_inverse_cdf_graph_replay_equals_eager_and_options_draw_the_same(head):
                                     torch.bfloat16))
 
 
-# --------------------------------------------------------------------------- tensor_cores=True (wide_tc.cu, inverse CDF)
+# --------------------------------------------------------------------------- tensor_cores=True (wide_tc.cu)
 TC_SHAPES = [1, 32, 40, 64, 65, 128, 192, 253]  # 1 m-tile (one warpgroup's tiles each), 2 (one barely used), 3 (odd), 4
 
 
-def wide_tc(head, rows, **backend_kwargs):
-    return wide(head, rows, torch.bfloat16, "inverse_cdf", tensor_cores=True, **backend_kwargs)
+def wide_tc(head, rows, method="inverse_cdf", **backend_kwargs):
+    return wide(head, rows, torch.bfloat16, method, tensor_cores=True, **backend_kwargs)
 
 
 @pytest.mark.parametrize("rows", TC_SHAPES)
@@ -266,4 +266,34 @@ def test_tensor_core_step_graph_replay_equals_eager(head):
     for fresh, tokens, cache in replays_with_fresh_inputs(sampler, rows, STEPS, VOCAB, torch.bfloat16, seeds=(8, 9)):
         check_icdf(head, fresh, tokens, cache)
         eager_tokens, eager_cache = sample(wide_tc(head, rows), fresh, torch.bfloat16)
+        assert torch.equal(tokens, eager_tokens) and same_values(cache, eager_cache)
+
+
+@pytest.mark.parametrize("rows", [1, 40, 64, 130, 253])
+def test_tensor_core_gumbel_draws_from_its_own_cache_at_full_shape(head, rows):
+    inputs = cuda_inputs(rows, STEPS, VOCAB, torch.bfloat16)
+    tokens, cache = sample(wide_tc(head, rows, "gumbel"), inputs, torch.bfloat16)
+    check_draws(head, inputs, tokens, cache, exact=False)
+
+
+def test_tensor_core_gumbel_special_rows_scale_exact_and_graph(head):
+    """Special rows (bf16: NaN, all -inf, +inf), strided logits with a scale, every token exact (filter_margin huge)
+    drawing what the bounded ranking draws, and a CUDA-graph replay equal to eager."""
+    special = special_rows_inputs(20, STEPS, VOCAB)
+    inputs = dict(special, base_logits=special["base_logits"].bfloat16())
+    tokens, cache = sample(wide_tc(head, 20, "gumbel"), inputs, torch.bfloat16)
+    assert tokens[0, 0] == 70_000 and bool((tokens[1] == 0).all())
+    check_draws(head, inputs, tokens, cache, exact=False)
+    scaled = dm.MarkovHead(head.embed_weight, head.head_weight, 0.8125)
+    inputs = make_inputs(40, STEPS, VOCAB, strided=True, device="cuda", seed=13, embed_vocab=VOCAB + 1000)
+    tokens, cache = sample(wide_tc(scaled, 40, "gumbel"), inputs, torch.bfloat16)
+    check_draws(scaled, inputs, tokens, cache, exact=False)
+    inputs = cuda_inputs(64, STEPS, VOCAB, torch.bfloat16)
+    tokens, cache = sample(wide_tc(head, 64, "gumbel"), inputs, torch.bfloat16)
+    other, other_cache = sample(wide_tc(head, 64, "gumbel", filter_margin=1e30), inputs, torch.bfloat16)
+    assert torch.equal(tokens, other) and same_values(cache, other_cache)
+    sampler = wide_tc(head, 253, "gumbel")
+    for fresh, tokens, cache in replays_with_fresh_inputs(sampler, 253, STEPS, VOCAB, torch.bfloat16, seeds=(8,)):
+        check_draws(head, fresh, tokens, cache, exact=False)
+        eager_tokens, eager_cache = sample(wide_tc(head, 253, "gumbel"), fresh, torch.bfloat16)
         assert torch.equal(tokens, eager_tokens) and same_values(cache, eager_cache)

@@ -15,6 +15,10 @@
 //     one, so the tensor cores run under the epilogue; the base logits of an item are loaded before its wgmmas.
 //   - the codes W1[prev] of every row (prev: the anchor at step 0, else draft_tokens[:, step - 1] written by the
 //     previous pick) are gathered once per step into shared memory in the same swizzled K-major layout.
+// Method "gumbel" (the _gumbel entry points): the same step with wide.cu's ranking instead of the partials: every
+// token's exact-key upper bound z / T + table[bucket(hash)] against the row's best word (read with the item's base
+// logits; a row without a word is seeded with the exact key of the quad's largest bound), exact keys only where the
+// bound reaches it, merged by atomicMax; dm_wide_finish turns the words into tokens.
 // Epilogue per (row, token), as wide.cu: bias = round_bf16(acc) (again after `scale`), z = round_bf16(U + bias), the
 // cache row of a live sample written once (4-byte pairs), x = z / T (div_rn's value; z on greedy rows); per row and item
 // the lane's 16 tokens reduced to (max, sum exp(x - max)) over the lane quad and merged into a per-(warpgroup, row)
@@ -105,7 +109,8 @@ __device__ __forceinline__ void tc_mma(float* d, u64 da, u64 db, int scale_d) {
 
 // Shared memory (from a 1,024-byte aligned base): [stages][4 boxes][64 tokens][128 bytes] W2, then the codes
 // [4 k-blocks][rows_alloc][128 bytes] (swizzled as TMA would), the row keys [rows_alloc], the partials
-// [2 warpgroups][rows_alloc] float2, the full / empty mbarriers [stages] each. cuda_wide.tc_smem_bytes mirrors it.
+// [2 warpgroups][rows_alloc] float2, the full / empty mbarriers [stages] each, and for the Gumbel method the noise
+// table [DM_TB_SIZE] fp32. cuda_wide.tc_smem_bytes mirrors it.
 struct TcLayout {
   unsigned char* stages;
   unsigned char* codes;
@@ -113,6 +118,7 @@ struct TcLayout {
   float2* part;
   u64* full;
   u64* empty;
+  float* gtab;  // GUMBEL: the noise table [DM_TB_SIZE]
 };
 
 __device__ __forceinline__ TcLayout tc_layout(unsigned char* raw, int stages, int rows_alloc) {
@@ -124,13 +130,14 @@ __device__ __forceinline__ TcLayout tc_layout(unsigned char* raw, int stages, in
   l.part = (float2*)(l.rows + rows_alloc);
   l.full = (u64*)(l.part + 2 * rows_alloc);
   l.empty = l.full + stages;
+  l.gtab = (float*)(l.empty + stages);
   return l;
 }
 
 // A bf16 pair of global memory (4-byte aligned).
 __device__ __forceinline__ u32 tc_load_pair(const unsigned short* p) { return *(const u32*)p; }
 
-template <bool SCALE>
+template <bool SCALE, bool GUMBEL>
 __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int num_stages) {
   extern __shared__ unsigned char smem_raw[];
   const int rows = (int)a.rows;
@@ -188,6 +195,8 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
       L.part[r] = make_float2(ninf, 0.0f);
       L.part[rows_alloc + r] = make_float2(ninf, 0.0f);
     }
+    if (GUMBEL)
+      for (int i = tid; i < DM_TB_SIZE; i += TC_CONSUMER_THREADS) L.gtab[i] = ((const float*)a.gtab)[i];
     const uint4* embed = (const uint4*)a.embed;
     for (int i = tid; i < rows_alloc * 32; i += TC_CONSUMER_THREADS) {
       const int r = i >> 5, q = i & 31;  // row, 16-byte chunk of its 512 bytes (rank 8q .. 8q + 7)
@@ -212,6 +221,7 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
   const unsigned short* base = (const unsigned short*)a.base;
   unsigned short* cache = (unsigned short*)a.cache;
   i64* words = (i64*)a.words;
+  const float margin = (float)a.filter_margin;
   const u32 codes_addr = tc_smem(L.codes), stages_addr = tc_smem(L.stages);
 
   // This warpgroup's items k = 0 .. K - 1, (tile, m-tile) in tile order. From 2 m-tiles on each warpgroup takes the
@@ -253,7 +263,7 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
     tc_commit();
   };
   // The base logit pairs of item k: bv[h * 8 + j] holds tokens 8j + 2cq, + 1 of row 16w + gq + 8h of its m-tile.
-  auto load_base = [&](int k, u32* bv) {
+  auto load_base = [&](int k, u32* bv, i64* wv) {
     const bool real = k < K;
     const int tl = real ? tile_of(k) : 0, mt = real ? mtile_of(k) : 0;
     const i64 t0 = (tile0 + tl) * TC_TOK + 2 * cq;
@@ -262,6 +272,7 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
       const int r = mt * TC_MROWS + 16 * w + gq + 8 * h;
       const i64 off = L.rows[r].base_off;
       const bool rv = real && r < rows;
+      if (GUMBEL) wv[h] = rv ? dm::load_relaxed_i64(words + r) : DM_WORD_NONE;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const i64 t = t0 + 8 * j;
@@ -270,7 +281,7 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
     }
   };
   // Epilogue of item k from its accumulator d (its wgmmas complete) and base pairs bv.
-  auto epilogue = [&](int k, const float* d, const u32* bv) {
+  auto epilogue = [&](int k, const float* d, const u32* bv, const i64* wv) {
     const bool real = k < K;
     const int tl = real ? tile_of(k) : 0, mt = real ? mtile_of(k) : 0;
     const i64 t0 = (tile0 + tl) * TC_TOK + 2 * cq;
@@ -281,7 +292,8 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
       const WideRow rk = L.rows[r];
       const bool greedy = rk.temp == 0.0f;
       const float rcp = dw_rcp_for(rk.temp, rk.inv_temp);
-      float x[16];
+      float x[16], zf[16], bnd[16];  // ICDF: x = z / T; GUMBEL: z and the key bound
+      u32 inmask = 0u;
       i64 best = DM_WORD_NONE;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
@@ -295,6 +307,13 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
           const u32 ub = b ? (bv[h * 8 + j] >> 16) : (bv[h * 8 + j] & 0xFFFFu);
           zz[b] = dm::round_bf16(dm::add_rn(dm::bf16(ub), bias));
           const float z = dm::bf16(zz[b]);
+          if (GUMBEL) {  // the exact key's upper bound (wide.cu's): z / T plus the bucket's largest exact noise
+            zf[j * 2 + b] = z;
+            bnd[j * 2 + b] = greedy ? z : dm::add_rn(dm::mul_rn(z, rk.inv_temp),
+                                                     L.gtab[dm::tb_bucket(dm::hash_finish(rk.prefix, (u32)(t + b)))]);
+            inmask |= (in ? 1u : 0u) << (j * 2 + b);
+            continue;
+          }
           const float xv = greedy ? z : dw_scaled(z, rk.temp, rcp);
           x[j * 2 + b] = in ? xv : ninf;
           if (in && rk.cache_off < 0) {
@@ -303,6 +322,55 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
           }
         }
         if (in && rk.cache_off >= 0) *(u32*)(cache + rk.cache_off + t) = zz[0] | (zz[1] << 16);
+      }
+      if (GUMBEL) {  // wide.cu's ranking: exact keys only where a bound can still reach the row's best word
+        // the row's word as lane cq = 0 read it (one value per quad)
+        i64 word = (i64)(((u64)(u32)__shfl_sync(0xFFFFFFFFu, (u32)((u64)wv[h] >> 32), lane & ~3) << 32) |
+                         (u32)__shfl_sync(0xFFFFFFFFu, (u32)((u64)wv[h] & 0xFFFFFFFFull), lane & ~3));
+        if (rv && word == DM_WORD_NONE) {  // seed: the exact key of the quad's largest bound (first token among equals)
+          float sb = ninf;
+          i32 si = -1;
+#pragma unroll
+          for (int i = 0; i < 16; ++i) {
+            const i32 ti = (i32)(t0 + 8 * (i >> 1) + (i & 1));
+            if (((inmask >> i) & 1u) && bnd[i] > sb) { sb = bnd[i]; si = ti; }
+          }
+#pragma unroll
+          for (int off = 1; off <= 2; off <<= 1) {
+            const float ob = __shfl_xor_sync(0xFFFFFFFFu, sb, off);
+            const i32 oi = __shfl_xor_sync(0xFFFFFFFFu, si, off);
+            if (oi >= 0 && (si < 0 || ob > sb || (ob == sb && oi < si))) { sb = ob; si = oi; }
+          }
+          i64 seed = DM_WORD_NONE;
+#pragma unroll
+          for (int i = 0; i < 16; ++i) {
+            const i32 ti = (i32)(t0 + 8 * (i >> 1) + (i & 1));
+            if (si >= 0 && ti == si) {  // this lane holds the seed token
+              seed = dm::pack_word(dw_exact_key(zf[i], rk.temp, rk.prefix, (u32)ti), ti);
+              atomicMax((long long*)(words + r), (long long)seed);
+              inmask &= ~(1u << i);
+            }
+          }
+#pragma unroll
+          for (int off = 1; off <= 2; off <<= 1) {
+            const i64 o = dm::shfl_xor_i64(seed, off);
+            seed = o > seed ? o : seed;
+          }
+          word = seed;
+        }
+        if (rv) {
+          const float thr = dm::skip_threshold(word, margin);
+#pragma unroll
+          for (int i = 0; i < 16; ++i) {
+            if (((inmask >> i) & 1u) && !(bnd[i] < thr)) {  // rare: a token whose bound reaches the best key
+              const i32 ti = (i32)(t0 + 8 * (i >> 1) + (i & 1));
+              const i64 w = dm::pack_word(dw_exact_key(zf[i], rk.temp, rk.prefix, (u32)ti), ti);
+              best = w > best ? w : best;
+            }
+          }
+          if (best > word) atomicMax((long long*)(words + r), (long long)best);
+        }
+        continue;
       }
       float m = x[0];
 #pragma unroll
@@ -342,22 +410,24 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
   // (advisory C7518, checked by tests/draft/test_cuda_wide.py).
   float d0[32], d1[32];
   u32 b0[16], b1[16];
+  i64 w0[2], w1[2];  // GUMBEL: the rows' words, read with the base logits
   if (K > 0) {
-    load_base(0, b0);
+    load_base(0, b0, w0);
     issue(0, d0);
     for (int k = 0; k < K; k += 2) {
-      load_base(k + 1, b1);
+      load_base(k + 1, b1, w1);
       finish_mma(k);
       issue(k + 1, d1);
-      epilogue(k, d0, b0);
-      load_base(k + 2, b0);
+      epilogue(k, d0, b0, w0);
+      load_base(k + 2, b0, w0);
       finish_mma(k + 1);
       issue(k + 2, d0);
-      epilogue(k + 1, d1, b1);
+      epilogue(k + 1, d1, b1, w1);
     }
     tc_wait<0>();
   }
 
+  if (GUMBEL) return;  // (the words are merged; dm_wide_finish turns them into tokens)
   // The block's partial of each row: the two warpgroups' partials merged in order.
   asm volatile("bar.sync 1, %0;" :: "n"(TC_CONSUMER_THREADS) : "memory");
   float2* part = (float2*)a.part;
@@ -371,11 +441,12 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
 }
 
 // num_stages: W2 tiles in flight (cuda_wide.tc_stages: as many as shared memory holds, at most TC_MAX_STAGES).
-extern "C" __global__ void __launch_bounds__(TC_THREADS, 1)
-    dm_wide_tc_icdf_s0(const WideArgs a, const __grid_constant__ TmaMap w2, const i64 num_stages) {
-  tc_body<false>(a, &w2, (int)num_stages);
-}
-extern "C" __global__ void __launch_bounds__(TC_THREADS, 1)
-    dm_wide_tc_icdf_s1(const WideArgs a, const __grid_constant__ TmaMap w2, const i64 num_stages) {
-  tc_body<true>(a, &w2, (int)num_stages);
-}
+#define TC_ENTRY(NAME, SCALE, GUMBEL)                                                                      \
+  extern "C" __global__ void __launch_bounds__(TC_THREADS, 1)                                             \
+      NAME(const WideArgs a, const __grid_constant__ TmaMap w2, const i64 num_stages) {                   \
+    tc_body<SCALE, GUMBEL>(a, &w2, (int)num_stages);                                                     \
+  }
+TC_ENTRY(dm_wide_tc_icdf_s0, false, false)
+TC_ENTRY(dm_wide_tc_icdf_s1, true, false)
+TC_ENTRY(dm_wide_tc_gumbel_s0, false, true)
+TC_ENTRY(dm_wide_tc_gumbel_s1, true, true)

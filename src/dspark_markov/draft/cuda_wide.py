@@ -78,8 +78,8 @@ STEP_KERNELS = tuple(f"dm_wide_b{b}_c{c}_v{v}_s{s}" for b in (0, 1) for c in (0,
 ICDF_KERNELS = tuple(f"dm_wide_b{b}_c{c}_v{v}_s{s}_icdf" for b in (0, 1) for c in (0, 1) for v in (0, 1)
                      for s in (0, 1))
 KERNELS = STEP_KERNELS + ICDF_KERNELS + ("dm_wide_finish", "dm_wide_pick")
-# tensor_cores=True (inverse CDF): wide_tc.cu's wgmma + TMA step, built for sm_90a: dm_wide_tc_icdf_s{scale != 1}.
-TC_KERNELS = ("dm_wide_tc_icdf_s0", "dm_wide_tc_icdf_s1")
+# tensor_cores=True: wide_tc.cu's wgmma + TMA step, built for sm_90a: dm_wide_tc_{icdf|gumbel}_s{scale != 1}.
+TC_KERNELS = ("dm_wide_tc_icdf_s0", "dm_wide_tc_icdf_s1", "dm_wide_tc_gumbel_s0", "dm_wide_tc_gumbel_s1")
 TC_ARCH = "sm_90a"  # wgmma and the tensor-memory accelerator need the architecture-specific target
 TC_THREADS = 288  # two consumer warpgroups and the producer warp (wide_tc.cu TC_THREADS)
 TC_TOKENS = 64  # tokens per W2 tile (wide_tc.cu TC_TOK)
@@ -132,18 +132,19 @@ def smem_bytes(rows: int, inverse_cdf: bool = False) -> int:
     return mtiles * 16 * 512 + TEAMS * 2 * 8 * 32 * 16 + extra + mtiles * 16 * 32
 
 
-def tc_smem_bytes(rows: int, stages: int) -> int:
+def tc_smem_bytes(rows: int, stages: int, gumbel: bool = False) -> int:
     """Dynamic shared memory of a ``wide_tc.cu`` step over ``rows`` rows with ``stages`` W2 tiles in flight (its
     TcLayout): 1,024 bytes of alignment slack, the stages, the codes and row keys (32 bytes) of every row of the
-    m-tiles, two partials (8 bytes each) per row, two mbarriers per stage."""
+    m-tiles, two partials (8 bytes each) per row, two mbarriers per stage, the noise table (Gumbel)."""
     rows_alloc = -(-int(rows) // TC_MROWS) * TC_MROWS
-    return 1024 + stages * TC_TILE_BYTES + rows_alloc * (4 * 128 + 32 + 2 * 8) + 2 * stages * 8
+    return (1024 + stages * TC_TILE_BYTES + rows_alloc * (4 * 128 + 32 + 2 * 8) + 2 * stages * 8
+            + (TB_SIZE * 4 if gumbel else 0))
 
 
-def tc_stages(rows: int, limit: int) -> int:
+def tc_stages(rows: int, limit: int, gumbel: bool = False) -> int:
     """W2 tiles in flight of a ``wide_tc.cu`` step over ``rows`` rows: as many as ``limit`` bytes of shared memory
     hold, at most 4; 0 when fewer than 2 fit (the ring needs two: see wide_tc.cu)."""
-    fit = max(s for s in range(TC_MAX_STAGES + 1) if s == 0 or tc_smem_bytes(rows, s) <= limit)
+    fit = max(s for s in range(TC_MAX_STAGES + 1) if s == 0 or tc_smem_bytes(rows, s, gumbel) <= limit)
     return fit if fit >= 2 else 0
 
 
@@ -182,7 +183,7 @@ class CudaWideBackend:
     ``flags`` (:data:`FLAG_PREFETCH`; never changes a draw), ``blocks_per_sm`` (default: as many as are
     resident at once), ``warps_per_group`` (1: 8 warps per block, each its own 16-token groups; 2: 16 warps,
     two per group, on the unscaled 16-byte paths; never changes a draw; inverse CDF: 1 only) and ``tensor_cores``
-    (inverse CDF: the wgmma + TMA step of ``wide_tc.cu`` where :meth:`tensor_core_path` allows; see the module; its
+    (the wgmma + TMA step of ``wide_tc.cu`` where :meth:`tensor_core_path` allows; see the module; its
     TMA map holds W2's address, so the head's weights must stay where they are). Scratch (codes in
     A-fragment order, one word per row, every step's row keys, the noise table; inverse CDF: the block partials) is
     allocated once; ``run`` only launches (CUDA-graph
@@ -214,9 +215,6 @@ class CudaWideBackend:
             raise ValueError(f"method: impl 'cuda_wide' supports 'gumbel' and 'inverse_cdf', got {method!r}")
         if not isinstance(tensor_cores, bool):
             raise ValueError(f"tensor_cores: expected True or False, got {tensor_cores!r}")
-        if tensor_cores and method != "inverse_cdf":
-            raise ValueError(f"tensor_cores: the wgmma step (wide_tc.cu) draws by inverse CDF only, got method "
-                             f"{method!r}")
         if method == "inverse_cdf" and warps_per_group != 1:
             raise ValueError(f"warps_per_group: method 'inverse_cdf' runs with 1 (8 warps per block), "
                              f"got {warps_per_group!r}")
@@ -288,11 +286,13 @@ class CudaWideBackend:
                 self.tc_map = build.tensor_map_bf16_2d(w2.data_ptr(), RANK, w2.shape[0], RANK * 2, 64, TC_TOKENS)
             except build.BuildError as error:
                 raise ValueError(f"tensor_cores: the wgmma step cannot run here: {error}") from error
-            self.tc_stage_count = {mtiles: tc_stages(mtiles * TC_MROWS, limit)
+            gumbel = method == "gumbel"
+            self.tc_stage_count = {mtiles: tc_stages(mtiles * TC_MROWS, limit, gumbel)
                                    for mtiles in range(1, -(-self.max_rows // TC_MROWS) + 1)}
             if not all(self.tc_stage_count.values()):
                 raise ValueError(f"max_rows: the wgmma step over {self.max_rows} rows needs "
-                                 f"{tc_smem_bytes(self.max_rows, 2)} bytes of shared memory, this GPU allows {limit}")
+                                 f"{tc_smem_bytes(self.max_rows, 2, gumbel)} bytes of shared memory, this GPU allows "
+                                 f"{limit}")
             for name in TC_KERNELS:
                 self.tc_kernels.set_dynamic_smem(name, limit)
 
@@ -328,7 +328,7 @@ class CudaWideBackend:
 
     def tensor_core_path(self, base_logits, logits_cache) -> bool:
         """Whether this call runs ``wide_tc.cu`` (``tensor_cores=True``, bf16 base logits and cache whose row offsets
-        and bases allow 4-byte pairs, an even vocabulary); else wide.cu's ``_icdf`` step."""
+        and bases allow 4-byte pairs, an even vocabulary); else wide.cu's step."""
         return (self.tensor_cores and base_logits.dtype == torch.bfloat16 and logits_cache.dtype == torch.bfloat16
                 and self.head.vocab_size % 2 == 0 and _aligned(base_logits, (0, 1), 4)
                 and _aligned(logits_cache, (0,), 4))
@@ -379,14 +379,13 @@ class CudaWideBackend:
         launch = self.kernels.launch
         # Before step 0 (one warp per row of the last m-tile too): every step's row keys, the anchors' codes.
         launch("dm_wide_finish", 2 * mtiles, 256, 0, stream, [args, ctypes.c_int64(-1), ctypes.c_int64(1)])
-        if inverse and self.tensor_core_path(base_logits, logits_cache):  # one block per SM, 64-token tiles
+        if self.tensor_core_path(base_logits, logits_cache):  # one block per SM, blocks of whole 64-token tiles
             args.icdf_gpb, grid = icdf_blocks(vocab, self.num_sms)
             args.icdf_blocks = grid
-            mt = -(-rows // TC_MROWS)
-            stages = self.tc_stage_count[mt]
-            name = TC_KERNELS[int(float(self.head.scale) != 1.0)]
+            stages = self.tc_stage_count[-(-rows // TC_MROWS)]
+            name = f"dm_wide_tc_{'icdf' if inverse else 'gumbel'}_s{int(float(self.head.scale) != 1.0)}"
             tc_params = [self.tc_map, ctypes.c_int64(stages)]
-            smem, launch_step = tc_smem_bytes(rows, stages), self.tc_kernels.launch
+            smem, launch_step = tc_smem_bytes(rows, stages, not inverse), self.tc_kernels.launch
         else:
             tc_params, launch_step = [], launch
         for step in range(steps):
