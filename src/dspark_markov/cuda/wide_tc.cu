@@ -299,14 +299,21 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
       for (int j = 0; j < 8; ++j) {
         const i64 t = t0 + 8 * j;
         const bool in = rv && t < vocab;  // (V even: t + 1 < V too)
-        u32 zz[2];
+        // bias pair and z pair each by one cvt.rn.bf16x2 (round to nearest even); a NaN bias only makes z NaN, and a
+        // NaN z gets torch's payload 0x7FC0 before it is stored (the rare fix-up below)
+        u32 bp = dm::pack_bf16x2_rn(d[j * 4 + h * 2], d[j * 4 + h * 2 + 1]);
+        if (SCALE)
+          bp = dm::pack_bf16x2_rn(dm::mul_rn(__uint_as_float(bp << 16), scale),
+                                  dm::mul_rn(__uint_as_float(bp & 0xFFFF0000u), scale));
+        const u32 ubase = bv[h * 8 + j];
+        const float s0 = dm::add_rn(__uint_as_float(ubase << 16), __uint_as_float(bp << 16));
+        const float s1 = dm::add_rn(__uint_as_float(ubase & 0xFFFF0000u), __uint_as_float(bp & 0xFFFF0000u));
+        u32 zp = dm::pack_bf16x2_rn(s0, s1);
+        if ((s0 != s0) | (s1 != s1))  // torch's NaN (rare)
+          zp = (s0 != s0 ? 0x7FC0u : zp & 0xFFFFu) | (s1 != s1 ? 0x7FC00000u : zp & 0xFFFF0000u);
 #pragma unroll
         for (int b = 0; b < 2; ++b) {
-          float bias = dm::bf16(dm::round_bf16(d[j * 4 + h * 2 + b]));
-          if (SCALE) bias = dm::bf16(dm::round_bf16(dm::mul_rn(bias, scale)));
-          const u32 ub = b ? (bv[h * 8 + j] >> 16) : (bv[h * 8 + j] & 0xFFFFu);
-          zz[b] = dm::round_bf16(dm::add_rn(dm::bf16(ub), bias));
-          const float z = dm::bf16(zz[b]);
+          const float z = b ? __uint_as_float(zp & 0xFFFF0000u) : __uint_as_float(zp << 16);
           if (GUMBEL) {  // the exact key's upper bound (wide.cu's): z / T plus the bucket's largest exact noise
             zf[j * 2 + b] = z;
             bnd[j * 2 + b] = greedy ? z : dm::add_rn(dm::mul_rn(z, rk.inv_temp),
@@ -321,7 +328,7 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
             best = word > best ? word : best;
           }
         }
-        if (in && rk.cache_off >= 0) *(u32*)(cache + rk.cache_off + t) = zz[0] | (zz[1] << 16);
+        if (in && rk.cache_off >= 0) *(u32*)(cache + rk.cache_off + t) = zp;
       }
       if (GUMBEL) {  // wide.cu's ranking: exact keys only where a bound can still reach the row's best word
         // the row's word as lane cq = 0 read it (one value per quad)
