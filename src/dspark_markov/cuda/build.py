@@ -291,7 +291,10 @@ def tensor_map_bf16_2d(address: int, inner: int, outer: int, row_bytes: int, box
     TMA in boxes ``[box_outer, box_inner]`` with the 128-byte swizzle (``box_inner`` * 2 must be 128) and zeros past
     the edges. ``BuildError`` from the driver's checks (alignment: address 16-byte, ``row_bytes`` a multiple of 16)."""
     lib = driver()
-    tensor_map = (ctypes.c_uint64 * 16)()
+    # cuTensorMapEncodeTiled wants the map 64-byte aligned (CUDA 13's CUtensorMap is alignas(128)): ctypes gives 16;
+    # a 128-byte aligned view into a larger buffer (from_buffer keeps the buffer alive)
+    raw = (ctypes.c_uint8 * 255)()
+    tensor_map = (ctypes.c_uint64 * 16).from_buffer(raw, (-ctypes.addressof(raw)) % 128)
     dims = (ctypes.c_uint64 * 2)(int(inner), int(outer))
     strides = (ctypes.c_uint64 * 1)(int(row_bytes))
     box = (ctypes.c_uint32 * 2)(int(box_inner), int(box_outer))

@@ -40,8 +40,8 @@
 #define TC_THREADS (TC_CONSUMER_THREADS + 32)    // + the producer warp
 #define TC_MAX_STAGES 4
 
-struct TmaMap {  // CUtensorMap (cuda.h): 128 opaque bytes, 64-byte aligned
-  alignas(64) u64 opaque[16];
+struct TmaMap {  // CUtensorMap (cuda.h): 128 opaque bytes (64-byte aligned on sm_90; CUDA 13 declares 128)
+  alignas(128) u64 opaque[16];
 };
 
 __device__ __forceinline__ u32 tc_smem(const void* p) { return (u32)__cvta_generic_to_shared(p); }
@@ -65,13 +65,21 @@ __device__ __forceinline__ bool tc_bar_try(u64* bar, u32 parity) {
       "}\n" : "=r"(done) : "r"(tc_smem(bar)), "r"(parity) : "memory");
   return done != 0;
 }
-// Wait for the phase of parity `parity` to complete. Bounded: a phase that never completes (a TMA that never lands:
-// a bug, not an input) traps after 2^24 polls (seconds; a real wait is microseconds), so the launch fails instead
-// of hanging the stream.
-__device__ __forceinline__ void tc_bar_wait(u64* bar, u32 parity) {
-  for (u32 polls = 0; !tc_bar_try(bar, parity); ++polls)
-    if (polls == (1u << 24)) __trap();
+__device__ __forceinline__ u64 tc_now_ns() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
 }
+// Wait for the phase of parity `parity` to complete. Bounded: a phase that never completes (a TMA that never lands:
+// a bug, not an input) traps after 10 s of the global timer (a real wait is microseconds), so the launch fails
+// instead of hanging the stream.
+__device__ __forceinline__ void tc_bar_wait(u64* bar, u32 parity) {
+  if (tc_bar_try(bar, parity)) return;
+  const u64 start = tc_now_ns();
+  for (u32 polls = 1; !tc_bar_try(bar, parity); ++polls)
+    if ((polls & 1023u) == 0u && tc_now_ns() - start > 10000000000ull) __trap();
+}
+
 // W2 box (rank elements x0 .. x0 + 63, tokens y0 .. y0 + 63; zero-filled past V) into shared memory, counted on bar.
 __device__ __forceinline__ void tc_tma_load(void* dst, const TmaMap* map, int x0, int y0, u64* bar) {
   asm volatile(
@@ -88,6 +96,13 @@ __device__ __forceinline__ void tc_fence() { asm volatile("wgmma.fence.sync.alig
 __device__ __forceinline__ void tc_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void tc_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory"); }
+
+// Keep the compiler from moving accesses of an accumulator across the wgmma issue / wait asm (CUTLASS's
+// warpgroup_fence_operand): an empty asm that "reads and writes" every register of d.
+__device__ __forceinline__ void tc_fence_acc(float* d) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
 
 // d += A (64 x 16, descriptor da) @ B (16 x 64, descriptor db); scale_d = 0 ignores d's old value.
 __device__ __forceinline__ void tc_mma(float* d, u64 da, u64 db, int scale_d) {
@@ -252,6 +267,7 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
     if (real) pass_to(tl);
     const u32 b_addr = real ? stages_addr + (tl % num_stages) * TC_TILE_BYTES : codes_addr;
     const int b_kblock = real ? TC_BOX_BYTES : rows_alloc * 128;
+    tc_fence_acc(d);
     tc_fence();
 #pragma unroll
     for (int kk = 0; kk < 16; ++kk) {
@@ -261,6 +277,7 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
       tc_mma(d, da, db, kk > 0);
     }
     tc_commit();
+    tc_fence_acc(d);
   };
   // The base logit pairs of item k: bv[h * 8 + j] holds tokens 8j + 2cq, + 1 of row 16w + gq + 8h of its m-tile.
   auto load_base = [&](int k, u32* bv, i64* wv) {
@@ -334,13 +351,16 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
         // the row's word as lane cq = 0 read it (one value per quad)
         i64 word = (i64)(((u64)(u32)__shfl_sync(0xFFFFFFFFu, (u32)((u64)wv[h] >> 32), lane & ~3) << 32) |
                          (u32)__shfl_sync(0xFFFFFFFFu, (u32)((u64)wv[h] & 0xFFFFFFFFull), lane & ~3));
-        if (rv && word == DM_WORD_NONE) {  // seed: the exact key of the quad's largest bound (first token among equals)
+        // seed: a row without a word gets the exact key of the quad's largest bound (first token among equals); the
+        // shuffles run on every lane of the warp whenever one of its rows needs a seed (uniform over a quad)
+        const bool seed_row = rv && word == DM_WORD_NONE;
+        if (__any_sync(0xFFFFFFFFu, seed_row)) {
           float sb = ninf;
           i32 si = -1;
 #pragma unroll
           for (int i = 0; i < 16; ++i) {
             const i32 ti = (i32)(t0 + 8 * (i >> 1) + (i & 1));
-            if (((inmask >> i) & 1u) && bnd[i] > sb) { sb = bnd[i]; si = ti; }
+            if (seed_row && ((inmask >> i) & 1u) && bnd[i] > sb) { sb = bnd[i]; si = ti; }
           }
 #pragma unroll
           for (int off = 1; off <= 2; off <<= 1) {
@@ -352,7 +372,7 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
 #pragma unroll
           for (int i = 0; i < 16; ++i) {
             const i32 ti = (i32)(t0 + 8 * (i >> 1) + (i & 1));
-            if (si >= 0 && ti == si) {  // this lane holds the seed token
+            if (seed_row && si >= 0 && ti == si) {  // this lane holds the seed token
               seed = dm::pack_word(dw_exact_key(zf[i], rk.temp, rk.prefix, (u32)ti), ti);
               atomicMax((long long*)(words + r), (long long)seed);
               inmask &= ~(1u << i);
@@ -363,7 +383,7 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
             const i64 o = dm::shfl_xor_i64(seed, off);
             seed = o > seed ? o : seed;
           }
-          word = seed;
+          if (seed_row) word = seed;
         }
         if (rv) {
           const float thr = dm::skip_threshold(word, margin);
@@ -396,12 +416,15 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
         dw_merge(p.x, p.y, m, s);
         *ps = p;
       }
-      if (rv && rk.cache_off < 0) {  // a padding sample: its argmax through the row's word (uniform over the quad)
+      // a padding sample: its argmax through the row's word (the quad's 16 x 4 tokens merged first; the shuffles run
+      // on every lane of the warp whenever one of its rows needs them: best is DM_WORD_NONE on the others)
+      const bool pad = rv && rk.cache_off < 0;
+      if (__any_sync(0xFFFFFFFFu, pad)) {
         i64 o = dm::shfl_xor_i64(best, 1);
         best = o > best ? o : best;
         o = dm::shfl_xor_i64(best, 2);
         best = o > best ? o : best;
-        if (cq == 0 && best != DM_WORD_NONE) atomicMax((long long*)(words + r), (long long)best);
+        if (pad && cq == 0 && best != DM_WORD_NONE) atomicMax((long long*)(words + r), (long long)best);
       }
     }
   };
@@ -424,14 +447,17 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
     for (int k = 0; k < K; k += 2) {
       load_base(k + 1, b1, w1);
       finish_mma(k);
+      tc_fence_acc(d0);
       issue(k + 1, d1);
       epilogue(k, d0, b0, w0);
       load_base(k + 2, b0, w0);
       finish_mma(k + 1);
+      tc_fence_acc(d1);
       issue(k + 2, d0);
       epilogue(k + 1, d1, b1, w1);
     }
     tc_wait<0>();
+    tc_fence_acc(d0);
   }
 
   if (GUMBEL) return;  // (the words are merged; dm_wide_finish turns them into tokens)
