@@ -243,7 +243,11 @@ def test_tensor_core_step_special_rows_strided_scale_and_fallbacks(head):
     assert tokens[0, 0] == 70_000 and bool((tokens[1] == 0).all())
     check_icdf(head, inputs, tokens, cache)
     scaled = dm.MarkovHead(head.embed_weight, head.head_weight, 0.8125)
-    inputs = make_inputs(40, STEPS, VOCAB, strided=True, device="cuda", seed=13, embed_vocab=VOCAB + 1000)
+    inputs = make_inputs(40, STEPS, VOCAB, device="cuda", seed=13, embed_vocab=VOCAB + 1000)
+    # rows and steps VOCAB + 8 apart (even strides: still 4-byte pairs)
+    strided = torch.empty(40, STEPS + 1, VOCAB + 8, dtype=torch.bfloat16, device="cuda")[:, 1:, :VOCAB]
+    strided.copy_(inputs["base_logits"])
+    inputs["base_logits"] = strided
     sampler = wide_tc(scaled, 40)
     assert sampler.backend.tensor_core_path(inputs["base_logits"], new_outputs(inputs, torch.bfloat16)[1])
     tokens, cache = sample(sampler, inputs, torch.bfloat16)
@@ -285,7 +289,10 @@ def test_tensor_core_gumbel_special_rows_scale_exact_and_graph(head):
     assert tokens[0, 0] == 70_000 and bool((tokens[1] == 0).all())
     check_draws(head, inputs, tokens, cache, exact=False)
     scaled = dm.MarkovHead(head.embed_weight, head.head_weight, 0.8125)
-    inputs = make_inputs(40, STEPS, VOCAB, strided=True, device="cuda", seed=13, embed_vocab=VOCAB + 1000)
+    inputs = make_inputs(40, STEPS, VOCAB, device="cuda", seed=13, embed_vocab=VOCAB + 1000)
+    strided = torch.empty(40, STEPS + 1, VOCAB + 8, dtype=torch.bfloat16, device="cuda")[:, 1:, :VOCAB]
+    strided.copy_(inputs["base_logits"])
+    inputs["base_logits"] = strided
     tokens, cache = sample(wide_tc(scaled, 40, "gumbel"), inputs, torch.bfloat16)
     check_draws(scaled, inputs, tokens, cache, exact=False)
     inputs = cuda_inputs(64, STEPS, VOCAB, torch.bfloat16)
