@@ -60,7 +60,7 @@ def test_tensor_core_step_compiles_for_sm90a():
 
 def test_tensor_core_step_shared_memory_and_options():
     limit = 227 * 1024  # H100 / H200 opt-in maximum per block
-    assert [cuda_wide.tc_stages(rows, limit) for rows in (1, 64, 65, 128, 129, 192, 193, 256)] == [4, 4, 4, 4, 3, 3, 2, 2]
+    assert [cuda_wide.tc_stages(rows, limit) for rows in (1, 64, 65, 128, 129, 192, 193, 256)] == [4, 4, 4, 4, 2, 2, 2, 2]
     assert cuda_wide.tc_smem_bytes(256, 2) <= limit < cuda_wide.tc_smem_bytes(256, 3)
     assert cuda_wide.tc_stages(256, 150_000) == 0  # fewer than two W2 tiles fit: refused (max_rows)
     assert cuda_wide.tc_smem_bytes(256, 2, gumbel=True) == cuda_wide.tc_smem_bytes(256, 2) + 4 * cuda_wide.TB_SIZE

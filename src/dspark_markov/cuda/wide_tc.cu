@@ -160,6 +160,7 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
   const int rows_alloc = mtiles * TC_MROWS;
   const int rows16 = (rows + 15) & ~15;
   const TcLayout L = tc_layout(smem_raw, num_stages, rows_alloc);
+  const int log2_stages = num_stages == 4 ? 2 : 1;  // num_stages: 2 or 4 (cuda_wide.tc_stages)
   const int tid = threadIdx.x, lane = tid & 31;
   // warp index broadcast from lane 0: provably warp-uniform for ptxas (else it serialises the wgmmas behind branches on
   // it, as CUTLASS's canonical_warp_group_idx avoids)
@@ -181,16 +182,28 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
   __syncthreads();
 
   if (warp == TC_CONSUMER_THREADS / 32) {  // the producer: W2 tiles through the ring (needs no codes: starts at once)
-    if (lane == 0) {
-      asm volatile("prefetch.tensormap [%0];" :: "l"((u64)w2) : "memory");
-      for (int tl = 0; tl < my_tiles; ++tl) {
-        const int s = tl % num_stages, use = tl / num_stages;
+    // With each W2 tile it asks L2 for the base logits of that tile (128 bytes of every row, the lanes taking every
+    // 32nd row): the consumers' base loads then hit L2. Without it they came from HBM one item ahead (8 KB per
+    // warpgroup in flight): the first H100 run (stop 51) took 2x wide's time, latency-bound on those loads.
+    if (lane == 0) asm volatile("prefetch.tensormap [%0];" :: "l"((u64)w2) : "memory");
+    const unsigned char* base_step = (const unsigned char*)a.base + a.step * a.stride_bn * 2;
+    for (int tl = 0; tl < my_tiles; ++tl) {
+      const int s = tl & (num_stages - 1), use = tl >> log2_stages;
+      if (lane == 0) {
         if (use > 0) tc_bar_wait(L.empty + s, (u32)((use - 1) & 1));
         tc_bar_expect(L.full + s, TC_TILE_BYTES);
         unsigned char* dst = L.stages + s * TC_TILE_BYTES;
         const int y0 = (int)((tile0 + tl) * TC_TOK);
 #pragma unroll
         for (int kb = 0; kb < 4; ++kb) tc_tma_load(dst + kb * TC_BOX_BYTES, w2, kb * 64, y0, L.full + s);
+      }
+      __syncwarp();
+      const i64 t0 = (tile0 + tl) * TC_TOK;
+      const i64 bytes = min((i64)TC_TOK, vocab - t0) * 2;
+      for (int r = lane; r < rows; r += 32) {
+        const unsigned char* row = base_step + (r * a.stride_br + t0) * 2;
+        dm::prefetch_l2(row);
+        dm::prefetch_l2(row + bytes - 2);  // (the segment may straddle two 128-byte lines)
       }
     }
     return;
@@ -243,19 +256,19 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
   // m-tiles of its parity in every tile; with one m-tile, the tiles of its parity. Every warpgroup waits for every
   // tile's full barrier in order (a skipped tile is released at once), so that each barrier's phases are observed in
   // order, and releases each tile once after its last item: a stage's empty barrier counts the 8 consumer warps.
-  const int per_tile = mtiles >= 2 ? (mtiles - wg + 1) / 2 : 1;
+  const int per_tile = mtiles >= 2 ? (mtiles - wg + 1) / 2 : 1;  // 1 or 2 (shifts below, no integer division)
   const int K = mtiles >= 2 ? my_tiles * per_tile : (my_tiles - wg + 1) / 2;
-  auto tile_of = [&](int k) { return mtiles >= 2 ? k / per_tile : 2 * k + wg; };
-  auto mtile_of = [&](int k) { return mtiles >= 2 ? wg + 2 * (k % per_tile) : 0; };
-  auto last_of_tile = [&](int k) { return mtiles >= 2 ? k % per_tile == per_tile - 1 : true; };
+  auto tile_of = [&](int k) { return mtiles >= 2 ? (per_tile == 2 ? k >> 1 : k) : 2 * k + wg; };
+  auto mtile_of = [&](int k) { return mtiles >= 2 ? wg + (per_tile == 2 ? 2 * (k & 1) : 0) : 0; };
+  auto last_of_tile = [&](int k) { return mtiles >= 2 ? (per_tile == 1 || (k & 1)) : true; };
   auto release_tile = [&](int tl) {
     __syncwarp();
-    if (lane == 0) tc_bar_arrive(L.empty + tl % num_stages);
+    if (lane == 0) tc_bar_arrive(L.empty + (tl & (num_stages - 1)));
   };
   int passed = 0;  // tiles whose full barrier this warpgroup has waited for
   auto pass_to = [&](int tl) {
     for (; passed <= tl; ++passed) {
-      tc_bar_wait(L.full + passed % num_stages, (u32)((passed / num_stages) & 1));
+      tc_bar_wait(L.full + (passed & (num_stages - 1)), (u32)((passed >> log2_stages) & 1));
       if (passed < tl) release_tile(passed);  // no item of this warpgroup in it
     }
   };
@@ -265,7 +278,7 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
     const bool real = k < K;
     const int tl = real ? tile_of(k) : 0, mt = real ? mtile_of(k) : 0;
     if (real) pass_to(tl);
-    const u32 b_addr = real ? stages_addr + (tl % num_stages) * TC_TILE_BYTES : codes_addr;
+    const u32 b_addr = real ? stages_addr + (tl & (num_stages - 1)) * TC_TILE_BYTES : codes_addr;
     const int b_kblock = real ? TC_BOX_BYTES : rows_alloc * 128;
     tc_fence_acc(d);
     tc_fence();
@@ -309,6 +322,8 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
       const WideRow rk = L.rows[r];
       const bool greedy = rk.temp == 0.0f;
       const float rcp = dw_rcp_for(rk.temp, rk.inv_temp);
+      // x = z on greedy and T = 1 rows; the division's branch is taken only where a row of the warp needs it
+      const bool ident = __all_sync(0xFFFFFFFFu, greedy || rk.temp == 1.0f) || greedy || rk.temp == 1.0f;
       float x[16], zf[16], bnd[16];  // ICDF: x = z / T; GUMBEL: z and the key bound
       u32 inmask = 0u;
       i64 best = DM_WORD_NONE;
@@ -338,7 +353,7 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
             inmask |= (in ? 1u : 0u) << (j * 2 + b);
             continue;
           }
-          const float xv = greedy ? z : dw_scaled(z, rk.temp, rcp);
+          const float xv = ident ? z : dw_div_rcp(z, rk.temp, rcp);
           x[j * 2 + b] = in ? xv : ninf;
           if (in && rk.cache_off < 0) {
             const i64 word = dm::pack_word(z, (i32)(t + b));

@@ -142,10 +142,9 @@ def tc_smem_bytes(rows: int, stages: int, gumbel: bool = False) -> int:
 
 
 def tc_stages(rows: int, limit: int, gumbel: bool = False) -> int:
-    """W2 tiles in flight of a ``wide_tc.cu`` step over ``rows`` rows: as many as ``limit`` bytes of shared memory
-    hold, at most 4; 0 when fewer than 2 fit (the ring needs two: see wide_tc.cu)."""
-    fit = max(s for s in range(TC_MAX_STAGES + 1) if s == 0 or tc_smem_bytes(rows, s, gumbel) <= limit)
-    return fit if fit >= 2 else 0
+    """W2 tiles in flight of a ``wide_tc.cu`` step over ``rows`` rows: 4, else 2 (a power of two: the ring's index
+    arithmetic is masks and shifts), as shared memory (``limit`` bytes) holds; 0 when 2 do not fit."""
+    return next((s for s in (TC_MAX_STAGES, 2) if tc_smem_bytes(rows, s, gumbel) <= limit), 0)
 
 
 @functools.lru_cache(maxsize=None)
