@@ -315,36 +315,24 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
     const bool real = k < K;
     const int tl = real ? tile_of(k) : 0, mt = real ? mtile_of(k) : 0;
     const i64 t0 = (tile0 + tl) * TC_TOK + 2 * cq;
-    // The thread's two rows side by side in every phase (their chains interleave: 8 warps per SM hide little latency;
-    // the first version, row by row with a vote between them, issued 0.31 instructions per cycle and scheduler).
-    int rr[2];
-    bool rv[2], greedy[2];
-    WideRow rk[2];
-    float rcp[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      rr[h] = mt * TC_MROWS + 16 * w + gq + 8 * h;
-      rv[h] = real && rr[h] < rows;  // (a dummy item: every store, merge and word skipped)
-      rk[h] = L.rows[rr[h]];
-      greedy[h] = rk[h].temp == 0.0f;
-      rcp[h] = dw_rcp_for(rk[h].temp, rk[h].inv_temp);
-    }
-    // x = z on greedy and T = 1 rows; the division only where a row of the warp needs it (one vote for both rows)
-    const bool ident0 = greedy[0] || rk[0].temp == 1.0f, ident1 = greedy[1] || rk[1].temp == 1.0f;
-    const bool all_ident = __all_sync(0xFFFFFFFFu, ident0 && ident1);
-    float x[2][16], zf[2][16], bnd[2][16];  // ICDF: x = z / T; GUMBEL: z and the key bound
-    u32 inmask[2] = {0u, 0u};
-    i64 best[2] = {DM_WORD_NONE, DM_WORD_NONE};
-    // Phase 1: bias, z, the cache write and x (or the Gumbel bound) of all 32 values (independent chains).
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const bool ident = all_ident || (h ? ident1 : ident0);
+      const int r = mt * TC_MROWS + 16 * w + gq + 8 * h;
+      const bool rv = real && r < rows;  // (a dummy item: every store, merge and word skipped)
+      const WideRow rk = L.rows[r];
+      const bool greedy = rk.temp == 0.0f;
+      const float rcp = dw_rcp_for(rk.temp, rk.inv_temp);
+      // x = z on greedy and T = 1 rows; the division's branch is taken only where a row of the warp needs it
+      const bool ident = __all_sync(0xFFFFFFFFu, greedy || rk.temp == 1.0f) || greedy || rk.temp == 1.0f;
+      float x[16], zf[16], bnd[16];  // ICDF: x = z / T; GUMBEL: z and the key bound
+      u32 inmask = 0u;
+      i64 best = DM_WORD_NONE;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const i64 t = t0 + 8 * j;
-        const bool in = rv[h] && t < vocab;  // (V even: t + 1 < V too)
-        // bias pair and z pair each by one cvt.rn.bf16x2 (round to nearest even); a NaN bias only makes z NaN, and
-        // a NaN z gets torch's payload 0x7FC0 before it is stored (the rare fix-up below)
+        const bool in = rv && t < vocab;  // (V even: t + 1 < V too)
+        // bias pair and z pair each by one cvt.rn.bf16x2 (round to nearest even); a NaN bias only makes z NaN, and a
+        // NaN z gets torch's payload 0x7FC0 before it is stored (the rare fix-up below)
         u32 bp = dm::pack_bf16x2_rn(d[j * 4 + h * 2], d[j * 4 + h * 2 + 1]);
         if (SCALE)
           bp = dm::pack_bf16x2_rn(dm::mul_rn(__uint_as_float(bp << 16), scale),
@@ -355,43 +343,39 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
         u32 zp = dm::pack_bf16x2_rn(s0, s1);
         if ((s0 != s0) | (s1 != s1))  // torch's NaN (rare)
           zp = (s0 != s0 ? 0x7FC0u : zp & 0xFFFFu) | (s1 != s1 ? 0x7FC00000u : zp & 0xFFFF0000u);
-        if (in && rk[h].cache_off >= 0) *(u32*)(cache + rk[h].cache_off + t) = zp;
 #pragma unroll
         for (int b = 0; b < 2; ++b) {
           const float z = b ? __uint_as_float(zp & 0xFFFF0000u) : __uint_as_float(zp << 16);
-          const int i = j * 2 + b;
           if (GUMBEL) {  // the exact key's upper bound (wide.cu's): z / T plus the bucket's largest exact noise
-            zf[h][i] = z;
-            bnd[h][i] = greedy[h] ? z : dm::add_rn(dm::mul_rn(z, rk[h].inv_temp),
-                                                   L.gtab[dm::tb_bucket(dm::hash_finish(rk[h].prefix, (u32)(t + b)))]);
-            inmask[h] |= (in ? 1u : 0u) << i;
-          } else {
-            x[h][i] = in ? (ident ? z : dw_div_rcp(z, rk[h].temp, rcp[h])) : ninf;
-            if (in && rk[h].cache_off < 0) {
-              const i64 word = dm::pack_word(z, (i32)(t + b));
-              best[h] = word > best[h] ? word : best[h];
-            }
+            zf[j * 2 + b] = z;
+            bnd[j * 2 + b] = greedy ? z : dm::add_rn(dm::mul_rn(z, rk.inv_temp),
+                                                     L.gtab[dm::tb_bucket(dm::hash_finish(rk.prefix, (u32)(t + b)))]);
+            inmask |= (in ? 1u : 0u) << (j * 2 + b);
+            continue;
+          }
+          const float xv = ident ? z : dw_div_rcp(z, rk.temp, rcp);
+          x[j * 2 + b] = in ? xv : ninf;
+          if (in && rk.cache_off < 0) {
+            const i64 word = dm::pack_word(z, (i32)(t + b));
+            best = word > best ? word : best;
           }
         }
+        if (in && rk.cache_off >= 0) *(u32*)(cache + rk.cache_off + t) = zp;
       }
-    }
-    if (GUMBEL) {  // wide.cu's ranking: exact keys only where a bound can still reach the row's best word
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = rr[h];
-        // the row's word as lane cq = 0 of its quad read it (one value per quad)
+      if (GUMBEL) {  // wide.cu's ranking: exact keys only where a bound can still reach the row's best word
+        // the row's word as lane cq = 0 read it (one value per quad)
         i64 word = (i64)(((u64)(u32)__shfl_sync(0xFFFFFFFFu, (u32)((u64)wv[h] >> 32), lane & ~3) << 32) |
                          (u32)__shfl_sync(0xFFFFFFFFu, (u32)((u64)wv[h] & 0xFFFFFFFFull), lane & ~3));
         // seed: a row without a word gets the exact key of the quad's largest bound (first token among equals); the
         // shuffles run on every lane of the warp whenever one of its rows needs a seed (uniform over a quad)
-        const bool seed_row = rv[h] && word == DM_WORD_NONE;
+        const bool seed_row = rv && word == DM_WORD_NONE;
         if (__any_sync(0xFFFFFFFFu, seed_row)) {
           float sb = ninf;
           i32 si = -1;
 #pragma unroll
           for (int i = 0; i < 16; ++i) {
             const i32 ti = (i32)(t0 + 8 * (i >> 1) + (i & 1));
-            if (seed_row && ((inmask[h] >> i) & 1u) && bnd[h][i] > sb) { sb = bnd[h][i]; si = ti; }
+            if (seed_row && ((inmask >> i) & 1u) && bnd[i] > sb) { sb = bnd[i]; si = ti; }
           }
 #pragma unroll
           for (int off = 1; off <= 2; off <<= 1) {
@@ -404,9 +388,9 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
           for (int i = 0; i < 16; ++i) {
             const i32 ti = (i32)(t0 + 8 * (i >> 1) + (i & 1));
             if (seed_row && si >= 0 && ti == si) {  // this lane holds the seed token
-              seed = dm::pack_word(dw_exact_key(zf[h][i], rk[h].temp, rk[h].prefix, (u32)ti), ti);
+              seed = dm::pack_word(dw_exact_key(zf[i], rk.temp, rk.prefix, (u32)ti), ti);
               atomicMax((long long*)(words + r), (long long)seed);
-              inmask[h] &= ~(1u << i);
+              inmask &= ~(1u << i);
             }
           }
 #pragma unroll
@@ -416,79 +400,46 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
           }
           if (seed_row) word = seed;
         }
-        if (rv[h]) {
+        if (rv) {
           const float thr = dm::skip_threshold(word, margin);
 #pragma unroll
           for (int i = 0; i < 16; ++i) {
-            if (((inmask[h] >> i) & 1u) && !(bnd[h][i] < thr)) {  // rare: a token whose bound reaches the best key
+            if (((inmask >> i) & 1u) && !(bnd[i] < thr)) {  // rare: a token whose bound reaches the best key
               const i32 ti = (i32)(t0 + 8 * (i >> 1) + (i & 1));
-              const i64 wd = dm::pack_word(dw_exact_key(zf[h][i], rk[h].temp, rk[h].prefix, (u32)ti), ti);
-              best[h] = wd > best[h] ? wd : best[h];
+              const i64 w = dm::pack_word(dw_exact_key(zf[i], rk.temp, rk.prefix, (u32)ti), ti);
+              best = w > best ? w : best;
             }
           }
-          if (best[h] > word) atomicMax((long long*)(words + r), (long long)best[h]);
+          if (best > word) atomicMax((long long*)(words + r), (long long)best);
         }
+        continue;
       }
-      return;
-    }
-    // Phase 2 (inverse CDF): each row's max over the quad's 64 tokens (a tree per lane, then the quad), both rows.
-    float m[2];
+      float m = x[0];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float t8[8];
+      for (int i = 1; i < 16; ++i) m = dw_nan_max(m, x[i]);
+      m = dw_nan_max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+      m = dw_nan_max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
+      float s = 0.0f;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) t8[i] = dw_nan_max(x[h][2 * i], x[h][2 * i + 1]);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) t8[i] = dw_nan_max(t8[2 * i], t8[2 * i + 1]);
-      m[h] = dw_nan_max(dw_nan_max(t8[0], t8[1]), dw_nan_max(t8[2], t8[3]));
-    }
-#pragma unroll
-    for (int off = 1; off <= 2; off <<= 1) {
-      const float o0 = __shfl_xor_sync(0xFFFFFFFFu, m[0], off), o1 = __shfl_xor_sync(0xFFFFFFFFu, m[1], off);
-      m[0] = dw_nan_max(m[0], o0);
-      m[1] = dw_nan_max(m[1], o1);
-    }
-    // Phase 3: sum exp(x - max), a tree per lane, then the quad; the partials merged per (warpgroup, row).
-    float sm[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float e[16];
-#pragma unroll
-      for (int i = 0; i < 16; ++i) e[i] = dw_exp(dm::sub_rn(x[h][i], m[h]));
-#pragma unroll
-      for (int i = 0; i < 8; ++i) e[i] = dm::add_rn(e[2 * i], e[2 * i + 1]);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) e[i] = dm::add_rn(e[2 * i], e[2 * i + 1]);
-      sm[h] = dm::add_rn(dm::add_rn(e[0], e[1]), dm::add_rn(e[2], e[3]));
-    }
-#pragma unroll
-    for (int off = 1; off <= 2; off <<= 1) {
-      const float o0 = __shfl_xor_sync(0xFFFFFFFFu, sm[0], off), o1 = __shfl_xor_sync(0xFFFFFFFFu, sm[1], off);
-      sm[0] = dm::add_rn(sm[0], o0);
-      sm[1] = dm::add_rn(sm[1], o1);
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (m[h] == ninf) sm[h] = 0.0f;  // no token above -inf (-inf - -inf is NaN)
-      if (cq == 0 && rv[h]) {
-        float2* ps = L.part + wg * rows_alloc + rr[h];
-        float2 pp = *ps;
-        dw_merge(pp.x, pp.y, m[h], sm[h]);
-        *ps = pp;
+      for (int i = 0; i < 16; ++i) s = dm::add_rn(s, dw_exp(dm::sub_rn(x[i], m)));
+      s = dm::add_rn(s, __shfl_xor_sync(0xFFFFFFFFu, s, 1));
+      s = dm::add_rn(s, __shfl_xor_sync(0xFFFFFFFFu, s, 2));
+      if (m == ninf) s = 0.0f;  // no token above -inf (-inf - -inf is NaN)
+      if (cq == 0 && rv) {
+        float2* ps = L.part + wg * rows_alloc + r;
+        float2 p = *ps;
+        dw_merge(p.x, p.y, m, s);
+        *ps = p;
       }
-    }
-    // Padding samples: their argmax through the row's word (the quad's tokens merged first; the shuffles run on every
-    // lane of the warp whenever one of its rows needs them: best is DM_WORD_NONE on the others).
-    const bool pad0 = rv[0] && rk[0].cache_off < 0, pad1 = rv[1] && rk[1].cache_off < 0;
-    if (__any_sync(0xFFFFFFFFu, pad0 || pad1)) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        i64 o = dm::shfl_xor_i64(best[h], 1);
-        best[h] = o > best[h] ? o : best[h];
-        o = dm::shfl_xor_i64(best[h], 2);
-        best[h] = o > best[h] ? o : best[h];
-        if ((h ? pad1 : pad0) && cq == 0 && best[h] != DM_WORD_NONE)
-          atomicMax((long long*)(words + rr[h]), (long long)best[h]);
+      // a padding sample: its argmax through the row's word (the quad's 16 x 4 tokens merged first; the shuffles run
+      // on every lane of the warp whenever one of its rows needs them: best is DM_WORD_NONE on the others)
+      const bool pad = rv && rk.cache_off < 0;
+      if (__any_sync(0xFFFFFFFFu, pad)) {
+        i64 o = dm::shfl_xor_i64(best, 1);
+        best = o > best ? o : best;
+        o = dm::shfl_xor_i64(best, 2);
+        best = o > best ? o : best;
+        if (pad && cq == 0 && best != DM_WORD_NONE) atomicMax((long long*)(words + r), (long long)best);
       }
     }
   };
