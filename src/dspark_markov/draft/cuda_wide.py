@@ -89,8 +89,8 @@ TC_MAX_STAGES = 4
 
 
 # What `dspark-markov info` says of this design without the opt-in (the module docstring has the figures).
-STATUS = ("is opt-in: exact in its GPU tests (H200 and H100, 2026-12-05) but slower than cuda_gumbel (Gumbel) and wide "
-          "(inverse CDF) from 64 rows on, so auto never picks it")
+STATUS = ("is opt-in: exact in its GPU tests (H200 and H100, 2026-12-05; tensor_cores=True on an H100, 2026-12-07) but "
+          "slower than cuda_gumbel (Gumbel) and wide (inverse CDF) from 64 rows on, so auto never picks it")
 
 
 def unverified_reason() -> str | None:
