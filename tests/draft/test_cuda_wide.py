@@ -39,7 +39,7 @@ def test_wide_kernels_compile_for_sm90(tmp_path):
 
 
 def test_tensor_core_step_compiles_for_sm90a():
-    """wide_tc.cu for sm_90a: both entry points, no stack frame, registers within one 288-thread block per SM, and no
+    """wide_tc.cu for sm_90a: every entry point, no stack frame (no spill), and no
     "wgmma ... serialized" advisory from ptxas (its wgmmas would then wait for each other: no overlap with the
     epilogue). Skipped without NVRTC."""
     try:
@@ -53,9 +53,7 @@ def test_tensor_core_step_compiles_for_sm90a():
         assert f"'{name}'" in log, name
     assert "serialized" not in log, log
     frames = [int(x) for x in re.findall(r"(\d+) bytes stack frame", log)]
-    registers = [int(x) for x in re.findall(r"Used (\d+) registers", log)]
-    assert frames and max(frames) == 0, log
-    assert registers and max(registers) <= 65536 // cuda_wide.TC_THREADS, log
+    assert frames and max(frames) == 0, log  # (no spill: ptxas fits the registers under its own cap)
 
 
 def test_tensor_core_step_shared_memory_and_options():
@@ -572,7 +570,7 @@ def test_inverse_cdf_launch_sequence_and_arguments(monkeypatch):
                             keys=torch.zeros(1, dtype=torch.uint8), part_stride=sms * 2,
                             part=torch.zeros(48, sms * 2, 2),
                             resident={(n, m): 1 for n in cuda_wide.ICDF_KERNELS for m in range(1, 4)},
-                            tensor_cores=True)  # (an fp32 cache: wide.cu's step all the same)
+                            tensor_cores=True, tc_w2=head.head_weight)  # (an fp32 cache: wide.cu's step all the same)
     monkeypatch.setattr(cuda_wide.torch.cuda, "current_stream",
                         lambda device=None: types.SimpleNamespace(cuda_stream=0))
     base = torch.zeros(rows, steps, vocab, dtype=torch.bfloat16)
@@ -616,9 +614,9 @@ def test_tensor_core_launch_sequence_and_arguments(monkeypatch):
                             noise_table=None, filter_margin=0.0, flags=0, warps_per_group=1, num_sms=sms,
                             device=torch.device("cpu"), codes=torch.zeros(80, 256), words=torch.zeros(rows),
                             keys=torch.zeros(1, dtype=torch.uint8), part_stride=sms * 2,
-                            part=torch.zeros(80, sms * 2, 2), tensor_cores=True,
-                            resident={(n, m): 1 for n in cuda_wide.ICDF_KERNELS + cuda_wide.STEP_KERNELS
-                                      for m in range(1, 6)})
+                            part=torch.zeros(80, sms * 2, 2), tensor_cores=True, tc_w2=head.head_weight,
+                            resident={(n, m): 2 for n in cuda_wide.ICDF_KERNELS + cuda_wide.STEP_KERNELS
+                                      for m in range(1, 6)})  # (2 per SM: wide.cu's partition is another one)
     monkeypatch.setattr(cuda_wide.torch.cuda, "current_stream",
                         lambda device=None: types.SimpleNamespace(cuda_stream=0))
     base = torch.zeros(rows, steps, vocab, dtype=torch.bfloat16)
@@ -629,8 +627,10 @@ def test_tensor_core_launch_sequence_and_arguments(monkeypatch):
     assert backend.tensor_core_path(base, cache)
     backend.run(base, *inputs, cache)
     gpb, blocks = cuda_wide.icdf_blocks(vocab, sms)
+    wide_gpb, wide_blocks = cuda_wide.icdf_blocks(vocab, sms * 2)
+    assert (gpb, blocks) != (wide_gpb, wide_blocks)
     smem = cuda_wide.tc_smem_bytes(rows, 4)
-    want = [("wide", "dm_wide_finish", 10, 256, 0, 0, gpb, blocks, [-1, 1])]
+    want = [("wide", "dm_wide_finish", 10, 256, 0, 0, wide_gpb, wide_blocks, [-1, 1])]
     for step in range(steps):
         want += [("tc", "dm_wide_tc_icdf_s0", blocks, cuda_wide.TC_THREADS, smem, step, gpb, blocks, [tc_map, 4]),
                  ("wide", "dm_wide_pick", 9, 256, 0, step, gpb, blocks, [step, int(step + 1 < steps)])]
@@ -641,6 +641,16 @@ def test_tensor_core_launch_sequence_and_arguments(monkeypatch):
     smem = cuda_wide.tc_smem_bytes(rows, 4, gumbel=True)
     assert [c[:5] for c in calls[1:3]] == [("tc", "dm_wide_tc_gumbel_s0", blocks, cuda_wide.TC_THREADS, smem),
                                            ("wide", "dm_wide_finish", 9, 256, 0)]
-    odd = torch.zeros(rows, steps, vocab + 1, dtype=torch.bfloat16)[:, :, 1:]  # rows start at odd element offsets
-    assert not backend.tensor_core_path(odd, cache)
+    # 16-byte aligned, but an odd row stride (base) / slot stride (cache): the pairs would straddle
+    odd_base = torch.zeros(rows * (steps * vocab + 1), dtype=torch.bfloat16).as_strided(
+        (rows, steps, vocab), (steps * vocab + 1, vocab, 1))
+    odd_cache = torch.zeros((rows + 2) * (steps * vocab + 1), dtype=torch.bfloat16).as_strided(
+        (rows + 2, steps, vocab), (steps * vocab + 1, vocab, 1))
+    assert odd_base.data_ptr() % 16 == 0 and odd_cache.data_ptr() % 16 == 0
+    assert not backend.tensor_core_path(odd_base, cache)
+    assert not backend.tensor_core_path(base, odd_cache)
     assert not backend.tensor_core_path(base, cache.float())
+    # a head whose W2 was replaced after the TMA map was encoded: refused by name
+    backend.__dict__.update(tc_w2=torch.zeros(vocab, 256, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="head_weight: the head's W2 was replaced"):
+        backend.run(base, *inputs, cache)

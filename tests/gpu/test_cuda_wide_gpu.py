@@ -222,14 +222,15 @@ def test_tensor_core_step_all_t1_and_all_greedy(head, temp):
 def test_tensor_core_step_cache_equals_the_mma_sync_step(head):
     """Both steps sum the bias over the rank in fp32 on tensor cores, in other orders: a step-0 cache entry (same
     previous tokens: the anchors) differs only where the fp32 sums (~1e-7 apart) straddle a bf16 rounding boundary
-    (~1e-4 of the entries), so >= 99% must be identical (a misplaced row or token matches ~0%); both draws' rules."""
+    (~1e-4 of the entries; tools/check_wide_tc.py measured 1.00000 at 64 / 130 / 253 rows on an H100), so >= 99.9%
+    must be identical (one misplaced 64 x 64 item of 128 rows is ~0.8%); both draws' rules."""
     inputs = cuda_inputs(128, STEPS, VOCAB, torch.bfloat16)
     tokens, cache = sample(wide_tc(head, 128), inputs, torch.bfloat16)
     ref_tokens, ref_cache = sample(wide(head, 128, torch.bfloat16, "inverse_cdf"), inputs, torch.bfloat16)
     slots = inputs["idx_mapping"].view(128, STEPS)[:, 0]
     live = slots[slots >= 0].long()
     a, b = cache[live, 0].float(), ref_cache[live, 0].float()
-    assert float((a == b).float().mean()) >= 0.99
+    assert float((a == b).float().mean()) >= 0.999
     check_icdf(head, inputs, tokens, cache)
     check_icdf(head, inputs, ref_tokens, ref_cache)
 
@@ -304,3 +305,19 @@ def test_tensor_core_gumbel_special_rows_scale_exact_and_graph(head):
         check_draws(head, fresh, tokens, cache, exact=False)
         eager_tokens, eager_cache = sample(wide_tc(head, 253, "gumbel"), fresh, torch.bfloat16)
         assert torch.equal(tokens, eager_tokens) and same_values(cache, eager_cache)
+
+
+@pytest.mark.parametrize("method", ["inverse_cdf", "gumbel"])
+def test_tensor_core_step_vocabulary_tail_inside_a_tile(head, method):
+    """An even vocabulary that is not a multiple of 64 (129,250: the last tile holds 34 tokens; TMA zero-fills W2 past
+    V, the epilogue masks the tail) and a small one (1,000 on 1-2 blocks), on the tensor-core path."""
+    for vocab, rows in ((VOCAB - 30, 70), (1_000, 33)):
+        small = dm.MarkovHead(head.embed_weight, head.head_weight[:vocab].contiguous())
+        inputs = cuda_inputs(rows, STEPS, vocab, torch.bfloat16, seed=23)
+        sampler = wide_tc(small, rows, method)
+        assert sampler.backend.tensor_core_path(inputs["base_logits"], new_outputs(inputs, torch.bfloat16)[1])
+        tokens, cache = sample(sampler, inputs, torch.bfloat16)
+        if method == "gumbel":
+            check_draws(small, inputs, tokens, cache, exact=False)
+        else:
+            check_icdf(small, inputs, tokens, cache)

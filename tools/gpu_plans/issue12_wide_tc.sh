@@ -27,7 +27,9 @@ ilp)
   # Land it when its tests pass and it is faster (CPU: it compiles with no spill and no wgmma serialisation).
   timeout -k 2 50 python3 tools/sweep_cuda_wide.py --out "$OUT/main_time" --time 64,253 --designs wide:inverse_cdf \
     --temperature 1 --options "$OPTIONS" 2>&1 | grep "time " | tee "$OUT/main_time.txt"
-  git apply tools/gpu_plans/issue12_wide_tc_ilp.patch && echo "ilp patch applied"
+  git apply tools/gpu_plans/issue12_wide_tc_ilp.patch || { echo "the ilp patch does not apply" >&2; exit 1; }
+  trap 'git apply -R tools/gpu_plans/issue12_wide_tc_ilp.patch' EXIT  # (a later part on this copy runs main's step)
+  echo "ilp patch applied"
   timeout -k 2 100 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_wide_gpu.py -k tensor_core -rs \
     2>&1 | tail -15 | tee "$OUT/ilp_tests.txt"
   timeout -k 2 50 python3 tools/sweep_cuda_wide.py --out "$OUT/ilp_time" --time 64,253 --designs wide:inverse_cdf \

@@ -6,8 +6,9 @@
   (:mod:`dspark_markov.draft.cuda_chain`);
 - ``blocks.cu``: the Gumbel block kernel of ``impl="cuda_gumbel"`` (:mod:`dspark_markov.draft.cuda_gumbel`)
   and the sweep that builds the noise upper-bound table (:func:`noise_table`, kept on disk);
-- ``wide.cu``: the tensor-core large-batch Gumbel kernel of ``impl="cuda_wide"``
-  (:mod:`dspark_markov.draft.cuda_wide`, which loads it; opt-in until it has run on a GPU);
+- ``wide.cu``: the tensor-core large-batch kernels of ``impl="cuda_wide"`` (:mod:`dspark_markov.draft.cuda_wide`,
+  which loads it; opt-in: exact, slower than ``wide`` / ``cuda_gumbel``), its declarations in ``wide.cuh``;
+- ``wide_tc.cu``: ``cuda_wide(tensor_cores=True)``'s step on wgmma + TMA, built for sm_90a (same status);
 - ``filter.cu``: the cluster-resident top-k / top-p filter of ``top_k_top_p(impl="cuda")``
   (:mod:`dspark_markov.verify.cuda_filtering`, which loads it; verified on the H200 2026-12-05; auto at one request);
 - ``common.cuh``: helpers shared by the kernels (``mma.sync`` m16n8k16, bf16 rounding, the skip threshold,

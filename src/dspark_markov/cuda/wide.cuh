@@ -1,5 +1,5 @@
 // Declarations shared by the CUDA C++ large-batch samplers (wide.cu: dm_wide_* step, finish and pick kernels;
-// wide_tc.cu: the tensor-core (wgmma) inverse-CDF step): the kernels' argument struct, the per-row keys of a step,
+// wide_tc.cu: the wgmma + TMA step of both methods): the kernels' argument struct, the per-row keys of a step,
 // and the inverse-CDF helpers (exp, NaN-sticky max, the division z / T with div_rn's value, the partial merge).
 #pragma once
 

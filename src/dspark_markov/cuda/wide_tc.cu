@@ -1,7 +1,8 @@
-// impl="cuda_wide", method="inverse_cdf", tensor_cores=True: the step kernel on Hopper's asynchronous tensor cores
-// (wgmma + TMA, sm_90a). It replaces wide.cu's _icdf step entry points and writes exactly their outputs (the cache rows,
-// the per-(row, block) partials part[row][b] = (max x, sum exp(x - max)) with x = z / T, and the padding samples' words),
-// so dm_wide_finish (before step 0) and dm_wide_pick (after each step) of wide.cu run unchanged around it.
+// impl="cuda_wide", tensor_cores=True: the step kernel on Hopper's asynchronous tensor cores (wgmma + TMA, sm_90a), both
+// methods. For inverse CDF it replaces wide.cu's _icdf step entry points and writes exactly their outputs (the cache
+// rows, the per-(row, block) partials part[row][b] = (max x, sum exp(x - max)) with x = z / T, and the padding samples'
+// words), so dm_wide_finish (before step 0) and dm_wide_pick (after each step) of wide.cu run unchanged around it; for
+// Gumbel (below) wide.cu's Gumbel step, with dm_wide_finish after it.
 //
 // One block per SM, block b owning the contiguous 64-token tiles [b tpb, (b + 1) tpb) of the vocabulary (tpb =
 // icdf_gpb / 4: the pick's blocks), 9 warps:
@@ -26,10 +27,12 @@
 // row) merge their packed (z, index) words with atomicMax (dm_wide_pick takes their argmax from it).
 //
 // Only the bf16 base / bf16 cache path with 4-byte aligned pairs (cuda_wide.CudaWideBackend.tensor_core_path); every
-// other call takes wide.cu's _icdf entry points. Bytes per step: W2 (V x 512) once (TMA), rows * V * 4 (base read,
+// other call takes wide.cu's step entry points. Bytes per step: W2 (V x 512) once (TMA), rows * V * 4 (base read,
 // cache written), the codes (rows x 512) per block from L2, part rows * 8 per block.
 //
-// Written 2026-12-07 (stop 51) without device time; see draft/cuda_wide.py for its status.
+// Written 2026-12-07 (stop 51); exact in its GPU tests on an H100 the same day, slower than wide / cuda_gumbel
+// (latency-bound: one 288-thread block per SM, 0.31 instructions per cycle and scheduler at 253 rows): see
+// draft/cuda_wide.py and benchmarks/NOTES.md.
 #include "wide.cuh"
 
 #define TC_TOK 64                                // tokens per W2 tile (the wgmma N)

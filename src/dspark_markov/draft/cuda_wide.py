@@ -27,9 +27,25 @@ row's token is the first maximum of the first block holding the row's maximum (r
 of ``z / T`` is not finite or that hold a NaN take ``argmax_first``. Greedy and non-finite rows draw the reference's token bit for bit; a T > 0 token is the
 inverse CDF of the row's uniform within the fp32 sums (the block order moves rounding boundaries, as for ``wide``).
 
+``tensor_cores=True`` (both methods; opt-in within the opt-in): the step runs ``dspark_markov/cuda/wide_tc.cu``
+instead, built for sm_90a: one block per SM owning the pick's contiguous block of 64-token tiles, a producer warp
+streaming W2 tiles by TMA (128-byte swizzle) through a ring of 2 or 4 shared-memory stages counted by mbarriers (and
+prefetching each tile's base logits into L2), and two consumer warpgroups computing ``bias^T [64 rows x 64 tokens]``
+on ``wgmma`` (both operands K-major in shared memory; the codes of every row gathered there once per step) with two
+accumulators, so that an item's wgmmas run under the previous item's epilogue. It writes exactly the ``_icdf`` step's
+outputs (cache, block partials, padding words) or the Gumbel step's (cache, each row's best word merged by
+``atomicMax`` under the same exact-key bound ranking): ``dm_wide_pick`` and ``dm_wide_finish`` are unchanged. It takes
+the calls :meth:`CudaWideBackend.tensor_core_path` allows (bf16 base logits and cache, 16-byte aligned, even strides
+and vocabulary); any other call of the same sampler runs wide.cu's step, whose bias is summed in another order (so
+~1e-4 of the cache entries and the tokens near a rounding boundary can differ between the two paths; both are the
+reference's draws from their own caches). ``flags``, ``blocks_per_sm`` and ``warps_per_group`` do not apply to it.
+Measured on an H100 (stop 51, ``benchmarks/results/NVIDIA-H100-80GB-HBM3_2026-12-07_wide_tc_stop51.txt``): exact in its
+19 GPU tests (``tests/gpu/test_cuda_wide_gpu.py -k tensor_core``), but slower than ``wide`` / ``cuda_gumbel``
+(latency-bound; ``benchmarks/NOTES.md``).
+
 Requirements (``ValueError`` otherwise): a CUDA device of compute capability 9.0 with NVRTC
-(:func:`dspark_markov.cuda.availability`), bf16 weights of rank 256, at most :data:`MAX_ROWS` rows, and the
-opt-in below. Base logits bf16 or fp32, cache bf16 or fp32, any mix of temperatures, padding rows.
+(:func:`dspark_markov.cuda.availability`; ``tensor_cores=True`` also an NVRTC that compiles for sm_90a and a driver
+with ``cuTensorMapEncodeTiled``), bf16 weights of rank 256, at most :data:`MAX_ROWS` rows, and the opt-in below. Base logits bf16 or fp32, cache bf16 or fp32, any mix of temperatures, padding rows.
 
 **Measured, and kept opt-in.** Written on 2026-12-04 without a GPU (it compiles for sm_90: no stack frame on the
 default entry points, 144-152 registers, 430 SASS instructions per 16-row x 16-token m-tile; its tensor-core
@@ -182,8 +198,9 @@ class CudaWideBackend:
     ``flags`` (:data:`FLAG_PREFETCH`; never changes a draw), ``blocks_per_sm`` (default: as many as are
     resident at once), ``warps_per_group`` (1: 8 warps per block, each its own 16-token groups; 2: 16 warps,
     two per group, on the unscaled 16-byte paths; never changes a draw; inverse CDF: 1 only) and ``tensor_cores``
-    (the wgmma + TMA step of ``wide_tc.cu`` where :meth:`tensor_core_path` allows; see the module; its
-    TMA map holds W2's address, so the head's weights must stay where they are). Scratch (codes in
+    (the wgmma + TMA step of ``wide_tc.cu`` where :meth:`tensor_core_path` allows; see the module; its TMA map
+    holds W2's address: a head whose ``head_weight`` was replaced by another tensor raises ``ValueError`` at the
+    next call; in-place updates are fine). Scratch (codes in
     A-fragment order, one word per row, every step's row keys, the noise table; inverse CDF: the block partials) is
     allocated once; ``run`` only launches (CUDA-graph
     safe). Exact on the H200 but slower than ``cuda_gumbel`` / ``wide``: needs the opt-in of the module docstring.
@@ -283,6 +300,7 @@ class CudaWideBackend:
                 self.tc_kernels = wide_tc_kernels(index)
                 # [V, 256] bf16 in boxes of 64 tokens x 64 rank (128 bytes: the 128-byte swizzle), zeros past V
                 self.tc_map = build.tensor_map_bf16_2d(w2.data_ptr(), RANK, w2.shape[0], RANK * 2, 64, TC_TOKENS)
+                self.tc_w2 = w2  # (the map's storage: kept alive; run() checks the head still holds it)
             except build.BuildError as error:
                 raise ValueError(f"tensor_cores: the wgmma step cannot run here: {error}") from error
             gumbel = method == "gumbel"
@@ -378,6 +396,9 @@ class CudaWideBackend:
         launch = self.kernels.launch
         # Before step 0 (one warp per row of the last m-tile too): every step's row keys, the anchors' codes.
         launch("dm_wide_finish", 2 * mtiles, 256, 0, stream, [args, ctypes.c_int64(-1), ctypes.c_int64(1)])
+        if self.tensor_cores and self.head.head_weight.data_ptr() != self.tc_w2.data_ptr():
+            raise ValueError("head_weight: the head's W2 was replaced by another tensor after this backend encoded its "
+                             "TMA map (tensor_cores=True); build a new sampler (in-place updates are fine)")
         if self.tensor_core_path(base_logits, logits_cache):  # one block per SM, blocks of whole 64-token tiles
             args.icdf_gpb, grid = icdf_blocks(vocab, self.num_sms)
             args.icdf_blocks = grid
