@@ -652,5 +652,7 @@ def test_tensor_core_launch_sequence_and_arguments(monkeypatch):
     assert not backend.tensor_core_path(base, cache.float())
     # a head whose W2 was replaced after the TMA map was encoded: refused by name
     backend.__dict__.update(tc_w2=torch.zeros(vocab, 256, dtype=torch.bfloat16))
+    launched = len(calls)
     with pytest.raises(ValueError, match="head_weight: the head's W2 was replaced"):
         backend.run(base, *inputs, cache)
+    assert len(calls) == launched  # refused before any launch

@@ -45,7 +45,8 @@ Measured on an H100 (stop 51, ``benchmarks/results/NVIDIA-H100-80GB-HBM3_2026-12
 
 Requirements (``ValueError`` otherwise): a CUDA device of compute capability 9.0 with NVRTC
 (:func:`dspark_markov.cuda.availability`; ``tensor_cores=True`` also an NVRTC that compiles for sm_90a and a driver
-with ``cuTensorMapEncodeTiled``), bf16 weights of rank 256, at most :data:`MAX_ROWS` rows, and the opt-in below. Base logits bf16 or fp32, cache bf16 or fp32, any mix of temperatures, padding rows.
+with ``cuTensorMapEncodeTiled``), bf16 weights of rank 256, at most :data:`MAX_ROWS` rows, and the opt-in below.
+Base logits bf16 or fp32, cache bf16 or fp32, any mix of temperatures, padding rows.
 
 **Measured, and kept opt-in.** Written on 2026-12-04 without a GPU (it compiles for sm_90: no stack frame on the
 default entry points, 144-152 registers, 430 SASS instructions per 16-row x 16-token m-tile; its tensor-core
@@ -380,6 +381,9 @@ class CudaWideBackend:
         if rows > self.max_rows or steps != self.num_steps:
             raise ValueError(f"base_logits: this backend was built for <= {self.max_rows} rows and "
                              f"{self.num_steps} steps, got shape {tuple(base_logits.shape)}")
+        if self.tensor_cores and self.head.head_weight.data_ptr() != self.tc_w2.data_ptr():
+            raise ValueError("head_weight: the head's W2 was replaced by another tensor after this backend encoded its "
+                             "TMA map (tensor_cores=True); build a new sampler (in-place updates are fine)")
         args = self.arguments(base_logits, anchor, idx_mapping, positions, temperature, seeds, draft_tokens,
                               logits_cache)
         name = self.kernel_name(base_logits, logits_cache)
@@ -396,9 +400,6 @@ class CudaWideBackend:
         launch = self.kernels.launch
         # Before step 0 (one warp per row of the last m-tile too): every step's row keys, the anchors' codes.
         launch("dm_wide_finish", 2 * mtiles, 256, 0, stream, [args, ctypes.c_int64(-1), ctypes.c_int64(1)])
-        if self.tensor_cores and self.head.head_weight.data_ptr() != self.tc_w2.data_ptr():
-            raise ValueError("head_weight: the head's W2 was replaced by another tensor after this backend encoded its "
-                             "TMA map (tensor_cores=True); build a new sampler (in-place updates are fine)")
         if self.tensor_core_path(base_logits, logits_cache):  # one block per SM, blocks of whole 64-token tiles
             args.icdf_gpb, grid = icdf_blocks(vocab, self.num_sms)
             args.icdf_blocks = grid
