@@ -302,10 +302,9 @@ def tensor_map_bf16_2d(address: int, inner: int, outer: int, row_bytes: int, box
     encode = getattr(lib, "cuTensorMapEncodeTiled", None)
     if encode is None:
         raise BuildError("this CUDA driver has no cuTensorMapEncodeTiled (TMA needs a CUDA 12 driver)")
-    _check_cu(lib, encode(ctypes.byref(tensor_map), CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
-                                              ctypes.c_void_p(int(address)), dims, strides, box, element_strides,
-                                              0, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, 0),
-              "cuTensorMapEncodeTiled")
+    _check_cu(lib, encode(ctypes.byref(tensor_map), CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, ctypes.c_void_p(int(address)),
+                          dims, strides, box, element_strides, 0, CU_TENSOR_MAP_SWIZZLE_128B,
+                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, 0), "cuTensorMapEncodeTiled")
     return tensor_map
 
 
