@@ -21,8 +21,10 @@ check)
   ;;
 ilp)
   # tools/gpu_plans/issue12_wide_tc_ilp.patch (written after stop 51's profile: the inverse-CDF epilogue with the two
-  # rows of a thread side by side in every phase, tree reductions, one vote per item; Gumbel keeps its row-by-row
-  # epilogue, whose two-row version spilled; the item coordinates shared by the base loads and the epilogue): main's
+  # rows of a thread side by side in every phase, tree reductions, one vote per item; the codes gathered by cp.async
+  # with every chunk in flight instead of a dependent token load and chunk load per chunk (up to 32 per thread and
+  # step: possibly tens of us per step); Gumbel keeps its row-by-row epilogue and gather, whose changed versions
+  # spilled; the item coordinates shared by the base loads and the epilogue): main's
   # step timed first, then the patch applied to this copy of the tree, its tests (both methods), and the same timing.
   # Land it when its tests pass and it is faster (CPU: it compiles with no spill and no wgmma serialisation).
   timeout -k 2 50 python3 tools/sweep_cuda_wide.py --out "$OUT/main_time" --time 64,253 --designs wide:inverse_cdf \
