@@ -107,6 +107,8 @@ def timing(rows_list, designs, temperatures, options, out, rounds=3, replays=15)
                                                             cache_dtype=torch.bfloat16, device="cuda", **kwargs)
                 tokens = torch.zeros(rows, steps, dtype=torch.int64, device="cuda")
                 cache = torch.empty(rows, steps, vocab, dtype=torch.bfloat16, device="cuda")
+                if kwargs.get("tensor_cores"):  # a timing must not silently measure wide.cu's fallback step
+                    log(f"{label} rows {rows}: tensor-core path {sampler.backend.tensor_core_path(base, cache)}")
 
                 def call(sampler=sampler, tokens=tokens, cache=cache):
                     sampler.sample(base, anchor, idx, pos, temp, seeds, draft_tokens=tokens, logits_cache=cache,
