@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from .. import registry
-from ..validate import INDEX_DTYPES, check_cpu_or_cuda, check_tensor, check_triton_runs, memory_span
+from ..validate import INDEX_DTYPES, check_cpu_or_cuda, check_tensor, check_triton_runs, spans_overlap
 
 IMPLS = ("triton", "reference")
 
@@ -91,12 +91,10 @@ def _check(last_pos, bonus_tokens, req_slots, num_steps, mask_token_id, max_mode
 def _check_apart(outputs, inputs):
     """Every output shares no memory with another output or with an input (all 1-D and contiguous): the kernel reads
     ``last_pos`` again after writing ``positions``, so an output over an input would be read after it was written."""
-    spans = [(name, *memory_span(x)) for name, x in (*outputs.items(), *inputs.items()) if x.numel() > 0]
-    for i, (name, start, end) in enumerate(spans):
-        if name not in outputs:
-            break
-        for other, other_start, other_end in spans[i + 1:]:
-            if start < other_end and other_start < end:
+    tensors = [*outputs.items(), *inputs.items()]
+    for i, (name, x) in enumerate(tensors[:len(outputs)]):
+        for other, y in tensors[i + 1:]:
+            if spans_overlap(x, y):  # (empty tensors overlap nothing)
                 raise ValueError(f"{name}: shares memory with {other}; each output needs memory of its own")
 
 

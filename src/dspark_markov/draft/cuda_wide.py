@@ -293,10 +293,7 @@ class CudaWideBackend:
         self.tensor_cores = tensor_cores
         self.tc_map = None
         if tensor_cores:
-            w2 = head.head_weight
-            if w2.stride() != (RANK, 1):
-                raise ValueError(f"head_weight: tensor_cores=True reads W2 by TMA and needs it contiguous, got strides "
-                                 f"{tuple(w2.stride())}")
+            w2 = head.head_weight  # (MarkovHead keeps it contiguous: [V, 256] rows 512 bytes apart, as the map reads)
             try:
                 self.tc_kernels = wide_tc_kernels(index)
                 # [V, 256] bf16 in boxes of 64 tokens x 64 rank (128 bytes: the 128-byte swizzle), zeros past V
