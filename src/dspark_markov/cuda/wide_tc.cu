@@ -213,6 +213,12 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
   }
 
   // Consumers (256 threads): the step's row keys, empty partials, the codes W1[prev] in the swizzled layout.
+  auto prev_token = [&](int r) -> i64 {  // row r's previous token, clamped as dm_wide_finish's gather (0 past the rows)
+    if (r >= rows) return 0;
+    const i64 t = a.step == 0 ? (a.anchor64 ? ((const i64*)a.anchor)[r] : (i64)((const i32*)a.anchor)[r])
+                              : ((const i64*)a.tokens)[r * a.tokens_row_stride + (a.step - 1) * a.tokens_step_stride];
+    return t < 0 ? 0 : (t >= a.embed_rows ? a.embed_rows - 1 : t);
+  };
   {
     const WideRow* keys = (const WideRow*)a.keys + a.step * (i64)rows16;
     for (int r = tid; r < rows_alloc; r += TC_CONSUMER_THREADS) {
@@ -222,24 +228,30 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
       } else {  // rows of the last m-tile past the keys: greedy, no cache row (never stored nor merged)
         k.prefix = 0u; k.inv_temp = 1.0f; k.temp = 0.0f; k.base_off = 0; k.cache_off = -1; k.pad = 0;
       }
+      if (!GUMBEL) k.pad = (i32)prev_token(r);  // (the key's spare word: the codes' row below)
       L.rows[r] = k;
       L.part[r] = make_float2(ninf, 0.0f);
       L.part[rows_alloc + r] = make_float2(ninf, 0.0f);
     }
     if (GUMBEL)
       for (int i = tid; i < DM_TB_SIZE; i += TC_CONSUMER_THREADS) L.gtab[i] = ((const float*)a.gtab)[i];
+    // The codes W1[token]. Inverse CDF: by cp.async, every chunk of the thread in flight at once (one round trip; the
+    // first version loaded the token and the chunk in turn, ~2 dependent round trips per chunk and 32 chunks per
+    // thread at 256 rows). Gumbel keeps that loop (with this one ptxas spills 20 bytes of its 168 registers).
     const uint4* embed = (const uint4*)a.embed;
+    if (!GUMBEL) asm volatile("bar.sync 1, %0;" :: "n"(TC_CONSUMER_THREADS) : "memory");  // (the tokens in L.rows)
     for (int i = tid; i < rows_alloc * 32; i += TC_CONSUMER_THREADS) {
       const int r = i >> 5, q = i & 31;  // row, 16-byte chunk of its 512 bytes (rank 8q .. 8q + 7)
-      uint4 v = make_uint4(0u, 0u, 0u, 0u);
-      if (r < rows) {
-        i64 t = a.step == 0 ? (a.anchor64 ? ((const i64*)a.anchor)[r] : (i64)((const i32*)a.anchor)[r])
-                            : ((const i64*)a.tokens)[r * a.tokens_row_stride + (a.step - 1) * a.tokens_step_stride];
-        t = t < 0 ? 0 : (t >= a.embed_rows ? a.embed_rows - 1 : t);  // dm_wide_finish's gather clamp
-        v = embed[t * 32 + q];
-      }
       const int kb = q >> 3, ch = q & 7;
-      *(uint4*)(L.codes + (kb * rows_alloc + r) * 128 + ((ch ^ (r & 7)) << 4)) = v;
+      unsigned char* dst = L.codes + (kb * rows_alloc + r) * 128 + ((ch ^ (r & 7)) << 4);
+      if (GUMBEL)
+        *(uint4*)dst = r < rows ? embed[prev_token(r) * 32 + q] : make_uint4(0u, 0u, 0u, 0u);
+      else
+        dm::cp_async16(dst, embed + (i64)L.rows[r].pad * 32 + q, r < rows);  // (zeros past the rows)
+    }
+    if (!GUMBEL) {
+      dm::cp_async_commit();
+      dm::cp_async_wait_all();
     }
     // the codes are read by wgmma (the async proxy): make the generic-proxy stores visible to it
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -296,15 +308,33 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
     tc_fence_acc(d);
   };
   // The base logit pairs of item k: bv[h * 8 + j] holds tokens 8j + 2cq, + 1 of row 16w + gq + 8h of its m-tile.
-  auto load_base = [&](int k, u32* bv, i64* wv) {
+  // Where item k's values of this thread lie: its first token t0 (of 8j + 2cq, + 1) and, per h, its row r; an item
+  // k >= K (a dummy) maps to tile 0 / m-tile 0 with every row out (rv false: every store, merge and word skipped).
+  struct Place {
+    i64 t0;
+    int r[2];
+    bool rv[2];
+  };
+  auto place_of = [&](int k) {
     const bool real = k < K;
     const int tl = real ? tile_of(k) : 0, mt = real ? mtile_of(k) : 0;
-    const i64 t0 = (tile0 + tl) * TC_TOK + 2 * cq;
+    Place pl;
+    pl.t0 = (tile0 + tl) * TC_TOK + 2 * cq;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = mt * TC_MROWS + 16 * w + gq + 8 * h;
+      pl.r[h] = mt * TC_MROWS + 16 * w + gq + 8 * h;
+      pl.rv[h] = real && pl.r[h] < rows;
+    }
+    return pl;
+  };
+  auto load_base = [&](int k, u32* bv, i64* wv) {
+    const Place pl = place_of(k);
+    const i64 t0 = pl.t0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = pl.r[h];
       const i64 off = L.rows[r].base_off;
-      const bool rv = real && r < rows;
+      const bool rv = pl.rv[h];
       if (GUMBEL) wv[h] = rv ? dm::load_relaxed_i64(words + r) : DM_WORD_NONE;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
@@ -314,7 +344,8 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
     }
   };
   // Epilogue of item k from its accumulator d (its wgmmas complete) and base pairs bv.
-  auto epilogue = [&](int k, const float* d, const u32* bv, const i64* wv) {
+  // Gumbel: the epilogue measured in stop 51 (row by row; the two-row version below spilled registers here).
+  auto epilogue_gumbel = [&](int k, const float* d, const u32* bv, const i64* wv) {
     const bool real = k < K;
     const int tl = real ? tile_of(k) : 0, mt = real ? mtile_of(k) : 0;
     const i64 t0 = (tile0 + tl) * TC_TOK + 2 * cq;
@@ -445,6 +476,126 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
         if (pad && cq == 0 && best != DM_WORD_NONE) atomicMax((long long*)(words + r), (long long)best);
       }
     }
+  };
+  auto epilogue_icdf = [&](int k, const float* d, const u32* bv, const i64* wv) {
+    const Place pl = place_of(k);
+    const i64 t0 = pl.t0;
+    // The thread's two rows side by side in every phase (their chains interleave: 8 warps per SM hide little latency;
+    // the first version, row by row with a vote between them, issued 0.31 instructions per cycle and scheduler).
+    int rr[2];
+    bool rv[2], greedy[2];
+    WideRow rk[2];
+    float rcp[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      rr[h] = pl.r[h];
+      rv[h] = pl.rv[h];
+      rk[h] = L.rows[rr[h]];
+      greedy[h] = rk[h].temp == 0.0f;
+      rcp[h] = dw_rcp_for(rk[h].temp, rk[h].inv_temp);
+    }
+    // x = z on greedy and T = 1 rows; the division only where a row of the warp needs it (one vote for both rows)
+    const bool ident0 = greedy[0] || rk[0].temp == 1.0f, ident1 = greedy[1] || rk[1].temp == 1.0f;
+    const bool all_ident = __all_sync(0xFFFFFFFFu, ident0 && ident1);
+    float x[2][16];  // x = z / T
+    i64 best[2] = {DM_WORD_NONE, DM_WORD_NONE};
+    // Phase 1: bias, z, the cache write and x of all 32 values (independent chains).
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const bool ident = all_ident || (h ? ident1 : ident0);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const i64 t = t0 + 8 * j;
+        const bool in = rv[h] && t < vocab;  // (V even: t + 1 < V too)
+        // bias pair and z pair each by one cvt.rn.bf16x2 (round to nearest even); a NaN bias only makes z NaN, and
+        // a NaN z gets torch's payload 0x7FC0 before it is stored (the rare fix-up below)
+        u32 bp = dm::pack_bf16x2_rn(d[j * 4 + h * 2], d[j * 4 + h * 2 + 1]);
+        if (SCALE)
+          bp = dm::pack_bf16x2_rn(dm::mul_rn(__uint_as_float(bp << 16), scale),
+                                  dm::mul_rn(__uint_as_float(bp & 0xFFFF0000u), scale));
+        const u32 ubase = bv[h * 8 + j];
+        const float s0 = dm::add_rn(__uint_as_float(ubase << 16), __uint_as_float(bp << 16));
+        const float s1 = dm::add_rn(__uint_as_float(ubase & 0xFFFF0000u), __uint_as_float(bp & 0xFFFF0000u));
+        u32 zp = dm::pack_bf16x2_rn(s0, s1);
+        if ((s0 != s0) | (s1 != s1))  // torch's NaN (rare)
+          zp = (s0 != s0 ? 0x7FC0u : zp & 0xFFFFu) | (s1 != s1 ? 0x7FC00000u : zp & 0xFFFF0000u);
+        if (in && rk[h].cache_off >= 0) *(u32*)(cache + rk[h].cache_off + t) = zp;
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          const float z = b ? __uint_as_float(zp & 0xFFFF0000u) : __uint_as_float(zp << 16);
+          const int i = j * 2 + b;
+          x[h][i] = in ? (ident ? z : dw_div_rcp(z, rk[h].temp, rcp[h])) : ninf;
+          if (in && rk[h].cache_off < 0) {
+            const i64 word = dm::pack_word(z, (i32)(t + b));
+            best[h] = word > best[h] ? word : best[h];
+          }
+        }
+      }
+    }
+    // Phase 2: each row's max over the quad's 64 tokens (a tree per lane, then the quad), both rows.
+    float m[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float t8[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) t8[i] = dw_nan_max(x[h][2 * i], x[h][2 * i + 1]);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) t8[i] = dw_nan_max(t8[2 * i], t8[2 * i + 1]);
+      m[h] = dw_nan_max(dw_nan_max(t8[0], t8[1]), dw_nan_max(t8[2], t8[3]));
+    }
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+      const float o0 = __shfl_xor_sync(0xFFFFFFFFu, m[0], off), o1 = __shfl_xor_sync(0xFFFFFFFFu, m[1], off);
+      m[0] = dw_nan_max(m[0], o0);
+      m[1] = dw_nan_max(m[1], o1);
+    }
+    // Phase 3: sum exp(x - max), a tree per lane, then the quad; the partials merged per (warpgroup, row).
+    float sm[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float e[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) e[i] = dw_exp(dm::sub_rn(x[h][i], m[h]));
+#pragma unroll
+      for (int i = 0; i < 8; ++i) e[i] = dm::add_rn(e[2 * i], e[2 * i + 1]);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) e[i] = dm::add_rn(e[2 * i], e[2 * i + 1]);
+      sm[h] = dm::add_rn(dm::add_rn(e[0], e[1]), dm::add_rn(e[2], e[3]));
+    }
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+      const float o0 = __shfl_xor_sync(0xFFFFFFFFu, sm[0], off), o1 = __shfl_xor_sync(0xFFFFFFFFu, sm[1], off);
+      sm[0] = dm::add_rn(sm[0], o0);
+      sm[1] = dm::add_rn(sm[1], o1);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (m[h] == ninf) sm[h] = 0.0f;  // no token above -inf (-inf - -inf is NaN)
+      if (cq == 0 && rv[h]) {
+        float2* ps = L.part + wg * rows_alloc + rr[h];
+        float2 pp = *ps;
+        dw_merge(pp.x, pp.y, m[h], sm[h]);
+        *ps = pp;
+      }
+    }
+    // Padding samples: their argmax through the row's word (the quad's tokens merged first; the shuffles run on every
+    // lane of the warp whenever one of its rows needs them: best is DM_WORD_NONE on the others).
+    const bool pad0 = rv[0] && rk[0].cache_off < 0, pad1 = rv[1] && rk[1].cache_off < 0;
+    if (__any_sync(0xFFFFFFFFu, pad0 || pad1)) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        i64 o = dm::shfl_xor_i64(best[h], 1);
+        best[h] = o > best[h] ? o : best[h];
+        o = dm::shfl_xor_i64(best[h], 2);
+        best[h] = o > best[h] ? o : best[h];
+        if ((h ? pad1 : pad0) && cq == 0 && best[h] != DM_WORD_NONE)
+          atomicMax((long long*)(words + rr[h]), (long long)best[h]);
+      }
+    }
+  };
+  auto epilogue = [&](int k, const float* d, const u32* bv, const i64* wv) {
+    if (GUMBEL) epilogue_gumbel(k, d, bv, wv);
+    else epilogue_icdf(k, d, bv, wv);
   };
   auto finish_mma = [&](int k) {  // item k's wgmmas complete (the only group in flight): release its tile if last
     tc_wait<0>();
