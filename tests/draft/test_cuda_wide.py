@@ -65,12 +65,15 @@ def test_tensor_core_step_shared_memory_and_options():
     assert cuda_wide.tc_stages(256, limit, gumbel=True) == 2
     text = (build.SOURCE_DIR / "wide_tc.cu").read_text()
     for define, value in (("TC_TOK", cuda_wide.TC_TOKENS), ("TC_MROWS", cuda_wide.TC_MROWS),
-                          ("TC_MAX_STAGES", cuda_wide.TC_MAX_STAGES)):
+                          ("TC_MAX_STAGES", cuda_wide.TC_MAX_STAGES), ("TC_OPT_GENERAL", cuda_wide.TC_OPT_GENERAL)):
         assert re.search(rf"#define {define} {value}\b", text), define
     head = dm.MarkovHead(torch.zeros(300, 256, dtype=torch.bfloat16), torch.zeros(300, 256, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="tensor_cores: expected True or False"):
         cuda_wide.CudaWideBackend(head, 5, 4, method="inverse_cdf", cache_dtype=torch.bfloat16, device="cuda",
                                   tensor_cores=1)
+    with pytest.raises(ValueError, match="tc_fast: expected True or False"):
+        cuda_wide.CudaWideBackend(head, 5, 4, method="inverse_cdf", cache_dtype=torch.bfloat16, device="cuda",
+                                  tensor_cores=True, tc_fast="no")
 
 
 def test_args_struct_matches_the_kernel():
@@ -591,7 +594,7 @@ def test_inverse_cdf_launch_sequence_and_arguments(monkeypatch):
 def test_tensor_core_launch_sequence_and_arguments(monkeypatch):
     """tensor_cores=True with a bf16 cache (no GPU, recording stand-ins): the start launch, then per step the wgmma step
     dm_wide_tc_icdf_s0 over icdf_blocks(V, SMs) blocks of 288 threads with its shared memory, the TMA map and the
-    stage count as extra parameters, and dm_wide_pick from wide.cu; an odd row offset takes wide.cu's step."""
+    stage count and the options word (0; TC_OPT_GENERAL with tc_fast=False) as extra parameters, and dm_wide_pick from wide.cu; an odd row offset takes wide.cu's step."""
     import types
 
     rows, steps, vocab, sms = 70, 2, 4096, 3
@@ -615,7 +618,7 @@ def test_tensor_core_launch_sequence_and_arguments(monkeypatch):
                             device=torch.device("cpu"), codes=torch.zeros(80, 256), words=torch.zeros(rows),
                             keys=torch.zeros(1, dtype=torch.uint8), part_stride=sms * 2,
                             part=torch.zeros(80, sms * 2, 2), tensor_cores=True, tc_w2=head.head_weight,
-                            resident={(n, m): 2 for n in cuda_wide.ICDF_KERNELS + cuda_wide.STEP_KERNELS
+                            tc_options=0, resident={(n, m): 2 for n in cuda_wide.ICDF_KERNELS + cuda_wide.STEP_KERNELS
                                       for m in range(1, 6)})  # (2 per SM: wide.cu's partition is another one)
     monkeypatch.setattr(cuda_wide.torch.cuda, "current_stream",
                         lambda device=None: types.SimpleNamespace(cuda_stream=0))
@@ -632,9 +635,14 @@ def test_tensor_core_launch_sequence_and_arguments(monkeypatch):
     smem = cuda_wide.tc_smem_bytes(rows, 4)
     want = [("wide", "dm_wide_finish", 10, 256, 0, 0, wide_gpb, wide_blocks, [-1, 1])]
     for step in range(steps):
-        want += [("tc", "dm_wide_tc_icdf_s0", blocks, cuda_wide.TC_THREADS, smem, step, gpb, blocks, [tc_map, 4]),
+        want += [("tc", "dm_wide_tc_icdf_s0", blocks, cuda_wide.TC_THREADS, smem, step, gpb, blocks, [tc_map, 4, 0]),
                  ("wide", "dm_wide_pick", 9, 256, 0, step, gpb, blocks, [step, int(step + 1 < steps)])]
     assert calls == want
+    calls.clear()  # tc_fast=False: the general epilogue's option bit
+    backend.__dict__.update(tc_options=cuda_wide.TC_OPT_GENERAL)
+    backend.run(base, *inputs, cache)
+    assert calls[1][-1] == [tc_map, 4, cuda_wide.TC_OPT_GENERAL]
+    backend.__dict__.update(tc_options=0)
     calls.clear()  # method="gumbel": the _gumbel entry point with the table's shared memory, then dm_wide_finish
     backend.__dict__.update(method="gumbel")
     backend.run(base, *inputs, cache)

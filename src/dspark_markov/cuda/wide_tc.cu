@@ -156,7 +156,7 @@ __device__ __forceinline__ TcLayout tc_layout(unsigned char* raw, int stages, in
 __device__ __forceinline__ u32 tc_load_pair(const unsigned short* p) { return *(const u32*)p; }
 
 template <bool SCALE, bool GUMBEL>
-__device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int num_stages) {
+__device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int num_stages, bool fast_ok) {
   extern __shared__ unsigned char smem_raw[];
   const int rows = (int)a.rows;
   const int mtiles = (rows + TC_MROWS - 1) / TC_MROWS;
@@ -500,48 +500,110 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
     float x[2][16];  // x = z / T
     i64 best[2] = {DM_WORD_NONE, DM_WORD_NONE};
     // Phase 1: bias, z, the cache write and x of all 32 values (independent chains).
+    // The common item (stop 52): its 64 tokens inside the vocabulary, the warp's rows all samples with a cache row and
+    // T in {0, 1} (x = z): the same values with no per-value predicate, division branch or padding word (the general
+    // path below compiles to ~25 instructions per value, mostly those), and torch's NaN payload patched once per item
+    // where a NaN appears (a bf16 half is NaN exactly where its fp32 sum was: cvt.rn never makes a NaN of a number).
+    const bool interior = pl.t0 - 2 * cq + TC_TOK <= vocab;  // (the item's tile start: uniform over the warp)
+    const bool fast = fast_ok && __all_sync(0xFFFFFFFFu, rv[0] && rv[1] && interior && rk[0].cache_off >= 0 &&
+                                                        rk[1].cache_off >= 0 && ident0 && ident1);
+    bool nan = true;  // whether an x of this thread may be NaN (the fast path knows)
+    if (fast) {
+      u32 zp[2][8];
+      nan = false;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const bool ident = all_ident || (h ? ident1 : ident0);
+      for (int h = 0; h < 2; ++h) {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const i64 t = t0 + 8 * j;
-        const bool in = rv[h] && t < vocab;  // (V even: t + 1 < V too)
-        // bias pair and z pair each by one cvt.rn.bf16x2 (round to nearest even); a NaN bias only makes z NaN, and
-        // a NaN z gets torch's payload 0x7FC0 before it is stored (the rare fix-up below)
-        u32 bp = dm::pack_bf16x2_rn(d[j * 4 + h * 2], d[j * 4 + h * 2 + 1]);
-        if (SCALE)
-          bp = dm::pack_bf16x2_rn(dm::mul_rn(__uint_as_float(bp << 16), scale),
-                                  dm::mul_rn(__uint_as_float(bp & 0xFFFF0000u), scale));
-        const u32 ubase = bv[h * 8 + j];
-        const float s0 = dm::add_rn(__uint_as_float(ubase << 16), __uint_as_float(bp << 16));
-        const float s1 = dm::add_rn(__uint_as_float(ubase & 0xFFFF0000u), __uint_as_float(bp & 0xFFFF0000u));
-        u32 zp = dm::pack_bf16x2_rn(s0, s1);
-        if ((s0 != s0) | (s1 != s1))  // torch's NaN (rare)
-          zp = (s0 != s0 ? 0x7FC0u : zp & 0xFFFFu) | (s1 != s1 ? 0x7FC00000u : zp & 0xFFFF0000u);
-        if (in && rk[h].cache_off >= 0) *(u32*)(cache + rk[h].cache_off + t) = zp;
+        for (int j = 0; j < 8; ++j) {
+          u32 bp = dm::pack_bf16x2_rn(d[j * 4 + h * 2], d[j * 4 + h * 2 + 1]);
+          if (SCALE)
+            bp = dm::pack_bf16x2_rn(dm::mul_rn(__uint_as_float(bp << 16), scale),
+                                    dm::mul_rn(__uint_as_float(bp & 0xFFFF0000u), scale));
+          const u32 ubase = bv[h * 8 + j];
+          const float s0 = dm::add_rn(__uint_as_float(ubase << 16), __uint_as_float(bp << 16));
+          const float s1 = dm::add_rn(__uint_as_float(ubase & 0xFFFF0000u), __uint_as_float(bp & 0xFFFF0000u));
+          zp[h][j] = dm::pack_bf16x2_rn(s0, s1);
+          nan |= (s0 != s0) | (s1 != s1);
+        }
+      }
+      if (nan) {  // torch's NaN (rare)
 #pragma unroll
-        for (int b = 0; b < 2; ++b) {
-          const float z = b ? __uint_as_float(zp & 0xFFFF0000u) : __uint_as_float(zp << 16);
-          const int i = j * 2 + b;
-          x[h][i] = in ? (ident ? z : dw_div_rcp(z, rk[h].temp, rcp[h])) : ninf;
-          if (in && rk[h].cache_off < 0) {
-            const i64 word = dm::pack_word(z, (i32)(t + b));
-            best[h] = word > best[h] ? word : best[h];
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const u32 z = zp[h][j];
+            zp[h][j] = ((z & 0x7FFFu) > 0x7F80u ? 0x7FC0u : z & 0xFFFFu) |
+                       (((z >> 16) & 0x7FFFu) > 0x7F80u ? 0x7FC00000u : z & 0xFFFF0000u);
+          }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        unsigned short* crow = cache + rk[h].cache_off + t0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          *(u32*)(crow + 8 * j) = zp[h][j];
+          x[h][2 * j] = __uint_as_float(zp[h][j] << 16);
+          x[h][2 * j + 1] = __uint_as_float(zp[h][j] & 0xFFFF0000u);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const bool ident = all_ident || (h ? ident1 : ident0);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const i64 t = t0 + 8 * j;
+          const bool in = rv[h] && t < vocab;  // (V even: t + 1 < V too)
+          // bias pair and z pair each by one cvt.rn.bf16x2 (round to nearest even); a NaN bias only makes z NaN, and
+          // a NaN z gets torch's payload 0x7FC0 before it is stored (the rare fix-up below)
+          u32 bp = dm::pack_bf16x2_rn(d[j * 4 + h * 2], d[j * 4 + h * 2 + 1]);
+          if (SCALE)
+            bp = dm::pack_bf16x2_rn(dm::mul_rn(__uint_as_float(bp << 16), scale),
+                                    dm::mul_rn(__uint_as_float(bp & 0xFFFF0000u), scale));
+          const u32 ubase = bv[h * 8 + j];
+          const float s0 = dm::add_rn(__uint_as_float(ubase << 16), __uint_as_float(bp << 16));
+          const float s1 = dm::add_rn(__uint_as_float(ubase & 0xFFFF0000u), __uint_as_float(bp & 0xFFFF0000u));
+          u32 zp = dm::pack_bf16x2_rn(s0, s1);
+          if ((s0 != s0) | (s1 != s1))  // torch's NaN (rare)
+            zp = (s0 != s0 ? 0x7FC0u : zp & 0xFFFFu) | (s1 != s1 ? 0x7FC00000u : zp & 0xFFFF0000u);
+          if (in && rk[h].cache_off >= 0) *(u32*)(cache + rk[h].cache_off + t) = zp;
+#pragma unroll
+          for (int b = 0; b < 2; ++b) {
+            const float z = b ? __uint_as_float(zp & 0xFFFF0000u) : __uint_as_float(zp << 16);
+            const int i = j * 2 + b;
+            x[h][i] = in ? (ident ? z : dw_div_rcp(z, rk[h].temp, rcp[h])) : ninf;
+            if (in && rk[h].cache_off < 0) {
+              const i64 word = dm::pack_word(z, (i32)(t + b));
+              best[h] = word > best[h] ? word : best[h];
+            }
           }
         }
       }
     }
-    // Phase 2: each row's max over the quad's 64 tokens (a tree per lane, then the quad), both rows.
+    // Phase 2: each row's max over the quad's 64 tokens (a tree per lane, then the quad), both rows. Without a NaN in
+    // the lane's values, fmaxf (one FMNMX) has the NaN-sticky max's value (a +-0 tie may keep the other zero: equal
+    // in every later comparison, and exp(x - m) does not see the sign of a zero m).
     float m[2];
+    if (!nan) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float t8[8];
+      for (int h = 0; h < 2; ++h) {
+        float t8[8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) t8[i] = dw_nan_max(x[h][2 * i], x[h][2 * i + 1]);
+        for (int i = 0; i < 8; ++i) t8[i] = fmaxf(x[h][2 * i], x[h][2 * i + 1]);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) t8[i] = dw_nan_max(t8[2 * i], t8[2 * i + 1]);
-      m[h] = dw_nan_max(dw_nan_max(t8[0], t8[1]), dw_nan_max(t8[2], t8[3]));
+        for (int i = 0; i < 4; ++i) t8[i] = fmaxf(t8[2 * i], t8[2 * i + 1]);
+        m[h] = fmaxf(fmaxf(t8[0], t8[1]), fmaxf(t8[2], t8[3]));
+      }
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float t8[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) t8[i] = dw_nan_max(x[h][2 * i], x[h][2 * i + 1]);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) t8[i] = dw_nan_max(t8[2 * i], t8[2 * i + 1]);
+        m[h] = dw_nan_max(dw_nan_max(t8[0], t8[1]), dw_nan_max(t8[2], t8[3]));
+      }
     }
 #pragma unroll
     for (int off = 1; off <= 2; off <<= 1) {
@@ -642,11 +704,13 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
   }
 }
 
-// num_stages: W2 tiles in flight (cuda_wide.tc_stages: as many as shared memory holds, at most TC_MAX_STAGES).
+// num_stages: W2 tiles in flight (cuda_wide.tc_stages: as many as shared memory holds, at most TC_MAX_STAGES);
+// options: TC_OPT_GENERAL (1) sends every inverse-CDF item through the general epilogue (tests: the fast one must equal it).
+#define TC_OPT_GENERAL 1
 #define TC_ENTRY(NAME, SCALE, GUMBEL)                                                                      \
   extern "C" __global__ void __launch_bounds__(TC_THREADS, 1)                                             \
-      NAME(const WideArgs a, const __grid_constant__ TmaMap w2, const i64 num_stages) {                   \
-    tc_body<SCALE, GUMBEL>(a, &w2, (int)num_stages);                                                     \
+      NAME(const WideArgs a, const __grid_constant__ TmaMap w2, const i64 num_stages, const i64 options) { \
+    tc_body<SCALE, GUMBEL>(a, &w2, (int)num_stages, (options & TC_OPT_GENERAL) == 0);                     \
   }
 TC_ENTRY(dm_wide_tc_icdf_s0, false, false)
 TC_ENTRY(dm_wide_tc_icdf_s1, true, false)

@@ -101,6 +101,7 @@ TC_ARCH = "sm_90a"  # wgmma and the tensor-memory accelerator need the architect
 TC_THREADS = 288  # two consumer warpgroups and the producer warp (wide_tc.cu TC_THREADS)
 TC_TOKENS = 64  # tokens per W2 tile (wide_tc.cu TC_TOK)
 TC_MROWS = 64  # rows per m-tile (wide_tc.cu TC_MROWS)
+TC_OPT_GENERAL = 1  # wide_tc.cu's options bit: every inverse-CDF item through the general epilogue (tc_fast=False)
 TC_TILE_BYTES = TC_TOKENS * RANK * 2  # one W2 tile: 32 KB
 TC_MAX_STAGES = 4
 
@@ -201,7 +202,9 @@ class CudaWideBackend:
     two per group, on the unscaled 16-byte paths; never changes a draw; inverse CDF: 1 only) and ``tensor_cores``
     (the wgmma + TMA step of ``wide_tc.cu`` where :meth:`tensor_core_path` allows; see the module; its TMA map
     holds W2's address: a head whose ``head_weight`` was replaced by another tensor raises ``ValueError`` at the
-    next call; in-place updates are fine). Scratch (codes in
+    next call; in-place updates are fine; ``tc_fast=False`` sends every inverse-CDF item of that step through its
+    general epilogue instead of the branch-free one for interior items of live T in {0, 1} rows: the same outputs bit
+    for bit, for tests). Scratch (codes in
     A-fragment order, one word per row, every step's row keys, the noise table; inverse CDF: the block partials) is
     allocated once; ``run`` only launches (CUDA-graph
     safe). Exact on the H200 but slower than ``cuda_gumbel`` / ``wide``: needs the opt-in of the module docstring.
@@ -215,7 +218,7 @@ class CudaWideBackend:
 
     def __init__(self, head, num_steps, max_rows, *, method, cache_dtype, device, filter_margin=FILTER_MARGIN,
                  flags=DEFAULT_FLAGS, blocks_per_sm=None, warps_per_group=DEFAULT_WARPS_PER_GROUP,
-                 tensor_cores=False):
+                 tensor_cores=False, tc_fast=True):
         from .. import cuda
         from ..cuda import build
         from ..validate import check_int
@@ -232,6 +235,8 @@ class CudaWideBackend:
             raise ValueError(f"method: impl 'cuda_wide' supports 'gumbel' and 'inverse_cdf', got {method!r}")
         if not isinstance(tensor_cores, bool):
             raise ValueError(f"tensor_cores: expected True or False, got {tensor_cores!r}")
+        if not isinstance(tc_fast, bool):
+            raise ValueError(f"tc_fast: expected True or False, got {tc_fast!r}")
         if method == "inverse_cdf" and warps_per_group != 1:
             raise ValueError(f"warps_per_group: method 'inverse_cdf' runs with 1 (8 warps per block), "
                              f"got {warps_per_group!r}")
@@ -291,6 +296,7 @@ class CudaWideBackend:
         self.part_stride = self.num_sms * max(self.resident.values()) if inverse else 1
         self.part = torch.zeros(rows16 if inverse else 1, self.part_stride, 2, dtype=torch.float32, device=self.device)
         self.tensor_cores = tensor_cores
+        self.tc_options = 0 if tc_fast else TC_OPT_GENERAL
         self.tc_map = None
         if tensor_cores:
             w2 = head.head_weight  # (MarkovHead keeps it contiguous: [V, 256] rows 512 bytes apart, as the map reads)
@@ -402,7 +408,7 @@ class CudaWideBackend:
             args.icdf_blocks = grid
             stages = self.tc_stage_count[-(-rows // TC_MROWS)]
             name = f"dm_wide_tc_{'icdf' if inverse else 'gumbel'}_s{int(float(self.head.scale) != 1.0)}"
-            tc_params = [self.tc_map, ctypes.c_int64(stages)]
+            tc_params = [self.tc_map, ctypes.c_int64(stages), ctypes.c_int64(self.tc_options)]
             smem, launch_step = tc_smem_bytes(rows, stages, not inverse), self.tc_kernels.launch
         else:
             tc_params, launch_step = [], launch
