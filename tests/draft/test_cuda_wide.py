@@ -65,7 +65,8 @@ def test_tensor_core_step_shared_memory_and_options():
     assert cuda_wide.tc_stages(256, limit, gumbel=True) == 2
     text = (build.SOURCE_DIR / "wide_tc.cu").read_text()
     for define, value in (("TC_TOK", cuda_wide.TC_TOKENS), ("TC_MROWS", cuda_wide.TC_MROWS),
-                          ("TC_MAX_STAGES", cuda_wide.TC_MAX_STAGES), ("TC_OPT_GENERAL", cuda_wide.TC_OPT_GENERAL)):
+                          ("TC_MAX_STAGES", cuda_wide.TC_MAX_STAGES),
+                          ("TC_OPT_GENERAL", cuda_wide.TC_OPT_GENERAL)):
         assert re.search(rf"#define {define} {value}\b", text), define
     head = dm.MarkovHead(torch.zeros(300, 256, dtype=torch.bfloat16), torch.zeros(300, 256, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="tensor_cores: expected True or False"):
@@ -594,7 +595,8 @@ def test_inverse_cdf_launch_sequence_and_arguments(monkeypatch):
 def test_tensor_core_launch_sequence_and_arguments(monkeypatch):
     """tensor_cores=True with a bf16 cache (no GPU, recording stand-ins): the start launch, then per step the wgmma step
     dm_wide_tc_icdf_s0 over icdf_blocks(V, SMs) blocks of 288 threads with its shared memory, the TMA map and the
-    stage count and the options word (0; TC_OPT_GENERAL with tc_fast=False) as extra parameters, and dm_wide_pick from wide.cu; an odd row offset takes wide.cu's step."""
+    stage count and the options word (0; TC_OPT_GENERAL with tc_fast=False) as extra parameters, and dm_wide_pick
+    from wide.cu; an odd row offset takes wide.cu's step."""
     import types
 
     rows, steps, vocab, sms = 70, 2, 4096, 3

@@ -154,18 +154,20 @@ __device__ __forceinline__ TcLayout tc_layout(unsigned char* raw, int stages, in
 
 // A bf16 pair of global memory (4-byte aligned).
 __device__ __forceinline__ u32 tc_load_pair(const unsigned short* p) { return *(const u32*)p; }
-// A z pair with torch's NaN payload (0x7FC0) in each NaN half: the fast epilogues' once-per-item patch (a bf16 half is
-// NaN exactly where its fp32 sum was: cvt.rn never makes a NaN of a number), the general one's per-pair fix-up's value.
+// A z pair with torch's NaN payload (0x7FC0) in each NaN half (a bf16 half is NaN exactly where its fp32 sum was:
+// cvt.rn never makes a NaN of a number); the fast epilogues patch a thread's pairs once where one of them has a NaN.
 __device__ __forceinline__ u32 tc_torch_nan(u32 z) {
-  return ((z & 0x7FFFu) > 0x7F80u ? 0x7FC0u : z & 0xFFFFu) | (((z >> 16) & 0x7FFFu) > 0x7F80u ? 0x7FC00000u : z & 0xFFFF0000u);
+  return ((z & 0x7FFFu) > 0x7F80u ? 0x7FC0u : z & 0xFFFFu) |
+         (((z >> 16) & 0x7FFFu) > 0x7F80u ? 0x7FC00000u : z & 0xFFFF0000u);
 }
-// z = round_bf16(U + round_bf16(bias)) of a pair (the bias pair scaled first where SCALE), without the NaN payload fix-up;
+// z = round_bf16(U + round_bf16(bias)) of a pair (the bias scaled first where SCALE), without the NaN payload fix-up;
 // `nan` gains whether a half is NaN.
 template <bool SCALE>
 __device__ __forceinline__ u32 tc_z_pair(float b0, float b1, u32 ubase, float scale, bool& nan) {
   u32 bp = dm::pack_bf16x2_rn(b0, b1);
   if (SCALE)
-    bp = dm::pack_bf16x2_rn(dm::mul_rn(__uint_as_float(bp << 16), scale), dm::mul_rn(__uint_as_float(bp & 0xFFFF0000u), scale));
+    bp = dm::pack_bf16x2_rn(dm::mul_rn(__uint_as_float(bp << 16), scale),
+                            dm::mul_rn(__uint_as_float(bp & 0xFFFF0000u), scale));
   const float s0 = dm::add_rn(__uint_as_float(ubase << 16), __uint_as_float(bp << 16));
   const float s1 = dm::add_rn(__uint_as_float(ubase & 0xFFFF0000u), __uint_as_float(bp & 0xFFFF0000u));
   nan |= (s0 != s0) | (s1 != s1);
@@ -367,9 +369,10 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
     const int tl = real ? tile_of(k) : 0, mt = real ? mtile_of(k) : 0;
     const i64 t0 = (tile0 + tl) * TC_TOK + 2 * cq;
     // The common item (stop 52): its 64 tokens inside the vocabulary and the warp's rows all samples with a cache row:
-    // z, the store and the bounds with no per-value predicate, torch's NaN payload patched once per row (tc_torch_nan).
+    // z, the store and the bounds with no per-value predicate, torch's NaN payload patched where needed (tc_torch_nan).
     const int rlo = mt * TC_MROWS + 16 * w + gq;
-    const bool fast = fast_ok && __all_sync(0xFFFFFFFFu, real && rlo + 8 < rows && (tile0 + tl + 1) * TC_TOK <= vocab &&
+    const bool interior = (tile0 + tl + 1) * TC_TOK <= vocab;
+    const bool fast = fast_ok && __all_sync(0xFFFFFFFFu, real && rlo + 8 < rows && interior &&
                                                         L.rows[rlo].cache_off >= 0 && L.rows[rlo + 8].cache_off >= 0);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -384,7 +387,8 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
         u32 zp[8];
         bool nan = false;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) zp[j] = tc_z_pair<SCALE>(d[j * 4 + h * 2], d[j * 4 + h * 2 + 1], bv[h * 8 + j], scale, nan);
+        for (int j = 0; j < 8; ++j)
+          zp[j] = tc_z_pair<SCALE>(d[j * 4 + h * 2], d[j * 4 + h * 2 + 1], bv[h * 8 + j], scale, nan);
         if (nan)  // torch's NaN (rare)
 #pragma unroll
           for (int j = 0; j < 8; ++j) zp[j] = tc_torch_nan(zp[j]);
@@ -393,11 +397,11 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
         for (int j = 0; j < 8; ++j) {
           *(u32*)(crow + 8 * j) = zp[j];
 #pragma unroll
-          for (int b = 0; b < 2; ++b) {  // the exact key's upper bound (wide.cu's): z / T plus the bucket's largest noise
+          for (int b = 0; b < 2; ++b) {  // the exact key's upper bound (wide.cu's): z / T + the bucket's largest noise
             const float z = b ? __uint_as_float(zp[j] & 0xFFFF0000u) : __uint_as_float(zp[j] << 16);
             zf[j * 2 + b] = z;
-            bnd[j * 2 + b] = greedy ? z : dm::add_rn(dm::mul_rn(z, rk.inv_temp),
-                                                     L.gtab[dm::tb_bucket(dm::hash_finish(rk.prefix, (u32)(t0 + 8 * j + b)))]);
+            const u32 hash = dm::hash_finish(rk.prefix, (u32)(t0 + 8 * j + b));
+            bnd[j * 2 + b] = greedy ? z : dm::add_rn(dm::mul_rn(z, rk.inv_temp), L.gtab[dm::tb_bucket(hash)]);
           }
         }
         inmask = 0xFFFFu;
@@ -412,7 +416,7 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
           u32 zp = tc_z_pair<SCALE>(d[j * 4 + h * 2], d[j * 4 + h * 2 + 1], bv[h * 8 + j], scale, nan);
           if (nan) zp = tc_torch_nan(zp);
 #pragma unroll
-          for (int b = 0; b < 2; ++b) {  // the exact key's upper bound (wide.cu's): z / T plus the bucket's largest noise
+          for (int b = 0; b < 2; ++b) {  // the exact key's upper bound (wide.cu's): z / T + the bucket's largest noise
             const float z = b ? __uint_as_float(zp & 0xFFFF0000u) : __uint_as_float(zp << 16);
             zf[j * 2 + b] = z;
             bnd[j * 2 + b] = greedy ? z : dm::add_rn(dm::mul_rn(z, rk.inv_temp),
@@ -501,7 +505,7 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
     // The common item (stop 52): its 64 tokens inside the vocabulary, the warp's rows all samples with a cache row and
     // T in {0, 1} (x = z): the same values with no per-value predicate, division branch or padding word (the general
     // path below compiles to ~25 instructions per value, mostly those), and torch's NaN payload patched once per item
-    // where a NaN appears (tc_torch_nan).
+    // where a NaN appears (tc_torch_nan, once for the thread's 32 values).
     const bool interior = pl.t0 - 2 * cq + TC_TOK <= vocab;  // (the item's tile start: uniform over the warp)
     const bool fast = fast_ok && __all_sync(0xFFFFFFFFu, rv[0] && rv[1] && interior && rk[0].cache_off >= 0 &&
                                                         rk[1].cache_off >= 0 && ident0 && ident1);
@@ -538,17 +542,10 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
           const i64 t = t0 + 8 * j;
           const bool in = rv[h] && t < vocab;  // (V even: t + 1 < V too)
           // bias pair and z pair each by one cvt.rn.bf16x2 (round to nearest even); a NaN bias only makes z NaN, and
-          // a NaN z gets torch's payload 0x7FC0 before it is stored (the rare fix-up below)
-          u32 bp = dm::pack_bf16x2_rn(d[j * 4 + h * 2], d[j * 4 + h * 2 + 1]);
-          if (SCALE)
-            bp = dm::pack_bf16x2_rn(dm::mul_rn(__uint_as_float(bp << 16), scale),
-                                    dm::mul_rn(__uint_as_float(bp & 0xFFFF0000u), scale));
-          const u32 ubase = bv[h * 8 + j];
-          const float s0 = dm::add_rn(__uint_as_float(ubase << 16), __uint_as_float(bp << 16));
-          const float s1 = dm::add_rn(__uint_as_float(ubase & 0xFFFF0000u), __uint_as_float(bp & 0xFFFF0000u));
-          u32 zp = dm::pack_bf16x2_rn(s0, s1);
-          if ((s0 != s0) | (s1 != s1))  // torch's NaN (rare)
-            zp = (s0 != s0 ? 0x7FC0u : zp & 0xFFFFu) | (s1 != s1 ? 0x7FC00000u : zp & 0xFFFF0000u);
+          // a NaN z gets torch's payload 0x7FC0 before it is stored
+          bool nan_pair = false;
+          u32 zp = tc_z_pair<SCALE>(d[j * 4 + h * 2], d[j * 4 + h * 2 + 1], bv[h * 8 + j], scale, nan_pair);
+          if (nan_pair) zp = tc_torch_nan(zp);
           if (in && rk[h].cache_off >= 0) *(u32*)(cache + rk[h].cache_off + t) = zp;
 #pragma unroll
           for (int b = 0; b < 2; ++b) {
