@@ -155,7 +155,7 @@ __device__ __forceinline__ TcLayout tc_layout(unsigned char* raw, int stages, in
 // A bf16 pair of global memory (4-byte aligned).
 __device__ __forceinline__ u32 tc_load_pair(const unsigned short* p) { return *(const u32*)p; }
 // A z pair with torch's NaN payload (0x7FC0) in each NaN half (a bf16 half is NaN exactly where its fp32 sum was:
-// cvt.rn never makes a NaN of a number); the fast epilogues patch a thread's pairs once where one of them has a NaN.
+// cvt.rn never makes a NaN of a number); the fast epilogue patches a thread's pairs once where one of them has a NaN.
 __device__ __forceinline__ u32 tc_torch_nan(u32 z) {
   return ((z & 0x7FFFu) > 0x7F80u ? 0x7FC0u : z & 0xFFFFu) |
          (((z >> 16) & 0x7FFFu) > 0x7F80u ? 0x7FC00000u : z & 0xFFFF0000u);
@@ -368,65 +368,54 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
     const bool real = k < K;
     const int tl = real ? tile_of(k) : 0, mt = real ? mtile_of(k) : 0;
     const i64 t0 = (tile0 + tl) * TC_TOK + 2 * cq;
-    // The common item (stop 52): its 64 tokens inside the vocabulary and the warp's rows all samples with a cache row:
-    // z, the store and the bounds with no per-value predicate, torch's NaN payload patched where needed (tc_torch_nan).
-    const int rlo = mt * TC_MROWS + 16 * w + gq;
-    const bool interior = (tile0 + tl + 1) * TC_TOK <= vocab;
-    const bool fast = fast_ok && __all_sync(0xFFFFFFFFu, real && rlo + 8 < rows && interior &&
-                                                        L.rows[rlo].cache_off >= 0 && L.rows[rlo + 8].cache_off >= 0);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = mt * TC_MROWS + 16 * w + gq + 8 * h;
       const bool rv = real && r < rows;  // (a dummy item: every store, merge and word skipped)
       const WideRow rk = L.rows[r];
       const bool greedy = rk.temp == 0.0f;
-      float zf[16], bnd[16];  // z and the key bound
+      const float rcp = dw_rcp_for(rk.temp, rk.inv_temp);
+      // x = z on greedy and T = 1 rows; the division's branch is taken only where a row of the warp needs it
+      const bool ident = __all_sync(0xFFFFFFFFu, greedy || rk.temp == 1.0f) || greedy || rk.temp == 1.0f;
+      float x[16], zf[16], bnd[16];  // ICDF: x = z / T; GUMBEL: z and the key bound
       u32 inmask = 0u;
       i64 best = DM_WORD_NONE;
-      if (fast) {
-        u32 zp[8];
-        bool nan = false;
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
-          zp[j] = tc_z_pair<SCALE>(d[j * 4 + h * 2], d[j * 4 + h * 2 + 1], bv[h * 8 + j], scale, nan);
-        if (nan)  // torch's NaN (rare)
+      for (int j = 0; j < 8; ++j) {
+        const i64 t = t0 + 8 * j;
+        const bool in = rv && t < vocab;  // (V even: t + 1 < V too)
+        // bias pair and z pair each by one cvt.rn.bf16x2 (round to nearest even); a NaN bias only makes z NaN, and a
+        // NaN z gets torch's payload 0x7FC0 before it is stored (the rare fix-up below)
+        u32 bp = dm::pack_bf16x2_rn(d[j * 4 + h * 2], d[j * 4 + h * 2 + 1]);
+        if (SCALE)
+          bp = dm::pack_bf16x2_rn(dm::mul_rn(__uint_as_float(bp << 16), scale),
+                                  dm::mul_rn(__uint_as_float(bp & 0xFFFF0000u), scale));
+        const u32 ubase = bv[h * 8 + j];
+        const float s0 = dm::add_rn(__uint_as_float(ubase << 16), __uint_as_float(bp << 16));
+        const float s1 = dm::add_rn(__uint_as_float(ubase & 0xFFFF0000u), __uint_as_float(bp & 0xFFFF0000u));
+        u32 zp = dm::pack_bf16x2_rn(s0, s1);
+        if ((s0 != s0) | (s1 != s1))  // torch's NaN (rare)
+          zp = (s0 != s0 ? 0x7FC0u : zp & 0xFFFFu) | (s1 != s1 ? 0x7FC00000u : zp & 0xFFFF0000u);
 #pragma unroll
-          for (int j = 0; j < 8; ++j) zp[j] = tc_torch_nan(zp[j]);
-        unsigned short* crow = cache + rk.cache_off + t0;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          *(u32*)(crow + 8 * j) = zp[j];
-#pragma unroll
-          for (int b = 0; b < 2; ++b) {  // the exact key's upper bound (wide.cu's): z / T + the bucket's largest noise
-            const float z = b ? __uint_as_float(zp[j] & 0xFFFF0000u) : __uint_as_float(zp[j] << 16);
-            zf[j * 2 + b] = z;
-            const u32 hash = dm::hash_finish(rk.prefix, (u32)(t0 + 8 * j + b));
-            bnd[j * 2 + b] = greedy ? z : dm::add_rn(dm::mul_rn(z, rk.inv_temp), L.gtab[dm::tb_bucket(hash)]);
-          }
-        }
-        inmask = 0xFFFFu;
-      } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const i64 t = t0 + 8 * j;
-          const bool in = rv && t < vocab;  // (V even: t + 1 < V too)
-          // bias pair and z pair each by one cvt.rn.bf16x2 (round to nearest even); a NaN bias only makes z NaN, and a
-          // NaN z gets torch's payload 0x7FC0 before it is stored
-          bool nan = false;
-          u32 zp = tc_z_pair<SCALE>(d[j * 4 + h * 2], d[j * 4 + h * 2 + 1], bv[h * 8 + j], scale, nan);
-          if (nan) zp = tc_torch_nan(zp);
-#pragma unroll
-          for (int b = 0; b < 2; ++b) {  // the exact key's upper bound (wide.cu's): z / T + the bucket's largest noise
-            const float z = b ? __uint_as_float(zp & 0xFFFF0000u) : __uint_as_float(zp << 16);
+        for (int b = 0; b < 2; ++b) {
+          const float z = b ? __uint_as_float(zp & 0xFFFF0000u) : __uint_as_float(zp << 16);
+          if (GUMBEL) {  // the exact key's upper bound (wide.cu's): z / T plus the bucket's largest exact noise
             zf[j * 2 + b] = z;
             bnd[j * 2 + b] = greedy ? z : dm::add_rn(dm::mul_rn(z, rk.inv_temp),
                                                      L.gtab[dm::tb_bucket(dm::hash_finish(rk.prefix, (u32)(t + b)))]);
             inmask |= (in ? 1u : 0u) << (j * 2 + b);
+            continue;
           }
-          if (in && rk.cache_off >= 0) *(u32*)(cache + rk.cache_off + t) = zp;
+          const float xv = ident ? z : dw_div_rcp(z, rk.temp, rcp);
+          x[j * 2 + b] = in ? xv : ninf;
+          if (in && rk.cache_off < 0) {
+            const i64 word = dm::pack_word(z, (i32)(t + b));
+            best = word > best ? word : best;
+          }
         }
+        if (in && rk.cache_off >= 0) *(u32*)(cache + rk.cache_off + t) = zp;
       }
-      {  // wide.cu's ranking: exact keys only where a bound can still reach the row's best word
+      if (GUMBEL) {  // wide.cu's ranking: exact keys only where a bound can still reach the row's best word
         // the row's word as lane cq = 0 read it (one value per quad)
         i64 word = (i64)(((u64)(u32)__shfl_sync(0xFFFFFFFFu, (u32)((u64)wv[h] >> 32), lane & ~3) << 32) |
                          (u32)__shfl_sync(0xFFFFFFFFu, (u32)((u64)wv[h] & 0xFFFFFFFFull), lane & ~3));
@@ -476,6 +465,34 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
           }
           if (best > word) atomicMax((long long*)(words + r), (long long)best);
         }
+        continue;
+      }
+      float m = x[0];
+#pragma unroll
+      for (int i = 1; i < 16; ++i) m = dw_nan_max(m, x[i]);
+      m = dw_nan_max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+      m = dw_nan_max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
+      float s = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) s = dm::add_rn(s, dw_exp(dm::sub_rn(x[i], m)));
+      s = dm::add_rn(s, __shfl_xor_sync(0xFFFFFFFFu, s, 1));
+      s = dm::add_rn(s, __shfl_xor_sync(0xFFFFFFFFu, s, 2));
+      if (m == ninf) s = 0.0f;  // no token above -inf (-inf - -inf is NaN)
+      if (cq == 0 && rv) {
+        float2* ps = L.part + wg * rows_alloc + r;
+        float2 p = *ps;
+        dw_merge(p.x, p.y, m, s);
+        *ps = p;
+      }
+      // a padding sample: its argmax through the row's word (the quad's 16 x 4 tokens merged first; the shuffles run
+      // on every lane of the warp whenever one of its rows needs them: best is DM_WORD_NONE on the others)
+      const bool pad = rv && rk.cache_off < 0;
+      if (__any_sync(0xFFFFFFFFu, pad)) {
+        i64 o = dm::shfl_xor_i64(best, 1);
+        best = o > best ? o : best;
+        o = dm::shfl_xor_i64(best, 2);
+        best = o > best ? o : best;
+        if (pad && cq == 0 && best != DM_WORD_NONE) atomicMax((long long*)(words + r), (long long)best);
       }
     }
   };
@@ -542,10 +559,18 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
           const i64 t = t0 + 8 * j;
           const bool in = rv[h] && t < vocab;  // (V even: t + 1 < V too)
           // bias pair and z pair each by one cvt.rn.bf16x2 (round to nearest even); a NaN bias only makes z NaN, and
-          // a NaN z gets torch's payload 0x7FC0 before it is stored
-          bool nan_pair = false;
-          u32 zp = tc_z_pair<SCALE>(d[j * 4 + h * 2], d[j * 4 + h * 2 + 1], bv[h * 8 + j], scale, nan_pair);
-          if (nan_pair) zp = tc_torch_nan(zp);
+          // a NaN z gets torch's payload 0x7FC0 before it is stored (the rare fix-up below, predicated: the measured
+          // stop-51 code, kept for the mixed-T items that take this path)
+          u32 bp = dm::pack_bf16x2_rn(d[j * 4 + h * 2], d[j * 4 + h * 2 + 1]);
+          if (SCALE)
+            bp = dm::pack_bf16x2_rn(dm::mul_rn(__uint_as_float(bp << 16), scale),
+                                    dm::mul_rn(__uint_as_float(bp & 0xFFFF0000u), scale));
+          const u32 ubase = bv[h * 8 + j];
+          const float s0 = dm::add_rn(__uint_as_float(ubase << 16), __uint_as_float(bp << 16));
+          const float s1 = dm::add_rn(__uint_as_float(ubase & 0xFFFF0000u), __uint_as_float(bp & 0xFFFF0000u));
+          u32 zp = dm::pack_bf16x2_rn(s0, s1);
+          if ((s0 != s0) | (s1 != s1))  // torch's NaN (rare)
+            zp = (s0 != s0 ? 0x7FC0u : zp & 0xFFFFu) | (s1 != s1 ? 0x7FC00000u : zp & 0xFFFF0000u);
           if (in && rk[h].cache_off >= 0) *(u32*)(cache + rk[h].cache_off + t) = zp;
 #pragma unroll
           for (int b = 0; b < 2; ++b) {
@@ -685,7 +710,8 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
 }
 
 // num_stages: W2 tiles in flight (cuda_wide.tc_stages: as many as shared memory holds, at most TC_MAX_STAGES);
-// options: TC_OPT_GENERAL (1) sends every item through the general epilogue (tests: the fast ones must equal it).
+// options: TC_OPT_GENERAL (1) sends every inverse-CDF item through the general epilogue (tests: the fast one must
+// equal it); the Gumbel epilogue has one path (stop 52's branch-free Gumbel path was slower: NOTES.md).
 #define TC_OPT_GENERAL 1
 #define TC_ENTRY(NAME, SCALE, GUMBEL)                                                                      \
   extern "C" __global__ void __launch_bounds__(TC_THREADS, 1)                                             \

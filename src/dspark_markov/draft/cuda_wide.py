@@ -101,7 +101,7 @@ TC_ARCH = "sm_90a"  # wgmma and the tensor-memory accelerator need the architect
 TC_THREADS = 288  # two consumer warpgroups and the producer warp (wide_tc.cu TC_THREADS)
 TC_TOKENS = 64  # tokens per W2 tile (wide_tc.cu TC_TOK)
 TC_MROWS = 64  # rows per m-tile (wide_tc.cu TC_MROWS)
-TC_OPT_GENERAL = 1  # wide_tc.cu's options bit: every item through the general epilogue (tc_fast=False)
+TC_OPT_GENERAL = 1  # wide_tc.cu's options bit: every inverse-CDF item through the general epilogue (tc_fast=False)
 TC_TILE_BYTES = TC_TOKENS * RANK * 2  # one W2 tile: 32 KB
 TC_MAX_STAGES = 4
 
@@ -202,9 +202,9 @@ class CudaWideBackend:
     two per group, on the unscaled 16-byte paths; never changes a draw; inverse CDF: 1 only) and ``tensor_cores``
     (the wgmma + TMA step of ``wide_tc.cu`` where :meth:`tensor_core_path` allows; see the module; its TMA map
     holds W2's address: a head whose ``head_weight`` was replaced by another tensor raises ``ValueError`` at the
-    next call; in-place updates are fine; ``tc_fast=False`` sends every item of that step through its general
-    epilogue instead of the branch-free one for interior items whose rows are samples with a cache row (inverse CDF:
-    at T in {0, 1}): the same outputs bit for bit, for tests). Scratch (codes in
+    next call; in-place updates are fine; ``tc_fast=False`` sends every inverse-CDF item of that step through its
+    general epilogue instead of the branch-free one for interior items whose rows are samples with a cache row at T in
+    {0, 1}: the same outputs bit for bit, for tests; Gumbel has one epilogue). Scratch (codes in
     A-fragment order, one word per row, every step's row keys, the noise table; inverse CDF: the block partials) is
     allocated once; ``run`` only launches (CUDA-graph
     safe). Exact on the H200 but slower than ``cuda_gumbel`` / ``wide``: needs the opt-in of the module docstring.
