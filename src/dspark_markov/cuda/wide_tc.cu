@@ -559,18 +559,10 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
           const i64 t = t0 + 8 * j;
           const bool in = rv[h] && t < vocab;  // (V even: t + 1 < V too)
           // bias pair and z pair each by one cvt.rn.bf16x2 (round to nearest even); a NaN bias only makes z NaN, and
-          // a NaN z gets torch's payload 0x7FC0 before it is stored (the rare fix-up below, predicated: the measured
-          // stop-51 code, kept for the mixed-T items that take this path)
-          u32 bp = dm::pack_bf16x2_rn(d[j * 4 + h * 2], d[j * 4 + h * 2 + 1]);
-          if (SCALE)
-            bp = dm::pack_bf16x2_rn(dm::mul_rn(__uint_as_float(bp << 16), scale),
-                                    dm::mul_rn(__uint_as_float(bp & 0xFFFF0000u), scale));
-          const u32 ubase = bv[h * 8 + j];
-          const float s0 = dm::add_rn(__uint_as_float(ubase << 16), __uint_as_float(bp << 16));
-          const float s1 = dm::add_rn(__uint_as_float(ubase & 0xFFFF0000u), __uint_as_float(bp & 0xFFFF0000u));
-          u32 zp = dm::pack_bf16x2_rn(s0, s1);
-          if ((s0 != s0) | (s1 != s1))  // torch's NaN (rare)
-            zp = (s0 != s0 ? 0x7FC0u : zp & 0xFFFFu) | (s1 != s1 ? 0x7FC00000u : zp & 0xFFFF0000u);
+          // a NaN z gets torch's payload 0x7FC0 before it is stored
+          bool nan_pair = false;
+          u32 zp = tc_z_pair<SCALE>(d[j * 4 + h * 2], d[j * 4 + h * 2 + 1], bv[h * 8 + j], scale, nan_pair);
+          if (nan_pair) zp = tc_torch_nan(zp);
           if (in && rk[h].cache_off >= 0) *(u32*)(cache + rk[h].cache_off + t) = zp;
 #pragma unroll
           for (int b = 0; b < 2; ++b) {
