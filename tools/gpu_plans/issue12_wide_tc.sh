@@ -6,6 +6,10 @@
 #   bash tools/gpu_plans/issue12_wide_tc.sh check  # budget ~60 s: the tensor-core GPU tests and the step-0 cache check
 #   bash tools/gpu_plans/issue12_wide_tc.sh time   # budget ~60 s: main's step beside wide / cuda_gumbel at 64 / 253 rows
 #   bash tools/gpu_plans/issue12_wide_tc.sh ncu    # budget ~60 s: Nsight Compute of one step at 253 and 64 rows
+#   bash tools/gpu_plans/issue12_wide_tc.sh compare # budget ~90 s: this tree's step against the tree at $OLD_SRC, new / old / new
+# (compare: OLD_SRC defaults to gpu_jobs/old_src/src, e.g. `git archive 74b1f15 src/dspark_markov | tar -x -C
+# gpu_jobs/old_src`, stop 52's base; prebuild its wide_tc.cu cubin here with DSPARK_MARKOV_CACHE=gpu_jobs/cuda_cache and
+# PYTHONPATH=gpu_jobs/old_src/src, as for this tree, so that the GPU compiles nothing.)
 # Results go to $JOB_OUT (default ./gpu_plan_out). prepare.sh's cuda_cache holds main's wide_tc.cu cubin (sm_90a).
 set -u
 export DSPARK_MARKOV_UNVERIFIED=cuda_wide PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-$PWD/src}
@@ -30,6 +34,18 @@ ncu)
       --section Occupancy --section SourceCounters --import-source yes --print-details all \
       python3 tools/profile_wide_tc.py "$rows" > "$OUT/ncu_tc_$rows.txt" 2>&1
     grep -E "Duration|Throughput|Issued Warp|No Eligible|Eligible Warps|Cycles Per Issued" "$OUT/ncu_tc_$rows.txt"
+  done
+  ;;
+compare)
+  old_src=${OLD_SRC:-$PWD/gpu_jobs/old_src/src}
+  [ -d "$old_src/dspark_markov" ] || { echo "no tree at $old_src (see the header)" >&2; exit 1; }
+  NEW='{"tc:inverse_cdf": {"tensor_cores": true}, "gen:inverse_cdf": {"tensor_cores": true, "tc_fast": false}, "tc": {"tensor_cores": true}}'
+  OLD='{"old:inverse_cdf": {"tensor_cores": true}, "old": {"tensor_cores": true}}'
+  for tree in new old new2; do
+    if [ "$tree" = old ]; then path=$old_src; opts=$OLD; else path=$PWD/src; opts=$NEW; fi
+    PYTHONPATH=$path timeout -k 2 28 python3 tools/sweep_cuda_wide.py --out "$OUT/cmp_$tree" --time 64,253 \
+      --designs wide:inverse_cdf --temperature both --options "$opts" 2>&1 | grep "time " | sed "s/^/$tree /" \
+      | tee -a "$OUT/tc_compare.txt"
   done
   ;;
 *)
