@@ -30,8 +30,12 @@
 // other call takes wide.cu's step entry points. Bytes per step: W2 (V x 512) once (TMA), rows * V * 4 (base read,
 // cache written), the codes (rows x 512) per block from L2, part rows * 8 per block.
 //
-// Written 2026-12-07 (stop 51); exact in its GPU tests on an H100 the same day, slower than wide / cuda_gumbel
-// (latency-bound: one 288-thread block per SM, 0.31 instructions per cycle and scheduler at 253 rows): see
+// Inverse CDF, stop 52: an item whose 64 tokens lie inside the vocabulary and whose warp's rows are all samples with a
+// cache row at T in {0, 1} (a warp vote) takes a branch-free copy of that epilogue (the same values; ~7 instructions per
+// value before the reductions instead of ~25); options TC_OPT_GENERAL (tc_fast=False) forces the general one (tests).
+//
+// Written 2026-12-07 (stop 51); exact in its GPU tests on an H100 the same day, slower than wide / cuda_gumbel at T = 1
+// (latency-bound: one 288-thread block per SM, 0.28-0.31 instructions per cycle and scheduler at 253 rows): see
 // draft/cuda_wide.py and benchmarks/NOTES.md.
 #include "wide.cuh"
 

@@ -39,9 +39,11 @@ the calls :meth:`CudaWideBackend.tensor_core_path` allows (bf16 base logits and 
 and vocabulary); any other call of the same sampler runs wide.cu's step, whose bias is summed in another order (so
 ~1e-4 of the cache entries and the tokens near a rounding boundary can differ between the two paths; both are the
 reference's draws from their own caches). ``flags``, ``blocks_per_sm`` and ``warps_per_group`` do not apply to it.
-Measured on an H100 (stop 51, ``benchmarks/results/NVIDIA-H100-80GB-HBM3_2026-12-07_wide_tc_stop51.txt``): exact in its
-19 GPU tests (``tests/gpu/test_cuda_wide_gpu.py -k tensor_core``), but slower than ``wide`` / ``cuda_gumbel``
-(latency-bound; ``benchmarks/NOTES.md``).
+Measured on an H100 (stops 51-52, ``benchmarks/results/NVIDIA-H100-80GB-HBM3_2026-12-07_wide_tc_stop51.txt``): exact in
+its 23 GPU tests (``tests/gpu/test_cuda_wide_gpu.py -k tensor_core``); inverse CDF at T = 1 320 / 814 us at 64 / 253
+rows (``wide`` 256 / 543; stop 52's branch-free epilogue for items of T in {0, 1} rows, ``tc_fast``), at mixed T 427 /
+1,038 (``wide`` 297 / 1,096: faster at 253 rows), Gumbel 417 / 1,189 (``cuda_gumbel`` 345 / 804); latency-bound
+(``benchmarks/NOTES.md``).
 
 Requirements (``ValueError`` otherwise): a CUDA device of compute capability 9.0 with NVRTC
 (:func:`dspark_markov.cuda.availability`; ``tensor_cores=True`` also an NVRTC that compiles for sm_90a and a driver
