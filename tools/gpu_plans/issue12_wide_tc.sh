@@ -7,6 +7,7 @@
 #   bash tools/gpu_plans/issue12_wide_tc.sh time   # budget ~60 s: main's step beside wide / cuda_gumbel at 64 / 253 rows
 #   bash tools/gpu_plans/issue12_wide_tc.sh ncu    # budget ~60 s: Nsight Compute of one step at 253 and 64 rows
 #   bash tools/gpu_plans/issue12_wide_tc.sh compare # budget ~90 s: this tree's step against the tree at $OLD_SRC, new / old / new
+#   bash tools/gpu_plans/issue12_wide_tc.sh oneloop # budget ~120 s: the one-copy inverse-CDF loop patch: main timed, patch tests, timed
 # (compare: OLD_SRC defaults to gpu_jobs/old_src/src, e.g. `git archive 74b1f15 src/dspark_markov | tar -x -C
 # gpu_jobs/old_src`, stop 52's base; prebuild its wide_tc.cu cubin here with DSPARK_MARKOV_CACHE=gpu_jobs/cuda_cache and
 # PYTHONPATH=gpu_jobs/old_src/src, as for this tree, so that the GPU compiles nothing.)
@@ -35,6 +36,22 @@ ncu)
       python3 tools/profile_wide_tc.py "$rows" > "$OUT/ncu_tc_$rows.txt" 2>&1
     grep -E "Duration|Throughput|Issued Warp|No Eligible|Eligible Warps|Cycles Per Issued" "$OUT/ncu_tc_$rows.txt"
   done
+  ;;
+oneloop)
+  # tools/gpu_plans/issue12_wide_tc_oneloop.patch (stop 52, after the profile's 14% instruction-cache stalls; CPU only:
+  # dm_wide_tc_icdf_s0 4,848 instead of 7,848 instructions, 156 registers, no spill, no wgmma serialisation; Gumbel SASS
+  # unchanged): main's step timed, the patch applied to this copy of the tree, its tensor-core tests, the same timing.
+  # Land it when its tests pass and it is faster at T = 1 and mixed T.
+  OPTS='{"tc:inverse_cdf": {"tensor_cores": true}, "gen:inverse_cdf": {"tensor_cores": true, "tc_fast": false}}'
+  timeout -k 2 40 python3 tools/sweep_cuda_wide.py --out "$OUT/main_time" --time 64,253 --designs wide:inverse_cdf \
+    --temperature both --options "$OPTS" 2>&1 | grep "time " | tee "$OUT/main_time.txt"
+  git apply tools/gpu_plans/issue12_wide_tc_oneloop.patch || { echo "the oneloop patch does not apply" >&2; exit 1; }
+  trap 'git apply -R tools/gpu_plans/issue12_wide_tc_oneloop.patch' EXIT  # (a later part on this copy runs main's step)
+  echo "oneloop patch applied"
+  timeout -k 2 100 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_wide_gpu.py -k tensor_core -rs \
+    2>&1 | tail -15 | tee "$OUT/oneloop_tests.txt"
+  timeout -k 2 40 python3 tools/sweep_cuda_wide.py --out "$OUT/oneloop_time" --time 64,253 --designs wide:inverse_cdf \
+    --temperature both --options "$OPTS" 2>&1 | grep "time " | tee "$OUT/oneloop_time.txt"
   ;;
 compare)
   old_src=${OLD_SRC:-$PWD/gpu_jobs/old_src/src}
