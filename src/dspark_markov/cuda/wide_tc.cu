@@ -369,19 +369,15 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
   // Epilogue of item k from its accumulator d (its wgmmas complete) and base pairs bv.
   // Gumbel: the epilogue measured in stop 51 (row by row; the two-row version below spilled registers here).
   auto epilogue_gumbel = [&](int k, const float* d, const u32* bv, const i64* wv) {
-    const bool real = k < K;
-    const int tl = real ? tile_of(k) : 0, mt = real ? mtile_of(k) : 0;
-    const i64 t0 = (tile0 + tl) * TC_TOK + 2 * cq;
+    const Place pl = place_of(k);
+    const i64 t0 = pl.t0;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = mt * TC_MROWS + 16 * w + gq + 8 * h;
-      const bool rv = real && r < rows;  // (a dummy item: every store, merge and word skipped)
+      const int r = pl.r[h];
+      const bool rv = pl.rv[h];  // (a dummy item: every store and word skipped)
       const WideRow rk = L.rows[r];
       const bool greedy = rk.temp == 0.0f;
-      const float rcp = dw_rcp_for(rk.temp, rk.inv_temp);
-      // x = z on greedy and T = 1 rows; the division's branch is taken only where a row of the warp needs it
-      const bool ident = __all_sync(0xFFFFFFFFu, greedy || rk.temp == 1.0f) || greedy || rk.temp == 1.0f;
-      float x[16], zf[16], bnd[16];  // ICDF: x = z / T; GUMBEL: z and the key bound
+      float zf[16], bnd[16];  // z and the key bound
       u32 inmask = 0u;
       i64 best = DM_WORD_NONE;
 #pragma unroll
@@ -403,23 +399,15 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
 #pragma unroll
         for (int b = 0; b < 2; ++b) {
           const float z = b ? __uint_as_float(zp & 0xFFFF0000u) : __uint_as_float(zp << 16);
-          if (GUMBEL) {  // the exact key's upper bound (wide.cu's): z / T plus the bucket's largest exact noise
-            zf[j * 2 + b] = z;
-            bnd[j * 2 + b] = greedy ? z : dm::add_rn(dm::mul_rn(z, rk.inv_temp),
-                                                     L.gtab[dm::tb_bucket(dm::hash_finish(rk.prefix, (u32)(t + b)))]);
-            inmask |= (in ? 1u : 0u) << (j * 2 + b);
-            continue;
-          }
-          const float xv = ident ? z : dw_div_rcp(z, rk.temp, rcp);
-          x[j * 2 + b] = in ? xv : ninf;
-          if (in && rk.cache_off < 0) {
-            const i64 word = dm::pack_word(z, (i32)(t + b));
-            best = word > best ? word : best;
-          }
+          // the exact key's upper bound (wide.cu's): z / T plus the bucket's largest exact noise
+          zf[j * 2 + b] = z;
+          bnd[j * 2 + b] = greedy ? z : dm::add_rn(dm::mul_rn(z, rk.inv_temp),
+                                                   L.gtab[dm::tb_bucket(dm::hash_finish(rk.prefix, (u32)(t + b)))]);
+          inmask |= (in ? 1u : 0u) << (j * 2 + b);
         }
         if (in && rk.cache_off >= 0) *(u32*)(cache + rk.cache_off + t) = zp;
       }
-      if (GUMBEL) {  // wide.cu's ranking: exact keys only where a bound can still reach the row's best word
+      {  // wide.cu's ranking: exact keys only where a bound can still reach the row's best word
         // the row's word as lane cq = 0 read it (one value per quad)
         i64 word = (i64)(((u64)(u32)__shfl_sync(0xFFFFFFFFu, (u32)((u64)wv[h] >> 32), lane & ~3) << 32) |
                          (u32)__shfl_sync(0xFFFFFFFFu, (u32)((u64)wv[h] & 0xFFFFFFFFull), lane & ~3));
@@ -469,34 +457,6 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
           }
           if (best > word) atomicMax((long long*)(words + r), (long long)best);
         }
-        continue;
-      }
-      float m = x[0];
-#pragma unroll
-      for (int i = 1; i < 16; ++i) m = dw_nan_max(m, x[i]);
-      m = dw_nan_max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
-      m = dw_nan_max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
-      float s = 0.0f;
-#pragma unroll
-      for (int i = 0; i < 16; ++i) s = dm::add_rn(s, dw_exp(dm::sub_rn(x[i], m)));
-      s = dm::add_rn(s, __shfl_xor_sync(0xFFFFFFFFu, s, 1));
-      s = dm::add_rn(s, __shfl_xor_sync(0xFFFFFFFFu, s, 2));
-      if (m == ninf) s = 0.0f;  // no token above -inf (-inf - -inf is NaN)
-      if (cq == 0 && rv) {
-        float2* ps = L.part + wg * rows_alloc + r;
-        float2 p = *ps;
-        dw_merge(p.x, p.y, m, s);
-        *ps = p;
-      }
-      // a padding sample: its argmax through the row's word (the quad's 16 x 4 tokens merged first; the shuffles run
-      // on every lane of the warp whenever one of its rows needs them: best is DM_WORD_NONE on the others)
-      const bool pad = rv && rk.cache_off < 0;
-      if (__any_sync(0xFFFFFFFFu, pad)) {
-        i64 o = dm::shfl_xor_i64(best, 1);
-        best = o > best ? o : best;
-        o = dm::shfl_xor_i64(best, 2);
-        best = o > best ? o : best;
-        if (pad && cq == 0 && best != DM_WORD_NONE) atomicMax((long long*)(words + r), (long long)best);
       }
     }
   };
