@@ -436,8 +436,18 @@ def test_audit_reference_reads_out_of_range_ids_as_the_kernels_do(method):
         outputs[impl] = tokens, cache
     assert bool(((outputs["reference"][0] >= 0) & (outputs["reference"][0] < 300)).all())
     assert torch.equal(outputs["reference"][0], outputs["fused"][0])
-    assert torch.equal(outputs["reference"][1], outputs["fused"][1])
+    # the same cache up to the bias's summation order (SPEC.md 3 leaves it free: Triton 3.9's interpreter sums tl.dot
+    # in another order than torch's matmul, and an entry where U and the bias nearly cancel then rounds to another
+    # bf16 value): within the fp32 accumulation bound of tests.helpers.bias_bracket (any previous token) plus one bf16
+    # ulp of z on each side
+    ref, fused = outputs["reference"][1].float(), outputs["fused"][1].float()
+    magnitude = head.embed_weight.float().abs() @ head.head_weight.float().abs().t()
+    slack = head.rank * 2.0**-23 * float(magnitude.max())
+    _, exponent = torch.frexp(torch.maximum(ref.abs(), fused.abs()))
+    ulp = torch.ldexp(torch.ones_like(ref), (exponent - 8).clamp_min(-133))
+    assert bool(((ref - fused).abs() <= 2 * slack + 2 * ulp).all())
     assert bool((outputs["reference"][1][[1, 3, 4, 5]] == 5.0).all())  # only slots 0 and 2 written
+    assert bool((outputs["fused"][1][[1, 3, 4, 5]] == 5.0).all())
 
 
 def test_audit_reference_verification_treats_a_slot_past_s_as_padding():
