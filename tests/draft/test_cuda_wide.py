@@ -56,6 +56,58 @@ def test_tensor_core_step_compiles_for_sm90a():
     assert frames and max(frames) == 0, log  # (no spill: ptxas fits the registers under its own cap)
 
 
+def test_three_warpgroup_tensor_core_step_compiles_for_sm90a():
+    """wide_tc.cu with TC_WGS=3 (tc_warpgroups=3): its two inverse-CDF entry points only, 12 warps whose registers
+    fit a scheduler's 16K over 3 warps (<= 168) with no spill, no wgmma serialisation, and the default build's
+    threads (TC_THREADS) as cuda_wide launches them. Skipped without NVRTC."""
+    try:
+        cubin, log = build.compile_cubin("wide_tc.cu", cuda_wide.TC_ARCH, extra_options=("-DTC_WGS=3",),
+                                         verbose=True)
+    except build.BuildError as error:
+        if "no NVRTC library" in str(error):
+            pytest.skip(str(error))
+        raise
+    assert cubin
+    for name in cuda_wide.TC_KERNELS:
+        assert (f"'{name}'" in log) == (name in cuda_wide.TC_WGS3_KERNELS), name
+    assert "serialized" not in log and "C75" not in log, log
+    frames = [int(x) for x in re.findall(r"(\d+) bytes stack frame", log)]
+    assert frames and max(frames) == 0, log
+    registers = [int(x) for x in re.findall(r"Used (\d+) registers", log)]
+    assert registers and max(registers) <= 168, log
+    assert [cuda_wide.tc_threads(w) for w in cuda_wide.TC_WARPGROUPS] == [288, 384]
+
+
+@pytest.mark.parametrize("tiles", [1, 2, 5, 15, 16, 17, 2020])
+@pytest.mark.parametrize("mtiles", [1, 2, 3, 4])
+def test_three_warpgroup_items_cover_every_tile_once_in_order(tiles, mtiles):
+    """The TC_WGS=3 item map of wide_tc.cu (K, tile_of by a multiply-high with ceil(2^32 / mtiles), mtile_of,
+    last_of_tile), transcribed: the three warpgroups' items are every (tile, m-tile) of the block once, each
+    warpgroup's in tile order, and a warpgroup's last item of a tile is the one that releases it."""
+    wgs = 3
+    mdiv = {2: 0x80000000, 3: 0x55555556, 4: 0x40000000}.get(mtiles, 0)
+    assert mtiles == 1 or mdiv == -(-(2**32) // mtiles)
+    total = tiles * mtiles
+    seen = []
+    for wg in range(wgs):
+        count = (total - wg + wgs - 1) // wgs if total > wg else 0
+
+        def tile_of(k, wg=wg):
+            i = wg + wgs * k
+            return (i * mdiv) >> 32 if mtiles >= 2 else i
+
+        items = [(tile_of(k), wg + wgs * k - tile_of(k) * mtiles) for k in range(count)]
+        assert all(0 <= mt < mtiles and 0 <= tl < tiles for tl, mt in items)
+        assert [tl for tl, _ in items] == sorted(tl for tl, _ in items)
+        last = [k + 1 >= count or tile_of(k + 1) != tile_of(k) for k in range(count)]
+        assert sum(last) == len({tl for tl, _ in items})  # one release per tile holding an item
+        seen += items
+    assert sorted(seen) == [(tl, mt) for tl in range(tiles) for mt in range(mtiles)]
+    # the multiply-high quotient is exact for every item index a block can have (i (mtiles - 1) < 2^32)
+    for i in (0, 1, 2, 3, 7, 8079, 2**20 + 1, 2**31 - 1):
+        assert (i * mdiv) >> 32 == i // mtiles or mtiles == 1
+
+
 def test_tensor_core_step_shared_memory_and_options():
     limit = 227 * 1024  # H100 / H200 opt-in maximum per block
     assert [cuda_wide.tc_stages(rows, limit) for rows in (1, 64, 65, 128, 129, 192, 193, 256)] == [4, 4, 4, 4, 2, 2, 2, 2]
@@ -75,6 +127,13 @@ def test_tensor_core_step_shared_memory_and_options():
     with pytest.raises(ValueError, match="tc_fast: expected True or False"):
         cuda_wide.CudaWideBackend(head, 5, 4, method="inverse_cdf", cache_dtype=torch.bfloat16, device="cuda",
                                   tensor_cores=True, tc_fast="no")
+    for value in (4, True, "3"):
+        with pytest.raises(ValueError, match=r"tc_warpgroups: expected one of \(2, 3\)"):
+            cuda_wide.CudaWideBackend(head, 5, 4, method="inverse_cdf", cache_dtype=torch.bfloat16, device="cuda",
+                                      tensor_cores=True, tc_warpgroups=value)
+    with pytest.raises(ValueError, match="tc_warpgroups: 3 warpgroups run method 'inverse_cdf' only"):
+        cuda_wide.CudaWideBackend(head, 5, 4, method="gumbel", cache_dtype=torch.bfloat16, device="cuda",
+                                  tensor_cores=True, tc_warpgroups=3)
 
 
 def test_args_struct_matches_the_kernel():
@@ -620,7 +679,7 @@ def test_tensor_core_launch_sequence_and_arguments(monkeypatch):
                             device=torch.device("cpu"), codes=torch.zeros(80, 256), words=torch.zeros(rows),
                             keys=torch.zeros(1, dtype=torch.uint8), part_stride=sms * 2,
                             part=torch.zeros(80, sms * 2, 2), tensor_cores=True, tc_w2=head.head_weight,
-                            tc_options=0, resident={(n, m): 2 for n in cuda_wide.ICDF_KERNELS + cuda_wide.STEP_KERNELS
+                            tc_options=0, tc_warpgroups=2, resident={(n, m): 2 for n in cuda_wide.ICDF_KERNELS + cuda_wide.STEP_KERNELS
                                       for m in range(1, 6)})  # (2 per SM: wide.cu's partition is another one)
     monkeypatch.setattr(cuda_wide.torch.cuda, "current_stream",
                         lambda device=None: types.SimpleNamespace(cuda_stream=0))
@@ -645,6 +704,12 @@ def test_tensor_core_launch_sequence_and_arguments(monkeypatch):
     backend.run(base, *inputs, cache)
     assert calls[1][-1] == [tc_map, 4, cuda_wide.TC_OPT_GENERAL]
     backend.__dict__.update(tc_options=0)
+    calls.clear()  # tc_warpgroups=3: 384 threads (no producer warp), three partials per row
+    backend.__dict__.update(tc_warpgroups=3)
+    backend.run(base, *inputs, cache)
+    assert calls[1][:5] == ("tc", "dm_wide_tc_icdf_s0", blocks, 384, cuda_wide.tc_smem_bytes(rows, 4, warpgroups=3))
+    assert cuda_wide.tc_smem_bytes(rows, 4, warpgroups=3) == cuda_wide.tc_smem_bytes(rows, 4) + 8 * 128
+    backend.__dict__.update(tc_warpgroups=2)
     calls.clear()  # method="gumbel": the _gumbel entry point with the table's shared memory, then dm_wide_finish
     backend.__dict__.update(method="gumbel")
     backend.run(base, *inputs, cache)

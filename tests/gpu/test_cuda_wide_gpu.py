@@ -351,3 +351,54 @@ def test_tensor_core_fast_epilogue_equals_the_general_one(head):
         other, other_cache = sample(general, inputs, torch.bfloat16)
         assert torch.equal(tokens, other) and torch.equal(cache.view(torch.int16), other_cache.view(torch.int16))
         check_icdf(case_head, inputs, tokens, cache)
+
+
+# --------------------------------------------------------------------------- tc_warpgroups=3 (wide_tc.cu TC_WGS=3)
+@pytest.mark.parametrize("rows", TC_SHAPES)
+def test_three_warpgroups_write_the_same_cache_and_draw_from_it(head, rows):
+    """tc_warpgroups=3 (stop 53: three consumer warpgroups, no producer warp): every item's wgmmas and epilogue are the
+    two-warpgroup step's, only other warpgroups run them, so the step-0 cache (the same previous tokens: the anchors)
+    equals its cache bit for bit (as int16), the whole cache wherever the tokens agree; every token is the inverse CDF
+    of its own cache (check_icdf: the block partials merge in another order, which may move a rounding boundary)."""
+    inputs = cuda_inputs(rows, STEPS, VOCAB, torch.bfloat16)
+    three = wide_tc(head, rows, tc_warpgroups=3)
+    assert three.backend.tensor_core_path(inputs["base_logits"], new_outputs(inputs, torch.bfloat16)[1])
+    tokens, cache = sample(three, inputs, torch.bfloat16)
+    check_icdf(head, inputs, tokens, cache)
+    two_tokens, two_cache = sample(wide_tc(head, rows), inputs, torch.bfloat16)
+    assert torch.equal(cache[:, 0].view(torch.int16), two_cache[:, 0].view(torch.int16))
+    if torch.equal(tokens, two_tokens):
+        assert torch.equal(cache.view(torch.int16), two_cache.view(torch.int16))
+
+
+def test_three_warpgroups_special_rows_tail_fast_epilogue_and_graph(head):
+    """tc_warpgroups=3: special rows (NaN, all -inf, +inf), a bias scale on strided logits, a vocabulary tail inside a
+    tile (and 1,000 tokens on 1-2 blocks), all T = 1 and all greedy, the branch-free epilogue equal to the general one
+    bit for bit (same warpgroups, same merge order), and a CUDA-graph replay equal to eager."""
+    special = special_rows_inputs(20, STEPS, VOCAB)
+    inputs = dict(special, base_logits=special["base_logits"].bfloat16())
+    tokens, cache = sample(wide_tc(head, 20, tc_warpgroups=3), inputs, torch.bfloat16)
+    assert tokens[0, 0] == 70_000 and bool((tokens[1] == 0).all())
+    check_icdf(head, inputs, tokens, cache)
+    scaled = dm.MarkovHead(head.embed_weight, head.head_weight, 0.8125)
+    inputs = make_inputs(40, STEPS, VOCAB, device="cuda", seed=13, embed_vocab=VOCAB + 1000)
+    strided = torch.empty(40, STEPS + 1, VOCAB + 8, dtype=torch.bfloat16, device="cuda")[:, 1:, :VOCAB]
+    strided.copy_(inputs["base_logits"])
+    inputs["base_logits"] = strided
+    check_icdf(scaled, inputs, *sample(wide_tc(scaled, 40, tc_warpgroups=3), inputs, torch.bfloat16))
+    for vocab, rows in ((VOCAB - 30, 70), (1_000, 33)):
+        small = dm.MarkovHead(head.embed_weight, head.head_weight[:vocab].contiguous())
+        inputs = cuda_inputs(rows, STEPS, vocab, torch.bfloat16, seed=23)
+        check_icdf(small, inputs, *sample(wide_tc(small, rows, tc_warpgroups=3), inputs, torch.bfloat16))
+    for temp in (1.0, 0.0):
+        inputs = dict(cuda_inputs(253, STEPS, VOCAB, torch.bfloat16, seed=31))
+        inputs["temperature"] = torch.full_like(inputs["temperature"], temp)
+        tokens, cache = sample(wide_tc(head, 253, tc_warpgroups=3), inputs, torch.bfloat16)
+        check_icdf(head, inputs, tokens, cache)
+        other, other_cache = sample(wide_tc(head, 253, tc_warpgroups=3, tc_fast=False), inputs, torch.bfloat16)
+        assert torch.equal(tokens, other) and torch.equal(cache.view(torch.int16), other_cache.view(torch.int16))
+    sampler = wide_tc(head, 253, tc_warpgroups=3)
+    for fresh, tokens, cache in replays_with_fresh_inputs(sampler, 253, STEPS, VOCAB, torch.bfloat16, seeds=(8, 9)):
+        check_icdf(head, fresh, tokens, cache)
+        eager_tokens, eager_cache = sample(wide_tc(head, 253, tc_warpgroups=3), fresh, torch.bfloat16)
+        assert torch.equal(tokens, eager_tokens) and same_values(cache, eager_cache)

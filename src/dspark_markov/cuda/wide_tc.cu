@@ -43,8 +43,17 @@
 #define TC_MROWS 64                              // rows per m-tile (the wgmma M)
 #define TC_BOX_BYTES (TC_TOK * 128)              // one TMA box: 64 tokens x 64 rank elements (128 bytes)
 #define TC_TILE_BYTES (4 * TC_BOX_BYTES)         // a W2 tile: 32 KB
-#define TC_CONSUMER_THREADS 256                  // two warpgroups
-#define TC_THREADS (TC_CONSUMER_THREADS + 32)    // + the producer warp
+#ifndef TC_WGS
+#define TC_WGS 2                                 // consumer warpgroups (3: cuda_wide's tc_warpgroups, inverse CDF only)
+#endif
+#define TC_CONSUMER_THREADS (128 * TC_WGS)
+// + the producer warp. Three warpgroups have none: 13 warps would leave a scheduler 4 of them, i.e. 128 registers each
+// (setmaxnreg moved none in ptxas 13.0's allocation here), so the consumer warp that releases a stage last refills it.
+#define TC_PRODUCER_THREADS (TC_WGS == 2 ? 32 : 0)
+#define TC_THREADS (TC_CONSUMER_THREADS + TC_PRODUCER_THREADS)
+#ifndef TC_ONELOOP
+#define TC_ONELOOP (TC_WGS != 2)                 // the inverse-CDF loop with one copy of the epilogue (see tc_body)
+#endif
 #define TC_MAX_STAGES 4
 
 struct TmaMap {  // CUtensorMap (cuda.h): 128 opaque bytes (64-byte aligned on sm_90; CUDA 13 declares 128)
@@ -131,7 +140,7 @@ __device__ __forceinline__ void tc_mma(float* d, u64 da, u64 db, int scale_d) {
 
 // Shared memory (from a 1,024-byte aligned base): [stages][4 boxes][64 tokens][128 bytes] W2, then the codes
 // [4 k-blocks][rows_alloc][128 bytes] (swizzled as TMA would), the row keys [rows_alloc], the partials
-// [2 warpgroups][rows_alloc] float2, the full / empty mbarriers [stages] each, and for the Gumbel method the noise
+// [TC_WGS warpgroups][rows_alloc] float2, the full / empty mbarriers [stages] each, and for the Gumbel method the noise
 // table [DM_TB_SIZE] fp32. cuda_wide.tc_smem_bytes mirrors it.
 struct TcLayout {
   unsigned char* stages;
@@ -150,7 +159,7 @@ __device__ __forceinline__ TcLayout tc_layout(unsigned char* raw, int stages, in
   l.codes = l.stages + stages * TC_TILE_BYTES;
   l.rows = (WideRow*)(l.codes + 4 * rows_alloc * 128);
   l.part = (float2*)(l.rows + rows_alloc);
-  l.full = (u64*)(l.part + 2 * rows_alloc);
+  l.full = (u64*)(l.part + TC_WGS * rows_alloc);
   l.empty = l.full + stages;
   l.gtab = (float*)(l.empty + stages);
   return l;
@@ -201,12 +210,17 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
   if (tid == 0) {
     for (int s = 0; s < num_stages; ++s) {
       tc_bar_init(L.full + s, 1);
+#if TC_WGS == 2
       tc_bar_init(L.empty + s, TC_CONSUMER_THREADS / 32);  // each consumer warp releases every tile once
+#else
+      ((u32*)L.empty)[s] = 0u;  // the stage's release count (below: release_tile)
+#endif
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
 
+#if TC_WGS == 2
   if (warp == TC_CONSUMER_THREADS / 32) {  // the producer: W2 tiles through the ring (needs no codes: starts at once)
     // With each W2 tile it asks L2 for the base logits of that tile (128 bytes of every row, the lanes taking every
     // 32nd row): the consumers' base loads then hit L2. Without it they came from HBM one item ahead (8 KB per
@@ -234,8 +248,35 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
     }
     return;
   }
+#else
+  const unsigned char* base_step = (const unsigned char*)a.base + a.step * a.stride_bn * 2;
+  // Three warpgroups, no producer warp: W2 tile tl into its stage (one lane) and the L2 prefetch of the base logits of
+  // that tile (the lanes of one warp), by warp 0 for the first stages and then by the warp that releases a stage last.
+  auto load_tile = [&](int tl, bool lead) {
+    if (lead) {
+      const int s = tl & (num_stages - 1);
+      tc_bar_expect(L.full + s, TC_TILE_BYTES);
+      unsigned char* dst = L.stages + s * TC_TILE_BYTES;
+      const int y0 = (int)((tile0 + tl) * TC_TOK);
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb) tc_tma_load(dst + kb * TC_BOX_BYTES, w2, kb * 64, y0, L.full + s);
+    }
+    __syncwarp();
+    const i64 t0 = (tile0 + tl) * TC_TOK;
+    const i64 bytes = min((i64)TC_TOK, vocab - t0) * 2;
+    for (int r = lane; r < rows; r += 32) {
+      const unsigned char* row = base_step + (r * a.stride_br + t0) * 2;
+      dm::prefetch_l2(row);
+      dm::prefetch_l2(row + bytes - 2);  // (the segment may straddle two 128-byte lines)
+    }
+  };
+  if (warp == 0) {  // the ring's first tiles (then each stage is refilled by the warp that releases it last)
+    if (lane == 0) asm volatile("prefetch.tensormap [%0];" :: "l"((u64)w2) : "memory");
+    for (int tl = 0; tl < min(my_tiles, num_stages); ++tl) load_tile(tl, lane == 0);
+  }
+#endif
 
-  // Consumers (256 threads): the step's row keys, empty partials, the codes W1[prev] in the swizzled layout.
+  // Consumers (TC_CONSUMER_THREADS): the step's row keys, empty partials, the codes W1[prev] in the swizzled layout.
   auto prev_token = [&](int r) -> i64 {  // row r's previous token, clamped as dm_wide_finish's gather (0 past the rows)
     if (r >= rows) return 0;
     const i64 t = a.step == 0 ? (a.anchor64 ? ((const i64*)a.anchor)[r] : (i64)((const i32*)a.anchor)[r])
@@ -253,8 +294,8 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
       }
       if (!GUMBEL) k.pad = (i32)prev_token(r);  // (the key's spare word: the codes' row below)
       L.rows[r] = k;
-      L.part[r] = make_float2(ninf, 0.0f);
-      L.part[rows_alloc + r] = make_float2(ninf, 0.0f);
+#pragma unroll
+      for (int g = 0; g < TC_WGS; ++g) L.part[g * rows_alloc + r] = make_float2(ninf, 0.0f);
     }
     if (GUMBEL)
       for (int i = tid; i < DM_TB_SIZE; i += TC_CONSUMER_THREADS) L.gtab[i] = ((const float*)a.gtab)[i];
@@ -290,19 +331,51 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
   const float margin = (float)a.filter_margin;
   const u32 codes_addr = tc_smem(L.codes), stages_addr = tc_smem(L.stages);
 
-  // This warpgroup's items k = 0 .. K - 1, (tile, m-tile) in tile order. From 2 m-tiles on each warpgroup takes the
-  // m-tiles of its parity in every tile; with one m-tile, the tiles of its parity. Every warpgroup waits for every
+  // This warpgroup's items k = 0 .. K - 1, (tile, m-tile) in tile order. Two warpgroups: from 2 m-tiles on each takes
+  // the m-tiles of its parity in every tile; with one m-tile, the tiles of its parity. Every warpgroup waits for every
   // tile's full barrier in order (a skipped tile is released at once), so that each barrier's phases are observed in
-  // order, and releases each tile once after its last item: a stage's empty barrier counts the 8 consumer warps.
+  // order, and releases each tile once after its last item: a stage's empty barrier counts the consumer warps. (A
+  // warpgroup releases its item's tile before it waits for a later one, so every tile is released in the end.)
+#if TC_WGS == 2
   const int per_tile = mtiles >= 2 ? (mtiles - wg + 1) / 2 : 1;  // 1 or 2 (shifts below, no integer division)
   const int K = mtiles >= 2 ? my_tiles * per_tile : (my_tiles - wg + 1) / 2;
   auto tile_of = [&](int k) { return mtiles >= 2 ? (per_tile == 2 ? k >> 1 : k) : 2 * k + wg; };
   auto mtile_of = [&](int k) { return mtiles >= 2 ? wg + (per_tile == 2 ? 2 * (k & 1) : 0) : 0; };
   auto last_of_tile = [&](int k) { return mtiles >= 2 ? (per_tile == 1 || (k & 1)) : true; };
+#else
+  // TC_WGS warpgroups: the block's items i = tile * mtiles + m-tile in order, warpgroup wg taking i = wg + TC_WGS k.
+  // i / mtiles by a multiply-high with ceil(2^32 / mtiles) (mtiles 2 .. 4: exact while i (mtiles - 1) < 2^32, i.e. for
+  // every item count a block can have; mtiles = 1 selects i itself).
+  const u32 total = (u32)(my_tiles * mtiles);
+  const int K = total > (u32)wg ? (int)((total - (u32)wg + TC_WGS - 1) / TC_WGS) : 0;
+  const u32 mdiv = mtiles == 2 ? 0x80000000u : (mtiles == 3 ? 0x55555556u : 0x40000000u);  // (rows <= 256: mtiles <= 4)
+  auto tile_of = [&](int k) {
+    const u32 i = (u32)(wg + TC_WGS * k);
+    return (int)(mtiles >= 2 ? __umulhi(i, mdiv) : i);
+  };
+  auto mtile_of = [&](int k) { return wg + TC_WGS * k - tile_of(k) * mtiles; };
+  auto last_of_tile = [&](int k) { return k + 1 >= K || tile_of(k + 1) != tile_of(k); };
+#endif
+#if TC_WGS == 2
   auto release_tile = [&](int tl) {
     __syncwarp();
     if (lane == 0) tc_bar_arrive(L.empty + (tl & (num_stages - 1)));
   };
+#else
+  // The warp whose release completes a stage's count (every consumer warp releases every tile once, in tile order,
+  // after its wgmmas of it completed) loads tile tl + num_stages into it: no warp waits on another's release.
+  auto release_tile = [&](int tl) {
+    __syncwarp();
+    u32 done = 0u;
+    if (lane == 0) {
+      __threadfence_block();  // (this warp's reads of the stage, complete by its wgmma wait, before the count)
+      done = atomicAdd((u32*)L.empty + (tl & (num_stages - 1)), 1u) % (TC_CONSUMER_THREADS / 32) ==
+             TC_CONSUMER_THREADS / 32 - 1;
+      __threadfence_block();
+    }
+    if (__shfl_sync(0xFFFFFFFFu, done, 0) && tl + num_stages < my_tiles) load_tile(tl + num_stages, lane == 0);
+  };
+#endif
   int passed = 0;  // tiles whose full barrier this warpgroup has waited for
   auto pass_to = [&](int tl) {
     for (; passed <= tl; ++passed) {
@@ -633,7 +706,31 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
   float d0[32], d1[32];
   u32 b0[16], b1[16];
   i64 w0[2], w1[2];  // GUMBEL: the rows' words, read with the base logits
-  if (K > 0) {
+  if (!GUMBEL && TC_ONELOOP && K > 0) {
+    // Inverse CDF with TC_ONELOOP: one copy of the epilogue in the loop (the two-item loop below inlines it twice:
+    // 7,848 instructions in dm_wide_tc_icdf_s0 with both epilogue paths, against 4,848 here, and 14% of the stall
+    // cycles of a 253-row step were instruction-cache misses; 156 registers instead of 168, which three warpgroups
+    // need). Item k + 1's wgmmas always accumulate in d1; item k's finished accumulator is moved to d0 (32 moves)
+    // before they are issued. The fence on d0 after the moves keeps ptxas from serialising the wgmmas (without it:
+    // advisory C7518, a warpgroup wait in a divergent path).
+    load_base(0, b0, w0);
+    issue(0, d1);
+#pragma unroll 1
+    for (int k = 0; k < K; ++k) {
+      load_base(k + 1, b1, w1);
+      finish_mma(k);
+      tc_fence_acc(d1);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) d0[i] = d1[i];
+      tc_fence_acc(d0);
+      issue(k + 1, d1);
+      epilogue(k, d0, b0, w0);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) b0[i] = b1[i];
+    }
+    tc_wait<0>();
+    tc_fence_acc(d1);
+  } else if (K > 0) {  // two items per iteration, the accumulators taking turns
     load_base(0, b0, w0);
     issue(0, d0);
     for (int k = 0; k < K; k += 2) {
@@ -653,14 +750,16 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
   }
 
   if (GUMBEL) return;  // (the words are merged; dm_wide_finish turns them into tokens)
-  // The block's partial of each row: the two warpgroups' partials merged in order.
+  // The block's partial of each row: the warpgroups' partials merged in order.
   asm volatile("bar.sync 1, %0;" :: "n"(TC_CONSUMER_THREADS) : "memory");
   float2* part = (float2*)a.part;
   for (int r = tid; r < rows; r += TC_CONSUMER_THREADS) {
     float m = ninf, s = 0.0f;
-    const float2 p0 = L.part[r], p1 = L.part[rows_alloc + r];
-    dw_merge(m, s, p0.x, p0.y);
-    dw_merge(m, s, p1.x, p1.y);
+    float2 pg[TC_WGS];
+#pragma unroll
+    for (int g = 0; g < TC_WGS; ++g) pg[g] = L.part[g * rows_alloc + r];
+#pragma unroll
+    for (int g = 0; g < TC_WGS; ++g) dw_merge(m, s, pg[g].x, pg[g].y);
     part[(i64)r * a.part_stride + blockIdx.x] = make_float2(m, s);
   }
 }
@@ -676,5 +775,7 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
   }
 TC_ENTRY(dm_wide_tc_icdf_s0, false, false)
 TC_ENTRY(dm_wide_tc_icdf_s1, true, false)
+#if TC_WGS == 2  // (the Gumbel epilogue needs 166-168 registers: three warpgroups' 152 would spill it)
 TC_ENTRY(dm_wide_tc_gumbel_s0, false, true)
 TC_ENTRY(dm_wide_tc_gumbel_s1, true, true)
+#endif

@@ -43,7 +43,12 @@ Measured on an H100 (stops 51-52, ``benchmarks/results/NVIDIA-H100-80GB-HBM3_202
 its 23 GPU tests (``tests/gpu/test_cuda_wide_gpu.py -k tensor_core``); inverse CDF at T = 1 320 / 814 us at 64 / 253
 rows (``wide`` 256 / 543; stop 52's branch-free epilogue for items of T in {0, 1} rows, ``tc_fast``), at mixed T 427 /
 1,038 (``wide`` 297 / 1,096: faster at 253 rows), Gumbel 417 / 1,189 (``cuda_gumbel`` 345 / 804); latency-bound
-(``benchmarks/NOTES.md``).
+(``benchmarks/NOTES.md``: two consumer warpgroups, 0.28 instructions issued per cycle and scheduler).
+``tc_warpgroups=3`` (stop 53, inverse CDF; written without a GPU, opt-in, not run yet): three consumer warpgroups (12
+warps of 154 registers, no spill) taking the block's (tile, m-tile) items in turn, the inverse-CDF loop with one copy
+of the epilogue, and no producer warp (a 13th warp would cap every warp at 128 registers: a scheduler's 16K registers
+over 4 warps; setmaxnreg did not move ptxas 13.0's allocation here): warp 0 loads the ring's first tiles and the warp
+whose release completes a stage's count (a shared-memory atomic) loads the next tile into it.
 
 Requirements (``ValueError`` otherwise): a CUDA device of compute capability 9.0 with NVRTC
 (:func:`dspark_markov.cuda.availability`; ``tensor_cores=True`` also an NVRTC that compiles for sm_90a and a driver
@@ -101,6 +106,10 @@ KERNELS = STEP_KERNELS + ICDF_KERNELS + ("dm_wide_finish", "dm_wide_pick")
 TC_KERNELS = ("dm_wide_tc_icdf_s0", "dm_wide_tc_icdf_s1", "dm_wide_tc_gumbel_s0", "dm_wide_tc_gumbel_s1")
 TC_ARCH = "sm_90a"  # wgmma and the tensor-memory accelerator need the architecture-specific target
 TC_THREADS = 288  # two consumer warpgroups and the producer warp (wide_tc.cu TC_THREADS)
+# tc_warpgroups=3 (inverse CDF): wide_tc.cu built with TC_WGS=3, three consumer warpgroups and no producer warp (12
+# warps: 154 registers each; a 13th warp would cap them at 128), its inverse-CDF entry points only.
+TC_WARPGROUPS = (2, 3)
+TC_WGS3_KERNELS = TC_KERNELS[:2]
 TC_TOKENS = 64  # tokens per W2 tile (wide_tc.cu TC_TOK)
 TC_MROWS = 64  # rows per m-tile (wide_tc.cu TC_MROWS)
 TC_OPT_GENERAL = 1  # wide_tc.cu's options bit: every inverse-CDF item through the general epilogue (tc_fast=False)
@@ -152,27 +161,37 @@ def smem_bytes(rows: int, inverse_cdf: bool = False) -> int:
     return mtiles * 16 * 512 + TEAMS * 2 * 8 * 32 * 16 + extra + mtiles * 16 * 32
 
 
-def tc_smem_bytes(rows: int, stages: int, gumbel: bool = False) -> int:
+def tc_threads(warpgroups: int = 2) -> int:
+    """Threads per block of a ``wide_tc.cu`` step (TC_THREADS): the consumer warpgroups, plus the producer warp of
+    the two-warpgroup build."""
+    return 128 * warpgroups + (32 if warpgroups == 2 else 0)
+
+
+def tc_smem_bytes(rows: int, stages: int, gumbel: bool = False, warpgroups: int = 2) -> int:
     """Dynamic shared memory of a ``wide_tc.cu`` step over ``rows`` rows with ``stages`` W2 tiles in flight (its
     TcLayout): 1,024 bytes of alignment slack, the stages, the codes and row keys (32 bytes) of every row of the
-    m-tiles, two partials (8 bytes each) per row, two mbarriers per stage, the noise table (Gumbel)."""
+    m-tiles, one partial (8 bytes) per warpgroup and row, two mbarriers per stage (the three-warpgroup build keeps
+    its release counts in the second), the noise table (Gumbel)."""
     rows_alloc = -(-int(rows) // TC_MROWS) * TC_MROWS
-    return (1024 + stages * TC_TILE_BYTES + rows_alloc * (4 * 128 + 32 + 2 * 8) + 2 * stages * 8
+    return (1024 + stages * TC_TILE_BYTES + rows_alloc * (4 * 128 + 32 + warpgroups * 8) + 2 * stages * 8
             + (TB_SIZE * 4 if gumbel else 0))
 
 
-def tc_stages(rows: int, limit: int, gumbel: bool = False) -> int:
+def tc_stages(rows: int, limit: int, gumbel: bool = False, warpgroups: int = 2) -> int:
     """W2 tiles in flight of a ``wide_tc.cu`` step over ``rows`` rows: 4, else 2 (a power of two: the ring's index
     arithmetic is masks and shifts), as shared memory (``limit`` bytes) holds; 0 when 2 do not fit."""
-    return next((s for s in (TC_MAX_STAGES, 2) if tc_smem_bytes(rows, s, gumbel) <= limit), 0)
+    return next((s for s in (TC_MAX_STAGES, 2) if tc_smem_bytes(rows, s, gumbel, warpgroups) <= limit), 0)
 
 
 @functools.lru_cache(maxsize=None)
-def wide_tc_kernels(device_index: int):
-    """The loaded functions of ``wide_tc.cu`` on one device (compiled for sm_90a, or read from the disk cache)."""
+def wide_tc_kernels(device_index: int, warpgroups: int = 2):
+    """The loaded functions of ``wide_tc.cu`` on one device (compiled for sm_90a, or read from the disk cache): the
+    default build's four, or the ``TC_WGS=3`` build's two inverse-CDF entry points."""
     from .. import cuda
 
-    return cuda.load_kernels("wide_tc.cu", TC_KERNELS, device_index, arch=TC_ARCH)
+    if warpgroups == 2:
+        return cuda.load_kernels("wide_tc.cu", TC_KERNELS, device_index, arch=TC_ARCH)
+    return cuda.load_kernels("wide_tc.cu", TC_WGS3_KERNELS, device_index, defines=("TC_WGS=3",), arch=TC_ARCH)
 
 
 def icdf_blocks(vocab: int, max_blocks: int) -> tuple:
@@ -206,7 +225,9 @@ class CudaWideBackend:
     holds W2's address: a head whose ``head_weight`` was replaced by another tensor raises ``ValueError`` at the
     next call; in-place updates are fine; ``tc_fast=False`` sends every inverse-CDF item of that step through its
     general epilogue instead of the branch-free one for interior items whose rows are samples with a cache row at T in
-    {0, 1}: the same outputs bit for bit, for tests; Gumbel has one epilogue). Scratch (codes in
+    {0, 1}: the same outputs bit for bit, for tests; Gumbel has one epilogue; ``tc_warpgroups=3``, inverse CDF only:
+    the ``TC_WGS=3`` build, three consumer warpgroups per SM and no producer warp, whose stages are refilled by the
+    warp that releases them last; NOT RUN ON A GPU YET). Scratch (codes in
     A-fragment order, one word per row, every step's row keys, the noise table; inverse CDF: the block partials) is
     allocated once; ``run`` only launches (CUDA-graph
     safe). Exact on the H200 but slower than ``cuda_gumbel`` / ``wide``: needs the opt-in of the module docstring.
@@ -220,7 +241,7 @@ class CudaWideBackend:
 
     def __init__(self, head, num_steps, max_rows, *, method, cache_dtype, device, filter_margin=FILTER_MARGIN,
                  flags=DEFAULT_FLAGS, blocks_per_sm=None, warps_per_group=DEFAULT_WARPS_PER_GROUP,
-                 tensor_cores=False, tc_fast=True):
+                 tensor_cores=False, tc_fast=True, tc_warpgroups=2):
         from .. import cuda
         from ..cuda import build
         from ..validate import check_int
@@ -239,6 +260,11 @@ class CudaWideBackend:
             raise ValueError(f"tensor_cores: expected True or False, got {tensor_cores!r}")
         if not isinstance(tc_fast, bool):
             raise ValueError(f"tc_fast: expected True or False, got {tc_fast!r}")
+        if isinstance(tc_warpgroups, bool) or tc_warpgroups not in TC_WARPGROUPS:
+            raise ValueError(f"tc_warpgroups: expected one of {TC_WARPGROUPS}, got {tc_warpgroups!r}")
+        if tc_warpgroups != 2 and method != "inverse_cdf":
+            raise ValueError(f"tc_warpgroups: {tc_warpgroups} warpgroups run method 'inverse_cdf' only (the Gumbel "
+                             f"epilogue needs more registers than three warpgroups leave), got method {method!r}")
         if method == "inverse_cdf" and warps_per_group != 1:
             raise ValueError(f"warps_per_group: method 'inverse_cdf' runs with 1 (8 warps per block), "
                              f"got {warps_per_group!r}")
@@ -299,24 +325,26 @@ class CudaWideBackend:
         self.part = torch.zeros(rows16 if inverse else 1, self.part_stride, 2, dtype=torch.float32, device=self.device)
         self.tensor_cores = tensor_cores
         self.tc_options = 0 if tc_fast else TC_OPT_GENERAL
+        self.tc_warpgroups = int(tc_warpgroups)
         self.tc_map = None
         if tensor_cores:
             w2 = head.head_weight  # (MarkovHead keeps it contiguous: [V, 256] rows 512 bytes apart, as the map reads)
             try:
-                self.tc_kernels = wide_tc_kernels(index)
+                self.tc_kernels = wide_tc_kernels(index, self.tc_warpgroups)
                 # [V, 256] bf16 in boxes of 64 tokens x 64 rank (128 bytes: the 128-byte swizzle), zeros past V
                 self.tc_map = build.tensor_map_bf16_2d(w2.data_ptr(), RANK, w2.shape[0], RANK * 2, 64, TC_TOKENS)
                 self.tc_w2 = w2  # (the map's storage: kept alive; run() checks the head still holds it)
             except build.BuildError as error:
                 raise ValueError(f"tensor_cores: the wgmma step cannot run here: {error}") from error
             gumbel = method == "gumbel"
-            self.tc_stage_count = {mtiles: tc_stages(mtiles * TC_MROWS, limit, gumbel)
+            wgs = self.tc_warpgroups
+            self.tc_stage_count = {mtiles: tc_stages(mtiles * TC_MROWS, limit, gumbel, wgs)
                                    for mtiles in range(1, -(-self.max_rows // TC_MROWS) + 1)}
             if not all(self.tc_stage_count.values()):
                 raise ValueError(f"max_rows: the wgmma step over {self.max_rows} rows needs "
-                                 f"{tc_smem_bytes(self.max_rows, 2, gumbel)} bytes of shared memory, this GPU allows "
-                                 f"{limit}")
-            for name in TC_KERNELS:
+                                 f"{tc_smem_bytes(self.max_rows, 2, gumbel, wgs)} bytes of shared memory, this GPU "
+                                 f"allows {limit}")
+            for name in TC_KERNELS if wgs == 2 else TC_WGS3_KERNELS:
                 self.tc_kernels.set_dynamic_smem(name, limit)
 
     @staticmethod
@@ -411,11 +439,12 @@ class CudaWideBackend:
             stages = self.tc_stage_count[-(-rows // TC_MROWS)]
             name = f"dm_wide_tc_{'icdf' if inverse else 'gumbel'}_s{int(float(self.head.scale) != 1.0)}"
             tc_params = [self.tc_map, ctypes.c_int64(stages), ctypes.c_int64(self.tc_options)]
-            smem, launch_step = tc_smem_bytes(rows, stages, not inverse), self.tc_kernels.launch
+            smem = tc_smem_bytes(rows, stages, not inverse, self.tc_warpgroups)
+            step_threads, launch_step = tc_threads(self.tc_warpgroups), self.tc_kernels.launch
         else:
-            tc_params, launch_step = [], launch
+            tc_params, launch_step, step_threads = [], launch, threads(name)
         for step in range(steps):
             args.step = step
-            launch_step(name, grid, TC_THREADS if tc_params else threads(name), smem, stream, [args] + tc_params)
+            launch_step(name, grid, step_threads, smem, stream, [args] + tc_params)
             launch("dm_wide_pick" if inverse else "dm_wide_finish", finish_grid, 256, 0, stream,
                    [args, ctypes.c_int64(step), ctypes.c_int64(int(step + 1 < steps))])
