@@ -38,17 +38,23 @@ def test_wide_kernels_compile_for_sm90(tmp_path):
     assert frames and max(frames) <= 64, log  # the _p2 variants (128 registers) spill a few words
 
 
-def test_tensor_core_step_compiles_for_sm90a():
-    """wide_tc.cu for sm_90a: every entry point, no stack frame (no spill), and no
-    "wgmma ... serialized" advisory from ptxas (its wgmmas would then wait for each other: no overlap with the
-    epilogue). Skipped without NVRTC."""
+def tc_compile_log(*defines):
+    """ptxas's log of wide_tc.cu built for sm_90a with ``defines`` (skips the test without NVRTC)."""
     try:
-        cubin, log = build.compile_cubin("wide_tc.cu", cuda_wide.TC_ARCH, verbose=True)
+        cubin, log = build.compile_cubin("wide_tc.cu", cuda_wide.TC_ARCH, [f"-D{d}" for d in defines], verbose=True)
     except build.BuildError as error:
         if "no NVRTC library" in str(error):
             pytest.skip(str(error))
         raise
     assert cubin
+    return log
+
+
+def test_tensor_core_step_compiles_for_sm90a():
+    """wide_tc.cu for sm_90a: every entry point, no stack frame (no spill), and no
+    "wgmma ... serialized" advisory from ptxas (its wgmmas would then wait for each other: no overlap with the
+    epilogue). Skipped without NVRTC."""
+    log = tc_compile_log()
     for name in cuda_wide.TC_KERNELS:
         assert f"'{name}'" in log, name
     assert "serialized" not in log, log
@@ -60,14 +66,7 @@ def test_three_warpgroup_tensor_core_step_compiles_for_sm90a():
     """wide_tc.cu with TC_WGS=3 (tc_warpgroups=3): its two inverse-CDF entry points only, 12 warps whose registers
     fit a scheduler's 16K over 3 warps (<= 168) with no spill, no wgmma serialisation, and the default build's
     threads (TC_THREADS) as cuda_wide launches them. Skipped without NVRTC."""
-    try:
-        cubin, log = build.compile_cubin("wide_tc.cu", cuda_wide.TC_ARCH, extra_options=("-DTC_WGS=3",),
-                                         verbose=True)
-    except build.BuildError as error:
-        if "no NVRTC library" in str(error):
-            pytest.skip(str(error))
-        raise
-    assert cubin
+    log = tc_compile_log("TC_WGS=3")
     for name in cuda_wide.TC_KERNELS:
         assert (f"'{name}'" in log) == (name in cuda_wide.TC_WGS3_KERNELS), name
     assert "serialized" not in log and "C75" not in log, log

@@ -202,6 +202,22 @@ def wide_tc(head, rows, method="inverse_cdf", **backend_kwargs):
     return wide(head, rows, torch.bfloat16, method, tensor_cores=True, **backend_kwargs)
 
 
+def special_bf16_inputs(rows=20):
+    """special_rows_inputs with bf16 base logits (NaN, all -inf, +inf rows): the tensor-core path's dtype."""
+    special = special_rows_inputs(rows, STEPS, VOCAB)
+    return dict(special, base_logits=special["base_logits"].bfloat16())
+
+
+def scaled_strided_case(head):
+    """A head with a bias scale (the _s1 entry points) and 40 rows of base logits whose rows and steps lie VOCAB + 8
+    apart (even strides: still 4-byte pairs)."""
+    scaled = dm.MarkovHead(head.embed_weight, head.head_weight, 0.8125)
+    inputs = make_inputs(40, STEPS, VOCAB, device="cuda", seed=13, embed_vocab=VOCAB + 1000)
+    strided = torch.empty(40, STEPS + 1, VOCAB + 8, dtype=torch.bfloat16, device="cuda")[:, 1:, :VOCAB]
+    strided.copy_(inputs["base_logits"])
+    return scaled, dict(inputs, base_logits=strided)
+
+
 @pytest.mark.parametrize("rows", TC_SHAPES)
 def test_tensor_core_step_draws_from_its_own_cache_at_full_shape(head, rows):
     inputs = cuda_inputs(rows, STEPS, VOCAB, torch.bfloat16)
@@ -238,17 +254,11 @@ def test_tensor_core_step_cache_equals_the_mma_sync_step(head):
 def test_tensor_core_step_special_rows_strided_scale_and_fallbacks(head):
     """Special rows (bf16 base: NaN, all -inf, +inf), strided logits with a bias scale (the _s1 entry point); an fp32
     cache and an odd vocabulary take wide.cu's step (tensor_core_path False) and still draw correctly."""
-    special = special_rows_inputs(20, STEPS, VOCAB)
-    inputs = dict(special, base_logits=special["base_logits"].bfloat16())
+    inputs = special_bf16_inputs()
     tokens, cache = sample(wide_tc(head, 20), inputs, torch.bfloat16)
     assert tokens[0, 0] == 70_000 and bool((tokens[1] == 0).all())
     check_icdf(head, inputs, tokens, cache)
-    scaled = dm.MarkovHead(head.embed_weight, head.head_weight, 0.8125)
-    inputs = make_inputs(40, STEPS, VOCAB, device="cuda", seed=13, embed_vocab=VOCAB + 1000)
-    # rows and steps VOCAB + 8 apart (even strides: still 4-byte pairs)
-    strided = torch.empty(40, STEPS + 1, VOCAB + 8, dtype=torch.bfloat16, device="cuda")[:, 1:, :VOCAB]
-    strided.copy_(inputs["base_logits"])
-    inputs["base_logits"] = strided
+    scaled, inputs = scaled_strided_case(head)
     sampler = wide_tc(scaled, 40)
     assert sampler.backend.tensor_core_path(inputs["base_logits"], new_outputs(inputs, torch.bfloat16)[1])
     tokens, cache = sample(sampler, inputs, torch.bfloat16)
@@ -284,16 +294,11 @@ def test_tensor_core_gumbel_draws_from_its_own_cache_at_full_shape(head, rows):
 def test_tensor_core_gumbel_special_rows_scale_exact_and_graph(head):
     """Special rows (bf16: NaN, all -inf, +inf), strided logits with a scale, every token exact (filter_margin huge)
     drawing what the bounded ranking draws, and a CUDA-graph replay equal to eager."""
-    special = special_rows_inputs(20, STEPS, VOCAB)
-    inputs = dict(special, base_logits=special["base_logits"].bfloat16())
+    inputs = special_bf16_inputs()
     tokens, cache = sample(wide_tc(head, 20, "gumbel"), inputs, torch.bfloat16)
     assert tokens[0, 0] == 70_000 and bool((tokens[1] == 0).all())
     check_draws(head, inputs, tokens, cache, exact=False)
-    scaled = dm.MarkovHead(head.embed_weight, head.head_weight, 0.8125)
-    inputs = make_inputs(40, STEPS, VOCAB, device="cuda", seed=13, embed_vocab=VOCAB + 1000)
-    strided = torch.empty(40, STEPS + 1, VOCAB + 8, dtype=torch.bfloat16, device="cuda")[:, 1:, :VOCAB]
-    strided.copy_(inputs["base_logits"])
-    inputs["base_logits"] = strided
+    scaled, inputs = scaled_strided_case(head)
     tokens, cache = sample(wide_tc(scaled, 40, "gumbel"), inputs, torch.bfloat16)
     check_draws(scaled, inputs, tokens, cache, exact=False)
     inputs = cuda_inputs(64, STEPS, VOCAB, torch.bfloat16)
@@ -375,16 +380,11 @@ def test_three_warpgroups_special_rows_tail_fast_epilogue_and_graph(head):
     """tc_warpgroups=3: special rows (NaN, all -inf, +inf), a bias scale on strided logits, a vocabulary tail inside a
     tile (and 1,000 tokens on 1-2 blocks), all T = 1 and all greedy, the branch-free epilogue equal to the general one
     bit for bit (same warpgroups, same merge order), and a CUDA-graph replay equal to eager."""
-    special = special_rows_inputs(20, STEPS, VOCAB)
-    inputs = dict(special, base_logits=special["base_logits"].bfloat16())
+    inputs = special_bf16_inputs()
     tokens, cache = sample(wide_tc(head, 20, tc_warpgroups=3), inputs, torch.bfloat16)
     assert tokens[0, 0] == 70_000 and bool((tokens[1] == 0).all())
     check_icdf(head, inputs, tokens, cache)
-    scaled = dm.MarkovHead(head.embed_weight, head.head_weight, 0.8125)
-    inputs = make_inputs(40, STEPS, VOCAB, device="cuda", seed=13, embed_vocab=VOCAB + 1000)
-    strided = torch.empty(40, STEPS + 1, VOCAB + 8, dtype=torch.bfloat16, device="cuda")[:, 1:, :VOCAB]
-    strided.copy_(inputs["base_logits"])
-    inputs["base_logits"] = strided
+    scaled, inputs = scaled_strided_case(head)
     check_icdf(scaled, inputs, *sample(wide_tc(scaled, 40, tc_warpgroups=3), inputs, torch.bfloat16))
     for vocab, rows in ((VOCAB - 30, 70), (1_000, 33)):
         small = dm.MarkovHead(head.embed_weight, head.head_weight[:vocab].contiguous())
