@@ -402,3 +402,25 @@ def test_three_warpgroups_special_rows_tail_fast_epilogue_and_graph(head):
         check_icdf(head, fresh, tokens, cache)
         eager_tokens, eager_cache = sample(wide_tc(head, 253, tc_warpgroups=3), fresh, torch.bfloat16)
         assert torch.equal(tokens, eager_tokens) and same_values(cache, eager_cache)
+
+
+@pytest.mark.parametrize("rows", [1, 40, 64, 130, 253])
+def test_three_warpgroups_gumbel_draws_from_its_own_cache(head, rows):
+    """tc_warpgroups=3, method="gumbel": the step-0 cache equal to the two-warpgroup step's bit for bit (as int16), and
+    since each row's word is the atomicMax of exact keys, the tokens too (then the whole cache); every token the
+    reference's draw from its own cache; at 253 rows special rows and a graph replay equal to eager as well."""
+    inputs = cuda_inputs(rows, STEPS, VOCAB, torch.bfloat16)
+    tokens, cache = sample(wide_tc(head, rows, "gumbel", tc_warpgroups=3), inputs, torch.bfloat16)
+    check_draws(head, inputs, tokens, cache, exact=False)
+    two_tokens, two_cache = sample(wide_tc(head, rows, "gumbel"), inputs, torch.bfloat16)
+    assert torch.equal(tokens, two_tokens) and torch.equal(cache.view(torch.int16), two_cache.view(torch.int16))
+    if rows == 253:
+        special = special_bf16_inputs()
+        tokens, cache = sample(wide_tc(head, 20, "gumbel", tc_warpgroups=3), special, torch.bfloat16)
+        assert tokens[0, 0] == 70_000 and bool((tokens[1] == 0).all())
+        check_draws(head, special, tokens, cache, exact=False)
+        sampler = wide_tc(head, rows, "gumbel", tc_warpgroups=3)
+        for fresh, tokens, cache in replays_with_fresh_inputs(sampler, rows, STEPS, VOCAB, torch.bfloat16, seeds=(8,)):
+            check_draws(head, fresh, tokens, cache, exact=False)
+            eager_tokens, eager_cache = sample(wide_tc(head, rows, "gumbel", tc_warpgroups=3), fresh, torch.bfloat16)
+            assert torch.equal(tokens, eager_tokens) and same_values(cache, eager_cache)

@@ -8,7 +8,7 @@
 #   bash tools/gpu_plans/issue12_wide_tc.sh ncu    # budget ~60 s: Nsight Compute of one step at 253 and 64 rows
 #   bash tools/gpu_plans/issue12_wide_tc.sh compare # budget ~90 s: this tree's step against the tree at $OLD_SRC, new / old / new
 #   bash tools/gpu_plans/issue12_wide_tc.sh oneloop # budget ~120 s: the one-copy inverse-CDF loop patch: main timed, patch tests, timed
-#   bash tools/gpu_plans/issue12_wide_tc.sh wgs3   # budget ~170 s: tc_warpgroups=3 (stop 53): its GPU tests, then timed beside main's step and wide
+#   bash tools/gpu_plans/issue12_wide_tc.sh wgs3   # budget ~230 s: tc_warpgroups=3 (stop 53): its GPU tests, then timed beside main's step, wide, cuda_gumbel
 # (compare: OLD_SRC defaults to gpu_jobs/old_src/src, e.g. `git archive 74b1f15 src/dspark_markov | tar -x -C
 # gpu_jobs/old_src`, stop 52's base; prebuild its wide_tc.cu cubin here with DSPARK_MARKOV_CACHE=gpu_jobs/cuda_cache and
 # PYTHONPATH=gpu_jobs/old_src/src, as for this tree, so that the GPU compiles nothing.)
@@ -59,11 +59,13 @@ wgs3)
   # tc_warpgroups=3 (stop 53, written without a GPU): the TC_WGS=3 build (three consumer warpgroups, no producer warp,
   # one-copy inverse-CDF loop; 154 registers, no spill). Its tests first (a fault poisons the context: own process),
   # then main's step (two warpgroups), the three-warpgroup step and wide in alternating rounds, T = 1 and mixed T.
-  timeout -k 2 100 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_wide_gpu.py -k three_warpgroups \
+  timeout -k 2 130 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_wide_gpu.py -k three_warpgroups \
     -rs 2>&1 | tail -15 | tee "$OUT/wgs3_tests.txt"
-  OPTS='{"tc:inverse_cdf": {"tensor_cores": true}, "wg3:inverse_cdf": {"tensor_cores": true, "tc_warpgroups": 3}}'
-  timeout -k 2 55 python3 tools/sweep_cuda_wide.py --out "$OUT/wgs3_time" --time 64,253 --designs wide:inverse_cdf \
-    --temperature both --options "$OPTS" 2>&1 | grep "time " | tee "$OUT/wgs3_time.txt"
+  OPTS='{"tc:inverse_cdf": {"tensor_cores": true}, "wg3:inverse_cdf": {"tensor_cores": true, "tc_warpgroups": 3},
+         "tc": {"tensor_cores": true}, "wg3": {"tensor_cores": true, "tc_warpgroups": 3}}'
+  timeout -k 2 90 python3 tools/sweep_cuda_wide.py --out "$OUT/wgs3_time" --time 64,253 \
+    --designs wide:inverse_cdf,cuda_gumbel --temperature both --options "$OPTS" 2>&1 | grep "time " \
+    | tee "$OUT/wgs3_time.txt"
   ;;
 compare)
   old_src=${OLD_SRC:-$PWD/gpu_jobs/old_src/src}

@@ -44,7 +44,7 @@
 #define TC_BOX_BYTES (TC_TOK * 128)              // one TMA box: 64 tokens x 64 rank elements (128 bytes)
 #define TC_TILE_BYTES (4 * TC_BOX_BYTES)         // a W2 tile: 32 KB
 #ifndef TC_WGS
-#define TC_WGS 2                                 // consumer warpgroups (3: cuda_wide's tc_warpgroups, inverse CDF only)
+#define TC_WGS 2                                 // consumer warpgroups (3: cuda_wide's tc_warpgroups=3)
 #endif
 #define TC_CONSUMER_THREADS (128 * TC_WGS)
 // + the producer warp. Three warpgroups have none: 13 warps would leave a scheduler 4 of them, i.e. 128 registers each
@@ -775,7 +775,5 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
   }
 TC_ENTRY(dm_wide_tc_icdf_s0, false, false)
 TC_ENTRY(dm_wide_tc_icdf_s1, true, false)
-#if TC_WGS == 2  // (the Gumbel epilogue needs 166-168 registers: three warpgroups' 152 would spill it)
 TC_ENTRY(dm_wide_tc_gumbel_s0, false, true)
 TC_ENTRY(dm_wide_tc_gumbel_s1, true, true)
-#endif

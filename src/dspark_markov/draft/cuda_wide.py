@@ -44,9 +44,9 @@ its 23 GPU tests (``tests/gpu/test_cuda_wide_gpu.py -k tensor_core``); inverse C
 rows (``wide`` 256 / 543; stop 52's branch-free epilogue for items of T in {0, 1} rows, ``tc_fast``), at mixed T 427 /
 1,038 (``wide`` 297 / 1,096: faster at 253 rows), Gumbel 417 / 1,189 (``cuda_gumbel`` 345 / 804); latency-bound
 (``benchmarks/NOTES.md``: two consumer warpgroups, 0.28 instructions issued per cycle and scheduler).
-``tc_warpgroups=3`` (stop 53, inverse CDF; written without a GPU, opt-in, not run yet): three consumer warpgroups (12
-warps of 154 registers, no spill) taking the block's (tile, m-tile) items in turn, the inverse-CDF loop with one copy
-of the epilogue, and no producer warp (a 13th warp would cap every warp at 128 registers: a scheduler's 16K registers
+``tc_warpgroups=3`` (stop 53, both methods; written without a GPU, opt-in, not run yet): three consumer warpgroups (12
+warps of 154 registers for inverse CDF, 166-167 for Gumbel, no spill) taking the block's (tile, m-tile) items in turn,
+the inverse-CDF loop with one copy of the epilogue, and no producer warp (a 13th warp would cap every warp at 128 registers: a scheduler's 16K registers
 over 4 warps; setmaxnreg did not move ptxas 13.0's allocation here): warp 0 loads the ring's first tiles and the warp
 whose release completes a stage's count (a shared-memory atomic) loads the next tile into it.
 
@@ -106,10 +106,9 @@ KERNELS = STEP_KERNELS + ICDF_KERNELS + ("dm_wide_finish", "dm_wide_pick")
 TC_KERNELS = ("dm_wide_tc_icdf_s0", "dm_wide_tc_icdf_s1", "dm_wide_tc_gumbel_s0", "dm_wide_tc_gumbel_s1")
 TC_ARCH = "sm_90a"  # wgmma and the tensor-memory accelerator need the architecture-specific target
 TC_THREADS = 288  # two consumer warpgroups and the producer warp (wide_tc.cu TC_THREADS)
-# tc_warpgroups=3 (inverse CDF): wide_tc.cu built with TC_WGS=3, three consumer warpgroups and no producer warp (12
-# warps: 154 registers each; a 13th warp would cap them at 128), its inverse-CDF entry points only.
+# tc_warpgroups=3: wide_tc.cu built with TC_WGS=3, three consumer warpgroups and no producer warp (12 warps: 154
+# registers each for inverse CDF, 166-167 for Gumbel; a 13th warp would cap them at 128).
 TC_WARPGROUPS = (2, 3)
-TC_WGS3_KERNELS = TC_KERNELS[:2]
 TC_TOKENS = 64  # tokens per W2 tile (wide_tc.cu TC_TOK)
 TC_MROWS = 64  # rows per m-tile (wide_tc.cu TC_MROWS)
 TC_OPT_GENERAL = 1  # wide_tc.cu's options bit: every inverse-CDF item through the general epilogue (tc_fast=False)
@@ -186,12 +185,11 @@ def tc_stages(rows: int, limit: int, gumbel: bool = False, warpgroups: int = 2) 
 @functools.lru_cache(maxsize=None)
 def wide_tc_kernels(device_index: int, warpgroups: int = 2):
     """The loaded functions of ``wide_tc.cu`` on one device (compiled for sm_90a, or read from the disk cache): the
-    default build's four, or the ``TC_WGS=3`` build's two inverse-CDF entry points."""
+    default build, or (``warpgroups=3``) the ``TC_WGS=3`` build."""
     from .. import cuda
 
-    if warpgroups == 2:
-        return cuda.load_kernels("wide_tc.cu", TC_KERNELS, device_index, arch=TC_ARCH)
-    return cuda.load_kernels("wide_tc.cu", TC_WGS3_KERNELS, device_index, defines=("TC_WGS=3",), arch=TC_ARCH)
+    defines = () if warpgroups == 2 else (f"TC_WGS={warpgroups}",)
+    return cuda.load_kernels("wide_tc.cu", TC_KERNELS, device_index, defines=defines, arch=TC_ARCH)
 
 
 def icdf_blocks(vocab: int, max_blocks: int) -> tuple:
@@ -225,9 +223,9 @@ class CudaWideBackend:
     holds W2's address: a head whose ``head_weight`` was replaced by another tensor raises ``ValueError`` at the
     next call; in-place updates are fine; ``tc_fast=False`` sends every inverse-CDF item of that step through its
     general epilogue instead of the branch-free one for interior items whose rows are samples with a cache row at T in
-    {0, 1}: the same outputs bit for bit, for tests; Gumbel has one epilogue; ``tc_warpgroups=3``, inverse CDF only:
-    the ``TC_WGS=3`` build, three consumer warpgroups per SM and no producer warp, whose stages are refilled by the
-    warp that releases them last; NOT RUN ON A GPU YET). Scratch (codes in
+    {0, 1}: the same outputs bit for bit, for tests; Gumbel has one epilogue; ``tc_warpgroups=3``: the ``TC_WGS=3``
+    build, three consumer warpgroups per SM and no producer warp, whose stages are refilled by the warp that releases
+    them last; NOT RUN ON A GPU YET). Scratch (codes in
     A-fragment order, one word per row, every step's row keys, the noise table; inverse CDF: the block partials) is
     allocated once; ``run`` only launches (CUDA-graph
     safe). Exact on the H200 but slower than ``cuda_gumbel`` / ``wide``: needs the opt-in of the module docstring.
@@ -262,9 +260,6 @@ class CudaWideBackend:
             raise ValueError(f"tc_fast: expected True or False, got {tc_fast!r}")
         if isinstance(tc_warpgroups, bool) or tc_warpgroups not in TC_WARPGROUPS:
             raise ValueError(f"tc_warpgroups: expected one of {TC_WARPGROUPS}, got {tc_warpgroups!r}")
-        if tc_warpgroups != 2 and method != "inverse_cdf":
-            raise ValueError(f"tc_warpgroups: {tc_warpgroups} warpgroups run method 'inverse_cdf' only (the Gumbel "
-                             f"epilogue needs more registers than three warpgroups leave), got method {method!r}")
         if method == "inverse_cdf" and warps_per_group != 1:
             raise ValueError(f"warps_per_group: method 'inverse_cdf' runs with 1 (8 warps per block), "
                              f"got {warps_per_group!r}")
@@ -344,7 +339,7 @@ class CudaWideBackend:
                 raise ValueError(f"max_rows: the wgmma step over {self.max_rows} rows needs "
                                  f"{tc_smem_bytes(self.max_rows, 2, gumbel, wgs)} bytes of shared memory, this GPU "
                                  f"allows {limit}")
-            for name in TC_KERNELS if wgs == 2 else TC_WGS3_KERNELS:
+            for name in TC_KERNELS:
                 self.tc_kernels.set_dynamic_smem(name, limit)
 
     @staticmethod
