@@ -107,6 +107,70 @@ def test_three_warpgroup_items_cover_every_tile_once_in_order(tiles, mtiles):
         assert (i * mdiv) >> 32 == i // mtiles or mtiles == 1
 
 
+def three_warpgroup_items(tiles, mtiles, wg, wgs=3):
+    """wide_tc.cu's TC_WGS=3 item map, transcribed: warpgroup wg's items (tile, m-tile) in order."""
+    total = tiles * mtiles
+    count = (total - wg + wgs - 1) // wgs if total > wg else 0
+    return [divmod(wg + wgs * k, mtiles) for k in range(count)]
+
+
+@pytest.mark.parametrize("stages", [2, 4])
+@pytest.mark.parametrize("mtiles", [1, 2, 3, 4])
+def test_three_warpgroup_ring_always_drains(mtiles, stages):
+    """The TC_WGS=3 ring (no producer warp), transcribed as a state machine and run to the end for every block size
+    from 1 to 40 tiles: warp 0 loads the first `stages` tiles; a warp waits for a tile's full barrier in pass_to (every
+    tile in order, releasing at once those without its items), releases its item's tile after the item's wgmmas when
+    the item is its last in that tile (finish_mma, before the next item's pass_to); the release that completes a
+    stage's count of 12 loads tile + stages. The loop's order per item k: finish_mma(k), issue(k + 1) (pass_to), then
+    the epilogue. Every warp must finish (no deadlock), every loaded tile be loaded once, and no stage be refilled
+    before all 12 warps released its previous tile."""
+    warps = 12
+    for tiles in range(1, 41):
+        loaded = set(range(min(tiles, stages)))
+        count = [0] * tiles
+        programs = []
+        for warp in range(warps):
+            items = three_warpgroup_items(tiles, mtiles, warp // 4)
+            ops = []  # ("wait", t) | ("release", t)
+            passed = 0
+
+            def pass_to(tl):
+                nonlocal passed
+                while passed <= tl:
+                    ops.append(("wait", passed))
+                    if passed < tl:
+                        ops.append(("release", passed))
+                    passed += 1
+            if items:
+                pass_to(items[0][0])
+            for k, (tl, _) in enumerate(items):
+                last = k + 1 >= len(items) or items[k + 1][0] != tl
+                if last:
+                    ops.append(("release", tl))
+                if k + 1 < len(items):
+                    pass_to(items[k + 1][0])
+            programs.append(ops)
+        pcs = [0] * warps
+        progress = True
+        while progress:
+            progress = False
+            for warp in range(warps):
+                while pcs[warp] < len(programs[warp]):
+                    op, tl = programs[warp][pcs[warp]]
+                    if op == "wait" and tl not in loaded:
+                        break
+                    if op == "release":
+                        count[tl] += 1
+                        assert count[tl] <= warps
+                        if count[tl] == warps and tl + stages < tiles:
+                            assert tl + stages not in loaded
+                            loaded.add(tl + stages)
+                    pcs[warp] += 1
+                    progress = True
+        assert all(pc == len(ops) for pc, ops in zip(pcs, programs)), (tiles, mtiles, stages)
+        assert loaded == set(range(tiles))
+
+
 def test_tensor_core_step_shared_memory_and_options():
     limit = 227 * 1024  # H100 / H200 opt-in maximum per block
     assert [cuda_wide.tc_stages(rows, limit) for rows in (1, 64, 65, 128, 129, 192, 193, 256)] == [4, 4, 4, 4, 2, 2, 2, 2]
