@@ -16,6 +16,9 @@
 //     one, so the tensor cores run under the epilogue; the base logits of an item are loaded before its wgmmas.
 //   - the codes W1[prev] of every row (prev: the anchor at step 0, else draft_tokens[:, step - 1] written by the
 //     previous pick) are gathered once per step into shared memory in the same swizzled K-major layout.
+// Built with TC_WGS=3 (cuda_wide's tc_warpgroups=3, stop 53): 12 warps, three consumer warpgroups taking the block's
+// (tile, m-tile) items in turn and no producer warp (see TC_PRODUCER_THREADS): warp 0 loads the ring's first tiles,
+// then the consumer warp whose release completes a stage's count loads the stage's next tile.
 // Method "gumbel" (the _gumbel entry points): the same step with wide.cu's ranking instead of the partials: every
 // token's exact-key upper bound z / T + table[bucket(hash)] against the row's best word (read with the item's base
 // logits; a row without a word is seeded with the exact key of the quad's largest bound), exact keys only where the
