@@ -9,6 +9,8 @@
 #   bash tools/gpu_plans/issue12_wide_tc.sh compare # budget ~90 s: this tree's step against the tree at $OLD_SRC, new / old / new
 #   bash tools/gpu_plans/issue12_wide_tc.sh oneloop # budget ~120 s: the one-copy inverse-CDF loop patch: main timed, patch tests, timed
 #   bash tools/gpu_plans/issue12_wide_tc.sh wgs3   # budget ~230 s: tc_warpgroups=3 (stop 53): its GPU tests, then timed beside main's step, wide, cuda_gumbel
+#   bash tools/gpu_plans/issue12_wide_tc.sh ncu3   # budget ~60 s: Nsight Compute of one tc_warpgroups=3 step at 253 and 64 rows (after wgs3 passes)
+#   bash tools/gpu_plans/issue12_wide_tc.sh sanitize3 # budget ~90 s: compute-sanitizer memcheck / racecheck of the tc_warpgroups=3 step at 40 rows
 # (compare: OLD_SRC defaults to gpu_jobs/old_src/src, e.g. `git archive 74b1f15 src/dspark_markov | tar -x -C
 # gpu_jobs/old_src`, stop 52's base; prebuild its wide_tc.cu cubin here with DSPARK_MARKOV_CACHE=gpu_jobs/cuda_cache and
 # PYTHONPATH=gpu_jobs/old_src/src, as for this tree, so that the GPU compiles nothing.)
@@ -66,6 +68,23 @@ wgs3)
   timeout -k 2 90 python3 tools/sweep_cuda_wide.py --out "$OUT/wgs3_time" --time 64,253 \
     --designs wide:inverse_cdf,cuda_gumbel --temperature both --options "$OPTS" 2>&1 | grep "time " \
     | tee "$OUT/wgs3_time.txt"
+  ;;
+ncu3)
+  for rows in 253 64; do
+    timeout -k 2 28 ncu --clock-control none --kernel-name regex:dm_wide_tc --launch-skip 1 --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+      --section Occupancy --section SourceCounters --import-source yes --print-details all \
+      python3 tools/profile_wide_tc.py "$rows" inverse_cdf 3 > "$OUT/ncu3_tc_$rows.txt" 2>&1
+    grep -E "Duration|Throughput|Issued Warp|No Eligible|Eligible Warps|Cycles Per Issued" "$OUT/ncu3_tc_$rows.txt"
+  done
+  ;;
+sanitize3)
+  for tool in memcheck racecheck; do
+    for method in inverse_cdf gumbel; do
+      timeout -k 2 40 compute-sanitizer --tool $tool --kernel-name regex:dm_wide_tc --print-limit 5 \
+        python3 tools/profile_wide_tc.py 40 $method 3 2>&1 | tail -3 | sed "s/^/$tool $method: /" | tee -a "$OUT/sanitize3.txt"
+    done
+  done
   ;;
 compare)
   old_src=${OLD_SRC:-$PWD/gpu_jobs/old_src/src}
