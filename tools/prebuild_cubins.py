@@ -18,8 +18,10 @@ import time
 from pathlib import Path
 
 SOURCES = ("chain.cu", "blocks.cu", "wide.cu", "filter.cu", "verify.cu")
-# (source, architecture, defines) built for another target than build.ARCH: wide_tc.cu's default and TC_WGS=3 builds
-ARCH_SOURCES = (("wide_tc.cu", "sm_90a", ()), ("wide_tc.cu", "sm_90a", ("TC_WGS=3",)))
+# (source, architecture, defines) built for another target than build.ARCH: wide_tc.cu's default, TC_WGS=3 and
+# TC_FASTDIV=1 builds (cuda_wide's tc_warpgroups / tc_fast_div)
+ARCH_SOURCES = tuple(("wide_tc.cu", "sm_90a", defines) for defines in (
+    (), ("TC_WGS=3",), ("TC_FASTDIV=1",), ("TC_WGS=3", "TC_FASTDIV=1")))
 WANTED_NVRTC = (13, 0)  # the H200 image's (torch 2.11+cu130)
 
 

@@ -77,6 +77,19 @@ def test_three_warpgroup_tensor_core_step_compiles_for_sm90a():
     assert [cuda_wide.tc_threads(w) for w in cuda_wide.TC_WARPGROUPS] == [288, 384]
 
 
+@pytest.mark.parametrize("defines", [("TC_FASTDIV=1",), ("TC_FASTDIV=1", "TC_WGS=3")])
+def test_fast_division_tensor_core_step_compiles_for_sm90a(defines):
+    """wide_tc.cu with TC_FASTDIV=1 (tc_fast_div=True), two and three warpgroups: every entry point, no spill, no
+    wgmma serialisation (its first version kept each z pair live beside its quotient for the div_rn redo and spilled
+    72-80 bytes in the two-item loop). Skipped without NVRTC."""
+    log = tc_compile_log(*defines)
+    for name in cuda_wide.TC_KERNELS:
+        assert f"'{name}'" in log, name
+    assert "serialized" not in log and "C75" not in log, log
+    frames = [int(x) for x in re.findall(r"(\d+) bytes stack frame", log)]
+    assert frames and max(frames) == 0, log
+
+
 @pytest.mark.parametrize("tiles", [1, 2, 5, 15, 16, 17, 2020])
 @pytest.mark.parametrize("mtiles", [1, 2, 3, 4])
 def test_three_warpgroup_items_cover_every_tile_once_in_order(tiles, mtiles):
@@ -190,6 +203,9 @@ def test_tensor_core_step_shared_memory_and_options():
     with pytest.raises(ValueError, match="tc_fast: expected True or False"):
         cuda_wide.CudaWideBackend(head, 5, 4, method="inverse_cdf", cache_dtype=torch.bfloat16, device="cuda",
                                   tensor_cores=True, tc_fast="no")
+    with pytest.raises(ValueError, match="tc_fast_div: expected True or False"):
+        cuda_wide.CudaWideBackend(head, 5, 4, method="inverse_cdf", cache_dtype=torch.bfloat16, device="cuda",
+                                  tensor_cores=True, tc_fast_div=1)
     for value in (4, True, "3"):
         with pytest.raises(ValueError, match=r"tc_warpgroups: expected one of \(2, 3\)"):
             cuda_wide.CudaWideBackend(head, 5, 4, method="inverse_cdf", cache_dtype=torch.bfloat16, device="cuda",

@@ -424,3 +424,32 @@ def test_three_warpgroups_gumbel_draws_from_its_own_cache(head, rows):
             check_draws(head, fresh, tokens, cache, exact=False)
             eager_tokens, eager_cache = sample(wide_tc(head, rows, "gumbel", tc_warpgroups=3), fresh, torch.bfloat16)
             assert torch.equal(tokens, eager_tokens) and same_values(cache, eager_cache)
+
+
+# --------------------------------------------------------------------------- tc_fast_div=True (wide_tc.cu TC_FASTDIV=1)
+@pytest.mark.parametrize("warpgroups", [2, 3])
+def test_fast_division_epilogue_equals_the_general_one(head, warpgroups):
+    """tc_fast_div=True (stop 53): items whose rows are samples with a cache row at any T take the branch-free
+    epilogue with the reciprocal division; tokens and cache bit for bit those of tc_fast=False (the general epilogue,
+    same build), on mixed T (0 / 0.6 / 1 and padding), T = 0.7 everywhere, T = 1e-20 / 3e4 rows (outside [2^-16, 2^16]:
+    the div_rn redo), special rows at T = 0.6 (NaN, +inf, all -inf, 3e38) and a scale; and the draws check_icdf's."""
+    def at(inputs, temp):  # every non-greedy slot at `temp`
+        t = inputs["temperature"]
+        return dict(inputs, temperature=torch.where(t == 0, t, torch.full_like(t, temp)))
+
+    special = special_bf16_inputs(32)
+    extreme = dict(cuda_inputs(64, STEPS, VOCAB, torch.bfloat16, seed=41))
+    extreme["temperature"] = torch.tensor([1e-20, 3e4, 0.6, 1.0], device="cuda").repeat(
+        -(-extreme["temperature"].numel() // 4))[:extreme["temperature"].numel()]
+    scaled = dm.MarkovHead(head.embed_weight, head.head_weight, 0.8125)
+    cases = [(head, cuda_inputs(253, STEPS, VOCAB, torch.bfloat16)),
+             (head, at(cuda_inputs(253, STEPS, VOCAB, torch.bfloat16, seed=31), 0.7)), (head, extreme),
+             (head, at(special, 0.6)), (scaled, at(cuda_inputs(70, STEPS, VOCAB, torch.bfloat16, seed=23), 0.7))]
+    for case_head, inputs in cases:
+        rows = inputs["base_logits"].shape[0]
+        fast = wide_tc(case_head, rows, tc_fast_div=True, tc_warpgroups=warpgroups)
+        general = wide_tc(case_head, rows, tc_fast_div=True, tc_warpgroups=warpgroups, tc_fast=False)
+        tokens, cache = sample(fast, inputs, torch.bfloat16)
+        other, other_cache = sample(general, inputs, torch.bfloat16)
+        assert torch.equal(tokens, other) and torch.equal(cache.view(torch.int16), other_cache.view(torch.int16))
+        check_icdf(case_head, inputs, tokens, cache)

@@ -9,6 +9,7 @@
 #   bash tools/gpu_plans/issue12_wide_tc.sh compare # budget ~90 s: this tree's step against the tree at $OLD_SRC, new / old / new
 #   bash tools/gpu_plans/issue12_wide_tc.sh oneloop # budget ~120 s: the one-copy inverse-CDF loop patch: main timed, patch tests, timed
 #   bash tools/gpu_plans/issue12_wide_tc.sh wgs3   # budget ~230 s: tc_warpgroups=3 (stop 53): its GPU tests, then timed beside main's step, wide, cuda_gumbel
+#   bash tools/gpu_plans/issue12_wide_tc.sh fastdiv # budget ~150 s: tc_fast_div=True (stop 53): its GPU tests, then timed at mixed T with 2 / 3 warpgroups
 #   bash tools/gpu_plans/issue12_wide_tc.sh ncu3   # budget ~60 s: Nsight Compute of one tc_warpgroups=3 step at 253 and 64 rows (after wgs3 passes)
 #   bash tools/gpu_plans/issue12_wide_tc.sh sanitize3 # budget ~90 s: compute-sanitizer memcheck / racecheck of the tc_warpgroups=3 step at 40 rows
 # (compare: OLD_SRC defaults to gpu_jobs/old_src/src, e.g. `git archive 74b1f15 src/dspark_markov | tar -x -C
@@ -68,6 +69,18 @@ wgs3)
   timeout -k 2 90 python3 tools/sweep_cuda_wide.py --out "$OUT/wgs3_time" --time 64,253 \
     --designs wide:inverse_cdf,cuda_gumbel --temperature both --options "$OPTS" 2>&1 | grep "time " \
     | tee "$OUT/wgs3_time.txt"
+  ;;
+fastdiv)
+  # tc_fast_div=True (stop 53, written without a GPU): the TC_FASTDIV=1 builds (the branch-free inverse-CDF epilogue for
+  # any T). Tests first (own process), then main's step and the fast-division builds at mixed T (T = 1 too: it must
+  # not slow the T = 1 path, which takes the other branch-free copy).
+  timeout -k 2 80 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_wide_gpu.py -k fast_division \
+    -rs 2>&1 | tail -15 | tee "$OUT/fastdiv_tests.txt"
+  OPTS='{"tc:inverse_cdf": {"tensor_cores": true}, "fd:inverse_cdf": {"tensor_cores": true, "tc_fast_div": true},
+         "wg3:inverse_cdf": {"tensor_cores": true, "tc_warpgroups": 3},
+         "wg3fd:inverse_cdf": {"tensor_cores": true, "tc_warpgroups": 3, "tc_fast_div": true}}'
+  timeout -k 2 60 python3 tools/sweep_cuda_wide.py --out "$OUT/fastdiv_time" --time 64,253 --designs wide:inverse_cdf \
+    --temperature both --options "$OPTS" 2>&1 | grep "time " | tee "$OUT/fastdiv_time.txt"
   ;;
 ncu3)
   for rows in 253 64; do

@@ -57,6 +57,9 @@
 #ifndef TC_ONELOOP
 #define TC_ONELOOP (TC_WGS != 2)                 // the inverse-CDF loop with one copy of the epilogue (see tc_body)
 #endif
+#ifndef TC_FASTDIV
+#define TC_FASTDIV 0                             // cuda_wide's tc_fast_div: the branch-free epilogue for any T (below)
+#endif
 #define TC_MAX_STAGES 4
 
 struct TmaMap {  // CUtensorMap (cuda.h): 128 opaque bytes (64-byte aligned on sm_90; CUDA 13 declares 128)
@@ -566,8 +569,15 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
     const bool interior = pl.t0 - 2 * cq + TC_TOK <= vocab;  // (the item's tile start: uniform over the warp)
     const bool fast = fast_ok && __all_sync(0xFFFFFFFFu, rv[0] && rv[1] && interior && rk[0].cache_off >= 0 &&
                                                         rk[1].cache_off >= 0 && ident0 && ident1);
+    // TC_FASTDIV (stop 53, tc_fast_div; not run on a GPU yet): the same branch-free copy for an item whose rows are
+    // samples with a cache row at any T, x = z / T by dw_div_rcp's reciprocal and two Markstein corrections for every
+    // value (its range test folded into one flag, no per-value branch; where a row of the warp needs div_rn, the
+    // quotients are redone with dw_div_rcp: the same values), instead of the general path's ~25 instructions per value.
+    const bool fast_div = TC_FASTDIV && !fast && fast_ok &&
+                          __all_sync(0xFFFFFFFFu, rv[0] && rv[1] && interior && rk[0].cache_off >= 0 &&
+                                                  rk[1].cache_off >= 0);
     bool nan = true;  // whether an x of this thread may be NaN (the fast path knows)
-    if (fast) {
+    if (fast || fast_div) {
       u32 zp[2][8];
       nan = false;
 #pragma unroll
@@ -588,6 +598,27 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
           *(u32*)(crow + 8 * j) = zp[h][j];
           x[h][2 * j] = __uint_as_float(zp[h][j] << 16);
           x[h][2 * j + 1] = __uint_as_float(zp[h][j] & 0xFFFF0000u);
+        }
+      }
+      if (TC_FASTDIV && fast_div) {
+        const bool id[2] = {ident0, ident1};
+        bool slow = false;  // a zero, infinite or NaN z, or a T outside [2^-16, 2^16]: div_rn's value needed (rare)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int i = 0; i < 16; ++i) slow |= !id[h] && !dw_rcp_ok(dm::mul_rn(x[h][i], rcp[h]));
+        if (__any_sync(0xFFFFFFFFu, slow)) {
+          nan = true;  // (x may be NaN where z is not: the NaN-sticky max below)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int i = 0; i < 16; ++i) x[h][i] = id[h] ? x[h][i] : dw_div_rcp(x[h][i], rk[h].temp, rcp[h]);
+        } else {
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int i = 0; i < 16; ++i)
+              x[h][i] = id[h] ? x[h][i] : dw_markstein(x[h][i], rk[h].temp, rcp[h], dm::mul_rn(x[h][i], rcp[h]));
         }
       }
     } else {

@@ -48,7 +48,11 @@ rows (``wide`` 256 / 543; stop 52's branch-free epilogue for items of T in {0, 1
 warps of 154 registers for inverse CDF, 166-167 for Gumbel, no spill) taking the block's (tile, m-tile) items in turn,
 the inverse-CDF loop with one copy of the epilogue, and no producer warp (a 13th warp would cap every warp at 128 registers: a scheduler's 16K registers
 over 4 warps; setmaxnreg did not move ptxas 13.0's allocation here): warp 0 loads the ring's first tiles and the warp
-whose release completes a stage's count (a shared-memory atomic) loads the next tile into it.
+whose release completes a stage's count (a shared-memory atomic) loads the next tile into it. ``tc_fast_div=True``
+(stop 53, not run yet either): the branch-free inverse-CDF epilogue also for items whose rows have other temperatures
+(mixed T ran the general path: 427 / 1,038 us against 320 / 814 at T = 1), each quotient by ``dw_div_rcp``'s reciprocal
+and Markstein corrections with its range test folded into one flag per item (a warp needing ``div_rn`` redoes its
+quotients with ``dw_div_rcp``): the general path's values bit for bit.
 
 Requirements (``ValueError`` otherwise): a CUDA device of compute capability 9.0 with NVRTC
 (:func:`dspark_markov.cuda.availability`; ``tensor_cores=True`` also an NVRTC that compiles for sm_90a and a driver
@@ -183,12 +187,12 @@ def tc_stages(rows: int, limit: int, gumbel: bool = False, warpgroups: int = 2) 
 
 
 @functools.lru_cache(maxsize=None)
-def wide_tc_kernels(device_index: int, warpgroups: int = 2):
+def wide_tc_kernels(device_index: int, warpgroups: int = 2, fast_div: bool = False):
     """The loaded functions of ``wide_tc.cu`` on one device (compiled for sm_90a, or read from the disk cache): the
-    default build, or (``warpgroups=3``) the ``TC_WGS=3`` build."""
+    default build, or the ``TC_WGS=3`` build (``warpgroups=3``) and / or the ``TC_FASTDIV=1`` one (``fast_div``)."""
     from .. import cuda
 
-    defines = () if warpgroups == 2 else (f"TC_WGS={warpgroups}",)
+    defines = (() if warpgroups == 2 else (f"TC_WGS={warpgroups}",)) + (("TC_FASTDIV=1",) if fast_div else ())
     return cuda.load_kernels("wide_tc.cu", TC_KERNELS, device_index, defines=defines, arch=TC_ARCH)
 
 
@@ -225,7 +229,9 @@ class CudaWideBackend:
     general epilogue instead of the branch-free one for interior items whose rows are samples with a cache row at T in
     {0, 1}: the same outputs bit for bit, for tests; Gumbel has one epilogue; ``tc_warpgroups=3``: the ``TC_WGS=3``
     build, three consumer warpgroups per SM and no producer warp, whose stages are refilled by the warp that releases
-    them last; NOT RUN ON A GPU YET). Scratch (codes in
+    them last; ``tc_fast_div=True``: the ``TC_FASTDIV=1`` build, whose inverse-CDF items of sample rows at any T also
+    take the branch-free epilogue (x = z / T by dw_div_rcp's reciprocal and corrections, one range flag per item);
+    the same outputs bit for bit; both NOT RUN ON A GPU YET). Scratch (codes in
     A-fragment order, one word per row, every step's row keys, the noise table; inverse CDF: the block partials) is
     allocated once; ``run`` only launches (CUDA-graph
     safe). Exact on the H200 but slower than ``cuda_gumbel`` / ``wide``: needs the opt-in of the module docstring.
@@ -239,7 +245,7 @@ class CudaWideBackend:
 
     def __init__(self, head, num_steps, max_rows, *, method, cache_dtype, device, filter_margin=FILTER_MARGIN,
                  flags=DEFAULT_FLAGS, blocks_per_sm=None, warps_per_group=DEFAULT_WARPS_PER_GROUP,
-                 tensor_cores=False, tc_fast=True, tc_warpgroups=2):
+                 tensor_cores=False, tc_fast=True, tc_warpgroups=2, tc_fast_div=False):
         from .. import cuda
         from ..cuda import build
         from ..validate import check_int
@@ -258,6 +264,8 @@ class CudaWideBackend:
             raise ValueError(f"tensor_cores: expected True or False, got {tensor_cores!r}")
         if not isinstance(tc_fast, bool):
             raise ValueError(f"tc_fast: expected True or False, got {tc_fast!r}")
+        if not isinstance(tc_fast_div, bool):
+            raise ValueError(f"tc_fast_div: expected True or False, got {tc_fast_div!r}")
         if isinstance(tc_warpgroups, bool) or tc_warpgroups not in TC_WARPGROUPS:
             raise ValueError(f"tc_warpgroups: expected one of {TC_WARPGROUPS}, got {tc_warpgroups!r}")
         if method == "inverse_cdf" and warps_per_group != 1:
@@ -321,11 +329,12 @@ class CudaWideBackend:
         self.tensor_cores = tensor_cores
         self.tc_options = 0 if tc_fast else TC_OPT_GENERAL
         self.tc_warpgroups = int(tc_warpgroups)
+        self.tc_fast_div = tc_fast_div
         self.tc_map = None
         if tensor_cores:
             w2 = head.head_weight  # (MarkovHead keeps it contiguous: [V, 256] rows 512 bytes apart, as the map reads)
             try:
-                self.tc_kernels = wide_tc_kernels(index, self.tc_warpgroups)
+                self.tc_kernels = wide_tc_kernels(index, self.tc_warpgroups, tc_fast_div)
                 # [V, 256] bf16 in boxes of 64 tokens x 64 rank (128 bytes: the 128-byte swizzle), zeros past V
                 self.tc_map = build.tensor_map_bf16_2d(w2.data_ptr(), RANK, w2.shape[0], RANK * 2, 64, TC_TOKENS)
                 self.tc_w2 = w2  # (the map's storage: kept alive; run() checks the head still holds it)
