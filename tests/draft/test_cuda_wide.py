@@ -206,6 +206,13 @@ def test_tensor_core_step_shared_memory_and_options():
     with pytest.raises(ValueError, match="tc_fast_div: expected True or False"):
         cuda_wide.CudaWideBackend(head, 5, 4, method="inverse_cdf", cache_dtype=torch.bfloat16, device="cuda",
                                   tensor_cores=True, tc_fast_div=1)
+    for kwargs in ({"tc_warpgroups": 3}, {"tc_fast_div": True}):
+        with pytest.raises(ValueError, match="options of the wgmma step, which needs tensor_cores=True"):
+            cuda_wide.CudaWideBackend(head, 5, 4, method="inverse_cdf", cache_dtype=torch.bfloat16, device="cuda",
+                                      **kwargs)
+    with pytest.raises(ValueError, match="tc_fast_div: the branch-free division is the inverse-CDF epilogue's"):
+        cuda_wide.CudaWideBackend(head, 5, 4, method="gumbel", cache_dtype=torch.bfloat16, device="cuda",
+                                  tensor_cores=True, tc_fast_div=True)
     for value in (4, True, "3"):
         with pytest.raises(ValueError, match=r"tc_warpgroups: expected one of \(2, 3\)"):
             cuda_wide.CudaWideBackend(head, 5, 4, method="inverse_cdf", cache_dtype=torch.bfloat16, device="cuda",

@@ -49,6 +49,9 @@
 #ifndef TC_WGS
 #define TC_WGS 2                                 // consumer warpgroups (3: cuda_wide's tc_warpgroups=3)
 #endif
+#if TC_WGS != 2 && TC_WGS != 3
+#error "TC_WGS: 2 or 3 consumer warpgroups (the item map and the register budget assume one of them)"
+#endif
 #define TC_CONSUMER_THREADS (128 * TC_WGS)
 // + the producer warp. Three warpgroups have none: 13 warps would leave a scheduler 4 of them, i.e. 128 registers each
 // (setmaxnreg moved none in ptxas 13.0's allocation here), so the consumer warp that releases a stage last refills it.

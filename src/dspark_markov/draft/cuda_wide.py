@@ -268,6 +268,11 @@ class CudaWideBackend:
             raise ValueError(f"tc_fast_div: expected True or False, got {tc_fast_div!r}")
         if isinstance(tc_warpgroups, bool) or tc_warpgroups not in TC_WARPGROUPS:
             raise ValueError(f"tc_warpgroups: expected one of {TC_WARPGROUPS}, got {tc_warpgroups!r}")
+        if (tc_warpgroups != 2 or tc_fast_div) and not tensor_cores:
+            raise ValueError("tc_warpgroups / tc_fast_div: options of the wgmma step, which needs tensor_cores=True")
+        if tc_fast_div and method != "inverse_cdf":
+            raise ValueError(f"tc_fast_div: the branch-free division is the inverse-CDF epilogue's, got method "
+                             f"{method!r}")
         if method == "inverse_cdf" and warps_per_group != 1:
             raise ValueError(f"warps_per_group: method 'inverse_cdf' runs with 1 (8 warps per block), "
                              f"got {warps_per_group!r}")
