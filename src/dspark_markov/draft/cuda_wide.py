@@ -46,9 +46,10 @@ rows (``wide`` 256 / 543; stop 52's branch-free epilogue for items of T in {0, 1
 (``benchmarks/NOTES.md``: two consumer warpgroups, 0.28 instructions issued per cycle and scheduler).
 ``tc_warpgroups=3`` (stop 53, both methods; written without a GPU, opt-in, not run yet): three consumer warpgroups (12
 warps of 154 registers for inverse CDF, 166-167 for Gumbel, no spill) taking the block's (tile, m-tile) items in turn,
-the inverse-CDF loop with one copy of the epilogue, and no producer warp (a 13th warp would cap every warp at 128 registers: a scheduler's 16K registers
-over 4 warps; setmaxnreg did not move ptxas 13.0's allocation here): warp 0 loads the ring's first tiles and the warp
-whose release completes a stage's count (a shared-memory atomic) loads the next tile into it. ``tc_fast_div=True``
+the inverse-CDF loop with one copy of the epilogue, and no producer warp (a 13th warp would cap every warp at 128
+registers: a scheduler's 16K registers over 4 warps; setmaxnreg did not move ptxas 13.0's allocation here): warp 0
+loads the ring's first tiles and the warp whose release completes a stage's count (a shared-memory atomic) loads the
+next tile into it. ``tc_fast_div=True``
 (stop 53, not run yet either): the branch-free inverse-CDF epilogue also for items whose rows have other temperatures
 (mixed T ran the general path: 427 / 1,038 us against 320 / 814 at T = 1), each quotient by ``dw_div_rcp``'s reciprocal
 and Markstein corrections with its range test folded into one flag per item (a warp needing ``div_rn`` redoes its
