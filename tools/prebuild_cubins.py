@@ -18,10 +18,6 @@ import time
 from pathlib import Path
 
 SOURCES = ("chain.cu", "blocks.cu", "wide.cu", "filter.cu", "verify.cu")
-# (source, architecture, defines) built for another target than build.ARCH: wide_tc.cu's default, TC_WGS=3 and
-# TC_FASTDIV=1 builds (cuda_wide's tc_warpgroups / tc_fast_div)
-ARCH_SOURCES = tuple(("wide_tc.cu", "sm_90a", defines) for defines in (
-    (), ("TC_WGS=3",), ("TC_FASTDIV=1",), ("TC_WGS=3", "TC_FASTDIV=1")))
 WANTED_NVRTC = (13, 0)  # the H200 image's (torch 2.11+cu130)
 
 
@@ -39,6 +35,7 @@ def main(argv) -> int:
     folder = Path(argv[1] if len(argv) > 1 else "gpu_jobs/cuda_cache").resolve()
     os.environ["DSPARK_MARKOV_CACHE"] = str(folder)  # cache_dir() = $DSPARK_MARKOV_CACHE/cuda
     from dspark_markov.cuda import build  # noqa: PLC0415  (after the environment is set)
+    from dspark_markov.draft import cuda_wide  # noqa: PLC0415
     from dspark_markov.verify import cuda_filtering  # noqa: PLC0415
 
     # compile-time variants: the L2-row builds of filter.cu (cuda_filtering.L2_DEFINES, L2_C4_DEFINES), and each of
@@ -64,7 +61,11 @@ def main(argv) -> int:
         start = time.time()
         build.cached_cubin(name, defines=defines)
         print(f"{name} {' '.join(f'-D{d}' for d in defines)}: {time.time() - start:.1f} s", flush=True)
-    for name, arch, defines in ARCH_SOURCES:  # architecture-specific targets (wgmma / TMA kernels)
+    # the architecture-specific target (wgmma / TMA): wide_tc.cu, one build per combination of cuda_wide's
+    # tc_warpgroups and tc_fast_div
+    arch = cuda_wide.TC_ARCH
+    for name, defines in [("wide_tc.cu", cuda_wide.tc_defines(w, f)) for w in cuda_wide.TC_WARPGROUPS
+                          for f in (False, True)]:
         start = time.time()
         build.cached_cubin(name, arch=arch, defines=defines)
         print(f"{name} ({arch}) {' '.join(f'-D{d}' for d in defines)}: {time.time() - start:.1f} s", flush=True)

@@ -102,7 +102,7 @@ def test_three_warpgroup_items_cover_every_tile_once_in_order(tiles, mtiles):
     total = tiles * mtiles
     seen = []
     for wg in range(wgs):
-        count = (total - wg + wgs - 1) // wgs if total > wg else 0
+        count = len(three_warpgroup_items(tiles, mtiles, wg))  # (K)
 
         def tile_of(k, wg=wg):
             i = wg + wgs * k

@@ -187,14 +187,19 @@ def tc_stages(rows: int, limit: int, gumbel: bool = False, warpgroups: int = 2) 
     return next((s for s in (TC_MAX_STAGES, 2) if tc_smem_bytes(rows, s, gumbel, warpgroups) <= limit), 0)
 
 
+def tc_defines(warpgroups: int = 2, fast_div: bool = False) -> tuple:
+    """The macros of a ``wide_tc.cu`` build (``tc_warpgroups``, ``tc_fast_div``): none for the default build."""
+    return (() if warpgroups == 2 else (f"TC_WGS={warpgroups}",)) + (("TC_FASTDIV=1",) if fast_div else ())
+
+
 @functools.lru_cache(maxsize=None)
 def wide_tc_kernels(device_index: int, warpgroups: int = 2, fast_div: bool = False):
     """The loaded functions of ``wide_tc.cu`` on one device (compiled for sm_90a, or read from the disk cache): the
     default build, or the ``TC_WGS=3`` build (``warpgroups=3``) and / or the ``TC_FASTDIV=1`` one (``fast_div``)."""
     from .. import cuda
 
-    defines = (() if warpgroups == 2 else (f"TC_WGS={warpgroups}",)) + (("TC_FASTDIV=1",) if fast_div else ())
-    return cuda.load_kernels("wide_tc.cu", TC_KERNELS, device_index, defines=defines, arch=TC_ARCH)
+    return cuda.load_kernels("wide_tc.cu", TC_KERNELS, device_index, defines=tc_defines(warpgroups, fast_div),
+                             arch=TC_ARCH)
 
 
 def icdf_blocks(vocab: int, max_blocks: int) -> tuple:
@@ -335,7 +340,6 @@ class CudaWideBackend:
         self.tensor_cores = tensor_cores
         self.tc_options = 0 if tc_fast else TC_OPT_GENERAL
         self.tc_warpgroups = int(tc_warpgroups)
-        self.tc_fast_div = tc_fast_div
         self.tc_map = None
         if tensor_cores:
             w2 = head.head_weight  # (MarkovHead keeps it contiguous: [V, 256] rows 512 bytes apart, as the map reads)
