@@ -13,12 +13,19 @@
 #   bash tools/gpu_plans/l2_flush.sh final    # budget ~170 s: auto's GPU tests after its last change, then the Triton verifier's launch trace at 16 / 64 / 253 requests, dirty and clean flush
 #   bash tools/gpu_plans/l2_flush.sh h200s    # budget ~170 s: on an H200 only (else nothing): the read probe, the verify bench (standard, mixed T) in both modes, vLLM's rejection_sample beside ours (clean)
 #   bash tools/gpu_plans/l2_flush.sh h200     # budget ~370 s: on an H200 only (else nothing): the read probe, the verify bench cases (T = 1 and mixed) in both modes, vLLM's rejection_sample beside ours in both modes
+#   bash tools/gpu_plans/l2_flush.sh l2bw     # budget ~50 s: the L2's own read rate (stop 54): warm reads of 8-48 MB beside both cold modes, torch.amax and Triton streaming reads
 # Results go to $JOB_OUT (default ./gpu_plan_out).
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${JOB_OUT:-$PWD/gpu_plan_out}
 mkdir -p "$OUT"
 case "${1:-verify}" in
+l2bw)
+  # (~30-50 s) What the 1-row chain's later steps can stream from L2 (benchmarks/NOTES.md "Stop 50" assumed ~10 TB/s):
+  # 21.8 MB is cuda_chain's L2-resident share of W2 per step at 1 row.
+  timeout -k 2 45 python3 tools/flush_probe.py --stream --warm --mb 8,16,21.8,32,48 --rounds 3 --replays 20 2>&1 \
+    | tee "$OUT/l2bw.txt" | grep -v Warning
+  ;;
 verify)
   timeout -k 2 40 python3 tools/flush_probe.py 2>&1 | tee "$OUT/probe.txt" | grep -v Warning
   for mode in dirty clean; do
