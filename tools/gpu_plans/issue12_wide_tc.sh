@@ -7,7 +7,6 @@
 #   bash tools/gpu_plans/issue12_wide_tc.sh time   # budget ~60 s: main's step beside wide / cuda_gumbel at 64 / 253 rows
 #   bash tools/gpu_plans/issue12_wide_tc.sh ncu    # budget ~60 s: Nsight Compute of one step at 253 and 64 rows
 #   bash tools/gpu_plans/issue12_wide_tc.sh compare # budget ~90 s: this tree's step against the tree at $OLD_SRC, new / old / new
-#   bash tools/gpu_plans/issue12_wide_tc.sh oneloop # budget ~120 s: the one-copy inverse-CDF loop patch: main timed, patch tests, timed
 #   bash tools/gpu_plans/issue12_wide_tc.sh wgs3   # budget ~230 s: tc_warpgroups=3 (stop 53): its GPU tests, then timed beside main's step, wide, cuda_gumbel
 #   bash tools/gpu_plans/issue12_wide_tc.sh fastdiv # budget ~150 s: tc_fast_div=True (stop 53): its GPU tests, then timed at mixed T with 2 / 3 warpgroups
 #   bash tools/gpu_plans/issue12_wide_tc.sh ncu3   # budget ~60 s: Nsight Compute of one tc_warpgroups=3 step at 253 and 64 rows (after wgs3 passes)
@@ -40,23 +39,6 @@ ncu)
       python3 tools/profile_wide_tc.py "$rows" > "$OUT/ncu_tc_$rows.txt" 2>&1
     grep -E "Duration|Throughput|Issued Warp|No Eligible|Eligible Warps|Cycles Per Issued" "$OUT/ncu_tc_$rows.txt"
   done
-  ;;
-oneloop)
-  # tools/gpu_plans/issue12_wide_tc_oneloop.patch (stop 52, after the profile's 14% instruction-cache stalls; CPU only:
-  # dm_wide_tc_icdf_s0 4,848 instead of 7,848 instructions, 156 registers, no spill, no wgmma serialisation; Gumbel SASS
-  # unchanged; since stop 53 the loop is in wide_tc.cu under TC_ONELOOP, on in the TC_WGS=3 build, and the patch turns it
-  # on in the default build): main's step timed, the patch applied to this copy of the tree, its tensor-core tests, the
-  # same timing. Land it when its tests pass and it is faster at T = 1 and mixed T.
-  OPTS='{"tc:inverse_cdf": {"tensor_cores": true}, "gen:inverse_cdf": {"tensor_cores": true, "tc_fast": false}}'
-  timeout -k 2 40 python3 tools/sweep_cuda_wide.py --out "$OUT/main_time" --time 64,253 --designs wide:inverse_cdf \
-    --temperature both --options "$OPTS" 2>&1 | grep "time " | tee "$OUT/main_time.txt"
-  git apply tools/gpu_plans/issue12_wide_tc_oneloop.patch || { echo "the oneloop patch does not apply" >&2; exit 1; }
-  trap 'git apply -R tools/gpu_plans/issue12_wide_tc_oneloop.patch' EXIT  # (a later part on this copy runs main's step)
-  echo "oneloop patch applied"
-  timeout -k 2 100 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_wide_gpu.py -k tensor_core -rs \
-    2>&1 | tail -15 | tee "$OUT/oneloop_tests.txt"
-  timeout -k 2 40 python3 tools/sweep_cuda_wide.py --out "$OUT/oneloop_time" --time 64,253 --designs wide:inverse_cdf \
-    --temperature both --options "$OPTS" 2>&1 | grep "time " | tee "$OUT/oneloop_time.txt"
   ;;
 wgs3)
   # tc_warpgroups=3 (stop 53, written without a GPU): the TC_WGS=3 build (three consumer warpgroups, no producer warp,

@@ -57,9 +57,6 @@
 // (setmaxnreg moved none in ptxas 13.0's allocation here), so the consumer warp that releases a stage last refills it.
 #define TC_PRODUCER_THREADS (TC_WGS == 2 ? 32 : 0)
 #define TC_THREADS (TC_CONSUMER_THREADS + TC_PRODUCER_THREADS)
-#ifndef TC_ONELOOP
-#define TC_ONELOOP (TC_WGS != 2)                 // the inverse-CDF loop with one copy of the epilogue (see tc_body)
-#endif
 #ifndef TC_FASTDIV
 #define TC_FASTDIV 0                             // cuda_wide's tc_fast_div: the branch-free epilogue for any T (below)
 #endif
@@ -743,11 +740,11 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
   float d0[32], d1[32];
   u32 b0[16], b1[16];
   i64 w0[2], w1[2];  // GUMBEL: the rows' words, read with the base logits
-  if (!GUMBEL && TC_ONELOOP && K > 0) {
-    // Inverse CDF with TC_ONELOOP: one copy of the epilogue in the loop (the two-item loop below inlines it twice:
+  if (!GUMBEL && K > 0) {
+    // Inverse CDF: one copy of the epilogue in the loop (the two-item loop below inlines it twice:
     // 7,848 instructions in dm_wide_tc_icdf_s0 with both epilogue paths, against 4,848 here, and 14% of the stall
     // cycles of a 253-row step were instruction-cache misses; 156 registers instead of 168, which three warpgroups
-    // need). Item k + 1's wgmmas always accumulate in d1; item k's finished accumulator is moved to d0 (32 moves)
+    // need; H100, stop 54: 319.5 -> 289.5 us at 64 rows and 817 -> 709 at 253, T = 1, same call). Item k + 1's wgmmas always accumulate in d1; item k's finished accumulator is moved to d0 (32 moves)
     // before they are issued. The fence on d0 after the moves keeps ptxas from serialising the wgmmas (without it:
     // advisory C7518, a warpgroup wait in a divergent path).
     load_base(0, b0, w0);
@@ -767,7 +764,7 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
     }
     tc_wait<0>();
     tc_fence_acc(d1);
-  } else if (K > 0) {  // two items per iteration, the accumulators taking turns
+  } else if (K > 0) {  // Gumbel: two items per iteration, the accumulators taking turns
     load_base(0, b0, w0);
     issue(0, d0);
     for (int k = 0; k < K; k += 2) {
