@@ -569,7 +569,7 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
     const bool interior = pl.t0 - 2 * cq + TC_TOK <= vocab;  // (the item's tile start: uniform over the warp)
     const bool fast = fast_ok && __all_sync(0xFFFFFFFFu, rv[0] && rv[1] && interior && rk[0].cache_off >= 0 &&
                                                         rk[1].cache_off >= 0 && ident0 && ident1);
-    // TC_FASTDIV (stop 53, tc_fast_div; not run on a GPU yet): the same branch-free copy for an item whose rows are
+    // TC_FASTDIV (stop 53, tc_fast_div; exact in its GPU tests, H100, stop 54): the same branch-free copy for an item whose rows are
     // samples with a cache row at any T, x = z / T by dw_div_rcp's reciprocal and two Markstein corrections for every
     // value (its range test folded into one flag, no per-value branch; where a row of the warp needs div_rn, the
     // quotients are redone with dw_div_rcp: the same values), instead of the general path's ~25 instructions per value.
