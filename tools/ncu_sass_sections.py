@@ -3,7 +3,8 @@
 Usage: ``python3 tools/ncu_sass_sections.py FILE.csv [NAME:FIRST-LAST ...]`` where FILE.csv comes from
 ``ncu --import R.ncu-rep --page source --csv --print-source sass`` and each section is a range of SASS line numbers
 (0-based, as ``--list`` prints them). ``--list PATTERN``: the lines whose SASS contains PATTERN (e.g. ``MUFU.LG2``,
-``STRONG.SYS``), with their executed count and samples, to find the boundaries. Prints, per section, the warp
+``STRONG.SYS``), with their executed count and samples, to find the boundaries. ``--top N``: the N lines with the
+most stall samples, each with its two largest stall reasons. Prints, per section, the warp
 instructions executed, the sampled stalls and the top stall reasons.
 """
 
@@ -37,6 +38,13 @@ def main(argv):
                 print(f"{k:6d} {number(row[executed]):10.0f} {number(row[samples]):5.0f}  {row[1].strip()[:80]}")
         return
     stalls = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
+    if len(argv) > 1 and argv[1] == "--top":
+        count = int(argv[2]) if len(argv) > 2 else 30
+        for k, row in sorted(enumerate(data), key=lambda kr: -number(kr[1][samples]))[:count]:
+            reasons = sorted(((number(row[index[h]]), h[6:]) for h in stalls), reverse=True)[:2]
+            print(f"{k:6d} {number(row[executed]):10.0f} {number(row[samples]):5.0f}  "
+                  + " ".join(f"{h} {v:.0f}" for v, h in reasons if v > 0) + f"  {row[1].strip()[:70]}")
+        return
     total = sum(number(r[samples]) for r in data)
     print(f"{argv[0]}: {len(data)} SASS lines, {sum(number(r[executed]) for r in data):.0f} warp instructions, "
           f"{total:.0f} stall samples")

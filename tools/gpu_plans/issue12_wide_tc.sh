@@ -70,7 +70,7 @@ tc54)
     inverse_cdf 3 > "$OUT/tc54_ncu.txt" 2>&1
   timeout -k 2 30 ncu --import "$OUT/tc54_253.ncu-rep" --page source --csv --print-source sass > "$OUT/tc54_253_sass.csv" 2>&1
   rm -f "$OUT/tc54_253.ncu-rep"
-  python3 tools/ncu_sass_sections.py "$OUT/tc54_253_sass.csv" --list LDG 2>&1 | head -40
+  python3 tools/ncu_sass_sections.py "$OUT/tc54_253_sass.csv" --top 40 2>&1 | head -45
   ;;
 fastdiv)
   # tc_fast_div=True (stop 53, written without a GPU): the TC_FASTDIV=1 builds (the branch-free inverse-CDF epilogue for
