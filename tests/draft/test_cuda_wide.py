@@ -134,7 +134,8 @@ def test_three_warpgroup_ring_always_drains(mtiles, stages):
     from 1 to 40 tiles: warp 0 loads the first `stages` tiles; a warp waits for a tile's full barrier in pass_to (every
     tile in order, releasing at once those without its items), releases its item's tile after the item's wgmmas when
     the item is its last in that tile (finish_mma, before the next item's pass_to); the release that completes a
-    stage's count of 12 loads tile + stages. The loop's order per item k: finish_mma(k), issue(k + 1) (pass_to), then
+    stage's count of 12 loads tile + stages (after its wait on the stage's empty mbarrier, which every warp arrives on
+    before it counts: complete once the count is). The loop's order per item k: finish_mma(k), issue(k + 1) (pass_to), then
     the epilogue. Every warp must finish (no deadlock), every loaded tile be loaded once, and no stage be refilled
     before all 12 warps released its previous tile."""
     warps = 12
@@ -787,11 +788,11 @@ def test_tensor_core_launch_sequence_and_arguments(monkeypatch):
     backend.run(base, *inputs, cache)
     assert calls[1][-1] == [tc_map, 4, cuda_wide.TC_OPT_GENERAL]
     backend.__dict__.update(tc_options=0)
-    calls.clear()  # tc_warpgroups=3: 384 threads (no producer warp), three partials per row
+    calls.clear()  # tc_warpgroups=3: 384 threads (no producer warp), three partials per row, a release count per stage
     backend.__dict__.update(tc_warpgroups=3)
     backend.run(base, *inputs, cache)
     assert calls[1][:5] == ("tc", "dm_wide_tc_icdf_s0", blocks, 384, cuda_wide.tc_smem_bytes(rows, 4, warpgroups=3))
-    assert cuda_wide.tc_smem_bytes(rows, 4, warpgroups=3) == cuda_wide.tc_smem_bytes(rows, 4) + 8 * 128
+    assert cuda_wide.tc_smem_bytes(rows, 4, warpgroups=3) == cuda_wide.tc_smem_bytes(rows, 4) + 8 * 128 + 4 * 8
     backend.__dict__.update(tc_warpgroups=2)
     calls.clear()  # method="gumbel": the _gumbel entry point with the table's shared memory, then dm_wide_finish
     backend.__dict__.update(method="gumbel")

@@ -155,6 +155,7 @@ struct TcLayout {
   float2* part;
   u64* full;
   u64* empty;
+  u32* count;   // TC_WGS=3: the stages' release counts (u32 in [stages] u64 slots after the empty mbarriers)
   float* gtab;  // GUMBEL: the noise table [DM_TB_SIZE]
 };
 
@@ -167,7 +168,8 @@ __device__ __forceinline__ TcLayout tc_layout(unsigned char* raw, int stages, in
   l.part = (float2*)(l.rows + rows_alloc);
   l.full = (u64*)(l.part + TC_WGS * rows_alloc);
   l.empty = l.full + stages;
-  l.gtab = (float*)(l.empty + stages);
+  l.count = (u32*)(l.empty + stages);
+  l.gtab = (float*)(l.empty + (TC_WGS == 2 ? 1 : 2) * stages);
   return l;
 }
 
@@ -216,10 +218,9 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
   if (tid == 0) {
     for (int s = 0; s < num_stages; ++s) {
       tc_bar_init(L.full + s, 1);
-#if TC_WGS == 2
       tc_bar_init(L.empty + s, TC_CONSUMER_THREADS / 32);  // each consumer warp releases every tile once
-#else
-      ((u32*)L.empty)[s] = 0u;  // the stage's release count (below: release_tile)
+#if TC_WGS != 2
+      L.count[s] = 0u;  // the stage's release count (below: release_tile)
 #endif
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -368,18 +369,25 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
     if (lane == 0) tc_bar_arrive(L.empty + (tl & (num_stages - 1)));
   };
 #else
-  // The warp whose release completes a stage's count (every consumer warp releases every tile once, in tile order,
-  // after its wgmmas of it completed) loads tile tl + num_stages into it: no warp waits on another's release.
+  // Each consumer warp releases every tile once, in tile order, after its wgmmas of it completed: an arrive on the
+  // stage's empty mbarrier (release, as the two-warpgroup build's) and a relaxed shared-memory count that names the
+  // warp refilling the stage, the last one to count; that warp waits for the mbarrier's phase (acquire: every warp's
+  // release) and loads tile tl + num_stages into it, so no other warp waits on a release. (Stop 53's version ordered
+  // the count by two __threadfence_block, MEMBAR.SC.CTA in SASS: a fence that waits for the warp's outstanding memory
+  // operations, here the next item's base logits issued just before; stop 54's profile of that build put 1.94 of its
+  // 8.7 cycles per issued instruction on long-scoreboard waits.)
   auto release_tile = [&](int tl) {
     __syncwarp();
+    const int s = tl & (num_stages - 1);
     u32 done = 0u;
     if (lane == 0) {
-      __threadfence_block();  // (this warp's reads of the stage, complete by its wgmma wait, before the count)
-      done = atomicAdd((u32*)L.empty + (tl & (num_stages - 1)), 1u) % (TC_CONSUMER_THREADS / 32) ==
-             TC_CONSUMER_THREADS / 32 - 1;
-      __threadfence_block();
+      tc_bar_arrive(L.empty + s);
+      done = atomicAdd(L.count + s, 1u) % (TC_CONSUMER_THREADS / 32) == TC_CONSUMER_THREADS / 32 - 1;
     }
-    if (__shfl_sync(0xFFFFFFFFu, done, 0) && tl + num_stages < my_tiles) load_tile(tl + num_stages, lane == 0);
+    if (__shfl_sync(0xFFFFFFFFu, done, 0) && tl + num_stages < my_tiles) {
+      if (lane == 0) tc_bar_wait(L.empty + s, (u32)((tl >> log2_stages) & 1));
+      load_tile(tl + num_stages, lane == 0);
+    }
   };
 #endif
   int passed = 0;  // tiles whose full barrier this warpgroup has waited for

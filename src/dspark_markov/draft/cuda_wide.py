@@ -176,11 +176,11 @@ def tc_threads(warpgroups: int = 2) -> int:
 def tc_smem_bytes(rows: int, stages: int, gumbel: bool = False, warpgroups: int = 2) -> int:
     """Dynamic shared memory of a ``wide_tc.cu`` step over ``rows`` rows with ``stages`` W2 tiles in flight (its
     TcLayout): 1,024 bytes of alignment slack, the stages, the codes and row keys (32 bytes) of every row of the
-    m-tiles, one partial (8 bytes) per warpgroup and row, two mbarriers per stage (the three-warpgroup build keeps
-    its release counts in the second), the noise table (Gumbel)."""
+    m-tiles, one partial (8 bytes) per warpgroup and row, two mbarriers per stage (full, empty) and for the
+    three-warpgroup build a third 8-byte slot per stage (its release count), the noise table (Gumbel)."""
     rows_alloc = -(-int(rows) // TC_MROWS) * TC_MROWS
-    return (1024 + stages * TC_TILE_BYTES + rows_alloc * (4 * 128 + 32 + warpgroups * 8) + 2 * stages * 8
-            + (TB_SIZE * 4 if gumbel else 0))
+    return (1024 + stages * TC_TILE_BYTES + rows_alloc * (4 * 128 + 32 + warpgroups * 8)
+            + (2 if warpgroups == 2 else 3) * stages * 8 + (TB_SIZE * 4 if gumbel else 0))
 
 
 def tc_stages(rows: int, limit: int, gumbel: bool = False, warpgroups: int = 2) -> int:
