@@ -7,10 +7,10 @@ CUDA graph, timed after each mode's flush, the modes alternating
 round by round; prints the median of the round medians (us) and the read rate (TB/s) of each mode. A dirty flush
 leaves ~L2-size dirty lines that the timed read's misses write back; a clean one does not. ``--stream``: also a
 plain Triton streaming read (persistent programs, ``P`` per SM, each summing ``UNROLL`` tiles of 1,024 fp32 per
-step over a contiguous share), the best such read of those bytes, beside ``torch.amax``. ``--warm``: a third mode,
-no flush at all (each replay reads what the previous one left in L2; a GPU sleep between replays): for sizes below the L2 this is the L2's read
-rate, the figure the 1-row chain's arithmetic (benchmarks/NOTES.md, "Stop 50") had to assume, e.g.
-``--stream --warm --mb 8,16,21.8,32,48``.
+step over a contiguous share), the best such read of those bytes, beside ``torch.amax``. ``--warm``: a third mode, no
+flush at all (each replay reads what the previous one left in L2; a GPU sleep between replays): for sizes below the L2
+this is the L2's read rate, the figure the 1-row chain's arithmetic (benchmarks/NOTES.md, "Stop 50") had to assume,
+e.g. ``--stream --warm --mb 8,16,21.8,32,48``.
 """
 
 import sys

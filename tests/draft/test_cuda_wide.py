@@ -135,8 +135,8 @@ def test_three_warpgroup_ring_always_drains(mtiles, stages):
     tile in order, releasing at once those without its items), releases its item's tile after the item's wgmmas when
     the item is its last in that tile (finish_mma, before the next item's pass_to); the release that completes a
     stage's count of 12 loads tile + stages (after its wait on the stage's empty mbarrier, which every warp arrives on
-    before it counts: complete once the count is). The loop's order per item k: finish_mma(k), issue(k + 1) (pass_to), then
-    the epilogue. Every warp must finish (no deadlock), every loaded tile be loaded once, and no stage be refilled
+    before it counts: complete once the count is). The loop's order per item k: finish_mma(k), issue(k + 1)
+    (pass_to), then the epilogue. Every warp must finish (no deadlock), every loaded tile be loaded once, and no stage be refilled
     before all 12 warps released its previous tile."""
     warps = 12
     for tiles in range(1, 41):
