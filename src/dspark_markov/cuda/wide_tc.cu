@@ -146,8 +146,9 @@ __device__ __forceinline__ void tc_mma(float* d, u64 da, u64 db, int scale_d) {
 
 // Shared memory (from a 1,024-byte aligned base): [stages][4 boxes][64 tokens][128 bytes] W2, then the codes
 // [4 k-blocks][rows_alloc][128 bytes] (swizzled as TMA would), the row keys [rows_alloc], the partials
-// [TC_WGS warpgroups][rows_alloc] float2, the full / empty mbarriers [stages] each, and for the Gumbel method the noise
-// table [DM_TB_SIZE] fp32. cuda_wide.tc_smem_bytes mirrors it.
+// [TC_WGS warpgroups][rows_alloc] float2, the full / empty mbarriers [stages] each, with TC_WGS=3 the release counts
+// ([stages] 8-byte slots, a u32 each), and for the Gumbel method the noise table [DM_TB_SIZE] fp32.
+// cuda_wide.tc_smem_bytes mirrors it.
 struct TcLayout {
   unsigned char* stages;
   unsigned char* codes;
@@ -155,7 +156,7 @@ struct TcLayout {
   float2* part;
   u64* full;
   u64* empty;
-  u32* count;   // TC_WGS=3: the stages' release counts (u32 in [stages] u64 slots after the empty mbarriers)
+  u32* count;   // TC_WGS=3: the stages' release counts (a u32 in each of [stages] 8-byte slots after `empty`)
   float* gtab;  // GUMBEL: the noise table [DM_TB_SIZE]
 };
 
