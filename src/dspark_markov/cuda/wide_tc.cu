@@ -579,9 +579,10 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
     const bool fast = fast_ok && __all_sync(0xFFFFFFFFu, rv[0] && rv[1] && interior && rk[0].cache_off >= 0 &&
                                                         rk[1].cache_off >= 0 && ident0 && ident1);
     // TC_FASTDIV (stop 53, tc_fast_div; exact in its GPU tests, H100, stop 54): the same branch-free copy for an item
-    // whose rows are samples with a cache row at any T, x = z / T by dw_div_rcp's reciprocal and two Markstein corrections for every
-    // value (its range test folded into one flag, no per-value branch; where a row of the warp needs div_rn, the
-    // quotients are redone with dw_div_rcp: the same values), instead of the general path's ~25 instructions per value.
+    // whose rows are samples with a cache row at any T, x = z / T by dw_div_rcp's reciprocal and two Markstein
+    // corrections for every value (its range test folded into one flag, no per-value branch; where a row of the warp
+    // needs div_rn, the quotients are redone with dw_div_rcp: the same values), instead of the general path's ~25
+    // instructions per value.
     const bool fast_div = TC_FASTDIV && !fast && fast_ok &&
                           __all_sync(0xFFFFFFFFu, rv[0] && rv[1] && interior && rk[0].cache_off >= 0 &&
                                                   rk[1].cache_off >= 0);
@@ -750,12 +751,12 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
   u32 b0[16], b1[16];
   i64 w0[2], w1[2];  // GUMBEL: the rows' words, read with the base logits
   if (!GUMBEL && K > 0) {
-    // Inverse CDF: one copy of the epilogue in the loop (the two-item loop below inlines it twice:
-    // 7,848 instructions in dm_wide_tc_icdf_s0 with both epilogue paths, against 4,848 here, and 14% of the stall
-    // cycles of a 253-row step were instruction-cache misses; 156 registers instead of 168, which three warpgroups
-    // need; H100, stop 54: 319.5 -> 289.5 us at 64 rows and 817 -> 709 at 253, T = 1, same call). Item k + 1's
-    // wgmmas always accumulate in d1; item k's finished accumulator is moved to d0 (32 moves) before they are issued. The fence on d0 after the moves keeps ptxas from serialising the wgmmas (without it:
-    // advisory C7518, a warpgroup wait in a divergent path).
+    // Inverse CDF: one copy of the epilogue in the loop (the two-item loop below inlines it twice: 7,848 instructions
+    // in dm_wide_tc_icdf_s0 with both epilogue paths, against 4,848 here, and 14% of the stall cycles of a 253-row step
+    // were instruction-cache misses; 156 registers instead of 168, which three warpgroups need; H100, stop 54: 319.5 ->
+    // 289.5 us at 64 rows and 817 -> 709 at 253, T = 1, same call). Item k + 1's wgmmas always accumulate in d1; item
+    // k's finished accumulator is moved to d0 (32 moves) before they are issued. The fence on d0 after the moves keeps
+    // ptxas from serialising the wgmmas (without it: advisory C7518, a warpgroup wait in a divergent path).
     load_base(0, b0, w0);
     issue(0, d1);
 #pragma unroll 1
