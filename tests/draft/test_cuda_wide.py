@@ -131,13 +131,13 @@ def three_warpgroup_items(tiles, mtiles, wg, wgs=3):
 @pytest.mark.parametrize("mtiles", [1, 2, 3, 4])
 def test_three_warpgroup_ring_always_drains(mtiles, stages):
     """The TC_WGS=3 ring (no producer warp), transcribed as a state machine and run to the end for every block size
-    from 1 to 40 tiles: warp 0 loads the first `stages` tiles; a warp waits for a tile's full barrier in pass_to (every
-    tile in order, releasing at once those without its items), releases its item's tile after the item's wgmmas when
-    the item is its last in that tile (finish_mma, before the next item's pass_to); the release that completes a
-    stage's count of 12 loads tile + stages (after its wait on the stage's empty mbarrier, which every warp arrives on
-    before it counts: complete once the count is). The loop's order per item k: finish_mma(k), issue(k + 1)
-    (pass_to), then the epilogue. Every warp must finish (no deadlock), every loaded tile be loaded once, and no stage be refilled
-    before all 12 warps released its previous tile."""
+    from 1 to 40 tiles: warp 0 loads the first `stages` tiles; a warp waits for a tile's full barrier in pass_to
+    (every tile in order, releasing at once those without its items), releases its item's tile after the item's
+    wgmmas when the item is its last in that tile (finish_mma, before the next item's pass_to); the release that
+    completes a stage's count of 12 loads tile + stages (after its wait on the stage's empty mbarrier, which every
+    warp arrives on before it counts: complete once the count is). The loop's order per item k: finish_mma(k),
+    issue(k + 1) (pass_to), then the epilogue. Every warp must finish (no deadlock), every loaded tile be loaded
+    once, and no stage be refilled before all 12 warps released its previous tile."""
     warps = 12
     for tiles in range(1, 41):
         loaded = set(range(min(tiles, stages)))

@@ -45,17 +45,18 @@ rows (``wide`` 256 / 543; stop 52's branch-free epilogue for items of T in {0, 1
 1,038 (``wide`` 297 / 1,096: faster at 253 rows), Gumbel 417 / 1,189 (``cuda_gumbel`` 345 / 804); latency-bound
 (``benchmarks/NOTES.md``: two consumer warpgroups, 0.28 instructions issued per cycle and scheduler).
 ``tc_warpgroups=3`` (stop 53, both methods, opt-in; exact in its GPU tests on an H100 in stop 54): three consumer
-warpgroups (12 warps of 154 registers for inverse CDF, 166-167 for Gumbel, no spill) taking the block's (tile, m-tile) items in turn,
-the inverse-CDF loop with one copy of the epilogue, and no producer warp (a 13th warp would cap every warp at 128
-registers: a scheduler's 16K registers over 4 warps; setmaxnreg did not move ptxas 13.0's allocation here): warp 0
-loads the ring's first tiles and the warp whose release completes a stage's count (a shared-memory atomic) loads the
-next tile into it. ``tc_fast_div=True``
-(stop 53; exact in its GPU tests on an H100 in stop 54): the branch-free inverse-CDF epilogue also for items whose
-rows have other temperatures (mixed T ran the general path: 427 / 1,038 us against 320 / 814 at T = 1), each quotient by ``dw_div_rcp``'s reciprocal
-and Markstein corrections with its range test folded into one flag per item (a warp needing ``div_rn`` redoes its
-quotients with ``dw_div_rcp``): the general path's values bit for bit. Since stop 54 every build has the one-copy
-inverse-CDF loop (T = 1: 290 / 709 us at 64 / 253 rows); with both options mixed-T inverse CDF takes 378 / 816 us
-(``wide`` 296 / 1,083; H100, same call, ``benchmarks/NOTES.md``).
+warpgroups (12 warps of 154 registers for inverse CDF, 166-167 for Gumbel, no spill) taking the block's (tile, m-tile)
+items in turn, the inverse-CDF loop with one copy of the epilogue, and no producer warp (a 13th warp would cap every
+warp at 128 registers: a scheduler's 16K registers over 4 warps; setmaxnreg did not move ptxas 13.0's allocation here):
+warp 0 loads the ring's first tiles; each warp's release of a stage is an arrive on its empty mbarrier plus a relaxed
+shared-memory count, and the warp that counts last waits for the mbarrier's phase and loads the next tile into it (stop
+54: stop 53's fences around the count waited for the warp's outstanding loads; not yet run on a GPU).
+``tc_fast_div=True`` (stop 53; exact in its GPU tests on an H100 in stop 54): the branch-free inverse-CDF epilogue also
+for items whose rows have other temperatures (mixed T ran the general path: 427 / 1,038 us against 320 / 814 at T = 1),
+each quotient by ``dw_div_rcp``'s reciprocal and Markstein corrections with its range test folded into one flag per item
+(a warp needing ``div_rn`` redoes its quotients with ``dw_div_rcp``): the general path's values bit for bit. Since stop
+54 every build has the one-copy inverse-CDF loop (T = 1: 290 / 709 us at 64 / 253 rows); with both options mixed-T
+inverse CDF takes 378 / 816 us (``wide`` 296 / 1,083; H100, same call, ``benchmarks/NOTES.md``).
 
 Requirements (``ValueError`` otherwise): a CUDA device of compute capability 9.0 with NVRTC
 (:func:`dspark_markov.cuda.availability`; ``tensor_cores=True`` also an NVRTC that compiles for sm_90a and a driver
