@@ -113,6 +113,9 @@ __device__ __forceinline__ void tc_tma_load(void* dst, const TmaMap* map, int x0
 __device__ __forceinline__ u64 tc_desc(u32 addr) {
   return (u64)((addr & 0x3FFFFu) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
 }
+// The same descriptor as its two words: the low one (start address and leading offset) and the constant high one.
+__device__ __forceinline__ u32 tc_desc_lo(u32 addr) { return ((addr & 0x3FFFFu) >> 4) | (1u << 16); }
+__device__ __forceinline__ u64 tc_desc_of(u32 lo) { return ((u64)((1024u >> 4) | (1u << 30)) << 32) | lo; }
 
 __device__ __forceinline__ void tc_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void tc_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
@@ -406,14 +409,18 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
     if (real) pass_to(tl);
     const u32 b_addr = real ? stages_addr + (tl & (num_stages - 1)) * TC_TILE_BYTES : codes_addr;
     const int b_kblock = real ? TC_BOX_BYTES : rows_alloc * 128;
+    // The 16 descriptors from two: a descriptor's start address field is (addr >> 4) in bits 0-13 and every address
+    // here is below 2^18 (shared memory) and a multiple of 16, so tc_desc(addr + off) = tc_desc(addr) + (off >> 4)
+    // with no carry out of the field (the first version computed each from its address: ~14 instructions a wgmma).
+    // Only the low word varies (tc_desc_lo); its high word is a constant.
+    const u32 da0 = tc_desc_lo(codes_addr + mt * TC_MROWS * 128), db0 = tc_desc_lo(b_addr);
+    const u32 da_kb = (u32)rows_alloc * 8u, db_kb = (u32)b_kblock >> 4;  // (one k-block further, in 16-byte units)
     tc_fence_acc(d);
     tc_fence();
 #pragma unroll
     for (int kk = 0; kk < 16; ++kk) {
-      const int kb = kk >> 2, ko = (kk & 3) * 32;
-      const u64 da = tc_desc(codes_addr + (kb * rows_alloc + mt * TC_MROWS) * 128 + ko);
-      const u64 db = tc_desc(b_addr + kb * b_kblock + ko);
-      tc_mma(d, da, db, kk > 0);
+      const u32 kb = (u32)kk >> 2, ko = (u32)(kk & 3) * 2u;  // (32 bytes per k-step: 2 units)
+      tc_mma(d, tc_desc_of(da0 + kb * da_kb + ko), tc_desc_of(db0 + kb * db_kb + ko), kk > 0);
     }
     tc_commit();
     tc_fence_acc(d);
