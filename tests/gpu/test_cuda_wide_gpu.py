@@ -251,6 +251,27 @@ def test_tensor_core_step_cache_equals_the_mma_sync_step(head):
     check_icdf(head, inputs, ref_tokens, ref_cache)
 
 
+@pytest.mark.parametrize("warpgroups", [2, 3])
+def test_tensor_core_step_subnormal_sums_equal_the_mma_sync_step(head, warpgroups):
+    """z = U + bias in and around bf16's subnormal range (base logits and a bias scale of 2^-128): the tensor-core
+    step adds each pair with one add.rn.bf16x2, which must give wide.cu's fp32 add rounded to bf16 (double rounding
+    is innocuous for sums of two bf16 values; subnormals must not be flushed): the step-0 caches as in
+    test_tensor_core_step_cache_equals_the_mma_sync_step, and both draws' rules."""
+    scaled = dm.MarkovHead(head.embed_weight, head.head_weight, 2.0**-128)
+    inputs = dict(cuda_inputs(64, STEPS, VOCAB, torch.bfloat16))
+    inputs["base_logits"] = (inputs["base_logits"].float() * 2.0**-128).bfloat16()
+    assert bool((inputs["base_logits"].float().abs() < 2.0**-126).float().mean() > 0.5)  # mostly subnormal
+    tokens, cache = sample(wide_tc(scaled, 64, tc_warpgroups=warpgroups), inputs, torch.bfloat16)
+    ref_tokens, ref_cache = sample(wide(scaled, 64, torch.bfloat16, "inverse_cdf"), inputs, torch.bfloat16)
+    slots = inputs["idx_mapping"].view(64, STEPS)[:, 0]
+    live = slots[slots >= 0].long()
+    a, b = cache[live, 0].float(), ref_cache[live, 0].float()
+    assert bool(((a != 0) & (a.abs() < 2.0**-126)).any())  # subnormal sums were written
+    assert float((a == b).float().mean()) >= 0.999
+    check_icdf(scaled, inputs, tokens, cache)
+    check_icdf(scaled, inputs, ref_tokens, ref_cache)
+
+
 def test_tensor_core_step_special_rows_strided_scale_and_fallbacks(head):
     """Special rows (bf16 base: NaN, all -inf, +inf), strided logits with a bias scale (the _s1 entry point); an fp32
     cache and an odd vocabulary take wide.cu's step (tensor_core_path False) and still draw correctly."""

@@ -193,10 +193,15 @@ __device__ __forceinline__ u32 tc_z_pair(float b0, float b1, u32 ubase, float sc
   if (SCALE)
     bp = dm::pack_bf16x2_rn(dm::mul_rn(__uint_as_float(bp << 16), scale),
                             dm::mul_rn(__uint_as_float(bp & 0xFFFF0000u), scale));
-  const float s0 = dm::add_rn(__uint_as_float(ubase << 16), __uint_as_float(bp << 16));
-  const float s1 = dm::add_rn(__uint_as_float(ubase & 0xFFFF0000u), __uint_as_float(bp & 0xFFFF0000u));
-  nan |= (s0 != s0) | (s1 != s1);
-  return dm::pack_bf16x2_rn(s0, s1);
+  // round_bf16(fp32 U + fp32 bias) in one bf16x2 add: the fp32 sum of two bf16 values rounded to bf16 is their
+  // correctly rounded bf16 sum (double rounding is innocuous for + when the wider precision has p' >= 2p + 1
+  // significand bits: 24 >= 17; same exponent range, subnormals exact in fp32), which add.rn.bf16x2 computes (sm_90).
+  // Its NaN halves are NaN exactly where the fp32 sums were (payloads aside: fixed up by the caller).
+  u32 zp;
+  asm("add.rn.bf16x2 %0, %1, %2;" : "=r"(zp) : "r"(ubase), "r"(bp));
+  const float z0 = __uint_as_float(zp << 16), z1 = __uint_as_float(zp & 0xFFFF0000u);
+  nan |= (z0 != z0) | (z1 != z1);
+  return zp;
 }
 
 template <bool SCALE, bool GUMBEL>
