@@ -195,7 +195,8 @@ def test_tensor_core_step_shared_memory_and_options():
     text = (build.SOURCE_DIR / "wide_tc.cu").read_text()
     for define, value in (("TC_TOK", cuda_wide.TC_TOKENS), ("TC_MROWS", cuda_wide.TC_MROWS),
                           ("TC_MAX_STAGES", cuda_wide.TC_MAX_STAGES),
-                          ("TC_OPT_GENERAL", cuda_wide.TC_OPT_GENERAL)):
+                          ("TC_OPT_GENERAL", cuda_wide.TC_OPT_GENERAL),
+                          ("TC_OPT_NO_W2_PREFETCH", cuda_wide.TC_OPT_NO_W2_PREFETCH)):
         assert re.search(rf"#define {define} {value}\b", text), define
     head = dm.MarkovHead(torch.zeros(300, 256, dtype=torch.bfloat16), torch.zeros(300, 256, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="tensor_cores: expected True or False"):
@@ -207,6 +208,9 @@ def test_tensor_core_step_shared_memory_and_options():
     with pytest.raises(ValueError, match="tc_fast_div: expected True or False"):
         cuda_wide.CudaWideBackend(head, 5, 4, method="inverse_cdf", cache_dtype=torch.bfloat16, device="cuda",
                                   tensor_cores=True, tc_fast_div=1)
+    with pytest.raises(ValueError, match="tc_prefetch_w2: expected True or False"):
+        cuda_wide.CudaWideBackend(head, 5, 4, method="inverse_cdf", cache_dtype=torch.bfloat16, device="cuda",
+                                  tensor_cores=True, tc_prefetch_w2=0)
     for kwargs in ({"tc_warpgroups": 3}, {"tc_fast_div": True}):
         with pytest.raises(ValueError, match="options of the wgmma step, which needs tensor_cores=True"):
             cuda_wide.CudaWideBackend(head, 5, 4, method="inverse_cdf", cache_dtype=torch.bfloat16, device="cuda",

@@ -11,6 +11,7 @@
 #   bash tools/gpu_plans/issue12_wide_tc.sh fastdiv # budget ~150 s: tc_fast_div=True (stop 53): its GPU tests, then timed at mixed T with 2 / 3 warpgroups
 #   bash tools/gpu_plans/issue12_wide_tc.sh ncu3   # budget ~60 s: Nsight Compute of one tc_warpgroups=3 step at 253 and 64 rows (after wgs3 passes)
 #   bash tools/gpu_plans/issue12_wide_tc.sh tc54   # budget ~240 s: stop 54's one-copy loop in every build: all tensor-core GPU tests, the four builds timed, ncu SASS CSV
+#   bash tools/gpu_plans/issue12_wide_tc.sh tc55   # budget ~150 s: stop 55's descriptors, bf16x2 add and W2 L2 prefetch: tensor-core tests, builds timed with and without the prefetch, ncu SASS CSV
 #   bash tools/gpu_plans/issue12_wide_tc.sh sanitize3 # budget ~90 s: compute-sanitizer memcheck / racecheck of the tc_warpgroups=3 step at 40 rows
 # (compare: OLD_SRC defaults to gpu_jobs/old_src/src, e.g. `git archive 74b1f15 src/dspark_markov | tar -x -C
 # gpu_jobs/old_src`, stop 52's base; prebuild its wide_tc.cu cubin here with DSPARK_MARKOV_CACHE=gpu_jobs/cuda_cache and
@@ -74,6 +75,27 @@ tc54)
   timeout -k 2 30 ncu --import "$OUT/tc54_253.ncu-rep" --page source --csv --print-source sass > "$OUT/tc54_253_sass.csv" 2>&1
   rm -f "$OUT/tc54_253.ncu-rep"
   python3 tools/ncu_sass_sections.py "$OUT/tc54_253_sass.csv" --top 40 2>&1 | head -45
+  ;;
+tc55)
+  # Stop 55: tc54's profile put 11.7% of the three-warpgroup step's stall samples (253 rows, two stages) on the full
+  # barrier's wait (W2 TMA loads from HBM): tc_prefetch_w2 (default) asks L2 for each tile one ring cycle ahead. Tests
+  # (own process), then the builds with and without it (np) beside wide / cuda_gumbel, then the SASS CSV again.
+  timeout -k 2 60 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_wide_gpu.py \
+    -k "tensor_core or three_warpgroups or fast_division" -rs 2>&1 | tail -15 | tee "$OUT/tc55_tests.txt"
+  OPTS='{"tc:inverse_cdf": {"tensor_cores": true}, "tcnp:inverse_cdf": {"tensor_cores": true, "tc_prefetch_w2": false},
+         "wg3:inverse_cdf": {"tensor_cores": true, "tc_warpgroups": 3},
+         "wg3fd:inverse_cdf": {"tensor_cores": true, "tc_warpgroups": 3, "tc_fast_div": true},
+         "wg3fdnp:inverse_cdf": {"tensor_cores": true, "tc_warpgroups": 3, "tc_fast_div": true, "tc_prefetch_w2": false},
+         "tc": {"tensor_cores": true}, "tcnp": {"tensor_cores": true, "tc_prefetch_w2": false}}'
+  timeout -k 2 60 python3 tools/sweep_cuda_wide.py --out "$OUT/tc55_time" --time 64,253 \
+    --designs wide:inverse_cdf,cuda_gumbel --temperature both --options "$OPTS" 2>&1 | grep "time " \
+    | tee "$OUT/tc55_time.txt"
+  timeout -k 2 40 ncu --clock-control none --kernel-name regex:dm_wide_tc --launch-skip 1 --launch-count 1 \
+    --section WarpStateStats --section SourceCounters -f -o "$OUT/tc55_253" python3 tools/profile_wide_tc.py 253 \
+    inverse_cdf 3 > "$OUT/tc55_ncu.txt" 2>&1
+  timeout -k 2 30 ncu --import "$OUT/tc55_253.ncu-rep" --page source --csv --print-source sass > "$OUT/tc55_253_sass.csv" 2>&1
+  rm -f "$OUT/tc55_253.ncu-rep"
+  python3 tools/ncu_sass_sections.py "$OUT/tc55_253_sass.csv" --top 25 2>&1 | head -30
   ;;
 fastdiv)
   # tc_fast_div=True (stop 53, written without a GPU): the TC_FASTDIV=1 builds (the branch-free inverse-CDF epilogue for

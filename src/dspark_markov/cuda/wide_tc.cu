@@ -109,6 +109,15 @@ __device__ __forceinline__ void tc_tma_load(void* dst, const TmaMap* map, int x0
       :: "r"(tc_smem(dst)), "l"((u64)map), "r"(x0), "r"(y0), "r"(tc_smem(bar)) : "memory");
 }
 
+// W2 tile `tile` (64 tokens x 512 bytes, contiguous in W2; fewer past V) asked of L2 by the copy engine, one ring
+// cycle before its TMA (stop 55: Nsight Compute put 11.7% of a three-warpgroup step's stall samples at 253 rows on
+// the full barrier's wait, i.e. on TMA loads of W2 from HBM with two stages in flight). A hint: never changes a value.
+__device__ __forceinline__ void tc_prefetch_tile(const WideArgs& a, i64 tile) {
+  const i64 t0 = tile * TC_TOK;
+  if (t0 < a.vocab)
+    dm::prefetch_l2_bulk((const unsigned char*)a.head + t0 * 512, (u32)(min((i64)TC_TOK, a.vocab - t0) * 512));
+}
+
 // wgmma shared-memory descriptor of a K-major operand in the 128-byte swizzle layout (8-row groups of 1,024 bytes).
 __device__ __forceinline__ u64 tc_desc(u32 addr) {
   return (u64)((addr & 0x3FFFFu) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
@@ -205,7 +214,8 @@ __device__ __forceinline__ u32 tc_z_pair(float b0, float b1, u32 ubase, float sc
 }
 
 template <bool SCALE, bool GUMBEL>
-__device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int num_stages, bool fast_ok) {
+__device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int num_stages, bool fast_ok,
+                                        bool pf_w2) {
   extern __shared__ unsigned char smem_raw[];
   const int rows = (int)a.rows;
   const int mtiles = (rows + TC_MROWS - 1) / TC_MROWS;
@@ -252,6 +262,7 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
         const int y0 = (int)((tile0 + tl) * TC_TOK);
 #pragma unroll
         for (int kb = 0; kb < 4; ++kb) tc_tma_load(dst + kb * TC_BOX_BYTES, w2, kb * 64, y0, L.full + s);
+        if (pf_w2 && tl + num_stages < my_tiles) tc_prefetch_tile(a, tile0 + tl + num_stages);
       }
       __syncwarp();
       const i64 t0 = (tile0 + tl) * TC_TOK;
@@ -276,6 +287,7 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
       const int y0 = (int)((tile0 + tl) * TC_TOK);
 #pragma unroll
       for (int kb = 0; kb < 4; ++kb) tc_tma_load(dst + kb * TC_BOX_BYTES, w2, kb * 64, y0, L.full + s);
+      if (pf_w2 && tl + num_stages < my_tiles) tc_prefetch_tile(a, tile0 + tl + num_stages);
     }
     __syncwarp();
     const i64 t0 = (tile0 + tl) * TC_TOK;
@@ -822,12 +834,15 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
 
 // num_stages: W2 tiles in flight (cuda_wide.tc_stages: as many as shared memory holds, at most TC_MAX_STAGES);
 // options: TC_OPT_GENERAL (1) sends every inverse-CDF item through the general epilogue (tests: the fast one must
-// equal it); the Gumbel epilogue has one path (stop 52's branch-free Gumbel path was slower: NOTES.md).
+// equal it); the Gumbel epilogue has one path (stop 52's branch-free Gumbel path was slower: NOTES.md);
+// TC_OPT_NO_W2_PREFETCH (2): no L2 prefetch of W2 tiles ahead of their TMA (tc_prefetch_tile; for timing).
 #define TC_OPT_GENERAL 1
+#define TC_OPT_NO_W2_PREFETCH 2
 #define TC_ENTRY(NAME, SCALE, GUMBEL)                                                                      \
   extern "C" __global__ void __launch_bounds__(TC_THREADS, 1)                                             \
       NAME(const WideArgs a, const __grid_constant__ TmaMap w2, const i64 num_stages, const i64 options) { \
-    tc_body<SCALE, GUMBEL>(a, &w2, (int)num_stages, (options & TC_OPT_GENERAL) == 0);                     \
+    tc_body<SCALE, GUMBEL>(a, &w2, (int)num_stages, (options & TC_OPT_GENERAL) == 0,                      \
+                           (options & TC_OPT_NO_W2_PREFETCH) == 0);                                        \
   }
 TC_ENTRY(dm_wide_tc_icdf_s0, false, false)
 TC_ENTRY(dm_wide_tc_icdf_s1, true, false)

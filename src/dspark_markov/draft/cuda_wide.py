@@ -120,6 +120,7 @@ TC_WARPGROUPS = (2, 3)
 TC_TOKENS = 64  # tokens per W2 tile (wide_tc.cu TC_TOK)
 TC_MROWS = 64  # rows per m-tile (wide_tc.cu TC_MROWS)
 TC_OPT_GENERAL = 1  # wide_tc.cu's options bit: every inverse-CDF item through the general epilogue (tc_fast=False)
+TC_OPT_NO_W2_PREFETCH = 2  # wide_tc.cu's options bit: no L2 prefetch of W2 tiles ahead of their TMA (tc_prefetch_w2)
 TC_TILE_BYTES = TC_TOKENS * RANK * 2  # one W2 tile: 32 KB
 TC_MAX_STAGES = 4
 
@@ -240,7 +241,8 @@ class CudaWideBackend:
     build, three consumer warpgroups per SM and no producer warp, whose stages are refilled by the warp that releases
     them last; ``tc_fast_div=True``: the ``TC_FASTDIV=1`` build, whose inverse-CDF items of sample rows at any T also
     take the branch-free epilogue (x = z / T by dw_div_rcp's reciprocal and corrections, one range flag per item);
-    the same outputs bit for bit; both exact in their GPU tests, H100, stop 54). Scratch (codes in
+    the same outputs bit for bit; both exact in their GPU tests, H100, stop 54; ``tc_prefetch_w2=False``: no L2
+    prefetch of each W2 tile one ring cycle before its TMA, a hint that never changes a value, for timing). Scratch (codes in
     A-fragment order, one word per row, every step's row keys, the noise table; inverse CDF: the block partials) is
     allocated once; ``run`` only launches (CUDA-graph
     safe). Exact on the H200 but slower than ``cuda_gumbel`` / ``wide``: needs the opt-in of the module docstring.
@@ -254,7 +256,7 @@ class CudaWideBackend:
 
     def __init__(self, head, num_steps, max_rows, *, method, cache_dtype, device, filter_margin=FILTER_MARGIN,
                  flags=DEFAULT_FLAGS, blocks_per_sm=None, warps_per_group=DEFAULT_WARPS_PER_GROUP,
-                 tensor_cores=False, tc_fast=True, tc_warpgroups=2, tc_fast_div=False):
+                 tensor_cores=False, tc_fast=True, tc_warpgroups=2, tc_fast_div=False, tc_prefetch_w2=True):
         from .. import cuda
         from ..cuda import build
         from ..validate import check_int
@@ -275,6 +277,8 @@ class CudaWideBackend:
             raise ValueError(f"tc_fast: expected True or False, got {tc_fast!r}")
         if not isinstance(tc_fast_div, bool):
             raise ValueError(f"tc_fast_div: expected True or False, got {tc_fast_div!r}")
+        if not isinstance(tc_prefetch_w2, bool):
+            raise ValueError(f"tc_prefetch_w2: expected True or False, got {tc_prefetch_w2!r}")
         if isinstance(tc_warpgroups, bool) or tc_warpgroups not in TC_WARPGROUPS:
             raise ValueError(f"tc_warpgroups: expected one of {TC_WARPGROUPS}, got {tc_warpgroups!r}")
         if (tc_warpgroups != 2 or tc_fast_div) and not tensor_cores:
@@ -341,7 +345,7 @@ class CudaWideBackend:
         self.part_stride = self.num_sms * max(self.resident.values()) if inverse else 1
         self.part = torch.zeros(rows16 if inverse else 1, self.part_stride, 2, dtype=torch.float32, device=self.device)
         self.tensor_cores = tensor_cores
-        self.tc_options = 0 if tc_fast else TC_OPT_GENERAL
+        self.tc_options = (0 if tc_fast else TC_OPT_GENERAL) | (0 if tc_prefetch_w2 else TC_OPT_NO_W2_PREFETCH)
         self.tc_warpgroups = int(tc_warpgroups)
         self.tc_map = None
         if tensor_cores:
