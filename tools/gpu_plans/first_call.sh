@@ -3,8 +3,8 @@
 #   run(command="bash tools/gpu_plans/first_call.sh [h200|h100]", carry=["gpu_jobs", ".vllm-cache"])
 # after `bash tools/gpu_plans/prepare.sh` on the CPU (job files, prebuilt CUBINs, vLLM's extracted ops). On an H200: the
 # runs that decide issues 16 and 18 (bench cases of today's defaults), then issue 16's GPU tests; on an H100: issue 12's
-# next tensor-core step checks (plan part issue12_wide_tc.tc54), compute-sanitizer on the three-warpgroup step (its
-# release changed in stop 54: sanitize3) and the L2 read probe. Each job comes back as
+# next tensor-core step checks (plan part issue12_wide_tc.tc55: stop 55's W2 L2 prefetch, its tests, its timing with
+# and without it, the per-instruction stall samples again; tc54, sanitize3 and l2bw ran in stop 55). Each job comes back as
 # $OUT/<job>.tgz as it finishes (tools/gpu_queue.sh), so a call cut short keeps what ran. Edit the two lists as the
 # plans move on; the argument forces a list (e.g. to run the H100 list on an H200 after the H200 one).
 set -u
@@ -18,5 +18,5 @@ esac
 if [ "$list" = h200 ]; then
   NO_CACHE_TAR=1 bash tools/gpu_queue.sh issue16_cluster.h200 issue18_verify.h200 issue16_cluster.h200_tests
 else
-  NO_CACHE_TAR=1 bash tools/gpu_queue.sh issue12_wide_tc.tc54 issue12_wide_tc.sanitize3 l2_flush.l2bw
+  NO_CACHE_TAR=1 bash tools/gpu_queue.sh issue12_wide_tc.tc55
 fi
