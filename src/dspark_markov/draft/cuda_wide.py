@@ -50,13 +50,18 @@ items in turn, the inverse-CDF loop with one copy of the epilogue, and no produc
 warp at 128 registers: a scheduler's 16K registers over 4 warps; setmaxnreg did not move ptxas 13.0's allocation here):
 warp 0 loads the ring's first tiles; each warp's release of a stage is an arrive on its empty mbarrier plus a relaxed
 shared-memory count, and the warp that counts last waits for the mbarrier's phase and loads the next tile into it (stop
-54: stop 53's fences around the count waited for the warp's outstanding loads; not yet run on a GPU).
+54: stop 53's fences around the count waited for the warp's outstanding loads; exact in its GPU tests, memcheck /
+racecheck clean, H100, stop 55).
 ``tc_fast_div=True`` (stop 53; exact in its GPU tests on an H100 in stop 54): the branch-free inverse-CDF epilogue also
 for items whose rows have other temperatures (mixed T ran the general path: 427 / 1,038 us against 320 / 814 at T = 1),
 each quotient by ``dw_div_rcp``'s reciprocal and Markstein corrections with its range test folded into one flag per item
 (a warp needing ``div_rn`` redoes its quotients with ``dw_div_rcp``): the general path's values bit for bit. Since stop
 54 every build has the one-copy inverse-CDF loop (T = 1: 290 / 709 us at 64 / 253 rows); with both options mixed-T
-inverse CDF takes 378 / 816 us (``wide`` 296 / 1,083; H100, same call, ``benchmarks/NOTES.md``).
+inverse CDF takes 378 / 816 us (``wide`` 296 / 1,083; H100, same call, ``benchmarks/NOTES.md``). Stop 55 (exact in
+the 40 tensor-core GPU tests, H100): each item's 16 wgmma descriptors from two low words, z = U + bias by one
+``add.rn.bf16x2`` per pair (the fp32 add's value: double rounding is innocuous there); T = 1 289 / 659 us (two
+warpgroups), mixed T with both options 368 / 783 (``wide`` 296 / 1,113, ``cuda_gumbel`` 340 / 804). Then, not yet run on
+a GPU: ``tc_prefetch_w2`` (default True) asks L2 for each W2 tile one ring cycle before its TMA.
 
 Requirements (``ValueError`` otherwise): a CUDA device of compute capability 9.0 with NVRTC
 (:func:`dspark_markov.cuda.availability`; ``tensor_cores=True`` also an NVRTC that compiles for sm_90a and a driver
