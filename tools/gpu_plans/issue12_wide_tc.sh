@@ -10,7 +10,6 @@
 #   bash tools/gpu_plans/issue12_wide_tc.sh wgs3   # budget ~230 s: tc_warpgroups=3 (stop 53): its GPU tests, then timed beside main's step, wide, cuda_gumbel
 #   bash tools/gpu_plans/issue12_wide_tc.sh fastdiv # budget ~150 s: tc_fast_div=True (stop 53): its GPU tests, then timed at mixed T with 2 / 3 warpgroups
 #   bash tools/gpu_plans/issue12_wide_tc.sh ncu3   # budget ~60 s: Nsight Compute of one tc_warpgroups=3 step at 253 and 64 rows (after wgs3 passes)
-#   bash tools/gpu_plans/issue12_wide_tc.sh tc54   # budget ~240 s: stop 54's one-copy loop in every build: all tensor-core GPU tests, the four builds timed, ncu SASS CSV
 #   bash tools/gpu_plans/issue12_wide_tc.sh tc55   # budget ~150 s: stop 55's descriptors, bf16x2 add and W2 L2 prefetch: tensor-core tests, builds timed with and without the prefetch, ncu SASS CSV
 #   bash tools/gpu_plans/issue12_wide_tc.sh sanitize3 # budget ~90 s: compute-sanitizer memcheck / racecheck of the tc_warpgroups=3 step at 40 rows
 # (compare: OLD_SRC defaults to gpu_jobs/old_src/src, e.g. `git archive 74b1f15 src/dspark_markov | tar -x -C
@@ -54,30 +53,8 @@ wgs3)
     --designs wide:inverse_cdf,cuda_gumbel --temperature both --options "$OPTS" 2>&1 | grep "time " \
     | tee "$OUT/wgs3_time.txt"
   ;;
-tc54)
-  # Stop 54: the one-copy inverse-CDF loop is now in every build (the two-warpgroup default too), so the fast-division
-  # two-warpgroup build is new code. Every tensor-core GPU test (own process), then the four inverse-CDF builds beside
-  # wide at T = 1 and mixed T (and both Gumbel builds beside cuda_gumbel: the release change is theirs too), then Nsight
-  # Compute's per-instruction stall samples of one three-warpgroup step at 253 rows as a SASS CSV (which load the
-  # long-scoreboard stalls wait on: tools/ncu_sass_sections.py --top).
-  timeout -k 2 110 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_wide_gpu.py \
-    -k "tensor_core or three_warpgroups or fast_division" -rs 2>&1 | tail -15 | tee "$OUT/tc54_tests.txt"
-  OPTS='{"tc:inverse_cdf": {"tensor_cores": true}, "fd:inverse_cdf": {"tensor_cores": true, "tc_fast_div": true},
-         "wg3:inverse_cdf": {"tensor_cores": true, "tc_warpgroups": 3},
-         "wg3fd:inverse_cdf": {"tensor_cores": true, "tc_warpgroups": 3, "tc_fast_div": true},
-         "tc": {"tensor_cores": true}, "wg3": {"tensor_cores": true, "tc_warpgroups": 3}}'
-  timeout -k 2 80 python3 tools/sweep_cuda_wide.py --out "$OUT/tc54_time" --time 64,253 \
-    --designs wide:inverse_cdf,cuda_gumbel --temperature both --options "$OPTS" 2>&1 | grep "time " \
-    | tee "$OUT/tc54_time.txt"
-  timeout -k 2 40 ncu --clock-control none --kernel-name regex:dm_wide_tc --launch-skip 1 --launch-count 1 \
-    --section WarpStateStats --section SourceCounters -f -o "$OUT/tc54_253" python3 tools/profile_wide_tc.py 253 \
-    inverse_cdf 3 > "$OUT/tc54_ncu.txt" 2>&1
-  timeout -k 2 30 ncu --import "$OUT/tc54_253.ncu-rep" --page source --csv --print-source sass > "$OUT/tc54_253_sass.csv" 2>&1
-  rm -f "$OUT/tc54_253.ncu-rep"
-  python3 tools/ncu_sass_sections.py "$OUT/tc54_253_sass.csv" --top 40 2>&1 | head -45
-  ;;
 tc55)
-  # Stop 55: tc54's profile put 11.7% of the three-warpgroup step's stall samples (253 rows, two stages) on the full
+  # Stop 55: the tc54 run's profile (ran in stop 55, part since folded in here) put 11.7% of the three-warpgroup step's stall samples (253 rows, two stages) on the full
   # barrier's wait (W2 TMA loads from HBM): tc_prefetch_w2 (default) asks L2 for each tile one ring cycle ahead. Tests
   # (own process), then the builds with and without it (np) beside wide / cuda_gumbel, then the SASS CSV again.
   timeout -k 2 60 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_wide_gpu.py \

@@ -118,11 +118,9 @@ __device__ __forceinline__ void tc_prefetch_tile(const WideArgs& a, i64 tile) {
     dm::prefetch_l2_bulk((const unsigned char*)a.head + t0 * 512, (u32)(min((i64)TC_TOK, a.vocab - t0) * 512));
 }
 
-// wgmma shared-memory descriptor of a K-major operand in the 128-byte swizzle layout (8-row groups of 1,024 bytes).
-__device__ __forceinline__ u64 tc_desc(u32 addr) {
-  return (u64)((addr & 0x3FFFFu) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
-}
-// The same descriptor as its two words: the low one (start address and leading offset) and the constant high one.
+// wgmma shared-memory descriptor of a K-major operand in the 128-byte swizzle layout (8-row groups of 1,024 bytes), as
+// its two words: the low one (start address >> 4 in bits 0-13, leading offset 1 at bit 16) and the constant high one
+// (stride 1,024 >> 4, swizzle mode 1 at bit 62).
 __device__ __forceinline__ u32 tc_desc_lo(u32 addr) { return ((addr & 0x3FFFFu) >> 4) | (1u << 16); }
 __device__ __forceinline__ u64 tc_desc_of(u32 lo) { return ((u64)((1024u >> 4) | (1u << 30)) << 32) | lo; }
 
@@ -426,10 +424,9 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
     if (real) pass_to(tl);
     const u32 b_addr = real ? stages_addr + (tl & (num_stages - 1)) * TC_TILE_BYTES : codes_addr;
     const int b_kblock = real ? TC_BOX_BYTES : rows_alloc * 128;
-    // The 16 descriptors from two: a descriptor's start address field is (addr >> 4) in bits 0-13 and every address
-    // here is below 2^18 (shared memory) and a multiple of 16, so tc_desc(addr + off) = tc_desc(addr) + (off >> 4)
-    // with no carry out of the field (the first version computed each from its address: ~14 instructions a wgmma).
-    // Only the low word varies (tc_desc_lo); its high word is a constant.
+    // The 16 descriptors from two low words: every address here is below 2^18 (shared memory) and a multiple of 16, so
+    // tc_desc_lo(addr + off) = tc_desc_lo(addr) + (off >> 4) with no carry out of the start-address field (stop 54
+    // computed each descriptor from its address: ~14 instructions a wgmma, now ~8).
     const u32 da0 = tc_desc_lo(codes_addr + mt * TC_MROWS * 128), db0 = tc_desc_lo(b_addr);
     const u32 da_kb = (u32)rows_alloc * 8u, db_kb = (u32)b_kblock >> 4;  // (one k-block further, in 16-byte units)
     tc_fence_acc(d);

@@ -247,10 +247,10 @@ class CudaWideBackend:
     them last; ``tc_fast_div=True``: the ``TC_FASTDIV=1`` build, whose inverse-CDF items of sample rows at any T also
     take the branch-free epilogue (x = z / T by dw_div_rcp's reciprocal and corrections, one range flag per item);
     the same outputs bit for bit; both exact in their GPU tests, H100, stop 54; ``tc_prefetch_w2=False``: no L2
-    prefetch of each W2 tile one ring cycle before its TMA, a hint that never changes a value, for timing). Scratch (codes in
-    A-fragment order, one word per row, every step's row keys, the noise table; inverse CDF: the block partials) is
-    allocated once; ``run`` only launches (CUDA-graph
-    safe). Exact on the H200 but slower than ``cuda_gumbel`` / ``wide``: needs the opt-in of the module docstring.
+    prefetch of each W2 tile one ring cycle before its TMA, a hint that never changes a value, for timing). Scratch
+    (codes in A-fragment order, one word per row, every step's row keys, the noise table; inverse CDF: the block
+    partials) is allocated once; ``run`` only launches (CUDA-graph safe). Exact on the H200 but slower than
+    ``cuda_gumbel`` / ``wide``: needs the opt-in of the module docstring.
     """
 
     NAME = "cuda_wide"
