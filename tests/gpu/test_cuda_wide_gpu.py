@@ -240,15 +240,21 @@ def test_tensor_core_step_cache_equals_the_mma_sync_step(head):
     previous tokens: the anchors) differs only where the fp32 sums (~1e-7 apart) straddle a bf16 rounding boundary
     (~1e-4 of the entries; tools/check_wide_tc.py measured 1.00000 at 64 / 130 / 253 rows on an H100), so >= 99.9%
     must be identical (one misplaced 64 x 64 item of 128 rows is ~0.8%); both draws' rules."""
-    inputs = cuda_inputs(128, STEPS, VOCAB, torch.bfloat16)
-    tokens, cache = sample(wide_tc(head, 128), inputs, torch.bfloat16)
-    ref_tokens, ref_cache = sample(wide(head, 128, torch.bfloat16, "inverse_cdf"), inputs, torch.bfloat16)
-    slots = inputs["idx_mapping"].view(128, STEPS)[:, 0]
+    step0_caches_agree(head, cuda_inputs(128, STEPS, VOCAB, torch.bfloat16), 128)
+
+
+def step0_caches_agree(head, inputs, rows, **tc_kwargs):
+    """The tensor-core step's step-0 cache entries against wide.cu's (mma_sync) step's: >= 99.9% identical (the bias
+    sums' orders differ); both draws' rules. Returns the live step-0 entries of the tensor-core cache (float)."""
+    tokens, cache = sample(wide_tc(head, rows, **tc_kwargs), inputs, torch.bfloat16)
+    ref_tokens, ref_cache = sample(wide(head, rows, torch.bfloat16, "inverse_cdf"), inputs, torch.bfloat16)
+    slots = inputs["idx_mapping"].view(rows, STEPS)[:, 0]
     live = slots[slots >= 0].long()
     a, b = cache[live, 0].float(), ref_cache[live, 0].float()
     assert float((a == b).float().mean()) >= 0.999
     check_icdf(head, inputs, tokens, cache)
     check_icdf(head, inputs, ref_tokens, ref_cache)
+    return a
 
 
 @pytest.mark.parametrize("warpgroups", [2, 3])
@@ -261,15 +267,8 @@ def test_tensor_core_step_subnormal_sums_equal_the_mma_sync_step(head, warpgroup
     inputs = dict(cuda_inputs(64, STEPS, VOCAB, torch.bfloat16))
     inputs["base_logits"] = (inputs["base_logits"].float() * 2.0**-128).bfloat16()
     assert bool((inputs["base_logits"].float().abs() < 2.0**-126).float().mean() > 0.5)  # mostly subnormal
-    tokens, cache = sample(wide_tc(scaled, 64, tc_warpgroups=warpgroups), inputs, torch.bfloat16)
-    ref_tokens, ref_cache = sample(wide(scaled, 64, torch.bfloat16, "inverse_cdf"), inputs, torch.bfloat16)
-    slots = inputs["idx_mapping"].view(64, STEPS)[:, 0]
-    live = slots[slots >= 0].long()
-    a, b = cache[live, 0].float(), ref_cache[live, 0].float()
+    a = step0_caches_agree(scaled, inputs, 64, tc_warpgroups=warpgroups)
     assert bool(((a != 0) & (a.abs() < 2.0**-126)).any())  # subnormal sums were written
-    assert float((a == b).float().mean()) >= 0.999
-    check_icdf(scaled, inputs, tokens, cache)
-    check_icdf(scaled, inputs, ref_tokens, ref_cache)
 
 
 def test_tensor_core_step_special_rows_strided_scale_and_fallbacks(head):

@@ -54,9 +54,10 @@ wgs3)
     | tee "$OUT/wgs3_time.txt"
   ;;
 tc55)
-  # Stop 55: the tc54 run's profile (ran in stop 55, part since folded in here) put 11.7% of the three-warpgroup step's stall samples (253 rows, two stages) on the full
-  # barrier's wait (W2 TMA loads from HBM): tc_prefetch_w2 (default) asks L2 for each tile one ring cycle ahead. Tests
-  # (own process), then the builds with and without it (np) beside wide / cuda_gumbel, then the SASS CSV again.
+  # Stop 55: the tc54 run's profile (tc54 ran in stop 55 and is folded in here) put 11.7% of the three-warpgroup step's
+  # stall samples (253 rows, two stages) on the full barrier's wait (W2 TMA loads from HBM): tc_prefetch_w2 (default)
+  # asks L2 for each tile one ring cycle ahead. Tests (own process), then the builds with and without it (np) beside
+  # wide / cuda_gumbel, then the SASS CSV again.
   timeout -k 2 60 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_cuda_wide_gpu.py \
     -k "tensor_core or three_warpgroups or fast_division" -rs 2>&1 | tail -15 | tee "$OUT/tc55_tests.txt"
   OPTS='{"tc:inverse_cdf": {"tensor_cores": true}, "tcnp:inverse_cdf": {"tensor_cores": true, "tc_prefetch_w2": false},

@@ -115,7 +115,8 @@ __device__ __forceinline__ void tc_tma_load(void* dst, const TmaMap* map, int x0
 __device__ __forceinline__ void tc_prefetch_tile(const WideArgs& a, i64 tile) {
   const i64 t0 = tile * TC_TOK;
   if (t0 < a.vocab)
-    dm::prefetch_l2_bulk((const unsigned char*)a.head + t0 * 512, (u32)(min((i64)TC_TOK, a.vocab - t0) * 512));
+    dm::prefetch_l2_bulk((const unsigned char*)a.head + t0 * (TC_TILE_BYTES / TC_TOK),
+                          (u32)(min((i64)TC_TOK, a.vocab - t0) * (TC_TILE_BYTES / TC_TOK)));
 }
 
 // wgmma shared-memory descriptor of a K-major operand in the 128-byte swizzle layout (8-row groups of 1,024 bytes), as
@@ -244,40 +245,12 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
   }
   __syncthreads();
 
-#if TC_WGS == 2
-  if (warp == TC_CONSUMER_THREADS / 32) {  // the producer: W2 tiles through the ring (needs no codes: starts at once)
-    // With each W2 tile it asks L2 for the base logits of that tile (128 bytes of every row, the lanes taking every
-    // 32nd row): the consumers' base loads then hit L2. Without it they came from HBM one item ahead (8 KB per
-    // warpgroup in flight): the first H100 run (stop 51) took 2x wide's time, latency-bound on those loads.
-    if (lane == 0) asm volatile("prefetch.tensormap [%0];" :: "l"((u64)w2) : "memory");
-    const unsigned char* base_step = (const unsigned char*)a.base + a.step * a.stride_bn * 2;
-    for (int tl = 0; tl < my_tiles; ++tl) {
-      const int s = tl & (num_stages - 1), use = tl >> log2_stages;
-      if (lane == 0) {
-        if (use > 0) tc_bar_wait(L.empty + s, (u32)((use - 1) & 1));
-        tc_bar_expect(L.full + s, TC_TILE_BYTES);
-        unsigned char* dst = L.stages + s * TC_TILE_BYTES;
-        const int y0 = (int)((tile0 + tl) * TC_TOK);
-#pragma unroll
-        for (int kb = 0; kb < 4; ++kb) tc_tma_load(dst + kb * TC_BOX_BYTES, w2, kb * 64, y0, L.full + s);
-        if (pf_w2 && tl + num_stages < my_tiles) tc_prefetch_tile(a, tile0 + tl + num_stages);
-      }
-      __syncwarp();
-      const i64 t0 = (tile0 + tl) * TC_TOK;
-      const i64 bytes = min((i64)TC_TOK, vocab - t0) * 2;
-      for (int r = lane; r < rows; r += 32) {
-        const unsigned char* row = base_step + (r * a.stride_br + t0) * 2;
-        dm::prefetch_l2(row);
-        dm::prefetch_l2(row + bytes - 2);  // (the segment may straddle two 128-byte lines)
-      }
-    }
-    return;
-  }
-#else
-  const unsigned char* base_step = (const unsigned char*)a.base + a.step * a.stride_bn * 2;
-  // Three warpgroups, no producer warp: W2 tile tl into its stage (one lane) and the L2 prefetch of the base logits of
-  // that tile (the lanes of one warp), by warp 0 for the first stages and then by the warp that releases a stage last.
-  auto load_tile = [&](int tl, bool lead) {
+  // W2 tile tl into its stage by TMA (the `lead` lane), then the L2 prefetch of the base logits of that tile (128 bytes
+  // of every row, the lanes of the warp taking every 32nd row): the consumers' base loads then hit L2. Without it they
+  // came from HBM one item ahead (8 KB per warpgroup in flight): the first H100 run (stop 51) took 2x wide's time,
+  // latency-bound on those loads. By the producer warp (two warpgroups), or (three) by warp 0 for the ring's first
+  // tiles and then by the warp that releases a stage last.
+  auto load_tile = [&](int tl, bool lead, const unsigned char* base_step) {  // base_step: the step's base logits
     if (lead) {
       const int s = tl & (num_stages - 1);
       tc_bar_expect(L.full + s, TC_TILE_BYTES);
@@ -296,9 +269,22 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
       dm::prefetch_l2(row + bytes - 2);  // (the segment may straddle two 128-byte lines)
     }
   };
+#if TC_WGS == 2
+  if (warp == TC_CONSUMER_THREADS / 32) {  // the producer: W2 tiles through the ring (needs no codes: starts at once)
+    if (lane == 0) asm volatile("prefetch.tensormap [%0];" :: "l"((u64)w2) : "memory");
+    const unsigned char* base_step = (const unsigned char*)a.base + a.step * a.stride_bn * 2;
+    for (int tl = 0; tl < my_tiles; ++tl) {
+      const int s = tl & (num_stages - 1), use = tl >> log2_stages;
+      if (lane == 0 && use > 0) tc_bar_wait(L.empty + s, (u32)((use - 1) & 1));
+      load_tile(tl, lane == 0, base_step);
+    }
+    return;
+  }
+#else
+  const unsigned char* base_step = (const unsigned char*)a.base + a.step * a.stride_bn * 2;
   if (warp == 0) {  // the ring's first tiles (then each stage is refilled by the warp that releases it last)
     if (lane == 0) asm volatile("prefetch.tensormap [%0];" :: "l"((u64)w2) : "memory");
-    for (int tl = 0; tl < min(my_tiles, num_stages); ++tl) load_tile(tl, lane == 0);
+    for (int tl = 0; tl < min(my_tiles, num_stages); ++tl) load_tile(tl, lane == 0, base_step);
   }
 #endif
 
@@ -405,7 +391,7 @@ __device__ __forceinline__ void tc_body(const WideArgs& a, const TmaMap* w2, int
     }
     if (__shfl_sync(0xFFFFFFFFu, done, 0) && tl + num_stages < my_tiles) {
       if (lane == 0) tc_bar_wait(L.empty + s, (u32)((tl >> log2_stages) & 1));
-      load_tile(tl + num_stages, lane == 0);
+      load_tile(tl + num_stages, lane == 0, base_step);
     }
   };
 #endif
